@@ -1,0 +1,23 @@
+/* The sluice command: shared helpers of the subcommands. */
+#ifndef CLI_H
+#define CLI_H
+
+#include <stdint.h>
+
+#include "sluice.h"
+
+int cmd_bench(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+/* Prints "sluice <cmd>: message" to stderr and returns 2 (usage/input error). */
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses a byte size option; on error prints a message naming opt. */
+int cli_size(const char *cmd, const char *opt, const char *v, uint64_t *out);
+/* Parses an unsigned integer in [lo, hi]; on error prints a message naming opt. */
+int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsigned hi, unsigned *out);
+/* Prints sluice's error with its detail. */
+int cli_error(const char *cmd, const char *what, long code);
+/* Writes s as a JSON string literal. */
+void cli_json_str(const char *s);
+
+#endif

@@ -1,0 +1,576 @@
+/*
+ * sluice bench: throughput, IOPS and latency of file <-> GPU/host
+ * transfers, with modes comparable to gdsio's -x and fio's rw=.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define CMD "bench"
+#define MAX_FILES 1024
+
+struct opts {
+	const char *path;
+	const char *rw;
+	int write, random;
+	uint64_t size, io_size;
+	unsigned threads, depth, duration, repeat, gpu;
+	int target_gpu; /* -1 auto */
+	const char *xpath;
+	int cold, verify, json;
+};
+
+static int usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sluice bench [options] FILE|DIR\n\n"
+		"  --rw read|write|randread|randwrite   access pattern (default read)\n"
+		"  --size N        bytes per pass (default: the file's size; 1G for write)\n"
+		"  --io-size N     bytes per I/O (default 8M; 1M for random)\n"
+		"  --threads N     worker threads (default min(cpus, 8))\n"
+		"  --queue-depth N I/Os in flight per thread (default 4)\n"
+		"  --duration S    repeat passes for at least S seconds\n"
+		"  --repeat N      passes to run; the median is reported (default 1)\n"
+		"  --target gpu|host   destination memory (default gpu when present)\n"
+		"  --gpu N         GPU ordinal (default 0)\n"
+		"  --path auto|gds|uring|psync|pageable|pagecache\n"
+		"                  auto: best available; pageable: storage->pageable host->GPU\n"
+		"                  (gdsio -x 2 baseline); pagecache: buffered reads->pinned->GPU (-x 4)\n"
+		"  --cold          O_DIRECT, and drop the page cache first when root\n"
+		"  --verify        check every byte after the timed passes\n"
+		"  --json          one JSON object on stdout\n"
+		"Sizes take K, M, G, T suffixes (powers of 1024).\n");
+	return f == stderr ? 2 : 0;
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->rw = "read";
+	o->target_gpu = -1;
+	o->repeat = 1;
+	o->xpath = "auto";
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int rc = 0, val = 1;
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+			return usage(stdout) - 1;
+		else if (!strcmp(a, "--cold"))
+			o->cold = 1, val = 0;
+		else if (!strcmp(a, "--verify"))
+			o->verify = 1, val = 0;
+		else if (!strcmp(a, "--json"))
+			o->json = 1, val = 0;
+		else if (a[0] == '-' && !v)
+			return cli_fail(CMD, "%s needs a value", a);
+		else if (!strcmp(a, "--rw"))
+			o->rw = v;
+		else if (!strcmp(a, "--size"))
+			rc = cli_size(CMD, a, v, &o->size);
+		else if (!strcmp(a, "--io-size"))
+			rc = cli_size(CMD, a, v, &o->io_size);
+		else if (!strcmp(a, "--threads"))
+			rc = cli_uint(CMD, a, v, 1, 256, &o->threads);
+		else if (!strcmp(a, "--queue-depth"))
+			rc = cli_uint(CMD, a, v, 1, 256, &o->depth);
+		else if (!strcmp(a, "--duration"))
+			rc = cli_uint(CMD, a, v, 1, 86400, &o->duration);
+		else if (!strcmp(a, "--repeat"))
+			rc = cli_uint(CMD, a, v, 1, 1000, &o->repeat);
+		else if (!strcmp(a, "--gpu"))
+			rc = cli_uint(CMD, a, v, 0, 1023, &o->gpu);
+		else if (!strcmp(a, "--target")) {
+			if (!strcmp(v, "gpu"))
+				o->target_gpu = 1;
+			else if (!strcmp(v, "host"))
+				o->target_gpu = 0;
+			else
+				return cli_fail(CMD, "--target: '%s' is not gpu or host", v);
+		} else if (!strcmp(a, "--path"))
+			o->xpath = v;
+		else if (a[0] == '-')
+			return cli_fail(CMD, "unknown option '%s'", a);
+		else if (o->path)
+			return cli_fail(CMD, "more than one FILE|DIR given ('%s', '%s')", o->path, a);
+		else
+			o->path = a, val = 0;
+		if (rc)
+			return rc;
+		i += val;
+	}
+	if (!o->path)
+		return cli_fail(CMD, "no FILE or DIR given (see --help)");
+	if (!strcmp(o->rw, "read") || !strcmp(o->rw, "randread"))
+		o->write = 0;
+	else if (!strcmp(o->rw, "write") || !strcmp(o->rw, "randwrite"))
+		o->write = 1;
+	else
+		return cli_fail(CMD, "--rw: '%s' is not read, write, randread or randwrite", o->rw);
+	o->random = !strncmp(o->rw, "rand", 4);
+	if (!o->io_size)
+		o->io_size = o->random ? 1u << 20 : 8u << 20;
+	if (o->io_size % 4096 || o->io_size > (1u << 30))
+		return cli_fail(CMD, "--io-size: %llu is not a multiple of 4K up to 1G",
+				(unsigned long long)o->io_size);
+	return 0;
+}
+
+static int configure(const struct opts *o, struct sluice_config *cfg)
+{
+	int rc = sluice_config_set_max_transfer_size(cfg, o->io_size);
+
+	if (!rc && o->threads)
+		rc = sluice_config_set_threads(cfg, o->threads);
+	if (!rc && o->depth)
+		rc = sluice_config_set_queue_depth(cfg, o->depth);
+	if (!rc)
+		rc = sluice_config_set_device(cfg, (int)o->gpu);
+	if (!rc && o->target_gpu == 0)
+		rc = sluice_config_set_gpu(cfg, 0);
+	if (!rc && o->cold)
+		rc = sluice_config_set_direct(cfg, SLUICE_DIRECT_ALWAYS);
+	if (rc)
+		return rc;
+	if (!strcmp(o->xpath, "auto"))
+		return 0;
+	if (!strcmp(o->xpath, "gds"))
+		return sluice_config_set_backend(cfg, SLUICE_BACKEND_GDS);
+	if (!strcmp(o->xpath, "uring"))
+		return sluice_config_set_backend(cfg, SLUICE_BACKEND_URING);
+	if (!strcmp(o->xpath, "psync"))
+		return sluice_config_set_backend(cfg, SLUICE_BACKEND_PSYNC);
+	if (!strcmp(o->xpath, "pageable"))
+		return sluice_config_set_staging(cfg, SLUICE_STAGING_PAGEABLE);
+	if (!strcmp(o->xpath, "pagecache"))
+		return o->cold ? SLUICE_EINVAL_CONFIG : sluice_config_set_direct(cfg, SLUICE_DIRECT_NEVER);
+	return SLUICE_EINVAL_CONFIG;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+	       (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Drops the page cache (root only); returns 1 if dropped. */
+static int drop_caches(void)
+{
+	int fd;
+
+	sync();
+	fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
+	if (fd < 0)
+		return 0;
+	int ok = write(fd, "3", 1) == 1;
+
+	close(fd);
+	return ok;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+	/* splitmix64: fast, and good enough to place I/Os and fill buffers. */
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Collects the regular files of a directory (or the one file). */
+static int list_files(const struct opts *o, char ***names, unsigned *n)
+{
+	struct stat st;
+	DIR *d;
+	struct dirent *e;
+
+	*n = 0;
+	*names = calloc(MAX_FILES, sizeof(char *));
+	if (!*names)
+		return cli_fail(CMD, "out of memory");
+	if (stat(o->path, &st) < 0) {
+		if (o->write && errno == ENOENT) {
+			(*names)[(*n)++] = strdup(o->path);
+			return 0;
+		}
+		return cli_fail(CMD, "%s: %s", o->path, strerror(errno));
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		(*names)[(*n)++] = strdup(o->path);
+		return 0;
+	}
+	if (o->write) {
+		if (asprintf(&(*names)[0], "%s/sluice-bench.dat", o->path) < 0)
+			return cli_fail(CMD, "out of memory");
+		*n = 1;
+		return 0;
+	}
+	d = opendir(o->path);
+	if (!d)
+		return cli_fail(CMD, "%s: %s", o->path, strerror(errno));
+	while ((e = readdir(d)) && *n < MAX_FILES) {
+		char *p;
+
+		if (e->d_name[0] == '.' || asprintf(&p, "%s/%s", o->path, e->d_name) < 0)
+			continue;
+		if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+			(*names)[(*n)++] = p;
+		else
+			free(p);
+	}
+	closedir(d);
+	if (!*n)
+		return cli_fail(CMD, "%s: no non-empty regular files to read", o->path);
+	return 0;
+}
+
+struct run {
+	double seconds, cpu;
+	struct sluice_xfer_report rep;
+};
+
+int cmd_bench(int argc, char **argv)
+{
+	struct opts o;
+	struct sluice_config *cfg = NULL;
+	struct sluice_engine *eng = NULL;
+	struct sluice_engine_info info;
+	struct sluice_file *files[MAX_FILES];
+	struct sluice_range *ranges = NULL;
+	struct run *runs = NULL;
+	char **names = NULL;
+	unsigned nfiles = 0, nf_open = 0;
+	uint64_t total = 0, nranges = 0, seed = 0x5eed;
+	char *mem = NULL, *host = NULL;
+	int gpu = 0, rc, ret = 1, dropped = 0;
+
+	rc = parse(argc, argv, &o);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	rc = list_files(&o, &names, &nfiles);
+	if (rc)
+		goto out_names;
+	if (o.target_gpu == 1 && sluice_gpu_count() == 0) {
+		ret = cli_fail(CMD, "--target gpu: no CUDA GPU on this machine");
+		goto out_names;
+	}
+	rc = sluice_config_new(&cfg);
+	if (!rc)
+		rc = configure(&o, cfg);
+	if (rc) {
+		ret = rc == SLUICE_EINVAL_CONFIG && !*sluice_last_error_detail()
+			      ? cli_fail(CMD, "--path: '%s' is not auto, gds, uring, psync, pageable or pagecache%s",
+					 o.xpath, o.cold ? " (pagecache cannot be --cold)" : "")
+			      : cli_error(CMD, "bad configuration", rc);
+		goto out;
+	}
+	rc = sluice_engine_open(&eng, cfg);
+	if (rc) {
+		ret = cli_error(CMD, o.target_gpu == 1 ? "--target gpu" : "cannot open engine", rc);
+		goto out;
+	}
+	sluice_engine_get_info(eng, &info);
+	gpu = o.target_gpu != 0 && info.gpu >= 0;
+	if (o.target_gpu == 1 && !gpu) {
+		ret = cli_fail(CMD, "--target gpu: no usable GPU");
+		goto out;
+	}
+
+	/* Open the files and decide how many bytes one pass moves. */
+	for (unsigned i = 0; i < nfiles; i++) {
+		rc = sluice_file_open(&files[i], eng, names[i], o.write ? SLUICE_RDWR | SLUICE_CREATE : SLUICE_RDONLY);
+		if (rc) {
+			ret = cli_error(CMD, names[i], rc);
+			goto out;
+		}
+		nf_open++;
+	}
+	if (o.write) {
+		total = o.size ? o.size : 1ull << 30;
+		if (o.random && sluice_file_size(files[0]) < total) {
+			ret = cli_fail(CMD, "--rw randwrite: %s is %llu bytes, smaller than --size %llu (write it sequentially first)",
+				       names[0], (unsigned long long)sluice_file_size(files[0]),
+				       (unsigned long long)total);
+			goto out;
+		}
+	} else {
+		uint64_t all = 0;
+
+		for (unsigned i = 0; i < nfiles; i++)
+			all += sluice_file_size(files[i]);
+		if (o.size > all) {
+			ret = cli_fail(CMD, "--size %llu exceeds %s (%llu bytes)", (unsigned long long)o.size, o.path,
+				       (unsigned long long)all);
+			goto out;
+		}
+		total = o.size ? o.size : all;
+	}
+	if (total < o.io_size && o.random) {
+		ret = cli_fail(CMD, "--size %llu is smaller than --io-size %llu", (unsigned long long)total,
+			       (unsigned long long)o.io_size);
+		goto out;
+	}
+
+	/* Build the I/O list: io_size pieces, sequential or random. */
+	nranges = (total + o.io_size - 1) / o.io_size;
+	ranges = calloc(nranges, sizeof(*ranges));
+	runs = calloc(o.repeat + 1024, sizeof(*runs));
+	if (!ranges || !runs) {
+		ret = cli_fail(CMD, "out of memory for %llu I/Os", (unsigned long long)nranges);
+		goto out;
+	}
+	if (gpu) {
+		rc = sluice_gpu_alloc(eng, total, (void **)&mem);
+		if (rc) {
+			ret = cli_error(CMD, "allocating GPU memory", rc);
+			goto out;
+		}
+	} else if (posix_memalign((void **)&mem, 4096, total)) {
+		ret = cli_fail(CMD, "out of memory for %llu bytes", (unsigned long long)total);
+		goto out;
+	}
+	{
+		uint64_t left = total, fi = 0, foff = 0;
+
+		for (uint64_t i = 0; i < nranges; i++) {
+			size_t len = left < o.io_size ? left : o.io_size;
+
+			if (o.random) {
+				uint64_t slots = sluice_file_size(files[0]) / o.io_size;
+
+				if (!slots)
+					slots = 1;
+				ranges[i].file = files[0];
+				ranges[i].offset = (rng_next(&seed) % slots) * o.io_size;
+			} else {
+				while (!o.write && foff >= sluice_file_size(files[fi]))
+					fi++, foff = 0;
+				ranges[i].file = files[fi];
+				ranges[i].offset = foff;
+				if (!o.write && foff + len > sluice_file_size(files[fi]))
+					len = sluice_file_size(files[fi]) - foff;
+				foff += len;
+			}
+			ranges[i].len = len;
+			ranges[i].buf = mem + i * o.io_size;
+			left -= len;
+		}
+		if (!o.random && !o.write) {
+			/* Multi-file reads may end early when pieces were cut at file ends. */
+			uint64_t sum = 0;
+
+			for (uint64_t i = 0; i < nranges; i++)
+				sum += ranges[i].len;
+			total = sum;
+		}
+	}
+	/* Source data for writes: random bytes, not zeros. */
+	if (o.write) {
+		size_t blk = 64u << 20;
+
+		host = malloc(blk);
+		if (!host) {
+			ret = cli_fail(CMD, "out of memory");
+			goto out;
+		}
+		for (uint64_t off = 0; off < total; off += blk) {
+			size_t n = total - off < blk ? (size_t)(total - off) : blk;
+
+			for (size_t k = 0; k + 8 <= n; k += 8) {
+				uint64_t r = rng_next(&seed);
+
+				memcpy(host + k, &r, 8);
+			}
+			rc = sluice_gpu_copy(eng, mem + off, host, n);
+			if (rc) {
+				ret = cli_error(CMD, "filling the source buffer", rc);
+				goto out;
+			}
+		}
+	}
+
+	/* Timed passes. */
+	unsigned nruns = 0;
+	double t_start = now_s();
+
+	do {
+		struct run *r = &runs[nruns];
+		double t0, c0;
+		ssize_t n;
+
+		if (o.cold)
+			dropped = drop_caches();
+		sluice_engine_stats_reset(eng);
+		c0 = cpu_s();
+		t0 = now_s();
+		if (o.write && !o.random) {
+			n = sluice_write_from_gpu(eng, names[0], mem, total, &r->rep);
+		} else if (o.write) {
+			n = sluice_write_batch(eng, ranges, nranges, &r->rep);
+			if (n >= 0) {
+				int s = sluice_file_sync(files[0]);
+
+				if (s)
+					n = s;
+			}
+		} else {
+			n = sluice_read_batch(eng, ranges, nranges, &r->rep);
+		}
+		r->seconds = now_s() - t0;
+		r->cpu = cpu_s() - c0;
+		if (n < 0) {
+			ret = cli_error(CMD, o.write ? "write failed" : "read failed", (long)n);
+			goto out;
+		}
+		nruns++;
+	} while (nruns < o.repeat + 1023 && (nruns < o.repeat || (o.duration && now_s() - t_start < o.duration)));
+
+	if (o.verify) {
+		/* Compare every byte with what the kernel returns through the page cache. */
+		size_t blk = 64u << 20;
+		char *a = malloc(blk), *b = malloc(blk);
+		uint64_t bad = 0;
+
+		if (!a || !b) {
+			free(a), free(b);
+			ret = cli_fail(CMD, "out of memory for --verify");
+			goto out;
+		}
+		for (uint64_t i = 0; i < nranges; i++) {
+			struct sluice_range *r = &ranges[i];
+			int fd = -1;
+
+			for (unsigned k = 0; k < nfiles; k++)
+				if (files[k] == r->file)
+					fd = open(names[k], O_RDONLY);
+			for (size_t done = 0; done < r->len && fd >= 0;) {
+				size_t n = r->len - done < blk ? r->len - done : blk;
+				ssize_t got = pread(fd, a, n, (off_t)(r->offset + done));
+
+				if (got != (ssize_t)n || sluice_gpu_copy(eng, b, (char *)r->buf + done, n) ||
+				    memcmp(a, b, n)) {
+					bad++;
+					break;
+				}
+				done += n;
+			}
+			if (fd >= 0)
+				close(fd);
+			if (bad) {
+				fprintf(stderr, "sluice bench: --verify: mismatch in I/O %llu (offset %llu, %zu bytes)\n",
+					(unsigned long long)i, (unsigned long long)r->offset, r->len);
+				break;
+			}
+		}
+		free(a);
+		free(b);
+		if (bad) {
+			ret = 1;
+			goto out;
+		}
+	}
+
+	/* Report the median pass. */
+	{
+		double *secs = calloc(nruns, sizeof(double));
+		struct sluice_stats st;
+		struct run *med = &runs[0];
+		double gb, mid;
+
+		if (!secs) {
+			ret = cli_fail(CMD, "out of memory");
+			goto out;
+		}
+		for (unsigned i = 0; i < nruns; i++)
+			secs[i] = runs[i].seconds;
+		qsort(secs, nruns, sizeof(double), cmp_double);
+		mid = secs[nruns / 2];
+		for (unsigned i = 0; i < nruns; i++)
+			if (runs[i].seconds == mid)
+				med = &runs[i];
+		free(secs);
+		sluice_engine_stats(eng, &st); /* of the last pass */
+		gb = (double)total / 1e9;
+		if (o.json) {
+			printf("{\"rw\":\"%s\",\"target\":\"%s\",\"files\":%u,\"bytes\":%llu,\"io_size\":%llu,"
+			       "\"threads\":%u,\"queue_depth\":%u,\"backend\":\"%s\",\"path\":",
+			       o.rw, gpu ? "gpu" : "host", nfiles, (unsigned long long)total,
+			       (unsigned long long)o.io_size, info.threads, info.queue_depth, info.backend);
+			cli_json_str(med->rep.path);
+			printf(",\"cold\":%d,\"page_cache_dropped\":%d,\"passes\":%u,\"seconds\":%.6f,"
+			       "\"gb_s\":%.3f,\"gib_s\":%.3f,\"iops\":%.1f,\"cpu_s_per_gb\":%.4f,"
+			       "\"lat_us\":{\"avg\":%.1f,\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f},"
+			       "\"verified\":%s,\"gb_s_passes\":[",
+			       o.cold, dropped, nruns, med->seconds, gb / med->seconds,
+			       (double)total / (1u << 30) / med->seconds, (double)nranges / med->seconds,
+			       med->cpu / gb, st.lat_avg_us, st.lat_p50_us, st.lat_p99_us, st.lat_p999_us,
+			       st.lat_max_us, o.verify ? "true" : "false");
+			for (unsigned i = 0; i < nruns; i++)
+				printf("%s%.3f", i ? "," : "", gb / runs[i].seconds);
+			printf("]}\n");
+		} else {
+			printf("sluice bench: %s %s, %u file(s), %.3f GB in %llu I/Os of %llu bytes, %u thread(s) x qd %u\n",
+			       o.rw, gpu ? "-> GPU" : "-> host", nfiles, gb, (unsigned long long)nranges,
+			       (unsigned long long)o.io_size, info.threads, info.queue_depth);
+			printf("  path       %s (backend %s%s)\n", med->rep.path, info.backend, info.gds ? ", GDS" : "");
+			printf("  throughput %.3f GB/s  %.3f GiB/s  (median of %u pass%s)\n", gb / med->seconds,
+			       (double)total / (1u << 30) / med->seconds, nruns, nruns == 1 ? "" : "es");
+			printf("  IOPS       %.1f\n", (double)nranges / med->seconds);
+			printf("  latency    avg %.1f us  p50 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n", st.lat_avg_us,
+			       st.lat_p50_us, st.lat_p99_us, st.lat_p999_us, st.lat_max_us);
+			printf("  CPU        %.4f s per GB\n", med->cpu / gb);
+			if (o.cold)
+				printf("  cold       O_DIRECT; page cache %s\n", dropped ? "dropped" : "NOT dropped (not root)");
+			if (o.verify)
+				printf("  verify     every byte matches\n");
+		}
+	}
+	ret = 0;
+out:
+	if (mem) {
+		if (eng && sluice_is_gpu_ptr(eng, mem))
+			sluice_gpu_free(eng, mem);
+		else
+			free(mem);
+	}
+	free(host);
+	free(ranges);
+	free(runs);
+	for (unsigned i = 0; i < nf_open; i++)
+		sluice_file_close(files[i]);
+	sluice_engine_close(eng);
+	sluice_config_free(cfg);
+out_names:
+	for (unsigned i = 0; names && i < nfiles; i++)
+		free(names[i]);
+	free(names);
+	return ret;
+}

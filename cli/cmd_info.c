@@ -1,0 +1,48 @@
+/* sluice info: what the engine would use on this machine, and why. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cmd_info(int argc, char **argv)
+{
+	struct sluice_engine *eng;
+	struct sluice_engine_info in;
+	int json = 0, rc;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = 1;
+		else if (!strcmp(argv[i], "--help")) {
+			printf("usage: sluice info [--json]\n");
+			return 0;
+		} else
+			return cli_fail("info", "unknown option '%s'", argv[i]);
+	}
+	rc = sluice_engine_open(&eng, NULL);
+	if (rc)
+		return cli_error("info", "cannot open engine", rc);
+	sluice_engine_get_info(eng, &in);
+	if (json) {
+		printf("{\"version\":\"%s\",\"backend\":", sluice_version());
+		cli_json_str(in.backend);
+		printf(",\"gpu\":%d,\"gpu_name\":", in.gpu);
+		cli_json_str(in.gpu_name);
+		printf(",\"gds\":%d,\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%zu,"
+		       "\"buffer_pool_size\":%zu,\"pool_pinned\":%d,\"uring_fixed_buffers\":%d,\"unusable\":",
+		       in.gds, in.threads, in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
+		       in.pool_pinned, in.uring_fixed_buffers);
+		cli_json_str(in.unusable);
+		printf("}\n");
+	} else {
+		printf("sluice %s\nbackend: %s%s\ngpu: %d %s\nthreads: %u x %u slots of %zu bytes (pool %zu bytes, %s)\n"
+		       "io_uring fixed buffers: %s\n",
+		       sluice_version(), in.backend, in.gds ? " + gds" : "", in.gpu, in.gpu_name, in.threads,
+		       in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
+		       in.pool_pinned ? "pinned" : "pageable", in.uring_fixed_buffers ? "yes" : "no");
+		if (*in.unusable)
+			printf("unusable:\n  %s\n", in.unusable);
+	}
+	sluice_engine_close(eng);
+	return 0;
+}

@@ -1,0 +1,94 @@
+/* sluice: command-line front end of libsluice. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_fail(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "sluice %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return 2;
+}
+
+int cli_size(const char *cmd, const char *opt, const char *v, uint64_t *out)
+{
+	if (!v || sluice_parse_size(v, out))
+		return cli_fail(cmd, "%s: '%s' is not a size (digits with an optional K, M, G or T suffix)", opt,
+				v ? v : "");
+	return 0;
+}
+
+int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsigned hi, unsigned *out)
+{
+	char *end;
+	unsigned long x;
+
+	if (!v || !*v || *v == '-')
+		return cli_fail(cmd, "%s: '%s' is not a number", opt, v ? v : "");
+	x = strtoul(v, &end, 10);
+	if (*end)
+		return cli_fail(cmd, "%s: '%s' is not a number", opt, v);
+	if (x < lo || x > hi)
+		return cli_fail(cmd, "%s: %lu is outside %u..%u", opt, x, lo, hi);
+	*out = (unsigned)x;
+	return 0;
+}
+
+int cli_error(const char *cmd, const char *what, long code)
+{
+	const char *d = sluice_last_error_detail();
+
+	fprintf(stderr, "sluice %s: %s: %s%s%s\n", cmd, what, sluice_strerror((int)code), *d ? ": " : "", d);
+	return 1;
+}
+
+void cli_json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", (unsigned char)*s);
+		else
+			putchar(*s);
+	}
+	putchar('"');
+}
+
+static int usage(FILE *f)
+{
+	fprintf(f, "usage: sluice <command> [options]\n\n"
+		   "commands:\n"
+		   "  bench     measure file <-> GPU/host throughput (like gdsio, fio)\n"
+		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
+		   "  version   print the version\n\n"
+		   "Run 'sluice <command> --help' for a command's options.\n");
+	return f == stderr ? 2 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2)
+		return usage(stderr);
+	if (!strcmp(argv[1], "bench"))
+		return cmd_bench(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "info"))
+		return cmd_info(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+		printf("sluice %s\n", sluice_version());
+		return 0;
+	}
+	if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
+		return usage(stdout);
+	fprintf(stderr, "sluice: unknown command '%s'\n", argv[1]);
+	return usage(stderr);
+}

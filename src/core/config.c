@@ -1,0 +1,237 @@
+/*
+ * Configuration: defaults, SLUICE_* environment variables, setters.
+ * Every setter validates, and the environment goes through the setters so
+ * both reject the same values.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core.h"
+
+int sluice_parse_size(const char *s, uint64_t *out)
+{
+	uint64_t v = 0, mul = 1;
+	const char *p = s;
+
+	if (!s || *s < '0' || *s > '9')
+		return SLUICE_EINVAL_CONFIG;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (v > (UINT64_MAX - 9) / 10)
+			return SLUICE_EINVAL_CONFIG;
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	switch (*p) {
+	case 'k': case 'K': mul = 1ull << 10; p++; break;
+	case 'm': case 'M': mul = 1ull << 20; p++; break;
+	case 'g': case 'G': mul = 1ull << 30; p++; break;
+	case 't': case 'T': mul = 1ull << 40; p++; break;
+	default: break;
+	}
+	if (mul > 1 && *p == 'i')
+		p++;
+	if (*p == 'B' || *p == 'b')
+		p++;
+	if (*p)
+		return SLUICE_EINVAL_CONFIG;
+	if (v && mul > UINT64_MAX / v)
+		return SLUICE_EINVAL_CONFIG;
+	*out = v * mul;
+	return 0;
+}
+
+void sl__config_defaults(struct sluice_config *cfg)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->backend = SLUICE_BACKEND_AUTO;
+	cfg->direct = SLUICE_DIRECT_AUTO;
+	cfg->staging = SLUICE_STAGING_PINNED;
+	cfg->threads = cpus < 1 ? 1 : cpus > 8 ? 8 : (unsigned)cpus;
+	cfg->queue_depth = 4;
+	cfg->max_transfer_size = 8u << 20;
+	cfg->gpu = 1;
+}
+
+int sluice_config_set_backend(struct sluice_config *cfg, enum sluice_backend b)
+{
+	if (b < SLUICE_BACKEND_AUTO || b > SLUICE_BACKEND_GDS)
+		return sl__err(SLUICE_EINVAL_CONFIG, "backend %d is not one of auto, uring, psync, gds", b);
+	cfg->backend = b;
+	return 0;
+}
+
+int sluice_config_set_direct(struct sluice_config *cfg, enum sluice_direct d)
+{
+	if (d < SLUICE_DIRECT_AUTO || d > SLUICE_DIRECT_NEVER)
+		return sl__err(SLUICE_EINVAL_CONFIG, "direct policy %d is not one of auto, always, never", d);
+	cfg->direct = d;
+	return 0;
+}
+
+int sluice_config_set_staging(struct sluice_config *cfg, enum sluice_staging s)
+{
+	if (s < SLUICE_STAGING_PINNED || s > SLUICE_STAGING_PAGEABLE)
+		return sl__err(SLUICE_EINVAL_CONFIG, "staging %d is not one of pinned, pageable", s);
+	cfg->staging = s;
+	return 0;
+}
+
+int sluice_config_set_threads(struct sluice_config *cfg, unsigned n)
+{
+	if (n < 1 || n > 256)
+		return sl__err(SLUICE_EINVAL_CONFIG, "threads %u is outside 1..256", n);
+	cfg->threads = n;
+	return 0;
+}
+
+int sluice_config_set_queue_depth(struct sluice_config *cfg, unsigned n)
+{
+	if (n < 1 || n > 256)
+		return sl__err(SLUICE_EINVAL_CONFIG, "queue_depth %u is outside 1..256", n);
+	cfg->queue_depth = n;
+	return 0;
+}
+
+int sluice_config_set_max_transfer_size(struct sluice_config *cfg, size_t n)
+{
+	if (n < SL_ALIGN || n > (1u << 30) || n % SL_ALIGN)
+		return sl__err(SLUICE_EINVAL_CONFIG,
+			       "max_transfer_size %zu is not a multiple of 4 KiB in 4 KiB..1 GiB", n);
+	cfg->max_transfer_size = n;
+	return 0;
+}
+
+int sluice_config_set_buffer_pool_size(struct sluice_config *cfg, size_t n)
+{
+	cfg->buffer_pool_size = n;
+	return 0;
+}
+
+int sluice_config_set_device(struct sluice_config *cfg, int gpu)
+{
+	if (gpu < 0 || gpu > 1023)
+		return sl__err(SLUICE_EINVAL_CONFIG, "device id %d is outside 0..1023", gpu);
+	cfg->device = gpu;
+	return 0;
+}
+
+int sluice_config_set_sqpoll(struct sluice_config *cfg, int on)
+{
+	cfg->sqpoll = !!on;
+	return 0;
+}
+
+int sluice_config_set_gpu(struct sluice_config *cfg, int on)
+{
+	cfg->gpu = !!on;
+	return 0;
+}
+
+/* Looks name up in a NULL-terminated word list; -1 if absent. */
+static int sl_word(const char *v, const char *const *words)
+{
+	for (int i = 0; words[i]; i++)
+		if (!strcmp(v, words[i]))
+			return i;
+	return -1;
+}
+
+static int sl_env_uint(const char *name, uint64_t max, uint64_t *out)
+{
+	const char *v = getenv(name);
+
+	if (!v)
+		return 1;
+	if (sluice_parse_size(v, out) || *out > max)
+		return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=\"%s\" is not a valid number", name, v);
+	return 0;
+}
+
+static int sl_env_word(const char *name, const char *const *words, int *out)
+{
+	const char *v = getenv(name);
+
+	if (!v)
+		return 1;
+	*out = sl_word(v, words);
+	if (*out < 0)
+		return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=\"%s\" is not one of the accepted words", name, v);
+	return 0;
+}
+
+/* Applies SLUICE_* variables through the setters. */
+static int sl_config_env(struct sluice_config *cfg)
+{
+	static const char *const backends[] = { "auto", "uring", "psync", "gds", NULL };
+	static const char *const directs[] = { "auto", "always", "never", NULL };
+	static const char *const stagings[] = { "pinned", "pageable", NULL };
+	uint64_t u;
+	int w, r;
+
+#define SL_APPLY(call)                                                  \
+	do {                                                            \
+		int rc_ = (call);                                       \
+		if (rc_)                                                \
+			return rc_;                                     \
+	} while (0)
+#define SL_ENV_UINT(name, max, setter)                                  \
+	do {                                                            \
+		r = sl_env_uint(name, max, &u);                         \
+		if (r < 0)                                              \
+			return r;                                       \
+		if (r == 0 && setter(cfg, u))                           \
+			return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=%s is out of range", name, getenv(name)); \
+	} while (0)
+
+	r = sl_env_word("SLUICE_BACKEND", backends, &w);
+	if (r < 0)
+		return r;
+	if (!r)
+		SL_APPLY(sluice_config_set_backend(cfg, (enum sluice_backend)w));
+	r = sl_env_word("SLUICE_DIRECT", directs, &w);
+	if (r < 0)
+		return r;
+	if (!r)
+		SL_APPLY(sluice_config_set_direct(cfg, (enum sluice_direct)w));
+	r = sl_env_word("SLUICE_STAGING", stagings, &w);
+	if (r < 0)
+		return r;
+	if (!r)
+		SL_APPLY(sluice_config_set_staging(cfg, (enum sluice_staging)w));
+	SL_ENV_UINT("SLUICE_THREADS", 1u << 20, sluice_config_set_threads);
+	SL_ENV_UINT("SLUICE_QUEUE_DEPTH", 1u << 20, sluice_config_set_queue_depth);
+	SL_ENV_UINT("SLUICE_MAX_TRANSFER_SIZE", 1ull << 40, sluice_config_set_max_transfer_size);
+	SL_ENV_UINT("SLUICE_BUFFER_POOL_SIZE", 1ull << 50, sluice_config_set_buffer_pool_size);
+	SL_ENV_UINT("SLUICE_DEVICE_IDS", 1u << 20, sluice_config_set_device);
+	SL_ENV_UINT("SLUICE_SQPOLL", 1, sluice_config_set_sqpoll);
+	SL_ENV_UINT("SLUICE_GPU", 1, sluice_config_set_gpu);
+#undef SL_ENV_UINT
+#undef SL_APPLY
+	return 0;
+}
+
+int sluice_config_new(struct sluice_config **out)
+{
+	struct sluice_config *cfg = malloc(sizeof(*cfg));
+	int rc;
+
+	*out = NULL;
+	if (!cfg)
+		return -ENOMEM;
+	sl__config_defaults(cfg);
+	rc = sl_config_env(cfg);
+	if (rc) {
+		free(cfg);
+		return rc;
+	}
+	*out = cfg;
+	return 0;
+}
+
+void sluice_config_free(struct sluice_config *cfg)
+{
+	free(cfg);
+}

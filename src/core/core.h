@@ -1,0 +1,86 @@
+/*
+ * core: errors, logging, configuration, time and statistics.
+ * Depends on nothing else in sluice.
+ */
+#ifndef SL_CORE_H
+#define SL_CORE_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "sluice.h"
+
+#define SL_HIDDEN __attribute__((visibility("hidden")))
+#define SL_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define SL_ALIGN 4096u
+
+static inline uint64_t sl__align_down(uint64_t v, uint64_t a)
+{
+	return v & ~(a - 1);
+}
+
+static inline uint64_t sl__align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) & ~(a - 1);
+}
+
+static inline uint64_t sl__now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Records code with a formatted detail for sluice_last_error_detail() and
+ * returns code, so callers write `return sl__err(-EINVAL, "...")`.
+ */
+SL_HIDDEN int sl__err(int code, const char *fmt, ...) SL_PRINTF(2, 3);
+SL_HIDDEN void sl__err_clear(void);
+
+/* Logging; tag names the subsystem ("io", "gpu", "xfer", "core"). */
+SL_HIDDEN extern int sl__log_level;
+SL_HIDDEN void sl__log(int level, const char *tag, const char *fmt, ...) SL_PRINTF(3, 4);
+#define sl__warn(tag, ...) sl__log(SLUICE_LOG_WARN, tag, __VA_ARGS__)
+#define sl__info(tag, ...) sl__log(SLUICE_LOG_INFO, tag, __VA_ARGS__)
+#define sl__debug(tag, ...)                                   \
+	do {                                                  \
+		if (sl__log_level >= SLUICE_LOG_DEBUG)        \
+			sl__log(SLUICE_LOG_DEBUG, tag, __VA_ARGS__); \
+	} while (0)
+
+/* The resolved configuration an engine copies at open. */
+struct sluice_config {
+	enum sluice_backend backend;
+	enum sluice_direct direct;
+	enum sluice_staging staging;
+	unsigned threads;
+	unsigned queue_depth;
+	size_t max_transfer_size;
+	size_t buffer_pool_size; /* 0: threads * queue_depth * chunk */
+	int device;
+	int sqpoll;
+	int gpu;
+};
+SL_HIDDEN void sl__config_defaults(struct sluice_config *cfg);
+
+/*
+ * Latency histogram: log2 buckets split into 16 linear sub-buckets, so
+ * any percentile is within 1/16 (6%) of the true value.  Updates are
+ * atomic so worker threads record without a lock.
+ */
+#define SL_HIST_SUB 16
+#define SL_HIST_BUCKETS (64 * SL_HIST_SUB)
+struct sl__hist {
+	_Atomic uint64_t count[SL_HIST_BUCKETS];
+	_Atomic uint64_t n, sum, max;
+};
+SL_HIDDEN void sl__hist_add(struct sl__hist *h, uint64_t v);
+SL_HIDDEN uint64_t sl__hist_percentile(const struct sl__hist *h, double p);
+SL_HIDDEN void sl__hist_reset(struct sl__hist *h);
+
+#endif

@@ -1,0 +1,188 @@
+/*
+ * The CUDA driver API shim (libcuda.so.1) and pinned host memory.
+ * Symbols are looked up by their versioned names, the ones cuda.h's macros
+ * map the plain names to.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "gpu/gpu.h"
+
+static struct sl__cuda_api sl_cu;
+static const struct sl__cuda_api *sl_cu_ok;
+static const char *sl_cu_why = "CUDA not loaded";
+static char sl_cu_why_buf[256];
+static pthread_once_t sl_cu_once = PTHREAD_ONCE_INIT;
+
+static void sl_cuda_load(void)
+{
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	struct {
+		void **slot;
+		const char *name;
+	} syms[] = {
+		{ (void **)&sl_cu.Init, "cuInit" },
+		{ (void **)&sl_cu.DeviceGetCount, "cuDeviceGetCount" },
+		{ (void **)&sl_cu.DeviceGet, "cuDeviceGet" },
+		{ (void **)&sl_cu.DeviceGetName, "cuDeviceGetName" },
+		{ (void **)&sl_cu.DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain" },
+		{ (void **)&sl_cu.DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2" },
+		{ (void **)&sl_cu.CtxSetCurrent, "cuCtxSetCurrent" },
+		{ (void **)&sl_cu.StreamCreate, "cuStreamCreate" },
+		{ (void **)&sl_cu.StreamDestroy, "cuStreamDestroy_v2" },
+		{ (void **)&sl_cu.StreamSynchronize, "cuStreamSynchronize" },
+		{ (void **)&sl_cu.StreamWaitEvent, "cuStreamWaitEvent" },
+		{ (void **)&sl_cu.EventCreate, "cuEventCreate" },
+		{ (void **)&sl_cu.EventDestroy, "cuEventDestroy_v2" },
+		{ (void **)&sl_cu.EventRecord, "cuEventRecord" },
+		{ (void **)&sl_cu.EventQuery, "cuEventQuery" },
+		{ (void **)&sl_cu.EventSynchronize, "cuEventSynchronize" },
+		{ (void **)&sl_cu.MemAlloc, "cuMemAlloc_v2" },
+		{ (void **)&sl_cu.MemFree, "cuMemFree_v2" },
+		{ (void **)&sl_cu.MemHostRegister, "cuMemHostRegister_v2" },
+		{ (void **)&sl_cu.MemHostUnregister, "cuMemHostUnregister" },
+		{ (void **)&sl_cu.MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2" },
+		{ (void **)&sl_cu.MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2" },
+		{ (void **)&sl_cu.MemcpyHtoD, "cuMemcpyHtoD_v2" },
+		{ (void **)&sl_cu.MemcpyDtoH, "cuMemcpyDtoH_v2" },
+		{ (void **)&sl_cu.Memcpy, "cuMemcpy" },
+		{ (void **)&sl_cu.PointerGetAttribute, "cuPointerGetAttribute" },
+		{ (void **)&sl_cu.LaunchHostFunc, "cuLaunchHostFunc" },
+		{ (void **)&sl_cu.GetErrorName, "cuGetErrorName" },
+	};
+	CUresult r;
+
+	if (!h) {
+		snprintf(sl_cu_why_buf, sizeof(sl_cu_why_buf), "libcuda.so.1 not loadable: %s", dlerror());
+		sl_cu_why = sl_cu_why_buf;
+		return;
+	}
+	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+		*syms[i].slot = dlsym(h, syms[i].name);
+		if (!*syms[i].slot) {
+			snprintf(sl_cu_why_buf, sizeof(sl_cu_why_buf), "libcuda.so.1 lacks %s (driver too old)", syms[i].name);
+			sl_cu_why = sl_cu_why_buf;
+			return; /* h stays open: harmless, and dlclose races other users */
+		}
+	}
+	r = sl_cu.Init(0);
+	if (r != SL_CUDA_SUCCESS) {
+		const char *name = "?";
+
+		sl_cu.GetErrorName(r, &name);
+		snprintf(sl_cu_why_buf, sizeof(sl_cu_why_buf), "cuInit failed: %s (%d)", name, r);
+		sl_cu_why = sl_cu_why_buf;
+		return;
+	}
+	sl_cu_ok = &sl_cu;
+}
+
+const struct sl__cuda_api *sl__cuda(const char **why)
+{
+	pthread_once(&sl_cu_once, sl_cuda_load);
+	if (!sl_cu_ok && why)
+		*why = sl_cu_why;
+	return sl_cu_ok;
+}
+
+int sl__cuda_err(CUresult r, const char *what)
+{
+	const char *name = "?";
+
+	if (sl_cu.GetErrorName)
+		sl_cu.GetErrorName(r, &name);
+	if (r == 2 /* CUDA_ERROR_OUT_OF_MEMORY */)
+		return sl__err(SLUICE_ECUDA, "%s: %s (%d): GPU out of memory", what, name, r);
+	return sl__err(SLUICE_ECUDA, "%s: %s (%d)", what, name, r);
+}
+
+int sl__gpu_open(struct sl__gpu *g, int ordinal)
+{
+	const char *why = NULL;
+	int n = 0, rc;
+
+	memset(g, 0, sizeof(*g));
+	g->ordinal = -1;
+	g->cu = sl__cuda(&why);
+	if (!g->cu)
+		return sl__err(SLUICE_ENOGPU, "%s", why);
+	rc = SL_CU(g->cu->DeviceGetCount(&n), "cuDeviceGetCount");
+	if (rc)
+		return rc;
+	if (ordinal >= n)
+		return sl__err(SLUICE_ENOGPU, "GPU %d requested but %d CUDA device(s) present", ordinal, n);
+	rc = SL_CU(g->cu->DeviceGet(&g->dev, ordinal), "cuDeviceGet");
+	if (rc)
+		return rc;
+	rc = SL_CU(g->cu->DevicePrimaryCtxRetain(&g->ctx, g->dev), "cuDevicePrimaryCtxRetain");
+	if (rc)
+		return rc;
+	g->cu->DeviceGetName(g->name, (int)sizeof(g->name), g->dev);
+	g->ordinal = ordinal;
+	return sl__gpu_bind(g);
+}
+
+void sl__gpu_close(struct sl__gpu *g)
+{
+	if (g->ctx)
+		g->cu->DevicePrimaryCtxRelease(g->dev);
+	g->ctx = NULL;
+}
+
+int sl__gpu_bind(const struct sl__gpu *g)
+{
+	if (!g->ctx)
+		return 0;
+	return SL_CU(g->cu->CtxSetCurrent(g->ctx), "cuCtxSetCurrent");
+}
+
+int sl__gpu_is_device_ptr(const struct sl__gpu *g, const void *p)
+{
+	unsigned type = 0;
+
+	if (!g->ctx || !p)
+		return 0;
+	/*
+	 * Unified addressing: host pointers the driver does not know return
+	 * CUDA_ERROR_INVALID_VALUE, which simply means "host".
+	 */
+	if (g->cu->PointerGetAttribute(&type, SL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+				       (CUdeviceptr)(uintptr_t)p) != SL_CUDA_SUCCESS)
+		return 0;
+	return type == SL_CU_MEMORYTYPE_DEVICE;
+}
+
+int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned)
+{
+	void *p;
+
+	*pinned = 0;
+	/* mmap gives page alignment for O_DIRECT and zeroed pages. */
+	p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return sl__err(-errno, "mmap of %zu bytes for the buffer pool failed", n);
+	if (g && g->ctx) {
+		CUresult r = g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
+
+		if (r == SL_CUDA_SUCCESS)
+			*pinned = 1;
+		else
+			sl__warn("gpu", "cuMemHostRegister of %zu bytes failed (%d): buffer pool stays pageable, host-GPU copies will be slower",
+				 n, r);
+	}
+	*out = p;
+	return 0;
+}
+
+void sl__host_free(const struct sl__gpu *g, void *p, size_t n, int pinned)
+{
+	if (!p)
+		return;
+	if (pinned)
+		g->cu->MemHostUnregister(p);
+	munmap(p, n);
+}

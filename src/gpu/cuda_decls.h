@@ -1,0 +1,66 @@
+/*
+ * Our own minimal declarations of the CUDA driver API and cuFile types.
+ * sluice never includes cuda.h or cufile.h: both libraries are dlopen()ed.
+ * tests/unit/t_cuda_decls.c checks every value and layout here against the
+ * real headers wherever the CUDA toolkit is installed; change both together.
+ */
+#ifndef SL_CUDA_DECLS_H
+#define SL_CUDA_DECLS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef void (*CUhostFn)(void *user);
+
+#define SL_CUDA_SUCCESS 0
+#define SL_CUDA_ERROR_NOT_READY 600
+#define SL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define SL_CU_MEMORYTYPE_HOST 1
+#define SL_CU_MEMORYTYPE_DEVICE 2
+#define SL_CU_MEMHOSTREGISTER_PORTABLE 1
+#define SL_CU_STREAM_NON_BLOCKING 1
+#define SL_CU_EVENT_DISABLE_TIMING 2
+#define SL_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
+
+/* cuFile (libcufile.so.0). */
+#define SL_CU_FILE_HANDLE_TYPE_OPAQUE_FD 1
+#define SL_CU_FILE_SUCCESS 0
+#define SL_CU_FILE_ERROR_BASE 5000
+
+typedef void *CUfileHandle_t;
+
+typedef struct {
+	int err;    /* CUfileOpError */
+	int cu_err; /* CUresult */
+} CUfileError_t;
+
+typedef struct {
+	int type; /* CUfileFileHandleType */
+	union {
+		int fd;
+		void *handle;
+	} handle;
+	const void *fs_ops;
+} CUfileDescr_t;
+
+/*
+ * CUfileDrvProps_t is large and grows between releases; sluice reads only
+ * nvfs.major_version and nvfs.minor_version, its first two members, and
+ * hands the library a buffer larger than any released version.
+ */
+typedef union {
+	struct {
+		unsigned int major_version;
+		unsigned int minor_version;
+	} nvfs;
+	unsigned char raw[4096];
+} sl_CUfileDrvProps_t;
+
+#endif

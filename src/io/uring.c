@@ -1,0 +1,219 @@
+/*
+ * io_uring backend (liburing).  One ring per worker thread.
+ *
+ * The worker's bounce slots are registered as fixed buffers, so O_DIRECT
+ * reads into them skip the per-I/O page pinning; files go into a sparse
+ * fixed-file table, indexed by the engine's file slot, filled lazily on
+ * first use by this ring.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
+
+#include <liburing.h>
+
+#include "io/io.h"
+
+/* Files an engine can register with each ring: two descriptors per slot. */
+#define SL_URING_FILES 2048
+
+struct sl_uring {
+	struct io_uring ring;
+	int fixed_bufs;   /* slots registered as fixed buffers */
+	int fixed_files;  /* sparse file table registered */
+	char *buf_lo;     /* registered area [buf_lo, buf_hi) */
+	char *buf_hi;
+	size_t buf_size;
+	unsigned queued;  /* prepared, not yet submitted */
+	struct {
+		int fd;
+		unsigned gen;
+	} files[SL_URING_FILES];
+};
+
+static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
+{
+	struct io_uring ring;
+	int rc = io_uring_queue_init(4, &ring, cfg->sqpoll ? IORING_SETUP_SQPOLL : 0);
+
+	if (rc < 0) {
+		char dis[16] = "?";
+		FILE *f = fopen("/proc/sys/kernel/io_uring_disabled", "r");
+
+		if (f) {
+			if (!fgets(dis, sizeof(dis), f))
+				strcpy(dis, "?");
+			dis[strcspn(dis, "\n")] = '\0';
+			fclose(f);
+		}
+		snprintf(why, n, "io_uring unusable: io_uring_setup failed: %s (kernel.io_uring_disabled=%s; "
+			 "a seccomp filter or container policy may block it)%s",
+			 strerror(-rc), dis, cfg->sqpoll ? " [SQPOLL requested]" : "");
+		return rc;
+	}
+	io_uring_queue_exit(&ring);
+	return 0;
+}
+
+static int sl_uring_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg,
+			 void *const *bufs, unsigned nbufs, size_t buf_size, unsigned depth)
+{
+	struct sl_uring *u = calloc(1, sizeof(*u));
+	struct io_uring_params p;
+	int rc;
+
+	if (!u)
+		return -ENOMEM;
+	memset(&p, 0, sizeof(p));
+	if (cfg->sqpoll) {
+		p.flags |= IORING_SETUP_SQPOLL;
+		p.sq_thread_idle = 50;
+	}
+	rc = io_uring_queue_init_params(depth < 8 ? 8 : depth * 2, &u->ring, &p);
+	if (rc < 0) {
+		free(u);
+		return sl__err(rc, "io_uring_queue_init_params: %s", strerror(-rc));
+	}
+	for (unsigned i = 0; i < SL_URING_FILES; i++)
+		u->files[i].fd = -1;
+	u->fixed_files = io_uring_register_files_sparse(&u->ring, SL_URING_FILES) == 0;
+
+	if (nbufs) {
+		struct iovec *iov = calloc(nbufs, sizeof(*iov));
+
+		if (!iov) {
+			io_uring_queue_exit(&u->ring);
+			free(u);
+			return -ENOMEM;
+		}
+		for (unsigned i = 0; i < nbufs; i++) {
+			iov[i].iov_base = bufs[i];
+			iov[i].iov_len = buf_size;
+		}
+		/*
+		 * Registration pins the pages and is charged to RLIMIT_MEMLOCK
+		 * for users without CAP_IPC_LOCK; when refused, I/O still works
+		 * with plain buffers, pinned per request by the kernel.
+		 */
+		rc = io_uring_register_buffers(&u->ring, iov, nbufs);
+		free(iov);
+		if (rc == 0) {
+			u->fixed_bufs = 1;
+			ctx->fixed = 1;
+		} else {
+			struct rlimit rl;
+
+			getrlimit(RLIMIT_MEMLOCK, &rl);
+			sl__warn("io", "io_uring fixed buffers off: registering %u x %zu bytes failed (%s); "
+				 "RLIMIT_MEMLOCK is %llu bytes (raise it with `ulimit -l`)",
+				 nbufs, buf_size, strerror(-rc), (unsigned long long)rl.rlim_cur);
+		}
+	}
+	u->buf_size = buf_size;
+	u->buf_lo = nbufs ? bufs[0] : NULL;
+	u->buf_hi = nbufs ? (char *)bufs[nbufs - 1] + buf_size : NULL;
+	ctx->priv = u;
+	return 0;
+}
+
+/* Returns the fixed-file index for io, registering its fd on first use. */
+static int sl_uring_file(struct sl_uring *u, const struct sl__io *io)
+{
+	int i = io->file_index;
+
+	if (!u->fixed_files || i < 0 || i >= SL_URING_FILES)
+		return -1;
+	if (u->files[i].fd != io->fd || u->files[i].gen != io->file_gen) {
+		int fd = io->fd;
+
+		if (io_uring_register_files_update(&u->ring, (unsigned)i, &fd, 1) != 1)
+			return -1;
+		u->files[i].fd = fd;
+		u->files[i].gen = io->file_gen;
+	}
+	return i;
+}
+
+static int sl_uring_submit(struct sl__io_ctx *ctx, struct sl__io *io)
+{
+	struct sl_uring *u = ctx->priv;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+	int fi = sl_uring_file(u, io), fd = fi >= 0 ? fi : io->fd;
+	int fixed = u->fixed_bufs && io->buf_index >= 0;
+
+	if (!sqe) {
+		io_uring_submit(&u->ring);
+		u->queued = 0;
+		sqe = io_uring_get_sqe(&u->ring);
+		if (!sqe)
+			return -EBUSY;
+	}
+	if (io->op == SL_IO_READ) {
+		if (fixed)
+			io_uring_prep_read_fixed(sqe, fd, io->buf, (unsigned)io->len, io->offset, io->buf_index);
+		else
+			io_uring_prep_read(sqe, fd, io->buf, (unsigned)io->len, io->offset);
+	} else {
+		if (fixed)
+			io_uring_prep_write_fixed(sqe, fd, io->buf, (unsigned)io->len, io->offset, io->buf_index);
+		else
+			io_uring_prep_write(sqe, fd, io->buf, (unsigned)io->len, io->offset);
+	}
+	if (fi >= 0)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data(sqe, io);
+	u->queued++;
+	return 0;
+}
+
+static int sl_uring_reap(struct sl__io_ctx *ctx, struct sl__io **done, unsigned max, int wait)
+{
+	struct sl_uring *u = ctx->priv;
+	struct io_uring_cqe *cqes[64];
+	unsigned n, k = 0;
+	int rc;
+
+	if (u->queued || wait) {
+		rc = io_uring_submit_and_wait(&u->ring, wait ? 1 : 0);
+		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+			return sl__err(rc, "io_uring_submit_and_wait: %s", strerror(-rc));
+		if (rc >= 0)
+			u->queued = 0;
+	}
+	if (max > 64)
+		max = 64;
+	n = io_uring_peek_batch_cqe(&u->ring, cqes, max);
+	for (; k < n; k++) {
+		struct sl__io *io = io_uring_cqe_get_data(cqes[k]);
+
+		io->res = cqes[k]->res;
+		done[k] = io;
+	}
+	io_uring_cq_advance(&u->ring, n);
+	return (int)k;
+}
+
+static void sl_uring_fini(struct sl__io_ctx *ctx)
+{
+	struct sl_uring *u = ctx->priv;
+
+	if (!u)
+		return;
+	io_uring_queue_exit(&u->ring);
+	free(u);
+	ctx->priv = NULL;
+}
+
+const struct sl__io_ops sl__io_uring_ops = {
+	.name = "uring",
+	.caps = SL_IO_CAP_ASYNC | SL_IO_CAP_FIXED,
+	.probe = sl_uring_probe,
+	.init = sl_uring_init,
+	.submit = sl_uring_submit,
+	.reap = sl_uring_reap,
+	.fini = sl_uring_fini,
+};

@@ -1,0 +1,410 @@
+/*
+ * The engine: backend selection, the pinned pool, worker threads and the
+ * job list they claim segments from.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xfer/xfer.h"
+
+/* Backends in order of preference for host-side I/O. */
+static const struct sl__io_ops *const sl_main_backends[] = { &sl__io_uring_ops, &sl__io_psync_ops };
+
+static void sl_note_unusable(struct sluice_engine *eng, const char *why)
+{
+	size_t l = strlen(eng->unusable);
+
+	snprintf(eng->unusable + l, sizeof(eng->unusable) - l, "%s%s", l ? "\n" : "", why);
+	sl__info("io", "%s", why);
+}
+
+static int sl_select_backends(struct sluice_engine *eng)
+{
+	const struct sluice_config *cfg = &eng->cfg;
+	char why[512];
+	int rc;
+
+	/* cuFile only matters for GPU destinations. */
+	if (eng->gpu.ctx && (cfg->backend == SLUICE_BACKEND_AUTO || cfg->backend == SLUICE_BACKEND_GDS)) {
+		const char *cwhy = NULL;
+		const struct sl__cufile_api *cf = sl__cufile(&cwhy);
+
+		if (cf) {
+			sl__gds_bind(cf->Read, cf->Write, cf->gds, "");
+			eng->gds_real = cf->gds;
+		} else {
+			sl__gds_bind(NULL, NULL, 0, cwhy);
+		}
+		rc = sl__io_gds_ops.probe(cfg, why, sizeof(why));
+		if (rc == 0)
+			eng->gds_ops = &sl__io_gds_ops;
+		else
+			sl_note_unusable(eng, why);
+		if (rc && cfg->backend == SLUICE_BACKEND_GDS)
+			return sl__err(SLUICE_EBACKEND, "%s", why);
+	} else if (cfg->backend == SLUICE_BACKEND_GDS) {
+		return sl__err(SLUICE_EBACKEND, "gds requested but no GPU is usable");
+	}
+
+	for (size_t i = 0; i < sizeof(sl_main_backends) / sizeof(sl_main_backends[0]); i++) {
+		const struct sl__io_ops *ops = sl_main_backends[i];
+
+		if (cfg->backend == SLUICE_BACKEND_URING && ops != &sl__io_uring_ops)
+			continue;
+		if (cfg->backend == SLUICE_BACKEND_PSYNC && ops != &sl__io_psync_ops)
+			continue;
+		rc = ops->probe(cfg, why, sizeof(why));
+		if (rc == 0) {
+			eng->main_ops = ops;
+			return 0;
+		}
+		sl_note_unusable(eng, why);
+		if (cfg->backend == SLUICE_BACKEND_URING)
+			return sl__err(SLUICE_EBACKEND, "%s", why);
+	}
+	return sl__err(SLUICE_EBACKEND, "no usable I/O backend");
+}
+
+static int sl_pool_alloc(struct sluice_engine *eng)
+{
+	const struct sluice_config *cfg = &eng->cfg;
+	size_t want;
+	unsigned per;
+
+	/* Slack of one page each side lets O_DIRECT widen unaligned ranges. */
+	eng->slot_size = cfg->max_transfer_size + 2 * SL_ALIGN;
+	want = cfg->buffer_pool_size ? cfg->buffer_pool_size
+				     : (size_t)cfg->threads * cfg->queue_depth * eng->slot_size;
+	per = (unsigned)(want / ((size_t)cfg->threads * eng->slot_size));
+	if (per > cfg->queue_depth)
+		per = cfg->queue_depth;
+	if (per < 2) {
+		if (cfg->buffer_pool_size)
+			sl__warn("xfer", "buffer_pool_size %zu too small for %u threads x 2 slots of %zu bytes; using 2 slots per thread",
+				 cfg->buffer_pool_size, cfg->threads, eng->slot_size);
+		per = cfg->queue_depth < 2 ? cfg->queue_depth : 2;
+	}
+	eng->slots_per_worker = per;
+	eng->pool_len = (size_t)cfg->threads * per * eng->slot_size;
+	return sl__host_alloc(eng->gpu.ctx ? &eng->gpu : NULL, eng->pool_len, (void **)&eng->pool,
+			      &eng->pool_pinned);
+}
+
+int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *cfg)
+{
+	struct sluice_engine *eng;
+	struct sluice_config *envcfg = NULL;
+	int rc;
+
+	*out = NULL;
+	sl__err_clear();
+	if (!cfg) {
+		rc = sluice_config_new(&envcfg);
+		if (rc)
+			return rc;
+		cfg = envcfg;
+	}
+	eng = calloc(1, sizeof(*eng) + 0);
+	if (!eng) {
+		sluice_config_free(envcfg);
+		return -ENOMEM;
+	}
+	eng->cfg = *cfg;
+	sluice_config_free(envcfg);
+	pthread_mutex_init(&eng->lock, NULL);
+	pthread_cond_init(&eng->work_cv, NULL);
+	pthread_cond_init(&eng->done_cv, NULL);
+	eng->queue_tail = &eng->queue;
+	eng->gpu.ordinal = -1;
+
+	if (eng->cfg.gpu) {
+		const char *why = NULL;
+
+		if (sl__cuda(&why)) {
+			rc = sl__gpu_open(&eng->gpu, eng->cfg.device);
+			if (rc)
+				goto fail;
+		} else {
+			sl__info("gpu", "no GPU: %s; host memory only", why);
+		}
+	}
+	rc = sl_select_backends(eng);
+	if (rc)
+		goto fail;
+	rc = sl_pool_alloc(eng);
+	if (rc)
+		goto fail;
+
+	eng->nworkers = eng->cfg.threads;
+	eng->workers = calloc(eng->nworkers, sl__worker_size());
+	if (!eng->workers) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (unsigned i = 0; i < eng->nworkers; i++)
+		sl__worker_setup(SL_WORKER(eng, i), eng, i);
+	/* Wait until every worker has set up its ring, stream and events. */
+	pthread_mutex_lock(&eng->lock);
+	while (eng->started < eng->nworkers)
+		pthread_cond_wait(&eng->done_cv, &eng->lock);
+	rc = eng->init_err;
+	pthread_mutex_unlock(&eng->lock);
+	if (rc) {
+		sluice_engine_close(eng);
+		return rc;
+	}
+	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes, pool %s, GPU %d %s",
+		 eng->main_ops->name, eng->gds_ops ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
+		 eng->cfg.max_transfer_size, eng->pool_pinned ? "pinned" : "pageable", eng->gpu.ordinal,
+		 eng->gpu.name);
+	*out = eng;
+	return 0;
+fail:
+	sl__gpu_close(&eng->gpu);
+	pthread_mutex_destroy(&eng->lock);
+	pthread_cond_destroy(&eng->work_cv);
+	pthread_cond_destroy(&eng->done_cv);
+	free(eng);
+	return rc;
+}
+
+void sluice_engine_close(struct sluice_engine *eng)
+{
+	if (!eng)
+		return;
+	pthread_mutex_lock(&eng->lock);
+	eng->stopping = 1;
+	pthread_cond_broadcast(&eng->work_cv);
+	pthread_mutex_unlock(&eng->lock);
+	for (unsigned i = 0; eng->workers && i < eng->nworkers; i++)
+		sl__worker_join(SL_WORKER(eng, i));
+	free(eng->workers);
+	sl__host_free(&eng->gpu, eng->pool, eng->pool_len, eng->pool_pinned);
+	sl__gpu_close(&eng->gpu);
+	pthread_mutex_destroy(&eng->lock);
+	pthread_cond_destroy(&eng->work_cv);
+	pthread_cond_destroy(&eng->done_cv);
+	free(eng);
+}
+
+void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engine_info *info)
+{
+	memset(info, 0, sizeof(*info));
+	info->backend = eng->main_ops->name;
+	info->gpu = eng->gpu.ordinal;
+	snprintf(info->gpu_name, sizeof(info->gpu_name), "%s", eng->gpu.name);
+	info->gds = eng->gds_ops && eng->gds_real;
+	info->threads = eng->nworkers;
+	info->queue_depth = eng->slots_per_worker;
+	info->max_transfer_size = eng->cfg.max_transfer_size;
+	info->buffer_pool_size = eng->pool_len;
+	info->pool_pinned = eng->pool_pinned;
+	info->uring_fixed_buffers = eng->fixed_bufs;
+	info->unusable = eng->unusable;
+}
+
+void sl__job_submit(struct sluice_engine *eng, struct sl__job *job)
+{
+	job->t0 = sl__now_ns();
+	pthread_mutex_lock(&eng->lock);
+	if (job->nsegs == 0) {
+		job->finished = 1;
+		if (job->on_finish)
+			job->on_finish(job);
+		pthread_cond_broadcast(&eng->done_cv);
+	} else {
+		job->qnext = NULL;
+		*eng->queue_tail = job;
+		eng->queue_tail = &job->qnext;
+		pthread_cond_broadcast(&eng->work_cv);
+	}
+	pthread_mutex_unlock(&eng->lock);
+}
+
+struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg)
+{
+	struct sl__job *job;
+
+	pthread_mutex_lock(&eng->lock);
+	job = eng->queue;
+	if (job) {
+		*seg = job->next++;
+		if (job->next == job->nsegs) {
+			eng->queue = job->qnext;
+			if (!eng->queue)
+				eng->queue_tail = &eng->queue;
+		}
+	}
+	pthread_mutex_unlock(&eng->lock);
+	return job;
+}
+
+void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint64_t t0)
+{
+	int zero = 0;
+
+	if (err)
+		atomic_compare_exchange_strong(&job->err, &zero, err);
+	else if (t0)
+		sl__hist_add(&eng->lat, sl__now_ns() - t0);
+	if (atomic_fetch_add(&job->done, 1) + 1 == job->nsegs) {
+		pthread_mutex_lock(&eng->lock);
+		job->finished = 1;
+		if (job->on_finish)
+			job->on_finish(job);
+		pthread_cond_broadcast(&eng->done_cv);
+		pthread_mutex_unlock(&eng->lock);
+	}
+}
+
+void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
+{
+	static const char *const bname[] = { "uring", "psync", "gds" };
+	static const char *const kname[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
+	uint32_t paths = atomic_load(&job->paths);
+	size_t l = 0;
+
+	if (!rep)
+		return;
+	memset(rep, 0, sizeof(*rep));
+	rep->bytes = atomic_load(&job->bytes);
+	rep->bytes_direct = atomic_load(&job->bytes_direct);
+	rep->bytes_buffered = atomic_load(&job->bytes_buffered);
+	rep->ios = atomic_load(&job->ios);
+	for (unsigned c = 0; c < 32 && l < sizeof(rep->path); c++) {
+		unsigned b = c / 10, d = (c % 10) / 5, k = c % 5;
+		char io[32];
+
+		if (!(paths & (1u << c)))
+			continue;
+		if (b == SL_P_GDS)
+			snprintf(io, sizeof(io), "gds");
+		else
+			snprintf(io, sizeof(io), "%s:%s", bname[b], d ? "direct" : "buffered");
+		if (job->op == SL_IO_READ)
+			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", io,
+					      kname[k]);
+		else
+			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "",
+					      b == SL_P_GDS ? "gpu" : k >= SL_K_PINNED_GPU ? (k == SL_K_PINNED_GPU ? "gpu>pinned" : "gpu>pageable") : k == SL_K_BOUNCE_HOST ? "host>bounce" : "host", io);
+	}
+}
+
+ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job, struct sluice_xfer_report *rep)
+{
+	int err;
+
+	pthread_mutex_lock(&eng->lock);
+	while (!job->finished)
+		pthread_cond_wait(&eng->done_cv, &eng->lock);
+	pthread_mutex_unlock(&eng->lock);
+	err = atomic_load(&job->err);
+	sl__job_report(job, rep);
+	if (rep)
+		rep->seconds = (double)(sl__now_ns() - job->t0) / 1e9;
+	return err ? err : (ssize_t)atomic_load(&job->bytes);
+}
+
+ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r, size_t n,
+		struct sluice_xfer_report *rep)
+{
+	struct sl__job job;
+	ssize_t rc;
+	uint64_t t0 = sl__now_ns();
+
+	sl__err_clear();
+	rc = sl__plan(eng, &job, op, r, n);
+	if (rc) {
+		if (rep) {
+			memset(rep, 0, sizeof(*rep));
+			rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
+		}
+		return rc;
+	}
+	sl__job_submit(eng, &job);
+	rc = sl__job_wait(eng, &job, rep);
+	sl__plan_free(&job);
+	return rc;
+}
+
+void sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st)
+{
+	uint64_t n = atomic_load(&eng->lat.n);
+
+	memset(st, 0, sizeof(*st));
+	st->ios = atomic_load(&eng->st_ios);
+	st->bytes = atomic_load(&eng->st_bytes);
+	if (!n)
+		return;
+	st->lat_avg_us = (double)atomic_load(&eng->lat.sum) / (double)n / 1e3;
+	st->lat_p50_us = (double)sl__hist_percentile(&eng->lat, 50) / 1e3;
+	st->lat_p99_us = (double)sl__hist_percentile(&eng->lat, 99) / 1e3;
+	st->lat_p999_us = (double)sl__hist_percentile(&eng->lat, 99.9) / 1e3;
+	st->lat_max_us = (double)atomic_load(&eng->lat.max) / 1e3;
+}
+
+void sluice_engine_stats_reset(struct sluice_engine *eng)
+{
+	sl__hist_reset(&eng->lat);
+	atomic_store(&eng->st_ios, 0);
+	atomic_store(&eng->st_bytes, 0);
+}
+
+/* ---- GPU helpers of the public API ---- */
+
+int sluice_gpu_count(void)
+{
+	const struct sl__cuda_api *cu = sl__cuda(NULL);
+	int n = 0;
+
+	if (!cu || cu->DeviceGetCount(&n) != SL_CUDA_SUCCESS)
+		return 0;
+	return n;
+}
+
+int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out)
+{
+	CUdeviceptr p = 0;
+	int rc;
+
+	*out = NULL;
+	if (!eng->gpu.ctx)
+		return sl__err(SLUICE_ENOGPU, "engine has no GPU");
+	rc = sl__gpu_bind(&eng->gpu);
+	if (!rc)
+		rc = SL_CU(eng->gpu.cu->MemAlloc(&p, n), "cuMemAlloc");
+	if (!rc)
+		*out = (void *)(uintptr_t)p;
+	return rc;
+}
+
+void sluice_gpu_free(struct sluice_engine *eng, void *p)
+{
+	if (!p || !eng->gpu.ctx)
+		return;
+	if (sl__gpu_bind(&eng->gpu) == 0)
+		eng->gpu.cu->MemFree((CUdeviceptr)(uintptr_t)p);
+}
+
+int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_t n)
+{
+	int rc;
+
+	if (!eng->gpu.ctx) {
+		memmove(dst, src, n);
+		return 0;
+	}
+	rc = sl__gpu_bind(&eng->gpu);
+	if (rc)
+		return rc;
+	/* With unified addressing cuMemcpy infers both memory kinds. */
+	return SL_CU(eng->gpu.cu->Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n),
+		     "cuMemcpy");
+}
+
+int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p)
+{
+	return sl__gpu_is_device_ptr(&eng->gpu, p);
+}

@@ -1,0 +1,303 @@
+/*
+ * Files and the synchronous transfer calls, including the durable,
+ * atomic whole-file write.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "xfer/xfer.h"
+
+int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const char *path,
+		     int flags)
+{
+	int oflags = (flags & SLUICE_RDWR) ? O_RDWR : O_RDONLY;
+	struct sluice_file *f;
+	struct stat st;
+	int rc;
+
+	*out = NULL;
+	sl__err_clear();
+	if ((flags & SLUICE_CREATE) && (flags & SLUICE_RDWR))
+		oflags |= O_CREAT;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->eng = eng;
+	f->dfd = -1;
+	f->index = -1;
+	f->writable = !!(flags & SLUICE_RDWR);
+	f->path = strdup(path);
+	if (!f->path) {
+		free(f);
+		return -ENOMEM;
+	}
+	f->fd = open(path, oflags | O_CLOEXEC, 0666);
+	if (f->fd < 0) {
+		rc = sl__err(-errno, "%s: cannot open: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (fstat(f->fd, &st) < 0) {
+		rc = sl__err(-errno, "%s: fstat: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = sl__err(-EISDIR, "%s: is a directory", path);
+		goto fail;
+	}
+	f->size = (uint64_t)st.st_size;
+	f->dfd = open(path, (oflags & ~O_CREAT) | O_DIRECT | O_CLOEXEC);
+	if (f->dfd < 0)
+		sl__info("io", "%s: O_DIRECT refused by the filesystem (%s); page cache only", path,
+			 strerror(errno));
+	if (S_ISREG(st.st_mode) && st.st_size > 0) {
+		f->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, f->fd, 0);
+		if (f->map == MAP_FAILED)
+			f->map = NULL;
+		else
+			f->map_len = (size_t)st.st_size;
+	}
+	if (eng->gds_ops && f->dfd >= 0) {
+		const struct sl__cufile_api *cf = sl__cufile(NULL);
+		CUfileDescr_t d;
+		CUfileError_t e;
+
+		memset(&d, 0, sizeof(d));
+		d.type = SL_CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+		d.handle.fd = f->dfd;
+		e = cf->HandleRegister(&f->cufh, &d);
+		if (e.err != SL_CU_FILE_SUCCESS) {
+			f->cufh = NULL;
+			sl__warn("io", "%s: cuFileHandleRegister failed (cuFile error %d); GPU transfers of this file use bounce buffers",
+				 path, e.err);
+		}
+	}
+	pthread_mutex_lock(&eng->lock);
+	for (int i = 0; i < SL_MAX_FILES; i++)
+		if (!eng->files[i]) {
+			eng->files[i] = f;
+			f->index = i;
+			f->gen = ++eng->file_gen;
+			break;
+		}
+	pthread_mutex_unlock(&eng->lock);
+	if (f->index < 0) {
+		rc = sl__err(-EMFILE, "%s: more than %d files open in one engine", path, SL_MAX_FILES);
+		goto fail;
+	}
+	*out = f;
+	return 0;
+fail:
+	sluice_file_close(f);
+	return rc;
+}
+
+void sluice_file_close(struct sluice_file *f)
+{
+	if (!f)
+		return;
+	if (f->index >= 0) {
+		pthread_mutex_lock(&f->eng->lock);
+		f->eng->files[f->index] = NULL;
+		pthread_mutex_unlock(&f->eng->lock);
+	}
+	if (f->cufh)
+		sl__cufile(NULL)->HandleDeregister(f->cufh);
+	if (f->map)
+		munmap(f->map, f->map_len);
+	if (f->dfd >= 0)
+		close(f->dfd);
+	if (f->fd >= 0)
+		close(f->fd);
+	free(f->path);
+	free(f);
+}
+
+uint64_t sluice_file_size(const struct sluice_file *f)
+{
+	return atomic_load(&((struct sluice_file *)f)->size);
+}
+
+int sluice_file_direct_ok(const struct sluice_file *f)
+{
+	return f->dfd >= 0;
+}
+
+int sluice_file_sync(struct sluice_file *f)
+{
+	if (fdatasync(f->fd) < 0)
+		return sl__err(-errno, "%s: fdatasync: %s", f->path, strerror(errno));
+	return 0;
+}
+
+/*
+ * After a write job: a direct write that reached past the end of the file
+ * may have padded its last block (sl__plan allows that only past the size
+ * it saw), so cut the file back to the real end and remember the size.
+ */
+int sl__fix_size(const struct sluice_range *r, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct sluice_file *f = r[i].file;
+		uint64_t end = r[i].offset + r[i].len, want = atomic_load(&f->size);
+		struct stat st;
+
+		if (end > want)
+			want = end;
+		if (fstat(f->fd, &st) < 0)
+			return sl__err(-errno, "%s: fstat: %s", f->path, strerror(errno));
+		if ((uint64_t)st.st_size > want && (uint64_t)st.st_size <= sl__align_up(want, SL_ALIGN) &&
+		    ftruncate(f->fd, (off_t)want) < 0)
+			return sl__err(-errno, "%s: ftruncate: %s", f->path, strerror(errno));
+		atomic_store(&f->size, want);
+	}
+	return 0;
+}
+
+ssize_t sluice_read_batch(struct sluice_engine *eng, const struct sluice_range *r, size_t n,
+			  struct sluice_xfer_report *rep)
+{
+	return sl__run(eng, SL_IO_READ, r, n, rep);
+}
+
+ssize_t sluice_write_batch(struct sluice_engine *eng, const struct sluice_range *r, size_t n,
+			   struct sluice_xfer_report *rep)
+{
+	ssize_t rc = sl__run(eng, SL_IO_WRITE, r, n, rep);
+	int frc;
+
+	if (rc < 0)
+		return rc;
+	frc = sl__fix_size(r, n);
+	return frc ? frc : rc;
+}
+
+ssize_t sluice_file_read(struct sluice_file *f, uint64_t offset, size_t len, void *dst,
+			 struct sluice_xfer_report *rep)
+{
+	struct sluice_range r = { f, offset, len, dst };
+
+	return sluice_read_batch(f->eng, &r, 1, rep);
+}
+
+ssize_t sluice_file_write(struct sluice_file *f, uint64_t offset, size_t len, const void *src,
+			  struct sluice_xfer_report *rep)
+{
+	struct sluice_range r = { f, offset, len, (void *)src };
+
+	return sluice_write_batch(f->eng, &r, 1, rep);
+}
+
+ssize_t sluice_read_to_gpu(struct sluice_engine *eng, const char *path, uint64_t offset,
+			   size_t len, void *dst, struct sluice_xfer_report *rep)
+{
+	struct sluice_file *f;
+	ssize_t rc = sluice_file_open(&f, eng, path, SLUICE_RDONLY);
+
+	if (rc)
+		return rc;
+	rc = sluice_file_read(f, offset, len, dst, rep);
+	sluice_file_close(f);
+	return rc;
+}
+
+ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const void *src,
+			      size_t len, struct sluice_xfer_report *rep)
+{
+	char *dup1 = strdup(path), *dup2 = strdup(path), *tmp = NULL;
+	const char *dir, *base;
+	struct sluice_file *f = NULL;
+	struct stat st;
+	mode_t mode;
+	ssize_t rc;
+	int fd = -1, dfd = -1;
+
+	if (rep)
+		memset(rep, 0, sizeof(*rep));
+	if (!dup1 || !dup2) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	dir = dirname(dup1);
+	base = basename(dup2);
+	if (stat(path, &st) == 0) {
+		mode = st.st_mode & 07777;
+	} else {
+		mode_t um = umask(0);
+
+		umask(um);
+		mode = 0666 & ~um;
+	}
+	/* A hidden temporary beside the target, so rename() stays in one filesystem. */
+	if (asprintf(&tmp, "%s/.%s.sluice-tmp-XXXXXX", dir, base) < 0) {
+		tmp = NULL;
+		rc = -ENOMEM;
+		goto out;
+	}
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0) {
+		rc = sl__err(-errno, "%s: cannot create temporary file in %s: %s", path, dir, strerror(errno));
+		free(tmp);
+		tmp = NULL;
+		goto out;
+	}
+	if (fchmod(fd, mode) < 0) {
+		rc = sl__err(-errno, "%s: fchmod: %s", tmp, strerror(errno));
+		goto out;
+	}
+	/* Reserve the space first: ENOSPC now, not half-way through. */
+	if (len) {
+		int e = posix_fallocate(fd, 0, (off_t)sl__align_up(len, SL_ALIGN));
+
+		if (e && e != EOPNOTSUPP && e != EINVAL) {
+			rc = sl__err(-e, "%s: cannot reserve %zu bytes for %s: %s", dir, len, path, strerror(e));
+			goto out;
+		}
+	}
+	rc = sluice_file_open(&f, eng, tmp, SLUICE_RDWR);
+	if (rc)
+		goto out;
+	rc = sluice_file_write(f, 0, len, src, rep);
+	if (rc < 0)
+		goto out;
+	if (ftruncate(f->fd, (off_t)len) < 0) {
+		rc = sl__err(-errno, "%s: ftruncate: %s", tmp, strerror(errno));
+		goto out;
+	}
+	if (fdatasync(f->fd) < 0) {
+		rc = sl__err(-errno, "%s: fdatasync: %s", tmp, strerror(errno));
+		goto out;
+	}
+	if (rename(tmp, path) < 0) {
+		rc = sl__err(-errno, "%s: rename from %s: %s", path, tmp, strerror(errno));
+		goto out;
+	}
+	free(tmp);
+	tmp = NULL; /* renamed: nothing to clean up any more */
+	/* Make the rename itself durable. */
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0 || fsync(dfd) < 0) {
+		rc = sl__err(-errno, "%s: fsync of directory %s: %s", path, dir, strerror(errno));
+		goto out;
+	}
+	rc = (ssize_t)len;
+out:
+	sluice_file_close(f);
+	if (fd >= 0)
+		close(fd);
+	if (dfd >= 0)
+		close(dfd);
+	if (tmp) {
+		unlink(tmp);
+		free(tmp);
+	}
+	free(dup1);
+	free(dup2);
+	return rc;
+}

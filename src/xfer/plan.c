@@ -1,0 +1,156 @@
+/*
+ * Planning: turns caller ranges into segments (storage I/Os) and pieces
+ * (copies to or from caller memory), coalescing neighbours.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "xfer/xfer.h"
+
+/*
+ * Reads whose file gap is at most this are merged into one I/O; the gap's
+ * bytes are read and dropped, which is cheaper than another I/O.
+ */
+#define SL_READ_GAP (64u << 10)
+
+static int sl_range_cmp(const void *a, const void *b)
+{
+	const struct sluice_range *x = a, *y = b;
+
+	if (x->file != y->file)
+		return (uintptr_t)x->file < (uintptr_t)y->file ? -1 : 1;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Checks a read range against the file size, refreshing a stale size. */
+static int sl_check_range(const struct sluice_range *r)
+{
+	struct sluice_file *f = r->file;
+	struct stat st;
+
+	if (r->offset + r->len <= atomic_load(&f->size) && r->offset + r->len >= r->offset)
+		return 0;
+	if (fstat(f->fd, &st) == 0)
+		atomic_store(&f->size, (uint64_t)st.st_size);
+	if (r->offset + r->len <= atomic_load(&f->size) && r->offset + r->len >= r->offset)
+		return 0;
+	return sl__err(SLUICE_ERANGE, "%s: range [%llu, +%zu) passes the end of the file (%llu bytes)",
+		       f->path, (unsigned long long)r->offset, r->len,
+		       (unsigned long long)atomic_load(&f->size));
+}
+
+int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
+	     const struct sluice_range *in, size_t n)
+{
+	const size_t chunk = eng->cfg.max_transfer_size;
+	const int gds = eng->gds_ops != NULL;
+	struct sluice_range *r;
+	size_t maxsegs = 0, ns = 0, np = 0;
+	uint64_t wend = 0;
+	int rc = 0;
+
+	memset(job, 0, sizeof(*job));
+	job->op = op;
+	if (!n)
+		return 0;
+	r = malloc(n * sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	memcpy(r, in, n * sizeof(*r));
+	for (size_t i = 0; i < n; i++) {
+		if (!r[i].file || (!r[i].buf && r[i].len)) {
+			rc = sl__err(-EINVAL, "range %zu: NULL file or buffer", i);
+			goto out;
+		}
+		if (op == SL_IO_WRITE) {
+			struct stat st;
+
+			if (!r[i].file->writable) {
+				rc = sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", r[i].file->path);
+				goto out;
+			}
+			/* Fresh size: padding is allowed only past it (see pad_ok). */
+			if (fstat(r[i].file->fd, &st) == 0)
+				atomic_store(&r[i].file->size, (uint64_t)st.st_size);
+		}
+		if (op == SL_IO_READ && (rc = sl_check_range(&r[i])))
+			goto out;
+		maxsegs += r[i].len / chunk + 2;
+	}
+	if (n > 1)
+		qsort(r, n, sizeof(*r), sl_range_cmp);
+	job->segs = malloc(maxsegs * sizeof(*job->segs));
+	job->pieces = malloc(maxsegs * sizeof(*job->pieces));
+	if (!job->segs || !job->pieces) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (r[i].offset + r[i].len > wend)
+			wend = r[i].offset + r[i].len;
+
+	struct sl__seg *cur = NULL;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t off = r[i].offset;
+		size_t left = r[i].len;
+		char *mem = r[i].buf;
+		int gpu = left ? sl__gpu_is_device_ptr(&eng->gpu, mem) : 0;
+
+		while (left) {
+			uint64_t cur_end = cur ? cur->off + cur->len : 0;
+			int join = cur && cur->file == r[i].file && !(gds && gpu) &&
+				   (op == SL_IO_READ ? off + 0 <= cur_end + SL_READ_GAP && off >= cur->off
+						     : off == cur_end) &&
+				   off < cur->off + chunk;
+			size_t take;
+
+			if (!join) {
+				cur = &job->segs[ns++];
+				cur->file = r[i].file;
+				cur->off = off;
+				cur->len = 0;
+				cur->piece0 = (uint32_t)np;
+				cur->npieces = 0;
+				cur->pad_ok = 0;
+			}
+			take = (size_t)(cur->off + chunk - off);
+			if (take > left)
+				take = left;
+			job->pieces[np].seg_off = (size_t)(off - cur->off);
+			job->pieces[np].len = take;
+			job->pieces[np].mem = mem;
+			job->pieces[np].gpu = gpu;
+			np++;
+			cur->npieces++;
+			if (off + take > cur->off + cur->len)
+				cur->len = (size_t)(off + take - cur->off);
+			/*
+			 * Only the write that reaches the job's end, at or past the
+			 * end of the file, may pad its last block: the padding then
+			 * lands where no data was and is truncated away afterwards.
+			 */
+			cur->pad_ok = op == SL_IO_WRITE && cur->off + cur->len == wend &&
+				      wend >= atomic_load(&cur->file->size);
+			off += take;
+			mem += take;
+			left -= take;
+		}
+	}
+	job->nsegs = ns;
+out:
+	free(r);
+	if (rc)
+		sl__plan_free(job);
+	return rc;
+}
+
+void sl__plan_free(struct sl__job *job)
+{
+	free(job->segs);
+	free(job->pieces);
+	job->segs = NULL;
+	job->pieces = NULL;
+}

@@ -1,0 +1,568 @@
+/*
+ * Worker threads.  Each owns queue_depth bounce slots carved from the
+ * engine's pool, one instance of the main I/O backend (and of gds when in
+ * use), and a non-blocking CUDA stream with one event per slot.
+ *
+ * Slot life:
+ *   read:  FREE -> IO (storage into slot) -> DMA (slot to GPU) -> FREE
+ *   write: FREE -> DMA (GPU to slot) -> IO (slot to storage) -> FREE
+ * Host-only pieces skip DMA (memcpy), and aligned or buffered host
+ * transfers of a single piece skip the slot entirely.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "xfer/xfer.h"
+
+enum { SL_FREE = 0, SL_IO, SL_DMA };
+
+struct sl__slot {
+	int state;
+	char *buf;
+	int index;          /* fixed buffer index */
+	struct sl__job *job;
+	size_t seg;
+	struct sl__io io;
+	struct sl__io_ctx *ctx; /* backend instance running io */
+	size_t head;        /* payload offset inside the I/O buffer */
+	size_t need;        /* I/O bytes that must arrive (reads) */
+	size_t got;         /* I/O bytes done so far */
+	int direct;
+	int zero_copy;      /* I/O runs on the caller's memory */
+	int path;           /* SL_PATH_CODE */
+	uint64_t t0;
+	CUevent ev;
+};
+
+struct sl__worker {
+	pthread_t thread;
+	struct sluice_engine *eng;
+	unsigned id;
+	struct sl__io_ctx io, gds;
+	CUstream stream;
+	unsigned nslots;
+	struct sl__slot *slots;
+};
+
+size_t sl__worker_size(void)
+{
+	return sizeof(struct sl__worker);
+}
+
+static int sl_worker_init(struct sl__worker *w)
+{
+	struct sluice_engine *eng = w->eng;
+	void *bufs[256];
+	int rc;
+
+	w->nslots = eng->slots_per_worker;
+	w->slots = calloc(w->nslots, sizeof(*w->slots));
+	if (!w->slots)
+		return -ENOMEM;
+	for (unsigned i = 0; i < w->nslots; i++) {
+		w->slots[i].buf = eng->pool + ((size_t)w->id * w->nslots + i) * eng->slot_size;
+		w->slots[i].index = (int)i;
+		bufs[i] = w->slots[i].buf;
+	}
+	rc = sl__io_init(&w->io, eng->main_ops, &eng->cfg, bufs, w->nslots, eng->slot_size, w->nslots);
+	if (rc)
+		return rc;
+	if (eng->gds_ops) {
+		rc = sl__io_init(&w->gds, eng->gds_ops, &eng->cfg, NULL, 0, 0, w->nslots);
+		if (rc)
+			return rc;
+	}
+	if (eng->gpu.ctx) {
+		const struct sl__cuda_api *cu = eng->gpu.cu;
+
+		rc = sl__gpu_bind(&eng->gpu);
+		/*
+		 * Non-blocking: the stream MUST NOT synchronise with the legacy
+		 * default stream, which an async caller may hold blocked in a
+		 * host function waiting for this very worker.
+		 */
+		if (!rc)
+			rc = SL_CU(cu->StreamCreate(&w->stream, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+		for (unsigned i = 0; !rc && i < w->nslots; i++)
+			rc = SL_CU(cu->EventCreate(&w->slots[i].ev, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+	}
+	return rc;
+}
+
+static void sl_worker_fini(struct sl__worker *w)
+{
+	const struct sl__cuda_api *cu = w->eng->gpu.cu;
+
+	for (unsigned i = 0; w->slots && i < w->nslots; i++)
+		if (w->slots[i].ev)
+			cu->EventDestroy(w->slots[i].ev);
+	if (w->stream)
+		cu->StreamDestroy(w->stream);
+	sl__io_fini(&w->io);
+	sl__io_fini(&w->gds);
+	free(w->slots);
+}
+
+/*
+ * Is most of [off, off+len) of f in the page cache?  Samples up to 64
+ * pages of the file's mapping with mincore(); costs microseconds.
+ */
+static int sl_resident(const struct sluice_file *f, uint64_t off, size_t len)
+{
+	uint64_t first = off / SL_ALIGN, last = (off + len - 1) / SL_ALIGN;
+	uint64_t pages = last - first + 1, step = pages > 64 ? pages / 64 : 1;
+	unsigned hit = 0, tot = 0;
+
+	if (!f->map || off + len > f->map_len)
+		return 0;
+	for (uint64_t p = first; p <= last; p += step) {
+		unsigned char v = 0;
+
+		if (mincore((char *)f->map + p * SL_ALIGN, SL_ALIGN, &v) == 0 && (v & 1))
+			hit++;
+		tot++;
+	}
+	return hit * 2 >= tot;
+}
+
+static int sl_choose_direct(const struct sluice_engine *eng, const struct sluice_file *f,
+			    int op, const struct sl__seg *s)
+{
+	if (f->dfd < 0 || eng->cfg.direct == SLUICE_DIRECT_NEVER)
+		return 0;
+	if (op == SL_IO_WRITE) {
+		/* O_DIRECT writes need an aligned start and length (or padding). */
+		if (s->off % SL_ALIGN || (s->len % SL_ALIGN && !s->pad_ok))
+			return 0;
+		return 1;
+	}
+	if (eng->cfg.direct == SLUICE_DIRECT_ALWAYS)
+		return 1;
+	return !sl_resident(f, s->off, s->len);
+}
+
+static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
+{
+	struct sl__job *job = sl->job;
+	struct sl__seg *s = &job->segs[sl->seg];
+
+	if (!err) {
+		atomic_fetch_add(&job->bytes, s->len);
+		atomic_fetch_add(sl->direct ? &job->bytes_direct : &job->bytes_buffered, s->len);
+		atomic_fetch_or(&job->paths, 1u << sl->path);
+		atomic_fetch_add(&w->eng->st_ios, 1);
+		atomic_fetch_add(&w->eng->st_bytes, s->len);
+	}
+	sl->state = SL_FREE;
+	sl->job = NULL;
+	sl__seg_done(w->eng, job, err, err ? 0 : sl->t0);
+}
+
+static int sl_submit_io(struct sl__worker *w, struct sl__slot *sl)
+{
+	int rc;
+
+	atomic_fetch_add(&sl->job->ios, 1);
+	rc = sl__io_submit(sl->ctx, &sl->io);
+	if (rc)
+		return sl__err(rc, "%s: submitting I/O at offset %llu failed", sl->job->segs[sl->seg].file->path,
+			       (unsigned long long)sl->io.offset);
+	sl->state = SL_IO;
+	return 0;
+}
+
+/*
+ * Moves the pieces of a segment between the slot and caller memory:
+ * H2D for reads, D2H for writes (async on the worker's stream), memcpy
+ * for host pieces.  Returns 1 if DMA was queued (wait for the event).
+ */
+static int sl_copy_pieces(struct sl__worker *w, struct sl__slot *sl, int *err)
+{
+	struct sluice_engine *eng = w->eng;
+	const struct sl__cuda_api *cu = eng->gpu.cu;
+	struct sl__job *job = sl->job;
+	struct sl__seg *s = &job->segs[sl->seg];
+	int dma = 0, sync = eng->cfg.staging == SLUICE_STAGING_PAGEABLE;
+
+	*err = 0;
+	if (sl->zero_copy)
+		return 0;
+	for (uint32_t i = 0; i < s->npieces && !*err; i++) {
+		struct sl__piece *p = &job->pieces[s->piece0 + i];
+		char *b = sl->buf + sl->head + p->seg_off;
+		CUdeviceptr d = (CUdeviceptr)(uintptr_t)p->mem;
+
+		if (!p->gpu) {
+			if (job->op == SL_IO_READ)
+				memcpy(p->mem, b, p->len);
+			else
+				memcpy(b, p->mem, p->len);
+			continue;
+		}
+		if (job->op == SL_IO_READ)
+			*err = sync ? SL_CU(cu->MemcpyHtoD(d, b, p->len), "cuMemcpyHtoD")
+				    : SL_CU(cu->MemcpyHtoDAsync(d, b, p->len, w->stream), "cuMemcpyHtoDAsync");
+		else
+			*err = sync ? SL_CU(cu->MemcpyDtoH(b, d, p->len), "cuMemcpyDtoH")
+				    : SL_CU(cu->MemcpyDtoHAsync(b, d, p->len, w->stream), "cuMemcpyDtoHAsync");
+		dma |= !sync;
+	}
+	if (dma && !*err)
+		*err = SL_CU(cu->EventRecord(sl->ev, w->stream), "cuEventRecord");
+	return dma && !*err;
+}
+
+/* Prepares and submits the storage I/O of a write once its bytes are in the slot. */
+static int sl_write_io(struct sl__worker *w, struct sl__slot *sl)
+{
+	struct sl__seg *s = &sl->job->segs[sl->seg];
+
+	if (!sl->zero_copy) {
+		size_t len = s->len;
+
+		if (sl->direct && len % SL_ALIGN) {
+			/* Pad the tail; the file is truncated to size afterwards. */
+			size_t pad = (size_t)sl__align_up(len, SL_ALIGN) - len;
+
+			memset(sl->buf + len, 0, pad);
+			len += pad;
+		}
+		sl->io.buf = sl->buf;
+		sl->io.len = len;
+	}
+	sl->need = sl->io.len;
+	return sl_submit_io(w, sl);
+}
+
+/* Starts segment seg of job in a free slot. */
+static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *job, size_t seg)
+{
+	struct sluice_engine *eng = w->eng;
+	struct sl__seg *s = &job->segs[seg];
+	struct sluice_file *f = s->file;
+	struct sl__piece *p0 = &job->pieces[s->piece0];
+	int err = 0, single_host = s->npieces == 1 && !p0->gpu && p0->len == s->len;
+	int gpu_any = 0;
+
+	sl->job = job;
+	sl->seg = seg;
+	sl->t0 = sl__now_ns();
+	sl->got = 0;
+	sl->head = 0;
+	sl->zero_copy = 0;
+	if (atomic_load(&job->err)) {
+		sl_slot_finish(w, sl, SLUICE_ECANCELED);
+		return;
+	}
+	for (uint32_t i = 0; i < s->npieces; i++)
+		gpu_any |= job->pieces[s->piece0 + i].gpu;
+
+	memset(&sl->io, 0, sizeof(sl->io));
+	sl->io.op = job->op;
+	sl->io.file_index = -1;
+	sl->io.buf_index = -1;
+	sl->io.user = sl;
+	sl->ctx = &w->io;
+
+	if (eng->gds_ops && f->cufh && s->npieces == 1 && p0->gpu) {
+		/* GPUDirect: storage straight to or from device memory. */
+		sl->ctx = &w->gds;
+		sl->direct = 1;
+		sl->zero_copy = 1;
+		sl->path = SL_PATH_CODE(SL_P_GDS, 1, SL_K_GDS);
+		sl->io.handle = f->cufh;
+		sl->io.fd = f->dfd;
+		sl->io.buf = p0->mem;
+		sl->io.offset = s->off;
+		sl->io.len = s->len;
+		sl->need = s->len;
+		err = sl_submit_io(w, sl);
+		if (err)
+			sl_slot_finish(w, sl, err);
+		return;
+	}
+
+	sl->direct = sl_choose_direct(eng, f, job->op, s);
+	sl->io.fd = sl->direct ? f->dfd : f->fd;
+	sl->io.file_index = 2 * f->index + sl->direct;
+	sl->io.file_gen = f->gen;
+	sl->io.offset = s->off;
+	sl->io.len = s->len;
+	if (single_host && (!sl->direct || (s->off % SL_ALIGN == 0 && s->len % SL_ALIGN == 0 &&
+					    (uintptr_t)p0->mem % SL_ALIGN == 0))) {
+		/* Host memory that the I/O can use as it is: no bounce. */
+		sl->zero_copy = 1;
+		sl->io.buf = p0->mem;
+	} else {
+		sl->io.buf = sl->buf;
+		sl->io.buf_index = sl->index;
+		if (sl->direct && job->op == SL_IO_READ) {
+			uint64_t a0 = sl__align_down(s->off, SL_ALIGN);
+
+			sl->head = (size_t)(s->off - a0);
+			sl->io.offset = a0;
+			sl->io.len = (size_t)(sl__align_up(s->off + s->len, SL_ALIGN) - a0);
+		}
+	}
+	{
+		int b = eng->main_ops == &sl__io_uring_ops ? SL_P_URING : SL_P_PSYNC;
+		int k = sl->zero_copy ? SL_K_HOST
+			: !gpu_any ? SL_K_BOUNCE_HOST
+			: eng->cfg.staging == SLUICE_STAGING_PAGEABLE ? SL_K_PAGEABLE_GPU : SL_K_PINNED_GPU;
+
+		sl->path = SL_PATH_CODE(b, sl->direct, k);
+	}
+	if (job->op == SL_IO_READ) {
+		sl->need = sl->head + s->len;
+		err = sl_submit_io(w, sl);
+	} else if (sl_copy_pieces(w, sl, &err)) {
+		sl->state = SL_DMA;
+		return;
+	} else if (!err) {
+		err = sl_write_io(w, sl);
+	}
+	if (err)
+		sl_slot_finish(w, sl, err);
+}
+
+/* Handles a finished storage I/O of slot sl. */
+static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
+{
+	struct sl__seg *s = &sl->job->segs[sl->seg];
+	ssize_t res = sl->io.res;
+	int err = 0;
+
+	if (res == -EINTR || res == -EAGAIN) {
+		err = sl_submit_io(w, sl);
+		goto out;
+	}
+	if (res < 0) {
+		if (res == -EINVAL && sl->direct && sl->ctx == &w->io) {
+			/* The filesystem refused this O_DIRECT I/O: redo it buffered. */
+			sl__warn("io", "%s: O_DIRECT I/O at %llu refused (EINVAL); retrying through the page cache",
+				 s->file->path, (unsigned long long)sl->io.offset);
+			sl->direct = 0;
+			sl->path -= 5;
+			sl->io.fd = s->file->fd;
+			sl->io.file_index = 2 * s->file->index;
+			err = sl_submit_io(w, sl);
+			goto out;
+		}
+		err = sl__err((int)res, "%s: %s of %zu bytes at offset %llu failed: %s", s->file->path,
+			      sl->io.op == SL_IO_READ ? "read" : "write", sl->io.len,
+			      (unsigned long long)sl->io.offset, sluice_strerror((int)res));
+		goto out;
+	}
+	sl->got += (size_t)res;
+	if (sl->got < sl->need) {
+		if (res == 0) {
+			err = sl__err(sl->io.op == SL_IO_READ ? SLUICE_ESHORT : -EIO,
+				      "%s: %s stopped at offset %llu, %zu bytes short (file shrank?)",
+				      s->file->path, sl->io.op == SL_IO_READ ? "read" : "write",
+				      (unsigned long long)(sl->io.offset + (uint64_t)res), sl->need - sl->got);
+			goto out;
+		}
+		/* Short transfer: continue; O_DIRECT needs alignment, else go buffered. */
+		sl->io.offset += (uint64_t)res;
+		sl->io.buf = (char *)sl->io.buf + res;
+		sl->io.len -= (size_t)res;
+		sl->io.buf_index = -1;
+		if (sl->direct && ((uint64_t)res % SL_ALIGN)) {
+			sl->io.fd = s->file->fd;
+			sl->io.file_index = 2 * s->file->index;
+		}
+		err = sl_submit_io(w, sl);
+		goto out;
+	}
+	if (sl->io.op == SL_IO_WRITE) {
+		sl_slot_finish(w, sl, 0);
+		return;
+	}
+	if (sl_copy_pieces(w, sl, &err)) {
+		sl->state = SL_DMA;
+		return;
+	}
+	if (!err) {
+		sl_slot_finish(w, sl, 0);
+		return;
+	}
+out:
+	if (err)
+		sl_slot_finish(w, sl, err);
+}
+
+/* Handles a slot whose DMA has completed. */
+static void sl_dma_done(struct sl__worker *w, struct sl__slot *sl)
+{
+	int err = 0;
+
+	if (sl->job->op == SL_IO_READ) {
+		sl_slot_finish(w, sl, 0);
+		return;
+	}
+	err = sl_write_io(w, sl);
+	if (err)
+		sl_slot_finish(w, sl, err);
+}
+
+static int sl_reap(struct sl__worker *w, struct sl__io_ctx *ctx, int wait)
+{
+	struct sl__io *done[64];
+	int n = sl__io_reap(ctx, done, 64, wait);
+
+	if (n < 0) {
+		/* Ring failure: fail everything this backend has in flight. */
+		for (unsigned i = 0; i < w->nslots; i++)
+			if (w->slots[i].state == SL_IO && w->slots[i].ctx == ctx) {
+				w->slots[i].io.res = n;
+				sl_io_done(w, &w->slots[i]);
+			}
+		ctx->inflight = 0;
+		return 1;
+	}
+	for (int i = 0; i < n; i++)
+		sl_io_done(w, done[i]->user);
+	return n;
+}
+
+/* Polls DMA completions; with block set, waits for the oldest one. */
+static int sl_poll_dma(struct sl__worker *w, int block)
+{
+	const struct sl__cuda_api *cu = w->eng->gpu.cu;
+	struct sl__slot *oldest = NULL;
+	int progressed = 0;
+
+	for (unsigned i = 0; i < w->nslots; i++) {
+		struct sl__slot *sl = &w->slots[i];
+		CUresult r;
+
+		if (sl->state != SL_DMA)
+			continue;
+		r = cu->EventQuery(sl->ev);
+		if (r == SL_CUDA_ERROR_NOT_READY) {
+			if (!oldest || sl->t0 < oldest->t0)
+				oldest = sl;
+			continue;
+		}
+		if (r != SL_CUDA_SUCCESS) {
+			sl_slot_finish(w, sl, sl__cuda_err(r, "DMA completion"));
+		} else {
+			sl_dma_done(w, sl);
+		}
+		progressed = 1;
+	}
+	if (!progressed && block && oldest) {
+		CUresult r = cu->EventSynchronize(oldest->ev);
+
+		if (r != SL_CUDA_SUCCESS)
+			sl_slot_finish(w, oldest, sl__cuda_err(r, "DMA completion"));
+		else
+			sl_dma_done(w, oldest);
+		progressed = 1;
+	}
+	return progressed;
+}
+
+static void sl_worker_loop(struct sl__worker *w)
+{
+	struct sluice_engine *eng = w->eng;
+
+	for (;;) {
+		unsigned busy = 0, dma = 0, freeslots = 0;
+		int more = 1;
+
+		/* Fill free slots with new segments. */
+		for (unsigned i = 0; i < w->nslots && more; i++) {
+			struct sl__slot *sl = &w->slots[i];
+			struct sl__job *job;
+			size_t seg;
+
+			if (sl->state != SL_FREE)
+				continue;
+			job = sl__claim(eng, &seg);
+			if (!job)
+				more = 0;
+			else
+				sl_start(w, sl, job, seg);
+		}
+		for (unsigned i = 0; i < w->nslots; i++) {
+			busy += w->slots[i].state != SL_FREE;
+			dma += w->slots[i].state == SL_DMA;
+			freeslots += w->slots[i].state == SL_FREE;
+		}
+		if (!busy) {
+			pthread_mutex_lock(&eng->lock);
+			while (!eng->queue && !eng->stopping)
+				pthread_cond_wait(&eng->work_cv, &eng->lock);
+			if (!eng->queue && eng->stopping) {
+				pthread_mutex_unlock(&eng->lock);
+				return;
+			}
+			pthread_mutex_unlock(&eng->lock);
+			continue;
+		}
+		/*
+		 * Progress: block on storage only when no DMA is pending (a DMA
+		 * of one chunk takes far less time than a storage read of one).
+		 */
+		int progressed = sl_reap(w, &w->io, !dma && !(freeslots && more)) > 0;
+
+		if (w->gds.ops)
+			progressed |= sl_reap(w, &w->gds, 0) > 0;
+		if (dma)
+			progressed |= sl_poll_dma(w, !progressed);
+	}
+}
+
+static void *sl_worker_thread(void *arg)
+{
+	struct sl__worker *w = arg;
+	struct sluice_engine *eng = w->eng;
+	int rc = sl_worker_init(w);
+
+	pthread_mutex_lock(&eng->lock);
+	if (rc && !eng->init_err)
+		eng->init_err = rc;
+	eng->started++;
+	pthread_cond_broadcast(&eng->done_cv);
+	pthread_mutex_unlock(&eng->lock);
+	if (!rc) {
+		if (w->id == 0)
+			eng->fixed_bufs = w->io.fixed;
+		sl_worker_loop(w);
+	} else {
+		/* Stay joinable; engine_open closes the engine on init_err. */
+		pthread_mutex_lock(&eng->lock);
+		while (!eng->stopping)
+			pthread_cond_wait(&eng->work_cv, &eng->lock);
+		pthread_mutex_unlock(&eng->lock);
+	}
+	sl_worker_fini(w);
+	return NULL;
+}
+
+void sl__worker_join(struct sl__worker *w)
+{
+	if (w->eng)
+		pthread_join(w->thread, NULL);
+}
+
+void sl__worker_setup(struct sl__worker *w, struct sluice_engine *eng, unsigned id)
+{
+	int rc;
+
+	w->eng = eng;
+	w->id = id;
+	rc = pthread_create(&w->thread, NULL, sl_worker_thread, w);
+	if (rc) {
+		pthread_mutex_lock(&eng->lock);
+		if (!eng->init_err)
+			eng->init_err = -rc;
+		eng->started++;
+		pthread_mutex_unlock(&eng->lock);
+		w->eng = NULL;
+	}
+}

@@ -1,0 +1,143 @@
+/*
+ * xfer: the transfer engine.
+ *
+ * A call (read, write, batch, async) becomes a job: a plan of segments,
+ * each one storage I/O of at most max_transfer_size, with the pieces of
+ * caller memory it feeds or drains.  Worker threads claim segments from
+ * the engine's job list and run each through a bounce slot:
+ *
+ *   read:  storage --io--> slot --H2D (async, event)--> GPU pieces
+ *   write: GPU pieces --D2H (async, event)--> slot --io--> storage
+ *
+ * Each worker owns queue_depth slots, an I/O backend instance and a CUDA
+ * stream, so storage I/O of one slot overlaps DMA of another.
+ */
+#ifndef SL_XFER_H
+#define SL_XFER_H
+
+#include <pthread.h>
+
+#include "core/core.h"
+#include "gpu/gpu.h"
+#include "io/io.h"
+
+#define SL_MAX_FILES 1024 /* open sluice_files per engine */
+
+struct sluice_file {
+	struct sluice_engine *eng;
+	char *path;
+	int fd;            /* buffered */
+	int dfd;           /* O_DIRECT, -1 if refused */
+	int index;         /* slot in eng->files */
+	unsigned gen;
+	_Atomic uint64_t size;
+	void *map;         /* read-only mapping for residency probes, or NULL */
+	size_t map_len;
+	void *cufh;        /* CUfileHandle_t when the gds backend is active */
+	int writable;
+};
+
+/* Path codes for reports: backend, mode and destination kind. */
+enum { SL_P_URING = 0, SL_P_PSYNC = 1, SL_P_GDS = 2 };
+enum { SL_K_HOST = 0, SL_K_BOUNCE_HOST = 1, SL_K_PINNED_GPU = 2, SL_K_PAGEABLE_GPU = 3, SL_K_GDS = 4 };
+#define SL_PATH_CODE(b, direct, k) ((b) * 10 + (direct) * 5 + (k))
+
+struct sl__piece {
+	size_t seg_off; /* offset inside the segment's payload */
+	size_t len;
+	char *mem;      /* destination (read) or source (write) */
+	int gpu;        /* mem is device memory */
+};
+
+struct sl__seg {
+	struct sluice_file *file;
+	uint64_t off;   /* payload start in the file */
+	size_t len;     /* payload length */
+	uint32_t piece0, npieces;
+	int pad_ok;     /* write: may pad to 4 KiB past the end (truncated later) */
+};
+
+struct sl__job {
+	int op;                    /* SL_IO_READ or SL_IO_WRITE */
+	struct sl__seg *segs;
+	struct sl__piece *pieces;
+	size_t nsegs;
+	size_t next;               /* next unclaimed segment (engine lock) */
+	_Atomic size_t done;       /* segments finished */
+	_Atomic int err;           /* first error, 0 if none */
+	_Atomic uint64_t bytes, bytes_direct, bytes_buffered, ios;
+	_Atomic uint32_t paths;    /* bitmask of SL_PATH_CODE values */
+	int finished;              /* engine lock */
+	struct sl__job *qnext;     /* engine's claim list */
+	uint64_t t0;
+	/* Called once when the job finishes, under the engine lock. */
+	void (*on_finish)(struct sl__job *job);
+	void *user;
+};
+
+struct sl__worker;
+
+struct sluice_engine {
+	struct sluice_config cfg;
+	struct sl__gpu gpu;        /* gpu.ctx NULL without CUDA */
+	const struct sl__io_ops *main_ops; /* uring or psync */
+	const struct sl__io_ops *gds_ops;  /* NULL unless GDS is in use */
+	int gds_real;
+	char unusable[1024];
+	char *pool;                /* all slots of all workers */
+	size_t pool_len;
+	int pool_pinned;
+	size_t slot_size;
+	unsigned slots_per_worker;
+	int fixed_bufs;
+
+	pthread_mutex_t lock;
+	pthread_cond_t work_cv;    /* workers wait for jobs */
+	pthread_cond_t done_cv;    /* callers wait for jobs to finish */
+	struct sl__job *queue;     /* jobs with unclaimed segments */
+	struct sl__job **queue_tail;
+	int stopping;
+	int init_err;              /* first worker start-up error */
+	unsigned started;
+
+	struct sluice_file *files[SL_MAX_FILES];
+	unsigned file_gen;
+
+	struct sl__worker *workers;
+	unsigned nworkers;
+	struct sl__hist lat;
+	_Atomic uint64_t st_ios, st_bytes;
+};
+
+/* plan.c: builds job->segs/pieces from ranges; 0 or an error. */
+SL_HIDDEN int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
+		       const struct sluice_range *r, size_t n);
+SL_HIDDEN void sl__plan_free(struct sl__job *job);
+
+/* engine.c */
+SL_HIDDEN void sl__job_submit(struct sluice_engine *eng, struct sl__job *job);
+SL_HIDDEN ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job,
+			       struct sluice_xfer_report *rep);
+SL_HIDDEN void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep);
+/* Claims the next segment of any queued job; NULL if none. */
+SL_HIDDEN struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg);
+SL_HIDDEN void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err,
+			    uint64_t t0);
+
+/* worker.c */
+SL_HIDDEN void *sl__worker_main(void *arg);
+SL_HIDDEN size_t sl__worker_size(void);
+/* Starts worker id; a start failure is recorded in eng->init_err. */
+SL_HIDDEN void sl__worker_setup(struct sl__worker *w, struct sluice_engine *eng, unsigned id);
+SL_HIDDEN void sl__worker_join(struct sl__worker *w);
+/* The i-th worker of the engine's array. */
+#define SL_WORKER(eng, i) ((struct sl__worker *)((char *)(eng)->workers + (size_t)(i) * sl__worker_size()))
+
+/* file.c: after a write job, trims direct-write padding and updates sizes. */
+SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
+
+/* Runs one job synchronously from ranges: plan, submit, wait, report. */
+SL_HIDDEN ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
+			  size_t n, struct sluice_xfer_report *rep);
+
+#endif

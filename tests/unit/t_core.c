@@ -1,0 +1,104 @@
+/* core: error names, size parsing, configuration from setters and environment, histogram. */
+#include <errno.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "t_util.h"
+
+static void t_errors(void)
+{
+	T_CHECK(!strcmp(sluice_strerror(0), "success"));
+	T_CHECK(!strcmp(sluice_strerror(-ENOENT), strerror(ENOENT)));
+	for (int c = SLUICE_EINVAL_CONFIG; c > SLUICE_ELAST; c--)
+		T_CHECK(strcmp(sluice_strerror(c), "unknown sluice error") != 0);
+	T_CHECK(!strcmp(sluice_strerror(SLUICE_ELAST), "unknown error"));
+	T_CHECK(sl__err(SLUICE_ERANGE, "file %s", "x.bin") == SLUICE_ERANGE);
+	T_CHECK(!strcmp(sluice_last_error_detail(), "file x.bin"));
+}
+
+static void t_sizes(void)
+{
+	uint64_t v;
+
+	T_CHECK(sluice_parse_size("0", &v) == 0 && v == 0);
+	T_CHECK(sluice_parse_size("4096", &v) == 0 && v == 4096);
+	T_CHECK(sluice_parse_size("16M", &v) == 0 && v == 16u << 20);
+	T_CHECK(sluice_parse_size("16MiB", &v) == 0 && v == 16u << 20);
+	T_CHECK(sluice_parse_size("2g", &v) == 0 && v == 2ull << 30);
+	T_CHECK(sluice_parse_size("1T", &v) == 0 && v == 1ull << 40);
+	T_CHECK(sluice_parse_size("", &v) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_parse_size("-1", &v) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_parse_size("12X", &v) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_parse_size("1M2", &v) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_parse_size("99999999999999999999", &v) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_parse_size("17179869184T", &v) == SLUICE_EINVAL_CONFIG);
+}
+
+static void t_config(void)
+{
+	struct sluice_config *cfg;
+
+	unsetenv("SLUICE_THREADS");
+	T_CHECK(sluice_config_new(&cfg) == 0);
+	T_CHECK(cfg->threads >= 1 && cfg->threads <= 8);
+	T_CHECK(sluice_config_set_threads(cfg, 0) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_config_set_threads(cfg, 3) == 0 && cfg->threads == 3);
+	T_CHECK(sluice_config_set_max_transfer_size(cfg, 1000) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_config_set_max_transfer_size(cfg, 1u << 20) == 0);
+	T_CHECK(sluice_config_set_queue_depth(cfg, 257) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_config_set_backend(cfg, (enum sluice_backend)9) == SLUICE_EINVAL_CONFIG);
+	sluice_config_free(cfg);
+	sluice_config_free(NULL);
+
+	setenv("SLUICE_THREADS", "5", 1);
+	setenv("SLUICE_MAX_TRANSFER_SIZE", "2M", 1);
+	setenv("SLUICE_BACKEND", "psync", 1);
+	setenv("SLUICE_DIRECT", "never", 1);
+	T_CHECK(sluice_config_new(&cfg) == 0);
+	T_CHECK(cfg->threads == 5 && cfg->max_transfer_size == 2u << 20);
+	T_CHECK(cfg->backend == SLUICE_BACKEND_PSYNC && cfg->direct == SLUICE_DIRECT_NEVER);
+	sluice_config_free(cfg);
+
+	setenv("SLUICE_THREADS", "lots", 1);
+	T_CHECK(sluice_config_new(&cfg) == SLUICE_EINVAL_CONFIG && cfg == NULL);
+	T_CHECK(strstr(sluice_last_error_detail(), "SLUICE_THREADS") != NULL);
+	setenv("SLUICE_THREADS", "0", 1);
+	T_CHECK(sluice_config_new(&cfg) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "SLUICE_THREADS") != NULL);
+	unsetenv("SLUICE_THREADS");
+	setenv("SLUICE_BACKEND", "nvme", 1);
+	T_CHECK(sluice_config_new(&cfg) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "SLUICE_BACKEND") != NULL);
+	unsetenv("SLUICE_BACKEND");
+	setenv("SLUICE_MAX_TRANSFER_SIZE", "5000", 1);
+	T_CHECK(sluice_config_new(&cfg) == SLUICE_EINVAL_CONFIG);
+	unsetenv("SLUICE_MAX_TRANSFER_SIZE");
+	unsetenv("SLUICE_DIRECT");
+}
+
+static void t_hist(void)
+{
+	static struct sl__hist h;
+
+	for (uint64_t v = 1; v <= 10000; v++)
+		sl__hist_add(&h, v * 1000);
+	uint64_t p50 = sl__hist_percentile(&h, 50), p99 = sl__hist_percentile(&h, 99);
+
+	/* Sub-bucket resolution is 1/16 of the power of two. */
+	T_CHECK(p50 > 5000000 * 15 / 16 && p50 < 5000000 * 17 / 16);
+	T_CHECK(p99 > 9900000 * 15 / 16 && p99 <= 10000000);
+	T_CHECK(sl__hist_percentile(&h, 100) <= 10000000);
+	sl__hist_reset(&h);
+	T_CHECK(sl__hist_percentile(&h, 50) == 0);
+	sl__hist_add(&h, 3);
+	T_CHECK(sl__hist_percentile(&h, 50) == 3);
+}
+
+int main(void)
+{
+	t_errors();
+	t_sizes();
+	t_config();
+	t_hist();
+	return t_done("t_core");
+}
