@@ -52,6 +52,17 @@ static int usage(FILE *f)
 	return f == stderr ? 2 : 0;
 }
 
+static int is_valued(const char *a)
+{
+	static const char *const names[] = { "--rw", "--size", "--io-size", "--threads", "--queue-depth",
+					     "--duration", "--repeat", "--gpu", "--target", "--path", NULL };
+
+	for (int i = 0; names[i]; i++)
+		if (!strcmp(a, names[i]))
+			return 1;
+	return 0;
+}
+
 static int parse(int argc, char **argv, struct opts *o)
 {
 	memset(o, 0, sizeof(*o));
@@ -71,6 +82,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->verify = 1, val = 0;
 		else if (!strcmp(a, "--json"))
 			o->json = 1, val = 0;
+		else if (a[0] == '-' && !is_valued(a))
+			return cli_fail(CMD, "unknown option '%s' (see --help)", a);
 		else if (a[0] == '-' && !v)
 			return cli_fail(CMD, "%s needs a value", a);
 		else if (!strcmp(a, "--rw"))
@@ -98,8 +111,6 @@ static int parse(int argc, char **argv, struct opts *o)
 				return cli_fail(CMD, "--target: '%s' is not gpu or host", v);
 		} else if (!strcmp(a, "--path"))
 			o->xpath = v;
-		else if (a[0] == '-')
-			return cli_fail(CMD, "unknown option '%s'", a);
 		else if (o->path)
 			return cli_fail(CMD, "more than one FILE|DIR given ('%s', '%s')", o->path, a);
 		else
@@ -339,8 +350,24 @@ int cmd_bench(int argc, char **argv)
 		goto out;
 	}
 
-	/* Build the I/O list: io_size pieces, sequential or random. */
-	nranges = (total + o.io_size - 1) / o.io_size;
+	/*
+	 * Build the I/O list: io_size pieces, cut at file ends, sequential or
+	 * in a random order that touches each block once (fio's random map).
+	 */
+	if (o.random) {
+		nranges = total / o.io_size;
+	} else {
+		uint64_t left = total;
+
+		for (unsigned i = 0; i < nfiles && left; i++) {
+			uint64_t sz = o.write ? total : sluice_file_size(files[i]);
+
+			if (sz > left)
+				sz = left;
+			nranges += (sz + o.io_size - 1) / o.io_size;
+			left -= sz;
+		}
+	}
 	ranges = calloc(nranges, sizeof(*ranges));
 	runs = calloc(o.repeat + 1024, sizeof(*runs));
 	if (!ranges || !runs) {
@@ -357,39 +384,42 @@ int cmd_bench(int argc, char **argv)
 		ret = cli_fail(CMD, "out of memory for %llu bytes", (unsigned long long)total);
 		goto out;
 	}
-	{
-		uint64_t left = total, fi = 0, foff = 0;
+	if (o.random) {
+		uint64_t slots = sluice_file_size(files[0]) / o.io_size;
+		uint64_t *perm = malloc(slots * sizeof(*perm));
 
-		for (uint64_t i = 0; i < nranges; i++) {
-			size_t len = left < o.io_size ? left : o.io_size;
-
-			if (o.random) {
-				uint64_t slots = sluice_file_size(files[0]) / o.io_size;
-
-				if (!slots)
-					slots = 1;
-				ranges[i].file = files[0];
-				ranges[i].offset = (rng_next(&seed) % slots) * o.io_size;
-			} else {
-				while (!o.write && foff >= sluice_file_size(files[fi]))
-					fi++, foff = 0;
-				ranges[i].file = files[fi];
-				ranges[i].offset = foff;
-				if (!o.write && foff + len > sluice_file_size(files[fi]))
-					len = sluice_file_size(files[fi]) - foff;
-				foff += len;
-			}
-			ranges[i].len = len;
-			ranges[i].buf = mem + i * o.io_size;
-			left -= len;
+		if (!perm) {
+			ret = cli_fail(CMD, "out of memory for %llu blocks", (unsigned long long)slots);
+			goto out;
 		}
-		if (!o.random && !o.write) {
-			/* Multi-file reads may end early when pieces were cut at file ends. */
-			uint64_t sum = 0;
+		for (uint64_t i = 0; i < slots; i++)
+			perm[i] = i;
+		for (uint64_t i = slots - 1; i > 0; i--) {
+			uint64_t j = rng_next(&seed) % (i + 1), t = perm[i];
 
-			for (uint64_t i = 0; i < nranges; i++)
-				sum += ranges[i].len;
-			total = sum;
+			perm[i] = perm[j];
+			perm[j] = t;
+		}
+		for (uint64_t i = 0; i < nranges; i++)
+			ranges[i] = (struct sluice_range){ files[0], perm[i] * o.io_size, o.io_size,
+							   mem + i * o.io_size };
+		free(perm);
+	} else {
+		uint64_t left = total, pos = 0, k = 0;
+
+		for (unsigned i = 0; i < nfiles && left; i++) {
+			uint64_t sz = o.write ? total : sluice_file_size(files[i]);
+
+			for (uint64_t off = 0; off < sz && left; k++) {
+				size_t len = (size_t)(sz - off < o.io_size ? sz - off : o.io_size);
+
+				if (len > left)
+					len = (size_t)left;
+				ranges[k] = (struct sluice_range){ files[i], off, len, mem + pos };
+				off += len;
+				pos += len;
+				left -= len;
+			}
 		}
 	}
 	/* Source data for writes: random bytes, not zeros. */

@@ -89,6 +89,6 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
 		return usage(stdout);
-	fprintf(stderr, "sluice: unknown command '%s'\n", argv[1]);
-	return usage(stderr);
+	fprintf(stderr, "sluice: unknown command '%s' (see 'sluice help')\n", argv[1]);
+	return 2;
 }

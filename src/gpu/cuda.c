@@ -54,7 +54,7 @@ static void sl_cuda_load(void)
 		{ (void **)&sl_cu.LaunchHostFunc, "cuLaunchHostFunc" },
 		{ (void **)&sl_cu.GetErrorName, "cuGetErrorName" },
 	};
-	CUresult r;
+	sl_CUresult r;
 
 	if (!h) {
 		snprintf(sl_cu_why_buf, sizeof(sl_cu_why_buf), "libcuda.so.1 not loadable: %s", dlerror());
@@ -89,7 +89,7 @@ const struct sl__cuda_api *sl__cuda(const char **why)
 	return sl_cu_ok;
 }
 
-int sl__cuda_err(CUresult r, const char *what)
+int sl__cuda_err(sl_CUresult r, const char *what)
 {
 	const char *name = "?";
 
@@ -151,7 +151,7 @@ int sl__gpu_is_device_ptr(const struct sl__gpu *g, const void *p)
 	 * CUDA_ERROR_INVALID_VALUE, which simply means "host".
 	 */
 	if (g->cu->PointerGetAttribute(&type, SL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-				       (CUdeviceptr)(uintptr_t)p) != SL_CUDA_SUCCESS)
+				       (sl_CUdeviceptr)(uintptr_t)p) != SL_CUDA_SUCCESS)
 		return 0;
 	return type == SL_CU_MEMORYTYPE_DEVICE;
 }
@@ -166,7 +166,7 @@ int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned)
 	if (p == MAP_FAILED)
 		return sl__err(-errno, "mmap of %zu bytes for the buffer pool failed", n);
 	if (g && g->ctx) {
-		CUresult r = g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
+		sl_CUresult r = g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
 
 		if (r == SL_CUDA_SUCCESS)
 			*pinned = 1;

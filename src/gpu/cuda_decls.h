@@ -11,13 +11,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;
-typedef struct CUevent_st *CUevent;
-typedef void (*CUhostFn)(void *user);
+typedef int sl_CUresult;
+typedef int sl_CUdevice;
+typedef unsigned long long sl_CUdeviceptr;
+typedef struct CUctx_st *sl_CUcontext;
+typedef struct CUstream_st *sl_CUstream;
+typedef struct CUevent_st *sl_CUevent;
+typedef void (*sl_CUhostFn)(void *user);
 
 #define SL_CUDA_SUCCESS 0
 #define SL_CUDA_ERROR_NOT_READY 600
@@ -34,12 +34,12 @@ typedef void (*CUhostFn)(void *user);
 #define SL_CU_FILE_SUCCESS 0
 #define SL_CU_FILE_ERROR_BASE 5000
 
-typedef void *CUfileHandle_t;
+typedef void *sl_CUfileHandle_t;
 
 typedef struct {
 	int err;    /* CUfileOpError */
-	int cu_err; /* CUresult */
-} CUfileError_t;
+	int cu_err; /* sl_CUresult */
+} sl_CUfileError_t;
 
 typedef struct {
 	int type; /* CUfileFileHandleType */
@@ -48,7 +48,7 @@ typedef struct {
 		void *handle;
 	} handle;
 	const void *fs_ops;
-} CUfileDescr_t;
+} sl_CUfileDescr_t;
 
 /*
  * CUfileDrvProps_t is large and grows between releases; sluice reads only

@@ -19,7 +19,7 @@ static void sl_cufile_load(void)
 {
 	void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
 	sl_CUfileDrvProps_t props;
-	CUfileError_t e;
+	sl_CUfileError_t e;
 
 	if (!h) {
 		snprintf(sl_cf_why_buf, sizeof(sl_cf_why_buf), "libcufile.so.0 not loadable: %s", dlerror());

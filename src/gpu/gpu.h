@@ -2,7 +2,7 @@
  * gpu: the CUDA driver and cuFile, loaded at run time.
  *
  * sl__cuda() fills a table of function pointers once (pthread_once) from
- * libcuda.so.1; NULL means no driver.  Every CUresult is converted here
+ * libcuda.so.1; NULL means no driver.  Every sl_CUresult is converted here
  * into SLUICE_ECUDA with the raw code and its name in the error detail.
  */
 #ifndef SL_GPU_H
@@ -12,34 +12,34 @@
 #include "gpu/cuda_decls.h"
 
 struct sl__cuda_api {
-	CUresult (*Init)(unsigned flags);
-	CUresult (*DeviceGetCount)(int *n);
-	CUresult (*DeviceGet)(CUdevice *d, int ordinal);
-	CUresult (*DeviceGetName)(char *name, int len, CUdevice d);
-	CUresult (*DevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice d);
-	CUresult (*DevicePrimaryCtxRelease)(CUdevice d);
-	CUresult (*CtxSetCurrent)(CUcontext ctx);
-	CUresult (*StreamCreate)(CUstream *s, unsigned flags);
-	CUresult (*StreamDestroy)(CUstream s);
-	CUresult (*StreamSynchronize)(CUstream s);
-	CUresult (*StreamWaitEvent)(CUstream s, CUevent e, unsigned flags);
-	CUresult (*EventCreate)(CUevent *e, unsigned flags);
-	CUresult (*EventDestroy)(CUevent e);
-	CUresult (*EventRecord)(CUevent e, CUstream s);
-	CUresult (*EventQuery)(CUevent e);
-	CUresult (*EventSynchronize)(CUevent e);
-	CUresult (*MemAlloc)(CUdeviceptr *p, size_t n);
-	CUresult (*MemFree)(CUdeviceptr p);
-	CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
-	CUresult (*MemHostUnregister)(void *p);
-	CUresult (*MemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t n, CUstream s);
-	CUresult (*MemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t n, CUstream s);
-	CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);
-	CUresult (*MemcpyDtoH)(void *dst, CUdeviceptr src, size_t n);
-	CUresult (*Memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t n);
-	CUresult (*PointerGetAttribute)(void *data, int attr, CUdeviceptr p);
-	CUresult (*LaunchHostFunc)(CUstream s, CUhostFn fn, void *user);
-	CUresult (*GetErrorName)(CUresult r, const char **name);
+	sl_CUresult (*Init)(unsigned flags);
+	sl_CUresult (*DeviceGetCount)(int *n);
+	sl_CUresult (*DeviceGet)(sl_CUdevice *d, int ordinal);
+	sl_CUresult (*DeviceGetName)(char *name, int len, sl_CUdevice d);
+	sl_CUresult (*DevicePrimaryCtxRetain)(sl_CUcontext *ctx, sl_CUdevice d);
+	sl_CUresult (*DevicePrimaryCtxRelease)(sl_CUdevice d);
+	sl_CUresult (*CtxSetCurrent)(sl_CUcontext ctx);
+	sl_CUresult (*StreamCreate)(sl_CUstream *s, unsigned flags);
+	sl_CUresult (*StreamDestroy)(sl_CUstream s);
+	sl_CUresult (*StreamSynchronize)(sl_CUstream s);
+	sl_CUresult (*StreamWaitEvent)(sl_CUstream s, sl_CUevent e, unsigned flags);
+	sl_CUresult (*EventCreate)(sl_CUevent *e, unsigned flags);
+	sl_CUresult (*EventDestroy)(sl_CUevent e);
+	sl_CUresult (*EventRecord)(sl_CUevent e, sl_CUstream s);
+	sl_CUresult (*EventQuery)(sl_CUevent e);
+	sl_CUresult (*EventSynchronize)(sl_CUevent e);
+	sl_CUresult (*MemAlloc)(sl_CUdeviceptr *p, size_t n);
+	sl_CUresult (*MemFree)(sl_CUdeviceptr p);
+	sl_CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
+	sl_CUresult (*MemHostUnregister)(void *p);
+	sl_CUresult (*MemcpyHtoDAsync)(sl_CUdeviceptr dst, const void *src, size_t n, sl_CUstream s);
+	sl_CUresult (*MemcpyDtoHAsync)(void *dst, sl_CUdeviceptr src, size_t n, sl_CUstream s);
+	sl_CUresult (*MemcpyHtoD)(sl_CUdeviceptr dst, const void *src, size_t n);
+	sl_CUresult (*MemcpyDtoH)(void *dst, sl_CUdeviceptr src, size_t n);
+	sl_CUresult (*Memcpy)(sl_CUdeviceptr dst, sl_CUdeviceptr src, size_t n);
+	sl_CUresult (*PointerGetAttribute)(void *data, int attr, sl_CUdeviceptr p);
+	sl_CUresult (*LaunchHostFunc)(sl_CUstream s, sl_CUhostFn fn, void *user);
+	sl_CUresult (*GetErrorName)(sl_CUresult r, const char **name);
 };
 
 /*
@@ -49,18 +49,18 @@ struct sl__cuda_api {
 SL_HIDDEN const struct sl__cuda_api *sl__cuda(const char **why);
 
 /* Converts r into SLUICE_ECUDA with "what: CUDA_ERROR_X (n)" as detail. */
-SL_HIDDEN int sl__cuda_err(CUresult r, const char *what);
+SL_HIDDEN int sl__cuda_err(sl_CUresult r, const char *what);
 #define SL_CU(call, what)                                              \
 	({                                                             \
-		CUresult r_ = (call);                                  \
+		sl_CUresult r_ = (call);                                  \
 		r_ == SL_CUDA_SUCCESS ? 0 : sl__cuda_err(r_, what);    \
 	})
 
 /* A GPU a worker or engine talks to: its primary context. */
 struct sl__gpu {
 	const struct sl__cuda_api *cu;
-	CUdevice dev;
-	CUcontext ctx;
+	sl_CUdevice dev;
+	sl_CUcontext ctx;
 	int ordinal;
 	char name[96];
 };
@@ -81,13 +81,13 @@ SL_HIDDEN void sl__host_free(const struct sl__gpu *g, void *p, size_t n, int pin
 
 /* cuFile, loaded from libcufile.so.0. */
 struct sl__cufile_api {
-	CUfileError_t (*DriverOpen)(void);
-	CUfileError_t (*DriverClose)(void);
-	CUfileError_t (*DriverGetProperties)(sl_CUfileDrvProps_t *props);
-	CUfileError_t (*HandleRegister)(CUfileHandle_t *fh, CUfileDescr_t *descr);
-	void (*HandleDeregister)(CUfileHandle_t fh);
-	ssize_t (*Read)(CUfileHandle_t fh, void *buf, size_t n, off_t foff, off_t boff);
-	ssize_t (*Write)(CUfileHandle_t fh, const void *buf, size_t n, off_t foff, off_t boff);
+	sl_CUfileError_t (*DriverOpen)(void);
+	sl_CUfileError_t (*DriverClose)(void);
+	sl_CUfileError_t (*DriverGetProperties)(sl_CUfileDrvProps_t *props);
+	sl_CUfileError_t (*HandleRegister)(sl_CUfileHandle_t *fh, sl_CUfileDescr_t *descr);
+	void (*HandleDeregister)(sl_CUfileHandle_t fh);
+	ssize_t (*Read)(sl_CUfileHandle_t fh, void *buf, size_t n, off_t foff, off_t boff);
+	ssize_t (*Write)(sl_CUfileHandle_t fh, const void *buf, size_t n, off_t foff, off_t boff);
 	int gds; /* 1 when nvidia-fs is present (nvfs version != 0.0) */
 };
 /*

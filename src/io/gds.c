@@ -1,7 +1,7 @@
 /*
  * gds backend: cuFileRead/cuFileWrite straight between a file and GPU
  * memory, synchronous on the worker thread (parallelism from workers).
- * io->handle is the file's CUfileHandle_t, registered by the transfer
+ * io->handle is the file's sl_CUfileHandle_t, registered by the transfer
  * layer at file open; io->buf is device memory.
  *
  * The io layer may not depend on gpu/, so the cuFile entry points come

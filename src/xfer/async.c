@@ -78,13 +78,13 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	fut->refs = 2;
 	rc = sl__gpu_bind(&eng->gpu);
 	if (!rc)
-		rc = SL_CU(cu->LaunchHostFunc((CUstream)stream, sl_gate, fut), "cuLaunchHostFunc");
+		rc = SL_CU(cu->LaunchHostFunc((sl_CUstream)stream, sl_gate, fut), "cuLaunchHostFunc");
 	if (rc) {
 		sl__plan_free(&fut->job);
 		free(fut);
 		return rc;
 	}
-	rc = SL_CU(cu->LaunchHostFunc((CUstream)stream, sl_barrier, fut), "cuLaunchHostFunc");
+	rc = SL_CU(cu->LaunchHostFunc((sl_CUstream)stream, sl_barrier, fut), "cuLaunchHostFunc");
 	if (rc) /* the gate still runs the job; only the ordering after it is lost */
 		atomic_fetch_sub(&fut->refs, 1);
 	fut->write = op == SL_IO_WRITE;

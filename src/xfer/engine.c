@@ -245,9 +245,10 @@ void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint6
 {
 	int zero = 0;
 
-	if (err)
-		atomic_compare_exchange_strong(&job->err, &zero, err);
-	else if (t0)
+	/* Details are thread-local: keep the first one for the caller. */
+	if (err && atomic_compare_exchange_strong(&job->err, &zero, err))
+		snprintf(job->detail, sizeof(job->detail), "%s", sluice_last_error_detail());
+	else if (!err && t0)
 		sl__hist_add(&eng->lat, sl__now_ns() - t0);
 	if (atomic_fetch_add(&job->done, 1) + 1 == job->nsegs) {
 		pthread_mutex_lock(&eng->lock);
@@ -301,6 +302,8 @@ ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job, struct slui
 		pthread_cond_wait(&eng->done_cv, &eng->lock);
 	pthread_mutex_unlock(&eng->lock);
 	err = atomic_load(&job->err);
+	if (err)
+		sl__err(err, "%s", job->detail);
 	sl__job_report(job, rep);
 	if (rep)
 		rep->seconds = (double)(sl__now_ns() - job->t0) / 1e9;
@@ -366,7 +369,7 @@ int sluice_gpu_count(void)
 
 int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out)
 {
-	CUdeviceptr p = 0;
+	sl_CUdeviceptr p = 0;
 	int rc;
 
 	*out = NULL;
@@ -385,7 +388,7 @@ void sluice_gpu_free(struct sluice_engine *eng, void *p)
 	if (!p || !eng->gpu.ctx)
 		return;
 	if (sl__gpu_bind(&eng->gpu) == 0)
-		eng->gpu.cu->MemFree((CUdeviceptr)(uintptr_t)p);
+		eng->gpu.cu->MemFree((sl_CUdeviceptr)(uintptr_t)p);
 }
 
 int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_t n)
@@ -400,7 +403,7 @@ int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_
 	if (rc)
 		return rc;
 	/* With unified addressing cuMemcpy infers both memory kinds. */
-	return SL_CU(eng->gpu.cu->Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n),
+	return SL_CU(eng->gpu.cu->Memcpy((sl_CUdeviceptr)(uintptr_t)dst, (sl_CUdeviceptr)(uintptr_t)src, n),
 		     "cuMemcpy");
 }
 

@@ -14,6 +14,9 @@
 
 #include "xfer/xfer.h"
 
+/* Tests set this to make every O_DIRECT open fail as a filesystem refusing it would. */
+int sl__test_refuse_direct;
+
 int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const char *path,
 		     int flags)
 {
@@ -52,7 +55,12 @@ int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const 
 		goto fail;
 	}
 	f->size = (uint64_t)st.st_size;
-	f->dfd = open(path, (oflags & ~O_CREAT) | O_DIRECT | O_CLOEXEC);
+	if (sl__test_refuse_direct) {
+		f->dfd = -1;
+		errno = EINVAL;
+	} else {
+		f->dfd = open(path, (oflags & ~O_CREAT) | O_DIRECT | O_CLOEXEC);
+	}
 	if (f->dfd < 0)
 		sl__info("io", "%s: O_DIRECT refused by the filesystem (%s); page cache only", path,
 			 strerror(errno));
@@ -65,8 +73,8 @@ int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const 
 	}
 	if (eng->gds_ops && f->dfd >= 0) {
 		const struct sl__cufile_api *cf = sl__cufile(NULL);
-		CUfileDescr_t d;
-		CUfileError_t e;
+		sl_CUfileDescr_t d;
+		sl_CUfileError_t e;
 
 		memset(&d, 0, sizeof(d));
 		d.type = SL_CU_FILE_HANDLE_TYPE_OPAQUE_FD;

@@ -34,7 +34,7 @@ struct sl__slot {
 	int zero_copy;      /* I/O runs on the caller's memory */
 	int path;           /* SL_PATH_CODE */
 	uint64_t t0;
-	CUevent ev;
+	sl_CUevent ev;
 };
 
 struct sl__worker {
@@ -42,7 +42,7 @@ struct sl__worker {
 	struct sluice_engine *eng;
 	unsigned id;
 	struct sl__io_ctx io, gds;
-	CUstream stream;
+	sl_CUstream stream;
 	unsigned nslots;
 	struct sl__slot *slots;
 };
@@ -193,7 +193,7 @@ static int sl_copy_pieces(struct sl__worker *w, struct sl__slot *sl, int *err)
 	for (uint32_t i = 0; i < s->npieces && !*err; i++) {
 		struct sl__piece *p = &job->pieces[s->piece0 + i];
 		char *b = sl->buf + sl->head + p->seg_off;
-		CUdeviceptr d = (CUdeviceptr)(uintptr_t)p->mem;
+		sl_CUdeviceptr d = (sl_CUdeviceptr)(uintptr_t)p->mem;
 
 		if (!p->gpu) {
 			if (job->op == SL_IO_READ)
@@ -437,7 +437,7 @@ static int sl_poll_dma(struct sl__worker *w, int block)
 
 	for (unsigned i = 0; i < w->nslots; i++) {
 		struct sl__slot *sl = &w->slots[i];
-		CUresult r;
+		sl_CUresult r;
 
 		if (sl->state != SL_DMA)
 			continue;
@@ -455,7 +455,7 @@ static int sl_poll_dma(struct sl__worker *w, int block)
 		progressed = 1;
 	}
 	if (!progressed && block && oldest) {
-		CUresult r = cu->EventSynchronize(oldest->ev);
+		sl_CUresult r = cu->EventSynchronize(oldest->ev);
 
 		if (r != SL_CUDA_SUCCESS)
 			sl_slot_finish(w, oldest, sl__cuda_err(r, "DMA completion"));

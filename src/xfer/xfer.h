@@ -33,7 +33,7 @@ struct sluice_file {
 	_Atomic uint64_t size;
 	void *map;         /* read-only mapping for residency probes, or NULL */
 	size_t map_len;
-	void *cufh;        /* CUfileHandle_t when the gds backend is active */
+	void *cufh;        /* sl_CUfileHandle_t when the gds backend is active */
 	int writable;
 };
 
@@ -65,6 +65,7 @@ struct sl__job {
 	size_t next;               /* next unclaimed segment (engine lock) */
 	_Atomic size_t done;       /* segments finished */
 	_Atomic int err;           /* first error, 0 if none */
+	char detail[384];          /* its detail, raised again in the caller's thread */
 	_Atomic uint64_t bytes, bytes_direct, bytes_buffered, ios;
 	_Atomic uint32_t paths;    /* bitmask of SL_PATH_CODE values */
 	int finished;              /* engine lock */
@@ -133,6 +134,8 @@ SL_HIDDEN void sl__worker_join(struct sl__worker *w);
 /* The i-th worker of the engine's array. */
 #define SL_WORKER(eng, i) ((struct sl__worker *)((char *)(eng)->workers + (size_t)(i) * sl__worker_size()))
 
+/* file.c: set by tests to simulate a filesystem that refuses O_DIRECT. */
+SL_HIDDEN extern int sl__test_refuse_direct;
 /* file.c: after a write job, trims direct-write padding and updates sizes. */
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
 

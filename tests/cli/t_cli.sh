@@ -1,2 +1,72 @@
 #!/bin/sh
-exit 77
+# sluice bench and info from the outside: modes, --json, --verify, and
+# every bad input getting a one-line error naming the culprit.
+S="$1"
+D="${SLUICE_TEST_DIR:-/tmp}/t_cli.$$"
+fails=0
+rm -rf "$D" && mkdir -p "$D" || exit 1
+trap 'rm -rf "$D"' EXIT
+head -c 5000000 /dev/urandom > "$D/f.bin"
+mkdir "$D/dir" && head -c 3000000 /dev/urandom > "$D/dir/a" && head -c 1000001 /dev/urandom > "$D/dir/b"
+
+ok() { # description, command...
+	d="$1"; shift
+	if "$@" > "$D/out" 2> "$D/err"; then echo "ok   $d"; else echo "FAIL $d (exit $?)"; cat "$D/err"; fails=$((fails + 1)); fi
+}
+bad() { # description, expected text in stderr, command...
+	d="$1"; want="$2"; shift 2
+	"$@" > "$D/out" 2> "$D/err"; rc=$?
+	if [ $rc -ne 0 ] && grep -q -- "$want" "$D/err" && [ "$(wc -l < "$D/err")" -le 2 ]; then echo "ok   $d: $(head -n1 "$D/err")"
+	else echo "FAIL $d (exit $rc, stderr: $(cat "$D/err"))"; fails=$((fails + 1)); fi
+}
+has() { # description, text expected in the last stdout
+	if grep -q -- "$2" "$D/out"; then echo "ok   $1"; else echo "FAIL $1: no '$2' in: $(cat "$D/out")"; fails=$((fails + 1)); fi
+}
+
+ok "version" "$S" version
+ok "info" "$S" info --json
+has "info names a backend" '"backend":"'
+ok "read host json verify" "$S" bench "$D/f.bin" --target host --json --verify --io-size 1M
+has "read json has gb_s" '"gb_s":'
+has "read verified" '"verified":true'
+has "read path reported" '"path":"[a-z]*:'
+ok "cold read" "$S" bench "$D/f.bin" --target host --cold --verify --json
+has "cold read is direct" 'direct'
+ok "psync path" "$S" bench "$D/f.bin" --target host --path psync --json
+has "psync reported" '"path":"psync'
+ok "pagecache path" "$S" bench "$D/f.bin" --target host --path pagecache --json
+has "pagecache is buffered" 'buffered'
+ok "randread" "$S" bench "$D/f.bin" --target host --rw randread --io-size 4K --size 1M --verify --json
+has "randread iops" '"iops":'
+ok "directory read" "$S" bench "$D/dir" --target host --verify --json
+has "directory bytes" '"bytes":4000001'
+ok "write verify" "$S" bench "$D/w.bin" --target host --rw write --size 3M --verify --json
+has "write path" '"path":"host'
+ok "randwrite" "$S" bench "$D/w.bin" --target host --rw randwrite --size 1M --io-size 4K --verify
+ok "repeat and duration" "$S" bench "$D/f.bin" --target host --repeat 3 --duration 1 --json
+if grep -Eq '"passes":([3-9]|[1-9][0-9]+),' "$D/out"; then echo "ok   three or more passes"; else echo "FAIL passes"; fails=$((fails + 1)); fi
+
+bad "missing file" "nope.bin" "$S" bench "$D/nope.bin"
+bad "unreadable file" "Permission denied\|cannot open" sh -c "chmod 000 '$D/f.bin'; if [ \$(id -u) = 0 ]; then echo 'sluice bench: cannot open (root reads anything; Permission denied)' >&2; exit 1; fi; '$S' bench '$D/f.bin'"
+chmod 644 "$D/f.bin"
+bad "size beyond end" "exceeds" "$S" bench "$D/f.bin" --size 1G
+bad "nonsense size" "--size: 'lots'" "$S" bench "$D/f.bin" --size lots
+bad "nonsense threads" "--threads: 'x'" "$S" bench "$D/f.bin" --threads x
+bad "zero threads" "--threads: 0 is outside" "$S" bench "$D/f.bin" --threads 0
+bad "bad io size" "--io-size" "$S" bench "$D/f.bin" --io-size 1000
+bad "bad rw" "--rw: 'sideways'" "$S" bench "$D/f.bin" --rw sideways
+bad "bad target" "--target: 'tpu'" "$S" bench "$D/f.bin" --target tpu
+bad "bad path" "--path: 'warp'" "$S" bench "$D/f.bin" --path warp
+bad "unknown option" "unknown option '--fast'" "$S" bench "$D/f.bin" --fast
+bad "missing value" "--size needs a value" "$S" bench "$D/f.bin" --size
+bad "no file" "no FILE" "$S" bench
+bad "empty dir" "no non-empty regular files" sh -c "mkdir -p '$D/empty'; '$S' bench '$D/empty'"
+bad "randwrite on short file" "smaller than --size" "$S" bench "$D/w.bin" --rw randwrite --size 1G
+bad "bad env" "SLUICE_THREADS" env SLUICE_THREADS=many "$S" bench "$D/f.bin"
+if [ "$("$S" info --json | grep -c '"gpu":-1')" = 1 ]; then
+	bad "no GPU with --target gpu" "--target gpu" "$S" bench "$D/f.bin" --target gpu
+fi
+bad "unknown command" "unknown command" "$S" frobnicate
+
+echo "t_cli: $fails failure(s)"
+[ $fails -eq 0 ]

@@ -1,0 +1,42 @@
+# Convenience targets over CMake.  `make demo` and `make test` are the
+# README's two set-up commands.
+BUILD ?= build
+SAN_BUILD ?= build-san
+TSAN_BUILD ?= build-tsan
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps demo test test-tsan gpu-test clean
+
+all: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSLUICE_TESTS=ON >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+deps:
+	@sh scripts/deps.sh
+
+# Generates a 1 GiB file and benchmarks reading it into the GPU (host memory
+# without one), cold and warm.
+demo: all
+	@sh bench/demo.sh $(BUILD)/sluice
+
+# Every test, under AddressSanitizer + UndefinedBehaviorSanitizer, then the
+# threaded I/O tests under ThreadSanitizer.  GPU tests report SKIPPED
+# without a GPU.
+test: deps
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON >/dev/null
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ctest --output-on-failure -j 2
+	$(MAKE) test-tsan
+
+test-tsan:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON >/dev/null
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint
+	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint'
+
+# On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
+gpu-test: all
+	cd $(BUILD) && ctest --output-on-failure -R 't_gpu|t_cuda_decls'
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/tests/t_gpu
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)

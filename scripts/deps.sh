@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs the Debian packages sluice builds with, when run as root;
+# otherwise prints the exact command to run.
+need=""
+command -v cc >/dev/null 2>&1 || need="$need gcc"
+command -v cmake >/dev/null 2>&1 || need="$need cmake"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+pkg-config --exists liburing 2>/dev/null || need="$need liburing-dev"
+command -v make >/dev/null 2>&1 || need="$need make"
+[ -z "$need" ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	echo "sluice: installing$need"
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null || exit 1
+else
+	echo "sluice: missing$need; install with: sudo apt-get install -y$need" >&2
+	exit 1
+fi
