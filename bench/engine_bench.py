@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Issue #2 benchmark: file <-> GPU, sluice side by side with its peers.
+
+One command on a GPU machine (root, so the page cache can be dropped):
+
+    python3 bench/engine_bench.py --sluice build/sluice --fio path/to/fio
+
+It creates an 8 GiB file of random bytes and measures, in one run:
+  - the pinned host->device copy ceiling (1 GiB, torch);
+  - fio, io_uring + O_DIRECT, best over block size 1-16 MiB and iodepth 8-64
+    (the raw storage reference), and fio's O_DIRECT write (with end_fsync);
+  - what users do today: np.fromfile -> .cuda(), np.memmap -> .cuda();
+  - KvikIO (compat mode: no GDS here), best of 1/8/16 threads;
+  - sluice bench read (cold and warm) and durable write, default settings.
+"cold" = page cache dropped before every pass (and O_DIRECT where the tool
+uses it). Every figure is the median of --reps passes. CPU seconds per GB
+come from the process's rusage (fio: its usr+sys percentages x runtime).
+Prints a table and writes everything as JSON to --out.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+GB = 1e9
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def warm(path):
+    # Read the whole file through the page cache so "warm" means resident.
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(bytearray(64 << 20)):
+            pass
+
+
+def cpu_now():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(fn, nbytes, reps, cold, path):
+    """Median GB/s and CPU s/GB of fn() over reps passes."""
+    rates, cpus = [], []
+    for _ in range(reps):
+        if cold:
+            drop_caches()
+        else:
+            warm(path)
+        c0, t0 = cpu_now(), time.perf_counter()
+        fn()
+        dt, dc = time.perf_counter() - t0, cpu_now() - c0
+        rates.append(nbytes / dt / GB)
+        cpus.append(dc / (nbytes / GB))
+    return {"gb_s": statistics.median(rates), "cpu_s_per_gb": statistics.median(cpus), "passes": rates}
+
+
+def make_file(path, size):
+    if os.path.exists(path) and os.path.getsize(path) == size:
+        return
+    block = os.urandom(256 << 20)
+    with open(path + ".tmp", "wb") as f:
+        for i in range(size // len(block)):
+            # Vary each block so no two are alike (defeats dedup/compression).
+            f.write(i.to_bytes(8, "little") + block[8:])
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(path + ".tmp", path)
+
+
+def run_fio(fio, args, runtime):
+    cmd = [fio, "--output-format=json", "--ioengine=io_uring", "--direct=1", "--fixedbufs",
+           "--registerfiles", "--group_reporting", f"--runtime={runtime}"] + args
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    side = j["read"] if j["read"]["io_bytes"] else j["write"]
+    secs = side["runtime"] / 1000.0
+    gbs = side["io_bytes"] / secs / GB if secs else 0.0
+    cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs / (side["io_bytes"] / GB)
+    return gbs, cpu
+
+
+def fio_best_read(fio, path, reps):
+    sweep = {}
+    for bs in ("1M", "4M", "16M"):
+        for qd in (8, 16, 32, 64):
+            drop_caches()
+            gbs, _ = run_fio(fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}",
+                                   f"--iodepth={qd}", "--time_based"], 3)
+            sweep[f"bs={bs},iodepth={qd}"] = gbs
+    best = max(sweep, key=sweep.get)
+    bs, qd = best.replace("bs=", "").replace("iodepth=", "").split(",")
+    rates, cpus = [], []
+    for _ in range(reps):
+        drop_caches()
+        g, c = run_fio(fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}",
+                             f"--iodepth={qd}"], 60)
+        rates.append(g)
+        cpus.append(c)
+    return {"gb_s": statistics.median(rates), "cpu_s_per_gb": statistics.median(cpus), "best": best,
+            "sweep": sweep, "passes": rates}
+
+
+def fio_best_write(fio, path, size, reps):
+    sweep = {}
+    for bs in ("4M", "16M"):
+        for qd in (8, 32):
+            gbs, _ = run_fio(fio, ["--name=w", f"--filename={path}", "--rw=write", f"--bs={bs}",
+                                   f"--iodepth={qd}", f"--size={size}", "--end_fsync=1"], 60)
+            sweep[f"bs={bs},iodepth={qd}"] = gbs
+            os.unlink(path)
+    best = max(sweep, key=sweep.get)
+    bs, qd = best.replace("bs=", "").replace("iodepth=", "").split(",")
+    rates, cpus = [], []
+    for _ in range(reps):
+        g, c = run_fio(fio, ["--name=w", f"--filename={path}", "--rw=write", f"--bs={bs}",
+                             f"--iodepth={qd}", f"--size={size}", "--end_fsync=1"], 60)
+        os.unlink(path)
+        rates.append(g)
+        cpus.append(c)
+    return {"gb_s": statistics.median(rates), "cpu_s_per_gb": statistics.median(cpus), "best": best,
+            "sweep": sweep, "passes": rates}
+
+
+def sluice_bench(sluice, args, env=None):
+    e = dict(os.environ, **(env or {}))
+    out = subprocess.run([sluice, "bench", "--json"] + args, capture_output=True, text=True, env=e)
+    if out.returncode:
+        raise RuntimeError(f"sluice bench {args} failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sluice", default="build/sluice")
+    ap.add_argument("--fio", default="fio")
+    ap.add_argument("--file", default="/var/tmp/sluice-bench-8g.bin")
+    ap.add_argument("--size", type=int, default=8 << 30)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/engine_bench.json")
+    ap.add_argument("--skip", default="", help="comma list of: fio,numpy,kvikio,sweep")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+
+    import numpy as np
+    import torch
+
+    size, path, reps = a.size, a.file, a.reps
+    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "size": size}
+    print(f"# {res['date']} {res['gpu']}, file {path} ({size / GB:.2f} GB), median of {reps}", flush=True)
+    make_file(path, size)
+
+    # Pinned H2D ceiling: 1 GiB, one stream, median of 10 after warm-up.
+    h = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+    d = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    rates = []
+    for i in range(12):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        if i >= 2:
+            rates.append((1 << 30) / (time.perf_counter() - t0) / GB)
+    res["h2d_pinned_ceiling"] = {"gb_s": statistics.median(rates)}
+    del h, d
+    print(f"pinned H2D ceiling: {res['h2d_pinned_ceiling']['gb_s']:.2f} GB/s", flush=True)
+
+    if "fio" not in skip:
+        res["fio_read_cold"] = fio_best_read(a.fio, path, reps)
+        print(f"fio read cold: {res['fio_read_cold']['gb_s']:.2f} GB/s ({res['fio_read_cold']['best']})", flush=True)
+        res["fio_write"] = fio_best_write(a.fio, path + ".fio-w", size, reps)
+        print(f"fio write O_DIRECT: {res['fio_write']['gb_s']:.2f} GB/s ({res['fio_write']['best']})", flush=True)
+
+    if "numpy" not in skip:
+        def fromfile():
+            t = torch.from_numpy(np.fromfile(path, dtype=np.uint8)).cuda()
+            torch.cuda.synchronize()
+            del t
+
+        def memmap():
+            m = np.memmap(path, dtype=np.uint8, mode="r")
+            t = torch.from_numpy(np.asarray(m)).cuda()
+            torch.cuda.synchronize()
+            del t, m
+
+        for name, fn in (("np_fromfile", fromfile), ("np_memmap", memmap)):
+            for temp in ("cold", "warm"):
+                res[f"{name}_{temp}"] = timed(fn, size, reps, temp == "cold", path)
+                print(f"{name} {temp}: {res[f'{name}_{temp}']['gb_s']:.2f} GB/s", flush=True)
+
+    if "kvikio" not in skip:
+        try:
+            import cupy
+            import kvikio
+            import kvikio.defaults
+
+            buf = cupy.empty(size, dtype=cupy.uint8)
+            res["kvikio_version"] = kvikio.__version__
+            res["kvikio_compat_mode"] = str(kvikio.defaults.compat_mode())
+            for temp in ("cold", "warm"):
+                best = None
+                for nt in (1, 8, 16):
+                    try:
+                        kvikio.defaults.set("num_threads", nt)
+                    except (AttributeError, TypeError):
+                        kvikio.defaults.num_threads_reset(nt)
+
+                    def kread():
+                        with kvikio.CuFile(path, "r") as f:
+                            f.pread(buf).get()
+                        cupy.cuda.runtime.deviceSynchronize()
+
+                    r = timed(kread, size, reps, temp == "cold", path)
+                    r["threads"] = nt
+                    res[f"kvikio_{nt}t_{temp}"] = r
+                    if best is None or r["gb_s"] > best["gb_s"]:
+                        best = r
+                res[f"kvikio_best_{temp}"] = best
+                print(f"kvikio best {temp}: {best['gb_s']:.2f} GB/s ({best['threads']} threads)", flush=True)
+            del buf
+        except Exception as e:  # report, never hide
+            res["kvikio_error"] = repr(e)
+            print(f"kvikio could not run: {e!r}", flush=True)
+
+    torch.cuda.empty_cache()
+    # sluice, defaults: --cold drops the cache before each pass (root).
+    res["sluice_read_cold"] = sluice_bench(a.sluice, [path, "--cold", "--repeat", str(reps)])
+    print(f"sluice read cold: {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}", flush=True)
+    warm(path)
+    res["sluice_read_warm"] = sluice_bench(a.sluice, [path, "--repeat", str(max(reps, 5))])
+    print(f"sluice read warm: {res['sluice_read_warm']['gb_s']:.2f} GB/s {res['sluice_read_warm']['path']}", flush=True)
+    wpath = path + ".sluice-w"
+    res["sluice_write"] = sluice_bench(a.sluice, [wpath, "--rw", "write", "--size", str(size), "--repeat", str(reps)])
+    os.unlink(wpath)
+    print(f"sluice durable write: {res['sluice_write']['gb_s']:.2f} GB/s {res['sluice_write']['path']}", flush=True)
+
+    if "sweep" not in skip:
+        # How the knobs move the warm path (informs the defaults).
+        warm(path)
+        sweep = {}
+        for t in (8, 12, 16):
+            for chunk in ("4M", "8M", "16M"):
+                r = sluice_bench(a.sluice, [path, "--threads", str(t), "--io-size", chunk, "--repeat", "3"])
+                sweep[f"threads={t},io={chunk}"] = r["gb_s"]
+        res["sluice_warm_sweep"] = sweep
+        print("sluice warm sweep: " + ", ".join(f"{k}: {v:.1f}" for k, v in sweep.items()), flush=True)
+
+    # Ratios against the targets of issue #2.
+    ceil = res["h2d_pinned_ceiling"]["gb_s"]
+    rat = {"warm_vs_h2d_ceiling": res["sluice_read_warm"]["gb_s"] / ceil}
+    if "kvikio_best_warm" in res:
+        rat["warm_vs_kvikio_best"] = res["sluice_read_warm"]["gb_s"] / res["kvikio_best_warm"]["gb_s"]
+        rat["cold_vs_kvikio_best"] = res["sluice_read_cold"]["gb_s"] / res["kvikio_best_cold"]["gb_s"]
+    if "fio_read_cold" in res:
+        rat["cold_vs_fio"] = res["sluice_read_cold"]["gb_s"] / res["fio_read_cold"]["gb_s"]
+        rat["write_vs_fio"] = res["sluice_write"]["gb_s"] / res["fio_write"]["gb_s"]
+    res["ratios"] = rat
+
+    print("\n| path | cold GB/s | warm GB/s | CPU s/GB (cold / warm) |")
+    print("|---|---|---|---|")
+
+    def row(name, c, w):
+        cc, ww = res.get(c), res.get(w)
+        f = lambda r: f"{r['gb_s']:.2f}" if r else "-"
+        g = lambda r: f"{r['cpu_s_per_gb']:.3f}" if r else "-"
+        print(f"| {name} | {f(cc)} | {f(ww)} | {g(cc)} / {g(ww)} |")
+
+    print(f"| pinned H2D ceiling (1 GiB) | - | {ceil:.2f} | - |")
+    row("fio io_uring O_DIRECT read (" + res.get("fio_read_cold", {}).get("best", "-") + ")", "fio_read_cold", None)
+    row("np.fromfile -> .cuda()", "np_fromfile_cold", "np_fromfile_warm")
+    row("np.memmap -> .cuda()", "np_memmap_cold", "np_memmap_warm")
+    row("KvikIO best of 1/8/16 threads", "kvikio_best_cold", "kvikio_best_warm")
+    row("sluice read (defaults)", "sluice_read_cold", "sluice_read_warm")
+    row("fio O_DIRECT write + fsync (" + res.get("fio_write", {}).get("best", "-") + ")", "fio_write", None)
+    row("sluice durable write (defaults)", "sluice_write", None)
+    print("\nratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in rat.items()))
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
