@@ -6,7 +6,8 @@ R=$(pwd)
 U="$R/.carry/uring/usr"
 PC="$U/lib/x86_64-linux-gnu/pkgconfig"
 if [ -d "$PC" ]; then
-	sed -i "s|^prefix=.*|prefix=$U|" "$PC/liburing.pc"
+	sed -i "s|=/usr|=$U|" "$PC/liburing.pc"
 	export PKG_CONFIG_PATH="$PC" LD_LIBRARY_PATH="$U/lib/x86_64-linux-gnu"
 fi
+rm -f build/CMakeCache.txt
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build >/dev/null || return 1

@@ -243,6 +243,12 @@ struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg)
 
 void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint64_t t0)
 {
+	/*
+	 * Read nsegs before counting this segment done: once the last one is
+	 * counted the caller may return and reuse the job's memory, so only
+	 * the thread that counts the last segment may touch the job after.
+	 */
+	const size_t nsegs = job->nsegs;
 	int zero = 0;
 
 	/* Details are thread-local: keep the first one for the caller. */
@@ -250,7 +256,7 @@ void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint6
 		snprintf(job->detail, sizeof(job->detail), "%s", sluice_last_error_detail());
 	else if (!err && t0)
 		sl__hist_add(&eng->lat, sl__now_ns() - t0);
-	if (atomic_fetch_add(&job->done, 1) + 1 == job->nsegs) {
+	if (atomic_fetch_add(&job->done, 1) + 1 == nsegs) {
 		pthread_mutex_lock(&eng->lock);
 		job->finished = 1;
 		if (job->on_finish)

@@ -150,11 +150,16 @@ static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
 	struct sl__seg *s = &job->segs[sl->seg];
 
 	if (!err) {
-		atomic_fetch_add(&job->bytes, s->len);
-		atomic_fetch_add(sl->direct ? &job->bytes_direct : &job->bytes_buffered, s->len);
+		/* Payload only: a coalesced segment also reads the gaps between pieces. */
+		uint64_t bytes = 0;
+
+		for (uint32_t i = 0; i < s->npieces; i++)
+			bytes += job->pieces[s->piece0 + i].len;
+		atomic_fetch_add(&job->bytes, bytes);
+		atomic_fetch_add(sl->direct ? &job->bytes_direct : &job->bytes_buffered, bytes);
 		atomic_fetch_or(&job->paths, 1u << sl->path);
 		atomic_fetch_add(&w->eng->st_ios, 1);
-		atomic_fetch_add(&w->eng->st_bytes, s->len);
+		atomic_fetch_add(&w->eng->st_bytes, bytes);
 	}
 	sl->state = SL_FREE;
 	sl->job = NULL;
