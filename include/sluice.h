@@ -280,6 +280,11 @@ struct sluice_range {
 };
 
 /*
+ * GPU memory and synchronous transfers: sluice's copy streams do not wait
+ * for work on the caller's streams, so GPU work that still uses dst (or
+ * writes src) MUST have finished before a synchronous call; to order a
+ * transfer after queued work instead, use sluice_read_async() on the stream.
+ *
  * Reads len bytes at offset of f into dst (host or GPU memory), blocking
  * until the bytes are in place.  Returns len, SLUICE_ERANGE if the range
  * passes the end of the file, SLUICE_ESHORT if the file shrank during the
@@ -401,7 +406,7 @@ SLUICE_API int sluice_gpu_count(void);
  */
 SLUICE_API SLUICE_WUR int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out);
 SLUICE_API void sluice_gpu_free(struct sluice_engine *eng, void *p);
-/* Synchronous copy between any two of host and GPU memory. */
+/* Copy between any two of host and GPU memory; complete on return. */
 SLUICE_API SLUICE_WUR int sluice_gpu_copy(struct sluice_engine *eng, void *dst,
 					  const void *src, size_t n);
 /* 1 if p points into CUDA device memory, else 0. */

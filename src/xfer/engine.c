@@ -408,9 +408,14 @@ int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_
 	rc = sl__gpu_bind(&eng->gpu);
 	if (rc)
 		return rc;
-	/* With unified addressing cuMemcpy infers both memory kinds. */
-	return SL_CU(eng->gpu.cu->Memcpy((sl_CUdeviceptr)(uintptr_t)dst, (sl_CUdeviceptr)(uintptr_t)src, n),
-		     "cuMemcpy");
+	/*
+	 * With unified addressing cuMemcpy infers both memory kinds.  From
+	 * pageable memory it may return before the DMA lands, so synchronise:
+	 * the engine's streams do not order after the legacy stream.
+	 */
+	rc = SL_CU(eng->gpu.cu->Memcpy((sl_CUdeviceptr)(uintptr_t)dst, (sl_CUdeviceptr)(uintptr_t)src, n),
+		   "cuMemcpy");
+	return rc ? rc : SL_CU(eng->gpu.cu->StreamSynchronize(NULL), "cuStreamSynchronize");
 }
 
 int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p)

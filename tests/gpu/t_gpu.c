@@ -198,8 +198,14 @@ int main(void)
 	       info.gpu_name, info.backend, info.pool_pinned, info.uring_fixed_buffers, info.unusable);
 	T_CHECK(info.gpu >= 0 && info.pool_pinned);
 	t_reads(eng, path, want, n, ">pinned>gpu");
+	printf("reads ok so far (%d failures)\n", t_failures);
+	fflush(stdout);
 	t_writes(eng, want, n);
+	printf("writes done (%d failures)\n", t_failures);
+	fflush(stdout);
 	t_async(eng, path, want, n);
+	printf("async done (%d failures)\n", t_failures);
+	fflush(stdout);
 	rc = sluice_gpu_alloc(eng, (size_t)1 << 50, &p);
 	T_CHECK(rc == SLUICE_ECUDA && strstr(sluice_last_error_detail(), "out of memory"));
 	sluice_engine_close(eng);
@@ -207,6 +213,8 @@ int main(void)
 	eng = engine(SLUICE_DIRECT_ALWAYS, SLUICE_STAGING_PINNED, SLUICE_BACKEND_PSYNC, NULL);
 	t_reads(eng, path, want, n, "psync:direct>pinned>gpu");
 	sluice_engine_close(eng);
+	printf("psync direct done (%d failures)\n", t_failures);
+	fflush(stdout);
 	eng = engine(SLUICE_DIRECT_NEVER, SLUICE_STAGING_PAGEABLE, SLUICE_BACKEND_AUTO, NULL);
 	t_reads(eng, path, want, n, "buffered>pageable>gpu");
 	t_writes(eng, want, n);
