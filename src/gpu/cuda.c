@@ -52,6 +52,8 @@ static void sl_cuda_load(void)
 		{ (void **)&sl_cu.Memcpy, "cuMemcpy" },
 		{ (void **)&sl_cu.PointerGetAttribute, "cuPointerGetAttribute" },
 		{ (void **)&sl_cu.LaunchHostFunc, "cuLaunchHostFunc" },
+		{ (void **)&sl_cu.MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2" },
+		{ (void **)&sl_cu.StreamWaitValue32, "cuStreamWaitValue32_v2" },
 		{ (void **)&sl_cu.GetErrorName, "cuGetErrorName" },
 	};
 	sl_CUresult r;

@@ -39,6 +39,8 @@ struct sl__cuda_api {
 	sl_CUresult (*Memcpy)(sl_CUdeviceptr dst, sl_CUdeviceptr src, size_t n);
 	sl_CUresult (*PointerGetAttribute)(void *data, int attr, sl_CUdeviceptr p);
 	sl_CUresult (*LaunchHostFunc)(sl_CUstream s, sl_CUhostFn fn, void *user);
+	sl_CUresult (*MemHostGetDevicePointer)(sl_CUdeviceptr *d, void *p, unsigned flags);
+	sl_CUresult (*StreamWaitValue32)(sl_CUstream s, sl_CUdeviceptr addr, uint32_t value, unsigned flags);
 	sl_CUresult (*GetErrorName)(sl_CUresult r, const char **name);
 };
 

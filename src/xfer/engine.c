@@ -181,6 +181,7 @@ void sluice_engine_close(struct sluice_engine *eng)
 	for (unsigned i = 0; eng->workers && i < eng->nworkers; i++)
 		sl__worker_join(SL_WORKER(eng, i));
 	free(eng->workers);
+	sl__async_fini(eng);
 	sl__host_free(&eng->gpu, eng->pool, eng->pool_len, eng->pool_pinned);
 	sl__gpu_close(&eng->gpu);
 	pthread_mutex_destroy(&eng->lock);

@@ -104,6 +104,15 @@ struct sluice_engine {
 	struct sluice_file *files[SL_MAX_FILES];
 	unsigned file_gen;
 
+	/*
+	 * Completion flags of async transfers: pinned, mapped into the GPU's
+	 * address space so a caller's stream can wait on one (async.c).
+	 */
+	_Atomic uint32_t *flags;
+	sl_CUdeviceptr flags_dev;
+	uint16_t *flag_free;       /* stack of free flag indexes (engine lock) */
+	unsigned nflag_free;
+
 	struct sl__worker *workers;
 	unsigned nworkers;
 	struct sl__hist lat;
@@ -138,6 +147,9 @@ SL_HIDDEN void sl__worker_join(struct sl__worker *w);
 SL_HIDDEN extern int sl__test_refuse_direct;
 /* file.c: after a write job, trims direct-write padding and updates sizes. */
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
+
+/* async.c: frees the async flag page at engine close. */
+SL_HIDDEN void sl__async_fini(struct sluice_engine *eng);
 
 /* Runs one job synchronously from ranges: plan, submit, wait, report. */
 SL_HIDDEN ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
