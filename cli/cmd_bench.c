@@ -33,7 +33,9 @@ static int usage(FILE *f)
 {
 	fprintf(f,
 		"usage: sluice bench [options] FILE|DIR\n\n"
-		"  --rw read|write|randread|randwrite   access pattern (default read)\n"
+		"  --rw read|write|randread|randwrite   access pattern (default read);\n"
+		"                  write: a durable atomic write of a fresh file per pass\n"
+		"                  (the previous pass's file is removed first, untimed)\n"
 		"  --size N        bytes per pass (default: the file's size; 1G for write)\n"
 		"  --io-size N     bytes per I/O (default 8M; 1M for random)\n"
 		"  --threads N     worker threads (default min(cpus, 8))\n"
@@ -456,6 +458,13 @@ int cmd_bench(int argc, char **argv)
 		double t0, c0;
 		ssize_t n;
 
+		/*
+		 * Each sequential write pass creates the file afresh, as fio does:
+		 * removing the previous pass's file (untimed) keeps the cost of
+		 * freeing its blocks out of this pass.
+		 */
+		if (o.write && !o.random)
+			unlink(names[0]);
 		if (o.cold)
 			dropped = drop_caches();
 		sluice_engine_stats_reset(eng);
