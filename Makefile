@@ -5,7 +5,7 @@ SAN_BUILD ?= build-san
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps demo test test-tsan gpu-test clean
+.PHONY: all deps demo test test-tsan gpu-test fuzz clean
 
 all: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSLUICE_TESTS=ON >/dev/null
@@ -40,3 +40,10 @@ gpu-test: all
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)
+
+# Fuzzes the configuration parsers for FUZZ_SECONDS (default 600), growing the corpus.
+FUZZ_SECONDS ?= 600
+fuzz:
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DSLUICE_FUZZ=ON -DSLUICE_SANITIZE=ON >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_config
+	mkdir -p build-fuzz/corpus && build-fuzz/tests/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus tests/fuzz/corpus_config
