@@ -88,46 +88,35 @@ def run_fio(fio, args, runtime):
     return gbs, cpu
 
 
-def fio_best_read(fio, path, reps):
+def fio_best(fio, path, write, size):
+    """Best fio setting from short trials: reads 3 s each over the sweep, writes a whole pass each."""
     sweep = {}
-    for bs in ("1M", "4M", "16M"):
-        for qd in (8, 16, 32, 64):
+    grid = [(bs, qd) for bs in ("4M", "16M") for qd in (8, 32)] if write else \
+           [(bs, qd) for bs in ("1M", "4M", "16M") for qd in (8, 16, 32, 64)]
+    for bs, qd in grid:
+        if write:
+            gbs, _ = run_fio(fio, ["--name=w", f"--filename={path}", "--rw=write", f"--bs={bs}",
+                                   f"--iodepth={qd}", f"--size={size}", "--end_fsync=1"], 60)
+            os.unlink(path)
+        else:
             drop_caches()
             gbs, _ = run_fio(fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}",
                                    f"--iodepth={qd}", "--time_based"], 3)
-            sweep[f"bs={bs},iodepth={qd}"] = gbs
+        sweep[f"bs={bs},iodepth={qd}"] = gbs
     best = max(sweep, key=sweep.get)
     bs, qd = best.replace("bs=", "").replace("iodepth=", "").split(",")
-    rates, cpus = [], []
-    for _ in range(reps):
-        drop_caches()
-        g, c = run_fio(fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}",
-                             f"--iodepth={qd}"], 60)
-        rates.append(g)
-        cpus.append(c)
-    return {"gb_s": statistics.median(rates), "cpu_s_per_gb": statistics.median(cpus), "best": best,
-            "sweep": sweep, "passes": rates}
+    return best, sweep, bs, qd
 
 
-def fio_best_write(fio, path, size, reps):
-    sweep = {}
-    for bs in ("4M", "16M"):
-        for qd in (8, 32):
-            gbs, _ = run_fio(fio, ["--name=w", f"--filename={path}", "--rw=write", f"--bs={bs}",
-                                   f"--iodepth={qd}", f"--size={size}", "--end_fsync=1"], 60)
-            sweep[f"bs={bs},iodepth={qd}"] = gbs
-            os.unlink(path)
-    best = max(sweep, key=sweep.get)
-    bs, qd = best.replace("bs=", "").replace("iodepth=", "").split(",")
-    rates, cpus = [], []
+def interleaved(reps, fio_pass, sluice_pass):
+    """Alternates fio and sluice passes so drift of the disk hits both alike."""
+    f, s = [], []
     for _ in range(reps):
-        g, c = run_fio(fio, ["--name=w", f"--filename={path}", "--rw=write", f"--bs={bs}",
-                             f"--iodepth={qd}", f"--size={size}", "--end_fsync=1"], 60)
-        os.unlink(path)
-        rates.append(g)
-        cpus.append(c)
-    return {"gb_s": statistics.median(rates), "cpu_s_per_gb": statistics.median(cpus), "best": best,
-            "sweep": sweep, "passes": rates}
+        f.append(fio_pass())
+        s.append(sluice_pass())
+    med = lambda xs, i: statistics.median(x[i] for x in xs)
+    return ({"gb_s": med(f, 0), "cpu_s_per_gb": med(f, 1), "passes": [x[0] for x in f]},
+            {"gb_s": med(s, 0), "cpu_s_per_gb": med(s, 1), "passes": [x[0] for x in s], "path": s[0][2]})
 
 
 def sluice_bench(sluice, args, env=None):
@@ -173,11 +162,41 @@ def main():
     del h, d
     print(f"pinned H2D ceiling: {res['h2d_pinned_ceiling']['gb_s']:.2f} GB/s", flush=True)
 
+    wpath = path + ".w"
     if "fio" not in skip:
-        res["fio_read_cold"] = fio_best_read(a.fio, path, reps)
-        print(f"fio read cold: {res['fio_read_cold']['gb_s']:.2f} GB/s ({res['fio_read_cold']['best']})", flush=True)
-        res["fio_write"] = fio_best_write(a.fio, path + ".fio-w", size, reps)
-        print(f"fio write O_DIRECT: {res['fio_write']['gb_s']:.2f} GB/s ({res['fio_write']['best']})", flush=True)
+        # Cold read and durable write: fio's best setting and sluice's defaults, pass for pass.
+        best, sweep, bs, qd = fio_best(a.fio, path, False, size)
+
+        def fio_read():
+            drop_caches()
+            return run_fio(a.fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}", f"--iodepth={qd}"], 60)
+
+        def sl_read():
+            r = sluice_bench(a.sluice, [path, "--cold"])
+            return r["gb_s"], r["cpu_s_per_gb"], r["path"]
+
+        res["fio_read_cold"], res["sluice_read_cold"] = interleaved(reps, fio_read, sl_read)
+        res["fio_read_cold"].update(best=best, sweep=sweep)
+        print(f"cold read: fio {res['fio_read_cold']['gb_s']:.2f} GB/s ({best}), "
+              f"sluice {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}", flush=True)
+
+        best, sweep, bs, qd = fio_best(a.fio, wpath, True, size)
+
+        def fio_write():
+            r = run_fio(a.fio, ["--name=w", f"--filename={wpath}", "--rw=write", f"--bs={bs}", f"--iodepth={qd}",
+                                f"--size={size}", "--end_fsync=1"], 60)
+            os.unlink(wpath)
+            return r
+
+        def sl_write():
+            r = sluice_bench(a.sluice, [wpath, "--rw", "write", "--size", str(size)])
+            os.unlink(wpath)
+            return r["gb_s"], r["cpu_s_per_gb"], r["path"]
+
+        res["fio_write"], res["sluice_write"] = interleaved(reps, fio_write, sl_write)
+        res["fio_write"].update(best=best, sweep=sweep)
+        print(f"durable write: fio {res['fio_write']['gb_s']:.2f} GB/s ({best}), "
+              f"sluice {res['sluice_write']['gb_s']:.2f} GB/s {res['sluice_write']['path']}", flush=True)
 
     if "numpy" not in skip:
         def fromfile():
@@ -234,16 +253,9 @@ def main():
             print(f"kvikio could not run: {e!r}", flush=True)
 
     torch.cuda.empty_cache()
-    # sluice, defaults: --cold drops the cache before each pass (root).
-    res["sluice_read_cold"] = sluice_bench(a.sluice, [path, "--cold", "--repeat", str(reps)])
-    print(f"sluice read cold: {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}", flush=True)
     warm(path)
     res["sluice_read_warm"] = sluice_bench(a.sluice, [path, "--repeat", str(max(reps, 5))])
     print(f"sluice read warm: {res['sluice_read_warm']['gb_s']:.2f} GB/s {res['sluice_read_warm']['path']}", flush=True)
-    wpath = path + ".sluice-w"
-    res["sluice_write"] = sluice_bench(a.sluice, [wpath, "--rw", "write", "--size", str(size), "--repeat", str(reps)])
-    os.unlink(wpath)
-    print(f"sluice durable write: {res['sluice_write']['gb_s']:.2f} GB/s {res['sluice_write']['path']}", flush=True)
 
     if "sweep" not in skip:
         # How the knobs move the warm path (informs the defaults).
@@ -274,7 +286,8 @@ def main():
     rat = {"warm_vs_h2d_ceiling": res["sluice_read_warm"]["gb_s"] / ceil}
     if "kvikio_best_warm" in res:
         rat["warm_vs_kvikio_best"] = res["sluice_read_warm"]["gb_s"] / res["kvikio_best_warm"]["gb_s"]
-        rat["cold_vs_kvikio_best"] = res["sluice_read_cold"]["gb_s"] / res["kvikio_best_cold"]["gb_s"]
+        if "sluice_read_cold" in res:
+            rat["cold_vs_kvikio_best"] = res["sluice_read_cold"]["gb_s"] / res["kvikio_best_cold"]["gb_s"]
     if "fio_read_cold" in res:
         rat["cold_vs_fio"] = res["sluice_read_cold"]["gb_s"] / res["fio_read_cold"]["gb_s"]
         rat["write_vs_fio"] = res["sluice_write"]["gb_s"] / res["fio_write"]["gb_s"]

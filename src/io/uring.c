@@ -35,6 +35,9 @@ struct sl_uring {
 	} files[SL_URING_FILES];
 };
 
+/* The fixed-buffer warning is said once per process, not once per ring. */
+static _Atomic int sl_uring_warned;
+
 static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
 {
 	struct io_uring ring;
@@ -104,7 +107,7 @@ static int sl_uring_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg
 		if (rc == 0) {
 			u->fixed_bufs = 1;
 			ctx->fixed = 1;
-		} else {
+		} else if (!atomic_exchange(&sl_uring_warned, 1)) {
 			struct rlimit rl;
 
 			getrlimit(RLIMIT_MEMLOCK, &rl);

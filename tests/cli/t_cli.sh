@@ -46,6 +46,17 @@ ok "randwrite" "$S" bench "$D/w.bin" --target host --rw randwrite --size 1M --io
 ok "repeat and duration" "$S" bench "$D/f.bin" --target host --repeat 3 --duration 1 --json
 if grep -Eq '"passes":([3-9]|[1-9][0-9]+),' "$D/out"; then echo "ok   three or more passes"; else echo "FAIL passes"; fails=$((fails + 1)); fi
 
+# RLIMIT_MEMLOCK too small for io_uring's fixed buffers: a warning, then the same bytes.
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
+	ok "small RLIMIT_MEMLOCK degrades" sh -c "ulimit -l 64 && setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock '$S' bench '$D/f.bin' --target host --cold --verify --path uring"
+	if grep -q "RLIMIT_MEMLOCK" "$D/err" && [ "$(grep -c warn "$D/err")" = 1 ]; then echo "ok   one warning names RLIMIT_MEMLOCK"
+	else echo "FAIL memlock warning: $(cat "$D/err")"; fails=$((fails + 1)); fi
+	ok "info shows fixed buffers off" sh -c "ulimit -l 64 && setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock '$S' info"
+	has "fixed buffers off" "fixed buffers: no"
+else
+	echo "skip small RLIMIT_MEMLOCK (needs root and setpriv)"
+fi
+
 bad "missing file" "nope.bin" "$S" bench "$D/nope.bin"
 bad "unreadable file" "Permission denied\|cannot open" sh -c "chmod 000 '$D/f.bin'; if [ \$(id -u) = 0 ]; then echo 'sluice bench: cannot open (root reads anything; Permission denied)' >&2; exit 1; fi; '$S' bench '$D/f.bin'"
 chmod 644 "$D/f.bin"
