@@ -270,7 +270,9 @@ void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint6
 void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 {
 	static const char *const bname[] = { "uring", "psync", "gds" };
-	static const char *const kname[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
+	/* Memory side of a path, by SL_K_*, as seen by a read and by a write. */
+	static const char *const to[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
+	static const char *const from[] = { "host", "host>bounce", "gpu>pinned", "gpu>pageable", "gpu" };
 	uint32_t paths = atomic_load(&job->paths);
 	size_t l = 0;
 
@@ -292,11 +294,9 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 		else
 			snprintf(io, sizeof(io), "%s:%s", bname[b], d ? "direct" : "buffered");
 		if (job->op == SL_IO_READ)
-			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", io,
-					      kname[k]);
+			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", io, to[k]);
 		else
-			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "",
-					      b == SL_P_GDS ? "gpu" : k >= SL_K_PINNED_GPU ? (k == SL_K_PINNED_GPU ? "gpu>pinned" : "gpu>pageable") : k == SL_K_BOUNCE_HOST ? "host>bounce" : "host", io);
+			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", from[k], io);
 	}
 }
 
