@@ -139,9 +139,15 @@ static int sl_word(const char *v, const char *const *words)
 	return -1;
 }
 
-static int sl_env_uint(const char *name, uint64_t max, uint64_t *out)
+static const char *sl_getenv(const char *name, void *ctx)
 {
-	const char *v = getenv(name);
+	(void)ctx;
+	return getenv(name);
+}
+
+static int sl_env_uint(const struct sl__env *env, const char *name, uint64_t max, uint64_t *out)
+{
+	const char *v = env->get(name, env->ctx);
 
 	if (!v)
 		return 1;
@@ -150,9 +156,9 @@ static int sl_env_uint(const char *name, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-static int sl_env_word(const char *name, const char *const *words, int *out)
+static int sl_env_word(const struct sl__env *env, const char *name, const char *const *words, int *out)
 {
-	const char *v = getenv(name);
+	const char *v = env->get(name, env->ctx);
 
 	if (!v)
 		return 1;
@@ -162,8 +168,7 @@ static int sl_env_word(const char *name, const char *const *words, int *out)
 	return 0;
 }
 
-/* Applies SLUICE_* variables through the setters. */
-static int sl_config_env(struct sluice_config *cfg)
+int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 {
 	static const char *const backends[] = { "auto", "uring", "psync", "gds", NULL };
 	static const char *const directs[] = { "auto", "always", "never", NULL };
@@ -179,24 +184,24 @@ static int sl_config_env(struct sluice_config *cfg)
 	} while (0)
 #define SL_ENV_UINT(name, max, setter)                                  \
 	do {                                                            \
-		r = sl_env_uint(name, max, &u);                         \
+		r = sl_env_uint(env, name, max, &u);                    \
 		if (r < 0)                                              \
 			return r;                                       \
 		if (r == 0 && setter(cfg, u))                           \
-			return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=%s is out of range", name, getenv(name)); \
+			return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=%s is out of range", name, env->get(name, env->ctx)); \
 	} while (0)
 
-	r = sl_env_word("SLUICE_BACKEND", backends, &w);
+	r = sl_env_word(env, "SLUICE_BACKEND", backends, &w);
 	if (r < 0)
 		return r;
 	if (!r)
 		SL_APPLY(sluice_config_set_backend(cfg, (enum sluice_backend)w));
-	r = sl_env_word("SLUICE_DIRECT", directs, &w);
+	r = sl_env_word(env, "SLUICE_DIRECT", directs, &w);
 	if (r < 0)
 		return r;
 	if (!r)
 		SL_APPLY(sluice_config_set_direct(cfg, (enum sluice_direct)w));
-	r = sl_env_word("SLUICE_STAGING", stagings, &w);
+	r = sl_env_word(env, "SLUICE_STAGING", stagings, &w);
 	if (r < 0)
 		return r;
 	if (!r)
@@ -222,7 +227,7 @@ int sluice_config_new(struct sluice_config **out)
 	if (!cfg)
 		return -ENOMEM;
 	sl__config_defaults(cfg);
-	rc = sl_config_env(cfg);
+	rc = sl__config_apply_env(cfg, &(struct sl__env){ sl_getenv, NULL });
 	if (rc) {
 		free(cfg);
 		return rc;

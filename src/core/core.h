@@ -67,6 +67,13 @@ struct sluice_config {
 	int gpu;
 };
 SL_HIDDEN void sl__config_defaults(struct sluice_config *cfg);
+/* Where SLUICE_* values come from: getenv, or a test's or fuzzer's table. */
+struct sl__env {
+	const char *(*get)(const char *name, void *ctx);
+	void *ctx;
+};
+/* Applies the SLUICE_* variables env holds through the setters. */
+SL_HIDDEN int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env);
 
 /*
  * Latency histogram: log2 buckets split into 16 linear sub-buckets, so

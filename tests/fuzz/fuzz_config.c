@@ -1,8 +1,9 @@
 /*
- * libFuzzer target: byte sizes and SLUICE_* configuration from the
- * environment.  Input: a size string, then NUL-separated values for the
- * variables below.  Properties: no crash, no sanitizer report, a value is
- * either rejected with SLUICE_EINVAL_CONFIG or lands in range.
+ * libFuzzer target: byte sizes and SLUICE_* configuration values.
+ * Input: a size string, then NUL-separated values for the variables below
+ * (fed through a lookup table, not the process environment).  Properties:
+ * no crash, no sanitizer report, and a value is either rejected with
+ * SLUICE_EINVAL_CONFIG or lands in range.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,15 +11,27 @@
 
 #include "core/core.h"
 
-static const char *const vars[] = { "SLUICE_BACKEND", "SLUICE_DIRECT", "SLUICE_STAGING",
-				    "SLUICE_THREADS", "SLUICE_QUEUE_DEPTH", "SLUICE_MAX_TRANSFER_SIZE",
-				    "SLUICE_BUFFER_POOL_SIZE", "SLUICE_DEVICE_IDS", "SLUICE_SQPOLL",
-				    "SLUICE_GPU" };
+#define NVARS 10
+static const char *const vars[NVARS] = { "SLUICE_BACKEND", "SLUICE_DIRECT", "SLUICE_STAGING",
+					 "SLUICE_THREADS", "SLUICE_QUEUE_DEPTH", "SLUICE_MAX_TRANSFER_SIZE",
+					 "SLUICE_BUFFER_POOL_SIZE", "SLUICE_DEVICE_IDS", "SLUICE_SQPOLL",
+					 "SLUICE_GPU" };
+
+static const char *lookup(const char *name, void *ctx)
+{
+	const char *const *vals = ctx;
+
+	for (int i = 0; i < NVARS; i++)
+		if (!strcmp(name, vars[i]))
+			return vals[i];
+	return NULL;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *buf = malloc(size + 1), *p, *end;
-	struct sluice_config *cfg;
+	const char *vals[NVARS] = { 0 };
+	struct sluice_config cfg;
 	uint64_t v;
 	int rc;
 
@@ -31,20 +44,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (rc != 0 && rc != SLUICE_EINVAL_CONFIG)
 		abort();
 	p = buf + strlen(buf) + 1;
-	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-		if (p < end) {
-			setenv(vars[i], p, 1);
-			p += strlen(p) + 1;
-		} else {
-			unsetenv(vars[i]);
-		}
+	for (int i = 0; i < NVARS && p < end; i++) {
+		vals[i] = p;
+		p += strlen(p) + 1;
 	}
-	rc = sluice_config_new(&cfg);
+	sl__config_defaults(&cfg);
+	rc = sl__config_apply_env(&cfg, &(struct sl__env){ lookup, vals });
 	if (rc == 0) {
-		if (cfg->threads < 1 || cfg->threads > 256 || cfg->queue_depth < 1 || cfg->queue_depth > 256 ||
-		    cfg->max_transfer_size % 4096 || cfg->backend > SLUICE_BACKEND_GDS)
+		if (cfg.threads < 1 || cfg.threads > 256 || cfg.queue_depth < 1 || cfg.queue_depth > 256 ||
+		    cfg.max_transfer_size % 4096 || cfg.max_transfer_size > (1u << 30) ||
+		    cfg.backend > SLUICE_BACKEND_GDS || cfg.direct > SLUICE_DIRECT_NEVER)
 			abort();
-		sluice_config_free(cfg);
 	} else if (rc != SLUICE_EINVAL_CONFIG) {
 		abort();
 	}
