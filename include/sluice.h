@@ -70,7 +70,9 @@ enum sluice_error {
 	SLUICE_EVERIFY = -100008,       /* data verification failed */
 	SLUICE_ENOTGPU = -100009,       /* pointer is not GPU memory */
 	SLUICE_ECANCELED = -100010,     /* transfer abandoned after an error */
-	SLUICE_ELAST = -100011,
+	SLUICE_EFORMAT = -100011,       /* malformed or inconsistent data file */
+	SLUICE_ECRC = -100012,          /* record checksum mismatch */
+	SLUICE_ELAST = -100013,
 };
 
 /*
@@ -411,6 +413,144 @@ SLUICE_API SLUICE_WUR int sluice_gpu_copy(struct sluice_engine *eng, void *dst,
 					  const void *src, size_t n);
 /* 1 if p points into CUDA device memory, else 0. */
 SLUICE_API int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p);
+
+/* ================================================================
+ * Datasets (docs/FORMAT.md)
+ * ================================================================ */
+
+/* Element types of dataset fields; SLUICE_DTYPE_BYTES is raw bytes. */
+enum sluice_dtype {
+	SLUICE_DTYPE_BYTES = 0,
+	SLUICE_DTYPE_U8 = 1,
+	SLUICE_DTYPE_U16 = 2,
+	SLUICE_DTYPE_U32 = 3,
+	SLUICE_DTYPE_I32 = 4,
+	SLUICE_DTYPE_I64 = 5,
+	SLUICE_DTYPE_F16 = 6,
+	SLUICE_DTYPE_BF16 = 7,
+	SLUICE_DTYPE_F32 = 8,
+};
+
+#define SLUICE_MAX_FIELDS 64
+#define SLUICE_MAX_NDIM 4
+
+/* One field of every record: a name and a type; shape -1 is variable. */
+struct sluice_field {
+	const char *name;
+	enum sluice_dtype dtype;
+	int ndim;
+	int64_t shape[SLUICE_MAX_NDIM];
+};
+
+/* Element size of dtype in bytes (1 for bytes), 0 for an unknown dtype. */
+SLUICE_API size_t sluice_dtype_size(enum sluice_dtype dtype);
+/* "bytes", "u8", ... "f32"; NULL for an unknown dtype. */
+SLUICE_API const char *sluice_dtype_name(enum sluice_dtype dtype);
+
+struct sluice_writer;
+
+struct sluice_writer_options {
+	uint64_t shard_size; /* target bytes per shard; 0: 1 GiB */
+};
+
+/*
+ * Starts a dataset in directory dir (created if missing; it MUST NOT
+ * already hold a dataset).  The field array is copied.  Nothing under dir
+ * opens as a dataset until sluice_writer_close() succeeds.  Returns 0,
+ * -errno, or SLUICE_EINVAL_CONFIG for a bad schema (detail names the
+ * field).  Not thread-safe: one thread writes a given writer.
+ */
+SLUICE_API SLUICE_WUR int sluice_writer_open(struct sluice_writer **out, const char *dir,
+					     const struct sluice_field *fields, unsigned nfields,
+					     const struct sluice_writer_options *opt);
+/*
+ * Appends one record: vals[i] points at lens[i] bytes of field i.  Fixed
+ * size fields must have exactly their size.  Returns 0, -errno, or
+ * SLUICE_EINVAL_CONFIG (detail names the field and record).
+ */
+SLUICE_API SLUICE_WUR int sluice_writer_add(struct sluice_writer *w, const void *const *vals,
+					    const size_t *lens);
+/* Records added so far. */
+SLUICE_API uint64_t sluice_writer_count(const struct sluice_writer *w);
+/*
+ * Finishes the last shard, writes and syncs the index, renames it into
+ * place and frees w.  On error the dataset stays incomplete (no index).
+ */
+SLUICE_API SLUICE_WUR int sluice_writer_close(struct sluice_writer *w);
+/* Frees w and removes what it wrote; the directory is left.  NULL is a no-op. */
+SLUICE_API void sluice_writer_abort(struct sluice_writer *w);
+
+struct sluice_dataset;
+
+/*
+ * Opens the dataset in directory path in O(1) of its record count: checks
+ * the index header, schema and shard table and maps the entries.  Errors:
+ * -errno, SLUICE_EFORMAT for a missing, truncated or inconsistent index
+ * (detail names the file and what is wrong).  Free with sluice_dataset_close().
+ * A dataset is immutable; all functions below are thread-safe.
+ */
+SLUICE_API SLUICE_WUR int sluice_dataset_open(struct sluice_dataset **out, const char *path);
+SLUICE_API void sluice_dataset_close(struct sluice_dataset *ds);
+SLUICE_API uint64_t sluice_dataset_count(const struct sluice_dataset *ds);
+SLUICE_API unsigned sluice_dataset_shards(const struct sluice_dataset *ds);
+SLUICE_API unsigned sluice_dataset_nfields(const struct sluice_dataset *ds);
+/* Field i of the schema; the name is valid while ds is open.  NULL if i is out of range. */
+SLUICE_API const struct sluice_field *sluice_dataset_field(const struct sluice_dataset *ds, unsigned i);
+
+/* Where record i is stored.  Returns 0 or SLUICE_ERANGE. */
+struct sluice_record_loc {
+	unsigned shard;
+	uint64_t offset; /* in the shard file */
+	uint32_t length; /* stored bytes */
+	uint32_t crc;
+};
+SLUICE_API SLUICE_WUR int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i,
+						struct sluice_record_loc *loc);
+
+/*
+ * A decoded record: the value of field f is data[f], len[f] bytes; the
+ * pointers point into the buffer given to sluice_dataset_read().
+ */
+struct sluice_record {
+	const void *data[SLUICE_MAX_FIELDS];
+	size_t len[SLUICE_MAX_FIELDS];
+};
+
+/*
+ * Reads record i into buf (at least its stored length, see
+ * sluice_dataset_locate()), checks its CRC and decodes its fields into rec
+ * (may be NULL).  Returns the stored length, SLUICE_ERANGE, SLUICE_ECRC
+ * or SLUICE_EFORMAT (detail names shard, offset and record), -ENOSPC if
+ * cap is too small, or -errno.
+ */
+SLUICE_API SLUICE_WUR ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf,
+						  size_t cap, struct sluice_record *rec);
+/*
+ * Decodes a record's stored bytes against ds's schema (no CRC check).
+ * Returns 0 or SLUICE_EFORMAT.
+ */
+SLUICE_API SLUICE_WUR int sluice_dataset_decode(const struct sluice_dataset *ds, const void *bytes,
+						size_t len, struct sluice_record *rec);
+
+/* What sluice_dataset_verify() found wrong with one record or shard. */
+struct sluice_bad {
+	uint64_t record;  /* UINT64_MAX when the problem is a whole shard */
+	unsigned shard;
+	uint64_t offset;
+	int code;         /* SLUICE_ECRC, SLUICE_EFORMAT, -errno */
+	const char *what; /* sentence; valid during the callback */
+};
+/*
+ * Checks every shard header against the index, every record's bounds and
+ * CRC, and that every record decodes.  Calls bad() (if not NULL) for each
+ * problem; returns the number of problems (0: all good) or a negative
+ * error that stopped the check.
+ */
+SLUICE_API int64_t sluice_dataset_verify(struct sluice_dataset *ds,
+					 void (*bad)(const struct sluice_bad *b, void *user), void *user);
+
+/* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
+SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* ================================================================
  * Utilities

@@ -9,11 +9,14 @@ static _Thread_local char sl_detail[512];
 
 int sl__err(int code, const char *fmt, ...)
 {
+	char tmp[sizeof(sl_detail)];
 	va_list ap;
 
+	/* Format apart first: callers often wrap the previous detail. */
 	va_start(ap, fmt);
-	vsnprintf(sl_detail, sizeof(sl_detail), fmt, ap);
+	vsnprintf(tmp, sizeof(tmp), fmt, ap);
 	va_end(ap);
+	memcpy(sl_detail, tmp, sizeof(sl_detail));
 	sl__debug("core", "error %d (%s): %s", code, sluice_strerror(code), sl_detail);
 	return code;
 }
@@ -39,6 +42,8 @@ static const char *const sl_own[] = {
 	[SLUICE_EBASE - SLUICE_EVERIFY] = "data verification failed",
 	[SLUICE_EBASE - SLUICE_ENOTGPU] = "pointer is not GPU memory",
 	[SLUICE_EBASE - SLUICE_ECANCELED] = "transfer abandoned after an earlier error",
+	[SLUICE_EBASE - SLUICE_EFORMAT] = "malformed or inconsistent data file",
+	[SLUICE_EBASE - SLUICE_ECRC] = "record checksum mismatch",
 };
 
 const char *sluice_strerror(int code)

@@ -14,6 +14,9 @@ static void t_errors(void)
 	T_CHECK(!strcmp(sluice_strerror(SLUICE_ELAST), "unknown error"));
 	T_CHECK(sl__err(SLUICE_ERANGE, "file %s", "x.bin") == SLUICE_ERANGE);
 	T_CHECK(!strcmp(sluice_last_error_detail(), "file x.bin"));
+	/* Wrapping the current detail in a new one. */
+	sl__err(SLUICE_ERANGE, "outer: %s", sluice_last_error_detail());
+	T_CHECK(!strcmp(sluice_last_error_detail(), "outer: file x.bin"));
 }
 
 static void t_sizes(void)

@@ -1,0 +1,375 @@
+/*
+ * Dataset writer: records into shards of a target size, entries into a
+ * side file, and at close an index written to a temporary name, synced
+ * and renamed last, so a killed writer never leaves a complete-looking
+ * dataset.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format/format.h"
+
+#define SL_WBUF (4u << 20)
+
+struct sluice_writer {
+	char *dir;
+	struct sluice_field fields[SLUICE_MAX_FIELDS];
+	char names[SLUICE_MAX_FIELDS][256];
+	size_t fixed[SLUICE_MAX_FIELDS];
+	unsigned nfields;
+	uint64_t shard_size;
+	int fd;                  /* current shard (temporary name), -1 if none */
+	int efd;                 /* entries side file */
+	unsigned shard;          /* current shard number */
+	uint64_t shard_recs, shard_data;
+	uint64_t *shard_records, *shard_bytes;
+	unsigned cap;
+	uint64_t nrecords;
+	unsigned char *buf;      /* shard write buffer */
+	size_t buf_len;
+	unsigned char *ebuf;     /* entries write buffer */
+	size_t ebuf_len;
+	unsigned char *rec;      /* one encoded record */
+	size_t rec_cap;
+};
+
+static char *sl_path(const char *dir, const char *fmt, unsigned n)
+{
+	char *p = NULL, name[64];
+
+	snprintf(name, sizeof(name), fmt, n);
+	if (asprintf(&p, "%s/%s", dir, name) < 0)
+		return NULL;
+	return p;
+}
+
+static int sl_write_all(int fd, const void *p, size_t n, const char *what)
+{
+	const char *c = p;
+
+	while (n) {
+		ssize_t r = write(fd, c, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return sl__err(r < 0 ? -errno : -EIO, "writing %s: %s", what, strerror(r < 0 ? errno : EIO));
+		c += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+static int sl_flush(struct sluice_writer *w)
+{
+	int rc = 0;
+
+	if (w->buf_len)
+		rc = sl_write_all(w->fd, w->buf, w->buf_len, "a shard");
+	w->buf_len = 0;
+	return rc;
+}
+
+/* Seals the current shard: header, sync, rename into place. */
+static int sl_finish_shard(struct sluice_writer *w)
+{
+	unsigned char h[SL_HDR_SIZE];
+	char *tmp, *fin;
+	int rc;
+
+	if (w->fd < 0)
+		return 0;
+	rc = sl_flush(w);
+	sl__shard_header(h, w->shard, w->shard_recs, w->shard_data);
+	if (!rc && pwrite(w->fd, h, SL_HDR_SIZE, 0) != SL_HDR_SIZE)
+		rc = sl__err(-errno, "writing shard %u header", w->shard);
+	if (!rc && fdatasync(w->fd) < 0)
+		rc = sl__err(-errno, "syncing shard %u", w->shard);
+	close(w->fd);
+	w->fd = -1;
+	tmp = sl_path(w->dir, ".shard-%06u.sls.tmp", w->shard);
+	fin = sl_path(w->dir, "shard-%06u.sls", w->shard);
+	if (!rc && (!tmp || !fin))
+		rc = -ENOMEM;
+	if (!rc && rename(tmp, fin) < 0)
+		rc = sl__err(-errno, "%s: rename: %s", fin, strerror(errno));
+	free(tmp);
+	free(fin);
+	if (rc)
+		return rc;
+	if (w->shard >= w->cap) {
+		unsigned cap = w->cap ? 2 * w->cap : 64;
+		uint64_t *a = realloc(w->shard_records, cap * sizeof(uint64_t));
+		uint64_t *b = a ? realloc(w->shard_bytes, cap * sizeof(uint64_t)) : NULL;
+
+		if (a)
+			w->shard_records = a;
+		if (!a || !b)
+			return -ENOMEM;
+		w->shard_bytes = b;
+		w->cap = cap;
+	}
+	w->shard_records[w->shard] = w->shard_recs;
+	w->shard_bytes[w->shard] = w->shard_data;
+	w->shard++;
+	return 0;
+}
+
+static int sl_start_shard(struct sluice_writer *w)
+{
+	char *tmp;
+	unsigned char zero[SL_HDR_SIZE] = { 0 };
+
+	if (w->shard >= SL_MAX_SHARDS)
+		return sl__err(-EFBIG, "%s: more than %u shards; raise the shard size", w->dir, SL_MAX_SHARDS);
+	tmp = sl_path(w->dir, ".shard-%06u.sls.tmp", w->shard);
+	if (!tmp)
+		return -ENOMEM;
+	w->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (w->fd < 0) {
+		int e = errno;
+
+		free(tmp);
+		return sl__err(-e, "%s/.shard-%06u.sls.tmp: %s", w->dir, w->shard, strerror(e));
+	}
+	free(tmp);
+	w->shard_recs = 0;
+	w->shard_data = 0;
+	/* The header is rewritten at the end; reserve its 4 KiB now. */
+	return sl_write_all(w->fd, zero, sizeof(zero), "a shard header");
+}
+
+int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
+		       unsigned nfields, const struct sluice_writer_options *opt)
+{
+	struct sluice_writer *w;
+	char *p;
+	int rc;
+
+	*out = NULL;
+	sl__err_clear();
+	rc = sl__schema_check(fields, nfields);
+	if (rc)
+		return rc;
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return sl__err(-errno, "%s: cannot create: %s", dir, strerror(errno));
+	if (asprintf(&p, "%s/%s", dir, SL_INDEX_NAME) < 0)
+		return -ENOMEM;
+	rc = access(p, F_OK) == 0 ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME) : 0;
+	free(p);
+	if (rc)
+		return rc;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->fd = w->efd = -1;
+	w->dir = strdup(dir);
+	w->buf = malloc(SL_WBUF);
+	w->ebuf = malloc(SL_WBUF);
+	if (!w->dir || !w->buf || !w->ebuf) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	w->nfields = nfields;
+	for (unsigned i = 0; i < nfields; i++) {
+		w->fields[i] = fields[i];
+		snprintf(w->names[i], sizeof(w->names[i]), "%s", fields[i].name);
+		w->fields[i].name = w->names[i];
+		w->fixed[i] = sl__field_fixed_size(&fields[i]);
+	}
+	w->shard_size = opt && opt->shard_size ? opt->shard_size : 1ull << 30;
+	p = sl_path(dir, ".entries.tmp", 0);
+	w->efd = p ? open(p, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+	if (w->efd < 0) {
+		rc = sl__err(p ? -errno : -ENOMEM, "%s/.entries.tmp: cannot create", dir);
+		free(p);
+		goto fail;
+	}
+	free(p);
+	*out = w;
+	return 0;
+fail:
+	sluice_writer_abort(w);
+	return rc;
+}
+
+uint64_t sluice_writer_count(const struct sluice_writer *w)
+{
+	return w->nrecords;
+}
+
+int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const size_t *lens)
+{
+	size_t n;
+	unsigned char e[16];
+	int rc;
+
+	for (unsigned i = 0; i < w->nfields; i++) {
+		size_t es = sluice_dtype_size(w->fields[i].dtype);
+
+		if ((w->fixed[i] && lens[i] != w->fixed[i]) || lens[i] % es || lens[i] > UINT32_MAX ||
+		    (!vals[i] && lens[i]))
+			return sl__err(SLUICE_EINVAL_CONFIG, "record %llu, field '%s': %zu bytes is not a valid %s value%s",
+				       (unsigned long long)w->nrecords, w->fields[i].name, lens[i],
+				       sluice_dtype_name(w->fields[i].dtype), w->fixed[i] ? " of its fixed shape" : "");
+	}
+	n = sl__record_size(w->nfields, lens);
+	if (n > UINT32_MAX)
+		return sl__err(SLUICE_EINVAL_CONFIG, "record %llu: %zu bytes, more than 4 GiB",
+			       (unsigned long long)w->nrecords, n);
+	if (w->fd >= 0 && w->shard_recs && w->shard_data + n > w->shard_size) {
+		rc = sl_finish_shard(w);
+		if (rc)
+			return rc;
+	}
+	if (w->fd < 0 && (rc = sl_start_shard(w)))
+		return rc;
+	if (n > w->rec_cap) {
+		unsigned char *r = realloc(w->rec, n);
+
+		if (!r)
+			return -ENOMEM;
+		w->rec = r;
+		w->rec_cap = n;
+	}
+	sl__record_encode(w->rec, w->nfields, vals, lens);
+	sl__put64(e, (uint64_t)w->shard << SL_LOC_SHIFT | (SL_HDR_SIZE + w->shard_data));
+	sl__put32(e + 8, (uint32_t)n);
+	sl__put32(e + 12, sluice_crc32c(0, w->rec, n));
+	if (w->buf_len + n > SL_WBUF && (rc = sl_flush(w)))
+		return rc;
+	if (n > SL_WBUF) {
+		rc = sl_write_all(w->fd, w->rec, n, "a shard");
+		if (rc)
+			return rc;
+	} else {
+		memcpy(w->buf + w->buf_len, w->rec, n);
+		w->buf_len += n;
+	}
+	if (w->ebuf_len + 16 > SL_WBUF) {
+		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
+		if (rc)
+			return rc;
+		w->ebuf_len = 0;
+	}
+	memcpy(w->ebuf + w->ebuf_len, e, 16);
+	w->ebuf_len += 16;
+	w->shard_data += n;
+	w->shard_recs++;
+	w->nrecords++;
+	return 0;
+}
+
+int sluice_writer_close(struct sluice_writer *w)
+{
+	unsigned char *hdr = NULL;
+	size_t hlen;
+	char *tmp = NULL, *fin = NULL, *ent = NULL;
+	int rc, ifd = -1, dfd;
+
+	/* An empty dataset still has one (empty) shard, so every index names >= 1. */
+	if (w->fd < 0 && w->shard == 0 && (rc = sl_start_shard(w)))
+		goto out;
+	rc = sl_finish_shard(w);
+	if (!rc && w->ebuf_len)
+		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
+	if (rc)
+		goto out;
+	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->shard_records, w->shard_bytes, w->shard,
+			     &hdr, &hlen);
+	if (rc)
+		goto out;
+	tmp = sl_path(w->dir, SL_INDEX_NAME ".tmp", 0);
+	fin = sl_path(w->dir, SL_INDEX_NAME, 0);
+	ent = sl_path(w->dir, ".entries.tmp", 0);
+	if (!tmp || !fin || !ent) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	ifd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (ifd < 0) {
+		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	rc = sl_write_all(ifd, hdr, hlen, "the index");
+	/* Append the entries (kernel-side copy). */
+	for (loff_t off = 0; !rc && off < (loff_t)(16 * w->nrecords);) {
+		ssize_t r = copy_file_range(w->efd, &off, ifd, NULL, (size_t)(16 * w->nrecords - (uint64_t)off), 0);
+
+		if (r <= 0)
+			rc = sl__err(r < 0 ? -errno : -EIO, "copying entries into %s", tmp);
+	}
+	if (!rc && fdatasync(ifd) < 0)
+		rc = sl__err(-errno, "syncing %s", tmp);
+	if (!rc && rename(tmp, fin) < 0)
+		rc = sl__err(-errno, "%s: rename: %s", fin, strerror(errno));
+	if (!rc) {
+		unlink(ent);
+		dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0 || fsync(dfd) < 0)
+			rc = sl__err(-errno, "%s: fsync: %s", w->dir, strerror(errno));
+		if (dfd >= 0)
+			close(dfd);
+	}
+out:
+	if (ifd >= 0)
+		close(ifd);
+	if (rc && tmp)
+		unlink(tmp);
+	free(hdr);
+	free(tmp);
+	free(fin);
+	free(ent);
+	if (rc) {
+		sluice_writer_abort(w);
+		return rc;
+	}
+	close(w->efd);
+	w->efd = -1;
+	free(w->dir);
+	w->dir = NULL;
+	sluice_writer_abort(w);
+	return 0;
+}
+
+void sluice_writer_abort(struct sluice_writer *w)
+{
+	if (!w)
+		return;
+	if (w->fd >= 0)
+		close(w->fd);
+	if (w->efd >= 0)
+		close(w->efd);
+	if (w->dir) {
+		/* Remove what this writer made: shards so far, temporaries. */
+		for (unsigned s = 0; s <= w->shard; s++) {
+			char *a = sl_path(w->dir, "shard-%06u.sls", s), *b = sl_path(w->dir, ".shard-%06u.sls.tmp", s);
+
+			if (a)
+				unlink(a);
+			if (b)
+				unlink(b);
+			free(a);
+			free(b);
+		}
+		char *e = sl_path(w->dir, ".entries.tmp", 0), *t = sl_path(w->dir, SL_INDEX_NAME ".tmp", 0);
+
+		if (e)
+			unlink(e);
+		if (t)
+			unlink(t);
+		free(e);
+		free(t);
+	}
+	free(w->dir);
+	free(w->buf);
+	free(w->ebuf);
+	free(w->rec);
+	free(w->shard_records);
+	free(w->shard_bytes);
+	free(w);
+}
