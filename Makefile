@@ -41,9 +41,13 @@ gpu-test: all
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)
 
-# Fuzzes the configuration parsers for FUZZ_SECONDS (default 600), growing the corpus.
+# Runs each fuzz target (config, format) for FUZZ_SECONDS (default 600),
+# growing a corpus under build-fuzz from the seeds in tests/fuzz.
 FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= config format
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DSLUICE_FUZZ=ON -DSLUICE_SANITIZE=ON >/dev/null
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_config
-	mkdir -p build-fuzz/corpus && build-fuzz/tests/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus tests/fuzz/corpus_config
+	for t in $(FUZZ_TARGETS); do \
+		cmake --build build-fuzz -j $(JOBS) --target fuzz_$$t && mkdir -p build-fuzz/corpus_$$t && \
+		build-fuzz/tests/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus_$$t tests/fuzz/corpus_$$t || exit 1; \
+	done

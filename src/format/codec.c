@@ -155,7 +155,7 @@ int sl__shard_header_parse(const unsigned char *h, size_t len, uint32_t *shard, 
 	if (sl__le32(h + 8) != SL_FORMAT_VERSION)
 		return sl__err(SLUICE_EFORMAT, "shard version %u, this sluice reads %u", sl__le32(h + 8),
 			       SL_FORMAT_VERSION);
-	if (sl__le32(h + 32) != sluice_crc32c(0, h, 32))
+	if (SL_CRC_BAD(sl__le32(h + 32), sluice_crc32c(0, h, 32)))
 		return sl__err(SLUICE_EFORMAT, "shard header CRC mismatch");
 	*shard = sl__le32(h + 12);
 	*nrecords = sl__le64(h + 16);
@@ -234,7 +234,7 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 	if (sl__le32(p + 8) != SL_FORMAT_VERSION)
 		return sl__err(SLUICE_EFORMAT, "index version %u, this sluice reads %u", sl__le32(p + 8),
 			       SL_FORMAT_VERSION);
-	if (sl__le32(p + 68) != sluice_crc32c(0, p, 68))
+	if (SL_CRC_BAD(sl__le32(p + 68), sluice_crc32c(0, p, 68)))
 		return sl__err(SLUICE_EFORMAT, "index header CRC mismatch");
 	ix->nfields = sl__le32(p + 12);
 	ix->nrecords = sl__le64(p + 16);
@@ -258,7 +258,7 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 			       (unsigned long long)(ix->entries_off + 16 * ix->nrecords));
 	if (len < ix->shards_off + 16 * (uint64_t)ix->nshards)
 		return sl__err(SLUICE_EFORMAT, "index truncated before its shard table");
-	if (sl__le32(p + 64) != sluice_crc32c(0, p + ix->schema_off, ix->schema_len + 16 * (size_t)ix->nshards))
+	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + ix->schema_off, ix->schema_len + 16 * (size_t)ix->nshards)))
 		return sl__err(SLUICE_EFORMAT, "index schema or shard table CRC mismatch");
 
 	q = p + ix->schema_off;

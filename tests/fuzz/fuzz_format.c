@@ -1,0 +1,45 @@
+/*
+ * libFuzzer target: every decoder of dataset files (docs/FORMAT.md).
+ * The input is taken as an index file; if it parses, the bytes after the
+ * index header are also decoded as records of its schema.  The input is
+ * also parsed as a shard header and as a record of a fixed schema.
+ * Properties: no crash or sanitizer report; decoded fields lie inside
+ * the input.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+
+static void check_record(const struct sluice_field *f, unsigned n, const uint8_t *p, size_t len)
+{
+	struct sluice_record rec;
+
+	if (sl__record_decode(f, n, p, len, &rec) == 0)
+		for (unsigned i = 0; i < n; i++)
+			if ((const uint8_t *)rec.data[i] < p || (const uint8_t *)rec.data[i] + rec.len[i] > p + len)
+				abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static const struct sluice_field fixed[3] = {
+		{ "tokens", SLUICE_DTYPE_U16, 1, { -1 } },
+		{ "label", SLUICE_DTYPE_I64, 0, { 0 } },
+		{ "img", SLUICE_DTYPE_F32, 2, { 2, 3 } },
+	};
+	struct sl__index ix;
+	uint32_t shard;
+	uint64_t nrec, dlen;
+
+	if (sl__index_parse(data, size, size, &ix) == 0) {
+		if (ix.entries_off > size || ix.nfields > SLUICE_MAX_FIELDS)
+			abort();
+		check_record(ix.fields, ix.nfields, data + ix.entries_off, size - ix.entries_off);
+		sl__index_free(&ix);
+	}
+	(void)sl__shard_header_parse(data, size, &shard, &nrec, &dlen);
+	check_record(fixed, 3, data, size);
+	return 0;
+}
