@@ -70,6 +70,9 @@ static int usage(FILE *f)
 		   "commands:\n"
 		   "  bench     measure file <-> GPU/host throughput (like gdsio, fio)\n"
 		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
+		   "  pack      turn a tree of files into a sharded dataset\n"
+		   "  inspect   records, fields, sizes and shards of a dataset\n"
+		   "  verify    check every record's CRC and every bound of a dataset\n"
 		   "  version   print the version\n\n"
 		   "Run 'sluice <command> --help' for a command's options.\n");
 	return f == stderr ? 2 : 0;
@@ -83,6 +86,12 @@ int main(int argc, char **argv)
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "info"))
 		return cmd_info(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "pack"))
+		return cmd_pack(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "inspect"))
+		return cmd_inspect(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "verify"))
+		return cmd_verify(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
 		printf("sluice %s\n", sluice_version());
 		return 0;

@@ -497,6 +497,10 @@ SLUICE_API unsigned sluice_dataset_nfields(const struct sluice_dataset *ds);
 /* Field i of the schema; the name is valid while ds is open.  NULL if i is out of range. */
 SLUICE_API const struct sluice_field *sluice_dataset_field(const struct sluice_dataset *ds, unsigned i);
 
+/* Shard s's record count and data bytes (excluding its 4 KiB header); 0 or SLUICE_ERANGE. */
+SLUICE_API SLUICE_WUR int sluice_dataset_shard_info(const struct sluice_dataset *ds, unsigned s,
+						    uint64_t *records, uint64_t *bytes);
+
 /* Where record i is stored.  Returns 0 or SLUICE_ERANGE. */
 struct sluice_record_loc {
 	unsigned shard;

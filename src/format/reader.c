@@ -111,6 +111,15 @@ const struct sluice_field *sluice_dataset_field(const struct sluice_dataset *ds,
 	return i < ds->ix.nfields ? &ds->ix.fields[i] : NULL;
 }
 
+int sluice_dataset_shard_info(const struct sluice_dataset *ds, unsigned s, uint64_t *records, uint64_t *bytes)
+{
+	if (s >= ds->ix.nshards)
+		return sl__err(SLUICE_ERANGE, "%s: shard %u of %u", ds->dir, s, ds->ix.nshards);
+	*records = ds->ix.shard_records[s];
+	*bytes = ds->ix.shard_bytes[s];
+	return 0;
+}
+
 int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
 {
 	const unsigned char *e;

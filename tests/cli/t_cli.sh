@@ -79,5 +79,34 @@ if [ "$("$S" info --json | grep -c '"gpu":-1')" = 1 ]; then
 fi
 bad "unknown command" "unknown command" "$S" frobnicate
 
+# Datasets: pack an ImageFolder tree, inspect it, verify it, find corruption.
+mkdir -p "$D/imf/cat" "$D/imf/dog/deep"
+for i in 1 2 3 4 5 6 7 8 9 10; do head -c $((i * 777)) /dev/urandom > "$D/imf/cat/c$i.jpg"; head -c $((i * 55)) /dev/urandom > "$D/imf/dog/deep/d$i.png"; done
+ok "pack ImageFolder" "$S" pack --from-dir "$D/imf" --shard-size 16K --json "$D/ds"
+has "pack counts files" '"records":20'
+ok "inspect json" "$S" inspect --json "$D/ds"
+has "inspect fields" '"name":"label","dtype":"i64"'
+has "several shards" '"shards":[2-9]'
+ok "record 11 (sorted: c1 c10 c2 .. c9, then d1 d10 ..)" "$S" inspect --record 11 "$D/ds"
+want=$(head -c 16 "$D/imf/dog/deep/d10.png" | od -An -tx1 | tr -d ' \n')
+if grep -q "^data	550	crc32c=[0-9a-f]* $want" "$D/out" && grep -q "^key	16	" "$D/out" && grep -q "^label	8	1$" "$D/out"; then echo "ok   record 11 holds dog/deep/d10.png's bytes, its key and label 1"
+else echo "FAIL record 11: $(cat "$D/out")"; fails=$((fails + 1)); fi
+ok "verify clean" "$S" verify "$D/ds"
+has "verify says all good" "every CRC and bound checks out"
+# Flip one byte of the first record's data (just past its 8-byte field table).
+printf '\377' | dd of="$D/ds/shard-000000.sls" bs=1 seek=$((4096 + 16 + 10)) conv=notrunc status=none
+"$S" verify "$D/ds" > "$D/out" 2> "$D/err"
+if [ $? = 1 ]; then echo "ok   verify exits 1 on a bad record"; else echo "FAIL verify exit code"; fails=$((fails + 1)); fi
+if grep -q "BAD record 0 (shard 0, offset 4096)" "$D/out"; then echo "ok   verify names record 0"; else echo "FAIL verify output: $(cat "$D/out")"; fails=$((fails + 1)); fi
+bad "inspect --record of a corrupt record" "record 0" "$S" inspect --record 0 "$D/ds"
+bad "pack into an existing dataset" "already holds a dataset" "$S" pack --from-dir "$D/imf" "$D/ds"
+bad "pack of an empty tree" "no files to pack" sh -c "mkdir -p '$D/none'; '$S' pack --from-dir '$D/none' '$D/ds2'"
+if [ "$(id -u)" != 0 ]; then
+	bad "unreadable input" "Permission denied" sh -c "chmod 000 '$D/imf/cat/c3.jpg'; '$S' pack --from-dir '$D/imf' '$D/ds3'"
+	chmod 644 "$D/imf/cat/c3.jpg"
+fi
+bad "not a dataset" "index.sli" "$S" verify "$D/imf"
+bad "inspect without a dataset" "no DATASET" "$S" inspect
+
 echo "t_cli: $fails failure(s)"
 [ $fails -eq 0 ]

@@ -1,0 +1,142 @@
+/* sluice inspect: what a dataset holds. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define CMD "inspect"
+
+/* Prints one record's fields, one per line: name, then its value or a digest. */
+static int print_record(struct sluice_dataset *ds, const char *path, uint64_t i)
+{
+	struct sluice_record_loc loc;
+	struct sluice_record rec;
+	unsigned char *buf;
+	ssize_t r;
+	int rc = sluice_dataset_locate(ds, i, &loc);
+
+	if (rc) {
+		sluice_dataset_close(ds);
+		return cli_error(CMD, path, rc);
+	}
+	buf = malloc(loc.length ? loc.length : 1);
+	r = buf ? sluice_dataset_read(ds, i, buf, loc.length, &rec) : -12;
+	if (r < 0) {
+		free(buf);
+		sluice_dataset_close(ds);
+		return cli_error(CMD, path, (long)r);
+	}
+	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
+		const struct sluice_field *fd = sluice_dataset_field(ds, f);
+		const unsigned char *d = rec.data[f];
+
+		printf("%s\t%zu\t", fd->name, rec.len[f]);
+		if (fd->dtype == SLUICE_DTYPE_I64 && rec.len[f] == 8) {
+			int64_t v;
+
+			memcpy(&v, d, 8);
+			printf("%lld", (long long)v);
+		} else {
+			printf("crc32c=%08x ", sluice_crc32c(0, d, rec.len[f]));
+			for (size_t k = 0; k < rec.len[f] && k < 16; k++)
+				printf("%02x", d[k]);
+		}
+		putchar('\n');
+	}
+	free(buf);
+	sluice_dataset_close(ds);
+	return 0;
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+	struct sluice_dataset *ds;
+	const char *path = NULL;
+	int json = 0, rc, one = 0;
+	uint64_t n, total = 0, minl = UINT64_MAX, maxl = 0, rec_no = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = 1;
+		else if (!strcmp(argv[i], "--record")) {
+			if (i + 1 >= argc || cli_size(CMD, "--record", argv[i + 1], &rec_no))
+				return i + 1 >= argc ? cli_fail(CMD, "--record needs a value") : 2;
+			one = 1;
+			i++;
+		} else if (!strcmp(argv[i], "--help")) {
+			printf("usage: sluice inspect [--json] [--record N] DATASET\n"
+			       "  --record N   print record N's fields (bytes: length, CRC32C and the first 16 bytes)\n");
+			return 0;
+		} else if (argv[i][0] == '-')
+			return cli_fail(CMD, "unknown option '%s'", argv[i]);
+		else if (path)
+			return cli_fail(CMD, "more than one DATASET given");
+		else
+			path = argv[i];
+	}
+	if (!path)
+		return cli_fail(CMD, "no DATASET given");
+	rc = sluice_dataset_open(&ds, path);
+	if (rc)
+		return cli_error(CMD, path, rc);
+	if (one)
+		return print_record(ds, path, rec_no);
+	n = sluice_dataset_count(ds);
+	for (uint64_t i = 0; i < n; i++) {
+		struct sluice_record_loc loc;
+
+		if (sluice_dataset_locate(ds, i, &loc))
+			break;
+		total += loc.length;
+		minl = loc.length < minl ? loc.length : minl;
+		maxl = loc.length > maxl ? loc.length : maxl;
+	}
+	if (!n)
+		minl = 0;
+	if (json) {
+		printf("{\"path\":");
+		cli_json_str(path);
+		printf(",\"records\":%llu,\"shards\":%u,\"stored_bytes\":%llu,\"record_bytes\":{\"min\":%llu,\"avg\":%.1f,\"max\":%llu},"
+		       "\"compression\":\"none\",\"compression_ratio\":1.0,\"fields\":[",
+		       (unsigned long long)n, sluice_dataset_shards(ds), (unsigned long long)total,
+		       (unsigned long long)minl, n ? (double)total / (double)n : 0.0, (unsigned long long)maxl);
+	} else {
+		printf("%s: %llu records in %u shard(s), %.1f MB stored\n", path, (unsigned long long)n,
+		       sluice_dataset_shards(ds), (double)total / 1e6);
+		printf("record bytes: min %llu, avg %.1f, max %llu; compression none (ratio 1.00)\nfields:\n",
+		       (unsigned long long)minl, n ? (double)total / (double)n : 0.0, (unsigned long long)maxl);
+	}
+	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
+		const struct sluice_field *fd = sluice_dataset_field(ds, f);
+		char shape[128] = "";
+		size_t l = 0;
+
+		for (int d = 0; d < fd->ndim; d++) {
+			if (fd->shape[d] < 0)
+				l += (size_t)snprintf(shape + l, sizeof(shape) - l, "%s%s", d ? "," : "", json ? "-1" : "*");
+			else
+				l += (size_t)snprintf(shape + l, sizeof(shape) - l, "%s%lld", d ? "," : "", (long long)fd->shape[d]);
+		}
+		if (json) {
+			printf("%s{\"name\":", f ? "," : "");
+			cli_json_str(fd->name);
+			printf(",\"dtype\":\"%s\",\"shape\":[%s]}", sluice_dtype_name(fd->dtype), shape);
+		} else {
+			printf("  %-16s %-5s [%s]\n", fd->name, sluice_dtype_name(fd->dtype), shape);
+		}
+	}
+	if (json) {
+		printf("],\"shard_list\":[");
+		for (unsigned s = 0; s < sluice_dataset_shards(ds); s++) {
+			uint64_t r = 0, b = 0;
+
+			if (sluice_dataset_shard_info(ds, s, &r, &b) == 0)
+				printf("%s{\"records\":%llu,\"bytes\":%llu}", s ? "," : "", (unsigned long long)r,
+				       (unsigned long long)b);
+		}
+		printf("]}\n");
+	}
+	sluice_dataset_close(ds);
+	return 0;
+}

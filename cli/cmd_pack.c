@@ -1,0 +1,396 @@
+/*
+ * sluice pack: turn a tree of small files into a sharded dataset.
+ *
+ * --from-dir DIR: ImageFolder layout.  Each subdirectory of DIR is a
+ * class (label = its index in sorted order); every regular file below it
+ * is a record with fields "data" (the bytes), "label" (i64) and "key"
+ * (the path relative to DIR).  Files directly in DIR, with no
+ * subdirectories, give records without a label.  Order is sorted, so the
+ * output is the same on every run; files are read by several threads.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define CMD "pack"
+
+struct item {
+	char *rel;     /* path relative to DIR */
+	int64_t label;
+};
+
+struct list {
+	struct item *v;
+	size_t n, cap;
+};
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted names of a directory's entries (no dot files). */
+static char **dir_names(const char *path, size_t *n)
+{
+	DIR *d = opendir(path);
+	struct dirent *e;
+	char **v = NULL;
+	size_t cap = 0;
+
+	*n = 0;
+	if (!d)
+		return NULL;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (*n == cap) {
+			char **t = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(*v));
+
+			if (!t)
+				break;
+			v = t;
+		}
+		v[(*n)++] = strdup(e->d_name);
+	}
+	closedir(d);
+	if (v)
+		qsort(v, *n, sizeof(*v), cmp_str);
+	else
+		v = calloc(1, sizeof(*v));
+	return v;
+}
+
+static int add_item(struct list *l, char *rel, int64_t label)
+{
+	if (l->n == l->cap) {
+		struct item *t = realloc(l->v, (l->cap = l->cap ? 2 * l->cap : 1024) * sizeof(*t));
+
+		if (!t)
+			return -1;
+		l->v = t;
+	}
+	l->v[l->n++] = (struct item){ rel, label };
+	return 0;
+}
+
+/* Walks root/rel recursively, adding regular files in sorted order. */
+static int walk(const char *root, const char *rel, int64_t label, struct list *l)
+{
+	char *path, **names;
+	size_t n;
+	int rc = 0;
+
+	if (asprintf(&path, "%s/%s", root, rel) < 0)
+		return cli_fail(CMD, "out of memory");
+	names = dir_names(path, &n);
+	if (!names) {
+		rc = cli_fail(CMD, "%s: %s", path, strerror(errno));
+		free(path);
+		return rc;
+	}
+	for (size_t i = 0; i < n && !rc; i++) {
+		char *r = NULL, *p = NULL;
+		struct stat st;
+
+		if (asprintf(&r, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0 || asprintf(&p, "%s/%s", root, r) < 0) {
+			free(r);
+			rc = cli_fail(CMD, "out of memory");
+			break;
+		}
+		if (stat(p, &st) < 0) {
+			rc = cli_fail(CMD, "%s: %s", p, strerror(errno));
+			free(r);
+		} else if (S_ISDIR(st.st_mode)) {
+			rc = walk(root, r, label, l);
+			free(r);
+		} else if (S_ISREG(st.st_mode)) {
+			if (add_item(l, r, label)) {
+				free(r);
+				rc = cli_fail(CMD, "out of memory");
+			}
+		} else {
+			free(r); /* sockets, devices: not data */
+		}
+		free(p);
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	free(path);
+	return rc;
+}
+
+/* Reader threads fill a window of slots; the writer drains them in order. */
+struct slot {
+	char *data;
+	size_t len;
+	int err; /* errno of a failed read */
+	int ready;
+};
+
+struct pack {
+	const char *root;
+	struct list *items;
+	struct slot *slots;
+	size_t window;
+	_Atomic size_t next;   /* next item to read */
+	size_t written;        /* items handed to the writer (lock) */
+	int stop;
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+};
+
+static void *reader(void *arg)
+{
+	struct pack *pk = arg;
+
+	for (;;) {
+		size_t i = atomic_fetch_add(&pk->next, 1);
+		struct slot *s;
+		char *p;
+		struct stat st;
+		int fd, err = 0;
+		char *data = NULL;
+		size_t len = 0;
+
+		if (i >= pk->items->n)
+			return NULL;
+		pthread_mutex_lock(&pk->lock);
+		while (i >= pk->written + pk->window && !pk->stop)
+			pthread_cond_wait(&pk->cv, &pk->lock);
+		pthread_mutex_unlock(&pk->lock);
+		if (pk->stop)
+			return NULL;
+		if (asprintf(&p, "%s/%s", pk->root, pk->items->v[i].rel) < 0)
+			err = ENOMEM;
+		else {
+			fd = open(p, O_RDONLY | O_CLOEXEC);
+			if (fd < 0 || fstat(fd, &st) < 0)
+				err = errno;
+			else if (!(data = malloc((size_t)st.st_size + 1)))
+				err = ENOMEM;
+			else {
+				while (len < (size_t)st.st_size) {
+					ssize_t r = read(fd, data + len, (size_t)st.st_size - len);
+
+					if (r < 0 && errno == EINTR)
+						continue;
+					if (r <= 0) {
+						err = r < 0 ? errno : EIO;
+						break;
+					}
+					len += (size_t)r;
+				}
+			}
+			if (fd >= 0)
+				close(fd);
+			free(p);
+		}
+		s = &pk->slots[i % pk->window];
+		pthread_mutex_lock(&pk->lock);
+		s->data = data;
+		s->len = len;
+		s->err = err;
+		s->ready = 1;
+		pthread_cond_broadcast(&pk->cv);
+		pthread_mutex_unlock(&pk->lock);
+	}
+}
+
+int cmd_pack(int argc, char **argv)
+{
+	const char *from = NULL, *out = NULL;
+	uint64_t shard_size = 0;
+	unsigned threads = 0;
+	int quiet = !isatty(2), json = 0, rc = 0, labelled = 0;
+	struct list items = { 0 };
+	struct sluice_writer *w = NULL;
+	struct sluice_writer_options opt = { 0 };
+	struct pack pk;
+	pthread_t tid[64];
+	unsigned nt = 0;
+	struct timespec t0, t1;
+	uint64_t bytes = 0;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "--help")) {
+			printf("usage: sluice pack --from-dir DIR [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
+			       "  DIR in ImageFolder layout: DIR/<class>/<files>; fields data, label (i64), key\n");
+			return 0;
+		} else if (!strcmp(a, "--quiet")) {
+			quiet = 1;
+		} else if (!strcmp(a, "--json")) {
+			json = 1;
+		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--shard-size") || !strcmp(a, "--threads")) {
+			if (!v)
+				return cli_fail(CMD, "%s needs a value", a);
+			if (!strcmp(a, "--from-dir"))
+				from = v;
+			else if (!strcmp(a, "--shard-size") && cli_size(CMD, a, v, &shard_size))
+				return 2;
+			else if (!strcmp(a, "--threads") && cli_uint(CMD, a, v, 1, 64, &threads))
+				return 2;
+			i++;
+		} else if (a[0] == '-') {
+			return cli_fail(CMD, "unknown option '%s' (see --help)", a);
+		} else if (out) {
+			return cli_fail(CMD, "more than one OUT given ('%s', '%s')", out, a);
+		} else {
+			out = a;
+		}
+	}
+	if (!from || !out)
+		return cli_fail(CMD, "need --from-dir DIR and OUT (see --help)");
+
+	/* The list of records: classes (subdirectories) or plain files. */
+	{
+		size_t n;
+		char **names = dir_names(from, &n);
+
+		if (!names)
+			return cli_fail(CMD, "%s: %s", from, strerror(errno));
+		for (size_t i = 0; i < n && !rc; i++) {
+			char *p;
+			struct stat st;
+
+			if (asprintf(&p, "%s/%s", from, names[i]) < 0) {
+				rc = cli_fail(CMD, "out of memory");
+				break;
+			}
+			if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+				labelled = 1;
+			free(p);
+		}
+		for (size_t i = 0, cls = 0; i < n && !rc; i++) {
+			char *p;
+			struct stat st;
+
+			if (asprintf(&p, "%s/%s", from, names[i]) < 0) {
+				rc = cli_fail(CMD, "out of memory");
+				break;
+			}
+			if (stat(p, &st) < 0)
+				rc = cli_fail(CMD, "%s: %s", p, strerror(errno));
+			else if (S_ISDIR(st.st_mode))
+				rc = walk(from, names[i], (int64_t)cls++, &items);
+			else if (!labelled && S_ISREG(st.st_mode) && add_item(&items, strdup(names[i]), 0))
+				rc = cli_fail(CMD, "out of memory");
+			free(p);
+		}
+		for (size_t i = 0; i < n; i++)
+			free(names[i]);
+		free(names);
+	}
+	if (rc)
+		goto out;
+	if (!items.n) {
+		rc = cli_fail(CMD, "%s: no files to pack", from);
+		goto out;
+	}
+
+	struct sluice_field fields[3] = {
+		{ "data", SLUICE_DTYPE_BYTES, 0, { 0 } },
+		{ "key", SLUICE_DTYPE_BYTES, 0, { 0 } },
+		{ "label", SLUICE_DTYPE_I64, 0, { 0 } },
+	};
+	opt.shard_size = shard_size;
+	rc = sluice_writer_open(&w, out, fields, labelled ? 3 : 2, &opt);
+	if (rc) {
+		rc = cli_error(CMD, out, rc);
+		goto out;
+	}
+	memset(&pk, 0, sizeof(pk));
+	pk.root = from;
+	pk.items = &items;
+	nt = threads ? threads : (unsigned)(sysconf(_SC_NPROCESSORS_ONLN) > 8 ? 8 : sysconf(_SC_NPROCESSORS_ONLN));
+	if (nt < 1)
+		nt = 1;
+	pk.window = 16 * (size_t)nt;
+	pk.slots = calloc(pk.window, sizeof(*pk.slots));
+	pthread_mutex_init(&pk.lock, NULL);
+	pthread_cond_init(&pk.cv, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (unsigned t = 0; t < nt && pk.slots; t++)
+		if (pthread_create(&tid[t], NULL, reader, &pk) == 0)
+			continue;
+		else
+			nt = t;
+	for (size_t i = 0; i < items.n && pk.slots && !rc; i++) {
+		struct slot *s = &pk.slots[i % pk.window];
+
+		pthread_mutex_lock(&pk.lock);
+		while (!s->ready)
+			pthread_cond_wait(&pk.cv, &pk.lock);
+		pthread_mutex_unlock(&pk.lock);
+		if (s->err) {
+			rc = cli_fail(CMD, "%s/%s: %s", from, items.v[i].rel, strerror(s->err));
+		} else {
+			const void *vals[3] = { s->data, items.v[i].rel, &items.v[i].label };
+			size_t lens[3] = { s->len, strlen(items.v[i].rel), 8 };
+			int e = sluice_writer_add(w, vals, lens);
+
+			if (e)
+				rc = cli_error(CMD, items.v[i].rel, e);
+			bytes += s->len;
+		}
+		free(s->data);
+		pthread_mutex_lock(&pk.lock);
+		s->data = NULL;
+		s->ready = 0;
+		pk.written = i + 1;
+		if (rc)
+			pk.stop = 1;
+		pthread_cond_broadcast(&pk.cv);
+		pthread_mutex_unlock(&pk.lock);
+		if (!quiet && (i % 1000 == 999 || i + 1 == items.n)) {
+			fprintf(stderr, "\rsluice pack: %zu/%zu files, %.1f MB", i + 1, items.n, (double)bytes / 1e6);
+			if (i + 1 == items.n)
+				fputc('\n', stderr);
+		}
+	}
+	pthread_mutex_lock(&pk.lock);
+	pk.stop = 1;
+	pthread_cond_broadcast(&pk.cv);
+	pthread_mutex_unlock(&pk.lock);
+	for (unsigned t = 0; t < nt; t++)
+		pthread_join(tid[t], NULL);
+	for (size_t k = 0; pk.slots && k < pk.window; k++)
+		free(pk.slots[k].data);
+	free(pk.slots);
+	if (!rc) {
+		int e = sluice_writer_close(w);
+
+		w = NULL;
+		if (e)
+			rc = cli_error(CMD, out, e);
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (!rc) {
+		double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+
+		if (json)
+			printf("{\"records\":%zu,\"bytes\":%llu,\"seconds\":%.3f,\"files_per_s\":%.1f,\"labelled\":%s}\n",
+			       items.n, (unsigned long long)bytes, s, (double)items.n / s, labelled ? "true" : "false");
+		else
+			printf("packed %zu files (%.1f MB) from %s into %s in %.2f s (%.0f files/s)\n", items.n,
+			       (double)bytes / 1e6, from, out, s, (double)items.n / s);
+	}
+out:
+	sluice_writer_abort(w);
+	for (size_t i = 0; i < items.n; i++)
+		free(items.v[i].rel);
+	free(items.v);
+	return rc;
+}

@@ -1,0 +1,76 @@
+/* sluice verify: check every CRC and every bound; list each bad record. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define CMD "verify"
+
+struct ctx {
+	int json;
+	int64_t n;
+};
+
+static void on_bad(const struct sluice_bad *b, void *user)
+{
+	struct ctx *c = user;
+
+	if (c->json) {
+		printf("%s{\"record\":", c->n ? "," : "");
+		if (b->record == UINT64_MAX)
+			printf("null");
+		else
+			printf("%llu", (unsigned long long)b->record);
+		printf(",\"shard\":%u,\"offset\":%llu,\"error\":\"%s\",\"what\":", b->shard, (unsigned long long)b->offset,
+		       sluice_strerror(b->code));
+		cli_json_str(b->what);
+		printf("}");
+	} else if (b->record == UINT64_MAX) {
+		printf("BAD shard %u: %s\n", b->shard, b->what);
+	} else {
+		printf("BAD record %llu (shard %u, offset %llu): %s\n", (unsigned long long)b->record, b->shard,
+		       (unsigned long long)b->offset, b->what);
+	}
+	c->n++;
+}
+
+int cmd_verify(int argc, char **argv)
+{
+	struct sluice_dataset *ds;
+	struct ctx c = { 0, 0 };
+	const char *path = NULL;
+	int64_t r;
+	int rc;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			c.json = 1;
+		else if (!strcmp(argv[i], "--help")) {
+			printf("usage: sluice verify [--json] DATASET\n  exit 0: all good; 1: problems (listed); 2: bad usage\n");
+			return 0;
+		} else if (argv[i][0] == '-')
+			return cli_fail(CMD, "unknown option '%s'", argv[i]);
+		else if (path)
+			return cli_fail(CMD, "more than one DATASET given");
+		else
+			path = argv[i];
+	}
+	if (!path)
+		return cli_fail(CMD, "no DATASET given");
+	rc = sluice_dataset_open(&ds, path);
+	if (rc)
+		return cli_error(CMD, path, rc);
+	if (c.json)
+		printf("{\"path\":\"%s\",\"records\":%llu,\"bad\":[", path, (unsigned long long)sluice_dataset_count(ds));
+	r = sluice_dataset_verify(ds, on_bad, &c);
+	if (c.json)
+		printf("],\"problems\":%lld,\"ok\":%s}\n", (long long)(r < 0 ? c.n : r), r == 0 ? "true" : "false");
+	else if (r == 0)
+		printf("%s: %llu records, every CRC and bound checks out\n", path, (unsigned long long)sluice_dataset_count(ds));
+	else if (r > 0)
+		printf("%s: %lld problem(s) in %llu records\n", path, (long long)r, (unsigned long long)sluice_dataset_count(ds));
+	sluice_dataset_close(ds);
+	if (r < 0)
+		return cli_error(CMD, path, (long)r);
+	return r == 0 ? 0 : 1;
+}
