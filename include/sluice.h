@@ -429,6 +429,9 @@ enum sluice_dtype {
 	SLUICE_DTYPE_F16 = 6,
 	SLUICE_DTYPE_BF16 = 7,
 	SLUICE_DTYPE_F32 = 8,
+	SLUICE_DTYPE_I8 = 9,
+	SLUICE_DTYPE_I16 = 10,
+	SLUICE_DTYPE_F64 = 11,
 };
 
 #define SLUICE_MAX_FIELDS 64
@@ -444,7 +447,7 @@ struct sluice_field {
 
 /* Element size of dtype in bytes (1 for bytes), 0 for an unknown dtype. */
 SLUICE_API size_t sluice_dtype_size(enum sluice_dtype dtype);
-/* "bytes", "u8", ... "f32"; NULL for an unknown dtype. */
+/* "bytes", "u8", ... "f64"; NULL for an unknown dtype. */
 SLUICE_API const char *sluice_dtype_name(enum sluice_dtype dtype);
 
 struct sluice_writer;
@@ -483,14 +486,19 @@ SLUICE_API void sluice_writer_abort(struct sluice_writer *w);
 struct sluice_dataset;
 
 /*
- * Opens the dataset in directory path in O(1) of its record count: checks
- * the index header, schema and shard table and maps the entries.  Errors:
+ * Opens a dataset in O(1) of its record count.  path is a sluice dataset
+ * directory (the index header, schema and shard table are checked, the
+ * entries mapped), or a Megatron indexed dataset given as its .idx, its
+ * .bin or their common prefix (read in place: one record per sequence,
+ * one field "tokens" of the .idx's dtype, no CRC).  Errors:
  * -errno, SLUICE_EFORMAT for a missing, truncated or inconsistent index
  * (detail names the file and what is wrong).  Free with sluice_dataset_close().
  * A dataset is immutable; all functions below are thread-safe.
  */
 SLUICE_API SLUICE_WUR int sluice_dataset_open(struct sluice_dataset **out, const char *path);
 SLUICE_API void sluice_dataset_close(struct sluice_dataset *ds);
+/* The on-disk format read: "sluice" or "megatron". */
+SLUICE_API const char *sluice_dataset_format(const struct sluice_dataset *ds);
 SLUICE_API uint64_t sluice_dataset_count(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_shards(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_nfields(const struct sluice_dataset *ds);

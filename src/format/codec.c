@@ -25,8 +25,8 @@ uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n)
 	return ~st;
 }
 
-static const unsigned char sl_dsize[] = { 1, 1, 2, 4, 4, 8, 2, 2, 4 };
-static const char *const sl_dname[] = { "bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32" };
+static const unsigned char sl_dsize[] = { 1, 1, 2, 4, 4, 8, 2, 2, 4, 1, 2, 8 };
+static const char *const sl_dname[] = { "bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32", "i8", "i16", "f64" };
 
 size_t sluice_dtype_size(enum sluice_dtype d)
 {

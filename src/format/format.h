@@ -94,6 +94,68 @@ SL_HIDDEN void sl__shard_header(unsigned char *h, uint32_t shard, uint64_t nreco
 SL_HIDDEN int sl__shard_header_parse(const unsigned char *h, size_t len, uint32_t *shard,
 				     uint64_t *nrecords, uint64_t *data_len);
 
+/*
+ * Dataset readers are ops tables, one per on-disk format, tried in order
+ * by sluice_dataset_open().  A reader describes records as extents of its
+ * data files (ds->files); the generic layer opens files, reads extents,
+ * checks CRCs where the format has them, and calls decode.
+ */
+struct sl__ds_ops {
+	const char *name;
+	/* probe: required.  1 if this reader owns path (cheap: names and magics only). */
+	int (*probe)(const char *path);
+	/*
+	 * open: required.  Fills nrecords, fields, files, has_crc and priv,
+	 * in O(1) of the record count where the format allows.  Returns 0 or
+	 * an error whose detail names the file.
+	 */
+	int (*open)(struct sluice_dataset *ds, const char *path);
+	/* close: required.  Frees priv (files are the generic layer's). */
+	void (*close)(struct sluice_dataset *ds);
+	/* locate: required.  Record i's extent; i is in range. */
+	void (*locate)(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc);
+	/* decode: required.  Splits a record's bytes into fields; SLUICE_EFORMAT if malformed. */
+	int (*decode)(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,
+		      struct sluice_record *rec);
+	/*
+	 * check: optional.  Format-level checks for verify beyond reading every
+	 * record (headers against the index, ordering); reports through bad.
+	 */
+	int64_t (*check)(struct sluice_dataset *ds, void (*bad)(const struct sluice_bad *, void *), void *user);
+};
+
+struct sluice_dataset {
+	const struct sl__ds_ops *ops;
+	char *path;
+	uint64_t nrecords;
+	unsigned nfields;
+	struct sluice_field fields[SLUICE_MAX_FIELDS];
+	char names[SLUICE_MAX_FIELDS][256];
+	unsigned nfiles;
+	char **files;            /* data file paths, by loc.shard */
+	uint64_t *file_bytes;    /* bytes of each file records may use (from offset 0) */
+	uint64_t *file_records;  /* records in each file, or NULL if the format does not say */
+	_Atomic int *fds;        /* opened on first use */
+	int has_crc;             /* loc.crc is meaningful */
+	void *priv;
+};
+
+/* A parsed Megatron .idx (offsets into the mapped file). */
+struct sl__mmidx {
+	enum sluice_dtype dtype;
+	uint64_t nseq, ndoc;
+	uint64_t lengths_off, pointers_off, docs_off;
+};
+/* Checks a whole .idx held in p[0..len); SLUICE_EFORMAT naming what is wrong. */
+SL_HIDDEN int sl__mmidx_parse(const unsigned char *p, size_t len, struct sl__mmidx *ix);
+
+SL_HIDDEN extern const struct sl__ds_ops sl__ds_native_ops;
+SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
+/* The generic layer: a file's descriptor (opened on first use). */
+SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
+/* Sets up files/fds arrays for n files; names are taken over. */
+SL_HIDDEN int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n);
+
 /* Record bytes: size of the encoding, encoder, and decoder (bounds-checked). */
 SL_HIDDEN size_t sl__record_size(unsigned nfields, const size_t *lens);
 SL_HIDDEN void sl__record_encode(unsigned char *out, unsigned nfields, const void *const *vals,

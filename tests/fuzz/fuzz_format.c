@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: every decoder of dataset files (docs/FORMAT.md).
- * The input is taken as an index file; if it parses, the bytes after the
+ * The input is taken as an index file and as a Megatron .idx; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header and as a record of a fixed schema.
  * Properties: no crash or sanitizer report; decoded fields lie inside
@@ -40,6 +40,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		sl__index_free(&ix);
 	}
 	(void)sl__shard_header_parse(data, size, &shard, &nrec, &dlen);
+	/* As a Megatron .idx: every array it accepts must lie inside the input. */
+	struct sl__mmidx mm;
+
+	if (sl__mmidx_parse(data, size, &mm) == 0) {
+		volatile uint64_t sum = 0;
+
+		if (mm.docs_off + 8 * mm.ndoc > size || mm.pointers_off + 8 * mm.nseq > size)
+			abort();
+		for (uint64_t i = 0; i < mm.nseq; i++)
+			sum += sl__le32(data + mm.lengths_off + 4 * i) + sl__le64(data + mm.pointers_off + 8 * i);
+		for (uint64_t d = 0; d < mm.ndoc; d++)
+			sum += sl__le64(data + mm.docs_off + 8 * d);
+		(void)sum;
+	}
 	check_record(fixed, 3, data, size);
 	return 0;
 }

@@ -1,0 +1,225 @@
+/*
+ * The dataset reader's generic layer: picks a format reader, opens data
+ * files on first use, reads and CRC-checks records, and verifies.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "format/format.h"
+
+/* Format readers in the order they are tried. */
+static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops };
+
+int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)
+{
+	ds->files = names;
+	ds->nfiles = n;
+	ds->file_bytes = calloc(n ? n : 1, sizeof(uint64_t));
+	ds->fds = malloc((n ? n : 1) * sizeof(*ds->fds));
+	if (!ds->file_bytes || !ds->fds)
+		return -ENOMEM;
+	for (unsigned f = 0; f < n; f++)
+		atomic_init(&ds->fds[f], -1);
+	return 0;
+}
+
+int sluice_dataset_open(struct sluice_dataset **out, const char *path)
+{
+	struct sluice_dataset *ds;
+	int rc = 0;
+
+	*out = NULL;
+	sl__err_clear();
+	ds = calloc(1, sizeof(*ds));
+	if (!ds || !(ds->path = strdup(path))) {
+		free(ds);
+		return -ENOMEM;
+	}
+	for (size_t r = 0; r < sizeof(sl_readers) / sizeof(sl_readers[0]); r++)
+		if (sl_readers[r]->probe(path)) {
+			ds->ops = sl_readers[r];
+			break;
+		}
+	/* Unknown: let the native reader say what is missing. */
+	if (!ds->ops)
+		ds->ops = &sl__ds_native_ops;
+	rc = ds->ops->open(ds, path);
+	if (rc) {
+		sluice_dataset_close(ds);
+		return rc;
+	}
+	*out = ds;
+	return 0;
+}
+
+void sluice_dataset_close(struct sluice_dataset *ds)
+{
+	if (!ds)
+		return;
+	if (ds->ops)
+		ds->ops->close(ds);
+	for (unsigned f = 0; ds->fds && f < ds->nfiles; f++)
+		if (ds->fds[f] >= 0)
+			close(ds->fds[f]);
+	for (unsigned f = 0; ds->files && f < ds->nfiles; f++)
+		free(ds->files[f]);
+	free(ds->files);
+	free(ds->file_bytes);
+	free(ds->file_records);
+	free((void *)ds->fds);
+	free(ds->path);
+	free(ds);
+}
+
+const char *sluice_dataset_format(const struct sluice_dataset *ds)
+{
+	return ds->ops->name;
+}
+
+uint64_t sluice_dataset_count(const struct sluice_dataset *ds)
+{
+	return ds->nrecords;
+}
+
+unsigned sluice_dataset_shards(const struct sluice_dataset *ds)
+{
+	return ds->nfiles;
+}
+
+unsigned sluice_dataset_nfields(const struct sluice_dataset *ds)
+{
+	return ds->nfields;
+}
+
+const struct sluice_field *sluice_dataset_field(const struct sluice_dataset *ds, unsigned i)
+{
+	return i < ds->nfields ? &ds->fields[i] : NULL;
+}
+
+int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
+{
+	if (i >= ds->nrecords)
+		return sl__err(SLUICE_ERANGE, "%s: record %llu of %llu", ds->path, (unsigned long long)i,
+			       (unsigned long long)ds->nrecords);
+	ds->ops->locate(ds, i, loc);
+	return 0;
+}
+
+int sl__ds_fd(struct sluice_dataset *ds, unsigned f)
+{
+	int fd = atomic_load(&ds->fds[f]), mine, none = -1;
+
+	if (fd >= 0)
+		return fd;
+	mine = open(ds->files[f], O_RDONLY | O_CLOEXEC);
+	if (mine < 0)
+		return sl__err(-errno, "%s: %s", ds->files[f], strerror(errno));
+	if (!atomic_compare_exchange_strong(&ds->fds[f], &none, mine)) {
+		close(mine); /* another thread won the race */
+		return none;
+	}
+	return mine;
+}
+
+/* Checks that loc lies inside the bytes its file holds for records. */
+static int sl_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc)
+{
+	if (loc->shard >= ds->nfiles || loc->offset > ds->file_bytes[loc->shard] ||
+	    loc->length > ds->file_bytes[loc->shard] - loc->offset)
+		return sl__err(SLUICE_EFORMAT, "%s: record %llu points outside its file (file %u, offset %llu, %u bytes)",
+			       ds->path, (unsigned long long)i, loc->shard, (unsigned long long)loc->offset, loc->length);
+	return 0;
+}
+
+int sluice_dataset_decode(const struct sluice_dataset *ds, const void *bytes, size_t len,
+			  struct sluice_record *rec)
+{
+	return ds->ops->decode(ds, UINT64_MAX, bytes, len, rec);
+}
+
+ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf, size_t cap,
+			    struct sluice_record *rec)
+{
+	struct sluice_record_loc loc;
+	size_t got = 0;
+	int rc, fd;
+
+	sl__err_clear();
+	rc = sluice_dataset_locate(ds, i, &loc);
+	if (!rc)
+		rc = sl_loc_check(ds, i, &loc);
+	if (rc)
+		return rc;
+	if (cap < loc.length)
+		return sl__err(-ENOSPC, "record %llu needs %u bytes, buffer has %zu", (unsigned long long)i,
+			       loc.length, cap);
+	fd = sl__ds_fd(ds, loc.shard);
+	if (fd < 0)
+		return fd;
+	while (got < loc.length) {
+		ssize_t r = pread(fd, (char *)buf + got, loc.length - got, (off_t)(loc.offset + got));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return sl__err(r < 0 ? -errno : SLUICE_EFORMAT, "%s: record %llu at offset %llu: %s",
+				       ds->files[loc.shard], (unsigned long long)i, (unsigned long long)loc.offset,
+				       r < 0 ? strerror(errno) : "file is truncated");
+		got += (size_t)r;
+	}
+	if (ds->has_crc && sluice_crc32c(0, buf, loc.length) != loc.crc)
+		return sl__err(SLUICE_ECRC, "%s: record %llu at offset %llu: CRC mismatch", ds->files[loc.shard],
+			       (unsigned long long)i, (unsigned long long)loc.offset);
+	rc = ds->ops->decode(ds, i, buf, loc.length, rec);
+	if (rc)
+		return sl__err(rc, "%s: record %llu: %s", ds->files[loc.shard], (unsigned long long)i,
+			       sluice_last_error_detail());
+	return loc.length;
+}
+
+int64_t sluice_dataset_verify(struct sluice_dataset *ds, void (*bad)(const struct sluice_bad *, void *),
+			      void *user)
+{
+	unsigned char *buf = NULL;
+	size_t cap = 0;
+	int64_t problems = ds->ops->check ? ds->ops->check(ds, bad, user) : 0;
+
+	for (uint64_t i = 0; problems >= 0 && i < ds->nrecords; i++) {
+		struct sluice_record_loc loc;
+		ssize_t r;
+
+		ds->ops->locate(ds, i, &loc);
+		if (loc.length > cap) {
+			unsigned char *b = realloc(buf, loc.length);
+
+			if (!b) {
+				problems = -ENOMEM;
+				break;
+			}
+			buf = b;
+			cap = loc.length;
+		}
+		r = sluice_dataset_read(ds, i, buf, cap, NULL);
+		if (r < 0) {
+			struct sluice_bad b = { i, loc.shard, loc.offset, (int)r, sluice_last_error_detail() };
+
+			if (bad)
+				bad(&b, user);
+			problems++;
+		}
+	}
+	free(buf);
+	return problems;
+}
+
+int sluice_dataset_shard_info(const struct sluice_dataset *ds, unsigned s, uint64_t *records, uint64_t *bytes)
+{
+	if (s >= ds->nfiles)
+		return sl__err(SLUICE_ERANGE, "%s: file %u of %u", ds->path, s, ds->nfiles);
+	*records = ds->file_records ? ds->file_records[s] : UINT64_MAX;
+	*bytes = ds->file_bytes[s];
+	return 0;
+}
