@@ -11,7 +11,7 @@
 #include "format/format.h"
 
 /* Format readers in the order they are tried. */
-static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops };
+static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops, &sl__ds_wds_ops };
 
 int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)
 {

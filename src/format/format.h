@@ -149,7 +149,17 @@ struct sl__mmidx {
 /* Checks a whole .idx held in p[0..len); SLUICE_EFORMAT naming what is wrong. */
 SL_HIDDEN int sl__mmidx_parse(const unsigned char *p, size_t len, struct sl__mmidx *ix);
 
+/* WebDataset: scan a tar held in memory into a sidecar image (fuzzing, tests). */
+SL_HIDDEN int sl__wds_scan_mem(const void *p, size_t len, unsigned char **out, size_t *out_len);
+/*
+ * Checks a sidecar image against the tar's size and mtime: 0 valid, 1 stale,
+ * SLUICE_EFORMAT malformed.
+ */
+SL_HIDDEN int sl__wds_parse(const unsigned char *p, size_t len, uint64_t size, uint64_t mtime, unsigned *nkeys,
+			    char keys[][256], uint64_t *nsamples, size_t *entries_off);
+
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_native_ops;
+SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
 /* The generic layer: a file's descriptor (opened on first use). */
 SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);

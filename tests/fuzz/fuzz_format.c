@@ -1,6 +1,7 @@
 /*
  * libFuzzer target: every decoder of dataset files (docs/FORMAT.md).
- * The input is taken as an index file and as a Megatron .idx; if it parses, the bytes after the
+ * The input is taken as an index file, a Megatron .idx, a WebDataset tar
+ * and a WebDataset sidecar index; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header and as a record of a fixed schema.
  * Properties: no crash or sanitizer report; decoded fields lie inside
@@ -55,5 +56,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		(void)sum;
 	}
 	check_record(fixed, 3, data, size);
+	/* As a WebDataset tar (libarchive underneath) and as its sidecar index. */
+	unsigned char *img = NULL;
+	size_t img_len = 0;
+	char keys[SLUICE_MAX_FIELDS][256];
+	unsigned nkeys;
+	uint64_t nsamp;
+	size_t eoff;
+
+	if (sl__wds_scan_mem(data, size, &img, &img_len) == 0) {
+		/* What the scanner writes, the parser must accept. */
+		if (sl__wds_parse(img, img_len, size, 0, &nkeys, keys, &nsamp, &eoff) != 0)
+			abort();
+		free(img);
+	}
+	if (size >= 32)
+		(void)sl__wds_parse(data, size, sl__le64(data + 16), sl__le64(data + 24), &nkeys, keys, &nsamp, &eoff);
 	return 0;
 }

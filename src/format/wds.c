@@ -1,0 +1,563 @@
+/*
+ * Reader of WebDataset tar shards, in place.  A sample is the run of
+ * consecutive members whose names share a key (the path up to the first
+ * dot of the last component); the rest of the name is the field ("jpg",
+ * "cls", "seg.png").  Tar parsing is libarchive's; sluice keeps, per tar,
+ * a sidecar index (NAME.tar.sluice-idx) built once and rebuilt when the
+ * tar's size or mtime changes:
+ *
+ *   char magic[8] "SLUICEWD"; u32 version 1; u32 nkeys K; u64 tar size;
+ *   u64 tar mtime (ns); u64 nsamples N; u32 CRC of bytes 0..39; u32 0;
+ *   K x { u16 length, name bytes } padded to 8;
+ *   N x { u64 span offset; u32 span length; K x { u32 offset in span; u32 length } }
+ *
+ * A field a sample lacks has offset 0xFFFFFFFF.  The span runs from the
+ * first member's data to the last member's data end, so one read brings
+ * the whole sample.
+ */
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format/format.h"
+
+#define SL_WDS_MAGIC "SLUICEWD"
+#define SL_WDS_SUFFIX ".sluice-idx"
+#define SL_WDS_ABSENT 0xFFFFFFFFu
+
+/* One tar's parsed sidecar. */
+struct sl_wds_tar {
+	unsigned char *idx;  /* whole sidecar (malloc'd) */
+	size_t idx_len;
+	unsigned nkeys;
+	char **keys;         /* field names, pointing into key storage */
+	unsigned *field_of;  /* tar key k -> dataset field */
+	uint64_t nsamples, first;
+	size_t entries_off, stride;
+};
+
+struct sl_wds {
+	struct sl_wds_tar *tars;
+	unsigned ntars;
+};
+
+static size_t sl_pad8(size_t n)
+{
+	return (n + 7) & ~(size_t)7;
+}
+
+/* ---- building an index from a tar (any libarchive reader) ---- */
+
+struct sl_wds_build {
+	char *keys[SLUICE_MAX_FIELDS];
+	unsigned nkeys;
+	unsigned char *ent; /* growing entries */
+	size_t ent_len, ent_cap;
+	uint64_t nsamples;
+	char cur[4096];     /* key of the open sample */
+	uint64_t span_off, span_end;
+	uint32_t foff[SLUICE_MAX_FIELDS], flen[SLUICE_MAX_FIELDS];
+	int open;
+};
+
+/* Rejects names that would escape a directory if extracted. */
+static int sl_name_safe(const char *n)
+{
+	if (!*n || *n == '/')
+		return 0;
+	for (const char *p = n; *p;) {
+		const char *s = strchr(p, '/');
+		size_t l = s ? (size_t)(s - p) : strlen(p);
+
+		if (l == 2 && p[0] == '.' && p[1] == '.')
+			return 0;
+		p += l + (s ? 1 : 0);
+	}
+	return 1;
+}
+
+static int sl_close_sample(struct sl_wds_build *b)
+{
+	size_t stride = 12 + 8 * (size_t)SLUICE_MAX_FIELDS;
+	unsigned char *e;
+
+	if (!b->open)
+		return 0;
+	if (b->ent_len + stride > b->ent_cap) {
+		size_t cap = b->ent_cap ? 2 * b->ent_cap : 1 << 16;
+		unsigned char *n = realloc(b->ent, cap);
+
+		if (!n)
+			return -ENOMEM;
+		b->ent = n;
+		b->ent_cap = cap;
+	}
+	/* Stored with SLUICE_MAX_FIELDS slots now, compacted to nkeys at the end. */
+	e = b->ent + b->ent_len;
+	sl__put64(e, b->span_off);
+	sl__put32(e + 8, (uint32_t)(b->span_end - b->span_off));
+	for (unsigned k = 0; k < SLUICE_MAX_FIELDS; k++) {
+		sl__put32(e + 12 + 8 * k, b->foff[k]);
+		sl__put32(e + 16 + 8 * k, b->flen[k]);
+	}
+	b->ent_len += stride;
+	b->nsamples++;
+	b->open = 0;
+	return 0;
+}
+
+/*
+ * Reads every member of an opened archive into a sidecar image.  name is
+ * the tar's path, for messages; size and mtime go into the header.
+ */
+static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint64_t mtime,
+		       unsigned char **out, size_t *out_len)
+{
+	struct sl_wds_build b;
+	struct archive_entry *ent;
+	int rc = 0, r;
+
+	memset(&b, 0, sizeof(b));
+	while ((r = archive_read_next_header(a, &ent)) == ARCHIVE_OK) {
+		const char *path = archive_entry_pathname(ent), *base, *dot;
+		int64_t msize = archive_entry_size(ent);
+		uint64_t data = (uint64_t)archive_filter_bytes(a, -1);
+		size_t keylen;
+		unsigned k;
+
+		if (!path || archive_entry_filetype(ent) == AE_IFDIR)
+			continue;
+		if (archive_entry_filetype(ent) != AE_IFREG) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' is not a regular file", name, path);
+			break;
+		}
+		if (!sl_name_safe(path)) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' has an absolute path or '..'", name, path);
+			break;
+		}
+		if (msize < 0 || (uint64_t)msize > size || data > size - (uint64_t)msize || msize > UINT32_MAX) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' claims %lld bytes at offset %llu, past the end (%llu)",
+				     name, path, (long long)msize, (unsigned long long)data, (unsigned long long)size);
+			break;
+		}
+		base = strrchr(path, '/');
+		base = base ? base + 1 : path;
+		dot = strchr(base, '.');
+		if (!dot || !dot[1] || dot == base) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' has no key.field name", name, path);
+			break;
+		}
+		keylen = (size_t)(dot - path);
+		if (keylen >= sizeof(b.cur) || strlen(dot + 1) > 255) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s': name too long", name, path);
+			break;
+		}
+		if (!b.open || strncmp(b.cur, path, keylen) || b.cur[keylen]) {
+			if ((rc = sl_close_sample(&b)))
+				break;
+			memcpy(b.cur, path, keylen);
+			b.cur[keylen] = '\0';
+			b.open = 1;
+			b.span_off = data;
+			for (k = 0; k < SLUICE_MAX_FIELDS; k++)
+				b.foff[k] = SL_WDS_ABSENT, b.flen[k] = 0;
+		}
+		for (k = 0; k < b.nkeys && strcmp(b.keys[k], dot + 1); k++)
+			;
+		if (k == b.nkeys) {
+			if (b.nkeys == SLUICE_MAX_FIELDS) {
+				rc = sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", name, SLUICE_MAX_FIELDS);
+				break;
+			}
+			if (!(b.keys[b.nkeys++] = strdup(dot + 1))) {
+				rc = -ENOMEM;
+				break;
+			}
+		}
+		if (b.foff[k] != SL_WDS_ABSENT) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: sample '%s' has field '%s' twice", name, b.cur, dot + 1);
+			break;
+		}
+		if (data + (uint64_t)msize - b.span_off > UINT32_MAX) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: sample '%s' spans more than 4 GiB", name, b.cur);
+			break;
+		}
+		b.foff[k] = (uint32_t)(data - b.span_off);
+		b.flen[k] = (uint32_t)msize;
+		b.span_end = data + (uint64_t)msize;
+	}
+	if (!rc && r != ARCHIVE_EOF)
+		rc = sl__err(SLUICE_EFORMAT, "%s: %s", name, archive_error_string(a) ? archive_error_string(a) : "unreadable tar");
+	if (!rc)
+		rc = sl_close_sample(&b);
+	if (!rc) {
+		/* Header, key table, then entries compacted to nkeys fields. */
+		size_t keys = 0, stride = 12 + 8 * (size_t)b.nkeys, off;
+		unsigned char *img;
+
+		for (unsigned k = 0; k < b.nkeys; k++)
+			keys += 2 + strlen(b.keys[k]);
+		off = 48 + sl_pad8(keys);
+		img = calloc(1, off + stride * b.nsamples + 1);
+		if (!img) {
+			rc = -ENOMEM;
+		} else {
+			unsigned char *q = img + 48;
+
+			memcpy(img, SL_WDS_MAGIC, 8);
+			sl__put32(img + 8, 1);
+			sl__put32(img + 12, b.nkeys);
+			sl__put64(img + 16, size);
+			sl__put64(img + 24, mtime);
+			sl__put64(img + 32, b.nsamples);
+			sl__put32(img + 40, sluice_crc32c(0, img, 40));
+			for (unsigned k = 0; k < b.nkeys; k++) {
+				size_t l = strlen(b.keys[k]);
+
+				q[0] = (unsigned char)l;
+				q[1] = (unsigned char)(l >> 8);
+				memcpy(q + 2, b.keys[k], l);
+				q += 2 + l;
+			}
+			for (uint64_t s = 0; s < b.nsamples; s++)
+				memcpy(img + off + s * stride, b.ent + s * (12 + 8 * (size_t)SLUICE_MAX_FIELDS), stride);
+			*out = img;
+			*out_len = off + stride * b.nsamples;
+		}
+	}
+	for (unsigned k = 0; k < b.nkeys; k++)
+		free(b.keys[k]);
+	free(b.ent);
+	return rc;
+}
+
+int sl__wds_scan_mem(const void *p, size_t len, unsigned char **out, size_t *out_len)
+{
+	struct archive *a = archive_read_new();
+	int rc;
+
+	if (!a)
+		return -ENOMEM;
+	archive_read_support_format_tar(a);
+	if (archive_read_open_memory(a, p, len) != ARCHIVE_OK)
+		rc = sl__err(SLUICE_EFORMAT, "(memory): %s", archive_error_string(a));
+	else
+		rc = sl_wds_scan(a, "(memory)", len, 0, out, out_len);
+	archive_read_free(a);
+	return rc;
+}
+
+/* ---- sidecar parsing (bytes from disk: checked like any outside input) ---- */
+
+int sl__wds_parse(const unsigned char *p, size_t len, uint64_t size, uint64_t mtime, unsigned *nkeys,
+		  char keys[][256], uint64_t *nsamples, size_t *entries_off)
+{
+	const unsigned char *q, *end = p + len;
+	size_t stride;
+
+	if (len < 48 || memcmp(p, SL_WDS_MAGIC, 8) || sl__le32(p + 8) != 1)
+		return sl__err(SLUICE_EFORMAT, "not a sluice WebDataset index");
+	if (SL_CRC_BAD(sl__le32(p + 40), sluice_crc32c(0, p, 40)))
+		return sl__err(SLUICE_EFORMAT, "index header CRC mismatch");
+	if (sl__le64(p + 16) != size || sl__le64(p + 24) != mtime)
+		return 1; /* stale: the tar changed since */
+	*nkeys = sl__le32(p + 12);
+	*nsamples = sl__le64(p + 32);
+	if (*nkeys > SLUICE_MAX_FIELDS)
+		return sl__err(SLUICE_EFORMAT, "index declares %u fields", *nkeys);
+	q = p + 48;
+	for (unsigned k = 0; k < *nkeys; k++) {
+		size_t l;
+
+		if (end - q < 2)
+			return sl__err(SLUICE_EFORMAT, "index key table truncated");
+		l = q[0] | (size_t)q[1] << 8;
+		if (l < 1 || l > 255 || (size_t)(end - q - 2) < l)
+			return sl__err(SLUICE_EFORMAT, "index key %u malformed", k);
+		memcpy(keys[k], q + 2, l);
+		keys[k][l] = '\0';
+		if (strlen(keys[k]) != l || strchr(keys[k], '/'))
+			return sl__err(SLUICE_EFORMAT, "index key %u malformed", k);
+		q += 2 + l;
+	}
+	*entries_off = 48 + sl_pad8((size_t)(q - p - 48));
+	stride = 12 + 8 * (size_t)*nkeys;
+	if (*entries_off > len || *nsamples > (len - *entries_off) / stride || *entries_off + stride * *nsamples != len)
+		return sl__err(SLUICE_EFORMAT, "index size does not match %llu samples", (unsigned long long)*nsamples);
+	return 0;
+}
+
+/* ---- the reader ---- */
+
+static int sl_is_tar(const char *n)
+{
+	size_t l = strlen(n);
+
+	return l > 4 && !strcmp(n + l - 4, ".tar");
+}
+
+static int sl_wds_probe(const char *path)
+{
+	struct stat st;
+	DIR *d;
+	struct dirent *e;
+	int tar = 0;
+
+	if (stat(path, &st) < 0)
+		return 0;
+	if (S_ISREG(st.st_mode))
+		return sl_is_tar(path);
+	if (!S_ISDIR(st.st_mode) || !(d = opendir(path)))
+		return 0;
+	while (!tar && (e = readdir(d)))
+		tar = sl_is_tar(e->d_name);
+	closedir(d);
+	return tar;
+}
+
+static int sl_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Loads (or builds and caches) the sidecar of tar. */
+static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
+{
+	struct stat st;
+	char *side = NULL;
+	uint64_t mtime;
+	int rc, fd;
+
+	if (stat(tar, &st) < 0)
+		return sl__err(-errno, "%s: %s", tar, strerror(errno));
+	mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	if (asprintf(&side, "%s%s", tar, SL_WDS_SUFFIX) < 0)
+		return -ENOMEM;
+	fd = open(side, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		struct stat ss;
+
+		if (fstat(fd, &ss) == 0 && (t->idx = malloc((size_t)ss.st_size + 1)) &&
+		    pread(fd, t->idx, (size_t)ss.st_size, 0) == ss.st_size) {
+			t->idx_len = (size_t)ss.st_size;
+			rc = sl__wds_parse(t->idx, t->idx_len, (uint64_t)st.st_size, mtime, &t->nkeys, keys, &t->nsamples,
+					   &t->entries_off);
+			if (rc == 0) {
+				close(fd);
+				free(side);
+				return 0;
+			}
+			if (rc < 0)
+				sl__warn("format", "%s: %s; rebuilding it", side, sluice_last_error_detail());
+		}
+		close(fd);
+		free(t->idx);
+		t->idx = NULL;
+	}
+	/* Build from the tar, then cache it (atomically) if the directory allows. */
+	{
+		struct archive *a = archive_read_new();
+
+		archive_read_support_format_tar(a);
+		if (archive_read_open_filename(a, tar, 1 << 20) != ARCHIVE_OK)
+			rc = sl__err(SLUICE_EFORMAT, "%s: %s", tar, archive_error_string(a));
+		else
+			rc = sl_wds_scan(a, tar, (uint64_t)st.st_size, mtime, &t->idx, &t->idx_len);
+		archive_read_free(a);
+	}
+	if (!rc)
+		rc = sl__wds_parse(t->idx, t->idx_len, (uint64_t)st.st_size, mtime, &t->nkeys, keys, &t->nsamples,
+				   &t->entries_off);
+	if (!rc) {
+		char *tmp = NULL;
+
+		if (asprintf(&tmp, "%s.tmp%d", side, (int)getpid()) >= 0) {
+			fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+			if (fd >= 0 && write(fd, t->idx, t->idx_len) == (ssize_t)t->idx_len && rename(tmp, side) == 0)
+				sl__debug("format", "%s: sidecar index written", side);
+			else
+				sl__info("format", "%s: cannot cache the sidecar index (%s); built in memory", side,
+					 strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			unlink(tmp);
+		}
+		free(tmp);
+	}
+	free(side);
+	return rc;
+}
+
+static void sl_wds_close(struct sluice_dataset *ds)
+{
+	struct sl_wds *w = ds->priv;
+
+	if (!w)
+		return;
+	for (unsigned t = 0; w->tars && t < w->ntars; t++) {
+		free(w->tars[t].idx);
+		free(w->tars[t].field_of);
+	}
+	free(w->tars);
+	free(w);
+}
+
+static int sl_wds_open(struct sluice_dataset *ds, const char *path)
+{
+	struct sl_wds *w = calloc(1, sizeof(*w));
+	char **names = NULL;
+	unsigned n = 0, cap = 0;
+	struct stat st;
+	int rc = 0;
+
+	ds->priv = w;
+	if (!w)
+		return -ENOMEM;
+	if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+		names = malloc(sizeof(char *));
+		if (names && (names[0] = strdup(path)))
+			n = 1;
+	} else {
+		DIR *d = opendir(path);
+		struct dirent *e;
+
+		while (d && (e = readdir(d))) {
+			if (!sl_is_tar(e->d_name))
+				continue;
+			if (n == cap) {
+				char **m = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof(char *));
+
+				if (!m)
+					break;
+				names = m;
+			}
+			if (asprintf(&names[n], "%s/%s", path, e->d_name) >= 0)
+				n++;
+		}
+		if (d)
+			closedir(d);
+		if (n)
+			qsort(names, n, sizeof(char *), sl_cmp);
+	}
+	if (!n) {
+		free(names);
+		return sl__err(-ENOENT, "%s: no .tar shards", path);
+	}
+	rc = sl__ds_files(ds, names, n);
+	w->tars = calloc(n, sizeof(*w->tars));
+	if (!rc && !w->tars)
+		rc = -ENOMEM;
+	w->ntars = n;
+	for (unsigned t = 0; !rc && t < n; t++) {
+		struct sl_wds_tar *tt = &w->tars[t];
+		char keys[SLUICE_MAX_FIELDS][256];
+
+		rc = sl_wds_load(ds->files[t], tt, keys);
+		if (rc)
+			break;
+		if (stat(ds->files[t], &st) == 0)
+			ds->file_bytes[t] = (uint64_t)st.st_size;
+		tt->stride = 12 + 8 * (size_t)tt->nkeys;
+		tt->first = ds->nrecords;
+		ds->nrecords += tt->nsamples;
+		tt->field_of = calloc(tt->nkeys ? tt->nkeys : 1, sizeof(unsigned));
+		if (!tt->field_of) {
+			rc = -ENOMEM;
+			break;
+		}
+		/* The dataset's fields: the union of every tar's keys, in order of appearance. */
+		for (unsigned k = 0; k < tt->nkeys; k++) {
+			unsigned f;
+
+			for (f = 0; f < ds->nfields && strcmp(ds->names[f], keys[k]); f++)
+				;
+			if (f == ds->nfields) {
+				if (f == SLUICE_MAX_FIELDS) {
+					rc = sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", path, SLUICE_MAX_FIELDS);
+					break;
+				}
+				memcpy(ds->names[f], keys[k], sizeof(ds->names[f]));
+				ds->fields[f] = (struct sluice_field){ ds->names[f], SLUICE_DTYPE_BYTES, 0, { 0 } };
+				ds->nfields++;
+			}
+			tt->field_of[k] = f;
+		}
+	}
+	ds->has_crc = 0;
+	return rc;
+}
+
+/* The tar holding record i (binary search over first-record numbers). */
+static unsigned sl_wds_tar_of(const struct sl_wds *w, uint64_t i)
+{
+	unsigned lo = 0, hi = w->ntars - 1;
+
+	while (lo < hi) {
+		unsigned mid = (lo + hi + 1) / 2;
+
+		if (w->tars[mid].first <= i)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+static void sl_wds_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
+{
+	const struct sl_wds *w = ds->priv;
+	unsigned t = sl_wds_tar_of(w, i);
+	const struct sl_wds_tar *tt = &w->tars[t];
+	const unsigned char *e = tt->idx + tt->entries_off + (i - tt->first) * tt->stride;
+
+	loc->shard = t;
+	loc->offset = sl__le64(e);
+	loc->length = sl__le32(e + 8);
+	loc->crc = 0;
+}
+
+static int sl_wds_decode(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,
+			 struct sluice_record *rec)
+{
+	const struct sl_wds *w = ds->priv;
+	const struct sl_wds_tar *tt;
+	const unsigned char *e;
+
+	if (i >= ds->nrecords)
+		return sl__err(SLUICE_EFORMAT, "WebDataset samples decode by record number only");
+	tt = &w->tars[sl_wds_tar_of(w, i)];
+	e = tt->idx + tt->entries_off + (i - tt->first) * tt->stride;
+	if (rec)
+		for (unsigned f = 0; f < ds->nfields; f++)
+			rec->data[f] = p, rec->len[f] = 0;
+	for (unsigned k = 0; k < tt->nkeys; k++) {
+		uint32_t off = sl__le32(e + 12 + 8 * k), l = sl__le32(e + 16 + 8 * k);
+
+		if (off == SL_WDS_ABSENT)
+			continue;
+		if (off > len || l > len - off)
+			return sl__err(SLUICE_EFORMAT, "field '%s' lies outside the sample", ds->names[tt->field_of[k]]);
+		if (rec) {
+			rec->data[tt->field_of[k]] = p + off;
+			rec->len[tt->field_of[k]] = l;
+		}
+	}
+	return 0;
+}
+
+const struct sl__ds_ops sl__ds_wds_ops = {
+	.name = "webdataset",
+	.probe = sl_wds_probe,
+	.open = sl_wds_open,
+	.close = sl_wds_close,
+	.locate = sl_wds_locate,
+	.decode = sl_wds_decode,
+	.check = NULL,
+};

@@ -1,0 +1,198 @@
+/*
+ * WebDataset shards read in place: samples grouped by key across fields,
+ * long (pax) names, missing fields, several shards; the sidecar index is
+ * cached, reused, and rebuilt when the tar changes or the sidecar is
+ * damaged; unsafe or malformed tars are refused, naming tar and member.
+ */
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "t_util.h"
+
+static const char *dir;
+
+struct member {
+	const char *name;
+	size_t len;
+	uint64_t seed;
+	int type; /* 0 file, 1 dir, 2 symlink */
+};
+
+static void write_tar(const char *path, const struct member *m, size_t n)
+{
+	struct archive *a = archive_write_new();
+	char buf[20000];
+
+	archive_write_set_format_pax_restricted(a);
+	if (archive_write_open_filename(a, path) != ARCHIVE_OK)
+		exit(1);
+	for (size_t i = 0; i < n; i++) {
+		struct archive_entry *e = archive_entry_new();
+
+		archive_entry_set_pathname(e, m[i].name);
+		archive_entry_set_perm(e, 0644);
+		if (m[i].type == 1) {
+			archive_entry_set_filetype(e, AE_IFDIR);
+		} else if (m[i].type == 2) {
+			archive_entry_set_filetype(e, AE_IFLNK);
+			archive_entry_set_symlink(e, "target");
+		} else {
+			archive_entry_set_filetype(e, AE_IFREG);
+			archive_entry_set_size(e, (la_int64_t)m[i].len);
+		}
+		archive_write_header(a, e);
+		if (m[i].type == 0) {
+			t_fill(buf, m[i].len, m[i].seed);
+			archive_write_data(a, buf, m[i].len);
+		}
+		archive_entry_free(e);
+	}
+	archive_write_close(a);
+	archive_write_free(a);
+}
+
+/* Shard s, sample j: jpg always, cls always, json on even j; sample 5 has a long name. */
+static void make_shard(const char *path, int s)
+{
+	struct member m[40];
+	static char names[40][300];
+	size_t n = 0;
+
+	m[n++] = (struct member){ "train", 0, 0, 1 };
+	for (int j = 0; j < 10; j++) {
+		char key[260];
+
+		if (j == 5)
+			snprintf(key, sizeof(key), "train/%0150d/s%d_%02d", 7, s, j);
+		else
+			snprintf(key, sizeof(key), "train/s%d_%02d", s, j);
+		snprintf(names[n], 300, "%s.jpg", key);
+		m[n] = (struct member){ names[n], (size_t)(100 + 97 * j + s), (uint64_t)(s * 100 + j), 0 };
+		n++;
+		snprintf(names[n], 300, "%s.cls", key);
+		m[n] = (struct member){ names[n], 1 + (size_t)j % 3, (uint64_t)(s * 100 + j + 50), 0 };
+		n++;
+		if (j % 2 == 0) {
+			snprintf(names[n], 300, "%s.seg.json", key);
+			m[n] = (struct member){ names[n], 20, (uint64_t)(s * 100 + j + 70), 0 };
+			n++;
+		}
+	}
+	write_tar(path, m, n);
+}
+
+static void check_all(const char *open_as, uint64_t nrec, int shards)
+{
+	struct sluice_dataset *ds;
+	struct sluice_record rec;
+	char buf[8192], want[4096];
+
+	T_CHECK(sluice_dataset_open(&ds, open_as) == 0);
+	if (!ds)
+		return;
+	T_CHECK(!strcmp(sluice_dataset_format(ds), "webdataset"));
+	T_CHECK(sluice_dataset_count(ds) == nrec && sluice_dataset_nfields(ds) == 3);
+	T_CHECK(!strcmp(sluice_dataset_field(ds, 0)->name, "jpg") && !strcmp(sluice_dataset_field(ds, 2)->name, "seg.json"));
+	for (int s = 0; s < shards; s++)
+		for (int j = 0; j < 10; j++) {
+			uint64_t i = (uint64_t)(s * 10 + j);
+
+			T_CHECK(sluice_dataset_read(ds, i, buf, sizeof(buf), &rec) > 0);
+			t_fill(want, (size_t)(100 + 97 * j + s), (uint64_t)(s * 100 + j));
+			T_CHECK(rec.len[0] == (size_t)(100 + 97 * j + s) && !memcmp(rec.data[0], want, rec.len[0]));
+			t_fill(want, 1 + (size_t)j % 3, (uint64_t)(s * 100 + j + 50));
+			T_CHECK(rec.len[1] == 1 + (size_t)j % 3 && !memcmp(rec.data[1], want, rec.len[1]));
+			if (j % 2 == 0) {
+				t_fill(want, 20, (uint64_t)(s * 100 + j + 70));
+				T_CHECK(rec.len[2] == 20 && !memcmp(rec.data[2], want, 20));
+			} else {
+				T_CHECK(rec.len[2] == 0);
+			}
+		}
+	T_CHECK(sluice_dataset_verify(ds, NULL, NULL) == 0);
+	sluice_dataset_close(ds);
+}
+
+static void expect_bad(const char *name, const struct member *m, size_t n, const char *what)
+{
+	char p[700];
+	struct sluice_dataset *ds;
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	write_tar(p, m, n);
+	T_CHECK(sluice_dataset_open(&ds, p) == SLUICE_EFORMAT && ds == NULL);
+	T_CHECK(strstr(sluice_last_error_detail(), what) && strstr(sluice_last_error_detail(), name));
+	if (!strstr(sluice_last_error_detail(), what))
+		fprintf(stderr, "  got: %s\n", sluice_last_error_detail());
+}
+
+int main(void)
+{
+	char shards[600], p[700], side[760];
+	struct stat st1, st2;
+
+	dir = t_dir("t_wds");
+	snprintf(shards, sizeof(shards), "%s/shards", dir);
+	mkdir(shards, 0755);
+	for (int s = 0; s < 3; s++) {
+		snprintf(p, sizeof(p), "%s/data-%06d.tar", shards, s);
+		make_shard(p, s);
+	}
+	check_all(shards, 30, 3);
+	snprintf(p, sizeof(p), "%s/data-000000.tar", shards);
+	check_all(p, 10, 1);
+
+	/* The sidecar is cached and reused... */
+	snprintf(side, sizeof(side), "%s.sluice-idx", p);
+	T_CHECK(stat(side, &st1) == 0);
+	sleep(1);
+	check_all(shards, 30, 3);
+	T_CHECK(stat(side, &st2) == 0 && st2.st_mtime == st1.st_mtime);
+	/* ...rebuilt when the tar changes... */
+	make_shard(p, 0);
+	check_all(shards, 30, 3);
+	T_CHECK(stat(side, &st2) == 0 && st2.st_mtime != st1.st_mtime);
+	/* ...and when it is damaged. */
+	{
+		int fd = open(side, O_RDWR);
+
+		T_CHECK(fd >= 0 && pwrite(fd, "XX", 2, 20) == 2);
+		close(fd);
+	}
+	check_all(shards, 30, 3);
+
+	/* Unsafe and malformed tars. */
+	struct member dotdot[] = { { "a.jpg", 10, 1, 0 }, { "../evil.jpg", 10, 2, 0 } };
+	struct member abs[] = { { "/etc/passwd.txt", 10, 1, 0 } };
+	struct member twice[] = { { "k1.jpg", 10, 1, 0 }, { "k1.jpg", 10, 2, 0 } };
+	struct member link[] = { { "k1.jpg", 10, 1, 0 }, { "k2.jpg", 0, 0, 2 } };
+	struct member nodot[] = { { "README", 10, 1, 0 } };
+
+	expect_bad("dotdot.tar", dotdot, 2, "'..'");
+	expect_bad("abs.tar", abs, 1, "absolute");
+	expect_bad("twice.tar", twice, 2, "twice");
+	expect_bad("link.tar", link, 2, "not a regular file");
+	expect_bad("nodot.tar", nodot, 1, "key.field");
+	/* A member whose size runs past the end of a truncated tar. */
+	{
+		struct member big[] = { { "k.jpg", 15000, 3, 0 } };
+		struct sluice_dataset *ds;
+
+		snprintf(p, sizeof(p), "%s/trunc.tar", dir);
+		write_tar(p, big, 1);
+		T_CHECK(truncate(p, 5000) == 0);
+		T_CHECK(sluice_dataset_open(&ds, p) == SLUICE_EFORMAT);
+		T_CHECK(strstr(sluice_last_error_detail(), "trunc.tar") != NULL);
+		/* An empty tar: zero samples. */
+		snprintf(p, sizeof(p), "%s/empty.tar", dir);
+		write_tar(p, NULL, 0);
+		T_CHECK(sluice_dataset_open(&ds, p) == 0 && sluice_dataset_count(ds) == 0);
+		sluice_dataset_close(ds);
+	}
+	return t_done("t_wds");
+}
