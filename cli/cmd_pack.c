@@ -1,5 +1,9 @@
 /*
- * sluice pack: turn a tree of small files into a sharded dataset.
+ * sluice pack: turn a tree of small files, or any dataset sluice reads
+ * (WebDataset tars, Megatron .bin/.idx, sluice shards), into sluice shards.
+ *
+ * --from PATH: copies every record of the dataset at PATH, with its fields,
+ * in order.
  *
  * --from-dir DIR: ImageFolder layout.  Each subdirectory of DIR is a
  * class (label = its index in sorted order); every regular file below it
@@ -207,9 +211,88 @@ static void *reader(void *arg)
 	}
 }
 
+/* Converts any readable dataset to sluice shards, record by record, in order. */
+static int pack_dataset(const char *from, const char *out, uint64_t shard_size, int quiet, int json)
+{
+	struct sluice_dataset *ds;
+	struct sluice_writer *w = NULL;
+	struct sluice_writer_options opt = { shard_size };
+	struct sluice_field fields[SLUICE_MAX_FIELDS];
+	unsigned char *buf = NULL;
+	size_t cap = 0;
+	uint64_t n, bytes = 0;
+	struct timespec t0, t1;
+	int rc = sluice_dataset_open(&ds, from);
+
+	if (rc)
+		return cli_error(CMD, from, rc);
+	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++)
+		fields[f] = *sluice_dataset_field(ds, f);
+	rc = sluice_writer_open(&w, out, fields, sluice_dataset_nfields(ds), &opt);
+	if (rc) {
+		sluice_dataset_close(ds);
+		return cli_error(CMD, out, rc);
+	}
+	n = sluice_dataset_count(ds);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (uint64_t i = 0; i < n && !rc; i++) {
+		struct sluice_record_loc loc;
+		struct sluice_record rec;
+		ssize_t r;
+
+		if ((rc = sluice_dataset_locate(ds, i, &loc)))
+			break;
+		if (loc.length > cap) {
+			unsigned char *b = realloc(buf, loc.length);
+
+			if (!b) {
+				rc = -12;
+				break;
+			}
+			buf = b;
+			cap = loc.length;
+		}
+		r = sluice_dataset_read(ds, i, buf, cap, &rec);
+		if (r < 0) {
+			rc = (int)r;
+			break;
+		}
+		rc = sluice_writer_add(w, rec.data, rec.len);
+		bytes += (uint64_t)r;
+		if (!quiet && (i % 10000 == 9999 || i + 1 == n)) {
+			fprintf(stderr, "\rsluice pack: %llu/%llu records, %.1f MB", (unsigned long long)(i + 1),
+				(unsigned long long)n, (double)bytes / 1e6);
+			if (i + 1 == n)
+				fputc('\n', stderr);
+		}
+	}
+	free(buf);
+	if (rc) {
+		sluice_writer_abort(w);
+		sluice_dataset_close(ds);
+		return cli_error(CMD, from, rc);
+	}
+	rc = sluice_writer_close(w);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (rc) {
+		sluice_dataset_close(ds);
+		return cli_error(CMD, out, rc);
+	}
+	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+
+	if (json)
+		printf("{\"records\":%llu,\"bytes\":%llu,\"seconds\":%.3f,\"from_format\":\"%s\"}\n", (unsigned long long)n,
+		       (unsigned long long)bytes, s, sluice_dataset_format(ds));
+	else
+		printf("packed %llu %s records (%.1f MB) from %s into %s in %.2f s\n", (unsigned long long)n,
+		       sluice_dataset_format(ds), (double)bytes / 1e6, from, out, s);
+	sluice_dataset_close(ds);
+	return 0;
+}
+
 int cmd_pack(int argc, char **argv)
 {
-	const char *from = NULL, *out = NULL;
+	const char *from = NULL, *out = NULL, *from_ds = NULL;
 	uint64_t shard_size = 0;
 	unsigned threads = 0;
 	int quiet = !isatty(2), json = 0, rc = 0, labelled = 0;
@@ -226,18 +309,23 @@ int cmd_pack(int argc, char **argv)
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 
 		if (!strcmp(a, "--help")) {
-			printf("usage: sluice pack --from-dir DIR [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
-			       "  DIR in ImageFolder layout: DIR/<class>/<files>; fields data, label (i64), key\n");
+			printf("usage: sluice pack (--from-dir DIR | --from DATASET) [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
+			       "  --from-dir DIR   ImageFolder layout DIR/<class>/<files>: fields data, label (i64), key\n"
+			       "  --from DATASET   any dataset sluice reads: WebDataset tars (a .tar or a directory of them),\n"
+			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n");
 			return 0;
 		} else if (!strcmp(a, "--quiet")) {
 			quiet = 1;
 		} else if (!strcmp(a, "--json")) {
 			json = 1;
-		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--shard-size") || !strcmp(a, "--threads")) {
+		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
+			   !strcmp(a, "--threads")) {
 			if (!v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
 				from = v;
+			else if (!strcmp(a, "--from"))
+				from_ds = v;
 			else if (!strcmp(a, "--shard-size") && cli_size(CMD, a, v, &shard_size))
 				return 2;
 			else if (!strcmp(a, "--threads") && cli_uint(CMD, a, v, 1, 64, &threads))
@@ -251,8 +339,10 @@ int cmd_pack(int argc, char **argv)
 			out = a;
 		}
 	}
-	if (!from || !out)
-		return cli_fail(CMD, "need --from-dir DIR and OUT (see --help)");
+	if (!out || !!from == !!from_ds)
+		return cli_fail(CMD, "need one of --from-dir DIR or --from DATASET, and OUT (see --help)");
+	if (from_ds)
+		return pack_dataset(from_ds, out, shard_size, quiet, json);
 
 	/* The list of records: classes (subdirectories) or plain files. */
 	{

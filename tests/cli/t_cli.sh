@@ -124,12 +124,18 @@ PY
 	if grep -q "^png	106	crc32c=[0-9a-f]* 01030103" "$D/out" && grep -q "^cls	1	" "$D/out"; then echo "ok   sample 7 holds tarfile's bytes"
 	else echo "FAIL sample 7: $(cat "$D/out")"; fails=$((fails + 1)); fi
 	ok "verify a WebDataset" "$S" verify "$D/wds"
+	ok "pack a WebDataset into shards" "$S" pack --from "$D/wds" --json "$D/wds-packed"
+	has "eight records from webdataset" '"records":8,.*"from_format":"webdataset"'
+	ok "the packed sample 7" "$S" inspect --record 7 "$D/wds-packed"
+	if grep -q "^png	106	crc32c=[0-9a-f]* 01030103" "$D/out"; then echo "ok   packed sample 7 is the same bytes"
+	else echo "FAIL packed sample 7: $(cat "$D/out")"; fails=$((fails + 1)); fi
 else
 	echo "skip WebDataset cross-check (no python3)"
 fi
 
 bad "not a dataset" "index.sli" "$S" verify "$D/imf"
 bad "inspect without a dataset" "no DATASET" "$S" inspect
+bad "pack needs one source" "need one of" "$S" pack --from "$D/ds" --from-dir "$D/imf" "$D/x"
 
 echo "t_cli: $fails failure(s)"
 [ $fails -eq 0 ]
