@@ -544,6 +544,21 @@ SLUICE_API SLUICE_WUR ssize_t sluice_dataset_read(struct sluice_dataset *ds, uin
 SLUICE_API SLUICE_WUR int sluice_dataset_decode(const struct sluice_dataset *ds, const void *bytes,
 						size_t len, struct sluice_record *rec);
 
+/*
+ * Reads records idx[0..n) through eng's batched I/O into dst (host or GPU
+ * memory of eng's device), back to back, each starting 8-byte aligned:
+ * record k's stored bytes land at dst + offsets[k] (offsets, if not NULL,
+ * has n + 1 entries; the last is the total).  Neighbouring records are
+ * read with single I/Os.  Where the format has CRCs they are computed by
+ * the engine's workers from host bytes before any DMA and checked.
+ * Returns the total bytes, -ENOSPC if cap is too small, SLUICE_ECRC or
+ * SLUICE_EFORMAT naming the record, SLUICE_ERANGE, or -errno.  Decode
+ * host copies with sluice_dataset_decode().
+ */
+SLUICE_API SLUICE_WUR ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds,
+							const uint64_t *idx, size_t n, void *dst, size_t cap,
+							uint64_t *offsets, struct sluice_xfer_report *rep);
+
 /* What sluice_dataset_verify() found wrong with one record or shard. */
 struct sluice_bad {
 	uint64_t record;  /* UINT64_MAX when the problem is a whole shard */

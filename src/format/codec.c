@@ -5,25 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include <isa-l/crc.h>
-
 #include "format/format.h"
-
-uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n)
-{
-	/* isa-l's crc32_iscsi works on the inverted state and takes int lengths. */
-	uint32_t st = ~crc;
-	const unsigned char *c = p;
-
-	while (n) {
-		int k = n > (1u << 30) ? 1 << 30 : (int)n;
-
-		st = crc32_iscsi((unsigned char *)c, k, st);
-		c += k;
-		n -= (size_t)k;
-	}
-	return ~st;
-}
 
 static const unsigned char sl_dsize[] = { 1, 1, 2, 4, 4, 8, 2, 2, 4, 1, 2, 8 };
 static const char *const sl_dname[] = { "bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32", "i8", "i16", "f64" };

@@ -114,7 +114,7 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	fut->eng = eng;
 	fut->write = op == SL_IO_WRITE;
 	fut->range = (struct sluice_range){ f, off, len, mem };
-	rc = sl__plan(eng, &fut->job, op, &fut->range, 1);
+	rc = sl__plan(eng, &fut->job, op, &fut->range, 1, 0);
 	if (rc) {
 		free(fut);
 		return rc;

@@ -325,7 +325,7 @@ ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
 	uint64_t t0 = sl__now_ns();
 
 	sl__err_clear();
-	rc = sl__plan(eng, &job, op, r, n);
+	rc = sl__plan(eng, &job, op, r, n, 0);
 	if (rc) {
 		if (rep) {
 			memset(rep, 0, sizeof(*rep));

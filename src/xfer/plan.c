@@ -15,9 +15,15 @@
  */
 #define SL_READ_GAP (64u << 10)
 
+/* A caller's range and its position in the caller's array. */
+struct sl_ranged {
+	struct sluice_range r;
+	uint32_t orig;
+};
+
 static int sl_range_cmp(const void *a, const void *b)
 {
-	const struct sluice_range *x = a, *y = b;
+	const struct sluice_range *x = &((const struct sl_ranged *)a)->r, *y = &((const struct sl_ranged *)b)->r;
 
 	if (x->file != y->file)
 		return (uintptr_t)x->file < (uintptr_t)y->file ? -1 : 1;
@@ -42,45 +48,49 @@ static int sl_check_range(const struct sluice_range *r)
 }
 
 int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
-	     const struct sluice_range *in, size_t n)
+	     const struct sluice_range *in, size_t n, int crc)
 {
 	const size_t chunk = eng->cfg.max_transfer_size;
-	const int gds = eng->gds_ops != NULL;
-	struct sluice_range *r;
+	const int gds = eng->gds_ops != NULL && !crc;
+	struct sl_ranged *rd;
 	size_t maxsegs = 0, ns = 0, np = 0;
 	uint64_t wend = 0;
 	int rc = 0;
 
 	memset(job, 0, sizeof(*job));
 	job->op = op;
+	job->crc = crc;
 	if (!n)
 		return 0;
-	r = malloc(n * sizeof(*r));
-	if (!r)
+	if (n > UINT32_MAX)
+		return sl__err(-E2BIG, "%zu ranges in one call; at most %u", n, UINT32_MAX);
+	rd = malloc(n * sizeof(*rd));
+	if (!rd)
 		return -ENOMEM;
-	memcpy(r, in, n * sizeof(*r));
+	for (size_t i = 0; i < n; i++)
+		rd[i] = (struct sl_ranged){ in[i], (uint32_t)i };
 	for (size_t i = 0; i < n; i++) {
-		if (!r[i].file || (!r[i].buf && r[i].len)) {
+		if (!rd[i].r.file || (!rd[i].r.buf && rd[i].r.len)) {
 			rc = sl__err(-EINVAL, "range %zu: NULL file or buffer", i);
 			goto out;
 		}
 		if (op == SL_IO_WRITE) {
 			struct stat st;
 
-			if (!r[i].file->writable) {
-				rc = sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", r[i].file->path);
+			if (!rd[i].r.file->writable) {
+				rc = sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", rd[i].r.file->path);
 				goto out;
 			}
 			/* Fresh size: padding is allowed only past it (see pad_ok). */
-			if (fstat(r[i].file->fd, &st) == 0)
-				atomic_store(&r[i].file->size, (uint64_t)st.st_size);
+			if (fstat(rd[i].r.file->fd, &st) == 0)
+				atomic_store(&rd[i].r.file->size, (uint64_t)st.st_size);
 		}
-		if (op == SL_IO_READ && (rc = sl_check_range(&r[i])))
+		if (op == SL_IO_READ && (rc = sl_check_range(&rd[i].r)))
 			goto out;
-		maxsegs += r[i].len / chunk + 2;
+		maxsegs += rd[i].r.len / chunk + 2;
 	}
 	if (n > 1)
-		qsort(r, n, sizeof(*r), sl_range_cmp);
+		qsort(rd, n, sizeof(*rd), sl_range_cmp);
 	job->segs = malloc(maxsegs * sizeof(*job->segs));
 	job->pieces = malloc(maxsegs * sizeof(*job->pieces));
 	if (!job->segs || !job->pieces) {
@@ -88,20 +98,20 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++)
-		if (r[i].offset + r[i].len > wend)
-			wend = r[i].offset + r[i].len;
+		if (rd[i].r.offset + rd[i].r.len > wend)
+			wend = rd[i].r.offset + rd[i].r.len;
 
 	struct sl__seg *cur = NULL;
 
 	for (size_t i = 0; i < n; i++) {
-		uint64_t off = r[i].offset;
-		size_t left = r[i].len;
-		char *mem = r[i].buf;
+		uint64_t off = rd[i].r.offset;
+		size_t left = rd[i].r.len;
+		char *mem = rd[i].r.buf;
 		int gpu = left ? sl__gpu_is_device_ptr(&eng->gpu, mem) : 0;
 
 		while (left) {
 			uint64_t cur_end = cur ? cur->off + cur->len : 0;
-			int join = cur && cur->file == r[i].file && !(gds && gpu) &&
+			int join = cur && cur->file == rd[i].r.file && !(gds && gpu) &&
 				   (op == SL_IO_READ ? off + 0 <= cur_end + SL_READ_GAP && off >= cur->off
 						     : off == cur_end) &&
 				   off < cur->off + chunk;
@@ -109,7 +119,7 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 
 			if (!join) {
 				cur = &job->segs[ns++];
-				cur->file = r[i].file;
+				cur->file = rd[i].r.file;
 				cur->off = off;
 				cur->len = 0;
 				cur->piece0 = (uint32_t)np;
@@ -123,6 +133,8 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 			job->pieces[np].len = take;
 			job->pieces[np].mem = mem;
 			job->pieces[np].gpu = gpu;
+			job->pieces[np].range = rd[i].orig;
+			job->pieces[np].crc = 0;
 			np++;
 			cur->npieces++;
 			if (off + take > cur->off + cur->len)
@@ -140,8 +152,9 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 		}
 	}
 	job->nsegs = ns;
+	job->npieces = np;
 out:
-	free(r);
+	free(rd);
 	if (rc)
 		sl__plan_free(job);
 	return rc;

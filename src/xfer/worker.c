@@ -272,7 +272,7 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->io.user = sl;
 	sl->ctx = &w->io;
 
-	if (eng->gds_ops && f->cufh && s->npieces == 1 && p0->gpu) {
+	if (eng->gds_ops && !job->crc && f->cufh && s->npieces == 1 && p0->gpu) {
 		/* GPUDirect: storage straight to or from device memory. */
 		sl->ctx = &w->gds;
 		sl->direct = 1;
@@ -385,6 +385,15 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 	if (sl->io.op == SL_IO_WRITE) {
 		sl_slot_finish(w, sl, 0);
 		return;
+	}
+	if (sl->job->crc) {
+		/* Checksums on this worker, from the host bytes, before any DMA. */
+		for (uint32_t i = 0; i < s->npieces; i++) {
+			struct sl__piece *p = &sl->job->pieces[s->piece0 + i];
+			const char *b = sl->zero_copy ? p->mem : sl->buf + sl->head + p->seg_off;
+
+			p->crc = sluice_crc32c(0, b, p->len);
+		}
 	}
 	if (sl_copy_pieces(w, sl, &err)) {
 		sl->state = SL_DMA;

@@ -47,6 +47,8 @@ struct sl__piece {
 	size_t len;
 	char *mem;      /* destination (read) or source (write) */
 	int gpu;        /* mem is device memory */
+	uint32_t range; /* index of the caller's range it belongs to */
+	uint32_t crc;   /* CRC32C of its bytes, when the job asks (job->crc) */
 };
 
 struct sl__seg {
@@ -59,9 +61,10 @@ struct sl__seg {
 
 struct sl__job {
 	int op;                    /* SL_IO_READ or SL_IO_WRITE */
+	int crc;                   /* workers compute each piece's CRC32C (reads) */
 	struct sl__seg *segs;
 	struct sl__piece *pieces;
-	size_t nsegs;
+	size_t nsegs, npieces;
 	size_t next;               /* next unclaimed segment (engine lock) */
 	_Atomic size_t done;       /* segments finished */
 	_Atomic int err;           /* first error, 0 if none */
@@ -119,9 +122,13 @@ struct sluice_engine {
 	_Atomic uint64_t st_ios, st_bytes;
 };
 
-/* plan.c: builds job->segs/pieces from ranges; 0 or an error. */
+/*
+ * plan.c: builds job->segs/pieces from ranges; 0 or an error.  Pieces of
+ * one range are consecutive and in file order.  With crc set, workers
+ * compute each piece's CRC32C from host bytes (so GPUDirect is not used).
+ */
 SL_HIDDEN int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
-		       const struct sluice_range *r, size_t n);
+		       const struct sluice_range *r, size_t n, int crc);
 SL_HIDDEN void sl__plan_free(struct sl__job *job);
 
 /* engine.c */

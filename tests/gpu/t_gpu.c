@@ -175,6 +175,41 @@ static void t_async(struct sluice_engine *eng, const char *path, const char *wan
 	free(h);
 }
 
+/* Dataset records straight into GPU memory, CRCs checked by the workers. */
+static void t_dataset_batch(struct sluice_engine *eng)
+{
+	static const struct sluice_field f[1] = { { "blob", SLUICE_DTYPE_BYTES, 0, { 0 } } };
+	struct sluice_writer *w;
+	struct sluice_dataset *ds;
+	char path[700], blob[5000], *d, *h = malloc(1 << 20), *one = malloc(8192);
+	uint64_t idx[100], off[101];
+
+	snprintf(path, sizeof(path), "%s/ds", dir);
+	T_CHECK(sluice_writer_open(&w, path, f, 1, NULL) == 0);
+	for (int i = 0; i < 100; i++) {
+		size_t l = 100 + (size_t)i * 37;
+		const void *v[1] = { blob };
+
+		t_fill(blob, l, (uint64_t)i);
+		T_CHECK(sluice_writer_add(w, v, &l) == 0);
+		idx[i] = (uint64_t)(i * 7 % 100);
+	}
+	T_CHECK(sluice_writer_close(w) == 0);
+	T_CHECK(sluice_dataset_open(&ds, path) == 0);
+	T_CHECK(sluice_gpu_alloc(eng, 1 << 20, (void **)&d) == 0);
+	T_CHECK(sluice_dataset_read_batch(eng, ds, idx, 100, d, 1 << 20, off, NULL) > 0);
+	T_CHECK(sluice_gpu_copy(eng, h, d, off[100]) == 0);
+	for (int k = 0; k < 100; k++) {
+		ssize_t l = sluice_dataset_read(ds, idx[k], one, 8192, NULL);
+
+		T_CHECK(l > 0 && !memcmp(h + off[k], one, (size_t)l));
+	}
+	sluice_gpu_free(eng, d);
+	sluice_dataset_close(ds);
+	free(h);
+	free(one);
+}
+
 int main(void)
 {
 	const size_t n = (24u << 20) + 4099;
@@ -205,6 +240,8 @@ int main(void)
 	fflush(stdout);
 	t_async(eng, path, want, n);
 	printf("async done (%d failures)\n", t_failures);
+	t_dataset_batch(eng);
+	printf("dataset batch to GPU done (%d failures)\n", t_failures);
 	fflush(stdout);
 	rc = sluice_gpu_alloc(eng, (size_t)1 << 50, &p);
 	T_CHECK(rc == SLUICE_ECUDA && strstr(sluice_last_error_detail(), "out of memory"));

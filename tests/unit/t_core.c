@@ -97,9 +97,22 @@ static void t_hist(void)
 	T_CHECK(sl__hist_percentile(&h, 50) == 3);
 }
 
+static void t_crc_combine(void)
+{
+	char buf[5000];
+
+	t_fill(buf, sizeof(buf), 3);
+	for (size_t cut = 0; cut <= sizeof(buf); cut += 997) {
+		uint32_t a = sluice_crc32c(0, buf, cut), b = sluice_crc32c(0, buf + cut, sizeof(buf) - cut);
+
+		T_CHECK(sl__crc32c_combine(a, b, sizeof(buf) - cut) == sluice_crc32c(0, buf, sizeof(buf)));
+	}
+}
+
 int main(void)
 {
 	t_errors();
+	t_crc_combine();
 	t_sizes();
 	t_config();
 	t_hist();
