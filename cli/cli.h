@@ -20,6 +20,14 @@ int cli_size(const char *cmd, const char *opt, const char *v, uint64_t *out);
 int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsigned hi, unsigned *out);
 /* Prints sluice's error with its detail. */
 int cli_error(const char *cmd, const char *what, long code);
+/*
+ * Parses "[--json] [OPT VALUE] DATASET" and opens the dataset.  opt (may be
+ * NULL) names one optional valued option, whose value lands in *opt_val.
+ * Returns 0 with *ds open; -1 after --help (usage printed); otherwise the
+ * exit code to return (2: usage, 1: the dataset would not open).
+ */
+int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, const char *opt,
+		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds);
 /* Writes s as a JSON string literal. */
 void cli_json_str(const char *s);
 

@@ -52,34 +52,23 @@ static int print_record(struct sluice_dataset *ds, const char *path, uint64_t i)
 int cmd_inspect(int argc, char **argv)
 {
 	struct sluice_dataset *ds;
-	const char *path = NULL;
+	const char *path = NULL, *rec_arg = NULL;
 	int json = 0, rc, one = 0;
 	uint64_t n, total = 0, minl = UINT64_MAX, maxl = 0, rec_no = 0;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--json"))
-			json = 1;
-		else if (!strcmp(argv[i], "--record")) {
-			if (i + 1 >= argc || cli_size(CMD, "--record", argv[i + 1], &rec_no))
-				return i + 1 >= argc ? cli_fail(CMD, "--record needs a value") : 2;
-			one = 1;
-			i++;
-		} else if (!strcmp(argv[i], "--help")) {
-			printf("usage: sluice inspect [--json] [--record N] DATASET\n"
-			       "  --record N   print record N's fields (bytes: length, CRC32C and the first 16 bytes)\n");
-			return 0;
-		} else if (argv[i][0] == '-')
-			return cli_fail(CMD, "unknown option '%s'", argv[i]);
-		else if (path)
-			return cli_fail(CMD, "more than one DATASET given");
-		else
-			path = argv[i];
-	}
-	if (!path)
-		return cli_fail(CMD, "no DATASET given");
-	rc = sluice_dataset_open(&ds, path);
+	rc = cli_open_dataset(CMD, argc, argv,
+			      "usage: sluice inspect [--json] [--record N] DATASET\n"
+			      "  --record N   print record N's fields (bytes: length, CRC32C and the first 16 bytes)\n",
+			      "--record", &rec_arg, &json, &path, &ds);
 	if (rc)
-		return cli_error(CMD, path, rc);
+		return rc < 0 ? 0 : rc;
+	if (rec_arg) {
+		if (cli_size(CMD, "--record", rec_arg, &rec_no)) {
+			sluice_dataset_close(ds);
+			return 2;
+		}
+		one = 1;
+	}
 	if (one)
 		return print_record(ds, path, rec_no);
 	n = sluice_dataset_count(ds);

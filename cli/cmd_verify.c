@@ -42,26 +42,16 @@ int cmd_verify(int argc, char **argv)
 	int64_t r;
 	int rc;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--json"))
-			c.json = 1;
-		else if (!strcmp(argv[i], "--help")) {
-			printf("usage: sluice verify [--json] DATASET\n  exit 0: all good; 1: problems (listed); 2: bad usage\n");
-			return 0;
-		} else if (argv[i][0] == '-')
-			return cli_fail(CMD, "unknown option '%s'", argv[i]);
-		else if (path)
-			return cli_fail(CMD, "more than one DATASET given");
-		else
-			path = argv[i];
-	}
-	if (!path)
-		return cli_fail(CMD, "no DATASET given");
-	rc = sluice_dataset_open(&ds, path);
+	rc = cli_open_dataset(CMD, argc, argv,
+			      "usage: sluice verify [--json] DATASET\n  exit 0: all good; 1: problems (listed); 2: bad usage\n",
+			      NULL, NULL, &c.json, &path, &ds);
 	if (rc)
-		return cli_error(CMD, path, rc);
-	if (c.json)
-		printf("{\"path\":\"%s\",\"records\":%llu,\"bad\":[", path, (unsigned long long)sluice_dataset_count(ds));
+		return rc < 0 ? 0 : rc;
+	if (c.json) {
+		printf("{\"path\":");
+		cli_json_str(path);
+		printf(",\"records\":%llu,\"bad\":[", (unsigned long long)sluice_dataset_count(ds));
+	}
 	r = sluice_dataset_verify(ds, on_bad, &c);
 	if (c.json)
 		printf("],\"problems\":%lld,\"ok\":%s}\n", (long long)(r < 0 ? c.n : r), r == 0 ? "true" : "false");

@@ -50,6 +50,37 @@ int cli_error(const char *cmd, const char *what, long code)
 	return 1;
 }
 
+int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, const char *opt,
+		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds)
+{
+	int rc;
+
+	*path = NULL;
+	*ds = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json")) {
+			*json = 1;
+		} else if (opt && !strcmp(argv[i], opt)) {
+			if (i + 1 >= argc)
+				return cli_fail(cmd, "%s needs a value", opt);
+			*opt_val = argv[++i];
+		} else if (!strcmp(argv[i], "--help")) {
+			fputs(usage, stdout);
+			return -1;
+		} else if (argv[i][0] == '-') {
+			return cli_fail(cmd, "unknown option '%s'", argv[i]);
+		} else if (*path) {
+			return cli_fail(cmd, "more than one DATASET given");
+		} else {
+			*path = argv[i];
+		}
+	}
+	if (!*path)
+		return cli_fail(cmd, "no DATASET given");
+	rc = sluice_dataset_open(ds, *path);
+	return rc ? cli_error(cmd, *path, rc) : 0;
+}
+
 void cli_json_str(const char *s)
 {
 	putchar('"');

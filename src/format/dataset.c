@@ -6,12 +6,37 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "format/format.h"
 
 /* Format readers in the order they are tried. */
 static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops, &sl__ds_wds_ops };
+
+int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint)
+{
+	struct stat st;
+	void *m;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+
+	*map = NULL;
+	*len = 0;
+	if (fd < 0)
+		return sl__err(-errno, "%s: %s%s", path, strerror(errno),
+			       errno == ENOENT && enoent_hint ? " (not a dataset sluice reads, or its writer did not finish)" : "");
+	if (fstat(fd, &st) < 0)
+		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+	else if (st.st_size == 0)
+		rc = sl__err(SLUICE_EFORMAT, "%s: empty file", path);
+	else if ((m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
+		rc = sl__err(-errno, "%s: mmap: %s", path, strerror(errno));
+	else
+		*map = m, *len = (size_t)st.st_size;
+	close(fd);
+	return rc;
+}
 
 int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)
 {

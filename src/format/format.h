@@ -163,6 +163,11 @@ SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
 /* The generic layer: a file's descriptor (opened on first use). */
 SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
+/*
+ * Maps a whole file read-only; errors name the file (with enoent_hint, a
+ * missing file is called an unfinished or foreign dataset).  munmap() it.
+ */
+SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint);
 /* Sets up files/fds arrays for n files; names are taken over. */
 SL_HIDDEN int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n);
 

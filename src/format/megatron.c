@@ -92,26 +92,16 @@ static int sl_mm_open(struct sluice_dataset *ds, const char *path)
 	struct sl_mm *mm = calloc(1, sizeof(*mm));
 	char *pre = sl_mm_prefix(path), *idx = NULL, **files = calloc(1, sizeof(char *));
 	struct stat st;
-	int fd = -1, rc;
+	int rc;
 
 	ds->priv = mm;
 	if (!mm || !pre || !files || asprintf(&idx, "%s.idx", pre) < 0 || asprintf(&files[0], "%s.bin", pre) < 0) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	fd = open(idx, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) < 0) {
-		rc = sl__err(-errno, "%s: %s", idx, strerror(errno));
+	rc = sl__map_ro(idx, &mm->map, &mm->map_len, 0);
+	if (rc)
 		goto out;
-	}
-	mm->map_len = (size_t)st.st_size;
-	mm->map = mm->map_len ? mmap(NULL, mm->map_len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-	if (mm->map == MAP_FAILED) {
-		mm->map = NULL;
-		rc = sl__err(mm->map_len ? -errno : SLUICE_EFORMAT, "%s: cannot map (%s)", idx,
-			     mm->map_len ? strerror(errno) : "empty file");
-		goto out;
-	}
 	rc = sl__mmidx_parse(mm->map, mm->map_len, &mm->ix);
 	if (rc) {
 		rc = sl__err(rc, "%s: %s", idx, sluice_last_error_detail());
@@ -136,8 +126,6 @@ out:
 		free(files[0]);
 		free(files);
 	}
-	if (fd >= 0)
-		close(fd);
 	free(pre);
 	free(idx);
 	return rc;

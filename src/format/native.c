@@ -30,34 +30,18 @@ static int sl_native_probe(const char *path)
 static int sl_native_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_native *nv = calloc(1, sizeof(*nv));
-	struct stat st;
 	char *ip = NULL, **names = NULL;
-	int fd = -1, rc;
+	int rc;
 
 	if (!nv || asprintf(&ip, "%s/%s", path, SL_INDEX_NAME) < 0) {
 		free(nv);
 		return -ENOMEM;
 	}
 	ds->priv = nv;
-	fd = open(ip, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = sl__err(-errno, "%s: %s%s", ip, strerror(errno),
-			     errno == ENOENT ? " (not a dataset sluice reads, or its writer did not finish)" : "");
+	rc = sl__map_ro(ip, &nv->map, &nv->map_len, 1);
+	if (rc)
 		goto out;
-	}
-	if (fstat(fd, &st) < 0) {
-		rc = sl__err(-errno, "%s: %s", ip, strerror(errno));
-		goto out;
-	}
-	nv->map_len = (size_t)st.st_size;
-	nv->map = nv->map_len ? mmap(NULL, nv->map_len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-	if (nv->map == MAP_FAILED) {
-		nv->map = NULL;
-		rc = nv->map_len ? sl__err(-errno, "%s: mmap: %s", ip, strerror(errno))
-				 : sl__err(SLUICE_EFORMAT, "%s: empty file", ip);
-		goto out;
-	}
-	rc = sl__index_parse(nv->map, nv->map_len, (uint64_t)st.st_size, &nv->ix);
+	rc = sl__index_parse(nv->map, nv->map_len, nv->map_len, &nv->ix);
 	if (rc) {
 		rc = sl__err(rc, "%s: %s", ip, sluice_last_error_detail());
 		goto out;
@@ -90,8 +74,6 @@ static int sl_native_open(struct sluice_dataset *ds, const char *path)
 		ds->file_records[s] = nv->ix.shard_records[s];
 	}
 out:
-	if (fd >= 0)
-		close(fd);
 	free(ip);
 	return rc;
 }
