@@ -290,9 +290,77 @@ static int pack_dataset(const char *from, const char *out, uint64_t shard_size, 
 	return 0;
 }
 
+/* JSON lines, one record per non-empty line, fields chosen by key. */
+static int pack_jsonl(const char *from, const char *fields_arg, const char *out, uint64_t shard_size, int json)
+{
+	struct sluice_writer *w = NULL;
+	struct sluice_writer_options opt = { shard_size };
+	struct sluice_field fields[SLUICE_MAX_FIELDS];
+	const char *names[SLUICE_MAX_FIELDS];
+	char *list = strdup(fields_arg ? fields_arg : ""), *save = NULL, *line = NULL;
+	unsigned n = 0;
+	size_t cap = 0;
+	uint64_t lineno = 0;
+	ssize_t len;
+	int rc = 0;
+	FILE *f;
+
+	for (char *t = strtok_r(list, ",", &save); t && n < SLUICE_MAX_FIELDS; t = strtok_r(NULL, ",", &save))
+		names[n++] = t;
+	if (!n) {
+		free(list);
+		return cli_fail(CMD, "--from-jsonl needs --fields KEY[,KEY...]");
+	}
+	f = fopen(from, "r");
+	if (!f) {
+		free(list);
+		return cli_fail(CMD, "%s: %s", from, strerror(errno));
+	}
+	while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+		lineno++;
+		while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+			len--;
+		if (!len)
+			continue;
+		if (!w) {
+			rc = sluice_json_schema(line, (size_t)len, names, n, fields);
+			if (!rc)
+				rc = sluice_writer_open(&w, out, fields, n, &opt);
+			if (rc) {
+				rc = w ? 1 : cli_fail(CMD, "%s:%llu: %s", from, (unsigned long long)lineno, sluice_last_error_detail());
+				break;
+			}
+		}
+		if (sluice_writer_add_json(w, line, (size_t)len))
+			rc = cli_fail(CMD, "%s:%llu: %s", from, (unsigned long long)lineno, sluice_last_error_detail());
+	}
+	if (!rc && ferror(f))
+		rc = cli_fail(CMD, "%s: %s", from, strerror(errno));
+	fclose(f);
+	free(line);
+	if (!rc && !w)
+		rc = cli_fail(CMD, "%s: no records (empty file)", from);
+	if (rc) {
+		sluice_writer_abort(w);
+		free(list);
+		return rc;
+	}
+	uint64_t count = sluice_writer_count(w);
+
+	rc = sluice_writer_close(w);
+	if (rc)
+		rc = cli_error(CMD, out, rc);
+	else if (json)
+		printf("{\"records\":%llu,\"from_format\":\"jsonl\"}\n", (unsigned long long)count);
+	else
+		printf("packed %llu JSON lines from %s into %s\n", (unsigned long long)count, from, out);
+	free(list);
+	return rc;
+}
+
 int cmd_pack(int argc, char **argv)
 {
-	const char *from = NULL, *out = NULL, *from_ds = NULL;
+	const char *from = NULL, *out = NULL, *from_ds = NULL, *from_jsonl = NULL, *fields_arg = NULL;
 	uint64_t shard_size = 0;
 	unsigned threads = 0;
 	int quiet = !isatty(2), json = 0, rc = 0, labelled = 0;
@@ -309,7 +377,10 @@ int cmd_pack(int argc, char **argv)
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 
 		if (!strcmp(a, "--help")) {
-			printf("usage: sluice pack (--from-dir DIR | --from DATASET) [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
+			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2)\n"
+			       "                   [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
+			       "  --from-jsonl F   one record per JSON line; --fields picks top-level keys: string -> bytes,\n"
+			       "                   integer -> i64, real -> f64, bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]\n"
 			       "  --from-dir DIR   ImageFolder layout DIR/<class>/<files>: fields data, label (i64), key\n"
 			       "  --from DATASET   any dataset sluice reads: WebDataset tars (a .tar or a directory of them),\n"
 			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n");
@@ -319,11 +390,15 @@ int cmd_pack(int argc, char **argv)
 		} else if (!strcmp(a, "--json")) {
 			json = 1;
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
-			   !strcmp(a, "--threads")) {
+			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields")) {
 			if (!v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
 				from = v;
+			else if (!strcmp(a, "--from-jsonl"))
+				from_jsonl = v;
+			else if (!strcmp(a, "--fields"))
+				fields_arg = v;
 			else if (!strcmp(a, "--from"))
 				from_ds = v;
 			else if (!strcmp(a, "--shard-size") && cli_size(CMD, a, v, &shard_size))
@@ -339,10 +414,12 @@ int cmd_pack(int argc, char **argv)
 			out = a;
 		}
 	}
-	if (!out || !!from == !!from_ds)
-		return cli_fail(CMD, "need one of --from-dir DIR or --from DATASET, and OUT (see --help)");
+	if (!out || !!from + !!from_ds + !!from_jsonl != 1)
+		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET or --from-jsonl FILE, and OUT (see --help)");
 	if (from_ds)
 		return pack_dataset(from_ds, out, shard_size, quiet, json);
+	if (from_jsonl)
+		return pack_jsonl(from_jsonl, fields_arg, out, shard_size, json);
 
 	/* The list of records: classes (subdirectories) or plain files. */
 	{

@@ -475,6 +475,20 @@ SLUICE_API SLUICE_WUR int sluice_writer_add(struct sluice_writer *w, const void 
 					    const size_t *lens);
 /* Records added so far. */
 SLUICE_API uint64_t sluice_writer_count(const struct sluice_writer *w);
+
+/*
+ * JSON lines.  sluice_json_schema() infers fields from one JSON object:
+ * the top-level keys names[0..n) become fields named after them (out[i].name
+ * points to names[i]): string -> bytes, integer -> i64, real -> f64,
+ * boolean -> u8, array of integers -> i64[*], array of numbers -> f32[*],
+ * anything else -> bytes holding its JSON text.  sluice_writer_add_json()
+ * adds one line as a record of w's schema.  Both return 0 or SLUICE_EFORMAT
+ * naming the field (invalid JSON, a missing or null key, a type that
+ * differs from the schema).
+ */
+SLUICE_API SLUICE_WUR int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
+					     struct sluice_field *out);
+SLUICE_API SLUICE_WUR int sluice_writer_add_json(struct sluice_writer *w, const char *line, size_t len);
 /*
  * Finishes the last shard, writes and syncs the index, renames it into
  * place and frees w.  On error the dataset stays incomplete (no index).

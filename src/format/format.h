@@ -171,6 +171,10 @@ SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *le
 /* Sets up files/fds arrays for n files; names are taken over. */
 SL_HIDDEN int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n);
 
+/* json.c: one JSON line as values of fields f (bytes in *scratch). */
+SL_HIDDEN int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, size_t len,
+			      unsigned char **scratch, size_t *cap, const void **vals, size_t *lens);
+
 /* Record bytes: size of the encoding, encoder, and decoder (bounds-checked). */
 SL_HIDDEN size_t sl__record_size(unsigned nfields, const size_t *lens);
 SL_HIDDEN void sl__record_encode(unsigned char *out, unsigned nfields, const void *const *vals,

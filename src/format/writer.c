@@ -35,6 +35,8 @@ struct sluice_writer {
 	size_t ebuf_len;
 	unsigned char *rec;      /* one encoded record */
 	size_t rec_cap;
+	unsigned char *json;     /* values of one JSON line */
+	size_t json_cap;
 };
 
 static char *sl_path(const char *dir, const char *fmt, unsigned n)
@@ -264,6 +266,17 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	return 0;
 }
 
+int sluice_writer_add_json(struct sluice_writer *w, const char *line, size_t len)
+{
+	const void *vals[SLUICE_MAX_FIELDS];
+	size_t lens[SLUICE_MAX_FIELDS];
+	int rc = sl__json_values(w->fields, w->nfields, line, len, &w->json, &w->json_cap, vals, lens);
+
+	if (rc)
+		return sl__err(rc, "record %llu: %s", (unsigned long long)w->nrecords, sluice_last_error_detail());
+	return sluice_writer_add(w, vals, lens);
+}
+
 int sluice_writer_close(struct sluice_writer *w)
 {
 	unsigned char *hdr = NULL;
@@ -369,6 +382,7 @@ void sluice_writer_abort(struct sluice_writer *w)
 	free(w->buf);
 	free(w->ebuf);
 	free(w->rec);
+	free(w->json);
 	free(w->shard_records);
 	free(w->shard_bytes);
 	free(w);

@@ -137,5 +137,22 @@ bad "not a dataset" "index.sli" "$S" verify "$D/imf"
 bad "inspect without a dataset" "no DATASET" "$S" inspect
 bad "pack needs one source" "need one of" "$S" pack --from "$D/ds" --from-dir "$D/imf" "$D/x"
 
+# JSON lines: types from the first line, errors naming file and line.
+printf '%s\n' '{"text": "hello", "label": 3, "tokens": [1, 2, 3], "emb": [0.5, 1], "ok": true, "meta": {"a": 1}}' \
+	'' '{"text": "world \u00e9", "label": -7, "tokens": [], "emb": [2, 3.25], "ok": false, "meta": [1]}' > "$D/in.jsonl"
+ok "pack JSONL" "$S" pack --from-jsonl "$D/in.jsonl" --fields text,label,tokens,emb,ok,meta --json "$D/js"
+has "two records" '"records":2'
+ok "inspect JSONL fields" "$S" inspect --json "$D/js"
+has "types inferred" '"name":"tokens","dtype":"i64","shape":\[-1\]},{"name":"emb","dtype":"f32","shape":\[-1\]},{"name":"ok","dtype":"u8"'
+ok "JSONL record 1" "$S" inspect --record 1 "$D/js"
+if grep -q "^label	8	-7$" "$D/out" && grep -q "^text	8	crc32c=[0-9a-f]* 776f726c6420c3a9$" "$D/out" && grep -q "^tokens	0	" "$D/out" && grep -q "^meta	3	" "$D/out"; then echo "ok   JSONL record 1 holds its values"
+else echo "FAIL JSONL record 1: $(cat "$D/out")"; fails=$((fails + 1)); fi
+printf '%s\n' '{"text": "a", "label": 1}' '{"text": "b", "label": "two"}' > "$D/bad1.jsonl"
+bad "JSONL type change" "bad1.jsonl:2: record 1: field 'label' is bytes here, i64" "$S" pack --from-jsonl "$D/bad1.jsonl" --fields text,label "$D/js2"
+printf '%s\n' '{"text": "a"}' '{"text": ' > "$D/bad2.jsonl"
+bad "JSONL broken line" "bad2.jsonl:2:.*invalid JSON" "$S" pack --from-jsonl "$D/bad2.jsonl" --fields text "$D/js3"
+bad "JSONL missing key" "field 'label' is missing" "$S" pack --from-jsonl "$D/bad2.jsonl" --fields text,label "$D/js4"
+if [ -e "$D/js2/index.sli" ] || [ -e "$D/js3/index.sli" ]; then echo "FAIL a failed pack left a dataset"; fails=$((fails + 1)); else echo "ok   failed packs leave no dataset"; fi
+
 echo "t_cli: $fails failure(s)"
 [ $fails -eq 0 ]

@@ -1,7 +1,7 @@
 /*
  * libFuzzer target: every decoder of dataset files (docs/FORMAT.md).
  * The input is taken as an index file, a Megatron .idx, a WebDataset tar
- * and a WebDataset sidecar index; if it parses, the bytes after the
+ * a WebDataset sidecar index, and JSON lines; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header and as a record of a fixed schema.
  * Properties: no crash or sanitizer report; decoded fields lie inside
@@ -72,5 +72,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (size >= 32)
 		(void)sl__wds_parse(data, size, sl__le64(data + 16), sl__le64(data + 24), &nkeys, keys, &nsamp, &eoff);
+
+	/* As JSON lines: the first line fixes a schema, the rest must convert or be refused. */
+	static const char *const names[3] = { "text", "label", "tokens" };
+	const uint8_t *nl = memchr(data, '\n', size);
+	struct sluice_field f[3];
+
+	if (nl && sluice_json_schema((const char *)data, (size_t)(nl - data), names, 3, f) == 0) {
+		unsigned char *scratch = NULL;
+		size_t cap = 0, lens[3];
+		const void *vals[3];
+
+		if (sl__json_values(f, 3, (const char *)nl + 1, size - (size_t)(nl - data) - 1, &scratch, &cap, vals,
+				    lens) == 0)
+			for (int i = 0; i < 3; i++)
+				if ((const unsigned char *)vals[i] < scratch || (const unsigned char *)vals[i] + lens[i] > scratch + cap)
+					abort();
+		free(scratch);
+	}
 	return 0;
 }

@@ -1,0 +1,190 @@
+/*
+ * JSON lines into records, for `sluice pack --from-jsonl`.  Parsing is
+ * jansson's; this maps chosen top-level keys to fields:
+ *   string -> bytes (UTF-8)      integer -> i64      real -> f64
+ *   true/false -> u8 (1/0)       array of integers -> i64[*]
+ *   array of numbers with a real -> f32[*]           anything else -> bytes of its JSON text
+ * The first line fixes the schema; later lines must agree, except that a
+ * bytes field takes any value (non-strings as their JSON text).
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include <jansson.h>
+
+#include "format/format.h"
+
+/* What a JSON value becomes, from the value alone. */
+static void sl_json_kind(json_t *v, struct sluice_field *f)
+{
+	size_t i;
+	json_t *e;
+	int ints = 1, nums = 1;
+
+	f->ndim = 0;
+	f->shape[0] = 0;
+	if (json_is_string(v)) {
+		f->dtype = SLUICE_DTYPE_BYTES;
+	} else if (json_is_integer(v)) {
+		f->dtype = SLUICE_DTYPE_I64;
+	} else if (json_is_real(v)) {
+		f->dtype = SLUICE_DTYPE_F64;
+	} else if (json_is_boolean(v)) {
+		f->dtype = SLUICE_DTYPE_U8;
+	} else if (json_is_array(v)) {
+		json_array_foreach(v, i, e) {
+			ints &= json_is_integer(e);
+			nums &= json_is_number(e);
+		}
+		if (nums) {
+			f->dtype = ints ? SLUICE_DTYPE_I64 : SLUICE_DTYPE_F32;
+			f->ndim = 1;
+			f->shape[0] = -1;
+		} else {
+			f->dtype = SLUICE_DTYPE_BYTES;
+		}
+	} else {
+		f->dtype = SLUICE_DTYPE_BYTES; /* objects: their JSON text */
+	}
+}
+
+int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
+		       struct sluice_field *out)
+{
+	json_error_t err;
+	json_t *root = json_loadb(line, len, JSON_DECODE_ANY, &err);
+	int rc = 0;
+
+	if (!root)
+		return sl__err(SLUICE_EFORMAT, "invalid JSON at column %d: %s", err.column, err.text);
+	if (!json_is_object(root)) {
+		json_decref(root);
+		return sl__err(SLUICE_EFORMAT, "line is not a JSON object");
+	}
+	for (unsigned i = 0; i < n && !rc; i++) {
+		json_t *v = json_object_get(root, names[i]);
+
+		if (!v || json_is_null(v))
+			rc = sl__err(SLUICE_EFORMAT, "field '%s' is missing or null", names[i]);
+		else {
+			sl_json_kind(v, &out[i]);
+			out[i].name = names[i];
+			/* Fix an empty first array as i64[*]; later reals then fail clearly. */
+			if (json_is_array(v) && !json_array_size(v))
+				out[i].dtype = SLUICE_DTYPE_I64, out[i].ndim = 1, out[i].shape[0] = -1;
+		}
+	}
+	json_decref(root);
+	return rc ? rc : sl__schema_check(out, n);
+}
+
+/*
+ * Converts one line into values for fields f[0..n); the bytes live in
+ * *scratch (grown as needed, caller frees).  Returns 0 or SLUICE_EFORMAT.
+ */
+int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, size_t len, unsigned char **scratch,
+		    size_t *cap, const void **vals, size_t *lens)
+{
+	json_error_t err;
+	json_t *root = json_loadb(line, len, JSON_DECODE_ANY, &err);
+	size_t used = 0, offs[SLUICE_MAX_FIELDS];
+	int rc = 0;
+
+	if (!root)
+		return sl__err(SLUICE_EFORMAT, "invalid JSON at column %d: %s", err.column, err.text);
+	if (!json_is_object(root)) {
+		json_decref(root);
+		return sl__err(SLUICE_EFORMAT, "line is not a JSON object");
+	}
+	for (unsigned i = 0; i < n && !rc; i++) {
+		json_t *v = json_object_get(root, f[i].name), *e;
+		char *text = NULL;
+		const void *src = NULL;
+		size_t need = 0, k;
+		struct sluice_field got;
+		union {
+			int64_t i;
+			double d;
+			uint8_t b;
+		} scalar;
+
+		if (!v || json_is_null(v)) {
+			rc = sl__err(SLUICE_EFORMAT, "field '%s' is missing or null", f[i].name);
+			break;
+		}
+		sl_json_kind(v, &got);
+		/* An integer array fits a float field; an empty array fits any array field. */
+		/*
+		 * A bytes field takes any value (strings as they are, the rest as
+		 * JSON text); typed fields take their own kind, where an integer
+		 * array fits a float array and an empty array fits any array.
+		 */
+		if (f[i].dtype != SLUICE_DTYPE_BYTES && (got.dtype != f[i].dtype || got.ndim != f[i].ndim) &&
+		    !(json_is_array(v) && f[i].ndim == 1 && (got.dtype == SLUICE_DTYPE_I64 || !json_array_size(v)))) {
+			rc = sl__err(SLUICE_EFORMAT, "field '%s' is %s%s here, %s%s on the first line", f[i].name,
+				     sluice_dtype_name(got.dtype), got.ndim ? "[]" : "", sluice_dtype_name(f[i].dtype),
+				     f[i].ndim ? "[]" : "");
+			break;
+		}
+		if (f[i].dtype == SLUICE_DTYPE_BYTES) {
+			if (json_is_string(v)) {
+				src = json_string_value(v);
+				need = json_string_length(v);
+			} else {
+				text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+				if (!text) {
+					rc = -ENOMEM;
+					break;
+				}
+				src = text;
+				need = strlen(text);
+			}
+		} else if (f[i].ndim == 0) {
+			if (f[i].dtype == SLUICE_DTYPE_I64)
+				scalar.i = json_integer_value(v), need = 8;
+			else if (f[i].dtype == SLUICE_DTYPE_F64)
+				scalar.d = json_number_value(v), need = 8;
+			else
+				scalar.b = json_is_true(v), need = 1;
+			src = &scalar;
+		} else {
+			need = json_array_size(v) * sluice_dtype_size(f[i].dtype);
+		}
+		if (used + need + 8 > *cap) {
+			size_t c = (used + need + 8) * 2;
+			unsigned char *nb = realloc(*scratch, c);
+
+			if (!nb) {
+				free(text);
+				rc = -ENOMEM;
+				break;
+			}
+			*scratch = nb;
+			*cap = c;
+		}
+		offs[i] = used;
+		if (src) {
+			memcpy(*scratch + used, src, need);
+		} else {
+			json_array_foreach(v, k, e) {
+				if (f[i].dtype == SLUICE_DTYPE_I64) {
+					int64_t x = json_integer_value(e);
+
+					memcpy(*scratch + used + 8 * k, &x, 8);
+				} else {
+					float x = (float)json_number_value(e);
+
+					memcpy(*scratch + used + 4 * k, &x, 4);
+				}
+			}
+		}
+		lens[i] = need;
+		used = (used + need + 7) & ~(size_t)7;
+		free(text);
+	}
+	json_decref(root);
+	/* Pointers only now: the scratch buffer may have moved while growing. */
+	for (unsigned i = 0; !rc && i < n; i++)
+		vals[i] = *scratch + offs[i];
+	return rc;
+}
