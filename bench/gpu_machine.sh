@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds sluice on a GPU machine that lacks the Debian -dev packages sluice
-# builds with (liburing, isa-l, libarchive): they are carried unpacked with
+# builds with (liburing, isa-l, libarchive, jansson): they are carried unpacked with
 # `dpkg -x` into .carry/uring and .carry/deps (see docs/BENCHMARKS.md).
 # Source it: `. bench/gpu_machine.sh`; it exports LD_LIBRARY_PATH.
 R=$(pwd)
