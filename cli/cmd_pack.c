@@ -358,9 +358,154 @@ static int pack_jsonl(const char *from, const char *fields_arg, const char *out,
 	return rc;
 }
 
+/* Reads an array file (.npy, or raw .bin of bin_dtype): its dtype, count and data offset. */
+static int array_header(const char *path, enum sluice_dtype bin_dtype, enum sluice_dtype *dt, uint64_t *count,
+			uint64_t *off)
+{
+	size_t l = strlen(path);
+	struct stat st;
+	int rc;
+
+	if (l > 4 && !strcmp(path + l - 4, ".npy")) {
+		rc = sluice_npy_header(path, dt, count, off);
+		return rc ? cli_error(CMD, path, rc) : 0;
+	}
+	if (stat(path, &st) < 0)
+		return cli_fail(CMD, "%s: %s", path, strerror(errno));
+	*dt = bin_dtype;
+	*off = 0;
+	*count = (uint64_t)st.st_size / sluice_dtype_size(bin_dtype);
+	if ((uint64_t)st.st_size % sluice_dtype_size(bin_dtype))
+		return cli_fail(CMD, "%s: %lld bytes is not a whole number of %s values", path, (long long)st.st_size,
+				sluice_dtype_name(bin_dtype));
+	return 0;
+}
+
+/*
+ * Token arrays: one record per document, field "tokens".  Lengths are
+ * in tokens, in file order, and must add up to the token count exactly.
+ */
+static int pack_tokens(const char *tok_path, const char *len_path, const char *dtype_arg, const char *out,
+		       uint64_t shard_size, int json)
+{
+	enum sluice_dtype bin = !dtype_arg || !strcmp(dtype_arg, "u16") ? SLUICE_DTYPE_U16
+				: !strcmp(dtype_arg, "u32")		  ? SLUICE_DTYPE_U32
+									  : (enum sluice_dtype)-1;
+	enum sluice_dtype tdt, ldt;
+	uint64_t ntok, toff, ndoc, loff, sum = 0;
+	struct sluice_writer *w = NULL;
+	struct sluice_writer_options opt = { shard_size };
+	uint64_t *lens = NULL;
+	unsigned char *buf = NULL, *raw = NULL;
+	size_t cap = 0, es;
+	FILE *tf = NULL, *lf = NULL;
+	int rc;
+
+	if ((int)bin < 0)
+		return cli_fail(CMD, "--dtype: '%s' is not u16 or u32", dtype_arg);
+	if (!len_path)
+		return cli_fail(CMD, "--from-tokens needs --doc-lengths FILE");
+	if ((rc = array_header(tok_path, bin, &tdt, &ntok, &toff)) ||
+	    (rc = array_header(len_path, SLUICE_DTYPE_I64, &ldt, &ndoc, &loff)))
+		return rc;
+	if (tdt != SLUICE_DTYPE_U16 && tdt != SLUICE_DTYPE_U32 && tdt != SLUICE_DTYPE_I32 && tdt != SLUICE_DTYPE_I64)
+		return cli_fail(CMD, "%s: tokens of dtype %s; sluice packs u16, u32, i32 or i64", tok_path, sluice_dtype_name(tdt));
+	if (ldt != SLUICE_DTYPE_U16 && ldt != SLUICE_DTYPE_U32 && ldt != SLUICE_DTYPE_I32 && ldt != SLUICE_DTYPE_I64)
+		return cli_fail(CMD, "%s: lengths of dtype %s; use an integer type", len_path, sluice_dtype_name(ldt));
+	es = sluice_dtype_size(ldt);
+	lens = malloc((ndoc ? ndoc : 1) * sizeof(uint64_t));
+	raw = malloc((ndoc ? ndoc : 1) * es);
+	lf = fopen(len_path, "rb");
+	if (!lens || !raw || !lf || fseeko(lf, (off_t)loff, SEEK_SET) || fread(raw, es, ndoc, lf) != ndoc) {
+		rc = cli_fail(CMD, "%s: cannot read %llu lengths", len_path, (unsigned long long)ndoc);
+		goto out;
+	}
+	for (uint64_t d = 0; d < ndoc; d++) {
+		int64_t v = 0;
+
+		if (ldt == SLUICE_DTYPE_U16)
+			v = ((const uint16_t *)raw)[d];
+		else if (ldt == SLUICE_DTYPE_U32)
+			v = ((const uint32_t *)raw)[d];
+		else if (ldt == SLUICE_DTYPE_I32)
+			v = ((const int32_t *)raw)[d];
+		else
+			memcpy(&v, raw + 8 * d, 8);
+		if (v < 0 || (uint64_t)v > ntok) {
+			rc = cli_fail(CMD, "%s: document %llu has length %lld", len_path, (unsigned long long)d, (long long)v);
+			goto out;
+		}
+		lens[d] = (uint64_t)v;
+		sum += lens[d];
+	}
+	if (sum != ntok) {
+		rc = cli_fail(CMD, "%s: document lengths add up to %llu tokens, %s holds %llu", len_path,
+			      (unsigned long long)sum, tok_path, (unsigned long long)ntok);
+		goto out;
+	}
+	struct sluice_field f[1] = { { "tokens", tdt, 1, { -1 } } };
+
+	rc = sluice_writer_open(&w, out, f, 1, &opt);
+	if (rc) {
+		rc = cli_error(CMD, out, rc);
+		goto out;
+	}
+	tf = fopen(tok_path, "rb");
+	if (!tf || fseeko(tf, (off_t)toff, SEEK_SET)) {
+		rc = cli_fail(CMD, "%s: %s", tok_path, strerror(errno));
+		goto out;
+	}
+	es = sluice_dtype_size(tdt);
+	for (uint64_t d = 0; d < ndoc && !rc; d++) {
+		size_t n = (size_t)lens[d] * es;
+		const void *v[1];
+
+		if (n > cap) {
+			unsigned char *b = realloc(buf, n);
+
+			if (!b) {
+				rc = cli_fail(CMD, "out of memory for a document of %zu bytes", n);
+				break;
+			}
+			buf = b;
+			cap = n;
+		}
+		if (n && fread(buf, 1, n, tf) != n) {
+			rc = cli_fail(CMD, "%s: ends inside document %llu", tok_path, (unsigned long long)d);
+			break;
+		}
+		v[0] = buf;
+		if ((rc = sluice_writer_add(w, v, &n)))
+			rc = cli_error(CMD, out, rc);
+	}
+	if (!rc) {
+		rc = sluice_writer_close(w);
+		w = NULL;
+		if (rc)
+			rc = cli_error(CMD, out, rc);
+		else if (json)
+			printf("{\"records\":%llu,\"tokens\":%llu,\"dtype\":\"%s\",\"from_format\":\"tokens\"}\n",
+			       (unsigned long long)ndoc, (unsigned long long)ntok, sluice_dtype_name(tdt));
+		else
+			printf("packed %llu documents (%llu %s tokens) into %s\n", (unsigned long long)ndoc,
+			       (unsigned long long)ntok, sluice_dtype_name(tdt), out);
+	}
+out:
+	sluice_writer_abort(w);
+	if (tf)
+		fclose(tf);
+	if (lf)
+		fclose(lf);
+	free(lens);
+	free(raw);
+	free(buf);
+	return rc;
+}
+
 int cmd_pack(int argc, char **argv)
 {
 	const char *from = NULL, *out = NULL, *from_ds = NULL, *from_jsonl = NULL, *fields_arg = NULL;
+	const char *from_tokens = NULL, *doc_lengths = NULL, *dtype_arg = NULL;
 	uint64_t shard_size = 0;
 	unsigned threads = 0;
 	int quiet = !isatty(2), json = 0, rc = 0, labelled = 0;
@@ -377,10 +522,14 @@ int cmd_pack(int argc, char **argv)
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 
 		if (!strcmp(a, "--help")) {
-			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2)\n"
+			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2 |\n"
+			       "                    --from-tokens FILE --doc-lengths FILE)\n"
 			       "                   [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
 			       "  --from-jsonl F   one record per JSON line; --fields picks top-level keys: string -> bytes,\n"
 			       "                   integer -> i64, real -> f64, bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]\n"
+			       "  --from-tokens F --doc-lengths L [--dtype u16|u32]\n"
+			       "                   token array (.npy, or raw .bin of --dtype) cut into one record per\n"
+			       "                   document by L (.npy of integers, or raw .bin of i64)\n"
 			       "  --from-dir DIR   ImageFolder layout DIR/<class>/<files>: fields data, label (i64), key\n"
 			       "  --from DATASET   any dataset sluice reads: WebDataset tars (a .tar or a directory of them),\n"
 			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n");
@@ -390,7 +539,8 @@ int cmd_pack(int argc, char **argv)
 		} else if (!strcmp(a, "--json")) {
 			json = 1;
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
-			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields")) {
+			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields") ||
+			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype")) {
 			if (!v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
@@ -399,6 +549,12 @@ int cmd_pack(int argc, char **argv)
 				from_jsonl = v;
 			else if (!strcmp(a, "--fields"))
 				fields_arg = v;
+			else if (!strcmp(a, "--from-tokens"))
+				from_tokens = v;
+			else if (!strcmp(a, "--doc-lengths"))
+				doc_lengths = v;
+			else if (!strcmp(a, "--dtype"))
+				dtype_arg = v;
 			else if (!strcmp(a, "--from"))
 				from_ds = v;
 			else if (!strcmp(a, "--shard-size") && cli_size(CMD, a, v, &shard_size))
@@ -414,8 +570,10 @@ int cmd_pack(int argc, char **argv)
 			out = a;
 		}
 	}
-	if (!out || !!from + !!from_ds + !!from_jsonl != 1)
-		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET or --from-jsonl FILE, and OUT (see --help)");
+	if (!out || !!from + !!from_ds + !!from_jsonl + !!from_tokens != 1)
+		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET, --from-jsonl FILE or --from-tokens FILE, and OUT (see --help)");
+	if (from_tokens)
+		return pack_tokens(from_tokens, doc_lengths, dtype_arg, out, shard_size, json);
 	if (from_ds)
 		return pack_dataset(from_ds, out, shard_size, quiet, json);
 	if (from_jsonl)

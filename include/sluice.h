@@ -489,6 +489,15 @@ SLUICE_API uint64_t sluice_writer_count(const struct sluice_writer *w);
 SLUICE_API SLUICE_WUR int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
 					     struct sluice_field *out);
 SLUICE_API SLUICE_WUR int sluice_writer_add_json(struct sluice_writer *w, const char *line, size_t len);
+
+/*
+ * Reads the header of a NumPy .npy file holding a one-dimensional,
+ * C-order, little-endian array of a sluice dtype.  Returns 0 with the
+ * dtype, element count and the byte offset of the data; SLUICE_EFORMAT
+ * (detail names the file and the problem) or -errno.
+ */
+SLUICE_API SLUICE_WUR int sluice_npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count,
+					    uint64_t *data_offset);
 /*
  * Finishes the last shard, writes and syncs the index, renames it into
  * place and frees w.  On error the dataset stays incomplete (no index).

@@ -171,6 +171,9 @@ SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *le
 /* Sets up files/fds arrays for n files; names are taken over. */
 SL_HIDDEN int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n);
 
+/* npy.c: a .npy header held in p[0..len); SLUICE_EFORMAT naming what is wrong. */
+SL_HIDDEN int sl__npy_parse(const unsigned char *p, size_t len, enum sluice_dtype *dtype, uint64_t *count,
+			    uint64_t *data_off);
 /* json.c: one JSON line as values of fields f (bytes in *scratch). */
 SL_HIDDEN int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, size_t len,
 			      unsigned char **scratch, size_t *cap, const void **vals, size_t *lens);

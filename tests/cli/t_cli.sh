@@ -154,5 +154,42 @@ bad "JSONL broken line" "bad2.jsonl:2:.*invalid JSON" "$S" pack --from-jsonl "$D
 bad "JSONL missing key" "field 'label' is missing" "$S" pack --from-jsonl "$D/bad2.jsonl" --fields text,label "$D/js4"
 if [ -e "$D/js2/index.sli" ] || [ -e "$D/js3/index.sli" ]; then echo "FAIL a failed pack left a dataset"; fails=$((fails + 1)); else echo "ok   failed packs leave no dataset"; fi
 
+# Token arrays: .npy written by hand (NumPy's format, version 1.0), and raw .bin.
+if command -v python3 >/dev/null 2>&1; then
+	python3 - "$D" <<'PY'
+import struct, sys
+def npy(path, descr, values, fmt, fortran="False", shape=None):
+    shape = shape or f"({len(values)},)"
+    h = f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape}, }}"
+    h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode())
+        f.write(struct.pack("<%d%s" % (len(values), fmt), *values))
+d = sys.argv[1]
+npy(f"{d}/tok.npy", "<u2", list(range(100, 110)), "H")
+npy(f"{d}/len.npy", "<i8", [3, 0, 7], "q")
+npy(f"{d}/badlen.npy", "<i8", [3, 8], "q")
+npy(f"{d}/fortran.npy", "<u2", [1, 2], "H", fortran="True")
+npy(f"{d}/twod.npy", "<u2", [1, 2], "H", shape="(1, 2)")
+npy(f"{d}/bigend.npy", ">u2", [1, 2], "H")
+open(f"{d}/tok32.bin", "wb").write(struct.pack("<6I", *range(6)))
+open(f"{d}/len32.bin", "wb").write(struct.pack("<2q", 4, 2))
+PY
+	ok "pack tokens from .npy" "$S" pack --from-tokens "$D/tok.npy" --doc-lengths "$D/len.npy" --json "$D/tk"
+	has "three documents of u16" '"records":3,"tokens":10,"dtype":"u16"'
+	ok "document 2" "$S" inspect --record 2 "$D/tk"
+	if grep -q "^tokens	14	crc32c=[0-9a-f]* 6700680069006a006b006c006d00$" "$D/out"; then echo "ok   document 2 holds tokens 103..109"
+	else echo "FAIL document 2: $(cat "$D/out")"; fails=$((fails + 1)); fi
+	ok "an empty document" "$S" inspect --record 1 "$D/tk"
+	has "document 1 is empty" "^tokens	0	"
+	ok "pack raw u32 tokens" "$S" pack --from-tokens "$D/tok32.bin" --dtype u32 --doc-lengths "$D/len32.bin" --json "$D/tk32"
+	has "two u32 documents" '"records":2,"tokens":6,"dtype":"u32"'
+	bad "lengths that do not add up" "add up to 11 tokens, .*tok.npy holds 10" "$S" pack --from-tokens "$D/tok.npy" --doc-lengths "$D/badlen.npy" "$D/tk2"
+	bad "Fortran-order .npy" "not in C order" "$S" pack --from-tokens "$D/fortran.npy" --doc-lengths "$D/len.npy" "$D/tk3"
+	bad "two-dimensional .npy" "not one-dimensional" "$S" pack --from-tokens "$D/twod.npy" --doc-lengths "$D/len.npy" "$D/tk4"
+	bad "big-endian .npy" "little-endian" "$S" pack --from-tokens "$D/bigend.npy" --doc-lengths "$D/len.npy" "$D/tk5"
+	bad "tokens without lengths" "needs --doc-lengths" "$S" pack --from-tokens "$D/tok.npy" "$D/tk6"
+fi
+
 echo "t_cli: $fails failure(s)"
 [ $fails -eq 0 ]

@@ -1,7 +1,7 @@
 /*
  * libFuzzer target: every decoder of dataset files (docs/FORMAT.md).
  * The input is taken as an index file, a Megatron .idx, a WebDataset tar
- * a WebDataset sidecar index, and JSON lines; if it parses, the bytes after the
+ * a WebDataset sidecar index, JSON lines and a .npy header; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header and as a record of a fixed schema.
  * Properties: no crash or sanitizer report; decoded fields lie inside
@@ -72,6 +72,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (size >= 32)
 		(void)sl__wds_parse(data, size, sl__le64(data + 16), sl__le64(data + 24), &nkeys, keys, &nsamp, &eoff);
+
+	/* As a .npy header. */
+	enum sluice_dtype nd;
+	uint64_t ncount, noff;
+
+	if (sl__npy_parse(data, size, &nd, &ncount, &noff) == 0 && (noff > size || !sluice_dtype_name(nd)))
+		abort();
 
 	/* As JSON lines: the first line fixes a schema, the rest must convert or be refused. */
 	static const char *const names[3] = { "text", "label", "tokens" };
