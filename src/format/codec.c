@@ -201,7 +201,8 @@ void sl__index_free(struct sl__index *ix)
 {
 	free(ix->shard_records);
 	free(ix->shard_bytes);
-	ix->shard_records = ix->shard_bytes = NULL;
+	free(ix->shard_first);
+	ix->shard_records = ix->shard_bytes = ix->shard_first = NULL;
 }
 
 int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, struct sl__index *ix)
@@ -233,11 +234,11 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 	    ix->shards_off != ix->schema_off + ix->schema_len ||
 	    ix->entries_off < ix->shards_off + 16 * (uint64_t)ix->nshards || ix->entries_off % SL_HDR_SIZE)
 		return sl__err(SLUICE_EFORMAT, "index sections out of place");
-	if (ix->nrecords > (file_size - ix->entries_off) / 16 || file_size < ix->entries_off ||
-	    ix->entries_off + 16 * ix->nrecords != file_size)
+	if (file_size < ix->entries_off || ix->nrecords > (file_size - ix->entries_off) / SL_ENTRY ||
+	    ix->entries_off + SL_ENTRY * ix->nrecords != file_size)
 		return sl__err(SLUICE_EFORMAT, "index holds %llu bytes, %llu records need %llu",
 			       (unsigned long long)file_size, (unsigned long long)ix->nrecords,
-			       (unsigned long long)(ix->entries_off + 16 * ix->nrecords));
+			       (unsigned long long)(ix->entries_off + SL_ENTRY * ix->nrecords));
 	if (len < ix->shards_off + 16 * (uint64_t)ix->nshards)
 		return sl__err(SLUICE_EFORMAT, "index truncated before its shard table");
 	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + ix->schema_off, ix->schema_len + 16 * (size_t)ix->nshards)))
@@ -273,13 +274,27 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 
 	ix->shard_records = malloc(ix->nshards * sizeof(uint64_t));
 	ix->shard_bytes = malloc(ix->nshards * sizeof(uint64_t));
-	if (!ix->shard_records || !ix->shard_bytes) {
+	ix->shard_first = malloc(ix->nshards * sizeof(uint64_t));
+	if (!ix->shard_records || !ix->shard_bytes || !ix->shard_first) {
 		sl__index_free(ix);
 		return -ENOMEM;
 	}
+	uint64_t first = 0;
+
 	for (unsigned s = 0; s < ix->nshards; s++) {
 		ix->shard_records[s] = sl__le64(p + ix->shards_off + 16 * s);
 		ix->shard_bytes[s] = sl__le64(p + ix->shards_off + 16 * s + 8);
+		ix->shard_first[s] = first;
+		if (ix->shard_records[s] > ix->nrecords - first || ix->shard_bytes[s] > SL_MAX_SHARD_BYTES) {
+			sl__index_free(ix);
+			return sl__err(SLUICE_EFORMAT, "shard table entry %u is out of range", s);
+		}
+		first += ix->shard_records[s];
+	}
+	if (first != ix->nrecords) {
+		sl__index_free(ix);
+		return sl__err(SLUICE_EFORMAT, "shard table holds %llu records, the index %llu", (unsigned long long)first,
+			       (unsigned long long)ix->nrecords);
 	}
 	return 0;
 }

@@ -17,7 +17,8 @@
 #define SL_HDR_SIZE 4096u
 #define SL_INDEX_NAME "index.sli"
 #define SL_MAX_SHARDS 65535u
-#define SL_LOC_SHIFT 48
+#define SL_ENTRY 12u /* bytes per index entry: u32 offset / 8, u32 length, u32 crc */
+#define SL_MAX_SHARD_BYTES ((1ull << 35) - SL_HDR_SIZE) /* offsets / 8 fit in u32 */
 
 /*
  * Fuzzing builds accept any stored CRC so mutations reach the parsing
@@ -71,6 +72,7 @@ struct sl__index {
 	char names[SLUICE_MAX_FIELDS][256];
 	uint64_t *shard_records; /* nshards each; malloc'd */
 	uint64_t *shard_bytes;
+	uint64_t *shard_first;   /* global number of each shard's first record */
 };
 
 /*

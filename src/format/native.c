@@ -93,13 +93,22 @@ static void sl_native_close(struct sluice_dataset *ds)
 static void sl_native_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
 {
 	const struct sl_native *nv = ds->priv;
-	const unsigned char *e = nv->map + nv->ix.entries_off + 16 * i;
-	uint64_t l = sl__le64(e);
+	const unsigned char *e = nv->map + nv->ix.entries_off + (uint64_t)SL_ENTRY * i;
+	unsigned lo = 0, hi = nv->ix.nshards - 1;
 
-	loc->shard = (unsigned)(l >> SL_LOC_SHIFT);
-	loc->offset = l & ((1ull << SL_LOC_SHIFT) - 1);
-	loc->length = sl__le32(e + 8);
-	loc->crc = sl__le32(e + 12);
+	/* Shards hold consecutive runs of records: the last shard starting at or before i. */
+	while (lo < hi) {
+		unsigned mid = (lo + hi + 1) / 2;
+
+		if (nv->ix.shard_first[mid] <= i)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	loc->shard = lo;
+	loc->offset = 8 * (uint64_t)sl__le32(e);
+	loc->length = sl__le32(e + 4);
+	loc->crc = sl__le32(e + 8);
 }
 
 static int sl_native_decode(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,

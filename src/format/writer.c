@@ -184,6 +184,8 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 		w->fixed[i] = sl__field_fixed_size(&fields[i]);
 	}
 	w->shard_size = opt && opt->shard_size ? opt->shard_size : 1ull << 30;
+	if (w->shard_size > SL_MAX_SHARD_BYTES)
+		w->shard_size = SL_MAX_SHARD_BYTES;
 	p = sl_path(dir, ".entries.tmp", 0);
 	w->efd = p ? open(p, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
 	if (w->efd < 0) {
@@ -207,7 +209,7 @@ uint64_t sluice_writer_count(const struct sluice_writer *w)
 int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const size_t *lens)
 {
 	size_t n;
-	unsigned char e[16];
+	unsigned char e[SL_ENTRY];
 	int rc;
 
 	for (unsigned i = 0; i < w->nfields; i++) {
@@ -223,7 +225,8 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	if (n > UINT32_MAX)
 		return sl__err(SLUICE_EINVAL_CONFIG, "record %llu: %zu bytes, more than 4 GiB",
 			       (unsigned long long)w->nrecords, n);
-	if (w->fd >= 0 && w->shard_recs && w->shard_data + n > w->shard_size) {
+	/* A shard closes at its target size, and before its offsets outgrow the entry. */
+	if (w->fd >= 0 && w->shard_recs && (w->shard_data + n > w->shard_size || w->shard_data + n > SL_MAX_SHARD_BYTES)) {
 		rc = sl_finish_shard(w);
 		if (rc)
 			return rc;
@@ -239,9 +242,10 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 		w->rec_cap = n;
 	}
 	sl__record_encode(w->rec, w->nfields, vals, lens);
-	sl__put64(e, (uint64_t)w->shard << SL_LOC_SHIFT | (SL_HDR_SIZE + w->shard_data));
-	sl__put32(e + 8, (uint32_t)n);
-	sl__put32(e + 12, sluice_crc32c(0, w->rec, n));
+	/* Records start 8-byte aligned, so the offset is kept in 8-byte units. */
+	sl__put32(e, (uint32_t)((SL_HDR_SIZE + w->shard_data) / 8));
+	sl__put32(e + 4, (uint32_t)n);
+	sl__put32(e + 8, sluice_crc32c(0, w->rec, n));
 	if (w->buf_len + n > SL_WBUF && (rc = sl_flush(w)))
 		return rc;
 	if (n > SL_WBUF) {
@@ -252,14 +256,14 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 		memcpy(w->buf + w->buf_len, w->rec, n);
 		w->buf_len += n;
 	}
-	if (w->ebuf_len + 16 > SL_WBUF) {
+	if (w->ebuf_len + SL_ENTRY > SL_WBUF) {
 		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
 		if (rc)
 			return rc;
 		w->ebuf_len = 0;
 	}
-	memcpy(w->ebuf + w->ebuf_len, e, 16);
-	w->ebuf_len += 16;
+	memcpy(w->ebuf + w->ebuf_len, e, SL_ENTRY);
+	w->ebuf_len += SL_ENTRY;
 	w->shard_data += n;
 	w->shard_recs++;
 	w->nrecords++;
@@ -310,8 +314,8 @@ int sluice_writer_close(struct sluice_writer *w)
 	}
 	rc = sl_write_all(ifd, hdr, hlen, "the index");
 	/* Append the entries (kernel-side copy). */
-	for (loff_t off = 0; !rc && off < (loff_t)(16 * w->nrecords);) {
-		ssize_t r = copy_file_range(w->efd, &off, ifd, NULL, (size_t)(16 * w->nrecords - (uint64_t)off), 0);
+	for (loff_t off = 0; !rc && off < (loff_t)(SL_ENTRY * w->nrecords);) {
+		ssize_t r = copy_file_range(w->efd, &off, ifd, NULL, (size_t)(SL_ENTRY * w->nrecords - (uint64_t)off), 0);
 
 		if (r <= 0)
 			rc = sl__err(r < 0 ? -errno : -EIO, "copying entries into %s", tmp);
