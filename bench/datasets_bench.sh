@@ -43,3 +43,27 @@ fi
 "$B/sluice_ds_bench" open "$W/big" 11
 "$B/sluice_ds_bench" resident "$W/big" 1000000
 "$B/sluice_ds_bench" resident "$W/big" 100000000
+
+# 3. Random record reads, cold, at queue depth QD: sluice (batches of 256 random records
+#    through the engine, O_DIRECT) against fio randread (io_uring, O_DIRECT) on the same shard
+#    files. A record of 4 KiB is stored as 4104 bytes, so O_DIRECT reads an 8 KiB aligned span
+#    for it: fio at bs=8k reads the same bytes (bs=4k shown for reference); 16 KiB -> 20k / 16k.
+FIO="${FIO:-fio}"
+QD="${QD:-32}"
+READS="${READS:-100000}"
+[ -d "$W/r4k" ] || "$B/sluice_ds_bench" makeblob "$W/r4k" 1000000 4096
+[ -d "$W/r16k" ] || "$B/sluice_ds_bench" makeblob "$W/r16k" 250000 16384
+for set in "r4k 8k 4k" "r16k 20k 16k"; do
+	read -r d same ref <<< "$set"
+	files=$(ls "$W/$d"/shard-*.sls | paste -sd: -)
+	for r in $(seq "$REPS"); do
+		sync; echo 3 > /proc/sys/vm/drop_caches
+		"$B/sluice_ds_bench" randread "$W/$d" "$QD" "$READS" | sed 's/^/sluice /'
+		for bs in "$same" "$ref"; do
+			sync; echo 3 > /proc/sys/vm/drop_caches
+			"$FIO" --name=rr --filename="$files" --rw=randread --bs="$bs" --iodepth="$QD" --ioengine=io_uring \
+				--direct=1 --fixedbufs --registerfiles --number_ios="$READS" --norandommap --output-format=terse \
+				--terse-version=3 | awk -F';' -v bs="$bs" -v d="$d" '{printf "fio %s bs=%s iops %d\n", d, bs, $8}'
+		done
+	done
+done

@@ -6,9 +6,16 @@
  *                                    page cache dropped before each (root)
  *   ds_bench resident DIR K          touch records 0..K-1 after a cold open;
  *                                    resident bytes of index.sli per record touched
+ *   ds_bench makeblob DIR N BYTES    N records of one BYTES-long bytes field (random)
+ *   ds_bench randread DIR QD READS   READS uniformly random records, cold, O_DIRECT,
+ *                                    batches of 256 from two submitting threads through
+ *                                    one engine with QD I/O slots (threads x queue
+ *                                    depth); records/s
  * Prints one JSON object.
  */
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,10 +78,92 @@ static uint64_t resident(const char *path)
 	return r;
 }
 
+/* Two submitters keep batches in flight back to back, as a loader does. */
+struct rr {
+	struct sluice_engine *eng;
+	struct sluice_dataset *ds;
+	uint64_t reads, seed;
+	_Atomic uint64_t *done;
+	int err;
+};
+
+static void *rr_thread(void *arg)
+{
+	struct rr *r = arg;
+	uint64_t idx[256];
+	char *buf = aligned_alloc(4096, 256u << 17);
+
+	while (atomic_fetch_add(r->done, 256) < r->reads) {
+		for (int k = 0; k < 256; k++) {
+			r->seed = r->seed * 6364136223846793005ull + 1442695040888963407ull;
+			idx[k] = (r->seed >> 11) % sluice_dataset_count(r->ds);
+		}
+		if (sluice_dataset_read_batch(r->eng, r->ds, idx, 256, buf, 256u << 17, NULL, NULL) < 0) {
+			fprintf(stderr, "read_batch: %s\n", sluice_last_error_detail());
+			r->err = 1;
+			break;
+		}
+	}
+	free(buf);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 5 && !strcmp(argv[1], "makeblob")) {
+		struct sluice_field f[1] = { { "blob", SLUICE_DTYPE_BYTES, 0, { 0 } } };
+		struct sluice_writer *w;
+		uint64_t n = strtoull(argv[3], NULL, 10), seed = 1;
+		size_t len = strtoull(argv[4], NULL, 10);
+		unsigned char *b = malloc(len);
+
+		if (!b || sluice_writer_open(&w, argv[2], f, 1, NULL))
+			return 1;
+		for (uint64_t i = 0; i < n; i++) {
+			const void *v[1] = { b };
+
+			for (size_t k = 0; k + 8 <= len; k += 8) {
+				seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+				memcpy(b + k, &seed, 8);
+			}
+			if (sluice_writer_add(w, v, &len))
+				return 1;
+		}
+		return sluice_writer_close(w) ? 1 : 0;
+	}
+	if (argc == 5 && !strcmp(argv[1], "randread")) {
+		struct sluice_dataset *ds;
+		struct sluice_engine *eng;
+		struct sluice_config *cfg;
+		unsigned qd = (unsigned)strtoul(argv[3], NULL, 10), threads = qd < 4 ? 1 : qd / 4;
+		uint64_t reads = strtoull(argv[4], NULL, 10), seed = 7, done;
+		double t0, dt;
+
+		if (sluice_dataset_open(&ds, argv[2]) || sluice_config_new(&cfg) ||
+		    sluice_config_set_direct(cfg, SLUICE_DIRECT_ALWAYS) || sluice_config_set_threads(cfg, threads) ||
+		    sluice_config_set_queue_depth(cfg, qd / threads) || sluice_config_set_max_transfer_size(cfg, 1 << 20) ||
+		    sluice_config_set_gpu(cfg, 0) || sluice_engine_open(&eng, cfg))
+			return 1;
+		_Atomic uint64_t claimed = 0;
+		struct rr rr[2] = { { eng, ds, reads, seed, &claimed, 0 }, { eng, ds, reads, seed + 1, &claimed, 0 } };
+		pthread_t tid[2];
+
+		drop();
+		t0 = now();
+		for (int t = 0; t < 2; t++)
+			pthread_create(&tid[t], NULL, rr_thread, &rr[t]);
+		for (int t = 0; t < 2; t++)
+			pthread_join(tid[t], NULL);
+		dt = now() - t0;
+		if (rr[0].err || rr[1].err)
+			return 1;
+		done = (reads + 255) / 256 * 256; /* batches whose claim came before the limit */
+		printf("{\"records\":%llu,\"qd\":%u,\"threads\":%u,\"seconds\":%.3f,\"records_per_s\":%.0f}\n",
+		       (unsigned long long)done, qd, threads, dt, (double)done / dt);
+		return 0;
+	}
 	if (argc != 4) {
-		fprintf(stderr, "usage: ds_bench make|open|resident DIR N\n");
+		fprintf(stderr, "usage: ds_bench make|open|resident DIR N | makeblob DIR N BYTES | randread DIR QD READS\n");
 		return 2;
 	}
 	const char *dir = argv[2];
