@@ -93,8 +93,12 @@ if grep -q "^data	550	crc32c=[0-9a-f]* $want" "$D/out" && grep -q "^key	16	" "$D
 else echo "FAIL record 11: $(cat "$D/out")"; fails=$((fails + 1)); fi
 ok "verify clean" "$S" verify "$D/ds"
 has "verify says all good" "every CRC and bound checks out"
-# Flip one byte of the first record's data (just past its 8-byte field table).
-printf '\377' | dd of="$D/ds/shard-000000.sls" bs=1 seek=$((4096 + 16 + 10)) conv=notrunc status=none
+# Flip one byte of the first record's data (just past its 16-byte field table). XOR, so the
+# byte always changes: writing a fixed value is a no-op when the random byte already holds it.
+off=$((4096 + 16 + 10))
+b=$(od -An -tu1 -j $off -N1 "$D/ds/shard-000000.sls" | tr -d ' ')
+printf "\\$(printf %o $((b ^ 255)))" | dd of="$D/ds/shard-000000.sls" bs=1 seek=$off conv=notrunc status=none
+[ "$(od -An -tu1 -j $off -N1 "$D/ds/shard-000000.sls" | tr -d ' ')" != "$b" ] || { echo "FAIL could not flip a byte"; fails=$((fails + 1)); }
 "$S" verify "$D/ds" > "$D/out" 2> "$D/err"
 if [ $? = 1 ]; then echo "ok   verify exits 1 on a bad record"; else echo "FAIL verify exit code"; fails=$((fails + 1)); fi
 if grep -q "BAD record 0 (shard 0, offset 4096)" "$D/out"; then echo "ok   verify names record 0"; else echo "FAIL verify output: $(cat "$D/out")"; fails=$((fails + 1)); fi
