@@ -204,6 +204,37 @@ static void t_writer_errors(void)
 	sluice_dataset_close(ds);
 }
 
+/* Records larger than the writer's 4 MiB buffer stream through it, between small ones. */
+static void t_big_records(void)
+{
+	static const struct sluice_field f[1] = { { "blob", SLUICE_DTYPE_BYTES, 0, { 0 } } };
+	const size_t sizes[5] = { 100, 9u << 20, 4097, (4u << 20) + 3, 1 };
+	struct sluice_writer *w;
+	struct sluice_dataset *ds;
+	char p[700], *b = malloc(10u << 20), *back = malloc(10u << 20);
+	struct sluice_record rec;
+
+	snprintf(p, sizeof(p), "%s/big", dir);
+	T_CHECK(sluice_writer_open(&w, p, f, 1, NULL) == 0);
+	for (int i = 0; i < 5; i++) {
+		const void *v[1] = { b };
+
+		t_fill(b, sizes[i], (uint64_t)i + 40);
+		T_CHECK(sluice_writer_add(w, v, &sizes[i]) == 0);
+	}
+	T_CHECK(sluice_writer_close(w) == 0);
+	T_CHECK(sluice_dataset_open(&ds, p) == 0);
+	for (int i = 0; ds && i < 5; i++) {
+		t_fill(b, sizes[i], (uint64_t)i + 40);
+		T_CHECK(sluice_dataset_read(ds, (uint64_t)i, back, 10u << 20, &rec) > 0);
+		T_CHECK(rec.len[0] == sizes[i] && !memcmp(rec.data[0], b, sizes[i]));
+	}
+	T_CHECK(ds && sluice_dataset_verify(ds, NULL, NULL) == 0);
+	sluice_dataset_close(ds);
+	free(b);
+	free(back);
+}
+
 static void t_crc(void)
 {
 	T_CHECK(sluice_crc32c(0, "123456789", 9) == 0xE3069283u);
@@ -216,6 +247,7 @@ int main(void)
 	dir = t_dir("t_format");
 	t_crc();
 	t_roundtrip(3000);
+	t_big_records();
 	t_corruption();
 	t_writer_errors();
 	return t_done("t_format");
