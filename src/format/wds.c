@@ -55,17 +55,49 @@ static size_t sl_pad8(size_t n)
 
 /* ---- building an index from a tar (any libarchive reader) ---- */
 
+/*
+ * What a scan collects: 24 bytes per sample and 12 per member, laid out
+ * into sidecar entries only at the end, once every field name is known.
+ */
+struct sl_wds_sample {
+	uint64_t span_off;
+	uint32_t span_len;
+	uint32_t first;   /* index of its first member */
+	uint32_t n;       /* members */
+};
+
+struct sl_wds_member {
+	uint32_t key;     /* index into keys */
+	uint32_t off;     /* in the sample's span */
+	uint32_t len;
+};
+
 struct sl_wds_build {
 	char *keys[SLUICE_MAX_FIELDS];
 	unsigned nkeys;
-	unsigned char *ent; /* growing entries */
-	size_t ent_len, ent_cap;
-	uint64_t nsamples;
-	char cur[4096];     /* key of the open sample */
-	uint64_t span_off, span_end;
-	uint32_t foff[SLUICE_MAX_FIELDS], flen[SLUICE_MAX_FIELDS];
+	struct sl_wds_sample *samples;
+	size_t nsamples, samples_cap;
+	struct sl_wds_member *members;
+	size_t nmembers, members_cap;
+	char cur[4096];   /* key of the open sample */
+	uint64_t seen;    /* fields the open sample has, by key index */
 	int open;
 };
+
+/* Grows an array of elements of size sz to hold n + 1. */
+static int sl_grow(void **v, size_t *cap, size_t n, size_t sz)
+{
+	if (n < *cap)
+		return 0;
+	size_t c = *cap ? 2 * *cap : 1024;
+	void *nv = realloc(*v, c * sz);
+
+	if (!nv)
+		return -ENOMEM;
+	*v = nv;
+	*cap = c;
+	return 0;
+}
 
 /* Rejects names that would escape a directory if extracted. */
 static int sl_name_safe(const char *n)
@@ -81,36 +113,6 @@ static int sl_name_safe(const char *n)
 		p += l + (s ? 1 : 0);
 	}
 	return 1;
-}
-
-static int sl_close_sample(struct sl_wds_build *b)
-{
-	size_t stride = 12 + 8 * (size_t)SLUICE_MAX_FIELDS;
-	unsigned char *e;
-
-	if (!b->open)
-		return 0;
-	if (b->ent_len + stride > b->ent_cap) {
-		size_t cap = b->ent_cap ? 2 * b->ent_cap : 1 << 16;
-		unsigned char *n = realloc(b->ent, cap);
-
-		if (!n)
-			return -ENOMEM;
-		b->ent = n;
-		b->ent_cap = cap;
-	}
-	/* Stored with SLUICE_MAX_FIELDS slots now, compacted to nkeys at the end. */
-	e = b->ent + b->ent_len;
-	sl__put64(e, b->span_off);
-	sl__put32(e + 8, (uint32_t)(b->span_end - b->span_off));
-	for (unsigned k = 0; k < SLUICE_MAX_FIELDS; k++) {
-		sl__put32(e + 12 + 8 * k, b->foff[k]);
-		sl__put32(e + 16 + 8 * k, b->flen[k]);
-	}
-	b->ent_len += stride;
-	b->nsamples++;
-	b->open = 0;
-	return 0;
 }
 
 /*
@@ -160,15 +162,17 @@ static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint6
 			break;
 		}
 		if (!b.open || strncmp(b.cur, path, keylen) || b.cur[keylen]) {
-			if ((rc = sl_close_sample(&b)))
+			if (b.nsamples >= UINT32_MAX || (rc = sl_grow((void **)&b.samples, &b.samples_cap, b.nsamples,
+								      sizeof(*b.samples))))
 				break;
 			memcpy(b.cur, path, keylen);
 			b.cur[keylen] = '\0';
 			b.open = 1;
-			b.span_off = data;
-			for (k = 0; k < SLUICE_MAX_FIELDS; k++)
-				b.foff[k] = SL_WDS_ABSENT, b.flen[k] = 0;
+			b.seen = 0;
+			b.samples[b.nsamples++] = (struct sl_wds_sample){ data, 0, (uint32_t)b.nmembers, 0 };
 		}
+		struct sl_wds_sample *sm = &b.samples[b.nsamples - 1];
+
 		for (k = 0; k < b.nkeys && strcmp(b.keys[k], dot + 1); k++)
 			;
 		if (k == b.nkeys) {
@@ -181,22 +185,24 @@ static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint6
 				break;
 			}
 		}
-		if (b.foff[k] != SL_WDS_ABSENT) {
+		if (b.seen & (1ull << k)) {
 			rc = sl__err(SLUICE_EFORMAT, "%s: sample '%s' has field '%s' twice", name, b.cur, dot + 1);
 			break;
 		}
-		if (data + (uint64_t)msize - b.span_off > UINT32_MAX) {
+		if (data + (uint64_t)msize - sm->span_off > UINT32_MAX) {
 			rc = sl__err(SLUICE_EFORMAT, "%s: sample '%s' spans more than 4 GiB", name, b.cur);
 			break;
 		}
-		b.foff[k] = (uint32_t)(data - b.span_off);
-		b.flen[k] = (uint32_t)msize;
-		b.span_end = data + (uint64_t)msize;
+		if (b.nmembers >= UINT32_MAX ||
+		    (rc = sl_grow((void **)&b.members, &b.members_cap, b.nmembers, sizeof(*b.members))))
+			break;
+		b.members[b.nmembers++] = (struct sl_wds_member){ k, (uint32_t)(data - sm->span_off), (uint32_t)msize };
+		b.seen |= 1ull << k;
+		sm->n++;
+		sm->span_len = (uint32_t)(data + (uint64_t)msize - sm->span_off);
 	}
 	if (!rc && r != ARCHIVE_EOF)
 		rc = sl__err(SLUICE_EFORMAT, "%s: %s", name, archive_error_string(a) ? archive_error_string(a) : "unreadable tar");
-	if (!rc)
-		rc = sl_close_sample(&b);
 	if (!rc) {
 		/* Header, key table, then entries compacted to nkeys fields. */
 		size_t keys = 0, stride = 12 + 8 * (size_t)b.nkeys, off;
@@ -226,15 +232,26 @@ static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint6
 				memcpy(q + 2, b.keys[k], l);
 				q += 2 + l;
 			}
-			for (uint64_t s = 0; s < b.nsamples; s++)
-				memcpy(img + off + s * stride, b.ent + s * (12 + 8 * (size_t)SLUICE_MAX_FIELDS), stride);
+			for (size_t i = 0; i < b.nsamples; i++) {
+				unsigned char *e = img + off + i * stride;
+
+				sl__put64(e, b.samples[i].span_off);
+				sl__put32(e + 8, b.samples[i].span_len);
+				for (unsigned k = 0; k < b.nkeys; k++)
+					sl__put32(e + 12 + 8 * k, SL_WDS_ABSENT);
+				for (uint32_t m = b.samples[i].first; m < b.samples[i].first + b.samples[i].n; m++) {
+					sl__put32(e + 12 + 8 * b.members[m].key, b.members[m].off);
+					sl__put32(e + 16 + 8 * b.members[m].key, b.members[m].len);
+				}
+			}
 			*out = img;
 			*out_len = off + stride * b.nsamples;
 		}
 	}
 	for (unsigned k = 0; k < b.nkeys; k++)
 		free(b.keys[k]);
-	free(b.ent);
+	free(b.samples);
+	free(b.members);
 	return rc;
 }
 
