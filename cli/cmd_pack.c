@@ -648,11 +648,11 @@ int cmd_pack(int argc, char **argv)
 	pthread_cond_init(&pk.cv, NULL);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (unsigned t = 0; t < nt && pk.slots; t++)
-		if (pthread_create(&tid[t], NULL, reader, &pk) == 0)
-			continue;
-		else
-			nt = t;
-	for (size_t i = 0; i < items.n && pk.slots && !rc; i++) {
+		if (pthread_create(&tid[t], NULL, reader, &pk) != 0)
+			nt = t; /* run with the threads that did start */
+	if (!pk.slots || !nt)
+		rc = cli_fail(CMD, "cannot start reader threads (out of memory or threads)");
+	for (size_t i = 0; i < items.n && !rc; i++) {
 		struct slot *s = &pk.slots[i % pk.window];
 
 		pthread_mutex_lock(&pk.lock);
