@@ -7,6 +7,12 @@
  *   ds_bench resident DIR K          touch records 0..K-1 after a cold open;
  *                                    resident bytes of index.sli per record touched
  *   ds_bench makeblob DIR N BYTES    N records of one BYTES-long bytes field (random)
+ *   ds_bench seqread DIR gpu|host    every record in order through sluice_dataset_read_batch
+ *                                    (batches of up to 256 MiB), against the engine's raw read
+ *                                    of the same data files (sluice_file_read), page cache
+ *                                    dropped before each; median of 3 of each; GB/s and ratio
+ *   ds_bench recs DIR                records/s reading every record in order into host memory
+ *                                    (for comparison with a format's reference reader)
  *   ds_bench randread DIR QD READS   READS uniformly random records, cold, O_DIRECT,
  *                                    batches of 256 from two submitting threads through
  *                                    one engine with QD I/O slots (threads x queue
@@ -130,6 +136,90 @@ int main(int argc, char **argv)
 				return 1;
 		}
 		return sluice_writer_close(w) ? 1 : 0;
+	}
+	if (argc == 4 && (!strcmp(argv[1], "seqread") || !strcmp(argv[1], "recs"))) {
+		struct sluice_dataset *ds;
+		struct sluice_engine *eng;
+		int gpu = !strcmp(argv[1], "seqread") && !strcmp(argv[3], "gpu"), recs = !strcmp(argv[1], "recs");
+		const size_t cap = 256u << 20;
+		uint64_t n, bytes = 0, *idx;
+		double raw[3], dsr[3];
+		char *dst;
+
+		if (sluice_dataset_open(&ds, argv[2]) || sluice_engine_open(&eng, NULL))
+			return 1;
+		if (gpu ? sluice_gpu_alloc(eng, cap, (void **)&dst) != 0 : !(dst = aligned_alloc(4096, cap))) {
+			fprintf(stderr, "no buffer: %s\n", sluice_last_error_detail());
+			return 1;
+		}
+		n = sluice_dataset_count(ds);
+		idx = malloc(((n < 4096 ? n : 4096) + 1) * sizeof(uint64_t));
+		for (int rep = 0; rep < 3; rep++) {
+			double t0;
+
+			/* Raw: each data file whole, in pieces of the buffer's size. */
+			if (!recs) {
+				drop();
+				t0 = now();
+				for (unsigned f = 0; f < sluice_dataset_shards(ds); f++) {
+					uint64_t r, b, off = 0;
+					struct sluice_file *fh;
+					char name[4096];
+
+					if (sluice_dataset_shard_info(ds, f, &r, &b))
+						return 1;
+					/* The native format's files: DIR/shard-NNNNNN.sls. */
+					snprintf(name, sizeof(name), "%s/shard-%06u.sls", argv[2], f);
+					if (sluice_file_open(&fh, eng, name, SLUICE_RDONLY))
+						return 1;
+					while (off < b) {
+						size_t len = b - off < cap ? (size_t)(b - off) : cap;
+
+						if (sluice_file_read(fh, off, len, dst, NULL) < 0)
+							return 1;
+						off += len;
+					}
+					sluice_file_close(fh);
+					if (rep == 0)
+						bytes += b;
+				}
+				raw[rep] = (double)bytes / (now() - t0) / 1e9;
+			}
+			/* Records in order, as many per batch as fit the buffer. */
+			uint64_t i = 0, got = 0;
+
+			drop();
+			t0 = now();
+			while (i < n) {
+				size_t k = 0, need = 0;
+				struct sluice_record_loc loc;
+
+				while (i + k < n && k < 4096 && sluice_dataset_locate(ds, i + k, &loc) == 0 &&
+				       need + loc.length + 8 <= cap) {
+					idx[k] = i + k;
+					need += ((size_t)loc.length + 7) & ~(size_t)7;
+					k++;
+				}
+				ssize_t r = sluice_dataset_read_batch(eng, ds, idx, k, dst, cap, NULL, NULL);
+
+				if (r < 0 || !k) {
+					fprintf(stderr, "read_batch: %s\n", sluice_last_error_detail());
+					return 1;
+				}
+				got += (uint64_t)r;
+				i += k;
+			}
+			dsr[rep] = recs ? (double)n / (now() - t0) : (double)got / (now() - t0) / 1e9;
+		}
+		qsort(dsr, 3, sizeof(double), cmp);
+		if (recs) {
+			printf("{\"records\":%llu,\"records_per_s\":%.0f}\n", (unsigned long long)n, dsr[1]);
+		} else {
+			qsort(raw, 3, sizeof(double), cmp);
+			printf("{\"target\":\"%s\",\"bytes\":%llu,\"raw_gb_s\":%.3f,\"dataset_gb_s\":%.3f,\"ratio\":%.3f}\n",
+			       gpu ? "gpu" : "host", (unsigned long long)bytes, raw[1], dsr[1], dsr[1] / raw[1]);
+		}
+		return 0;
 	}
 	if (argc == 5 && !strcmp(argv[1], "randread")) {
 		struct sluice_dataset *ds;
