@@ -509,18 +509,25 @@ SLUICE_API void sluice_writer_abort(struct sluice_writer *w);
 struct sluice_dataset;
 
 /*
- * Opens a dataset in O(1) of its record count.  path is a sluice dataset
- * directory (the index header, schema and shard table are checked, the
- * entries mapped), or a Megatron indexed dataset given as its .idx, its
- * .bin or their common prefix (read in place: one record per sequence,
- * one field "tokens" of the .idx's dtype, no CRC).  Errors:
+ * Opens a dataset.  path is one of:
+ *   - a sluice dataset directory: O(1) in the record count (the index
+ *     header, schema and shard table are checked, the entries mapped);
+ *   - a Megatron indexed dataset, as its .idx, its .bin or their common
+ *     prefix, read in place: one record per sequence, one field "tokens"
+ *     of the .idx's dtype, no CRC; O(1);
+ *   - a WebDataset .tar or a directory of them (sorted by name), read in
+ *     place: one record per sample, one bytes field per extension seen
+ *     (length 0 where a sample lacks it), no CRC.  Each tar's sidecar index
+ *     (NAME.tar.sluice-idx) is built on first open, cached beside it when
+ *     the directory is writable, and rebuilt when the tar changes.
+ * Errors:
  * -errno, SLUICE_EFORMAT for a missing, truncated or inconsistent index
  * (detail names the file and what is wrong).  Free with sluice_dataset_close().
  * A dataset is immutable; all functions below are thread-safe.
  */
 SLUICE_API SLUICE_WUR int sluice_dataset_open(struct sluice_dataset **out, const char *path);
 SLUICE_API void sluice_dataset_close(struct sluice_dataset *ds);
-/* The on-disk format read: "sluice" or "megatron". */
+/* The on-disk format read: "sluice", "megatron" or "webdataset". */
 SLUICE_API const char *sluice_dataset_format(const struct sluice_dataset *ds);
 SLUICE_API uint64_t sluice_dataset_count(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_shards(const struct sluice_dataset *ds);
