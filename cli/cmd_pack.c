@@ -150,8 +150,11 @@ struct pack {
 	_Atomic size_t next;   /* next item to read */
 	size_t written;        /* items handed to the writer (lock) */
 	int stop;
+	size_t main_waits;     /* item the writer sleeps on, or SIZE_MAX (lock) */
+	unsigned readers_waiting; /* readers sleeping for room in the window (lock) */
 	pthread_mutex_t lock;
-	pthread_cond_t cv;
+	pthread_cond_t ready;  /* the writer waits here for its item */
+	pthread_cond_t room;   /* readers wait here for the window to move */
 };
 
 static void *reader(void *arg)
@@ -170,8 +173,11 @@ static void *reader(void *arg)
 		if (i >= pk->items->n)
 			return NULL;
 		pthread_mutex_lock(&pk->lock);
-		while (i >= pk->written + pk->window && !pk->stop)
-			pthread_cond_wait(&pk->cv, &pk->lock);
+		while (i >= pk->written + pk->window && !pk->stop) {
+			pk->readers_waiting++;
+			pthread_cond_wait(&pk->room, &pk->lock);
+			pk->readers_waiting--;
+		}
 		pthread_mutex_unlock(&pk->lock);
 		if (pk->stop)
 			return NULL;
@@ -206,7 +212,9 @@ static void *reader(void *arg)
 		s->len = len;
 		s->err = err;
 		s->ready = 1;
-		pthread_cond_broadcast(&pk->cv);
+		/* Wake the writer only if it sleeps on this very item. */
+		if (pk->main_waits == i)
+			pthread_cond_signal(&pk->ready);
 		pthread_mutex_unlock(&pk->lock);
 	}
 }
@@ -645,7 +653,9 @@ int cmd_pack(int argc, char **argv)
 	pk.window = 16 * (size_t)nt;
 	pk.slots = calloc(pk.window, sizeof(*pk.slots));
 	pthread_mutex_init(&pk.lock, NULL);
-	pthread_cond_init(&pk.cv, NULL);
+	pthread_cond_init(&pk.ready, NULL);
+	pthread_cond_init(&pk.room, NULL);
+	pk.main_waits = SIZE_MAX;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (unsigned t = 0; t < nt && pk.slots; t++)
 		if (pthread_create(&tid[t], NULL, reader, &pk) != 0)
@@ -656,8 +666,11 @@ int cmd_pack(int argc, char **argv)
 		struct slot *s = &pk.slots[i % pk.window];
 
 		pthread_mutex_lock(&pk.lock);
-		while (!s->ready)
-			pthread_cond_wait(&pk.cv, &pk.lock);
+		while (!s->ready) {
+			pk.main_waits = i;
+			pthread_cond_wait(&pk.ready, &pk.lock);
+		}
+		pk.main_waits = SIZE_MAX;
 		pthread_mutex_unlock(&pk.lock);
 		if (s->err) {
 			rc = cli_fail(CMD, "%s/%s: %s", from, items.v[i].rel, strerror(s->err));
@@ -677,7 +690,8 @@ int cmd_pack(int argc, char **argv)
 		pk.written = i + 1;
 		if (rc)
 			pk.stop = 1;
-		pthread_cond_broadcast(&pk.cv);
+		if (pk.readers_waiting || pk.stop)
+			pthread_cond_broadcast(&pk.room);
 		pthread_mutex_unlock(&pk.lock);
 		if (!quiet && (i % 1000 == 999 || i + 1 == items.n)) {
 			fprintf(stderr, "\rsluice pack: %zu/%zu files, %.1f MB", i + 1, items.n, (double)bytes / 1e6);
@@ -687,7 +701,7 @@ int cmd_pack(int argc, char **argv)
 	}
 	pthread_mutex_lock(&pk.lock);
 	pk.stop = 1;
-	pthread_cond_broadcast(&pk.cv);
+	pthread_cond_broadcast(&pk.room);
 	pthread_mutex_unlock(&pk.lock);
 	for (unsigned t = 0; t < nt; t++)
 		pthread_join(tid[t], NULL);
