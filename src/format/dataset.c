@@ -149,8 +149,7 @@ int sl__ds_fd(struct sluice_dataset *ds, unsigned f)
 	return mine;
 }
 
-/* Checks that loc lies inside the bytes its file holds for records. */
-static int sl_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc)
+int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc)
 {
 	if (loc->shard >= ds->nfiles || loc->offset > ds->file_bytes[loc->shard] ||
 	    loc->length > ds->file_bytes[loc->shard] - loc->offset)
@@ -175,7 +174,7 @@ ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf, si
 	sl__err_clear();
 	rc = sluice_dataset_locate(ds, i, &loc);
 	if (!rc)
-		rc = sl_loc_check(ds, i, &loc);
+		rc = sl__ds_loc_check(ds, i, &loc);
 	if (rc)
 		return rc;
 	if (cap < loc.length)

@@ -170,6 +170,8 @@ SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
  * missing file is called an unfinished or foreign dataset).  munmap() it.
  */
 SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint);
+/* SLUICE_EFORMAT naming record i unless loc lies inside the bytes its file holds. */
+SL_HIDDEN int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc);
 /* Sets up files/fds arrays for n files; names are taken over. */
 SL_HIDDEN int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n);
 

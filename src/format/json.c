@@ -48,19 +48,29 @@ static void sl_json_kind(json_t *v, struct sluice_field *f)
 	}
 }
 
-int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
-		       struct sluice_field *out)
+/* Parses one line that must hold a JSON object; the caller json_decref()s it. */
+static int sl_json_object(const char *line, size_t len, json_t **out)
 {
 	json_error_t err;
 	json_t *root = json_loadb(line, len, JSON_DECODE_ANY, &err);
-	int rc = 0;
 
+	*out = NULL;
 	if (!root)
 		return sl__err(SLUICE_EFORMAT, "invalid JSON at column %d: %s", err.column, err.text);
 	if (!json_is_object(root)) {
 		json_decref(root);
 		return sl__err(SLUICE_EFORMAT, "line is not a JSON object");
 	}
+	*out = root;
+	return 0;
+}
+
+int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
+		       struct sluice_field *out)
+{
+	json_t *root;
+	int rc = sl_json_object(line, len, &root);
+
 	for (unsigned i = 0; i < n && !rc; i++) {
 		json_t *v = json_object_get(root, names[i]);
 
@@ -85,17 +95,10 @@ int sluice_json_schema(const char *line, size_t len, const char *const *names, u
 int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, size_t len, unsigned char **scratch,
 		    size_t *cap, const void **vals, size_t *lens)
 {
-	json_error_t err;
-	json_t *root = json_loadb(line, len, JSON_DECODE_ANY, &err);
 	size_t used = 0, offs[SLUICE_MAX_FIELDS];
-	int rc = 0;
+	json_t *root;
+	int rc = sl_json_object(line, len, &root);
 
-	if (!root)
-		return sl__err(SLUICE_EFORMAT, "invalid JSON at column %d: %s", err.column, err.text);
-	if (!json_is_object(root)) {
-		json_decref(root);
-		return sl__err(SLUICE_EFORMAT, "line is not a JSON object");
-	}
 	for (unsigned i = 0; i < n && !rc; i++) {
 		json_t *v = json_object_get(root, f[i].name), *e;
 		char *text = NULL;

@@ -31,14 +31,10 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 	/* Where each record lies, and where it lands: back to back, 8-byte aligned. */
 	for (size_t k = 0; k < n; k++) {
 		rc = sluice_dataset_locate(ds, idx[k], &loc[k]);
+		if (!rc)
+			rc = sl__ds_loc_check(ds, idx[k], &loc[k]);
 		if (rc)
 			goto out;
-		if (loc[k].shard >= ds->nfiles || loc[k].offset > ds->file_bytes[loc[k].shard] ||
-		    loc[k].length > ds->file_bytes[loc[k].shard] - loc[k].offset) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: record %llu points outside its file", ds->path,
-				     (unsigned long long)idx[k]);
-			goto out;
-		}
 		if (offsets)
 			offsets[k] = pos;
 		r[k] = (struct sluice_range){ NULL, loc[k].offset, loc[k].length, (char *)dst + pos };
