@@ -143,8 +143,15 @@ def main():
     import torch
 
     size, path, reps = a.size, a.file, a.reps
+
+    def say(msg):
+        # Prints a figure and saves everything so far, so a run cut off by its time limit keeps it.
+        print(msg)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
     res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "size": size}
-    print(f"# {res['date']} {res['gpu']}, file {path} ({size / GB:.2f} GB), median of {reps}", flush=True)
+    print(f"# {res['date']} {res['gpu']}, file {path} ({size / GB:.2f} GB), median of {reps}")
     make_file(path, size)
 
     # Pinned H2D ceiling: 1 GiB, one stream, median of 10 after warm-up.
@@ -160,7 +167,7 @@ def main():
             rates.append((1 << 30) / (time.perf_counter() - t0) / GB)
     res["h2d_pinned_ceiling"] = {"gb_s": statistics.median(rates)}
     del h, d
-    print(f"pinned H2D ceiling: {res['h2d_pinned_ceiling']['gb_s']:.2f} GB/s", flush=True)
+    say(f"pinned H2D ceiling: {res['h2d_pinned_ceiling']['gb_s']:.2f} GB/s")
 
     wpath = path + ".w"
     if "fio" not in skip:
@@ -177,8 +184,8 @@ def main():
 
         res["fio_read_cold"], res["sluice_read_cold"] = interleaved(reps, fio_read, sl_read)
         res["fio_read_cold"].update(best=best, sweep=sweep)
-        print(f"cold read: fio {res['fio_read_cold']['gb_s']:.2f} GB/s ({best}), "
-              f"sluice {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}", flush=True)
+        say(f"cold read: fio {res['fio_read_cold']['gb_s']:.2f} GB/s ({best}), "
+              f"sluice {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}")
 
         best, sweep, bs, qd = fio_best(a.fio, wpath, True, size)
 
@@ -195,8 +202,8 @@ def main():
 
         res["fio_write"], res["sluice_write"] = interleaved(reps, fio_write, sl_write)
         res["fio_write"].update(best=best, sweep=sweep)
-        print(f"durable write: fio {res['fio_write']['gb_s']:.2f} GB/s ({best}), "
-              f"sluice {res['sluice_write']['gb_s']:.2f} GB/s {res['sluice_write']['path']}", flush=True)
+        say(f"durable write: fio {res['fio_write']['gb_s']:.2f} GB/s ({best}), "
+              f"sluice {res['sluice_write']['gb_s']:.2f} GB/s {res['sluice_write']['path']}")
 
     if "numpy" not in skip:
         def fromfile():
@@ -213,7 +220,7 @@ def main():
         for name, fn in (("np_fromfile", fromfile), ("np_memmap", memmap)):
             for temp in ("cold", "warm"):
                 res[f"{name}_{temp}"] = timed(fn, size, reps, temp == "cold", path)
-                print(f"{name} {temp}: {res[f'{name}_{temp}']['gb_s']:.2f} GB/s", flush=True)
+                say(f"{name} {temp}: {res[f'{name}_{temp}']['gb_s']:.2f} GB/s")
 
     if "kvikio" not in skip:
         try:
@@ -246,16 +253,16 @@ def main():
                     if best is None or r["gb_s"] > best["gb_s"]:
                         best = r
                 res[f"kvikio_best_{temp}"] = best
-                print(f"kvikio best {temp}: {best['gb_s']:.2f} GB/s ({best['threads']} threads)", flush=True)
+                say(f"kvikio best {temp}: {best['gb_s']:.2f} GB/s ({best['threads']} threads)")
             del buf
         except Exception as e:  # report, never hide
             res["kvikio_error"] = repr(e)
-            print(f"kvikio could not run: {e!r}", flush=True)
+            say(f"kvikio could not run: {e!r}")
 
     torch.cuda.empty_cache()
     warm(path)
     res["sluice_read_warm"] = sluice_bench(a.sluice, [path, "--repeat", str(max(reps, 5))])
-    print(f"sluice read warm: {res['sluice_read_warm']['gb_s']:.2f} GB/s {res['sluice_read_warm']['path']}", flush=True)
+    say(f"sluice read warm: {res['sluice_read_warm']['gb_s']:.2f} GB/s {res['sluice_read_warm']['path']}")
 
     if "sweep" not in skip:
         # How the knobs move the warm path (informs the defaults).
@@ -266,7 +273,7 @@ def main():
                 r = sluice_bench(a.sluice, [path, "--threads", str(t), "--io-size", chunk, "--repeat", "3"])
                 sweep[f"threads={t},io={chunk}"] = r["gb_s"]
         res["sluice_warm_sweep"] = sweep
-        print("sluice warm sweep: " + ", ".join(f"{k}: {v:.1f}" for k, v in sweep.items()), flush=True)
+        say("sluice warm sweep: " + ", ".join(f"{k}: {v:.1f}" for k, v in sweep.items()))
         # Cold and write: one pass each over half the file per setting.
         half = str(size // 2)
         for kind, extra in (("cold", ["--cold"]), ("write", ["--rw", "write"])):
@@ -279,7 +286,7 @@ def main():
             if os.path.exists(path + ".sluice-w"):
                 os.unlink(path + ".sluice-w")
             res[f"sluice_{kind}_sweep"] = sweep
-            print(f"sluice {kind} sweep: " + ", ".join(f"{k}: {v:.2f}" for k, v in sweep.items()), flush=True)
+            say(f"sluice {kind} sweep: " + ", ".join(f"{k}: {v:.2f}" for k, v in sweep.items()))
 
     # Ratios against the targets of issue #2.
     ceil = res["h2d_pinned_ceiling"]["gb_s"]

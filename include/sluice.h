@@ -349,13 +349,19 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_from_gpu(struct sluice_engine *eng,
 struct sluice_future;
 
 /*
- * Enqueues a read of [offset, offset+len) of f into dst on the caller's
- * CUDA stream (a CUstream; NULL is the legacy default stream): the read
- * starts once the work enqueued before it on the stream has finished, and
- * work enqueued after it waits for the bytes.  Storage I/O and DMA still
- * overlap inside the engine when GDS is absent.  f and dst MUST stay valid
- * until the future completes.  Returns 0 and a future to wait on and free,
- * or an error at submission (SLUICE_ENOGPU without CUDA).
+ * Enqueues a read of [offset, offset+len) of f into dst (GPU memory) on the
+ * caller's CUDA stream (a CUstream; NULL is the legacy default stream):
+ * dst is written once the work enqueued before it on the stream has
+ * finished, and work enqueued after it waits for the bytes.  Storage I/O
+ * starts at once and overlaps the stream's earlier work; it is staged in
+ * windows of max_transfer_size x threads bytes through two pinned halves,
+ * so storage reads and DMA overlap without GDS.  The stream waits on a
+ * flag in mapped host memory (cuStreamWaitValue32): other streams that the
+ * driver puts in the same hardware queue wait with it (raise
+ * CUDA_DEVICE_MAX_CONNECTIONS to keep them apart).  f and dst MUST stay
+ * valid until the future is freed.  Returns 0 and a future to wait on and
+ * free, or an error at submission: SLUICE_ENOGPU without CUDA,
+ * SLUICE_ENOTGPU if dst is not GPU memory, SLUICE_ERANGE past the end.
  */
 SLUICE_API SLUICE_WUR int sluice_read_async(struct sluice_file *f, uint64_t offset,
 					    size_t len, void *dst, void *stream,
@@ -365,13 +371,16 @@ SLUICE_API SLUICE_WUR int sluice_write_async(struct sluice_file *f, uint64_t off
 					     size_t len, const void *src, void *stream,
 					     struct sluice_future **out);
 /*
- * Blocks until the transfer has finished on the host side and returns its
- * result (bytes or error); the stream's later work is released at the same
- * moment.  May be called more than once.
+ * Blocks until the storage side has finished and returns the result (bytes
+ * or error).  For a read, the stream's copy of the last bytes into dst may
+ * still be queued: work on the stream sees them, the host must synchronize
+ * the stream first.  For a write the file holds the bytes (durable after
+ * sluice_file_sync()).  After an error the stream is let go, and what it
+ * copied is undefined.  May be called more than once.
  */
 SLUICE_API SLUICE_WUR ssize_t sluice_future_wait(struct sluice_future *fut,
 						 struct sluice_xfer_report *rep);
-/* Waits if needed, then frees.  NULL is a no-op. */
+/* Waits if needed (for the stream too), then frees.  NULL is a no-op. */
 SLUICE_API void sluice_future_free(struct sluice_future *fut);
 
 /* ================================================================

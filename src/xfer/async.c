@@ -1,18 +1,28 @@
 /*
  * Transfers ordered on a caller's CUDA stream.
  *
- * At submission three things are queued on the caller's stream:
- *   1. a host function, the gate, that hands the job to the workers once
- *      every earlier piece of work on the stream has finished;
- *   2. cuStreamWaitValue32 on a 32-bit flag in pinned host memory mapped
- *      into the GPU, so later work waits until the flag is set;
- *   3. an event, so the future knows when the stream has passed the wait.
- * When the job finishes (all its DMA complete) the engine sets the flag
- * from the CPU.  No host function ever blocks: CUDA forbids a host
- * function to wait on work it does not precede, and a blocking one
- * deadlocked against the workers' own copies.
+ * The transfer is cut into windows of max_transfer_size x threads bytes,
+ * staged through two halves of a pinned host buffer.  At submission the
+ * stream gets, for every window i:
+ *
+ *   read:  wait(flag >= i + 1)  H2D copy half -> dst   record ev[i]
+ *   write: wait(flag >= i - 1)  D2H copy src -> half   record ev[i]
+ *
+ * A coordinator thread runs the storage side: it hands each window to the
+ * engine's workers as a host-memory job and raises the flag (pinned host
+ * memory mapped into the GPU) as windows finish.  A read's window i + 2
+ * reuses a half once ev[i] says the GPU has copied it out; a write's
+ * window i goes to storage once ev[i] says its bytes are in the half.
+ *
+ * So the GPU only ever waits for storage I/O, which waits for nothing on
+ * the GPU but the copies this stream already passed: no cycle.  No host
+ * function is used: CUDA forbids one to wait on other CUDA work, and an
+ * earlier design that let the workers' own DMA release the stream
+ * deadlocked when the driver put the caller's stream and a worker's stream
+ * in one hardware queue.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,14 +33,24 @@
 
 struct sluice_future {
 	struct sluice_engine *eng;
-	struct sl__job job;
 	struct sluice_range range;
-	sl_CUevent passed; /* recorded on the caller's stream after the wait */
-	unsigned flag;
 	int write;
+	unsigned flag;
+	size_t win, nwin;         /* window size and count */
+	char *stage;              /* 2 * win bytes */
+	size_t stage_len;
+	int stage_pinned;
+	sl_CUevent *ev;           /* ev[i]: the stream is past window i's copy */
+	pthread_t thread;
+	int started, joined;
+	struct sl__job jobs[2];   /* windows i and i - 1 in flight */
+	struct sl__job sum;       /* counters of all windows, for the report */
+	ssize_t result;
+	char detail[384];
+	uint64_t t0;
 };
 
-/* Maps the flag page on first use. */
+/* Maps the flag page on first use; engine lock held. */
 static int sl_flags_init(struct sluice_engine *eng)
 {
 	const struct sl__cuda_api *cu = eng->gpu.cu;
@@ -69,6 +89,9 @@ static int sl_flags_init(struct sluice_engine *eng)
 
 void sl__async_fini(struct sluice_engine *eng)
 {
+	if (eng->stage_cache)
+		sl__host_free(&eng->gpu, eng->stage_cache, eng->stage_cache_len, eng->stage_cache_pinned);
+	eng->stage_cache = NULL;
 	if (!eng->flags)
 		return;
 	eng->gpu.cu->MemHostUnregister((void *)eng->flags);
@@ -77,50 +100,208 @@ void sl__async_fini(struct sluice_engine *eng)
 	eng->flags = NULL;
 }
 
-/* Called under the engine lock when the job finishes, with or without error. */
-static void sl_release_stream(struct sl__job *job)
+static void sl_set_flag(struct sluice_future *fut, size_t v)
 {
-	struct sluice_future *fut = job->user;
-
-	/*
-	 * Release store: every byte of the transfer is in place (all DMA
-	 * events completed) before the GPU can observe the flag.
-	 */
-	atomic_store_explicit(&fut->eng->flags[fut->flag], 1, memory_order_release);
+	/* Release: the window's bytes are in place before the GPU sees the flag. */
+	atomic_store_explicit(&fut->eng->flags[fut->flag], (uint32_t)v, memory_order_release);
 }
 
-static void sl_gate(void *arg)
+/* Window i's share of the transfer, as a host-memory range on its staging half. */
+static struct sluice_range sl_window(const struct sluice_future *fut, size_t i)
+{
+	size_t off = i * fut->win, len = fut->range.len - off < fut->win ? fut->range.len - off : fut->win;
+
+	return (struct sluice_range){ fut->range.file, fut->range.offset + off, len,
+				      fut->stage + (i % 2) * fut->win };
+}
+
+/* Waits for window i's job and adds it to the sum; 0 or its error. */
+static int sl_window_wait(struct sluice_future *fut, size_t i)
+{
+	struct sl__job *job = &fut->jobs[i % 2];
+	ssize_t rc = sl__job_wait(fut->eng, job, NULL);
+
+	atomic_fetch_add(&fut->sum.bytes, atomic_load(&job->bytes));
+	atomic_fetch_add(&fut->sum.bytes_direct, atomic_load(&job->bytes_direct));
+	atomic_fetch_add(&fut->sum.bytes_buffered, atomic_load(&job->bytes_buffered));
+	atomic_fetch_add(&fut->sum.ios, atomic_load(&job->ios));
+	atomic_fetch_or(&fut->sum.paths, atomic_load(&job->paths));
+	if (rc < 0)
+		snprintf(fut->detail, sizeof(fut->detail), "%s", job->detail);
+	sl__plan_free(job);
+	return rc < 0 ? (int)rc : 0;
+}
+
+/* The storage side of one transfer (see the top of the file). */
+static void *sl_coordinate(void *arg)
 {
 	struct sluice_future *fut = arg;
+	struct sluice_engine *eng = fut->eng;
+	const struct sl__cuda_api *cu = eng->gpu.cu;
+	size_t n = fut->nwin, live = 0; /* windows submitted */
+	int err = sl__gpu_bind(&eng->gpu);
 
-	sl__job_submit(fut->eng, &fut->job);
+	for (size_t i = 0; i <= n; i++) {
+		if (i < n && !err) {
+			/* A read's half is free once window i - 2 left it; a write's bytes are in it. */
+			if (fut->write || i >= 2) {
+				sl_CUresult r = cu->EventSynchronize(fut->ev[fut->write ? i : i - 2]);
+
+				if (r != SL_CUDA_SUCCESS)
+					err = sl__cuda_err(r, "cuEventSynchronize (async window)");
+			}
+			if (!err) {
+				struct sluice_range w = sl_window(fut, i);
+
+				err = sl__plan(eng, &fut->jobs[i % 2], fut->write ? SL_IO_WRITE : SL_IO_READ, &w, 1, 0);
+				if (err)
+					snprintf(fut->detail, sizeof(fut->detail), "%s", sluice_last_error_detail());
+				else
+					sl__job_submit(eng, &fut->jobs[i % 2]);
+				live += !err;
+			}
+		}
+		if (i >= 1 && i <= live) {
+			int rc = sl_window_wait(fut, i - 1);
+
+			if (rc && !err)
+				err = rc;
+		}
+		/* After an error the rest of the stream is let go: the future carries the error. */
+		if (i >= 1)
+			sl_set_flag(fut, err ? n + 1 : i);
+	}
+	/* Every submitted window has been waited for: the halves are idle on the host side. */
+	fut->result = err ? err : (ssize_t)fut->range.len;
+	return NULL;
+}
+
+/* Pinned staging: the engine keeps one buffer for the next transfer. */
+static int sl_stage_get(struct sluice_future *fut)
+{
+	struct sluice_engine *eng = fut->eng;
+	size_t len = 2 * fut->win;
+
+	pthread_mutex_lock(&eng->lock);
+	if (eng->stage_cache && eng->stage_cache_len >= len) {
+		fut->stage = eng->stage_cache;
+		fut->stage_len = eng->stage_cache_len;
+		fut->stage_pinned = eng->stage_cache_pinned;
+		eng->stage_cache = NULL;
+	}
+	pthread_mutex_unlock(&eng->lock);
+	if (fut->stage)
+		return 0;
+	fut->stage_len = len;
+	return sl__host_alloc(&eng->gpu, len, (void **)&fut->stage, &fut->stage_pinned);
+}
+
+static void sl_stage_put(struct sluice_future *fut)
+{
+	struct sluice_engine *eng = fut->eng;
+
+	if (!fut->stage)
+		return;
+	pthread_mutex_lock(&eng->lock);
+	if (!eng->stage_cache || eng->stage_cache_len < fut->stage_len) {
+		char *old = eng->stage_cache;
+		size_t old_len = eng->stage_cache_len;
+		int old_pinned = eng->stage_cache_pinned;
+
+		eng->stage_cache = fut->stage;
+		eng->stage_cache_len = fut->stage_len;
+		eng->stage_cache_pinned = fut->stage_pinned;
+		fut->stage = old;
+		fut->stage_len = old_len;
+		fut->stage_pinned = old_pinned;
+	}
+	pthread_mutex_unlock(&eng->lock);
+	sl__host_free(&eng->gpu, fut->stage, fut->stage_len, fut->stage_pinned);
+	fut->stage = NULL;
+}
+
+/* Releases everything but the thread; the stream must be past every recorded event. */
+static void sl_future_release(struct sluice_future *fut, size_t nev)
+{
+	struct sluice_engine *eng = fut->eng;
+
+	for (size_t i = 0; i < nev; i++)
+		if (fut->ev[i])
+			eng->gpu.cu->EventDestroy(fut->ev[i]);
+	free(fut->ev);
+	sl_stage_put(fut);
+	pthread_mutex_lock(&eng->lock);
+	eng->flag_free[eng->nflag_free++] = (uint16_t)fut->flag;
+	pthread_mutex_unlock(&eng->lock);
+	free(fut);
+}
+
+/* Queues window i's wait, copy and event on the stream. */
+static int sl_enqueue(struct sluice_future *fut, size_t i, sl_CUstream s)
+{
+	struct sluice_engine *eng = fut->eng;
+	const struct sl__cuda_api *cu = eng->gpu.cu;
+	struct sluice_range w = sl_window(fut, i);
+	sl_CUdeviceptr flag = eng->flags_dev + fut->flag * sizeof(uint32_t);
+	sl_CUdeviceptr dev = (sl_CUdeviceptr)(uintptr_t)((char *)fut->range.buf + i * fut->win);
+	int rc;
+
+	rc = SL_CU(cu->EventCreate(&fut->ev[i], SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+	if (rc)
+		return rc;
+	if (!fut->write || i >= 2)
+		rc = SL_CU(cu->StreamWaitValue32(s, flag, (uint32_t)(fut->write ? i - 1 : i + 1),
+						 SL_CU_STREAM_WAIT_VALUE_GEQ),
+			   "cuStreamWaitValue32 (stream memory operations unsupported?)");
+	if (!rc && fut->write)
+		rc = SL_CU(cu->MemcpyDtoHAsync(w.buf, dev, w.len, s), "cuMemcpyDtoHAsync");
+	else if (!rc)
+		rc = SL_CU(cu->MemcpyHtoDAsync(dev, w.buf, w.len, s), "cuMemcpyHtoDAsync");
+	if (!rc)
+		rc = SL_CU(cu->EventRecord(fut->ev[i], s), "cuEventRecord");
+	if (rc) {
+		cu->EventDestroy(fut->ev[i]);
+		fut->ev[i] = NULL;
+	}
+	return rc;
 }
 
 static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, void *stream,
-		    int op, struct sluice_future **out)
+		    int write, struct sluice_future **out)
 {
 	struct sluice_engine *eng = f->eng;
-	const struct sl__cuda_api *cu = eng->gpu.cu;
 	struct sluice_future *fut;
+	size_t i = 0;
 	int rc;
 
 	*out = NULL;
 	sl__err_clear();
 	if (!eng->gpu.ctx)
 		return sl__err(SLUICE_ENOGPU, "asynchronous transfers need a GPU stream; engine has no GPU");
+	if (!len)
+		return sl__err(-EINVAL, "asynchronous transfer of 0 bytes");
+	if (!sl__gpu_is_device_ptr(&eng->gpu, mem))
+		return sl__err(SLUICE_ENOTGPU, "asynchronous transfers move GPU memory; %p is not", mem);
+	if (!write && off + len > atomic_load(&f->size))
+		return sl__err(SLUICE_ERANGE, "%s: async read of [%llu, %llu) passes the end (%llu bytes)", f->path,
+			       (unsigned long long)off, (unsigned long long)(off + len),
+			       (unsigned long long)atomic_load(&f->size));
 	fut = calloc(1, sizeof(*fut));
 	if (!fut)
 		return -ENOMEM;
 	fut->eng = eng;
-	fut->write = op == SL_IO_WRITE;
+	fut->write = write;
 	fut->range = (struct sluice_range){ f, off, len, mem };
-	rc = sl__plan(eng, &fut->job, op, &fut->range, 1, 0);
-	if (rc) {
+	fut->sum.op = write ? SL_IO_WRITE : SL_IO_READ;
+	fut->win = eng->cfg.max_transfer_size * (eng->nworkers ? eng->nworkers : 1);
+	if (fut->win > ((len + 4095) & ~(size_t)4095))
+		fut->win = (len + 4095) & ~(size_t)4095;
+	fut->nwin = (len + fut->win - 1) / fut->win;
+	fut->ev = calloc(fut->nwin, sizeof(*fut->ev));
+	if (!fut->ev) {
 		free(fut);
-		return rc;
+		return -ENOMEM;
 	}
-	fut->job.on_finish = sl_release_stream;
-	fut->job.user = fut;
 
 	pthread_mutex_lock(&eng->lock);
 	rc = sl_flags_init(eng);
@@ -129,90 +310,87 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	if (!rc)
 		fut->flag = eng->flag_free[--eng->nflag_free];
 	pthread_mutex_unlock(&eng->lock);
-	if (rc)
-		goto fail_plan;
-	atomic_store(&eng->flags[fut->flag], 0);
-
-	rc = sl__gpu_bind(&eng->gpu);
-	if (!rc)
-		rc = SL_CU(cu->EventCreate(&fut->passed, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-	if (rc)
-		goto fail_flag;
-	rc = SL_CU(cu->LaunchHostFunc((sl_CUstream)stream, sl_gate, fut), "cuLaunchHostFunc");
-	if (rc)
-		goto fail_event;
-	/*
-	 * The gate is queued and will start the job whatever happens next; if
-	 * the wait cannot be queued, the stream is not held but the future
-	 * still reports the transfer's result.
-	 */
-	rc = SL_CU(cu->StreamWaitValue32((sl_CUstream)stream, eng->flags_dev + fut->flag * sizeof(uint32_t), 1,
-					 SL_CU_STREAM_WAIT_VALUE_GEQ),
-		   "cuStreamWaitValue32 (stream memory operations unsupported?)");
-	if (!rc)
-		rc = SL_CU(cu->EventRecord(fut->passed, (sl_CUstream)stream), "cuEventRecord");
 	if (rc) {
-		sl__warn("xfer", "async transfer is not ordered before later stream work: %s",
-			 sluice_last_error_detail());
-		cu->EventDestroy(fut->passed);
-		fut->passed = NULL;
+		free(fut->ev);
+		free(fut);
+		return rc;
 	}
+	sl_set_flag(fut, 0);
+	rc = sl_stage_get(fut);
+	if (!rc)
+		rc = sl__gpu_bind(&eng->gpu);
+	for (; !rc && i < fut->nwin; i++)
+		rc = sl_enqueue(fut, i, (sl_CUstream)stream);
+	if (!rc) {
+		fut->t0 = sl__now_ns();
+		rc = pthread_create(&fut->thread, NULL, sl_coordinate, fut);
+		if (rc)
+			rc = sl__err(-rc, "starting the async transfer's thread");
+	}
+	if (rc) {
+		/* Let go of whatever was queued, and wait until the stream is past it. */
+		sl_set_flag(fut, fut->nwin + 1);
+		if (i)
+			eng->gpu.cu->StreamSynchronize((sl_CUstream)stream);
+		sl_future_release(fut, fut->nwin);
+		return rc;
+	}
+	fut->started = 1;
 	*out = fut;
 	return 0;
-fail_event:
-	cu->EventDestroy(fut->passed);
-fail_flag:
-	pthread_mutex_lock(&eng->lock);
-	eng->flag_free[eng->nflag_free++] = (uint16_t)fut->flag;
-	pthread_mutex_unlock(&eng->lock);
-fail_plan:
-	sl__plan_free(&fut->job);
-	free(fut);
-	return rc;
 }
 
 int sluice_read_async(struct sluice_file *f, uint64_t offset, size_t len, void *dst, void *stream,
 		      struct sluice_future **out)
 {
-	return sl_async(f, offset, len, dst, stream, SL_IO_READ, out);
+	return sl_async(f, offset, len, dst, stream, 0, out);
 }
 
 int sluice_write_async(struct sluice_file *f, uint64_t offset, size_t len, const void *src,
 		       void *stream, struct sluice_future **out)
 {
-	return sl_async(f, offset, len, (void *)src, stream, SL_IO_WRITE, out);
+	return sl_async(f, offset, len, (void *)src, stream, 1, out);
 }
 
 ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report *rep)
 {
-	ssize_t rc = sl__job_wait(fut->eng, &fut->job, rep);
+	if (!fut->joined) {
+		pthread_join(fut->thread, NULL);
+		fut->joined = 1;
+		if (fut->result >= 0 && fut->write) {
+			int rc = sl__fix_size(&fut->range, 1);
 
-	if (rc >= 0 && fut->write) {
-		int frc = sl__fix_size(&fut->range, 1);
-
-		if (frc)
-			return frc;
+			if (rc) {
+				fut->result = rc;
+				snprintf(fut->detail, sizeof(fut->detail), "%s", sluice_last_error_detail());
+			}
+		}
 	}
-	return rc;
+	if (rep) {
+		uint32_t paths = atomic_load(&fut->sum.paths), gpu = 0;
+
+		/* The windows moved host memory; the stream carried it on to the GPU. */
+		for (unsigned c = 0; c < 32; c++)
+			if (paths & (1u << c))
+				gpu |= 1u << (c - c % 5 + (fut->stage_pinned ? SL_K_PINNED_GPU : SL_K_PAGEABLE_GPU));
+		atomic_store(&fut->sum.paths, gpu);
+		sl__job_report(&fut->sum, rep);
+		atomic_store(&fut->sum.paths, paths);
+		rep->seconds = (double)(sl__now_ns() - fut->t0) / 1e9;
+	}
+	if (fut->result < 0)
+		sl__err((int)fut->result, "%s", fut->detail);
+	return fut->result;
 }
 
 void sluice_future_free(struct sluice_future *fut)
 {
-	struct sluice_engine *eng;
-
 	if (!fut)
 		return;
-	eng = fut->eng;
-	(void)sl__job_wait(eng, &fut->job, NULL);
-	/* The flag may be reused only once the stream has passed its wait. */
-	if (fut->passed) {
-		sl__gpu_bind(&eng->gpu);
-		eng->gpu.cu->EventSynchronize(fut->passed);
-		eng->gpu.cu->EventDestroy(fut->passed);
-	}
-	pthread_mutex_lock(&eng->lock);
-	eng->flag_free[eng->nflag_free++] = (uint16_t)fut->flag;
-	pthread_mutex_unlock(&eng->lock);
-	sl__plan_free(&fut->job);
-	free(fut);
+	if (sluice_future_wait(fut, NULL) < 0)
+		sl__err_clear(); /* the caller chose not to look */
+	/* The flag, events and halves may go once the stream is past the last copy. */
+	sl__gpu_bind(&fut->eng->gpu);
+	fut->eng->gpu.cu->EventSynchronize(fut->ev[fut->nwin - 1]);
+	sl_future_release(fut, fut->nwin);
 }

@@ -115,6 +115,9 @@ struct sluice_engine {
 	sl_CUdeviceptr flags_dev;
 	uint16_t *flag_free;       /* stack of free flag indexes (engine lock) */
 	unsigned nflag_free;
+	char *stage_cache;         /* a spare async staging buffer (engine lock) */
+	size_t stage_cache_len;
+	int stage_cache_pinned;
 
 	struct sl__worker *workers;
 	unsigned nworkers;
@@ -155,7 +158,7 @@ SL_HIDDEN extern int sl__test_refuse_direct;
 /* file.c: after a write job, trims direct-write padding and updates sizes. */
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
 
-/* async.c: frees the async flag page at engine close. */
+/* async.c: frees the async flag page and staging cache at engine close. */
 SL_HIDDEN void sl__async_fini(struct sluice_engine *eng);
 
 /* Runs one job synchronously from ranges: plan, submit, wait, report. */

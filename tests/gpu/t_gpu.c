@@ -143,17 +143,24 @@ static void t_async(struct sluice_engine *eng, const char *path, const char *wan
 	T_CHECK(sluice_gpu_alloc(eng, n, (void **)&d) == 0);
 	T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
 	T_CHECK(cu->StreamCreate(&s, SL_CU_STREAM_NON_BLOCKING) == 0);
+	/* Several windows (1 MiB transfers), an odd offset and length, the legacy stream. */
 	for (int round = 0; round < 3; round++) {
+		size_t off = round == 1 ? 4099 : 0, len = n - off - (round == 1 ? 3 : 0);
+		sl_CUstream rs = round == 2 ? NULL : s;
+
 		poison(eng, d, n);
 		memset(h, 0, n);
 		/* The stream's next copy must see the bytes: the async read holds it. */
-		T_CHECK(sluice_read_async(f, 0, n, d, round == 2 ? NULL : s, &fut) == 0);
-		T_CHECK(cu->MemcpyDtoHAsync(h, (sl_CUdeviceptr)(uintptr_t)d, n, round == 2 ? NULL : s) == 0);
-		T_CHECK(cu->StreamSynchronize(round == 2 ? NULL : s) == 0);
-		T_CHECK(!memcmp(h, want, n));
-		T_CHECK(sluice_future_wait(fut, &rep) == (ssize_t)n && rep.bytes == n);
+		T_CHECK(sluice_read_async(f, off, len, d, rs, &fut) == 0);
+		T_CHECK(cu->MemcpyDtoHAsync(h, (sl_CUdeviceptr)(uintptr_t)d, len, rs) == 0);
+		T_CHECK(cu->StreamSynchronize(rs) == 0);
+		T_CHECK(!memcmp(h, want + off, len));
+		T_CHECK(sluice_future_wait(fut, &rep) == (ssize_t)len && rep.bytes == len);
+		T_CHECK(strstr(rep.path, ">pinned>gpu") != NULL);
 		sluice_future_free(fut);
 	}
+	T_CHECK(sluice_read_async(f, 1, n, d, s, &fut) == SLUICE_ERANGE && !fut);
+	T_CHECK(sluice_read_async(f, 0, n, h, s, &fut) == SLUICE_ENOTGPU && !fut);
 	/* Async write of device memory, ordered after the stream's earlier work. */
 	snprintf(wpath, sizeof(wpath), "%s/async_w.bin", dir);
 	{

@@ -189,6 +189,22 @@ static void t_errors(void)
 	T_CHECK(strstr(sluice_last_error_detail(), "missing.bin") != NULL);
 	T_CHECK(sluice_file_open(&f, eng, dir, SLUICE_RDONLY) == -EISDIR);
 	T_CHECK(sluice_read_to_gpu(eng, path, 0, 1, path, NULL) == -ENOENT);
+	{
+		/* Without a GPU there is no stream to order an async transfer on. */
+		struct sluice_engine_info info;
+		struct sluice_future *fut = (void *)1;
+		char buf[16];
+
+		sluice_engine_get_info(eng, &info);
+		snprintf(path, sizeof(path), "%s/async.bin", dir);
+		free(t_make_file(path, sizeof(buf), 3));
+		T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
+		if (info.gpu < 0)
+			T_CHECK(sluice_read_async(f, 0, sizeof(buf), buf, NULL, &fut) == SLUICE_ENOGPU && !fut);
+		else
+			T_CHECK(sluice_read_async(f, 0, sizeof(buf), buf, NULL, &fut) == SLUICE_ENOTGPU && !fut);
+		sluice_file_close(f);
+	}
 	sluice_file_close(NULL);
 	sluice_engine_close(eng);
 	sluice_engine_close(NULL);
