@@ -37,8 +37,8 @@ static int usage(FILE *f)
 		"                  write: a durable atomic write of a fresh file per pass\n"
 		"                  (the previous pass's file is removed first, untimed)\n"
 		"  --size N        bytes per pass (default: the file's size; 1G for write)\n"
-		"  --io-size N     bytes per I/O (default 8M; 1M for random)\n"
-		"  --threads N     worker threads (default min(cpus, 8))\n"
+		"  --io-size N     bytes per I/O (default 4M, as the engine; 1M for random)\n"
+		"  --threads N     worker threads (default min(cpus, 16))\n"
 		"  --queue-depth N I/Os in flight per thread (default 4)\n"
 		"  --duration S    repeat passes for at least S seconds\n"
 		"  --repeat N      passes to run; the median is reported (default 1)\n"
@@ -131,7 +131,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		return cli_fail(CMD, "--rw: '%s' is not read, write, randread or randwrite", o->rw);
 	o->random = !strncmp(o->rw, "rand", 4);
 	if (!o->io_size)
-		o->io_size = o->random ? 1u << 20 : 8u << 20;
+		o->io_size = o->random ? 1u << 20 : 4u << 20;
 	if (o->io_size % 4096 || o->io_size > (1u << 30))
 		return cli_fail(CMD, "--io-size: %llu is not a multiple of 4K up to 1G",
 				(unsigned long long)o->io_size);

@@ -139,7 +139,7 @@ SLUICE_API SLUICE_WUR int sluice_config_set_direct(struct sluice_config *cfg,
 /* SLUICE_STAGING=pinned|pageable */
 SLUICE_API SLUICE_WUR int sluice_config_set_staging(struct sluice_config *cfg,
 						    enum sluice_staging s);
-/* SLUICE_THREADS: worker threads, 1..256 (default: min(cpus, 8)) */
+/* SLUICE_THREADS: worker threads, 1..256 (default: min(cpus, 16)) */
 SLUICE_API SLUICE_WUR int sluice_config_set_threads(struct sluice_config *cfg,
 						    unsigned n);
 /* SLUICE_QUEUE_DEPTH: I/Os in flight per worker, 1..256 (default 4) */
@@ -147,7 +147,7 @@ SLUICE_API SLUICE_WUR int sluice_config_set_queue_depth(struct sluice_config *cf
 							unsigned n);
 /*
  * SLUICE_MAX_TRANSFER_SIZE: the largest single storage I/O and bounce
- * chunk, 4 KiB..1 GiB, a multiple of 4 KiB (default 8 MiB).  Sizes accept
+ * chunk, 4 KiB..1 GiB, a multiple of 4 KiB (default 4 MiB).  Sizes accept
  * K, M, G suffixes (powers of 1024).
  */
 SLUICE_API SLUICE_WUR int sluice_config_set_max_transfer_size(struct sluice_config *cfg,

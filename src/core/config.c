@@ -49,9 +49,9 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->backend = SLUICE_BACKEND_AUTO;
 	cfg->direct = SLUICE_DIRECT_AUTO;
 	cfg->staging = SLUICE_STAGING_PINNED;
-	cfg->threads = cpus < 1 ? 1 : cpus > 8 ? 8 : (unsigned)cpus;
+	cfg->threads = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
 	cfg->queue_depth = 4;
-	cfg->max_transfer_size = 8u << 20;
+	cfg->max_transfer_size = 4u << 20;
 	cfg->gpu = 1;
 }
 
