@@ -88,11 +88,11 @@ def run_fio(fio, args, runtime):
     return gbs, cpu
 
 
-def fio_best(fio, path, write, size):
+def fio_best(fio, path, write, size, grid=None):
     """Best fio setting from short trials: reads 3 s each over the sweep, writes a whole pass each."""
     sweep = {}
-    grid = [(bs, qd) for bs in ("4M", "16M") for qd in (8, 32)] if write else \
-           [(bs, qd) for bs in ("1M", "4M", "16M") for qd in (8, 16, 32, 64)]
+    grid = grid or ([(bs, qd) for bs in ("4M", "16M") for qd in (8, 32)] if write else
+                    [(bs, qd) for bs in ("1M", "4M", "16M") for qd in (8, 16, 32, 64)])
     for bs, qd in grid:
         if write:
             gbs, _ = run_fio(fio, ["--name=w", f"--filename={path}", "--rw=write", f"--bs={bs}",
@@ -135,7 +135,9 @@ def main():
     ap.add_argument("--size", type=int, default=8 << 30)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/engine_bench.json")
-    ap.add_argument("--skip", default="", help="comma list of: fio,numpy,kvikio,sweep")
+    ap.add_argument("--skip", default="", help="comma list of: fio,write,numpy,kvikio,sweep")
+    ap.add_argument("--fio-read-grid", default="",
+                    help="fio read settings to try, e.g. 16M:16,1M:32 (default: bs 1M/4M/16M x iodepth 8-64)")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
 
@@ -172,7 +174,8 @@ def main():
     wpath = path + ".w"
     if "fio" not in skip:
         # Cold read and durable write: fio's best setting and sluice's defaults, pass for pass.
-        best, sweep, bs, qd = fio_best(a.fio, path, False, size)
+        grid = [tuple(x.split(":")) for x in a.fio_read_grid.split(",")] if a.fio_read_grid else None
+        best, sweep, bs, qd = fio_best(a.fio, path, False, size, grid)
 
         def fio_read():
             drop_caches()
@@ -187,6 +190,7 @@ def main():
         say(f"cold read: fio {res['fio_read_cold']['gb_s']:.2f} GB/s ({best}), "
               f"sluice {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}")
 
+    if "fio" not in skip and "write" not in skip:
         best, sweep, bs, qd = fio_best(a.fio, wpath, True, size)
 
         def fio_write():
@@ -297,6 +301,7 @@ def main():
             rat["cold_vs_kvikio_best"] = res["sluice_read_cold"]["gb_s"] / res["kvikio_best_cold"]["gb_s"]
     if "fio_read_cold" in res:
         rat["cold_vs_fio"] = res["sluice_read_cold"]["gb_s"] / res["fio_read_cold"]["gb_s"]
+    if "fio_write" in res:
         rat["write_vs_fio"] = res["sluice_write"]["gb_s"] / res["fio_write"]["gb_s"]
     res["ratios"] = rat
 

@@ -139,10 +139,14 @@ SLUICE_API SLUICE_WUR int sluice_config_set_direct(struct sluice_config *cfg,
 /* SLUICE_STAGING=pinned|pageable */
 SLUICE_API SLUICE_WUR int sluice_config_set_staging(struct sluice_config *cfg,
 						    enum sluice_staging s);
-/* SLUICE_THREADS: worker threads, 1..256 (default: min(cpus, 16)) */
+/* SLUICE_THREADS: worker threads, 1..256 (default: min(cpus, 12)) */
 SLUICE_API SLUICE_WUR int sluice_config_set_threads(struct sluice_config *cfg,
 						    unsigned n);
-/* SLUICE_QUEUE_DEPTH: I/Os in flight per worker, 1..256 (default 4) */
+/*
+ * SLUICE_QUEUE_DEPTH: I/Os in flight per worker, 1..256 (default 4).  Reads
+ * and writes through the page cache keep at most 2 in flight: each is a CPU
+ * copy, and more only spread the copies over more pinned memory.
+ */
 SLUICE_API SLUICE_WUR int sluice_config_set_queue_depth(struct sluice_config *cfg,
 							unsigned n);
 /*

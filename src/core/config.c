@@ -49,7 +49,7 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->backend = SLUICE_BACKEND_AUTO;
 	cfg->direct = SLUICE_DIRECT_AUTO;
 	cfg->staging = SLUICE_STAGING_PINNED;
-	cfg->threads = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
+	cfg->threads = cpus < 1 ? 1 : cpus > 12 ? 12 : (unsigned)cpus;
 	cfg->queue_depth = 4;
 	cfg->max_transfer_size = 4u << 20;
 	cfg->gpu = 1;

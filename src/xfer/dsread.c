@@ -57,6 +57,8 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 	rc = sl__plan(eng, &job, SL_IO_READ, r, n, ds->has_crc);
 	if (rc)
 		goto out;
+	/* The padding between records in dst is ours: neighbours move in one copy. */
+	job.copy_gaps = 1;
 	sl__job_submit(eng, &job);
 	rc = sl__job_wait(eng, &job, rep);
 	/* A record's pieces are consecutive and in file order: fold their CRCs. */

@@ -62,6 +62,7 @@ struct sl__seg {
 struct sl__job {
 	int op;                    /* SL_IO_READ or SL_IO_WRITE */
 	int crc;                   /* workers compute each piece's CRC32C (reads) */
+	int copy_gaps;             /* reads may fill gaps under 8 bytes between pieces */
 	struct sl__seg *segs;
 	struct sl__piece *pieces;
 	size_t nsegs, npieces;

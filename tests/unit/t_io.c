@@ -110,6 +110,19 @@ static void t_reads(enum sluice_direct d, size_t chunk)
 		T_CHECK(sluice_read_batch(eng, r, 200, NULL) == want_bytes);
 		for (int i = 0; i < 200; i++)
 			T_CHECK(!memcmp(r[i].buf, want + r[i].offset, r[i].len));
+		/*
+		 * Ranges 4 bytes apart in the file and in memory: the bytes between
+		 * them in memory are the caller's and stay untouched.
+		 */
+		memset(dst, 0x5a, 1000);
+		for (int i = 0; i < 8; i++)
+			r[i] = (struct sluice_range){ f, 100 + (uint64_t)i * 104, 100, dst + i * 104 };
+		T_CHECK(sluice_read_batch(eng, r, 8, NULL) == 800);
+		for (int i = 0; i < 8; i++)
+			T_CHECK(!memcmp(dst + i * 104, want + 100 + i * 104, 100) &&
+				!memcmp(dst + i * 104 + 100, "\x5a\x5a\x5a\x5a", 4));
+		for (int i = 0; i < 200; i++)
+			r[i] = (struct sluice_range){ f, rnd(n - 5000), (size_t)rnd(5000) + 1, dst + i * 5000 };
 		r[7].offset = n; /* one bad range fails the batch, naming the file */
 		T_CHECK(sluice_read_batch(eng, r, 200, NULL) == SLUICE_ERANGE);
 		free(dst);

@@ -9,14 +9,16 @@
 
 int t_failures;
 
+static char t_dir_made[512];
+
 const char *t_dir(const char *name)
 {
-	static char buf[512];
+	char *buf = t_dir_made;
 	const char *base = getenv("SLUICE_TEST_DIR");
 	const char *be = getenv("SLUICE_BACKEND");
 	char cmd[600];
 
-	snprintf(buf, sizeof(buf), "%s/%s-%s-%d", base ? base : "/tmp", name, be ? be : "auto", (int)getpid());
+	snprintf(buf, sizeof(t_dir_made), "%s/%s-%s-%d", base ? base : "/tmp", name, be ? be : "auto", (int)getpid());
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", buf);
 	if (system(cmd) != 0)
 		exit(1);
@@ -97,5 +99,13 @@ int t_done(const char *name)
 		return 1;
 	}
 	printf("%s: PASS\n", name);
+	if (t_dir_made[0]) {
+		/* A passing test leaves nothing behind; a failing one keeps its files to look at. */
+		char cmd[600];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t_dir_made);
+		if (system(cmd) != 0)
+			return 1;
+	}
 	return 0;
 }
