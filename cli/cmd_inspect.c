@@ -96,21 +96,25 @@ int cmd_inspect(int argc, char **argv)
 	}
 	if (!n)
 		minl = 0;
+	double ratio;
+	const char *codec = sluice_dataset_compression(ds, &ratio);
+	uint64_t stored = (uint64_t)((double)total / ratio + 0.5);
+
 	if (json) {
 		printf("{\"path\":");
 		cli_json_str(path);
 		printf(",\"format\":\"%s\",\"records\":%llu,\"shards\":%u,\"stored_bytes\":%llu,"
 		       "\"record_bytes\":{\"min\":%llu,\"avg\":%.1f,\"max\":%llu,\"sampled\":%llu},"
-		       "\"compression\":\"none\",\"compression_ratio\":1.0,\"fields\":[",
-		       sluice_dataset_format(ds), (unsigned long long)n, sluice_dataset_shards(ds), (unsigned long long)total,
+		       "\"data_bytes\":%llu,\"compression\":\"%s\",\"compression_ratio\":%.3f,\"fields\":[",
+		       sluice_dataset_format(ds), (unsigned long long)n, sluice_dataset_shards(ds), (unsigned long long)stored,
 		       (unsigned long long)minl, sampled ? (double)ssum / (double)sampled : 0.0, (unsigned long long)maxl,
-		       (unsigned long long)sampled);
+		       (unsigned long long)sampled, (unsigned long long)total, codec, ratio);
 	} else {
 		printf("%s: %s format, %llu records in %u file(s), %.1f MB stored\n", path, sluice_dataset_format(ds),
-		       (unsigned long long)n, sluice_dataset_shards(ds), (double)total / 1e6);
-		printf("record bytes (%s %llu records): min %llu, avg %.1f, max %llu; compression none (ratio 1.00)\nfields:\n",
+		       (unsigned long long)n, sluice_dataset_shards(ds), (double)stored / 1e6);
+		printf("record bytes (%s %llu records): min %llu, avg %.1f, max %llu; compression %s (ratio %.2f)\nfields:\n",
 		       sampled == n ? "all" : "a sample of", (unsigned long long)sampled, (unsigned long long)minl,
-		       sampled ? (double)ssum / (double)sampled : 0.0, (unsigned long long)maxl);
+		       sampled ? (double)ssum / (double)sampled : 0.0, (unsigned long long)maxl, codec, ratio);
 	}
 	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
 		const struct sluice_field *fd = sluice_dataset_field(ds, f);

@@ -220,11 +220,10 @@ static void *reader(void *arg)
 }
 
 /* Converts any readable dataset to sluice shards, record by record, in order. */
-static int pack_dataset(const char *from, const char *out, uint64_t shard_size, int quiet, int json)
+static int pack_dataset(const char *from, const char *out, const struct sluice_writer_options *opt, int quiet, int json)
 {
 	struct sluice_dataset *ds;
 	struct sluice_writer *w = NULL;
-	struct sluice_writer_options opt = { shard_size };
 	struct sluice_field fields[SLUICE_MAX_FIELDS];
 	unsigned char *buf = NULL;
 	size_t cap = 0;
@@ -236,7 +235,7 @@ static int pack_dataset(const char *from, const char *out, uint64_t shard_size, 
 		return cli_error(CMD, from, rc);
 	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++)
 		fields[f] = *sluice_dataset_field(ds, f);
-	rc = sluice_writer_open(&w, out, fields, sluice_dataset_nfields(ds), &opt);
+	rc = sluice_writer_open(&w, out, fields, sluice_dataset_nfields(ds), opt);
 	if (rc) {
 		sluice_dataset_close(ds);
 		return cli_error(CMD, out, rc);
@@ -299,10 +298,10 @@ static int pack_dataset(const char *from, const char *out, uint64_t shard_size, 
 }
 
 /* JSON lines, one record per non-empty line, fields chosen by key. */
-static int pack_jsonl(const char *from, const char *fields_arg, const char *out, uint64_t shard_size, int json)
+static int pack_jsonl(const char *from, const char *fields_arg, const char *out, const struct sluice_writer_options *opt,
+		      int json)
 {
 	struct sluice_writer *w = NULL;
-	struct sluice_writer_options opt = { shard_size };
 	struct sluice_field fields[SLUICE_MAX_FIELDS];
 	const char *names[SLUICE_MAX_FIELDS];
 	char *list = strdup(fields_arg ? fields_arg : ""), *save = NULL, *line = NULL;
@@ -333,7 +332,7 @@ static int pack_jsonl(const char *from, const char *fields_arg, const char *out,
 		if (!w) {
 			rc = sluice_json_schema(line, (size_t)len, names, n, fields);
 			if (!rc)
-				rc = sluice_writer_open(&w, out, fields, n, &opt);
+				rc = sluice_writer_open(&w, out, fields, n, opt);
 			if (rc) {
 				rc = w ? 1 : cli_fail(CMD, "%s:%llu: %s", from, (unsigned long long)lineno, sluice_last_error_detail());
 				break;
@@ -394,7 +393,7 @@ static int array_header(const char *path, enum sluice_dtype bin_dtype, enum slui
  * in tokens, in file order, and must add up to the token count exactly.
  */
 static int pack_tokens(const char *tok_path, const char *len_path, const char *dtype_arg, const char *out,
-		       uint64_t shard_size, int json)
+		       const struct sluice_writer_options *opt, int json)
 {
 	enum sluice_dtype bin = !dtype_arg || !strcmp(dtype_arg, "u16") ? SLUICE_DTYPE_U16
 				: !strcmp(dtype_arg, "u32")		  ? SLUICE_DTYPE_U32
@@ -402,7 +401,6 @@ static int pack_tokens(const char *tok_path, const char *len_path, const char *d
 	enum sluice_dtype tdt, ldt;
 	uint64_t ntok, toff, ndoc, loff, sum = 0;
 	struct sluice_writer *w = NULL;
-	struct sluice_writer_options opt = { shard_size };
 	uint64_t *lens = NULL;
 	unsigned char *buf = NULL, *raw = NULL;
 	size_t cap = 0, es;
@@ -453,7 +451,7 @@ static int pack_tokens(const char *tok_path, const char *len_path, const char *d
 	}
 	struct sluice_field f[1] = { { "tokens", tdt, 1, { -1 } } };
 
-	rc = sluice_writer_open(&w, out, f, 1, &opt);
+	rc = sluice_writer_open(&w, out, f, 1, opt);
 	if (rc) {
 		rc = cli_error(CMD, out, rc);
 		goto out;
@@ -514,8 +512,8 @@ int cmd_pack(int argc, char **argv)
 {
 	const char *from = NULL, *out = NULL, *from_ds = NULL, *from_jsonl = NULL, *fields_arg = NULL;
 	const char *from_tokens = NULL, *doc_lengths = NULL, *dtype_arg = NULL;
-	uint64_t shard_size = 0;
-	unsigned threads = 0;
+	uint64_t shard_size = 0, block_size = 0;
+	unsigned threads = 0, zstd = 0;
 	int quiet = !isatty(2), json = 0, rc = 0, labelled = 0;
 	struct list items = { 0 };
 	struct sluice_writer *w = NULL;
@@ -532,7 +530,9 @@ int cmd_pack(int argc, char **argv)
 		if (!strcmp(a, "--help")) {
 			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2 |\n"
 			       "                    --from-tokens FILE --doc-lengths FILE)\n"
-			       "                   [--shard-size N] [--threads N] [--quiet] [--json] OUT\n"
+			       "                   [--shard-size N] [--zstd LEVEL [--block-size N]] [--threads N] [--quiet] [--json] OUT\n"
+			       "  --zstd LEVEL     store shards as zstd blocks (level 1-22) of --block-size uncompressed\n"
+			       "                   bytes or more (default 4M, at least 1M), whole records each\n"
 			       "  --from-jsonl F   one record per JSON line; --fields picks top-level keys: string -> bytes,\n"
 			       "                   integer -> i64, real -> f64, bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]\n"
 			       "  --from-tokens F --doc-lengths L [--dtype u16|u32]\n"
@@ -548,7 +548,8 @@ int cmd_pack(int argc, char **argv)
 			json = 1;
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
 			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields") ||
-			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype")) {
+			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype") ||
+			   !strcmp(a, "--zstd") || !strcmp(a, "--block-size")) {
 			if (!v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
@@ -569,6 +570,10 @@ int cmd_pack(int argc, char **argv)
 				return 2;
 			else if (!strcmp(a, "--threads") && cli_uint(CMD, a, v, 1, 64, &threads))
 				return 2;
+			else if (!strcmp(a, "--zstd") && cli_uint(CMD, a, v, 1, 22, &zstd))
+				return 2;
+			else if (!strcmp(a, "--block-size") && cli_size(CMD, a, v, &block_size))
+				return 2;
 			i++;
 		} else if (a[0] == '-') {
 			return cli_fail(CMD, "unknown option '%s' (see --help)", a);
@@ -580,12 +585,15 @@ int cmd_pack(int argc, char **argv)
 	}
 	if (!out || !!from + !!from_ds + !!from_jsonl + !!from_tokens != 1)
 		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET, --from-jsonl FILE or --from-tokens FILE, and OUT (see --help)");
+	if (block_size && !zstd)
+		return cli_fail(CMD, "--block-size needs --zstd");
+	opt = (struct sluice_writer_options){ shard_size, (int)zstd, (size_t)block_size };
 	if (from_tokens)
-		return pack_tokens(from_tokens, doc_lengths, dtype_arg, out, shard_size, json);
+		return pack_tokens(from_tokens, doc_lengths, dtype_arg, out, &opt, json);
 	if (from_ds)
-		return pack_dataset(from_ds, out, shard_size, quiet, json);
+		return pack_dataset(from_ds, out, &opt, quiet, json);
 	if (from_jsonl)
-		return pack_jsonl(from_jsonl, fields_arg, out, shard_size, json);
+		return pack_jsonl(from_jsonl, fields_arg, out, &opt, json);
 
 	/* The list of records: classes (subdirectories) or plain files. */
 	{
@@ -638,7 +646,6 @@ int cmd_pack(int argc, char **argv)
 		{ "key", SLUICE_DTYPE_BYTES, 0, { 0 } },
 		{ "label", SLUICE_DTYPE_I64, 0, { 0 } },
 	};
-	opt.shard_size = shard_size;
 	rc = sluice_writer_open(&w, out, fields, labelled ? 3 : 2, &opt);
 	if (rc) {
 		rc = cli_error(CMD, out, rc);

@@ -466,7 +466,14 @@ SLUICE_API const char *sluice_dtype_name(enum sluice_dtype dtype);
 struct sluice_writer;
 
 struct sluice_writer_options {
-	uint64_t shard_size; /* target bytes per shard; 0: 1 GiB */
+	uint64_t shard_size; /* target bytes per shard (uncompressed); 0: 1 GiB */
+	/*
+	 * zstd level 1..22 to store shards as zstd blocks of at least
+	 * block_size uncompressed bytes (1 MiB..1 GiB; 0: 4 MiB), whole records
+	 * each; 0: uncompressed.
+	 */
+	int zstd_level;
+	size_t block_size;
 };
 
 /*
@@ -555,8 +562,8 @@ SLUICE_API SLUICE_WUR int sluice_dataset_shard_info(const struct sluice_dataset 
 /* Where record i is stored.  Returns 0 or SLUICE_ERANGE. */
 struct sluice_record_loc {
 	unsigned shard;
-	uint64_t offset; /* in the shard file */
-	uint32_t length; /* stored bytes */
+	uint64_t offset; /* in the shard file (zstd datasets: in the uncompressed shard) */
+	uint32_t length; /* record bytes (uncompressed) */
 	uint32_t crc;
 };
 SLUICE_API SLUICE_WUR int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i,
@@ -571,6 +578,12 @@ struct sluice_record {
 	size_t len[SLUICE_MAX_FIELDS];
 };
 
+/*
+ * The codec of the dataset's shards, "zstd" or "none", and in *ratio its
+ * uncompressed over stored data bytes (1.0 when unknown).  For zstd shards
+ * this reads every block table.
+ */
+SLUICE_API const char *sluice_dataset_compression(struct sluice_dataset *ds, double *ratio);
 /*
  * Reads record i into buf (at least its stored length, see
  * sluice_dataset_locate()), checks its CRC and decodes its fields into rec

@@ -116,21 +116,28 @@ int sl__record_decode(const struct sluice_field *f, unsigned nfields, const unsi
 
 /* ---- shard header ---- */
 
-void sl__shard_header(unsigned char *h, uint32_t shard, uint64_t nrecords, uint64_t data_len)
+void sl__shard_header(unsigned char *h, const struct sl__shard_hdr *sh)
 {
 	memset(h, 0, SL_HDR_SIZE);
 	memcpy(h, SL_SHARD_MAGIC, 8);
 	sl__put32(h + 8, SL_FORMAT_VERSION);
-	sl__put32(h + 12, shard);
-	sl__put64(h + 16, nrecords);
-	sl__put64(h + 24, data_len);
+	sl__put32(h + 12, sh->shard);
+	sl__put64(h + 16, sh->nrecords);
+	sl__put64(h + 24, sh->data_len);
 	sl__put32(h + 32, sluice_crc32c(0, h, 32));
+	if (sh->flags & SL_FLAG_ZSTD) {
+		sl__put32(h + 36, sh->flags);
+		sl__put64(h + 40, sh->table_off);
+		sl__put64(h + 48, sh->nblocks);
+		sl__put32(h + 56, sh->table_crc);
+		sl__put32(h + 60, sluice_crc32c(0, h + 36, 24));
+	}
 }
 
-int sl__shard_header_parse(const unsigned char *h, size_t len, uint32_t *shard, uint64_t *nrecords,
-			   uint64_t *data_len)
+int sl__shard_header_parse(const unsigned char *h, size_t len, struct sl__shard_hdr *sh)
 {
-	if (len < 36)
+	memset(sh, 0, sizeof(*sh));
+	if (len < 64)
 		return sl__err(SLUICE_EFORMAT, "shard header truncated (%zu bytes)", len);
 	if (memcmp(h, SL_SHARD_MAGIC, 8))
 		return sl__err(SLUICE_EFORMAT, "not a sluice shard (bad magic)");
@@ -139,9 +146,53 @@ int sl__shard_header_parse(const unsigned char *h, size_t len, uint32_t *shard, 
 			       SL_FORMAT_VERSION);
 	if (SL_CRC_BAD(sl__le32(h + 32), sluice_crc32c(0, h, 32)))
 		return sl__err(SLUICE_EFORMAT, "shard header CRC mismatch");
-	*shard = sl__le32(h + 12);
-	*nrecords = sl__le64(h + 16);
-	*data_len = sl__le64(h + 24);
+	sh->shard = sl__le32(h + 12);
+	sh->nrecords = sl__le64(h + 16);
+	sh->data_len = sl__le64(h + 24);
+	sh->flags = sl__le32(h + 36);
+	if (sh->flags & ~SL_FLAG_ZSTD)
+		return sl__err(SLUICE_EFORMAT, "shard flags 0x%x unknown to this sluice", sh->flags);
+	if (!sh->flags)
+		return 0;
+	if (SL_CRC_BAD(sl__le32(h + 60), sluice_crc32c(0, h + 36, 24)))
+		return sl__err(SLUICE_EFORMAT, "shard block header CRC mismatch");
+	sh->table_off = sl__le64(h + 40);
+	sh->nblocks = sl__le64(h + 48);
+	sh->table_crc = sl__le32(h + 56);
+	if (sh->table_off < SL_HDR_SIZE || sh->table_off % SL_ALIGN || sh->data_len > SL_MAX_SHARD_BYTES ||
+	    sh->nblocks > sh->data_len || (sh->data_len && !sh->nblocks))
+		return sl__err(SLUICE_EFORMAT, "shard block table out of place (%llu blocks at %llu)",
+			       (unsigned long long)sh->nblocks, (unsigned long long)sh->table_off);
+	return 0;
+}
+
+int sl__blocks_parse(const unsigned char *p, size_t len, const struct sl__shard_hdr *sh, struct sl__block *b)
+{
+	uint64_t logical = SL_HDR_SIZE, file = SL_HDR_SIZE;
+
+	if (sh->nblocks > len / SL_BLOCK_ENTRY)
+		return sl__err(SLUICE_EFORMAT, "block table truncated: %llu blocks in %zu bytes",
+			       (unsigned long long)sh->nblocks, len);
+	if (SL_CRC_BAD(sh->table_crc, sluice_crc32c(0, p, SL_BLOCK_ENTRY * sh->nblocks)))
+		return sl__err(SLUICE_EFORMAT, "block table CRC mismatch");
+	for (uint64_t k = 0; k < sh->nblocks; k++) {
+		const unsigned char *e = p + SL_BLOCK_ENTRY * k;
+
+		b[k].logical = sl__le64(e);
+		b[k].file = sl__le64(e + 8);
+		b[k].stored = sl__le32(e + 16);
+		b[k].len = sl__le32(e + 20);
+		/* Blocks tile the logical data in order, and lie in order between header and table. */
+		if (b[k].logical != logical || !b[k].len || b[k].len > sh->data_len + SL_HDR_SIZE - logical ||
+		    b[k].file < file || b[k].file % SL_ALIGN || !b[k].stored || b[k].stored > sh->table_off ||
+		    b[k].file > sh->table_off - b[k].stored)
+			return sl__err(SLUICE_EFORMAT, "block %llu is out of place", (unsigned long long)k);
+		logical += b[k].len;
+		file = b[k].file + b[k].stored;
+	}
+	if (logical != SL_HDR_SIZE + sh->data_len)
+		return sl__err(SLUICE_EFORMAT, "blocks hold %llu bytes, the shard %llu",
+			       (unsigned long long)(logical - SL_HDR_SIZE), (unsigned long long)sh->data_len);
 	return 0;
 }
 
@@ -149,7 +200,7 @@ int sl__shard_header_parse(const unsigned char *h, size_t len, uint32_t *shard, 
 
 int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords,
 		    const uint64_t *shard_records, const uint64_t *shard_bytes, unsigned nshards,
-		    unsigned char **out, size_t *out_len)
+		    uint32_t flags, unsigned char **out, size_t *out_len)
 {
 	size_t schema = 0, shards_off, end;
 	unsigned char *b, *q;
@@ -184,7 +235,7 @@ int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nre
 	sl__put32(b + 12, nfields);
 	sl__put64(b + 16, nrecords);
 	sl__put32(b + 24, nshards);
-	sl__put32(b + 28, 0);
+	sl__put32(b + 28, flags);
 	sl__put64(b + 32, SL_HDR_SIZE);
 	sl__put64(b + 40, schema);
 	sl__put64(b + 48, shards_off);
@@ -226,6 +277,9 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 	ix->schema_len = sl__le64(p + 40);
 	ix->shards_off = sl__le64(p + 48);
 	ix->entries_off = sl__le64(p + 56);
+	ix->flags = sl__le32(p + 28);
+	if (ix->flags & ~SL_FLAG_ZSTD)
+		return sl__err(SLUICE_EFORMAT, "index flags 0x%x unknown to this sluice", ix->flags);
 	if (ix->nfields < 1 || ix->nfields > SLUICE_MAX_FIELDS)
 		return sl__err(SLUICE_EFORMAT, "index declares %u fields", ix->nfields);
 	if (ix->nshards < 1 || ix->nshards > SL_MAX_SHARDS)

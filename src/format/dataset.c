@@ -149,6 +149,27 @@ int sl__ds_fd(struct sluice_dataset *ds, unsigned f)
 	return mine;
 }
 
+int sl__ds_pread(struct sluice_dataset *ds, unsigned f, void *buf, size_t n, uint64_t off, const char *what,
+		 uint64_t which)
+{
+	int fd = sl__ds_fd(ds, f);
+
+	if (fd < 0)
+		return fd;
+	for (size_t got = 0; got < n;) {
+		ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return sl__err(r < 0 ? -errno : SLUICE_EFORMAT, "%s: %s %llu at offset %llu: %s", ds->files[f], what,
+				       (unsigned long long)which, (unsigned long long)off,
+				       r < 0 ? strerror(errno) : "file is truncated");
+		got += (size_t)r;
+	}
+	return 0;
+}
+
 int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc)
 {
 	if (loc->shard >= ds->nfiles || loc->offset > ds->file_bytes[loc->shard] ||
@@ -168,8 +189,7 @@ ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf, si
 			    struct sluice_record *rec)
 {
 	struct sluice_record_loc loc;
-	size_t got = 0;
-	int rc, fd;
+	int rc;
 
 	sl__err_clear();
 	rc = sluice_dataset_locate(ds, i, &loc);
@@ -180,20 +200,10 @@ ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf, si
 	if (cap < loc.length)
 		return sl__err(-ENOSPC, "record %llu needs %u bytes, buffer has %zu", (unsigned long long)i,
 			       loc.length, cap);
-	fd = sl__ds_fd(ds, loc.shard);
-	if (fd < 0)
-		return fd;
-	while (got < loc.length) {
-		ssize_t r = pread(fd, (char *)buf + got, loc.length - got, (off_t)(loc.offset + got));
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return sl__err(r < 0 ? -errno : SLUICE_EFORMAT, "%s: record %llu at offset %llu: %s",
-				       ds->files[loc.shard], (unsigned long long)i, (unsigned long long)loc.offset,
-				       r < 0 ? strerror(errno) : "file is truncated");
-		got += (size_t)r;
-	}
+	rc = ds->compressed ? ds->ops->fetch(ds, i, &loc, buf)
+			    : sl__ds_pread(ds, loc.shard, buf, loc.length, loc.offset, "record", i);
+	if (rc)
+		return rc;
 	if (ds->has_crc && sluice_crc32c(0, buf, loc.length) != loc.crc)
 		return sl__err(SLUICE_ECRC, "%s: record %llu at offset %llu: CRC mismatch", ds->files[loc.shard],
 			       (unsigned long long)i, (unsigned long long)loc.offset);
@@ -246,4 +256,14 @@ int sluice_dataset_shard_info(const struct sluice_dataset *ds, unsigned s, uint6
 	*records = ds->file_records ? ds->file_records[s] : UINT64_MAX;
 	*bytes = ds->file_bytes[s];
 	return 0;
+}
+
+const char *sluice_dataset_compression(struct sluice_dataset *ds, double *ratio)
+{
+	uint64_t stored = 0, logical = 0;
+
+	*ratio = 1.0;
+	if (ds->ops->sizes && ds->ops->sizes(ds, &stored, &logical) == 0 && stored)
+		*ratio = (double)logical / (double)stored;
+	return ds->compressed ? "zstd" : "none";
 }

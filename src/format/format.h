@@ -19,6 +19,9 @@
 #define SL_MAX_SHARDS 65535u
 #define SL_ENTRY 12u /* bytes per index entry: u32 offset / 8, u32 length, u32 crc */
 #define SL_MAX_SHARD_BYTES ((1ull << 35) - SL_HDR_SIZE) /* offsets / 8 fit in u32 */
+#define SL_FLAG_ZSTD 1u      /* index and shard flag: data in zstd blocks */
+#define SL_BLOCK_ENTRY 24u   /* bytes per block table entry */
+#define SL_MIN_BLOCK (1u << 20)
 
 /*
  * Fuzzing builds accept any stored CRC so mutations reach the parsing
@@ -65,7 +68,7 @@ SL_HIDDEN int sl__schema_check(const struct sluice_field *f, unsigned n);
 
 /* A parsed index header, schema and shard table. */
 struct sl__index {
-	uint32_t nfields, nshards;
+	uint32_t nfields, nshards, flags;
 	uint64_t nrecords;
 	uint64_t schema_off, schema_len, shards_off, entries_off;
 	struct sluice_field fields[SLUICE_MAX_FIELDS];
@@ -88,13 +91,26 @@ SL_HIDDEN void sl__index_free(struct sl__index *ix);
 /* Serialises schema and shard table behind a 4 KiB header; returns malloc'd bytes and size. */
 SL_HIDDEN int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords,
 			      const uint64_t *shard_records, const uint64_t *shard_bytes,
-			      unsigned nshards, unsigned char **out, size_t *out_len);
+			      unsigned nshards, uint32_t flags, unsigned char **out, size_t *out_len);
 
+/* A shard header.  With SL_FLAG_ZSTD the data is zstd blocks listed in a block table. */
+struct sl__shard_hdr {
+	uint32_t shard, flags;
+	uint64_t nrecords, data_len; /* data_len: logical (uncompressed) bytes */
+	uint64_t table_off, nblocks; /* the block table: file offset, entries */
+	uint32_t table_crc;
+};
+/* One compressed block: logical bytes [logical, logical + len) stored at file offset file. */
+struct sl__block {
+	uint64_t logical, file;
+	uint32_t stored, len;
+};
 /* Shard header: encode into 4096 bytes; parse and check. */
-SL_HIDDEN void sl__shard_header(unsigned char *h, uint32_t shard, uint64_t nrecords,
-				uint64_t data_len);
-SL_HIDDEN int sl__shard_header_parse(const unsigned char *h, size_t len, uint32_t *shard,
-				     uint64_t *nrecords, uint64_t *data_len);
+SL_HIDDEN void sl__shard_header(unsigned char *h, const struct sl__shard_hdr *sh);
+SL_HIDDEN int sl__shard_header_parse(const unsigned char *h, size_t len, struct sl__shard_hdr *sh);
+/* Parses and checks a block table of sh->nblocks entries held in p[0..len) into b. */
+SL_HIDDEN int sl__blocks_parse(const unsigned char *p, size_t len, const struct sl__shard_hdr *sh,
+			       struct sl__block *b);
 
 /*
  * Dataset readers are ops tables, one per on-disk format, tried in order
@@ -124,6 +140,13 @@ struct sl__ds_ops {
 	 * record (headers against the index, ordering); reports through bad.
 	 */
 	int64_t (*check)(struct sluice_dataset *ds, void (*bad)(const struct sluice_bad *, void *), void *user);
+	/*
+	 * fetch: required when the reader sets ds->compressed.  Copies record
+	 * i's bytes (loc->length of them) into buf; loc is in logical bytes.
+	 */
+	int (*fetch)(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf);
+	/* sizes: optional.  Stored and logical data bytes, for the compression ratio. */
+	int (*sizes)(struct sluice_dataset *ds, uint64_t *stored, uint64_t *logical);
 };
 
 struct sluice_dataset {
@@ -139,6 +162,7 @@ struct sluice_dataset {
 	uint64_t *file_records;  /* records in each file, or NULL if the format does not say */
 	_Atomic int *fds;        /* opened on first use */
 	int has_crc;             /* loc.crc is meaningful */
+	int compressed;          /* records are not extents of files: read them with ops->fetch */
 	void *priv;
 };
 
@@ -170,6 +194,9 @@ SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
  * missing file is called an unfinished or foreign dataset).  munmap() it.
  */
 SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint);
+/* Reads n bytes at off of file f; errors name the file and "what which" (e.g. record 7). */
+SL_HIDDEN int sl__ds_pread(struct sluice_dataset *ds, unsigned f, void *buf, size_t n, uint64_t off,
+			   const char *what, uint64_t which);
 /* SLUICE_EFORMAT naming record i unless loc lies inside the bytes its file holds. */
 SL_HIDDEN int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc);
 /* Sets up files/fds arrays for n files; names are taken over. */

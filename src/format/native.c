@@ -4,11 +4,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "format/format.h"
 
@@ -16,6 +18,15 @@ struct sl_native {
 	struct sl__index ix;
 	const unsigned char *map; /* the whole index file */
 	size_t map_len;
+	/* zstd shards: block tables loaded on first use, and the last block decompressed. */
+	pthread_mutex_t lock;
+	struct sl__block **blocks; /* per shard, NULL until loaded */
+	uint64_t *nblocks;
+	ZSTD_DCtx *dctx;
+	unsigned char *zbuf, *cache;
+	size_t zcap, cache_cap;
+	unsigned cache_shard;
+	uint64_t cache_block;      /* UINT64_MAX: none */
 };
 
 static int sl_native_probe(const char *path)
@@ -60,6 +71,18 @@ static int sl_native_open(struct sluice_dataset *ds, const char *path)
 		ds->fields[f].name = ds->names[f];
 	}
 	ds->has_crc = 1;
+	pthread_mutex_init(&nv->lock, NULL);
+	nv->cache_block = UINT64_MAX;
+	if (nv->ix.flags & SL_FLAG_ZSTD) {
+		ds->compressed = 1;
+		nv->blocks = calloc(nv->ix.nshards, sizeof(*nv->blocks));
+		nv->nblocks = calloc(nv->ix.nshards, sizeof(*nv->nblocks));
+		nv->dctx = ZSTD_createDCtx();
+		if (!nv->blocks || !nv->nblocks || !nv->dctx) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
 	names = calloc(nv->ix.nshards, sizeof(char *));
 	for (unsigned s = 0; names && s < nv->ix.nshards; s++)
 		if (asprintf(&names[s], "%s/shard-%06u.sls", path, s) < 0)
@@ -92,6 +115,14 @@ static void sl_native_close(struct sluice_dataset *ds)
 		return;
 	if (nv->map)
 		munmap((void *)nv->map, nv->map_len);
+	for (unsigned s = 0; nv->blocks && s < nv->ix.nshards; s++)
+		free(nv->blocks[s]);
+	free(nv->blocks);
+	free(nv->nblocks);
+	ZSTD_freeDCtx(nv->dctx);
+	free(nv->zbuf);
+	free(nv->cache);
+	pthread_mutex_destroy(&nv->lock);
 	sl__index_free(&nv->ix);
 	free(nv);
 }
@@ -117,6 +148,148 @@ static void sl_native_locate(const struct sluice_dataset *ds, uint64_t i, struct
 	loc->crc = sl__le32(e + 8);
 }
 
+/* Reads and checks shard s's header against the index; errors name the file. */
+static int sl_shard_header(struct sluice_dataset *ds, unsigned s, struct sl__shard_hdr *sh)
+{
+	const struct sl_native *nv = ds->priv;
+	unsigned char h[64];
+	int fd = sl__ds_fd(ds, s), rc;
+
+	if (fd < 0)
+		return fd;
+	rc = pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) ? sl__shard_header_parse(h, sizeof(h), sh)
+							      : sl__err(SLUICE_EFORMAT, "header unreadable");
+	if (!rc && (sh->shard != s || sh->nrecords != nv->ix.shard_records[s] || sh->data_len != nv->ix.shard_bytes[s]))
+		rc = sl__err(SLUICE_EFORMAT, "header says shard %u, %llu records, %llu bytes; the index says shard %u, %llu, %llu",
+			     sh->shard, (unsigned long long)sh->nrecords, (unsigned long long)sh->data_len, s,
+			     (unsigned long long)nv->ix.shard_records[s], (unsigned long long)nv->ix.shard_bytes[s]);
+	if (!rc && (sh->flags & SL_FLAG_ZSTD) != (nv->ix.flags & SL_FLAG_ZSTD))
+		rc = sl__err(SLUICE_EFORMAT, "shard is %scompressed, the index says %scompressed",
+			     sh->flags ? "" : "not ", nv->ix.flags ? "" : "not ");
+	return rc ? sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail()) : 0;
+}
+
+/* Shard s's block table, loaded on first use; nv->lock held. */
+static int sl_blocks(struct sluice_dataset *ds, unsigned s)
+{
+	struct sl_native *nv = ds->priv;
+	struct sl__shard_hdr sh;
+	unsigned char *t = NULL;
+	struct sl__block *b = NULL;
+	int rc;
+
+	if (nv->blocks[s])
+		return 0;
+	rc = sl_shard_header(ds, s, &sh);
+	if (rc)
+		return rc;
+	if (sh.nblocks > (1u << 30) / SL_BLOCK_ENTRY)
+		return sl__err(SLUICE_EFORMAT, "%s: %llu blocks", ds->files[s], (unsigned long long)sh.nblocks);
+	t = malloc(SL_BLOCK_ENTRY * sh.nblocks + 1);
+	b = malloc(sizeof(*b) * sh.nblocks + 1);
+	if (!t || !b)
+		rc = -ENOMEM;
+	else if (pread(sl__ds_fd(ds, s), t, SL_BLOCK_ENTRY * sh.nblocks, (off_t)sh.table_off) !=
+		 (ssize_t)(SL_BLOCK_ENTRY * sh.nblocks))
+		rc = sl__err(SLUICE_EFORMAT, "%s: block table unreadable (file truncated?)", ds->files[s]);
+	else if ((rc = sl__blocks_parse(t, SL_BLOCK_ENTRY * sh.nblocks, &sh, b)))
+		rc = sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail());
+	free(t);
+	if (rc) {
+		free(b);
+		return rc;
+	}
+	nv->blocks[s] = b;
+	nv->nblocks[s] = sh.nblocks;
+	return 0;
+}
+
+/* A record of a zstd dataset: decompress its block (the last one is kept) and copy it out. */
+static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf)
+{
+	struct sl_native *nv = ds->priv;
+	const struct sl__block *b;
+	uint64_t lo = 0, hi;
+	int rc;
+
+	pthread_mutex_lock(&nv->lock);
+	rc = sl_blocks(ds, loc->shard);
+	if (rc)
+		goto out;
+	hi = nv->nblocks[loc->shard];
+	/* The last block starting at or before the record. */
+	while (hi - lo > 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+
+		if (nv->blocks[loc->shard][mid].logical <= loc->offset)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	b = &nv->blocks[loc->shard][lo];
+	if (!nv->nblocks[loc->shard] || loc->offset < b->logical || loc->offset + loc->length > b->logical + b->len) {
+		rc = sl__err(SLUICE_EFORMAT, "%s: record %llu at %llu is not inside one block", ds->files[loc->shard],
+			     (unsigned long long)i, (unsigned long long)loc->offset);
+		goto out;
+	}
+	if (nv->cache_shard != loc->shard || nv->cache_block != lo) {
+		size_t z;
+
+		nv->cache_block = UINT64_MAX;
+		if (b->stored > nv->zcap || b->len > nv->cache_cap) {
+			unsigned char *nz = realloc(nv->zbuf, b->stored > nv->zcap ? b->stored : nv->zcap);
+			unsigned char *nc = nz ? realloc(nv->cache, b->len > nv->cache_cap ? b->len : nv->cache_cap) : NULL;
+
+			if (nz)
+				nv->zbuf = nz, nv->zcap = b->stored > nv->zcap ? b->stored : nv->zcap;
+			if (!nc) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			nv->cache = nc;
+			nv->cache_cap = b->len > nv->cache_cap ? b->len : nv->cache_cap;
+		}
+		rc = sl__ds_pread(ds, loc->shard, nv->zbuf, b->stored, b->file, "block", lo);
+		if (rc)
+			goto out;
+		z = ZSTD_decompressDCtx(nv->dctx, nv->cache, b->len, nv->zbuf, b->stored);
+		if (ZSTD_isError(z) || z != b->len) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: block %llu (record %llu): %s", ds->files[loc->shard],
+				     (unsigned long long)lo, (unsigned long long)i,
+				     ZSTD_isError(z) ? ZSTD_getErrorName(z) : "wrong decompressed size");
+			goto out;
+		}
+		nv->cache_shard = loc->shard;
+		nv->cache_block = lo;
+	}
+	memcpy(buf, nv->cache + (loc->offset - b->logical), loc->length);
+out:
+	pthread_mutex_unlock(&nv->lock);
+	return rc;
+}
+
+/* Stored and logical data bytes of every shard (zstd datasets: loads every block table). */
+static int sl_native_sizes(struct sluice_dataset *ds, uint64_t *stored, uint64_t *logical)
+{
+	struct sl_native *nv = ds->priv;
+	int rc = 0;
+
+	*stored = *logical = 0;
+	pthread_mutex_lock(&nv->lock);
+	for (unsigned s = 0; !rc && s < nv->ix.nshards; s++) {
+		*logical += nv->ix.shard_bytes[s];
+		if (!ds->compressed) {
+			*stored += nv->ix.shard_bytes[s];
+			continue;
+		}
+		rc = sl_blocks(ds, s);
+		for (uint64_t k = 0; !rc && k < nv->nblocks[s]; k++)
+			*stored += nv->blocks[s][k].stored;
+	}
+	pthread_mutex_unlock(&nv->lock);
+	return rc;
+}
+
 static int sl_native_decode(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,
 			    struct sluice_record *rec)
 {
@@ -137,7 +310,7 @@ static void sl_report(void (*bad)(const struct sluice_bad *, void *), void *user
 static int64_t sl_native_check(struct sluice_dataset *ds, void (*bad)(const struct sluice_bad *, void *),
 			       void *user)
 {
-	const struct sl_native *nv = ds->priv;
+	struct sl_native *nv = ds->priv;
 	const unsigned S = nv->ix.nshards;
 	uint64_t *next = calloc(S, sizeof(uint64_t)), *count = calloc(S, sizeof(uint64_t));
 	int64_t problems = 0;
@@ -148,29 +321,21 @@ static int64_t sl_native_check(struct sluice_dataset *ds, void (*bad)(const stru
 		return -ENOMEM;
 	}
 	for (unsigned s = 0; s < S; s++) {
-		unsigned char h[64];
-		uint32_t num;
-		uint64_t nrec, dlen;
+		struct sl__shard_hdr sh;
 		struct stat st;
-		int fd = sl__ds_fd(ds, s), rc;
+		int rc = sl_shard_header(ds, s, &sh);
+		uint64_t want = sh.flags ? sh.table_off + SL_BLOCK_ENTRY * sh.nblocks : SL_HDR_SIZE + sh.data_len;
 
 		next[s] = SL_HDR_SIZE;
-		if (fd < 0) {
-			sl_report(bad, user, UINT64_MAX, s, 0, fd);
-			problems++;
-			continue;
+		if (!rc && (fstat(sl__ds_fd(ds, s), &st) < 0 || (uint64_t)st.st_size != want))
+			rc = sl__err(SLUICE_EFORMAT, "%s: file is %lld bytes, header says %llu", ds->files[s],
+				     (long long)st.st_size, (unsigned long long)want);
+		if (!rc && sh.flags) {
+			pthread_mutex_lock(&nv->lock);
+			rc = sl_blocks(ds, s);
+			pthread_mutex_unlock(&nv->lock);
 		}
-		rc = pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) ? sl__shard_header_parse(h, sizeof(h), &num, &nrec, &dlen)
-								      : sl__err(SLUICE_EFORMAT, "header unreadable");
-		if (!rc && (num != s || nrec != nv->ix.shard_records[s] || dlen != nv->ix.shard_bytes[s]))
-			rc = sl__err(SLUICE_EFORMAT, "header says shard %u, %llu records, %llu bytes; the index says shard %u, %llu, %llu",
-				     num, (unsigned long long)nrec, (unsigned long long)dlen, s,
-				     (unsigned long long)nv->ix.shard_records[s], (unsigned long long)nv->ix.shard_bytes[s]);
-		if (!rc && (fstat(fd, &st) < 0 || (uint64_t)st.st_size != SL_HDR_SIZE + dlen))
-			rc = sl__err(SLUICE_EFORMAT, "file is %lld bytes, header says %llu", (long long)st.st_size,
-				     (unsigned long long)(SL_HDR_SIZE + dlen));
 		if (rc) {
-			sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail());
 			sl_report(bad, user, UINT64_MAX, s, 0, rc);
 			problems++;
 		}
@@ -211,4 +376,6 @@ const struct sl__ds_ops sl__ds_native_ops = {
 	.locate = sl_native_locate,
 	.decode = sl_native_decode,
 	.check = sl_native_check,
+	.fetch = sl_native_fetch,
+	.sizes = sl_native_sizes,
 };

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "format/format.h"
 
@@ -40,6 +41,15 @@ struct sluice_writer {
 	size_t rec_cap;
 	unsigned char *json;     /* values of one JSON line */
 	size_t json_cap;
+	/* zstd blocks (zstd_level > 0): records gather in blk until block_size. */
+	int zstd_level;
+	size_t block_size;
+	ZSTD_CCtx *cctx;
+	unsigned char *blk, *zbuf;
+	size_t blk_len, blk_cap, zcap;
+	uint64_t blk_start;      /* logical offset of blk's first byte */
+	struct sl__block *blocks; /* of the current shard */
+	uint64_t nblocks, blocks_cap;
 };
 
 static char *sl_path(const char *dir, const char *fmt, unsigned n)
@@ -122,6 +132,71 @@ static int sl_append(struct sluice_writer *w, const unsigned char *p, size_t n)
 	return 0;
 }
 
+/* Compresses the gathered records into one zstd block, padded to 4 KiB, and appends it. */
+static int sl_seal_block(struct sluice_writer *w)
+{
+	size_t z, padded;
+	struct sl__block *b;
+	int rc;
+
+	if (!w->zstd_level || !w->blk_len)
+		return 0;
+	if (w->nblocks == w->blocks_cap) {
+		uint64_t cap = w->blocks_cap ? 2 * w->blocks_cap : 64;
+		struct sl__block *nb = realloc(w->blocks, cap * sizeof(*nb));
+
+		if (!nb)
+			return -ENOMEM;
+		w->blocks = nb;
+		w->blocks_cap = cap;
+	}
+	padded = sl__align_up(ZSTD_compressBound(w->blk_len), SL_ALIGN);
+	if (padded > w->zcap) {
+		unsigned char *nz = realloc(w->zbuf, padded);
+
+		if (!nz)
+			return -ENOMEM;
+		w->zbuf = nz;
+		w->zcap = padded;
+	}
+	z = ZSTD_compress2(w->cctx, w->zbuf, w->zcap, w->blk, w->blk_len);
+	if (ZSTD_isError(z) || z > UINT32_MAX)
+		return sl__err(-EIO, "shard %u: zstd: %s", w->shard, ZSTD_isError(z) ? ZSTD_getErrorName(z) : "block too large");
+	padded = sl__align_up(z, SL_ALIGN);
+	memset(w->zbuf + z, 0, padded - z);
+	b = &w->blocks[w->nblocks];
+	*b = (struct sl__block){ SL_HDR_SIZE + w->blk_start, w->file_off + w->buf_len, (uint32_t)z, (uint32_t)w->blk_len };
+	rc = sl_append(w, w->zbuf, padded);
+	if (rc)
+		return rc;
+	w->nblocks++;
+	w->blk_start += w->blk_len;
+	w->blk_len = 0;
+	return 0;
+}
+
+/* Appends the shard's block table and describes it in the header. */
+static int sl_block_table(struct sluice_writer *w, struct sl__shard_hdr *sh)
+{
+	unsigned char e[SL_BLOCK_ENTRY];
+	uint32_t crc = 0;
+	int rc = 0;
+
+	sh->flags = SL_FLAG_ZSTD;
+	sh->table_off = w->file_off + w->buf_len;
+	sh->nblocks = w->nblocks;
+	for (uint64_t k = 0; !rc && k < w->nblocks; k++) {
+		sl__put64(e, w->blocks[k].logical);
+		sl__put64(e + 8, w->blocks[k].file);
+		sl__put32(e + 16, w->blocks[k].stored);
+		sl__put32(e + 20, w->blocks[k].len);
+		crc = sluice_crc32c(crc, e, sizeof(e));
+		rc = sl_append(w, e, sizeof(e));
+	}
+	sh->table_crc = crc;
+	return rc;
+}
+
 /* Seals the current shard: header, sync, rename into place. */
 static int sl_finish_shard(struct sluice_writer *w)
 {
@@ -129,10 +204,16 @@ static int sl_finish_shard(struct sluice_writer *w)
 	char *tmp, *fin;
 	int rc;
 
+	struct sl__shard_hdr sh = { .shard = w->shard, .nrecords = w->shard_recs, .data_len = w->shard_data };
+
 	if (w->fd < 0)
 		return 0;
-	rc = sl_flush(w, 1);
-	sl__shard_header(h, w->shard, w->shard_recs, w->shard_data);
+	rc = sl_seal_block(w);
+	if (!rc && w->zstd_level)
+		rc = sl_block_table(w, &sh);
+	if (!rc)
+		rc = sl_flush(w, 1);
+	sl__shard_header(h, &sh);
 	if (!rc && pwrite(w->fd, h, SL_HDR_SIZE, 0) != SL_HDR_SIZE)
 		rc = sl__err(-errno, "writing shard %u header", w->shard);
 	if (!rc && fdatasync(w->fd) < 0)
@@ -191,6 +272,8 @@ static int sl_start_shard(struct sluice_writer *w)
 	w->shard_recs = 0;
 	w->shard_data = 0;
 	w->file_off = SL_HDR_SIZE;
+	w->nblocks = 0;
+	w->blk_start = 0;
 	/* The header is rewritten at the end; reserve its 4 KiB now. */
 	return sl_write_at(w->fd, zero, sizeof(zero), 0, "a shard header");
 }
@@ -234,6 +317,22 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 		w->fields[i].name = w->names[i];
 		w->fixed[i] = sl__field_fixed_size(&fields[i]);
 	}
+	if (opt && opt->zstd_level) {
+		if (opt->zstd_level < 1 || opt->zstd_level > ZSTD_maxCLevel() ||
+		    (opt->block_size && (opt->block_size < SL_MIN_BLOCK || opt->block_size > (1u << 30)))) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "zstd level %d (1..%d) or block size %zu (1 MiB..1 GiB) out of range",
+				     opt->zstd_level, ZSTD_maxCLevel(), opt->block_size);
+			goto fail;
+		}
+		w->zstd_level = opt->zstd_level;
+		w->block_size = opt->block_size ? opt->block_size : 4u << 20;
+		w->cctx = ZSTD_createCCtx();
+		if (!w->cctx || ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->zstd_level)) ||
+		    ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1))) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+	}
 	w->shard_size = opt && opt->shard_size ? opt->shard_size : 1ull << 30;
 	if (w->shard_size > SL_MAX_SHARD_BYTES)
 		w->shard_size = SL_MAX_SHARD_BYTES;
@@ -255,6 +354,23 @@ fail:
 uint64_t sluice_writer_count(const struct sluice_writer *w)
 {
 	return w->nrecords;
+}
+
+/* Adds a record's bytes to the block being gathered; a full block is sealed. */
+static int sl_gather(struct sluice_writer *w, const unsigned char *p, size_t n)
+{
+	if (w->blk_len + n > w->blk_cap) {
+		size_t cap = w->blk_len + n > w->block_size ? w->blk_len + n : w->block_size;
+		unsigned char *nb = realloc(w->blk, cap);
+
+		if (!nb)
+			return -ENOMEM;
+		w->blk = nb;
+		w->blk_cap = cap;
+	}
+	memcpy(w->blk + w->blk_len, p, n);
+	w->blk_len += n;
+	return w->blk_len >= w->block_size ? sl_seal_block(w) : 0;
 }
 
 int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const size_t *lens)
@@ -297,7 +413,7 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	sl__put32(e, (uint32_t)((SL_HDR_SIZE + w->shard_data) / 8));
 	sl__put32(e + 4, (uint32_t)n);
 	sl__put32(e + 8, sluice_crc32c(0, w->rec, n));
-	rc = sl_append(w, w->rec, n);
+	rc = w->zstd_level ? sl_gather(w, w->rec, n) : sl_append(w, w->rec, n);
 	if (rc)
 		return rc;
 	if (w->ebuf_len + SL_ENTRY > SL_WBUF) {
@@ -341,7 +457,7 @@ int sluice_writer_close(struct sluice_writer *w)
 	if (rc)
 		goto out;
 	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->shard_records, w->shard_bytes, w->shard,
-			     &hdr, &hlen);
+			     w->zstd_level ? SL_FLAG_ZSTD : 0, &hdr, &hlen);
 	if (rc)
 		goto out;
 	tmp = sl_path(w->dir, SL_INDEX_NAME ".tmp", 0);
@@ -435,5 +551,9 @@ void sluice_writer_abort(struct sluice_writer *w)
 	free(w->json);
 	free(w->shard_records);
 	free(w->shard_bytes);
+	ZSTD_freeCCtx(w->cctx);
+	free(w->blk);
+	free(w->zbuf);
+	free(w->blocks);
 	free(w);
 }

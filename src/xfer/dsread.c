@@ -10,6 +10,29 @@
 #include "format/format.h"
 #include "xfer/xfer.h"
 
+/*
+ * zstd datasets: records are decompressed on the CPU (each block once while
+ * a batch walks through it) into host memory, then copied to dst in one go.
+ */
+static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
+				  size_t n, const struct sluice_record_loc *loc, const struct sluice_range *r,
+				  void *dst, uint64_t pos)
+{
+	int gpu = sluice_is_gpu_ptr(eng, dst);
+	char *host = gpu ? malloc(pos ? pos : 1) : dst;
+	ssize_t rc = 0;
+
+	if (!host)
+		return -ENOMEM;
+	for (size_t k = 0; rc >= 0 && k < n; k++)
+		rc = sluice_dataset_read(ds, idx[k], host + ((char *)r[k].buf - (char *)dst), loc[k].length, NULL);
+	if (rc >= 0 && gpu && pos)
+		rc = sluice_gpu_copy(eng, dst, host, pos);
+	if (gpu)
+		free(host);
+	return rc;
+}
+
 ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 				  size_t n, void *dst, size_t cap, uint64_t *offsets,
 				  struct sluice_xfer_report *rep)
@@ -44,6 +67,12 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 		offsets[n] = pos;
 	if (pos > cap) {
 		rc = sl__err(-ENOSPC, "%zu records need %llu bytes, the buffer has %zu", n, (unsigned long long)pos, cap);
+		goto out;
+	}
+	if (ds->compressed) {
+		rc = sl_read_compressed(eng, ds, idx, n, loc, r, dst, pos);
+		if (rc >= 0)
+			rc = (ssize_t)pos;
 		goto out;
 	}
 	/* The engine's handles of the data files this batch touches. */

@@ -151,6 +151,15 @@ has "types inferred" '"name":"tokens","dtype":"i64","shape":\[-1\]},{"name":"emb
 ok "JSONL record 1" "$S" inspect --record 1 "$D/js"
 if grep -q "^label	8	-7$" "$D/out" && grep -q "^text	8	crc32c=[0-9a-f]* 776f726c6420c3a9$" "$D/out" && grep -q "^tokens	0	" "$D/out" && grep -q "^meta	3	" "$D/out"; then echo "ok   JSONL record 1 holds its values"
 else echo "FAIL JSONL record 1: $(cat "$D/out")"; fails=$((fails + 1)); fi
+ok "pack zstd" "$S" pack --from "$D/js" --zstd 5 --block-size 1M --quiet "$D/jsz"
+ok "inspect zstd" "$S" inspect --json "$D/jsz"
+has "codec reported" '"compression":"zstd"'
+ok "verify zstd" "$S" verify "$D/jsz"
+ok "zstd record 1" "$S" inspect --record 1 "$D/jsz"
+has "zstd record 1 holds its value" "^label	8	-7$"
+bad "zstd level" "--zstd.*1..22\|--zstd" "$S" pack --from "$D/js" --zstd 0 "$D/jsz2"
+bad "block size without zstd" "needs --zstd" "$S" pack --from "$D/js" --block-size 2M "$D/jsz3"
+bad "block size too small" "block size" "$S" pack --from "$D/js" --zstd 1 --block-size 64K "$D/jsz4"
 printf '%s\n' '{"text": "a", "label": 1}' '{"text": "b", "label": "two"}' > "$D/bad1.jsonl"
 bad "JSONL type change" "bad1.jsonl:2: record 1: field 'label' is bytes here, i64" "$S" pack --from-jsonl "$D/bad1.jsonl" --fields text,label "$D/js2"
 printf '%s\n' '{"text": "a"}' '{"text": ' > "$D/bad2.jsonl"

@@ -31,8 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		{ "img", SLUICE_DTYPE_F32, 2, { 2, 3 } },
 	};
 	struct sl__index ix;
-	uint32_t shard;
-	uint64_t nrec, dlen;
+	struct sl__shard_hdr sh;
 
 	if (sl__index_parse(data, size, size, &ix) == 0) {
 		if (ix.entries_off > size || ix.nfields > SLUICE_MAX_FIELDS)
@@ -40,7 +39,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_record(ix.fields, ix.nfields, data + ix.entries_off, size - ix.entries_off);
 		sl__index_free(&ix);
 	}
-	(void)sl__shard_header_parse(data, size, &shard, &nrec, &dlen);
+	/* As a shard header, and what follows its first 64 bytes as its block table. */
+	if (sl__shard_header_parse(data, size, &sh) == 0 && sh.flags && size > 64 && sh.nblocks <= (size - 64) / SL_BLOCK_ENTRY) {
+		struct sl__block *b = malloc(sizeof(*b) * sh.nblocks + 1);
+
+		if (b && sl__blocks_parse(data + 64, size - 64, &sh, b) == 0)
+			for (uint64_t k = 0; k < sh.nblocks; k++)
+				if (b[k].file + b[k].stored > sh.table_off || b[k].logical + b[k].len > SL_HDR_SIZE + sh.data_len)
+					abort();
+		free(b);
+	}
 	/* As a Megatron .idx: every array it accepts must lie inside the input. */
 	struct sl__mmidx mm;
 

@@ -49,21 +49,11 @@ static void check_batch(struct sluice_engine *eng, struct sluice_dataset *ds, co
 	free(off);
 }
 
-int main(void)
+static void write_ds(const char *path, const struct sluice_writer_options *opt, uint64_t n, char *blob)
 {
-	const char *dir = t_dir("t_dsbatch");
-	char path[600], *blob = malloc(300000);
-	struct sluice_writer_options opt = { .shard_size = 1 << 20 };
 	struct sluice_writer *w;
-	struct sluice_dataset *ds;
-	struct sluice_engine *eng;
-	struct sluice_config *cfg;
-	struct sluice_xfer_report rep;
-	const uint64_t n = 400;
-	uint64_t all[400], rnd[300], s = 1;
 
-	snprintf(path, sizeof(path), "%s/ds", dir);
-	T_CHECK(sluice_writer_open(&w, path, fields, 2, &opt) == 0);
+	T_CHECK(sluice_writer_open(&w, path, fields, 2, opt) == 0);
 	for (uint64_t i = 0; i < n; i++) {
 		int64_t label = (int64_t)i;
 		size_t l[2] = { blob_len(i), 8 };
@@ -73,6 +63,22 @@ int main(void)
 		T_CHECK(sluice_writer_add(w, v, l) == 0);
 	}
 	T_CHECK(sluice_writer_close(w) == 0);
+}
+
+int main(void)
+{
+	const char *dir = t_dir("t_dsbatch");
+	char path[600], *blob = malloc(300000);
+	struct sluice_writer_options opt = { .shard_size = 1 << 20 };
+	struct sluice_dataset *ds;
+	struct sluice_engine *eng;
+	struct sluice_config *cfg;
+	struct sluice_xfer_report rep;
+	const uint64_t n = 400;
+	uint64_t all[400], rnd[300], s = 1;
+
+	snprintf(path, sizeof(path), "%s/ds", dir);
+	write_ds(path, &opt, n, blob);
 	T_CHECK(sluice_dataset_open(&ds, path) == 0);
 
 	unsetenv("SLUICE_MAX_TRANSFER_SIZE");
@@ -94,6 +100,19 @@ int main(void)
 	}
 	rnd[1] = rnd[0]; /* a duplicate */
 	check_batch(eng, ds, rnd, 300, NULL);
+	{
+		/* The same records in zstd blocks: decompressed on the way. */
+		struct sluice_writer_options zopt = { .shard_size = 2 << 20, .zstd_level = 1 };
+		struct sluice_dataset *zds;
+		char zpath[620];
+
+		snprintf(zpath, sizeof(zpath), "%s/zds", dir);
+		write_ds(zpath, &zopt, n, blob);
+		T_CHECK(sluice_dataset_open(&zds, zpath) == 0);
+		check_batch(eng, zds, all, n, NULL);
+		check_batch(eng, zds, rnd, 300, NULL);
+		sluice_dataset_close(zds);
+	}
 
 	/* A corrupt byte inside a large record (checked from several pieces). */
 	struct sluice_record_loc loc;

@@ -51,19 +51,15 @@ static const struct sluice_field fields[] = {
 	{ "blob", SLUICE_DTYPE_BYTES, 0, { 0 } },
 };
 
-static void t_roundtrip(uint64_t n)
+static void write_ds(const char *path, uint64_t n, const struct sluice_writer_options *opt)
 {
-	struct sluice_writer_options opt = { .shard_size = 64 << 10 };
 	struct sluice_writer *w;
-	struct sluice_dataset *ds;
-	struct sluice_record rec;
 	uint16_t tok[64];
-	char blob[300], buf[4096];
+	char blob[300];
 	size_t ntok, nblob;
 	int64_t label;
 
-	snprintf(ds_path, sizeof(ds_path), "%s/ds", dir);
-	T_CHECK(sluice_writer_open(&w, ds_path, fields, 3, &opt) == 0);
+	T_CHECK(sluice_writer_open(&w, path, fields, 3, opt) == 0);
 	for (uint64_t i = 0; i < n; i++) {
 		make_record(i, tok, &ntok, &label, blob, &nblob);
 		const void *v[3] = { tok, &label, blob };
@@ -73,14 +69,25 @@ static void t_roundtrip(uint64_t n)
 	}
 	T_CHECK(sluice_writer_count(w) == n);
 	T_CHECK(sluice_writer_close(w) == 0);
+}
 
-	T_CHECK(sluice_dataset_open(&ds, ds_path) == 0);
+/* Every record of the dataset at path, in order (step 1) or strided, as written. */
+static void read_ds(const char *path, uint64_t n, uint64_t step)
+{
+	struct sluice_dataset *ds;
+	struct sluice_record rec;
+	uint16_t tok[64];
+	char blob[300], buf[4096];
+	size_t ntok, nblob;
+	int64_t label;
+
+	T_CHECK(sluice_dataset_open(&ds, path) == 0);
 	T_CHECK(sluice_dataset_count(ds) == n);
-	T_CHECK(sluice_dataset_shards(ds) > 3);
+	T_CHECK(sluice_dataset_shards(ds) > 1);
 	T_CHECK(sluice_dataset_nfields(ds) == 3);
 	T_CHECK(!strcmp(sluice_dataset_field(ds, 0)->name, "tokens") && sluice_dataset_field(ds, 0)->shape[0] == -1);
 	T_CHECK(sluice_dataset_field(ds, 1)->dtype == SLUICE_DTYPE_I64 && sluice_dataset_field(ds, 3) == NULL);
-	for (uint64_t i = 0; i < n; i++) {
+	for (uint64_t k = 0, i = 0; k < n; k++, i = (i + step) % n) {
 		make_record(i, tok, &ntok, &label, blob, &nblob);
 		T_CHECK(sluice_dataset_read(ds, i, buf, sizeof(buf), &rec) > 0);
 		T_CHECK(rec.len[0] == ntok * 2 && !memcmp(rec.data[0], tok, ntok * 2));
@@ -92,6 +99,15 @@ static void t_roundtrip(uint64_t n)
 	T_CHECK(sluice_dataset_read(ds, 0, buf, 3, &rec) == -ENOSPC);
 	T_CHECK(sluice_dataset_verify(ds, NULL, NULL) == 0);
 	sluice_dataset_close(ds);
+}
+
+static void t_roundtrip(uint64_t n)
+{
+	struct sluice_writer_options opt = { .shard_size = 64 << 10 };
+
+	snprintf(ds_path, sizeof(ds_path), "%s/ds", dir);
+	write_ds(ds_path, n, &opt);
+	read_ds(ds_path, n, 1);
 }
 
 static void flip_byte(const char *path, off_t off)
@@ -242,11 +258,67 @@ static void t_crc(void)
 	T_CHECK(sluice_crc32c(0, "", 0) == 0);
 }
 
+/* zstd blocks: several shards of several blocks, read in order and strided; damage is named. */
+static void t_zstd(void)
+{
+	struct sluice_writer_options opt = { .shard_size = 3 << 20, .zstd_level = 3, .block_size = 1 << 20 };
+	struct sluice_writer *w;
+	struct sluice_dataset *ds;
+	struct sluice_record_loc loc;
+	struct bad_log log = { 0 };
+	char path[700], shard[760], buf[4096];
+	const uint64_t n = 30000;
+	double ratio;
+
+	snprintf(path, sizeof(path), "%s/zds", dir);
+	write_ds(path, n, &opt);
+	read_ds(path, n, 1);
+	read_ds(path, n, 7919); /* a prime: every record, jumping between blocks */
+	T_CHECK(sluice_dataset_open(&ds, path) == 0);
+	T_CHECK(!strcmp(sluice_dataset_compression(ds, &ratio), "zstd") && ratio > 1.0);
+
+	/* A flipped byte inside a block: the block fails its checksum, and verify names its records. */
+	T_CHECK(sluice_dataset_locate(ds, 5, &loc) == 0);
+	snprintf(shard, sizeof(shard), "%s/shard-%06u.sls", path, loc.shard);
+	flip_byte(shard, 4096 + 2000);
+	T_CHECK(sluice_dataset_read(ds, 5, buf, sizeof(buf), NULL) == SLUICE_EFORMAT);
+	T_CHECK(strstr(sluice_last_error_detail(), "block 0") && strstr(sluice_last_error_detail(), "shard-000000"));
+	T_CHECK(sluice_dataset_verify(ds, on_bad, &log) > 0 && log.rec[0] == 0 && log.code[0] == SLUICE_EFORMAT);
+	flip_byte(shard, 4096 + 2000);
+	sluice_dataset_close(ds);
+
+	/* A damaged block table and a truncated shard are refused by name. */
+	struct stat st;
+
+	T_CHECK(stat(shard, &st) == 0);
+	flip_byte(shard, st.st_size - 10);
+	T_CHECK(sluice_dataset_open(&ds, path) == 0);
+	T_CHECK(sluice_dataset_read(ds, 0, buf, sizeof(buf), NULL) == SLUICE_EFORMAT);
+	T_CHECK(strstr(sluice_last_error_detail(), "block table CRC") != NULL);
+	sluice_dataset_close(ds);
+	flip_byte(shard, st.st_size - 10);
+	T_CHECK(truncate(shard, st.st_size - 10) == 0);
+	T_CHECK(sluice_dataset_open(&ds, path) == 0);
+	memset(&log, 0, sizeof(log));
+	T_CHECK(sluice_dataset_verify(ds, on_bad, &log) > 0 && log.rec[0] == UINT64_MAX);
+	sluice_dataset_close(ds);
+
+	/* Options out of range. */
+	snprintf(path, sizeof(path), "%s/zbad", dir);
+	opt.zstd_level = 99;
+	T_CHECK(sluice_writer_open(&w, path, fields, 3, &opt) == SLUICE_EINVAL_CONFIG);
+	opt.zstd_level = 1;
+	opt.block_size = 4096;
+	T_CHECK(sluice_writer_open(&w, path, fields, 3, &opt) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "block size") != NULL);
+}
+
 int main(void)
 {
 	dir = t_dir("t_format");
 	t_crc();
 	t_roundtrip(3000);
+	t_zstd();
 	t_big_records();
 	t_corruption();
 	t_writer_errors();
