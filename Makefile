@@ -30,8 +30,8 @@ test: deps
 
 test-tsan:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON >/dev/null
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch
-	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch'
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch t_loader
+	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader'
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
 gpu-test: all

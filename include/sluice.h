@@ -632,6 +632,87 @@ struct sluice_bad {
 SLUICE_API int64_t sluice_dataset_verify(struct sluice_dataset *ds,
 					 void (*bad)(const struct sluice_bad *b, void *user), void *user);
 
+/* ================================================================
+ * Loader: shuffled, distributed, resumable batches
+ * ================================================================ */
+
+struct sluice_loader;
+
+struct sluice_loader_options {
+	uint32_t batch_size;       /* records per batch per rank (required) */
+	const char *const *fields; /* names of the fields to load, NULL-terminated; NULL: all */
+	int gpu;                   /* 1: batches land in the engine's GPU; 0: host memory */
+	unsigned prefetch;         /* batches prepared ahead (0: 4) */
+	uint64_t seed;
+	uint64_t epoch;
+	uint64_t position;         /* resume: global samples already consumed this epoch */
+	unsigned rank, world_size; /* world_size 0 means 1 */
+	int drop_last;             /* 1: drop the last partial global batch; 0: fill it from the epoch's start */
+	int shuffle;               /* 0: dataset order */
+	uint64_t window_bytes;     /* shuffle window (0: 256 MiB): read whole, permuted inside */
+};
+
+/* One field of a batch: fixed-size fields dense [size, ...]; others (data, offsets). */
+struct sluice_batch_field {
+	const char *name;
+	enum sluice_dtype dtype;
+	void *data;                /* host or GPU memory, as the loader's gpu option */
+	uint64_t *offsets;         /* variable-size fields: size + 1 byte offsets into data (same memory); else NULL */
+	uint64_t item_bytes;       /* fixed-size fields: bytes per record; else 0 */
+};
+
+struct sluice_batch {
+	uint64_t index;            /* this rank's batch number in the epoch */
+	uint32_t size;             /* records */
+	unsigned nfields;
+	struct sluice_batch_field field[SLUICE_MAX_FIELDS];
+	const uint64_t *ids;       /* record ids, host memory */
+	void *event;               /* GPU batches: a CUevent; work on any stream that waits for it sees the batch */
+};
+
+/*
+ * Opens a loader over ds using eng's workers (and GPU, with gpu set).
+ * The sample order is a function of the dataset, seed, epoch, shuffle and
+ * window_bytes alone: the shards are permuted, and the records of each
+ * window of window_bytes neighbouring records are permuted inside it.
+ * Each window is read whole (this rank's records of it, coalesced), so
+ * reads stay sequential.  Global batch g holds positions
+ * [g * B * W, (g + 1) * B * W) of the order, rank r the r-th B of them:
+ * every rank gets the same number of batches, and a resume from
+ * `position` with another world size neither repeats nor skips a sample.
+ * Returns 0, SLUICE_EINVAL_CONFIG (the detail names the option), or an
+ * error of the dataset or engine.
+ */
+SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng,
+					     struct sluice_dataset *ds, const struct sluice_loader_options *opt);
+/*
+ * The next batch of the epoch: 1 and *b filled, 0 at the epoch's end, or an
+ * error naming the record (CRC, format, I/O).  b's buffers stay valid until
+ * the next call of sluice_loader_next() or sluice_loader_close(); with a
+ * GPU loader, pass the stream that uses the batch: GPU work queued on it
+ * before that next call is waited for before the buffers are reused.
+ * Decompression, CRC checks and collation run in the loader's thread and
+ * the engine's workers, never in the caller's.
+ */
+SLUICE_API SLUICE_WUR int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream);
+/* This rank's batches in an epoch. */
+SLUICE_API uint64_t sluice_loader_batches(const struct sluice_loader *ld);
+/*
+ * Resume state: seed, epoch and the global samples consumed after the
+ * last batch returned.  Pass them back in the options to continue.
+ */
+SLUICE_API void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch,
+				    uint64_t *position);
+/* Starts epoch e from its beginning (drops prefetched batches). */
+SLUICE_API SLUICE_WUR int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e);
+/*
+ * Timings as JSON into buf (at most cap bytes, NUL-terminated): per stage
+ * (read, collate, h2d, consumer wait) count and p50/p99 microseconds, and
+ * bytes and records delivered.  Returns the length it needed.
+ */
+SLUICE_API size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap);
+SLUICE_API void sluice_loader_close(struct sluice_loader *ld);
+
 /* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
 

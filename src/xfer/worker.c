@@ -584,12 +584,13 @@ static void *sl_worker_thread(void *arg)
 	pthread_mutex_lock(&eng->lock);
 	if (rc && !eng->init_err)
 		eng->init_err = rc;
+	/* Before the start is counted, so engine_open's caller reads it settled. */
+	if (!rc && w->id == 0)
+		eng->fixed_bufs = w->io.fixed;
 	eng->started++;
 	pthread_cond_broadcast(&eng->done_cv);
 	pthread_mutex_unlock(&eng->lock);
 	if (!rc) {
-		if (w->id == 0)
-			eng->fixed_bufs = w->io.fixed;
 		sl_worker_loop(w);
 	} else {
 		/* Stay joinable; engine_open closes the engine on init_err. */

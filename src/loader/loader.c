@@ -1,0 +1,614 @@
+/*
+ * The loader: one producer thread per loader turns the epoch order
+ * (order.c) into batches.  For each shuffle window it reads, in one
+ * batched engine call, every record of the window this rank needs (the
+ * engine coalesces neighbours and the workers check CRCs; zstd blocks are
+ * decompressed there too), then collates batches from the window buffer
+ * into pinned staging and, for GPU loaders, copies each batch into a ring
+ * slot in device memory on the loader's copy stream.  The consumer takes
+ * ready slots in order; giving a slot back records an event on the
+ * consumer's stream that the copy stream waits on before reusing it.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "loader/loader.h"
+#include "xfer/xfer.h"
+
+enum { SL_B_FREE = 0, SL_B_READY, SL_B_OUT };
+
+struct sl_bslot {
+	int state;
+	uint64_t g;                 /* batch number */
+	char *host;                 /* pinned staging: the collated batch */
+	size_t host_cap;
+	int host_pinned;
+	char *dev;                  /* GPU copy of host */
+	size_t dev_cap;
+	sl_CUevent ready, release;  /* copied; consumer's stream done with it */
+	int release_set;
+	uint64_t *ids;
+	struct sluice_batch b;
+};
+
+struct sl_window {
+	uint64_t w;                 /* window number, UINT64_MAX if empty */
+	uint64_t *ids;              /* sorted record ids */
+	uint64_t *off;              /* where each starts in buf */
+	uint32_t *len;              /* and its length */
+	size_t n;
+	char *buf;
+	size_t cap;
+	uint64_t stamp;             /* last use, for eviction */
+};
+
+struct sluice_loader {
+	struct sluice_engine *eng;
+	struct sluice_dataset *ds;
+	struct sluice_loader_options opt;
+	unsigned fidx[SLUICE_MAX_FIELDS], nf;
+	size_t fixed[SLUICE_MAX_FIELDS];
+	uint64_t *shard_records;
+	unsigned nshards;           /* runs the order permutes (1 if the format does not count per file) */
+	struct sl__order order;
+	uint64_t n, window, per_global, nbatches; /* nbatches: this rank's, per epoch */
+	uint64_t next_g;            /* next batch the consumer takes */
+	struct sl_bslot *slots;
+	unsigned nslots;
+	struct sl_window *win;
+	unsigned nwin;
+	uint64_t stamp;
+	sl_CUstream copy;
+	pthread_t thread;
+	int running;
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	uint64_t produce_g;         /* next batch the producer builds */
+	int stop, err;
+	char detail[384];
+	struct sl__hist h_read, h_collate, h_h2d, h_wait;
+	_Atomic uint64_t bytes, records, read_bytes, read_ios;
+};
+
+static uint64_t sl_at(const struct sluice_loader *ld, uint64_t q)
+{
+	return ld->opt.shuffle ? sl__order_at(&ld->order, q) : q;
+}
+
+/* Rank of the loader that takes epoch position p. */
+static unsigned sl_rank_of(const struct sluice_loader *ld, uint64_t p)
+{
+	return (unsigned)((p % ld->per_global) / ld->opt.batch_size);
+}
+
+static int sl_cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Reads window w: every record of it that this rank takes this epoch. */
+static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint64_t w)
+{
+	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
+	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns();
+	size_t k = 0;
+	ssize_t rc;
+
+	struct sluice_xfer_report rep;
+
+	win->w = UINT64_MAX;
+	free(win->ids);
+	free(win->off);
+	free(win->len);
+	win->ids = malloc((hi - lo + 1) * sizeof(uint64_t));
+	win->off = malloc((hi - lo + 2) * sizeof(uint64_t));
+	win->len = malloc((hi - lo + 1) * sizeof(uint32_t));
+	if (!win->ids || !win->off || !win->len)
+		return -ENOMEM;
+	/* Position q of the order is taken at p = q, and again at p = q + n when the last batch wraps. */
+	for (uint64_t q = lo; q < hi; q++)
+		if ((q < total && sl_rank_of(ld, q) == ld->opt.rank) ||
+		    (q + ld->n < total && sl_rank_of(ld, q + ld->n) == ld->opt.rank))
+			win->ids[k++] = sl_at(ld, q);
+	qsort(win->ids, k, sizeof(uint64_t), sl_cmp_u64);
+	for (size_t i = 0; i < k; i++) {
+		struct sluice_record_loc loc;
+		int r = sluice_dataset_locate(ld->ds, win->ids[i], &loc);
+
+		if (r)
+			return r;
+		win->len[i] = loc.length;
+		need = sl__align_up(need + loc.length, 8);
+	}
+	if (need > win->cap) {
+		char *b = realloc(win->buf, need);
+
+		if (!b)
+			return -ENOMEM;
+		win->buf = b;
+		win->cap = need;
+	}
+	memset(&rep, 0, sizeof(rep));
+	rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, &rep) : 0;
+	if (rc < 0)
+		return (int)rc;
+	atomic_fetch_add(&ld->read_bytes, rep.bytes);
+	atomic_fetch_add(&ld->read_ios, rep.ios);
+	win->n = k;
+	win->w = w;
+	sl__hist_add(&ld->h_read, sl__now_ns() - t0);
+	return 0;
+}
+
+/* The bytes of record id (in a loaded window) or NULL. */
+static const char *sl_lookup(struct sluice_loader *ld, uint64_t q, uint64_t id, size_t *len, int *rc)
+{
+	uint64_t w = q / ld->window;
+	struct sl_window *win = NULL, *old = &ld->win[0];
+
+	*rc = 0;
+	for (unsigned i = 0; i < ld->nwin; i++) {
+		if (ld->win[i].w == w)
+			win = &ld->win[i];
+		if (ld->win[i].stamp < old->stamp)
+			old = &ld->win[i];
+	}
+	if (!win) {
+		win = old;
+		*rc = sl_window_load(ld, win, w);
+		if (*rc)
+			return NULL;
+	}
+	win->stamp = ++ld->stamp;
+	const uint64_t *hit = bsearch(&id, win->ids, win->n, sizeof(uint64_t), sl_cmp_u64);
+
+	if (!hit) {
+		*rc = sl__err(-EIO, "loader: record %llu missing from window %llu", (unsigned long long)id,
+			      (unsigned long long)w);
+		return NULL;
+	}
+	*len = win->len[hit - win->ids];
+	return win->buf + win->off[hit - win->ids];
+}
+
+/* Batch g into slot s: ids, collation into pinned staging, and the copy to the GPU. */
+static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
+{
+	const uint32_t B = ld->opt.batch_size;
+	const struct sl__cuda_api *cu = ld->eng->gpu.cu;
+	struct sluice_record *rec = malloc(B * sizeof(*rec));
+	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0;
+	int rc = 0;
+
+	if (!rec)
+		return -ENOMEM;
+	s->g = g;
+	for (uint32_t j = 0; j < B && !rc; j++) {
+		uint64_t p = g * ld->per_global + (uint64_t)ld->opt.rank * B + j, q = p % ld->n;
+		size_t len = 0;
+		const char *bytes;
+
+		s->ids[j] = sl_at(ld, q);
+		bytes = sl_lookup(ld, q, s->ids[j], &len, &rc);
+		if (!rc && (rc = sluice_dataset_decode(ld->ds, bytes, len, &rec[j])))
+			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[j],
+				     sluice_last_error_detail());
+		for (unsigned f = 0; !rc && f < ld->nf; f++)
+			var[f] += rec[j].len[ld->fidx[f]];
+	}
+	t0 = sl__now_ns();
+	/* Layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
+	for (unsigned f = 0; !rc && f < ld->nf; f++) {
+		base[f] = size;
+		size = sl__align_up(size + (ld->fixed[f] ? ld->fixed[f] * B : var[f]), 256);
+		offs[f] = size;
+		if (!ld->fixed[f])
+			size = sl__align_up(size + 8 * ((uint64_t)B + 1), 256);
+	}
+	if (!rc && size > s->host_cap) {
+		size_t cap = sl__align_up(size + size / 4, 4096);
+
+		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
+		s->host = NULL;
+		s->host_cap = 0;
+		rc = sl__host_alloc(ld->eng->gpu.ctx ? &ld->eng->gpu : NULL, cap, (void **)&s->host, &s->host_pinned);
+		if (!rc)
+			s->host_cap = cap;
+	}
+	for (unsigned f = 0; !rc && f < ld->nf; f++) {
+		unsigned fi = ld->fidx[f];
+		char *d = s->host + base[f];
+		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + offs[f]), at = 0;
+
+		for (uint32_t j = 0; j < B; j++) {
+			if (ld->fixed[f] && rec[j].len[fi] != ld->fixed[f]) {
+				rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s' has %zu bytes, not %zu",
+					     ld->ds->path, (unsigned long long)s->ids[j], ld->ds->fields[fi].name,
+					     rec[j].len[fi], ld->fixed[f]);
+				break;
+			}
+			if (o)
+				o[j] = at;
+			memcpy(d + at, rec[j].data[fi], rec[j].len[fi]);
+			at += rec[j].len[fi];
+		}
+		if (o)
+			o[B] = at;
+	}
+	free(rec);
+	if (rc)
+		return rc;
+	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
+	if (ld->opt.gpu) {
+		t0 = sl__now_ns();
+		if (size > s->dev_cap) {
+			sluice_gpu_free(ld->eng, s->dev);
+			s->dev = NULL;
+			s->dev_cap = 0;
+			rc = sluice_gpu_alloc(ld->eng, s->host_cap, (void **)&s->dev);
+			if (rc)
+				return sl__err(rc, "loader: GPU memory for a batch of %llu bytes: %s", (unsigned long long)size,
+					       sluice_last_error_detail());
+			s->dev_cap = s->host_cap;
+		}
+		rc = sl__gpu_bind(&ld->eng->gpu);
+		/* The consumer's stream must be done with this slot's previous batch. */
+		if (!rc && s->release_set)
+			rc = SL_CU(cu->StreamWaitEvent(ld->copy, s->release, 0), "cuStreamWaitEvent");
+		if (!rc)
+			rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)s->dev, s->host, size, ld->copy),
+				   "cuMemcpyHtoDAsync");
+		if (!rc)
+			rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
+		/* The staging is reused by the next batch of this slot only after the copy. */
+		if (!rc)
+			rc = SL_CU(cu->EventSynchronize(s->ready), "cuEventSynchronize");
+		if (rc)
+			return rc;
+		sl__hist_add(&ld->h_h2d, sl__now_ns() - t0);
+	}
+	/* The batch as the consumer sees it. */
+	char *mem = ld->opt.gpu ? s->dev : s->host;
+
+	memset(&s->b, 0, sizeof(s->b));
+	s->b.index = g;
+	s->b.size = B;
+	s->b.nfields = ld->nf;
+	s->b.ids = s->ids;
+	s->b.event = ld->opt.gpu ? (void *)s->ready : NULL;
+	for (unsigned f = 0; f < ld->nf; f++) {
+		struct sluice_batch_field *bf = &s->b.field[f];
+
+		bf->name = ld->ds->fields[ld->fidx[f]].name;
+		bf->dtype = ld->ds->fields[ld->fidx[f]].dtype;
+		bf->data = mem + base[f];
+		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + offs[f]);
+		bf->item_bytes = ld->fixed[f];
+	}
+	atomic_fetch_add(&ld->bytes, size);
+	atomic_fetch_add(&ld->records, B);
+	return 0;
+}
+
+static void *sl_produce(void *arg)
+{
+	struct sluice_loader *ld = arg;
+
+	if (ld->opt.gpu)
+		sl__gpu_bind(&ld->eng->gpu);
+	pthread_mutex_lock(&ld->lock);
+	for (;;) {
+		struct sl_bslot *s;
+		uint64_t g;
+		int rc;
+
+		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
+		       ld->slots[ld->produce_g % ld->nslots].state != SL_B_FREE)
+			pthread_cond_wait(&ld->cv, &ld->lock);
+		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
+			break;
+		g = ld->produce_g;
+		s = &ld->slots[g % ld->nslots];
+		pthread_mutex_unlock(&ld->lock);
+		rc = sl_build(ld, s, g);
+		pthread_mutex_lock(&ld->lock);
+		if (rc) {
+			ld->err = rc;
+			snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+		} else {
+			s->state = SL_B_READY;
+			ld->produce_g++;
+		}
+		pthread_cond_broadcast(&ld->cv);
+	}
+	pthread_mutex_unlock(&ld->lock);
+	return NULL;
+}
+
+static void sl_stop(struct sluice_loader *ld)
+{
+	if (!ld->running)
+		return;
+	pthread_mutex_lock(&ld->lock);
+	ld->stop = 1;
+	pthread_cond_broadcast(&ld->cv);
+	pthread_mutex_unlock(&ld->lock);
+	pthread_join(ld->thread, NULL);
+	ld->running = 0;
+	ld->stop = 0;
+}
+
+/* (Re)starts production at the consumer's next batch of the current epoch. */
+static int sl_start(struct sluice_loader *ld)
+{
+	int rc;
+
+	sl__order_free(&ld->order);
+	rc = sl__order_init(&ld->order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch, ld->window);
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < ld->nwin; i++)
+		ld->win[i].w = UINT64_MAX;
+	for (unsigned i = 0; i < ld->nslots; i++)
+		if (ld->slots[i].state != SL_B_OUT)
+			ld->slots[i].state = SL_B_FREE;
+	ld->produce_g = ld->next_g;
+	ld->err = 0;
+	rc = pthread_create(&ld->thread, NULL, sl_produce, ld);
+	if (rc)
+		return sl__err(-rc, "loader: starting its thread");
+	ld->running = 1;
+	return 0;
+}
+
+int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
+		       const struct sluice_loader_options *opt)
+{
+	struct sluice_loader *ld;
+	uint64_t bytes = 0, world;
+	int rc = 0;
+
+	*out = NULL;
+	sl__err_clear();
+	if (!opt || !opt->batch_size)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: batch_size must be at least 1");
+	world = opt->world_size ? opt->world_size : 1;
+	if (opt->rank >= world)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: rank %u is not below world_size %llu", opt->rank,
+			       (unsigned long long)world);
+	if (opt->gpu && !eng->gpu.ctx)
+		return sl__err(SLUICE_ENOGPU, "loader: gpu set, but the engine has no GPU");
+	if (sluice_dataset_count(ds) == 0)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s holds no records", ds->path);
+	if ((uint64_t)opt->batch_size * world > sluice_dataset_count(ds))
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: a global batch (%u x %llu ranks) is larger than %s (%llu records)",
+			       opt->batch_size, (unsigned long long)world, ds->path,
+			       (unsigned long long)sluice_dataset_count(ds));
+	ld = calloc(1, sizeof(*ld));
+	if (!ld)
+		return -ENOMEM;
+	ld->eng = eng;
+	ld->ds = ds;
+	ld->opt = *opt;
+	ld->opt.world_size = (unsigned)world;
+	ld->opt.fields = NULL;
+	pthread_mutex_init(&ld->lock, NULL);
+	pthread_cond_init(&ld->cv, NULL);
+	*out = ld;
+	/* Fields to load. */
+	for (unsigned f = 0; f < sluice_dataset_nfields(ds) && !opt->fields; f++)
+		ld->fidx[ld->nf++] = f;
+	for (const char *const *name = opt->fields; name && *name; name++) {
+		unsigned f = 0;
+
+		while (f < sluice_dataset_nfields(ds) && strcmp(sluice_dataset_field(ds, f)->name, *name))
+			f++;
+		if (f == sluice_dataset_nfields(ds) || ld->nf == SLUICE_MAX_FIELDS) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "loader: %s has no field '%s'", ds->path, *name);
+			goto fail;
+		}
+		ld->fidx[ld->nf++] = f;
+	}
+	if (!ld->nf) {
+		rc = sl__err(SLUICE_EINVAL_CONFIG, "loader: no fields to load");
+		goto fail;
+	}
+	for (unsigned f = 0; f < ld->nf; f++)
+		ld->fixed[f] = sl__field_fixed_size(sluice_dataset_field(ds, ld->fidx[f]));
+	/* Sizes: records, the shuffle window (from the average record), batches per epoch. */
+	ld->n = sluice_dataset_count(ds);
+	ld->shard_records = malloc(sluice_dataset_shards(ds) * sizeof(uint64_t));
+	if (!ld->shard_records) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	ld->nshards = sluice_dataset_shards(ds);
+	for (unsigned s = 0; s < sluice_dataset_shards(ds); s++) {
+		uint64_t r = UINT64_MAX, b = 0;
+
+		if (sluice_dataset_shard_info(ds, s, &r, &b))
+			r = UINT64_MAX;
+		ld->shard_records[s] = r;
+		bytes += b;
+		/* A format that does not count records per file: one run for the shard permutation. */
+		if (r == UINT64_MAX)
+			ld->nshards = 1;
+	}
+	if (ld->nshards == 1)
+		ld->shard_records[0] = sluice_dataset_count(ds);
+	{
+		uint64_t avg = bytes / ld->n ? bytes / ld->n : 1, wb = opt->window_bytes ? opt->window_bytes : 256ull << 20;
+
+		ld->window = wb / avg ? wb / avg : 1;
+		if (ld->window > ld->n)
+			ld->window = ld->n;
+	}
+	ld->per_global = (uint64_t)opt->batch_size * world;
+	ld->nbatches = opt->drop_last ? ld->n / ld->per_global : (ld->n + ld->per_global - 1) / ld->per_global;
+	if (opt->position % ld->per_global || opt->position > ld->nbatches * ld->per_global) {
+		rc = sl__err(SLUICE_EINVAL_CONFIG, "loader: position %llu is not a multiple of the global batch (%llu) inside the epoch",
+			     (unsigned long long)opt->position, (unsigned long long)ld->per_global);
+		goto fail;
+	}
+	ld->next_g = opt->position / ld->per_global;
+	/* A batch may span several windows; keep them all, plus the next. */
+	ld->nwin = (unsigned)((ld->per_global + ld->window - 1) / ld->window + 2);
+	ld->nslots = opt->prefetch ? opt->prefetch + 1 : 5;
+	ld->win = calloc(ld->nwin, sizeof(*ld->win));
+	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
+	if (!ld->win || !ld->slots) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (unsigned i = 0; i < ld->nslots && !rc; i++) {
+		ld->slots[i].ids = malloc(opt->batch_size * sizeof(uint64_t));
+		if (!ld->slots[i].ids)
+			rc = -ENOMEM;
+	}
+	if (!rc && opt->gpu) {
+		const struct sl__cuda_api *cu = eng->gpu.cu;
+
+		rc = sl__gpu_bind(&eng->gpu);
+		if (!rc)
+			rc = SL_CU(cu->StreamCreate(&ld->copy, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+		for (unsigned i = 0; i < ld->nslots && !rc; i++) {
+			rc = SL_CU(cu->EventCreate(&ld->slots[i].ready, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+			if (!rc)
+				rc = SL_CU(cu->EventCreate(&ld->slots[i].release, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+		}
+	}
+	if (!rc)
+		rc = sl_start(ld);
+	if (!rc)
+		return 0;
+fail:
+	sluice_loader_close(ld);
+	*out = NULL;
+	return rc;
+}
+
+/* Gives back the batch the consumer holds, ordered after its stream's work. */
+static void sl_give_back(struct sluice_loader *ld, void *stream)
+{
+	pthread_mutex_lock(&ld->lock);
+	for (unsigned i = 0; i < ld->nslots; i++) {
+		struct sl_bslot *s = &ld->slots[i];
+
+		if (s->state != SL_B_OUT)
+			continue;
+		if (ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
+			s->release_set = ld->eng->gpu.cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+		s->state = SL_B_FREE;
+		pthread_cond_broadcast(&ld->cv);
+	}
+	pthread_mutex_unlock(&ld->lock);
+}
+
+int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
+{
+	struct sl_bslot *s;
+	uint64_t t0 = sl__now_ns();
+	int rc = 0;
+
+	sl__err_clear();
+	sl_give_back(ld, stream);
+	if (ld->next_g >= ld->nbatches)
+		return 0;
+	s = &ld->slots[ld->next_g % ld->nslots];
+	pthread_mutex_lock(&ld->lock);
+	while (!(s->state == SL_B_READY && s->g == ld->next_g) && !ld->err)
+		pthread_cond_wait(&ld->cv, &ld->lock);
+	if (s->state == SL_B_READY && s->g == ld->next_g) {
+		s->state = SL_B_OUT;
+		*b = s->b;
+		ld->next_g++;
+	} else {
+		rc = sl__err(ld->err, "%s", ld->detail);
+	}
+	pthread_mutex_unlock(&ld->lock);
+	sl__hist_add(&ld->h_wait, sl__now_ns() - t0);
+	return rc ? rc : 1;
+}
+
+uint64_t sluice_loader_batches(const struct sluice_loader *ld)
+{
+	return ld->nbatches;
+}
+
+void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch, uint64_t *position)
+{
+	*seed = ld->opt.seed;
+	*epoch = ld->opt.epoch;
+	*position = ld->next_g * ld->per_global;
+}
+
+int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e)
+{
+	sl_stop(ld);
+	sl_give_back(ld, NULL);
+	ld->opt.epoch = e;
+	ld->next_g = 0;
+	return sl_start(ld);
+}
+
+size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
+{
+	const struct sl__hist *h[4] = { &ld->h_read, &ld->h_collate, &ld->h_h2d, &ld->h_wait };
+	static const char *const name[4] = { "read", "collate", "h2d", "consumer_wait" };
+	size_t l = 0;
+
+#define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
+	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
+	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"stages\":{",
+	       (unsigned long long)ld->next_g, (unsigned long long)atomic_load(&ld->records),
+	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
+	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios));
+	for (unsigned i = 0; i < 4; i++)
+		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
+		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
+		       (double)sl__hist_percentile(h[i], 50) / 1e3, (double)sl__hist_percentile(h[i], 99) / 1e3);
+	SL_PUT("}}");
+#undef SL_PUT
+	return l;
+}
+
+void sluice_loader_close(struct sluice_loader *ld)
+{
+	if (!ld)
+		return;
+	sl_stop(ld);
+	if (ld->opt.gpu && ld->eng->gpu.ctx && sl__gpu_bind(&ld->eng->gpu) == 0 && ld->copy)
+		ld->eng->gpu.cu->StreamSynchronize(ld->copy);
+	for (unsigned i = 0; ld->slots && i < ld->nslots; i++) {
+		struct sl_bslot *s = &ld->slots[i];
+
+		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
+		sluice_gpu_free(ld->eng, s->dev);
+		if (s->ready)
+			ld->eng->gpu.cu->EventDestroy(s->ready);
+		if (s->release)
+			ld->eng->gpu.cu->EventDestroy(s->release);
+		free(s->ids);
+	}
+	for (unsigned i = 0; ld->win && i < ld->nwin; i++) {
+		free(ld->win[i].ids);
+		free(ld->win[i].off);
+		free(ld->win[i].len);
+		free(ld->win[i].buf);
+	}
+	if (ld->copy)
+		ld->eng->gpu.cu->StreamDestroy(ld->copy);
+	sl__order_free(&ld->order);
+	free(ld->win);
+	free(ld->slots);
+	free(ld->shard_records);
+	pthread_mutex_destroy(&ld->lock);
+	pthread_cond_destroy(&ld->cv);
+	free(ld);
+}

@@ -1,0 +1,265 @@
+/*
+ * The loader on host memory: the epoch order is a permutation with local
+ * windows, independent of the world size; batches hold the right records
+ * and fields; ranks split every global batch; a resume with another world
+ * size neither repeats nor skips; bad options and corrupt records are
+ * named, and nothing hangs.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loader/loader.h"
+#include "t_util.h"
+
+static const struct sluice_field fields[] = {
+	{ "x", SLUICE_DTYPE_I64, 0, { 0 } },
+	{ "v", SLUICE_DTYPE_BYTES, 0, { 0 } },
+};
+
+static size_t v_len(uint64_t i)
+{
+	return 1 + (size_t)(i * 37) % 500;
+}
+
+/* The epoch order: a permutation, reproducible, windows of neighbours, and well mixed. */
+static void t_order(void)
+{
+	const uint64_t shard_records[5] = { 30000, 1, 0, 40000, 29999 }, n = 100000, window = 5000;
+	struct sl__order o, o2;
+	unsigned char *seen = calloc(n, 1);
+	uint64_t near = 0, far = 0, *win = malloc(window * sizeof(uint64_t));
+
+	T_CHECK(sl__order_init(&o, shard_records, 5, 42, 3, window) == 0);
+	T_CHECK(sl__order_init(&o2, shard_records, 5, 42, 4, window) == 0);
+	T_CHECK(o.n == n);
+	int differs = 0;
+
+	for (uint64_t p = 0; p < n; p++) {
+		uint64_t r = sl__order_at(&o, p);
+
+		T_CHECK(r < n && !seen[r]);
+		if (r < n)
+			seen[r] = 1;
+		differs |= r != sl__order_at(&o2, p);
+		if (p) {
+			uint64_t a = sl__order_at(&o, p - 1), d = a > r ? a - r : r - a;
+
+			near += d <= 8;
+			far += d;
+		}
+	}
+	T_CHECK(differs);
+	/* Each window is a run of neighbours of S: its records form at most a few contiguous runs. */
+	for (uint64_t w = 0; w < n / window; w++) {
+		unsigned runs = 1;
+
+		for (uint64_t k = 0; k < window; k++)
+			win[k] = sl__order_at(&o, w * window + k);
+		for (uint64_t k = 1; k < window; k++)
+			for (uint64_t j = k; j > 0 && win[j - 1] > win[j]; j--) {
+				uint64_t t = win[j];
+
+				win[j] = win[j - 1];
+				win[j - 1] = t;
+			}
+		for (uint64_t k = 1; k < window; k++)
+			runs += win[k] != win[k - 1] + 1;
+		T_CHECK(runs <= 4);
+	}
+	/*
+	 * Mixing: consecutive samples lie within 8 records of each other for a
+	 * full permutation with probability about 16/n; here at most 16/window.
+	 */
+	printf("order: neighbour rate %.5f (full permutation %.5f), mean jump %.0f records\n", (double)near / (double)(n - 1),
+	       16.0 / (double)n, (double)far / (double)(n - 1));
+	T_CHECK((double)near / (double)(n - 1) < 2 * 16.0 / (double)window);
+	sl__order_free(&o);
+	sl__order_free(&o2);
+	free(seen);
+	free(win);
+}
+
+static struct sluice_loader *open_loader(struct sluice_engine *eng, struct sluice_dataset *ds, uint32_t B,
+					 unsigned rank, unsigned world, uint64_t position, int drop_last)
+{
+	struct sluice_loader_options o = { .batch_size = B, .seed = 7, .epoch = 1, .position = position, .rank = rank,
+					   .world_size = world, .drop_last = drop_last, .shuffle = 1,
+					   .window_bytes = 40 << 10 };
+	struct sluice_loader *ld = NULL;
+
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+	return ld;
+}
+
+/* Every batch of ld from where it stands: records checked field by field, ids appended to out. */
+static uint64_t drain(struct sluice_loader *ld, uint64_t *out, uint64_t max_batches)
+{
+	struct sluice_batch b;
+	uint64_t got = 0, nb = 0;
+	char want[600];
+	int rc;
+
+	while (nb < max_batches && (rc = sluice_loader_next(ld, &b, NULL)) == 1) {
+		T_CHECK(b.nfields == 2 && !strcmp(b.field[0].name, "x") && b.field[0].item_bytes == 8 &&
+			!b.field[0].offsets && b.field[1].offsets);
+		for (uint32_t j = 0; j < b.size; j++) {
+			int64_t x;
+			uint64_t id = b.ids[j], *o = b.field[1].offsets;
+
+			memcpy(&x, (char *)b.field[0].data + 8 * j, 8);
+			t_fill(want, v_len(id), id);
+			T_CHECK((uint64_t)x == id && o[j + 1] - o[j] == v_len(id) &&
+				!memcmp((char *)b.field[1].data + o[j], want, v_len(id)));
+			out[got++] = id;
+		}
+		nb++;
+	}
+	return got;
+}
+
+int main(void)
+{
+	const char *dir = t_dir("t_loader");
+	const uint64_t n = 1000;
+	struct sluice_writer_options wo = { .shard_size = 32 << 10 };
+	struct sluice_writer *w;
+	struct sluice_dataset *ds;
+	struct sluice_engine *eng;
+	struct sluice_loader *ld;
+	char path[600], v[600];
+	uint64_t *ref = malloc(2 * n * sizeof(uint64_t)), *got = malloc(2 * n * sizeof(uint64_t));
+
+	t_order();
+	snprintf(path, sizeof(path), "%s/ds", dir);
+	T_CHECK(sluice_writer_open(&w, path, fields, 2, &wo) == 0);
+	for (uint64_t i = 0; i < n; i++) {
+		int64_t x = (int64_t)i;
+		size_t l[2] = { 8, v_len(i) };
+		const void *vals[2] = { &x, v };
+
+		t_fill(v, l[1], i);
+		T_CHECK(sluice_writer_add(w, vals, l) == 0);
+	}
+	T_CHECK(sluice_writer_close(w) == 0);
+	T_CHECK(sluice_dataset_open(&ds, path) == 0 && sluice_dataset_shards(ds) > 4);
+	eng = t_engine();
+
+	/* One rank, 48 a batch, last batch filled from the epoch's start: every record once, then 8 again. */
+	ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
+	T_CHECK(sluice_loader_batches(ld) == 21);
+	T_CHECK(drain(ld, ref, UINT64_MAX) == 21 * 48);
+	{
+		unsigned char *seen = calloc(n, 1);
+		int once = 1;
+
+		for (uint64_t k = 0; k < n; k++)
+			once &= !seen[ref[k]]++;
+		T_CHECK(once && !memcmp(ref + n, ref, 8 * sizeof(uint64_t)));
+		free(seen);
+	}
+	char js[2048];
+
+	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"consumer_wait\":{\"count\":21"));
+	printf("stats: %s\n", js);
+	T_CHECK(sluice_loader_set_epoch(ld, 2) == 0);
+	T_CHECK(drain(ld, got, UINT64_MAX) == 21 * 48 && memcmp(got, ref, n * sizeof(uint64_t)));
+	sluice_loader_close(ld);
+
+	/* Three ranks of 16: the same global order, sliced; equal batch counts. */
+	for (unsigned r = 0; r < 3; r++) {
+		uint64_t mine[400];
+
+		ld = open_loader(eng, ds, 16, r, 3, 0, 0);
+		T_CHECK(sluice_loader_batches(ld) == 21);
+		T_CHECK(drain(ld, mine, UINT64_MAX) == 21 * 16);
+		for (uint64_t g = 0; g < 21; g++)
+			T_CHECK(!memcmp(mine + 16 * g, ref + 48 * g + 16 * r, 16 * sizeof(uint64_t)));
+		sluice_loader_close(ld);
+	}
+
+	/* Resume: 5 global batches on 2 ranks of 24, then the rest on 4 ranks of 12. */
+	{
+		uint64_t seed, epoch, pos, mine[1200];
+
+		ld = open_loader(eng, ds, 24, 1, 2, 0, 0);
+		T_CHECK(drain(ld, mine, 5) == 5 * 24);
+		sluice_loader_state(ld, &seed, &epoch, &pos);
+		T_CHECK(seed == 7 && epoch == 1 && pos == 5 * 48);
+		sluice_loader_close(ld);
+		for (unsigned r = 0; r < 4; r++) {
+			uint64_t k;
+
+			ld = open_loader(eng, ds, 12, r, 4, pos, 0);
+			k = drain(ld, mine, UINT64_MAX);
+			T_CHECK(k == (21 - 5) * 12);
+			for (uint64_t g = 0; g < 16; g++)
+				T_CHECK(!memcmp(mine + 12 * g, ref + pos + 48 * g + 12 * r, 12 * sizeof(uint64_t)));
+			sluice_loader_close(ld);
+		}
+	}
+
+	/* drop_last: only whole global batches. */
+	ld = open_loader(eng, ds, 48, 0, 1, 0, 1);
+	T_CHECK(sluice_loader_batches(ld) == 20 && drain(ld, got, UINT64_MAX) == 20 * 48 &&
+		!memcmp(got, ref, 20 * 48 * sizeof(uint64_t)));
+	sluice_loader_close(ld);
+
+	/* Bad options, named. */
+	{
+		struct sluice_loader_options o = { .batch_size = 0 };
+		const char *const nofield[] = { "x", "nope", NULL };
+
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG && !ld);
+		o.batch_size = 600;
+		o.world_size = 2;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "larger than"));
+		o.batch_size = 10;
+		o.rank = 2;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG && strstr(sluice_last_error_detail(), "rank 2"));
+		o.rank = 0;
+		o.fields = nofield;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG && strstr(sluice_last_error_detail(), "'nope'"));
+		o.fields = NULL;
+		o.position = 7;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "position 7"));
+		if (sluice_gpu_count() == 0) {
+			o.position = 0;
+			o.gpu = 1;
+			T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_ENOGPU);
+		}
+	}
+
+	/* A corrupt record: the batch that holds it fails naming it, and close does not hang. */
+	{
+		struct sluice_record_loc loc;
+		struct sluice_batch b;
+		char shard[700], c;
+		int fd, rc = 1;
+		uint64_t bad = ref[100];
+
+		T_CHECK(sluice_dataset_locate(ds, bad, &loc) == 0);
+		snprintf(shard, sizeof(shard), "%s/shard-%06u.sls", path, loc.shard);
+		fd = open(shard, O_RDWR);
+		T_CHECK(fd >= 0 && pread(fd, &c, 1, (off_t)(loc.offset + loc.length - 1)) == 1);
+		c ^= 1;
+		T_CHECK(pwrite(fd, &c, 1, (off_t)(loc.offset + loc.length - 1)) == 1);
+		close(fd);
+		ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
+		for (int k = 0; k < 21 && rc == 1; k++)
+			rc = sluice_loader_next(ld, &b, NULL);
+		T_CHECK(rc == SLUICE_ECRC);
+		snprintf(shard, sizeof(shard), "record %llu", (unsigned long long)bad);
+		T_CHECK(strstr(sluice_last_error_detail(), shard) != NULL);
+		sluice_loader_close(ld);
+	}
+	sluice_loader_close(NULL);
+	sluice_engine_close(eng);
+	sluice_dataset_close(ds);
+	free(ref);
+	free(got);
+	return t_done("t_loader");
+}
