@@ -213,6 +213,34 @@ static void t_dataset_batch(struct sluice_engine *eng)
 		T_CHECK(l > 0 && !memcmp(h + off[k], one, (size_t)l));
 	}
 	sluice_gpu_free(eng, d);
+
+	/* The loader into GPU memory: every batch's bytes equal the records it names. */
+	struct sluice_loader_options lo = { .batch_size = 10, .gpu = 1, .seed = 3, .shuffle = 1, .prefetch = 2 };
+	struct sluice_loader *ld;
+	struct sluice_batch b;
+	const struct sl__cuda_api *cu = sl__cuda(NULL);
+	sl_CUstream s;
+	int rc = -1, nb = 0;
+
+	T_CHECK(cu->StreamCreate(&s, SL_CU_STREAM_NON_BLOCKING) == 0);
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &lo) == 0);
+	while (ld && (rc = sluice_loader_next(ld, &b, s)) == 1) {
+		uint64_t offs[11];
+
+		T_CHECK(b.event && cu->EventSynchronize((sl_CUevent)b.event) == 0);
+		T_CHECK(sluice_gpu_copy(eng, offs, b.field[0].offsets, sizeof(offs)) == 0);
+		T_CHECK(sluice_gpu_copy(eng, h, b.field[0].data, offs[10]) == 0);
+		for (uint32_t k = 0; k < b.size; k++) {
+			struct sluice_record rec;
+
+			T_CHECK(sluice_dataset_read(ds, b.ids[k], one, 8192, &rec) > 0 &&
+				offs[k + 1] - offs[k] == rec.len[0] && !memcmp(h + offs[k], rec.data[0], rec.len[0]));
+		}
+		nb++;
+	}
+	T_CHECK(nb == 10 && rc == 0);
+	sluice_loader_close(ld);
+	cu->StreamDestroy(s);
 	sluice_dataset_close(ds);
 	free(h);
 	free(one);
@@ -249,7 +277,7 @@ int main(void)
 	t_async(eng, path, want, n);
 	printf("async done (%d failures)\n", t_failures);
 	t_dataset_batch(eng);
-	printf("dataset batch to GPU done (%d failures)\n", t_failures);
+	printf("dataset batch and loader to GPU done (%d failures)\n", t_failures);
 	fflush(stdout);
 	rc = sluice_gpu_alloc(eng, (size_t)1 << 50, &p);
 	T_CHECK(rc == SLUICE_ECUDA && strstr(sluice_last_error_detail(), "out of memory"));
