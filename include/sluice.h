@@ -713,6 +713,55 @@ SLUICE_API SLUICE_WUR int sluice_loader_set_epoch(struct sluice_loader *ld, uint
 SLUICE_API size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap);
 SLUICE_API void sluice_loader_close(struct sluice_loader *ld);
 
+/* ================================================================
+ * Token packing: documents into rows of a fixed context length
+ * ================================================================ */
+
+struct sluice_packer;
+
+struct sluice_packer_options {
+	uint32_t context;     /* L, tokens per row (required) */
+	uint32_t window;      /* documents gathered before they are placed (0: 1024); 1 with greedy */
+	int greedy;           /* 1: documents in arrival order, a row closes when the next does not fit */
+	int32_t pad_id;       /* input id of unused slots */
+	int32_t ignore_index; /* label of masked slots (0: -100) */
+};
+
+/*
+ * One packed row.  input_ids, position_ids and labels hold context
+ * entries; position ids restart at 0 at each document (and at the padding);
+ * labels equal the input ids except at each document's first token and in
+ * the padding, which get ignore_index, so no token is predicted across a
+ * document boundary.  cu_seqlens[0..ndocs] are the documents' boundaries
+ * (cu_seqlens[ndocs] = tokens).  Arrays belong to the packer, valid until
+ * its next call.
+ */
+struct sluice_packed_row {
+	const int32_t *input_ids, *position_ids, *labels;
+	const int32_t *cu_seqlens;
+	uint32_t ndocs, tokens;   /* documents (or pieces of longer ones) and real tokens */
+};
+
+SLUICE_API SLUICE_WUR int sluice_packer_new(struct sluice_packer **out, const struct sluice_packer_options *opt);
+/*
+ * Adds one document of n tokens.  A document longer than the context is
+ * cut into pieces of at most context tokens, each packed as a document.
+ * Returns 0 or -ENOMEM.
+ */
+SLUICE_API SLUICE_WUR int sluice_packer_add(struct sluice_packer *p, const int32_t *tokens, size_t n);
+/*
+ * The next finished row: 1 and *row, or 0 if none is finished yet.  With
+ * flush set, documents still gathered are placed and every open row is
+ * finished: call until it returns 0 at the end of the data.
+ * Best-fit decreasing: a window of documents, longest first, each goes to
+ * the open row with the least room that holds it; rows that no document
+ * seen so far could still fill stay open across windows (at most 64).
+ */
+SLUICE_API int sluice_packer_row(struct sluice_packer *p, struct sluice_packed_row *row, int flush);
+/* Real tokens and slots (rows x context) of the rows handed out so far. */
+SLUICE_API void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *slots);
+SLUICE_API void sluice_packer_free(struct sluice_packer *p);
+
 /* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
 
