@@ -50,6 +50,8 @@ SL_HIDDEN extern int sl__log_level;
 SL_HIDDEN void sl__log(int level, const char *tag, const char *fmt, ...) SL_PRINTF(3, 4);
 #define sl__warn(tag, ...) sl__log(SLUICE_LOG_WARN, tag, __VA_ARGS__)
 #define sl__info(tag, ...) sl__log(SLUICE_LOG_INFO, tag, __VA_ARGS__)
+/* Lines the user asked for (SLUICE_STATS): printed whatever the level. */
+#define sl__stat(tag, ...) sl__log(-1, tag, __VA_ARGS__)
 #define sl__debug(tag, ...)                                   \
 	do {                                                  \
 		if (sl__log_level >= SLUICE_LOG_DEBUG)        \

@@ -37,5 +37,8 @@ void sl__log(int level, const char *tag, const char *fmt, ...)
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
 	/* One fprintf per line so lines from threads do not interleave. */
-	fprintf(stderr, "sluice[%s] %s: %s\n", tag, sl_level_name[level], line);
+	if (level < 0)
+		fprintf(stderr, "sluice[%s] %s\n", tag, line);
+	else
+		fprintf(stderr, "sluice[%s] %s: %s\n", tag, sl_level_name[level], line);
 }

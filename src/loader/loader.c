@@ -72,6 +72,8 @@ struct sluice_loader {
 	char detail[384];
 	struct sl__hist h_read, h_collate, h_h2d, h_wait;
 	_Atomic uint64_t bytes, records, read_bytes, read_ios;
+	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
+	uint64_t stats_every, t_logged; /* SLUICE_STATS seconds between log lines, in ns; 0: off */
 };
 
 static uint64_t sl_at(const struct sluice_loader *ld, uint64_t q)
@@ -449,6 +451,17 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		if (ld->window > ld->n)
 			ld->window = ld->n;
 	}
+	{
+		const char *e = getenv("SLUICE_STATS");
+		char *end = NULL;
+		double secs = e && *e ? strtod(e, &end) : 0;
+
+		if (e && *e && (!end || *end || !(secs > 0) || secs > 86400)) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_STATS='%s': want seconds between loader log lines, e.g. 10", e);
+			goto fail;
+		}
+		ld->stats_every = (uint64_t)(secs * 1e9);
+	}
 	ld->per_global = (uint64_t)opt->batch_size * world;
 	ld->nbatches = opt->drop_last ? ld->n / ld->per_global : (ld->n + ld->per_global - 1) / ld->per_global;
 	if (opt->position % ld->per_global || opt->position > ld->nbatches * ld->per_global) {
@@ -510,6 +523,40 @@ static void sl_give_back(struct sluice_loader *ld, void *stream)
 	pthread_mutex_unlock(&ld->lock);
 }
 
+/*
+ * Where the time goes, by the method of the book chapter (seeds/002): the
+ * loader's own time per batch (storage and collation, then the copy)
+ * against the consumer's step time (its time between calls, waits
+ * excluded) and the share of the consumer's time spent waiting (the GPU
+ * idle, when the consumer is a training loop).
+ */
+struct sl_verdict {
+	double wait_share, step_us, produce_us, h2d_us;
+	const char *verdict;
+};
+
+static struct sl_verdict sl_verdict(const struct sluice_loader *ld)
+{
+	struct sl_verdict v = { 0, 0, 0, 0, "no batches yet" };
+	uint64_t nb = atomic_load(&ld->h_wait.n), wait = atomic_load(&ld->h_wait.sum);
+	double wall = (double)(ld->t_last - ld->t_first);
+	uint64_t made = atomic_load(&ld->h_collate.n);
+
+	if (nb < 2 || !made)
+		return v;
+	v.wait_share = wall > 0 ? (double)wait / wall : 0;
+	v.step_us = (wall - (double)wait) / (double)(nb - 1) / 1e3;
+	v.produce_us = (double)(atomic_load(&ld->h_read.sum) + atomic_load(&ld->h_collate.sum)) / (double)made / 1e3;
+	v.h2d_us = ld->opt.gpu ? (double)atomic_load(&ld->h_h2d.sum) / (double)made / 1e3 : 0;
+	if (v.wait_share < 0.05)
+		v.verdict = "compute-bound";
+	else if (v.produce_us > v.step_us)
+		v.verdict = "loader-bound";
+	else
+		v.verdict = "transfer-bound";
+	return v;
+}
+
 int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
 {
 	struct sl_bslot *s;
@@ -533,6 +580,16 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	}
 	pthread_mutex_unlock(&ld->lock);
 	sl__hist_add(&ld->h_wait, sl__now_ns() - t0);
+	if (!ld->t_first)
+		ld->t_first = t0;
+	ld->t_last = sl__now_ns();
+	if (ld->stats_every && ld->t_last - ld->t_logged >= ld->stats_every) {
+		struct sl_verdict v = sl_verdict(ld);
+
+		ld->t_logged = ld->t_last;
+		sl__stat("loader", "batch %llu: GPU wait %.1f%%, step %.0f us, loader %.0f us (h2d %.0f us) a batch: %s",
+			(unsigned long long)ld->next_g, 100 * v.wait_share, v.step_us, v.produce_us, v.h2d_us, v.verdict);
+	}
 	return rc ? rc : 1;
 }
 
@@ -573,7 +630,10 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
 		       (double)sl__hist_percentile(h[i], 50) / 1e3, (double)sl__hist_percentile(h[i], 99) / 1e3);
-	SL_PUT("}}");
+	struct sl_verdict v = sl_verdict(ld);
+
+	SL_PUT("},\"gpu_wait_share\":%.4f,\"step_us\":%.1f,\"loader_us\":%.1f,\"h2d_us\":%.1f,\"verdict\":\"%s\"}",
+	       v.wait_share, v.step_us, v.produce_us, v.h2d_us, v.verdict);
 #undef SL_PUT
 	return l;
 }

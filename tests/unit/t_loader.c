@@ -163,6 +163,8 @@ int main(void)
 
 	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"consumer_wait\":{\"count\":21"));
 	printf("stats: %s\n", js);
+	/* The consumer did almost nothing between batches: the loader is what it waited for. */
+	T_CHECK(strstr(js, "\"verdict\":\"loader-bound\"") != NULL);
 	T_CHECK(sluice_loader_set_epoch(ld, 2) == 0);
 	T_CHECK(drain(ld, got, UINT64_MAX) == 21 * 48 && memcmp(got, ref, n * sizeof(uint64_t)));
 	sluice_loader_close(ld);
@@ -198,6 +200,24 @@ int main(void)
 				T_CHECK(!memcmp(mine + 12 * g, ref + pos + 48 * g + 12 * r, 12 * sizeof(uint64_t)));
 			sluice_loader_close(ld);
 		}
+	}
+
+	/* A consumer slower than the loader (5 ms a step): it hardly waits. */
+	{
+		struct sluice_batch b;
+
+		ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
+		usleep(100000); /* the loader fills its ring first */
+		while (sluice_loader_next(ld, &b, NULL) == 1)
+			usleep(5000);
+		T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) &&
+			strstr(js, "\"verdict\":\"compute-bound\""));
+		printf("slow consumer: %s\n", strstr(js, "\"gpu_wait_share\""));
+		sluice_loader_close(ld);
+		setenv("SLUICE_STATS", "soon", 1);
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .batch_size = 8 }) ==
+			SLUICE_EINVAL_CONFIG && strstr(sluice_last_error_detail(), "SLUICE_STATS"));
+		unsetenv("SLUICE_STATS");
 	}
 
 	/* drop_last: only whole global batches. */
