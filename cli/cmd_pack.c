@@ -389,11 +389,75 @@ static int array_header(const char *path, enum sluice_dtype bin_dtype, enum slui
 }
 
 /*
+ * Packed rows (--pack-context L): documents go through sluice's packer and
+ * each row becomes one record of input_ids, position_ids and labels (i32
+ * [L]) and cu_seqlens (i32, one more than its documents).
+ */
+struct rows {
+	struct sluice_packer *pk;
+	int32_t *conv;
+	size_t conv_cap;
+	uint64_t rows;
+};
+
+static const struct sluice_field rows_fields[4] = {
+	{ "input_ids", SLUICE_DTYPE_I32, 1, { 0 } },
+	{ "position_ids", SLUICE_DTYPE_I32, 1, { 0 } },
+	{ "labels", SLUICE_DTYPE_I32, 1, { 0 } },
+	{ "cu_seqlens", SLUICE_DTYPE_I32, 1, { -1 } },
+};
+
+/* Writes the rows the packer has finished (all of them with flush); errors printed, exit code returned. */
+static int rows_drain(struct rows *r, struct sluice_writer *w, const char *out, uint32_t L, int flush)
+{
+	struct sluice_packed_row row;
+	int rc = 0;
+
+	while (!rc && sluice_packer_row(r->pk, &row, flush) == 1) {
+		const void *v[4] = { row.input_ids, row.position_ids, row.labels, row.cu_seqlens };
+		size_t l[4] = { 4 * (size_t)L, 4 * (size_t)L, 4 * (size_t)L, 4 * ((size_t)row.ndocs + 1) };
+
+		if ((rc = sluice_writer_add(w, v, l)))
+			rc = cli_error(CMD, out, rc);
+		r->rows++;
+	}
+	return rc;
+}
+
+/* One document of n tokens of dtype dt: to i32, into the packer, finished rows out. */
+static int rows_add(struct rows *r, struct sluice_writer *w, const char *out, uint32_t L, const void *tok,
+		    size_t n, enum sluice_dtype dt, uint64_t doc)
+{
+	if (n > r->conv_cap) {
+		int32_t *c = realloc(r->conv, n * sizeof(int32_t));
+
+		if (!c)
+			return cli_fail(CMD, "out of memory for a document of %zu tokens", n);
+		r->conv = c;
+		r->conv_cap = n;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int64_t t = dt == SLUICE_DTYPE_U16   ? ((const uint16_t *)tok)[i]
+			    : dt == SLUICE_DTYPE_U32 ? ((const uint32_t *)tok)[i]
+			    : dt == SLUICE_DTYPE_I32 ? ((const int32_t *)tok)[i]
+						     : ((const int64_t *)tok)[i];
+
+		if (t < 0 || t > INT32_MAX)
+			return cli_fail(CMD, "document %llu, token %zu: id %lld does not fit an i32 input id",
+					(unsigned long long)doc, i, (long long)t);
+		r->conv[i] = (int32_t)t;
+	}
+	if (sluice_packer_add(r->pk, r->conv, n))
+		return cli_fail(CMD, "out of memory packing document %llu", (unsigned long long)doc);
+	return rows_drain(r, w, out, L, 0);
+}
+
+/*
  * Token arrays: one record per document, field "tokens".  Lengths are
  * in tokens, in file order, and must add up to the token count exactly.
  */
 static int pack_tokens(const char *tok_path, const char *len_path, const char *dtype_arg, const char *out,
-		       const struct sluice_writer_options *opt, int json)
+		       const struct sluice_writer_options *opt, const struct sluice_packer_options *po, int json)
 {
 	enum sluice_dtype bin = !dtype_arg || !strcmp(dtype_arg, "u16") ? SLUICE_DTYPE_U16
 				: !strcmp(dtype_arg, "u32")		  ? SLUICE_DTYPE_U32
@@ -405,6 +469,7 @@ static int pack_tokens(const char *tok_path, const char *len_path, const char *d
 	unsigned char *buf = NULL, *raw = NULL;
 	size_t cap = 0, es;
 	FILE *tf = NULL, *lf = NULL;
+	struct rows rows = { 0 };
 	int rc;
 
 	if ((int)bin < 0)
@@ -449,9 +514,14 @@ static int pack_tokens(const char *tok_path, const char *len_path, const char *d
 			      (unsigned long long)sum, tok_path, (unsigned long long)ntok);
 		goto out;
 	}
-	struct sluice_field f[1] = { { "tokens", tdt, 1, { -1 } } };
+	struct sluice_field f[1] = { { "tokens", tdt, 1, { -1 } } }, pf[4];
 
-	rc = sluice_writer_open(&w, out, f, 1, opt);
+	memcpy(pf, rows_fields, sizeof(pf));
+	for (int i = 0; i < 3; i++)
+		pf[i].shape[0] = po ? po->context : 0;
+	rc = po ? sluice_packer_new(&rows.pk, po) : 0;
+	if (!rc)
+		rc = po ? sluice_writer_open(&w, out, pf, 4, opt) : sluice_writer_open(&w, out, f, 1, opt);
 	if (rc) {
 		rc = cli_error(CMD, out, rc);
 		goto out;
@@ -481,22 +551,39 @@ static int pack_tokens(const char *tok_path, const char *len_path, const char *d
 			break;
 		}
 		v[0] = buf;
-		if ((rc = sluice_writer_add(w, v, &n)))
+		if (rows.pk)
+			rc = rows_add(&rows, w, out, po->context, buf, (size_t)lens[d], tdt, d);
+		else if ((rc = sluice_writer_add(w, v, &n)))
 			rc = cli_error(CMD, out, rc);
 	}
+	if (!rc && rows.pk)
+		rc = rows_drain(&rows, w, out, po->context, 1);
 	if (!rc) {
+		uint64_t real = ntok, slots = ntok;
+
+		if (rows.pk)
+			sluice_packer_stats(rows.pk, &real, &slots);
 		rc = sluice_writer_close(w);
 		w = NULL;
 		if (rc)
 			rc = cli_error(CMD, out, rc);
 		else if (json)
-			printf("{\"records\":%llu,\"tokens\":%llu,\"dtype\":\"%s\",\"from_format\":\"tokens\"}\n",
-			       (unsigned long long)ndoc, (unsigned long long)ntok, sluice_dtype_name(tdt));
+			printf("{\"records\":%llu,\"documents\":%llu,\"tokens\":%llu,\"dtype\":\"%s\",\"from_format\":\"tokens\","
+			       "\"packed_context\":%u,\"fill\":%.6f}\n",
+			       (unsigned long long)(rows.pk ? rows.rows : ndoc), (unsigned long long)ndoc,
+			       (unsigned long long)ntok, sluice_dtype_name(tdt), po ? po->context : 0,
+			       slots ? (double)real / (double)slots : 1.0);
+		else if (rows.pk)
+			printf("packed %llu documents (%llu tokens) into %llu rows of %u in %s: %.2f%% of slots filled (%s)\n",
+			       (unsigned long long)ndoc, (unsigned long long)ntok, (unsigned long long)rows.rows, po->context, out,
+			       slots ? 100.0 * (double)real / (double)slots : 100.0, po->greedy ? "greedy" : "best-fit decreasing");
 		else
 			printf("packed %llu documents (%llu %s tokens) into %s\n", (unsigned long long)ndoc,
 			       (unsigned long long)ntok, sluice_dtype_name(tdt), out);
 	}
 out:
+	sluice_packer_free(rows.pk);
+	free(rows.conv);
 	sluice_writer_abort(w);
 	if (tf)
 		fclose(tf);
@@ -513,7 +600,7 @@ int cmd_pack(int argc, char **argv)
 	const char *from = NULL, *out = NULL, *from_ds = NULL, *from_jsonl = NULL, *fields_arg = NULL;
 	const char *from_tokens = NULL, *doc_lengths = NULL, *dtype_arg = NULL;
 	uint64_t shard_size = 0, block_size = 0;
-	unsigned threads = 0, zstd = 0;
+	unsigned threads = 0, zstd = 0, pack_context = 0, greedy = 0;
 	int quiet = !isatty(2), json = 0, rc = 0, labelled = 0;
 	struct list items = { 0 };
 	struct sluice_writer *w = NULL;
@@ -535,9 +622,11 @@ int cmd_pack(int argc, char **argv)
 			       "                   bytes or more (default 4M, at least 1M), whole records each\n"
 			       "  --from-jsonl F   one record per JSON line; --fields picks top-level keys: string -> bytes,\n"
 			       "                   integer -> i64, real -> f64, bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]\n"
-			       "  --from-tokens F --doc-lengths L [--dtype u16|u32]\n"
+			       "  --from-tokens F --doc-lengths L [--dtype u16|u32] [--pack-context N [--greedy]]\n"
 			       "                   token array (.npy, or raw .bin of --dtype) cut into one record per\n"
-			       "                   document by L (.npy of integers, or raw .bin of i64)\n"
+			       "                   document by L (.npy of integers, or raw .bin of i64); with\n"
+			       "                   --pack-context, documents packed into rows of N tokens (best-fit\n"
+			       "                   decreasing, or --greedy): input_ids, position_ids, labels, cu_seqlens\n"
 			       "  --from-dir DIR   ImageFolder layout DIR/<class>/<files>: fields data, label (i64), key\n"
 			       "  --from DATASET   any dataset sluice reads: WebDataset tars (a .tar or a directory of them),\n"
 			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n");
@@ -546,10 +635,12 @@ int cmd_pack(int argc, char **argv)
 			quiet = 1;
 		} else if (!strcmp(a, "--json")) {
 			json = 1;
+		} else if (!strcmp(a, "--greedy")) {
+			greedy = 1;
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
 			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields") ||
 			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype") ||
-			   !strcmp(a, "--zstd") || !strcmp(a, "--block-size")) {
+			   !strcmp(a, "--zstd") || !strcmp(a, "--block-size") || !strcmp(a, "--pack-context")) {
 			if (!v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
@@ -574,6 +665,8 @@ int cmd_pack(int argc, char **argv)
 				return 2;
 			else if (!strcmp(a, "--block-size") && cli_size(CMD, a, v, &block_size))
 				return 2;
+			else if (!strcmp(a, "--pack-context") && cli_uint(CMD, a, v, 1, 1u << 24, &pack_context))
+				return 2;
 			i++;
 		} else if (a[0] == '-') {
 			return cli_fail(CMD, "unknown option '%s' (see --help)", a);
@@ -588,8 +681,15 @@ int cmd_pack(int argc, char **argv)
 	if (block_size && !zstd)
 		return cli_fail(CMD, "--block-size needs --zstd");
 	opt = (struct sluice_writer_options){ shard_size, (int)zstd, (size_t)block_size };
-	if (from_tokens)
-		return pack_tokens(from_tokens, doc_lengths, dtype_arg, out, &opt, json);
+	if ((pack_context || greedy) && !from_tokens)
+		return cli_fail(CMD, "--pack-context and --greedy need --from-tokens");
+	if (greedy && !pack_context)
+		return cli_fail(CMD, "--greedy needs --pack-context L");
+	if (from_tokens) {
+		struct sluice_packer_options po = { .context = pack_context, .greedy = (int)greedy };
+
+		return pack_tokens(from_tokens, doc_lengths, dtype_arg, out, &opt, pack_context ? &po : NULL, json);
+	}
 	if (from_ds)
 		return pack_dataset(from_ds, out, &opt, quiet, json);
 	if (from_jsonl)

@@ -189,14 +189,20 @@ open(f"{d}/tok32.bin", "wb").write(struct.pack("<6I", *range(6)))
 open(f"{d}/len32.bin", "wb").write(struct.pack("<2q", 4, 2))
 PY
 	ok "pack tokens from .npy" "$S" pack --from-tokens "$D/tok.npy" --doc-lengths "$D/len.npy" --json "$D/tk"
-	has "three documents of u16" '"records":3,"tokens":10,"dtype":"u16"'
+	has "three documents of u16" '"records":3,"documents":3,"tokens":10,"dtype":"u16"'
 	ok "document 2" "$S" inspect --record 2 "$D/tk"
 	if grep -q "^tokens	14	crc32c=[0-9a-f]* 6700680069006a006b006c006d00$" "$D/out"; then echo "ok   document 2 holds tokens 103..109"
 	else echo "FAIL document 2: $(cat "$D/out")"; fails=$((fails + 1)); fi
 	ok "an empty document" "$S" inspect --record 1 "$D/tk"
 	has "document 1 is empty" "^tokens	0	"
 	ok "pack raw u32 tokens" "$S" pack --from-tokens "$D/tok32.bin" --dtype u32 --doc-lengths "$D/len32.bin" --json "$D/tk32"
-	has "two u32 documents" '"records":2,"tokens":6,"dtype":"u32"'
+	has "two u32 documents" '"records":2,"documents":2,"tokens":6,"dtype":"u32"'
+	ok "pack tokens into rows" "$S" pack --from-tokens "$D/tok.npy" --doc-lengths "$D/len.npy" --pack-context 8 --json "$D/tkp"
+	has "two rows of 8, 10 of 16 slots" '"records":2,"documents":3,"tokens":10,.*"packed_context":8,"fill":0.625000'
+	ok "row 0" "$S" inspect --record 0 "$D/tkp"
+	has "row 0 holds the 7-token document" "^cu_seqlens	8	crc32c=[0-9a-f]* 0000000007000000$"
+	has "row 0 labels mask its first token" "^labels	32	crc32c=[0-9a-f]* 9cffffff680000006900000..."
+	bad "greedy without a context" "needs --pack-context" "$S" pack --from-tokens "$D/tok.npy" --doc-lengths "$D/len.npy" --greedy "$D/tkq"
 	bad "lengths that do not add up" "add up to 11 tokens, .*tok.npy holds 10" "$S" pack --from-tokens "$D/tok.npy" --doc-lengths "$D/badlen.npy" "$D/tk2"
 	bad "Fortran-order .npy" "not in C order" "$S" pack --from-tokens "$D/fortran.npy" --doc-lengths "$D/len.npy" "$D/tk3"
 	bad "two-dimensional .npy" "not one-dimensional" "$S" pack --from-tokens "$D/twod.npy" --doc-lengths "$D/len.npy" "$D/tk4"
