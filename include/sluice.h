@@ -649,7 +649,7 @@ struct sluice_loader_options {
 	unsigned rank, world_size; /* world_size 0 means 1 */
 	int drop_last;             /* 1: drop the last partial global batch; 0: fill it from the epoch's start */
 	int shuffle;               /* 0: dataset order */
-	uint64_t window_bytes;     /* shuffle window (0: 256 MiB): read whole, permuted inside */
+	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
 };
 
 /* One field of a batch: fixed-size fields dense [size, ...]; others (data, offsets). */

@@ -35,15 +35,18 @@ struct sl_bslot {
 	struct sluice_batch b;
 };
 
+enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
+
 struct sl_window {
-	uint64_t w;                 /* window number, UINT64_MAX if empty */
+	int state;
+	uint64_t idx;               /* place in the epoch's window sequence (ld->seq) */
+	uint64_t w;                 /* window number */
 	uint64_t *ids;              /* sorted record ids */
 	uint64_t *off;              /* where each starts in buf */
 	uint32_t *len;              /* and its length */
 	size_t n;
 	char *buf;
 	size_t cap;
-	uint64_t stamp;             /* last use, for eviction */
 };
 
 struct sluice_loader {
@@ -61,7 +64,15 @@ struct sluice_loader {
 	unsigned nslots;
 	struct sl_window *win;
 	unsigned nwin;
-	uint64_t stamp;
+	/*
+	 * The windows this rank reads in the epoch, in order (a window comes
+	 * back once more when the last batch wraps to the start), and for each
+	 * batch the first and last place in that sequence it draws from.
+	 */
+	uint64_t *seq, nseq, *bfirst, *blast;
+	uint64_t low;               /* the producer's batch needs seq places >= low */
+	pthread_t reader;           /* reads windows ahead of the producer */
+	int reader_running;
 	sl_CUstream copy;
 	pthread_t thread;
 	int running;
@@ -104,7 +115,6 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 
 	struct sluice_xfer_report rep;
 
-	win->w = UINT64_MAX;
 	free(win->ids);
 	free(win->off);
 	free(win->len);
@@ -143,33 +153,33 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 	atomic_fetch_add(&ld->read_bytes, rep.bytes);
 	atomic_fetch_add(&ld->read_ios, rep.ios);
 	win->n = k;
-	win->w = w;
 	sl__hist_add(&ld->h_read, sl__now_ns() - t0);
 	return 0;
 }
 
-/* The bytes of record id (in a loaded window) or NULL. */
-static const char *sl_lookup(struct sluice_loader *ld, uint64_t q, uint64_t id, size_t *len, int *rc)
+/* The bytes of record id of window w, drawn by batch g; waits until the reader has the window. */
+static const char *sl_lookup(struct sluice_loader *ld, uint64_t g, uint64_t w, uint64_t id, size_t *len, int *rc)
 {
-	uint64_t w = q / ld->window;
-	struct sl_window *win = NULL, *old = &ld->win[0];
+	struct sl_window *win = NULL;
+	const uint64_t *hit;
 
 	*rc = 0;
-	for (unsigned i = 0; i < ld->nwin; i++) {
-		if (ld->win[i].w == w)
-			win = &ld->win[i];
-		if (ld->win[i].stamp < old->stamp)
-			old = &ld->win[i];
+	pthread_mutex_lock(&ld->lock);
+	for (;;) {
+		for (unsigned i = 0; i < ld->nwin && !win; i++)
+			if (ld->win[i].state == SL_W_READY && ld->win[i].w == w && ld->win[i].idx >= ld->bfirst[g] &&
+			    ld->win[i].idx <= ld->blast[g])
+				win = &ld->win[i];
+		if (win || ld->err || ld->stop)
+			break;
+		pthread_cond_wait(&ld->cv, &ld->lock);
 	}
-	if (!win) {
-		win = old;
-		*rc = sl_window_load(ld, win, w);
-		if (*rc)
-			return NULL;
-	}
-	win->stamp = ++ld->stamp;
-	const uint64_t *hit = bsearch(&id, win->ids, win->n, sizeof(uint64_t), sl_cmp_u64);
-
+	if (!win)
+		*rc = ld->err ? sl__err(ld->err, "%s", ld->detail) : -ECANCELED;
+	pthread_mutex_unlock(&ld->lock);
+	if (!win)
+		return NULL;
+	hit = bsearch(&id, win->ids, win->n, sizeof(uint64_t), sl_cmp_u64);
 	if (!hit) {
 		*rc = sl__err(-EIO, "loader: record %llu missing from window %llu", (unsigned long long)id,
 			      (unsigned long long)w);
@@ -177,6 +187,94 @@ static const char *sl_lookup(struct sluice_loader *ld, uint64_t q, uint64_t id, 
 	}
 	*len = win->len[hit - win->ids];
 	return win->buf + win->off[hit - win->ids];
+}
+
+/* Reads the windows of ld->seq in order, each once a cache entry is free and it is near enough. */
+static void *sl_read_ahead(void *arg)
+{
+	struct sluice_loader *ld = arg;
+
+	pthread_mutex_lock(&ld->lock);
+	for (uint64_t i = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : ld->nseq; i < ld->nseq; i++) {
+		struct sl_window *win = NULL;
+		int rc;
+
+		for (;;) {
+			for (unsigned k = 0; k < ld->nwin && !win; k++)
+				if (ld->win[k].state == SL_W_EMPTY || (ld->win[k].state == SL_W_READY && ld->win[k].idx < ld->low))
+					win = &ld->win[k];
+			if ((win && i < ld->low + ld->nwin) || ld->stop || ld->err)
+				break;
+			win = NULL;
+			pthread_cond_wait(&ld->cv, &ld->lock);
+		}
+		if (ld->stop || ld->err)
+			break;
+		win->state = SL_W_LOADING;
+		win->idx = i;
+		win->w = ld->seq[i];
+		pthread_mutex_unlock(&ld->lock);
+		rc = sl_window_load(ld, win, ld->seq[i]);
+		pthread_mutex_lock(&ld->lock);
+		if (rc) {
+			win->state = SL_W_EMPTY;
+			ld->err = rc;
+			snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+		} else {
+			win->state = SL_W_READY;
+		}
+		pthread_cond_broadcast(&ld->cv);
+	}
+	pthread_mutex_unlock(&ld->lock);
+	return NULL;
+}
+
+/* The epoch's window sequence for this rank (see struct sluice_loader). */
+static int sl_plan_windows(struct sluice_loader *ld)
+{
+	uint64_t cap = ld->nbatches + 16;
+
+	free(ld->seq);
+	free(ld->bfirst);
+	free(ld->blast);
+	ld->nseq = 0;
+	ld->seq = malloc(cap * sizeof(uint64_t));
+	ld->bfirst = malloc((ld->nbatches + 1) * sizeof(uint64_t));
+	ld->blast = malloc((ld->nbatches + 1) * sizeof(uint64_t));
+	if (!ld->seq || !ld->bfirst || !ld->blast)
+		return -ENOMEM;
+	for (uint64_t g = 0; g < ld->nbatches; g++) {
+		uint64_t p = g * ld->per_global + (uint64_t)ld->opt.rank * ld->opt.batch_size;
+
+		ld->bfirst[g] = UINT64_MAX;
+		for (uint32_t j = 0; j < ld->opt.batch_size; j++) {
+			uint64_t w = (p + j) % ld->n / ld->window;
+
+			if (!ld->nseq || ld->seq[ld->nseq - 1] != w) {
+				if (ld->nseq == cap) {
+					uint64_t *n = realloc(ld->seq, 2 * cap * sizeof(uint64_t));
+
+					if (!n)
+						return -ENOMEM;
+					ld->seq = n;
+					cap *= 2;
+				}
+				ld->seq[ld->nseq++] = w;
+			}
+			if (ld->bfirst[g] == UINT64_MAX)
+				ld->bfirst[g] = ld->nseq - 1;
+			ld->blast[g] = ld->nseq - 1;
+			/* Positions of one window run on; jump to the window's end. */
+			uint64_t q = (p + j) % ld->n, end = (w + 1) * ld->window;
+
+			if (end > ld->n)
+				end = ld->n;
+			if (end - q > 1)
+				j += (uint32_t)((end - q - 1) < (uint64_t)(ld->opt.batch_size - 1 - j) ? end - q - 1
+												 : ld->opt.batch_size - 1 - j);
+		}
+	}
+	return 0;
 }
 
 /* Batch g into slot s: ids, collation into pinned staging, and the copy to the GPU. */
@@ -191,13 +289,17 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	if (!rec)
 		return -ENOMEM;
 	s->g = g;
+	pthread_mutex_lock(&ld->lock);
+	ld->low = ld->bfirst[g]; /* windows before this batch's are done with */
+	pthread_cond_broadcast(&ld->cv);
+	pthread_mutex_unlock(&ld->lock);
 	for (uint32_t j = 0; j < B && !rc; j++) {
 		uint64_t p = g * ld->per_global + (uint64_t)ld->opt.rank * B + j, q = p % ld->n;
 		size_t len = 0;
 		const char *bytes;
 
 		s->ids[j] = sl_at(ld, q);
-		bytes = sl_lookup(ld, q, s->ids[j], &len, &rc);
+		bytes = sl_lookup(ld, g, q / ld->window, s->ids[j], &len, &rc);
 		if (!rc && (rc = sluice_dataset_decode(ld->ds, bytes, len, &rec[j])))
 			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[j],
 				     sluice_last_error_detail());
@@ -342,7 +444,9 @@ static void sl_stop(struct sluice_loader *ld)
 	pthread_cond_broadcast(&ld->cv);
 	pthread_mutex_unlock(&ld->lock);
 	pthread_join(ld->thread, NULL);
-	ld->running = 0;
+	if (ld->reader_running)
+		pthread_join(ld->reader, NULL);
+	ld->running = ld->reader_running = 0;
 	ld->stop = 0;
 }
 
@@ -355,16 +459,32 @@ static int sl_start(struct sluice_loader *ld)
 	rc = sl__order_init(&ld->order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch, ld->window);
 	if (rc)
 		return rc;
+	rc = sl_plan_windows(ld);
+	if (rc)
+		return rc;
 	for (unsigned i = 0; i < ld->nwin; i++)
-		ld->win[i].w = UINT64_MAX;
+		ld->win[i].state = SL_W_EMPTY;
+	ld->low = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : 0;
 	for (unsigned i = 0; i < ld->nslots; i++)
 		if (ld->slots[i].state != SL_B_OUT)
 			ld->slots[i].state = SL_B_FREE;
 	ld->produce_g = ld->next_g;
 	ld->err = 0;
-	rc = pthread_create(&ld->thread, NULL, sl_produce, ld);
+	rc = pthread_create(&ld->reader, NULL, sl_read_ahead, ld);
 	if (rc)
+		return sl__err(-rc, "loader: starting its reader thread");
+	ld->reader_running = 1;
+	rc = pthread_create(&ld->thread, NULL, sl_produce, ld);
+	if (rc) {
+		pthread_mutex_lock(&ld->lock);
+		ld->stop = 1;
+		pthread_cond_broadcast(&ld->cv);
+		pthread_mutex_unlock(&ld->lock);
+		pthread_join(ld->reader, NULL);
+		ld->reader_running = 0;
+		ld->stop = 0;
 		return sl__err(-rc, "loader: starting its thread");
+	}
 	ld->running = 1;
 	return 0;
 }
@@ -445,7 +565,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	if (ld->nshards == 1)
 		ld->shard_records[0] = sluice_dataset_count(ds);
 	{
-		uint64_t avg = bytes / ld->n ? bytes / ld->n : 1, wb = opt->window_bytes ? opt->window_bytes : 256ull << 20;
+		uint64_t avg = bytes / ld->n ? bytes / ld->n : 1, wb = opt->window_bytes ? opt->window_bytes : 64ull << 20;
 
 		ld->window = wb / avg ? wb / avg : 1;
 		if (ld->window > ld->n)
@@ -470,8 +590,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		goto fail;
 	}
 	ld->next_g = opt->position / ld->per_global;
-	/* A batch may span several windows; keep them all, plus the next. */
-	ld->nwin = (unsigned)((ld->per_global + ld->window - 1) / ld->window + 2);
+	/* A batch may span several windows; keep them all, plus two read ahead. */
+	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + 3);
 	ld->nslots = opt->prefetch ? opt->prefetch + 1 : 5;
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
 	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
@@ -550,7 +670,7 @@ static struct sl_verdict sl_verdict(const struct sluice_loader *ld)
 	v.h2d_us = ld->opt.gpu ? (double)atomic_load(&ld->h_h2d.sum) / (double)made / 1e3 : 0;
 	if (v.wait_share < 0.05)
 		v.verdict = "compute-bound";
-	else if (v.produce_us > v.step_us)
+	else if (v.produce_us > v.step_us || !ld->opt.gpu)
 		v.verdict = "loader-bound";
 	else
 		v.verdict = "transfer-bound";
@@ -665,6 +785,9 @@ void sluice_loader_close(struct sluice_loader *ld)
 	if (ld->copy)
 		ld->eng->gpu.cu->StreamDestroy(ld->copy);
 	sl__order_free(&ld->order);
+	free(ld->seq);
+	free(ld->bfirst);
+	free(ld->blast);
 	free(ld->win);
 	free(ld->slots);
 	free(ld->shard_records);
