@@ -3,12 +3,13 @@
 #   tests  GPU tests, plain and under compute-sanitizer memcheck
 #   bench  the engine benchmark with its sweeps (bench/engine_bench.py; BENCH_SECONDS, BENCH_ARGS)
 #   ds     the dataset benchmarks that need the GPU machine
+#   loader the loader against PyTorch's DataLoader (bench/loader_bench.py; LOADER_ARGS)
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
 # Results land in $OUT (or ./out).
 OUT="${OUT:-out}"
-STEPS="${STEPS:-tests bench ds}"
+STEPS="${STEPS:-tests bench ds loader}"
 mkdir -p "$OUT"
 . bench/gpu_machine.sh || { cmake --build build 2>&1 | grep error | head; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -42,4 +43,9 @@ if has ds; then
 	timeout 240 ./build/sluice_ds_bench seqread "$D3/r16k" gpu | tee "$OUT/seqread_gpu.json"
 	PYTHONUNBUFFERED=1 timeout "${READERS_SECONDS:-300}" python3 bench/readers_bench.py --ds-bench build/sluice_ds_bench --dir "$D3" \
 		--out "$OUT/readers_bench.json" 2>&1 | tail -4
+fi
+
+if has loader; then
+	PYTHONUNBUFFERED=1 timeout "${LOADER_SECONDS:-300}" python3 bench/loader_bench.py --sluice build/sluice \
+		--ds-bench build/sluice_ds_bench --out "$OUT/loader_bench.json" ${LOADER_ARGS} 2>&1 | tail -12
 fi

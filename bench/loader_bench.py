@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Issue #4 benchmark: sluice's loader against PyTorch's DataLoader, same records, same machine, one run.
+
+    python3 bench/loader_bench.py --sluice build/sluice --ds-bench build/sluice_ds_bench [--dir /var/tmp/sluice-lb]
+
+For each record size (4 KiB and 16 KiB; --records of each) the script writes the same random records three
+ways: one file per record (a directory of small files), one flat shard file (records back to back, with an
+offsets array), and a sluice dataset (`sluice pack --from-dir`). It then reads one shuffled epoch into GPU
+memory, cold (page cache dropped before the pass) and warm:
+  - PyTorch DataLoader over the small files and over the flat shard (a map-style Dataset reading each record
+    with one pread), batch --batch, shuffle=True, pin_memory=True, persistent_workers=True, num_workers in
+    --workers; each batch is moved with .cuda(non_blocking=True) and the epoch ends with a synchronize; the best
+    num_workers counts;
+  - sluice: `sluice_ds_bench loader DIR gpu BATCH 0 cold|warm` (one epoch, batches land in GPU memory).
+Every figure is the median of --reps passes. Prints samples/s and the ratio sluice / best DataLoader; JSON to --out.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import numpy as np
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def make_sets(root, n, size, sluice):
+    files, flat, ds = f"{root}/files-{size}", f"{root}/flat-{size}.bin", f"{root}/sluice-{size}"
+    if not os.path.exists(ds):
+        rng = np.random.default_rng(size)
+        os.makedirs(f"{files}/c", exist_ok=True)
+        with open(flat, "wb") as fl:
+            for i in range(n):
+                b = rng.integers(0, 256, size=size, dtype=np.uint8).tobytes()
+                with open(f"{files}/c/{i:08d}.bin", "wb") as f:
+                    f.write(b)
+                fl.write(b)
+        subprocess.run([sluice, "pack", "--from-dir", files, "--quiet", ds], check=True)
+    return files, flat, ds
+
+
+def torch_epoch(kind, path, n, size, batch, workers, cold):
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Files(Dataset):
+        def __init__(self):
+            self.names = sorted(os.listdir(f"{path}/c"))
+
+        def __len__(self):
+            return len(self.names)
+
+        def __getitem__(self, i):
+            with open(f"{path}/c/{self.names[i]}", "rb") as f:
+                return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+    class Flat(Dataset):
+        fd = None
+
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            if self.fd is None:
+                self.fd = os.open(path, os.O_RDONLY)
+            return torch.frombuffer(bytearray(os.pread(self.fd, size, i * size)), dtype=torch.uint8)
+
+    ds = Files() if kind == "files" else Flat()
+    dl = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=True,
+                    persistent_workers=workers > 0, drop_last=True)
+    if cold:
+        drop_caches()
+    t0, got = time.perf_counter(), 0
+    for b in dl:
+        b = b.cuda(non_blocking=True)
+        got += b.shape[0]
+    torch.cuda.synchronize()
+    return got / (time.perf_counter() - t0)
+
+
+def sluice_epoch(ds_bench, ds, batch, cold):
+    out = subprocess.run([ds_bench, "loader", ds, "gpu", str(batch), "0", "cold" if cold else "warm"],
+                         capture_output=True, text=True, check=True).stdout
+    j = json.loads(out)
+    return j["samples_per_s"], j
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sluice", default="build/sluice")
+    ap.add_argument("--ds-bench", default="build/sluice_ds_bench")
+    ap.add_argument("--dir", default="/var/tmp/sluice-lb")
+    ap.add_argument("--records", type=int, default=200000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--workers", default="0,4,8,16")
+    ap.add_argument("--sizes", default="4096,16384")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/loader_bench.json")
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    res = {"date": time.strftime("%Y-%m-%d"), "records": a.records, "batch": a.batch}
+
+    def save():
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    for size in map(int, a.sizes.split(",")):
+        files, flat, ds = make_sets(a.dir, a.records, size, a.sluice)
+        for temp in ("cold", "warm"):
+            cold = temp == "cold"
+            row = {}
+            for kind, path in (("files", files), ("flat", flat)):
+                for w in map(int, a.workers.split(",")):
+                    runs = [torch_epoch(kind, path, a.records, size, a.batch, w, cold) for _ in range(a.reps)]
+                    row[f"torch_{kind}_{w}w"] = statistics.median(runs)
+                    print(f"{size} B {temp}: DataLoader {kind} {w} workers {row[f'torch_{kind}_{w}w']:,.0f} samples/s",
+                          flush=True)
+                    res[f"{size}_{temp}"] = row
+                    save()
+            runs = [sluice_epoch(a.ds_bench, ds, a.batch, cold) for _ in range(a.reps)]
+            row["sluice"] = statistics.median(r[0] for r in runs)
+            row["sluice_detail"] = runs[len(runs) // 2][1]
+            best = max((k for k in row if k.startswith("torch_")), key=lambda k: row[k])
+            row["best_torch"] = best
+            row["ratio_vs_best_torch"] = row["sluice"] / row[best]
+            res[f"{size}_{temp}"] = row
+            save()
+            print(f"{size} B {temp}: sluice {row['sluice']:,.0f} samples/s, best DataLoader {best} {row[best]:,.0f}: "
+                  f"ratio {row['ratio_vs_best_torch']:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
