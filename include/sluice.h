@@ -650,6 +650,7 @@ struct sluice_loader_options {
 	int drop_last;             /* 1: drop the last partial global batch; 0: fill it from the epoch's start */
 	int shuffle;               /* 0: dataset order */
 	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
+	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted */
 };
 
 /* One field of a batch: fixed-size fields dense [size, ...]; others (data, offsets). */
@@ -663,7 +664,7 @@ struct sluice_batch_field {
 
 struct sluice_batch {
 	uint64_t index;            /* this rank's batch number in the epoch */
-	uint32_t size;             /* records */
+	uint32_t size;             /* records: batch_size, less any skipped as corrupt */
 	unsigned nfields;
 	struct sluice_batch_field field[SLUICE_MAX_FIELDS];
 	const uint64_t *ids;       /* record ids, host memory */

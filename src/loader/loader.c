@@ -82,7 +82,7 @@ struct sluice_loader {
 	int stop, err;
 	char detail[384];
 	struct sl__hist h_read, h_collate, h_h2d, h_wait;
-	_Atomic uint64_t bytes, records, read_bytes, read_ios;
+	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	uint64_t stats_every, t_logged; /* SLUICE_STATS seconds between log lines, in ns; 0: off */
 };
@@ -136,6 +136,7 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 		if (r)
 			return r;
 		win->len[i] = loc.length;
+		win->off[i] = need;
 		need = sl__align_up(need + loc.length, 8);
 	}
 	if (need > win->cap) {
@@ -148,6 +149,18 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 	}
 	memset(&rep, 0, sizeof(rep));
 	rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, &rep) : 0;
+	if ((rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) && ld->opt.skip_corrupt) {
+		/* One by one, to find the bad records; they are marked and left out of their batches. */
+		rc = 0;
+		for (size_t i = 0; i < k && rc >= 0; i++) {
+			rc = sluice_dataset_read(ld->ds, win->ids[i], win->buf + win->off[i], win->len[i], NULL);
+			if (rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) {
+				sl__warn("loader", "skipping: %s", sluice_last_error_detail());
+				win->len[i] = UINT32_MAX;
+				rc = 0;
+			}
+		}
+	}
 	if (rc < 0)
 		return (int)rc;
 	atomic_fetch_add(&ld->read_bytes, rep.bytes);
@@ -293,27 +306,34 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	ld->low = ld->bfirst[g]; /* windows before this batch's are done with */
 	pthread_cond_broadcast(&ld->cv);
 	pthread_mutex_unlock(&ld->lock);
+	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
+
 	for (uint32_t j = 0; j < B && !rc; j++) {
 		uint64_t p = g * ld->per_global + (uint64_t)ld->opt.rank * B + j, q = p % ld->n;
 		size_t len = 0;
 		const char *bytes;
 
-		s->ids[j] = sl_at(ld, q);
-		bytes = sl_lookup(ld, g, q / ld->window, s->ids[j], &len, &rc);
-		if (!rc && (rc = sluice_dataset_decode(ld->ds, bytes, len, &rec[j])))
-			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[j],
+		s->ids[m] = sl_at(ld, q);
+		bytes = sl_lookup(ld, g, q / ld->window, s->ids[m], &len, &rc);
+		if (!rc && len == UINT32_MAX) {
+			atomic_fetch_add(&ld->skipped, 1);
+			continue;
+		}
+		if (!rc && (rc = sluice_dataset_decode(ld->ds, bytes, len, &rec[m])))
+			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[m],
 				     sluice_last_error_detail());
 		for (unsigned f = 0; !rc && f < ld->nf; f++)
-			var[f] += rec[j].len[ld->fidx[f]];
+			var[f] += rec[m].len[ld->fidx[f]];
+		m += !rc;
 	}
 	t0 = sl__now_ns();
 	/* Layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
 	for (unsigned f = 0; !rc && f < ld->nf; f++) {
 		base[f] = size;
-		size = sl__align_up(size + (ld->fixed[f] ? ld->fixed[f] * B : var[f]), 256);
+		size = sl__align_up(size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
 		offs[f] = size;
 		if (!ld->fixed[f])
-			size = sl__align_up(size + 8 * ((uint64_t)B + 1), 256);
+			size = sl__align_up(size + 8 * ((uint64_t)m + 1), 256);
 	}
 	if (!rc && size > s->host_cap) {
 		size_t cap = sl__align_up(size + size / 4, 4096);
@@ -330,7 +350,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		char *d = s->host + base[f];
 		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + offs[f]), at = 0;
 
-		for (uint32_t j = 0; j < B; j++) {
+		for (uint32_t j = 0; j < m; j++) {
 			if (ld->fixed[f] && rec[j].len[fi] != ld->fixed[f]) {
 				rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s' has %zu bytes, not %zu",
 					     ld->ds->path, (unsigned long long)s->ids[j], ld->ds->fields[fi].name,
@@ -343,7 +363,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 			at += rec[j].len[fi];
 		}
 		if (o)
-			o[B] = at;
+			o[m] = at;
 	}
 	free(rec);
 	if (rc)
@@ -382,7 +402,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 
 	memset(&s->b, 0, sizeof(s->b));
 	s->b.index = g;
-	s->b.size = B;
+	s->b.size = m;
 	s->b.nfields = ld->nf;
 	s->b.ids = s->ids;
 	s->b.event = ld->opt.gpu ? (void *)s->ready : NULL;
@@ -396,7 +416,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		bf->item_bytes = ld->fixed[f];
 	}
 	atomic_fetch_add(&ld->bytes, size);
-	atomic_fetch_add(&ld->records, B);
+	atomic_fetch_add(&ld->records, m);
 	return 0;
 }
 
@@ -742,10 +762,11 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
-	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"stages\":{",
+	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"skipped\":%llu,\"stages\":{",
 	       (unsigned long long)ld->next_g, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
-	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios));
+	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
+	       (unsigned long long)atomic_load(&ld->skipped));
 	for (unsigned i = 0; i < 4; i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
