@@ -36,7 +36,7 @@ test-tsan:
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
 gpu-test: all
 	cd $(BUILD) && ctest --output-on-failure -R 't_gpu|t_cuda_decls'
-	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/tests/t_gpu
+	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/t_gpu
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)

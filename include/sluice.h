@@ -690,8 +690,9 @@ SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct 
  * The next batch of the epoch: 1 and *b filled, 0 at the epoch's end, or an
  * error naming the record (CRC, format, I/O).  b's buffers stay valid until
  * the next call of sluice_loader_next() or sluice_loader_close(); with a
- * GPU loader, pass the stream that uses the batch: GPU work queued on it
- * before that next call is waited for before the buffers are reused.
+ * GPU loader, pass the stream that uses the batch: it is made to wait for
+ * the batch's copy (batch.event), and GPU work queued on it before that
+ * next call is waited for before the buffers are reused.
  * Decompression, CRC checks and collation run in the loader's thread and
  * the engine's workers, never in the caller's.
  */

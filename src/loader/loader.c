@@ -715,6 +715,9 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		s->state = SL_B_OUT;
 		*b = s->b;
 		ld->next_g++;
+		/* The caller's stream waits for the copy, so work queued on it sees the batch. */
+		if (ld->opt.gpu && stream && sl__gpu_bind(&ld->eng->gpu) == 0)
+			rc = SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent");
 	} else {
 		rc = sl__err(ld->err, "%s", ld->detail);
 	}
