@@ -5,10 +5,10 @@ SAN_BUILD ?= build-san
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps demo test test-tsan gpu-test fuzz clean
+.PHONY: all deps demo test test-tsan test-python gpu-test fuzz clean
 
 all: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSLUICE_TESTS=ON >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSLUICE_TESTS=ON -DSLUICE_SANITIZE=OFF -DSLUICE_TSAN=OFF >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
 deps:
@@ -20,18 +20,23 @@ demo: all
 	@sh bench/demo.sh $(BUILD)/sluice
 
 # Every test, under AddressSanitizer + UndefinedBehaviorSanitizer, then the
-# threaded I/O tests under ThreadSanitizer.  GPU tests report SKIPPED
-# without a GPU.
+# threaded tests under ThreadSanitizer, then the Python package's pytest
+# suite.  GPU tests report SKIPPED without a GPU.
 test: deps
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON >/dev/null
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && ctest --output-on-failure -j 2
 	$(MAKE) test-tsan
+	$(MAKE) test-python
 
 test-tsan:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch t_loader
 	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader'
+
+# The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
+test-python: all
+	SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python python3 -m pytest -q tests/python
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
 gpu-test: all

@@ -11,6 +11,8 @@ pkg-config --exists libarchive 2>/dev/null || need="$need libarchive-dev"
 pkg-config --exists jansson 2>/dev/null || need="$need libjansson-dev"
 pkg-config --exists libzstd 2>/dev/null || need="$need libzstd-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
+python3 -c 'import numpy' 2>/dev/null || need="$need python3-numpy"
+python3 -c 'import pytest' 2>/dev/null || need="$need python3-pytest"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 	echo "sluice: installing$need"

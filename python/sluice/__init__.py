@@ -1,0 +1,278 @@
+"""sluice: files and datasets into GPU (or host) memory at the speed of the hardware.
+
+Arrays: numpy arrays for host memory; any object with __cuda_array_interface__ (torch CUDA tensors, CuPy
+arrays) for GPU memory.  Errors from the C library arrive as sluice.SluiceError carrying its detail.
+"""
+import ctypes as C
+import json
+import os
+
+import numpy as np
+
+from ._lib import (Batch, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
+
+__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Dataset", "Loader", "Packer",
+           "gpu_count"]
+
+# sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
+_NP = [np.uint8, np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float16, None, np.float32, np.int8,
+       np.int16, np.float64]
+_NAMES = ["bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32", "i8", "i16", "f64"]
+
+_engine = None
+
+
+def _eng():
+    """The process's engine, opened on first use with the SLUICE_* environment's settings."""
+    global _engine
+    if _engine is None:
+        e = C.c_void_p()
+        check(lib.sluice_engine_open(C.byref(e), None))
+        _engine = e
+    return _engine
+
+
+def gpu_count():
+    return lib.sluice_gpu_count()
+
+
+def _buffer(a, writable):
+    """(pointer, bytes) of a contiguous host (numpy) or GPU (__cuda_array_interface__) array."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        if cai.get("strides") not in (None, ()) and not getattr(a, "is_contiguous", lambda: True)():
+            raise ValueError("sluice needs a contiguous GPU array")
+        n = int(np.prod(cai["shape"], dtype=np.int64)) * np.dtype(cai["typestr"]).itemsize
+        return cai["data"][0], n
+    a = np.asarray(a)
+    if not a.flags["C_CONTIGUOUS"] or (writable and not a.flags["WRITEABLE"]):
+        raise ValueError("sluice needs a C-contiguous%s numpy array" % (" writable" if writable else ""))
+    return a.ctypes.data, a.nbytes
+
+
+def read(path, out, offset=0):
+    """Reads len(out) bytes of path at offset into out (GPU or host array); returns the bytes read."""
+    ptr, n = _buffer(out, True)
+    return check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, None))
+
+
+def write(path, array):
+    """Writes array as the whole new content of path, durably and atomically; returns the bytes written."""
+    ptr, n = _buffer(array, False)
+    return check(lib.sluice_write_from_gpu(_eng(), os.fsencode(path), ptr, n, None))
+
+
+read_to_gpu, write_from_gpu = read, write
+
+
+class Dataset:
+    """Map-style view of any dataset sluice reads (its own shards, Megatron .bin/.idx, WebDataset tars).
+
+    ds[i] is a dict of field name -> numpy array (a copy): typed fields get their dtype and, where the shape
+    is fixed, their shape; bytes fields are uint8 arrays.
+    """
+
+    def __init__(self, path):
+        h = C.c_void_p()
+        check(lib.sluice_dataset_open(C.byref(h), os.fsencode(path)))
+        self._h, self.path = h, path
+        self.fields = []
+        for f in range(lib.sluice_dataset_nfields(h)):
+            fd = lib.sluice_dataset_field(h, f).contents
+            shape = tuple(fd.shape[d] for d in range(fd.ndim))
+            self.fields.append((fd.name.decode(), _NAMES[fd.dtype], shape))
+        self.format = lib.sluice_dataset_format(h).decode()
+        self._buf = np.empty(0, np.uint8)
+
+    def __len__(self):
+        return lib.sluice_dataset_count(self._h)
+
+    def __getitem__(self, i):
+        if i < 0:
+            i += len(self)
+        loc = RecordLoc()
+        check(lib.sluice_dataset_locate(self._h, i, C.byref(loc)))
+        if self._buf.size < loc.length:
+            self._buf = np.empty(loc.length, np.uint8)
+        rec = Record()
+        check(lib.sluice_dataset_read(self._h, i, self._buf.ctypes.data, self._buf.size, C.byref(rec)))
+        out = {}
+        for k, (name, dtype, shape) in enumerate(self.fields):
+            raw = np.ctypeslib.as_array((C.c_uint8 * rec.len[k]).from_address(rec.data[k])) if rec.len[k] else \
+                np.empty(0, np.uint8)
+            out[name] = _typed(raw.copy(), dtype, shape)
+        return out
+
+    def close(self):
+        if self._h:
+            lib.sluice_dataset_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+def _typed(raw, dtype, shape=()):
+    t = _NP[_NAMES.index(dtype)]
+    if t is None:  # bf16: numpy has none; the raw 16-bit words
+        t = np.uint16
+    a = raw.view(t)
+    return a.reshape(shape) if shape and all(d > 0 for d in shape) else a
+
+
+class _CudaArray:
+    """A GPU buffer described by __cuda_array_interface__, so torch.as_tensor or cupy.asarray take it in place."""
+
+    def __init__(self, ptr, shape, typestr):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
+                                         "version": 3, "strides": None}
+
+
+def _env_rank():
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class Loader:
+    """Shuffled, distributed, resumable batches of a Dataset (see docs/LOADER.md for the order).
+
+    Iterating yields dicts: fixed-size fields as arrays of shape [batch, ...]; other fields as (data, offsets)
+    pairs.  device="cpu" gives numpy arrays, device="cuda" torch tensors (or, with cupy=True, CuPy arrays) in GPU
+    memory, ordered on the current stream.  A batch's arrays are views of the loader's ring: valid until the
+    next batch is taken; .copy()/.clone() what must outlive that.
+    """
+
+    def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
+                 drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False):
+        if rank is None or world_size is None:
+            r, w = _env_rank()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self.dataset, self.device = dataset, device
+        self._opt = LoaderOptions(batch_size=batch_size, gpu=int(device != "cpu"), prefetch=prefetch, seed=seed,
+                                  epoch=epoch, rank=rank, world_size=world_size, drop_last=int(drop_last),
+                                  shuffle=int(shuffle), window_bytes=window_bytes, skip_corrupt=int(skip_corrupt))
+        self._names = None
+        if fields is not None:
+            self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
+            self._opt.fields = C.cast(self._names, C.POINTER(C.c_char_p))
+        self._types = {n: (t, s) for n, t, s in dataset.fields}
+        self._h = None
+        self._open(0)
+
+    def _open(self, position):
+        if self._h:
+            lib.sluice_loader_close(self._h)
+            self._h = None
+        self._opt.position = position
+        h = C.c_void_p()
+        check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
+        self._h = h
+
+    def __len__(self):
+        return lib.sluice_loader_batches(self._h)
+
+    def set_epoch(self, epoch):
+        self._opt.epoch = epoch
+        check(lib.sluice_loader_set_epoch(self._h, epoch))
+
+    def state_dict(self):
+        s, e, p = C.c_uint64(), C.c_uint64(), C.c_uint64()
+        lib.sluice_loader_state(self._h, C.byref(s), C.byref(e), C.byref(p))
+        return {"seed": s.value, "epoch": e.value, "position": p.value}
+
+    def load_state_dict(self, state):
+        self._opt.seed, self._opt.epoch = state["seed"], state["epoch"]
+        self._open(state["position"])
+
+    def stats(self):
+        buf = C.create_string_buffer(8192)
+        n = lib.sluice_loader_stats_json(self._h, buf, len(buf))
+        if n >= len(buf):
+            buf = C.create_string_buffer(n + 1)
+            lib.sluice_loader_stats_json(self._h, buf, len(buf))
+        return json.loads(buf.value)
+
+    def __iter__(self):
+        b = Batch()
+        stream = None
+        if self.device != "cpu":
+            import torch
+            stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+        while True:
+            r = check(lib.sluice_loader_next(self._h, C.byref(b), stream))
+            if r == 0:
+                return
+            yield self._convert(b)
+
+    def _array(self, ptr, nbytes, dtype, shape):
+        if self.device == "cpu":
+            raw = np.ctypeslib.as_array((C.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.empty(0, np.uint8)
+            t = _NP[_NAMES.index(dtype)] or np.uint16
+            return raw.view(t).reshape(shape)
+        import torch
+        t = _NP[_NAMES.index(dtype)] or np.uint16
+        return torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device="cuda")
+
+    def _convert(self, b):
+        out = {"ids": np.ctypeslib.as_array(b.ids, shape=(b.size,)).copy()}
+        for k in range(b.nfields):
+            f = b.field[k]
+            name = f.name.decode()
+            dtype, shape = self._types[name]
+            esize = np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize
+            if f.item_bytes:
+                out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + tuple(shape))
+            else:
+                offs = self._array(f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
+                last = int(offs[-1])
+                out[name] = (self._array(f.data, last, dtype, (last // esize,)), offs)
+        return out
+
+    def close(self):
+        if self._h:
+            lib.sluice_loader_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+class Packer:
+    """Token packing into rows of `context` tokens (best-fit decreasing, or greedy); see docs/LOADER.md."""
+
+    def __init__(self, context, greedy=False, window=0, pad_id=0, ignore_index=-100):
+        self._opt = PackerOptions(context=context, window=window, greedy=int(greedy), pad_id=pad_id,
+                                  ignore_index=ignore_index)
+        h = C.c_void_p()
+        check(lib.sluice_packer_new(C.byref(h), C.byref(self._opt)))
+        self._h, self.context = h, context
+
+    def add(self, tokens):
+        t = np.ascontiguousarray(tokens, dtype=np.int32)
+        check(lib.sluice_packer_add(self._h, t.ctypes.data_as(C.POINTER(C.c_int32)), t.size))
+
+    def rows(self, flush=False):
+        """Yields finished rows as dicts of numpy arrays (copies): input_ids, position_ids, labels, cu_seqlens."""
+        r = PackedRow()
+        L = self.context
+        while check(lib.sluice_packer_row(self._h, C.byref(r), int(flush))) == 1:
+            yield {"input_ids": np.ctypeslib.as_array(r.input_ids, shape=(L,)).copy(),
+                   "position_ids": np.ctypeslib.as_array(r.position_ids, shape=(L,)).copy(),
+                   "labels": np.ctypeslib.as_array(r.labels, shape=(L,)).copy(),
+                   "cu_seqlens": np.ctypeslib.as_array(r.cu_seqlens, shape=(r.ndocs + 1,)).copy()}
+
+    def fill(self):
+        t, s = C.c_uint64(), C.c_uint64()
+        lib.sluice_packer_stats(self._h, C.byref(t), C.byref(s))
+        return t.value / s.value if s.value else 0.0
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            lib.sluice_packer_free(self._h)
+            self._h = None

@@ -1,0 +1,113 @@
+"""ctypes view of libsluice (include/sluice.h): library loading, structs, prototypes, errors."""
+import ctypes as C
+import os
+
+MAX_FIELDS = 64
+MAX_NDIM = 4
+
+
+def _load():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.environ.get("SLUICE_LIB"), os.path.join(here, "libsluice.so"),
+                 os.path.join(here, "..", "..", "build", "libsluice.so"), "libsluice.so"):
+        if path and (os.path.exists(path) or path == "libsluice.so"):
+            try:
+                return C.CDLL(path)
+            except OSError:
+                if path != "libsluice.so":
+                    raise
+    raise OSError("libsluice.so not found: install the package (pip install .) or set SLUICE_LIB")
+
+
+lib = _load()
+
+
+class SluiceError(RuntimeError):
+    """An error from libsluice: .code is its negative code, the message carries the C detail."""
+
+    def __init__(self, code, detail):
+        self.code = code
+        name = lib.sluice_strerror(code).decode()
+        super().__init__(f"{detail} ({name})" if detail else name)
+
+
+def check(rc):
+    """Raises SluiceError for a negative return code; returns rc otherwise."""
+    if rc < 0:
+        raise SluiceError(rc, lib.sluice_last_error_detail().decode(errors="replace"))
+    return rc
+
+
+class Field(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("ndim", C.c_int), ("shape", C.c_int64 * MAX_NDIM)]
+
+
+class Record(C.Structure):
+    _fields_ = [("data", C.c_void_p * MAX_FIELDS), ("len", C.c_size_t * MAX_FIELDS)]
+
+
+class RecordLoc(C.Structure):
+    _fields_ = [("shard", C.c_uint), ("offset", C.c_uint64), ("length", C.c_uint32), ("crc", C.c_uint32)]
+
+
+class LoaderOptions(C.Structure):
+    _fields_ = [("batch_size", C.c_uint32), ("fields", C.POINTER(C.c_char_p)), ("gpu", C.c_int),
+                ("prefetch", C.c_uint), ("seed", C.c_uint64), ("epoch", C.c_uint64), ("position", C.c_uint64),
+                ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
+                ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int)]
+
+
+class BatchField(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("data", C.c_void_p), ("offsets", C.c_void_p),
+                ("item_bytes", C.c_uint64)]
+
+
+class Batch(C.Structure):
+    _fields_ = [("index", C.c_uint64), ("size", C.c_uint32), ("nfields", C.c_uint),
+                ("field", BatchField * MAX_FIELDS), ("ids", C.POINTER(C.c_uint64)), ("event", C.c_void_p)]
+
+
+class PackerOptions(C.Structure):
+    _fields_ = [("context", C.c_uint32), ("window", C.c_uint32), ("greedy", C.c_int), ("pad_id", C.c_int32),
+                ("ignore_index", C.c_int32)]
+
+
+class PackedRow(C.Structure):
+    _fields_ = [("input_ids", C.POINTER(C.c_int32)), ("position_ids", C.POINTER(C.c_int32)),
+                ("labels", C.POINTER(C.c_int32)), ("cu_seqlens", C.POINTER(C.c_int32)), ("ndocs", C.c_uint32),
+                ("tokens", C.c_uint32)]
+
+
+P = C.c_void_p
+_protos = {
+    "sluice_strerror": (C.c_char_p, [C.c_int]),
+    "sluice_last_error_detail": (C.c_char_p, []),
+    "sluice_engine_open": (C.c_int, [C.POINTER(P), P]),
+    "sluice_engine_close": (None, [P]),
+    "sluice_read_to_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_uint64, C.c_size_t, P, P]),
+    "sluice_write_from_gpu": (C.c_ssize_t, [P, C.c_char_p, P, C.c_size_t, P]),
+    "sluice_gpu_count": (C.c_int, []),
+    "sluice_dataset_open": (C.c_int, [C.POINTER(P), C.c_char_p]),
+    "sluice_dataset_close": (None, [P]),
+    "sluice_dataset_count": (C.c_uint64, [P]),
+    "sluice_dataset_format": (C.c_char_p, [P]),
+    "sluice_dataset_nfields": (C.c_uint, [P]),
+    "sluice_dataset_field": (C.POINTER(Field), [P, C.c_uint]),
+    "sluice_dataset_locate": (C.c_int, [P, C.c_uint64, C.POINTER(RecordLoc)]),
+    "sluice_dataset_read": (C.c_ssize_t, [P, C.c_uint64, P, C.c_size_t, C.POINTER(Record)]),
+    "sluice_loader_open": (C.c_int, [C.POINTER(P), P, P, C.POINTER(LoaderOptions)]),
+    "sluice_loader_next": (C.c_int, [P, C.POINTER(Batch), P]),
+    "sluice_loader_batches": (C.c_uint64, [P]),
+    "sluice_loader_state": (None, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
+    "sluice_loader_set_epoch": (C.c_int, [P, C.c_uint64]),
+    "sluice_loader_stats_json": (C.c_size_t, [P, C.c_char_p, C.c_size_t]),
+    "sluice_loader_close": (None, [P]),
+    "sluice_packer_new": (C.c_int, [C.POINTER(P), C.POINTER(PackerOptions)]),
+    "sluice_packer_add": (C.c_int, [P, C.POINTER(C.c_int32), C.c_size_t]),
+    "sluice_packer_row": (C.c_int, [P, C.POINTER(PackedRow), C.c_int]),
+    "sluice_packer_stats": (None, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
+    "sluice_packer_free": (None, [P]),
+}
+for _name, (_res, _args) in _protos.items():
+    _f = getattr(lib, _name)
+    _f.restype, _f.argtypes = _res, _args

@@ -1,0 +1,45 @@
+"""The Python package with GPU memory (torch CUDA tensors); skipped where there is no GPU or no torch."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+import sluice
+from test_sluice import SLUICE
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or sluice.gpu_count() == 0, reason="no CUDA GPU")
+
+
+def test_read_write_cuda_tensor(tmp_path):
+    a = np.random.default_rng(2).integers(0, 256, size=(8 << 20) + 5, dtype=np.uint8)
+    p = tmp_path / "g.bin"
+    sluice.write(p, a)
+    t = torch.zeros(a.size, dtype=torch.uint8, device="cuda")
+    assert sluice.read_to_gpu(p, t) == a.size
+    assert torch.equal(t.cpu(), torch.from_numpy(a))
+    q = tmp_path / "h.bin"
+    sluice.write_from_gpu(q, t)
+    back = np.zeros_like(a)
+    sluice.read(q, back)
+    assert np.array_equal(a, back)
+
+
+def test_loader_to_cuda(tmp_path):
+    with open(tmp_path / "in.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"v": [i, i + 1, i + 2], "n": i}) + "\n")
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(tmp_path / "in.jsonl"), "--fields", "v,n", "--quiet",
+                    str(tmp_path / "ds")], check=True, capture_output=True)
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    ld = sluice.Loader(ds, batch_size=32, device="cuda", seed=1, rank=0, world_size=1)
+    count = 0
+    for b in ld:
+        n = b["n"]
+        data, offs = b["v"]
+        assert n.is_cuda and n.shape == (32,)
+        assert torch.equal(n.cpu(), torch.from_numpy(b["ids"].astype(np.int64)))
+        assert torch.equal(data[offs[5] // 8:offs[6] // 8].cpu(), n[5].cpu() + torch.arange(3))
+        count += 1
+    assert count == len(ld) == 10
