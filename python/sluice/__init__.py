@@ -12,7 +12,7 @@ import numpy as np
 from ._lib import (Batch, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Dataset", "Loader", "Packer",
-           "gpu_count"]
+           "gpu_count", "save", "load"]
 
 # sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
 _NP = [np.uint8, np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float16, None, np.float32, np.int8,
@@ -276,3 +276,6 @@ class Packer:
         if getattr(self, "_h", None):
             lib.sluice_packer_free(self._h)
             self._h = None
+
+
+from .checkpoint import load, save  # noqa: E402  (uses _buffer and _eng above)

@@ -78,8 +78,18 @@ class PackedRow(C.Structure):
                 ("tokens", C.c_uint32)]
 
 
+class Range(C.Structure):
+    _fields_ = [("file", C.c_void_p), ("offset", C.c_uint64), ("len", C.c_size_t), ("buf", C.c_void_p)]
+
+
 P = C.c_void_p
 _protos = {
+    "sluice_file_open": (C.c_int, [C.POINTER(P), P, C.c_char_p, C.c_int]),
+    "sluice_file_close": (None, [P]),
+    "sluice_file_size": (C.c_uint64, [P]),
+    "sluice_file_sync": (C.c_int, [P]),
+    "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
+    "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_strerror": (C.c_char_p, [C.c_int]),
     "sluice_last_error_detail": (C.c_char_p, []),
     "sluice_engine_open": (C.c_int, [C.POINTER(P), P]),

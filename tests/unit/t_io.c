@@ -182,6 +182,28 @@ static void t_writes(enum sluice_direct d, size_t chunk)
 	back = t_slurp(path, &n);
 	T_CHECK(back && n == 8100 && !memcmp(back, src, 8000));
 	free(back);
+	/* Neighbouring ranges past the end, in one batch: the file ends after the last of them. */
+	for (uint64_t start = 120; start <= 8100; start += 7980) {
+		char p2[700];
+		struct sluice_file *g;
+		struct sluice_range r[3] = { { NULL, start, 12, src }, { NULL, start + 12, 5, src + 12 },
+					     { NULL, start + 17, 4000, src + 17 } };
+
+		snprintf(p2, sizeof(p2), "%s/batch.bin", dir);
+		free(t_make_file(p2, start, 6));
+		T_CHECK(sluice_file_open(&g, eng, p2, SLUICE_RDWR) == 0);
+		for (int k = 0; k < 3; k++)
+			r[k].file = g;
+		for (size_t m = 2; m <= 3; m++) {
+			size_t len = m == 2 ? 17 : 4017;
+
+			T_CHECK(sluice_write_batch(eng, r, m, NULL) == (ssize_t)len);
+			back = t_slurp(p2, &n);
+			T_CHECK(back && n == start + len && !memcmp(back + start, src, len) && sluice_file_size(g) == n);
+			free(back);
+		}
+		sluice_file_close(g);
+	}
 	/* Writing through a read-only handle is refused. */
 	sluice_file_close(f);
 	T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
