@@ -6,13 +6,14 @@ arrays) for GPU memory.  Errors from the C library arrive as sluice.SluiceError 
 import ctypes as C
 import json
 import os
+import sys
 
 import numpy as np
 
 from ._lib import (Batch, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Dataset", "Loader", "Packer",
-           "gpu_count", "save", "load"]
+           "gpu_count", "save", "load", "read_async", "write_async", "Future"]
 
 # sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
 _NP = [np.uint8, np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float16, None, np.float32, np.int8,
@@ -22,12 +23,29 @@ _NAMES = ["bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32", "i8",
 _engine = None
 
 
+def _device():
+    """The GPU this process uses: SLUICE_DEVICE_IDS, else torch's current device, else LOCAL_RANK."""
+    if "SLUICE_DEVICE_IDS" in os.environ:
+        return None  # the engine reads it
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
+
+
 def _eng():
     """The process's engine, opened on first use with the SLUICE_* environment's settings."""
     global _engine
     if _engine is None:
-        e = C.c_void_p()
-        check(lib.sluice_engine_open(C.byref(e), None))
+        cfg, e = C.c_void_p(), C.c_void_p()
+        check(lib.sluice_config_new(C.byref(cfg)))
+        try:
+            dev = _device()
+            if dev is not None:
+                check(lib.sluice_config_set_device(cfg, dev))
+            check(lib.sluice_engine_open(C.byref(e), cfg))
+        finally:
+            lib.sluice_config_free(cfg)
         _engine = e
     return _engine
 
@@ -63,6 +81,52 @@ def write(path, array):
 
 
 read_to_gpu, write_from_gpu = read, write
+
+
+class Future:
+    """An asynchronous transfer ordered on a CUDA stream (see sluice_read_async in sluice.h)."""
+
+    def __init__(self, handle, file, keep):
+        self._h, self._file, self._keep = handle, file, keep
+
+    def wait(self):
+        """Blocks until the storage side is done; returns the bytes moved (raises SluiceError on failure)."""
+        return check(lib.sluice_future_wait(self._h, None))
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            lib.sluice_future_free(self._h)
+            self._h = None
+        if getattr(self, "_file", None):
+            lib.sluice_file_close(self._file)
+            self._file = None
+
+
+def _async(path, array, offset, write, stream):
+    ptr, n = _buffer(array, not write)
+    if stream is None:
+        import torch
+        stream = torch.cuda.current_stream().cuda_stream
+    f, fut = C.c_void_p(), C.c_void_p()
+    check(lib.sluice_file_open(C.byref(f), _eng(), os.fsencode(path), 3 if write else 0))
+    try:
+        check((lib.sluice_write_async if write else lib.sluice_read_async)(f, offset, n, ptr, stream, C.byref(fut)))
+    except SluiceError:
+        lib.sluice_file_close(f)
+        raise
+    return Future(fut, f, array)
+
+
+def read_async(path, out, offset=0, stream=None):
+    """Queues a read of path into GPU array out on `stream` (default: torch's current stream): later work on
+    the stream sees the bytes.  Returns a Future; keep it (and out) alive until .wait()."""
+    return _async(path, out, offset, False, stream)
+
+
+def write_async(path, array, offset=0, stream=None):
+    """Queues a write of GPU array to path at offset after the stream's earlier work (not durable, not
+    atomic: for checkpoints use write/save).  Returns a Future."""
+    return _async(path, array, offset, True, stream)
 
 
 class Dataset:

@@ -43,3 +43,24 @@ def test_loader_to_cuda(tmp_path):
         assert torch.equal(data[offs[5] // 8:offs[6] // 8].cpu(), n[5].cpu() + torch.arange(3))
         count += 1
     assert count == len(ld) == 10
+
+
+def test_async_on_the_current_stream(tmp_path):
+    a = np.random.default_rng(5).integers(0, 256, size=(16 << 20) + 3, dtype=np.uint8)
+    p = tmp_path / "a.bin"
+    sluice.write(p, a)
+    t = torch.zeros(a.size, dtype=torch.uint8, device="cuda")
+    fut = sluice.read_async(p, t)
+    total = t.to(torch.int64).sum()  # queued after the read on the same stream
+    assert fut.wait() == a.size
+    assert int(total) == int(a.astype(np.int64).sum())
+    del fut
+
+
+def test_save_load_cuda(tmp_path):
+    sd = {"w": torch.randn(1000, 33, device="cuda"), "b": torch.arange(7, device="cuda", dtype=torch.int64),
+          "h": torch.randn(5, device="cuda").to(torch.bfloat16)}
+    sluice.save(sd, str(tmp_path / "m.safetensors"))
+    back = sluice.load(str(tmp_path / "m.safetensors"), device="cuda")
+    for k in sd:
+        assert back[k].is_cuda and torch.equal(back[k], sd[k])

@@ -116,3 +116,11 @@ def test_packer():
         for a, b in zip(cu[:-1], cu[1:]):
             assert r["labels"][a] == -100 and list(r["position_ids"][a:b]) == list(range(b - a))
     assert p.fill() == pytest.approx(total / (64 * len(rows))) and p.fill() > 0.95
+
+
+def test_async_needs_gpu_memory(tmp_path):
+    p = tmp_path / "a.bin"
+    sluice.write(p, np.ones(16, np.uint8))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.read_async(p, np.zeros(16, np.uint8), stream=0)
+    assert e.value.code in (-100002, -100009)  # no GPU here, or not GPU memory
