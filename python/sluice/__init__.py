@@ -13,7 +13,7 @@ import numpy as np
 from ._lib import (Batch, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Dataset", "Loader", "Packer",
-           "gpu_count", "save", "load", "read_async", "write_async", "Future"]
+           "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
 
 # sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
 _NP = [np.uint8, np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float16, None, np.float32, np.int8,
@@ -228,6 +228,9 @@ class Loader:
         self._types = {n: (t, s) for n, t, s in dataset.fields}
         self._h = None
         self._open(0)
+        global _last_loader
+        import weakref
+        _last_loader = weakref.ref(self)
 
     def _open(self, position):
         if self._h:
@@ -305,6 +308,38 @@ class Loader:
 
     def __del__(self):
         self.close()
+
+
+_last_loader = None
+
+
+class profile:
+    """Context manager: what the loader's consumer waited for while the block ran.
+
+        with sluice.profile() as p:      # the last Loader created, or profile(loader)
+            for batch in loader: step(batch)
+        p.report -> {"gpu_wait_share", "step_us", "loader_us", "h2d_us", "verdict", ...}
+
+    A one-line summary goes to `file` (stderr by default; None for silence) on exit.
+    """
+
+    def __init__(self, loader=None, file=...):
+        self.loader, self.file, self.report = loader, file, None
+
+    def __enter__(self):
+        self.loader = self.loader or (_last_loader() if _last_loader else None)
+        if self.loader is None:
+            raise RuntimeError("sluice.profile: no Loader to watch")
+        return self
+
+    def __exit__(self, *exc):
+        self.report = self.loader.stats()
+        r = self.report
+        if self.file is not None:
+            print(f"sluice: {r['batches']} batches, GPU waited {100 * r['gpu_wait_share']:.1f}% of the time; "
+                  f"step {r['step_us']:.0f} us, loader {r['loader_us']:.0f} us a batch: {r['verdict']}",
+                  file=sys.stderr if self.file is ... else self.file)
+        return False
 
 
 class Packer:

@@ -124,3 +124,13 @@ def test_async_needs_gpu_memory(tmp_path):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.read_async(p, np.zeros(16, np.uint8), stream=0)
     assert e.value.code in (-100002, -100009)  # no GPU here, or not GPU memory
+
+
+def test_profile_reports_the_verdict(ds_path, capsys):
+    ds = sluice.Dataset(ds_path)
+    ld = sluice.Loader(ds, batch_size=16, rank=0, world_size=1)
+    with sluice.profile() as p:
+        for _ in ld:
+            pass
+    assert p.report["batches"] == len(ld) and p.report["verdict"] in ("loader-bound", "compute-bound")
+    assert "GPU waited" in capsys.readouterr().err
