@@ -4,12 +4,13 @@
 #   bench  the engine benchmark with its sweeps (bench/engine_bench.py; BENCH_SECONDS, BENCH_ARGS)
 #   ds     the dataset benchmarks that need the GPU machine
 #   loader the loader against PyTorch's DataLoader (bench/loader_bench.py; LOADER_ARGS)
+#   python the Python package's tests (GPU ones included) and the two examples
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
 # Results land in $OUT (or ./out).
 OUT="${OUT:-out}"
-STEPS="${STEPS:-tests bench ds loader}"
+STEPS="${STEPS:-tests bench ds loader python}"
 mkdir -p "$OUT"
 . bench/gpu_machine.sh || { cmake --build build 2>&1 | grep error | head; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -48,4 +49,11 @@ fi
 if has loader; then
 	PYTHONUNBUFFERED=1 timeout "${LOADER_SECONDS:-300}" python3 bench/loader_bench.py --sluice build/sluice \
 		--ds-bench build/sluice_ds_bench --out "$OUT/loader_bench.json" ${LOADER_ARGS} 2>&1 | tail -12
+fi
+
+if has python; then
+	export SLUICE_LIB=build/libsluice.so SLUICE_BIN=build/sluice PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+	timeout 120 python3 -m pytest -q -rs tests/python 2>&1 | tee "$OUT/pytest.log" | tail -5
+	timeout 90 python3 examples/train_llm_packed.py --sluice build/sluice 2>&1 | tee "$OUT/llm.log" | tail -4
+	timeout 90 python3 examples/train_images.py --sluice build/sluice 2>&1 | tee "$OUT/images.log" | tail -5
 fi
