@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Issue #5 benchmarks on the GPU machine (one command, results as JSON in --out):
+
+    python3 bench/python_bench.py --sluice build/sluice [--gb 10]
+
+1. Python overhead per batch: the time one `next()` of sluice.Loader(device="cuda") takes when the batch is
+   already prepared (the consumer sleeps between batches so the ring is full), against the same measured in
+   C (`sluice_loader_next` alone, from the loader's consumer-wait histogram). Target < 20 us.
+2. Checkpoint load: a state dict of --gb GB (bf16/f32 tensors of 16-256 MiB) saved once with safetensors;
+   then, cold (page cache dropped) and warm, median of --reps: sluice.load(device="cuda"),
+   safetensors.torch.load_file(device="cuda"), torch.load(map_location="cuda") of the same tensors saved by
+   torch.save. Target: sluice >= 3x safetensors. Save: sluice.save against torch.save and save_file.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import sluice
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def overhead(sluice_bin, d):
+    with open(f"{d}/in.jsonl", "w") as f:
+        for i in range(20000):
+            f.write(json.dumps({"x": [i] * 64, "n": i}) + "\n")
+    subprocess.run([sluice_bin, "pack", "--from-jsonl", f"{d}/in.jsonl", "--fields", "x,n", "--quiet", f"{d}/ds"],
+                   check=True)
+    ld = sluice.Loader(sluice.Dataset(f"{d}/ds"), batch_size=64, device="cuda", rank=0, world_size=1, prefetch=8)
+    times = []
+    it = iter(ld)
+    next(it)
+    while True:
+        time.sleep(0.002)  # the loader refills its ring meanwhile
+        t0 = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            break
+        times.append(time.perf_counter() - t0)
+    st = ld.stats()
+    c_us = st["stages"]["consumer_wait"]["p50_us"]
+    py_us = statistics.median(times) * 1e6
+    return {"python_next_p50_us": py_us, "c_next_p50_us": c_us, "python_overhead_us": py_us - c_us,
+            "batches": len(times)}
+
+
+def timed(fn, reps, cold):
+    out = []
+    for _ in range(reps):
+        if cold:
+            drop_caches()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        r = fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+        del r
+        torch.cuda.empty_cache()
+    return statistics.median(out)
+
+
+def checkpoints(d, gb, reps):
+    from safetensors.torch import load_file, save_file
+
+    sd, total, i = {}, 0, 0
+    while total < gb * 1e9:
+        n = (16 << 20) * (1 + i % 16) // 4
+        sd[f"layer{i}.weight"] = torch.randn(n, device="cuda", dtype=torch.float32 if i % 2 else torch.bfloat16)
+        total += sd[f"layer{i}.weight"].numel() * sd[f"layer{i}.weight"].element_size()
+        i += 1
+    res = {"bytes": total, "tensors": len(sd)}
+    paths = {k: f"{d}/ck.{k}" for k in ("sluice", "safetensors", "torch")}
+    for name, fn in (("sluice", lambda: sluice.save(sd, paths["sluice"])),
+                     ("safetensors", lambda: save_file(sd, paths["safetensors"])),
+                     ("torch", lambda: torch.save(sd, paths["torch"]))):
+        t0 = time.perf_counter()
+        fn()
+        os.sync()
+        res[f"save_{name}_gb_s"] = total / (time.perf_counter() - t0) / 1e9
+    del sd
+    torch.cuda.empty_cache()
+    for temp in ("cold", "warm"):
+        cold = temp == "cold"
+        for name, fn in (("sluice", lambda: sluice.load(paths["safetensors"], device="cuda")),
+                         ("safetensors", lambda: load_file(paths["safetensors"], device="cuda")),
+                         ("torch", lambda: torch.load(paths["torch"], map_location="cuda"))):
+            if not cold:
+                fn()  # warm the page cache
+            res[f"load_{name}_{temp}_gb_s"] = total / timed(fn, reps, cold) / 1e9
+            print(f"load {name} {temp}: {res[f'load_{name}_{temp}_gb_s']:.2f} GB/s", flush=True)
+        res[f"load_ratio_vs_safetensors_{temp}"] = res[f"load_sluice_{temp}_gb_s"] / res[f"load_safetensors_{temp}_gb_s"]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sluice", default="build/sluice")
+    ap.add_argument("--gb", type=float, default=10)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp/sluice-py")
+    ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/python_bench.json")
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0)}
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        res["overhead"] = overhead(a.sluice, d)
+        print(f"python overhead per batch: {res['overhead']['python_overhead_us']:.1f} us", flush=True)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+        res["checkpoint"] = checkpoints(d, a.gb, a.reps)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res["checkpoint"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
