@@ -56,4 +56,6 @@ if has python; then
 	timeout 120 python3 -m pytest -q -rs tests/python 2>&1 | tee "$OUT/pytest.log" | tail -5
 	timeout 90 python3 examples/train_llm_packed.py --sluice build/sluice 2>&1 | tee "$OUT/llm.log" | tail -4
 	timeout 90 python3 examples/train_images.py --sluice build/sluice 2>&1 | tee "$OUT/images.log" | tail -5
+	PYTHONUNBUFFERED=1 timeout "${PYBENCH_SECONDS:-240}" python3 bench/python_bench.py --sluice build/sluice \
+		--out "$OUT/python_bench.json" ${PYBENCH_ARGS} 2>&1 | tail -20
 fi
