@@ -110,10 +110,9 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 {
 	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
 	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns();
+	struct sluice_xfer_report rep;
 	size_t k = 0;
 	ssize_t rc;
-
-	struct sluice_xfer_report rep;
 
 	free(win->ids);
 	free(win->off);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loader/loader.h"
@@ -290,6 +291,31 @@ int main(void)
 		T_CHECK(rc == 0 && total == 21 * 48 - 1 && seen_bad == 0);
 		T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"skipped\":1,"));
 		sluice_loader_close(ld);
+		snprintf(shard, sizeof(shard), "%s/shard-%06u.sls", path, loc.shard);
+		fd = open(shard, O_RDWR); /* mended for what follows */
+		c ^= 1;
+		T_CHECK(fd >= 0 && pwrite(fd, &c, 1, (off_t)(loc.offset + loc.length - 1)) == 1);
+		close(fd);
+	}
+	/* The dataset changes on disk during the epoch: a clear error later on, no hang. */
+	{
+		struct sluice_record_loc loc;
+		struct sluice_batch b;
+		struct stat st;
+		char shard[700];
+		int rc = 1, k = 0;
+
+		T_CHECK(sluice_dataset_locate(ds, ref[990], &loc) == 0);
+		snprintf(shard, sizeof(shard), "%s/shard-%06u.sls", path, loc.shard);
+		ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
+		T_CHECK(sluice_loader_next(ld, &b, NULL) == 1);
+		T_CHECK(stat(shard, &st) == 0 && truncate(shard, 4096) == 0);
+		while (rc == 1 && k++ < 100)
+			rc = sluice_loader_next(ld, &b, NULL);
+		T_CHECK(rc < 0 && strstr(sluice_last_error_detail(), "shard-") != NULL);
+		printf("changed under the loader: %s\n", sluice_last_error_detail());
+		sluice_loader_close(ld);
+		T_CHECK(truncate(shard, st.st_size) == 0);
 	}
 	sluice_loader_close(NULL);
 	sluice_engine_close(eng);
