@@ -660,6 +660,7 @@ struct sluice_batch_field {
 	void *data;                /* host or GPU memory, as the loader's gpu option */
 	uint64_t *offsets;         /* variable-size fields: size + 1 byte offsets into data (same memory); else NULL */
 	uint64_t item_bytes;       /* fixed-size fields: bytes per record; else 0 */
+	const uint64_t *host_offsets; /* the offsets in host memory (the same array for host batches) */
 };
 
 struct sluice_batch {

@@ -297,7 +297,7 @@ class Loader:
                 out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + tuple(shape))
             else:
                 offs = self._array(f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
-                last = int(offs[-1])
+                last = f.host_offsets[b.size]  # from host memory: no wait on the GPU
                 out[name] = (self._array(f.data, last, dtype, (last // esize,)), offs)
         return out
 

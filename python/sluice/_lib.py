@@ -59,7 +59,7 @@ class LoaderOptions(C.Structure):
 
 class BatchField(C.Structure):
     _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("data", C.c_void_p), ("offsets", C.c_void_p),
-                ("item_bytes", C.c_uint64)]
+                ("item_bytes", C.c_uint64), ("host_offsets", C.POINTER(C.c_uint64))]
 
 
 class Batch(C.Structure):

@@ -412,6 +412,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		bf->dtype = ld->ds->fields[ld->fidx[f]].dtype;
 		bf->data = mem + base[f];
 		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + offs[f]);
+		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + offs[f]);
 		bf->item_bytes = ld->fixed[f];
 	}
 	atomic_fetch_add(&ld->bytes, size);

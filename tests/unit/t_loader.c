@@ -104,7 +104,7 @@ static uint64_t drain(struct sluice_loader *ld, uint64_t *out, uint64_t max_batc
 
 	while (nb < max_batches && (rc = sluice_loader_next(ld, &b, NULL)) == 1) {
 		T_CHECK(b.nfields == 2 && !strcmp(b.field[0].name, "x") && b.field[0].item_bytes == 8 &&
-			!b.field[0].offsets && b.field[1].offsets);
+			!b.field[0].offsets && b.field[1].offsets && b.field[1].host_offsets == b.field[1].offsets);
 		for (uint32_t j = 0; j < b.size; j++) {
 			int64_t x;
 			uint64_t id = b.ids[j], *o = b.field[1].offsets;
