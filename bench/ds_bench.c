@@ -46,20 +46,6 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int drop(void)
-{
-	int fd;
-
-	sync();
-	fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
-	if (fd < 0)
-		return 0;
-	int ok = write(fd, "3", 1) == 1;
-
-	close(fd);
-	return ok;
-}
-
 static int cmp(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -166,7 +152,7 @@ int main(int argc, char **argv)
 
 			/* Raw: each data file whole, in pieces of the buffer's size. */
 			if (!recs) {
-				drop();
+				sluice_drop_page_cache();
 				t0 = now();
 				for (unsigned f = 0; f < sluice_dataset_shards(ds); f++) {
 					uint64_t r, b, off = 0;
@@ -195,7 +181,7 @@ int main(int argc, char **argv)
 			/* Records in order, as many per batch as fit the buffer. */
 			uint64_t i = 0, got = 0;
 
-			drop();
+			sluice_drop_page_cache();
 			t0 = now();
 			while (i < n) {
 				size_t k = 0, need = 0;
@@ -244,7 +230,7 @@ int main(int argc, char **argv)
 		if (sluice_dataset_open(&ds, argv[2]) || sluice_engine_open(&eng, NULL))
 			return 1;
 		if (!strcmp(argv[6], "cold"))
-			drop();
+			sluice_drop_page_cache();
 		getrusage(RUSAGE_SELF, &r0);
 		t0 = now();
 		if (sluice_loader_open(&ld, eng, ds, &o)) {
@@ -295,7 +281,7 @@ int main(int argc, char **argv)
 		struct rr rr[2] = { { eng, ds, reads, seed, &claimed, 0 }, { eng, ds, reads, seed + 1, &claimed, 0 } };
 		pthread_t tid[2];
 
-		drop();
+		sluice_drop_page_cache();
 		t0 = now();
 		for (int t = 0; t < 2; t++)
 			pthread_create(&tid[t], NULL, rr_thread, &rr[t]);
@@ -345,7 +331,7 @@ int main(int argc, char **argv)
 			struct sluice_dataset *ds;
 			double t0;
 
-			dropped &= drop();
+			dropped &= sluice_drop_page_cache();
 			t0 = now();
 			if (sluice_dataset_open(&ds, dir))
 				return 1;
@@ -366,7 +352,7 @@ int main(int argc, char **argv)
 		uint64_t sum = 0, before;
 
 		snprintf(ix, sizeof(ix), "%s/index.sli", dir);
-		drop();
+		sluice_drop_page_cache();
 		before = resident(ix);
 		if (sluice_dataset_open(&ds, dir))
 			return 1;

@@ -186,21 +186,6 @@ static double cpu_s(void)
 	       (double)ru.ru_stime.tv_usec / 1e6;
 }
 
-/* Drops the page cache (root only); returns 1 if dropped. */
-static int drop_caches(void)
-{
-	int fd;
-
-	sync();
-	fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
-	if (fd < 0)
-		return 0;
-	int ok = write(fd, "3", 1) == 1;
-
-	close(fd);
-	return ok;
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
 	/* splitmix64: fast, and good enough to place I/Os and fill buffers. */
@@ -469,7 +454,7 @@ int cmd_bench(int argc, char **argv)
 		if (o.write && !o.random)
 			unlink(names[0]);
 		if (o.cold)
-			dropped = drop_caches();
+			dropped = sluice_drop_page_cache();
 		sluice_engine_stats_reset(eng);
 		c0 = cpu_s();
 		t0 = now_s();

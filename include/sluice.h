@@ -765,6 +765,12 @@ SLUICE_API int sluice_packer_row(struct sluice_packer *p, struct sluice_packed_r
 SLUICE_API void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *slots);
 SLUICE_API void sluice_packer_free(struct sluice_packer *p);
 
+/*
+ * Writes dirty pages back and drops the page cache (Linux, root only), so the
+ * next reads are cold.  Returns 1 if dropped, 0 if not permitted.
+ */
+SLUICE_API int sluice_drop_page_cache(void);
+
 /* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
 
