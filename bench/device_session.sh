@@ -47,6 +47,15 @@ if has ds; then
 fi
 
 if has loader; then
+	# Consumer wait with a synthetic step a little longer than the loader's own time per batch (target < 1%).
+	D4="${D4_DIR:-/var/tmp/sluice-d4}"
+	[ -d "$D4/r16k" ] || ./build/sluice_ds_bench makeblob "$D4/r16k" 100000 16384
+	step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 warm | python3 -c \
+		'import json,sys; l=json.load(sys.stdin)["loader"]; print(int(1.2 * (l["loader_us"] + l["h2d_us"])))')
+	for temp in warm cold; do
+		timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp | tee -a "$OUT/loader_step.json" |
+			python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], "step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "%", l["verdict"])'
+	done
 	PYTHONUNBUFFERED=1 timeout "${LOADER_SECONDS:-300}" python3 bench/loader_bench.py --sluice build/sluice \
 		--ds-bench build/sluice_ds_bench --out "$OUT/loader_bench.json" ${LOADER_ARGS} 2>&1 | tail -12
 fi
