@@ -58,10 +58,15 @@ def _buffer(a, writable):
     """(pointer, bytes) of a contiguous host (numpy) or GPU (__cuda_array_interface__) array."""
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
-        if cai.get("strides") not in (None, ()) and not getattr(a, "is_contiguous", lambda: True)():
-            raise ValueError("sluice needs a contiguous GPU array")
-        n = int(np.prod(cai["shape"], dtype=np.int64)) * np.dtype(cai["typestr"]).itemsize
-        return cai["data"][0], n
+        item, shape, strides = np.dtype(cai["typestr"]).itemsize, tuple(cai["shape"]), cai.get("strides")
+        if strides is not None:  # None means C-contiguous
+            want, acc = [], item
+            for d in reversed(shape):
+                want.append(acc)
+                acc *= d
+            if tuple(reversed(want)) != tuple(strides) and int(np.prod(shape, dtype=np.int64)) > 1:
+                raise ValueError("sluice needs a C-contiguous GPU array")
+        return cai["data"][0], int(np.prod(shape, dtype=np.int64)) * item
     a = np.asarray(a)
     if not a.flags["C_CONTIGUOUS"] or (writable and not a.flags["WRITEABLE"]):
         raise ValueError("sluice needs a C-contiguous%s numpy array" % (" writable" if writable else ""))

@@ -134,3 +134,18 @@ def test_profile_reports_the_verdict(ds_path, capsys):
             pass
     assert p.report["batches"] == len(ld) and p.report["verdict"] in ("loader-bound", "compute-bound")
     assert "GPU waited" in capsys.readouterr().err
+
+
+class FakeCuda:
+    """Only its interface is looked at before the C call, which never happens for a strided array."""
+
+    def __init__(self, shape, strides):
+        self.__cuda_array_interface__ = {"data": (0, False), "shape": shape, "typestr": "<f4", "version": 3,
+                                         "strides": strides}
+
+
+def test_strided_gpu_arrays_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sluice.read(tmp_path / "x", FakeCuda((4, 4), (4, 32)))
+    assert sluice._buffer(FakeCuda((4, 4), (16, 4)), True) == (0, 64)
+    assert sluice._buffer(FakeCuda((4, 4), None), True) == (0, 64)
