@@ -42,7 +42,7 @@ struct sluice_future {
 	int stage_pinned;
 	sl_CUevent *ev;           /* ev[i]: the stream is past window i's copy */
 	pthread_t thread;
-	int started, joined;
+	int joined;
 	struct sl__job jobs[2];   /* windows i and i - 1 in flight */
 	struct sl__job sum;       /* counters of all windows, for the report */
 	ssize_t result;
@@ -335,7 +335,6 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 		sl_future_release(fut, fut->nwin);
 		return rc;
 	}
-	fut->started = 1;
 	*out = fut;
 	return 0;
 }
