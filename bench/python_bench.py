@@ -24,6 +24,13 @@ import torch
 
 import sluice
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of this script
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
 
 def drop_caches():
     os.sync()
@@ -37,7 +44,7 @@ def overhead(sluice_bin, d):
             f.write(json.dumps({"x": [i] * 64, "n": i}) + "\n")
     subprocess.run([sluice_bin, "pack", "--from-jsonl", f"{d}/in.jsonl", "--fields", "x,n", "--quiet", f"{d}/ds"],
                    check=True)
-    ld = sluice.Loader(sluice.Dataset(f"{d}/ds"), batch_size=64, device="cuda", rank=0, world_size=1, prefetch=8)
+    ld = sluice.Loader(sluice.Dataset(f"{d}/ds"), batch_size=64, device=DEV, rank=0, world_size=1, prefetch=8)
     times = []
     it = iter(ld)
     next(it)
@@ -61,13 +68,14 @@ def timed(fn, reps, cold):
     for _ in range(reps):
         if cold:
             drop_caches()
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         r = fn()
-        torch.cuda.synchronize()
+        sync()
         out.append(time.perf_counter() - t0)
         del r
-        torch.cuda.empty_cache()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
     return statistics.median(out)
 
 
@@ -77,7 +85,7 @@ def checkpoints(d, gb, reps):
     sd, total, i = {}, 0, 0
     while total < gb * 1e9:
         n = (16 << 20) * (1 + i % 16) // 4
-        sd[f"layer{i}.weight"] = torch.randn(n, device="cuda", dtype=torch.float32 if i % 2 else torch.bfloat16)
+        sd[f"layer{i}.weight"] = torch.randn(n, device=DEV, dtype=torch.float32 if i % 2 else torch.bfloat16)
         total += sd[f"layer{i}.weight"].numel() * sd[f"layer{i}.weight"].element_size()
         i += 1
     res = {"bytes": total, "tensors": len(sd)}
@@ -90,12 +98,13 @@ def checkpoints(d, gb, reps):
         os.sync()
         res[f"save_{name}_gb_s"] = total / (time.perf_counter() - t0) / 1e9
     del sd
-    torch.cuda.empty_cache()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     for temp in ("cold", "warm"):
         cold = temp == "cold"
-        for name, fn in (("sluice", lambda: sluice.load(paths["safetensors"], device="cuda")),
-                         ("safetensors", lambda: load_file(paths["safetensors"], device="cuda")),
-                         ("torch", lambda: torch.load(paths["torch"], map_location="cuda"))):
+        for name, fn in (("sluice", lambda: sluice.load(paths["safetensors"], device=DEV)),
+                         ("safetensors", lambda: load_file(paths["safetensors"], device=DEV)),
+                         ("torch", lambda: torch.load(paths["torch"], map_location=DEV))):
             if not cold:
                 fn()  # warm the page cache
             res[f"load_{name}_{temp}_gb_s"] = total / timed(fn, reps, cold) / 1e9
@@ -113,7 +122,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/python_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0)}
+    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else None}
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         res["overhead"] = overhead(a.sluice, d)
         print(f"python overhead per batch: {res['overhead']['python_overhead_us']:.1f} us", flush=True)

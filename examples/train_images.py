@@ -37,13 +37,14 @@ def main():
     ap.add_argument("--sluice", default="build/sluice")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as d:
         ds = sluice.Dataset(make_data(d, a.sluice))
-        ld = sluice.Loader(ds, batch_size=a.batch, device="cuda", fields=["data", "label"], drop_last=True, seed=2)
+        ld = sluice.Loader(ds, batch_size=a.batch, device=a.device, fields=["data", "label"], drop_last=True, seed=2)
         model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                              nn.Flatten(), nn.Linear(64 * 8 * 8, 10)).cuda()
+                              nn.Flatten(), nn.Linear(64 * 8 * 8, 10)).to(a.device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         seen, t0 = 0, time.perf_counter()
         with sluice.profile(ld):
@@ -52,8 +53,9 @@ def main():
                 correct = total = 0
                 for b in ld:
                     data, _ = b["data"]  # every image is 3 KiB, so the bytes are a dense [B, 3, 32, 32]
-                    x = data.view(-1, 3, 32, 32).float().div_(255)
-                    y = b["label"]
+                    # as_tensor: in place for the GPU's torch tensors and for host numpy arrays alike
+                    x = torch.as_tensor(data).view(-1, 3, 32, 32).float().div_(255)
+                    y = torch.as_tensor(b["label"]).long()
                     out = model(x)
                     loss = nn.functional.cross_entropy(out, y)
                     opt.zero_grad(set_to_none=True)
@@ -63,7 +65,8 @@ def main():
                     total += y.numel()
                 seen += total
                 print(f"epoch {epoch}: loss {loss.item():.3f}, accuracy {correct / total:.3f}", flush=True)
-        torch.cuda.synchronize()
+        if a.device != "cpu":
+            torch.cuda.synchronize()
         print(f"{seen / (time.perf_counter() - t0):,.0f} samples/s")
 
 

@@ -40,7 +40,7 @@ class TinyLM(nn.Module):
         super().__init__()
         self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(L, d)
         layer = nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True, norm_first=True)
-        self.body = nn.TransformerEncoder(layer, 2)
+        self.body = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.head = nn.Linear(d, VOCAB)
 
     def forward(self, ids, pos):
@@ -53,18 +53,19 @@ def main():
     ap.add_argument("--sluice", default="build/sluice")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as d:
         ds = sluice.Dataset(make_data(d, a.sluice))
-        ld = sluice.Loader(ds, batch_size=a.batch, device="cuda", fields=["input_ids", "position_ids", "labels"],
+        ld = sluice.Loader(ds, batch_size=a.batch, device=a.device, fields=["input_ids", "position_ids", "labels"],
                            drop_last=True, seed=1)
-        model = TinyLM().cuda()
+        model = TinyLM().to(a.device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
         step, tokens, epoch, t0 = 0, 0, 0, time.perf_counter()
         with sluice.profile(ld):
             while step < a.steps:
                 for b in ld:
-                    ids, pos, lab = b["input_ids"].long(), b["position_ids"].long(), b["labels"].long()
+                    ids, pos, lab = (torch.as_tensor(b[k]).long() for k in ("input_ids", "position_ids", "labels"))
                     logits = model(ids, pos)
                     # Predict token t+1 from tokens <= t; labels already mask each document's first token.
                     loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), lab[:, 1:].reshape(-1),
@@ -80,7 +81,8 @@ def main():
                         break
                 epoch += 1
                 ld.set_epoch(epoch)
-        torch.cuda.synchronize()
+        if a.device != "cpu":
+            torch.cuda.synchronize()
         print(f"{tokens / (time.perf_counter() - t0):,.0f} real tokens/s")
 
 

@@ -711,7 +711,8 @@ SLUICE_API SLUICE_WUR int sluice_loader_set_epoch(struct sluice_loader *ld, uint
 /*
  * Timings as JSON into buf (at most cap bytes, NUL-terminated): per stage
  * (read, collate, h2d, consumer wait) count and p50/p99 microseconds, and
- * bytes and records delivered.  Returns the length it needed.
+ * batches, bytes and records delivered since open (over all epochs).
+ * Returns the length it needed.
  */
 SLUICE_API size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap);
 SLUICE_API void sluice_loader_close(struct sluice_loader *ld);

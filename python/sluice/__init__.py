@@ -244,7 +244,7 @@ class Loader:
         self._opt.position = position
         h = C.c_void_p()
         check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
-        self._h = h
+        self._h, self._views, self._meta = h, {}, None
 
     def __len__(self):
         return lib.sluice_loader_batches(self._h)
@@ -280,26 +280,41 @@ class Loader:
             r = check(lib.sluice_loader_next(self._h, C.byref(b), stream))
             if r == 0:
                 return
+            if self._meta is None:  # per field of the batch: name, dtype, item shape, element size
+                self._meta = []
+                for k in range(b.nfields):
+                    name = b.field[k].name.decode()
+                    dtype, shape = self._types[name]
+                    self._meta.append((name, dtype, tuple(shape),
+                                       np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize))
             yield self._convert(b)
 
     def _array(self, ptr, nbytes, dtype, shape):
+        key = (ptr, dtype, shape)
+        a = self._views.get(key)
+        if a is not None:
+            return a
+        t = _NP[_NAMES.index(dtype)] or np.uint16
         if self.device == "cpu":
             raw = np.ctypeslib.as_array((C.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.empty(0, np.uint8)
-            t = _NP[_NAMES.index(dtype)] or np.uint16
-            return raw.view(t).reshape(shape)
-        import torch
-        t = _NP[_NAMES.index(dtype)] or np.uint16
-        return torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device="cuda")
+            a = raw.view(t).reshape(shape)
+        else:
+            import torch
+            a = torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device="cuda")
+        # The ring's buffers stay where they are while the loader is open, so a view made once serves every
+        # batch that lands in the same slot with the same shape (making one costs more than the rest of next()).
+        if len(self._views) >= 1024:
+            self._views.clear()
+        self._views[key] = a
+        return a
 
     def _convert(self, b):
         out = {"ids": np.ctypeslib.as_array(b.ids, shape=(b.size,)).copy()}
         for k in range(b.nfields):
             f = b.field[k]
-            name = f.name.decode()
-            dtype, shape = self._types[name]
-            esize = np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize
+            name, dtype, shape, esize = self._meta[k]
             if f.item_bytes:
-                out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + tuple(shape))
+                out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + shape)
             else:
                 offs = self._array(f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
                 last = f.host_offsets[b.size]  # from host memory: no wait on the GPU

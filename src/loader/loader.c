@@ -37,6 +37,8 @@ struct sl_bslot {
 
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
+#define SL_READERS 2 /* reader threads, each with one window's I/O in flight */
+
 struct sl_window {
 	int state;
 	uint64_t idx;               /* place in the epoch's window sequence (ld->seq) */
@@ -60,6 +62,7 @@ struct sluice_loader {
 	struct sl__order order;
 	uint64_t n, window, per_global, nbatches; /* nbatches: this rank's, per epoch */
 	uint64_t next_g;            /* next batch the consumer takes */
+	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	struct sl_bslot *slots;
 	unsigned nslots;
 	struct sl_window *win;
@@ -71,8 +74,9 @@ struct sluice_loader {
 	 */
 	uint64_t *seq, nseq, *bfirst, *blast;
 	uint64_t low;               /* the producer's batch needs seq places >= low */
-	pthread_t reader;           /* reads windows ahead of the producer */
-	int reader_running;
+	pthread_t reader[SL_READERS]; /* read windows ahead of the producer */
+	unsigned readers_running;
+	uint64_t read_next;         /* next place in seq a reader takes */
 	sl_CUstream copy;
 	pthread_t thread;
 	int running;
@@ -201,27 +205,33 @@ static const char *sl_lookup(struct sluice_loader *ld, uint64_t g, uint64_t w, u
 	return win->buf + win->off[hit - win->ids];
 }
 
-/* Reads the windows of ld->seq in order, each once a cache entry is free and it is near enough. */
+/*
+ * Reads the windows of ld->seq in order, each once a cache entry is free and
+ * it is near enough.  SL_READERS of these run, each with its own window in
+ * flight, so that storage sees more than one window's I/O at a time.
+ */
 static void *sl_read_ahead(void *arg)
 {
 	struct sluice_loader *ld = arg;
 
 	pthread_mutex_lock(&ld->lock);
-	for (uint64_t i = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : ld->nseq; i < ld->nseq; i++) {
+	while (ld->read_next < ld->nseq) {
 		struct sl_window *win = NULL;
+		uint64_t i;
 		int rc;
 
 		for (;;) {
 			for (unsigned k = 0; k < ld->nwin && !win; k++)
 				if (ld->win[k].state == SL_W_EMPTY || (ld->win[k].state == SL_W_READY && ld->win[k].idx < ld->low))
 					win = &ld->win[k];
-			if ((win && i < ld->low + ld->nwin) || ld->stop || ld->err)
+			if ((win && ld->read_next < ld->low + ld->nwin) || ld->stop || ld->err || ld->read_next >= ld->nseq)
 				break;
 			win = NULL;
 			pthread_cond_wait(&ld->cv, &ld->lock);
 		}
-		if (ld->stop || ld->err)
+		if (ld->stop || ld->err || ld->read_next >= ld->nseq)
 			break;
+		i = ld->read_next++;
 		win->state = SL_W_LOADING;
 		win->idx = i;
 		win->w = ld->seq[i];
@@ -230,8 +240,10 @@ static void *sl_read_ahead(void *arg)
 		pthread_mutex_lock(&ld->lock);
 		if (rc) {
 			win->state = SL_W_EMPTY;
-			ld->err = rc;
-			snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+			if (!ld->err) {
+				ld->err = rc;
+				snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+			}
 		} else {
 			win->state = SL_W_READY;
 		}
@@ -455,6 +467,12 @@ static void *sl_produce(void *arg)
 	return NULL;
 }
 
+static void sl_join_readers(struct sluice_loader *ld)
+{
+	while (ld->readers_running)
+		pthread_join(ld->reader[--ld->readers_running], NULL);
+}
+
 static void sl_stop(struct sluice_loader *ld)
 {
 	if (!ld->running)
@@ -464,9 +482,8 @@ static void sl_stop(struct sluice_loader *ld)
 	pthread_cond_broadcast(&ld->cv);
 	pthread_mutex_unlock(&ld->lock);
 	pthread_join(ld->thread, NULL);
-	if (ld->reader_running)
-		pthread_join(ld->reader, NULL);
-	ld->running = ld->reader_running = 0;
+	sl_join_readers(ld);
+	ld->running = 0;
 	ld->stop = 0;
 }
 
@@ -490,20 +507,21 @@ static int sl_start(struct sluice_loader *ld)
 			ld->slots[i].state = SL_B_FREE;
 	ld->produce_g = ld->next_g;
 	ld->err = 0;
-	rc = pthread_create(&ld->reader, NULL, sl_read_ahead, ld);
+	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : ld->nseq;
+	for (rc = 0; !rc && ld->readers_running < SL_READERS; ld->readers_running++)
+		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl_read_ahead, ld);
 	if (rc)
-		return sl__err(-rc, "loader: starting its reader thread");
-	ld->reader_running = 1;
-	rc = pthread_create(&ld->thread, NULL, sl_produce, ld);
+		ld->readers_running--;
+	else
+		rc = pthread_create(&ld->thread, NULL, sl_produce, ld);
 	if (rc) {
 		pthread_mutex_lock(&ld->lock);
 		ld->stop = 1;
 		pthread_cond_broadcast(&ld->cv);
 		pthread_mutex_unlock(&ld->lock);
-		pthread_join(ld->reader, NULL);
-		ld->reader_running = 0;
+		sl_join_readers(ld);
 		ld->stop = 0;
-		return sl__err(-rc, "loader: starting its thread");
+		return sl__err(-rc, "loader: starting its threads");
 	}
 	ld->running = 1;
 	return 0;
@@ -610,8 +628,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		goto fail;
 	}
 	ld->next_g = opt->position / ld->per_global;
-	/* A batch may span several windows; keep them all, plus two read ahead. */
-	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + 3);
+	/* A batch may span several windows; keep them all, plus for each reader one loading and one ready. */
+	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + 2 * SL_READERS);
 	ld->nslots = opt->prefetch ? opt->prefetch + 1 : 5;
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
 	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
@@ -715,6 +733,7 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		s->state = SL_B_OUT;
 		*b = s->b;
 		ld->next_g++;
+		ld->delivered++;
 		/* The caller's stream waits for the copy, so work queued on it sees the batch. */
 		if (ld->opt.gpu && stream && sl__gpu_bind(&ld->eng->gpu) == 0)
 			rc = SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent");
@@ -766,7 +785,7 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
 	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"skipped\":%llu,\"stages\":{",
-	       (unsigned long long)ld->next_g, (unsigned long long)atomic_load(&ld->records),
+	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
 	       (unsigned long long)atomic_load(&ld->skipped));

@@ -76,6 +76,9 @@ def test_loader_batches_and_resume(ds_path):
     assert len(seen) == 31 * 16 and len(set(seen)) == len(seen)
     st = ld.stats()
     assert st["batches"] == 31 and st["verdict"] in ("loader-bound", "compute-bound", "transfer-bound")
+    ld.set_epoch(1)  # the count goes on over epochs
+    next(iter(ld))
+    assert ld.stats()["batches"] == 32
 
     # Resume after 5 batches on 2 ranks of 8: the same records, in the same order, no repeats.
     first = sluice.Loader(ds, batch_size=16, seed=5, drop_last=True, rank=0, world_size=1)
