@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Data Journey report's chapter 7 loop, with sluice's loader beside torch's ImageFolder DataLoader.
 
-    python3 bench/chapter7_bench.py --sluice build/sluice [--images 20000] [--steps 100]
+    python3 bench/chapter7_bench.py --sluice build/sluice [--images 10000] [--steps 100]
 
 Data: --images synthetic 224x224 JPEGs (random noise, quality 80) in ImageFolder layout, and the same files
 packed by `sluice pack --from-dir` (the JPEG bytes, unchanged). Loop: ResNet-50, batch 64, forward, backward,
@@ -98,7 +98,7 @@ def sluice_batches(ds_path):
             t = torch.from_numpy(data)
             jpegs = [t[offs[k]:offs[k + 1]] for k in range(len(offs) - 1)]
             x = torch.stack(torchvision.io.decode_jpeg(jpegs, device="cuda")).float().div_(255)
-            yield (x - mean) / std, torch.from_numpy(b["label"].copy()).to("cuda", non_blocking=True)
+            yield (x - mean) / std, torch.from_numpy(b["label"].astype(np.int64)).to("cuda", non_blocking=True)
         epoch += 1
         ld.set_epoch(epoch)
 
@@ -107,7 +107,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default="build/sluice")
     ap.add_argument("--dir", default="/var/tmp/sluice-ch7")
-    ap.add_argument("--images", type=int, default=20000)
+    ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/chapter7_bench.json")

@@ -1,16 +1,19 @@
 #!/bin/bash
-# The GPU machine's work for issues #2 and #3, in steps chosen by STEPS (default: all):
+# The GPU machine's work for issues #2 to #5, in steps chosen by STEPS (default: all):
 #   tests  GPU tests, plain and under compute-sanitizer memcheck
 #   bench  the engine benchmark with its sweeps (bench/engine_bench.py; BENCH_SECONDS, BENCH_ARGS)
 #   ds     the dataset benchmarks that need the GPU machine
+#   wait   the loader's consumer wait under a synthetic step a little longer than its time per batch
 #   loader the loader against PyTorch's DataLoader (bench/loader_bench.py; LOADER_ARGS)
-#   python the Python package's tests (GPU ones included) and the two examples
+#   packing token packing: real tokens/s to the GPU, against naive padding (bench/packing_bench.py)
+#   python the Python package's tests (GPU ones included), the two examples, bench/python_bench.py
+#   chapter7 the Data Journey report's chapter 7 loop (bench/chapter7_bench.py; CH7_ARGS)
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
 # Results land in $OUT (or ./out).
 OUT="${OUT:-out}"
-STEPS="${STEPS:-tests bench ds loader python}"
+STEPS="${STEPS:-tests bench ds wait loader packing python chapter7}"
 mkdir -p "$OUT"
 . bench/gpu_machine.sh || { cmake --build build 2>&1 | grep error | head; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -46,9 +49,10 @@ if has ds; then
 		--out "$OUT/readers_bench.json" 2>&1 | tail -4
 fi
 
-if has loader; then
+if has wait; then
 	# Consumer wait with a synthetic step a little longer than the loader's own time per batch (target < 1%).
 	D4="${D4_DIR:-/var/tmp/sluice-d4}"
+	mkdir -p "$D4"
 	[ -d "$D4/r16k" ] || ./build/sluice_ds_bench makeblob "$D4/r16k" 100000 16384
 	step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 warm | python3 -c \
 		'import json,sys; l=json.load(sys.stdin)["loader"]; print(int(1.2 * (l["loader_us"] + l["h2d_us"])))')
@@ -56,8 +60,16 @@ if has loader; then
 		timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp | tee -a "$OUT/loader_step.json" |
 			python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], "step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "%", l["verdict"])'
 	done
+fi
+
+if has loader; then
 	PYTHONUNBUFFERED=1 timeout "${LOADER_SECONDS:-300}" python3 bench/loader_bench.py --sluice build/sluice \
 		--ds-bench build/sluice_ds_bench --out "$OUT/loader_bench.json" ${LOADER_ARGS} 2>&1 | tail -12
+fi
+
+if has packing; then
+	timeout 120 python3 bench/packing_bench.py --sluice build/sluice --ds-bench build/sluice_ds_bench \
+		--out "$OUT/packing_bench.json" 2>&1 | tail -4
 fi
 
 if has python; then
@@ -67,4 +79,9 @@ if has python; then
 	timeout 90 python3 examples/train_images.py --sluice build/sluice 2>&1 | tee "$OUT/images.log" | tail -5
 	PYTHONUNBUFFERED=1 timeout "${PYBENCH_SECONDS:-240}" python3 bench/python_bench.py --sluice build/sluice \
 		--out "$OUT/python_bench.json" ${PYBENCH_ARGS} 2>&1 | tail -20
+fi
+
+if has chapter7; then
+	PYTHONUNBUFFERED=1 SLUICE_LIB=build/libsluice.so PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} timeout \
+		"${CH7_SECONDS:-240}" python3 bench/chapter7_bench.py --sluice build/sluice ${CH7_ARGS} 2>&1 | tail -6
 fi

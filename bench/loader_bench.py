@@ -86,14 +86,22 @@ def torch_epoch(dl, path, cold):
         drop_caches()
     else:
         warm(path)
-    t0, got = time.perf_counter(), 0
+    c0, t0, got = cpu_seconds(), time.perf_counter(), 0
     for b in dl:
         if gpu:
             b = b.cuda(non_blocking=True)
         got += b.shape[0]
     if gpu:
         torch.cuda.synchronize()
-    return got / (time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    return got / dt, (cpu_seconds() - c0) / (got * b.shape[1] / 1e9)
+
+
+def cpu_seconds():
+    """CPU seconds of this process and its live children (the DataLoader's workers), user + system."""
+    import psutil
+    me = psutil.Process()
+    return sum(sum(p.cpu_times()[:2]) for p in [me] + me.children(recursive=True))
 
 
 def warm(path):
@@ -149,16 +157,17 @@ def main():
                 best = None
                 for w in map(int, a.workers.split(",")):
                     dl = torch_loader(kind, path, n, size, a.batch, w)
-                    r = row[f"torch_{kind}_{w}w_first"] = torch_epoch(dl, path, cold)
+                    r = row[f"torch_{kind}_{w}w_first"] = torch_epoch(dl, path, cold)[0]
                     print(f"{size} B {temp}: DataLoader {kind} {w} workers {r:,.0f} samples/s (first epoch)", flush=True)
                     if best is None or r > best[1]:
                         best = (w, r, dl)
                     del dl
                 w, _, dl = best
-                runs = [torch_epoch(dl, path, cold) for _ in range(a.reps)]
+                runs = sorted(torch_epoch(dl, path, cold) for _ in range(a.reps))
                 del best, dl
-                row[f"torch_{kind}_{w}w"] = statistics.median(runs)
-                row[f"torch_{kind}_{w}w_passes"] = runs
+                row[f"torch_{kind}_{w}w"] = runs[len(runs) // 2][0]
+                row[f"torch_{kind}_{w}w_cpu_s_per_gb"] = runs[len(runs) // 2][1]
+                row[f"torch_{kind}_{w}w_passes"] = [r[0] for r in runs]
                 res[f"{size}_{temp}"] = row
                 save()
             runs = [sluice_epoch(a.ds_bench, ds, a.batch, cold, target) for _ in range(a.reps)]
@@ -170,7 +179,9 @@ def main():
             row["ratio_vs_best_torch"] = row["sluice"] / row[best]
             res[f"{size}_{temp}"] = row
             save()
-            print(f"{size} B {temp}: sluice {row['sluice']:,.0f} samples/s, best DataLoader {best} {row[best]:,.0f}: "
+            row["sluice_cpu_s_per_gb"] = row["sluice_detail"]["cpu_s_per_gb"]
+            print(f"{size} B {temp}: sluice {row['sluice']:,.0f} samples/s ({row['sluice_cpu_s_per_gb']:.2f} CPU s/GB), "
+                  f"best DataLoader {best} {row[best]:,.0f} ({row[best + '_cpu_s_per_gb']:.2f} CPU s/GB): "
                   f"ratio {row['ratio_vs_best_torch']:.2f}", flush=True)
 
 
