@@ -54,13 +54,14 @@ if has wait; then
 	D4="${D4_DIR:-/var/tmp/sluice-d4}"
 	mkdir -p "$D4"
 	[ -d "$D4/r16k" ] || ./build/sluice_ds_bench makeblob "$D4/r16k" 100000 16384
-	for temp in warm cold; do
+	for pf in ${WAIT_PREFETCH:-0}; do for temp in ${WAIT_TEMPS:-warm cold}; do
 		# The loader alone (a consumer that does nothing): its time per batch sets the step, 10% longer.
-		step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 $temp | tee -a "$OUT/loader_alone.json" |
+		# Prefetch: batches the loader keeps ready (0: its default).
+		step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 $temp $pf | tee -a "$OUT/loader_alone.json" |
 			python3 -c 'import json,sys; j=json.load(sys.stdin); print(int(1.1e6 * j["seconds"] / j["loader"]["batches"]))')
-		timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp | tee -a "$OUT/loader_step.json" |
-			python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], "step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fill", round(100*l["gpu_wait_share_with_fill"],2), "%, fill", l["fill_us"], "us)", l["verdict"])'
-	done
+		timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp $pf | tee -a "$OUT/loader_step.json" |
+			python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], "prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fill", round(100*l["gpu_wait_share_with_fill"],2), "%, fill", l["fill_us"], "us)", l["verdict"])'
+	done; done
 fi
 
 if has loader; then

@@ -13,7 +13,7 @@
  *                                    dropped before each; median of 3 of each; GB/s and ratio
  *   ds_bench recs DIR                records/s reading every record in order into host memory
  *                                    (for comparison with a format's reference reader)
- *   ds_bench loader DIR gpu|host B STEP_US cold|warm
+ *   ds_bench loader DIR gpu|host B STEP_US cold|warm [PREFETCH]
  *                                    one epoch of the shuffled loader, batches of B; the
  *                                    consumer spends STEP_US per batch (a stand-in for the
  *                                    training step); cold drops the page cache first,
@@ -241,7 +241,7 @@ int main(int argc, char **argv)
 		}
 		return 0;
 	}
-	if (argc == 7 && !strcmp(argv[1], "loader")) {
+	if ((argc == 7 || argc == 8) && !strcmp(argv[1], "loader")) {
 		struct sluice_dataset *ds;
 		struct sluice_engine *eng;
 		struct sluice_loader *ld;
@@ -249,7 +249,8 @@ int main(int argc, char **argv)
 		struct rusage r0, r1;
 		int gpu = !strcmp(argv[3], "gpu"), rc;
 		struct sluice_loader_options o = { .batch_size = (uint32_t)strtoul(argv[4], NULL, 10), .gpu = gpu,
-						   .seed = 1, .shuffle = 1, .drop_last = 1 };
+						   .seed = 1, .shuffle = 1, .drop_last = 1,
+						   .prefetch = argc == 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
 		double step = strtod(argv[5], NULL) / 1e6, t0, dt;
 		uint64_t recs = 0;
 		static char js[4096];

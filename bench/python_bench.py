@@ -150,10 +150,11 @@ def main():
               f"C {o['c_next_p50_us']:.1f} us)\n{o['profile']}", flush=True)
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
-        res["checkpoint"] = checkpoints(d, a.gb, a.reps)
+        if a.gb > 0:
+            res["checkpoint"] = checkpoints(d, a.gb, a.reps)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(json.dumps(res["checkpoint"], indent=1))
+    print(json.dumps(res.get("checkpoint"), indent=1))
 
 
 if __name__ == "__main__":

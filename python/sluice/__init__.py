@@ -289,13 +289,13 @@ class Loader:
                                        np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize))
             yield self._convert(b)
 
-    def _array(self, ptr, nbytes, dtype, shape):
+    def _array(self, ptr, nbytes, dtype, shape, host=False):
         key = (ptr, dtype, shape)
         a = self._views.get(key)
         if a is not None:
             return a
-        t = _NP[_NAMES.index(dtype)] or np.uint16
-        if self.device == "cpu":
+        t = np.uint64 if dtype == "ids" else _NP[_NAMES.index(dtype)] or np.uint16
+        if self.device == "cpu" or host:
             raw = np.ctypeslib.as_array((C.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.empty(0, np.uint8)
             a = raw.view(t).reshape(shape)
         else:
@@ -309,7 +309,7 @@ class Loader:
         return a
 
     def _convert(self, b):
-        out = {"ids": np.ctypeslib.as_array(b.ids, shape=(b.size,)).copy()}
+        out = {"ids": self._array(b.ids, 8 * b.size, "ids", (b.size,), host=True).copy()}
         for k in range(b.nfields):
             f = b.field[k]
             name, dtype, shape, esize = self._meta[k]

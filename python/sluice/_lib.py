@@ -64,7 +64,7 @@ class BatchField(C.Structure):
 
 class Batch(C.Structure):
     _fields_ = [("index", C.c_uint64), ("size", C.c_uint32), ("nfields", C.c_uint),
-                ("field", BatchField * MAX_FIELDS), ("ids", C.POINTER(C.c_uint64)), ("event", C.c_void_p)]
+                ("field", BatchField * MAX_FIELDS), ("ids", C.c_void_p), ("event", C.c_void_p)]
 
 
 class PackerOptions(C.Structure):

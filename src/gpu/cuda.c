@@ -168,7 +168,9 @@ int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned)
 	if (p == MAP_FAILED)
 		return sl__err(-errno, "mmap of %zu bytes for the buffer pool failed", n);
 	if (g && g->ctx) {
-		sl_CUresult r = g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
+		/* The calling thread may have no context current (a loader's thread, a Python caller's). */
+		sl_CUresult r = sl__gpu_bind(g) ? SL_CUDA_ERROR_INVALID_CONTEXT
+						: g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
 
 		if (r == SL_CUDA_SUCCESS)
 			*pinned = 1;
@@ -184,7 +186,7 @@ void sl__host_free(const struct sl__gpu *g, void *p, size_t n, int pinned)
 {
 	if (!p)
 		return;
-	if (pinned)
+	if (pinned && sl__gpu_bind(g) == 0)
 		g->cu->MemHostUnregister(p);
 	munmap(p, n);
 }

@@ -20,6 +20,7 @@ typedef struct CUevent_st *sl_CUevent;
 typedef void (*sl_CUhostFn)(void *user);
 
 #define SL_CUDA_SUCCESS 0
+#define SL_CUDA_ERROR_INVALID_CONTEXT 201
 #define SL_CUDA_ERROR_NOT_READY 600
 #define SL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define SL_CU_MEMORYTYPE_HOST 1
