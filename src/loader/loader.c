@@ -19,7 +19,7 @@
 #include "loader/loader.h"
 #include "xfer/xfer.h"
 
-enum { SL_B_FREE = 0, SL_B_READY, SL_B_OUT };
+enum { SL_B_FREE = 0, SL_B_BUILDING, SL_B_READY, SL_B_OUT };
 
 struct sl_bslot {
 	int state;
@@ -37,7 +37,8 @@ struct sl_bslot {
 
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
-#define SL_READERS 2 /* reader threads, each with one window's I/O in flight */
+#define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
+#define SL_PRODUCERS 2 /* threads collating batches, each its own, into their slots */
 
 struct sl_window {
 	int state;
@@ -78,11 +79,12 @@ struct sluice_loader {
 	unsigned readers_running;
 	uint64_t read_next;         /* next place in seq a reader takes */
 	sl_CUstream copy;
-	pthread_t thread;
+	pthread_t producer[SL_PRODUCERS];
+	unsigned producers_running;
 	int running;
 	pthread_mutex_t lock;
 	pthread_cond_t cv;
-	uint64_t produce_g;         /* next batch the producer builds */
+	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
 	struct sl__hist h_read, h_collate, h_h2d, h_wait;
@@ -319,11 +321,6 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 
 	if (!rec)
 		return -ENOMEM;
-	s->g = g;
-	pthread_mutex_lock(&ld->lock);
-	ld->low = ld->bfirst[g]; /* windows before this batch's are done with */
-	pthread_cond_broadcast(&ld->cv);
-	pthread_mutex_unlock(&ld->lock);
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
 
 	for (uint32_t j = 0; j < B && !rc; j++) {
@@ -439,6 +436,23 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	return 0;
 }
 
+/*
+ * Under ld->lock: the windows before those of the oldest batch being built
+ * (or, with none, the next to be taken) are done with.
+ */
+static void sl_set_low(struct sluice_loader *ld)
+{
+	uint64_t g = ld->produce_g;
+
+	for (unsigned i = 0; i < ld->nslots; i++)
+		if (ld->slots[i].state == SL_B_BUILDING && ld->slots[i].g < g)
+			g = ld->slots[i].g;
+	if (g < ld->nbatches)
+		ld->low = ld->bfirst[g];
+	pthread_cond_broadcast(&ld->cv);
+}
+
+/* SL_PRODUCERS of these take batches in order, each building its own in its slot. */
 static void *sl_produce(void *arg)
 {
 	struct sluice_loader *ld = arg;
@@ -456,26 +470,33 @@ static void *sl_produce(void *arg)
 			pthread_cond_wait(&ld->cv, &ld->lock);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
 			break;
-		g = ld->produce_g;
+		g = ld->produce_g++;
 		s = &ld->slots[g % ld->nslots];
+		s->g = g;
+		s->state = SL_B_BUILDING;
+		sl_set_low(ld);
 		pthread_mutex_unlock(&ld->lock);
 		rc = sl_build(ld, s, g);
 		pthread_mutex_lock(&ld->lock);
 		if (rc) {
-			ld->err = rc;
-			snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+			s->state = SL_B_FREE;
+			if (!ld->err) {
+				ld->err = rc;
+				snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+			}
 		} else {
 			s->state = SL_B_READY;
-			ld->produce_g++;
 		}
-		pthread_cond_broadcast(&ld->cv);
+		sl_set_low(ld);
 	}
 	pthread_mutex_unlock(&ld->lock);
 	return NULL;
 }
 
-static void sl_join_readers(struct sluice_loader *ld)
+static void sl_join_threads(struct sluice_loader *ld)
 {
+	while (ld->producers_running)
+		pthread_join(ld->producer[--ld->producers_running], NULL);
 	while (ld->readers_running)
 		pthread_join(ld->reader[--ld->readers_running], NULL);
 }
@@ -488,8 +509,7 @@ static void sl_stop(struct sluice_loader *ld)
 	ld->stop = 1;
 	pthread_cond_broadcast(&ld->cv);
 	pthread_mutex_unlock(&ld->lock);
-	pthread_join(ld->thread, NULL);
-	sl_join_readers(ld);
+	sl_join_threads(ld);
 	ld->running = 0;
 	ld->stop = 0;
 }
@@ -520,14 +540,16 @@ static int sl_start(struct sluice_loader *ld)
 		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl_read_ahead, ld);
 	if (rc)
 		ld->readers_running--;
-	else
-		rc = pthread_create(&ld->thread, NULL, sl_produce, ld);
+	for (; !rc && ld->producers_running < SL_PRODUCERS; ld->producers_running++)
+		rc = pthread_create(&ld->producer[ld->producers_running], NULL, sl_produce, ld);
+	if (rc && ld->producers_running)
+		ld->producers_running--;
 	if (rc) {
 		pthread_mutex_lock(&ld->lock);
 		ld->stop = 1;
 		pthread_cond_broadcast(&ld->cv);
 		pthread_mutex_unlock(&ld->lock);
-		sl_join_readers(ld);
+		sl_join_threads(ld);
 		ld->stop = 0;
 		return sl__err(-rc, "loader: starting its threads");
 	}
@@ -636,8 +658,11 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		goto fail;
 	}
 	ld->next_g = opt->position / ld->per_global;
-	/* A batch may span several windows; keep them all, plus for each reader one loading and one ready. */
-	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + 2 * SL_READERS);
+	/*
+	 * A batch may span several windows; keep them all, one more for each
+	 * further producer's batch, and for each reader one loading and one ready.
+	 */
+	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + SL_PRODUCERS - 1 + 2 * SL_READERS);
 	ld->nslots = opt->prefetch ? opt->prefetch + 1 : 5;
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
 	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
