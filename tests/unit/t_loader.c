@@ -218,7 +218,7 @@ int main(void)
 		double fill = strtod(strstr(js, "\"fill_us\":") + 10, NULL);
 		double all = strtod(strstr(js, "\"gpu_wait_share_with_fill\":") + 27, NULL);
 
-		T_CHECK(fill > 0 && all > share);
+		T_CHECK(fill > 0 && all >= share); /* equal to 4 decimals when the fill is short */
 		sluice_loader_close(ld);
 		setenv("SLUICE_STATS", "soon", 1);
 		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .batch_size = 8 }) ==
