@@ -74,7 +74,7 @@ struct sluice_loader {
 	 * batch the first and last place in that sequence it draws from.
 	 */
 	uint64_t *seq, nseq, *bfirst, *blast;
-	uint64_t low;               /* the producer's batch needs seq places >= low */
+	uint64_t low;               /* the batches being built need seq places >= low */
 	pthread_t reader[SL_READERS]; /* read windows ahead of the producer */
 	unsigned readers_running;
 	uint64_t read_next;         /* next place in seq a reader takes */
