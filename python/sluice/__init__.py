@@ -1,7 +1,7 @@
 """sluice: files and datasets into GPU (or host) memory at the speed of the hardware.
 
 Arrays: numpy arrays for host memory; any object with __cuda_array_interface__ (torch CUDA tensors, CuPy
-arrays) for GPU memory.  Errors from the C library arrive as sluice.SluiceError carrying its detail.
+arrays) or DLPack (__dlpack__: JAX, TensorFlow, ...) for GPU or host memory.  Errors from the C library arrive as sluice.SluiceError carrying its detail.
 """
 import ctypes as C
 import json
@@ -54,34 +54,77 @@ def gpu_count():
     return lib.sluice_gpu_count()
 
 
+class _DLDevice(C.Structure):
+    _fields_ = [("device_type", C.c_int32), ("device_id", C.c_int32)]
+
+
+class _DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
+
+
+class _DLTensor(C.Structure):  # the head of DLManagedTensor, what a "dltensor" capsule points to
+    _fields_ = [("data", C.c_void_p), ("device", _DLDevice), ("ndim", C.c_int32), ("dtype", _DLDataType),
+                ("shape", C.POINTER(C.c_int64)), ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
+
+
+_DL_MEMORY = {1: "host", 2: "GPU", 3: "pinned host", 13: "managed"}  # kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def _contiguous(shape, strides, item):
+    """Whether strides (in bytes; None for C order) lay shape out densely in C order."""
+    if strides is None:
+        return True
+    want, acc = [], item
+    for d in reversed(shape):
+        want.append(acc)
+        acc *= d
+    return tuple(reversed(want)) == tuple(strides) or int(np.prod(shape, dtype=np.int64)) <= 1
+
+
+def _dlpack(a):
+    """(pointer, bytes, capsule) of an object that only speaks DLPack; the capsule keeps the memory alive."""
+    cap = a.__dlpack__()
+    get = C.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = C.c_void_p, [C.py_object, C.c_char_p]
+    t = C.cast(get(cap, b"dltensor"), C.POINTER(_DLTensor)).contents
+    if t.device.device_type not in _DL_MEMORY:
+        raise ValueError(f"sluice: DLPack device type {t.device.device_type} is not host or CUDA memory")
+    if t.dtype.bits % 8:
+        raise ValueError(f"sluice: DLPack element of {t.dtype.bits} bits is not whole bytes")
+    item = t.dtype.bits // 8 * t.dtype.lanes
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = None if not t.strides else tuple(t.strides[i] * item for i in range(t.ndim))
+    if not _contiguous(shape, strides, item):
+        raise ValueError("sluice needs a C-contiguous array")
+    return (t.data or 0) + t.byte_offset, int(np.prod(shape, dtype=np.int64)) * item, cap
+
+
 def _buffer(a, writable):
-    """(pointer, bytes) of a contiguous host (numpy) or GPU (__cuda_array_interface__) array."""
+    """(pointer, bytes, keep) of a contiguous host (numpy), __cuda_array_interface__ or DLPack array; keep is
+    what must stay alive while sluice uses the memory."""
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
-        item, shape, strides = np.dtype(cai["typestr"]).itemsize, tuple(cai["shape"]), cai.get("strides")
-        if strides is not None:  # None means C-contiguous
-            want, acc = [], item
-            for d in reversed(shape):
-                want.append(acc)
-                acc *= d
-            if tuple(reversed(want)) != tuple(strides) and int(np.prod(shape, dtype=np.int64)) > 1:
-                raise ValueError("sluice needs a C-contiguous GPU array")
-        return cai["data"][0], int(np.prod(shape, dtype=np.int64)) * item
+        item, shape = np.dtype(cai["typestr"]).itemsize, tuple(cai["shape"])
+        if not _contiguous(shape, cai.get("strides"), item):  # strides None means C-contiguous
+            raise ValueError("sluice needs a C-contiguous GPU array")
+        return cai["data"][0], int(np.prod(shape, dtype=np.int64)) * item, a
+    if not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):
+        return _dlpack(a)
     a = np.asarray(a)
     if not a.flags["C_CONTIGUOUS"] or (writable and not a.flags["WRITEABLE"]):
         raise ValueError("sluice needs a C-contiguous%s numpy array" % (" writable" if writable else ""))
-    return a.ctypes.data, a.nbytes
+    return a.ctypes.data, a.nbytes, a
 
 
 def read(path, out, offset=0):
     """Reads len(out) bytes of path at offset into out (GPU or host array); returns the bytes read."""
-    ptr, n = _buffer(out, True)
+    ptr, n, keep = _buffer(out, True)
     return check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, None))
 
 
 def write(path, array):
     """Writes array as the whole new content of path, durably and atomically; returns the bytes written."""
-    ptr, n = _buffer(array, False)
+    ptr, n, keep = _buffer(array, False)
     return check(lib.sluice_write_from_gpu(_eng(), os.fsencode(path), ptr, n, None))
 
 
@@ -108,7 +151,7 @@ class Future:
 
 
 def _async(path, array, offset, write, stream):
-    ptr, n = _buffer(array, not write)
+    ptr, n, keep = _buffer(array, not write)
     if stream is None:
         import torch
         stream = torch.cuda.current_stream().cuda_stream
@@ -119,7 +162,7 @@ def _async(path, array, offset, write, stream):
     except SluiceError:
         lib.sluice_file_close(f)
         raise
-    return Future(fut, f, array)
+    return Future(fut, f, (array, keep))
 
 
 def read_async(path, out, offset=0, stream=None):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import sluice
-from test_sluice import SLUICE
+from test_sluice import SLUICE, DLPackOnly
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or sluice.gpu_count() == 0, reason="no CUDA GPU")
@@ -24,6 +24,15 @@ def test_read_write_cuda_tensor(tmp_path):
     back = np.zeros_like(a)
     sluice.read(q, back)
     assert np.array_equal(a, back)
+
+
+def test_dlpack_cuda(tmp_path):
+    t = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
+    p = tmp_path / "dl.bin"
+    sluice.write_from_gpu(p, DLPackOnly(t))
+    u = torch.zeros_like(t)
+    assert sluice.read_to_gpu(p, DLPackOnly(u)) == t.numel() * 4
+    assert torch.equal(t, u)
 
 
 def test_loader_to_cuda(tmp_path):
