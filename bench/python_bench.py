@@ -61,6 +61,23 @@ def overhead(sluice_bin, d):
     st = ld.stats()
     c_us = st["stages"]["consumer_wait"]["p50_us"]
     py_us = statistics.median(times) * 1e6
+    # The same with the bare ctypes call (no batch dict): splits the overhead into the call and the rest.
+    ld.set_epoch(2)
+    b, stream = sluice.Batch(), None
+    if DEV == "cuda":
+        import ctypes
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    bare = []
+    while True:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.002:
+            pass
+        t0 = time.perf_counter()
+        r = sluice.lib.sluice_loader_next(ld._h, sluice.C.byref(b), stream)
+        bare.append(time.perf_counter() - t0)
+        if r != 1:
+            break
+    ctypes_us = statistics.median(bare[1:-1]) * 1e6
     # Where a next() spends its time in Python, one more epoch under cProfile (not timed above).
     import cProfile
     import io
@@ -74,7 +91,7 @@ def overhead(sluice_bin, d):
     prof = io.StringIO()
     pstats.Stats(pr, stream=prof).sort_stats("tottime").print_stats(6)
     return {"python_next_p50_us": py_us, "c_next_p50_us": c_us, "python_overhead_us": py_us - c_us,
-            "batches": len(times), "profile": prof.getvalue()}
+            "ctypes_next_p50_us": ctypes_us, "batches": len(times), "profile": prof.getvalue()}
 
 
 def warm(path):
@@ -147,7 +164,7 @@ def main():
         res["overhead"] = overhead(a.sluice, d)
         o = res["overhead"]
         print(f"python overhead per batch: {o['python_overhead_us']:.1f} us (next {o['python_next_p50_us']:.1f} us, "
-              f"C {o['c_next_p50_us']:.1f} us)\n{o['profile']}", flush=True)
+              f"bare ctypes call {o['ctypes_next_p50_us']:.1f} us, C {o['c_next_p50_us']:.1f} us)\n{o['profile']}", flush=True)
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
         if a.gb > 0:
