@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
-"""The Data Journey report's chapter 7 loop, with sluice's loader beside torch's ImageFolder DataLoader.
+"""The Data Journey report's chapter 7 loop, with sluice's loader beside torch's ImageFolder DataLoader and,
+where their packages are installed, MosaicML Streaming, LitData and WebDataset.
 
-    python3 bench/chapter7_bench.py --sluice build/sluice [--images 10000] [--steps 100]
+    python3 bench/chapter7_bench.py --sluice build/sluice [--images 10000] [--steps 100] [--workers 4]
 
-Data: --images synthetic 224x224 JPEGs (random noise, quality 80) in ImageFolder layout, and the same files
-packed by `sluice pack --from-dir` (the JPEG bytes, unchanged). Loop: ResNet-50, batch 64, forward, backward,
-SGD step; per step the time spent waiting for data is measured (the report's "DataLoader wait"), after 10
-warm-up steps, with the page cache dropped after the warm-up (cold storage, warm CUDA).
-  - ImageFolder: PIL decode + resize 224 + normalize in DataLoader workers (num_workers 0 and --workers),
-    pin_memory=True, then .to(cuda, non_blocking=True), as the report;
+Data: --images synthetic 224x224 JPEGs (random noise, quality 80) in ImageFolder layout, and the same JPEG
+bytes, unchanged, in each loader's own format: a sluice dataset (`sluice pack --from-dir`), MDS shards
+(streaming.MDSWriter), LitData chunks (litdata.optimize), WebDataset tars (key.jpg + key.cls). Loop:
+ResNet-50, batch 64, forward, backward, SGD step; per step the time spent waiting for data is measured (the
+report's "DataLoader wait"), after 10 warm-up steps, with the page cache dropped after the warm-up (cold
+storage, warm CUDA).
+  - ImageFolder, Streaming, LitData, WebDataset: PIL decode + resize 224 + normalize in DataLoader workers
+    (ImageFolder also with num_workers 0), shuffled, pin_memory=True, then .to(cuda, non_blocking=True), as
+    the report;
   - sluice: the loader puts each batch's JPEG bytes in host memory (nvJPEG reads from there),
-    torchvision.io.decode_jpeg decodes them on the GPU, then the same normalize.
-Reports data wait as % of the step and images/s for each; JSON to --out.
+    torchvision.io.decode_jpeg decodes them on the GPU, then the same normalize; the decode counts as data
+    wait.
+Reports data wait as % of the step and images/s for each; JSON to --out. Without a GPU (a smoke test) all of
+it runs on the CPU.
 """
 import argparse
+import glob
+import io
 import json
 import os
 import statistics
 import subprocess
+import tarfile
 import time
 
 import numpy as np
@@ -28,8 +37,14 @@ from torchvision import transforms
 import sluice
 
 B, SIZE = 64, 224
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def drop_caches():
@@ -40,7 +55,7 @@ def drop_caches():
 
 def make_data(root, n, sluice_bin):
     from PIL import Image
-    imgs, ds = f"{root}/imgs", f"{root}/sluice"
+    imgs, ds = f"{root}/imgs-{n}", f"{root}/sluice-{n}"
     if not os.path.exists(ds):
         os.makedirs(f"{imgs}/class_0", exist_ok=True)
         rng = np.random.default_rng(0)
@@ -49,6 +64,22 @@ def make_data(root, n, sluice_bin):
                 f"{imgs}/class_0/img_{i:06d}.jpg", quality=80)
         subprocess.run([sluice_bin, "pack", "--from-dir", imgs, "--quiet", ds], check=True)
     return imgs, ds
+
+
+def image_list(imgs):
+    """(path, label) of every image, labels numbered as ImageFolder numbers its classes."""
+    classes = sorted(os.listdir(imgs))
+    return [(f"{imgs}/{c}/{f}", k) for k, c in enumerate(classes) for f in sorted(os.listdir(f"{imgs}/{c}"))]
+
+
+def cpu_transform():
+    return transforms.Compose([transforms.Resize(SIZE), transforms.ToTensor(),
+                               transforms.Normalize(MEAN.flatten().tolist(), STD.flatten().tolist())])
+
+
+def decode(jpeg, tf):
+    from PIL import Image
+    return tf(Image.open(io.BytesIO(jpeg)).convert("RGB"))
 
 
 def run(batches, model, opt, steps):
@@ -61,44 +92,136 @@ def run(batches, model, opt, steps):
             drop_caches()
         t0 = time.perf_counter()
         x, y = next(it)
-        torch.cuda.synchronize()
+        sync()
         t1 = time.perf_counter()
         loss = crit(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        torch.cuda.synchronize()
+        sync()
         if step >= 10:
             waits.append(t1 - t0)
             totals.append(time.perf_counter() - t0)
     return statistics.mean(waits), statistics.mean(totals)
 
 
-def imagefolder_batches(imgs, workers):
-    tf = transforms.Compose([transforms.Resize(SIZE), transforms.ToTensor(),
-                             transforms.Normalize(MEAN.flatten().tolist(), STD.flatten().tolist())])
-    ds = torchvision.datasets.ImageFolder(imgs, transform=tf)
-    dl = torch.utils.data.DataLoader(ds, batch_size=B, shuffle=True, num_workers=workers, pin_memory=True,
-                                     persistent_workers=workers > 0, drop_last=True)
+def forever(dl):
+    """Batches of a DataLoader moved to the device, epoch after epoch."""
     while True:
         for x, y in dl:
-            yield x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
+            yield x.to(DEV, non_blocking=True), torch.as_tensor(y).to(DEV, non_blocking=True)
 
 
-def sluice_batches(ds_path):
+def torch_loader(ds, workers, shuffle=True):
+    return torch.utils.data.DataLoader(ds, batch_size=B, shuffle=shuffle, num_workers=workers,
+                                       pin_memory=DEV == "cuda", persistent_workers=workers > 0, drop_last=True)
+
+
+def imagefolder_batches(root, imgs, workers):
+    return forever(torch_loader(torchvision.datasets.ImageFolder(imgs, transform=cpu_transform()), workers))
+
+
+# The peers' datasets decode in DataLoader workers, which may be spawned: their classes live at module level.
+try:
+    import streaming
+
+    class StreamingImages(streaming.StreamingDataset):
+        tf = None
+
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            self.tf = self.tf or cpu_transform()
+            return decode(s["jpeg"], self.tf), s["label"]
+except ImportError as e:
+    streaming = StreamingImages = e
+try:
+    import litdata
+
+    class LitImages(litdata.StreamingDataset):
+        tf = None
+
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            self.tf = self.tf or cpu_transform()
+            return decode(np.asarray(s["jpeg"]).tobytes(), self.tf), s["label"]
+except ImportError as e:
+    litdata = LitImages = e
+
+
+def need(mod):
+    if isinstance(mod, ImportError):
+        raise mod
+    return mod
+
+
+def streaming_batches(root, imgs, workers):
+    need(streaming)
+    try:  # shared memory a killed earlier run left behind would stop the dataset
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()
+    except ImportError:
+        pass
+    out = f"{imgs}.mds"
+    if not os.path.exists(f"{out}/index.json"):
+        with streaming.MDSWriter(out=out, columns={"jpeg": "bytes", "label": "int"}, size_limit=1 << 26) as w:
+            for path, label in image_list(imgs):
+                with open(path, "rb") as f:
+                    w.write({"jpeg": f.read(), "label": label})
+    return forever(torch_loader(StreamingImages(local=out, shuffle=True, batch_size=B), workers, shuffle=False))
+
+
+def _lit_item(item):
+    path, label = item
+    with open(path, "rb") as f:
+        return {"jpeg": np.frombuffer(f.read(), np.uint8), "label": label}
+
+
+def litdata_batches(root, imgs, workers):
+    need(litdata)
+    out = os.path.abspath(f"{imgs}.litdata")
+    if not os.path.exists(f"{out}/index.json"):
+        litdata.optimize(fn=_lit_item, inputs=image_list(imgs), output_dir=out, chunk_bytes="64MB", num_workers=4)
+    ds = LitImages(out, shuffle=True, drop_last=True)
+    return forever(litdata.StreamingDataLoader(ds, batch_size=B, num_workers=workers, pin_memory=DEV == "cuda",
+                                               drop_last=True))
+
+
+def webdataset_batches(root, imgs, workers):
+    import webdataset as wds
+    out = f"{imgs}.wds"
+    if not os.path.exists(out):
+        os.makedirs(f"{out}.tmp", exist_ok=True)
+        items = image_list(imgs)
+        for k in range(0, len(items), 1000):
+            with tarfile.open(f"{out}.tmp/shard-{k // 1000:04d}.tar", "w") as t:
+                for i, (path, label) in enumerate(items[k:k + 1000]):
+                    t.add(path, arcname=f"{k + i:08d}.jpg")
+                    cls = str(label).encode()
+                    info = tarfile.TarInfo(f"{k + i:08d}.cls")
+                    info.size = len(cls)
+                    t.addfile(info, io.BytesIO(cls))
+        os.rename(f"{out}.tmp", out)
+    urls = sorted(glob.glob(f"{out}/shard-*.tar"))
+    tf = cpu_transform()
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, empty_check=False)
+          .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(tf, int))
+    return forever(torch_loader(ds, workers, shuffle=False))
+
+
+def sluice_batches(root, ds_path, workers):
     # nvJPEG reads the compressed bytes from host memory: the loader delivers them there (its reads and CRC
     # checks stay off this thread), decode_jpeg decodes on the GPU.
     ld = sluice.Loader(sluice.Dataset(ds_path), batch_size=B, device="cpu", fields=["data", "label"],
                        drop_last=True, seed=0)
-    mean, std = MEAN.cuda(), STD.cuda()
+    mean, std = MEAN.to(DEV), STD.to(DEV)
     epoch = 0
     while True:
         for b in ld:
             data, offs = b["data"]
             t = torch.from_numpy(data)
             jpegs = [t[offs[k]:offs[k + 1]] for k in range(len(offs) - 1)]
-            x = torch.stack(torchvision.io.decode_jpeg(jpegs, device="cuda")).float().div_(255)
-            yield (x - mean) / std, torch.from_numpy(b["label"].astype(np.int64)).to("cuda", non_blocking=True)
+            x = torch.stack(torchvision.io.decode_jpeg(jpegs, device=DEV)).float().div_(255)
+            yield (x - mean) / std, torch.from_numpy(b["label"].astype(np.int64)).to(DEV, non_blocking=True)
         epoch += 1
         ld.set_epoch(epoch)
 
@@ -110,24 +233,43 @@ def main():
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--only", default="", help="comma list of: imagefolder_w0,imagefolder,streaming,litdata,"
+                                                "webdataset,sluice (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/chapter7_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     imgs, ds = make_data(a.dir, a.images, a.sluice)
     torch.backends.cudnn.benchmark = True
-    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "images": a.images, "batch": B}
-    for name, batches in (("imagefolder_w0", lambda: imagefolder_batches(imgs, 0)),
-                          (f"imagefolder_w{a.workers}", lambda: imagefolder_batches(imgs, a.workers)),
-                          ("sluice", lambda: sluice_batches(ds))):
-        model = torchvision.models.resnet50().cuda()
+    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else None,
+           "images": a.images, "batch": B, "model": a.model, "workers": a.workers}
+    w = a.workers
+    runs = (("imagefolder_w0", lambda: imagefolder_batches(a.dir, imgs, 0)),
+            (f"imagefolder_w{w}", lambda: imagefolder_batches(a.dir, imgs, w)),
+            (f"streaming_w{w}", lambda: streaming_batches(a.dir, imgs, w)),
+            (f"litdata_w{w}", lambda: litdata_batches(a.dir, imgs, w)),
+            (f"webdataset_w{w}", lambda: webdataset_batches(a.dir, imgs, w)),
+            ("sluice", lambda: sluice_batches(a.dir, ds, w)))
+    only = set(filter(None, a.only.split(",")))
+    for name, batches in runs:
+        if only and name not in only and name.rsplit("_w", 1)[0] not in only:
+            continue
+        model = getattr(torchvision.models, a.model)().to(DEV)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        wait, total = run(batches(), model, opt, a.steps)
+        try:
+            wait, total = run(batches(), model, opt, a.steps)
+        except ImportError as e:  # a peer whose package is not installed
+            res[name] = {"skipped": str(e)}
+            print(f"{name}: skipped ({e})", flush=True)
+            continue
         res[name] = {"data_wait_ms": 1e3 * wait, "step_ms": 1e3 * total, "data_wait_pct": 100 * wait / total,
                      "images_per_s": B / total}
         print(f"{name}: data wait {1e3 * wait:.2f} ms ({100 * wait / total:.1f}%), step {1e3 * total:.1f} ms, "
               f"{B / total:.0f} img/s", flush=True)
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
