@@ -122,28 +122,28 @@ def imagefolder_batches(root, imgs, workers):
 
 
 # The peers' datasets decode in DataLoader workers, which may be spawned: their classes live at module level.
+class Decoded:
+    """Mixin for a peer's dataset of {"jpeg", "label"} samples: (decoded image tensor, label)."""
+    tf = None
+
+    def __getitem__(self, i):
+        s = super().__getitem__(i)
+        self.tf = self.tf or cpu_transform()
+        return decode(bytes(memoryview(s["jpeg"])), self.tf), s["label"]
+
+
 try:
     import streaming
 
-    class StreamingImages(streaming.StreamingDataset):
-        tf = None
-
-        def __getitem__(self, i):
-            s = super().__getitem__(i)
-            self.tf = self.tf or cpu_transform()
-            return decode(s["jpeg"], self.tf), s["label"]
+    class StreamingImages(Decoded, streaming.StreamingDataset):
+        pass
 except ImportError as e:
     streaming = StreamingImages = e
 try:
     import litdata
 
-    class LitImages(litdata.StreamingDataset):
-        tf = None
-
-        def __getitem__(self, i):
-            s = super().__getitem__(i)
-            self.tf = self.tf or cpu_transform()
-            return decode(np.asarray(s["jpeg"]).tobytes(), self.tf), s["label"]
+    class LitImages(Decoded, litdata.StreamingDataset):
+        pass
 except ImportError as e:
     litdata = LitImages = e
 
