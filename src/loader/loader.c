@@ -182,29 +182,48 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 	return 0;
 }
 
-/* The bytes of record id of window w, drawn by batch g; waits until the reader has the window. */
-static const char *sl_lookup(struct sluice_loader *ld, uint64_t g, uint64_t w, uint64_t id, size_t *len, int *rc)
+/*
+ * Waits until the readers have every window batch g draws from (seq places
+ * bfirst[g]..blast[g]) and puts them in wins; they stay while g is built.
+ */
+static int sl_batch_windows(struct sluice_loader *ld, uint64_t g, struct sl_window **wins)
 {
-	struct sl_window *win = NULL;
-	const uint64_t *hit;
+	const uint64_t first = ld->bfirst[g], need = ld->blast[g] - first + 1;
+	uint64_t got = 0;
+	int rc = 0;
 
-	*rc = 0;
 	pthread_mutex_lock(&ld->lock);
 	for (;;) {
-		for (unsigned i = 0; i < ld->nwin && !win; i++)
-			if (ld->win[i].state == SL_W_READY && ld->win[i].w == w && ld->win[i].idx >= ld->bfirst[g] &&
-			    ld->win[i].idx <= ld->blast[g])
-				win = &ld->win[i];
-		if (win || ld->err || ld->stop)
+		got = 0;
+		for (uint64_t p = 0; p < need; p++) {
+			wins[p] = NULL;
+			for (unsigned i = 0; i < ld->nwin && !wins[p]; i++)
+				if (ld->win[i].state == SL_W_READY && ld->win[i].idx == first + p)
+					wins[p] = &ld->win[i];
+			got += wins[p] != NULL;
+		}
+		if (got == need || ld->err || ld->stop)
 			break;
 		pthread_cond_wait(&ld->cv, &ld->lock);
 	}
-	if (!win)
-		*rc = ld->err ? sl__err(ld->err, "%s", ld->detail) : -ECANCELED;
+	if (got < need)
+		rc = ld->err ? sl__err(ld->err, "%s", ld->detail) : -ECANCELED;
 	pthread_mutex_unlock(&ld->lock);
-	if (!win)
-		return NULL;
-	hit = bsearch(&id, win->ids, win->n, sizeof(uint64_t), sl_cmp_u64);
+	return rc;
+}
+
+/* The bytes of record id of window w, one of the nw windows of a batch. */
+static const char *sl_lookup(struct sl_window *const *wins, uint64_t nw, uint64_t w, uint64_t id, size_t *len,
+			     int *rc)
+{
+	const struct sl_window *win = NULL;
+	const uint64_t *hit = NULL;
+
+	for (uint64_t k = 0; k < nw && !win; k++)
+		if (wins[k]->w == w)
+			win = wins[k];
+	if (win)
+		hit = bsearch(&id, win->ids, win->n, sizeof(uint64_t), sl_cmp_u64);
 	if (!hit) {
 		*rc = sl__err(-EIO, "loader: record %llu missing from window %llu", (unsigned long long)id,
 			      (unsigned long long)w);
@@ -319,8 +338,15 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0;
 	int rc = 0;
 
-	if (!rec)
+	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1;
+	struct sl_window **wins = malloc(nw * sizeof(*wins));
+
+	if (!rec || !wins) {
+		free(rec);
+		free(wins);
 		return -ENOMEM;
+	}
+	rc = sl_batch_windows(ld, g, wins);
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
 
 	for (uint32_t j = 0; j < B && !rc; j++) {
@@ -329,7 +355,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		const char *bytes;
 
 		s->ids[m] = sl_at(ld, q);
-		bytes = sl_lookup(ld, g, q / ld->window, s->ids[m], &len, &rc);
+		bytes = sl_lookup(wins, nw, q / ld->window, s->ids[m], &len, &rc);
 		if (!rc && len == UINT32_MAX) {
 			atomic_fetch_add(&ld->skipped, 1);
 			continue;
@@ -381,6 +407,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 			o[m] = at;
 	}
 	free(rec);
+	free(wins);
 	if (rc)
 		return rc;
 	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
