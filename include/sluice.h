@@ -579,9 +579,9 @@ struct sluice_record {
 };
 
 /*
- * The codec of the dataset's shards, "zstd" or "none", and in *ratio its
- * uncompressed over stored data bytes (1.0 when unknown).  For zstd shards
- * this reads every block table.
+ * The codec of the dataset's shards, "zstd" or "none", and in *ratio (if
+ * ratio is not NULL) its uncompressed over stored data bytes (1.0 when
+ * unknown).  For zstd shards the ratio reads every block table.
  */
 SLUICE_API const char *sluice_dataset_compression(struct sluice_dataset *ds, double *ratio);
 /*

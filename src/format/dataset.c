@@ -262,8 +262,10 @@ const char *sluice_dataset_compression(struct sluice_dataset *ds, double *ratio)
 {
 	uint64_t stored = 0, logical = 0;
 
-	*ratio = 1.0;
-	if (ds->ops->sizes && ds->ops->sizes(ds, &stored, &logical) == 0 && stored)
-		*ratio = (double)logical / (double)stored;
+	if (ratio) {
+		*ratio = 1.0;
+		if (ds->ops->sizes && ds->ops->sizes(ds, &stored, &logical) == 0 && stored)
+			*ratio = (double)logical / (double)stored;
+	}
 	return ds->compressed ? "zstd" : "none";
 }

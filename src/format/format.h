@@ -163,6 +163,7 @@ struct sluice_dataset {
 	_Atomic int *fds;        /* opened on first use */
 	int has_crc;             /* loc.crc is meaningful */
 	int compressed;          /* records are not extents of files: read them with ops->fetch */
+	struct sl__hist h_decompress; /* time of each block decompressed (zstd datasets) */
 	void *priv;
 };
 

@@ -252,7 +252,10 @@ static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct s
 		rc = sl__ds_pread(ds, loc->shard, nv->zbuf, b->stored, b->file, "block", lo);
 		if (rc)
 			goto out;
+		uint64_t t0 = sl__now_ns();
+
 		z = ZSTD_decompressDCtx(nv->dctx, nv->cache, b->len, nv->zbuf, b->stored);
+		sl__hist_add(&ds->h_decompress, sl__now_ns() - t0);
 		if (ZSTD_isError(z) || z != b->len) {
 			rc = sl__err(SLUICE_EFORMAT, "%s: block %llu (record %llu): %s", ds->files[loc->shard],
 				     (unsigned long long)lo, (unsigned long long)i,

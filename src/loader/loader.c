@@ -563,7 +563,11 @@ static int sl_start(struct sluice_loader *ld)
 	ld->filling = 1;
 	ld->err = 0;
 	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : ld->nseq;
-	for (rc = 0; !rc && ld->readers_running < SL_READERS; ld->readers_running++)
+	/*
+	 * A zstd dataset decompresses under its own lock with a one-block cache:
+	 * two readers would take turns evicting each other's block.
+	 */
+	for (rc = 0; !rc && ld->readers_running < (ld->ds->compressed ? 1 : SL_READERS); ld->readers_running++)
 		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl_read_ahead, ld);
 	if (rc)
 		ld->readers_running--;
@@ -845,8 +849,8 @@ int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e)
 
 size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 {
-	const struct sl__hist *h[4] = { &ld->h_read, &ld->h_collate, &ld->h_h2d, &ld->h_wait };
-	static const char *const name[4] = { "read", "collate", "h2d", "consumer_wait" };
+	const struct sl__hist *h[5] = { &ld->h_read, &ld->ds->h_decompress, &ld->h_collate, &ld->h_h2d, &ld->h_wait };
+	static const char *const name[5] = { "read", "decompress", "collate", "h2d", "consumer_wait" };
 	size_t l = 0;
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
@@ -856,7 +860,7 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
 	       (unsigned long long)atomic_load(&ld->skipped));
-	for (unsigned i = 0; i < 4; i++)
+	for (unsigned i = 0; i < 5; i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
 		       (double)sl__hist_percentile(h[i], 50) / 1e3, (double)sl__hist_percentile(h[i], 99) / 1e3);

@@ -24,6 +24,13 @@ static size_t v_len(uint64_t i)
 	return 1 + (size_t)(i * 37) % 500;
 }
 
+/* Record i's v: runs of letters, so that zstd shrinks it (every block is then decompressed). */
+static void v_fill(char *v, uint64_t i)
+{
+	for (size_t k = 0; k < v_len(i); k++)
+		v[k] = (char)('a' + (i + k / 16) % 26);
+}
+
 /* The epoch order: a permutation, reproducible, windows of neighbours, and well mixed. */
 static void t_order(void)
 {
@@ -82,6 +89,27 @@ static void t_order(void)
 	free(win);
 }
 
+/* Records 0..n-1 (x = i, v = v_fill) written to path with wo, then opened. */
+static struct sluice_dataset *write_dataset(const char *path, uint64_t n, const struct sluice_writer_options *wo)
+{
+	struct sluice_writer *w;
+	struct sluice_dataset *ds = NULL;
+	char v[600];
+
+	T_CHECK(sluice_writer_open(&w, path, fields, 2, wo) == 0);
+	for (uint64_t i = 0; i < n; i++) {
+		int64_t x = (int64_t)i;
+		size_t l[2] = { 8, v_len(i) };
+		const void *vals[2] = { &x, v };
+
+		v_fill(v, i);
+		T_CHECK(sluice_writer_add(w, vals, l) == 0);
+	}
+	T_CHECK(sluice_writer_close(w) == 0);
+	T_CHECK(sluice_dataset_open(&ds, path) == 0);
+	return ds;
+}
+
 static struct sluice_loader *open_loader(struct sluice_engine *eng, struct sluice_dataset *ds, uint32_t B,
 					 unsigned rank, unsigned world, uint64_t position, int drop_last)
 {
@@ -110,7 +138,7 @@ static uint64_t drain(struct sluice_loader *ld, uint64_t *out, uint64_t max_batc
 			uint64_t id = b.ids[j], *o = b.field[1].offsets;
 
 			memcpy(&x, (char *)b.field[0].data + 8 * j, 8);
-			t_fill(want, v_len(id), id);
+			v_fill(want, id);
 			T_CHECK((uint64_t)x == id && o[j + 1] - o[j] == v_len(id) &&
 				!memcmp((char *)b.field[1].data + o[j], want, v_len(id)));
 			out[got++] = id;
@@ -125,26 +153,16 @@ int main(void)
 	const char *dir = t_dir("t_loader");
 	const uint64_t n = 1000;
 	struct sluice_writer_options wo = { .shard_size = 32 << 10 };
-	struct sluice_writer *w;
 	struct sluice_dataset *ds;
 	struct sluice_engine *eng;
 	struct sluice_loader *ld;
-	char path[600], v[600];
+	char path[600];
 	uint64_t *ref = malloc(2 * n * sizeof(uint64_t)), *got = malloc(2 * n * sizeof(uint64_t));
 
 	t_order();
 	snprintf(path, sizeof(path), "%s/ds", dir);
-	T_CHECK(sluice_writer_open(&w, path, fields, 2, &wo) == 0);
-	for (uint64_t i = 0; i < n; i++) {
-		int64_t x = (int64_t)i;
-		size_t l[2] = { 8, v_len(i) };
-		const void *vals[2] = { &x, v };
-
-		t_fill(v, l[1], i);
-		T_CHECK(sluice_writer_add(w, vals, l) == 0);
-	}
-	T_CHECK(sluice_writer_close(w) == 0);
-	T_CHECK(sluice_dataset_open(&ds, path) == 0 && sluice_dataset_shards(ds) > 4);
+	ds = write_dataset(path, n, &wo);
+	T_CHECK(sluice_dataset_shards(ds) > 4);
 	eng = t_engine();
 
 	/* One rank, 48 a batch, last batch filled from the epoch's start: every record once, then 8 again. */
@@ -302,6 +320,37 @@ int main(void)
 		T_CHECK(fd >= 0 && pwrite(fd, &c, 1, (off_t)(loc.offset + loc.length - 1)) == 1);
 		close(fd);
 	}
+	/*
+	 * The same records as zstd blocks (one per 32 KiB shard): every record
+	 * arrives, and each block is decompressed about once, not once per record
+	 * (readers taking turns would evict each other's block).
+	 */
+	{
+		struct sluice_writer_options zo = { .shard_size = 32 << 10, .zstd_level = 1 };
+		struct sluice_dataset *zds;
+		uint64_t k, blocks, windows;
+		char zpath[600];
+
+		snprintf(zpath, sizeof(zpath), "%s/zds", dir);
+		zds = write_dataset(zpath, n, &zo);
+		T_CHECK(!strcmp(sluice_dataset_compression(zds, NULL), "zstd"));
+		blocks = sluice_dataset_shards(zds);
+		ld = open_loader(eng, zds, 48, 0, 1, 0, 0);
+		k = drain(ld, got, UINT64_MAX);
+		T_CHECK(k == 21 * 48 && !memcmp(got, ref, n * sizeof(uint64_t)));
+		T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js));
+		const char *wr = "\"window_records\":", *dc = "\"decompress\":{\"count\":";
+
+		windows = strtoull(strstr(js, wr) + strlen(wr), NULL, 10);
+		windows = (n + windows - 1) / windows;
+		k = strtoull(strstr(js, dc) + strlen(dc), NULL, 10);
+		printf("zstd: %llu blocks, %llu windows, %llu decompressed\n", (unsigned long long)blocks,
+		       (unsigned long long)windows, (unsigned long long)k);
+		T_CHECK(k >= blocks && k <= blocks + windows);
+		sluice_loader_close(ld);
+		sluice_dataset_close(zds);
+	}
+
 	/* The dataset changes on disk during the epoch: a clear error later on, no hang. */
 	{
 		struct sluice_record_loc loc;
