@@ -226,15 +226,9 @@ int64_t sluice_dataset_verify(struct sluice_dataset *ds, void (*bad)(const struc
 		ssize_t r;
 
 		ds->ops->locate(ds, i, &loc);
-		if (loc.length > cap) {
-			unsigned char *b = realloc(buf, loc.length);
-
-			if (!b) {
-				problems = -ENOMEM;
-				break;
-			}
-			buf = b;
-			cap = loc.length;
+		if (sl__reserve(&buf, &cap, loc.length)) {
+			problems = -ENOMEM;
+			break;
 		}
 		r = sluice_dataset_read(ds, i, buf, cap, NULL);
 		if (r < 0) {

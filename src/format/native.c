@@ -14,19 +14,35 @@
 
 #include "format/format.h"
 
+/*
+ * zstd shards: the blocks last decompressed, one slot each, so that readers
+ * walking different parts of the dataset (a loader's reader threads) keep
+ * their own block and decompress in parallel, outside the lock.
+ */
+#define SL_ZSLOTS 4
+enum { SL_Z_EMPTY = 0, SL_Z_LOADING, SL_Z_READY };
+
+struct sl_zslot {
+	int state;
+	unsigned users;            /* callers copying out of buf, or loading it */
+	unsigned shard;
+	uint64_t block;
+	uint64_t used;             /* tick of the last use: the least recent goes first */
+	ZSTD_DCtx *dctx;
+	unsigned char *zbuf, *buf;
+	size_t zcap, cap;
+};
+
 struct sl_native {
 	struct sl__index ix;
 	const unsigned char *map; /* the whole index file */
 	size_t map_len;
-	/* zstd shards: block tables loaded on first use, and the last block decompressed. */
-	pthread_mutex_t lock;
+	pthread_mutex_t lock;      /* block tables and the slots' states */
+	pthread_cond_t cv;         /* a slot finished loading or was let go */
 	struct sl__block **blocks; /* per shard, NULL until loaded */
 	uint64_t *nblocks;
-	ZSTD_DCtx *dctx;
-	unsigned char *zbuf, *cache;
-	size_t zcap, cache_cap;
-	unsigned cache_shard;
-	uint64_t cache_block;      /* UINT64_MAX: none */
+	struct sl_zslot z[SL_ZSLOTS];
+	uint64_t tick;
 };
 
 static int sl_native_probe(const char *path)
@@ -72,13 +88,15 @@ static int sl_native_open(struct sluice_dataset *ds, const char *path)
 	}
 	ds->has_crc = 1;
 	pthread_mutex_init(&nv->lock, NULL);
-	nv->cache_block = UINT64_MAX;
+	pthread_cond_init(&nv->cv, NULL);
 	if (nv->ix.flags & SL_FLAG_ZSTD) {
 		ds->compressed = 1;
 		nv->blocks = calloc(nv->ix.nshards, sizeof(*nv->blocks));
 		nv->nblocks = calloc(nv->ix.nshards, sizeof(*nv->nblocks));
-		nv->dctx = ZSTD_createDCtx();
-		if (!nv->blocks || !nv->nblocks || !nv->dctx) {
+		for (unsigned k = 0; k < SL_ZSLOTS && !rc; k++)
+			if (!(nv->z[k].dctx = ZSTD_createDCtx()))
+				rc = -ENOMEM;
+		if (!nv->blocks || !nv->nblocks || rc) {
 			rc = -ENOMEM;
 			goto out;
 		}
@@ -119,9 +137,12 @@ static void sl_native_close(struct sluice_dataset *ds)
 		free(nv->blocks[s]);
 	free(nv->blocks);
 	free(nv->nblocks);
-	ZSTD_freeDCtx(nv->dctx);
-	free(nv->zbuf);
-	free(nv->cache);
+	for (unsigned k = 0; k < SL_ZSLOTS; k++) {
+		ZSTD_freeDCtx(nv->z[k].dctx);
+		free(nv->z[k].zbuf);
+		free(nv->z[k].buf);
+	}
+	pthread_cond_destroy(&nv->cv);
 	pthread_mutex_destroy(&nv->lock);
 	sl__index_free(&nv->ix);
 	free(nv);
@@ -204,11 +225,37 @@ static int sl_blocks(struct sluice_dataset *ds, unsigned s)
 	return 0;
 }
 
-/* A record of a zstd dataset: decompress its block (the last one is kept) and copy it out. */
+/* Reads and decompresses block lo of shard into slot z (the caller holds a use of it, not the lock). */
+static int sl_zload(struct sluice_dataset *ds, struct sl_zslot *z, unsigned shard, uint64_t lo,
+		    const struct sl__block *b, uint64_t i)
+{
+	uint64_t t0;
+	size_t n;
+	int rc;
+
+	if (sl__reserve(&z->zbuf, &z->zcap, b->stored) || sl__reserve(&z->buf, &z->cap, b->len))
+		return -ENOMEM;
+	rc = sl__ds_pread(ds, shard, z->zbuf, b->stored, b->file, "block", lo);
+	if (rc)
+		return rc;
+	t0 = sl__now_ns();
+	n = ZSTD_decompressDCtx(z->dctx, z->buf, b->len, z->zbuf, b->stored);
+	sl__hist_add(&ds->h_decompress, sl__now_ns() - t0);
+	if (ZSTD_isError(n) || n != b->len)
+		return sl__err(SLUICE_EFORMAT, "%s: block %llu (record %llu): %s", ds->files[shard], (unsigned long long)lo,
+			       (unsigned long long)i, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong decompressed size");
+	return 0;
+}
+
+/*
+ * A record of a zstd dataset: its block from a slot (decompressed there
+ * first if no slot has it) and copied out.
+ */
 static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf)
 {
 	struct sl_native *nv = ds->priv;
 	const struct sl__block *b;
+	struct sl_zslot *z = NULL;
 	uint64_t lo = 0, hi;
 	int rc;
 
@@ -232,40 +279,47 @@ static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct s
 			     (unsigned long long)i, (unsigned long long)loc->offset);
 		goto out;
 	}
-	if (nv->cache_shard != loc->shard || nv->cache_block != lo) {
-		size_t z;
+	for (;;) {
+		struct sl_zslot *free_z = NULL;
 
-		nv->cache_block = UINT64_MAX;
-		if (b->stored > nv->zcap || b->len > nv->cache_cap) {
-			unsigned char *nz = realloc(nv->zbuf, b->stored > nv->zcap ? b->stored : nv->zcap);
-			unsigned char *nc = nz ? realloc(nv->cache, b->len > nv->cache_cap ? b->len : nv->cache_cap) : NULL;
+		z = NULL;
+		for (unsigned k = 0; k < SL_ZSLOTS && !z; k++) {
+			struct sl_zslot *c = &nv->z[k];
 
-			if (nz)
-				nv->zbuf = nz, nv->zcap = b->stored > nv->zcap ? b->stored : nv->zcap;
-			if (!nc) {
-				rc = -ENOMEM;
+			if (c->state != SL_Z_EMPTY && c->shard == loc->shard && c->block == lo)
+				z = c;
+			else if (!c->users && (!free_z || c->used < free_z->used))
+				free_z = c;
+		}
+		if (z && z->state == SL_Z_READY)
+			break;
+		if (!z && free_z) {
+			/* Ours to fill: marked loading and used, so nobody takes or evicts it meanwhile. */
+			z = free_z;
+			z->state = SL_Z_LOADING;
+			z->shard = loc->shard;
+			z->block = lo;
+			z->users = 1;
+			pthread_mutex_unlock(&nv->lock);
+			rc = sl_zload(ds, z, loc->shard, lo, b, i);
+			pthread_mutex_lock(&nv->lock);
+			z->state = rc ? SL_Z_EMPTY : SL_Z_READY;
+			z->users--;
+			pthread_cond_broadcast(&nv->cv);
+			if (rc)
 				goto out;
-			}
-			nv->cache = nc;
-			nv->cache_cap = b->len > nv->cache_cap ? b->len : nv->cache_cap;
+			continue;
 		}
-		rc = sl__ds_pread(ds, loc->shard, nv->zbuf, b->stored, b->file, "block", lo);
-		if (rc)
-			goto out;
-		uint64_t t0 = sl__now_ns();
-
-		z = ZSTD_decompressDCtx(nv->dctx, nv->cache, b->len, nv->zbuf, b->stored);
-		sl__hist_add(&ds->h_decompress, sl__now_ns() - t0);
-		if (ZSTD_isError(z) || z != b->len) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: block %llu (record %llu): %s", ds->files[loc->shard],
-				     (unsigned long long)lo, (unsigned long long)i,
-				     ZSTD_isError(z) ? ZSTD_getErrorName(z) : "wrong decompressed size");
-			goto out;
-		}
-		nv->cache_shard = loc->shard;
-		nv->cache_block = lo;
+		/* Another caller is loading this block, or every slot is in use. */
+		pthread_cond_wait(&nv->cv, &nv->lock);
 	}
-	memcpy(buf, nv->cache + (loc->offset - b->logical), loc->length);
+	z->users++;
+	z->used = ++nv->tick;
+	pthread_mutex_unlock(&nv->lock);
+	memcpy(buf, z->buf + (loc->offset - b->logical), loc->length);
+	pthread_mutex_lock(&nv->lock);
+	z->users--;
+	pthread_cond_broadcast(&nv->cv);
 out:
 	pthread_mutex_unlock(&nv->lock);
 	return rc;

@@ -151,14 +151,8 @@ static int sl_seal_block(struct sluice_writer *w)
 		w->blocks_cap = cap;
 	}
 	padded = sl__align_up(ZSTD_compressBound(w->blk_len), SL_ALIGN);
-	if (padded > w->zcap) {
-		unsigned char *nz = realloc(w->zbuf, padded);
-
-		if (!nz)
-			return -ENOMEM;
-		w->zbuf = nz;
-		w->zcap = padded;
-	}
+	if (sl__reserve(&w->zbuf, &w->zcap, padded))
+		return -ENOMEM;
 	z = ZSTD_compress2(w->cctx, w->zbuf, w->zcap, w->blk, w->blk_len);
 	if (ZSTD_isError(z) || z > UINT32_MAX)
 		return sl__err(-EIO, "shard %u: zstd: %s", w->shard, ZSTD_isError(z) ? ZSTD_getErrorName(z) : "block too large");
@@ -359,15 +353,9 @@ uint64_t sluice_writer_count(const struct sluice_writer *w)
 /* Adds a record's bytes to the block being gathered; a full block is sealed. */
 static int sl_gather(struct sluice_writer *w, const unsigned char *p, size_t n)
 {
-	if (w->blk_len + n > w->blk_cap) {
-		size_t cap = w->blk_len + n > w->block_size ? w->blk_len + n : w->block_size;
-		unsigned char *nb = realloc(w->blk, cap);
-
-		if (!nb)
-			return -ENOMEM;
-		w->blk = nb;
-		w->blk_cap = cap;
-	}
+	if (w->blk_len + n > w->blk_cap &&
+	    sl__reserve(&w->blk, &w->blk_cap, w->blk_len + n > w->block_size ? w->blk_len + n : w->block_size))
+		return -ENOMEM;
 	memcpy(w->blk + w->blk_len, p, n);
 	w->blk_len += n;
 	return w->blk_len >= w->block_size ? sl_seal_block(w) : 0;
@@ -400,14 +388,8 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	}
 	if (w->fd < 0 && (rc = sl_start_shard(w)))
 		return rc;
-	if (n > w->rec_cap) {
-		unsigned char *r = realloc(w->rec, n);
-
-		if (!r)
-			return -ENOMEM;
-		w->rec = r;
-		w->rec_cap = n;
-	}
+	if (sl__reserve(&w->rec, &w->rec_cap, n))
+		return -ENOMEM;
 	sl__record_encode(w->rec, w->nfields, vals, lens);
 	/* Records start 8-byte aligned, so the offset is kept in 8-byte units. */
 	sl__put32(e, (uint32_t)((SL_HDR_SIZE + w->shard_data) / 8));

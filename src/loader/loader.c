@@ -151,14 +151,8 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 		win->off[i] = need;
 		need = sl__align_up(need + loc.length, 8);
 	}
-	if (need > win->cap) {
-		char *b = realloc(win->buf, need);
-
-		if (!b)
-			return -ENOMEM;
-		win->buf = b;
-		win->cap = need;
-	}
+	if (sl__reserve(&win->buf, &win->cap, need))
+		return -ENOMEM;
 	memset(&rep, 0, sizeof(rep));
 	rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, &rep) : 0;
 	if ((rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) && ld->opt.skip_corrupt) {
@@ -563,11 +557,7 @@ static int sl_start(struct sluice_loader *ld)
 	ld->filling = 1;
 	ld->err = 0;
 	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : ld->nseq;
-	/*
-	 * A zstd dataset decompresses under its own lock with a one-block cache:
-	 * two readers would take turns evicting each other's block.
-	 */
-	for (rc = 0; !rc && ld->readers_running < (ld->ds->compressed ? 1 : SL_READERS); ld->readers_running++)
+	for (rc = 0; !rc && ld->readers_running < SL_READERS; ld->readers_running++)
 		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl_read_ahead, ld);
 	if (rc)
 		ld->readers_running--;
