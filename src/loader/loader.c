@@ -87,7 +87,7 @@ struct sluice_loader {
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
-	struct sl__hist h_read, h_collate, h_h2d, h_wait;
+	struct sl__hist h_read, h_swait, h_collate, h_h2d, h_wait; /* h_swait: producers waiting for windows */
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	/*
@@ -340,7 +340,9 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		free(wins);
 		return -ENOMEM;
 	}
+	t0 = sl__now_ns();
 	rc = sl_batch_windows(ld, g, wins);
+	sl__hist_add(&ld->h_swait, sl__now_ns() - t0);
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
 
 	for (uint32_t j = 0; j < B && !rc; j++) {
@@ -839,8 +841,9 @@ int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e)
 
 size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 {
-	const struct sl__hist *h[5] = { &ld->h_read, &ld->ds->h_decompress, &ld->h_collate, &ld->h_h2d, &ld->h_wait };
-	static const char *const name[5] = { "read", "decompress", "collate", "h2d", "consumer_wait" };
+	const struct sl__hist *h[] = { &ld->h_read, &ld->ds->h_decompress, &ld->h_swait, &ld->h_collate, &ld->h_h2d,
+				       &ld->h_wait };
+	static const char *const name[] = { "read", "decompress", "storage_wait", "collate", "h2d", "consumer_wait" };
 	size_t l = 0;
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
@@ -850,7 +853,7 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
 	       (unsigned long long)atomic_load(&ld->skipped));
-	for (unsigned i = 0; i < 5; i++)
+	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
 		       (double)sl__hist_percentile(h[i], 50) / 1e3, (double)sl__hist_percentile(h[i], 99) / 1e3);

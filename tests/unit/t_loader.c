@@ -180,7 +180,8 @@ int main(void)
 	}
 	char js[2048];
 
-	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"consumer_wait\":{\"count\":21"));
+	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"consumer_wait\":{\"count\":21") &&
+		strstr(js, "\"storage_wait\":{\"count\":21"));
 	printf("stats: %s\n", js);
 	/* The consumer did almost nothing between batches: the loader is what it waited for. */
 	T_CHECK(strstr(js, "\"verdict\":\"loader-bound\"") != NULL);
