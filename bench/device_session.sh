@@ -80,6 +80,17 @@ if has packing; then
 fi
 
 if has python; then
+	# The package as a user installs it, offline: built by scikit-build-core, the library bundled.
+	rm -rf /tmp/sluice-pkg
+	timeout 300 python3 -m pip install -q --no-index --no-build-isolation --no-deps --target /tmp/sluice-pkg . \
+		> "$OUT/pip_install.log" 2>&1 && (cd /tmp && env -u SLUICE_LIB PYTHONPATH=/tmp/sluice-pkg python3 -c '
+import numpy as np, sluice, torch
+t = torch.arange(1 << 20, device="cuda")
+sluice.write_from_gpu("/tmp/pkg.bin", t)
+u = torch.zeros_like(t)
+sluice.read_to_gpu("/tmp/pkg.bin", u)
+print("pip install . (offline):", "OK" if torch.equal(t, u) else "MISMATCH", sluice._lib.lib._name)')
+	[ $? = 0 ] || { echo "pip install . failed"; tail -5 "$OUT/pip_install.log"; }
 	export SLUICE_LIB=build/libsluice.so SLUICE_BIN=build/sluice PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
 	timeout 120 python3 -m pytest -q -rs tests/python 2>&1 | tee "$OUT/pytest.log" | tail -5
 	timeout 90 python3 examples/train_llm_packed.py --sluice build/sluice 2>&1 | tee "$OUT/llm.log" | tail -4
