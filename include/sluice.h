@@ -594,10 +594,12 @@ SLUICE_API const char *sluice_dataset_compression(struct sluice_dataset *ds, dou
 SLUICE_API SLUICE_WUR ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf,
 						  size_t cap, struct sluice_record *rec);
 /*
- * Decodes a record's stored bytes against ds's schema (no CRC check).
- * Returns 0 or SLUICE_EFORMAT.
+ * Decodes record i's stored bytes (as sluice_dataset_read_batch() left
+ * them) against ds's schema, no CRC check: rec's fields point into bytes.
+ * Returns 0 or SLUICE_EFORMAT.  (WebDataset samples need i to find their
+ * members; the other formats ignore it.)
  */
-SLUICE_API SLUICE_WUR int sluice_dataset_decode(const struct sluice_dataset *ds, const void *bytes,
+SLUICE_API SLUICE_WUR int sluice_dataset_decode(const struct sluice_dataset *ds, uint64_t i, const void *bytes,
 						size_t len, struct sluice_record *rec);
 
 /*

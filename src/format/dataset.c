@@ -179,10 +179,13 @@ int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct s
 	return 0;
 }
 
-int sluice_dataset_decode(const struct sluice_dataset *ds, const void *bytes, size_t len,
+int sluice_dataset_decode(const struct sluice_dataset *ds, uint64_t i, const void *bytes, size_t len,
 			  struct sluice_record *rec)
 {
-	return ds->ops->decode(ds, UINT64_MAX, bytes, len, rec);
+	if (i >= ds->nrecords)
+		return sl__err(SLUICE_ERANGE, "%s: record %llu of %llu", ds->path, (unsigned long long)i,
+			       (unsigned long long)ds->nrecords);
+	return ds->ops->decode(ds, i, bytes, len, rec);
 }
 
 ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf, size_t cap,

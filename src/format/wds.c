@@ -547,8 +547,6 @@ static int sl_wds_decode(const struct sluice_dataset *ds, uint64_t i, const unsi
 	const struct sl_wds_tar *tt;
 	const unsigned char *e;
 
-	if (i >= ds->nrecords)
-		return sl__err(SLUICE_EFORMAT, "WebDataset samples decode by record number only");
 	tt = &w->tars[sl_wds_tar_of(w, i)];
 	e = tt->idx + tt->entries_off + (i - tt->first) * tt->stride;
 	if (rec)

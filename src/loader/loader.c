@@ -356,7 +356,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 			atomic_fetch_add(&ld->skipped, 1);
 			continue;
 		}
-		if (!rc && (rc = sluice_dataset_decode(ld->ds, bytes, len, &rec[m])))
+		if (!rc && (rc = sluice_dataset_decode(ld->ds, s->ids[m], bytes, len, &rec[m])))
 			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[m],
 				     sluice_last_error_detail());
 		for (unsigned f = 0; !rc && f < ld->nf; f++)

@@ -112,6 +112,10 @@ int main(void)
 	t_read(n, p);
 	write_megatron(n, 1); /* with the optional modes array */
 	t_read(n, prefix);
+	/* Through the loader: shuffled batches of 7 from windows of about 30 sequences. */
+	T_CHECK(sluice_dataset_open(&ds, prefix) == 0);
+	t_loader_epoch(ds, 7, 3000);
+	sluice_dataset_close(ds);
 
 	/* A pointer past the end of the .bin: a named error, and verify lists it. */
 	int64_t far = 1ll << 40;

@@ -92,6 +92,48 @@ struct sluice_engine *t_engine(void)
 	return eng;
 }
 
+void t_loader_epoch(struct sluice_dataset *ds, uint32_t B, uint64_t window_bytes)
+{
+	struct sluice_engine *eng = t_engine();
+	struct sluice_loader_options o = { .batch_size = B, .seed = 3, .shuffle = 1, .window_bytes = window_bytes };
+	struct sluice_loader *ld = NULL;
+	struct sluice_batch b;
+	struct sluice_record rec;
+	const uint64_t n = sluice_dataset_count(ds);
+	const size_t cap = 1 << 20;
+	unsigned char *once = calloc(n ? n : 1, 1);
+	char *buf = malloc(cap);
+	uint64_t seen = 0;
+	int rc = -1;
+
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+	while (ld && (rc = sluice_loader_next(ld, &b, NULL)) == 1)
+		for (uint32_t j = 0; j < b.size; j++) {
+			uint64_t id = b.ids[j];
+
+			T_CHECK(id < n && sluice_dataset_read(ds, id, buf, cap, &rec) >= 0);
+			if (id >= n)
+				continue;
+			seen += !once[id];
+			once[id] = 1;
+			for (unsigned k = 0; k < b.nfields; k++) {
+				const struct sluice_batch_field *f = &b.field[k];
+				const char *p = (const char *)f->data + (f->item_bytes ? j * f->item_bytes : f->offsets[j]);
+				size_t len = f->item_bytes ? f->item_bytes : f->offsets[j + 1] - f->offsets[j];
+				unsigned fi = 0;
+
+				while (fi + 1 < sluice_dataset_nfields(ds) && strcmp(sluice_dataset_field(ds, fi)->name, f->name))
+					fi++;
+				T_CHECK(len == rec.len[fi] && !memcmp(p, rec.data[fi], len));
+			}
+		}
+	T_CHECK(rc == 0 && seen == n);
+	sluice_loader_close(ld);
+	sluice_engine_close(eng);
+	free(once);
+	free(buf);
+}
+
 int t_done(const char *name)
 {
 	if (t_failures) {

@@ -31,6 +31,12 @@ char *t_make_file(const char *path, size_t n, uint64_t seed);
 char *t_slurp(const char *path, size_t *n);
 /* Opens an engine from the environment; exits 77 if SLUICE_BACKEND is unusable here. */
 struct sluice_engine *t_engine(void);
+/*
+ * One shuffled epoch of a host loader over ds, batches of B, windows of
+ * window_bytes: every record arrives, each field as sluice_dataset_read()
+ * gives it.
+ */
+void t_loader_epoch(struct sluice_dataset *ds, uint32_t B, uint64_t window_bytes);
 int t_done(const char *name);
 
 #endif

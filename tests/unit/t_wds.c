@@ -146,6 +146,17 @@ int main(void)
 	check_all(shards, 30, 3);
 	snprintf(p, sizeof(p), "%s/data-000000.tar", shards);
 	check_all(p, 10, 1);
+	/* Through the loader: shuffled batches of 4 over the three shards. */
+	{
+		struct sluice_dataset *ds;
+
+		struct sluice_record rec;
+
+		T_CHECK(sluice_dataset_open(&ds, shards) == 0);
+		t_loader_epoch(ds, 4, 2048);
+		T_CHECK(sluice_dataset_decode(ds, 30, p, 0, &rec) == SLUICE_ERANGE && strstr(sluice_last_error_detail(), "record 30"));
+		sluice_dataset_close(ds);
+	}
 
 	/* The sidecar is cached and reused... */
 	snprintf(side, sizeof(side), "%s.sluice-idx", p);
