@@ -52,6 +52,29 @@ def test_dlpack_arrays(tmp_path):
         sluice.read(p, DLPackOnly(b[:, ::2]))
 
 
+def test_loader_over_webdataset(tmp_path):
+    import io
+    import tarfile
+    want = {}
+    with tarfile.open(tmp_path / "shard-0.tar", "w") as t:
+        for i in range(50):
+            for ext, data in (("txt", b"sample %d " % i * (1 + i % 5)), ("cls", b"%d" % (i % 3))):
+                info = tarfile.TarInfo(f"s{i:04d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+                want[(i, ext)] = data
+    ds = sluice.Dataset(tmp_path / "shard-0.tar")
+    ld = sluice.Loader(ds, batch_size=8, seed=1, drop_last=True, rank=0, world_size=1)
+    seen = set()
+    for b in ld:
+        for name in ("txt", "cls"):
+            data, offs = b[name]
+            for j, i in enumerate(b["ids"]):
+                assert bytes(data[offs[j]:offs[j + 1]]) == want[(int(i), name)]
+        seen.update(int(i) for i in b["ids"])
+    assert len(seen) == 48
+
+
 def test_errors_carry_the_detail(tmp_path):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.read(tmp_path / "missing.bin", np.zeros(4, np.uint8))
