@@ -10,6 +10,7 @@
  * consumer's stream that the copy stream waits on before reusing it.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,7 @@ struct sluice_loader {
 	char detail[384];
 	struct sl__hist h_read, h_swait, h_collate, h_h2d, h_wait; /* h_swait: producers waiting for windows */
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
+	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	/*
 	 * The consumer's wait for the first batch after each (re)start: the
@@ -141,12 +143,21 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 		    (q + ld->n < total && sl_rank_of(ld, q + ld->n) == ld->opt.rank))
 			win->ids[k++] = sl_at(ld, q);
 	qsort(win->ids, k, sizeof(uint64_t), sl_cmp_u64);
+	struct sluice_record_loc prev = { UINT_MAX, 0, 0, 0 };
+	uint64_t seq = 0, all = 0;
+
 	for (size_t i = 0; i < k; i++) {
 		struct sluice_record_loc loc;
 		int r = sluice_dataset_locate(ld->ds, win->ids[i], &loc);
 
 		if (r)
 			return r;
+		/* Sequential: it starts where the record read before it ends (up to the format's padding). */
+		if (loc.shard == prev.shard && loc.offset >= prev.offset + prev.length &&
+		    loc.offset <= prev.offset + prev.length + 8)
+			seq += loc.length;
+		all += loc.length;
+		prev = loc;
 		win->len[i] = loc.length;
 		win->off[i] = need;
 		need = sl__align_up(need + loc.length, 8);
@@ -169,6 +180,8 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 	}
 	if (rc < 0)
 		return (int)rc;
+	atomic_fetch_add(&ld->seq_bytes, seq);
+	atomic_fetch_add(&ld->record_bytes, all);
 	atomic_fetch_add(&ld->read_bytes, rep.bytes);
 	atomic_fetch_add(&ld->read_ios, rep.ios);
 	win->n = k;
@@ -847,12 +860,14 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	size_t l = 0;
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
+	uint64_t all = atomic_load(&ld->record_bytes);
+
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
-	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"skipped\":%llu,\"stages\":{",
+	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,\"stages\":{",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
-	       (unsigned long long)atomic_load(&ld->skipped));
+	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped));
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,

@@ -183,6 +183,8 @@ int main(void)
 	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"consumer_wait\":{\"count\":21") &&
 		strstr(js, "\"storage_wait\":{\"count\":21"));
 	printf("stats: %s\n", js);
+	/* Windows of neighbours read in id order: almost every byte continues the read before it. */
+	T_CHECK(strtod(strstr(js, "\"sequential_fraction\":") + 22, NULL) >= 0.9);
 	/* The consumer did almost nothing between batches: the loader is what it waited for. */
 	T_CHECK(strstr(js, "\"verdict\":\"loader-bound\"") != NULL);
 	T_CHECK(sluice_loader_set_epoch(ld, 2) == 0);
