@@ -93,8 +93,11 @@ print("pip install . (offline):", "OK" if torch.equal(t, u) else "MISMATCH", slu
 	[ $? = 0 ] || { echo "pip install . failed"; tail -5 "$OUT/pip_install.log"; }
 	export SLUICE_LIB=build/libsluice.so SLUICE_BIN=build/sluice PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
 	timeout 120 python3 -m pytest -q -rs tests/python 2>&1 | tee "$OUT/pytest.log" | tail -5
-	timeout 90 python3 examples/train_llm_packed.py --sluice build/sluice 2>&1 | tee "$OUT/llm.log" | tail -4
-	timeout 90 python3 examples/train_images.py --sluice build/sluice 2>&1 | tee "$OUT/images.log" | tail -5
+	for ex in train_llm_packed train_images; do  # each must finish inside a minute, data making included
+		t0=$(date +%s.%N)
+		timeout 90 python3 examples/$ex.py --sluice build/sluice > "$OUT/$ex.log" 2>&1
+		echo "examples/$ex.py: rc $?, $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"; tail -3 "$OUT/$ex.log"
+	done
 	PYTHONUNBUFFERED=1 timeout "${PYBENCH_SECONDS:-240}" python3 bench/python_bench.py --sluice build/sluice \
 		--out "$OUT/python_bench.json" ${PYBENCH_ARGS} 2>&1 | tail -20
 fi
