@@ -107,17 +107,52 @@ static uint64_t sl_at(const struct sluice_loader *ld, uint64_t q)
 	return ld->opt.shuffle ? sl__order_at(&ld->order, q) : q;
 }
 
-/* Rank of the loader that takes epoch position p. */
-static unsigned sl_rank_of(const struct sluice_loader *ld, uint64_t p)
-{
-	return (unsigned)((p % ld->per_global) / ld->opt.batch_size);
-}
-
 static int sl_cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 
 	return x < y ? -1 : x > y;
+}
+
+struct sl_pos {
+	uint64_t id, p;
+};
+
+static int sl_cmp_pos(const void *a, const void *b)
+{
+	const struct sl_pos *x = a, *y = b;
+
+	return x->id != y->id ? (x->id < y->id ? -1 : 1) : (x->p > y->p) - (x->p < y->p);
+}
+
+/*
+ * This rank's B epoch positions of global batch g, in epoch order.  The
+ * global batch's records, sorted by id, are cut into world_size runs of B
+ * and rank r takes the r-th: each rank then reads a compact part of every
+ * window, in long sequential runs, whatever the world size.  Which records
+ * form each global batch, and their order, do not depend on the world size.
+ */
+static int sl_rank_positions(const struct sluice_loader *ld, uint64_t g, uint64_t *out)
+{
+	const uint64_t B = ld->opt.batch_size, BW = ld->per_global, p0 = g * BW;
+	struct sl_pos *v;
+
+	if (BW == B) {
+		for (uint64_t j = 0; j < B; j++)
+			out[j] = p0 + j;
+		return 0;
+	}
+	v = malloc(BW * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (uint64_t k = 0; k < BW; k++)
+		v[k] = (struct sl_pos){ sl_at(ld, (p0 + k) % ld->n), p0 + k };
+	qsort(v, BW, sizeof(*v), sl_cmp_pos);
+	for (uint64_t j = 0; j < B; j++)
+		out[j] = v[ld->opt.rank * B + j].p;
+	qsort(out, B, sizeof(uint64_t), sl_cmp_u64);
+	free(v);
+	return 0;
 }
 
 /* Reads window w: every record of it that this rank takes this epoch. */
@@ -137,12 +172,37 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 	win->len = malloc((hi - lo + 1) * sizeof(uint32_t));
 	if (!win->ids || !win->off || !win->len)
 		return -ENOMEM;
-	/* Position q of the order is taken at p = q, and again at p = q + n when the last batch wraps. */
-	for (uint64_t q = lo; q < hi; q++)
-		if ((q < total && sl_rank_of(ld, q) == ld->opt.rank) ||
-		    (q + ld->n < total && sl_rank_of(ld, q + ld->n) == ld->opt.rank))
-			win->ids[k++] = sl_at(ld, q);
+	/*
+	 * Position q of the order is taken at p = q, and again at p = q + n when
+	 * the last batch wraps: this rank's positions of the global batches that
+	 * overlap [lo, hi) or [lo + n, hi + n).
+	 */
+	uint64_t *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
+
+	if (!pos)
+		return -ENOMEM;
+	for (int pass = 0; pass < 2; pass++) {
+		uint64_t a = lo + (pass ? ld->n : 0), b = hi + (pass ? ld->n : 0);
+
+		for (uint64_t g = a / ld->per_global; g * ld->per_global < b && g * ld->per_global < total; g++) {
+			rc = sl_rank_positions(ld, g, pos);
+			for (uint32_t j = 0; !rc && j < ld->opt.batch_size; j++)
+				if (pos[j] >= a && pos[j] < b && k < hi - lo)
+					win->ids[k++] = sl_at(ld, pos[j] % ld->n);
+			if (rc) {
+				free(pos);
+				return (int)rc;
+			}
+		}
+	}
+	free(pos);
 	qsort(win->ids, k, sizeof(uint64_t), sl_cmp_u64);
+	size_t u = 0; /* a position and its wrapped twin may both be this rank's: one copy */
+
+	for (size_t i = 0; i < k; i++)
+		if (!u || win->ids[i] != win->ids[u - 1])
+			win->ids[u++] = win->ids[i];
+	k = u;
 	struct sluice_record_loc prev = { UINT_MAX, 0, 0, 0 };
 	uint64_t seq = 0, all = 0;
 
@@ -302,11 +362,12 @@ static int sl_plan_windows(struct sluice_loader *ld)
 	ld->blast = malloc((ld->nbatches + 1) * sizeof(uint64_t));
 	if (!ld->seq || !ld->bfirst || !ld->blast)
 		return -ENOMEM;
+	/* A batch may draw on any window its global batch overlaps (see sl_rank_positions). */
 	for (uint64_t g = 0; g < ld->nbatches; g++) {
-		uint64_t p = g * ld->per_global + (uint64_t)ld->opt.rank * ld->opt.batch_size;
+		const uint64_t p = g * ld->per_global, len = ld->per_global;
 
 		ld->bfirst[g] = UINT64_MAX;
-		for (uint32_t j = 0; j < ld->opt.batch_size; j++) {
+		for (uint64_t j = 0; j < len; j++) {
 			uint64_t w = (p + j) % ld->n / ld->window;
 
 			if (!ld->nseq || ld->seq[ld->nseq - 1] != w) {
@@ -329,8 +390,7 @@ static int sl_plan_windows(struct sluice_loader *ld)
 			if (end > ld->n)
 				end = ld->n;
 			if (end - q > 1)
-				j += (uint32_t)((end - q - 1) < (uint64_t)(ld->opt.batch_size - 1 - j) ? end - q - 1
-												 : ld->opt.batch_size - 1 - j);
+				j += end - q - 1 < len - 1 - j ? end - q - 1 : len - 1 - j;
 		}
 	}
 	return 0;
@@ -358,8 +418,14 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	sl__hist_add(&ld->h_swait, sl__now_ns() - t0);
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
 
+	uint64_t *pos = malloc(B * sizeof(uint64_t));
+
+	if (!pos)
+		rc = -ENOMEM;
+	else if (!rc)
+		rc = sl_rank_positions(ld, g, pos);
 	for (uint32_t j = 0; j < B && !rc; j++) {
-		uint64_t p = g * ld->per_global + (uint64_t)ld->opt.rank * B + j, q = p % ld->n;
+		uint64_t q = pos[j] % ld->n;
 		size_t len = 0;
 		const char *bytes;
 
@@ -417,6 +483,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	}
 	free(rec);
 	free(wins);
+	free(pos);
 	if (rc)
 		return rc;
 	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
