@@ -677,13 +677,15 @@ struct sluice_batch {
 /*
  * Opens a loader over ds using eng's workers (and GPU, with gpu set).
  * The sample order is a function of the dataset, seed, epoch, shuffle and
- * window_bytes alone: the shards are permuted, and the records of each
- * window of window_bytes neighbouring records are permuted inside it.
- * Each window is read whole (this rank's records of it, coalesced), so
- * reads stay sequential.  Global batch g holds positions
- * [g * B * W, (g + 1) * B * W) of the order, rank r the r-th B of them:
- * every rank gets the same number of batches, and a resume from
- * `position` with another world size neither repeats nor skips a sample.
+ * window_bytes alone: the shards are permuted, runs of neighbouring
+ * records (16 to a window, at least 1 MiB each) are permuted, and the
+ * records of each window of window_bytes are permuted inside it
+ * (docs/LOADER.md).  Each window is read whole (this rank's records of it,
+ * coalesced), so reads stay sequential.  Global batch g holds positions
+ * [g * B * W, (g + 1) * B * W) of the order; rank r takes the r-th B of
+ * them by record id: every rank gets the same number of batches, and a
+ * resume from `position` with another world size neither repeats nor skips
+ * a sample.
  * Returns 0, SLUICE_EINVAL_CONFIG (the detail names the option), or an
  * error of the dataset or engine.
  */

@@ -40,6 +40,8 @@ enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
 #define SL_PRODUCERS 2 /* threads collating batches, each its own, into their slots */
+#define SL_CHUNKS 16           /* chunks a shuffle window is made of (order.c) */
+#define SL_CHUNK_MIN (1 << 20) /* bytes of a chunk at least */
 
 struct sl_window {
 	int state;
@@ -62,7 +64,7 @@ struct sluice_loader {
 	uint64_t *shard_records;
 	unsigned nshards;           /* runs the order permutes (1 if the format does not count per file) */
 	struct sl__order order;
-	uint64_t n, window, per_global, nbatches; /* nbatches: this rank's, per epoch */
+	uint64_t n, window, chunk, per_global, nbatches; /* nbatches: this rank's, per epoch */
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	struct sl_bslot *slots;
@@ -623,7 +625,8 @@ static int sl_start(struct sluice_loader *ld)
 	int rc;
 
 	sl__order_free(&ld->order);
-	rc = sl__order_init(&ld->order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch, ld->window);
+	rc = sl__order_init(&ld->order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch, ld->window,
+			    ld->chunk);
 	if (rc)
 		return rc;
 	rc = sl_plan_windows(ld);
@@ -738,9 +741,20 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	{
 		uint64_t avg = bytes / ld->n ? bytes / ld->n : 1, wb = opt->window_bytes ? opt->window_bytes : 64ull << 20;
 
+		/*
+		 * A window is SL_CHUNKS chunks from all over the dataset, each at
+		 * least SL_CHUNK_MIN bytes so that its reads stay large (small
+		 * windows are one chunk).
+		 */
+		uint64_t cb = wb / SL_CHUNKS > SL_CHUNK_MIN ? wb / SL_CHUNKS : SL_CHUNK_MIN;
+
 		ld->window = wb / avg ? wb / avg : 1;
 		if (ld->window > ld->n)
 			ld->window = ld->n;
+		ld->chunk = cb / avg ? cb / avg : 1;
+		if (ld->chunk > ld->window)
+			ld->chunk = ld->window;
+		ld->window -= ld->window % ld->chunk;
 	}
 	{
 		const char *e = getenv("SLUICE_STATS");

@@ -4,14 +4,20 @@
  *
  *   1. The shards are permuted (seeded by seed and epoch) and their records
  *      concatenated in that order: the sequence S.
- *   2. S is cut into windows of `window` consecutive records; inside each
- *      window the records are permuted by a keyed bijection.
+ *   2. S is cut into chunks of `chunk` consecutive records, and the whole
+ *      chunks are permuted by a keyed bijection (a partial last chunk stays
+ *      last): the sequence M.
+ *   3. M is cut into windows of `window` consecutive records (a multiple of
+ *      the chunk); inside each window the records are permuted by a keyed
+ *      bijection.
  *
- * A window is a run of neighbouring records, so a loader that reads a
- * window whole reads sequentially; the order inside it is a full
- * permutation of the window.  Position p of the epoch maps to a record in
- * O(log shards) time with O(shards) memory, so the resume state is just
- * (seed, epoch, position).
+ * A window is a few runs of neighbouring records (its chunks), so a loader
+ * that reads a window whole reads sequentially, while the chunks come from
+ * all over the dataset: a batch mixes window / chunk places of it, not one
+ * or two shards, which matters when shards were written in some order (by
+ * class, by source).  The order inside a window is a full permutation of
+ * it.  Position p of the epoch maps to a record in O(log shards) time with
+ * O(shards) memory, so the resume state is just (seed, epoch, position).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -29,7 +35,7 @@ static uint64_t sl_mix(uint64_t x)
 }
 
 int sl__order_init(struct sl__order *o, const uint64_t *shard_records, unsigned nshards, uint64_t seed,
-		   uint64_t epoch, uint64_t window)
+		   uint64_t epoch, uint64_t window, uint64_t chunk)
 {
 	uint64_t rng = sl_mix(seed ^ sl_mix(epoch + 1)), first = 0;
 	uint64_t *orig_first = malloc((nshards ? nshards : 1) * sizeof(uint64_t));
@@ -59,8 +65,14 @@ int sl__order_init(struct sl__order *o, const uint64_t *shard_records, unsigned 
 		o->start[s + 1] = o->start[s] + shard_records[o->perm[s]];
 	o->nshards = nshards;
 	o->n = first;
+	o->chunk = chunk ? chunk : 1;
 	o->window = window ? window : 1;
+	if (o->chunk > o->window)
+		o->chunk = o->window;
+	o->window -= o->window % o->chunk;
+	o->nchunks = o->n / o->chunk;
 	o->key = sl_mix(rng);
+	o->chunk_key = sl_mix(o->key);
 	return 0;
 }
 
@@ -105,7 +117,8 @@ uint64_t sl__order_at(const struct sl__order *o, uint64_t p)
 {
 	uint64_t w = p / o->window, base = w * o->window;
 	uint64_t m = o->n - base < o->window ? o->n - base : o->window;
-	uint64_t s_pos = base + sl_permute(p - base, m, o->key ^ sl_mix(w));
+	uint64_t m_pos = base + sl_permute(p - base, m, o->key ^ sl_mix(w)), c = m_pos / o->chunk;
+	uint64_t s_pos = c < o->nchunks ? sl_permute(c, o->nchunks, o->chunk_key) * o->chunk + m_pos % o->chunk : m_pos;
 	unsigned lo = 0, hi = o->nshards - 1;
 
 	/* The permuted shard holding position s_pos of S. */

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,6 +32,13 @@ static void v_fill(char *v, uint64_t i)
 		v[k] = (char)('a' + (i + k / 16) % 26);
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 /* The epoch order: a permutation, reproducible, windows of neighbours, and well mixed. */
 static void t_order(void)
 {
@@ -39,8 +47,8 @@ static void t_order(void)
 	unsigned char *seen = calloc(n, 1);
 	uint64_t near = 0, far = 0, *win = malloc(window * sizeof(uint64_t));
 
-	T_CHECK(sl__order_init(&o, shard_records, 5, 42, 3, window) == 0);
-	T_CHECK(sl__order_init(&o2, shard_records, 5, 42, 4, window) == 0);
+	T_CHECK(sl__order_init(&o, shard_records, 5, 42, 3, window, window) == 0);
+	T_CHECK(sl__order_init(&o2, shard_records, 5, 42, 4, window, window) == 0);
 	T_CHECK(o.n == n);
 	int differs = 0;
 
@@ -83,17 +91,52 @@ static void t_order(void)
 	printf("order: neighbour rate %.5f (full permutation %.5f), mean jump %.0f records\n", (double)near / (double)(n - 1),
 	       16.0 / (double)n, (double)far / (double)(n - 1));
 	T_CHECK((double)near / (double)(n - 1) < 2 * 16.0 / (double)window);
+
+	/*
+	 * Windows of 20 chunks of 250 from all over the dataset: still a
+	 * permutation, each window still a few runs (a chunk may cross a shard
+	 * boundary), and a batch now mixes many parts of the dataset: distinct
+	 * 1% regions among 256 consecutive samples.
+	 */
+	struct sl__order oc;
+	double regions[2] = { 0, 0 };
+
+	T_CHECK(sl__order_init(&oc, shard_records, 5, 42, 3, window, 250) == 0);
+	memset(seen, 0, n);
+	for (uint64_t p = 0; p < n; p++) {
+		uint64_t r = sl__order_at(&oc, p);
+
+		T_CHECK(r < n && !seen[r]);
+		if (r < n)
+			seen[r] = 1;
+	}
+	for (uint64_t w = 0; w < n / window; w++) {
+		unsigned runs = 1;
+
+		for (uint64_t k = 0; k < window; k++)
+			win[k] = sl__order_at(&oc, w * window + k);
+		qsort(win, window, sizeof(uint64_t), cmp_u64);
+		for (uint64_t k = 1; k < window; k++)
+			runs += win[k] != win[k - 1] + 1;
+		T_CHECK(runs <= 2 * 20);
+	}
+	for (int chunked = 0; chunked < 2; chunked++)
+		for (uint64_t b = 0; b + 256 <= n; b += 256) {
+			unsigned char hit[100] = { 0 };
+
+			for (uint64_t k = b; k < b + 256; k++)
+				hit[sl__order_at(chunked ? &oc : &o, k) / (n / 100)] = 1;
+			for (int i = 0; i < 100; i++)
+				regions[chunked] += hit[i];
+		}
+	printf("order: 1%% regions per batch of 256: windows of neighbours %.1f, of 20 chunks %.1f, full permutation %.1f\n",
+	       regions[0] / (double)(n / 256), regions[1] / (double)(n / 256), 100 * (1 - pow(0.99, 256)));
+	T_CHECK(regions[1] > 2 * regions[0]);
+	sl__order_free(&oc);
 	sl__order_free(&o);
 	sl__order_free(&o2);
 	free(seen);
 	free(win);
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 /*
