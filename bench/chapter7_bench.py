@@ -35,6 +35,7 @@ import torchvision
 from torchvision import transforms
 
 import sluice
+from benchlib import drop_caches
 
 B, SIZE = 64, 224
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -45,12 +46,6 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 def sync():
     if DEV == "cuda":
         torch.cuda.synchronize()
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
 
 
 def make_data(root, n, sluice_bin):

@@ -26,20 +26,9 @@ import subprocess
 import sys
 import time
 
+from benchlib import drop_caches, warm
+
 GB = 1e9
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
-
-
-def warm(path):
-    # Read the whole file through the page cache so "warm" means resident.
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(bytearray(64 << 20)):
-            pass
 
 
 def cpu_now():

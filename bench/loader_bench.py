@@ -25,12 +25,7 @@ import subprocess
 import time
 
 import numpy as np
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+from benchlib import drop_caches, warm
 
 
 def make_sets(root, n, size, sluice):
@@ -102,15 +97,6 @@ def cpu_seconds():
     import psutil
     me = psutil.Process()
     return sum(sum(p.cpu_times()[:2]) for p in [me] + me.children(recursive=True))
-
-
-def warm(path):
-    """Reads path (a file, or a tree of files) through the page cache."""
-    for f in ([path] if os.path.isfile(path) else
-              [os.path.join(r, x) for r, _, fs in os.walk(path) for x in fs]):
-        with open(f, "rb") as fh:
-            while fh.read(1 << 20):
-                pass
 
 
 def sluice_epoch(ds_bench, ds, batch, cold, target):

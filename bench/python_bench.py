@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import sluice
+from benchlib import drop_caches, warm
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of this script
 
@@ -30,12 +31,6 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of thi
 def sync():
     if DEV == "cuda":
         torch.cuda.synchronize()
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
 
 
 def overhead(sluice_bin, d):
@@ -92,12 +87,6 @@ def overhead(sluice_bin, d):
     pstats.Stats(pr, stream=prof).sort_stats("tottime").print_stats(6)
     return {"python_next_p50_us": py_us, "c_next_p50_us": c_us, "python_overhead_us": py_us - c_us,
             "ctypes_next_p50_us": ctypes_us, "batches": len(times), "profile": prof.getvalue()}
-
-
-def warm(path):
-    with open(path, "rb") as f:
-        while f.read(64 << 20):
-            pass
 
 
 def timed(fn, reps, cold):

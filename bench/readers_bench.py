@@ -22,12 +22,7 @@ import tarfile
 import time
 
 import numpy as np
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+from benchlib import drop_caches
 
 
 def make_megatron(prefix, n, seed=1):
