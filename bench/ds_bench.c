@@ -13,12 +13,15 @@
  *                                    dropped before each; median of 3 of each; GB/s and ratio
  *   ds_bench recs DIR                records/s reading every record in order into host memory
  *                                    (for comparison with a format's reference reader)
- *   ds_bench loader DIR gpu|host B STEP_US cold|warm [PREFETCH]
- *                                    one epoch of the shuffled loader, batches of B; the
- *                                    consumer spends STEP_US per batch (a stand-in for the
- *                                    training step); cold drops the page cache first,
+ *   ds_bench loader DIR gpu|host B STEP_US cold|warm [PREFETCH [EPOCHS]]
+ *                                    EPOCHS (default 1) shuffled epochs of the loader, batches
+ *                                    of B; the consumer spends STEP_US per batch (a stand-in
+ *                                    for the training step); cold drops the page cache first,
  *                                    warm reads every file of DIR through it first;
- *                                    samples/s, GB/s, CPU s/GB and the loader's own stats
+ *                                    samples/s, GB/s, CPU s/GB, the loader's time per batch
+ *                                    after the first, epochs' fills left out (batch_us), the
+ *                                    consumer's wait share in each tenth of the run (first
+ *                                    batches of epochs left out) and the loader's own stats
  *   ds_bench randread DIR QD READS   READS uniformly random records, cold, O_DIRECT,
  *                                    batches of 256 from two submitting threads through
  *                                    one engine with QD I/O slots (threads x queue
@@ -241,20 +244,24 @@ int main(int argc, char **argv)
 		}
 		return 0;
 	}
-	if ((argc == 7 || argc == 8) && !strcmp(argv[1], "loader")) {
+	if (argc >= 7 && argc <= 9 && !strcmp(argv[1], "loader")) {
 		struct sluice_dataset *ds;
 		struct sluice_engine *eng;
 		struct sluice_loader *ld;
 		struct sluice_batch b;
 		struct rusage r0, r1;
-		int gpu = !strcmp(argv[3], "gpu"), rc;
+		int gpu = !strcmp(argv[3], "gpu"), rc = 0;
 		struct sluice_loader_options o = { .batch_size = (uint32_t)strtoul(argv[4], NULL, 10), .gpu = gpu,
 						   .seed = 1, .shuffle = 1, .drop_last = 1,
-						   .prefetch = argc == 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
-		double step = strtod(argv[5], NULL) / 1e6, t0, dt;
-		uint64_t recs = 0;
+						   .prefetch = argc >= 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
+		unsigned epochs = argc == 9 ? (unsigned)strtoul(argv[8], NULL, 10) : 1;
+		double step = strtod(argv[5], NULL) / 1e6, t0, dt, t_first = 0, t_end = 0, refill = 0;
+		uint64_t recs = 0, nb = 0, cap = 0;
+		double *wait = NULL, *busy = NULL; /* per batch: the consumer's wait, and its wait + step */
 		static char js[4096];
 
+		if (!epochs)
+			return 2;
 		if (sluice_dataset_open(&ds, argv[2]) || sluice_engine_open(&eng, NULL))
 			return 1;
 		if (!strcmp(argv[6], "cold"))
@@ -267,12 +274,33 @@ int main(int argc, char **argv)
 			fprintf(stderr, "loader: %s\n", sluice_last_error_detail());
 			return 1;
 		}
-		while ((rc = sluice_loader_next(ld, &b, NULL)) == 1) {
-			double t = now();
+		cap = sluice_loader_batches(ld) * epochs;
+		wait = calloc(cap ? cap : 1, sizeof(double));
+		busy = calloc(cap ? cap : 1, sizeof(double));
+		if (!wait || !busy)
+			return 1;
+		for (unsigned e = 0; e < epochs && !rc; e++) {
+			if (e && sluice_loader_set_epoch(ld, e))
+				break;
+			for (uint64_t k = 0;; k++) {
+				double a = now(), t;
 
-			recs += b.size;
-			while (step > 0 && now() - t < step)
-				; /* the consumer's step: busy, as a GPU step's launch thread is */
+				if ((rc = sluice_loader_next(ld, &b, NULL)) != 1)
+					break;
+				t = now();
+				if (!t_first)
+					t_first = t;
+				else if (!k)
+					refill += t - a; /* later epochs' fills: not the loader's time per batch */
+				recs += b.size;
+				while (step > 0 && now() - t < step)
+					; /* the consumer's step: busy, as a GPU step's launch thread is */
+				if (nb < cap && k) { /* an epoch's first batch is its fill (the stats' fill_us) */
+					wait[nb] = t - a;
+					busy[nb++] = now() - a;
+				}
+			}
+			t_end = now();
 		}
 		dt = now() - t0;
 		getrusage(RUSAGE_SELF, &r1);
@@ -284,11 +312,27 @@ int main(int argc, char **argv)
 		double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
 			     (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
 		uint64_t bytes = strtoull(strstr(js, "\"bytes\":") + 8, NULL, 10);
+		uint64_t batches = strtoull(strstr(js, "\"batches\":") + 10, NULL, 10);
+		char tenths[256];
+		size_t tl = 0;
 
-		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%s,\"temp\":\"%s\",\"records\":%llu,\"seconds\":%.3f,"
-		       "\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"loader\":%s}\n",
-		       argv[3], o.batch_size, argv[5], argv[6], (unsigned long long)recs, dt, (double)recs / dt,
-		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0, js);
+		for (unsigned q = 0; q < 10; q++) {
+			double w = 0, all = 0;
+
+			for (uint64_t i = nb * q / 10; i < nb * (q + 1) / 10; i++) {
+				w += wait[i];
+				all += busy[i];
+			}
+			tl += (size_t)snprintf(tenths + tl, sizeof(tenths) - tl, "%s%.4f", q ? "," : "", all > 0 ? w / all : 0);
+		}
+		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%s,\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
+		       "\"seconds\":%.3f,\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"batch_us\":%.1f,"
+		       "\"wait_share_by_tenth\":[%s],\"loader\":%s}\n",
+		       argv[3], o.batch_size, argv[5], argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
+		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0,
+		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, js);
+		free(wait);
+		free(busy);
 		sluice_loader_close(ld);
 		sluice_engine_close(eng);
 		sluice_dataset_close(ds);
