@@ -86,7 +86,14 @@ struct sluice_loader {
 	unsigned producers_running;
 	int running;
 	pthread_mutex_t lock;
-	pthread_cond_t cv;
+	/*
+	 * cv: windows read and windows done with (readers, and producers
+	 * waiting for windows); slot_cv: a slot given back (producers);
+	 * batch_cv: a batch ready (the consumer).  Apart, so that the consumer's
+	 * call wakes one producer, not every thread.
+	 */
+	pthread_cond_t cv, slot_cv, batch_cv;
+	struct sl_bslot *held;      /* the consumer's batch (the consumer's thread alone uses it) */
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
@@ -302,6 +309,18 @@ static const char *sl_lookup(struct sl_window *const *wins, uint64_t nw, uint64_
 	return win->buf + win->off[hit - win->ids];
 }
 
+/* Under ld->lock: the loader's first error stops it; every thread hears of it. */
+static void sl_fail(struct sluice_loader *ld, int rc)
+{
+	if (!ld->err) {
+		ld->err = rc;
+		snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+	}
+	pthread_cond_broadcast(&ld->cv);
+	pthread_cond_broadcast(&ld->slot_cv);
+	pthread_cond_broadcast(&ld->batch_cv);
+}
+
 /*
  * Reads the windows of ld->seq in order, each once a cache entry is free and
  * it is near enough.  SL_READERS of these run, each with its own window in
@@ -337,14 +356,11 @@ static void *sl_read_ahead(void *arg)
 		pthread_mutex_lock(&ld->lock);
 		if (rc) {
 			win->state = SL_W_EMPTY;
-			if (!ld->err) {
-				ld->err = rc;
-				snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
-			}
+			sl_fail(ld, rc);
 		} else {
 			win->state = SL_W_READY;
+			pthread_cond_broadcast(&ld->cv);
 		}
-		pthread_cond_broadcast(&ld->cv);
 	}
 	pthread_mutex_unlock(&ld->lock);
 	return NULL;
@@ -394,6 +410,35 @@ static int sl_plan_windows(struct sluice_loader *ld)
 			if (end - q > 1)
 				j += end - q - 1 < len - 1 - j ? end - q - 1 : len - 1 - j;
 		}
+	}
+	return 0;
+}
+
+/* Room in slot s for a batch of size bytes: pinned staging and, for GPU loaders, its GPU copy. */
+static int sl_slot_reserve(struct sluice_loader *ld, struct sl_bslot *s, uint64_t size)
+{
+	int rc;
+
+	if (size > s->host_cap) {
+		size_t cap = sl__align_up(size + size / 4, 4096);
+
+		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
+		s->host = NULL;
+		s->host_cap = 0;
+		rc = sl__host_alloc(ld->eng->gpu.ctx ? &ld->eng->gpu : NULL, cap, (void **)&s->host, &s->host_pinned);
+		if (rc)
+			return rc;
+		s->host_cap = cap;
+	}
+	if (ld->opt.gpu && size > s->dev_cap) {
+		sluice_gpu_free(ld->eng, s->dev);
+		s->dev = NULL;
+		s->dev_cap = 0;
+		rc = sluice_gpu_alloc(ld->eng, s->host_cap, (void **)&s->dev);
+		if (rc)
+			return sl__err(rc, "loader: GPU memory for a batch of %llu bytes: %s", (unsigned long long)size,
+				       sluice_last_error_detail());
+		s->dev_cap = s->host_cap;
 	}
 	return 0;
 }
@@ -453,16 +498,8 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		if (!ld->fixed[f])
 			size = sl__align_up(size + 8 * ((uint64_t)m + 1), 256);
 	}
-	if (!rc && size > s->host_cap) {
-		size_t cap = sl__align_up(size + size / 4, 4096);
-
-		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
-		s->host = NULL;
-		s->host_cap = 0;
-		rc = sl__host_alloc(ld->eng->gpu.ctx ? &ld->eng->gpu : NULL, cap, (void **)&s->host, &s->host_pinned);
-		if (!rc)
-			s->host_cap = cap;
-	}
+	if (!rc)
+		rc = sl_slot_reserve(ld, s, size);
 	for (unsigned f = 0; !rc && f < ld->nf; f++) {
 		unsigned fi = ld->fidx[f];
 		char *d = s->host + base[f];
@@ -491,16 +528,6 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
 	if (ld->opt.gpu) {
 		t0 = sl__now_ns();
-		if (size > s->dev_cap) {
-			sluice_gpu_free(ld->eng, s->dev);
-			s->dev = NULL;
-			s->dev_cap = 0;
-			rc = sluice_gpu_alloc(ld->eng, s->host_cap, (void **)&s->dev);
-			if (rc)
-				return sl__err(rc, "loader: GPU memory for a batch of %llu bytes: %s", (unsigned long long)size,
-					       sluice_last_error_detail());
-			s->dev_cap = s->host_cap;
-		}
 		rc = sl__gpu_bind(&ld->eng->gpu);
 		/* The consumer's stream must be done with this slot's previous batch. */
 		if (!rc && s->release_set)
@@ -572,25 +599,27 @@ static void *sl_produce(void *arg)
 
 		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
 		       ld->slots[ld->produce_g % ld->nslots].state != SL_B_FREE)
-			pthread_cond_wait(&ld->cv, &ld->lock);
+			pthread_cond_wait(&ld->slot_cv, &ld->lock);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
 			break;
 		g = ld->produce_g++;
 		s = &ld->slots[g % ld->nslots];
 		s->g = g;
 		s->state = SL_B_BUILDING;
+		/* The next slot may be free already: the other producer takes it. */
+		if (ld->produce_g < ld->nbatches && ld->slots[ld->produce_g % ld->nslots].state == SL_B_FREE)
+			pthread_cond_signal(&ld->slot_cv);
 		sl_set_low(ld);
 		pthread_mutex_unlock(&ld->lock);
 		rc = sl_build(ld, s, g);
 		pthread_mutex_lock(&ld->lock);
 		if (rc) {
 			s->state = SL_B_FREE;
-			if (!ld->err) {
-				ld->err = rc;
-				snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
-			}
+			sl_fail(ld, rc);
 		} else {
 			s->state = SL_B_READY;
+			if (g == ld->next_g)
+				pthread_cond_signal(&ld->batch_cv);
 		}
 		sl_set_low(ld);
 	}
@@ -598,25 +627,28 @@ static void *sl_produce(void *arg)
 	return NULL;
 }
 
-static void sl_join_threads(struct sluice_loader *ld)
+/* Stops the loader's threads and waits for them. */
+static void sl_halt(struct sluice_loader *ld)
 {
+	pthread_mutex_lock(&ld->lock);
+	ld->stop = 1;
+	pthread_cond_broadcast(&ld->cv);
+	pthread_cond_broadcast(&ld->slot_cv);
+	pthread_cond_broadcast(&ld->batch_cv);
+	pthread_mutex_unlock(&ld->lock);
 	while (ld->producers_running)
 		pthread_join(ld->producer[--ld->producers_running], NULL);
 	while (ld->readers_running)
 		pthread_join(ld->reader[--ld->readers_running], NULL);
+	ld->stop = 0;
 }
 
 static void sl_stop(struct sluice_loader *ld)
 {
 	if (!ld->running)
 		return;
-	pthread_mutex_lock(&ld->lock);
-	ld->stop = 1;
-	pthread_cond_broadcast(&ld->cv);
-	pthread_mutex_unlock(&ld->lock);
-	sl_join_threads(ld);
+	sl_halt(ld);
 	ld->running = 0;
-	ld->stop = 0;
 }
 
 /* (Re)starts production at the consumer's next batch of the current epoch. */
@@ -651,12 +683,7 @@ static int sl_start(struct sluice_loader *ld)
 	if (rc && ld->producers_running)
 		ld->producers_running--;
 	if (rc) {
-		pthread_mutex_lock(&ld->lock);
-		ld->stop = 1;
-		pthread_cond_broadcast(&ld->cv);
-		pthread_mutex_unlock(&ld->lock);
-		sl_join_threads(ld);
-		ld->stop = 0;
+		sl_halt(ld);
 		return sl__err(-rc, "loader: starting its threads");
 	}
 	ld->running = 1;
@@ -696,6 +723,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->opt.fields = NULL;
 	pthread_mutex_init(&ld->lock, NULL);
 	pthread_cond_init(&ld->cv, NULL);
+	pthread_cond_init(&ld->slot_cv, NULL);
+	pthread_cond_init(&ld->batch_cv, NULL);
 	*out = ld;
 	/* Fields to load. */
 	for (unsigned f = 0; f < sluice_dataset_nfields(ds) && !opt->fields; f++)
@@ -804,6 +833,30 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 				rc = SL_CU(cu->EventCreate(&ld->slots[i].release, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 		}
 	}
+	/*
+	 * The ring, sized for a batch guessed from the fields and the average
+	 * record, is allocated here rather than by the first batches (pinning
+	 * and GPU allocations take milliseconds each); a larger batch grows its slot.
+	 */
+	if (!rc) {
+		/* Variable-size fields: the record's bytes beyond its fixed ones, shared evenly. */
+		uint64_t fixed = 0, guess = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0;
+
+		for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
+			uint64_t z = sl__field_fixed_size(sluice_dataset_field(ds, f));
+
+			fixed += z;
+			nvar += !z;
+		}
+		for (unsigned f = 0; f < ld->nf; f++) {
+			nvar_loaded += !ld->fixed[f];
+			guess = sl__align_up(guess + ld->fixed[f] * opt->batch_size + (ld->fixed[f] ? 0 : 8 * (opt->batch_size + 1ull)), 256) + 256;
+		}
+		if (nvar_loaded && avg > fixed)
+			guess += (avg - fixed) * opt->batch_size / nvar * nvar_loaded;
+		for (unsigned i = 0; i < ld->nslots && !rc; i++)
+			rc = sl_slot_reserve(ld, &ld->slots[i], guess);
+	}
 	if (!rc)
 		rc = sl_start(ld);
 	if (!rc)
@@ -814,20 +867,35 @@ fail:
 	return rc;
 }
 
-/* Gives back the batch the consumer holds, ordered after its stream's work. */
+/*
+ * Gives back the batch the consumer holds, ordered after its stream's work:
+ * the event is recorded outside the lock (the slot is the consumer's until
+ * its state changes); sl_free_slot, under the lock, hands it to a producer.
+ */
+static struct sl_bslot *sl_release(struct sluice_loader *ld, void *stream)
+{
+	struct sl_bslot *s = ld->held;
+
+	ld->held = NULL;
+	if (s && ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
+		s->release_set = ld->eng->gpu.cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+	return s;
+}
+
+static void sl_free_slot(struct sluice_loader *ld, struct sl_bslot *s)
+{
+	if (s && s->state == SL_B_OUT) {
+		s->state = SL_B_FREE;
+		pthread_cond_signal(&ld->slot_cv);
+	}
+}
+
 static void sl_give_back(struct sluice_loader *ld, void *stream)
 {
-	pthread_mutex_lock(&ld->lock);
-	for (unsigned i = 0; i < ld->nslots; i++) {
-		struct sl_bslot *s = &ld->slots[i];
+	struct sl_bslot *s = sl_release(ld, stream);
 
-		if (s->state != SL_B_OUT)
-			continue;
-		if (ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
-			s->release_set = ld->eng->gpu.cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
-		s->state = SL_B_FREE;
-		pthread_cond_broadcast(&ld->cv);
-	}
+	pthread_mutex_lock(&ld->lock);
+	sl_free_slot(ld, s);
 	pthread_mutex_unlock(&ld->lock);
 }
 
@@ -873,15 +941,19 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	int rc = 0;
 
 	sl__err_clear();
-	sl_give_back(ld, stream);
-	if (ld->next_g >= ld->nbatches)
-		return 0;
-	s = &ld->slots[ld->next_g % ld->nslots];
+	s = sl_release(ld, stream);
 	pthread_mutex_lock(&ld->lock);
+	sl_free_slot(ld, s);
+	if (ld->next_g >= ld->nbatches) {
+		pthread_mutex_unlock(&ld->lock);
+		return 0;
+	}
+	s = &ld->slots[ld->next_g % ld->nslots];
 	while (!(s->state == SL_B_READY && s->g == ld->next_g) && !ld->err)
-		pthread_cond_wait(&ld->cv, &ld->lock);
+		pthread_cond_wait(&ld->batch_cv, &ld->lock);
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
 		s->state = SL_B_OUT;
+		ld->held = s;
 		*b = s->b;
 		ld->next_g++;
 		ld->delivered++;
@@ -997,5 +1069,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 	free(ld->shard_records);
 	pthread_mutex_destroy(&ld->lock);
 	pthread_cond_destroy(&ld->cv);
+	pthread_cond_destroy(&ld->slot_cv);
+	pthread_cond_destroy(&ld->batch_cv);
 	free(ld);
 }
