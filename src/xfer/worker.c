@@ -285,7 +285,13 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	struct sl__seg *s = &job->segs[seg];
 	struct sluice_file *f = s->file;
 	struct sl__piece *p0 = &job->pieces[s->piece0];
-	int err = 0, single_host = s->npieces == 1 && !p0->gpu && p0->len == s->len;
+	uint32_t nrun = 0;
+	/*
+	 * Host memory that mirrors the segment byte for byte (one piece, or
+	 * neighbours one copy would move, gaps included): the I/O can use it.
+	 */
+	int err = 0, single_host = !p0->gpu && p0->seg_off == 0 && sl_run(job, s, 0, &nrun) == s->len &&
+				   nrun == s->npieces;
 	int gpu_any = 0;
 
 	sl->job = job;
