@@ -644,7 +644,7 @@ struct sluice_loader_options {
 	uint32_t batch_size;       /* records per batch per rank (required) */
 	const char *const *fields; /* names of the fields to load, NULL-terminated; NULL: all */
 	int gpu;                   /* 1: batches land in the engine's GPU; 0: host memory */
-	unsigned prefetch;         /* batches prepared ahead (0: 4) */
+	unsigned prefetch;         /* batches prepared ahead (0: 8, or down to 4 for batches over 32 MiB) */
 	uint64_t seed;
 	uint64_t epoch;
 	uint64_t position;         /* resume: global samples already consumed this epoch */

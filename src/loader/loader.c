@@ -694,7 +694,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		       const struct sluice_loader_options *opt)
 {
 	struct sluice_loader *ld;
-	uint64_t bytes = 0, world;
+	uint64_t bytes = 0, world, guess = 0;
 	int rc = 0;
 
 	*out = NULL;
@@ -796,6 +796,23 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		}
 		ld->stats_every = (uint64_t)(secs * 1e9);
 	}
+	{
+		/* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */
+		uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0;
+
+		for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
+			uint64_t z = sl__field_fixed_size(sluice_dataset_field(ds, f));
+
+			fixed += z;
+			nvar += !z;
+		}
+		for (unsigned f = 0; f < ld->nf; f++) {
+			nvar_loaded += !ld->fixed[f];
+			guess = sl__align_up(guess + ld->fixed[f] * opt->batch_size + (ld->fixed[f] ? 0 : 8 * (opt->batch_size + 1ull)), 256) + 256;
+		}
+		if (nvar_loaded && avg > fixed)
+			guess += (avg - fixed) * opt->batch_size / nvar * nvar_loaded;
+	}
 	ld->per_global = (uint64_t)opt->batch_size * world;
 	ld->nbatches = opt->drop_last ? ld->n / ld->per_global : (ld->n + ld->per_global - 1) / ld->per_global;
 	if (opt->position % ld->per_global || opt->position > ld->nbatches * ld->per_global) {
@@ -809,7 +826,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	 * further producer's batch, and for each reader one loading and one ready.
 	 */
 	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + SL_PRODUCERS - 1 + 2 * SL_READERS);
-	ld->nslots = opt->prefetch ? opt->prefetch + 1 : 5;
+	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
+	ld->nslots = 1 + (opt->prefetch ? opt->prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
 	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
 	if (!ld->win || !ld->slots) {
@@ -834,29 +852,11 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		}
 	}
 	/*
-	 * The ring, sized for a batch guessed from the fields and the average
-	 * record, is allocated here rather than by the first batches (pinning
+	 * The ring is allocated here rather than by the first batches (pinning
 	 * and GPU allocations take milliseconds each); a larger batch grows its slot.
 	 */
-	if (!rc) {
-		/* Variable-size fields: the record's bytes beyond its fixed ones, shared evenly. */
-		uint64_t fixed = 0, guess = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0;
-
-		for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
-			uint64_t z = sl__field_fixed_size(sluice_dataset_field(ds, f));
-
-			fixed += z;
-			nvar += !z;
-		}
-		for (unsigned f = 0; f < ld->nf; f++) {
-			nvar_loaded += !ld->fixed[f];
-			guess = sl__align_up(guess + ld->fixed[f] * opt->batch_size + (ld->fixed[f] ? 0 : 8 * (opt->batch_size + 1ull)), 256) + 256;
-		}
-		if (nvar_loaded && avg > fixed)
-			guess += (avg - fixed) * opt->batch_size / nvar * nvar_loaded;
-		for (unsigned i = 0; i < ld->nslots && !rc; i++)
-			rc = sl_slot_reserve(ld, &ld->slots[i], guess);
-	}
+	for (unsigned i = 0; i < ld->nslots && !rc; i++)
+		rc = sl_slot_reserve(ld, &ld->slots[i], guess);
 	if (!rc)
 		rc = sl_start(ld);
 	if (!rc)
@@ -882,11 +882,17 @@ static struct sl_bslot *sl_release(struct sluice_loader *ld, void *stream)
 	return s;
 }
 
+/*
+ * Under ld->lock.  The producers are woken once half the ring is free, not
+ * for every slot: they then fill it in a burst (each wakes the other), and
+ * the consumer's call mostly makes no system call.
+ */
 static void sl_free_slot(struct sluice_loader *ld, struct sl_bslot *s)
 {
 	if (s && s->state == SL_B_OUT) {
 		s->state = SL_B_FREE;
-		pthread_cond_signal(&ld->slot_cv);
+		if (2 * (ld->produce_g - ld->next_g) <= ld->nslots)
+			pthread_cond_signal(&ld->slot_cv);
 	}
 }
 
