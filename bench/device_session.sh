@@ -67,8 +67,12 @@ if has wait; then
 		# Prefetch: batches the loader keeps ready (0: its default).
 		step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 $temp $pf $ep | tee -a "$OUT/loader_alone.json" |
 			python3 -c 'import json,sys; j=json.load(sys.stdin); print(int(1.1 * j["batch_us"]))')
-		timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp $pf $ep | tee -a "$OUT/loader_step.json" |
-			python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "storage_wait us:", l["stages"]["storage_wait"]["total_us"])'
+		# WAIT_REPS runs with that step; the median wait share is the result.
+		for rep in $(seq ${WAIT_REPS:-3}); do
+			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp $pf $ep | tee -a "$OUT/loader_step.json" |
+				python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "longest", j["max_wait_us"], "us at (epoch, batch)", j["max_wait_at"])'
+		done | tee "$OUT/wait.txt"
+		python3 -c 'import re,statistics,sys; w=[float(re.search(r"wait ([0-9.]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median wait", statistics.median(w), "%")' "$OUT/wait.txt"
 	done; done
 fi
 

@@ -21,7 +21,8 @@
  *                                    samples/s, GB/s, CPU s/GB, the loader's time per batch
  *                                    after the first, epochs' fills left out (batch_us), the
  *                                    consumer's wait share in each tenth of the run (first
- *                                    batches of epochs left out) and the loader's own stats
+ *                                    batches of epochs left out), its longest wait (and the
+ *                                    epoch and batch of it) and the loader's own stats
  *   ds_bench randread DIR QD READS   READS uniformly random records, cold, O_DIRECT,
  *                                    batches of 256 from two submitting threads through
  *                                    one engine with QD I/O slots (threads x queue
@@ -256,7 +257,8 @@ int main(int argc, char **argv)
 						   .prefetch = argc >= 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
 		unsigned epochs = argc == 9 ? (unsigned)strtoul(argv[8], NULL, 10) : 1;
 		double step = strtod(argv[5], NULL) / 1e6, t0, dt, t_first = 0, t_end = 0, refill = 0;
-		uint64_t recs = 0, nb = 0, cap = 0;
+		uint64_t recs = 0, nb = 0, cap = 0, max_at = 0, max_epoch = 0;
+		double max_wait = 0;
 		double *wait = NULL, *busy = NULL; /* per batch: the consumer's wait, and its wait + step */
 		static char js[4096];
 
@@ -298,6 +300,11 @@ int main(int argc, char **argv)
 				if (nb < cap && k) { /* an epoch's first batch is its fill (the stats' fill_us) */
 					wait[nb] = t - a;
 					busy[nb++] = now() - a;
+					if (t - a > max_wait) {
+						max_wait = t - a;
+						max_at = k;
+						max_epoch = e;
+					}
 				}
 			}
 			t_end = now();
@@ -327,10 +334,11 @@ int main(int argc, char **argv)
 		}
 		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%s,\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
 		       "\"seconds\":%.3f,\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"batch_us\":%.1f,"
-		       "\"wait_share_by_tenth\":[%s],\"loader\":%s}\n",
+		       "\"wait_share_by_tenth\":[%s],\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],\"loader\":%s}\n",
 		       argv[3], o.batch_size, argv[5], argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
 		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0,
-		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, js);
+		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, max_wait * 1e6,
+		       (unsigned long long)max_epoch, (unsigned long long)max_at, js);
 		free(wait);
 		free(busy);
 		sluice_loader_close(ld);

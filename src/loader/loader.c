@@ -883,16 +883,16 @@ static struct sl_bslot *sl_release(struct sluice_loader *ld, void *stream)
 }
 
 /*
- * Under ld->lock.  The producers are woken once half the ring is free, not
- * for every slot: they then fill it in a burst (each wakes the other), and
- * the consumer's call mostly makes no system call.
+ * Under ld->lock.  A producer is woken for every slot given back, so the
+ * ring stays full: waking them only once half of it is free saves the
+ * consumer about a microsecond a call, but leaves half the ring to absorb
+ * hiccups when the step is barely longer than the loader's time per batch.
  */
 static void sl_free_slot(struct sluice_loader *ld, struct sl_bslot *s)
 {
 	if (s && s->state == SL_B_OUT) {
 		s->state = SL_B_FREE;
-		if (2 * (ld->produce_g - ld->next_g) <= ld->nslots)
-			pthread_cond_signal(&ld->slot_cv);
+		pthread_cond_signal(&ld->slot_cv);
 	}
 }
 
