@@ -13,9 +13,10 @@ storage, warm CUDA).
   - ImageFolder, Streaming, LitData, WebDataset: PIL decode + resize 224 + normalize in DataLoader workers
     (ImageFolder also with num_workers 0), shuffled, pin_memory=True, then .to(cuda, non_blocking=True), as
     the report;
-  - sluice: the loader puts each batch's JPEG bytes in host memory (nvJPEG reads from there),
-    torchvision.io.decode_jpeg decodes them on the GPU, then the same normalize; the decode counts as data
-    wait.
+  - sluice: the loader puts each batch's JPEG bytes in host memory (nvJPEG reads from there), and a thread
+    decodes them on the GPU (torchvision.io.decode_jpeg, then the same normalize) on its own CUDA stream,
+    up to two batches ahead of the step (as DALI's pipeline does); the step waits on the batch's event. A
+    decode not finished when the step asks for its batch counts as data wait.
 Reports data wait as % of the step and images/s for each; JSON to --out. Without a GPU (a smoke test) all of
 it runs on the CPU.
 """
@@ -205,20 +206,57 @@ def webdataset_batches(root, imgs, workers):
 
 def sluice_batches(root, ds_path, workers):
     # nvJPEG reads the compressed bytes from host memory: the loader delivers them there (its reads and CRC
-    # checks stay off this thread), decode_jpeg decodes on the GPU.
+    # checks stay off this thread). A thread decodes each batch on the GPU (decode_jpeg) on a stream of its
+    # own, a batch or two ahead of the step, as DALI's pipeline does; the step's stream waits on an event.
+    import queue
+    import threading
     ld = sluice.Loader(sluice.Dataset(ds_path), batch_size=B, device="cpu", fields=["data", "label"],
                        drop_last=True, seed=0)
     mean, std = MEAN.to(DEV), STD.to(DEV)
-    epoch = 0
-    while True:
-        for b in ld:
-            data, offs = b["data"]
-            t = torch.from_numpy(data)
-            jpegs = [t[offs[k]:offs[k + 1]] for k in range(len(offs) - 1)]
-            x = torch.stack(torchvision.io.decode_jpeg(jpegs, device=DEV)).float().div_(255)
-            yield (x - mean) / std, torch.from_numpy(b["label"].astype(np.int64)).to(DEV, non_blocking=True)
-        epoch += 1
-        ld.set_epoch(epoch)
+    ready, stop = queue.Queue(maxsize=2), threading.Event()
+
+    def decode_ahead():
+        side = torch.cuda.Stream() if DEV == "cuda" else None
+        epoch = 0
+        try:
+            while not stop.is_set():
+                for b in ld:
+                    data, offs = b["data"]
+                    t = torch.from_numpy(data)
+                    jpegs = [t[offs[k]:offs[k + 1]] for k in range(len(offs) - 1)]
+                    y = torch.from_numpy(b["label"].astype(np.int64))
+                    with torch.cuda.stream(side) if side else torch.autograd.no_grad():
+                        x = torch.stack(torchvision.io.decode_jpeg(jpegs, device=DEV)).float().div_(255)
+                        x = (x - mean) / std
+                        y = y.to(DEV)
+                        ev = None
+                        if side:
+                            ev = torch.cuda.Event()
+                            ev.record(side)
+                    ready.put((x, y, ev))
+                    if stop.is_set():
+                        return
+                epoch += 1
+                ld.set_epoch(epoch)
+        except BaseException as e:  # the step's thread raises it
+            ready.put(e)
+
+    th = threading.Thread(target=decode_ahead, daemon=True)
+    th.start()
+    try:
+        while True:
+            item = ready.get()
+            if isinstance(item, BaseException):
+                raise item
+            x, y, ev = item
+            if ev is not None:
+                cur = torch.cuda.current_stream()
+                cur.wait_event(ev)
+                x.record_stream(cur)
+                y.record_stream(cur)
+            yield x, y
+    finally:
+        stop.set()
 
 
 def main():
