@@ -40,12 +40,14 @@ enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
 #define SL_PRODUCERS 2 /* threads collating batches, each its own, into their slots */
+#define SL_PRELOAD 2 /* the next epoch's windows read before the epoch ends */
 #define SL_CHUNKS 16           /* chunks a shuffle window is made of (order.c) */
 #define SL_CHUNK_MIN (1 << 20) /* bytes of a chunk at least */
 
 struct sl_window {
 	int state;
 	uint64_t idx;               /* place in the epoch's window sequence (ld->seq) */
+	uint64_t epoch;             /* the epoch it was read for: this one, or the next (read ahead) */
 	uint64_t w;                 /* window number */
 	uint64_t *ids;              /* sorted record ids */
 	uint64_t *off;              /* where each starts in buf */
@@ -64,6 +66,14 @@ struct sluice_loader {
 	uint64_t *shard_records;
 	unsigned nshards;           /* runs the order permutes (1 if the format does not count per file) */
 	struct sl__order order;
+	/*
+	 * The next epoch's order: once this epoch's windows are all read, the
+	 * readers read the next epoch's first SL_PRELOAD windows, so that
+	 * sluice_loader_set_epoch(epoch + 1) starts with them in hand.
+	 */
+	struct sl__order next_order;
+	uint64_t pre_next;          /* next of those places a reader takes */
+	uint64_t preloaded;         /* windows an epoch found read ahead, since open */
 	uint64_t n, window, chunk, per_global, nbatches; /* nbatches: this rank's, per epoch */
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
@@ -111,9 +121,15 @@ struct sluice_loader {
 	uint64_t stats_every, t_logged; /* SLUICE_STATS seconds between log lines, in ns; 0: off */
 };
 
+/* The record at position q of the epoch whose order is o. */
+static uint64_t sl_at_in(const struct sluice_loader *ld, const struct sl__order *o, uint64_t q)
+{
+	return ld->opt.shuffle ? sl__order_at(o, q) : q;
+}
+
 static uint64_t sl_at(const struct sluice_loader *ld, uint64_t q)
 {
-	return ld->opt.shuffle ? sl__order_at(&ld->order, q) : q;
+	return sl_at_in(ld, &ld->order, q);
 }
 
 static int sl_cmp_u64(const void *a, const void *b)
@@ -141,7 +157,7 @@ static int sl_cmp_pos(const void *a, const void *b)
  * window, in long sequential runs, whatever the world size.  Which records
  * form each global batch, and their order, do not depend on the world size.
  */
-static int sl_rank_positions(const struct sluice_loader *ld, uint64_t g, uint64_t *out)
+static int sl_rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out)
 {
 	const uint64_t B = ld->opt.batch_size, BW = ld->per_global, p0 = g * BW;
 	struct sl_pos *v;
@@ -155,7 +171,7 @@ static int sl_rank_positions(const struct sluice_loader *ld, uint64_t g, uint64_
 	if (!v)
 		return -ENOMEM;
 	for (uint64_t k = 0; k < BW; k++)
-		v[k] = (struct sl_pos){ sl_at(ld, (p0 + k) % ld->n), p0 + k };
+		v[k] = (struct sl_pos){ sl_at_in(ld, o, (p0 + k) % ld->n), p0 + k };
 	qsort(v, BW, sizeof(*v), sl_cmp_pos);
 	for (uint64_t j = 0; j < B; j++)
 		out[j] = v[ld->opt.rank * B + j].p;
@@ -164,8 +180,8 @@ static int sl_rank_positions(const struct sluice_loader *ld, uint64_t g, uint64_
 	return 0;
 }
 
-/* Reads window w: every record of it that this rank takes this epoch. */
-static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint64_t w)
+/* Reads window w: every record of it that this rank takes in the epoch whose order is o. */
+static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl_window *win, uint64_t w)
 {
 	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
 	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns();
@@ -194,10 +210,10 @@ static int sl_window_load(struct sluice_loader *ld, struct sl_window *win, uint6
 		uint64_t a = lo + (pass ? ld->n : 0), b = hi + (pass ? ld->n : 0);
 
 		for (uint64_t g = a / ld->per_global; g * ld->per_global < b && g * ld->per_global < total; g++) {
-			rc = sl_rank_positions(ld, g, pos);
+			rc = sl_rank_positions(ld, o, g, pos);
 			for (uint32_t j = 0; !rc && j < ld->opt.batch_size; j++)
 				if (pos[j] >= a && pos[j] < b && k < hi - lo)
-					win->ids[k++] = sl_at(ld, pos[j] % ld->n);
+					win->ids[k++] = sl_at_in(ld, o, pos[j] % ld->n);
 			if (rc) {
 				free(pos);
 				return (int)rc;
@@ -274,7 +290,8 @@ static int sl_batch_windows(struct sluice_loader *ld, uint64_t g, struct sl_wind
 		for (uint64_t p = 0; p < need; p++) {
 			wins[p] = NULL;
 			for (unsigned i = 0; i < ld->nwin && !wins[p]; i++)
-				if (ld->win[i].state == SL_W_READY && ld->win[i].idx == first + p)
+				if (ld->win[i].state == SL_W_READY && ld->win[i].idx == first + p &&
+				    ld->win[i].epoch == ld->opt.epoch)
 					wins[p] = &ld->win[i];
 			got += wins[p] != NULL;
 		}
@@ -321,40 +338,59 @@ static void sl_fail(struct sluice_loader *ld, int rc)
 	pthread_cond_broadcast(&ld->batch_cv);
 }
 
+/* Under ld->lock: a window cache entry no batch needs any more (or none). */
+static struct sl_window *sl_free_window(struct sluice_loader *ld)
+{
+	for (unsigned k = 0; k < ld->nwin; k++) {
+		struct sl_window *win = &ld->win[k];
+
+		if (win->state == SL_W_EMPTY ||
+		    (win->state == SL_W_READY && win->epoch == ld->opt.epoch && win->idx < ld->low))
+			return win;
+	}
+	return NULL;
+}
+
 /*
  * Reads the windows of ld->seq in order, each once a cache entry is free and
- * it is near enough.  SL_READERS of these run, each with its own window in
- * flight, so that storage sees more than one window's I/O at a time.
+ * it is near enough, then the next epoch's first SL_PRELOAD windows.
+ * SL_READERS of these run, each with its own window in flight, so that
+ * storage sees more than one window's I/O at a time.
  */
 static void *sl_read_ahead(void *arg)
 {
 	struct sluice_loader *ld = arg;
+	const uint64_t npre = ld->nseq < SL_PRELOAD ? ld->nseq : SL_PRELOAD;
 
 	pthread_mutex_lock(&ld->lock);
-	while (ld->read_next < ld->nseq) {
+	for (;;) {
 		struct sl_window *win = NULL;
+		int pre = 0, rc;
 		uint64_t i;
-		int rc;
 
-		for (;;) {
-			for (unsigned k = 0; k < ld->nwin && !win; k++)
-				if (ld->win[k].state == SL_W_EMPTY || (ld->win[k].state == SL_W_READY && ld->win[k].idx < ld->low))
-					win = &ld->win[k];
-			if ((win && ld->read_next < ld->low + ld->nwin) || ld->stop || ld->err || ld->read_next >= ld->nseq)
+		while (!ld->stop && !ld->err) {
+			pre = ld->read_next >= ld->nseq;
+			if (pre && ld->pre_next >= npre)
+				break;
+			win = sl_free_window(ld);
+			if (win && (pre || ld->read_next < ld->low + ld->nwin))
 				break;
 			win = NULL;
 			pthread_cond_wait(&ld->cv, &ld->lock);
 		}
-		if (ld->stop || ld->err || ld->read_next >= ld->nseq)
+		if (!win)
 			break;
-		i = ld->read_next++;
+		i = pre ? ld->pre_next++ : ld->read_next++;
 		win->state = SL_W_LOADING;
 		win->idx = i;
 		win->w = ld->seq[i];
+		win->epoch = ld->opt.epoch + (uint64_t)pre;
 		pthread_mutex_unlock(&ld->lock);
-		rc = sl_window_load(ld, win, ld->seq[i]);
+		rc = sl_window_load(ld, pre ? &ld->next_order : &ld->order, win, ld->seq[i]);
 		pthread_mutex_lock(&ld->lock);
-		if (rc) {
+		if (rc && pre) {
+			win->state = SL_W_EMPTY; /* the next epoch reads it again, and meets the error then */
+		} else if (rc) {
 			win->state = SL_W_EMPTY;
 			sl_fail(ld, rc);
 		} else {
@@ -470,7 +506,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	if (!pos)
 		rc = -ENOMEM;
 	else if (!rc)
-		rc = sl_rank_positions(ld, g, pos);
+		rc = sl_rank_positions(ld, &ld->order, g, pos);
 	for (uint32_t j = 0; j < B && !rc; j++) {
 		uint64_t q = pos[j] % ld->n;
 		size_t len = 0;
@@ -656,16 +692,41 @@ static int sl_start(struct sluice_loader *ld)
 {
 	int rc;
 
-	sl__order_free(&ld->order);
-	rc = sl__order_init(&ld->order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch, ld->window,
-			    ld->chunk);
+	uint64_t keep = 0;
+
+	/* This epoch's order: the one made ahead, if it is this epoch's; and the next epoch's. */
+	if (ld->next_order.perm && ld->next_order.epoch == ld->opt.epoch) {
+		struct sl__order t = ld->order;
+
+		ld->order = ld->next_order;
+		ld->next_order = t;
+	} else {
+		sl__order_free(&ld->order);
+		rc = sl__order_init(&ld->order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch, ld->window,
+				    ld->chunk);
+		if (rc)
+			return rc;
+	}
+	sl__order_free(&ld->next_order);
+	rc = sl__order_init(&ld->next_order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch + 1,
+			    ld->window, ld->chunk);
 	if (rc)
 		return rc;
 	rc = sl_plan_windows(ld);
 	if (rc)
 		return rc;
+	/* Windows read ahead for this epoch from its start: places 0, 1, ... in hand. */
+	for (int found = ld->next_g == 0; found && keep < ld->nseq;) {
+		found = 0;
+		for (unsigned i = 0; i < ld->nwin && !found; i++)
+			found = ld->win[i].state == SL_W_READY && ld->win[i].epoch == ld->opt.epoch && ld->win[i].idx == keep;
+		keep += (uint64_t)found;
+	}
 	for (unsigned i = 0; i < ld->nwin; i++)
-		ld->win[i].state = SL_W_EMPTY;
+		if (!(ld->win[i].state == SL_W_READY && ld->win[i].epoch == ld->opt.epoch && ld->win[i].idx < keep))
+			ld->win[i].state = SL_W_EMPTY;
+	ld->pre_next = 0;
+	ld->preloaded += keep;
 	ld->low = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : 0;
 	for (unsigned i = 0; i < ld->nslots; i++)
 		if (ld->slots[i].state != SL_B_OUT)
@@ -673,7 +734,7 @@ static int sl_start(struct sluice_loader *ld)
 	ld->produce_g = ld->next_g;
 	ld->filling = 1;
 	ld->err = 0;
-	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : ld->nseq;
+	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] + keep : ld->nseq;
 	for (rc = 0; !rc && ld->readers_running < SL_READERS; ld->readers_running++)
 		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl_read_ahead, ld);
 	if (rc)
@@ -1022,11 +1083,13 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	uint64_t all = atomic_load(&ld->record_bytes);
 
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
-	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,\"stages\":{",
+	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
+	       "\"windows_read_ahead\":%llu,\"stages\":{",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
-	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped));
+	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
+	       (unsigned long long)ld->preloaded);
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
@@ -1067,6 +1130,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 	if (ld->copy)
 		ld->eng->gpu.cu->StreamDestroy(ld->copy);
 	sl__order_free(&ld->order);
+	sl__order_free(&ld->next_order);
 	free(ld->seq);
 	free(ld->bfirst);
 	free(ld->blast);

@@ -10,6 +10,7 @@
 /* A deterministic epoch order (order.c).  Only (seed, epoch, window, chunk) and the shard sizes decide it. */
 struct sl__order {
 	uint64_t n;          /* records */
+	uint64_t epoch;
 	uint64_t window;     /* records per shuffle window */
 	uint64_t chunk;      /* records per chunk: windows are made of chunks from all over the dataset */
 	uint64_t nchunks;    /* whole chunks, which are permuted; the records after them stay last */

@@ -41,6 +41,7 @@ int sl__order_init(struct sl__order *o, const uint64_t *shard_records, unsigned 
 	uint64_t *orig_first = malloc((nshards ? nshards : 1) * sizeof(uint64_t));
 
 	memset(o, 0, sizeof(*o));
+	o->epoch = epoch;
 	o->perm = malloc((nshards ? nshards : 1) * sizeof(*o->perm));
 	o->start = malloc((nshards + 1) * sizeof(*o->start));
 	o->first = orig_first;

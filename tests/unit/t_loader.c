@@ -256,6 +256,33 @@ int main(void)
 	T_CHECK(strstr(js, "\"verdict\":\"loader-bound\"") != NULL);
 	T_CHECK(sluice_loader_set_epoch(ld, 2) == 0);
 	T_CHECK(drain(ld, got, UINT64_MAX) == 21 * 48 && memcmp(got, ref, n * sizeof(uint64_t)));
+	/* Epoch 2 began with windows read ahead during epoch 1, or not: the same batches as a loader opened at 2. */
+	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js));
+	printf("after epoch 2: %.40s\n", strstr(js, "\"windows_read_ahead\""));
+	{
+		uint64_t *fresh = malloc(2 * n * sizeof(uint64_t));
+		struct sluice_loader *l2 = open_loader(eng, ds, 48, 0, 1, 0, 0);
+
+		T_CHECK(sluice_loader_set_epoch(l2, 2) == 0);
+		T_CHECK(drain(l2, fresh, UINT64_MAX) == 21 * 48 && !memcmp(fresh, got, 21 * 48 * sizeof(uint64_t)));
+		sluice_loader_close(l2);
+		/* And back to epoch 1 (not the one read ahead): epoch 1's batches again. */
+		T_CHECK(sluice_loader_set_epoch(ld, 1) == 0);
+		T_CHECK(drain(ld, fresh, UINT64_MAX) == 21 * 48 && !memcmp(fresh, ref, 21 * 48 * sizeof(uint64_t)));
+		/* Half of epoch 2 again (nothing of epoch 3 read ahead yet), then 3, as a loader opened at 3. */
+		uint64_t *three = malloc(2 * n * sizeof(uint64_t));
+
+		T_CHECK(sluice_loader_set_epoch(ld, 2) == 0 && drain(ld, fresh, 10) == 10 * 48 &&
+			!memcmp(fresh, got, 10 * 48 * sizeof(uint64_t)));
+		T_CHECK(sluice_loader_set_epoch(ld, 3) == 0 && drain(ld, fresh, UINT64_MAX) == 21 * 48 &&
+			memcmp(fresh, got, n * sizeof(uint64_t)) && memcmp(fresh, ref, n * sizeof(uint64_t)));
+		l2 = open_loader(eng, ds, 48, 0, 1, 0, 0);
+		T_CHECK(sluice_loader_set_epoch(l2, 3) == 0 && drain(l2, three, UINT64_MAX) == 21 * 48 &&
+			!memcmp(fresh, three, 21 * 48 * sizeof(uint64_t)));
+		sluice_loader_close(l2);
+		free(three);
+		free(fresh);
+	}
 	sluice_loader_close(ld);
 
 	/*
