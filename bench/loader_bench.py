@@ -163,9 +163,9 @@ def main():
             best = max((k for k in row if k.startswith("torch_") and k.endswith("w")), key=lambda k: row[k])
             row["best_torch"] = best
             row["ratio_vs_best_torch"] = row["sluice"] / row[best]
+            row["sluice_cpu_s_per_gb"] = row["sluice_detail"]["cpu_s_per_gb"]
             res[f"{size}_{temp}"] = row
             save()
-            row["sluice_cpu_s_per_gb"] = row["sluice_detail"]["cpu_s_per_gb"]
             print(f"{size} B {temp}: sluice {row['sluice']:,.0f} samples/s ({row['sluice_cpu_s_per_gb']:.2f} CPU s/GB), "
                   f"best DataLoader {best} {row[best]:,.0f} ({row[best + '_cpu_s_per_gb']:.2f} CPU s/GB): "
                   f"ratio {row['ratio_vs_best_torch']:.2f}", flush=True)
