@@ -16,7 +16,10 @@
  *   ds_bench loader DIR gpu|host B STEP_US cold|warm [PREFETCH [EPOCHS]]
  *                                    EPOCHS (default 1) shuffled epochs of the loader, batches
  *                                    of B; the consumer spends STEP_US per batch (a stand-in
- *                                    for the training step); cold drops the page cache first,
+ *                                    for the training step; gSTEP_US: a kernel of that length
+ *                                    on a CUDA stream the batches are ordered on, the CPU thread
+ *                                    free, and the GPU's idle share measured with events);
+ *                                    cold drops the page cache first,
  *                                    warm reads every file of DIR through it first;
  *                                    samples/s, GB/s, CPU s/GB, the loader's time per batch
  *                                    after the first, epochs' fills left out (batch_us), the
@@ -30,6 +33,7 @@
  * Prints one JSON object.
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -67,6 +71,80 @@ static void warm_dir(const char *dir)
 	}
 	if (d)
 		closedir(d);
+}
+
+/*
+ * A synthetic GPU step: a kernel that spins on the GPU's clock for a given
+ * time (PTX, compiled by the driver), launched on a stream of the primary
+ * context the engine uses.  The driver is loaded at run time, as sluice does.
+ */
+static const char spin_ptx[] =
+	".version 6.0\n.target sm_50\n.address_size 64\n"
+	".visible .entry spin(.param .u64 ns)\n{\n"
+	"\t.reg .pred %p<2>;\n\t.reg .b64 %rd<5>;\n"
+	"\tld.param.u64 %rd1, [ns];\n\tmov.u64 %rd2, %globaltimer;\n"
+	"LOOP:\n\tmov.u64 %rd3, %globaltimer;\n\tsub.s64 %rd4, %rd3, %rd2;\n"
+	"\tsetp.lt.u64 %p1, %rd4, %rd1;\n\t@%p1 bra LOOP;\n\tret;\n}\n";
+
+struct gstep {
+	void *st, *fn;
+	int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
+		      void **);
+	int (*ev_create)(void **, unsigned);
+	int (*ev_record)(void *, void *);
+	int (*ev_elapsed)(float *, void *, void *);
+	int (*sync)(void *);
+};
+
+static int gstep_init(struct gstep *g)
+{
+	void *cu = dlopen("libcuda.so.1", RTLD_NOW), *ctx, *mod;
+	int dev, (*init)(unsigned), (*dget)(int *, int), (*retain)(void **, int), (*setcur)(void *);
+	int (*load)(void **, const void *), (*getfn)(void **, void *, const char *), (*screate)(void **, unsigned);
+
+	if (!cu)
+		return -1;
+	*(void **)&init = dlsym(cu, "cuInit");
+	*(void **)&dget = dlsym(cu, "cuDeviceGet");
+	*(void **)&retain = dlsym(cu, "cuDevicePrimaryCtxRetain");
+	*(void **)&setcur = dlsym(cu, "cuCtxSetCurrent");
+	*(void **)&load = dlsym(cu, "cuModuleLoadData");
+	*(void **)&getfn = dlsym(cu, "cuModuleGetFunction");
+	*(void **)&screate = dlsym(cu, "cuStreamCreate");
+	*(void **)&g->launch = dlsym(cu, "cuLaunchKernel");
+	*(void **)&g->ev_create = dlsym(cu, "cuEventCreate");
+	*(void **)&g->ev_record = dlsym(cu, "cuEventRecord");
+	*(void **)&g->ev_elapsed = dlsym(cu, "cuEventElapsedTime");
+	*(void **)&g->sync = dlsym(cu, "cuStreamSynchronize");
+	if (!init || !dget || !retain || !setcur || !load || !getfn || !screate || !g->launch || !g->ev_create ||
+	    !g->ev_record || !g->ev_elapsed || !g->sync)
+		return -1;
+	if (init(0) || dget(&dev, 0) || retain(&ctx, dev) || setcur(ctx) || load(&mod, spin_ptx) ||
+	    getfn(&g->fn, mod, "spin") || screate(&g->st, 1 /* non-blocking */))
+		return -1;
+	return 0;
+}
+
+static int gstep_run(struct gstep *g, unsigned long long ns)
+{
+	void *arg[] = { &ns };
+
+	return g->launch(g->fn, 1, 1, 1, 1, 1, 1, 0, g->st, arg, NULL);
+}
+
+/* Seconds of GPU time between two events recorded now and after n kernels of ns each. */
+static double gstep_span(struct gstep *g, unsigned n, unsigned long long ns)
+{
+	void *a, *b;
+	float ms = -1;
+
+	if (g->ev_create(&a, 0) || g->ev_create(&b, 0) || g->ev_record(a, g->st))
+		return -1;
+	for (unsigned i = 0; i < n; i++)
+		gstep_run(g, ns);
+	if (g->ev_record(b, g->st) || g->sync(g->st) || g->ev_elapsed(&ms, a, b))
+		return -1;
+	return ms / 1e3;
 }
 
 static double now(void)
@@ -256,16 +334,36 @@ int main(int argc, char **argv)
 						   .seed = 1, .shuffle = 1, .drop_last = 1,
 						   .prefetch = argc >= 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
 		unsigned epochs = argc == 9 ? (unsigned)strtoul(argv[8], NULL, 10) : 1;
-		double step = strtod(argv[5], NULL) / 1e6, t0, dt, t_first = 0, t_end = 0, refill = 0;
+		int on_gpu = argv[5][0] == 'g';
+		double step = strtod(argv[5] + on_gpu, NULL) / 1e6, t0, dt, t_first = 0, t_end = 0, refill = 0;
+		struct gstep gs;
+		void *ev[2 * 64];
+		double gspan = 0, gbusy = 0, gap = 0;
+		uint64_t ns = (uint64_t)(step * 1e9), nk = 0;
 		uint64_t recs = 0, nb = 0, cap = 0, max_at = 0, max_epoch = 0;
 		double max_wait = 0;
 		double *wait = NULL, *busy = NULL; /* per batch: the consumer's wait, and its wait + step */
 		static char js[4096];
 
-		if (!epochs)
+		if (!epochs || (on_gpu && epochs > 64))
 			return 2;
 		if (sluice_dataset_open(&ds, argv[2]) || sluice_engine_open(&eng, NULL))
 			return 1;
+		if (on_gpu) {
+			double base;
+
+			if (gstep_init(&gs)) {
+				fprintf(stderr, "loader: no CUDA driver for a GPU step\n");
+				return 1;
+			}
+			for (unsigned i = 0; i < 2 * epochs; i++)
+				if (gs.ev_create(&ev[i], 0))
+					return 1;
+			/* The kernels back to back, no loader: what launches alone leave between them. */
+			gstep_span(&gs, 20, ns);
+			base = gstep_span(&gs, 200, ns);
+			gap = base > 0 ? (base - 200 * step) / 200 : 0;
+		}
 		if (!strcmp(argv[6], "cold"))
 			sluice_drop_page_cache();
 		else
@@ -287,15 +385,23 @@ int main(int argc, char **argv)
 			for (uint64_t k = 0;; k++) {
 				double a = now(), t;
 
-				if ((rc = sluice_loader_next(ld, &b, NULL)) != 1)
+				if ((rc = sluice_loader_next(ld, &b, on_gpu ? gs.st : NULL)) != 1)
 					break;
 				t = now();
+				if (on_gpu) {
+					/* GPU time of the epoch from its first batch's arrival (the fill left out). */
+					if (!k && gs.ev_record(ev[2 * e], gs.st))
+						return 1;
+					if (gstep_run(&gs, ns))
+						return 1;
+					nk++;
+				}
 				if (!t_first)
 					t_first = t;
 				else if (!k)
 					refill += t - a; /* later epochs' fills: not the loader's time per batch */
 				recs += b.size;
-				while (step > 0 && now() - t < step)
+				while (!on_gpu && step > 0 && now() - t < step)
 					; /* the consumer's step: busy, as a GPU step's launch thread is */
 				if (nb < cap && k) { /* an epoch's first batch is its fill (the stats' fill_us) */
 					wait[nb] = t - a;
@@ -307,7 +413,21 @@ int main(int argc, char **argv)
 					}
 				}
 			}
+			if (on_gpu && gs.ev_record(ev[2 * e + 1], gs.st))
+				return 1;
 			t_end = now();
+		}
+		if (on_gpu) {
+			if (gs.sync(gs.st))
+				return 1;
+			for (unsigned e = 0; e < epochs; e++) {
+				float ms = 0;
+
+				if (gs.ev_elapsed(&ms, ev[2 * e], ev[2 * e + 1]))
+					return 1;
+				gspan += ms / 1e3;
+			}
+			gbusy = (double)nk * step;
 		}
 		dt = now() - t0;
 		getrusage(RUSAGE_SELF, &r1);
@@ -334,11 +454,15 @@ int main(int argc, char **argv)
 		}
 		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%s,\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
 		       "\"seconds\":%.3f,\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"batch_us\":%.1f,"
-		       "\"wait_share_by_tenth\":[%s],\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],\"loader\":%s}\n",
+		       "\"wait_share_by_tenth\":[%s],\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],"
+		       "\"gpu_step\":{\"kernels\":%llu,\"span_s\":%.4f,\"idle_share\":%.4f,\"launch_gap_us\":%.2f,"
+		       "\"idle_share_less_launch_gaps\":%.4f},\"loader\":%s}\n",
 		       argv[3], o.batch_size, argv[5], argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
 		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0,
 		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, max_wait * 1e6,
-		       (unsigned long long)max_epoch, (unsigned long long)max_at, js);
+		       (unsigned long long)max_epoch, (unsigned long long)max_at, (unsigned long long)nk, gspan,
+		       gspan > 0 ? 1 - gbusy / gspan : 0.0, gap * 1e6,
+		       gspan > 0 ? 1 - (gbusy + (double)nk * gap) / gspan : 0.0, js);
 		free(wait);
 		free(busy);
 		sluice_loader_close(ld);
