@@ -93,7 +93,9 @@ struct gstep {
 	int (*ev_create)(void **, unsigned);
 	int (*ev_record)(void *, void *);
 	int (*ev_elapsed)(float *, void *, void *);
+	int (*ev_sync)(void *);
 	int (*sync)(void *);
+	void *done[2];              /* after the last two steps: the loop waits for the one before last */
 };
 
 static int gstep_init(struct gstep *g)
@@ -116,11 +118,13 @@ static int gstep_init(struct gstep *g)
 	*(void **)&g->ev_record = dlsym(cu, "cuEventRecord");
 	*(void **)&g->ev_elapsed = dlsym(cu, "cuEventElapsedTime");
 	*(void **)&g->sync = dlsym(cu, "cuStreamSynchronize");
+	*(void **)&g->ev_sync = dlsym(cu, "cuEventSynchronize");
 	if (!init || !dget || !retain || !setcur || !load || !getfn || !screate || !g->launch || !g->ev_create ||
-	    !g->ev_record || !g->ev_elapsed || !g->sync)
+	    !g->ev_record || !g->ev_elapsed || !g->sync || !g->ev_sync)
 		return -1;
 	if (init(0) || dget(&dev, 0) || retain(&ctx, dev) || setcur(ctx) || load(&mod, spin_ptx) ||
-	    getfn(&g->fn, mod, "spin") || screate(&g->st, 1 /* non-blocking */))
+	    getfn(&g->fn, mod, "spin") || screate(&g->st, 1 /* non-blocking */) ||
+	    g->ev_create(&g->done[0], 2 /* no timing */) || g->ev_create(&g->done[1], 2))
 		return -1;
 	return 0;
 }
@@ -392,7 +396,12 @@ int main(int argc, char **argv)
 					/* GPU time of the epoch from its first batch's arrival (the fill left out). */
 					if (!k && gs.ev_record(ev[2 * e], gs.st))
 						return 1;
-					if (gstep_run(&gs, ns))
+					/*
+					 * As a training loop reading the loss of the step before (loss.item()),
+					 * the thread runs at most two steps ahead of the GPU.
+					 */
+					if (gstep_run(&gs, ns) || gs.ev_record(gs.done[nk % 2], gs.st) ||
+					    (nk && gs.ev_sync(gs.done[(nk - 1) % 2])))
 						return 1;
 					nk++;
 				}
@@ -452,12 +461,12 @@ int main(int argc, char **argv)
 			}
 			tl += (size_t)snprintf(tenths + tl, sizeof(tenths) - tl, "%s%.4f", q ? "," : "", all > 0 ? w / all : 0);
 		}
-		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%s,\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
+		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%.1f,\"step_on\":\"%s\",\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
 		       "\"seconds\":%.3f,\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"batch_us\":%.1f,"
 		       "\"wait_share_by_tenth\":[%s],\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],"
 		       "\"gpu_step\":{\"kernels\":%llu,\"span_s\":%.4f,\"idle_share\":%.4f,\"launch_gap_us\":%.2f,"
 		       "\"idle_share_less_launch_gaps\":%.4f},\"loader\":%s}\n",
-		       argv[3], o.batch_size, argv[5], argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
+		       argv[3], o.batch_size, step * 1e6, on_gpu ? "gpu" : "cpu", argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
 		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0,
 		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, max_wait * 1e6,
 		       (unsigned long long)max_epoch, (unsigned long long)max_at, (unsigned long long)nk, gspan,
