@@ -485,7 +485,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	const uint32_t B = ld->opt.batch_size;
 	const struct sl__cuda_api *cu = ld->eng->gpu.cu;
 	struct sluice_record *rec = malloc(B * sizeof(*rec));
-	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0;
+	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0, h2d = 0;
 	int rc = 0;
 
 	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1;
@@ -534,6 +534,20 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		if (!ld->fixed[f])
 			size = sl__align_up(size + 8 * ((uint64_t)m + 1), 256);
 	}
+	/*
+	 * The slot's previous copy must be done before its staging is
+	 * overwritten.  It was queued a whole ring ago, so this rarely waits;
+	 * the copy itself is not waited for (the consumer's stream waits on
+	 * the batch's event), so a producer never waits for the consumer's GPU
+	 * work while it could be collating.
+	 */
+	if (!rc && ld->opt.gpu) {
+		h2d = sl__now_ns();
+		rc = sl__gpu_bind(&ld->eng->gpu);
+		if (!rc)
+			rc = SL_CU(cu->EventSynchronize(s->ready), "cuEventSynchronize");
+		h2d = sl__now_ns() - h2d;
+	}
 	if (!rc)
 		rc = sl_slot_reserve(ld, s, size);
 	for (unsigned f = 0; !rc && f < ld->nf; f++) {
@@ -573,12 +587,10 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 				   "cuMemcpyHtoDAsync");
 		if (!rc)
 			rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
-		/* The staging is reused by the next batch of this slot only after the copy. */
-		if (!rc)
-			rc = SL_CU(cu->EventSynchronize(s->ready), "cuEventSynchronize");
 		if (rc)
 			return rc;
-		sl__hist_add(&ld->h_h2d, sl__now_ns() - t0);
+		/* The H2D stage: the wait for the slot's previous copy, and queueing this one. */
+		sl__hist_add(&ld->h_h2d, h2d + sl__now_ns() - t0);
 	}
 	/* The batch as the consumer sees it. */
 	char *mem = ld->opt.gpu ? s->dev : s->host;
@@ -1024,9 +1036,13 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		*b = s->b;
 		ld->next_g++;
 		ld->delivered++;
-		/* The caller's stream waits for the copy, so work queued on it sees the batch. */
-		if (ld->opt.gpu && stream && sl__gpu_bind(&ld->eng->gpu) == 0)
-			rc = SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent");
+		/*
+		 * The caller's stream waits for the copy, so work queued on it sees
+		 * the batch; with no stream, the copy is waited for here.
+		 */
+		if (ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
+			rc = stream ? SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")
+				    : SL_CU(ld->eng->gpu.cu->EventSynchronize(s->ready), "cuEventSynchronize");
 	} else {
 		rc = sl__err(ld->err, "%s", ld->detail);
 	}

@@ -252,8 +252,22 @@ int main(void)
 	printf("stats: %s\n", js);
 	/* Windows of neighbours read in id order: almost every byte continues the read before it. */
 	T_CHECK(strtod(strstr(js, "\"sequential_fraction\":") + 22, NULL) >= 0.9);
-	/* The consumer did almost nothing between batches: the loader is what it waited for. */
-	T_CHECK(strstr(js, "\"verdict\":\"loader-bound\"") != NULL);
+	T_CHECK(strstr(js, "\"verdict\":\"") != NULL);
+	{
+		/*
+		 * A consumer that does nothing but take batches (drain's checks take
+		 * time): the loader is what it waited for.
+		 */
+		struct sluice_loader *l1 = open_loader(eng, ds, 48, 0, 1, 0, 0);
+		struct sluice_batch b;
+
+		while (sluice_loader_next(l1, &b, NULL) == 1)
+			;
+		T_CHECK(sluice_loader_stats_json(l1, js, sizeof(js)) < sizeof(js));
+		printf("a consumer doing nothing: %s\n", strstr(js, "\"gpu_wait_share\""));
+		T_CHECK(strstr(js, "\"verdict\":\"loader-bound\"") != NULL);
+		sluice_loader_close(l1);
+	}
 	T_CHECK(sluice_loader_set_epoch(ld, 2) == 0);
 	T_CHECK(drain(ld, got, UINT64_MAX) == 21 * 48 && memcmp(got, ref, n * sizeof(uint64_t)));
 	/* Epoch 2 began with windows read ahead during epoch 1, or not: the same batches as a loader opened at 2. */
@@ -431,7 +445,9 @@ int main(void)
 	/*
 	 * The same records as zstd blocks (one per 32 KiB shard): every record
 	 * arrives, and each block is decompressed about once, not once per record
-	 * (readers taking turns would evict each other's block).
+	 * (readers taking turns would evict each other's block).  The next
+	 * epoch's first windows, read ahead at the end, may decompress each
+	 * block once more.
 	 */
 	{
 		struct sluice_writer_options zo = { .shard_size = 32 << 10, .zstd_level = 1 };
@@ -454,7 +470,7 @@ int main(void)
 		k = strtoull(strstr(js, dc) + strlen(dc), NULL, 10);
 		printf("zstd: %llu blocks, %llu windows, %llu decompressed\n", (unsigned long long)blocks,
 		       (unsigned long long)windows, (unsigned long long)k);
-		T_CHECK(k >= blocks && k <= blocks + windows);
+		T_CHECK(k >= blocks && k <= 2 * blocks + windows);
 		sluice_loader_close(ld);
 		sluice_dataset_close(zds);
 	}
