@@ -697,7 +697,8 @@ SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct 
  * the next call of sluice_loader_next() or sluice_loader_close(); with a
  * GPU loader, pass the stream that uses the batch: it is made to wait for
  * the batch's copy (batch.event), and GPU work queued on it before that
- * next call is waited for before the buffers are reused.
+ * next call is waited for before the buffers are reused; with stream NULL,
+ * the call returns once the copy is done.
  * Decompression, CRC checks and collation run in the loader's thread and
  * the engine's workers, never in the caller's.
  */
