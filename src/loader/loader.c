@@ -326,6 +326,14 @@ static const char *sl_lookup(struct sl_window *const *wins, uint64_t nw, uint64_
 	return win->buf + win->off[hit - win->ids];
 }
 
+/* Under ld->lock: every waiting thread looks again (an error, a stop). */
+static void sl_wake_all(struct sluice_loader *ld)
+{
+	pthread_cond_broadcast(&ld->cv);
+	pthread_cond_broadcast(&ld->slot_cv);
+	pthread_cond_broadcast(&ld->batch_cv);
+}
+
 /* Under ld->lock: the loader's first error stops it; every thread hears of it. */
 static void sl_fail(struct sluice_loader *ld, int rc)
 {
@@ -333,9 +341,7 @@ static void sl_fail(struct sluice_loader *ld, int rc)
 		ld->err = rc;
 		snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
 	}
-	pthread_cond_broadcast(&ld->cv);
-	pthread_cond_broadcast(&ld->slot_cv);
-	pthread_cond_broadcast(&ld->batch_cv);
+	sl_wake_all(ld);
 }
 
 /* Under ld->lock: a window cache entry no batch needs any more (or none). */
@@ -680,9 +686,7 @@ static void sl_halt(struct sluice_loader *ld)
 {
 	pthread_mutex_lock(&ld->lock);
 	ld->stop = 1;
-	pthread_cond_broadcast(&ld->cv);
-	pthread_cond_broadcast(&ld->slot_cv);
-	pthread_cond_broadcast(&ld->batch_cv);
+	sl_wake_all(ld);
 	pthread_mutex_unlock(&ld->lock);
 	while (ld->producers_running)
 		pthread_join(ld->producer[--ld->producers_running], NULL);
