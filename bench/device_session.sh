@@ -55,6 +55,7 @@ if has ds; then
 fi
 
 if has wait; then
+	trace() { [ -n "$WAIT_TRACE" ] && mkdir -p "$OUT/traces" && export SLUICE_TRACE="$OUT/traces/$1.json"; }
 	# Consumer wait with a synthetic step a little longer than the loader's own time per batch (target < 1%).
 	D4="${D4_DIR:-/var/tmp/sluice-d4}"
 	mkdir -p "$D4"
@@ -63,12 +64,14 @@ if has wait; then
 		# Warm epochs of this set are short (a quarter of a second): several, so the run is not all
 		# start-up. After the first, a "cold" epoch would be warm: one.
 		ep=1; [ $temp = warm ] && ep=${WAIT_EPOCHS:-5}
+		unset SLUICE_TRACE
 		# The loader alone (a consumer that does nothing): its time per batch sets the step, 10% longer.
 		# Prefetch: batches the loader keeps ready (0: its default).
 		step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 $temp $pf $ep | tee -a "$OUT/loader_alone.json" |
 			python3 -c 'import json,sys; j=json.load(sys.stdin); print(int(1.1 * j["batch_us"]))')
 		# WAIT_REPS runs with that step; the median wait share is the result.
 		for rep in $(seq ${WAIT_REPS:-3}); do
+			trace "cpu-$temp-$pf-$rep"
 			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp $pf $ep | tee -a "$OUT/loader_step.json" |
 				python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "longest", j["max_wait_us"], "us at (epoch, batch)", j["max_wait_at"])'
 		done | tee "$OUT/wait.txt"
@@ -76,11 +79,18 @@ if has wait; then
 		# The same step as a GPU kernel on the stream the batches are ordered on: the CPU thread runs
 		# ahead as a training loop's does, and the GPU's idle share is measured with CUDA events.
 		for rep in $(seq ${WAIT_REPS:-3}); do
+			trace "gpu-$temp-$pf-$rep"
 			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "g$step" $temp $pf $ep | tee -a "$OUT/loader_gpustep.json" |
 				python3 -c 'import json,sys; j=json.load(sys.stdin); g=j["gpu_step"]; print(j["temp"], "prefetch '$pf' GPU step", j["step_us"], "us:", g["kernels"], "kernels, GPU idle", round(100*g["idle_share"],2), "% (less launch gaps of", g["launch_gap_us"], "us:", round(100*g["idle_share_less_launch_gaps"],2), "%)")'
 		done | tee "$OUT/gpuwait.txt"
 		python3 -c 'import re,statistics,sys; w=[float(re.search(r"GPU idle ([0-9.-]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median GPU idle", statistics.median(w), "%")' "$OUT/gpuwait.txt"
 	done; done
+	unset SLUICE_TRACE
+	# WAIT_TRACE=1: each run's spans (SLUICE_TRACE), summed up by bench/trace_report.py, in one archive.
+	if [ -n "$WAIT_TRACE" ]; then
+		for f in "$OUT"/traces/*.json; do echo "== $f"; python3 bench/trace_report.py "$f"; done > "$OUT/trace_report.txt"
+		tar -C "$OUT" -czf "$OUT/traces.tgz" traces && rm -r "$OUT/traces"
+	fi
 fi
 
 if has loader; then

@@ -48,6 +48,19 @@ SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
 /* crc(A||B) from crc(A), crc(B) and len(B), for CRC32C. */
 SL_HIDDEN uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
 
+/*
+ * SLUICE_TRACE: spans of work (name, start and end in sl__now_ns, the thread's
+ * CPU time in it, a number such as the batch) written at close as a Chrome
+ * trace.  sl__trace_open with no path gives a NULL trace; spans on it cost
+ * nothing.
+ */
+struct sl__trace;
+SL_HIDDEN int sl__trace_open(struct sl__trace **t, const char *path);
+SL_HIDDEN void sl__trace_span(struct sl__trace *t, const char *name, uint64_t t0, uint64_t t1, uint64_t cpu_ns,
+			      uint64_t n);
+SL_HIDDEN int sl__trace_close(struct sl__trace *t);
+SL_HIDDEN uint64_t sl__thread_cpu_ns(void);
+
 /* Logging; tag names the subsystem ("io", "gpu", "xfer", "core"). */
 SL_HIDDEN extern int sl__log_level;
 SL_HIDDEN void sl__log(int level, const char *tag, const char *fmt, ...) SL_PRINTF(3, 4);

@@ -40,7 +40,6 @@ enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
 #define SL_PRODUCERS 2 /* threads collating batches, each its own, into their slots */
-#define SL_PRELOAD 2 /* the next epoch's windows read before the epoch ends */
 #define SL_CHUNKS 16           /* chunks a shuffle window is made of (order.c) */
 #define SL_CHUNK_MIN (1 << 20) /* bytes of a chunk at least */
 
@@ -68,8 +67,9 @@ struct sluice_loader {
 	struct sl__order order;
 	/*
 	 * The next epoch's order: once this epoch's windows are all read, the
-	 * readers read the next epoch's first SL_PRELOAD windows, so that
-	 * sluice_loader_set_epoch(epoch + 1) starts with them in hand.
+	 * readers read the next epoch's first windows into the buffers this one
+	 * gives back, so that sluice_loader_set_epoch(epoch + 1) starts with
+	 * them in hand.
 	 */
 	struct sl__order next_order;
 	uint64_t pre_next;          /* next of those places a reader takes */
@@ -119,7 +119,21 @@ struct sluice_loader {
 	uint64_t fill_ns;
 	int filling;
 	uint64_t stats_every, t_logged; /* SLUICE_STATS seconds between log lines, in ns; 0: off */
+	struct sl__trace *trace;    /* SLUICE_TRACE: spans of each stage, written at close */
 };
+
+/* For SLUICE_TRACE: the thread's CPU time now (0 when not tracing). */
+static uint64_t sl_cpu(const struct sluice_loader *ld)
+{
+	return ld->trace ? sl__thread_cpu_ns() : 0;
+}
+
+/* A span of this thread's work from t0 (cpu0 its sl_cpu() then) to now, for SLUICE_TRACE. */
+static void sl_span(const struct sluice_loader *ld, const char *name, uint64_t t0, uint64_t cpu0, uint64_t n)
+{
+	if (ld->trace)
+		sl__trace_span(ld->trace, name, t0, sl__now_ns(), sl__thread_cpu_ns() - cpu0, n);
+}
 
 /* The record at position q of the epoch whose order is o. */
 static uint64_t sl_at_in(const struct sluice_loader *ld, const struct sl__order *o, uint64_t q)
@@ -184,7 +198,7 @@ static int sl_rank_positions(const struct sluice_loader *ld, const struct sl__or
 static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl_window *win, uint64_t w)
 {
 	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
-	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns();
+	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns(), cpu0 = sl_cpu(ld);
 	struct sluice_xfer_report rep;
 	size_t k = 0;
 	ssize_t rc;
@@ -271,6 +285,7 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 	atomic_fetch_add(&ld->read_ios, rep.ios);
 	win->n = k;
 	sl__hist_add(&ld->h_read, sl__now_ns() - t0);
+	sl_span(ld, "read window", t0, cpu0, w);
 	return 0;
 }
 
@@ -359,14 +374,17 @@ static struct sl_window *sl_free_window(struct sluice_loader *ld)
 
 /*
  * Reads the windows of ld->seq in order, each once a cache entry is free and
- * it is near enough, then the next epoch's first SL_PRELOAD windows.
+ * it is near enough, then the next epoch's first windows, as many as
+ * there are buffers (an epoch's start needs its windows faster than the
+ * middle: its batches come from the ring, full, while the windows behind
+ * them are read).
  * SL_READERS of these run, each with its own window in flight, so that
  * storage sees more than one window's I/O at a time.
  */
 static void *sl_read_ahead(void *arg)
 {
 	struct sluice_loader *ld = arg;
-	const uint64_t npre = ld->nseq < SL_PRELOAD ? ld->nseq : SL_PRELOAD;
+	const uint64_t npre = ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
 
 	pthread_mutex_lock(&ld->lock);
 	for (;;) {
@@ -492,6 +510,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	const struct sl__cuda_api *cu = ld->eng->gpu.cu;
 	struct sluice_record *rec = malloc(B * sizeof(*rec));
 	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0, h2d = 0;
+	uint64_t cpu0 = sl_cpu(ld);
 	int rc = 0;
 
 	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1;
@@ -505,6 +524,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	t0 = sl__now_ns();
 	rc = sl_batch_windows(ld, g, wins);
 	sl__hist_add(&ld->h_swait, sl__now_ns() - t0);
+	sl_span(ld, "storage wait", t0, cpu0, g);
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
 
 	uint64_t *pos = malloc(B * sizeof(uint64_t));
@@ -532,6 +552,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 		m += !rc;
 	}
 	t0 = sl__now_ns();
+	cpu0 = sl_cpu(ld);
 	/* Layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
 	for (unsigned f = 0; !rc && f < ld->nf; f++) {
 		base[f] = size;
@@ -582,8 +603,10 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 	if (rc)
 		return rc;
 	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
+	sl_span(ld, "collate", t0, cpu0, g);
 	if (ld->opt.gpu) {
 		t0 = sl__now_ns();
+		cpu0 = sl_cpu(ld);
 		rc = sl__gpu_bind(&ld->eng->gpu);
 		/* The consumer's stream must be done with this slot's previous batch. */
 		if (!rc && s->release_set)
@@ -597,6 +620,7 @@ static int sl_build(struct sluice_loader *ld, struct sl_bslot *s, uint64_t g)
 			return rc;
 		/* The H2D stage: the wait for the slot's previous copy, and queueing this one. */
 		sl__hist_add(&ld->h_h2d, h2d + sl__now_ns() - t0);
+		sl_span(ld, "h2d", t0, cpu0, g);
 	}
 	/* The batch as the consumer sees it. */
 	char *mem = ld->opt.gpu ? s->dev : s->host;
@@ -651,9 +675,12 @@ static void *sl_produce(void *arg)
 		uint64_t g;
 		int rc;
 
+		uint64_t t0 = sl__now_ns(), cpu0 = sl_cpu(ld);
+
 		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
 		       ld->slots[ld->produce_g % ld->nslots].state != SL_B_FREE)
 			pthread_cond_wait(&ld->slot_cv, &ld->lock);
+		sl_span(ld, "slot wait", t0, cpu0, ld->produce_g);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
 			break;
 		g = ld->produce_g++;
@@ -873,6 +900,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		}
 		ld->stats_every = (uint64_t)(secs * 1e9);
 	}
+	if ((rc = sl__trace_open(&ld->trace, getenv("SLUICE_TRACE"))))
+		goto fail;
 	{
 		/* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */
 		uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0;
@@ -934,6 +963,18 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	 */
 	for (unsigned i = 0; i < ld->nslots && !rc; i++)
 		rc = sl_slot_reserve(ld, &ld->slots[i], guess);
+	/*
+	 * So are the windows' buffers, for a window of average records, and
+	 * touched: fresh memory costs a fault per page (in a VM the host's too),
+	 * which the first epoch's reads would otherwise pay.
+	 */
+	for (unsigned i = 0; i < ld->nwin && !rc; i++) {
+		struct sl_window *win = &ld->win[i];
+
+		rc = sl__reserve(&win->buf, &win->cap, ((ld->window + world - 1) / world) * sl__align_up(bytes / ld->n, 8));
+		if (!rc)
+			memset(win->buf, 0, win->cap);
+	}
 	if (!rc)
 		rc = sl_start(ld);
 	if (!rc)
@@ -960,26 +1001,32 @@ static struct sl_bslot *sl_release(struct sluice_loader *ld, void *stream)
 }
 
 /*
- * Under ld->lock.  A producer is woken for every slot given back, so the
- * ring stays full: waking them only once half of it is free saves the
- * consumer about a microsecond a call, but leaves half the ring to absorb
- * hiccups when the step is barely longer than the loader's time per batch.
+ * Under ld->lock: the slot is free again; 1 if a producer is to be woken,
+ * which the caller does once it has let go of the lock (the producer then
+ * does not wake only to wait for it).  A producer is woken for every slot
+ * given back, so the ring stays full: waking them only once half of it is
+ * free saves the consumer about a microsecond a call, but leaves half the
+ * ring to absorb hiccups when the step is barely longer than the loader's
+ * time per batch.
  */
-static void sl_free_slot(struct sluice_loader *ld, struct sl_bslot *s)
+static int sl_free_slot(struct sl_bslot *s)
 {
-	if (s && s->state == SL_B_OUT) {
-		s->state = SL_B_FREE;
-		pthread_cond_signal(&ld->slot_cv);
-	}
+	if (!s || s->state != SL_B_OUT)
+		return 0;
+	s->state = SL_B_FREE;
+	return 1;
 }
 
 static void sl_give_back(struct sluice_loader *ld, void *stream)
 {
 	struct sl_bslot *s = sl_release(ld, stream);
+	int wake;
 
 	pthread_mutex_lock(&ld->lock);
-	sl_free_slot(ld, s);
+	wake = sl_free_slot(s);
 	pthread_mutex_unlock(&ld->lock);
+	if (wake)
+		pthread_cond_signal(&ld->slot_cv);
 }
 
 /*
@@ -1020,18 +1067,24 @@ static struct sl_verdict sl_verdict(const struct sluice_loader *ld)
 int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
 {
 	struct sl_bslot *s;
-	uint64_t t0 = sl__now_ns();
-	int rc = 0;
+	uint64_t t0 = sl__now_ns(), cpu0 = sl_cpu(ld);
+	int rc = 0, wake;
 
 	sl__err_clear();
 	s = sl_release(ld, stream);
 	pthread_mutex_lock(&ld->lock);
-	sl_free_slot(ld, s);
+	wake = sl_free_slot(s);
 	if (ld->next_g >= ld->nbatches) {
 		pthread_mutex_unlock(&ld->lock);
+		if (wake)
+			pthread_cond_signal(&ld->slot_cv);
 		return 0;
 	}
 	s = &ld->slots[ld->next_g % ld->nslots];
+	if (wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
+		pthread_cond_signal(&ld->slot_cv); /* before waiting: the producer may make the very batch awaited */
+		wake = 0;
+	}
 	while (!(s->state == SL_B_READY && s->g == ld->next_g) && !ld->err)
 		pthread_cond_wait(&ld->batch_cv, &ld->lock);
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
@@ -1040,20 +1093,25 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		*b = s->b;
 		ld->next_g++;
 		ld->delivered++;
-		/*
-		 * The caller's stream waits for the copy, so work queued on it sees
-		 * the batch; with no stream, the copy is waited for here.
-		 */
-		if (ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
-			rc = stream ? SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")
-				    : SL_CU(ld->eng->gpu.cu->EventSynchronize(s->ready), "cuEventSynchronize");
 	} else {
+		s = NULL;
 		rc = sl__err(ld->err, "%s", ld->detail);
 	}
 	pthread_mutex_unlock(&ld->lock);
+	if (wake)
+		pthread_cond_signal(&ld->slot_cv);
+	/*
+	 * The caller's stream waits for the copy, so work queued on it sees the
+	 * batch; with no stream, the copy is waited for here.  Outside the lock:
+	 * the slot is the consumer's now, and the producers need the lock.
+	 */
+	if (s && ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
+		rc = stream ? SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")
+			    : SL_CU(ld->eng->gpu.cu->EventSynchronize(s->ready), "cuEventSynchronize");
 	uint64_t waited = sl__now_ns() - t0;
 
 	sl__hist_add(&ld->h_wait, waited);
+	sl_span(ld, "next", t0, cpu0, ld->next_g - 1);
 	if (ld->filling) {
 		ld->fill_ns += waited;
 		ld->filling = 0;
@@ -1157,6 +1215,8 @@ void sluice_loader_close(struct sluice_loader *ld)
 	free(ld->win);
 	free(ld->slots);
 	free(ld->shard_records);
+	if (sl__trace_close(ld->trace))
+		sl__warn("loader", "%s", sluice_last_error_detail());
 	pthread_mutex_destroy(&ld->lock);
 	pthread_cond_destroy(&ld->cv);
 	pthread_cond_destroy(&ld->slot_cv);

@@ -366,6 +366,36 @@ int main(void)
 		unsetenv("SLUICE_STATS");
 	}
 
+	/* SLUICE_TRACE: a Chrome trace with a span per batch for each stage, written at close; a bad path is named. */
+	{
+		char tpath[700], *text = NULL;
+		size_t cap = 0;
+		FILE *f;
+
+		snprintf(tpath, sizeof(tpath), "%s/trace.json", dir);
+		setenv("SLUICE_TRACE", tpath, 1);
+		ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
+		T_CHECK(drain(ld, got, UINT64_MAX) == 21 * 48);
+		sluice_loader_close(ld);
+		T_CHECK((f = fopen(tpath, "r")) != NULL);
+		T_CHECK(getdelim(&text, &cap, '\0', f) > 0);
+		fclose(f);
+		unsigned collate = 0, next = 0, read = 0;
+
+		for (const char *p = text; (p = strstr(p, "\"name\":\"")); p++) {
+			collate += !strncmp(p + 7, "\"collate\"", 9);
+			next += !strncmp(p + 7, "\"next\"", 6);
+			read += !strncmp(p + 7, "\"read window\"", 13);
+		}
+		T_CHECK(!strncmp(text, "{\"displayTimeUnit\"", 18) && strstr(text, "\n]}\n"));
+		T_CHECK(collate == 21 && next == 21 && read >= 1);
+		free(text);
+		setenv("SLUICE_TRACE", "/nonexistent-dir/trace.json", 1);
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .batch_size = 8 }) == -ENOENT &&
+			strstr(sluice_last_error_detail(), "SLUICE_TRACE=/nonexistent-dir/trace.json"));
+		unsetenv("SLUICE_TRACE");
+	}
+
 	/* drop_last: only whole global batches. */
 	ld = open_loader(eng, ds, 48, 0, 1, 0, 1);
 	T_CHECK(sluice_loader_batches(ld) == 20 && drain(ld, got, UINT64_MAX) == 20 * 48 &&
