@@ -159,6 +159,81 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/*
+ * What the machine did beside the run: CPU time the hypervisor gave to
+ * others (steal, from /proc/stat, every 5 ms), and from /proc/vmstat the
+ * kernel's reclaim, compaction and major faults over the run.  A burst of
+ * waits in a tenth with steal in it is the host's, not the loader's.
+ */
+struct sampler {
+	pthread_t tid;
+	atomic_int stop;
+	double t[4096], steal[4096]; /* seconds of steal over all CPUs, at time t */
+	unsigned n;
+	long long vm0[4], vm1[4];
+};
+
+static const char *const vm_keys[4] = { "pgscan_kswapd", "pgscan_direct", "compact_stall", "pgmajfault" };
+
+static double steal_s(void)
+{
+	unsigned long long v[8] = { 0 };
+	FILE *f = fopen("/proc/stat", "r");
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+		   &v[7]) != 8)
+		v[7] = 0;
+	fclose(f);
+	return (double)v[7] / (double)sysconf(_SC_CLK_TCK);
+}
+
+static void vmstat(long long *out)
+{
+	char key[64];
+	long long v;
+	FILE *f = fopen("/proc/vmstat", "r");
+
+	for (unsigned i = 0; i < 4; i++)
+		out[i] = 0;
+	while (f && fscanf(f, "%63s %lld", key, &v) == 2)
+		for (unsigned i = 0; i < 4; i++)
+			if (!strcmp(key, vm_keys[i]))
+				out[i] = v;
+	if (f)
+		fclose(f);
+}
+
+static void *sampler_thread(void *arg)
+{
+	struct sampler *sm = arg;
+
+	while (!atomic_load(&sm->stop) && sm->n < 4096) {
+		sm->t[sm->n] = now();
+		sm->steal[sm->n++] = steal_s();
+		usleep(5000);
+	}
+	return NULL;
+}
+
+/* Steal seconds (all CPUs) between times a and b. */
+static double steal_between(const struct sampler *sm, double a, double b)
+{
+	double lo = 0, hi = 0;
+	int have_lo = 0;
+
+	for (unsigned i = 0; i < sm->n; i++) {
+		if (sm->t[i] <= a || !have_lo) {
+			lo = sm->steal[i];
+			have_lo = 1;
+		}
+		if (sm->t[i] <= b)
+			hi = sm->steal[i];
+	}
+	return hi - lo;
+}
+
 static int cmp(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -346,7 +421,8 @@ int main(int argc, char **argv)
 		uint64_t ns = (uint64_t)(step * 1e9), nk = 0;
 		uint64_t recs = 0, nb = 0, cap = 0, max_at = 0, max_epoch = 0;
 		double max_wait = 0;
-		double *wait = NULL, *busy = NULL; /* per batch: the consumer's wait, and its wait + step */
+		double *wait = NULL, *busy = NULL, *at = NULL; /* per batch: the consumer's wait, its wait + step, when */
+		static struct sampler sm;
 		static char js[4096];
 
 		if (!epochs || (on_gpu && epochs > 64))
@@ -381,8 +457,11 @@ int main(int argc, char **argv)
 		cap = sluice_loader_batches(ld) * epochs;
 		wait = calloc(cap ? cap : 1, sizeof(double));
 		busy = calloc(cap ? cap : 1, sizeof(double));
-		if (!wait || !busy)
+		at = calloc(cap ? cap : 1, sizeof(double));
+		if (!wait || !busy || !at)
 			return 1;
+		vmstat(sm.vm0);
+		pthread_create(&sm.tid, NULL, sampler_thread, &sm);
 		for (unsigned e = 0; e < epochs && !rc; e++) {
 			if (e && sluice_loader_set_epoch(ld, e))
 				break;
@@ -414,6 +493,7 @@ int main(int argc, char **argv)
 					; /* the consumer's step: busy, as a GPU step's launch thread is */
 				if (nb < cap && k) { /* an epoch's first batch is its fill (the stats' fill_us) */
 					wait[nb] = t - a;
+					at[nb] = a;
 					busy[nb++] = now() - a;
 					if (t - a > max_wait) {
 						max_wait = t - a;
@@ -440,6 +520,9 @@ int main(int argc, char **argv)
 		}
 		dt = now() - t0;
 		getrusage(RUSAGE_SELF, &r1);
+		atomic_store(&sm.stop, 1);
+		pthread_join(sm.tid, NULL);
+		vmstat(sm.vm1);
 		if (rc) {
 			fprintf(stderr, "loader: %s\n", sluice_last_error_detail());
 			return 1;
@@ -449,8 +532,8 @@ int main(int argc, char **argv)
 			     (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
 		uint64_t bytes = strtoull(strstr(js, "\"bytes\":") + 8, NULL, 10);
 		uint64_t batches = strtoull(strstr(js, "\"batches\":") + 10, NULL, 10);
-		char tenths[256];
-		size_t tl = 0;
+		char tenths[256], steals[256], vm[256];
+		size_t tl = 0, sl = 0, vl = 0;
 
 		for (unsigned q = 0; q < 10; q++) {
 			double w = 0, all = 0;
@@ -460,20 +543,32 @@ int main(int argc, char **argv)
 				all += busy[i];
 			}
 			tl += (size_t)snprintf(tenths + tl, sizeof(tenths) - tl, "%s%.4f", q ? "," : "", all > 0 ? w / all : 0);
+			/* Steal in the tenth, as a share of the 16 (or however many) CPUs' time in it. */
+			double a0 = nb ? at[nb * q / 10] : 0, a1 = nb ? (q == 9 ? t_end : at[nb * (q + 1) / 10]) : 0;
+			double cpus = (double)sysconf(_SC_NPROCESSORS_ONLN);
+
+			sl += (size_t)snprintf(steals + sl, sizeof(steals) - sl, "%s%.4f", q ? "," : "",
+					       a1 > a0 ? steal_between(&sm, a0, a1) / (cpus * (a1 - a0)) : 0);
 		}
+		for (unsigned i = 0; i < 4; i++)
+			vl += (size_t)snprintf(vm + vl, sizeof(vm) - vl, "%s\"%s\":%lld", i ? "," : "", vm_keys[i],
+					       sm.vm1[i] - sm.vm0[i]);
 		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%.1f,\"step_on\":\"%s\",\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
 		       "\"seconds\":%.3f,\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"batch_us\":%.1f,"
-		       "\"wait_share_by_tenth\":[%s],\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],"
+		       "\"wait_share_by_tenth\":[%s],\"steal_share_by_tenth\":[%s],\"steal_s\":%.3f,\"vmstat\":{%s},"
+		       "\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],"
 		       "\"gpu_step\":{\"kernels\":%llu,\"span_s\":%.4f,\"idle_share\":%.4f,\"launch_gap_us\":%.2f,"
 		       "\"idle_share_less_launch_gaps\":%.4f},\"loader\":%s}\n",
 		       argv[3], o.batch_size, step * 1e6, on_gpu ? "gpu" : "cpu", argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
 		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0,
-		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, max_wait * 1e6,
+		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, steals,
+		       steal_between(&sm, t0, t0 + dt), vm, max_wait * 1e6,
 		       (unsigned long long)max_epoch, (unsigned long long)max_at, (unsigned long long)nk, gspan,
 		       gspan > 0 ? 1 - gbusy / gspan : 0.0, gap * 1e6,
 		       gspan > 0 ? 1 - (gbusy + (double)nk * gap) / gspan : 0.0, js);
 		free(wait);
 		free(busy);
+		free(at);
 		sluice_loader_close(ld);
 		sluice_engine_close(eng);
 		sluice_dataset_close(ds);
