@@ -65,10 +65,15 @@ if has wait; then
 		# start-up. After the first, a "cold" epoch would be warm: one.
 		ep=1; [ $temp = warm ] && ep=${WAIT_EPOCHS:-5}
 		unset SLUICE_TRACE
-		# The loader alone (a consumer that does nothing): its time per batch sets the step, 10% longer.
-		# Prefetch: batches the loader keeps ready (0: its default).
-		step=$(./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 $temp $pf $ep | tee -a "$OUT/loader_alone.json" |
-			python3 -c 'import json,sys; j=json.load(sys.stdin); print(int(1.1 * j["batch_us"]))')
+		# The loader alone (a consumer that does nothing): the median of its time per batch over
+		# WAIT_REPS runs (one run varies by 10-15% from the next on these machines) sets the step,
+		# 10% longer.  Prefetch: batches the loader keeps ready (0: its default).
+		for rep in $(seq ${WAIT_REPS:-3}); do
+			./build/sluice_ds_bench loader "$D4/r16k" gpu 256 0 $temp $pf $ep
+		done > "$OUT/alone.json"
+		cat "$OUT/alone.json" >> "$OUT/loader_alone.json"
+		step=$(python3 -c 'import json,statistics,sys; b=[json.loads(l)["batch_us"] for l in open(sys.argv[1])]; print("alone: batch us", b, file=sys.stderr); print(int(1.1 * statistics.median(b)))' "$OUT/alone.json")
+		rm "$OUT/alone.json"
 		# WAIT_REPS runs with that step; the median wait share is the result.
 		for rep in $(seq ${WAIT_REPS:-3}); do
 			trace "cpu-$temp-$pf-$rep"

@@ -167,6 +167,13 @@ int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned)
 	p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return sl__err(-errno, "mmap of %zu bytes for the buffer pool failed", n);
+	/*
+	 * Huge pages where the kernel allows them: copies into these buffers
+	 * walk them a record at a time, and in a VM each TLB miss on 4 KiB
+	 * pages walks two page tables.
+	 */
+	if (n >= (2u << 20))
+		(void)madvise(p, n, MADV_HUGEPAGE);
 	if (g && g->ctx) {
 		/* The calling thread may have no context current (a loader's thread, a Python caller's). */
 		sl_CUresult r = sl__gpu_bind(g) ? SL_CUDA_ERROR_INVALID_CONTEXT

@@ -194,6 +194,26 @@ static int sl_rank_positions(const struct sluice_loader *ld, const struct sl__or
 	return 0;
 }
 
+/*
+ * The window's buffer, at least n bytes: mapped memory (huge pages where
+ * the kernel gives them), as the ring's staging; its old bytes are not kept.
+ */
+static int sl_window_reserve(struct sl_window *win, size_t n)
+{
+	int pinned;
+
+	if (n <= win->cap)
+		return 0;
+	sl__host_free(NULL, win->buf, win->cap, 0);
+	win->buf = NULL;
+	win->cap = 0;
+	n = sl__align_up(n, 2u << 20);
+	if (sl__host_alloc(NULL, n, (void **)&win->buf, &pinned))
+		return -ENOMEM;
+	win->cap = n;
+	return 0;
+}
+
 /* Reads window w: every record of it that this rank takes in the epoch whose order is o. */
 static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl_window *win, uint64_t w)
 {
@@ -261,8 +281,8 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 		win->off[i] = need;
 		need = sl__align_up(need + loc.length, 8);
 	}
-	if (sl__reserve(&win->buf, &win->cap, need))
-		return -ENOMEM;
+	if ((rc = sl_window_reserve(win, need)))
+		return (int)rc;
 	memset(&rep, 0, sizeof(rep));
 	rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, &rep) : 0;
 	if ((rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) && ld->opt.skip_corrupt) {
@@ -971,7 +991,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	for (unsigned i = 0; i < ld->nwin && !rc; i++) {
 		struct sl_window *win = &ld->win[i];
 
-		rc = sl__reserve(&win->buf, &win->cap, ((ld->window + world - 1) / world) * sl__align_up(bytes / ld->n, 8));
+		rc = sl_window_reserve(win, ((ld->window + world - 1) / world) * sl__align_up(bytes / ld->n, 8));
 		if (!rc)
 			memset(win->buf, 0, win->cap);
 	}
@@ -1203,7 +1223,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 		free(ld->win[i].ids);
 		free(ld->win[i].off);
 		free(ld->win[i].len);
-		free(ld->win[i].buf);
+		sl__host_free(NULL, ld->win[i].buf, ld->win[i].cap, 0);
 	}
 	if (ld->copy)
 		ld->eng->gpu.cu->StreamDestroy(ld->copy);
