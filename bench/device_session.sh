@@ -78,7 +78,7 @@ if has wait; then
 		for rep in $(seq ${WAIT_REPS:-3}); do
 			trace "cpu-$temp-$pf-$rep"
 			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp $pf $ep | tee -a "$OUT/loader_step.json" |
-				python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "longest", j["max_wait_us"], "us at (epoch, batch)", j["max_wait_at"], "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"])'
+				python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "longest", j["max_wait_us"], "us at (epoch, batch)", j["max_wait_at"], "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"], "canary us by tenth:", j["canary_us_by_tenth"])'
 		done | tee "$OUT/wait.txt"
 		python3 -c 'import re,statistics,sys; w=[float(re.search(r"wait ([0-9.]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median wait", statistics.median(w), "%")' "$OUT/wait.txt"
 		# The same step as a GPU kernel on the stream the batches are ordered on: the CPU thread runs
@@ -86,7 +86,7 @@ if has wait; then
 		for rep in $(seq ${WAIT_REPS:-3}); do
 			trace "gpu-$temp-$pf-$rep"
 			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "g$step" $temp $pf $ep | tee -a "$OUT/loader_gpustep.json" |
-				python3 -c 'import json,sys; j=json.load(sys.stdin); g=j["gpu_step"]; print(j["temp"], "prefetch '$pf' GPU step", j["step_us"], "us:", g["kernels"], "kernels, GPU idle", round(100*g["idle_share"],2), "% (less launch gaps of", g["launch_gap_us"], "us:", round(100*g["idle_share_less_launch_gaps"],2), "%) wait by tenth:", j["wait_share_by_tenth"], "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"])'
+				python3 -c 'import json,sys; j=json.load(sys.stdin); g=j["gpu_step"]; print(j["temp"], "prefetch '$pf' GPU step", j["step_us"], "us:", g["kernels"], "kernels, GPU idle", round(100*g["idle_share"],2), "% (less launch gaps of", g["launch_gap_us"], "us:", round(100*g["idle_share_less_launch_gaps"],2), "%) wait by tenth:", j["wait_share_by_tenth"], "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"], "canary us by tenth:", j["canary_us_by_tenth"])'
 		done | tee "$OUT/gpuwait.txt"
 		python3 -c 'import re,statistics,sys; w=[float(re.search(r"GPU idle ([0-9.-]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median GPU idle", statistics.median(w), "%")' "$OUT/gpuwait.txt"
 	done; done

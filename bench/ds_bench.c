@@ -163,12 +163,16 @@ static double now(void)
  * What the machine did beside the run: CPU time the hypervisor gave to
  * others (steal, from /proc/stat, every 5 ms), and from /proc/vmstat the
  * kernel's reclaim, compaction and major faults over the run.  A burst of
- * waits in a tenth with steal in it is the host's, not the loader's.
+ * waits in a tenth with steal in it is the host's, not the loader's.  And a
+ * canary: every 5 ms, the CPU time a fixed loop of arithmetic takes (no
+ * memory; its CPU time, so preemption does not count).  Where it grows, the
+ * CPU itself ran slower for everything on it.
  */
 struct sampler {
 	pthread_t tid;
 	atomic_int stop;
 	double t[4096], steal[4096]; /* seconds of steal over all CPUs, at time t */
+	double canary[4096];         /* the loop's CPU seconds, at time t */
 	unsigned n;
 	long long vm0[4], vm1[4];
 };
@@ -205,16 +209,57 @@ static void vmstat(long long *out)
 		fclose(f);
 }
 
+static double thread_cpu(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static void *sampler_thread(void *arg)
 {
 	struct sampler *sm = arg;
+	volatile uint64_t sink = 0;
 
 	while (!atomic_load(&sm->stop) && sm->n < 4096) {
+		uint64_t x = 88172645463325252ull;
+		double c = thread_cpu();
+
+		for (unsigned i = 0; i < 20000; i++) { /* about 20 us */
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+		}
+		sink += x;
+		sm->canary[sm->n] = thread_cpu() - c;
 		sm->t[sm->n] = now();
 		sm->steal[sm->n++] = steal_s();
 		usleep(5000);
 	}
 	return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Median of the canary's CPU time between times a and b, in us (0: no sample). */
+static double canary_between(const struct sampler *sm, double a, double b)
+{
+	double v[4096];
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < sm->n; i++)
+		if (sm->t[i] >= a && sm->t[i] < b)
+			v[k++] = sm->canary[i];
+	if (!k)
+		return 0;
+	qsort(v, k, sizeof(double), cmp_double);
+	return v[k / 2] * 1e6;
 }
 
 /* Steal seconds (all CPUs) between times a and b. */
@@ -532,8 +577,8 @@ int main(int argc, char **argv)
 			     (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
 		uint64_t bytes = strtoull(strstr(js, "\"bytes\":") + 8, NULL, 10);
 		uint64_t batches = strtoull(strstr(js, "\"batches\":") + 10, NULL, 10);
-		char tenths[256], steals[256], vm[256];
-		size_t tl = 0, sl = 0, vl = 0;
+		char tenths[256], steals[256], canaries[256], vm[256];
+		size_t tl = 0, sl = 0, vl = 0, cl = 0;
 
 		for (unsigned q = 0; q < 10; q++) {
 			double w = 0, all = 0;
@@ -549,6 +594,8 @@ int main(int argc, char **argv)
 
 			sl += (size_t)snprintf(steals + sl, sizeof(steals) - sl, "%s%.4f", q ? "," : "",
 					       a1 > a0 ? steal_between(&sm, a0, a1) / (cpus * (a1 - a0)) : 0);
+			cl += (size_t)snprintf(canaries + cl, sizeof(canaries) - cl, "%s%.1f", q ? "," : "",
+					       canary_between(&sm, a0, a1));
 		}
 		for (unsigned i = 0; i < 4; i++)
 			vl += (size_t)snprintf(vm + vl, sizeof(vm) - vl, "%s\"%s\":%lld", i ? "," : "", vm_keys[i],
@@ -556,13 +603,14 @@ int main(int argc, char **argv)
 		printf("{\"target\":\"%s\",\"batch\":%u,\"step_us\":%.1f,\"step_on\":\"%s\",\"temp\":\"%s\",\"epochs\":%u,\"records\":%llu,"
 		       "\"seconds\":%.3f,\"samples_per_s\":%.0f,\"gb_s\":%.3f,\"cpu_s_per_gb\":%.3f,\"batch_us\":%.1f,"
 		       "\"wait_share_by_tenth\":[%s],\"steal_share_by_tenth\":[%s],\"steal_s\":%.3f,\"vmstat\":{%s},"
+		       "\"canary_us_by_tenth\":[%s],\"canary_us\":%.1f,"
 		       "\"max_wait_us\":%.1f,\"max_wait_at\":[%llu,%llu],"
 		       "\"gpu_step\":{\"kernels\":%llu,\"span_s\":%.4f,\"idle_share\":%.4f,\"launch_gap_us\":%.2f,"
 		       "\"idle_share_less_launch_gaps\":%.4f},\"loader\":%s}\n",
 		       argv[3], o.batch_size, step * 1e6, on_gpu ? "gpu" : "cpu", argv[6], epochs, (unsigned long long)recs, dt, (double)recs / dt,
 		       (double)bytes / dt / 1e9, bytes ? cpu / ((double)bytes / 1e9) : 0.0,
 		       batches > 1 ? (t_end - t_first - refill) / (double)(batches - 1) * 1e6 : 0.0, tenths, steals,
-		       steal_between(&sm, t0, t0 + dt), vm, max_wait * 1e6,
+		       steal_between(&sm, t0, t0 + dt), vm, canaries, canary_between(&sm, t0, t0 + dt + 1), max_wait * 1e6,
 		       (unsigned long long)max_epoch, (unsigned long long)max_at, (unsigned long long)nk, gspan,
 		       gspan > 0 ? 1 - gbusy / gspan : 0.0, gap * 1e6,
 		       gspan > 0 ? 1 - (gbusy + (double)nk * gap) / gspan : 0.0, js);
