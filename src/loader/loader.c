@@ -1,11 +1,11 @@
 /*
- * The loader: one producer thread per loader turns the epoch order
- * (order.c) into batches.  For each shuffle window it reads, in one
- * batched engine call, every record of the window this rank needs (the
- * engine coalesces neighbours and the workers check CRCs; zstd blocks are
- * decompressed there too), then collates batches from the window buffer
- * into pinned staging and, for GPU loaders, copies each batch into a ring
- * slot in device memory on the loader's copy stream.  The consumer takes
+ * The loader turns the epoch order (order.c) into batches.  Reader threads
+ * read each shuffle window, in one batched engine call, every record of it
+ * this rank needs (the engine coalesces neighbours and the workers check
+ * CRCs; zstd blocks are decompressed there too); producer threads collate
+ * batches from the window buffers into pinned staging and, for GPU
+ * loaders, queue each batch's copy into a ring slot in device memory on
+ * the loader's copy stream (docs/LOADER.md).  The consumer takes
  * ready slots in order; giving a slot back records an event on the
  * consumer's stream that the copy stream waits on before reusing it.
  */
