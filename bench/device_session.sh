@@ -74,21 +74,23 @@ if has wait; then
 		cat "$OUT/alone.json" >> "$OUT/loader_alone.json"
 		step=$(python3 -c 'import json,statistics,sys; b=[json.loads(l)["batch_us"] for l in open(sys.argv[1])]; print("alone: batch us", b, file=sys.stderr); print(int(1.1 * statistics.median(b)))' "$OUT/alone.json")
 		rm "$OUT/alone.json"
-		# WAIT_REPS runs with that step; the median wait share is the result.
-		for rep in $(seq ${WAIT_REPS:-3}); do
-			trace "cpu-$temp-$pf-$rep"
-			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$step" $temp $pf $ep | tee -a "$OUT/loader_step.json" |
-				python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; print(j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "longest", j["max_wait_us"], "us at (epoch, batch)", j["max_wait_at"], "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"], "canary us by tenth:", j["canary_us_by_tenth"])'
-		done | tee "$OUT/wait.txt"
-		python3 -c 'import re,statistics,sys; w=[float(re.search(r"wait ([0-9.]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median wait", statistics.median(w), "%")' "$OUT/wait.txt"
-		# The same step as a GPU kernel on the stream the batches are ordered on: the CPU thread runs
-		# ahead as a training loop's does, and the GPU's idle share is measured with CUDA events.
-		for rep in $(seq ${WAIT_REPS:-3}); do
-			trace "gpu-$temp-$pf-$rep"
-			timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "g$step" $temp $pf $ep | tee -a "$OUT/loader_gpustep.json" |
-				python3 -c 'import json,sys; j=json.load(sys.stdin); g=j["gpu_step"]; print(j["temp"], "prefetch '$pf' GPU step", j["step_us"], "us:", g["kernels"], "kernels, GPU idle", round(100*g["idle_share"],2), "% (less launch gaps of", g["launch_gap_us"], "us:", round(100*g["idle_share_less_launch_gaps"],2), "%) wait by tenth:", j["wait_share_by_tenth"], "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"], "canary us by tenth:", j["canary_us_by_tenth"])'
-		done | tee "$OUT/gpuwait.txt"
-		python3 -c 'import re,statistics,sys; w=[float(re.search(r"GPU idle ([0-9.-]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median GPU idle", statistics.median(w), "%")' "$OUT/gpuwait.txt"
+		# WAIT_REPS runs with that step as a CPU spin, then as a GPU kernel on the stream the batches
+		# are ordered on (the CPU thread runs ahead as a training loop's does, and the GPU's idle share
+		# is measured with CUDA events); the median of each is the result.
+		for on in cpu gpu; do
+			arg=$step json=loader_step.json txt=wait.txt what=wait
+			[ $on = gpu ] && arg=g$step json=loader_gpustep.json txt=gpuwait.txt what="GPU idle"
+			for rep in $(seq ${WAIT_REPS:-3}); do
+				trace "$on-$temp-$pf-$rep"
+				timeout 120 ./build/sluice_ds_bench loader "$D4/r16k" gpu 256 "$arg" $temp $pf $ep | tee -a "$OUT/$json" |
+					python3 -c 'import json,sys; j=json.load(sys.stdin); l=j["loader"]; g=j["gpu_step"]
+head = ([j["temp"], j["epochs"], "epochs, prefetch '$pf' step", j["step_us"], "us: wait", round(100*l["gpu_wait_share"],2), "% (with the fills", round(100*l["gpu_wait_share_with_fill"],2), "%, fills", l["fill_us"], "us)", l["verdict"], "by tenth:", j["wait_share_by_tenth"], "longest", j["max_wait_us"], "us at (epoch, batch)", j["max_wait_at"]]
+	if j["step_on"] == "cpu" else
+	[j["temp"], "prefetch '$pf' GPU step", j["step_us"], "us:", g["kernels"], "kernels, GPU idle", round(100*g["idle_share"],2), "% (less launch gaps of", g["launch_gap_us"], "us:", round(100*g["idle_share_less_launch_gaps"],2), "%) wait by tenth:", j["wait_share_by_tenth"]])
+print(*head, "steal by tenth:", j["steal_share_by_tenth"], j["vmstat"], "canary us by tenth:", j["canary_us_by_tenth"])'
+			done | tee "$OUT/$txt"
+			python3 -c 'import re,statistics,sys; w=[float(re.search(sys.argv[2] + " ([0-9.-]+) %", l).group(1)) for l in open(sys.argv[1])]; print("median", sys.argv[2], statistics.median(w), "%")' "$OUT/$txt" "$what"
+		done
 	done; done
 	unset SLUICE_TRACE
 	# WAIT_TRACE=1: each run's spans (SLUICE_TRACE), summed up by bench/trace_report.py, in one archive.
