@@ -4,8 +4,13 @@ BUILD ?= build
 SAN_BUILD ?= build-san
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
+# The project's own Python environment (scripts/venv.sh): every Python step
+# runs its interpreter.  PYTHON=... picks another one that already has
+# numpy and pytest (on a GPU machine without PyPI, say: PYTHON=python3).
+VENV ?= $(BUILD)/venv
+PYTHON ?= $(abspath $(VENV))/bin/python
 
-.PHONY: all deps demo test test-tsan test-python gpu-test fuzz clean
+.PHONY: all deps venv demo test test-tsan test-python gpu-test fuzz clean
 
 all: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSLUICE_TESTS=ON -DSLUICE_SANITIZE=OFF -DSLUICE_TSAN=OFF >/dev/null
@@ -13,6 +18,10 @@ all: deps
 
 deps:
 	@sh scripts/deps.sh
+
+# Made only when PYTHON is the environment's own interpreter.
+venv: deps
+	@if [ "$(PYTHON)" = "$(abspath $(VENV))/bin/python" ]; then sh scripts/venv.sh $(VENV); fi
 
 # Generates a 1 GiB file and benchmarks reading it into the GPU (host memory
 # without one), cold and warm.
@@ -22,8 +31,8 @@ demo: all
 # Every test, under AddressSanitizer + UndefinedBehaviorSanitizer, then the
 # threaded tests under ThreadSanitizer, then the Python package's pytest
 # suite.  GPU tests report SKIPPED without a GPU.
-test: deps
-	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON >/dev/null
+test: venv
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON -DSLUICE_PYTHON=$(PYTHON) >/dev/null
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && ctest --output-on-failure -j 2
 	$(MAKE) test-tsan
@@ -35,8 +44,9 @@ test-tsan:
 	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader'
 
 # The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
-test-python: all
-	SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python python3 -m pytest -q tests/python
+test-python: all venv
+	SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python PYTHONNOUSERSITE=1 \
+		$(PYTHON) -m pytest -q -rs tests/python
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
 gpu-test: all

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages sluice builds with, when run as root;
-# otherwise prints the exact command to run.
+# otherwise prints the exact command to run.  Python's packages come from
+# PyPI into the project's own environment instead (scripts/venv.sh).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"
@@ -11,8 +12,6 @@ pkg-config --exists libarchive 2>/dev/null || need="$need libarchive-dev"
 pkg-config --exists jansson 2>/dev/null || need="$need libjansson-dev"
 pkg-config --exists libzstd 2>/dev/null || need="$need libzstd-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
-python3 -c 'import numpy' 2>/dev/null || need="$need python3-numpy"
-python3 -c 'import pytest' 2>/dev/null || need="$need python3-pytest"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 	echo "sluice: installing$need"

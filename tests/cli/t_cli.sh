@@ -4,6 +4,7 @@
 S="$1"
 D="${SLUICE_TEST_DIR:-/tmp}/t_cli.$$"
 fails=0
+PYTHON="${SLUICE_PYTHON:-python3}" # writes the foreign inputs (tarfile, .npy by hand)
 rm -rf "$D" && mkdir -p "$D" || exit 1
 trap 'rm -rf "$D"' EXIT
 head -c 5000000 /dev/urandom > "$D/f.bin"
@@ -26,6 +27,18 @@ has() { # description, text expected in the last stdout
 ok "version" "$S" version
 ok "info" "$S" info --json
 has "info names a backend" '"backend":"'
+ok "info without CUDA" env SLUICE_GPU=0 "$S" info --json
+has "json says why there is no GPU" '"gpu":-1,"gpu_name":"","gpu_unusable":"CUDA not loaded (SLUICE_GPU=0)"'
+has "unusable names the GPU" '"unusable":"[^"]*gpu: CUDA not loaded'
+ok "info text without CUDA" env SLUICE_GPU=0 "$S" info
+has "text says why there is no GPU" '^gpu: none (CUDA not loaded (SLUICE_GPU=0))$'
+has "text lists it under unusable" '^  gpu: CUDA not loaded (SLUICE_GPU=0); host memory only$'
+if "$S" info --json > "$D/out" && grep -q '"gpu":-1' "$D/out"; then
+	# No GPU on this machine: the reason is the driver's, never empty.
+	has "no GPU here, and why" '"gpu_unusable":"[^"][^"]*"'
+	"$S" info > "$D/out"
+	has "no GPU here, in text" '^gpu: none ([^)]'
+fi
 ok "read host json verify" "$S" bench "$D/f.bin" --target host --json --verify --io-size 1M
 has "read json has gb_s" '"gb_s":'
 has "read verified" '"verified":true'
@@ -110,8 +123,8 @@ if [ "$(id -u)" != 0 ]; then
 	chmod 644 "$D/imf/cat/c3.jpg"
 fi
 # WebDataset written by Python's tarfile (an independent writer), read in place.
-if command -v python3 >/dev/null 2>&1; then
-	python3 - "$D/wds" <<'PY'
+if command -v "$PYTHON" >/dev/null 2>&1; then
+	"$PYTHON" - "$D/wds" <<'PY'
 import io, os, sys, tarfile
 os.makedirs(sys.argv[1])
 for s in range(2):
@@ -134,7 +147,7 @@ PY
 	if grep -q "^png	106	crc32c=[0-9a-f]* 01030103" "$D/out"; then echo "ok   packed sample 7 is the same bytes"
 	else echo "FAIL packed sample 7: $(cat "$D/out")"; fails=$((fails + 1)); fi
 else
-	echo "skip WebDataset cross-check (no python3)"
+	echo "skip WebDataset cross-check (no $PYTHON)"
 fi
 
 bad "not a dataset" "index.sli" "$S" verify "$D/imf"
@@ -168,8 +181,8 @@ bad "JSONL missing key" "field 'label' is missing" "$S" pack --from-jsonl "$D/ba
 if [ -e "$D/js2/index.sli" ] || [ -e "$D/js3/index.sli" ]; then echo "FAIL a failed pack left a dataset"; fails=$((fails + 1)); else echo "ok   failed packs leave no dataset"; fi
 
 # Token arrays: .npy written by hand (NumPy's format, version 1.0), and raw .bin.
-if command -v python3 >/dev/null 2>&1; then
-	python3 - "$D" <<'PY'
+if command -v "$PYTHON" >/dev/null 2>&1; then
+	"$PYTHON" - "$D" <<'PY'
 import struct, sys
 def npy(path, descr, values, fmt, fortran="False", shape=None):
     shape = shape or f"({len(values)},)"
