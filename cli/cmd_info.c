@@ -28,6 +28,8 @@ int cmd_info(int argc, char **argv)
 		cli_json_str(in.backend);
 		printf(",\"gpu\":%d,\"gpu_name\":", in.gpu);
 		cli_json_str(in.gpu_name);
+		printf(",\"gpu_unusable\":");
+		cli_json_str(in.gpu_unusable);
 		printf(",\"gds\":%d,\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%zu,"
 		       "\"buffer_pool_size\":%zu,\"pool_pinned\":%d,\"uring_fixed_buffers\":%d,\"unusable\":",
 		       in.gds, in.threads, in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
@@ -35,13 +37,24 @@ int cmd_info(int argc, char **argv)
 		cli_json_str(in.unusable);
 		printf("}\n");
 	} else {
-		printf("sluice %s\nbackend: %s%s\ngpu: %d %s\nthreads: %u x %u slots of %zu bytes (pool %zu bytes, %s)\n"
-		       "io_uring fixed buffers: %s\n",
-		       sluice_version(), in.backend, in.gds ? " + gds" : "", in.gpu, in.gpu_name, in.threads,
-		       in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
+		printf("sluice %s\nbackend: %s%s\n", sluice_version(), in.backend, in.gds ? " + gds" : "");
+		if (in.gpu >= 0)
+			printf("gpu: %d %s\n", in.gpu, in.gpu_name);
+		else
+			printf("gpu: none (%s)\n", in.gpu_unusable);
+		printf("threads: %u x %u slots of %zu bytes (pool %zu bytes, %s)\nio_uring fixed buffers: %s\n",
+		       in.threads, in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
 		       in.pool_pinned ? "pinned" : "pageable", in.uring_fixed_buffers ? "yes" : "no");
-		if (*in.unusable)
-			printf("unusable:\n  %s\n", in.unusable);
+		if (*in.unusable) {
+			/* One indented line per unusable path. */
+			printf("unusable:\n");
+			for (const char *l = in.unusable; *l;) {
+				size_t n = strcspn(l, "\n");
+
+				printf("  %.*s\n", (int)n, l);
+				l += n + (l[n] == '\n');
+			}
+		}
 	}
 	sluice_engine_close(eng);
 	return 0;

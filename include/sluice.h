@@ -220,6 +220,12 @@ struct sluice_engine_info {
 	 * why, separated by '\n'.  Valid while the engine is open.
 	 */
 	const char *unusable;
+	/*
+	 * Why the engine has no GPU ("" when gpu >= 0): CUDA disabled, the
+	 * driver library not loadable, cuInit's error.  Also a line of
+	 * unusable.  Valid while the engine is open.
+	 */
+	const char *gpu_unusable;
 };
 SLUICE_API void sluice_engine_get_info(const struct sluice_engine *eng,
 				       struct sluice_engine_info *info);

@@ -127,8 +127,16 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 			if (rc)
 				goto fail;
 		} else {
-			sl__info("gpu", "no GPU: %s; host memory only", why);
+			snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "%s", why);
 		}
+	} else {
+		snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "CUDA not loaded (SLUICE_GPU=0)");
+	}
+	if (*eng->gpu_unusable) {
+		char line[300];
+
+		snprintf(line, sizeof(line), "gpu: %s; host memory only", eng->gpu_unusable);
+		sl_note_unusable(eng, line);
 	}
 	rc = sl_select_backends(eng);
 	if (rc)
@@ -204,6 +212,7 @@ void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engin
 	info->pool_pinned = eng->pool_pinned;
 	info->uring_fixed_buffers = eng->fixed_bufs;
 	info->unusable = eng->unusable;
+	info->gpu_unusable = eng->gpu_unusable;
 }
 
 void sl__job_submit(struct sluice_engine *eng, struct sl__job *job)

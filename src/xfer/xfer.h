@@ -89,6 +89,7 @@ struct sluice_engine {
 	const struct sl__io_ops *gds_ops;  /* NULL unless GDS is in use */
 	int gds_real;
 	char unusable[1024];
+	char gpu_unusable[256];    /* why gpu.ctx is NULL */
 	char *pool;                /* all slots of all workers */
 	size_t pool_len;
 	int pool_pinned;
