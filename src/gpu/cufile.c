@@ -4,6 +4,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,4 +62,9 @@ const struct sl__cufile_api *sl__cufile(const char **why)
 	if (!sl_cf_ok && why)
 		*why = sl_cf_why;
 	return sl_cf_ok;
+}
+
+int sl__nvfs_loaded(void)
+{
+	return access("/sys/module/nvidia_fs", F_OK) == 0 || access("/proc/driver/nvidia-fs", F_OK) == 0;
 }

@@ -26,8 +26,11 @@ static int sl_select_backends(struct sluice_engine *eng)
 	char why[512];
 	int rc;
 
-	/* cuFile only matters for GPU destinations. */
-	if (eng->gpu.ctx && (cfg->backend == SLUICE_BACKEND_AUTO || cfg->backend == SLUICE_BACKEND_GDS)) {
+	/* cuFile only matters for GPU destinations, and without nvidia-fs only when forced. */
+	if (eng->gpu.ctx && cfg->backend == SLUICE_BACKEND_AUTO && !sl__nvfs_loaded()) {
+		sl_note_unusable(eng, "gds unused: nvidia-fs is not loaded (no /sys/module/nvidia_fs), so cuFile "
+				      "would run in compat mode through host bounce buffers; set SLUICE_BACKEND=gds to force it");
+	} else if (eng->gpu.ctx && (cfg->backend == SLUICE_BACKEND_AUTO || cfg->backend == SLUICE_BACKEND_GDS)) {
 		const char *cwhy = NULL;
 		const struct sl__cufile_api *cf = sl__cufile(&cwhy);
 
@@ -96,8 +99,10 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 {
 	struct sluice_engine *eng;
 	struct sluice_config *envcfg = NULL;
+	uint64_t t[5];
 	int rc;
 
+	t[0] = sl__now_ns();
 	*out = NULL;
 	sl__err_clear();
 	if (!cfg) {
@@ -138,12 +143,15 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		snprintf(line, sizeof(line), "gpu: %s; host memory only", eng->gpu_unusable);
 		sl_note_unusable(eng, line);
 	}
+	t[1] = sl__now_ns();
 	rc = sl_select_backends(eng);
 	if (rc)
 		goto fail;
+	t[2] = sl__now_ns();
 	rc = sl_pool_alloc(eng);
 	if (rc)
 		goto fail;
+	t[3] = sl__now_ns();
 
 	eng->nworkers = eng->cfg.threads;
 	eng->workers = calloc(eng->nworkers, sl__worker_size());
@@ -163,10 +171,15 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		sluice_engine_close(eng);
 		return rc;
 	}
+	t[4] = sl__now_ns();
 	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes, pool %s, GPU %d %s",
 		 eng->main_ops->name, eng->gds_ops ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
 		 eng->cfg.max_transfer_size, eng->pool_pinned ? "pinned" : "pageable", eng->gpu.ordinal,
 		 eng->gpu.name);
+	/* What a one-shot call pays before its first byte moves (docs/BENCHMARKS.md). */
+	sl__info("xfer", "engine open %.1f ms: CUDA %.1f, backends %.1f, pool %.1f, workers %.1f",
+		 (double)(t[4] - t[0]) / 1e6, (double)(t[1] - t[0]) / 1e6, (double)(t[2] - t[1]) / 1e6,
+		 (double)(t[3] - t[2]) / 1e6, (double)(t[4] - t[3]) / 1e6);
 	*out = eng;
 	return 0;
 fail:
