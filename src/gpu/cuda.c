@@ -158,6 +158,28 @@ int sl__gpu_is_device_ptr(const struct sl__gpu *g, const void *p)
 	return type == SL_CU_MEMORYTYPE_DEVICE;
 }
 
+int sl__host_pin(const struct sl__gpu *g, void *p, size_t n)
+{
+	/* The calling thread may have no context current (a loader's thread, a Python caller's). */
+	sl_CUresult r;
+
+	if (!g || !g->ctx)
+		return 0;
+	r = sl__gpu_bind(g) ? SL_CUDA_ERROR_INVALID_CONTEXT
+			    : g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
+	if (r == SL_CUDA_SUCCESS)
+		return 1;
+	sl__warn("gpu", "cuMemHostRegister of %zu bytes failed (%d): the buffer stays pageable, host-GPU copies will be slower",
+		 n, r);
+	return 0;
+}
+
+void sl__host_unpin(const struct sl__gpu *g, void *p)
+{
+	if (sl__gpu_bind(g) == 0)
+		g->cu->MemHostUnregister(p);
+}
+
 int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned)
 {
 	void *p;
@@ -174,17 +196,7 @@ int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned)
 	 */
 	if (n >= (2u << 20))
 		(void)madvise(p, n, MADV_HUGEPAGE);
-	if (g && g->ctx) {
-		/* The calling thread may have no context current (a loader's thread, a Python caller's). */
-		sl_CUresult r = sl__gpu_bind(g) ? SL_CUDA_ERROR_INVALID_CONTEXT
-						: g->cu->MemHostRegister(p, n, SL_CU_MEMHOSTREGISTER_PORTABLE);
-
-		if (r == SL_CUDA_SUCCESS)
-			*pinned = 1;
-		else
-			sl__warn("gpu", "cuMemHostRegister of %zu bytes failed (%d): buffer pool stays pageable, host-GPU copies will be slower",
-				 n, r);
-	}
+	*pinned = sl__host_pin(g, p, n);
 	*out = p;
 	return 0;
 }
@@ -193,7 +205,7 @@ void sl__host_free(const struct sl__gpu *g, void *p, size_t n, int pinned)
 {
 	if (!p)
 		return;
-	if (pinned && sl__gpu_bind(g) == 0)
-		g->cu->MemHostUnregister(p);
+	if (pinned)
+		sl__host_unpin(g, p);
 	munmap(p, n);
 }

@@ -80,6 +80,13 @@ SL_HIDDEN int sl__gpu_is_device_ptr(const struct sl__gpu *g, const void *p);
  */
 SL_HIDDEN int sl__host_alloc(const struct sl__gpu *g, size_t n, void **out, int *pinned);
 SL_HIDDEN void sl__host_free(const struct sl__gpu *g, void *p, size_t n, int pinned);
+/*
+ * Registers [p, p + n) of mapped memory with g's driver: 1 if pinned, 0 if
+ * refused (warned) or without CUDA.  Pinning faults the pages in, so
+ * threads pinning disjoint parts of one mapping run in parallel.
+ */
+SL_HIDDEN int sl__host_pin(const struct sl__gpu *g, void *p, size_t n);
+SL_HIDDEN void sl__host_unpin(const struct sl__gpu *g, void *p);
 
 /* cuFile, loaded from libcufile.so.0. */
 struct sl__cufile_api {

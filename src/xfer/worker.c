@@ -53,6 +53,7 @@ struct sl__worker {
 	sl_CUstream stream;
 	unsigned nslots;
 	struct sl__slot *slots;
+	int pinned;         /* its part of the engine's pool is registered with CUDA */
 };
 
 size_t sl__worker_size(void)
@@ -70,8 +71,10 @@ static int sl_worker_init(struct sl__worker *w)
 	w->slots = calloc(w->nslots, sizeof(*w->slots));
 	if (!w->slots)
 		return -ENOMEM;
+	w->pinned = sl__host_pin(eng->gpu.ctx ? &eng->gpu : NULL, eng->pool + (size_t)w->id * eng->worker_stride,
+				 (size_t)w->nslots * eng->slot_size);
 	for (unsigned i = 0; i < w->nslots; i++) {
-		w->slots[i].buf = eng->pool + ((size_t)w->id * w->nslots + i) * eng->slot_size;
+		w->slots[i].buf = eng->pool + (size_t)w->id * eng->worker_stride + (size_t)i * eng->slot_size;
 		w->slots[i].index = (int)i;
 		bufs[i] = w->slots[i].buf;
 	}
@@ -111,6 +114,8 @@ static void sl_worker_fini(struct sl__worker *w)
 		cu->StreamDestroy(w->stream);
 	sl__io_fini(&w->io);
 	sl__io_fini(&w->gds);
+	if (w->pinned)
+		sl__host_unpin(&w->eng->gpu, w->eng->pool + (size_t)w->id * w->eng->worker_stride);
 	free(w->slots);
 }
 
@@ -593,6 +598,8 @@ static void *sl_worker_thread(void *arg)
 	/* Before the start is counted, so engine_open's caller reads it settled. */
 	if (!rc && w->id == 0)
 		eng->fixed_bufs = w->io.fixed;
+	if (!w->pinned)
+		eng->pool_pinned = 0;
 	eng->started++;
 	pthread_cond_broadcast(&eng->done_cv);
 	pthread_mutex_unlock(&eng->lock);

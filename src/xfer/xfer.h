@@ -90,9 +90,9 @@ struct sluice_engine {
 	int gds_real;
 	char unusable[1024];
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */
-	char *pool;                /* all slots of all workers */
-	size_t pool_len;
-	int pool_pinned;
+	char *pool;                /* all slots of all workers, worker_stride bytes each */
+	size_t pool_len, worker_stride;
+	int pool_pinned;           /* every worker pinned its part (workers' start-up) */
 	size_t slot_size;
 	unsigned slots_per_worker;
 	int fixed_bufs;
