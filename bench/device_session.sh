@@ -29,21 +29,12 @@ if has tests; then
 	fi
 fi
 
-# The carried wheels (peers: KvikIO, webdataset, streaming, litdata), once.
-wheels() {
-	[ -d .whl ] && [ ! -d /tmp/site ] && python3 -m pip install -q --no-index --no-deps --no-compile \
-		--no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-	[ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-}
-
 if has bench; then
-	wheels
 	PYTHONUNBUFFERED=1 timeout "${BENCH_SECONDS:-420}" python3 bench/engine_bench.py --sluice build/sluice \
 		--fio .carry/fio --reps 3 --out "$OUT/engine_bench.json" ${BENCH_ARGS} 2>&1 | tee "$OUT/bench.log" | tail -25
 fi
 
 if has ds; then
-	wheels
 	# Issue #3: a dataset read into GPU memory against the engine's raw read of the same shards,
 	# and the foreign-format readers against their Python reference readers.
 	D3="${D3_DIR:-/var/tmp/sluice-d3}"
@@ -134,7 +125,6 @@ print("pip install . (offline):", "OK" if torch.equal(t, u) else "MISMATCH", slu
 fi
 
 if has chapter7; then
-	wheels
 	PYTHONUNBUFFERED=1 SLUICE_LIB=build/libsluice.so PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} timeout \
 		"${CH7_SECONDS:-240}" python3 bench/chapter7_bench.py --sluice build/sluice ${CH7_ARGS} 2>&1 | tail -6
 fi

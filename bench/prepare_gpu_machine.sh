@@ -1,0 +1,63 @@
+#!/bin/sh
+# Prepares, on this (CPU) machine, what the device tool carries to the GPU
+# machine, which reaches no package registry.  Run from the repository root,
+# as root on Debian bookworm; every output folder is git-ignored:
+#
+#   .carry/deps  Debian's -dev and runtime packages sluice builds with
+#                (liburing, isa-l, libarchive, jansson, zstd), unpacked
+#                with dpkg -x; bench/gpu_machine.sh points pkg-config at them
+#   .carry/fio   fio, built from Debian's source package without optional
+#                engines, so it needs only libc, libm and libz there
+#   .whl         the Python peers as wheels for CPython 3.12 (the GPU
+#                machine's python3), fetched with the device README's
+#                pip download command; WHEELS picks a subset by group
+#
+# Then: device run with carry [".carry", ".whl"] and a command that starts
+# with `. bench/gpu_machine.sh` (builds sluice, installs the wheels).
+set -e
+[ -f include/sluice.h ] || { echo "run from the repository root" >&2; exit 1; }
+WHEELS="${WHEELS:-engine datasets loaders}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p .carry .whl
+grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
+
+# 1. The build's Debian packages.
+if [ ! -d .carry/deps/usr ]; then
+	(cd "$tmp" && apt-get download -q liburing-dev liburing2 libisal-dev libisal2 libarchive-dev libarchive13 \
+		libjansson-dev libjansson4 libzstd-dev libzstd1 >/dev/null)
+	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
+	rm -f "$tmp"/*.deb
+	echo "prepare: .carry/deps ($(du -sh .carry/deps | cut -f1))"
+fi
+
+# 2. fio from source (deb-src is not configured here: a list of our own).
+if [ ! -x .carry/fio ]; then
+	mkdir -p "$tmp/lists" "$tmp/src"
+	printf 'deb-src http://deb.debian.org/debian bookworm main\n' > "$tmp/src.list"
+	o="-o Dir::Etc::SourceList=$tmp/src.list -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists=$tmp/lists"
+	apt-get $o update -qq
+	(cd "$tmp/src" && apt-get $o source -qq --download-only fio >/dev/null && dpkg-source -q -x fio_*.dsc fio >/dev/null)
+	(cd "$tmp/src/fio" && ./configure --disable-native --disable-optimizations >/dev/null &&
+		sed -i 's/^CONFIG_LIBAIO=y/# &/' config-host.mak && make -s -j"$(nproc)" fio >/dev/null 2>&1)
+	cp "$tmp/src/fio/fio" .carry/fio
+	echo "prepare: .carry/fio ($(.carry/fio --version))"
+fi
+
+# 3. The peers' wheels (exact versions, so every session measures the same peers).
+pyget() {
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+		--platform any -d .whl "$@"
+}
+for g in $WHEELS; do
+	case $g in
+	engine) pyget kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 rapids-logger==0.3.0 ;;
+	datasets) pyget webdataset==1.0.2 braceexpand==0.1.7 ;;
+	loaders) pyget mosaicml-streaming==0.13.0 brotli python-snappy cramjam zstd catalogue litdata==0.2.76 \
+		boto3 botocore s3transfer==0.19.3 jmespath==1.1.0 ;;
+	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders)" >&2; exit 1 ;;
+	esac
+done
+echo "prepare: .whl ($(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1)); carried size $(du -shc .carry .whl | tail -1 | cut -f1)"
