@@ -1,6 +1,8 @@
 /*
- * loader: batches of dataset records for a training loop (order.c: which
- * records, loader.c: reading, collating and delivering them).
+ * loader: batches of dataset records for a training loop.  order.c: which
+ * records; window.c: reading them; collate.c: batches into the ring;
+ * ring.c: the consumer; stats.c: where the time goes; loader.c: open,
+ * start, stop and close.
  */
 #ifndef SL_LOADER_H
 #define SL_LOADER_H
@@ -25,5 +27,148 @@ SL_HIDDEN int sl__order_init(struct sl__order *o, const uint64_t *shard_records,
 SL_HIDDEN void sl__order_free(struct sl__order *o);
 /* The record at position p (< n) of the epoch. */
 SL_HIDDEN uint64_t sl__order_at(const struct sl__order *o, uint64_t p);
+
+/* ---- the loader's state, shared by its stages (loader.c, window.c, collate.c, ring.c, stats.c) ---- */
+
+#include <pthread.h>
+
+#include "gpu/gpu.h"
+
+enum { SL_B_FREE = 0, SL_B_BUILDING, SL_B_READY, SL_B_OUT };
+
+struct sl__bslot {
+	int state;
+	uint64_t g;                 /* batch number */
+	char *host;                 /* pinned staging: the collated batch */
+	size_t host_cap;
+	int host_pinned;
+	char *dev;                  /* GPU copy of host */
+	size_t dev_cap;
+	sl_CUevent ready, release;  /* copied; consumer's stream done with it */
+	int release_set;
+	uint64_t *ids;
+	struct sluice_batch b;
+};
+
+enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
+
+#define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
+#define SL_PRODUCERS 2 /* threads collating batches, each its own, into their slots */
+#define SL_CHUNKS 16           /* chunks a shuffle window is made of (order.c) */
+#define SL_CHUNK_MIN (1 << 20) /* bytes of a chunk at least */
+
+struct sl__window {
+	int state;
+	uint64_t idx;               /* place in the epoch's window sequence (ld->seq) */
+	uint64_t epoch;             /* the epoch it was read for: this one, or the next (read ahead) */
+	uint64_t w;                 /* window number */
+	uint64_t *ids;              /* sorted record ids */
+	uint64_t *off;              /* where each starts in buf */
+	uint32_t *len;              /* and its length */
+	size_t n;
+	char *buf;
+	size_t cap;
+};
+
+struct sluice_loader {
+	struct sluice_engine *eng;
+	struct sluice_dataset *ds;
+	struct sluice_loader_options opt;
+	unsigned fidx[SLUICE_MAX_FIELDS], nf;
+	size_t fixed[SLUICE_MAX_FIELDS];
+	uint64_t *shard_records;
+	unsigned nshards;           /* runs the order permutes (1 if the format does not count per file) */
+	struct sl__order order;
+	/*
+	 * The next epoch's order: once this epoch's windows are all read, the
+	 * readers read the next epoch's first windows into the buffers this one
+	 * gives back, so that sluice_loader_set_epoch(epoch + 1) starts with
+	 * them in hand.
+	 */
+	struct sl__order next_order;
+	uint64_t pre_next;          /* next of those places a reader takes */
+	uint64_t preloaded;         /* windows an epoch found read ahead, since open */
+	uint64_t n, window, chunk, per_global, nbatches; /* nbatches: this rank's, per epoch */
+	uint64_t next_g;            /* next batch the consumer takes */
+	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
+	struct sl__bslot *slots;
+	unsigned nslots;
+	struct sl__window *win;
+	unsigned nwin;
+	/*
+	 * The windows this rank reads in the epoch, in order (a window comes
+	 * back once more when the last batch wraps to the start), and for each
+	 * batch the first and last place in that sequence it draws from.
+	 */
+	uint64_t *seq, nseq, *bfirst, *blast;
+	uint64_t low;               /* the batches being built need seq places >= low */
+	pthread_t reader[SL_READERS]; /* read windows ahead of the producer */
+	unsigned readers_running;
+	uint64_t read_next;         /* next place in seq a reader takes */
+	sl_CUstream copy;
+	pthread_t producer[SL_PRODUCERS];
+	unsigned producers_running;
+	int running;
+	pthread_mutex_t lock;
+	/*
+	 * cv: windows read and windows done with (readers, and producers
+	 * waiting for windows); slot_cv: a slot given back (producers);
+	 * batch_cv: a batch ready (the consumer).  Apart, so that the consumer's
+	 * call wakes one producer, not every thread.
+	 */
+	pthread_cond_t cv, slot_cv, batch_cv;
+	struct sl__bslot *held;      /* the consumer's batch (the consumer's thread alone uses it) */
+	uint64_t produce_g;         /* next batch a producer takes */
+	int stop, err;
+	char detail[384];
+	struct sl__hist h_read, h_swait, h_collate, h_h2d, h_wait; /* h_swait: producers waiting for windows */
+	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
+	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
+	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
+	/*
+	 * The consumer's wait for the first batch after each (re)start: the
+	 * pipeline filling, which a longer run pays only once.  The wait share
+	 * and the verdict leave it out; the JSON reports it beside them.
+	 */
+	uint64_t fill_ns;
+	int filling;
+	uint64_t stats_every, t_logged; /* SLUICE_STATS seconds between log lines, in ns; 0: off */
+	struct sl__trace *trace;    /* SLUICE_TRACE: spans of each stage, written at close */
+};
+
+/* For SLUICE_TRACE: the thread's CPU time now (0 when not tracing). */
+static inline uint64_t sl__ld_cpu(const struct sluice_loader *ld)
+{
+	return ld->trace ? sl__thread_cpu_ns() : 0;
+}
+
+/* A span of this thread's work from t0 (cpu0 its sl__ld_cpu() then) to now, for SLUICE_TRACE. */
+static inline void sl__ld_span(const struct sluice_loader *ld, const char *name, uint64_t t0, uint64_t cpu0, uint64_t n)
+{
+	if (ld->trace)
+		sl__trace_span(ld->trace, name, t0, sl__now_ns(), sl__thread_cpu_ns() - cpu0, n);
+}
+
+/* window.c */
+SL_HIDDEN int sl__cmp_u64(const void *a, const void *b);
+/* The record at position q of the current epoch. */
+SL_HIDDEN uint64_t sl__ld_at(const struct sluice_loader *ld, uint64_t q);
+SL_HIDDEN int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out);
+SL_HIDDEN int sl__window_reserve(struct sl__window *win, size_t n);
+SL_HIDDEN int sl__batch_windows(struct sluice_loader *ld, uint64_t g, struct sl__window **wins);
+SL_HIDDEN const char *sl__window_lookup(struct sl__window *const *wins, uint64_t nw, uint64_t w, uint64_t id,
+					size_t *len, int *rc);
+SL_HIDDEN void *sl__read_ahead(void *arg);
+SL_HIDDEN int sl__plan_windows(struct sluice_loader *ld);
+/* collate.c */
+SL_HIDDEN int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size);
+SL_HIDDEN void *sl__produce(void *arg);
+/* ring.c */
+SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);
+/* stats.c */
+SL_HIDDEN void sl__loader_log_stats(struct sluice_loader *ld);
+/* loader.c */
+SL_HIDDEN void sl__loader_wake_all(struct sluice_loader *ld);
+SL_HIDDEN void sl__loader_fail(struct sluice_loader *ld, int rc);
 
 #endif

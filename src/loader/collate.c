@@ -1,0 +1,251 @@
+/*
+ * Collation: producer threads take batches in order, each into its own ring
+ * slot, gather the batch's records from the window buffers into pinned
+ * staging (per field, the data then, for variable-size fields, offsets)
+ * and, for GPU loaders, queue the copy into the slot's device memory on the
+ * loader's copy stream (docs/LOADER.md).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "loader/loader.h"
+#include "xfer/xfer.h"
+
+/* Room in slot s for a batch of size bytes: pinned staging and, for GPU loaders, its GPU copy. */
+int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size)
+{
+	int rc;
+
+	if (size > s->host_cap) {
+		size_t cap = sl__align_up(size + size / 4, 4096);
+
+		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
+		s->host = NULL;
+		s->host_cap = 0;
+		rc = sl__host_alloc(ld->eng->gpu.ctx ? &ld->eng->gpu : NULL, cap, (void **)&s->host, &s->host_pinned);
+		if (rc)
+			return rc;
+		s->host_cap = cap;
+	}
+	if (ld->opt.gpu && size > s->dev_cap) {
+		sluice_gpu_free(ld->eng, s->dev);
+		s->dev = NULL;
+		s->dev_cap = 0;
+		rc = sluice_gpu_alloc(ld->eng, s->host_cap, (void **)&s->dev);
+		if (rc)
+			return sl__err(rc, "loader: GPU memory for a batch of %llu bytes: %s", (unsigned long long)size,
+				       sluice_last_error_detail());
+		s->dev_cap = s->host_cap;
+	}
+	return 0;
+}
+
+/* Batch g into slot s: ids, collation into pinned staging, and the copy to the GPU. */
+static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
+{
+	const uint32_t B = ld->opt.batch_size;
+	const struct sl__cuda_api *cu = ld->eng->gpu.cu;
+	struct sluice_record *rec = malloc(B * sizeof(*rec));
+	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0, h2d = 0;
+	uint64_t cpu0 = sl__ld_cpu(ld);
+	int rc = 0;
+
+	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1;
+	struct sl__window **wins = malloc(nw * sizeof(*wins));
+
+	if (!rec || !wins) {
+		free(rec);
+		free(wins);
+		return -ENOMEM;
+	}
+	t0 = sl__now_ns();
+	rc = sl__batch_windows(ld, g, wins);
+	sl__hist_add(&ld->h_swait, sl__now_ns() - t0);
+	sl__ld_span(ld, "storage wait", t0, cpu0, g);
+	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
+
+	uint64_t *pos = malloc(B * sizeof(uint64_t));
+
+	if (!pos)
+		rc = -ENOMEM;
+	else if (!rc)
+		rc = sl__rank_positions(ld, &ld->order, g, pos);
+	for (uint32_t j = 0; j < B && !rc; j++) {
+		uint64_t q = pos[j] % ld->n;
+		size_t len = 0;
+		const char *bytes;
+
+		s->ids[m] = sl__ld_at(ld, q);
+		bytes = sl__window_lookup(wins, nw, q / ld->window, s->ids[m], &len, &rc);
+		if (!rc && len == UINT32_MAX) {
+			atomic_fetch_add(&ld->skipped, 1);
+			continue;
+		}
+		if (!rc && (rc = sluice_dataset_decode(ld->ds, s->ids[m], bytes, len, &rec[m])))
+			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[m],
+				     sluice_last_error_detail());
+		for (unsigned f = 0; !rc && f < ld->nf; f++)
+			var[f] += rec[m].len[ld->fidx[f]];
+		m += !rc;
+	}
+	t0 = sl__now_ns();
+	cpu0 = sl__ld_cpu(ld);
+	/* Layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
+	for (unsigned f = 0; !rc && f < ld->nf; f++) {
+		base[f] = size;
+		size = sl__align_up(size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
+		offs[f] = size;
+		if (!ld->fixed[f])
+			size = sl__align_up(size + 8 * ((uint64_t)m + 1), 256);
+	}
+	/*
+	 * The slot's previous copy must be done before its staging is
+	 * overwritten.  It was queued a whole ring ago, so this rarely waits;
+	 * the copy itself is not waited for (the consumer's stream waits on
+	 * the batch's event), so a producer never waits for the consumer's GPU
+	 * work while it could be collating.
+	 */
+	if (!rc && ld->opt.gpu) {
+		h2d = sl__now_ns();
+		rc = sl__gpu_bind(&ld->eng->gpu);
+		if (!rc)
+			rc = SL_CU(cu->EventSynchronize(s->ready), "cuEventSynchronize");
+		h2d = sl__now_ns() - h2d;
+	}
+	if (!rc)
+		rc = sl__slot_reserve(ld, s, size);
+	for (unsigned f = 0; !rc && f < ld->nf; f++) {
+		unsigned fi = ld->fidx[f];
+		char *d = s->host + base[f];
+		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + offs[f]), at = 0;
+
+		for (uint32_t j = 0; j < m; j++) {
+			if (ld->fixed[f] && rec[j].len[fi] != ld->fixed[f]) {
+				rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s' has %zu bytes, not %zu",
+					     ld->ds->path, (unsigned long long)s->ids[j], ld->ds->fields[fi].name,
+					     rec[j].len[fi], ld->fixed[f]);
+				break;
+			}
+			if (o)
+				o[j] = at;
+			memcpy(d + at, rec[j].data[fi], rec[j].len[fi]);
+			at += rec[j].len[fi];
+		}
+		if (o)
+			o[m] = at;
+	}
+	free(rec);
+	free(wins);
+	free(pos);
+	if (rc)
+		return rc;
+	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
+	sl__ld_span(ld, "collate", t0, cpu0, g);
+	if (ld->opt.gpu) {
+		t0 = sl__now_ns();
+		cpu0 = sl__ld_cpu(ld);
+		rc = sl__gpu_bind(&ld->eng->gpu);
+		/* The consumer's stream must be done with this slot's previous batch. */
+		if (!rc && s->release_set)
+			rc = SL_CU(cu->StreamWaitEvent(ld->copy, s->release, 0), "cuStreamWaitEvent");
+		if (!rc)
+			rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)s->dev, s->host, size, ld->copy),
+				   "cuMemcpyHtoDAsync");
+		if (!rc)
+			rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
+		if (rc)
+			return rc;
+		/* The H2D stage: the wait for the slot's previous copy, and queueing this one. */
+		sl__hist_add(&ld->h_h2d, h2d + sl__now_ns() - t0);
+		sl__ld_span(ld, "h2d", t0, cpu0, g);
+	}
+	/* The batch as the consumer sees it. */
+	char *mem = ld->opt.gpu ? s->dev : s->host;
+
+	memset(&s->b, 0, sizeof(s->b));
+	s->b.index = g;
+	s->b.size = m;
+	s->b.nfields = ld->nf;
+	s->b.ids = s->ids;
+	s->b.event = ld->opt.gpu ? (void *)s->ready : NULL;
+	for (unsigned f = 0; f < ld->nf; f++) {
+		struct sluice_batch_field *bf = &s->b.field[f];
+
+		bf->name = ld->ds->fields[ld->fidx[f]].name;
+		bf->dtype = ld->ds->fields[ld->fidx[f]].dtype;
+		bf->data = mem + base[f];
+		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + offs[f]);
+		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + offs[f]);
+		bf->item_bytes = ld->fixed[f];
+	}
+	atomic_fetch_add(&ld->bytes, size);
+	atomic_fetch_add(&ld->records, m);
+	return 0;
+}
+
+/*
+ * Under ld->lock: the windows before those of the oldest batch being built
+ * (or, with none, the next to be taken) are done with.
+ */
+static void sl_set_low(struct sluice_loader *ld)
+{
+	uint64_t g = ld->produce_g;
+
+	for (unsigned i = 0; i < ld->nslots; i++)
+		if (ld->slots[i].state == SL_B_BUILDING && ld->slots[i].g < g)
+			g = ld->slots[i].g;
+	if (g < ld->nbatches)
+		ld->low = ld->bfirst[g];
+	pthread_cond_broadcast(&ld->cv);
+}
+
+/* SL_PRODUCERS of these take batches in order, each building its own in its slot. */
+void *sl__produce(void *arg)
+{
+	struct sluice_loader *ld = arg;
+
+	if (ld->opt.gpu)
+		sl__gpu_bind(&ld->eng->gpu);
+	pthread_mutex_lock(&ld->lock);
+	for (;;) {
+		struct sl__bslot *s;
+		uint64_t g;
+		int rc;
+
+		uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+
+		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
+		       ld->slots[ld->produce_g % ld->nslots].state != SL_B_FREE)
+			pthread_cond_wait(&ld->slot_cv, &ld->lock);
+		sl__ld_span(ld, "slot wait", t0, cpu0, ld->produce_g);
+		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
+			break;
+		g = ld->produce_g++;
+		s = &ld->slots[g % ld->nslots];
+		s->g = g;
+		s->state = SL_B_BUILDING;
+		/* The next slot may be free already: the other producer takes it. */
+		if (ld->produce_g < ld->nbatches && ld->slots[ld->produce_g % ld->nslots].state == SL_B_FREE)
+			pthread_cond_signal(&ld->slot_cv);
+		sl_set_low(ld);
+		pthread_mutex_unlock(&ld->lock);
+		rc = sl_build(ld, s, g);
+		pthread_mutex_lock(&ld->lock);
+		if (rc) {
+			s->state = SL_B_FREE;
+			sl__loader_fail(ld, rc);
+		} else {
+			s->state = SL_B_READY;
+			if (g == ld->next_g)
+				pthread_cond_signal(&ld->batch_cv);
+		}
+		sl_set_low(ld);
+	}
+	pthread_mutex_unlock(&ld->lock);
+	return NULL;
+}

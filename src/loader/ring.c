@@ -1,0 +1,131 @@
+/*
+ * The consumer's side of the ring: sluice_loader_next() takes ready slots
+ * in order; giving a slot back records an event on the consumer's stream
+ * that the copy stream waits on before reusing it, and wakes a producer.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "loader/loader.h"
+#include "xfer/xfer.h"
+
+/*
+ * Gives back the batch the consumer holds, ordered after its stream's work:
+ * the event is recorded outside the lock (the slot is the consumer's until
+ * its state changes); sl_free_slot, under the lock, hands it to a producer.
+ */
+static struct sl__bslot *sl_release(struct sluice_loader *ld, void *stream)
+{
+	struct sl__bslot *s = ld->held;
+
+	ld->held = NULL;
+	if (s && ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
+		s->release_set = ld->eng->gpu.cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+	return s;
+}
+
+/*
+ * Under ld->lock: the slot is free again; 1 if a producer is to be woken,
+ * which the caller does once it has let go of the lock (the producer then
+ * does not wake only to wait for it).  A producer is woken for every slot
+ * given back, so the ring stays full: waking them only once half of it is
+ * free saves the consumer about a microsecond a call, but leaves half the
+ * ring to absorb hiccups when the step is barely longer than the loader's
+ * time per batch.
+ */
+static int sl_free_slot(struct sl__bslot *s)
+{
+	if (!s || s->state != SL_B_OUT)
+		return 0;
+	s->state = SL_B_FREE;
+	return 1;
+}
+
+void sl__give_back(struct sluice_loader *ld, void *stream)
+{
+	struct sl__bslot *s = sl_release(ld, stream);
+	int wake;
+
+	pthread_mutex_lock(&ld->lock);
+	wake = sl_free_slot(s);
+	pthread_mutex_unlock(&ld->lock);
+	if (wake)
+		pthread_cond_signal(&ld->slot_cv);
+}
+
+int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
+{
+	struct sl__bslot *s;
+	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+	int rc = 0, wake;
+
+	sl__err_clear();
+	s = sl_release(ld, stream);
+	pthread_mutex_lock(&ld->lock);
+	wake = sl_free_slot(s);
+	if (ld->next_g >= ld->nbatches) {
+		pthread_mutex_unlock(&ld->lock);
+		if (wake)
+			pthread_cond_signal(&ld->slot_cv);
+		return 0;
+	}
+	s = &ld->slots[ld->next_g % ld->nslots];
+	if (wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
+		pthread_cond_signal(&ld->slot_cv); /* before waiting: the producer may make the very batch awaited */
+		wake = 0;
+	}
+	while (!(s->state == SL_B_READY && s->g == ld->next_g) && !ld->err)
+		pthread_cond_wait(&ld->batch_cv, &ld->lock);
+	if (s->state == SL_B_READY && s->g == ld->next_g) {
+		s->state = SL_B_OUT;
+		ld->held = s;
+		*b = s->b;
+		ld->next_g++;
+		ld->delivered++;
+	} else {
+		s = NULL;
+		rc = sl__err(ld->err, "%s", ld->detail);
+	}
+	pthread_mutex_unlock(&ld->lock);
+	if (wake)
+		pthread_cond_signal(&ld->slot_cv);
+	/*
+	 * The caller's stream waits for the copy, so work queued on it sees the
+	 * batch; with no stream, the copy is waited for here.  Outside the lock:
+	 * the slot is the consumer's now, and the producers need the lock.
+	 */
+	if (s && ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
+		rc = stream ? SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")
+			    : SL_CU(ld->eng->gpu.cu->EventSynchronize(s->ready), "cuEventSynchronize");
+	uint64_t waited = sl__now_ns() - t0;
+
+	sl__hist_add(&ld->h_wait, waited);
+	sl__ld_span(ld, "next", t0, cpu0, ld->next_g - 1);
+	if (ld->filling) {
+		ld->fill_ns += waited;
+		ld->filling = 0;
+	}
+	if (!ld->t_first)
+		ld->t_first = t0;
+	ld->t_last = sl__now_ns();
+	if (ld->stats_every && ld->t_last - ld->t_logged >= ld->stats_every)
+		sl__loader_log_stats(ld);
+	return rc ? rc : 1;
+}
+
+uint64_t sluice_loader_batches(const struct sluice_loader *ld)
+{
+	return ld->nbatches;
+}
+
+void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch, uint64_t *position)
+{
+	*seed = ld->opt.seed;
+	*epoch = ld->opt.epoch;
+	*position = ld->next_g * ld->per_global;
+}

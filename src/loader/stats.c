@@ -1,0 +1,90 @@
+/*
+ * The loader's statistics: per-stage histograms as JSON, the periodic
+ * SLUICE_STATS log line, and the verdict on where the time goes.  The
+ * SLUICE_TRACE spans are written by sl__ld_span (loader.h) and core/trace.c.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "loader/loader.h"
+#include "xfer/xfer.h"
+
+/*
+ * Where the time goes, by the method of the book chapter (seeds/002): the
+ * loader's own time per batch (storage and collation, then the copy)
+ * against the consumer's step time (its time between calls, waits
+ * excluded) and the share of the consumer's time spent waiting (the GPU
+ * idle, when the consumer is a training loop).
+ */
+struct sl_verdict {
+	double wait_share, wait_share_all, step_us, produce_us, h2d_us; /* wait_share leaves out the fills */
+	const char *verdict;
+};
+
+static struct sl_verdict sl_verdict(const struct sluice_loader *ld)
+{
+	struct sl_verdict v = { 0, 0, 0, 0, 0, "no batches yet" };
+	uint64_t nb = atomic_load(&ld->h_wait.n), wait = atomic_load(&ld->h_wait.sum);
+	double wall = (double)(ld->t_last - ld->t_first);
+	uint64_t made = atomic_load(&ld->h_collate.n);
+
+	if (nb < 2 || !made)
+		return v;
+	v.wait_share_all = wall > 0 ? (double)wait / wall : 0;
+	v.wait_share = wall > (double)ld->fill_ns ? (double)(wait - ld->fill_ns) / (wall - (double)ld->fill_ns) : 0;
+	v.step_us = (wall - (double)wait) / (double)(nb - 1) / 1e3;
+	v.produce_us = (double)(atomic_load(&ld->h_read.sum) + atomic_load(&ld->h_collate.sum)) / (double)made / 1e3;
+	v.h2d_us = ld->opt.gpu ? (double)atomic_load(&ld->h_h2d.sum) / (double)made / 1e3 : 0;
+	if (v.wait_share < 0.05)
+		v.verdict = "compute-bound";
+	else if (v.produce_us > v.step_us || !ld->opt.gpu)
+		v.verdict = "loader-bound";
+	else
+		v.verdict = "transfer-bound";
+	return v;
+}
+
+void sl__loader_log_stats(struct sluice_loader *ld)
+{
+	struct sl_verdict v = sl_verdict(ld);
+
+	ld->t_logged = ld->t_last;
+	sl__stat("loader", "batch %llu: GPU wait %.1f%%, step %.0f us, loader %.0f us (h2d %.0f us) a batch: %s",
+		 (unsigned long long)ld->next_g, 100 * v.wait_share, v.step_us, v.produce_us, v.h2d_us, v.verdict);
+}
+
+size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
+{
+	const struct sl__hist *h[] = { &ld->h_read, &ld->ds->h_decompress, &ld->h_swait, &ld->h_collate, &ld->h_h2d,
+				       &ld->h_wait };
+	static const char *const name[] = { "read", "decompress", "storage_wait", "collate", "h2d", "consumer_wait" };
+	size_t l = 0;
+
+#define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
+	uint64_t all = atomic_load(&ld->record_bytes);
+
+	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
+	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
+	       "\"windows_read_ahead\":%llu,\"stages\":{",
+	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
+	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
+	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
+	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
+	       (unsigned long long)ld->preloaded);
+	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
+		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
+		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,
+		       (double)sl__hist_percentile(h[i], 50) / 1e3, (double)sl__hist_percentile(h[i], 99) / 1e3);
+	struct sl_verdict v = sl_verdict(ld);
+
+	SL_PUT("},\"gpu_wait_share\":%.4f,\"fill_us\":%.1f,\"gpu_wait_share_with_fill\":%.4f,\"step_us\":%.1f,"
+	       "\"loader_us\":%.1f,\"h2d_us\":%.1f,\"verdict\":\"%s\"}",
+	       v.wait_share, (double)ld->fill_ns / 1e3, v.wait_share_all, v.step_us, v.produce_us, v.h2d_us, v.verdict);
+#undef SL_PUT
+	return l;
+}

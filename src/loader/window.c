@@ -1,0 +1,359 @@
+/*
+ * Window reading: which records of each shuffle window this rank takes
+ * (sl__rank_positions), the epoch's window sequence, and the reader threads
+ * that read each window in one batched engine call into its buffer (the
+ * engine coalesces neighbours and the workers check CRCs; zstd blocks are
+ * decompressed there too).  Producers find records in the windows with
+ * sl__window_lookup (docs/LOADER.md).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "loader/loader.h"
+#include "xfer/xfer.h"
+
+/* The record at position q of the epoch whose order is o. */
+static uint64_t sl_at_in(const struct sluice_loader *ld, const struct sl__order *o, uint64_t q)
+{
+	return ld->opt.shuffle ? sl__order_at(o, q) : q;
+}
+
+uint64_t sl__ld_at(const struct sluice_loader *ld, uint64_t q)
+{
+	return sl_at_in(ld, &ld->order, q);
+}
+
+int sl__cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+struct sl_pos {
+	uint64_t id, p;
+};
+
+static int sl_cmp_pos(const void *a, const void *b)
+{
+	const struct sl_pos *x = a, *y = b;
+
+	return x->id != y->id ? (x->id < y->id ? -1 : 1) : (x->p > y->p) - (x->p < y->p);
+}
+
+/*
+ * This rank's B epoch positions of global batch g, in epoch order.  The
+ * global batch's records, sorted by id, are cut into world_size runs of B
+ * and rank r takes the r-th: each rank then reads a compact part of every
+ * window, in long sequential runs, whatever the world size.  Which records
+ * form each global batch, and their order, do not depend on the world size.
+ */
+int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out)
+{
+	const uint64_t B = ld->opt.batch_size, BW = ld->per_global, p0 = g * BW;
+	struct sl_pos *v;
+
+	if (BW == B) {
+		for (uint64_t j = 0; j < B; j++)
+			out[j] = p0 + j;
+		return 0;
+	}
+	v = malloc(BW * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (uint64_t k = 0; k < BW; k++)
+		v[k] = (struct sl_pos){ sl_at_in(ld, o, (p0 + k) % ld->n), p0 + k };
+	qsort(v, BW, sizeof(*v), sl_cmp_pos);
+	for (uint64_t j = 0; j < B; j++)
+		out[j] = v[ld->opt.rank * B + j].p;
+	qsort(out, B, sizeof(uint64_t), sl__cmp_u64);
+	free(v);
+	return 0;
+}
+
+/*
+ * The window's buffer, at least n bytes: mapped memory (huge pages where
+ * the kernel gives them), as the ring's staging; its old bytes are not kept.
+ */
+int sl__window_reserve(struct sl__window *win, size_t n)
+{
+	int pinned;
+
+	if (n <= win->cap)
+		return 0;
+	sl__host_free(NULL, win->buf, win->cap, 0);
+	win->buf = NULL;
+	win->cap = 0;
+	n = sl__align_up(n, 2u << 20);
+	if (sl__host_alloc(NULL, n, (void **)&win->buf, &pinned))
+		return -ENOMEM;
+	win->cap = n;
+	return 0;
+}
+
+/* Reads window w: every record of it that this rank takes in the epoch whose order is o. */
+static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w)
+{
+	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
+	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+	struct sluice_xfer_report rep;
+	size_t k = 0;
+	ssize_t rc;
+
+	free(win->ids);
+	free(win->off);
+	free(win->len);
+	win->ids = malloc((hi - lo + 1) * sizeof(uint64_t));
+	win->off = malloc((hi - lo + 2) * sizeof(uint64_t));
+	win->len = malloc((hi - lo + 1) * sizeof(uint32_t));
+	if (!win->ids || !win->off || !win->len)
+		return -ENOMEM;
+	/*
+	 * Position q of the order is taken at p = q, and again at p = q + n when
+	 * the last batch wraps: this rank's positions of the global batches that
+	 * overlap [lo, hi) or [lo + n, hi + n).
+	 */
+	uint64_t *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
+
+	if (!pos)
+		return -ENOMEM;
+	for (int pass = 0; pass < 2; pass++) {
+		uint64_t a = lo + (pass ? ld->n : 0), b = hi + (pass ? ld->n : 0);
+
+		for (uint64_t g = a / ld->per_global; g * ld->per_global < b && g * ld->per_global < total; g++) {
+			rc = sl__rank_positions(ld, o, g, pos);
+			for (uint32_t j = 0; !rc && j < ld->opt.batch_size; j++)
+				if (pos[j] >= a && pos[j] < b && k < hi - lo)
+					win->ids[k++] = sl_at_in(ld, o, pos[j] % ld->n);
+			if (rc) {
+				free(pos);
+				return (int)rc;
+			}
+		}
+	}
+	free(pos);
+	qsort(win->ids, k, sizeof(uint64_t), sl__cmp_u64);
+	size_t u = 0; /* a position and its wrapped twin may both be this rank's: one copy */
+
+	for (size_t i = 0; i < k; i++)
+		if (!u || win->ids[i] != win->ids[u - 1])
+			win->ids[u++] = win->ids[i];
+	k = u;
+	struct sluice_record_loc prev = { UINT_MAX, 0, 0, 0 };
+	uint64_t seq = 0, all = 0;
+
+	for (size_t i = 0; i < k; i++) {
+		struct sluice_record_loc loc;
+		int r = sluice_dataset_locate(ld->ds, win->ids[i], &loc);
+
+		if (r)
+			return r;
+		/* Sequential: it starts where the record read before it ends (up to the format's padding). */
+		if (loc.shard == prev.shard && loc.offset >= prev.offset + prev.length &&
+		    loc.offset <= prev.offset + prev.length + 8)
+			seq += loc.length;
+		all += loc.length;
+		prev = loc;
+		win->len[i] = loc.length;
+		win->off[i] = need;
+		need = sl__align_up(need + loc.length, 8);
+	}
+	if ((rc = sl__window_reserve(win, need)))
+		return (int)rc;
+	memset(&rep, 0, sizeof(rep));
+	rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, &rep) : 0;
+	if ((rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) && ld->opt.skip_corrupt) {
+		/* One by one, to find the bad records; they are marked and left out of their batches. */
+		rc = 0;
+		for (size_t i = 0; i < k && rc >= 0; i++) {
+			rc = sluice_dataset_read(ld->ds, win->ids[i], win->buf + win->off[i], win->len[i], NULL);
+			if (rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) {
+				sl__warn("loader", "skipping: %s", sluice_last_error_detail());
+				win->len[i] = UINT32_MAX;
+				rc = 0;
+			}
+		}
+	}
+	if (rc < 0)
+		return (int)rc;
+	atomic_fetch_add(&ld->seq_bytes, seq);
+	atomic_fetch_add(&ld->record_bytes, all);
+	atomic_fetch_add(&ld->read_bytes, rep.bytes);
+	atomic_fetch_add(&ld->read_ios, rep.ios);
+	win->n = k;
+	sl__hist_add(&ld->h_read, sl__now_ns() - t0);
+	sl__ld_span(ld, "read window", t0, cpu0, w);
+	return 0;
+}
+
+/*
+ * Waits until the readers have every window batch g draws from (seq places
+ * bfirst[g]..blast[g]) and puts them in wins; they stay while g is built.
+ */
+int sl__batch_windows(struct sluice_loader *ld, uint64_t g, struct sl__window **wins)
+{
+	const uint64_t first = ld->bfirst[g], need = ld->blast[g] - first + 1;
+	uint64_t got = 0;
+	int rc = 0;
+
+	pthread_mutex_lock(&ld->lock);
+	for (;;) {
+		got = 0;
+		for (uint64_t p = 0; p < need; p++) {
+			wins[p] = NULL;
+			for (unsigned i = 0; i < ld->nwin && !wins[p]; i++)
+				if (ld->win[i].state == SL_W_READY && ld->win[i].idx == first + p &&
+				    ld->win[i].epoch == ld->opt.epoch)
+					wins[p] = &ld->win[i];
+			got += wins[p] != NULL;
+		}
+		if (got == need || ld->err || ld->stop)
+			break;
+		pthread_cond_wait(&ld->cv, &ld->lock);
+	}
+	if (got < need)
+		rc = ld->err ? sl__err(ld->err, "%s", ld->detail) : -ECANCELED;
+	pthread_mutex_unlock(&ld->lock);
+	return rc;
+}
+
+/* The bytes of record id of window w, one of the nw windows of a batch. */
+const char *sl__window_lookup(struct sl__window *const *wins, uint64_t nw, uint64_t w, uint64_t id, size_t *len,
+			     int *rc)
+{
+	const struct sl__window *win = NULL;
+	const uint64_t *hit = NULL;
+
+	for (uint64_t k = 0; k < nw && !win; k++)
+		if (wins[k]->w == w)
+			win = wins[k];
+	if (win)
+		hit = bsearch(&id, win->ids, win->n, sizeof(uint64_t), sl__cmp_u64);
+	if (!hit) {
+		*rc = sl__err(-EIO, "loader: record %llu missing from window %llu", (unsigned long long)id,
+			      (unsigned long long)w);
+		return NULL;
+	}
+	*len = win->len[hit - win->ids];
+	return win->buf + win->off[hit - win->ids];
+}
+
+/* Under ld->lock: a window cache entry no batch needs any more (or none). */
+static struct sl__window *sl_free_window(struct sluice_loader *ld)
+{
+	for (unsigned k = 0; k < ld->nwin; k++) {
+		struct sl__window *win = &ld->win[k];
+
+		if (win->state == SL_W_EMPTY ||
+		    (win->state == SL_W_READY && win->epoch == ld->opt.epoch && win->idx < ld->low))
+			return win;
+	}
+	return NULL;
+}
+
+/*
+ * Reads the windows of ld->seq in order, each once a cache entry is free and
+ * it is near enough, then the next epoch's first windows, as many as
+ * there are buffers (an epoch's start needs its windows faster than the
+ * middle: its batches come from the ring, full, while the windows behind
+ * them are read).
+ * SL_READERS of these run, each with its own window in flight, so that
+ * storage sees more than one window's I/O at a time.
+ */
+void *sl__read_ahead(void *arg)
+{
+	struct sluice_loader *ld = arg;
+	const uint64_t npre = ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
+
+	pthread_mutex_lock(&ld->lock);
+	for (;;) {
+		struct sl__window *win = NULL;
+		int pre = 0, rc;
+		uint64_t i;
+
+		while (!ld->stop && !ld->err) {
+			pre = ld->read_next >= ld->nseq;
+			if (pre && ld->pre_next >= npre)
+				break;
+			win = sl_free_window(ld);
+			if (win && (pre || ld->read_next < ld->low + ld->nwin))
+				break;
+			win = NULL;
+			pthread_cond_wait(&ld->cv, &ld->lock);
+		}
+		if (!win)
+			break;
+		i = pre ? ld->pre_next++ : ld->read_next++;
+		win->state = SL_W_LOADING;
+		win->idx = i;
+		win->w = ld->seq[i];
+		win->epoch = ld->opt.epoch + (uint64_t)pre;
+		pthread_mutex_unlock(&ld->lock);
+		rc = sl_window_load(ld, pre ? &ld->next_order : &ld->order, win, ld->seq[i]);
+		pthread_mutex_lock(&ld->lock);
+		if (rc && pre) {
+			win->state = SL_W_EMPTY; /* the next epoch reads it again, and meets the error then */
+		} else if (rc) {
+			win->state = SL_W_EMPTY;
+			sl__loader_fail(ld, rc);
+		} else {
+			win->state = SL_W_READY;
+			pthread_cond_broadcast(&ld->cv);
+		}
+	}
+	pthread_mutex_unlock(&ld->lock);
+	return NULL;
+}
+
+/* The epoch's window sequence for this rank (see struct sluice_loader). */
+int sl__plan_windows(struct sluice_loader *ld)
+{
+	uint64_t cap = ld->nbatches + 16;
+
+	free(ld->seq);
+	free(ld->bfirst);
+	free(ld->blast);
+	ld->nseq = 0;
+	ld->seq = malloc(cap * sizeof(uint64_t));
+	ld->bfirst = malloc((ld->nbatches + 1) * sizeof(uint64_t));
+	ld->blast = malloc((ld->nbatches + 1) * sizeof(uint64_t));
+	if (!ld->seq || !ld->bfirst || !ld->blast)
+		return -ENOMEM;
+	/* A batch may draw on any window its global batch overlaps (see sl__rank_positions). */
+	for (uint64_t g = 0; g < ld->nbatches; g++) {
+		const uint64_t p = g * ld->per_global, len = ld->per_global;
+
+		ld->bfirst[g] = UINT64_MAX;
+		for (uint64_t j = 0; j < len; j++) {
+			uint64_t w = (p + j) % ld->n / ld->window;
+
+			if (!ld->nseq || ld->seq[ld->nseq - 1] != w) {
+				if (ld->nseq == cap) {
+					uint64_t *n = realloc(ld->seq, 2 * cap * sizeof(uint64_t));
+
+					if (!n)
+						return -ENOMEM;
+					ld->seq = n;
+					cap *= 2;
+				}
+				ld->seq[ld->nseq++] = w;
+			}
+			if (ld->bfirst[g] == UINT64_MAX)
+				ld->bfirst[g] = ld->nseq - 1;
+			ld->blast[g] = ld->nseq - 1;
+			/* Positions of one window run on; jump to the window's end. */
+			uint64_t q = (p + j) % ld->n, end = (w + 1) * ld->window;
+
+			if (end > ld->n)
+				end = ld->n;
+			if (end - q > 1)
+				j += end - q - 1 < len - 1 - j ? end - q - 1 : len - 1 - j;
+		}
+	}
+	return 0;
+}
