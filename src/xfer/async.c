@@ -29,7 +29,6 @@
 
 #include "xfer/xfer.h"
 
-#define SL_FLAGS 4096 /* async transfers in flight per engine */
 
 struct sluice_future {
 	struct sluice_engine *eng;
@@ -85,19 +84,6 @@ static int sl_flags_init(struct sluice_engine *eng)
 	eng->nflag_free = SL_FLAGS;
 	eng->flags = p;
 	return 0;
-}
-
-void sl__async_fini(struct sluice_engine *eng)
-{
-	if (eng->stage_cache)
-		sl__host_free(&eng->gpu, eng->stage_cache, eng->stage_cache_len, eng->stage_cache_pinned);
-	eng->stage_cache = NULL;
-	if (!eng->flags)
-		return;
-	eng->gpu.cu->MemHostUnregister((void *)eng->flags);
-	munmap((void *)eng->flags, SL_FLAGS * sizeof(uint32_t));
-	free(eng->flag_free);
-	eng->flags = NULL;
 }
 
 static void sl_set_flag(struct sluice_future *fut, size_t v)

@@ -1,11 +1,13 @@
 /*
- * The engine: backend selection, the pinned pool, worker threads and the
- * job list they claim segments from.
+ * The engine: backend selection, the pinned pool, starting and stopping the
+ * worker threads (worker.c), and the GPU helpers of the public API.  The
+ * job list the workers claim segments from is job.c.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "xfer/xfer.h"
 
@@ -198,6 +200,20 @@ fail:
 	return rc;
 }
 
+/* The async calls' flag page and spare staging buffer (async.c makes them on first use). */
+static void sl_async_free(struct sluice_engine *eng)
+{
+	if (eng->stage_cache)
+		sl__host_free(&eng->gpu, eng->stage_cache, eng->stage_cache_len, eng->stage_cache_pinned);
+	eng->stage_cache = NULL;
+	if (!eng->flags)
+		return;
+	eng->gpu.cu->MemHostUnregister((void *)eng->flags);
+	munmap((void *)eng->flags, SL_FLAGS * sizeof(uint32_t));
+	free(eng->flag_free);
+	eng->flags = NULL;
+}
+
 void sluice_engine_close(struct sluice_engine *eng)
 {
 	if (!eng)
@@ -209,7 +225,7 @@ void sluice_engine_close(struct sluice_engine *eng)
 	for (unsigned i = 0; eng->workers && i < eng->nworkers; i++)
 		sl__worker_join(SL_WORKER(eng, i));
 	free(eng->workers);
-	sl__async_fini(eng);
+	sl_async_free(eng);
 	sl__host_free(NULL, eng->pool, eng->pool_len, 0); /* the workers unpinned their parts */
 	sl__gpu_close(&eng->gpu);
 	pthread_mutex_destroy(&eng->lock);
@@ -233,139 +249,6 @@ void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engin
 	info->uring_fixed_buffers = eng->fixed_bufs;
 	info->unusable = eng->unusable;
 	info->gpu_unusable = eng->gpu_unusable;
-}
-
-void sl__job_submit(struct sluice_engine *eng, struct sl__job *job)
-{
-	job->t0 = sl__now_ns();
-	pthread_mutex_lock(&eng->lock);
-	if (job->nsegs == 0) {
-		job->finished = 1;
-		if (job->on_finish)
-			job->on_finish(job);
-		pthread_cond_broadcast(&eng->done_cv);
-	} else {
-		job->qnext = NULL;
-		*eng->queue_tail = job;
-		eng->queue_tail = &job->qnext;
-		pthread_cond_broadcast(&eng->work_cv);
-	}
-	pthread_mutex_unlock(&eng->lock);
-}
-
-struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg)
-{
-	struct sl__job *job;
-
-	pthread_mutex_lock(&eng->lock);
-	job = eng->queue;
-	if (job) {
-		*seg = job->next++;
-		if (job->next == job->nsegs) {
-			eng->queue = job->qnext;
-			if (!eng->queue)
-				eng->queue_tail = &eng->queue;
-		}
-	}
-	pthread_mutex_unlock(&eng->lock);
-	return job;
-}
-
-void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint64_t t0)
-{
-	/*
-	 * Read nsegs before counting this segment done: once the last one is
-	 * counted the caller may return and reuse the job's memory, so only
-	 * the thread that counts the last segment may touch the job after.
-	 */
-	const size_t nsegs = job->nsegs;
-	int zero = 0;
-
-	/* Details are thread-local: keep the first one for the caller. */
-	if (err && atomic_compare_exchange_strong(&job->err, &zero, err))
-		snprintf(job->detail, sizeof(job->detail), "%s", sluice_last_error_detail());
-	else if (!err && t0)
-		sl__hist_add(&eng->lat, sl__now_ns() - t0);
-	if (atomic_fetch_add(&job->done, 1) + 1 == nsegs) {
-		pthread_mutex_lock(&eng->lock);
-		job->finished = 1;
-		if (job->on_finish)
-			job->on_finish(job);
-		pthread_cond_broadcast(&eng->done_cv);
-		pthread_mutex_unlock(&eng->lock);
-	}
-}
-
-void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
-{
-	static const char *const bname[] = { "uring", "psync", "gds" };
-	/* Memory side of a path, by SL_K_*, as seen by a read and by a write. */
-	static const char *const to[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
-	static const char *const from[] = { "host", "host>bounce", "gpu>pinned", "gpu>pageable", "gpu" };
-	uint32_t paths = atomic_load(&job->paths);
-	size_t l = 0;
-
-	if (!rep)
-		return;
-	memset(rep, 0, sizeof(*rep));
-	rep->bytes = atomic_load(&job->bytes);
-	rep->bytes_direct = atomic_load(&job->bytes_direct);
-	rep->bytes_buffered = atomic_load(&job->bytes_buffered);
-	rep->ios = atomic_load(&job->ios);
-	for (unsigned c = 0; c < 32 && l < sizeof(rep->path); c++) {
-		unsigned b = c / 10, d = (c % 10) / 5, k = c % 5;
-		char io[32];
-
-		if (!(paths & (1u << c)))
-			continue;
-		if (b == SL_P_GDS)
-			snprintf(io, sizeof(io), "gds");
-		else
-			snprintf(io, sizeof(io), "%s:%s", bname[b], d ? "direct" : "buffered");
-		if (job->op == SL_IO_READ)
-			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", io, to[k]);
-		else
-			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", from[k], io);
-	}
-}
-
-ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job, struct sluice_xfer_report *rep)
-{
-	int err;
-
-	pthread_mutex_lock(&eng->lock);
-	while (!job->finished)
-		pthread_cond_wait(&eng->done_cv, &eng->lock);
-	pthread_mutex_unlock(&eng->lock);
-	err = atomic_load(&job->err);
-	if (err)
-		sl__err(err, "%s", job->detail);
-	sl__job_report(job, rep);
-	if (rep)
-		rep->seconds = (double)(sl__now_ns() - job->t0) / 1e9;
-	return err ? err : (ssize_t)atomic_load(&job->bytes);
-}
-
-ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r, size_t n,
-		struct sluice_xfer_report *rep)
-{
-	struct sl__job job;
-	ssize_t rc;
-	uint64_t t0 = sl__now_ns();
-
-	sl__err_clear();
-	rc = sl__plan(eng, &job, op, r, n, 0);
-	if (rc) {
-		if (rep) {
-			memset(rep, 0, sizeof(*rep));
-			rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
-		}
-		return rc;
-	}
-	sl__job_submit(eng, &job);
-	rc = sl__job_wait(eng, &job, rep);
-	sl__plan_free(&job);
-	return rc;
 }
 
 void sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st)

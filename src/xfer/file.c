@@ -144,37 +144,6 @@ int sluice_file_sync(struct sluice_file *f)
 	return 0;
 }
 
-/*
- * After a write job: a direct write that reached past the end of the file
- * may have padded its last block (sl__plan allows that only past the size
- * it saw), so cut the file back to the real end and remember the size.
- */
-int sl__fix_size(const struct sluice_range *r, size_t n)
-{
-	/* First every file's new size (the furthest end written), then the padding trimmed. */
-	for (size_t i = 0; i < n; i++) {
-		struct sluice_file *f = r[i].file;
-		uint64_t end = r[i].offset + r[i].len, cur = atomic_load(&f->size);
-
-		while (end > cur && !atomic_compare_exchange_weak(&f->size, &cur, end))
-			;
-	}
-	for (size_t i = 0; i < n; i++) {
-		struct sluice_file *f = r[i].file;
-		uint64_t want = atomic_load(&f->size);
-		struct stat st;
-
-		if (i && f == r[i - 1].file)
-			continue;
-		if (fstat(f->fd, &st) < 0)
-			return sl__err(-errno, "%s: fstat: %s", f->path, strerror(errno));
-		if ((uint64_t)st.st_size > want && (uint64_t)st.st_size <= sl__align_up(want, SL_ALIGN) &&
-		    ftruncate(f->fd, (off_t)want) < 0)
-			return sl__err(-errno, "%s: ftruncate: %s", f->path, strerror(errno));
-	}
-	return 0;
-}
-
 ssize_t sluice_read_batch(struct sluice_engine *eng, const struct sluice_range *r, size_t n,
 			  struct sluice_xfer_report *rep)
 {

@@ -11,6 +11,9 @@
  *
  * Each worker owns queue_depth slots, an I/O backend instance and a CUDA
  * stream, so storage I/O of one slot overlaps DMA of another.
+ *
+ * Calls run one way: file.c, async.c, dsread.c (the public calls)
+ *   -> plan.c, job.c;  engine.c -> worker.c -> job.c.
  */
 #ifndef SL_XFER_H
 #define SL_XFER_H
@@ -22,6 +25,7 @@
 #include "io/io.h"
 
 #define SL_MAX_FILES 1024 /* open sluice_files per engine */
+#define SL_FLAGS 4096     /* async transfers in flight per engine (async.c) */
 
 struct sluice_file {
 	struct sluice_engine *eng;
@@ -136,7 +140,7 @@ SL_HIDDEN int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 		       const struct sluice_range *r, size_t n, int crc);
 SL_HIDDEN void sl__plan_free(struct sl__job *job);
 
-/* engine.c */
+/* job.c */
 SL_HIDDEN void sl__job_submit(struct sluice_engine *eng, struct sl__job *job);
 SL_HIDDEN ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job,
 			       struct sluice_xfer_report *rep);
@@ -157,11 +161,8 @@ SL_HIDDEN void sl__worker_join(struct sl__worker *w);
 
 /* file.c: set by tests to simulate a filesystem that refuses O_DIRECT. */
 SL_HIDDEN extern int sl__test_refuse_direct;
-/* file.c: after a write job, trims direct-write padding and updates sizes. */
+/* plan.c: after a write job, trims direct-write padding and updates sizes. */
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
-
-/* async.c: frees the async flag page and staging cache at engine close. */
-SL_HIDDEN void sl__async_fini(struct sluice_engine *eng);
 
 /* Runs one job synchronously from ranges: plan, submit, wait, report. */
 SL_HIDDEN ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
