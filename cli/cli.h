@@ -1,4 +1,4 @@
-/* The sluice command: shared helpers of the subcommands. */
+/* The sluice command: the subcommands (cmd_<name>.c) and their shared helpers (util.c). */
 #ifndef CLI_H
 #define CLI_H
 

@@ -1,0 +1,99 @@
+/*
+ * The subcommands' shared helpers (cli.h): option parsing, errors, JSON
+ * strings, opening a dataset.  main.c only dispatches.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_fail(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "sluice %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return 2;
+}
+
+int cli_size(const char *cmd, const char *opt, const char *v, uint64_t *out)
+{
+	if (!v || sluice_parse_size(v, out))
+		return cli_fail(cmd, "%s: '%s' is not a size (digits with an optional K, M, G or T suffix)", opt,
+				v ? v : "");
+	return 0;
+}
+
+int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsigned hi, unsigned *out)
+{
+	char *end;
+	unsigned long x;
+
+	if (!v || !*v || *v == '-')
+		return cli_fail(cmd, "%s: '%s' is not a number", opt, v ? v : "");
+	x = strtoul(v, &end, 10);
+	if (*end)
+		return cli_fail(cmd, "%s: '%s' is not a number", opt, v);
+	if (x < lo || x > hi)
+		return cli_fail(cmd, "%s: %lu is outside %u..%u", opt, x, lo, hi);
+	*out = (unsigned)x;
+	return 0;
+}
+
+int cli_error(const char *cmd, const char *what, long code)
+{
+	const char *d = sluice_last_error_detail();
+
+	fprintf(stderr, "sluice %s: %s: %s%s%s\n", cmd, what, sluice_strerror((int)code), *d ? ": " : "", d);
+	return 1;
+}
+
+int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, const char *opt,
+		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds)
+{
+	int rc;
+
+	*path = NULL;
+	*ds = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json")) {
+			*json = 1;
+		} else if (opt && !strcmp(argv[i], opt)) {
+			if (i + 1 >= argc)
+				return cli_fail(cmd, "%s needs a value", opt);
+			*opt_val = argv[++i];
+		} else if (!strcmp(argv[i], "--help")) {
+			fputs(usage, stdout);
+			return -1;
+		} else if (argv[i][0] == '-') {
+			return cli_fail(cmd, "unknown option '%s'", argv[i]);
+		} else if (*path) {
+			return cli_fail(cmd, "more than one DATASET given");
+		} else {
+			*path = argv[i];
+		}
+	}
+	if (!*path)
+		return cli_fail(cmd, "no DATASET given");
+	rc = sluice_dataset_open(ds, *path);
+	return rc ? cli_error(cmd, *path, rc) : 0;
+}
+
+void cli_json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", (unsigned char)*s);
+		else
+			putchar(*s);
+	}
+	putchar('"');
+}
