@@ -23,7 +23,6 @@ it runs on the CPU.
 import argparse
 import glob
 import io
-import json
 import os
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ import torchvision
 from torchvision import transforms
 
 import sluice
-from benchlib import drop_caches
+from benchlib import Results, drop_caches, side_by_side
 
 B, SIZE = 64, 224
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -269,13 +268,13 @@ def main():
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--only", default="", help="comma list of: imagefolder_w0,imagefolder,streaming,litdata,"
                                                 "webdataset,sluice (default: all)")
+    ap.add_argument("--reps", type=int, default=1, help="passes of each loader, interleaved; medians")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/chapter7_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     imgs, ds = make_data(a.dir, a.images, a.sluice)
     torch.backends.cudnn.benchmark = True
-    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else None,
-           "images": a.images, "batch": B, "model": a.model, "workers": a.workers}
+    res = Results(a.out, images=a.images, batch=B, model=a.model, workers=a.workers)
     w = a.workers
     runs = (("imagefolder_w0", lambda: imagefolder_batches(a.dir, imgs, 0)),
             (f"imagefolder_w{w}", lambda: imagefolder_batches(a.dir, imgs, w)),
@@ -284,26 +283,25 @@ def main():
             (f"webdataset_w{w}", lambda: webdataset_batches(a.dir, imgs, w)),
             ("sluice", lambda: sluice_batches(a.dir, ds, w)))
     only = set(filter(None, a.only.split(",")))
-    for name, batches in runs:
-        if only and name not in only and name.rsplit("_w", 1)[0] not in only:
-            continue
+
+    def loop(name, batches):
         model = getattr(torchvision.models, a.model)().to(DEV)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        try:
-            wait, total = run(batches(), model, opt, a.steps)
-        except ImportError as e:  # a peer whose package is not installed
-            res[name] = {"skipped": str(e)}
-            print(f"{name}: skipped ({e})", flush=True)
-            continue
-        res[name] = {"data_wait_ms": 1e3 * wait, "step_ms": 1e3 * total, "data_wait_pct": 100 * wait / total,
-                     "images_per_s": B / total}
+        wait, total = run(batches(), model, opt, a.steps)
+        r = {"data_wait_ms": 1e3 * wait, "step_ms": 1e3 * total, "data_wait_pct": 100 * wait / total,
+             "images_per_s": B / total}
         print(f"{name}: data wait {1e3 * wait:.2f} ms ({100 * wait / total:.1f}%), step {1e3 * total:.1f} ms, "
               f"{B / total:.0f} img/s", flush=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+        return r
 
+    # A peer whose package is not installed is reported with its error.
+    got = side_by_side({name: (lambda name=name, b=b: loop(name, b)) for name, b in runs
+                        if not only or name in only or name.rsplit("_w", 1)[0] in only}, a.reps,
+                       key="data_wait_pct")
+    for name, r in got.items():
+        res[name] = r
+        if "error" in r:
+            print(f"{name}: not run ({r['error']})", flush=True)
 
 if __name__ == "__main__":
     main()

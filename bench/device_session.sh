@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU machine's work for issues #2 to #5, in steps chosen by STEPS (default: all):
 #   tests  GPU tests, plain and under compute-sanitizer memcheck
+#   first  a one-shot call's start-up toll (bench/first_call.py; FIRST_ARGS)
 #   bench  the engine benchmark with its sweeps (bench/engine_bench.py; BENCH_SECONDS, BENCH_ARGS)
 #   ds     the dataset benchmarks that need the GPU machine
 #   wait   the loader's consumer wait under a synthetic step a little longer than its time per batch
@@ -11,9 +12,10 @@
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
-# Results land in $OUT (or ./out).
+# Results land in $OUT (or ./out).  Prepare the carried folders first, on the CPU machine:
+# bench/prepare_gpu_machine.sh; the device tool carries .carry and .whl.
 OUT="${OUT:-out}"
-STEPS="${STEPS:-tests bench ds wait loader packing python chapter7}"
+STEPS="${STEPS:-tests first bench ds wait loader packing python chapter7}"
 mkdir -p "$OUT"
 . bench/gpu_machine.sh || { cmake --build build 2>&1 | grep error | head; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -29,6 +31,11 @@ if has tests; then
 	fi
 fi
 
+if has first; then
+	PYTHONUNBUFFERED=1 SLUICE_LIB=build/libsluice.so PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} \
+		timeout "${FIRST_SECONDS:-300}" python3 bench/first_call.py --out "$OUT/first_call.json" ${FIRST_ARGS} 2>&1 | tail -5
+fi
+
 if has bench; then
 	PYTHONUNBUFFERED=1 timeout "${BENCH_SECONDS:-420}" python3 bench/engine_bench.py --sluice build/sluice \
 		--fio .carry/fio --reps 3 --out "$OUT/engine_bench.json" ${BENCH_ARGS} 2>&1 | tee "$OUT/bench.log" | tail -25
@@ -42,7 +49,7 @@ if has ds; then
 	[ -d "$D3/r16k" ] || ./build/sluice_ds_bench makeblob "$D3/r16k" 250000 16384
 	timeout 240 ./build/sluice_ds_bench seqread "$D3/r16k" gpu | tee "$OUT/seqread_gpu.json"
 	PYTHONUNBUFFERED=1 timeout "${READERS_SECONDS:-300}" python3 bench/readers_bench.py --ds-bench build/sluice_ds_bench --dir "$D3" \
-		--out "$OUT/readers_bench.json" 2>&1 | tail -4
+		--out "$OUT/readers_bench.json" ${READERS_ARGS} 2>&1 | tail -4
 fi
 
 if has wait; then
@@ -98,7 +105,7 @@ fi
 
 if has packing; then
 	timeout 120 python3 bench/packing_bench.py --sluice build/sluice --ds-bench build/sluice_ds_bench \
-		--out "$OUT/packing_bench.json" 2>&1 | tail -4
+		--out "$OUT/packing_bench.json" ${PACKING_ARGS} 2>&1 | tail -4
 fi
 
 if has python; then

@@ -20,50 +20,12 @@ Prints a table and writes everything as JSON to --out.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 
-from benchlib import drop_caches, warm
-
-GB = 1e9
-
-
-def cpu_now():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def timed(fn, nbytes, reps, cold, path):
-    """Median GB/s and CPU s/GB of fn() over reps passes."""
-    rates, cpus = [], []
-    for _ in range(reps):
-        if cold:
-            drop_caches()
-        else:
-            warm(path)
-        c0, t0 = cpu_now(), time.perf_counter()
-        fn()
-        dt, dc = time.perf_counter() - t0, cpu_now() - c0
-        rates.append(nbytes / dt / GB)
-        cpus.append(dc / (nbytes / GB))
-    return {"gb_s": statistics.median(rates), "cpu_s_per_gb": statistics.median(cpus), "passes": rates}
-
-
-def make_file(path, size):
-    if os.path.exists(path) and os.path.getsize(path) == size:
-        return
-    block = os.urandom(256 << 20)
-    with open(path + ".tmp", "wb") as f:
-        for i in range(size // len(block)):
-            # Vary each block so no two are alike (defeats dedup/compression).
-            f.write(i.to_bytes(8, "little") + block[8:])
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(path + ".tmp", path)
-
+from benchlib import GB, Results, drop_caches, make_file, side_by_side, sluice_json, timed, warm
 
 def run_fio(fio, args, runtime):
     cmd = [fio, "--output-format=json", "--ioengine=io_uring", "--direct=1", "--fixedbufs",
@@ -97,25 +59,6 @@ def fio_best(fio, path, write, size, grid=None):
     return best, sweep, bs, qd
 
 
-def interleaved(reps, fio_pass, sluice_pass):
-    """Alternates fio and sluice passes so drift of the disk hits both alike."""
-    f, s = [], []
-    for _ in range(reps):
-        f.append(fio_pass())
-        s.append(sluice_pass())
-    med = lambda xs, i: statistics.median(x[i] for x in xs)
-    return ({"gb_s": med(f, 0), "cpu_s_per_gb": med(f, 1), "passes": [x[0] for x in f]},
-            {"gb_s": med(s, 0), "cpu_s_per_gb": med(s, 1), "passes": [x[0] for x in s], "path": s[0][2]})
-
-
-def sluice_bench(sluice, args, env=None):
-    e = dict(os.environ, **(env or {}))
-    out = subprocess.run([sluice, "bench", "--json"] + args, capture_output=True, text=True, env=e)
-    if out.returncode:
-        raise RuntimeError(f"sluice bench {args} failed: {out.stderr.strip()}")
-    return json.loads(out.stdout)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default="build/sluice")
@@ -135,13 +78,15 @@ def main():
 
     size, path, reps = a.size, a.file, a.reps
 
-    def say(msg):
-        # Prints a figure and saves everything so far, so a run cut off by its time limit keeps it.
-        print(msg)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    def sluice_bench(args):
+        return sluice_json(a.sluice, ["bench"] + args)
 
-    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "size": size}
+    def passes(fn, cold):
+        """fn's median GB/s and CPU s/GB over reps passes, cold (caches dropped) or warm."""
+        return side_by_side({"x": lambda: timed(fn, size)}, reps, before=drop_caches if cold else lambda: warm(path))["x"]
+
+    res = Results(a.out, size=size)  # saved after every figure, so a run cut off by its time limit keeps them
+    say = print
     print(f"# {res['date']} {res['gpu']}, file {path} ({size / GB:.2f} GB), median of {reps}")
     make_file(path, size)
 
@@ -167,15 +112,17 @@ def main():
         best, sweep, bs, qd = fio_best(a.fio, path, False, size, grid)
 
         def fio_read():
-            drop_caches()
-            return run_fio(a.fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}", f"--iodepth={qd}"], 60)
+            gbs, cpu = run_fio(a.fio, ["--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}",
+                                       f"--iodepth={qd}"], 60)
+            return {"gb_s": gbs, "cpu_s_per_gb": cpu}
 
         def sl_read():
-            r = sluice_bench(a.sluice, [path, "--cold"])
-            return r["gb_s"], r["cpu_s_per_gb"], r["path"]
+            r = sluice_bench([path, "--cold"])
+            return {k: r[k] for k in ("gb_s", "cpu_s_per_gb", "path")}
 
-        res["fio_read_cold"], res["sluice_read_cold"] = interleaved(reps, fio_read, sl_read)
-        res["fio_read_cold"].update(best=best, sweep=sweep)
+        got = side_by_side({"fio": fio_read, "sluice": sl_read}, reps, before=drop_caches)
+        res["fio_read_cold"] = dict(got["fio"], best=best, sweep=sweep)
+        res["sluice_read_cold"] = got["sluice"]
         say(f"cold read: fio {res['fio_read_cold']['gb_s']:.2f} GB/s ({best}), "
               f"sluice {res['sluice_read_cold']['gb_s']:.2f} GB/s {res['sluice_read_cold']['path']}")
 
@@ -183,18 +130,19 @@ def main():
         best, sweep, bs, qd = fio_best(a.fio, wpath, True, size)
 
         def fio_write():
-            r = run_fio(a.fio, ["--name=w", f"--filename={wpath}", "--rw=write", f"--bs={bs}", f"--iodepth={qd}",
-                                f"--size={size}", "--end_fsync=1"], 60)
+            gbs, cpu = run_fio(a.fio, ["--name=w", f"--filename={wpath}", "--rw=write", f"--bs={bs}",
+                                       f"--iodepth={qd}", f"--size={size}", "--end_fsync=1"], 60)
             os.unlink(wpath)
-            return r
+            return {"gb_s": gbs, "cpu_s_per_gb": cpu}
 
         def sl_write():
-            r = sluice_bench(a.sluice, [wpath, "--rw", "write", "--size", str(size)])
+            r = sluice_bench([wpath, "--rw", "write", "--size", str(size)])
             os.unlink(wpath)
-            return r["gb_s"], r["cpu_s_per_gb"], r["path"]
+            return {k: r[k] for k in ("gb_s", "cpu_s_per_gb", "path")}
 
-        res["fio_write"], res["sluice_write"] = interleaved(reps, fio_write, sl_write)
-        res["fio_write"].update(best=best, sweep=sweep)
+        got = side_by_side({"fio": fio_write, "sluice": sl_write}, reps)
+        res["fio_write"] = dict(got["fio"], best=best, sweep=sweep)
+        res["sluice_write"] = got["sluice"]
         say(f"durable write: fio {res['fio_write']['gb_s']:.2f} GB/s ({best}), "
               f"sluice {res['sluice_write']['gb_s']:.2f} GB/s {res['sluice_write']['path']}")
 
@@ -212,7 +160,7 @@ def main():
 
         for name, fn in (("np_fromfile", fromfile), ("np_memmap", memmap)):
             for temp in ("cold", "warm"):
-                res[f"{name}_{temp}"] = timed(fn, size, reps, temp == "cold", path)
+                res[f"{name}_{temp}"] = passes(fn, temp == "cold")
                 say(f"{name} {temp}: {res[f'{name}_{temp}']['gb_s']:.2f} GB/s")
 
     if "kvikio" not in skip:
@@ -240,8 +188,7 @@ def main():
                             f.pread(buf).get()
                         cupy.cuda.runtime.deviceSynchronize()
 
-                    r = timed(kread, size, reps, temp == "cold", path)
-                    r["threads"] = nt
+                    r = dict(passes(kread, temp == "cold"), threads=nt)
                     res[f"kvikio_{nt}t_{temp}"] = r
                     if best is None or r["gb_s"] > best["gb_s"]:
                         best = r
@@ -254,32 +201,36 @@ def main():
 
     torch.cuda.empty_cache()
     warm(path)
-    res["sluice_read_warm"] = sluice_bench(a.sluice, [path, "--repeat", str(max(reps, 5))])
+    res["sluice_read_warm"] = sluice_bench([path, "--repeat", str(max(reps, 5))])
     say(f"sluice read warm: {res['sluice_read_warm']['gb_s']:.2f} GB/s {res['sluice_read_warm']['path']}")
 
     if "sweep" not in skip:
         # How the knobs move the warm path (informs the defaults).
         warm(path)
-        sweep = {}
-        for t in (8, 12, 16):
-            for chunk in ("4M", "8M", "16M"):
-                r = sluice_bench(a.sluice, [path, "--threads", str(t), "--io-size", chunk, "--repeat", "3"])
-                sweep[f"threads={t},io={chunk}"] = r["gb_s"]
+        sweep = {f"threads={t},io={chunk}": sluice_bench([path, "--threads", str(t), "--io-size", chunk,
+                                                          "--repeat", "3"])["gb_s"]
+                 for t in (8, 12, 16) for chunk in ("4M", "8M", "16M")}
         res["sluice_warm_sweep"] = sweep
         say("sluice warm sweep: " + ", ".join(f"{k}: {v:.1f}" for k, v in sweep.items()))
-        # Cold and write: one pass each over half the file per setting.
+        # Cold: engine settings against fio's best read, pass for pass, over half the file; write: one
+        # pass of each setting.
         half = str(size // 2)
-        for kind, extra in (("cold", ["--cold"]), ("write", ["--rw", "write"])):
-            sweep = {}
-            for t, io, qd in ((8, "8M", 4), (8, "16M", 2), (8, "16M", 4), (16, "8M", 4), (8, "8M", 8)):
-                target = path if kind == "cold" else path + ".sluice-w"
-                r = sluice_bench(a.sluice, [target, "--size", half, "--threads", str(t), "--io-size", io,
-                                            "--queue-depth", str(qd)] + extra)
-                sweep[f"threads={t},io={io},qd={qd}"] = r["gb_s"]
+        settings = ((8, "8M", 4), (8, "16M", 2), (8, "16M", 4), (16, "8M", 4), (8, "8M", 8))
+        for kind, extra, reps_k in (("cold", ["--cold"], reps), ("write", ["--rw", "write"], 1)):
+            target = path if kind == "cold" else path + ".sluice-w"
+            runs = {f"threads={t},io={io},qd={qd}": (lambda t=t, io=io, qd=qd: sluice_bench(
+                [target, "--size", half, "--threads", str(t), "--io-size", io, "--queue-depth", str(qd)] + extra))
+                for t, io, qd in settings}
+            if kind == "cold" and "fio_read_cold" in res:
+                bs, qd = res["fio_read_cold"]["best"].replace("bs=", "").replace("iodepth=", "").split(",")
+                runs["fio " + res["fio_read_cold"]["best"]] = lambda: run_fio(a.fio, [
+                    "--name=r", f"--filename={path}", "--rw=read", f"--bs={bs}", f"--iodepth={qd}",
+                    f"--size={half}"], 60)[0]
+            sweep = side_by_side(runs, reps_k, before=drop_caches if kind == "cold" else None)
             if os.path.exists(path + ".sluice-w"):
                 os.unlink(path + ".sluice-w")
-            res[f"sluice_{kind}_sweep"] = sweep
-            say(f"sluice {kind} sweep: " + ", ".join(f"{k}: {v:.2f}" for k, v in sweep.items()))
+            res[f"sluice_{kind}_sweep"] = {k: v.get("gb_s") for k, v in sweep.items()}
+            say(f"sluice {kind} sweep: " + ", ".join(f"{k}: {v.get('gb_s', 0):.2f}" for k, v in sweep.items()))
 
     # Ratios against the targets of issue #2.
     ceil = res["h2d_pinned_ceiling"]["gb_s"]
@@ -312,8 +263,6 @@ def main():
     row("fio O_DIRECT write + fsync (" + res.get("fio_write", {}).get("best", "-") + ")", "fio_write", None)
     row("sluice durable write (defaults)", "sluice_write", None)
     print("\nratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in rat.items()))
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ memory, cold (page cache dropped before the pass) and warm:
     with one pread), batch --batch, shuffle=True, pin_memory=True, persistent_workers=True, num_workers in
     --workers; each batch is moved with .cuda(non_blocking=True) and the epoch ends with a synchronize. Each
     num_workers runs one epoch (which pays for starting its workers); the best of them then runs --reps more
-    epochs with its persistent workers already up, and their median counts;
+    epochs with its persistent workers already up, interleaved with sluice's epochs, and their median counts;
   - sluice: `sluice_ds_bench loader DIR gpu BATCH 0 cold|warm` (one epoch, batches land in GPU memory; warm
     reads the dataset's files through the page cache first), median of --reps passes.
 Prints samples/s and the ratio sluice / best DataLoader; JSON to --out. Without a GPU (a smoke test) both
@@ -20,12 +20,11 @@ deliver to host memory.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import time
 
 import numpy as np
-from benchlib import drop_caches, warm
+from benchlib import Results, drop_caches, side_by_side, warm
 
 
 def make_sets(root, n, size, sluice):
@@ -89,7 +88,7 @@ def torch_epoch(dl, path, cold):
     if gpu:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    return got / dt, (cpu_seconds() - c0) / (got * b.shape[1] / 1e9)
+    return {"samples_per_s": got / dt, "cpu_s_per_gb": (cpu_seconds() - c0) / (got * b.shape[1] / 1e9)}
 
 
 def cpu_seconds():
@@ -102,8 +101,7 @@ def cpu_seconds():
 def sluice_epoch(ds_bench, ds, batch, cold, target):
     out = subprocess.run([ds_bench, "loader", ds, target, str(batch), "0", "cold" if cold else "warm"],
                          capture_output=True, text=True, check=True).stdout
-    j = json.loads(out)
-    return j["samples_per_s"], j
+    return json.loads(out)
 
 
 def main():
@@ -119,16 +117,12 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/loader_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    res = {"date": time.strftime("%Y-%m-%d"), "records": a.records, "batch": a.batch}
+    res = Results(a.out, records=a.records, batch=a.batch)
     try:
         import torch
         target = "gpu" if torch.cuda.is_available() else "host"
     except ImportError:
         target = "host"
-
-    def save():
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
 
     for size in map(int, a.sizes.split(",")):
         n = a.records or 800_000_000 // size
@@ -136,40 +130,38 @@ def main():
         files, flat, ds = make_sets(a.dir, n, size, a.sluice)
         for temp in ("cold", "warm"):
             cold = temp == "cold"
-            row = {}
+            row, contenders = {}, {}
             for kind, path in (("files", files), ("flat", flat)):
-                # One epoch for each num_workers (the first pays for starting the workers), then more
-                # epochs of the best, its workers already up; their median counts.
+                # One epoch for each num_workers (the first pays for starting the workers); the best then
+                # runs beside sluice, its workers already up.
                 best = None
                 for w in map(int, a.workers.split(",")):
                     dl = torch_loader(kind, path, n, size, a.batch, w)
-                    r = row[f"torch_{kind}_{w}w_first"] = torch_epoch(dl, path, cold)[0]
+                    r = row[f"torch_{kind}_{w}w_first"] = torch_epoch(dl, path, cold)["samples_per_s"]
                     print(f"{size} B {temp}: DataLoader {kind} {w} workers {r:,.0f} samples/s (first epoch)", flush=True)
                     if best is None or r > best[1]:
                         best = (w, r, dl)
                     del dl
                 w, _, dl = best
-                runs = sorted(torch_epoch(dl, path, cold) for _ in range(a.reps))
+                contenders[f"torch_{kind}_{w}w"] = lambda dl=dl, path=path: torch_epoch(dl, path, cold)
                 del best, dl
-                row[f"torch_{kind}_{w}w"] = runs[len(runs) // 2][0]
-                row[f"torch_{kind}_{w}w_cpu_s_per_gb"] = runs[len(runs) // 2][1]
-                row[f"torch_{kind}_{w}w_passes"] = [r[0] for r in runs]
-                res[f"{size}_{temp}"] = row
-                save()
-            runs = [sluice_epoch(a.ds_bench, ds, a.batch, cold, target) for _ in range(a.reps)]
-            row["sluice"] = statistics.median(r[0] for r in runs)
-            row["sluice_passes"] = [r[0] for r in runs]
-            row["sluice_detail"] = sorted(runs, key=lambda r: r[0])[len(runs) // 2][1]
+            contenders["sluice"] = lambda: sluice_epoch(a.ds_bench, ds, a.batch, cold, target)
+            # DataLoaders and sluice epoch for epoch (interleaved), --reps times; medians.
+            got = side_by_side(contenders, a.reps, key="samples_per_s")
+            for name, r in got.items():
+                if "error" in r:
+                    raise SystemExit(f"{size} B {temp}: {name}: {r['error']}")
+                row[name] = r["samples_per_s"]
+                row[f"{name}_cpu_s_per_gb"] = r["cpu_s_per_gb"]
+                row[f"{name}_passes"] = r["passes"]
+            row["sluice_detail"] = got["sluice"]
             best = max((k for k in row if k.startswith("torch_") and k.endswith("w")), key=lambda k: row[k])
             row["best_torch"] = best
             row["ratio_vs_best_torch"] = row["sluice"] / row[best]
-            row["sluice_cpu_s_per_gb"] = row["sluice_detail"]["cpu_s_per_gb"]
             res[f"{size}_{temp}"] = row
-            save()
             print(f"{size} B {temp}: sluice {row['sluice']:,.0f} samples/s ({row['sluice_cpu_s_per_gb']:.2f} CPU s/GB), "
                   f"best DataLoader {best} {row[best]:,.0f} ({row[best + '_cpu_s_per_gb']:.2f} CPU s/GB): "
                   f"ratio {row['ratio_vs_best_torch']:.2f}", flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -16,11 +16,10 @@ rows/s, real tokens/s and CPU s/GB for each; JSON to --out. Without a GPU the ro
 import argparse
 import json
 import os
-import statistics
 import subprocess
-import time
 
 import numpy as np
+from benchlib import Results, side_by_side
 
 
 def lengths(n, seed):
@@ -55,39 +54,37 @@ def main():
     os.makedirs(a.dir, exist_ok=True)
     L = a.context
     lens, nlens = lengths(a.docs, 0), lengths(a.naive_docs, 1)
-    res = {"date": time.strftime("%Y-%m-%d"), "context": L, "batch": a.batch,
-           "mean_doc_tokens": float(lens.mean()), "max_doc_tokens": int(lens.max())}
+    res = Results(a.out, context=L, batch=a.batch, mean_doc_tokens=float(lens.mean()), max_doc_tokens=int(lens.max()))
     sets = {"bfd": (pack(a.sluice, a.dir, f"bfd{a.docs}", lens, L, []), float(lens.sum())),
             "greedy": (pack(a.sluice, a.dir, f"greedy{a.docs}", lens, L, ["--greedy"]), float(lens.sum())),
             "naive": (pack(a.sluice, a.dir, f"naive{a.naive_docs}", np.full(a.naive_docs, L), L, []),
                       float(nlens.sum()))}
+
+    def epoch(ds):
+        out = subprocess.run([a.ds_bench, "loader", ds, a.target, str(a.batch), "0", "warm"],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    # One epoch of each set in turn, --reps times; medians.
+    got = side_by_side({name: (lambda ds=ds: epoch(ds)) for name, (ds, _) in sets.items()}, a.reps,
+                       key="samples_per_s")
     for name, (ds, real) in sets.items():
-        runs = []
-        for _ in range(a.reps):
-            out = subprocess.run([a.ds_bench, "loader", ds, a.target, str(a.batch), "0", "warm"],
-                                 capture_output=True, text=True, check=True).stdout
-            runs.append(json.loads(out))
-        runs.sort(key=lambda j: j["samples_per_s"])
-        med = runs[len(runs) // 2]
-        rows = med["records"]
+        med = got[name]
+        if "error" in med:
+            raise SystemExit(f"{name}: {med['error']}")
         # Every row of the dataset is delivered once an epoch (drop_last leaves out under one batch).
         total_rows = json.loads(subprocess.run([a.sluice, "inspect", "--json", ds], capture_output=True,
                                                text=True, check=True).stdout)["records"]
         per_row = real / total_rows
         r = res[name] = {"rows": total_rows, "fill": per_row / L, "rows_per_s": med["samples_per_s"],
                          "real_tokens_per_s": med["samples_per_s"] * per_row, "gb_s": med["gb_s"],
-                         "cpu_s_per_gb": med["cpu_s_per_gb"], "rows_delivered": rows,
-                         "passes_rows_per_s": [j["samples_per_s"] for j in runs]}
+                         "cpu_s_per_gb": med["cpu_s_per_gb"], "rows_delivered": med["records"],
+                         "passes_rows_per_s": med["passes"]}
         print(f"{name}: {100 * r['fill']:.2f}% of slots, {r['rows_per_s']:,.0f} rows/s, "
               f"{r['real_tokens_per_s'] / 1e6:,.1f} M real tokens/s, {r['gb_s']:.2f} GB/s, "
               f"CPU {r['cpu_s_per_gb']:.3f} s/GB", flush=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
     res["bfd_vs_naive_tokens_per_s"] = res["bfd"]["real_tokens_per_s"] / res["naive"]["real_tokens_per_s"]
     print(f"real tokens/s, best-fit decreasing / naive padding: {res['bfd_vs_naive_tokens_per_s']:.1f}x")
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
-
 
 if __name__ == "__main__":
     main()

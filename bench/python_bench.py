@@ -19,11 +19,10 @@ import subprocess
 import tempfile
 import time
 
-import numpy as np
 import torch
 
 import sluice
-from benchlib import drop_caches, warm
+from benchlib import Results, drop_caches, side_by_side, warm
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of this script
 
@@ -89,20 +88,21 @@ def overhead(sluice_bin, d):
             "ctypes_next_p50_us": ctypes_us, "batches": len(times), "profile": prof.getvalue()}
 
 
-def timed(fn, reps, cold):
-    out = []
-    for _ in range(reps):
-        if cold:
-            drop_caches()
-        sync()
-        t0 = time.perf_counter()
-        r = fn()
-        sync()
-        out.append(time.perf_counter() - t0)
-        del r
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
-    return statistics.median(out)
+def load_pass(fn, path, total, cold):
+    """One timed load of total bytes from path, cold (page cache dropped) or warm (path read first)."""
+    if cold:
+        drop_caches()
+    else:
+        warm(path)
+    sync()
+    t0 = time.perf_counter()
+    r = fn()
+    sync()
+    dt = time.perf_counter() - t0
+    del r
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+    return total / dt / 1e9
 
 
 def checkpoints(d, gb, reps):
@@ -123,18 +123,22 @@ def checkpoints(d, gb, reps):
         fn()
         os.sync()
         res[f"save_{name}_gb_s"] = total / (time.perf_counter() - t0) / 1e9
-    del sd
+    sd.clear()  # frees the tensors before the loads
     if DEV == "cuda":
         torch.cuda.empty_cache()
+    loads = {"sluice": (lambda: sluice.load(paths["safetensors"], device=DEV), paths["safetensors"]),
+             "safetensors": (lambda: load_file(paths["safetensors"], device=DEV), paths["safetensors"]),
+             "torch": (lambda: torch.load(paths["torch"], map_location=DEV), paths["torch"])}
     for temp in ("cold", "warm"):
-        cold = temp == "cold"
-        for name, fn in (("sluice", lambda: sluice.load(paths["safetensors"], device=DEV)),
-                         ("safetensors", lambda: load_file(paths["safetensors"], device=DEV)),
-                         ("torch", lambda: torch.load(paths["torch"], map_location=DEV))):
-            if not cold:
-                warm(paths["torch" if name == "torch" else "safetensors"])  # the file in the page cache
-            res[f"load_{name}_{temp}_gb_s"] = total / timed(fn, reps, cold) / 1e9
-            print(f"load {name} {temp}: {res[f'load_{name}_{temp}_gb_s']:.2f} GB/s", flush=True)
+        # The three loaders in turn, --reps times (interleaved); medians.
+        got = side_by_side({name: (lambda fn=fn, path=path: load_pass(fn, path, total, temp == "cold"))
+                            for name, (fn, path) in loads.items()}, reps)
+        for name, r in got.items():
+            if "error" in r:
+                raise RuntimeError(f"load {name} {temp}: {r['error']}")
+            res[f"load_{name}_{temp}_gb_s"] = r["gb_s"]
+            res[f"load_{name}_{temp}_passes"] = r["passes"]
+            print(f"load {name} {temp}: {r['gb_s']:.2f} GB/s", flush=True)
         res[f"load_ratio_vs_safetensors_{temp}"] = res[f"load_sluice_{temp}_gb_s"] / res[f"load_safetensors_{temp}_gb_s"]
     return res
 
@@ -148,20 +152,14 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/python_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else None}
+    res = Results(a.out)
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
-        res["overhead"] = overhead(a.sluice, d)
-        o = res["overhead"]
+        res["overhead"] = o = overhead(a.sluice, d)
         print(f"python overhead per batch: {o['python_overhead_us']:.1f} us (next {o['python_next_p50_us']:.1f} us, "
               f"bare ctypes call {o['ctypes_next_p50_us']:.1f} us, C {o['c_next_p50_us']:.1f} us)\n{o['profile']}", flush=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
         if a.gb > 0:
             res["checkpoint"] = checkpoints(d, a.gb, a.reps)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
     print(json.dumps(res.get("checkpoint"), indent=1))
-
 
 if __name__ == "__main__":
     main()

@@ -15,14 +15,13 @@ import argparse
 import io
 import json
 import os
-import statistics
 import struct
 import subprocess
 import tarfile
 import time
 
 import numpy as np
-from benchlib import drop_caches
+from benchlib import Results, drop_caches, side_by_side
 
 
 def make_megatron(prefix, n, seed=1):
@@ -86,19 +85,28 @@ def wds_reference(d, shards):
     return n
 
 
-def timed(fn, reps):
-    rates = []
-    for _ in range(reps):
-        drop_caches()
-        t0 = time.perf_counter()
-        n = fn()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates), rates
-
-
 def sluice_recs(ds_bench, path):
-    out = subprocess.run([ds_bench, "recs", path, "x"], capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    """One cold pass of sluice reading every record in order; records/s."""
+    out = subprocess.run([ds_bench, "recs", path, "x"], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, DS_BENCH_REPS="1")).stdout
+    return json.loads(out)["records_per_s"]
+
+
+def compare(reference, sluice_pass, reps):
+    """The reference reader and sluice, pass for pass, cold; records/s medians and the ratio."""
+    got = side_by_side({"reference": reference, "sluice": sluice_pass}, reps, before=drop_caches,
+                       key="records_s")
+    ref, sl = got["reference"], got["sluice"]
+    return {"reference_records_s": ref.get("records_s"), "reference_passes": ref.get("passes", ref.get("error")),
+            "sluice_records_s": sl.get("records_s"), "sluice_passes": sl.get("passes", sl.get("error")),
+            "ratio": sl["records_s"] / ref["records_s"] if ref.get("records_s") and sl.get("records_s") else None}
+
+
+def rate(fn):
+    """fn() returns a count; its count per second."""
+    t0 = time.perf_counter()
+    n = fn()
+    return n / (time.perf_counter() - t0)
 
 
 def main():
@@ -112,33 +120,23 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/readers_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    res = {"date": time.strftime("%Y-%m-%d")}
+    res = Results(a.out)
 
     prefix = f"{a.dir}/megatron_text_document"
     make_megatron(prefix, a.sequences)
-    ref, ref_passes = timed(lambda: megatron_reference(prefix), a.reps)
-    sl = sluice_recs(a.ds_bench, prefix)["records_per_s"]  # itself the median of 3 cold passes
-    res["megatron"] = {"reference_records_s": ref, "reference_passes": ref_passes, "sluice_records_s": sl,
-                       "ratio": sl / ref}
-    print(f"Megatron, {a.sequences} sequences: reference {ref:,.0f} rec/s, sluice {sl:,.0f} rec/s, "
-          f"ratio {res['megatron']['ratio']:.2f}", flush=True)
+    m = res["megatron"] = compare(lambda: rate(lambda: megatron_reference(prefix)),
+                                  lambda: sluice_recs(a.ds_bench, prefix), a.reps)
+    print(f"Megatron, {a.sequences} sequences: reference {m['reference_records_s']:,.0f} rec/s, "
+          f"sluice {m['sluice_records_s']:,.0f} rec/s, ratio {m['ratio']:.2f}", flush=True)
 
     wd = f"{a.dir}/wds"
     make_wds(wd, a.shards, a.samples)
     sluice_recs(a.ds_bench, wd)  # builds the sidecar indexes once (cached); not timed
-    try:
-        ref, ref_passes = timed(lambda: wds_reference(wd, a.shards), a.reps)
-    except ImportError as e:
-        ref, ref_passes = None, repr(e)
-    sl = sluice_recs(a.ds_bench, wd)["records_per_s"]
-    res["webdataset"] = {"reference_records_s": ref, "reference_passes": ref_passes, "sluice_records_s": sl,
-                         "ratio": sl / ref if ref else None}
-    print(f"WebDataset, {a.shards} x {a.samples} samples: reference "
-          f"{ref if ref is None else f'{ref:,.0f}'} samples/s, sluice {sl:,.0f} samples/s"
-          + (f", ratio {res['webdataset']['ratio']:.2f}" if ref else " (webdataset not importable)"), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
-
+    w = res["webdataset"] = compare(lambda: rate(lambda: wds_reference(wd, a.shards)),
+                                    lambda: sluice_recs(a.ds_bench, wd), a.reps)
+    print(f"WebDataset, {a.shards} x {a.samples} samples: reference {w['reference_records_s'] or 0:,.0f} samples/s, "
+          f"sluice {w['sluice_records_s']:,.0f} samples/s"
+          + (f", ratio {w['ratio']:.2f}" if w["ratio"] else f" (reference: {w['reference_passes']})"), flush=True)
 
 if __name__ == "__main__":
     main()
