@@ -50,12 +50,20 @@ struct sl__io_ops {
 	int (*probe)(const struct sluice_config *cfg, char *why, size_t why_len);
 	/*
 	 * init: required.  Called on the worker thread that will use the
-	 * instance.  bufs/nbufs/buf_size describe the worker's bounce slots,
-	 * which a backend may register (SL_IO_CAP_FIXED); depth is the most
-	 * I/Os the caller keeps in flight.  Sets ctx->priv.
+	 * instance, while the engine opens; depth is the most I/Os the caller
+	 * keeps in flight.  Sets ctx->priv.  MUST be quick: the engine's open
+	 * waits for every worker's.
 	 */
-	int (*init)(struct sl__io_ctx *ctx, const struct sluice_config *cfg,
-		    void *const *bufs, unsigned nbufs, size_t buf_size, unsigned depth);
+	int (*init)(struct sl__io_ctx *ctx, const struct sluice_config *cfg, unsigned depth);
+	/*
+	 * register_bufs: optional (SL_IO_CAP_FIXED).  Called on the owning
+	 * thread after init, before its first I/O, once the engine is open:
+	 * registers the worker's bounce slots (bufs/nbufs/buf_size), which
+	 * pins their pages and may take milliseconds.  Sets ctx->fixed when
+	 * they are registered; a refusal is not an error (I/O then uses
+	 * plain buffers).
+	 */
+	void (*register_bufs)(struct sl__io_ctx *ctx, void *const *bufs, unsigned nbufs, size_t buf_size);
 	/*
 	 * submit: required.  Queues io; it may already complete inside
 	 * submit (synchronous backends).  Returns 0 or a negative code if io
@@ -76,7 +84,7 @@ struct sl__io_ctx {
 	const struct sl__io_ops *ops;
 	void *priv;
 	unsigned inflight;
-	int fixed; /* set by init: the buffers it was given are registered */
+	int fixed; /* set by register_bufs: the buffers it was given are registered */
 };
 
 SL_HIDDEN extern const struct sl__io_ops sl__io_uring_ops;
@@ -89,14 +97,20 @@ SL_HIDDEN void sl__gds_bind(ssize_t (*rd)(void *, void *, size_t, off_t, off_t),
 			    int real_gds, const char *why);
 
 static inline int sl__io_init(struct sl__io_ctx *ctx, const struct sl__io_ops *ops,
-			      const struct sluice_config *cfg, void *const *bufs,
-			      unsigned nbufs, size_t buf_size, unsigned depth)
+			      const struct sluice_config *cfg, unsigned depth)
 {
 	ctx->ops = ops;
 	ctx->priv = NULL;
 	ctx->inflight = 0;
 	ctx->fixed = 0;
-	return ops->init(ctx, cfg, bufs, nbufs, buf_size, depth);
+	return ops->init(ctx, cfg, depth);
+}
+
+static inline void sl__io_register_bufs(struct sl__io_ctx *ctx, void *const *bufs, unsigned nbufs,
+					size_t buf_size)
+{
+	if (ctx->ops->register_bufs)
+		ctx->ops->register_bufs(ctx, bufs, nbufs, buf_size);
 }
 
 static inline int sl__io_submit(struct sl__io_ctx *ctx, struct sl__io *io)
@@ -139,8 +153,7 @@ SL_HIDDEN ssize_t sl__pio_full(int op, int fd, void *buf, size_t len, uint64_t o
  * The completion queue of synchronous backends: submit does the I/O, then
  * sl__sync_complete() queues io for reap.  init/reap/fini serve as ops.
  */
-SL_HIDDEN int sl__sync_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg,
-			    void *const *bufs, unsigned nbufs, size_t buf_size, unsigned depth);
+SL_HIDDEN int sl__sync_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg, unsigned depth);
 SL_HIDDEN int sl__sync_complete(struct sl__io_ctx *ctx, struct sl__io *io);
 SL_HIDDEN int sl__sync_reap(struct sl__io_ctx *ctx, struct sl__io **done, unsigned max, int wait);
 SL_HIDDEN void sl__sync_fini(struct sl__io_ctx *ctx);

@@ -44,12 +44,11 @@ static int sl_psync_probe(const struct sluice_config *cfg, char *why, size_t n)
 	return 0;
 }
 
-int sl__sync_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg,
-			 void *const *bufs, unsigned nbufs, size_t buf_size, unsigned depth)
+int sl__sync_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg, unsigned depth)
 {
 	struct sl_psync *p;
 
-	(void)cfg, (void)bufs, (void)nbufs, (void)buf_size;
+	(void)cfg;
 	p = calloc(1, sizeof(*p) + (depth + 1) * sizeof(p->done[0]));
 	if (!p)
 		return -ENOMEM;

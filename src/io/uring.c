@@ -62,8 +62,7 @@ static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
 	return 0;
 }
 
-static int sl_uring_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg,
-			 void *const *bufs, unsigned nbufs, size_t buf_size, unsigned depth)
+static int sl_uring_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg, unsigned depth)
 {
 	struct sl_uring *u = calloc(1, sizeof(*u));
 	struct io_uring_params p;
@@ -85,43 +84,47 @@ static int sl_uring_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg
 		u->files[i].fd = -1;
 	u->fixed_files = io_uring_register_files_sparse(&u->ring, SL_URING_FILES) == 0;
 
-	if (nbufs) {
-		struct iovec *iov = calloc(nbufs, sizeof(*iov));
-
-		if (!iov) {
-			io_uring_queue_exit(&u->ring);
-			free(u);
-			return -ENOMEM;
-		}
-		for (unsigned i = 0; i < nbufs; i++) {
-			iov[i].iov_base = bufs[i];
-			iov[i].iov_len = buf_size;
-		}
-		/*
-		 * Registration pins the pages and is charged to RLIMIT_MEMLOCK
-		 * for users without CAP_IPC_LOCK; when refused, I/O still works
-		 * with plain buffers, pinned per request by the kernel.
-		 */
-		rc = io_uring_register_buffers(&u->ring, iov, nbufs);
-		free(iov);
-		if (rc == 0) {
-			u->fixed_bufs = 1;
-			ctx->fixed = 1;
-		} else if (!atomic_exchange(&sl_uring_warned, 1)) {
-			struct rlimit rl;
-
-			getrlimit(RLIMIT_MEMLOCK, &rl);
-			sl__warn("io", "io_uring fixed buffers off: registering %u x %zu bytes failed (%s); "
-				 "RLIMIT_MEMLOCK is %llu bytes (raise it with `ulimit -l`)",
-				 nbufs, buf_size, strerror(-rc), (unsigned long long)rl.rlim_cur);
-		}
-	}
-	u->buf_size = buf_size;
-	u->buf_lo = nbufs ? bufs[0] : NULL;
-	u->buf_hi = nbufs ? (char *)bufs[nbufs - 1] + buf_size : NULL;
 	ctx->priv = u;
 	return 0;
 }
+
+static void sl_uring_register_bufs(struct sl__io_ctx *ctx, void *const *bufs, unsigned nbufs, size_t buf_size)
+{
+	struct sl_uring *u = ctx->priv;
+	struct iovec *iov = calloc(nbufs, sizeof(*iov));
+	int rc;
+
+	if (!iov || !nbufs) {
+		free(iov);
+		return;
+	}
+	for (unsigned i = 0; i < nbufs; i++) {
+		iov[i].iov_base = bufs[i];
+		iov[i].iov_len = buf_size;
+	}
+	/*
+	 * Registration pins the pages and is charged to RLIMIT_MEMLOCK
+	 * for users without CAP_IPC_LOCK; when refused, I/O still works
+	 * with plain buffers, pinned per request by the kernel.
+	 */
+	rc = io_uring_register_buffers(&u->ring, iov, nbufs);
+	free(iov);
+	if (rc == 0) {
+		u->buf_size = buf_size;
+		u->buf_lo = bufs[0];
+		u->buf_hi = (char *)bufs[nbufs - 1] + buf_size;
+		u->fixed_bufs = 1;
+		ctx->fixed = 1;
+	} else if (!atomic_exchange(&sl_uring_warned, 1)) {
+		struct rlimit rl;
+
+		getrlimit(RLIMIT_MEMLOCK, &rl);
+		sl__warn("io", "io_uring fixed buffers off: registering %u x %zu bytes failed (%s); "
+			 "RLIMIT_MEMLOCK is %llu bytes (raise it with `ulimit -l`)",
+			 nbufs, buf_size, strerror(-rc), (unsigned long long)rl.rlim_cur);
+	}
+}
+
 
 /* Returns the fixed-file index for io, registering its fd on first use. */
 static int sl_uring_file(struct sl_uring *u, const struct sl__io *io)
@@ -216,6 +219,7 @@ const struct sl__io_ops sl__io_uring_ops = {
 	.caps = SL_IO_CAP_ASYNC | SL_IO_CAP_FIXED,
 	.probe = sl_uring_probe,
 	.init = sl_uring_init,
+	.register_bufs = sl_uring_register_bufs,
 	.submit = sl_uring_submit,
 	.reap = sl_uring_reap,
 	.fini = sl_uring_fini,

@@ -93,10 +93,10 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 	}
 	eng->slots_per_worker = per;
 	/*
-	 * Mapped here, pinned by the workers, each its own part in its own
-	 * thread: pinning faults the pages in, 40 ms for 192 MiB from one
-	 * thread on the H100 machine, most of a one-shot call's start-up.
-	 * Parts are 2 MiB apart, so no huge page is shared by two workers.
+	 * Mapped here, pinned by the workers, each its own part once the
+	 * engine is open (sl_worker_prepare): pinning 192 MiB took 40 ms on
+	 * the H100 machine, most of a one-shot call's start-up.  Parts are
+	 * 2 MiB apart, so no huge page is shared by two workers.
 	 */
 	eng->worker_stride = ((size_t)per * eng->slot_size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
 	eng->pool_len = (size_t)cfg->threads * eng->worker_stride;
@@ -181,10 +181,9 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		return rc;
 	}
 	t[4] = sl__now_ns();
-	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes, pool %s, GPU %d %s",
+	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes (pinned by each worker as it starts), GPU %d %s",
 		 eng->main_ops->name, eng->gds_ops ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
-		 eng->cfg.max_transfer_size, eng->pool_pinned ? "pinned" : "pageable", eng->gpu.ordinal,
-		 eng->gpu.name);
+		 eng->cfg.max_transfer_size, eng->gpu.ordinal, eng->gpu.name);
 	/* What a one-shot call pays before its first byte moves (docs/BENCHMARKS.md). */
 	sl__info("xfer", "engine open %.1f ms: CUDA %.1f, backends %.1f, pool %.1f, workers %.1f",
 		 (double)(t[4] - t[0]) / 1e6, (double)(t[1] - t[0]) / 1e6, (double)(t[2] - t[1]) / 1e6,
@@ -236,6 +235,13 @@ void sluice_engine_close(struct sluice_engine *eng)
 
 void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engine_info *info)
 {
+	/* The workers' pinning settles pool_pinned and fixed_bufs: wait for it (the lock is the engine's own). */
+	pthread_mutex_t *lock = (pthread_mutex_t *)&eng->lock;
+
+	pthread_mutex_lock(lock);
+	while (eng->prepared < eng->nworkers)
+		pthread_cond_wait((pthread_cond_t *)&eng->done_cv, lock);
+	pthread_mutex_unlock(lock);
 	memset(info, 0, sizeof(*info));
 	info->backend = eng->main_ops->name;
 	info->gpu = eng->gpu.ordinal;

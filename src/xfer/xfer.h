@@ -96,7 +96,7 @@ struct sluice_engine {
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */
 	char *pool;                /* all slots of all workers, worker_stride bytes each */
 	size_t pool_len, worker_stride;
-	int pool_pinned;           /* every worker pinned its part (workers' start-up) */
+	int pool_pinned;           /* every worker pinned its part (once all are prepared) */
 	size_t slot_size;
 	unsigned slots_per_worker;
 	int fixed_bufs;
@@ -108,7 +108,8 @@ struct sluice_engine {
 	struct sl__job **queue_tail;
 	int stopping;
 	int init_err;              /* first worker start-up error */
-	unsigned started;
+	unsigned started;          /* workers through sl_worker_init: open waits for these */
+	unsigned prepared;         /* and through pinning their slots: get_info waits for these */
 
 	struct sluice_file *files[SL_MAX_FILES];
 	unsigned file_gen;
