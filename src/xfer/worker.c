@@ -115,9 +115,19 @@ static int sl_worker_init(struct sl__worker *w)
 static void sl_worker_prepare(struct sl__worker *w)
 {
 	struct sluice_engine *eng = w->eng;
+	const size_t len = (size_t)w->nslots * eng->slot_size;
 	void *bufs[256];
 
-	w->pinned = sl__host_pin(eng->gpu.ctx ? &eng->gpu : NULL, w->slots[0].buf, (size_t)w->nslots * eng->slot_size);
+	/*
+	 * Fault the pages in here, in parallel with the other workers, so
+	 * that the driver's pinning, one region at a time, finds them present.
+	 */
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(w->slots[0].buf, len, MADV_POPULATE_WRITE) != 0)
+#endif
+		for (size_t off = 0; off < len; off += SL_ALIGN)
+			w->slots[0].buf[off] = 0;
+	w->pinned = sl__host_pin(eng->gpu.ctx ? &eng->gpu : NULL, w->slots[0].buf, len);
 	for (unsigned i = 0; i < w->nslots; i++)
 		bufs[i] = w->slots[i].buf;
 	sl__io_register_bufs(&w->io, bufs, w->nslots, eng->slot_size);
@@ -625,6 +635,13 @@ static void *sl_worker_thread(void *arg)
 		eng->init_err = rc;
 	eng->started++;
 	pthread_cond_broadcast(&eng->done_cv);
+	/*
+	 * Pin only once every worker has started: pinning holds the driver's
+	 * lock, which the others' stream and event creation, and so the
+	 * engine's open, would otherwise wait behind.
+	 */
+	while (eng->started < eng->nworkers)
+		pthread_cond_wait(&eng->done_cv, &eng->lock);
 	pthread_mutex_unlock(&eng->lock);
 	if (!rc) {
 		sl_worker_prepare(w);
