@@ -213,7 +213,8 @@ struct sluice_engine_info {
 	unsigned queue_depth;
 	size_t max_transfer_size;
 	size_t buffer_pool_size;  /* bytes actually allocated */
-	int pool_pinned;          /* 1 if registered with the CUDA driver */
+	int pool_pinned;          /* 1 with a GPU: each slot is registered with the CUDA
+				     driver on its first GPU copy, and none was refused */
 	int uring_fixed_buffers;  /* 1 if registered with io_uring */
 	/*
 	 * One line per backend that was probed and found unusable, saying

@@ -93,10 +93,9 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 	}
 	eng->slots_per_worker = per;
 	/*
-	 * Mapped here, pinned by the workers, each its own part once the
-	 * engine is open (sl_worker_prepare): pinning 192 MiB took 40 ms on
-	 * the H100 machine, most of a one-shot call's start-up.  Parts are
-	 * 2 MiB apart, so no huge page is shared by two workers.
+	 * Mapped here; each slot is pinned by its worker on its first copy to
+	 * or from the GPU (worker.c, sl_slot_pin).  Workers' parts are 2 MiB
+	 * apart, so no huge page is shared by two workers.
 	 */
 	eng->worker_stride = ((size_t)per * eng->slot_size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
 	eng->pool_len = (size_t)cfg->threads * eng->worker_stride;
@@ -181,7 +180,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		return rc;
 	}
 	t[4] = sl__now_ns();
-	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes (pinned by each worker as it starts), GPU %d %s",
+	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes (pinned on first use), GPU %d %s",
 		 eng->main_ops->name, eng->gds_ops ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
 		 eng->cfg.max_transfer_size, eng->gpu.ordinal, eng->gpu.name);
 	/* What a one-shot call pays before its first byte moves (docs/BENCHMARKS.md). */
@@ -235,7 +234,7 @@ void sluice_engine_close(struct sluice_engine *eng)
 
 void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engine_info *info)
 {
-	/* The workers' pinning settles pool_pinned and fixed_bufs: wait for it (the lock is the engine's own). */
+	/* The workers' registration settles fixed_bufs: wait for it (the lock is the engine's own). */
 	pthread_mutex_t *lock = (pthread_mutex_t *)&eng->lock;
 
 	pthread_mutex_lock(lock);

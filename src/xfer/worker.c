@@ -43,6 +43,7 @@ struct sl__slot {
 	int path;           /* SL_PATH_CODE */
 	uint64_t t0;
 	sl_CUevent ev;
+	int pinned;         /* registered with CUDA: 0 not yet, 1 yes, -1 refused */
 };
 
 struct sl__worker {
@@ -53,7 +54,6 @@ struct sl__worker {
 	sl_CUstream stream;
 	unsigned nslots;
 	struct sl__slot *slots;
-	int pinned;         /* its part of the engine's pool is registered with CUDA */
 };
 
 size_t sl__worker_size(void)
@@ -105,40 +105,43 @@ static int sl_worker_init(struct sl__worker *w)
 
 /*
  * What is slow and cannot fail, done once the engine is open, before the
- * worker claims its first segment: pinning its slots for DMA and
- * registering them with io_uring fault their pages in, about 3.5 ms for
- * 16 MiB on the H100 machine, and the driver pins one region at a time.
- * Workers that are ready serve a one-shot call while the others pin,
- * instead of the call waiting for all of them (docs/BENCHMARKS.md).
- * Refused, each leaves the slots pageable or unregistered, and slower.
+ * worker claims its first segment: registering its slots with io_uring
+ * faults their pages in and pins them.  Refused, I/O uses plain buffers.
  */
 static void sl_worker_prepare(struct sl__worker *w)
 {
 	struct sluice_engine *eng = w->eng;
-	const size_t len = (size_t)w->nslots * eng->slot_size;
 	void *bufs[256];
 
-	/*
-	 * Fault the pages in here, in parallel with the other workers, so
-	 * that the driver's pinning, one region at a time, finds them present.
-	 */
-#ifdef MADV_POPULATE_WRITE
-	if (madvise(w->slots[0].buf, len, MADV_POPULATE_WRITE) != 0)
-#endif
-		for (size_t off = 0; off < len; off += SL_ALIGN)
-			w->slots[0].buf[off] = 0;
-	w->pinned = sl__host_pin(eng->gpu.ctx ? &eng->gpu : NULL, w->slots[0].buf, len);
 	for (unsigned i = 0; i < w->nslots; i++)
 		bufs[i] = w->slots[i].buf;
 	sl__io_register_bufs(&w->io, bufs, w->nslots, eng->slot_size);
 	pthread_mutex_lock(&eng->lock);
 	if (w->id == 0)
 		eng->fixed_bufs = w->io.fixed;
-	if (!w->pinned)
-		eng->pool_pinned = 0;
 	eng->prepared++;
 	pthread_cond_broadcast(&eng->done_cv);
 	pthread_mutex_unlock(&eng->lock);
+}
+
+/*
+ * A slot is registered with CUDA (pinned for DMA) on its first copy to or
+ * from the GPU, not at open: the driver pins one region at a time, 40 ms
+ * for the whole 216 MiB pool on the H100 machine, which a one-shot call
+ * paid before its first byte moved.  A warm read uses two slots a worker,
+ * so it pins half of that, spread over its first copies.  Refused, the
+ * slot stays pageable: its copies are slower, and the info says so.
+ */
+static void sl_slot_pin(struct sl__worker *w, struct sl__slot *sl)
+{
+	struct sluice_engine *eng = w->eng;
+
+	sl->pinned = sl__host_pin(&eng->gpu, sl->buf, eng->slot_size) ? 1 : -1;
+	if (sl->pinned < 0) {
+		pthread_mutex_lock(&eng->lock);
+		eng->pool_pinned = 0;
+		pthread_mutex_unlock(&eng->lock);
+	}
 }
 
 static void sl_worker_fini(struct sl__worker *w)
@@ -152,8 +155,9 @@ static void sl_worker_fini(struct sl__worker *w)
 		cu->StreamDestroy(w->stream);
 	sl__io_fini(&w->io);
 	sl__io_fini(&w->gds);
-	if (w->pinned)
-		sl__host_unpin(&w->eng->gpu, w->eng->pool + (size_t)w->id * w->eng->worker_stride);
+	for (unsigned i = 0; w->slots && i < w->nslots; i++)
+		if (w->slots[i].pinned > 0)
+			sl__host_unpin(&w->eng->gpu, w->slots[i].buf);
 	free(w->slots);
 }
 
@@ -286,6 +290,8 @@ static int sl_copy_pieces(struct sl__worker *w, struct sl__slot *sl, int *err)
 				memcpy(b, p->mem, len);
 			continue;
 		}
+		if (!sl->pinned)
+			sl_slot_pin(w, sl);
 		if (job->op == SL_IO_READ)
 			*err = sync ? SL_CU(cu->MemcpyHtoD(d, b, len), "cuMemcpyHtoD")
 				    : SL_CU(cu->MemcpyHtoDAsync(d, b, len, w->stream), "cuMemcpyHtoDAsync");

@@ -96,7 +96,7 @@ struct sluice_engine {
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */
 	char *pool;                /* all slots of all workers, worker_stride bytes each */
 	size_t pool_len, worker_stride;
-	int pool_pinned;           /* every worker pinned its part (once all are prepared) */
+	int pool_pinned;           /* with a GPU: no slot's pinning was refused (slots pin on first use) */
 	size_t slot_size;
 	unsigned slots_per_worker;
 	int fixed_bufs;
@@ -109,7 +109,7 @@ struct sluice_engine {
 	int stopping;
 	int init_err;              /* first worker start-up error */
 	unsigned started;          /* workers through sl_worker_init: open waits for these */
-	unsigned prepared;         /* and through pinning their slots: get_info waits for these */
+	unsigned prepared;         /* and through registering their slots: get_info waits for these */
 
 	struct sluice_file *files[SL_MAX_FILES];
 	unsigned file_gen;
