@@ -92,13 +92,8 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 		per = cfg->queue_depth < 2 ? cfg->queue_depth : 2;
 	}
 	eng->slots_per_worker = per;
-	/*
-	 * Mapped here; each slot is pinned by its worker on its first copy to
-	 * or from the GPU (worker.c, sl_slot_pin).  Workers' parts are 2 MiB
-	 * apart, so no huge page is shared by two workers.
-	 */
-	eng->worker_stride = ((size_t)per * eng->slot_size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-	eng->pool_len = (size_t)cfg->threads * eng->worker_stride;
+	/* Mapped here; each slot is pinned by its worker on its first GPU copy (worker.c, sl_slot_pin). */
+	eng->pool_len = (size_t)cfg->threads * per * eng->slot_size;
 	eng->pool_pinned = eng->gpu.ctx != NULL;
 	return sl__host_alloc(NULL, eng->pool_len, (void **)&eng->pool, &(int){ 0 });
 }

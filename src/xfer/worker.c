@@ -75,7 +75,7 @@ static int sl_worker_init(struct sl__worker *w)
 	if (!w->slots)
 		return -ENOMEM;
 	for (unsigned i = 0; i < w->nslots; i++) {
-		w->slots[i].buf = eng->pool + (size_t)w->id * eng->worker_stride + (size_t)i * eng->slot_size;
+		w->slots[i].buf = eng->pool + ((size_t)w->id * w->nslots + i) * eng->slot_size;
 		w->slots[i].index = (int)i;
 	}
 	rc = sl__io_init(&w->io, eng->main_ops, &eng->cfg, w->nslots);
@@ -642,9 +642,10 @@ static void *sl_worker_thread(void *arg)
 	eng->started++;
 	pthread_cond_broadcast(&eng->done_cv);
 	/*
-	 * Pin only once every worker has started: pinning holds the driver's
-	 * lock, which the others' stream and event creation, and so the
-	 * engine's open, would otherwise wait behind.
+	 * Register the slots only once every worker has started: it faults
+	 * and pins their pages, CPU time that the workers still starting, and
+	 * so the engine's open, would otherwise share (12 workers on the
+	 * 2-core CPU machine: open 37-290 ms before, 7-16 ms after).
 	 */
 	while (eng->started < eng->nworkers)
 		pthread_cond_wait(&eng->done_cv, &eng->lock);

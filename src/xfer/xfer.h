@@ -94,8 +94,8 @@ struct sluice_engine {
 	int gds_real;
 	char unusable[1024];
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */
-	char *pool;                /* all slots of all workers, worker_stride bytes each */
-	size_t pool_len, worker_stride;
+	char *pool;                /* all slots of all workers */
+	size_t pool_len;
 	int pool_pinned;           /* with a GPU: no slot's pinning was refused (slots pin on first use) */
 	size_t slot_size;
 	unsigned slots_per_worker;
