@@ -1,0 +1,72 @@
+/*
+ * remote: object storage (S3 and compatible stores).  s3conf.c resolves
+ * where to connect and with which credentials the way AWS tools do, and
+ * parses s3:// URLs.  Depends on core only.
+ */
+#ifndef SL_REMOTE_H
+#define SL_REMOTE_H
+
+#include "core/core.h"
+
+/*
+ * What a client connects with.  secret_key and session_token MUST NOT
+ * reach logs, error details, traces or JSON: nothing in remote/ prints them.
+ */
+struct sl__s3_conf {
+	char endpoint[512];       /* scheme://host[:port]; AWS's own when none is set */
+	char region[64];
+	char access_key[128];
+	char secret_key[256];
+	char session_token[4096];
+	char profile[128];        /* the profile the files were read for */
+	int anonymous;            /* no credentials anywhere: requests go unsigned */
+	int path_style;           /* bucket in the path, not the host (custom endpoints, addressing_style = path) */
+	const char *cred_source;  /* "arguments", "environment", a file's path, or "none" */
+};
+
+/* What the caller gives explicitly (NULL or "" each: not given); it wins over everything else. */
+struct sl__s3_args {
+	const char *endpoint, *access_key, *secret_key, *session_token, *region, *profile;
+};
+
+/* The environment: getenv, or a table in tests and the fuzzer. */
+typedef const char *(*sl__env_fn)(const char *name, void *ctx);
+
+/*
+ * Resolves c as the AWS CLI does.  Credentials: args, else
+ * AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN), else the
+ * profile (args, AWS_PROFILE, "default") in AWS_SHARED_CREDENTIALS_FILE
+ * (~/.aws/credentials), then in AWS_CONFIG_FILE (~/.aws/config, sections
+ * "[profile NAME]" or "[default]"); none: anonymous.  Region: args,
+ * AWS_REGION, AWS_DEFAULT_REGION, the profile's region, "us-east-1".
+ * Endpoint: args, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's
+ * endpoint_url, else https://s3.REGION.amazonaws.com.  Path-style
+ * addressing for custom endpoints, or where the profile's "s3 =" block
+ * says addressing_style = path.  A missing file is not an error; a
+ * malformed one is SLUICE_EINVAL_CONFIG naming the file and line (not the
+ * line's text, which may hold a secret).  env NULL: the process's.
+ */
+SL_HIDDEN int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, sl__env_fn env,
+				  void *ctx);
+
+/*
+ * Parses an AWS shared-config file's text (len bytes, NUL not needed):
+ * calls fn(section, key, value, ctx) for every setting, with keys of an
+ * indented block under "s3 =" as "s3.KEY".  Comments start with # or ;.
+ * name is the file's path for errors.  Returns 0, fn's nonzero return
+ * (which stops the parse), or SLUICE_EINVAL_CONFIG for a line that is
+ * neither a [section], a key = value nor a continuation.
+ */
+SL_HIDDEN int sl__ini_parse(const char *text, size_t len, const char *name,
+			    int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx);
+
+/*
+ * Splits "s3://BUCKET/KEY" into bucket (DNS-compatible name, 3-63
+ * characters) and key (may be empty: a prefix).  Returns 0 or
+ * SLUICE_EINVAL_CONFIG naming the URL.  1 from sl__is_s3_url means the
+ * path is an s3:// URL.
+ */
+SL_HIDDEN int sl__is_s3_url(const char *path);
+SL_HIDDEN int sl__s3_parse_url(const char *url, char *bucket, size_t bucket_cap, char *key, size_t key_cap);
+
+#endif

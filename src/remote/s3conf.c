@@ -1,0 +1,339 @@
+/*
+ * S3 settings the way AWS tools take them (remote.h): explicit arguments,
+ * AWS_* variables, the shared credentials and config files, and s3:// URLs.
+ * Error details name files, lines and settings, never their values.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "remote/remote.h"
+
+#define SL_INI_MAX (1u << 20) /* bytes of a config file read at most */
+
+static int sl_space(char ch)
+{
+	return ch == ' ' || ch == '\t' || ch == '\r';
+}
+
+/* [a, b) without surrounding white space, into out (cap bytes); 0 or -1 if it does not fit. */
+static int sl_trim_copy(const char *a, const char *b, char *out, size_t cap)
+{
+	while (a < b && sl_space(*a))
+		a++;
+	while (b > a && sl_space(b[-1]))
+		b--;
+	if ((size_t)(b - a) >= cap)
+		return -1;
+	memcpy(out, a, (size_t)(b - a));
+	out[b - a] = 0;
+	return 0;
+}
+
+int sl__ini_parse(const char *text, size_t len, const char *name,
+		  int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx)
+{
+	char section[256] = "", block[128] = "", key[256], full[400], value[4096];
+	const char *p = text, *end = text + len;
+	unsigned line = 0;
+
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p)), *e = nl ? nl : end, *s = p;
+		int indented = s < e && sl_space(*s);
+		const char *eq;
+		int rc;
+
+		p = nl ? nl + 1 : end;
+		line++;
+		while (s < e && sl_space(*s))
+			s++;
+		if (s == e || *s == '#' || *s == ';')
+			continue;
+		if (memchr(s, 0, (size_t)(e - s)))
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a NUL byte in the line", name, line);
+		if (*s == '[') {
+			const char *close = e;
+
+			while (close > s && sl_space(close[-1]))
+				close--;
+			if (close - s < 2 || close[-1] != ']' || sl_trim_copy(s + 1, close - 1, section, sizeof(section)))
+				return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a section header is [NAME], up to 255 characters",
+					       name, line);
+			block[0] = 0;
+			continue;
+		}
+		eq = memchr(s, '=', (size_t)(e - s));
+		if (!eq)
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: the line is neither [section] nor key = value", name,
+				       line);
+		if (sl_trim_copy(s, eq, key, sizeof(key)) || !key[0] || sl_trim_copy(eq + 1, e, value, sizeof(value)))
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a key of 1-255 characters, a value under 4096", name,
+				       line);
+		if (!section[0])
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a setting before any [section]", name, line);
+		/* "s3 =" with nothing after it opens a block of indented settings. */
+		if (indented && block[0]) {
+			snprintf(full, sizeof(full), "%s.%s", block, key);
+		} else {
+			snprintf(full, sizeof(full), "%s", key);
+			block[0] = 0;
+			if (!value[0] && strlen(key) < sizeof(block)) {
+				memcpy(block, key, strlen(key) + 1);
+				continue;
+			}
+		}
+		rc = fn(section, full, value, ctx);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* The settings of one profile, gathered from both files. */
+struct sl_profile {
+	const char *want_cred;    /* section name in the credentials file */
+	const char *want_conf;    /* and in the config file ("profile NAME", or "default") */
+	int in_config;            /* parsing the config file */
+	char access_key[128], secret_key[256], session_token[4096];
+	char region[64], endpoint[512], addressing[16];
+};
+
+static void sl_set(char *dst, size_t cap, const char *v)
+{
+	if (!dst[0])
+		snprintf(dst, cap, "%s", v);
+}
+
+static int sl_profile_setting(const char *section, const char *key, const char *value, void *ctx)
+{
+	struct sl_profile *pr = ctx;
+
+	if (strcmp(section, pr->in_config ? pr->want_conf : pr->want_cred) &&
+	    !(pr->in_config && !strcmp(pr->want_cred, "default") && !strcmp(section, "profile default")))
+		return 0;
+	if (!strcmp(key, "aws_access_key_id"))
+		sl_set(pr->access_key, sizeof(pr->access_key), value);
+	else if (!strcmp(key, "aws_secret_access_key"))
+		sl_set(pr->secret_key, sizeof(pr->secret_key), value);
+	else if (!strcmp(key, "aws_session_token"))
+		sl_set(pr->session_token, sizeof(pr->session_token), value);
+	else if (!strcmp(key, "region") && pr->in_config)
+		sl_set(pr->region, sizeof(pr->region), value);
+	else if ((!strcmp(key, "endpoint_url") || !strcmp(key, "s3.endpoint_url")) && pr->in_config)
+		sl_set(pr->endpoint, sizeof(pr->endpoint), value);
+	else if (!strcmp(key, "s3.addressing_style") && pr->in_config)
+		sl_set(pr->addressing, sizeof(pr->addressing), value);
+	return 0;
+}
+
+/* Reads path and feeds it to the profile; a file that does not exist is skipped. */
+static int sl_read_profile_file(const char *path, struct sl_profile *pr)
+{
+	struct stat st;
+	char *buf;
+	ssize_t got;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+
+	if (fd < 0)
+		return errno == ENOENT || errno == ENOTDIR ? 0 : sl__err(-errno, "%s: %s", path, strerror(errno));
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > SL_INI_MAX) {
+		close(fd);
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s: not a regular file of at most %u bytes", path, SL_INI_MAX);
+	}
+	buf = malloc((size_t)st.st_size + 1);
+	if (!buf) {
+		close(fd);
+		return -ENOMEM;
+	}
+	got = read(fd, buf, (size_t)st.st_size);
+	rc = got < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno))
+		     : sl__ini_parse(buf, (size_t)got, path, sl_profile_setting, pr);
+	/* The buffer held secrets: clear it before it goes back to the allocator. */
+	memset(buf, 0, (size_t)st.st_size);
+	free(buf);
+	close(fd);
+	return rc;
+}
+
+static const char *sl_env(sl__env_fn env, void *ctx, const char *name)
+{
+	const char *v = env ? env(name, ctx) : getenv(name);
+
+	return v && *v ? v : NULL;
+}
+
+/* A file named by variable var, or $HOME/.aws/dflt; a leading "~/" is $HOME. */
+static void sl_file_path(char *out, size_t cap, sl__env_fn env, void *ctx, const char *var, const char *dflt)
+{
+	const char *v = sl_env(env, ctx, var), *home = sl_env(env, ctx, "HOME");
+
+	if (v && !strncmp(v, "~/", 2))
+		snprintf(out, cap, "%s/%s", home ? home : "", v + 2);
+	else if (v)
+		snprintf(out, cap, "%s", v);
+	else
+		snprintf(out, cap, "%s/.aws/%s", home ? home : "", dflt);
+}
+
+/* The profile's key pair, where no earlier place gave one. */
+static void sl_take_keys(struct sl__s3_conf *c, const struct sl_profile *pr, const char *source)
+{
+	if (c->cred_source || !pr->access_key[0] || !pr->secret_key[0])
+		return;
+	memcpy(c->access_key, pr->access_key, sizeof(c->access_key));
+	memcpy(c->secret_key, pr->secret_key, sizeof(c->secret_key));
+	memcpy(c->session_token, pr->session_token, sizeof(c->session_token));
+	c->cred_source = source;
+}
+
+static int sl_copy_arg(char *dst, size_t cap, const char *v, const char *what)
+{
+	if (strlen(v) >= cap)
+		return sl__err(SLUICE_EINVAL_CONFIG, "S3 %s longer than %zu characters", what, cap - 1);
+	memcpy(dst, v, strlen(v) + 1);
+	return 0;
+}
+
+int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, sl__env_fn env, void *ctx)
+{
+	static const struct sl__s3_args none;
+	struct sl_profile *pr = calloc(1, sizeof(*pr));
+	char want_conf[160], cred_path[1024], conf_path[1024];
+	const char *ak, *sk, *v;
+	int rc = 0;
+
+	if (!pr)
+		return -ENOMEM;
+	if (!args)
+		args = &none;
+	memset(c, 0, sizeof(*c));
+	v = args->profile && *args->profile ? args->profile : sl_env(env, ctx, "AWS_PROFILE");
+	if ((rc = sl_copy_arg(c->profile, sizeof(c->profile), v ? v : "default", "profile name")))
+		goto out;
+	snprintf(want_conf, sizeof(want_conf), strcmp(c->profile, "default") ? "profile %s" : "%s", c->profile);
+	pr->want_cred = c->profile;
+	pr->want_conf = want_conf;
+	sl_file_path(cred_path, sizeof(cred_path), env, ctx, "AWS_SHARED_CREDENTIALS_FILE", "credentials");
+	sl_file_path(conf_path, sizeof(conf_path), env, ctx, "AWS_CONFIG_FILE", "config");
+
+	/* Credentials: the first place that has a key pair gives all of it. */
+	ak = args->access_key && *args->access_key ? args->access_key : NULL;
+	sk = args->secret_key && *args->secret_key ? args->secret_key : NULL;
+	if (ak || sk) {
+		if (!ak || !sk) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "S3 credentials: an access key needs its secret key, and back");
+			goto out;
+		}
+		if ((rc = sl_copy_arg(c->access_key, sizeof(c->access_key), ak, "access key")) ||
+		    (rc = sl_copy_arg(c->secret_key, sizeof(c->secret_key), sk, "secret key")) ||
+		    (rc = sl_copy_arg(c->session_token, sizeof(c->session_token),
+				      args->session_token ? args->session_token : "", "session token")))
+			goto out;
+		c->cred_source = "arguments";
+	} else if ((ak = sl_env(env, ctx, "AWS_ACCESS_KEY_ID")) && (sk = sl_env(env, ctx, "AWS_SECRET_ACCESS_KEY"))) {
+		v = sl_env(env, ctx, "AWS_SESSION_TOKEN");
+		if ((rc = sl_copy_arg(c->access_key, sizeof(c->access_key), ak, "AWS_ACCESS_KEY_ID")) ||
+		    (rc = sl_copy_arg(c->secret_key, sizeof(c->secret_key), sk, "AWS_SECRET_ACCESS_KEY")) ||
+		    (rc = sl_copy_arg(c->session_token, sizeof(c->session_token), v ? v : "", "AWS_SESSION_TOKEN")))
+			goto out;
+		c->cred_source = "environment";
+	}
+	/* The files: always read, for the region, endpoint and addressing. */
+	if ((rc = sl_read_profile_file(cred_path, pr)))
+		goto out;
+	sl_take_keys(c, pr, "credentials file");
+	pr->in_config = 1;
+	pr->access_key[0] = pr->secret_key[0] = pr->session_token[0] = 0;
+	if ((rc = sl_read_profile_file(conf_path, pr)))
+		goto out;
+	sl_take_keys(c, pr, "config file");
+	if (!c->cred_source) {
+		c->anonymous = 1;
+		c->cred_source = "none";
+	}
+
+	v = args->region && *args->region ? args->region : sl_env(env, ctx, "AWS_REGION");
+	if (!v)
+		v = sl_env(env, ctx, "AWS_DEFAULT_REGION");
+	if (!v)
+		v = pr->region[0] ? pr->region : "us-east-1";
+	if ((rc = sl_copy_arg(c->region, sizeof(c->region), v, "region")))
+		goto out;
+
+	v = args->endpoint && *args->endpoint ? args->endpoint : sl_env(env, ctx, "AWS_ENDPOINT_URL_S3");
+	if (!v)
+		v = sl_env(env, ctx, "AWS_ENDPOINT_URL");
+	if (!v && pr->endpoint[0])
+		v = pr->endpoint;
+	if (v) {
+		size_t n = strlen(v);
+
+		if (strncmp(v, "http://", 7) && strncmp(v, "https://", 8)) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "S3 endpoint '%s': want http://HOST[:PORT] or https://...", v);
+			goto out;
+		}
+		while (n > 8 && v[n - 1] == '/')
+			n--;
+		if (n >= sizeof(c->endpoint)) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "S3 endpoint longer than %zu characters", sizeof(c->endpoint) - 1);
+			goto out;
+		}
+		memcpy(c->endpoint, v, n);
+		c->endpoint[n] = 0;
+		c->path_style = 1; /* custom endpoints (MinIO, Ceph, ...) rarely have per-bucket host names */
+	} else {
+		snprintf(c->endpoint, sizeof(c->endpoint), "https://s3.%s.amazonaws.com", c->region);
+	}
+	if (!strcmp(pr->addressing, "path"))
+		c->path_style = 1;
+	else if (!strcmp(pr->addressing, "virtual"))
+		c->path_style = 0;
+out:
+	if (rc) /* nothing half-resolved, secrets included, is left behind */
+		memset(c, 0, sizeof(*c));
+	memset(pr, 0, sizeof(*pr));
+	free(pr);
+	return rc;
+}
+
+int sl__is_s3_url(const char *path)
+{
+	return path && !strncmp(path, "s3://", 5);
+}
+
+int sl__s3_parse_url(const char *url, char *bucket, size_t bucket_cap, char *key, size_t key_cap)
+{
+	const char *b, *slash;
+	size_t n;
+
+	if (!sl__is_s3_url(url))
+		return sl__err(SLUICE_EINVAL_CONFIG, "'%s' is not an s3://BUCKET/KEY URL", url ? url : "(null)");
+	b = url + 5;
+	slash = strchr(b, '/');
+	n = slash ? (size_t)(slash - b) : strlen(b);
+	/* Bucket names: 3-63 of a-z 0-9 . -, starting and ending with a letter or digit. */
+	if (n < 3 || n > 63 || n >= bucket_cap)
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s: a bucket name has 3 to 63 characters", url);
+	for (size_t i = 0; i < n; i++) {
+		char ch = b[i];
+		int alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
+
+		if (!alnum && (ch != '.' && ch != '-'))
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s: a bucket name holds only a-z, 0-9, '.' and '-'", url);
+		if (!alnum && (i == 0 || i == n - 1))
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s: a bucket name starts and ends with a letter or digit",
+				       url);
+	}
+	memcpy(bucket, b, n);
+	bucket[n] = 0;
+	b = slash ? slash + 1 : b + n;
+	n = strlen(b);
+	if (n >= key_cap || n > 1024)
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s: an object key has at most 1024 bytes", url);
+	memcpy(key, b, n + 1);
+	return 0;
+}

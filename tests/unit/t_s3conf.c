@@ -1,0 +1,159 @@
+/*
+ * S3 settings as AWS tools resolve them (remote/s3conf.c): arguments over
+ * AWS_* variables over the shared files, profiles, regions, endpoints and
+ * addressing; bad files named by line without their text; s3:// URLs.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "remote/remote.h"
+#include "t_util.h"
+
+/* The test's environment: NAME=VALUE strings, NULL-terminated. */
+static const char *tenv(const char *name, void *ctx)
+{
+	size_t n = strlen(name);
+
+	for (const char *const *e = ctx; *e; e++)
+		if (!strncmp(*e, name, n) && (*e)[n] == '=')
+			return *e + n + 1;
+	return NULL;
+}
+
+static void put(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f || fputs(text, f) < 0 || fclose(f)) {
+		perror(path);
+		exit(1);
+	}
+}
+
+int main(void)
+{
+	const char *d = t_dir("t_s3conf");
+	char home[600], aws[640], cred[700], conf[700], henv[700], bucket[64], key[1100];
+	struct sl__s3_conf c;
+
+	snprintf(home, sizeof(home), "%s", d);
+	snprintf(aws, sizeof(aws), "%s/.aws", home);
+	snprintf(cred, sizeof(cred), "%s/credentials", aws);
+	snprintf(conf, sizeof(conf), "%s/config", aws);
+	snprintf(henv, sizeof(henv), "HOME=%s", home);
+	T_CHECK(mkdir(aws, 0700) == 0);
+
+	/* Nothing anywhere: anonymous, us-east-1, AWS's endpoint, virtual-host addressing. */
+	{
+		const char *e[] = { henv, NULL };
+
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == 0);
+		T_CHECK(c.anonymous && !strcmp(c.cred_source, "none") && !c.access_key[0]);
+		T_CHECK(!strcmp(c.region, "us-east-1") && !strcmp(c.endpoint, "https://s3.us-east-1.amazonaws.com"));
+		T_CHECK(!c.path_style && !strcmp(c.profile, "default"));
+	}
+
+	put(cred, "# comment\n[default]\naws_access_key_id = AKDEFAULT\naws_secret_access_key = sk-default\n\n"
+		  "[train]\r\naws_access_key_id=AKTRAIN\r\n  aws_secret_access_key =  sk-train  \r\naws_session_token = tok\r\n");
+	put(conf, "[default]\nregion = eu-west-1\n; comment\n[profile train]\nregion = us-west-2\n"
+		  "endpoint_url = http://127.0.0.1:9000/\ns3 =\n  addressing_style = path\n  max_concurrent_requests = 20\n"
+		  "[profile keysonly]\naws_access_key_id = AKCONF\naws_secret_access_key = sk-conf\ns3 =\n  addressing_style = virtual\n"
+		  "endpoint_url = https://minio.example:9000\n");
+
+	/* The default profile from the files. */
+	{
+		const char *e[] = { henv, NULL };
+
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == 0);
+		T_CHECK(!c.anonymous && !strcmp(c.access_key, "AKDEFAULT") && !strcmp(c.secret_key, "sk-default"));
+		T_CHECK(!strcmp(c.cred_source, "credentials file") && !c.session_token[0]);
+		T_CHECK(!strcmp(c.region, "eu-west-1") && !strcmp(c.endpoint, "https://s3.eu-west-1.amazonaws.com"));
+	}
+	/* AWS_PROFILE: its keys (trimmed, CRLF lines), token, region, endpoint (trailing / cut), path style. */
+	{
+		const char *e[] = { henv, "AWS_PROFILE=train", NULL };
+
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == 0);
+		T_CHECK(!strcmp(c.access_key, "AKTRAIN") && !strcmp(c.secret_key, "sk-train") &&
+			!strcmp(c.session_token, "tok"));
+		T_CHECK(!strcmp(c.region, "us-west-2") && !strcmp(c.endpoint, "http://127.0.0.1:9000") && c.path_style);
+	}
+	/* Keys from the config file; addressing_style = virtual wins over the custom endpoint's default. */
+	{
+		const char *e[] = { henv, NULL };
+		struct sl__s3_args a = { .profile = "keysonly" };
+
+		T_CHECK(sl__s3_conf_resolve(&c, &a, tenv, e) == 0);
+		T_CHECK(!strcmp(c.access_key, "AKCONF") && !strcmp(c.cred_source, "config file"));
+		T_CHECK(!strcmp(c.endpoint, "https://minio.example:9000") && !c.path_style);
+		T_CHECK(!strcmp(c.region, "us-east-1"));
+	}
+	/* Variables over the files; AWS_REGION over AWS_DEFAULT_REGION; AWS_ENDPOINT_URL_S3 over AWS_ENDPOINT_URL. */
+	{
+		const char *e[] = { henv, "AWS_PROFILE=train", "AWS_ACCESS_KEY_ID=AKENV", "AWS_SECRET_ACCESS_KEY=sk-env",
+				    "AWS_REGION=ap-south-1", "AWS_DEFAULT_REGION=sa-east-1",
+				    "AWS_ENDPOINT_URL=http://a:1", "AWS_ENDPOINT_URL_S3=http://b:2", NULL };
+
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == 0);
+		T_CHECK(!strcmp(c.access_key, "AKENV") && !strcmp(c.secret_key, "sk-env") && !c.session_token[0]);
+		T_CHECK(!strcmp(c.cred_source, "environment") && !strcmp(c.region, "ap-south-1"));
+		T_CHECK(!strcmp(c.endpoint, "http://b:2") && c.path_style);
+	}
+	/* Arguments over everything; a key without its secret is refused. */
+	{
+		const char *e[] = { henv, "AWS_ACCESS_KEY_ID=AKENV", "AWS_SECRET_ACCESS_KEY=sk-env", "AWS_DEFAULT_REGION=sa-east-1",
+				    NULL };
+		struct sl__s3_args a = { .endpoint = "http://127.0.0.1:9123", .access_key = "AKARG", .secret_key = "sk-arg",
+					 .region = "local" };
+
+		T_CHECK(sl__s3_conf_resolve(&c, &a, tenv, e) == 0);
+		T_CHECK(!strcmp(c.access_key, "AKARG") && !strcmp(c.cred_source, "arguments") &&
+			!strcmp(c.region, "local") && !strcmp(c.endpoint, "http://127.0.0.1:9123"));
+		a.secret_key = NULL;
+		T_CHECK(sl__s3_conf_resolve(&c, &a, tenv, e) == SLUICE_EINVAL_CONFIG && !c.access_key[0]);
+		a = (struct sl__s3_args){ .endpoint = "127.0.0.1:9000" };
+		T_CHECK(sl__s3_conf_resolve(&c, &a, tenv, e) == SLUICE_EINVAL_CONFIG);
+		T_CHECK(strstr(sluice_last_error_detail(), "127.0.0.1:9000") && !c.secret_key[0]);
+	}
+	/* Files named by variables, "~/" as HOME. */
+	{
+		char alt[700];
+		const char *e[] = { henv, "AWS_SHARED_CREDENTIALS_FILE=~/alt", "AWS_CONFIG_FILE=/nonexistent/config", NULL };
+
+		snprintf(alt, sizeof(alt), "%s/alt", home);
+		put(alt, "[default]\naws_access_key_id = AKALT\naws_secret_access_key = sk-alt\n");
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == 0);
+		T_CHECK(!strcmp(c.access_key, "AKALT") && !strcmp(c.region, "us-east-1"));
+	}
+	/* A malformed file: named with its line, and none of its text (a secret may be on that line). */
+	{
+		const char *e[] = { henv, NULL };
+
+		put(cred, "[default]\naws_access_key_id = AKBAD\naws_secret_access_key sk-very-secret\n");
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == SLUICE_EINVAL_CONFIG);
+		T_CHECK(strstr(sluice_last_error_detail(), "credentials:3:") != NULL);
+		T_CHECK(!strstr(sluice_last_error_detail(), "sk-very-secret") && !c.access_key[0]);
+		put(cred, "aws_access_key_id = AKBAD\n");
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "credentials:1: a setting before any [section]"));
+		put(cred, "[default\n");
+		T_CHECK(sl__s3_conf_resolve(&c, NULL, tenv, e) == SLUICE_EINVAL_CONFIG);
+	}
+
+	/* URLs. */
+	T_CHECK(sl__is_s3_url("s3://b/k") && !sl__is_s3_url("/data/s3://x") && !sl__is_s3_url(NULL));
+	T_CHECK(sl__s3_parse_url("s3://train-data/shards/shard-000001.sls", bucket, sizeof(bucket), key, sizeof(key)) == 0);
+	T_CHECK(!strcmp(bucket, "train-data") && !strcmp(key, "shards/shard-000001.sls"));
+	T_CHECK(sl__s3_parse_url("s3://my.bucket.01", bucket, sizeof(bucket), key, sizeof(key)) == 0 &&
+		!strcmp(bucket, "my.bucket.01") && !key[0]);
+	T_CHECK(sl__s3_parse_url("s3://abc/", bucket, sizeof(bucket), key, sizeof(key)) == 0 && !key[0]);
+	T_CHECK(sl__s3_parse_url("s3://ab/k", bucket, sizeof(bucket), key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "s3://ab/k"));
+	T_CHECK(sl__s3_parse_url("s3://Upper/k", bucket, sizeof(bucket), key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sl__s3_parse_url("s3://-abc/k", bucket, sizeof(bucket), key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sl__s3_parse_url("s3://abc-/k", bucket, sizeof(bucket), key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sl__s3_parse_url("http://abc/k", bucket, sizeof(bucket), key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sl__s3_parse_url("s3://abc/k", bucket, 3, key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
+	return t_done("t_s3conf");
+}
