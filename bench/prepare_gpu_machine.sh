@@ -4,7 +4,7 @@
 # as root on Debian bookworm; every output folder is git-ignored:
 #
 #   .carry/deps  Debian's -dev and runtime packages sluice builds with
-#                (liburing, isa-l, libarchive, jansson, zstd), unpacked
+#                (liburing, isa-l, libarchive, jansson, zstd, curl), unpacked
 #                with dpkg -x; bench/gpu_machine.sh points pkg-config at them
 #   .carry/fio   fio, built from Debian's source package without optional
 #                engines, so it needs only libc, libm and libz there
@@ -25,7 +25,7 @@ grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
 # 1. The build's Debian packages.
 if [ ! -d .carry/deps/usr ]; then
 	(cd "$tmp" && apt-get download -q liburing-dev liburing2 libisal-dev libisal2 libarchive-dev libarchive13 \
-		libjansson-dev libjansson4 libzstd-dev libzstd1 >/dev/null)
+		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 >/dev/null)
 	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
 	rm -f "$tmp"/*.deb
 	echo "prepare: .carry/deps ($(du -sh .carry/deps | cut -f1))"

@@ -69,4 +69,36 @@ SL_HIDDEN int sl__ini_parse(const char *text, size_t len, const char *name,
 SL_HIDDEN int sl__is_s3_url(const char *path);
 SL_HIDDEN int sl__s3_parse_url(const char *url, char *bucket, size_t bucket_cap, char *key, size_t key_cap);
 
+/*
+ * s3.c: requests on an S3 endpoint (see there for the errno mapping).  A
+ * client (struct sl__s3) is shared by threads; a connection (struct
+ * sl__s3_conn) is one thread's at a time and keeps its socket between calls.
+ */
+struct sl__s3;
+struct sl__s3_conn;
+SL_HIDDEN int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn env, void *ctx);
+SL_HIDDEN void sl__s3_close(struct sl__s3 *s);
+SL_HIDDEN const struct sl__s3_conf *sl__s3_conf(const struct sl__s3 *s);
+SL_HIDDEN int sl__s3_conn_open(struct sl__s3_conn **out);
+SL_HIDDEN void sl__s3_conn_close(struct sl__s3_conn *c);
+/* Size and ETag (quotes kept, as the server sends it) of bucket/key. */
+SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+			  uint64_t *size, char *etag, size_t etag_cap);
+/*
+ * Bytes [off, off + len) of bucket/key into dst; with if_match, only while
+ * the object's ETag is that one (-ESTALE once it changed).  Returns the
+ * bytes received (fewer at the object's end) or an error.
+ */
+SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+			     uint64_t off, size_t len, void *dst, const char *if_match);
+/* len bytes of src as the whole object bucket/key; key "" creates the bucket. */
+SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+			 const void *src, size_t len);
+/*
+ * The <Code> and <Message> of an S3 error body (len bytes, untrusted), as
+ * printable ASCII; returns a bit mask of the ones found (1 code, 2 message).
+ */
+SL_HIDDEN int sl__s3_error_parse(const char *body, size_t len, char *code, size_t code_cap, char *msg,
+				 size_t msg_cap);
+
 #endif

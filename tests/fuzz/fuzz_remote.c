@@ -1,0 +1,44 @@
+/*
+ * libFuzzer target: what remote/ parses from outside.  The first byte
+ * picks: even, AWS shared config and credentials files (sl__ini_parse):
+ * every setting handed out has a non-empty section and key, and a failure
+ * is SLUICE_EINVAL_CONFIG naming "fuzz.ini:LINE"; odd, an S3 error body
+ * (sl__s3_error_parse): what it extracts is printable ASCII that fits.
+ * Both: no crash, no sanitizer report.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "remote/remote.h"
+
+static int check(const char *section, const char *key, const char *value, void *ctx)
+{
+	(void)value;
+	(void)ctx;
+	if (!*section || !*key)
+		abort();
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	char code[16], msg[64];
+	int rc;
+
+	if (!size)
+		return 0;
+	if (data[0] & 1) {
+		rc = sl__s3_error_parse((const char *)data + 1, size - 1, code, sizeof(code), msg, sizeof(msg));
+		for (const char *p = code; rc & 1 && *p; p++)
+			if (*p < 0x20 || *p >= 0x7f)
+				abort();
+		if (strlen(code) >= sizeof(code) || strlen(msg) >= sizeof(msg))
+			abort();
+		return 0;
+	}
+	rc = sl__ini_parse((const char *)data + 1, size - 1, "fuzz.ini", check, NULL);
+	if (rc && (rc != SLUICE_EINVAL_CONFIG || strncmp(sluice_last_error_detail(), "fuzz.ini:", 9)))
+		abort();
+	return 0;
+}
