@@ -25,7 +25,8 @@ grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
 # 1. The build's Debian packages.
 if [ ! -d .carry/deps/usr ]; then
 	(cd "$tmp" && apt-get download -q liburing-dev liburing2 libisal-dev libisal2 libarchive-dev libarchive13 \
-		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 >/dev/null)
+		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 \
+		libssh2-1 libldap-2.5-0 libsasl2-2 libsasl2-modules-db >/dev/null)
 	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
 	rm -f "$tmp"/*.deb
 	echo "prepare: .carry/deps ($(du -sh .carry/deps | cut -f1))"
