@@ -38,10 +38,10 @@ test: venv
 	$(MAKE) test-tsan
 	$(MAKE) test-python
 
-test-tsan:
-	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON >/dev/null
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch t_loader
-	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader'
+test-tsan: venv
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON -DSLUICE_PYTHON=$(PYTHON) >/dev/null
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch t_loader t_s3
+	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader|t_s3_server'
 
 # The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
 test-python: all venv

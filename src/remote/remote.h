@@ -94,6 +94,30 @@ SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char
 /* len bytes of src as the whole object bucket/key; key "" creates the bucket. */
 SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			 const void *src, size_t len);
+/* An object the engine reads (a sluice_file's remote part): its ETag pins every read to one version. */
+struct sl__s3_obj {
+	struct sl__s3 *s3;
+	char bucket[64];
+	char key[1025];
+	char etag[128];
+};
+
+/*
+ * Opens url (s3://BUCKET/KEY) for reading through s3: HEAD gives its size
+ * and ETag.  sl__s3_obj_close(NULL) is a no-op.
+ */
+SL_HIDDEN int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size);
+SL_HIDDEN void sl__s3_obj_close(struct sl__s3_obj *o);
+
+/*
+ * s3io.c: the engine's I/O backend for remote objects (io.h's ops table):
+ * io->handle is the struct sl__s3_obj, io->offset and io->len the range;
+ * each worker thread keeps its own kept-alive connection.  Synchronous:
+ * many ranged GETs are in flight because many workers run them.
+ */
+struct sl__io_ops;
+SL_HIDDEN extern const struct sl__io_ops sl__io_s3_ops;
+
 /*
  * The <Code> and <Message> of an S3 error body (len bytes, untrusted), as
  * printable ASCII; returns a bit mask of the ones found (1 code, 2 message).

@@ -384,3 +384,34 @@ int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, cons
 
 	return sl_request(s, c, SL_PUT, bucket, key, 0, len, (void *)src, NULL, &k);
 }
+
+int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size)
+{
+	struct sl__s3_obj *o = calloc(1, sizeof(*o));
+	struct sl__s3_conn *c = NULL;
+	int rc;
+
+	*out = NULL;
+	if (!o)
+		return -ENOMEM;
+	o->s3 = s3;
+	rc = sl__s3_parse_url(url, o->bucket, sizeof(o->bucket), o->key, sizeof(o->key));
+	if (!rc && !o->key[0])
+		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", url);
+	if (!rc)
+		rc = sl__s3_conn_open(&c);
+	if (!rc)
+		rc = sl__s3_head(s3, c, o->bucket, o->key, size, o->etag, sizeof(o->etag));
+	sl__s3_conn_close(c);
+	if (rc) {
+		free(o);
+		return rc;
+	}
+	*out = o;
+	return 0;
+}
+
+void sl__s3_obj_close(struct sl__s3_obj *o)
+{
+	free(o);
+}

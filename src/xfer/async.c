@@ -352,12 +352,12 @@ ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report 
 		}
 	}
 	if (rep) {
-		uint32_t paths = atomic_load(&fut->sum.paths), gpu = 0;
+		uint64_t paths = atomic_load(&fut->sum.paths), gpu = 0;
 
 		/* The windows moved host memory; the stream carried it on to the GPU. */
-		for (unsigned c = 0; c < 32; c++)
-			if (paths & (1u << c))
-				gpu |= 1u << (c - c % 5 + (fut->stage_pinned ? SL_K_PINNED_GPU : SL_K_PAGEABLE_GPU));
+		for (unsigned c = 0; c < SL_PATH_CODES; c++)
+			if (paths & (1ull << c))
+				gpu |= 1ull << (c - c % 5 + (fut->stage_pinned ? SL_K_PINNED_GPU : SL_K_PAGEABLE_GPU));
 		atomic_store(&fut->sum.paths, gpu);
 		sl__job_report(&fut->sum, rep);
 		atomic_store(&fut->sum.paths, paths);

@@ -220,6 +220,7 @@ void sluice_engine_close(struct sluice_engine *eng)
 	free(eng->workers);
 	sl_async_free(eng);
 	sl__host_free(NULL, eng->pool, eng->pool_len, 0); /* the workers unpinned their slots */
+	sl__s3_close(eng->s3);
 	sl__gpu_close(&eng->gpu);
 	pthread_mutex_destroy(&eng->lock);
 	pthread_cond_destroy(&eng->work_cv);

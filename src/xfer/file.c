@@ -17,6 +17,30 @@
 /* Tests set this to make every O_DIRECT open fail as a filesystem refusing it would. */
 int sl__test_refuse_direct;
 
+/*
+ * An s3:// object: read-only, its size and ETag from a HEAD, through the
+ * engine's S3 client (made on first use from the AWS_* environment and
+ * files, remote/s3conf.c).
+ */
+static int sl_open_remote(struct sluice_file *f, const char *path)
+{
+	struct sluice_engine *eng = f->eng;
+	uint64_t size = 0;
+	int rc = 0;
+
+	if (f->writable)
+		return sl__err(-EROFS, "%s: s3:// objects open read-only; they are written whole, by upload", path);
+	pthread_mutex_lock(&eng->lock);
+	if (!eng->s3)
+		rc = sl__s3_open(&eng->s3, NULL, NULL, NULL);
+	pthread_mutex_unlock(&eng->lock);
+	if (!rc)
+		rc = sl__s3_obj_open(&f->remote, eng->s3, path, &size);
+	if (!rc)
+		atomic_store(&f->size, size);
+	return rc;
+}
+
 int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const char *path,
 		     int flags)
 {
@@ -40,6 +64,12 @@ int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const 
 	if (!f->path) {
 		free(f);
 		return -ENOMEM;
+	}
+	if (sl__is_s3_url(path)) {
+		f->fd = -1;
+		if ((rc = sl_open_remote(f, path)))
+			goto fail;
+		goto add;
 	}
 	f->fd = open(path, oflags | O_CLOEXEC, 0666);
 	if (f->fd < 0) {
@@ -86,6 +116,7 @@ int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const 
 				 path, e.err);
 		}
 	}
+add:
 	pthread_mutex_lock(&eng->lock);
 	for (int i = 0; i < SL_MAX_FILES; i++)
 		if (!eng->files[i]) {
@@ -117,6 +148,7 @@ void sluice_file_close(struct sluice_file *f)
 	}
 	if (f->cufh)
 		sl__cufile(NULL)->HandleDeregister(f->cufh);
+	sl__s3_obj_close(f->remote);
 	if (f->map)
 		munmap(f->map, f->map_len);
 	if (f->dfd >= 0)
@@ -139,6 +171,8 @@ int sluice_file_direct_ok(const struct sluice_file *f)
 
 int sluice_file_sync(struct sluice_file *f)
 {
+	if (f->remote)
+		return 0; /* an object opened read-only has nothing to make durable */
 	if (fdatasync(f->fd) < 0)
 		return sl__err(-errno, "%s: fdatasync: %s", f->path, strerror(errno));
 	return 0;

@@ -78,11 +78,11 @@ void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint6
 
 void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 {
-	static const char *const bname[] = { "uring", "psync", "gds" };
+	static const char *const bname[] = { "uring", "psync", "gds", "s3" };
 	/* Memory side of a path, by SL_K_*, as seen by a read and by a write. */
 	static const char *const to[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
 	static const char *const from[] = { "host", "host>bounce", "gpu>pinned", "gpu>pageable", "gpu" };
-	uint32_t paths = atomic_load(&job->paths);
+	uint64_t paths = atomic_load(&job->paths);
 	size_t l = 0;
 
 	if (!rep)
@@ -92,11 +92,11 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 	rep->bytes_direct = atomic_load(&job->bytes_direct);
 	rep->bytes_buffered = atomic_load(&job->bytes_buffered);
 	rep->ios = atomic_load(&job->ios);
-	for (unsigned c = 0; c < 32 && l < sizeof(rep->path); c++) {
+	for (unsigned c = 0; c < SL_PATH_CODES && l < sizeof(rep->path); c++) {
 		unsigned b = c / 10, d = (c % 10) / 5, k = c % 5;
 		char io[32];
 
-		if (!(paths & (1u << c)))
+		if (!(paths & (1ull << c)))
 			continue;
 		if (b == SL_P_GDS)
 			snprintf(io, sizeof(io), "gds");

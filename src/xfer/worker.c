@@ -50,7 +50,7 @@ struct sl__worker {
 	pthread_t thread;
 	struct sluice_engine *eng;
 	unsigned id;
-	struct sl__io_ctx io, gds;
+	struct sl__io_ctx io, gds, remote; /* remote: s3:// objects */
 	sl_CUstream stream;
 	unsigned nslots;
 	struct sl__slot *slots;
@@ -79,6 +79,9 @@ static int sl_worker_init(struct sl__worker *w)
 		w->slots[i].index = (int)i;
 	}
 	rc = sl__io_init(&w->io, eng->main_ops, &eng->cfg, w->nslots);
+	if (rc)
+		return rc;
+	rc = sl__io_init(&w->remote, &sl__io_s3_ops, &eng->cfg, w->nslots);
 	if (rc)
 		return rc;
 	if (eng->gds_ops) {
@@ -155,6 +158,7 @@ static void sl_worker_fini(struct sl__worker *w)
 		cu->StreamDestroy(w->stream);
 	sl__io_fini(&w->io);
 	sl__io_fini(&w->gds);
+	sl__io_fini(&w->remote);
 	for (unsigned i = 0; w->slots && i < w->nslots; i++)
 		if (w->slots[i].pinned > 0)
 			sl__host_unpin(&w->eng->gpu, w->slots[i].buf);
@@ -212,7 +216,7 @@ static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
 			bytes += job->pieces[s->piece0 + i].len;
 		atomic_fetch_add(&job->bytes, bytes);
 		atomic_fetch_add(sl->direct ? &job->bytes_direct : &job->bytes_buffered, bytes);
-		atomic_fetch_or(&job->paths, 1u << sl->path);
+		atomic_fetch_or(&job->paths, 1ull << sl->path);
 		atomic_fetch_add(&w->eng->st_ios, 1);
 		atomic_fetch_add(&w->eng->st_bytes, bytes);
 	}
@@ -381,10 +385,18 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 		return;
 	}
 
-	sl->direct = sl_choose_direct(eng, f, job->op, s);
-	sl->io.fd = sl->direct ? f->dfd : f->fd;
-	sl->io.file_index = 2 * f->index + sl->direct;
-	sl->io.file_gen = f->gen;
+	if (f->remote) {
+		/* An object: a ranged GET on this worker's connection, through the page cache's equivalent. */
+		sl->ctx = &w->remote;
+		sl->direct = 0;
+		sl->io.handle = f->remote;
+		sl->io.fd = -1;
+	} else {
+		sl->direct = sl_choose_direct(eng, f, job->op, s);
+		sl->io.fd = sl->direct ? f->dfd : f->fd;
+		sl->io.file_index = 2 * f->index + sl->direct;
+		sl->io.file_gen = f->gen;
+	}
 	sl->io.offset = s->off;
 	sl->io.len = s->len;
 	if (single_host && (!sl->direct || (s->off % SL_ALIGN == 0 && s->len % SL_ALIGN == 0 &&
@@ -404,7 +416,7 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 		}
 	}
 	{
-		int b = eng->main_ops == &sl__io_uring_ops ? SL_P_URING : SL_P_PSYNC;
+		int b = f->remote ? SL_P_S3 : eng->main_ops == &sl__io_uring_ops ? SL_P_URING : SL_P_PSYNC;
 		int k = sl->zero_copy ? SL_K_HOST
 			: !gpu_any ? SL_K_BOUNCE_HOST
 			: eng->cfg.staging == SLUICE_STAGING_PAGEABLE ? SL_K_PAGEABLE_GPU : SL_K_PINNED_GPU;
@@ -625,6 +637,7 @@ static void sl_worker_loop(struct sl__worker *w)
 
 		if (w->gds.ops)
 			progressed |= sl_reap(w, &w->gds, 0) > 0;
+		progressed |= sl_reap(w, &w->remote, 0) > 0;
 		if (dma)
 			progressed |= sl_poll_dma(w, !progressed);
 	}

@@ -23,6 +23,7 @@
 #include "core/core.h"
 #include "gpu/gpu.h"
 #include "io/io.h"
+#include "remote/remote.h"
 
 #define SL_MAX_FILES 1024 /* open sluice_files per engine */
 #define SL_FLAGS 4096     /* async transfers in flight per engine (async.c) */
@@ -38,11 +39,13 @@ struct sluice_file {
 	void *map;         /* read-only mapping for residency probes, or NULL */
 	size_t map_len;
 	void *cufh;        /* sl_CUfileHandle_t when the gds backend is active */
+	struct sl__s3_obj *remote; /* an s3:// object (fd and dfd are -1), else NULL */
 	int writable;
 };
 
 /* Path codes for reports: backend, mode and destination kind. */
-enum { SL_P_URING = 0, SL_P_PSYNC = 1, SL_P_GDS = 2 };
+enum { SL_P_URING = 0, SL_P_PSYNC = 1, SL_P_GDS = 2, SL_P_S3 = 3 };
+#define SL_PATH_CODES 40
 enum { SL_K_HOST = 0, SL_K_BOUNCE_HOST = 1, SL_K_PINNED_GPU = 2, SL_K_PAGEABLE_GPU = 3, SL_K_GDS = 4 };
 #define SL_PATH_CODE(b, direct, k) ((b) * 10 + (direct) * 5 + (k))
 
@@ -75,7 +78,7 @@ struct sl__job {
 	_Atomic int err;           /* first error, 0 if none */
 	char detail[384];          /* its detail, raised again in the caller's thread */
 	_Atomic uint64_t bytes, bytes_direct, bytes_buffered, ios;
-	_Atomic uint32_t paths;    /* bitmask of SL_PATH_CODE values */
+	_Atomic uint64_t paths;    /* bitmask of SL_PATH_CODE values */
 	int finished;              /* engine lock */
 	struct sl__job *qnext;     /* engine's claim list */
 	uint64_t t0;
@@ -94,6 +97,7 @@ struct sluice_engine {
 	int gds_real;
 	char unusable[1024];
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */
+	struct sl__s3 *s3;         /* the S3 client, made by the first s3:// open (engine lock) */
 	char *pool;                /* all slots of all workers */
 	size_t pool_len;
 	int pool_pinned;           /* with a GPU: no slot's pinning was refused (slots pin on first use) */
