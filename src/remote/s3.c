@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "remote/remote.h"
 
@@ -27,6 +28,7 @@ struct sl__s3 {
 	char sigv4[96];              /* "aws:amz:REGION:s3" */
 	char userpwd[400];           /* "ACCESS:SECRET" for curl; cleared at close */
 	char token_header[4200];     /* "x-amz-security-token: ..." or "" */
+	unsigned retries;            /* more attempts after a retryable failure (SLUICE_S3_RETRIES) */
 };
 
 struct sl__s3_conn {
@@ -64,6 +66,17 @@ int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn 
 		snprintf(s->userpwd, sizeof(s->userpwd), "%s:%s", s->conf.access_key, s->conf.secret_key);
 	if (s->conf.session_token[0])
 		snprintf(s->token_header, sizeof(s->token_header), "x-amz-security-token: %s", s->conf.session_token);
+	{
+		const char *v = env ? env("SLUICE_S3_RETRIES", ctx) : getenv("SLUICE_S3_RETRIES");
+		char *end = NULL;
+		unsigned long r = v && *v ? strtoul(v, &end, 10) : 4;
+
+		if (v && *v && (*end || r > 20)) {
+			sl__s3_close(s);
+			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_RETRIES='%s': want 0 to 20 more attempts", v);
+		}
+		s->retries = (unsigned)r;
+	}
 	*out = s;
 	return 0;
 }
@@ -272,8 +285,8 @@ enum { SL_HEAD, SL_GET, SL_PUT };
  * One request.  GET: [off, off + len) into dst (len 0: the whole object
  * into dst's cap).  PUT: len bytes of src (key "" creates the bucket).
  */
-static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, int method, const char *bucket, const char *key,
-		      uint64_t off, size_t len, void *buf, const char *if_match, struct sl_sink *k)
+static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, int method, const char *bucket,
+			   const char *key, uint64_t off, size_t len, void *buf, const char *if_match, struct sl_sink *k)
 {
 	char url[2048], range[64], match[160];
 	struct curl_slist *hdr = NULL;
@@ -342,6 +355,49 @@ static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, int method, const
 		return sl__err(sl_errno_of_curl(cc), "s3://%s/%s: %s (curl %d: %s)", bucket, key,
 			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc, curl_easy_strerror(cc));
 	return 0;
+}
+
+/* Worth another try: the server busy or failing (5xx, 429), the connection lost or stalled. */
+static int sl_retryable(int rc, long status)
+{
+	if (status >= 300)
+		return status == 429 || status >= 500;
+	return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -EIO;
+}
+
+/*
+ * A request with bounded retries: up to s->retries more attempts, each
+ * after a random wait of up to 100 ms x 2^attempt (capped at 5 s: "full
+ * jitter", so that many workers retrying at once do not come back in
+ * step).  A GET's range is received again from its start.  The last
+ * error is returned, saying how many attempts were made.
+ */
+static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, int method, const char *bucket, const char *key,
+		      uint64_t off, size_t len, void *buf, const char *if_match, struct sl_sink *k)
+{
+	const struct sl_sink fresh = *k;
+	unsigned seed = (unsigned)sl__now_ns() ^ (unsigned)(uintptr_t)c;
+	int rc;
+
+	for (unsigned attempt = 0;; attempt++) {
+		*k = fresh;
+		rc = sl_request_once(s, c, method, bucket, key, off, len, buf, if_match, k);
+		if (!rc || attempt >= s->retries || !sl_retryable(rc, k->status))
+			break;
+		uint64_t cap_ms = 100ull << (attempt < 6 ? attempt : 6), wait_ms;
+
+		if (cap_ms > 5000)
+			cap_ms = 5000;
+		wait_ms = (uint64_t)rand_r(&seed) % (cap_ms + 1);
+		sl__debug("s3", "s3://%s/%s: attempt %u failed (%s); again in %llu ms", bucket, key, attempt + 1,
+			  sluice_last_error_detail(), (unsigned long long)wait_ms);
+		struct timespec ts = { (time_t)(wait_ms / 1000), (long)(wait_ms % 1000) * 1000000L };
+
+		nanosleep(&ts, NULL);
+	}
+	if (rc && s->retries && sl_retryable(rc, k->status))
+		sl__err(rc, "%s (after %u attempts)", sluice_last_error_detail(), s->retries + 1);
+	return rc;
 }
 
 int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t *size,
