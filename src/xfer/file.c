@@ -238,6 +238,12 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 
 	if (rep)
 		memset(rep, 0, sizeof(*rep));
+	if (sl__is_s3_url(path)) {
+		free(dup1);
+		free(dup2);
+		return sl__err(-EROFS, "%s: objects are read here; uploads (multipart, all or nothing) are not built yet",
+			       path);
+	}
 	if (!dup1 || !dup2) {
 		rc = -ENOMEM;
 		goto out;

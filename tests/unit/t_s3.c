@@ -131,6 +131,7 @@ int main(void)
 		T_CHECK(sluice_file_open(&f, eng, "s3://sluice-test/nothing-here", SLUICE_RDONLY) == -ENOENT && !f);
 		T_CHECK(strstr(sluice_last_error_detail(), "s3://sluice-test/nothing-here"));
 		T_CHECK(sluice_file_open(&f, eng, url, SLUICE_RDWR) == -EROFS && !f);
+		T_CHECK(sluice_write_from_gpu(eng, url, obj, 100, NULL) == -EROFS && strstr(sluice_last_error_detail(), url));
 		T_CHECK(sluice_file_open(&f, eng, "s3://sluice-test/", SLUICE_RDONLY) == -EISDIR && !f);
 		T_CHECK(sluice_file_open(&f, eng, "s3://x/k", SLUICE_RDONLY) == SLUICE_EINVAL_CONFIG && !f);
 		sluice_engine_close(eng);
