@@ -16,7 +16,7 @@
 # with `. bench/gpu_machine.sh` (builds sluice, installs the wheels).
 set -e
 [ -f include/sluice.h ] || { echo "run from the repository root" >&2; exit 1; }
-WHEELS="${WHEELS:-engine datasets loaders}"
+WHEELS="${WHEELS:-engine datasets loaders s3}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p .carry .whl
@@ -58,7 +58,11 @@ for g in $WHEELS; do
 	datasets) pyget webdataset==1.0.2 braceexpand==0.1.7 ;;
 	loaders) pyget mosaicml-streaming==0.13.0 brotli python-snappy cramjam zstd catalogue litdata==0.2.76 \
 		boto3 botocore s3transfer==0.19.3 jmespath==1.1.0 ;;
-	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders)" >&2; exit 1 ;;
+	# The S3 test server (tests/remote/s3server.py) beside what the image has (werkzeug, jinja2, click, ...);
+	# boto3, botocore, s3transfer and jmespath come with the loaders group.
+	s3) pyget moto==5.2.5 cryptography==46.0.3 cffi==2.0.0 pycparser==2.23 xmltodict==1.0.2 responses==0.25.8 \
+		flask==3.1.2 flask-cors==6.0.1 blinker==1.9.0 itsdangerous==2.2.0 py-partiql-parser==0.6.3 ;;
+	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3)" >&2; exit 1 ;;
 	esac
 done
 echo "prepare: .whl ($(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1)); carried size $(du -shc .carry .whl | tail -1 | cut -f1)"
