@@ -119,6 +119,18 @@ struct sl__io_ops;
 SL_HIDDEN extern const struct sl__io_ops sl__io_s3_ops;
 
 /*
+ * Writes len bytes at src as the whole object bucket/key: one PUT up to
+ * SLUICE_S3_PART_SIZE (default 8 MiB), else a multipart upload whose parts
+ * go SLUICE_S3_CONCURRENCY (default 8) at a time, each on its own
+ * connection, completed only once every part is in and aborted on any
+ * failure: the object appears whole or not at all, and no upload is left
+ * behind.  copy (NULL: memcpy) moves each part from src into a host buffer
+ * first: sluice passes a GPU-to-host copy for device memory.
+ */
+SL_HIDDEN int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
+			    int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx);
+
+/*
  * The <Code> and <Message> of an S3 error body (len bytes, untrusted), as
  * printable ASCII; returns a bit mask of the ones found (1 code, 2 message).
  */

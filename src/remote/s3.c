@@ -29,6 +29,8 @@ struct sl__s3 {
 	char userpwd[400];           /* "ACCESS:SECRET" for curl; cleared at close */
 	char token_header[4200];     /* "x-amz-security-token: ..." or "" */
 	unsigned retries;            /* more attempts after a retryable failure (SLUICE_S3_RETRIES) */
+	size_t part_size;            /* bytes of an upload's part (SLUICE_S3_PART_SIZE) */
+	unsigned concurrency;        /* an upload's parts in flight (SLUICE_S3_CONCURRENCY) */
 };
 
 struct sl__s3_conn {
@@ -68,14 +70,29 @@ int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn 
 		snprintf(s->token_header, sizeof(s->token_header), "x-amz-security-token: %s", s->conf.session_token);
 	{
 		const char *v = env ? env("SLUICE_S3_RETRIES", ctx) : getenv("SLUICE_S3_RETRIES");
+		const char *ps = env ? env("SLUICE_S3_PART_SIZE", ctx) : getenv("SLUICE_S3_PART_SIZE");
+		const char *cc = env ? env("SLUICE_S3_CONCURRENCY", ctx) : getenv("SLUICE_S3_CONCURRENCY");
 		char *end = NULL;
-		unsigned long r = v && *v ? strtoul(v, &end, 10) : 4;
+		unsigned long r = v && *v ? strtoul(v, &end, 10) : 4, n;
+		uint64_t part = 8u << 20;
 
 		if (v && *v && (*end || r > 20)) {
 			sl__s3_close(s);
 			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_RETRIES='%s': want 0 to 20 more attempts", v);
 		}
 		s->retries = (unsigned)r;
+		/* S3's bounds: parts of 5 MiB to 5 GiB, the last one smaller. */
+		if (ps && *ps && (sluice_parse_size(ps, &part) || part < (5u << 20) || part > (5ull << 30))) {
+			sl__s3_close(s);
+			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_PART_SIZE='%s': want 5M to 5G", ps);
+		}
+		s->part_size = (size_t)part;
+		n = cc && *cc ? strtoul(cc, &end, 10) : 8;
+		if (cc && *cc && (*end || n < 1 || n > 256)) {
+			sl__s3_close(s);
+			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_CONCURRENCY='%s': want 1 to 256 parts in flight", cc);
+		}
+		s->concurrency = (unsigned)n;
 	}
 	*out = s;
 	return 0;
@@ -119,8 +136,12 @@ void sl__s3_conn_close(struct sl__s3_conn *c)
 	free(c);
 }
 
-/* Appends s to out (cap bytes at out, l used), percent-encoding all but unreserved characters and, in keys, '/'. */
-static size_t sl_url_encode(char *out, size_t cap, size_t l, const char *s)
+/*
+ * Appends s to out (cap bytes at out, l used), percent-encoding all but
+ * unreserved characters and, where slash is set (keys), '/'.  Returns the
+ * new length, 0 if it does not fit.
+ */
+static size_t sl_url_encode(char *out, size_t cap, size_t l, const char *s, int slash)
 {
 	static const char hex[] = "0123456789ABCDEF";
 
@@ -128,7 +149,7 @@ static size_t sl_url_encode(char *out, size_t cap, size_t l, const char *s)
 		unsigned char ch = (unsigned char)*s;
 
 		if ((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' ||
-		    ch == '_' || ch == '.' || ch == '~' || ch == '/') {
+		    ch == '_' || ch == '.' || ch == '~' || (ch == '/' && slash)) {
 			out[l++] = (char)ch;
 		} else {
 			out[l++] = '%';
@@ -150,7 +171,7 @@ static int sl_url(const struct sl__s3 *s, const char *bucket, const char *key, c
 		l = (size_t)snprintf(out, cap, "%s/%s/", ep, bucket);
 	else
 		l = (size_t)snprintf(out, cap, "%.*s%s.%s/", (int)(host - ep), ep, bucket, host);
-	if (l >= cap || (*key && !sl_url_encode(out, cap, l, key)))
+	if (l >= cap || (*key && !sl_url_encode(out, cap, l, key, 1)))
 		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: the request URL is too long", bucket, key);
 	return 0;
 }
@@ -279,23 +300,38 @@ static int sl_errno_of_curl(CURLcode cc)
 	}
 }
 
-enum { SL_HEAD, SL_GET, SL_PUT };
+enum { SL_HEAD, SL_GET, SL_PUT, SL_POST, SL_DELETE };
 
 /*
- * One request.  GET: [off, off + len) into dst (len 0: the whole object
- * into dst's cap).  PUT: len bytes of src (key "" creates the bucket).
+ * One request.  GET: [off, off + len) into buf, pinned to if_match when
+ * set.  PUT and POST: len bytes of buf as the body (a PUT with key ""
+ * creates the bucket); the answer's body (POST, DELETE) lands in the
+ * sink's small buffer.  query: "" or "?NAME[=VALUE]&..." after the key.
  */
-static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, int method, const char *bucket,
-			   const char *key, uint64_t off, size_t len, void *buf, const char *if_match, struct sl_sink *k)
+struct sl_req {
+	int method;
+	const char *bucket, *key, *query;
+	uint64_t off;
+	size_t len;
+	void *buf;
+	const char *if_match;
+	unsigned min_retries;       /* at least this many more attempts, whatever SLUICE_S3_RETRIES says */
+};
+
+static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_req *q, struct sl_sink *k)
 {
-	char url[2048], range[64], match[160];
+	static const char *const verb[] = { "HEAD", "GET", "PUT", "POST", "DELETE" };
+	const char *bucket = q->bucket, *key = q->key;
+	char url[2300], range[64], match[160];
 	struct curl_slist *hdr = NULL;
 	CURL *h = c->h;
 	CURLcode cc;
 	int rc;
 
-	if ((rc = sl_url(s, bucket, key, url, sizeof(url))))
+	if ((rc = sl_url(s, bucket, key, url, sizeof(url) - 256)))
 		return rc;
+	if (q->query && *q->query)
+		snprintf(url + strlen(url), sizeof(url) - strlen(url), "%s", q->query);
 	curl_easy_reset(h);
 	k->h = h;
 	curl_easy_setopt(h, CURLOPT_URL, url);
@@ -318,33 +354,39 @@ static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, int method, 
 		if (s->token_header[0])
 			hdr = curl_slist_append(hdr, s->token_header);
 	}
-	if (method == SL_HEAD) {
+	if (q->method == SL_HEAD) {
 		curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-	} else if (method == SL_GET) {
-		if (len) {
-			snprintf(range, sizeof(range), "Range: bytes=%llu-%llu", (unsigned long long)off,
-				 (unsigned long long)(off + len - 1));
+	} else if (q->method == SL_GET) {
+		if (q->len) {
+			snprintf(range, sizeof(range), "Range: bytes=%llu-%llu", (unsigned long long)q->off,
+				 (unsigned long long)(q->off + q->len - 1));
 			hdr = curl_slist_append(hdr, range);
 		}
-		if (if_match && *if_match) {
-			snprintf(match, sizeof(match), "If-Match: %s", if_match);
+		if (q->if_match && *q->if_match) {
+			snprintf(match, sizeof(match), "If-Match: %s", q->if_match);
 			hdr = curl_slist_append(hdr, match);
 		}
-		k->dst = buf;
+		k->dst = q->buf;
 	} else {
-		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "PUT");
-		curl_easy_setopt(h, CURLOPT_POSTFIELDS, buf ? buf : "");
-		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-		hdr = curl_slist_append(hdr, "Content-Type: application/octet-stream");
+		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, verb[q->method]);
+		if (q->method != SL_DELETE) {
+			curl_easy_setopt(h, CURLOPT_POSTFIELDS, q->buf ? (const char *)q->buf : "");
+			curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->len);
+			hdr = curl_slist_append(hdr, q->method == SL_POST ? "Content-Type: application/xml"
+								    : "Content-Type: application/octet-stream");
+		}
 	}
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
 	cc = curl_easy_perform(h);
 	curl_slist_free_all(hdr);
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &k->status);
+	k->err[k->errlen] = 0;
+	/* CompleteMultipartUpload may fail after its 200 has gone out: the error is then in the body. */
+	if (k->status == 200 && q->method == SL_POST && strstr(k->err, "<Error>"))
+		k->status = 500;
 	if (k->status >= 300) {
 		char code[64], msg[256];
 
-		k->err[k->errlen] = 0;
 		sl__s3_error_parse(k->err, k->errlen, code, sizeof(code), msg, sizeof(msg));
 		return sl__err(sl_errno_of_status(k->status), "s3://%s/%s: HTTP %ld%s%s%s%s", bucket, key, k->status,
 			       code[0] ? " " : "", code, msg[0] ? ": " : "", msg);
@@ -372,17 +414,18 @@ static int sl_retryable(int rc, long status)
  * step).  A GET's range is received again from its start.  The last
  * error is returned, saying how many attempts were made.
  */
-static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, int method, const char *bucket, const char *key,
-		      uint64_t off, size_t len, void *buf, const char *if_match, struct sl_sink *k)
+static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_req *q, struct sl_sink *k)
 {
+	const char *bucket = q->bucket, *key = q->key;
 	const struct sl_sink fresh = *k;
+	const unsigned retries = q->min_retries > s->retries ? q->min_retries : s->retries;
 	unsigned seed = (unsigned)sl__now_ns() ^ (unsigned)(uintptr_t)c;
 	int rc;
 
 	for (unsigned attempt = 0;; attempt++) {
 		*k = fresh;
-		rc = sl_request_once(s, c, method, bucket, key, off, len, buf, if_match, k);
-		if (!rc || attempt >= s->retries || !sl_retryable(rc, k->status))
+		rc = sl_request_once(s, c, q, k);
+		if (!rc || attempt >= retries || !sl_retryable(rc, k->status))
 			break;
 		uint64_t cap_ms = 100ull << (attempt < 6 ? attempt : 6), wait_ms;
 
@@ -395,16 +438,17 @@ static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, int method, const
 
 		nanosleep(&ts, NULL);
 	}
-	if (rc && s->retries && sl_retryable(rc, k->status))
-		sl__err(rc, "%s (after %u attempts)", sluice_last_error_detail(), s->retries + 1);
+	if (rc && retries && sl_retryable(rc, k->status))
+		sl__err(rc, "%s (after %u attempts)", sluice_last_error_detail(), retries + 1);
 	return rc;
 }
 
 int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t *size,
 		char *etag, size_t etag_cap)
 {
+	struct sl_req q = { .method = SL_HEAD, .bucket = bucket, .key = key };
 	struct sl_sink k = { 0 };
-	int rc = sl_request(s, c, SL_HEAD, bucket, key, 0, 0, NULL, NULL, &k);
+	int rc = sl_request(s, c, &q, &k);
 
 	if (rc)
 		return rc;
@@ -419,12 +463,14 @@ int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t off,
 		   size_t len, void *dst, const char *if_match)
 {
+	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
+			    .if_match = if_match };
 	struct sl_sink k = { .cap = len };
 	int rc;
 
 	if (!len)
 		return 0;
-	rc = sl_request(s, c, SL_GET, bucket, key, off, len, dst, if_match, &k);
+	rc = sl_request(s, c, &q, &k);
 	if (rc)
 		return rc;
 	/* 200 instead of 206 means the Range was ignored: the body would start at byte 0. */
@@ -436,9 +482,10 @@ ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, 
 int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, const void *src,
 	       size_t len)
 {
+	struct sl_req q = { .method = SL_PUT, .bucket = bucket, .key = key, .len = len, .buf = (void *)src };
 	struct sl_sink k = { 0 };
 
-	return sl_request(s, c, SL_PUT, bucket, key, 0, len, (void *)src, NULL, &k);
+	return sl_request(s, c, &q, &k);
 }
 
 int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size)
@@ -470,4 +517,203 @@ int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url,
 void sl__s3_obj_close(struct sl__s3_obj *o)
 {
 	free(o);
+}
+
+/* ---- Uploads: one PUT, or a multipart upload whose parts go in parallel ---- */
+
+struct sl_upload {
+	struct sl__s3 *s;
+	const char *bucket, *key;
+	const char *src;
+	size_t len;
+	int (*copy)(void *ctx, void *dst, const void *src, size_t n);
+	void *copy_ctx;
+	char query_id[512];         /* "uploadId=..." encoded */
+	unsigned nparts;
+	_Atomic unsigned next;
+	char (*etag)[128];          /* each part's ETag, by part */
+	pthread_mutex_t lock;
+	int err;                    /* first error */
+	char detail[512];
+};
+
+static void sl_upload_fail(struct sl_upload *u, int rc)
+{
+	pthread_mutex_lock(&u->lock);
+	if (!u->err) {
+		u->err = rc;
+		snprintf(u->detail, sizeof(u->detail), "%s", sluice_last_error_detail());
+	}
+	pthread_mutex_unlock(&u->lock);
+}
+
+/* Part by part, on this thread's connection: the source copied (GPU memory: by u->copy) into a buffer, then sent. */
+static void *sl_upload_parts(void *arg)
+{
+	struct sl_upload *u = arg;
+	struct sl__s3_conn *c = NULL;
+	char *buf = malloc(u->s->part_size);
+	int rc = buf ? sl__s3_conn_open(&c) : -ENOMEM;
+
+	if (rc)
+		sl_upload_fail(u, rc);
+	for (unsigned i; !rc && (i = atomic_fetch_add(&u->next, 1)) < u->nparts;) {
+		size_t off = (size_t)i * u->s->part_size, n = u->len - off < u->s->part_size ? u->len - off : u->s->part_size;
+		char query[600];
+		struct sl_req q = { .method = SL_PUT, .bucket = u->bucket, .key = u->key, .query = query, .len = n,
+				    .buf = buf };
+		struct sl_sink k = { 0 };
+
+		if (u->err)
+			break; /* another part failed: the upload is aborted, sending more is waste */
+		snprintf(query, sizeof(query), "?partNumber=%u&%s", i + 1, u->query_id);
+		rc = u->copy ? u->copy(u->copy_ctx, buf, u->src + off, n) : (memcpy(buf, u->src + off, n), 0);
+		if (!rc)
+			rc = sl_request(u->s, c, &q, &k);
+		if (!rc && !k.etag[0])
+			rc = sl__err(-EIO, "s3://%s/%s: part %u answered without an ETag", u->bucket, u->key, i + 1);
+		if (rc)
+			sl_upload_fail(u, rc);
+		else
+			memcpy(u->etag[i], k.etag, sizeof(k.etag));
+	}
+	sl__s3_conn_close(c);
+	free(buf);
+	return NULL;
+}
+
+/* The text between <tag> and </tag> in body, into out; 0 or -1 if absent or too long. */
+static int sl_xml_text(const char *body, const char *tag, char *out, size_t cap)
+{
+	char open[64], close[64];
+	const char *a, *b;
+
+	snprintf(open, sizeof(open), "<%s>", tag);
+	snprintf(close, sizeof(close), "</%s>", tag);
+	a = strstr(body, open);
+	b = a ? strstr(a, close) : NULL;
+	if (!b || (size_t)(b - a - strlen(open)) >= cap)
+		return -1;
+	a += strlen(open);
+	memcpy(out, a, (size_t)(b - a));
+	out[b - a] = 0;
+	return 0;
+}
+
+int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
+		  int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx)
+{
+	struct sl_upload u = { .s = s, .bucket = bucket, .key = key, .src = src, .len = len, .copy = copy,
+			       .copy_ctx = copy_ctx };
+	struct sl__s3_conn *c = NULL;
+	struct sl_sink k = { 0 };
+	pthread_t th[256];
+	unsigned nth = 0;
+	char id[400], *xml = NULL;
+	int rc;
+
+	if ((rc = sl__s3_conn_open(&c)))
+		return rc;
+	if (len <= s->part_size) {
+		/* One request: the object appears whole when it succeeds, or not at all. */
+		char *buf = copy ? malloc(len ? len : 1) : (char *)src;
+
+		rc = buf ? 0 : -ENOMEM;
+		if (!rc && copy && len)
+			rc = copy(copy_ctx, buf, src, len);
+		if (!rc)
+			rc = sl__s3_put(s, c, bucket, key, buf, len);
+		if (copy)
+			free(buf);
+		sl__s3_conn_close(c);
+		return rc;
+	}
+	u.nparts = (unsigned)((len + s->part_size - 1) / s->part_size);
+	if (len / s->part_size >= 10000) {
+		sl__s3_conn_close(c);
+		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: %zu bytes take over 10000 parts of %zu: raise SLUICE_S3_PART_SIZE",
+			       bucket, key, len, s->part_size);
+	}
+	{
+		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key, .query = "?uploads=" };
+
+		rc = sl_request(s, c, &q, &k);
+	}
+	if (!rc && sl_xml_text(k.err, "UploadId", id, sizeof(id)))
+		rc = sl__err(-EIO, "s3://%s/%s: CreateMultipartUpload answered without an UploadId", bucket, key);
+	if (rc) {
+		sl__s3_conn_close(c);
+		return rc;
+	}
+	memcpy(u.query_id, "uploadId=", 9);
+	if (!sl_url_encode(u.query_id, sizeof(u.query_id), 9, id, 0)) {
+		rc = sl__err(-EIO, "s3://%s/%s: an UploadId of %zu characters", bucket, key, strlen(id));
+		goto abort;
+	}
+	u.etag = calloc(u.nparts, sizeof(*u.etag));
+	if (!u.etag) {
+		rc = -ENOMEM;
+		goto abort;
+	}
+	pthread_mutex_init(&u.lock, NULL);
+	for (; nth < s->concurrency && nth < u.nparts; nth++)
+		if (pthread_create(&th[nth], NULL, sl_upload_parts, &u)) {
+			sl_upload_fail(&u, sl__err(-EAGAIN, "s3://%s/%s: no thread for the upload", bucket, key));
+			break;
+		}
+	for (unsigned i = 0; i < nth; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&u.lock);
+	if (u.err) {
+		rc = sl__err(u.err, "%s; the upload was aborted, s3://%s/%s is as it was", u.detail, bucket, key);
+		goto abort;
+	}
+	/* Complete: every part, in order, with its ETag (quotes escaped for XML). */
+	{
+		size_t cap = 64 + (size_t)u.nparts * 200, l;
+		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key };
+		char query[600];
+
+		xml = malloc(cap);
+		if (!xml) {
+			rc = -ENOMEM;
+			goto abort;
+		}
+		l = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
+		for (unsigned i = 0; i < u.nparts; i++) {
+			l += (size_t)snprintf(xml + l, cap - l, "<Part><PartNumber>%u</PartNumber><ETag>", i + 1);
+			for (const char *e = u.etag[i]; *e; e++)
+				l += (size_t)snprintf(xml + l, cap - l, "%s", *e == '"' ? "&quot;" : (char[2]){ *e, 0 });
+			l += (size_t)snprintf(xml + l, cap - l, "</ETag></Part>");
+		}
+		l += (size_t)snprintf(xml + l, cap - l, "</CompleteMultipartUpload>");
+		snprintf(query, sizeof(query), "?%s", u.query_id);
+		q.query = query;
+		q.buf = xml;
+		q.len = l;
+		memset(&k, 0, sizeof(k));
+		rc = sl_request(s, c, &q, &k);
+		if (!rc)
+			goto out;
+	}
+abort:
+	/* Nothing half-made stays behind: the parts sent are dropped with the upload. */
+	{
+		char query[600], why[512];
+		/* The abort is what keeps the store clean: it gets at least 4 more tries, whatever the setting. */
+		struct sl_req q = { .method = SL_DELETE, .bucket = bucket, .key = key, .query = query, .min_retries = 4 };
+
+		snprintf(why, sizeof(why), "%s", sluice_last_error_detail());
+		snprintf(query, sizeof(query), "?%s", u.query_id);
+		memset(&k, 0, sizeof(k));
+		if (sl_request(s, c, &q, &k))
+			sl__warn("s3", "s3://%s/%s: aborting the multipart upload failed: %s", bucket, key,
+				 sluice_last_error_detail());
+		sl__err(rc, "%s", why);
+	}
+out:
+	free(xml);
+	free(u.etag);
+	sl__s3_conn_close(c);
+	return rc;
 }

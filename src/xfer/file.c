@@ -17,10 +17,21 @@
 /* Tests set this to make every O_DIRECT open fail as a filesystem refusing it would. */
 int sl__test_refuse_direct;
 
+/* The engine's S3 client, made on first use from the AWS_* environment and files (remote/s3conf.c). */
+static int sl_engine_s3(struct sluice_engine *eng)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&eng->lock);
+	if (!eng->s3)
+		rc = sl__s3_open(&eng->s3, NULL, NULL, NULL);
+	pthread_mutex_unlock(&eng->lock);
+	return rc;
+}
+
 /*
- * An s3:// object: read-only, its size and ETag from a HEAD, through the
- * engine's S3 client (made on first use from the AWS_* environment and
- * files, remote/s3conf.c).
+ * An s3:// object: read-only (objects are written whole, by
+ * sluice_write_from_gpu), its size and ETag from a HEAD.
  */
 static int sl_open_remote(struct sluice_file *f, const char *path)
 {
@@ -30,10 +41,8 @@ static int sl_open_remote(struct sluice_file *f, const char *path)
 
 	if (f->writable)
 		return sl__err(-EROFS, "%s: s3:// objects open read-only; they are written whole, by upload", path);
-	pthread_mutex_lock(&eng->lock);
-	if (!eng->s3)
-		rc = sl__s3_open(&eng->s3, NULL, NULL, NULL);
-	pthread_mutex_unlock(&eng->lock);
+	if (!rc)
+		rc = sl_engine_s3(eng);
 	if (!rc)
 		rc = sl__s3_obj_open(&f->remote, eng->s3, path, &size);
 	if (!rc)
@@ -225,6 +234,37 @@ ssize_t sluice_read_to_gpu(struct sluice_engine *eng, const char *path, uint64_t
 	return rc;
 }
 
+/* A part of an upload from GPU memory: copied to the uploader's host buffer first. */
+static int sl_copy_from_gpu(void *eng, void *dst, const void *src, size_t n)
+{
+	return sluice_gpu_copy(eng, dst, src, n);
+}
+
+/* An s3:// destination: a whole-object upload (remote/s3.c), durable once the store answers. */
+static ssize_t sl_write_remote(struct sluice_engine *eng, const char *path, const void *src, size_t len,
+			       struct sluice_xfer_report *rep)
+{
+	char bucket[64], key[1025];
+	uint64_t t0 = sl__now_ns();
+	int rc = sl__s3_parse_url(path, bucket, sizeof(bucket), key, sizeof(key));
+
+	if (!rc && !key[0])
+		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", path);
+	if (!rc)
+		rc = sl_engine_s3(eng);
+	if (!rc)
+		rc = sl__s3_upload(eng->s3, bucket, key, src, len,
+				   sluice_is_gpu_ptr(eng, src) ? sl_copy_from_gpu : NULL, eng);
+	if (rc)
+		return rc;
+	if (rep) {
+		rep->bytes = rep->bytes_buffered = len;
+		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
+		snprintf(rep->path, sizeof(rep->path), "%s>s3:upload", sluice_is_gpu_ptr(eng, src) ? "gpu>host" : "host");
+	}
+	return (ssize_t)len;
+}
+
 ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const void *src,
 			      size_t len, struct sluice_xfer_report *rep)
 {
@@ -241,8 +281,7 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	if (sl__is_s3_url(path)) {
 		free(dup1);
 		free(dup2);
-		return sl__err(-EROFS, "%s: objects are read here; uploads (multipart, all or nothing) are not built yet",
-			       path);
+		return sl_write_remote(eng, path, src, len, rep);
 	}
 	if (!dup1 || !dup2) {
 		rc = -ENOMEM;

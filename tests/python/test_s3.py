@@ -3,6 +3,7 @@
 client; sluice reads them into numpy arrays and, with a GPU, torch tensors."""
 import errno
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -30,6 +31,7 @@ def s3(tmp_path_factory):
         client = boto3.client("s3", endpoint_url=srv.endpoint, aws_access_key_id=srv.access_key,
                               aws_secret_access_key=srv.secret_key, region_name="us-east-1")
         client.create_bucket(Bucket="pytest")
+        client.sluice_server = srv
         try:
             yield client
         finally:
@@ -51,6 +53,38 @@ def test_read_object_into_numpy(s3):
     assert np.array_equal(part, data[4_000_001:4_001_001])
 
 
+def test_write_then_read(s3):
+    data = np.random.default_rng(7).integers(0, 256, size=(11 << 20) + 5, dtype=np.uint8)
+    assert sluice.write("s3://pytest/w/obj.bin", data) == data.nbytes
+    assert s3.get_object(Bucket="pytest", Key="w/obj.bin")["Body"].read() == data.tobytes()
+    out = np.zeros_like(data)
+    sluice.read("s3://pytest/w/obj.bin", out)
+    assert np.array_equal(out, data)
+
+
+def test_failed_upload_leaves_nothing(s3, tmp_path):
+    """Through the faulty proxy with no retries, a multipart upload fails; it is aborted: no object, no
+    upload left in the store.  A child process, so that its engine's S3 client takes these settings."""
+    srv = s3.sluice_server
+    env = dict(os.environ, AWS_ENDPOINT_URL=srv.faulty, SLUICE_S3_RETRIES="0", SLUICE_S3_PART_SIZE="5M",
+               SLUICE_S3_CONCURRENCY="2")
+    # The proxy breaks every request but one in four: some tries fail creating the upload, the others in
+    # its parts (those are aborted); none succeeds.
+    code = ("import numpy as np, sluice\n"
+            "for _ in range(4):\n"
+            "    try:\n"
+            "        sluice.write('s3://pytest/doomed.bin', np.ones(24 << 20, dtype=np.uint8))\n"
+            "        print('written')\n"
+            "    except sluice.SluiceError as e:\n"
+            "        print('failed:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4 and all(x.startswith("failed: s3://pytest/doomed.bin") for x in lines), out.stdout + out.stderr
+    assert any("the upload was aborted" in x for x in lines), out.stdout
+    assert "Contents" not in s3.list_objects_v2(Bucket="pytest", Prefix="doomed")
+    assert not s3.list_multipart_uploads(Bucket="pytest").get("Uploads")
+
+
 def test_errors_name_the_object(s3):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.read("s3://pytest/missing.bin", np.zeros(10, dtype=np.uint8))
@@ -60,8 +94,8 @@ def test_errors_name_the_object(s3):
         sluice.read("s3://pytest/small", np.zeros(11, dtype=np.uint8))
     assert "s3://pytest/small" in str(e.value)
     with pytest.raises(sluice.SluiceError) as e:
-        sluice.write("s3://pytest/new", np.zeros(10, dtype=np.uint8))
-    assert e.value.code == -errno.EROFS
+        sluice.write("s3://no-such-bucket-here/new", np.zeros(10, dtype=np.uint8))
+    assert e.value.code == -errno.ENOENT and "NoSuchBucket" in str(e.value)
 
 
 def test_read_object_into_gpu(s3):

@@ -7,8 +7,8 @@ policy allowing s3:*, and from then on every request must carry a valid Signatur
 SignatureDoesNotMatch).  moto keeps that count per process: one server a process.  A test program gets
 SLUICE_TEST_S3_ENDPOINT, SLUICE_TEST_S3_ACCESS_KEY, SLUICE_TEST_S3_SECRET_KEY and SLUICE_TEST_S3_REGION.
 SLUICE_TEST_S3_FAULTY_ENDPOINT is a proxy in front of the same server that breaks requests on
-purpose, in turn: a 503 SlowDown, a response cut off halfway through its body, a 2-second stall before the
-answer, then one request passed through untouched (the proxy forwards the client's Host header, so
+purpose, in turn: a 503 SlowDown, a GET's response cut off halfway through its body, a 2-second stall
+before the answer, then one request passed through untouched (the proxy forwards the client's Host header, so
 signatures still check).
 """
 import http.client
@@ -89,7 +89,9 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
             if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
                 self.send_header(k, v)
         self.send_header("Content-Length", r.getheader("Content-Length") or str(len(data)))
-        if fault == 1 and len(data) > 1:
+        # Only a GET's body is cut: a request whose answer is lost after the server acted (a created upload
+        # whose id never arrives) is a case no client can clean up (S3's lifecycle rules do).
+        if fault == 1 and self.command == "GET" and len(data) > 1:
             self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data[:len(data) // 2])  # and the connection closes: a body cut short

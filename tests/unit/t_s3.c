@@ -104,6 +104,8 @@ int main(void)
 		setenv("AWS_SECRET_ACCESS_KEY", sk, 1);
 		setenv("AWS_REGION", "us-east-1", 1);
 		setenv("SLUICE_MAX_TRANSFER_SIZE", "1M", 1); /* several segments, so several workers' GETs */
+		setenv("SLUICE_S3_PART_SIZE", "5M", 1);      /* the 12 MiB object below: three parts */
+		setenv("SLUICE_S3_CONCURRENCY", "3", 1);
 		eng = t_engine();
 		T_CHECK(sluice_file_open(&f, eng, url, SLUICE_RDONLY) == 0);
 		T_CHECK(sluice_file_size(f) == n);
@@ -131,7 +133,16 @@ int main(void)
 		T_CHECK(sluice_file_open(&f, eng, "s3://sluice-test/nothing-here", SLUICE_RDONLY) == -ENOENT && !f);
 		T_CHECK(strstr(sluice_last_error_detail(), "s3://sluice-test/nothing-here"));
 		T_CHECK(sluice_file_open(&f, eng, url, SLUICE_RDWR) == -EROFS && !f);
-		T_CHECK(sluice_write_from_gpu(eng, url, obj, 100, NULL) == -EROFS && strstr(sluice_last_error_detail(), url));
+		/* Writes under the 5 MiB part size: one PUT each, read back byte for byte (multipart: below). */
+		T_CHECK(sluice_write_from_gpu(eng, "s3://sluice-test/small", obj + 1, 100, NULL) == 100);
+		T_CHECK(sluice_read_to_gpu(eng, "s3://sluice-test/small", 0, 100, got, NULL) == 100 &&
+			!memcmp(got, obj + 1, 100));
+		T_CHECK(sluice_write_from_gpu(eng, "s3://sluice-test/big", obj, n, &rep) == (ssize_t)n);
+		T_CHECK(strstr(rep.path, "s3:upload") != NULL);
+		memset(got, 0xAA, n);
+		T_CHECK(sluice_read_to_gpu(eng, "s3://sluice-test/big", 0, n, got, NULL) == (ssize_t)n &&
+			!memcmp(got, obj, n));
+		T_CHECK(sluice_write_from_gpu(eng, "s3://sluice-test/", obj, 10, NULL) == -EISDIR);
 		T_CHECK(sluice_file_open(&f, eng, "s3://sluice-test/", SLUICE_RDONLY) == -EISDIR && !f);
 		T_CHECK(sluice_file_open(&f, eng, "s3://x/k", SLUICE_RDONLY) == SLUICE_EINVAL_CONFIG && !f);
 		sluice_engine_close(eng);
@@ -169,6 +180,18 @@ int main(void)
 		memset(got, 0xAA, n);
 		T_CHECK(f && sluice_file_read(f, 0, n, got, NULL) == (ssize_t)n && !memcmp(got, obj, n));
 		sluice_file_close(f);
+		{
+			/* 12 MiB + 1: three parts, each of them and the upload's own calls through the faults. */
+			const size_t m = (12u << 20) + 1;
+			char *big = malloc(m), *back = malloc(m);
+
+			t_fill(big, m, 12);
+			T_CHECK(sluice_write_from_gpu(eng, "s3://sluice-test/faulty-big", big, m, NULL) == (ssize_t)m);
+			T_CHECK(sluice_read_to_gpu(eng, "s3://sluice-test/faulty-big", 0, m, back, NULL) == (ssize_t)m &&
+				!memcmp(back, big, m));
+			free(big);
+			free(back);
+		}
 		sluice_engine_close(eng);
 
 		setenv("SLUICE_S3_RETRIES", "0", 1);
