@@ -107,3 +107,7 @@ def test_read_object_into_gpu(s3):
     t = torch.empty(data.nbytes, dtype=torch.uint8, device="cuda")
     assert sluice.read("s3://pytest/gpu.bin", t) == data.nbytes
     assert np.array_equal(t.cpu().numpy(), data)
+    # And back: a multipart upload (two 8 MiB parts) of GPU memory, copied out part by part.
+    t2 = torch.flip(t, dims=[0]).contiguous()
+    assert sluice.write("s3://pytest/from-gpu.bin", t2) == data.nbytes
+    assert s3.get_object(Bucket="pytest", Key="from-gpu.bin")["Body"].read() == data[::-1].tobytes()
