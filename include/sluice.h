@@ -354,6 +354,50 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_from_gpu(struct sluice_engine *eng,
 						    struct sluice_xfer_report *rep);
 
 /* ================================================================
+ * Object storage (S3 and compatible stores)
+ * ================================================================ */
+
+/*
+ * Any path argument of sluice may also be s3://BUCKET/KEY: objects are
+ * read with ranged GETs on the engine's workers (into the same bounce
+ * slots as files, then the same copy to the GPU), every GET pinned to the
+ * ETag seen at open, and written whole (one PUT, or a multipart upload
+ * completed only when every part is in and aborted on failure).  The
+ * engine's own client takes its settings as AWS tools do: AWS_ENDPOINT_URL
+ * (_S3), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
+ * AWS_REGION / AWS_DEFAULT_REGION, AWS_PROFILE with ~/.aws/credentials and
+ * ~/.aws/config; none: anonymous.  SLUICE_S3_RETRIES (default 4),
+ * SLUICE_S3_PART_SIZE (8M), SLUICE_S3_CONCURRENCY (8) tune every client.
+ * Errors: -ENOENT (no such key or bucket), -EACCES (refused, bad
+ * signature), -ESTALE (the object changed during a read), -EIO and
+ * -ECONNRESET, -ETIMEDOUT, -ECONNREFUSED once retries are spent; the
+ * detail names s3://bucket/key, the HTTP status and the server's code.
+ * Secrets never appear in details or logs.
+ *
+ * struct sluice_s3 is a client of its own (the seed's shape: bucket and
+ * key apart, explicit credentials): endpoint, access_key, secret_key and
+ * region may each be NULL or "" to take them as above; a key pair given
+ * here wins over everything.  It uses eng's workers and MUST be closed
+ * before eng.  Thread-safe.  sluice_s3_close(NULL) is a no-op.
+ */
+struct sluice_s3;
+SLUICE_API SLUICE_WUR int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng,
+					 const char *endpoint, const char *access_key,
+					 const char *secret_key, const char *region);
+SLUICE_API void sluice_s3_close(struct sluice_s3 *c);
+/* len bytes at offset of bucket/key into dst (GPU or host memory); the bytes read, or an error. */
+SLUICE_API SLUICE_WUR ssize_t sluice_s3_read_to_gpu(struct sluice_s3 *c, const char *bucket,
+						    const char *key, void *dst, uint64_t offset,
+						    size_t len, struct sluice_xfer_report *rep);
+/* len bytes of src (GPU or host memory) as the whole object bucket/key; len, or an error. */
+SLUICE_API SLUICE_WUR ssize_t sluice_s3_write_from_gpu(struct sluice_s3 *c, const char *bucket,
+						       const char *key, const void *src, size_t len,
+						       struct sluice_xfer_report *rep);
+/* The object's size in bytes. */
+SLUICE_API SLUICE_WUR int sluice_s3_size(struct sluice_s3 *c, const char *bucket, const char *key,
+					 uint64_t *size);
+
+/* ================================================================
  * Asynchronous transfers ordered on a CUDA stream
  * ================================================================ */
 

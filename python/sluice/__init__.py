@@ -12,7 +12,7 @@ import numpy as np
 
 from ._lib import (Batch, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
-__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Dataset", "Loader", "Packer",
+__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Client", "Dataset", "Loader", "Packer",
            "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
 
 # sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
@@ -129,6 +129,58 @@ def write(path, array):
 
 
 read_to_gpu, write_from_gpu = read, write
+
+
+def _b(s):
+    return None if s is None else s.encode()
+
+
+class Client:
+    """An S3-compatible store, by bucket and key, on the process's engine (any path argument of sluice may also
+    be s3://BUCKET/KEY, with settings from the AWS_* environment and ~/.aws files).  endpoint, access_key,
+    secret_key, region: None to take each the same way; a key pair given here wins."""
+
+    _h = None  # set once the C client is open; close() and __del__ look at it
+
+    def __init__(self, endpoint=None, access_key=None, secret_key=None, region=None):
+        h = C.c_void_p()
+        check(lib.sluice_s3_open(C.byref(h), _eng(), _b(endpoint), _b(access_key), _b(secret_key), _b(region)))
+        self._h = h
+
+    def read_to_gpu(self, bucket, key, buffer, offset=0, length=None):
+        """Reads length bytes (default: all of buffer) of bucket/key at offset into buffer (a GPU or host
+        array); returns the bytes read."""
+        ptr, n, keep = _buffer(buffer, True)
+        if length is not None:
+            if length > n:
+                raise ValueError(f"sluice: length {length} is larger than the buffer ({n} bytes)")
+            n = length
+        return check(lib.sluice_s3_read_to_gpu(self._h, bucket.encode(), key.encode(), ptr, offset, n, None))
+
+    def write_from_gpu(self, bucket, key, buffer):
+        """Writes buffer (a GPU or host array) as the whole object bucket/key; returns the bytes written."""
+        ptr, n, keep = _buffer(buffer, False)
+        return check(lib.sluice_s3_write_from_gpu(self._h, bucket.encode(), key.encode(), ptr, n, None))
+
+    def size(self, bucket, key):
+        """The object's size in bytes."""
+        out = C.c_uint64()
+        check(lib.sluice_s3_size(self._h, bucket.encode(), key.encode(), C.byref(out)))
+        return out.value
+
+    def close(self):
+        if self._h:
+            lib.sluice_s3_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
 
 
 class Future:

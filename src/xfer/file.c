@@ -33,18 +33,17 @@ static int sl_engine_s3(struct sluice_engine *eng)
  * An s3:// object: read-only (objects are written whole, by
  * sluice_write_from_gpu), its size and ETag from a HEAD.
  */
-static int sl_open_remote(struct sluice_file *f, const char *path)
+static int sl_open_remote(struct sluice_file *f, struct sl__s3 *s3, const char *path)
 {
-	struct sluice_engine *eng = f->eng;
 	uint64_t size = 0;
 	int rc = 0;
 
 	if (f->writable)
 		return sl__err(-EROFS, "%s: s3:// objects open read-only; they are written whole, by upload", path);
+	if (!s3 && !(rc = sl_engine_s3(f->eng)))
+		s3 = f->eng->s3;
 	if (!rc)
-		rc = sl_engine_s3(eng);
-	if (!rc)
-		rc = sl__s3_obj_open(&f->remote, eng->s3, path, &size);
+		rc = sl__s3_obj_open(&f->remote, s3, path, &size);
 	if (!rc)
 		atomic_store(&f->size, size);
 	return rc;
@@ -52,6 +51,12 @@ static int sl_open_remote(struct sluice_file *f, const char *path)
 
 int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const char *path,
 		     int flags)
+{
+	return sl__file_open(out, eng, NULL, path, flags);
+}
+
+int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, struct sl__s3 *s3, const char *path,
+		  int flags)
 {
 	int oflags = (flags & SLUICE_RDWR) ? O_RDWR : O_RDONLY;
 	struct sluice_file *f;
@@ -76,7 +81,7 @@ int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const 
 	}
 	if (sl__is_s3_url(path)) {
 		f->fd = -1;
-		if ((rc = sl_open_remote(f, path)))
+		if ((rc = sl_open_remote(f, s3, path)))
 			goto fail;
 		goto add;
 	}
@@ -240,9 +245,8 @@ static int sl_copy_from_gpu(void *eng, void *dst, const void *src, size_t n)
 	return sluice_gpu_copy(eng, dst, src, n);
 }
 
-/* An s3:// destination: a whole-object upload (remote/s3.c), durable once the store answers. */
-static ssize_t sl_write_remote(struct sluice_engine *eng, const char *path, const void *src, size_t len,
-			       struct sluice_xfer_report *rep)
+ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const char *path, const void *src,
+			 size_t len, struct sluice_xfer_report *rep)
 {
 	char bucket[64], key[1025];
 	uint64_t t0 = sl__now_ns();
@@ -250,10 +254,10 @@ static ssize_t sl_write_remote(struct sluice_engine *eng, const char *path, cons
 
 	if (!rc && !key[0])
 		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", path);
+	if (!rc && !s3 && !(rc = sl_engine_s3(eng)))
+		s3 = eng->s3;
 	if (!rc)
-		rc = sl_engine_s3(eng);
-	if (!rc)
-		rc = sl__s3_upload(eng->s3, bucket, key, src, len,
+		rc = sl__s3_upload(s3, bucket, key, src, len,
 				   sluice_is_gpu_ptr(eng, src) ? sl_copy_from_gpu : NULL, eng);
 	if (rc)
 		return rc;
@@ -281,7 +285,7 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	if (sl__is_s3_url(path)) {
 		free(dup1);
 		free(dup2);
-		return sl_write_remote(eng, path, src, len, rep);
+		return sl__write_remote(eng, NULL, path, src, len, rep);
 	}
 	if (!dup1 || !dup2) {
 		rc = -ENOMEM;

@@ -166,6 +166,16 @@ SL_HIDDEN void sl__worker_join(struct sl__worker *w);
 
 /* file.c: set by tests to simulate a filesystem that refuses O_DIRECT. */
 SL_HIDDEN extern int sl__test_refuse_direct;
+/*
+ * file.c: sluice_file_open with s3 (NULL: the engine's own client) for
+ * s3:// paths; an s3:// destination's whole-object upload, through s3
+ * (NULL: the engine's) (remote/s3.c), its report filled.
+ */
+SL_HIDDEN int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, struct sl__s3 *s3,
+			    const char *path, int flags);
+SL_HIDDEN ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const char *path,
+				   const void *src, size_t len, struct sluice_xfer_report *rep);
+
 /* plan.c: after a write job, trims direct-write padding and updates sizes. */
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
 

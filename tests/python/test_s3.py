@@ -126,3 +126,28 @@ def test_bench_an_object(s3):
     assert runs and runs[-1]["bytes"] == 3 << 20 and runs[-1]["gb_s"] > 0 and "s3:buffered" in runs[-1]["path"]
     out = subprocess.run([binary, "bench", "s3://pytest/bench.bin", "--verify"], capture_output=True, text=True)
     assert out.returncode != 0 and "s3://pytest/bench.bin" in out.stderr and "--verify" in out.stderr
+
+
+def test_client_by_bucket_and_key(s3):
+    """sluice.Client, the seed's shape: explicit endpoint and keys (the environment's are not used), bucket and
+    key apart; a wrong secret is refused by the server's signature check and named."""
+    srv = s3.sluice_server
+    data = np.random.default_rng(8).integers(0, 256, size=(6 << 20) + 1, dtype=np.uint8)
+    with sluice.Client(srv.endpoint, srv.access_key, srv.secret_key, "us-east-1") as c:
+        assert c.write_from_gpu("pytest", "client/obj", data) == data.nbytes
+        assert c.size("pytest", "client/obj") == data.nbytes
+        out = np.zeros(1000, dtype=np.uint8)
+        assert c.read_to_gpu("pytest", "client/obj", out, offset=12345) == 1000
+        assert np.array_equal(out, data[12345:13345])
+        half = np.zeros(data.nbytes, dtype=np.uint8)
+        assert c.read_to_gpu("pytest", "client/obj", half, length=100) == 100 and np.array_equal(half[:100], data[:100])
+    assert s3.get_object(Bucket="pytest", Key="client/obj")["Body"].read() == data.tobytes()
+    with sluice.Client(srv.endpoint, srv.access_key, "not-the-secret") as bad:
+        with pytest.raises(sluice.SluiceError) as e:
+            bad.size("pytest", "client/obj")
+        assert e.value.code == -errno.EACCES and "not-the-secret" not in str(e.value)
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.Client("localhost:9000")
+    assert "localhost:9000" in str(e.value)
+    with pytest.raises(sluice.SluiceError):
+        sluice.Client(srv.endpoint, srv.access_key)  # a key without its secret

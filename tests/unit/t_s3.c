@@ -88,6 +88,30 @@ int main(void)
 	T_CHECK(sl__s3_get(bad, c, "sluice-test", "k", 0, 10, got, NULL) == -ECONNREFUSED);
 	sl__s3_close(bad);
 
+	/* The public client, the seed's shape: explicit endpoint and keys, bucket and key apart. */
+	{
+		struct sluice_engine *eng = t_engine();
+		struct sluice_s3 *cl, *wrong;
+		uint64_t sz = 0;
+
+		T_CHECK(sluice_s3_open(&cl, eng, ep, ak, sk, "us-east-1") == 0);
+		T_CHECK(sluice_s3_write_from_gpu(cl, "sluice-test", "client/obj", obj, n, NULL) == (ssize_t)n);
+		T_CHECK(sluice_s3_size(cl, "sluice-test", "client/obj", &sz) == 0 && sz == n);
+		memset(got, 0xAA, n);
+		T_CHECK(sluice_s3_read_to_gpu(cl, "sluice-test", "client/obj", got, 77, 5000, NULL) == 5000 &&
+			!memcmp(got, obj + 77, 5000));
+		T_CHECK(sluice_s3_read_to_gpu(cl, "sluice-test", NULL, got, 0, 1, NULL) == SLUICE_EINVAL_CONFIG);
+		T_CHECK(sluice_s3_open(&wrong, eng, ep, ak, "wrong-secret-xyz", NULL) == 0);
+		T_CHECK(sluice_s3_size(wrong, "sluice-test", "client/obj", &sz) == -EACCES &&
+			!strstr(sluice_last_error_detail(), "wrong-secret-xyz"));
+		sluice_s3_close(wrong);
+		T_CHECK(sluice_s3_open(&wrong, eng, "ftp://x", ak, sk, NULL) == SLUICE_EINVAL_CONFIG && !wrong);
+		T_CHECK(sluice_s3_open(&wrong, eng, ep, ak, NULL, NULL) == SLUICE_EINVAL_CONFIG && !wrong);
+		sluice_s3_close(cl);
+		sluice_s3_close(NULL);
+		sluice_engine_close(eng);
+	}
+
 	/* Through the engine, as any path: the object read by the workers' ranged GETs, byte for byte. */
 	{
 		const char *url = "s3://sluice-test/dir/obj one+%.bin";

@@ -1,0 +1,106 @@
+/*
+ * The object-store client of the public API (sluice_s3_*): the seed's
+ * shape, read_to_gpu and write_from_gpu by bucket and key, over an S3
+ * client with its own endpoint and credentials, on the engine's pipeline
+ * (file.c's s3:// paths, remote/).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xfer/xfer.h"
+
+struct sluice_s3 {
+	struct sluice_engine *eng;
+	struct sl__s3 *s3;
+};
+
+int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng, const char *endpoint, const char *access_key,
+		   const char *secret_key, const char *region)
+{
+	struct sl__s3_args a = { .endpoint = endpoint, .access_key = access_key, .secret_key = secret_key,
+				 .region = region };
+	struct sluice_s3 *c;
+	int rc;
+
+	*out = NULL;
+	sl__err_clear();
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->eng = eng;
+	rc = sl__s3_open(&c->s3, &a, NULL, NULL);
+	if (rc) {
+		free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+void sluice_s3_close(struct sluice_s3 *c)
+{
+	if (!c)
+		return;
+	sl__s3_close(c->s3);
+	free(c);
+}
+
+/* s3://bucket/key, or an error naming what does not fit. */
+static int sl_object_url(char *url, size_t cap, const char *bucket, const char *key)
+{
+	if (!bucket || !key || (size_t)snprintf(url, cap, "s3://%s/%s", bucket, key) >= cap)
+		return sl__err(SLUICE_EINVAL_CONFIG, "bucket and key: want a bucket name and a key of at most 1024 bytes");
+	return 0;
+}
+
+/* Opens bucket/key through the client, as the engine opens an s3:// path. */
+static int sl_object_open(struct sluice_s3 *c, const char *bucket, const char *key, struct sluice_file **f)
+{
+	char url[1200];
+	int rc;
+
+	sl__err_clear();
+	*f = NULL;
+	if ((rc = sl_object_url(url, sizeof(url), bucket, key)))
+		return rc;
+	return sl__file_open(f, c->eng, c->s3, url, SLUICE_RDONLY);
+}
+
+ssize_t sluice_s3_read_to_gpu(struct sluice_s3 *c, const char *bucket, const char *key, void *dst, uint64_t offset,
+			      size_t len, struct sluice_xfer_report *rep)
+{
+	struct sluice_file *f;
+	ssize_t rc = sl_object_open(c, bucket, key, &f);
+
+	if (rc)
+		return rc;
+	rc = sluice_file_read(f, offset, len, dst, rep);
+	sluice_file_close(f);
+	return rc;
+}
+
+ssize_t sluice_s3_write_from_gpu(struct sluice_s3 *c, const char *bucket, const char *key, const void *src,
+				 size_t len, struct sluice_xfer_report *rep)
+{
+	char url[1200];
+	ssize_t rc;
+
+	sl__err_clear();
+	if ((rc = sl_object_url(url, sizeof(url), bucket, key)))
+		return rc;
+	return sl__write_remote(c->eng, c->s3, url, src, len, rep);
+}
+
+int sluice_s3_size(struct sluice_s3 *c, const char *bucket, const char *key, uint64_t *size)
+{
+	struct sluice_file *f;
+	int rc = sl_object_open(c, bucket, key, &f);
+
+	if (rc)
+		return rc;
+	*size = sluice_file_size(f);
+	sluice_file_close(f);
+	return 0;
+}
