@@ -111,6 +111,12 @@ def test_read_object_into_gpu(s3):
     t2 = torch.flip(t, dims=[0]).contiguous()
     assert sluice.write("s3://pytest/from-gpu.bin", t2) == data.nbytes
     assert s3.get_object(Bucket="pytest", Key="from-gpu.bin")["Body"].read() == data[::-1].tobytes()
+    # The client, by bucket and key, into GPU memory.
+    srv = s3.sluice_server
+    with sluice.Client(srv.endpoint, srv.access_key, srv.secret_key) as c:
+        t3 = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+        assert c.read_to_gpu("pytest", "gpu.bin", t3, offset=1 << 20) == 4096
+        assert np.array_equal(t3.cpu().numpy(), data[1 << 20:(1 << 20) + 4096])
 
 
 def test_bench_an_object(s3):
