@@ -68,8 +68,8 @@ def test_failed_upload_leaves_nothing(s3, tmp_path):
     srv = s3.sluice_server
     env = dict(os.environ, AWS_ENDPOINT_URL=srv.faulty, SLUICE_S3_RETRIES="0", SLUICE_S3_PART_SIZE="5M",
                SLUICE_S3_CONCURRENCY="2")
-    # The proxy breaks every request but one in four: some tries fail creating the upload, the others in
-    # its parts (those are aborted); none succeeds.
+    # The proxy breaks the first attempt of every request: the first try fails creating the upload, the
+    # others in its parts (those are aborted); none succeeds.
     code = ("import numpy as np, sluice\n"
             "for _ in range(4):\n"
             "    try:\n"

@@ -6,10 +6,11 @@ of 127.0.0.1 with INITIAL_NO_AUTH_ACTION_COUNT=3: the three IAM calls below make
 policy allowing s3:*, and from then on every request must carry a valid Signature V4 (a wrong secret gets
 SignatureDoesNotMatch).  moto keeps that count per process: one server a process.  A test program gets
 SLUICE_TEST_S3_ENDPOINT, SLUICE_TEST_S3_ACCESS_KEY, SLUICE_TEST_S3_SECRET_KEY and SLUICE_TEST_S3_REGION.
-SLUICE_TEST_S3_FAULTY_ENDPOINT is a proxy in front of the same server that breaks requests on
-purpose, in turn: a 503 SlowDown, a GET's response cut off halfway through its body, a 2-second stall
-before the answer, then one request passed through untouched (the proxy forwards the client's Host header, so
-signatures still check).
+SLUICE_TEST_S3_FAULTY_ENDPOINT is a proxy in front of the same server that breaks the first attempt of
+every distinct request (method, path with its query, Range), in turn: a 503 SlowDown; a GET's response cut
+off halfway through its body (other requests: a 503); a 2-second stall before the answer.  A client that
+tries again gets through on its next attempt, whatever else runs at the same time; one that does not, fails
+(or waits).  The proxy forwards the client's Host header, so signatures still check.
 """
 import http.client
 import http.server
@@ -54,7 +55,7 @@ class FaultyProxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, upstream):
-        self.upstream, self.turn, self.lock = upstream, itertools.count(), threading.Lock()
+        self.upstream, self.turn, self.lock, self.seen = upstream, itertools.count(), threading.Lock(), set()
         super().__init__(("127.0.0.1", 0), FaultyHandler)
 
 
@@ -66,8 +67,12 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
 
     def relay(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        request = (self.command, self.path, self.headers.get("Range"))
         with self.server.lock:
-            fault = next(self.server.turn) % 4
+            fault = None if request in self.server.seen else next(self.server.turn) % 3
+            self.server.seen.add(request)
+        if fault == 1 and self.command != "GET":
+            fault = 0
         if fault == 0:
             err = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
             self.send_response(503)
@@ -91,7 +96,7 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", r.getheader("Content-Length") or str(len(data)))
         # Only a GET's body is cut: a request whose answer is lost after the server acted (a created upload
         # whose id never arrives) is a case no client can clean up (S3's lifecycle rules do).
-        if fault == 1 and self.command == "GET" and len(data) > 1:
+        if fault == 1 and len(data) > 1:
             self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data[:len(data) // 2])  # and the connection closes: a body cut short

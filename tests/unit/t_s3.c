@@ -174,9 +174,9 @@ int main(void)
 	}
 
 	/*
-	 * Through a proxy that breaks requests in turn (503 SlowDown, a body cut
-	 * off halfway, a 2 s stall, one untouched): with retries every read is
-	 * whole; without, the breakage comes back named.
+	 * Through a proxy that breaks the first attempt of every request (503
+	 * SlowDown, a body cut off halfway, a 2 s stall): with retries every
+	 * read and write is whole; without, the breakage comes back named.
 	 */
 	{
 		const char *faulty = getenv("SLUICE_TEST_S3_FAULTY_ENDPOINT");
@@ -220,8 +220,9 @@ int main(void)
 
 		setenv("SLUICE_S3_RETRIES", "0", 1);
 		T_CHECK(sl__s3_open(&fs, &fa, NULL, NULL) == 0);
-		for (int i = 0; i < 4; i++) {
-			ssize_t r = sl__s3_get(fs, c, "sluice-test", "dir/obj one+%.bin", 0, 1000, got, NULL);
+		for (int i = 0; i < 6; i++) {
+			/* Each a new request, so each meets the proxy's fault of its turn. */
+			ssize_t r = sl__s3_get(fs, c, "sluice-test", "dir/obj one+%.bin", 50000 + (uint64_t)i, 1000, got, NULL);
 
 			if (r == -EIO && strstr(sluice_last_error_detail(), "HTTP 503 SlowDown"))
 				failed |= 1;
