@@ -81,6 +81,8 @@ SL_HIDDEN void sl__s3_close(struct sl__s3 *s);
 SL_HIDDEN const struct sl__s3_conf *sl__s3_conf(const struct sl__s3 *s);
 SL_HIDDEN int sl__s3_conn_open(struct sl__s3_conn **out);
 SL_HIDDEN void sl__s3_conn_close(struct sl__s3_conn *c);
+/* The calling thread's connection, kept alive between its requests and closed when it ends; NULL without memory. */
+SL_HIDDEN struct sl__s3_conn *sl__s3_thread_conn(void);
 /* Size and ETag (quotes kept, as the server sends it) of bucket/key. */
 SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			  uint64_t *size, char *etag, size_t etag_cap);

@@ -136,6 +136,33 @@ void sl__s3_conn_close(struct sl__s3_conn *c)
 	free(c);
 }
 
+/* Each thread's connection, kept alive across its requests and closed when the thread ends. */
+static pthread_key_t sl_conn_key;
+static pthread_once_t sl_conn_once = PTHREAD_ONCE_INIT;
+
+static void sl_conn_free(void *c)
+{
+	sl__s3_conn_close(c);
+}
+
+static void sl_conn_key_init(void)
+{
+	(void)pthread_key_create(&sl_conn_key, sl_conn_free);
+}
+
+struct sl__s3_conn *sl__s3_thread_conn(void)
+{
+	struct sl__s3_conn *c;
+
+	pthread_once(&sl_conn_once, sl_conn_key_init);
+	c = pthread_getspecific(sl_conn_key);
+	if (!c && sl__s3_conn_open(&c) == 0 && pthread_setspecific(sl_conn_key, c) != 0) {
+		sl__s3_conn_close(c);
+		c = NULL;
+	}
+	return c;
+}
+
 /*
  * Appends s to out (cap bytes at out, l used), percent-encoding all but
  * unreserved characters and, where slash is set (keys), '/'.  Returns the
@@ -491,7 +518,7 @@ int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, cons
 int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size)
 {
 	struct sl__s3_obj *o = calloc(1, sizeof(*o));
-	struct sl__s3_conn *c = NULL;
+	struct sl__s3_conn *c = sl__s3_thread_conn();
 	int rc;
 
 	*out = NULL;
@@ -501,11 +528,10 @@ int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url,
 	rc = sl__s3_parse_url(url, o->bucket, sizeof(o->bucket), o->key, sizeof(o->key));
 	if (!rc && !o->key[0])
 		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", url);
-	if (!rc)
-		rc = sl__s3_conn_open(&c);
+	if (!rc && !c)
+		rc = sl__err(-ENOMEM, "%s: no connection", url);
 	if (!rc)
 		rc = sl__s3_head(s3, c, o->bucket, o->key, size, o->etag, sizeof(o->etag));
-	sl__s3_conn_close(c);
 	if (rc) {
 		free(o);
 		return rc;
@@ -605,15 +631,15 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 {
 	struct sl_upload u = { .s = s, .bucket = bucket, .key = key, .src = src, .len = len, .copy = copy,
 			       .copy_ctx = copy_ctx };
-	struct sl__s3_conn *c = NULL;
+	struct sl__s3_conn *c = sl__s3_thread_conn();
 	struct sl_sink k = { 0 };
 	pthread_t th[256];
 	unsigned nth = 0;
 	char id[400], *xml = NULL;
 	int rc;
 
-	if ((rc = sl__s3_conn_open(&c)))
-		return rc;
+	if (!c)
+		return sl__err(-ENOMEM, "s3://%s/%s: no connection", bucket, key);
 	if (len <= s->part_size) {
 		/* One request: the object appears whole when it succeeds, or not at all. */
 		char *buf = copy ? malloc(len ? len : 1) : (char *)src;
@@ -625,15 +651,12 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 			rc = sl__s3_put(s, c, bucket, key, buf, len);
 		if (copy)
 			free(buf);
-		sl__s3_conn_close(c);
 		return rc;
 	}
 	u.nparts = (unsigned)((len + s->part_size - 1) / s->part_size);
-	if (len / s->part_size >= 10000) {
-		sl__s3_conn_close(c);
+	if (len / s->part_size >= 10000)
 		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: %zu bytes take over 10000 parts of %zu: raise SLUICE_S3_PART_SIZE",
 			       bucket, key, len, s->part_size);
-	}
 	{
 		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key, .query = "?uploads=" };
 
@@ -641,10 +664,8 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 	}
 	if (!rc && sl_xml_text(k.err, "UploadId", id, sizeof(id)))
 		rc = sl__err(-EIO, "s3://%s/%s: CreateMultipartUpload answered without an UploadId", bucket, key);
-	if (rc) {
-		sl__s3_conn_close(c);
+	if (rc)
 		return rc;
-	}
 	memcpy(u.query_id, "uploadId=", 9);
 	if (!sl_url_encode(u.query_id, sizeof(u.query_id), 9, id, 0)) {
 		rc = sl__err(-EIO, "s3://%s/%s: an UploadId of %zu characters", bucket, key, strlen(id));
@@ -714,6 +735,5 @@ abort:
 out:
 	free(xml);
 	free(u.etag);
-	sl__s3_conn_close(c);
 	return rc;
 }

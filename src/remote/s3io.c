@@ -5,38 +5,9 @@
  * the pipeline (the copy to the GPU, CRCs) is the one files take.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <stdlib.h>
 
 #include "io/io.h"
 #include "remote/remote.h"
-
-/* Each worker thread's connection, kept alive across its requests and closed when the thread ends. */
-static pthread_key_t sl_conn_key;
-static pthread_once_t sl_conn_once = PTHREAD_ONCE_INIT;
-
-static void sl_conn_free(void *c)
-{
-	sl__s3_conn_close(c);
-}
-
-static void sl_conn_key_init(void)
-{
-	(void)pthread_key_create(&sl_conn_key, sl_conn_free);
-}
-
-static struct sl__s3_conn *sl_conn(void)
-{
-	struct sl__s3_conn *c;
-
-	pthread_once(&sl_conn_once, sl_conn_key_init);
-	c = pthread_getspecific(sl_conn_key);
-	if (!c && sl__s3_conn_open(&c) == 0 && pthread_setspecific(sl_conn_key, c) != 0) {
-		sl__s3_conn_close(c);
-		c = NULL;
-	}
-	return c;
-}
 
 static int sl_s3io_probe(const struct sluice_config *cfg, char *why, size_t n)
 {
@@ -47,7 +18,7 @@ static int sl_s3io_probe(const struct sluice_config *cfg, char *why, size_t n)
 static int sl_s3io_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 {
 	struct sl__s3_obj *o = io->handle;
-	struct sl__s3_conn *c = sl_conn();
+	struct sl__s3_conn *c = sl__s3_thread_conn();
 
 	if (io->op != SL_IO_READ)
 		io->res = sl__err(-EROFS, "s3://%s/%s: objects are written by upload, not by ranges", o->bucket,

@@ -250,21 +250,22 @@ ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const cha
 {
 	char bucket[64], key[1025];
 	uint64_t t0 = sl__now_ns();
-	int rc = sl__s3_parse_url(path, bucket, sizeof(bucket), key, sizeof(key));
+	int rc = sl__s3_parse_url(path, bucket, sizeof(bucket), key, sizeof(key)), gpu = sluice_is_gpu_ptr(eng, src);
 
+	if (rep)
+		memset(rep, 0, sizeof(*rep));
 	if (!rc && !key[0])
 		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", path);
 	if (!rc && !s3 && !(rc = sl_engine_s3(eng)))
 		s3 = eng->s3;
 	if (!rc)
-		rc = sl__s3_upload(s3, bucket, key, src, len,
-				   sluice_is_gpu_ptr(eng, src) ? sl_copy_from_gpu : NULL, eng);
+		rc = sl__s3_upload(s3, bucket, key, src, len, gpu ? sl_copy_from_gpu : NULL, eng);
 	if (rc)
 		return rc;
 	if (rep) {
 		rep->bytes = rep->bytes_buffered = len;
 		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
-		snprintf(rep->path, sizeof(rep->path), "%s>s3:upload", sluice_is_gpu_ptr(eng, src) ? "gpu>host" : "host");
+		snprintf(rep->path, sizeof(rep->path), "%s>s3:upload", gpu ? "gpu>host" : "host");
 	}
 	return (ssize_t)len;
 }
@@ -272,7 +273,7 @@ ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const cha
 ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const void *src,
 			      size_t len, struct sluice_xfer_report *rep)
 {
-	char *dup1 = strdup(path), *dup2 = strdup(path), *tmp = NULL;
+	char *dup1, *dup2, *tmp = NULL;
 	const char *dir, *base;
 	struct sluice_file *f = NULL;
 	struct stat st;
@@ -280,13 +281,12 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	ssize_t rc;
 	int fd = -1, dfd = -1;
 
+	if (sl__is_s3_url(path))
+		return sl__write_remote(eng, NULL, path, src, len, rep);
 	if (rep)
 		memset(rep, 0, sizeof(*rep));
-	if (sl__is_s3_url(path)) {
-		free(dup1);
-		free(dup2);
-		return sl__write_remote(eng, NULL, path, src, len, rep);
-	}
+	dup1 = strdup(path);
+	dup2 = strdup(path);
 	if (!dup1 || !dup2) {
 		rc = -ENOMEM;
 		goto out;
