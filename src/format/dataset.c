@@ -19,10 +19,15 @@ int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int eno
 {
 	struct stat st;
 	void *m;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+	char local[4096];
+	int fd, rc = 0;
 
 	*map = NULL;
 	*len = 0;
+	if ((rc = sl__fs_local(path, local, sizeof(local))))
+		return rc == -ENOENT && enoent_hint ? sl__err(rc, "%s (not a dataset sluice reads, or its writer did not finish)",
+							      sluice_last_error_detail()) : rc;
+	fd = open(local, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return sl__err(-errno, "%s: %s%s", path, strerror(errno),
 			       errno == ENOENT && enoent_hint ? " (not a dataset sluice reads, or its writer did not finish)" : "");
@@ -44,7 +49,8 @@ int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)
 	ds->nfiles = n;
 	ds->file_bytes = calloc(n ? n : 1, sizeof(uint64_t));
 	ds->fds = malloc((n ? n : 1) * sizeof(*ds->fds));
-	if (!ds->file_bytes || !ds->fds)
+	ds->local = calloc(n ? n : 1, sizeof(char *));
+	if (!ds->file_bytes || !ds->fds || !ds->local)
 		return -ENOMEM;
 	for (unsigned f = 0; f < n; f++)
 		atomic_init(&ds->fds[f], -1);
@@ -63,6 +69,12 @@ int sluice_dataset_open(struct sluice_dataset **out, const char *path)
 		free(ds);
 		return -ENOMEM;
 	}
+	pthread_mutex_init(&ds->local_lock, NULL);
+	/* s3://bucket/prefix/ and s3://bucket/prefix name the same dataset: its files are prefix/NAME. */
+	if (sl__is_s3_url(ds->path))
+		for (size_t l = strlen(ds->path); l > 5 && ds->path[l - 1] == '/'; l--)
+			ds->path[l - 1] = 0;
+	path = ds->path;
 	for (size_t r = 0; r < sizeof(sl_readers) / sizeof(sl_readers[0]); r++)
 		if (sl_readers[r]->probe(path)) {
 			ds->ops = sl_readers[r];
@@ -84,6 +96,7 @@ void sluice_dataset_close(struct sluice_dataset *ds)
 {
 	if (!ds)
 		return;
+	sl__cache_prefetch_stop(ds->prefetch);
 	if (ds->ops)
 		ds->ops->close(ds);
 	for (unsigned f = 0; ds->fds && f < ds->nfiles; f++)
@@ -91,6 +104,10 @@ void sluice_dataset_close(struct sluice_dataset *ds)
 			close(ds->fds[f]);
 	for (unsigned f = 0; ds->files && f < ds->nfiles; f++)
 		free(ds->files[f]);
+	for (unsigned f = 0; ds->local && f < ds->nfiles; f++)
+		free(ds->local[f]);
+	free(ds->local);
+	pthread_mutex_destroy(&ds->local_lock);
 	free(ds->files);
 	free(ds->file_bytes);
 	free(ds->file_records);
@@ -133,13 +150,52 @@ int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i, struct sl
 	return 0;
 }
 
+int sl__ds_path(struct sluice_dataset *ds, unsigned f, const char **path)
+{
+	char local[4096];
+	int rc = 0;
+
+	if (!sl__is_s3_url(ds->files[f])) {
+		*path = ds->files[f];
+		return 0;
+	}
+	pthread_mutex_lock(&ds->local_lock);
+	if (!ds->prefetch) {
+		uint64_t total = 0;
+
+		for (unsigned k = 0; k < ds->nfiles; k++)
+			total += ds->file_bytes[k];
+		ds->prefetch = sl__cache_prefetch(ds->files, ds->nfiles, total);
+	}
+	pthread_mutex_unlock(&ds->local_lock);
+	/* Fetched outside the lock: readers of other files go on meanwhile. */
+	if (!ds->local[f] && !(rc = sl__fs_local(ds->files[f], local, sizeof(local)))) {
+		char *mine = strdup(local);
+
+		pthread_mutex_lock(&ds->local_lock);
+		if (!mine)
+			rc = -ENOMEM;
+		else if (!ds->local[f])
+			ds->local[f] = mine, mine = NULL;
+		pthread_mutex_unlock(&ds->local_lock);
+		free(mine);
+	}
+	pthread_mutex_lock(&ds->local_lock);
+	*path = ds->local[f];
+	pthread_mutex_unlock(&ds->local_lock);
+	return rc;
+}
+
 int sl__ds_fd(struct sluice_dataset *ds, unsigned f)
 {
-	int fd = atomic_load(&ds->fds[f]), mine, none = -1;
+	int fd = atomic_load(&ds->fds[f]), mine, none = -1, rc;
+	const char *path;
 
 	if (fd >= 0)
 		return fd;
-	mine = open(ds->files[f], O_RDONLY | O_CLOEXEC);
+	if ((rc = sl__ds_path(ds, f, &path)))
+		return rc;
+	mine = open(path, O_RDONLY | O_CLOEXEC);
 	if (mine < 0)
 		return sl__err(-errno, "%s: %s", ds->files[f], strerror(errno));
 	if (!atomic_compare_exchange_strong(&ds->fds[f], &none, mine)) {

@@ -9,7 +9,10 @@
 
 #include <string.h>
 
+#include <pthread.h>
+
 #include "core/core.h"
+#include "remote/remote.h"
 
 #define SL_SHARD_MAGIC "SLUICESH"
 #define SL_INDEX_MAGIC "SLUICEIX"
@@ -161,6 +164,9 @@ struct sluice_dataset {
 	uint64_t *file_bytes;    /* bytes of each file records may use (from offset 0) */
 	uint64_t *file_records;  /* records in each file, or NULL if the format does not say */
 	_Atomic int *fds;        /* opened on first use */
+	char **local;            /* s3:// datasets: each file's cached copy, fetched on first use */
+	pthread_mutex_t local_lock;
+	struct sl__prefetch *prefetch; /* s3:// datasets: the files fetched ahead, from the first use on */
 	int has_crc;             /* loc.crc is meaningful */
 	int compressed;          /* records are not extents of files: read them with ops->fetch */
 	struct sl__hist h_decompress; /* time of each block decompressed (zstd datasets) */
@@ -190,6 +196,12 @@ SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
 /* The generic layer: a file's descriptor (opened on first use). */
 SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
+/*
+ * The path to open file f at: its own, or for s3:// the cached copy
+ * (fetched on the first use, when the dataset's other files start being
+ * fetched ahead).  Valid while ds is open.
+ */
+SL_HIDDEN int sl__ds_path(struct sluice_dataset *ds, unsigned f, const char **path);
 /*
  * Maps a whole file read-only; errors name the file (with enoent_hint, a
  * missing file is called an unfinished or foreign dataset).  munmap() it.

@@ -79,7 +79,7 @@ static int sl_mm_probe(const char *path)
 	int ok = 0;
 
 	if (pre && asprintf(&idx, "%s.idx", pre) >= 0)
-		ok = stat(idx, &st) == 0 && S_ISREG(st.st_mode);
+		ok = sl__fs_stat(idx, &st) == 0 && S_ISREG(st.st_mode);
 	else
 		idx = NULL;
 	free(pre);
@@ -107,8 +107,8 @@ static int sl_mm_open(struct sluice_dataset *ds, const char *path)
 		rc = sl__err(rc, "%s: %s", idx, sluice_last_error_detail());
 		goto out;
 	}
-	if (stat(files[0], &st) < 0) {
-		rc = sl__err(-errno, "%s: %s", files[0], strerror(errno));
+	if ((rc = sl__fs_stat(files[0], &st))) {
+		rc = sl__err(rc, "%s: %s", files[0], sl__is_s3_url(files[0]) ? sluice_last_error_detail() : strerror(-rc));
 		goto out;
 	}
 	rc = sl__ds_files(ds, files, 1);

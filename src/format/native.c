@@ -51,7 +51,7 @@ static int sl_native_probe(const char *path)
 	struct stat st;
 
 	snprintf(p, sizeof(p), "%s/%s", path, SL_INDEX_NAME);
-	return stat(p, &st) == 0;
+	return sl__fs_stat(p, &st) == 0;
 }
 
 static int sl_native_open(struct sluice_dataset *ds, const char *path)

@@ -323,25 +323,22 @@ static int sl_is_tar(const char *n)
 static int sl_wds_probe(const char *path)
 {
 	struct stat st;
-	DIR *d;
-	struct dirent *e;
+	char **names;
+	unsigned n;
 	int tar = 0;
 
-	if (stat(path, &st) < 0)
+	if (sl__fs_stat(path, &st) < 0)
 		return 0;
 	if (S_ISREG(st.st_mode))
 		return sl_is_tar(path);
-	if (!S_ISDIR(st.st_mode) || !(d = opendir(path)))
+	if (!S_ISDIR(st.st_mode) || sl__fs_list(path, 0, &names, &n))
 		return 0;
-	while (!tar && (e = readdir(d)))
-		tar = sl_is_tar(e->d_name);
-	closedir(d);
+	for (unsigned i = 0; i < n; i++) {
+		tar |= sl_is_tar(names[i]);
+		free(names[i]);
+	}
+	free(names);
 	return tar;
-}
-
-static int sl_cmp(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Loads (or builds and caches) the sidecar of tar. */
@@ -430,38 +427,26 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_wds *w = calloc(1, sizeof(*w));
 	char **names = NULL;
-	unsigned n = 0, cap = 0;
+	unsigned n = 0;
 	struct stat st;
 	int rc = 0;
 
 	ds->priv = w;
 	if (!w)
 		return -ENOMEM;
-	if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+	if (sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
 		names = malloc(sizeof(char *));
 		if (names && (names[0] = strdup(path)))
 			n = 1;
-	} else {
-		DIR *d = opendir(path);
-		struct dirent *e;
+	} else if (sl__fs_list(path, 0, &names, &n) == 0) {
+		unsigned k = 0;
 
-		while (d && (e = readdir(d))) {
-			if (!sl_is_tar(e->d_name))
-				continue;
-			if (n == cap) {
-				char **m = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof(char *));
-
-				if (!m)
-					break;
-				names = m;
-			}
-			if (asprintf(&names[n], "%s/%s", path, e->d_name) >= 0)
-				n++;
-		}
-		if (d)
-			closedir(d);
-		if (n)
-			qsort(names, n, sizeof(char *), sl_cmp);
+		for (unsigned i = 0; i < n; i++)
+			if (sl_is_tar(names[i]))
+				names[k++] = names[i];
+			else
+				free(names[i]);
+		n = k;
 	}
 	if (!n) {
 		free(names);
@@ -476,10 +461,15 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 		struct sl_wds_tar *tt = &w->tars[t];
 		char keys[SLUICE_MAX_FIELDS][256];
 
-		rc = sl_wds_load(ds->files[t], tt, keys);
+		const char *local;
+
+		/* A tar over s3:// is scanned in its cached copy, its sidecar kept beside that. */
+		rc = sl__ds_path(ds, t, &local);
+		if (!rc)
+			rc = sl_wds_load(local, tt, keys);
 		if (rc)
 			break;
-		if (stat(ds->files[t], &st) == 0)
+		if (stat(local, &st) == 0)
 			ds->file_bytes[t] = (uint64_t)st.st_size;
 		tt->stride = 12 + 8 * (size_t)tt->nkeys;
 		tt->first = ds->nrecords;

@@ -18,7 +18,9 @@
 #define SL_WBUF (4u << 20)
 
 struct sluice_writer {
-	char *dir;
+	char *dir;               /* where files are written: the dataset's directory, or a staging one */
+	char *remote;            /* s3://bucket/prefix: each file goes there when finished, then leaves dir */
+	char *staging;           /* that staging directory, removed at the end */
 	struct sluice_field fields[SLUICE_MAX_FIELDS];
 	char names[SLUICE_MAX_FIELDS][256];
 	size_t fixed[SLUICE_MAX_FIELDS];
@@ -192,6 +194,18 @@ static int sl_block_table(struct sluice_writer *w, struct sl__shard_hdr *sh)
 }
 
 /* Seals the current shard: header, sync, rename into place. */
+/* A finished file of an s3:// dataset: uploaded as remote/NAME, then removed from the staging directory. */
+static int sl_send(struct sluice_writer *w, const char *local, const char *fmt, unsigned n)
+{
+	char *url = sl_path(w->remote, fmt, n);
+	int rc = url ? sl__fs_upload(local, url) : -ENOMEM;
+
+	if (!rc)
+		unlink(local);
+	free(url);
+	return rc;
+}
+
 static int sl_finish_shard(struct sluice_writer *w)
 {
 	unsigned char h[SL_HDR_SIZE];
@@ -222,6 +236,8 @@ static int sl_finish_shard(struct sluice_writer *w)
 		rc = -ENOMEM;
 	if (!rc && rename(tmp, fin) < 0)
 		rc = sl__err(-errno, "%s: rename: %s", fin, strerror(errno));
+	if (!rc && w->remote)
+		rc = sl_send(w, fin, "shard-%06u.sls", w->shard);
 	free(tmp);
 	free(fin);
 	if (rc)
@@ -284,11 +300,17 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 	rc = sl__schema_check(fields, nfields);
 	if (rc)
 		return rc;
-	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+	if (!sl__is_s3_url(dir) && mkdir(dir, 0755) < 0 && errno != EEXIST)
 		return sl__err(-errno, "%s: cannot create: %s", dir, strerror(errno));
-	if (asprintf(&p, "%s/%s", dir, SL_INDEX_NAME) < 0)
+	if (asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", SL_INDEX_NAME) < 0)
 		return -ENOMEM;
-	rc = access(p, F_OK) == 0 ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME) : 0;
+	{
+		struct stat st;
+		int e = sl__fs_stat(p, &st);
+
+		rc = !e ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME)
+			: e != -ENOENT ? (sl__is_s3_url(dir) ? e : sl__err(e, "%s: %s", p, strerror(-e))) : 0;
+	}
 	free(p);
 	if (rc)
 		return rc;
@@ -296,11 +318,26 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 	if (!w)
 		return -ENOMEM;
 	w->fd = w->dfd = w->efd = -1;
-	w->dir = strdup(dir);
+	if (sl__is_s3_url(dir)) {
+		/* Files are made in a staging directory and each goes up when finished, the index last. */
+		char stage[4096];
+
+		if ((rc = sl__fs_staging(stage, sizeof(stage)))) {
+			free(w);
+			return rc;
+		}
+		w->remote = strdup(dir);
+		for (size_t l = w->remote ? strlen(w->remote) : 0; l > 5 && w->remote[l - 1] == '/'; l--)
+			w->remote[l - 1] = 0;
+		w->dir = strdup(stage);
+		w->staging = strdup(stage);
+	} else {
+		w->dir = strdup(dir);
+	}
 	if (posix_memalign((void **)&w->buf, SL_ALIGN, SL_WBUF)) /* O_DIRECT source */
 		w->buf = NULL;
 	w->ebuf = malloc(SL_WBUF);
-	if (!w->dir || !w->buf || !w->ebuf) {
+	if (!w->dir || !w->buf || !w->ebuf || (sl__is_s3_url(dir) && (!w->remote || !w->staging))) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -330,10 +367,10 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 	w->shard_size = opt && opt->shard_size ? opt->shard_size : 1ull << 30;
 	if (w->shard_size > SL_MAX_SHARD_BYTES)
 		w->shard_size = SL_MAX_SHARD_BYTES;
-	p = sl_path(dir, ".entries.tmp", 0);
+	p = sl_path(w->dir, ".entries.tmp", 0);
 	w->efd = p ? open(p, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
 	if (w->efd < 0) {
-		rc = sl__err(p ? -errno : -ENOMEM, "%s/.entries.tmp: cannot create", dir);
+		rc = sl__err(p ? -errno : -ENOMEM, "%s/.entries.tmp: cannot create", w->dir);
 		free(p);
 		goto fail;
 	}
@@ -466,6 +503,9 @@ int sluice_writer_close(struct sluice_writer *w)
 		rc = sl__err(-errno, "syncing %s", tmp);
 	if (!rc && rename(tmp, fin) < 0)
 		rc = sl__err(-errno, "%s: rename: %s", fin, strerror(errno));
+	/* The index last: readers find a dataset only once every shard is there. */
+	if (!rc && w->remote && (rc = sl_send(w, fin, SL_INDEX_NAME, 0)))
+		unlink(fin);
 	if (!rc) {
 		unlink(ent);
 		dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -525,6 +565,20 @@ void sluice_writer_abort(struct sluice_writer *w)
 			unlink(t);
 		free(e);
 		free(t);
+	}
+	if (w->remote) {
+		/* Shards already sent go too (a closed writer's stay: its index is there). */
+		for (unsigned s = 0; w->dir && s < w->shard; s++) {
+			char *u = sl_path(w->remote, "shard-%06u.sls", s);
+
+			if (u && sl__fs_remove(u))
+				sl__warn("format", "%s: not removed: %s", u, sluice_last_error_detail());
+			free(u);
+		}
+		if (w->staging)
+			rmdir(w->staging);
+		free(w->staging);
+		free(w->remote);
 	}
 	free(w->dir);
 	free(w->buf);

@@ -6,6 +6,8 @@
 #ifndef SL_REMOTE_H
 #define SL_REMOTE_H
 
+#include <sys/stat.h>
+
 #include "core/core.h"
 
 /*
@@ -96,6 +98,35 @@ SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char
 /* len bytes of src as the whole object bucket/key; key "" creates the bucket. */
 SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			 const void *src, size_t len);
+/* Removes bucket/key (S3 answers 204 whether or not it existed). */
+SL_HIDDEN int sl__s3_delete(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key);
+/* An object of a listing, or (is_prefix) a common prefix: a "directory" one level down. */
+struct sl__s3_entry {
+	char *key;
+	uint64_t size;
+	char etag[128];
+	int is_prefix;
+};
+struct sl__s3_list {
+	struct sl__s3_entry *e;
+	size_t n, cap;
+};
+/*
+ * Every key of bucket under prefix (ListObjectsV2, page after page), in
+ * the server's order (by key); with delim "/" only one level: the objects
+ * directly below and the common prefixes.  Appends to *l; free it with
+ * sl__s3_list_free.
+ */
+SL_HIDDEN int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix,
+			  const char *delim, struct sl__s3_list *l);
+SL_HIDDEN void sl__s3_list_free(struct sl__s3_list *l);
+/*
+ * list.c: one ListObjectsV2 page (len bytes, untrusted) appended to l; the
+ * next page's token into token ("" on the last page).  0, -ENOMEM or
+ * SLUICE_EFORMAT.
+ */
+SL_HIDDEN int sl__s3_list_parse(const char *xml, size_t len, struct sl__s3_list *l, char *token, size_t token_cap);
+
 /* An object the engine reads (a sluice_file's remote part): its ETag pins every read to one version. */
 struct sl__s3_obj {
 	struct sl__s3 *s3;
@@ -131,6 +162,65 @@ SL_HIDDEN extern const struct sl__io_ops sl__io_s3_ops;
  */
 SL_HIDDEN int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
 			    int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx);
+
+/*
+ * Downloads bucket/key (size bytes, pinned to etag) into fd: chunks of
+ * SLUICE_S3_PART_SIZE, SLUICE_S3_CONCURRENCY ranged GETs in flight, each
+ * on its own connection, written where they belong.  cancel (or NULL),
+ * once set, stops it between chunks with -ECANCELED.
+ */
+SL_HIDDEN int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, uint64_t size, const char *etag,
+			      int fd, const _Atomic int *cancel);
+/* The process's client, made from the AWS_* environment and files on first use and kept. */
+SL_HIDDEN int sl__s3_default(struct sl__s3 **out);
+
+/*
+ * cache.c: the local copies of remote objects (datasets' files over
+ * s3://).  SLUICE_CACHE_DIR (default $XDG_CACHE_HOME/sluice, else
+ * ~/.cache/sluice) holds at most SLUICE_CACHE_LIMIT bytes (default half of
+ * its file system), least recently used out.  A fetch asks the server for
+ * the object's size and ETag and uses the copy only where both match,
+ * else downloads it again; the ranks of one machine share the directory,
+ * and each object is downloaded once (a file lock is held through the
+ * check and the download: the others wait, then find it).
+ *
+ * sl__cache_fetch: the local path of url's copy into local (cap bytes).
+ */
+SL_HIDDEN int sl__cache_fetch(const char *url, char *local, size_t cap);
+/*
+ * Fetches urls[0..n) in order on a thread of its own, so that readers
+ * find them there; only when all of them fit in the cache's limit beside
+ * each other (total bytes), else each waits for its first reader.
+ * sl__cache_prefetch_stop cancels what is left and waits; NULL is a no-op.
+ */
+struct sl__prefetch;
+SL_HIDDEN struct sl__prefetch *sl__cache_prefetch(char *const *urls, unsigned n, uint64_t total);
+SL_HIDDEN void sl__cache_prefetch_stop(struct sl__prefetch *p);
+
+/*
+ * fs.c: paths that are local or s3:// URLs, for the dataset readers.
+ * sl__fs_stat: stat(2), or for a URL an object (S_IFREG, its size) or a
+ * prefix with keys below it (S_IFDIR); -errno.  sl__fs_list: the regular
+ * files directly in dir, or with recursive every one below it (full
+ * paths, sorted, each and the array malloc'd).  sl__fs_local: a
+ * path to open(2): path itself, or the cached copy of a URL.
+ */
+SL_HIDDEN int sl__fs_stat(const char *path, struct stat *st);
+SL_HIDDEN int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n);
+SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
+/*
+ * Whole files between a local path and an s3:// URL, through the
+ * process's client (parallel parts both ways).  sl__fs_upload: the file as
+ * the object url.  sl__fs_download: the object as the file local, written
+ * under a temporary name and renamed: it appears whole or not at all.
+ * sl__fs_remove: unlink(2) or DELETE.  sl__fs_staging: a new empty
+ * directory in the cache's directory (on the fast local disk), for files
+ * on their way to a URL.
+ */
+SL_HIDDEN int sl__fs_upload(const char *local, const char *url);
+SL_HIDDEN int sl__fs_download(const char *url, const char *local);
+SL_HIDDEN int sl__fs_remove(const char *path);
+SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
 
 /*
  * The <Code> and <Message> of an S3 error body (len bytes, untrusted), as

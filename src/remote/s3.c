@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "remote/remote.h"
 
@@ -188,6 +189,17 @@ static size_t sl_url_encode(char *out, size_t cap, size_t l, const char *s, int 
 	return *s ? 0 : l;
 }
 
+/* Appends "?name=value" (or "&name=value" after the first) with value encoded; the new length, 0 if it does not fit. */
+static size_t sl_query_param(char *out, size_t cap, size_t l, const char *name, const char *value)
+{
+	size_t n;
+
+	if (l == 0 && cap && out[0] != '?')
+		out[0] = 0;
+	n = (size_t)snprintf(out + l, cap - l, "%s%s=", l ? "&" : "?", name);
+	return n >= cap - l ? 0 : sl_url_encode(out, cap, l + n, value, 0);
+}
+
 /* The request URL of bucket/key, path-style or virtual-host; 0 or an error if it does not fit. */
 static int sl_url(const struct sl__s3 *s, const char *bucket, const char *key, char *out, size_t cap)
 {
@@ -349,13 +361,13 @@ static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct
 {
 	static const char *const verb[] = { "HEAD", "GET", "PUT", "POST", "DELETE" };
 	const char *bucket = q->bucket, *key = q->key;
-	char url[2300], range[64], match[160];
+	char url[8192], range[64], match[160];
 	struct curl_slist *hdr = NULL;
 	CURL *h = c->h;
 	CURLcode cc;
 	int rc;
 
-	if ((rc = sl_url(s, bucket, key, url, sizeof(url) - 256)))
+	if ((rc = sl_url(s, bucket, key, url, sizeof(url) - 4096)))
 		return rc;
 	if (q->query && *q->query)
 		snprintf(url + strlen(url), sizeof(url) - strlen(url), "%s", q->query);
@@ -506,10 +518,49 @@ ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, 
 	return (ssize_t)k.got;
 }
 
+int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix, const char *delim,
+		struct sl__s3_list *l)
+{
+	enum { CAP = 4 << 20 }; /* a page of 1000 keys of up to 1024 bytes each, escaped, fits */
+	char *body = malloc(CAP), query[4096], token[1024] = "";
+	int rc = body ? 0 : -ENOMEM;
+
+	do {
+		struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = "", .query = query, .buf = body };
+		struct sl_sink k = { .cap = CAP };
+		/* Parameters sorted by name, as a signature's canonical query has them. */
+		size_t n = 0;
+
+		if (token[0])
+			n = sl_query_param(query, sizeof(query), n, "continuation-token", token);
+		if (delim && *delim)
+			n = sl_query_param(query, sizeof(query), n, "delimiter", delim);
+		n = sl_query_param(query, sizeof(query), n, "list-type", "2");
+		if (!sl_query_param(query, sizeof(query), n, "prefix", prefix)) {
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: the listing's query is too long", bucket, prefix);
+			break;
+		}
+		if (!rc)
+			rc = sl_request(s, c, &q, &k);
+		if (!rc && (rc = sl__s3_list_parse(body, k.got, l, token, sizeof(token))))
+			rc = sl__err(rc, "s3://%s/%s: %s", bucket, prefix, sluice_last_error_detail());
+	} while (!rc && token[0]);
+	free(body);
+	return rc;
+}
+
 int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, const void *src,
 	       size_t len)
 {
 	struct sl_req q = { .method = SL_PUT, .bucket = bucket, .key = key, .len = len, .buf = (void *)src };
+	struct sl_sink k = { 0 };
+
+	return sl_request(s, c, &q, &k);
+}
+
+int sl__s3_delete(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key)
+{
+	struct sl_req q = { .method = SL_DELETE, .bucket = bucket, .key = key };
 	struct sl_sink k = { 0 };
 
 	return sl_request(s, c, &q, &k);
@@ -735,5 +786,108 @@ abort:
 out:
 	free(xml);
 	free(u.etag);
+	return rc;
+}
+
+/* ---- Downloads: an object into a file by parallel ranged GETs ---- */
+
+struct sl_download {
+	struct sl__s3 *s;
+	const char *bucket, *key, *etag;
+	uint64_t size;
+	int fd;
+	const _Atomic int *cancel;
+	_Atomic uint64_t next;      /* chunk */
+	pthread_mutex_t lock;
+	int err;
+	char detail[512];
+};
+
+static void *sl_download_chunks(void *arg)
+{
+	struct sl_download *d = arg;
+	const size_t chunk = d->s->part_size;
+	const uint64_t nchunks = (d->size + chunk - 1) / chunk;
+	struct sl__s3_conn *c = NULL;
+	char *buf = malloc(chunk);
+	int rc = buf ? sl__s3_conn_open(&c) : -ENOMEM;
+
+	for (uint64_t i; !rc && (i = atomic_fetch_add(&d->next, 1)) < nchunks && !d->err;) {
+		uint64_t off = i * chunk;
+		size_t n = d->size - off < chunk ? (size_t)(d->size - off) : chunk;
+		ssize_t got;
+
+		if (d->cancel && atomic_load(d->cancel)) {
+			rc = sl__err(-ECANCELED, "s3://%s/%s: download cancelled", d->bucket, d->key);
+			break;
+		}
+		got = sl__s3_get(d->s, c, d->bucket, d->key, off, n, buf, d->etag);
+		if (got >= 0 && (size_t)got != n)
+			got = sl__err(-EIO, "s3://%s/%s: %zd bytes at offset %llu, %zu expected (the object is shorter)",
+				      d->bucket, d->key, got, (unsigned long long)off, n);
+		rc = got < 0 ? (int)got : 0;
+		for (size_t w = 0; !rc && w < n;) {
+			ssize_t r = pwrite(d->fd, buf + w, n - w, (off_t)(off + w));
+
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r < 0)
+				rc = sl__err(-errno, "s3://%s/%s: writing its copy: %s", d->bucket, d->key, strerror(errno));
+			else
+				w += (size_t)r;
+		}
+	}
+	if (rc) {
+		pthread_mutex_lock(&d->lock);
+		if (!d->err) {
+			d->err = rc;
+			snprintf(d->detail, sizeof(d->detail), "%s", sluice_last_error_detail());
+		}
+		pthread_mutex_unlock(&d->lock);
+	}
+	sl__s3_conn_close(c);
+	free(buf);
+	return NULL;
+}
+
+int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, uint64_t size, const char *etag, int fd,
+		    const _Atomic int *cancel)
+{
+	struct sl_download d = { .s = s, .bucket = bucket, .key = key, .etag = etag, .size = size, .fd = fd,
+				 .cancel = cancel };
+	const uint64_t nchunks = (size + s->part_size - 1) / s->part_size;
+	pthread_t th[256];
+	unsigned nth = 0;
+
+	if (ftruncate(fd, (off_t)size) < 0)
+		return sl__err(-errno, "s3://%s/%s: sizing its copy to %llu bytes: %s", bucket, key,
+			       (unsigned long long)size, strerror(errno));
+	pthread_mutex_init(&d.lock, NULL);
+	for (; nth < s->concurrency && nth < nchunks; nth++)
+		if (pthread_create(&th[nth], NULL, sl_download_chunks, &d))
+			break;
+	if (!nth && nchunks) {
+		d.err = -EAGAIN;
+		snprintf(d.detail, sizeof(d.detail), "s3://%s/%s: no thread for the download", bucket, key);
+	}
+	for (unsigned i = 0; i < nth; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&d.lock);
+	return d.err ? sl__err(d.err, "%s", d.detail) : 0;
+}
+
+/* The process's client from the environment, made once and kept. */
+static pthread_mutex_t sl_default_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sl__s3 *sl_default;
+
+int sl__s3_default(struct sl__s3 **out)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&sl_default_lock);
+	if (!sl_default)
+		rc = sl__s3_open(&sl_default, NULL, NULL, NULL);
+	*out = sl_default;
+	pthread_mutex_unlock(&sl_default_lock);
 	return rc;
 }
