@@ -10,6 +10,7 @@ static int usage(FILE *f)
 	fprintf(f, "usage: sluice <command> [options]\n\n"
 		   "commands:\n"
 		   "  bench     measure file <-> GPU/host throughput (like gdsio, fio)\n"
+		   "  cp        copy files between local paths and s3://, either way\n"
 		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
 		   "  pack      turn a tree of files into a sharded dataset\n"
 		   "  inspect   records, fields, sizes and shards of a dataset\n"
@@ -25,6 +26,8 @@ int main(int argc, char **argv)
 		return usage(stderr);
 	if (!strcmp(argv[1], "bench"))
 		return cmd_bench(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "cp"))
+		return cmd_cp(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "info"))
 		return cmd_info(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "pack"))

@@ -397,6 +397,26 @@ SLUICE_API SLUICE_WUR ssize_t sluice_s3_write_from_gpu(struct sluice_s3 *c, cons
 SLUICE_API SLUICE_WUR int sluice_s3_size(struct sluice_s3 *c, const char *bucket, const char *key,
 					 uint64_t *size);
 
+/*
+ * Copies between local files and s3:// objects, either way (`sluice cp`).
+ * src a file or object: dst is the copy's name, or a directory (local:
+ * one that exists; s3://: ending in '/') that receives it under src's last
+ * name.  With SLUICE_COPY_RECURSIVE, src a directory or prefix: every file
+ * below it, to the same relative names below dst.  Each file goes in
+ * parallel parts (SLUICE_S3_PART_SIZE, SLUICE_S3_CONCURRENCY) and several
+ * files at once; uploads appear whole or not at all, downloads are
+ * written under a temporary name and renamed.  Local to local and s3 to
+ * s3 are refused (-EINVAL).  The datasets' cache: SLUICE_CACHE_DIR,
+ * SLUICE_CACHE_LIMIT (see docs/REMOTE.md).
+ */
+#define SLUICE_COPY_RECURSIVE 1u
+struct sluice_copy_report {
+	uint64_t files, bytes;
+	double seconds;
+};
+SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
+				      struct sluice_copy_report *rep);
+
 /* ================================================================
  * Asynchronous transfers ordered on a CUDA stream
  * ================================================================ */

@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
+from ._lib import (Batch, CopyReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
-__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "Client", "Dataset", "Loader", "Packer",
+__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "Client", "Dataset", "Loader", "Packer",
            "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
 
 # sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
@@ -131,6 +131,14 @@ def write(path, array):
 read_to_gpu, write_from_gpu = read, write
 
 
+def copy(src, dst, recursive=False):
+    """Copies between a local path and s3:// either way, as `sluice cp` does (a file, or with recursive a
+    whole directory or prefix); returns {"files", "bytes", "seconds"}."""
+    rep = CopyReport()
+    check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
+    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds}
+
+
 def _b(s):
     return None if s is None else s.encode()
 
@@ -235,6 +243,8 @@ class Dataset:
     ds[i] is a dict of field name -> numpy array (a copy): typed fields get their dtype and, where the shape
     is fixed, their shape; bytes fields are uint8 arrays.
     """
+
+    _h = None  # set once the C dataset is open; close() and __del__ look at it
 
     def __init__(self, path):
         h = C.c_void_p()

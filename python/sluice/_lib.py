@@ -78,6 +78,10 @@ class PackedRow(C.Structure):
                 ("tokens", C.c_uint32)]
 
 
+class CopyReport(C.Structure):
+    _fields_ = [("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double)]
+
+
 class Range(C.Structure):
     _fields_ = [("file", C.c_void_p), ("offset", C.c_uint64), ("len", C.c_size_t), ("buf", C.c_void_p)]
 
@@ -92,6 +96,7 @@ _protos = {
     "sluice_s3_read_to_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_uint64, C.c_size_t, P]),
     "sluice_s3_write_from_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_size_t, P]),
     "sluice_s3_size": (C.c_int, [P, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint64)]),
+    "sluice_copy": (C.c_int, [C.c_char_p, C.c_char_p, C.c_uint, C.POINTER(CopyReport)]),
     "sluice_file_sync": (C.c_int, [P]),
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),

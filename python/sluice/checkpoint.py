@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-from . import _buffer, _eng
+from . import _buffer, _eng, read, write
 from ._lib import Range, SluiceError, check, lib
 
 # safetensors dtype -> (numpy dtype or None, torch dtype name)
@@ -40,10 +40,23 @@ def _file(path, flags):
     return f
 
 
+def _is_url(path):
+    return str(path).startswith("s3://")
+
+
+def _host_bytes(t):
+    """A tensor's bytes in host memory, as a flat uint8 numpy array (GPU tensors copied over)."""
+    if hasattr(t, "detach"):
+        import torch
+        return t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
+    return np.ascontiguousarray(t).reshape(-1).view(np.uint8)
+
+
 def save(tensors, path, metadata=None):
     """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) to path, durably and atomically:
     a temporary file beside it, the data straight from each tensor's memory, fdatasync, rename, directory
-    fsync.  A crash leaves the previous file or the whole new one."""
+    fsync.  A crash leaves the previous file or the whole new one.  An s3:// path is written as one object
+    (the file gathered in host memory, then a multipart upload that appears whole or not at all)."""
     items, header, off = [], {}, 0
     for name in sorted(tensors):
         t = tensors[name]
@@ -60,6 +73,14 @@ def save(tensors, path, metadata=None):
     hj = json.dumps(header, separators=(",", ":")).encode()
     hj += b" " * (-(len(hj) + 8) % 8)  # data 8-byte aligned, as safetensors writes it
     base = 8 + len(hj)
+    if _is_url(path):
+        whole = np.empty(base + off, np.uint8)
+        whole[:base] = np.frombuffer(struct.pack("<Q", len(hj)) + hj, np.uint8)
+        for t, o, n in items:
+            if n:
+                whole[base + o:base + o + n] = _host_bytes(t)
+        write(path, whole)
+        return
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.sluice-tmp-{os.getpid()}")
     f = None
@@ -93,20 +114,34 @@ def save(tensors, path, metadata=None):
         raise
 
 
+def _head(path, n):
+    """Up to n bytes at the start of path (a file or an s3:// object) and its size."""
+    if _is_url(path):
+        f = _file(path, 0)
+        try:
+            size = lib.sluice_file_size(f)
+        finally:
+            lib.sluice_file_close(f)
+        buf = np.empty(min(n, size), np.uint8)
+        if buf.size:
+            read(path, buf)
+        return buf.tobytes(), size
+    with open(path, "rb") as h:
+        return h.read(n), os.path.getsize(path)
+
+
 def read_header(path):
     """(header dict, data start) of a safetensors file, checked: every tensor inside the file, sizes right."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as h:
-        raw = h.read(8)
-        if len(raw) < 8:
-            raise SluiceError(-100011, f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > _HEADER_MAX or 8 + n > size:
-            raise SluiceError(-100011, f"{path}: header of {n} bytes does not fit the file ({size} bytes)")
-        try:
-            header = json.loads(h.read(n))
-        except ValueError as e:
-            raise SluiceError(-100011, f"{path}: header is not JSON ({e})") from None
+    raw, size = _head(path, 8)
+    if len(raw) < 8:
+        raise SluiceError(-100011, f"{path}: not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > _HEADER_MAX or 8 + n > size:
+        raise SluiceError(-100011, f"{path}: header of {n} bytes does not fit the file ({size} bytes)")
+    try:
+        header = json.loads(_head(path, 8 + n)[0][8:])
+    except ValueError as e:
+        raise SluiceError(-100011, f"{path}: header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise SluiceError(-100011, f"{path}: header is not a JSON object")
     for name, v in header.items():

@@ -1,0 +1,60 @@
+/* sluice cp: files between local paths and s3://, either way (sluice_copy). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define CMD "cp"
+
+static const char usage[] =
+	"usage: sluice cp [--json] [-r|--recursive] SRC DST\n"
+	"  SRC or DST is s3://BUCKET/KEY, the other a local path.  DST may be a directory\n"
+	"  (local, existing; s3://..., ending in '/') that receives SRC under its own name.\n"
+	"  -r: SRC is a directory or prefix; every file below it goes to DST/RELATIVE-NAME.\n"
+	"  Parts of SLUICE_S3_PART_SIZE go SLUICE_S3_CONCURRENCY at a time, several files at once;\n"
+	"  credentials and endpoint as the AWS CLI takes them (AWS_*, ~/.aws).\n";
+
+int cmd_cp(int argc, char **argv)
+{
+	const char *src = NULL, *dst = NULL;
+	struct sluice_copy_report rep;
+	unsigned flags = 0;
+	int json = 0, rc;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			fputs(usage, stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if (!strcmp(argv[i], "-r") || !strcmp(argv[i], "--recursive")) {
+			flags |= SLUICE_COPY_RECURSIVE;
+		} else if (argv[i][0] == '-' && argv[i][1]) {
+			return cli_fail(CMD, "unknown option '%s'\n%s", argv[i], usage);
+		} else if (!src) {
+			src = argv[i];
+		} else if (!dst) {
+			dst = argv[i];
+		} else {
+			return cli_fail(CMD, "one SRC and one DST, not '%s' too\n%s", argv[i], usage);
+		}
+	}
+	if (!dst)
+		return cli_fail(CMD, "a SRC and a DST are needed\n%s", usage);
+	rc = sluice_copy(src, dst, flags, &rep);
+	if (rc)
+		return cli_error(CMD, src, rc);
+	if (json) {
+		printf("{\"src\":");
+		cli_json_str(src);
+		printf(",\"dst\":");
+		cli_json_str(dst);
+		printf(",\"files\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gbps\":%.4f}\n", (unsigned long long)rep.files,
+		       (unsigned long long)rep.bytes, rep.seconds, rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0);
+	} else {
+		printf("copied %llu file%s, %.1f MB, %s -> %s in %.2f s (%.2f GB/s)\n", (unsigned long long)rep.files,
+		       rep.files == 1 ? "" : "s", (double)rep.bytes / 1e6, src, dst, rep.seconds,
+		       rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0);
+	}
+	return 0;
+}

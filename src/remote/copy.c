@@ -1,0 +1,182 @@
+/*
+ * sluice_copy (sluice.h): files between local paths and s3://, either way,
+ * one or a whole tree, several files at once and each in parallel parts.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "remote/remote.h"
+
+enum { SL_FILES_AT_ONCE = 4 };
+
+struct sl_pair {
+	char *src, *dst;
+};
+
+struct sl_copy {
+	struct sl_pair *p;
+	size_t n, cap;
+	int upload;
+	_Atomic size_t next;
+	pthread_mutex_t lock;
+	int err;
+	char detail[1024];
+};
+
+static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, const char *sep, const char *rel)
+{
+	struct sl_pair *q;
+
+	if (sl__reserve(&c->p, &c->cap, (c->n + 1) * sizeof(*c->p)))
+		return -ENOMEM;
+	q = &c->p[c->n];
+	q->src = strdup(src);
+	if (!q->src || asprintf(&q->dst, "%s%s%s", dst_dir, sep, rel) < 0) {
+		free(q->src);
+		return -ENOMEM;
+	}
+	c->n++;
+	return 0;
+}
+
+/* mkdir -p of path's parent directory. */
+static int sl_parents(const char *path)
+{
+	char *d = strdup(path), *p;
+	int rc = 0;
+
+	if (!d)
+		return -ENOMEM;
+	for (p = d + 1; !rc && (p = strchr(p, '/')); p++) {
+		*p = 0;
+		if (mkdir(d, 0755) < 0 && errno != EEXIST)
+			rc = sl__err(-errno, "%s: %s", d, strerror(errno));
+		*p = '/';
+	}
+	free(d);
+	return rc;
+}
+
+static void *sl_copy_run(void *arg)
+{
+	struct sl_copy *c = arg;
+
+	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !c->err;) {
+		struct sl_pair *q = &c->p[i];
+		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q->dst);
+
+		if (!rc && !c->upload)
+			rc = sl__fs_download(q->src, q->dst);
+
+		if (rc) {
+			pthread_mutex_lock(&c->lock);
+			if (!c->err) {
+				c->err = rc;
+				snprintf(c->detail, sizeof(c->detail), "%s", sluice_last_error_detail());
+			}
+			pthread_mutex_unlock(&c->lock);
+		}
+	}
+	return NULL;
+}
+
+static const char *sl_base(const char *p)
+{
+	const char *b = strrchr(p, '/');
+
+	return b ? b + 1 : p;
+}
+
+static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, unsigned flags)
+{
+	struct stat st;
+	int rc;
+
+	if (sl__is_s3_url(src) == sl__is_s3_url(dst))
+		return sl__err(-EINVAL, "copy %s -> %s: one side must be local and the other s3://", src, dst);
+	c->upload = !sl__is_s3_url(src);
+	if (flags & SLUICE_COPY_RECURSIVE) {
+		size_t dl = strlen(dst), sl = strlen(src);
+		const char *sep = dl && dst[dl - 1] == '/' ? "" : "/";
+		char **names;
+		unsigned n;
+
+		if (c->upload && (stat(src, &st) < 0 || !S_ISDIR(st.st_mode)))
+			return sl__err(-ENOTDIR, "%s: not a directory", src);
+		if ((rc = sl__fs_list(src, 1, &names, &n)))
+			return rc;
+		if (!n)
+			rc = sl__err(-ENOENT, "%s: no files below it", src);
+		/* names are src/RELATIVE (src's own trailing '/' kept once). */
+		for (unsigned i = 0; i < n; i++) {
+			const char *rel = names[i] + sl + (src[sl - 1] == '/' ? 0 : 1);
+
+			if (!rc)
+				rc = sl_copy_add(c, names[i], dst, sep, rel);
+			free(names[i]);
+		}
+		free(names);
+		return rc;
+	}
+	/* One file: dst names the copy, or a directory that receives it. */
+	if (c->upload) {
+		if (stat(src, &st) < 0)
+			return sl__err(-errno, "%s: %s", src, strerror(errno));
+		if (!S_ISREG(st.st_mode))
+			return sl__err(-EISDIR, "%s: not a regular file (a tree needs --recursive)", src);
+		return sl_copy_add(c, src, dst, "", dst[strlen(dst) - 1] == '/' ? sl_base(src) : "");
+	}
+	if ((rc = sl__fs_stat(src, &st)))
+		return rc;
+	if (!S_ISREG(st.st_mode))
+		return sl__err(-EISDIR, "%s: a prefix, not an object (a tree needs --recursive)", src);
+	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode))
+		return sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/", sl_base(src));
+	return sl_copy_add(c, src, dst, "", "");
+}
+
+int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_copy_report *rep)
+{
+	struct sl_copy c = { 0 };
+	pthread_t th[SL_FILES_AT_ONCE];
+	unsigned nth = 0;
+	uint64_t t0 = sl__now_ns();
+	struct stat st;
+	int rc;
+
+	sl__err_clear();
+	if (rep)
+		memset(rep, 0, sizeof(*rep));
+	if (!src || !dst || !*src || !*dst)
+		return sl__err(-EINVAL, "copy: a source and a destination are needed");
+	pthread_mutex_init(&c.lock, NULL);
+	rc = sl_copy_plan(&c, src, dst, flags);
+	for (; !rc && nth < SL_FILES_AT_ONCE && nth < c.n; nth++)
+		if (pthread_create(&th[nth], NULL, sl_copy_run, &c))
+			break;
+	if (!rc && c.n && !nth)
+		sl_copy_run(&c);
+	for (unsigned i = 0; i < nth; i++)
+		pthread_join(th[i], NULL);
+	if (!rc && c.err)
+		rc = sl__err(c.err, "%s", c.detail);
+	if (rep && !rc) {
+		rep->files = c.n;
+		/* The local side's sizes: the bytes moved. */
+		for (size_t i = 0; i < c.n; i++)
+			if (stat(c.upload ? c.p[i].src : c.p[i].dst, &st) == 0)
+				rep->bytes += (uint64_t)st.st_size;
+		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
+	}
+	for (size_t i = 0; i < c.n; i++) {
+		free(c.p[i].src);
+		free(c.p[i].dst);
+	}
+	free(c.p);
+	pthread_mutex_destroy(&c.lock);
+	return rc;
+}
