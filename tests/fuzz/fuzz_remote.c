@@ -1,11 +1,14 @@
 /*
  * libFuzzer target: what remote/ parses from outside.  The first byte
- * picks: even, AWS shared config and credentials files (sl__ini_parse):
- * every setting handed out has a non-empty section and key, and a failure
- * is SLUICE_EINVAL_CONFIG naming "fuzz.ini:LINE"; odd, an S3 error body
- * (sl__s3_error_parse): what it extracts is printable ASCII that fits.
- * Both: no crash, no sanitizer report.
+ * modulo 3 picks: 0, AWS shared config and credentials files
+ * (sl__ini_parse): every setting handed out has a non-empty section and
+ * key, and a failure is SLUICE_EINVAL_CONFIG naming "fuzz.ini:LINE"; 1, an
+ * S3 error body (sl__s3_error_parse): what it extracts is printable ASCII
+ * that fits; 2, a ListObjectsV2 page (sl__s3_list_parse): every entry has
+ * a key, the token fits, a failure is SLUICE_EFORMAT or -ENOMEM.  All: no
+ * crash, no leak, no sanitizer report.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +31,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (!size)
 		return 0;
-	if (data[0] & 1) {
+	if (data[0] % 3 == 2) {
+		struct sl__s3_list l = { 0 };
+		char token[64];
+
+		rc = sl__s3_list_parse((const char *)data + 1, size - 1, &l, token, sizeof(token));
+		if (rc && rc != SLUICE_EFORMAT && rc != -ENOMEM)
+			abort();
+		for (size_t i = 0; i < l.n; i++)
+			if (!l.e[i].key || strlen(l.e[i].etag) >= sizeof(l.e[i].etag))
+				abort();
+		if (strlen(token) >= sizeof(token))
+			abort();
+		sl__s3_list_free(&l);
+		return 0;
+	}
+	if (data[0] % 3 == 1) {
 		rc = sl__s3_error_parse((const char *)data + 1, size - 1, code, sizeof(code), msg, sizeof(msg));
 		for (const char *p = code; rc & 1 && *p; p++)
 			if (*p < 0x20 || *p >= 0x7f)

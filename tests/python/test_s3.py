@@ -157,3 +157,169 @@ def test_client_by_bucket_and_key(s3):
     assert "localhost:9000" in str(e.value)
     with pytest.raises(sluice.SluiceError):
         sluice.Client(srv.endpoint, srv.access_key)  # a key without its secret
+
+
+def _sluice_bin():
+    return os.environ.get("SLUICE_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "sluice"))
+
+
+def _tree(root, n=24, seed=3):
+    """An ImageFolder tree of n random files in two classes; returns {relative name: bytes}."""
+    rng, files = np.random.default_rng(seed), {}
+    for i in range(n):
+        rel = f"{'ab'[i % 2]}/f{i:03d}.bin"
+        data = rng.integers(0, 256, size=int(rng.integers(1000, 90000)), dtype=np.uint8).tobytes()
+        os.makedirs(os.path.join(root, rel[0]), exist_ok=True)
+        with open(os.path.join(root, rel), "wb") as h:
+            h.write(data)
+        files[rel] = data
+    return files
+
+
+def _records(ds):
+    return sorted((bytes(ds[i]["key"]), bytes(ds[i]["data"]), int(ds[i]["label"][0])) for i in range(len(ds)))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh SLUICE_CACHE_DIR (the variable is read at each fetch)."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(d))
+    monkeypatch.delenv("SLUICE_CACHE_LIMIT", raising=False)
+    return d
+
+
+def _pack(src, out, env=None, shard_size="60000"):
+    return subprocess.run([_sluice_bin(), "pack", "--from-dir", str(src), "--shard-size", shard_size, "--quiet", out],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_dataset_packed_to_s3_reads_like_the_local_one(s3, cache, tmp_path):
+    """`sluice pack` into s3://, then inspect, verify, sluice.Dataset and sluice.Loader over it: the same
+    records as the same tree packed locally; packing over it again is refused and leaves it whole."""
+    _tree(tmp_path / "src")
+    assert _pack(tmp_path / "src", str(tmp_path / "local")).returncode == 0
+    out = _pack(tmp_path / "src", "s3://pytest/ds1/")
+    assert out.returncode == 0, out.stderr
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="pytest", Prefix="ds1/")["Contents"]]
+    assert "ds1/index.sli" in keys and sum(k.endswith(".sls") for k in keys) > 3
+    assert not [p for p in os.listdir(cache) if p.startswith("staging")]  # the staging directory is gone
+    again = _pack(tmp_path / "src", "s3://pytest/ds1")
+    assert again.returncode != 0 and "already holds a dataset" in again.stderr
+    local, remote = sluice.Dataset(str(tmp_path / "local")), sluice.Dataset("s3://pytest/ds1")
+    assert len(remote) == len(local) == 24 and _records(remote) == _records(local)
+    for cmd in (["inspect", "--json"], ["verify"]):
+        r = subprocess.run([_sluice_bin(), *cmd, "s3://pytest/ds1/"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    import json
+    info = json.loads(subprocess.run([_sluice_bin(), "inspect", "--json", "s3://pytest/ds1"], capture_output=True,
+                                     text=True, timeout=60).stdout)
+    assert info["records"] == 24
+    seen = []
+    for b in sluice.Loader(remote, batch_size=4, seed=1, drop_last=True, rank=0, world_size=1):
+        data, offs = b["key"]
+        seen += [bytes(data[offs[j]:offs[j + 1]]) for j in range(len(offs) - 1)]
+    assert sorted(seen) == sorted(r[0] for r in _records(local))
+
+
+def test_cache_follows_the_etag(s3, cache, tmp_path):
+    """A cached shard is used while its ETag and size match; once the object changes it is downloaded again."""
+    _tree(tmp_path / "one", seed=1)
+    _tree(tmp_path / "two", seed=2)
+    assert _pack(tmp_path / "one", "s3://pytest/ds2", shard_size="1G").returncode == 0
+    first = _records(sluice.Dataset("s3://pytest/ds2"))
+    copies = sorted(p for p in os.listdir(cache) if p.endswith(".data"))
+    assert len(copies) == 2  # index and one shard
+    for o in s3.list_objects_v2(Bucket="pytest", Prefix="ds2/")["Contents"]:
+        s3.delete_object(Bucket="pytest", Key=o["Key"])
+    assert _pack(tmp_path / "two", "s3://pytest/ds2", shard_size="1G").returncode == 0
+    second = _records(sluice.Dataset("s3://pytest/ds2"))
+    assert second != first and len(second) == 24
+    local = tmp_path / "local2"
+    assert _pack(tmp_path / "two", str(local), shard_size="1G").returncode == 0
+    assert second == _records(sluice.Dataset(str(local)))
+    assert sorted(p for p in os.listdir(cache) if p.endswith(".data")) == copies  # same names, new contents
+
+
+def test_ranks_download_each_shard_once(s3, cache, tmp_path):
+    """Four processes (the ranks of one machine) read the same s3:// dataset at once through a counting proxy:
+    each object is fetched by one of them only; the others wait for it and use the copy."""
+    srv = s3.sluice_server
+    _tree(tmp_path / "src", n=40)
+    assert _pack(tmp_path / "src", "s3://pytest/ds3", shard_size="200000").returncode == 0
+    env = dict(os.environ, AWS_ENDPOINT_URL=srv.counting)
+    code = ("import sluice\n"
+            "ds = sluice.Dataset('s3://pytest/ds3')\n"
+            "print(sum(len(ds[i]['data']) for i in range(len(ds))))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert len({o[0] for o in outs}) == 1
+    gets = {path: n for (method, path), n in srv.counter.counts.items() if method == "GET" and "/ds3/" in path}
+    shards = [o["Key"] for o in s3.list_objects_v2(Bucket="pytest", Prefix="ds3/")["Contents"]]
+    assert len(shards) > 3 and len(gets) == len(shards)
+    # Each object is under one part (8 MiB): one GET each, whichever rank made it.
+    assert all(n == 1 for n in gets.values()), gets
+
+
+def test_cache_limit_evicts_least_recently_used(s3, cache, tmp_path, monkeypatch):
+    """Under SLUICE_CACHE_LIMIT the copies least recently used go; an object larger than the limit is an error
+    that names the variable."""
+    _tree(tmp_path / "src", n=40)
+    assert _pack(tmp_path / "src", "s3://pytest/ds4", shard_size="150000").returncode == 0
+    sizes = [o["Size"] for o in s3.list_objects_v2(Bucket="pytest", Prefix="ds4/")["Contents"]]
+    limit = max(sizes) * 3
+    monkeypatch.setenv("SLUICE_CACHE_LIMIT", str(limit))
+    ds = sluice.Dataset("s3://pytest/ds4")
+    total = sum(len(ds[i]["data"]) for i in range(len(ds)))
+    assert total > limit
+    held = sum(os.path.getsize(cache / p) for p in os.listdir(cache) if p.endswith(".data"))
+    assert 0 < held <= limit
+    monkeypatch.setenv("SLUICE_CACHE_LIMIT", str(min(sizes) // 2))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.Dataset("s3://pytest/ds4")[0]
+    assert "SLUICE_CACHE_LIMIT" in str(e.value)
+
+
+def test_copy_both_ways(s3, tmp_path):
+    """`sluice cp` and sluice.copy: a file up and down, a tree up and down (-r), all byte for byte; what cannot be
+    copied is refused, naming it."""
+    files = _tree(tmp_path / "src", n=12)
+    big = np.random.default_rng(9).integers(0, 256, size=(19 << 20) + 7, dtype=np.uint8)
+    big.tofile(tmp_path / "src" / "big.bin")
+    files["big.bin"] = big.tobytes()
+    r = subprocess.run([_sluice_bin(), "cp", "-r", "--json", str(tmp_path / "src"), "s3://pytest/tree/"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+    rep = json.loads(r.stdout)
+    assert rep["files"] == len(files) and rep["bytes"] == sum(len(v) for v in files.values())
+    for rel, data in files.items():
+        assert s3.get_object(Bucket="pytest", Key="tree/" + rel)["Body"].read() == data
+    got = sluice.copy("s3://pytest/tree", str(tmp_path / "back"), recursive=True)
+    assert got["files"] == len(files)
+    for rel, data in files.items():
+        assert (tmp_path / "back" / rel).read_bytes() == data
+    sluice.copy("s3://pytest/tree/big.bin", str(tmp_path))
+    assert (tmp_path / "big.bin").read_bytes() == files["big.bin"]
+    sluice.copy(str(tmp_path / "big.bin"), "s3://pytest/one/")
+    assert s3.head_object(Bucket="pytest", Key="one/big.bin")["ContentLength"] == big.nbytes
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.copy(str(tmp_path / "src"), str(tmp_path / "elsewhere"))
+    assert e.value.code == -errno.EINVAL
+    r = subprocess.run([_sluice_bin(), "cp", "s3://pytest/tree", str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode != 0 and "--recursive" in r.stderr
+    r = subprocess.run([_sluice_bin(), "cp", "s3://pytest/no/such.bin", str(tmp_path / "x")], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "s3://pytest/no/such.bin" in r.stderr and not (tmp_path / "x").exists()
+
+
+def test_checkpoint_save_load_s3(s3):
+    """sluice.save / sluice.load with an s3:// path: one object in the safetensors layout."""
+    t = {"w": np.arange(3000, dtype=np.float32).reshape(30, 100), "b": np.arange(7, dtype=np.int64)}
+    sluice.save(t, "s3://pytest/ck/model.safetensors", metadata={"step": 5})
+    raw = s3.get_object(Bucket="pytest", Key="ck/model.safetensors")["Body"].read()
+    assert int.from_bytes(raw[:8], "little") < len(raw)
+    back = sluice.load("s3://pytest/ck/model.safetensors", device="numpy")
+    assert set(back) == {"w", "b"} and np.array_equal(back["w"], t["w"]) and np.array_equal(back["b"], t["b"])

@@ -6,7 +6,8 @@ of 127.0.0.1 with INITIAL_NO_AUTH_ACTION_COUNT=3: the three IAM calls below make
 policy allowing s3:*, and from then on every request must carry a valid Signature V4 (a wrong secret gets
 SignatureDoesNotMatch).  moto keeps that count per process: one server a process.  A test program gets
 SLUICE_TEST_S3_ENDPOINT, SLUICE_TEST_S3_ACCESS_KEY, SLUICE_TEST_S3_SECRET_KEY and SLUICE_TEST_S3_REGION.
-SLUICE_TEST_S3_FAULTY_ENDPOINT is a proxy in front of the same server that breaks the first attempt of
+S3Server.counting is a proxy that passes every request on and counts them (method and path) in
+.counter.counts.  SLUICE_TEST_S3_FAULTY_ENDPOINT is a proxy in front of the same server that breaks the first attempt of
 every distinct request (method, path with its query, Range), in turn: a 503 SlowDown; a GET's response cut
 off halfway through its body (other requests: a 503); a 2-second stall before the answer.  A client that
 tries again gets through on its next attempt, whatever else runs at the same time; one that does not, fails
@@ -32,6 +33,62 @@ except ImportError as e:
     MOTO_MISSING = f"moto is not installed ({e})"
 
 
+class _Window:
+    """A ranged GET's body as moto's range code sees it: the object's length, with only the asked-for bytes
+    ever read (moto 5.2.5 reads the whole object for every range: a 1 GiB object read in 8 MiB ranges would
+    copy 128 GiB).  Bytes come by pread from the key's spooled file, so concurrent ranges do not share a
+    file position."""
+
+    def __init__(self, key):
+        self.key = key
+
+    def __len__(self):
+        return self.key.size
+
+    def __bool__(self):
+        return self.key.size > 0
+
+    def __getitem__(self, s):
+        begin, end = s.start or 0, min(self.key.size, s.stop if s.stop is not None else self.key.size)
+        buf = self.key._value_buffer
+        if getattr(buf, "_rolled", True):
+            return os.pread(buf.fileno(), max(0, end - begin), begin)
+        with self.key.lock:
+            buf.seek(begin)
+            return buf.read(max(0, end - begin))
+
+
+_ranged = threading.local()
+
+
+def _patch_ranged_reads():
+    """Serves single ranges of GET without reading the whole object (see _Window)."""
+    from moto.s3 import models, responses
+    if getattr(responses.S3Response, "_sluice_ranged", False):
+        return
+    value = models.FakeKey.value
+
+    def get_value(self):
+        return _Window(self) if getattr(_ranged, "on", False) else value.fget(self)
+
+    models.FakeKey.value = property(get_value, value.fset)
+    key_response = responses.S3Response.key_response
+
+    def ranged_key_response(self, request, full_url, headers):
+        _ranged.on = request.method == "GET" and re.fullmatch(r"bytes=\d+-\d+", request.headers.get("range", "")) \
+            is not None and "partNumber" not in full_url
+        try:
+            status, hdrs, body = key_response(self, request, full_url, headers)
+        finally:
+            _ranged.on = False
+        if isinstance(body, _Window):  # a range moto did not cut (past the end...): the whole object
+            body = body[0:len(body)]
+        return status, hdrs, body
+
+    responses.S3Response.key_response = ranged_key_response
+    responses.S3Response._sluice_ranged = True
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,8 +111,10 @@ class FaultyProxy(http.server.ThreadingHTTPServer):
     """Forwards S3 requests to upstream, breaking them in turn (see the module's text)."""
     daemon_threads = True
 
-    def __init__(self, upstream):
+    def __init__(self, upstream, faults=True):
         self.upstream, self.turn, self.lock, self.seen = upstream, itertools.count(), threading.Lock(), set()
+        self.faults = faults
+        self.counts = {}  # (method, path without the query) -> requests seen
         super().__init__(("127.0.0.1", 0), FaultyHandler)
 
 
@@ -69,8 +128,10 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         request = (self.command, self.path, self.headers.get("Range"))
         with self.server.lock:
-            fault = None if request in self.server.seen else next(self.server.turn) % 3
+            fault = None if request in self.server.seen or not self.server.faults else next(self.server.turn) % 3
             self.server.seen.add(request)
+            where = (self.command, self.path.split("?")[0])
+            self.server.counts[where] = self.server.counts.get(where, 0) + 1
         if fault == 1 and self.command != "GET":
             fault = 0
         if fault == 0:
@@ -117,6 +178,7 @@ class S3Server:
     def __enter__(self):
         if ThreadedMotoServer is None:
             raise RuntimeError(MOTO_MISSING)
+        _patch_ranged_reads()
         port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         self.server.start()
@@ -129,8 +191,12 @@ class S3Server:
         self.access_key = re.search(r"<AccessKeyId>(.*?)</AccessKeyId>", key).group(1)
         self.secret_key = re.search(r"<SecretAccessKey>(.*?)</SecretAccessKey>", key).group(1)
         self.proxy = FaultyProxy(("127.0.0.1", port))
-        threading.Thread(target=self.proxy.serve_forever, daemon=True).start()
+        self.counter = FaultyProxy(("127.0.0.1", port), faults=False)
+        for p in (self.proxy, self.counter):
+            threading.Thread(target=p.serve_forever, daemon=True).start()
         self.faulty = f"http://127.0.0.1:{self.proxy.server_address[1]}"
+        # The same server, every request passed on and counted in self.counter.counts.
+        self.counting = f"http://127.0.0.1:{self.counter.server_address[1]}"
         return self
 
     def env(self):
@@ -140,4 +206,5 @@ class S3Server:
 
     def __exit__(self, *exc):
         self.proxy.shutdown()
+        self.counter.shutdown()
         self.server.stop()

@@ -74,6 +74,40 @@ int main(void)
 	T_CHECK(sl__s3_head(s, c, "no-such-bucket", "k", &size, NULL, 0) == -ENOENT);
 	T_CHECK(strstr(sluice_last_error_detail(), "s3://no-such-bucket/k"));
 
+	/* Listings: every page (1000 keys a page), one level with "/" as the delimiter, names that need escaping. */
+	{
+		struct sl__s3_list l = { 0 };
+		char k[64];
+		int ok = 1;
+
+		for (int i = 0; i < 1003 && ok; i++) {
+			snprintf(k, sizeof(k), "many/%04d &<%s>.bin", i, i % 2 ? "x" : "y");
+			ok = sl__s3_put(s, c, "sluice-test", k, "z", 1) == 0;
+		}
+		T_CHECK(ok);
+		T_CHECK(sl__s3_put(s, c, "sluice-test", "many/sub/deeper.bin", "zz", 2) == 0);
+		T_CHECK(sl__s3_list(s, c, "sluice-test", "many/", NULL, &l) == 0 && l.n == 1004);
+		T_CHECK(l.n == 1004 && !strcmp(l.e[0].key, "many/0000 &<y>.bin") && l.e[0].size == 1 &&
+			l.e[0].etag[0] == '"' && !strcmp(l.e[1003].key, "many/sub/deeper.bin") && l.e[1003].size == 2);
+		sl__s3_list_free(&l);
+		T_CHECK(sl__s3_list(s, c, "sluice-test", "many/", "/", &l) == 0 && l.n == 1004);
+		T_CHECK(l.n == 1004 && l.e[1003].is_prefix && !strcmp(l.e[1003].key, "many/sub/"));
+		sl__s3_list_free(&l);
+		T_CHECK(sl__s3_list(s, c, "sluice-test", "nothing-here/", "/", &l) == 0 && l.n == 0);
+		T_CHECK(sl__s3_list(s, c, "no-such-bucket", "", NULL, &l) == -ENOENT &&
+			strstr(sluice_last_error_detail(), "NoSuchBucket"));
+		sl__s3_list_free(&l);
+		/* A page that is not a listing, or is truncated without a token, is an error, not an empty list. */
+		{
+			char tok[64];
+			const char *trunc = "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>";
+
+			T_CHECK(sl__s3_list_parse("<a><b>", 6, &l, tok, sizeof(tok)) == SLUICE_EFORMAT);
+			T_CHECK(sl__s3_list_parse(trunc, strlen(trunc), &l, tok, sizeof(tok)) == SLUICE_EFORMAT);
+			sl__s3_list_free(&l);
+		}
+	}
+
 	/* A wrong secret: refused by the server's signature check, and the secret is in no message. */
 	a.secret_key = "wrong-secret-0123456789";
 	T_CHECK(sl__s3_open(&bad, &a, only, NULL) == 0);
