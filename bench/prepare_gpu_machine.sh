@@ -16,16 +16,17 @@
 # with `. bench/gpu_machine.sh` (builds sluice, installs the wheels).
 set -e
 [ -f include/sluice.h ] || { echo "run from the repository root" >&2; exit 1; }
-WHEELS="${WHEELS:-engine datasets loaders s3}"
+WHEELS="${WHEELS:-engine datasets loaders s3 s3peers}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p .carry .whl
 grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
 
 # 1. The build's Debian packages.
-if [ ! -d .carry/deps/usr ]; then
+if [ ! -x .carry/deps/usr/bin/curl ]; then
+	rm -rf .carry/deps
 	(cd "$tmp" && apt-get download -q liburing-dev liburing2 libisal-dev libisal2 libarchive-dev libarchive13 \
-		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 \
+		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 curl libexpat1-dev libexpat1 \
 		libssh2-1 libldap-2.5-0 libsasl2-2 libsasl2-modules-db >/dev/null)
 	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
 	rm -f "$tmp"/*.deb
@@ -62,7 +63,10 @@ for g in $WHEELS; do
 	# boto3, botocore, s3transfer and jmespath come with the loaders group.
 	s3) pyget moto==5.2.5 cryptography==46.0.3 cffi==2.0.0 pycparser==2.23 xmltodict==1.0.2 responses==0.25.8 \
 		flask==3.1.2 flask-cors==6.0.1 blinker==1.9.0 itsdangerous==2.2.0 py-partiql-parser==0.6.3 ;;
-	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3)" >&2; exit 1 ;;
+	# The object-store peers of bench/s3_bench.py: s3torchconnector is published as source only (pure Python).
+	s3peers) pyget s3torchconnectorclient==1.5.0
+		python3 -m pip wheel -q --no-deps s3torchconnector==1.5.0 -w .whl ;;
+	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3, s3peers)" >&2; exit 1 ;;
 	esac
 done
 echo "prepare: .whl ($(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1)); carried size $(du -shc .carry .whl | tail -1 | cut -f1)"

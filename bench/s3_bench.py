@@ -1,0 +1,247 @@
+"""Object storage <-> GPU (issue #13): one S3-compatible server, the same objects for every client.
+
+Run it beside its server:
+    python3 tests/remote/with_s3_server.py python3 bench/s3_bench.py --size 1G --reps 3 --out s3.json
+
+The server is tests/remote/s3server.py (moto, signatures checked, ranges served without reading the whole
+object) in the parent process; the clients run here.  Measured, medians of --reps interleaved passes:
+  ceiling  the server's own: the object fetched by P curl processes at once, each a run of ranged GETs on one
+           kept-alive connection to /dev/null (P and the range size swept, the best kept);
+  read     the whole object into GPU memory (host memory without a GPU): sluice.read; boto3's
+           download_fileobj at its best TransferConfig (swept), then one copy to the GPU; s3torchconnector's
+           S3Client.get_object read whole, then the copy; KvikIO's RemoteFile.open_s3 read into the GPU buffer;
+  write    a GPU buffer as one object: sluice.write; boto3's upload_fileobj (multipart) at its best
+           TransferConfig, from the buffer copied to the host; s3torchconnector's put_object.
+CPU s/GB is this process's CPU time (the server's is not counted) over the bytes moved.
+"""
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import GB, Results, ratio, side_by_side, timed  # noqa: E402
+
+MiB = 1 << 20
+
+
+def parse_size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--part", default="16M", help="range / part size every client is set to (sluice, boto3 "
+                    "sweep around it, s3torchconnector, KvikIO task size)")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight for every client")
+    ap.add_argument("--skip", default="", help="comma list of: ceiling,boto3,s3torch,kvikio,write")
+    ap.add_argument("--out", default="s3_bench.json")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    size, part, conc = parse_size(a.size), parse_size(a.part), a.concurrency
+    ep, ak, sk = (os.environ[k] for k in ("SLUICE_TEST_S3_ENDPOINT", "SLUICE_TEST_S3_ACCESS_KEY",
+                                         "SLUICE_TEST_S3_SECRET_KEY"))
+    # Every client takes its settings the AWS way; sluice's engine and client are set to the same part size
+    # and requests in flight as the peers.
+    os.environ.update(AWS_ENDPOINT_URL=ep, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_REGION="us-east-1",
+                      AWS_DEFAULT_REGION="us-east-1", SLUICE_MAX_TRANSFER_SIZE=str(part),
+                      SLUICE_S3_PART_SIZE=str(max(part, 5 * MiB)), SLUICE_S3_CONCURRENCY=str(conc),
+                      SLUICE_THREADS=str(conc))
+    import boto3
+    import numpy as np
+    from boto3.s3.transfer import TransferConfig
+    import sluice
+    try:
+        import torch
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        torch, gpu = None, False
+    res = Results(a.out, bench="s3", size=size, part=part, concurrency=conc, server="moto 5.2.5 (tests/remote/s3server.py)",
+                  target="gpu" if gpu else "host")
+    say = lambda m: print(f"[s3] {m}", flush=True)  # noqa: E731
+    s3 = boto3.client("s3", endpoint_url=ep, aws_access_key_id=ak, aws_secret_access_key=sk, region_name="us-east-1")
+    s3.create_bucket(Bucket="bench")
+    data = np.frombuffer(os.urandom(size), np.uint8)
+    s3.upload_fileobj(io.BytesIO(data), "bench", "obj", Config=TransferConfig(multipart_chunksize=64 * MiB))
+    say(f"object s3://bench/obj: {size / GB:.2f} GB; target {'GPU' if gpu else 'host'}")
+    dst = torch.empty(size, dtype=torch.uint8, device="cuda") if gpu else np.empty(size, np.uint8)
+
+    def check(buf):
+        got = buf[:: max(1, size // 4096)].cpu().numpy() if gpu else buf[:: max(1, size // 4096)]
+        if not np.array_equal(got, data[:: max(1, size // 4096)]):
+            raise RuntimeError("the bytes read differ from the object")
+
+    def to_target(host_bytes):
+        """What a user of a host-side client does next: the bytes into the (GPU) buffer."""
+        if gpu:
+            dst.copy_(torch.frombuffer(host_bytes, dtype=torch.uint8))
+            torch.cuda.synchronize()
+        else:
+            np.copyto(dst, np.frombuffer(host_bytes, np.uint8))
+
+    # ---- The server's ceiling: curl processes, each a run of ranged GETs on one connection, to /dev/null.
+    if "ceiling" not in skip and shutil.which("curl"):
+        def curl_pass(procs, rng):
+            ranges = [(o, min(o + rng, size) - 1) for o in range(0, size, rng)]
+            cfgs = []
+            tmp = tempfile.mkdtemp()
+            for p in range(procs):
+                mine = ranges[p::procs]
+                if not mine:
+                    continue
+                path = os.path.join(tmp, f"c{p}")
+                with open(path, "w") as f:
+                    for i, (b, e) in enumerate(mine):
+                        if i:
+                            f.write("next\n")
+                        f.write(f'url = "{ep}/bench/obj"\noutput = "/dev/null"\nrange = "{b}-{e}"\n'
+                                f'aws-sigv4 = "aws:amz:us-east-1:s3"\nuser = "{ak}:{sk}"\nfail\nsilent\n'
+                                f'header = "x-amz-content-sha256: UNSIGNED-PAYLOAD"\n')
+                cfgs.append(path)
+
+            def run():
+                ps = [subprocess.Popen(["curl", "-K", c]) for c in cfgs]
+                if any(p.wait() for p in ps):
+                    raise RuntimeError("a curl of the ceiling failed")
+            r = timed(run, size, children=True)
+            shutil.rmtree(tmp)
+            return r
+        sweep = {}
+        for procs in (8, 16, 32):
+            for rng in (8 * MiB, 16 * MiB, 64 * MiB):
+                sweep[f"{procs}x{rng // MiB}M"] = side_by_side({"c": lambda p=procs, r=rng: curl_pass(p, r)},
+                                                              a.reps)["c"]
+                say(f"ceiling {procs} curls, {rng // MiB} MiB ranges: {sweep[f'{procs}x{rng // MiB}M']['gb_s']:.2f} GB/s")
+        res["ceiling_sweep"] = sweep
+        best = max(sweep, key=lambda k: sweep[k]["gb_s"])
+        res["ceiling"] = dict(sweep[best], setting=best)
+
+    # ---- Reads into GPU memory.
+    def sluice_read():
+        r = timed(lambda: sluice.read("s3://bench/obj", dst), size)
+        if gpu:
+            torch.cuda.synchronize()
+        return r
+
+    def boto3_read(cfg):
+        def one():
+            buf = io.BytesIO()
+            s3.download_fileobj("bench", "obj", buf, Config=cfg)
+            to_target(buf.getbuffer())
+        return timed(one, size)
+
+    best_cfg = TransferConfig(multipart_chunksize=part, max_concurrency=conc)
+    if "boto3" not in skip:
+        sweep = {}
+        for chunk in sorted({8 * MiB, part, 64 * MiB}):
+            for c in sorted({10, conc, 2 * conc}):
+                cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=chunk, max_concurrency=c)
+                sweep[f"{chunk // MiB}M x{c}"] = side_by_side({"b": lambda cfg=cfg: boto3_read(cfg)}, 1)["b"]
+                say(f"boto3 read, chunk {chunk // MiB} MiB, {c} threads: {sweep[f'{chunk // MiB}M x{c}'].get('gb_s', 0):.2f} GB/s")
+        res["boto3_read_sweep"] = sweep
+        best = max(sweep, key=lambda k: sweep[k].get("gb_s", 0))
+        chunk, c = best.split(" x")
+        best_cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=int(chunk[:-1]) * MiB,
+                                  max_concurrency=int(c))
+        res["boto3_best_config"] = best
+
+    readers = {"sluice": sluice_read}
+    if "boto3" not in skip:
+        readers["boto3"] = lambda: boto3_read(best_cfg)
+    if "s3torch" not in skip:
+        try:
+            from s3torchconnector._s3client import S3Client, S3ClientConfig
+            s3t = S3Client("us-east-1", endpoint=ep, s3client_config=S3ClientConfig(
+                part_size=part, force_path_style=True, throughput_target_gbps=100.0))
+
+            def s3torch_read():
+                return timed(lambda: to_target(memoryview(s3t.get_object("bench", "obj").read())), size)
+            readers["s3torchconnector"] = s3torch_read
+        except Exception as e:  # reported, not fatal
+            res["s3torchconnector_error"] = repr(e)
+    if "kvikio" not in skip and gpu:
+        try:
+            import kvikio
+            import kvikio.defaults
+            kvikio.defaults.set({"num_threads": conc, "task_size": part})
+            res["kvikio_version"] = kvikio.__version__
+
+            def kvikio_read():
+                def one():
+                    with kvikio.RemoteFile.open_s3("bench", "obj") as f:
+                        f.read(dst)
+                return timed(one, size)
+            readers["kvikio"] = kvikio_read
+        except Exception as e:
+            res["kvikio_error"] = repr(e)
+    for name, fn in readers.items():  # each once, checked, before the timed passes
+        try:
+            dst.zero_() if gpu else dst.fill(0)
+            fn()
+            check(dst)
+        except Exception as e:
+            res[f"{name}_read_error"] = repr(e)
+            say(f"{name} read failed: {e!r}")
+    readers = {k: v for k, v in readers.items() if f"{k}_read_error" not in res}
+    res["read"] = side_by_side(readers, a.reps)
+    for k, v in res["read"].items():
+        say(f"read {k}: {v.get('gb_s', 0):.2f} GB/s, {v.get('cpu_s_per_gb', 0):.2f} CPU s/GB")
+
+    # ---- Writes from GPU memory.
+    if "write" not in skip:
+        src = dst
+        dst.copy_(torch.from_numpy(data)) if gpu else np.copyto(dst, data)
+        if gpu:
+            torch.cuda.synchronize()
+
+        def host_copy():
+            return src.cpu().numpy() if gpu else src
+
+        writers = {"sluice": lambda: timed(lambda: sluice.write("s3://bench/w-sluice", src), size)}
+        if "boto3" not in skip:
+            cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=best_cfg.multipart_chunksize,
+                                 max_concurrency=best_cfg.max_concurrency)
+            writers["boto3"] = lambda: timed(lambda: s3.upload_fileobj(io.BytesIO(memoryview(host_copy())), "bench",
+                                                                       "w-boto3", Config=cfg), size)
+        if "s3torchconnector" in readers:
+            def s3torch_write():
+                def one():
+                    with s3t.put_object("bench", "w-s3torch") as w:
+                        w.write(memoryview(host_copy()))
+                return timed(one, size)
+            writers["s3torchconnector"] = s3torch_write
+        res["write"] = side_by_side(writers, a.reps)
+        for k, v in res["write"].items():
+            say(f"write {k}: {v.get('gb_s', 0):.2f} GB/s, {v.get('cpu_s_per_gb', 0):.2f} CPU s/GB")
+        for name in writers:  # the objects written are whole and right
+            got = s3.get_object(Bucket="bench", Key=f"w-{name.replace('connector', '')}")["Body"].read()
+            res[f"write_{name}_checked"] = got == data.tobytes()
+
+    # ---- Ratios.
+    rd = res["read"]
+    peers = [k for k in rd if k != "sluice" and "gb_s" in rd[k]]
+    rat = {f"read_vs_{k}": ratio(rd["sluice"], rd[k]) for k in peers}
+    if peers:
+        best_peer = max(peers, key=lambda k: rd[k]["gb_s"])
+        rat["read_vs_best_peer"] = ratio(rd["sluice"], rd[best_peer])
+        rat["read_best_peer"] = best_peer
+    if "ceiling" in res:
+        rat["read_vs_ceiling"] = ratio(rd["sluice"], res["ceiling"])
+    if "write" in res:
+        wr = res["write"]
+        wpeers = [k for k in wr if k != "sluice" and "gb_s" in wr[k]]
+        rat.update({f"write_vs_{k}": ratio(wr["sluice"], wr[k]) for k in wpeers})
+        if wpeers:
+            rat["write_vs_best_peer"] = min(ratio(wr["sluice"], wr[k]) for k in wpeers)
+    res["ratios"] = rat
+    say(f"ratios: { {k: (round(v, 3) if isinstance(v, float) else v) for k, v in rat.items()} }")
+
+
+if __name__ == "__main__":
+    main()
