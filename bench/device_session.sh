@@ -9,13 +9,15 @@
 #   packing token packing: real tokens/s to the GPU, against naive padding (bench/packing_bench.py)
 #   python the Python package's tests (GPU ones included), the two examples, bench/python_bench.py
 #   chapter7 the Data Journey report's chapter 7 loop (bench/chapter7_bench.py; CH7_ARGS)
+#   s3     object storage: t_s3 and tests/python/test_s3.py against the S3 test server, then
+#          bench/s3_bench.py (S3_ARGS, S3_SECONDS) and bench/s3_loader_bench.py (S3L_ARGS, S3L_SECONDS)
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
 # Results land in $OUT (or ./out).  Prepare the carried folders first, on the CPU machine:
 # bench/prepare_gpu_machine.sh; the device tool carries .carry and .whl.
 OUT="${OUT:-out}"
-STEPS="${STEPS:-tests first bench ds wait loader packing python chapter7}"
+STEPS="${STEPS:-tests first bench ds wait loader packing python chapter7 s3}"
 mkdir -p "$OUT"
 . bench/gpu_machine.sh || { cmake --build build 2>&1 | grep error | head; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -134,4 +136,20 @@ fi
 if has chapter7; then
 	PYTHONUNBUFFERED=1 SLUICE_LIB=build/libsluice.so PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} timeout \
 		"${CH7_SECONDS:-240}" python3 bench/chapter7_bench.py --sluice build/sluice ${CH7_ARGS} 2>&1 | tail -6
+fi
+
+if has s3; then
+	export SLUICE_LIB=build/libsluice.so SLUICE_BIN=build/sluice PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+	timeout 180 python3 tests/remote/with_s3_server.py build/tests/t_s3 > "$OUT/t_s3.log" 2>&1
+	echo "t_s3 rc=$?"; grep -E "CHECK|PASS|SKIP" "$OUT/t_s3.log" | tail -3
+	timeout 300 python3 -m pytest -q -rs tests/python/test_s3.py > "$OUT/pytest_s3.log" 2>&1; tail -4 "$OUT/pytest_s3.log"
+	if [ "${S3_SECONDS:-420}" != 0 ]; then
+		PYTHONUNBUFFERED=1 timeout "${S3_SECONDS:-420}" python3 tests/remote/with_s3_server.py python3 bench/s3_bench.py \
+			--out "$OUT/s3_bench.json" ${S3_ARGS} 2>&1 | grep -v "HTTP/1.1" | tee "$OUT/s3_bench.log" | tail -30
+	fi
+	if [ "${S3L_SECONDS:-420}" != 0 ]; then
+		PYTHONUNBUFFERED=1 timeout "${S3L_SECONDS:-420}" python3 tests/remote/with_s3_server.py python3 bench/s3_loader_bench.py \
+			--sluice build/sluice --out "$OUT/s3_loader_bench.json" ${S3L_ARGS} 2>&1 | grep -v "HTTP/1.1" |
+			tee "$OUT/s3_loader.log" | tail -25
+	fi
 fi
