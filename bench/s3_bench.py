@@ -88,6 +88,8 @@ def main():
             np.copyto(dst, np.frombuffer(host_bytes, np.uint8))
 
     # ---- The server's ceiling: curl processes, each a run of ranged GETs on one connection, to /dev/null.
+    # The machine's own curl with its own libcurl (not the one carried for building sluice).
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     if "ceiling" not in skip and shutil.which("curl"):
         def curl_pass(procs, rng):
             ranges = [(o, min(o + rng, size) - 1) for o in range(0, size, rng)]
@@ -108,7 +110,7 @@ def main():
                 cfgs.append(path)
 
             def run():
-                ps = [subprocess.Popen(["curl", "-K", c]) for c in cfgs]
+                ps = [subprocess.Popen(["curl", "-K", c], env=env) for c in cfgs]
                 if any(p.wait() for p in ps):
                     raise RuntimeError("a curl of the ceiling failed")
             r = timed(run, size, children=True)
@@ -119,10 +121,11 @@ def main():
             for rng in (8 * MiB, 16 * MiB, 64 * MiB):
                 sweep[f"{procs}x{rng // MiB}M"] = side_by_side({"c": lambda p=procs, r=rng: curl_pass(p, r)},
                                                               a.reps)["c"]
-                say(f"ceiling {procs} curls, {rng // MiB} MiB ranges: {sweep[f'{procs}x{rng // MiB}M']['gb_s']:.2f} GB/s")
+                say(f"ceiling {procs} curls, {rng // MiB} MiB ranges: {sweep[f'{procs}x{rng // MiB}M']}")
         res["ceiling_sweep"] = sweep
-        best = max(sweep, key=lambda k: sweep[k]["gb_s"])
+        best = max(sweep, key=lambda k: sweep[k].get("gb_s", 0))
         res["ceiling"] = dict(sweep[best], setting=best)
+        res["curl"] = subprocess.run(["curl", "--version"], capture_output=True, text=True, env=env).stdout.split("\n")[0]
 
     # ---- Reads into GPU memory.
     def sluice_read():

@@ -8,9 +8,12 @@ with SLUICE_CACHE_DIR new for each pass.  MosaicML Streaming: MDSWriter shards (
 s3://bench/mds, StreamingDataset(remote=..., local=new directory) in a torch DataLoader (workers swept), each
 batch moved to the GPU.  LitData: litdata.optimize chunks uploaded to s3://bench/lit, StreamingDataset over it
 with a new cache directory, StreamingDataLoader (workers swept).  Records per second, medians of --reps
-interleaved passes; CPU s/GB counts this process and its loader workers, not the server.
+interleaved passes, each pass an epoch in a process of its own (so no loader keeps state, shared memory or
+workers from one pass to the next; the process's start-up is not timed); CPU s/GB counts that process and its
+loader workers, not the server.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -41,6 +44,19 @@ def lit_item(i):
     return {"data": record(i)}
 
 
+try:  # at module level, so that loader workers started by forkserver or spawn can unpickle it
+    import torch
+    from streaming import StreamingDataset
+
+    class Rows(StreamingDataset):
+        """Streaming's dataset giving each record's bytes as a uint8 tensor."""
+
+        def __getitem__(self, i):
+            return torch.frombuffer(bytearray(super().__getitem__(i)["data"]), dtype=torch.uint8)
+except ImportError:
+    Rows = None
+
+
 def cpu_all():
     import psutil
     me = psutil.Process()
@@ -60,9 +76,52 @@ def epoch(fn, n, size):
     return r
 
 
+def one_pass(kind, workers, n, size, B, root):
+    """An epoch of loader kind into an empty cache under root, timed from the dataset's opening."""
+    import torch
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cache = tempfile.mkdtemp(dir=root)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    def sluice_run():
+        import sluice
+        os.environ["SLUICE_CACHE_DIR"] = cache
+        ds, got = sluice.Dataset("s3://bench/sl"), 0
+        for b in sluice.Loader(ds, batch_size=B, seed=1, device=dev, fields=["data"], rank=0, world_size=1):
+            got += len(b["data"][1]) - 1
+        sync()
+        return {"records": got}
+
+    def streaming_run():
+        ds = Rows(remote="s3://bench/mds", local=cache, shuffle=True, batch_size=B)
+        got = 0
+        for b in torch.utils.data.DataLoader(ds, batch_size=B, num_workers=workers, pin_memory=dev == "cuda"):
+            b.to(dev, non_blocking=True)
+            got += len(b)
+        sync()
+        return {"records": got}
+
+    def litdata_run():
+        import litdata
+        opts = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"], "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+                "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"]}
+        ds = litdata.StreamingDataset("s3://bench/lit", shuffle=True, storage_options=opts, cache_dir=cache)
+        got = 0
+        for b in litdata.StreamingDataLoader(ds, batch_size=B, num_workers=workers, pin_memory=dev == "cuda"):
+            b["data"].to(dev, non_blocking=True)
+            got += len(b["data"])
+        sync()
+        return {"records": got}
+
+    try:
+        return epoch({"sluice": sluice_run, "streaming": streaming_run, "litdata": litdata_run}[kind], n, size)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--records", type=int, default=8000)
+    ap.add_argument("--records", type=int, default=8192)
     ap.add_argument("--size", type=int, default=131072, help="bytes per record")
     ap.add_argument("--shard", default="64M")
     ap.add_argument("--batch", type=int, default=64)
@@ -71,17 +130,22 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/sluice-s3lb")
     ap.add_argument("--sluice", default="build/sluice")
     ap.add_argument("--skip", default="", help="comma list of: streaming,litdata")
+    ap.add_argument("--pass", dest="one", help="(internal) run one epoch: KIND:WORKERS, print its JSON")
     ap.add_argument("--out", default="s3_loader_bench.json")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
-    n, size, B = a.records, a.size, a.batch
+    # Whole batches only: sluice's last batch would otherwise be filled up to the batch size.
+    n, size, B = a.records - a.records % a.batch, a.size, a.batch
     ep, ak, sk = (os.environ[k] for k in ("SLUICE_TEST_S3_ENDPOINT", "SLUICE_TEST_S3_ACCESS_KEY",
                                          "SLUICE_TEST_S3_SECRET_KEY"))
     os.environ.update(AWS_ENDPOINT_URL=ep, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_REGION="us-east-1",
-                      AWS_DEFAULT_REGION="us-east-1", S3_ENDPOINT_URL=ep)
+                      AWS_DEFAULT_REGION="us-east-1", S3_ENDPOINT_URL=ep, S3LB_SIZE=str(size))
+    if a.one:
+        kind, w = a.one.split(":")
+        print(json.dumps(one_pass(kind, int(w), n, size, B, a.dir)))
+        return
     import boto3
     import torch
-    import sluice
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     shard = int(a.shard[:-1]) * MiB if a.shard[-1] in "Mm" else int(a.shard)
     res = Results(a.out, bench="s3_loader", records=n, size=size, batch=B, shard=shard, device=dev,
@@ -90,7 +154,13 @@ def main():
     boto3.client("s3", endpoint_url=ep, region_name="us-east-1").create_bucket(Bucket="bench")
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
-    os.environ["S3LB_SIZE"] = str(size)
+
+    def run_pass(kind, w=0):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--pass", f"{kind}:{w}", "--records", str(n),
+                              "--size", str(size), "--batch", str(B), "--dir", a.dir], capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"{kind} pass failed: {out.stderr.strip()[-600:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
     # The same records in each loader's own format, on the server.
     tree = os.path.join(a.dir, "tree")
@@ -100,70 +170,26 @@ def main():
         record(i).tofile(os.path.join(d, f"{i:08d}.bin"))
     subprocess.run([a.sluice, "pack", "--from-dir", tree, "--shard-size", str(shard), "--quiet", "s3://bench/sl"],
                    check=True)
-    contenders = {}
+    contenders = {"sluice": lambda: run_pass("sluice")}
 
-    def sluice_pass():
-        os.environ["SLUICE_CACHE_DIR"] = tempfile.mkdtemp(dir=a.dir)
-
-        def run():
-            ds, got = sluice.Dataset("s3://bench/sl"), 0
-            for b in sluice.Loader(ds, batch_size=B, seed=1, device=dev, fields=["data"], rank=0, world_size=1):
-                got += len(b["data"][1]) - 1
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            ds.close()
-            return {"records": got}
-        try:
-            return epoch(run, n, size)
-        finally:
-            shutil.rmtree(os.environ["SLUICE_CACHE_DIR"])
-    contenders["sluice"] = sluice_pass
-
-    def to_gpu(x):
-        return x.to(dev, non_blocking=True) if dev == "cuda" else x
+    def sweep(kind):
+        best = None
+        for w in map(int, a.workers.split(",")):
+            r = run_pass(kind, w)["records_per_s"]
+            res[f"{kind}_{w}w_first"] = r
+            say(f"{kind} {w} workers: {r:,.0f} records/s")
+            if best is None or r > best[1]:
+                best = (w, r)
+        contenders[f"{kind}_{best[0]}w"] = lambda w=best[0]: run_pass(kind, w)
 
     if "streaming" not in skip:
         try:
-            from streaming import MDSWriter, StreamingDataset
+            from streaming import MDSWriter
             with MDSWriter(out=(os.path.join(a.dir, "mds"), "s3://bench/mds"), columns={"data": "bytes"},
                            size_limit=shard) as w:
                 for i in range(n):
                     w.write({"data": record(i).tobytes()})
-
-            class Rows(StreamingDataset):
-                def __getitem__(self, i):
-                    return torch.frombuffer(bytearray(super().__getitem__(i)["data"]), dtype=torch.uint8)
-
-            def streaming_pass(workers):
-                local = tempfile.mkdtemp(dir=a.dir)
-
-                def run():
-                    ds = Rows(remote="s3://bench/mds", local=local, shuffle=True, batch_size=B)
-                    dl = torch.utils.data.DataLoader(ds, batch_size=B, num_workers=workers, pin_memory=dev == "cuda")
-                    got = 0
-                    for b in dl:
-                        to_gpu(b)
-                        got += len(b)
-                    if dev == "cuda":
-                        torch.cuda.synchronize()
-                    return {"records": got}
-                try:
-                    return epoch(run, n, size)
-                finally:
-                    shutil.rmtree(local, ignore_errors=True)
-                    try:
-                        from streaming.base.util import clean_stale_shared_memory
-                        clean_stale_shared_memory()
-                    except Exception:
-                        pass
-            best = None
-            for w in map(int, a.workers.split(",")):
-                r = streaming_pass(w)["records_per_s"]
-                res[f"streaming_{w}w_first"] = r
-                say(f"Streaming {w} workers: {r:,.0f} records/s")
-                if best is None or r > best[1]:
-                    best = (w, r)
-            contenders[f"streaming_{best[0]}w"] = lambda w=best[0]: streaming_pass(w)
+            sweep("streaming")
         except Exception as e:
             res["streaming_error"] = repr(e)
             say(f"Streaming could not run: {e!r}")
@@ -172,38 +198,10 @@ def main():
         try:
             import litdata
             out = os.path.join(a.dir, "lit")
-            litdata.optimize(fn=lit_item, inputs=list(range(n)), output_dir=out,
-                             chunk_bytes=shard, num_workers=4, mode="overwrite")
+            litdata.optimize(fn=lit_item, inputs=list(range(n)), output_dir=out, chunk_bytes=shard, num_workers=4,
+                             mode="overwrite")
             subprocess.run([a.sluice, "cp", "-r", out, "s3://bench/lit/"], check=True, capture_output=True)
-            opts = {"endpoint_url": ep, "aws_access_key_id": ak, "aws_secret_access_key": sk}
-
-            def litdata_pass(workers):
-                cache = tempfile.mkdtemp(dir=a.dir)
-
-                def run():
-                    ds = litdata.StreamingDataset("s3://bench/lit", shuffle=True, storage_options=opts,
-                                                  cache_dir=cache)
-                    dl = litdata.StreamingDataLoader(ds, batch_size=B, num_workers=workers,
-                                                     pin_memory=dev == "cuda")
-                    got = 0
-                    for b in dl:
-                        to_gpu(b["data"])
-                        got += len(b["data"])
-                    if dev == "cuda":
-                        torch.cuda.synchronize()
-                    return {"records": got}
-                try:
-                    return epoch(run, n, size)
-                finally:
-                    shutil.rmtree(cache, ignore_errors=True)
-            best = None
-            for w in map(int, a.workers.split(",")):
-                r = litdata_pass(w)["records_per_s"]
-                res[f"litdata_{w}w_first"] = r
-                say(f"LitData {w} workers: {r:,.0f} records/s")
-                if best is None or r > best[1]:
-                    best = (w, r)
-            contenders[f"litdata_{best[0]}w"] = lambda w=best[0]: litdata_pass(w)
+            sweep("litdata")
         except Exception as e:
             res["litdata_error"] = repr(e)
             say(f"LitData could not run: {e!r}")

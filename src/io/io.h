@@ -34,6 +34,14 @@ struct sl__io {
 	size_t len;
 	ssize_t res;          /* bytes transferred or -errno, set at reap */
 	void *user;
+	/*
+	 * Optional, reads: a backend that receives the bytes in order (s3) calls
+	 * it as they arrive with how many of io->buf are there so far, so the
+	 * caller can move them on before the whole I/O is done.  The count may
+	 * go back to 0 when the backend starts over (a retry): the bytes it
+	 * then receives again are the same.
+	 */
+	void (*progress)(struct sl__io *io, size_t bytes);
 };
 
 struct sl__io_ctx;

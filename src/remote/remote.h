@@ -95,6 +95,10 @@ SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *b
  */
 SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			     uint64_t off, size_t len, void *dst, const char *if_match);
+/* The same, calling progress(arg, bytes in dst so far) as the body arrives (0 again when a retry starts over). */
+SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+				      uint64_t off, size_t len, void *dst, const char *if_match,
+				      void (*progress)(void *arg, size_t bytes), void *arg);
 /* len bytes of src as the whole object bucket/key; key "" creates the bucket. */
 SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			 const void *src, size_t len);

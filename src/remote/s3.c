@@ -227,6 +227,8 @@ struct sl_sink {
 	char etag[128];
 	uint64_t size;
 	int have_size;
+	void (*progress)(void *arg, size_t bytes);
+	void *progress_arg;
 };
 
 static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
@@ -249,6 +251,8 @@ static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
 	}
 	memcpy(k->dst + k->got, p, len);
 	k->got += len;
+	if (k->progress)
+		k->progress(k->progress_arg, k->got);
 	return len;
 }
 
@@ -502,9 +506,16 @@ int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t off,
 		   size_t len, void *dst, const char *if_match)
 {
+	return sl__s3_get_progress(s, c, bucket, key, off, len, dst, if_match, NULL, NULL);
+}
+
+ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+			    uint64_t off, size_t len, void *dst, const char *if_match,
+			    void (*progress)(void *arg, size_t bytes), void *arg)
+{
 	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
 			    .if_match = if_match };
-	struct sl_sink k = { .cap = len };
+	struct sl_sink k = { .cap = len, .progress = progress, .progress_arg = arg };
 	int rc;
 
 	if (!len)

@@ -2,7 +2,9 @@
  * The engine's I/O backend for s3:// objects (remote.h).  A segment's
  * storage read is one ranged GET into the worker's slot (or straight into
  * host memory), pinned to the ETag seen at open with If-Match; the rest of
- * the pipeline (the copy to the GPU, CRCs) is the one files take.
+ * the pipeline (the copy to the GPU, CRCs) is the one files take, and the
+ * worker starts copying a slot's bytes on while the GET still receives the
+ * rest (io->progress).
  */
 #include <errno.h>
 
@@ -13,6 +15,13 @@ static int sl_s3io_probe(const struct sluice_config *cfg, char *why, size_t n)
 {
 	(void)cfg, (void)why, (void)n;
 	return 0;
+}
+
+static void sl_s3io_progress(void *arg, size_t bytes)
+{
+	struct sl__io *io = arg;
+
+	io->progress(io, bytes);
 }
 
 static int sl_s3io_submit(struct sl__io_ctx *ctx, struct sl__io *io)
@@ -26,7 +35,8 @@ static int sl_s3io_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	else if (!c)
 		io->res = sl__err(-ENOMEM, "s3://%s/%s: no connection", o->bucket, o->key);
 	else
-		io->res = sl__s3_get(o->s3, c, o->bucket, o->key, io->offset, io->len, io->buf, o->etag);
+		io->res = sl__s3_get_progress(o->s3, c, o->bucket, o->key, io->offset, io->len, io->buf, o->etag,
+					      io->progress ? sl_s3io_progress : NULL, io);
 	return sl__sync_complete(ctx, io);
 }
 

@@ -44,7 +44,22 @@ struct sl__slot {
 	uint64_t t0;
 	sl_CUevent ev;
 	int pinned;         /* registered with CUDA: 0 not yet, 1 yes, -1 refused */
+	struct sl__worker *w;
+	size_t sent;        /* reads: payload bytes already moved on while the I/O ran (io.progress) */
+	int early_dma;      /* some of them by DMA: wait for the event */
+	int early_err;
 };
+
+/*
+ * A read slot's bytes move on once this many more have arrived (objects:
+ * the GET still running): a quarter of a slot, up to 4 MiB.
+ */
+static size_t sl_early_chunk(const struct sluice_engine *eng)
+{
+	size_t q = eng->cfg.max_transfer_size / 4;
+
+	return q > (4u << 20) ? 4u << 20 : q < (64u << 10) ? 64u << 10 : q;
+}
 
 struct sl__worker {
 	pthread_t thread;
@@ -77,6 +92,7 @@ static int sl_worker_init(struct sl__worker *w)
 	for (unsigned i = 0; i < w->nslots; i++) {
 		w->slots[i].buf = eng->pool + ((size_t)w->id * w->nslots + i) * eng->slot_size;
 		w->slots[i].index = (int)i;
+		w->slots[i].w = w;
 	}
 	rc = sl__io_init(&w->io, eng->main_ops, &eng->cfg, w->nslots);
 	if (rc)
@@ -266,45 +282,92 @@ static size_t sl_run(const struct sl__job *job, const struct sl__seg *s, uint32_
 }
 
 /*
- * Moves the pieces of a segment between the slot and caller memory:
- * H2D for reads, D2H for writes (async on the worker's stream), memcpy
- * for host pieces.  Returns 1 if DMA was queued (wait for the event).
+ * Moves the segment's payload bytes [from, to) between the slot and caller
+ * memory, piece run by piece run: H2D for reads, D2H for writes (async on
+ * the worker's stream), memcpy for host pieces.  Returns 1 if DMA was
+ * queued, 0 if not, or an error.
  */
-static int sl_copy_pieces(struct sl__worker *w, struct sl__slot *sl, int *err)
+static int sl_copy_range(struct sl__worker *w, struct sl__slot *sl, size_t from, size_t to)
 {
 	struct sluice_engine *eng = w->eng;
 	const struct sl__cuda_api *cu = eng->gpu.cu;
 	struct sl__job *job = sl->job;
 	struct sl__seg *s = &job->segs[sl->seg];
-	int dma = 0, sync = eng->cfg.staging == SLUICE_STAGING_PAGEABLE;
+	int dma = 0, err = 0, sync = eng->cfg.staging == SLUICE_STAGING_PAGEABLE;
 
-	*err = 0;
-	if (sl->zero_copy)
-		return 0;
-	for (uint32_t i = 0, n; i < s->npieces && !*err; i += n) {
+	for (uint32_t i = 0, n; i < s->npieces && !err; i += n) {
 		struct sl__piece *p = &job->pieces[s->piece0 + i];
-		char *b = sl->buf + sl->head + p->seg_off;
-		sl_CUdeviceptr d = (sl_CUdeviceptr)(uintptr_t)p->mem;
-		size_t len = sl_run(job, s, i, &n);
+		size_t len = sl_run(job, s, i, &n), lo = p->seg_off > from ? p->seg_off : from,
+		       hi = p->seg_off + len < to ? p->seg_off + len : to;
+		char *b = sl->buf + sl->head + lo, *m = (char *)p->mem + (lo - p->seg_off);
+		sl_CUdeviceptr d = (sl_CUdeviceptr)(uintptr_t)m;
 
+		if (lo >= hi)
+			continue;
+		len = hi - lo;
 		if (!p->gpu) {
 			if (job->op == SL_IO_READ)
-				memcpy(p->mem, b, len);
+				memcpy(m, b, len);
 			else
-				memcpy(b, p->mem, len);
+				memcpy(b, m, len);
 			continue;
 		}
 		if (!sl->pinned)
 			sl_slot_pin(w, sl);
 		if (job->op == SL_IO_READ)
-			*err = sync ? SL_CU(cu->MemcpyHtoD(d, b, len), "cuMemcpyHtoD")
-				    : SL_CU(cu->MemcpyHtoDAsync(d, b, len, w->stream), "cuMemcpyHtoDAsync");
+			err = sync ? SL_CU(cu->MemcpyHtoD(d, b, len), "cuMemcpyHtoD")
+				   : SL_CU(cu->MemcpyHtoDAsync(d, b, len, w->stream), "cuMemcpyHtoDAsync");
 		else
-			*err = sync ? SL_CU(cu->MemcpyDtoH(b, d, len), "cuMemcpyDtoH")
-				    : SL_CU(cu->MemcpyDtoHAsync(b, d, len, w->stream), "cuMemcpyDtoHAsync");
+			err = sync ? SL_CU(cu->MemcpyDtoH(b, d, len), "cuMemcpyDtoH")
+				   : SL_CU(cu->MemcpyDtoHAsync(b, d, len, w->stream), "cuMemcpyDtoHAsync");
 		dma |= !sync;
 	}
-	if (dma && !*err)
+	return err ? err : dma;
+}
+
+/*
+ * io.progress of a read into a slot: the bytes that have arrived move on
+ * (to the GPU, on the worker's stream) while the rest still come, a chunk
+ * at a time, so the copy of a large object range does not wait for its end.
+ */
+static void sl_early(struct sl__io *io, size_t bytes)
+{
+	struct sl__slot *sl = io->user;
+	struct sl__seg *s = &sl->job->segs[sl->seg];
+	size_t avail = (size_t)((char *)io->buf + bytes - (sl->buf + sl->head));
+	int rc;
+
+	if (avail > s->len)
+		avail = s->len;
+	if (sl->early_err || avail < sl->sent + sl_early_chunk(sl->w->eng))
+		return;
+	rc = sl_copy_range(sl->w, sl, sl->sent, avail);
+	if (rc < 0)
+		sl->early_err = rc;
+	sl->early_dma |= rc == 1;
+	sl->sent = avail;
+}
+
+/*
+ * Moves what is left of a segment between the slot and caller memory (all
+ * of it, but for what sl_early moved already).  Returns 1 if DMA was queued
+ * (wait for the event).
+ */
+static int sl_copy_pieces(struct sl__worker *w, struct sl__slot *sl, int *err)
+{
+	const struct sl__cuda_api *cu = w->eng->gpu.cu;
+	int dma;
+
+	*err = sl->early_err;
+	if (sl->zero_copy || *err)
+		return 0;
+	dma = sl_copy_range(w, sl, sl->sent, sl->job->segs[sl->seg].len);
+	if (dma < 0) {
+		*err = dma;
+		return 0;
+	}
+	dma |= sl->early_dma;
+	if (dma)
 		*err = SL_CU(cu->EventRecord(sl->ev, w->stream), "cuEventRecord");
 	return dma && !*err;
 }
@@ -353,6 +416,8 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->got = 0;
 	sl->head = 0;
 	sl->zero_copy = 0;
+	sl->sent = 0;
+	sl->early_dma = sl->early_err = 0;
 	if (atomic_load(&job->err)) {
 		sl_slot_finish(w, sl, SLUICE_ECANCELED);
 		return;
@@ -425,6 +490,9 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	}
 	if (job->op == SL_IO_READ) {
 		sl->need = sl->head + s->len;
+		/* An object's bytes arrive over the GET's whole time: they move on as they come. */
+		if (f->remote && !sl->zero_copy && eng->cfg.staging != SLUICE_STAGING_PAGEABLE)
+			sl->io.progress = sl_early;
 		err = sl_submit_io(w, sl);
 	} else if (sl_copy_pieces(w, sl, &err)) {
 		sl->state = SL_DMA;
