@@ -384,6 +384,16 @@ struct sluice_s3;
 SLUICE_API SLUICE_WUR int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng,
 					 const char *endpoint, const char *access_key,
 					 const char *secret_key, const char *region);
+/*
+ * A client with an engine of its own, opened from cfg (NULL: the
+ * environment's settings) and closed with the client: its knobs are the
+ * engine's, under the same names (sluice_config_set_buffer_pool_size,
+ * _max_transfer_size, which is each ranged GET's size, _queue_depth,
+ * _threads, which is the GETs in flight).
+ */
+SLUICE_API SLUICE_WUR int sluice_s3_open_config(struct sluice_s3 **out, const struct sluice_config *cfg,
+						const char *endpoint, const char *access_key,
+						const char *secret_key, const char *region);
 SLUICE_API void sluice_s3_close(struct sluice_s3 *c);
 /* len bytes at offset of bucket/key into dst (GPU or host memory); the bytes read, or an error. */
 SLUICE_API SLUICE_WUR ssize_t sluice_s3_read_to_gpu(struct sluice_s3 *c, const char *bucket,
@@ -396,6 +406,24 @@ SLUICE_API SLUICE_WUR ssize_t sluice_s3_write_from_gpu(struct sluice_s3 *c, cons
 /* The object's size in bytes. */
 SLUICE_API SLUICE_WUR int sluice_s3_size(struct sluice_s3 *c, const char *bucket, const char *key,
 					 uint64_t *size);
+/*
+ * The same two transfers without waiting: they start at once on a thread
+ * of their own (the bytes move on the engine's workers as above) and
+ * return a future (sluice_future_wait gives the bytes or the error and the
+ * report; free it with sluice_future_free, which waits first).  cb (or
+ * NULL) is called once, on that thread, with the result and user, when the
+ * transfer is done and before waiters wake; it must not free the future.
+ * dst or src, and c, MUST stay valid until then; bucket and key are copied.
+ */
+struct sluice_future;
+SLUICE_API SLUICE_WUR int sluice_s3_read_async(struct sluice_s3 *c, const char *bucket, const char *key,
+					       void *dst, uint64_t offset, size_t len,
+					       void (*cb)(ssize_t result, void *user), void *user,
+					       struct sluice_future **out);
+SLUICE_API SLUICE_WUR int sluice_s3_write_async(struct sluice_s3 *c, const char *bucket, const char *key,
+						const void *src, size_t len,
+						void (*cb)(ssize_t result, void *user), void *user,
+						struct sluice_future **out);
 
 /*
  * Copies between local files and s3:// objects, either way (`sluice cp`).

@@ -47,7 +47,49 @@ struct sluice_future {
 	ssize_t result;
 	char detail[384];
 	uint64_t t0;
+	/* A call future (sl__future_call): fn(arg) on the thread, then cb. */
+	ssize_t (*fn)(void *arg, struct sluice_xfer_report *rep);
+	void *arg;
+	void (*free_arg)(void *arg);
+	void (*cb)(ssize_t result, void *user);
+	void *user;
+	struct sluice_xfer_report rep;
 };
+
+static void *sl_call_run(void *p)
+{
+	struct sluice_future *fut = p;
+
+	fut->result = fut->fn(fut->arg, &fut->rep);
+	if (fut->result < 0)
+		snprintf(fut->detail, sizeof(fut->detail), "%s", sluice_last_error_detail());
+	if (fut->cb)
+		fut->cb(fut->result, fut->user);
+	return NULL;
+}
+
+int sl__future_call(struct sluice_future **out, ssize_t (*fn)(void *arg, struct sluice_xfer_report *rep), void *arg,
+		    void (*free_arg)(void *arg), void (*cb)(ssize_t result, void *user), void *user)
+{
+	struct sluice_future *fut = calloc(1, sizeof(*fut));
+	int rc;
+
+	*out = NULL;
+	if (!fut) {
+		free_arg(arg);
+		return -ENOMEM;
+	}
+	*fut = (struct sluice_future){ .fn = fn, .arg = arg, .free_arg = free_arg, .cb = cb, .user = user,
+				       .t0 = sl__now_ns() };
+	rc = pthread_create(&fut->thread, NULL, sl_call_run, fut);
+	if (rc) {
+		free_arg(arg);
+		free(fut);
+		return sl__err(-rc, "no thread for the transfer: %s", strerror(rc));
+	}
+	*out = fut;
+	return 0;
+}
 
 /* Maps the flag page on first use; engine lock held. */
 static int sl_flags_init(struct sluice_engine *eng)
@@ -339,6 +381,17 @@ int sluice_write_async(struct sluice_file *f, uint64_t offset, size_t len, const
 
 ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report *rep)
 {
+	if (fut->fn) {
+		if (!fut->joined) {
+			pthread_join(fut->thread, NULL);
+			fut->joined = 1;
+		}
+		if (rep)
+			*rep = fut->rep;
+		if (fut->result < 0)
+			sl__err((int)fut->result, "%s", fut->detail);
+		return fut->result;
+	}
 	if (!fut->joined) {
 		pthread_join(fut->thread, NULL);
 		fut->joined = 1;
@@ -374,6 +427,11 @@ void sluice_future_free(struct sluice_future *fut)
 		return;
 	if (sluice_future_wait(fut, NULL) < 0)
 		sl__err_clear(); /* the caller chose not to look */
+	if (fut->fn) {
+		fut->free_arg(fut->arg);
+		free(fut);
+		return;
+	}
 	/* The flag, events and halves may go once the stream is past the last copy. */
 	sl__gpu_bind(&fut->eng->gpu);
 	fut->eng->gpu.cu->EventSynchronize(fut->ev[fut->nwin - 1]);

@@ -13,6 +13,7 @@
 
 struct sluice_s3 {
 	struct sluice_engine *eng;
+	struct sluice_engine *own;  /* the engine opened for this client (sluice_s3_open_config), closed with it */
 	struct sl__s3 *s3;
 };
 
@@ -26,6 +27,8 @@ int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng, const char
 
 	*out = NULL;
 	sl__err_clear();
+	if (!eng)
+		return sl__err(SLUICE_EINVAL_CONFIG, "an object client needs an engine (or sluice_s3_open_config)");
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
@@ -39,11 +42,29 @@ int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng, const char
 	return 0;
 }
 
+int sluice_s3_open_config(struct sluice_s3 **out, const struct sluice_config *cfg, const char *endpoint,
+			  const char *access_key, const char *secret_key, const char *region)
+{
+	struct sluice_engine *eng;
+	int rc;
+
+	*out = NULL;
+	if ((rc = sluice_engine_open(&eng, cfg)))
+		return rc;
+	if ((rc = sluice_s3_open(out, eng, endpoint, access_key, secret_key, region))) {
+		sluice_engine_close(eng);
+		return rc;
+	}
+	(*out)->own = eng;
+	return 0;
+}
+
 void sluice_s3_close(struct sluice_s3 *c)
 {
 	if (!c)
 		return;
 	sl__s3_close(c->s3);
+	sluice_engine_close(c->own);
 	free(c);
 }
 
@@ -103,4 +124,61 @@ int sluice_s3_size(struct sluice_s3 *c, const char *bucket, const char *key, uin
 	*size = sluice_file_size(f);
 	sluice_file_close(f);
 	return 0;
+}
+
+/* One async call's arguments, copied: the caller's strings may go once the call returns. */
+struct sl_call {
+	struct sluice_s3 *c;
+	char *bucket, *key;
+	void *buf;
+	uint64_t offset;
+	size_t len;
+	int write;
+};
+
+static void sl_call_free(void *p)
+{
+	struct sl_call *a = p;
+
+	free(a->bucket);
+	free(a->key);
+	free(a);
+}
+
+static ssize_t sl_call_run(void *p, struct sluice_xfer_report *rep)
+{
+	struct sl_call *a = p;
+
+	return a->write ? sluice_s3_write_from_gpu(a->c, a->bucket, a->key, a->buf, a->len, rep)
+			: sluice_s3_read_to_gpu(a->c, a->bucket, a->key, a->buf, a->offset, a->len, rep);
+}
+
+static int sl_async(struct sluice_s3 *c, const char *bucket, const char *key, void *buf, uint64_t offset, size_t len,
+		    int write, void (*cb)(ssize_t, void *), void *user, struct sluice_future **out)
+{
+	struct sl_call *a = calloc(1, sizeof(*a));
+
+	sl__err_clear();
+	*out = NULL;
+	if (!bucket || !key)
+		return sl__err(SLUICE_EINVAL_CONFIG, "an async object transfer needs a bucket and a key");
+	if (!a || !(a->bucket = strdup(bucket)) || !(a->key = strdup(key))) {
+		if (a)
+			sl_call_free(a);
+		return -ENOMEM;
+	}
+	a->c = c, a->buf = buf, a->offset = offset, a->len = len, a->write = write;
+	return sl__future_call(out, sl_call_run, a, sl_call_free, cb, user);
+}
+
+int sluice_s3_read_async(struct sluice_s3 *c, const char *bucket, const char *key, void *dst, uint64_t offset,
+			 size_t len, void (*cb)(ssize_t result, void *user), void *user, struct sluice_future **out)
+{
+	return sl_async(c, bucket, key, dst, offset, len, 0, cb, user, out);
+}
+
+int sluice_s3_write_async(struct sluice_s3 *c, const char *bucket, const char *key, const void *src, size_t len,
+			  void (*cb)(ssize_t result, void *user), void *user, struct sluice_future **out)
+{
+	return sl_async(c, bucket, key, (void *)src, 0, len, 1, cb, user, out);
 }

@@ -183,4 +183,14 @@ SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
 SL_HIDDEN ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
 			  size_t n, struct sluice_xfer_report *rep);
 
+/*
+ * async.c: a future whose work is fn(arg, rep) on a thread of its own
+ * (the object client's async calls); cb (or NULL) is called on that thread
+ * with the result once fn returns, before waiters wake.  free_arg(arg) at
+ * sluice_future_free (or at once if the thread cannot start).
+ */
+SL_HIDDEN int sl__future_call(struct sluice_future **out, ssize_t (*fn)(void *arg, struct sluice_xfer_report *rep),
+			      void *arg, void (*free_arg)(void *arg), void (*cb)(ssize_t result, void *user),
+			      void *user);
+
 #endif

@@ -323,3 +323,28 @@ def test_checkpoint_save_load_s3(s3):
     assert int.from_bytes(raw[:8], "little") < len(raw)
     back = sluice.load("s3://pytest/ck/model.safetensors", device="numpy")
     assert set(back) == {"w", "b"} and np.array_equal(back["w"], t["w"]) and np.array_equal(back["b"], t["b"])
+
+
+def test_client_async_and_knobs(s3):
+    """The client's async_read / async_write return futures at once and call back when done; knobs under the
+    engine's names give a client an engine of its own (ranges of max_transfer_size, threads GETs in flight)."""
+    import threading
+    srv = s3.sluice_server
+    data = np.random.default_rng(10).integers(0, 256, size=(9 << 20) + 3, dtype=np.uint8)
+    with sluice.Client(srv.endpoint, srv.access_key, srv.secret_key, "us-east-1", max_transfer_size=1 << 20,
+                       threads=3, queue_depth=2, buffer_pool_size=8 << 20) as c:
+        done, results = threading.Event(), []
+        w = c.async_write("pytest", "async/obj", data, callback=lambda r: (results.append(r), done.set()))
+        assert w.wait() == data.nbytes and done.wait(10) and results == [data.nbytes]
+        outs = [np.zeros(1 << 20, dtype=np.uint8) for _ in range(4)]
+        futs = [c.async_read("pytest", "async/obj", o, offset=k * 2_000_001) for k, o in enumerate(outs)]
+        assert [f.wait() for f in futs] == [1 << 20] * 4
+        for k, o in enumerate(outs):
+            assert np.array_equal(o, data[k * 2_000_001:k * 2_000_001 + (1 << 20)])
+        failed = []
+        f = c.async_read("pytest", "async/missing", outs[0], callback=failed.append)
+        with pytest.raises(sluice.SluiceError) as e:
+            f.wait()
+        assert e.value.code == -errno.ENOENT and "async/missing" in str(e.value) and failed == [-errno.ENOENT]
+    with pytest.raises(sluice.SluiceError):
+        sluice.Client(srv.endpoint, srv.access_key, srv.secret_key, max_transfer_size=3)

@@ -20,6 +20,12 @@ static const char *only(const char *name, void *ctx)
 	return NULL; /* no AWS_* variable, no ~/.aws: only what the test passes */
 }
 
+/* An async transfer's callback: adds its result. */
+static void t_add_result(ssize_t result, void *user)
+{
+	atomic_fetch_add((_Atomic long *)user, (long)result);
+}
+
 int main(void)
 {
 	const char *ep = getenv("SLUICE_TEST_S3_ENDPOINT"), *ak = getenv("SLUICE_TEST_S3_ACCESS_KEY"),
@@ -135,6 +141,27 @@ int main(void)
 		T_CHECK(sluice_s3_read_to_gpu(cl, "sluice-test", "client/obj", got, 77, 5000, NULL) == 5000 &&
 			!memcmp(got, obj + 77, 5000));
 		T_CHECK(sluice_s3_read_to_gpu(cl, "sluice-test", NULL, got, 0, 1, NULL) == SLUICE_EINVAL_CONFIG);
+		/* Async: futures at once, the callback once each with the result, errors named at the wait. */
+		{
+			struct sluice_future *fu[3];
+			_Atomic long sum = 0;
+
+			memset(got, 0, n);
+			T_CHECK(sluice_s3_read_async(cl, "sluice-test", "client/obj", got, 0, n / 2, t_add_result, &sum, &fu[0]) == 0);
+			T_CHECK(sluice_s3_read_async(cl, "sluice-test", "client/obj", got + n / 2, n / 2, n - n / 2, t_add_result,
+						     &sum, &fu[1]) == 0);
+			T_CHECK(sluice_s3_write_async(cl, "sluice-test", "client/obj2", obj, 1000, NULL, NULL, &fu[2]) == 0);
+			T_CHECK(sluice_future_wait(fu[0], NULL) == (ssize_t)(n / 2));
+			T_CHECK(sluice_future_wait(fu[1], NULL) == (ssize_t)(n - n / 2));
+			T_CHECK(sluice_future_wait(fu[2], NULL) == 1000 && atomic_load(&sum) == (long)n);
+			T_CHECK(!memcmp(got, obj, n));
+			for (int i = 0; i < 3; i++)
+				sluice_future_free(fu[i]);
+			T_CHECK(sluice_s3_read_async(cl, "sluice-test", "client/none", got, 0, 1, NULL, NULL, &fu[0]) == 0);
+			T_CHECK(sluice_future_wait(fu[0], NULL) == -ENOENT &&
+				strstr(sluice_last_error_detail(), "client/none"));
+			sluice_future_free(fu[0]);
+		}
 		T_CHECK(sluice_s3_open(&wrong, eng, ep, ak, "wrong-secret-xyz", NULL) == 0);
 		T_CHECK(sluice_s3_size(wrong, "sluice-test", "client/obj", &sz) == -EACCES &&
 			!strstr(sluice_last_error_detail(), "wrong-secret-xyz"));
