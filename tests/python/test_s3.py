@@ -348,3 +348,23 @@ def test_client_async_and_knobs(s3):
         assert e.value.code == -errno.ENOENT and "async/missing" in str(e.value) and failed == [-errno.ENOENT]
     with pytest.raises(sluice.SluiceError):
         sluice.Client(srv.endpoint, srv.access_key, srv.secret_key, max_transfer_size=3)
+
+
+def test_session_token_is_sent_and_signed(s3, tmp_path):
+    """AWS_SESSION_TOKEN goes out as x-amz-security-token, inside the signature (SignedHeaders); the server
+    refuses a token it did not issue (moto cannot issue one its S3 accepts), and the token is in no message."""
+    srv = s3.sluice_server
+    s3.put_object(Bucket="pytest", Key="tok/k", Body=b"x" * 100)
+    token = "FwoGZXIvYXdzSLUICETESTTOKEN0123456789"
+    env = dict(os.environ, AWS_ENDPOINT_URL=srv.counting, AWS_SESSION_TOKEN=token, HOME=str(tmp_path))
+    code = ("import numpy as np, sluice\n"
+            "try:\n"
+            "    sluice.read('s3://pytest/tok/k', np.zeros(100, np.uint8)); print('read')\n"
+            "except sluice.SluiceError as e:\n"
+            "    print('refused', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("refused") and "s3://pytest/tok/k" in out.stdout
+    assert token not in out.stdout + out.stderr
+    sent = [h for m, p, h in srv.counter.headers if p.startswith("/pytest/tok/k")]
+    assert sent and all(h.get("x-amz-security-token") == token for h in sent)
+    assert all("x-amz-security-token" in h["authorization"].split("SignedHeaders=")[1].split(",")[0] for h in sent)

@@ -115,6 +115,7 @@ class FaultyProxy(http.server.ThreadingHTTPServer):
         self.upstream, self.turn, self.lock, self.seen = upstream, itertools.count(), threading.Lock(), set()
         self.faults = faults
         self.counts = {}  # (method, path without the query) -> requests seen
+        self.headers = []  # (method, path, {header: value}) of each request, in order
         super().__init__(("127.0.0.1", 0), FaultyHandler)
 
 
@@ -132,6 +133,7 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
             self.server.seen.add(request)
             where = (self.command, self.path.split("?")[0])
             self.server.counts[where] = self.server.counts.get(where, 0) + 1
+            self.server.headers.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
         if fault == 1 and self.command != "GET":
             fault = 0
         if fault == 0:
