@@ -117,6 +117,17 @@ def test_read_object_into_gpu(s3):
         t3 = torch.zeros(4096, dtype=torch.uint8, device="cuda")
         assert c.read_to_gpu("pytest", "gpu.bin", t3, offset=1 << 20) == 4096
         assert np.array_equal(t3.cpu().numpy(), data[1 << 20:(1 << 20) + 4096])
+        # The client's async read into GPU memory, with its callback.
+        got = []
+        t3.zero_()
+        assert c.async_read("pytest", "gpu.bin", t3, offset=77, callback=got.append).wait() == 4096
+        assert got == [4096] and np.array_equal(t3.cpu().numpy(), data[77:77 + 4096])
+    # The stream-ordered async read (sluice.read_async) of an object.
+    t4 = torch.zeros(data.nbytes, dtype=torch.uint8, device="cuda")
+    fut = sluice.read_async("s3://pytest/gpu.bin", t4)
+    assert fut.wait() == data.nbytes
+    torch.cuda.current_stream().synchronize()
+    assert np.array_equal(t4.cpu().numpy(), data)
 
 
 def test_bench_an_object(s3):
