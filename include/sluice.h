@@ -434,8 +434,15 @@ SLUICE_API SLUICE_WUR int sluice_s3_write_async(struct sluice_s3 *c, const char 
  * parallel parts (SLUICE_S3_PART_SIZE, SLUICE_S3_CONCURRENCY) and several
  * files at once; uploads appear whole or not at all, downloads are
  * written under a temporary name and renamed.  Local to local and s3 to
- * s3 are refused (-EINVAL).  The datasets' cache: SLUICE_CACHE_DIR,
- * SLUICE_CACHE_LIMIT (see docs/REMOTE.md).
+ * s3 are refused (-EINVAL).
+ *
+ * Datasets under s3://BUCKET/PREFIX (sluice_dataset_open, the loader,
+ * sluice_writer_open) read their files through a local cache shared by
+ * the machine's processes: SLUICE_CACHE_DIR (default
+ * $XDG_CACHE_HOME/sluice, else ~/.cache/sluice), at most
+ * SLUICE_CACHE_LIMIT bytes (default half of its file system), least
+ * recently used out, a copy used only while the object's size and ETag
+ * match; a writer uploads each shard when finished and the index last.
  */
 #define SLUICE_COPY_RECURSIVE 1u
 struct sluice_copy_report {
