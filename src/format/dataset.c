@@ -150,26 +150,32 @@ int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i, struct sl
 	return 0;
 }
 
-int sl__ds_path(struct sluice_dataset *ds, unsigned f, const char **path)
+int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 {
 	char local[4096];
-	int rc = 0;
+	int rc = 0, have;
 
-	if (!sl__is_s3_url(ds->files[f])) {
-		*path = ds->files[f];
-		return 0;
-	}
+	if (!sl__is_s3_url(ds->files[f]))
+		return (size_t)snprintf(path, cap, "%s", ds->files[f]) < cap ? 0
+			: sl__err(-ENAMETOOLONG, "%s: path too long", ds->files[f]);
 	pthread_mutex_lock(&ds->local_lock);
-	if (!ds->prefetch) {
+	if (!ds->prefetch_tried) {
 		uint64_t total = 0;
 
 		for (unsigned k = 0; k < ds->nfiles; k++)
 			total += ds->file_bytes[k];
 		ds->prefetch = sl__cache_prefetch(ds->files, ds->nfiles, total);
+		ds->prefetch_tried = 1;
 	}
+	/* A copy another process let go (the cache's limit) is fetched again. */
+	if (ds->local[f] && access(ds->local[f], F_OK) != 0) {
+		free(ds->local[f]);
+		ds->local[f] = NULL;
+	}
+	have = ds->local[f] != NULL;
 	pthread_mutex_unlock(&ds->local_lock);
 	/* Fetched outside the lock: readers of other files go on meanwhile. */
-	if (!ds->local[f] && !(rc = sl__fs_local(ds->files[f], local, sizeof(local)))) {
+	if (!have && !(rc = sl__fs_local(ds->files[f], local, sizeof(local)))) {
 		char *mine = strdup(local);
 
 		pthread_mutex_lock(&ds->local_lock);
@@ -181,7 +187,8 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, const char **path)
 		free(mine);
 	}
 	pthread_mutex_lock(&ds->local_lock);
-	*path = ds->local[f];
+	if (!rc && (!ds->local[f] || (size_t)snprintf(path, cap, "%s", ds->local[f]) >= cap))
+		rc = sl__err(-ENAMETOOLONG, "%s: the cached copy's path does not fit", ds->files[f]);
 	pthread_mutex_unlock(&ds->local_lock);
 	return rc;
 }
@@ -189,11 +196,11 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, const char **path)
 int sl__ds_fd(struct sluice_dataset *ds, unsigned f)
 {
 	int fd = atomic_load(&ds->fds[f]), mine, none = -1, rc;
-	const char *path;
+	char path[4096];
 
 	if (fd >= 0)
 		return fd;
-	if ((rc = sl__ds_path(ds, f, &path)))
+	if ((rc = sl__ds_path(ds, f, path, sizeof(path))))
 		return rc;
 	mine = open(path, O_RDONLY | O_CLOEXEC);
 	if (mine < 0)

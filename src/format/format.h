@@ -167,6 +167,7 @@ struct sluice_dataset {
 	char **local;            /* s3:// datasets: each file's cached copy, fetched on first use */
 	pthread_mutex_t local_lock;
 	struct sl__prefetch *prefetch; /* s3:// datasets: the files fetched ahead, from the first use on */
+	int prefetch_tried;
 	int has_crc;             /* loc.crc is meaningful */
 	int compressed;          /* records are not extents of files: read them with ops->fetch */
 	struct sl__hist h_decompress; /* time of each block decompressed (zstd datasets) */
@@ -197,11 +198,11 @@ SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
 /* The generic layer: a file's descriptor (opened on first use). */
 SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
 /*
- * The path to open file f at: its own, or for s3:// the cached copy
- * (fetched on the first use, when the dataset's other files start being
- * fetched ahead).  Valid while ds is open.
+ * The path to open file f at, into path (cap bytes): its own, or for s3://
+ * the cached copy (fetched on the first use, when the dataset's other
+ * files start being fetched ahead; fetched again if the cache let it go).
  */
-SL_HIDDEN int sl__ds_path(struct sluice_dataset *ds, unsigned f, const char **path);
+SL_HIDDEN int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap);
 /*
  * Maps a whole file read-only; errors name the file (with enoent_hint, a
  * missing file is called an unfinished or foreign dataset).  munmap() it.

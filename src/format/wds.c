@@ -461,10 +461,10 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 		struct sl_wds_tar *tt = &w->tars[t];
 		char keys[SLUICE_MAX_FIELDS][256];
 
-		const char *local;
+		char local[4096];
 
 		/* A tar over s3:// is scanned in its cached copy, its sidecar kept beside that. */
-		rc = sl__ds_path(ds, t, &local);
+		rc = sl__ds_path(ds, t, local, sizeof(local));
 		if (!rc)
 			rc = sl_wds_load(local, tt, keys);
 		if (rc)

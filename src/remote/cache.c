@@ -247,14 +247,18 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		char tmp[4200];
 		FILE *f;
 
+		int ok;
+
 		snprintf(tmp, sizeof(tmp), "%s.%d", p, (int)getpid());
 		f = fopen(tmp, "we");
-		if (!f || fprintf(f, "url %s\nendpoint %s\nsize %llu\netag %s\n", url, sl__s3_conf(s3)->endpoint,
-				  (unsigned long long)size, etag) < 0 || fclose(f) != 0 || rename(tmp, p) < 0) {
-			rc = sl__err(-errno ? -errno : -EIO, "%s: %s", p, strerror(errno));
+		ok = f && fprintf(f, "url %s\nendpoint %s\nsize %llu\netag %s\n", url, sl__s3_conf(s3)->endpoint,
+				  (unsigned long long)size, etag) > 0;
+		if (f && fclose(f) != 0)
+			ok = 0;
+		if (!ok || rename(tmp, p) < 0) {
+			rc = sl__err(errno ? -errno : -EIO, "%s: %s", p, strerror(errno ? errno : EIO));
 			unlink(tmp);
 		}
-		f = NULL;
 	}
 	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", url, local, (unsigned long long)size);
 out:

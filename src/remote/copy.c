@@ -111,9 +111,12 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 			return rc;
 		if (!n)
 			rc = sl__err(-ENOENT, "%s: no files below it", src);
-		/* names are src/RELATIVE (src's own trailing '/' kept once). */
+		/* names are src, maybe a '/', then the name relative to src. */
 		for (unsigned i = 0; i < n; i++) {
-			const char *rel = names[i] + sl + (src[sl - 1] == '/' ? 0 : 1);
+			const char *rel = names[i] + sl;
+
+			while (*rel == '/')
+				rel++;
 
 			if (!rc)
 				rc = sl_copy_add(c, names[i], dst, sep, rel);

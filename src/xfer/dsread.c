@@ -78,9 +78,9 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 	/* The engine's handles of the data files this batch touches. */
 	for (size_t k = 0; k < n; k++) {
 		unsigned f = loc[k].shard;
-		const char *path;
+		char path[4096];
 
-		if (!files[f] && ((rc = sl__ds_path(ds, f, &path)) ||
+		if (!files[f] && ((rc = sl__ds_path(ds, f, path, sizeof(path))) ||
 				  (rc = sluice_file_open(&files[f], eng, path, SLUICE_RDONLY))))
 			goto out;
 		r[k].file = files[f];

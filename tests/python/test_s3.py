@@ -312,6 +312,10 @@ def test_copy_both_ways(s3, tmp_path):
     assert got["files"] == len(files)
     for rel, data in files.items():
         assert (tmp_path / "back" / rel).read_bytes() == data
+    # A trailing '/' on either side names the same tree.
+    assert sluice.copy(str(tmp_path / "src") + "/", "s3://pytest/tree2", recursive=True)["files"] == len(files)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="pytest", Prefix="tree2/")["Contents"]}
+    assert keys == {"tree2/" + rel for rel in files}
     sluice.copy("s3://pytest/tree/big.bin", str(tmp_path))
     assert (tmp_path / "big.bin").read_bytes() == files["big.bin"]
     sluice.copy(str(tmp_path / "big.bin"), "s3://pytest/one/")
