@@ -7,9 +7,10 @@ The server is tests/remote/s3server.py (moto, signatures checked, ranges served 
 object) in the parent process; the clients run here.  Measured, medians of --reps interleaved passes:
   ceiling  the server's own: the object fetched by P curl processes at once, each a run of ranged GETs on one
            kept-alive connection to /dev/null (P and the range size swept, the best kept);
-  read     the whole object into GPU memory (host memory without a GPU): sluice.read; boto3's
-           download_fileobj at its best TransferConfig (swept), then one copy to the GPU; s3torchconnector's
-           S3Client.get_object read whole, then the copy; KvikIO's RemoteFile.open_s3 read into the GPU buffer;
+  read     the whole object into GPU memory (host memory without a GPU): sluice.Client.read_to_gpu at its best
+           max_transfer_size x threads of a sweep; KvikIO's RemoteFile.open_s3 read into the GPU buffer at its
+           best task_size x num_threads of the same sweep; boto3's download_fileobj at its best TransferConfig
+           (swept), then one copy to the GPU; s3torchconnector's S3Client.get_object read whole, then the copy;
   write    a GPU buffer as one object: sluice.write; boto3's upload_fileobj (multipart) at its best
            TransferConfig, from the buffer copied to the host; s3torchconnector's put_object.
 CPU s/GB is this process's CPU time (the server's is not counted) over the bytes moved.
@@ -41,7 +42,9 @@ def main():
     ap.add_argument("--part", default="16M", help="range / part size every client is set to (sluice, boto3 "
                     "sweep around it, s3torchconnector, KvikIO task size)")
     ap.add_argument("--concurrency", type=int, default=16, help="requests in flight for every client")
-    ap.add_argument("--skip", default="", help="comma list of: ceiling,boto3,s3torch,kvikio,write")
+    ap.add_argument("--skip", default="", help="comma list of: ceiling,boto3,s3torch,kvikio,write,sweep")
+    ap.add_argument("--sweep-parts", default="32M,64M,128M", help="sluice and KvikIO: range sizes tried")
+    ap.add_argument("--sweep-conc", default="16,32", help="sluice and KvikIO: requests in flight tried")
     ap.add_argument("--out", default="s3_bench.json")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -156,7 +159,55 @@ def main():
                                   max_concurrency=int(c))
         res["boto3_best_config"] = best
 
-    readers = {"sluice": sluice_read}
+    # sluice and KvikIO at their best settings too, as boto3: range size x requests in flight, two passes
+    # each; sluice's through the client's knobs (sluice.Client(max_transfer_size=, threads=), an engine of its
+    # own), KvikIO's through kvikio.defaults.
+    kv = None
+    if "kvikio" not in skip and gpu:
+        try:
+            import kvikio
+            import kvikio.defaults
+            kv = kvikio
+            res["kvikio_version"] = kvikio.__version__
+        except Exception as e:
+            res["kvikio_error"] = repr(e)
+
+    def kvikio_read(p, c):
+        def one():
+            kv.defaults.set({"num_threads": c, "task_size": p})
+            with kv.RemoteFile.open_s3("bench", "obj") as f:
+                f.read(dst)
+        return timed(one, size)
+
+    def client_read(cl):
+        r = timed(lambda: cl.read_to_gpu("bench", "obj", dst), size)
+        if gpu:
+            torch.cuda.synchronize()
+        return r
+
+    sluice_best, kvikio_best = None, (part, conc)
+    if "sweep" not in skip:
+        grid = [(parse_size(p), int(c)) for p in a.sweep_parts.split(",") for c in a.sweep_conc.split(",")]
+        sweep = {}
+        for p, c in grid:
+            name = f"{p // MiB}M x{c}"
+            with sluice.Client(ep, ak, sk, "us-east-1", max_transfer_size=p, threads=c, queue_depth=2) as cl:
+                client_read(cl)  # its engine's first use: slots pinned
+                sweep[f"sluice {name}"] = side_by_side({"s": lambda cl=cl: client_read(cl)}, 2)["s"]
+            if kv:
+                sweep[f"kvikio {name}"] = side_by_side({"k": lambda p=p, c=c: kvikio_read(p, c)}, 2)["k"]
+            say(f"sweep {name}: sluice {sweep[f'sluice {name}'].get('gb_s', 0):.2f} GB/s" +
+                (f", kvikio {sweep[f'kvikio {name}'].get('gb_s', 0):.2f} GB/s" if kv else ""))
+        res["read_sweep"] = sweep
+        pick = lambda who: max(grid, key=lambda g: sweep.get(f"{who} {g[0] // MiB}M x{g[1]}", {}).get("gb_s", 0))  # noqa: E731
+        sluice_best = pick("sluice")
+        if kv:
+            kvikio_best = pick("kvikio")
+        res["sluice_best_config"] = f"{sluice_best[0] // MiB}M x{sluice_best[1]}"
+        res["kvikio_best_config"] = f"{kvikio_best[0] // MiB}M x{kvikio_best[1]}"
+    best_client = sluice.Client(ep, ak, sk, "us-east-1", max_transfer_size=sluice_best[0], threads=sluice_best[1],
+                                queue_depth=2) if sluice_best else None
+    readers = {"sluice": (lambda: client_read(best_client)) if best_client else sluice_read}
     if "boto3" not in skip:
         readers["boto3"] = lambda: boto3_read(best_cfg)
     if "s3torch" not in skip:
@@ -170,21 +221,8 @@ def main():
             readers["s3torchconnector"] = s3torch_read
         except Exception as e:  # reported, not fatal
             res["s3torchconnector_error"] = repr(e)
-    if "kvikio" not in skip and gpu:
-        try:
-            import kvikio
-            import kvikio.defaults
-            kvikio.defaults.set({"num_threads": conc, "task_size": part})
-            res["kvikio_version"] = kvikio.__version__
-
-            def kvikio_read():
-                def one():
-                    with kvikio.RemoteFile.open_s3("bench", "obj") as f:
-                        f.read(dst)
-                return timed(one, size)
-            readers["kvikio"] = kvikio_read
-        except Exception as e:
-            res["kvikio_error"] = repr(e)
+    if kv:
+        readers["kvikio"] = lambda: kvikio_read(*kvikio_best)
     for name, fn in readers.items():  # each once, checked, before the timed passes
         try:
             dst.zero_() if gpu else dst.fill(0)
@@ -208,7 +246,10 @@ def main():
         def host_copy():
             return src.cpu().numpy() if gpu else src
 
-        writers = {"sluice": lambda: timed(lambda: sluice.write("s3://bench/w-sluice", src), wsize)}
+        # sluice writes through the same client (its engine is open already), else the process's engine.
+        put = (lambda: best_client.write_from_gpu("bench", "w-sluice", src)) if best_client else \
+            (lambda: sluice.write("s3://bench/w-sluice", src))
+        writers = {"sluice": lambda: timed(put, wsize)}
         if "boto3" not in skip:
             cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=best_cfg.multipart_chunksize,
                                  max_concurrency=best_cfg.max_concurrency)
@@ -245,6 +286,8 @@ def main():
         if wpeers:
             rat["write_vs_best_peer"] = min(ratio(wr["sluice"], wr[k]) for k in wpeers)
     res["ratios"] = rat
+    if best_client:
+        best_client.close()
     say(f"ratios: { {k: (round(v, 3) if isinstance(v, float) else v) for k, v in rat.items()} }")
 
 
