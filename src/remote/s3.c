@@ -410,6 +410,9 @@ static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct
 			hdr = curl_slist_append(hdr, match);
 		}
 		k->dst = q->buf;
+		/* Large reads: fewer, larger receives and callbacks than curl's 16 KiB default. */
+		if (q->len >= (1u << 20))
+			curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L << 10);
 	} else {
 		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, verb[q->method]);
 		if (q->method != SL_DELETE) {
