@@ -4,7 +4,8 @@
 # as root on Debian bookworm; every output folder is git-ignored:
 #
 #   .carry/deps  Debian's -dev and runtime packages sluice builds with
-#                (liburing, isa-l, libarchive, jansson, zstd, curl), unpacked
+#                (liburing, isa-l, libarchive, jansson, zstd, curl, expat; the curl
+#                command for the S3 ceiling), unpacked
 #                with dpkg -x; bench/gpu_machine.sh points pkg-config at them
 #   .carry/fio   fio, built from Debian's source package without optional
 #                engines, so it needs only libc, libm and libz there
