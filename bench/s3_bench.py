@@ -93,7 +93,9 @@ def main():
     # ---- The server's ceiling: curl processes, each a run of ranged GETs on one connection, to /dev/null.
     # The machine's own curl with its own libcurl (not the one carried for building sluice).
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    if "ceiling" not in skip and shutil.which("curl"):
+    if "ceiling" not in skip and not shutil.which("curl"):
+        res["ceiling_error"] = "no curl command on this machine"
+    elif "ceiling" not in skip:
         def curl_pass(procs, rng):
             ranges = [(o, min(o + rng, size) - 1) for o in range(0, size, rng)]
             cfgs = []
