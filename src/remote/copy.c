@@ -22,9 +22,7 @@ struct sl_copy {
 	size_t n, cap;
 	int upload;
 	_Atomic size_t next;
-	pthread_mutex_t lock;
-	int err;
-	char detail[1024];
+	struct sl__first_err fail;
 };
 
 static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, const char *sep, const char *rel)
@@ -65,21 +63,15 @@ static void *sl_copy_run(void *arg)
 {
 	struct sl_copy *c = arg;
 
-	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !c->err;) {
+	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !atomic_load(&c->fail.err);) {
 		struct sl_pair *q = &c->p[i];
 		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q->dst);
 
 		if (!rc && !c->upload)
 			rc = sl__fs_download(q->src, q->dst);
 
-		if (rc) {
-			pthread_mutex_lock(&c->lock);
-			if (!c->err) {
-				c->err = rc;
-				snprintf(c->detail, sizeof(c->detail), "%s", sluice_last_error_detail());
-			}
-			pthread_mutex_unlock(&c->lock);
-		}
+		if (rc)
+			sl__first_err_keep(&c->fail, rc);
 	}
 	return NULL;
 }
@@ -156,7 +148,7 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		memset(rep, 0, sizeof(*rep));
 	if (!src || !dst || !*src || !*dst)
 		return sl__err(-EINVAL, "copy: a source and a destination are needed");
-	pthread_mutex_init(&c.lock, NULL);
+	pthread_mutex_init(&c.fail.lock, NULL);
 	rc = sl_copy_plan(&c, src, dst, flags);
 	for (; !rc && nth < SL_FILES_AT_ONCE && nth < c.n; nth++)
 		if (pthread_create(&th[nth], NULL, sl_copy_run, &c))
@@ -165,8 +157,8 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		sl_copy_run(&c);
 	for (unsigned i = 0; i < nth; i++)
 		pthread_join(th[i], NULL);
-	if (!rc && c.err)
-		rc = sl__err(c.err, "%s", c.detail);
+	if (!rc && c.fail.err)
+		rc = sl__err(c.fail.err, "%s", c.fail.detail);
 	if (rep && !rc) {
 		rep->files = c.n;
 		/* The local side's sizes: the bytes moved. */
@@ -180,6 +172,6 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		free(c.p[i].dst);
 	}
 	free(c.p);
-	pthread_mutex_destroy(&c.lock);
+	pthread_mutex_destroy(&c.fail.lock);
 	return rc;
 }

@@ -41,7 +41,7 @@ int sl__fs_stat(const char *path, struct stat *st)
 			return rc;
 	}
 	snprintf(dir, sizeof(dir), "%s%s", key, key[0] && key[strlen(key) - 1] != '/' ? "/" : "");
-	rc = sl__s3_list(s3, c, bucket, dir, "/", &l);
+	rc = sl__s3_list(s3, c, bucket, dir, "/", 1, &l); /* one entry says it is a directory */
 	if (!rc && !l.n)
 		rc = sl__err(-ENOENT, "%s: no such object or prefix", path);
 	if (!rc)
@@ -111,7 +111,7 @@ int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n)
 		kl = strlen(key);
 		if (kl && key[kl - 1] != '/' && kl + 1 < sizeof(key))
 			key[kl++] = '/', key[kl] = 0;
-		rc = c ? sl__s3_list(s3, c, bucket, key, recursive ? NULL : "/", &l) : -ENOMEM;
+		rc = c ? sl__s3_list(s3, c, bucket, key, recursive ? NULL : "/", 0, &l) : -ENOMEM;
 		/* Objects only: not the prefixes, nor "directory" markers (keys ending in '/'). */
 		for (size_t i = 0; !rc && i < l.n; i++)
 			if (!l.e[i].is_prefix && strlen(l.e[i].key) > kl && l.e[i].key[strlen(l.e[i].key) - 1] != '/')

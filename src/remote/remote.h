@@ -6,6 +6,7 @@
 #ifndef SL_REMOTE_H
 #define SL_REMOTE_H
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "core/core.h"
@@ -118,11 +119,12 @@ struct sl__s3_list {
 /*
  * Every key of bucket under prefix (ListObjectsV2, page after page), in
  * the server's order (by key); with delim "/" only one level: the objects
- * directly below and the common prefixes.  Appends to *l; free it with
- * sl__s3_list_free.
+ * directly below and the common prefixes.  max > 0: one page of at most
+ * max entries (enough to learn whether a prefix holds anything).  Appends
+ * to *l; free it with sl__s3_list_free.
  */
 SL_HIDDEN int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix,
-			  const char *delim, struct sl__s3_list *l);
+			  const char *delim, unsigned max, struct sl__s3_list *l);
 SL_HIDDEN void sl__s3_list_free(struct sl__s3_list *l);
 /*
  * list.c: one ListObjectsV2 page (len bytes, untrusted) appended to l; the
@@ -166,6 +168,19 @@ SL_HIDDEN extern const struct sl__io_ops sl__io_s3_ops;
  */
 SL_HIDDEN int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
 			    int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx);
+
+/*
+ * The first error among threads sharing one piece of work (an upload's
+ * parts, a download's chunks, a copy's files), with the detail of the
+ * thread that met it (details are thread-local).  Initialise lock with
+ * pthread_mutex_init; err may be read without it.
+ */
+struct sl__first_err {
+	pthread_mutex_t lock;
+	_Atomic int err;
+	char detail[512];
+};
+SL_HIDDEN void sl__first_err_keep(struct sl__first_err *fe, int rc);
 
 /*
  * Downloads bucket/key (size bytes, pinned to etag) into fd: chunks of

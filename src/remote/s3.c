@@ -533,8 +533,10 @@ ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char 
 }
 
 int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix, const char *delim,
-		struct sl__s3_list *l)
+		unsigned max, struct sl__s3_list *l)
 {
+	char maxs[16];
+
 	enum { CAP = 4 << 20 }; /* a page of 1000 keys of up to 1024 bytes each, escaped, fits */
 	char *body = malloc(CAP), query[4096], token[1024] = "";
 	int rc = body ? 0 : -ENOMEM;
@@ -550,6 +552,10 @@ int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 		if (delim && *delim)
 			n = sl_query_param(query, sizeof(query), n, "delimiter", delim);
 		n = sl_query_param(query, sizeof(query), n, "list-type", "2");
+		if (max) {
+			snprintf(maxs, sizeof(maxs), "%u", max);
+			n = sl_query_param(query, sizeof(query), n, "max-keys", maxs);
+		}
 		if (!sl_query_param(query, sizeof(query), n, "prefix", prefix)) {
 			rc = sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: the listing's query is too long", bucket, prefix);
 			break;
@@ -558,7 +564,7 @@ int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 			rc = sl_request(s, c, &q, &k);
 		if (!rc && (rc = sl__s3_list_parse(body, k.got, l, token, sizeof(token))))
 			rc = sl__err(rc, "s3://%s/%s: %s", bucket, prefix, sluice_last_error_detail());
-	} while (!rc && token[0]);
+	} while (!rc && token[0] && !max);
 	free(body);
 	return rc;
 }
@@ -623,19 +629,17 @@ struct sl_upload {
 	unsigned nparts;
 	_Atomic unsigned next;
 	char (*etag)[128];          /* each part's ETag, by part */
-	pthread_mutex_t lock;
-	int err;                    /* first error */
-	char detail[512];
+	struct sl__first_err fail;
 };
 
-static void sl_upload_fail(struct sl_upload *u, int rc)
+void sl__first_err_keep(struct sl__first_err *fe, int rc)
 {
-	pthread_mutex_lock(&u->lock);
-	if (!u->err) {
-		u->err = rc;
-		snprintf(u->detail, sizeof(u->detail), "%s", sluice_last_error_detail());
+	pthread_mutex_lock(&fe->lock);
+	if (!atomic_load(&fe->err)) {
+		snprintf(fe->detail, sizeof(fe->detail), "%s", sluice_last_error_detail());
+		atomic_store(&fe->err, rc);
 	}
-	pthread_mutex_unlock(&u->lock);
+	pthread_mutex_unlock(&fe->lock);
 }
 
 /* Part by part, on this thread's connection: the source copied (GPU memory: by u->copy) into a buffer, then sent. */
@@ -647,7 +651,7 @@ static void *sl_upload_parts(void *arg)
 	int rc = buf ? sl__s3_conn_open(&c) : -ENOMEM;
 
 	if (rc)
-		sl_upload_fail(u, rc);
+		sl__first_err_keep(&u->fail, rc);
 	for (unsigned i; !rc && (i = atomic_fetch_add(&u->next, 1)) < u->nparts;) {
 		size_t off = (size_t)i * u->s->part_size, n = u->len - off < u->s->part_size ? u->len - off : u->s->part_size;
 		char query[600];
@@ -655,7 +659,7 @@ static void *sl_upload_parts(void *arg)
 				    .buf = buf };
 		struct sl_sink k = { 0 };
 
-		if (u->err)
+		if (atomic_load(&u->fail.err))
 			break; /* another part failed: the upload is aborted, sending more is waste */
 		snprintf(query, sizeof(query), "?partNumber=%u&%s", i + 1, u->query_id);
 		rc = u->copy ? u->copy(u->copy_ctx, buf, u->src + off, n) : (memcpy(buf, u->src + off, n), 0);
@@ -664,7 +668,7 @@ static void *sl_upload_parts(void *arg)
 		if (!rc && !k.etag[0])
 			rc = sl__err(-EIO, "s3://%s/%s: part %u answered without an ETag", u->bucket, u->key, i + 1);
 		if (rc)
-			sl_upload_fail(u, rc);
+			sl__first_err_keep(&u->fail, rc);
 		else
 			memcpy(u->etag[i], k.etag, sizeof(k.etag));
 	}
@@ -741,17 +745,17 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 		rc = -ENOMEM;
 		goto abort;
 	}
-	pthread_mutex_init(&u.lock, NULL);
+	pthread_mutex_init(&u.fail.lock, NULL);
 	for (; nth < s->concurrency && nth < u.nparts; nth++)
 		if (pthread_create(&th[nth], NULL, sl_upload_parts, &u)) {
-			sl_upload_fail(&u, sl__err(-EAGAIN, "s3://%s/%s: no thread for the upload", bucket, key));
+			sl__first_err_keep(&u.fail, sl__err(-EAGAIN, "s3://%s/%s: no thread for the upload", bucket, key));
 			break;
 		}
 	for (unsigned i = 0; i < nth; i++)
 		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&u.lock);
-	if (u.err) {
-		rc = sl__err(u.err, "%s; the upload was aborted, s3://%s/%s is as it was", u.detail, bucket, key);
+	pthread_mutex_destroy(&u.fail.lock);
+	if (u.fail.err) {
+		rc = sl__err(u.fail.err, "%s; the upload was aborted, s3://%s/%s is as it was", u.fail.detail, bucket, key);
 		goto abort;
 	}
 	/* Complete: every part, in order, with its ETag (quotes escaped for XML). */
@@ -812,9 +816,7 @@ struct sl_download {
 	int fd;
 	const _Atomic int *cancel;
 	_Atomic uint64_t next;      /* chunk */
-	pthread_mutex_t lock;
-	int err;
-	char detail[512];
+	struct sl__first_err fail;
 };
 
 static void *sl_download_chunks(void *arg)
@@ -826,7 +828,7 @@ static void *sl_download_chunks(void *arg)
 	char *buf = malloc(chunk);
 	int rc = buf ? sl__s3_conn_open(&c) : -ENOMEM;
 
-	for (uint64_t i; !rc && (i = atomic_fetch_add(&d->next, 1)) < nchunks && !d->err;) {
+	for (uint64_t i; !rc && (i = atomic_fetch_add(&d->next, 1)) < nchunks && !atomic_load(&d->fail.err);) {
 		uint64_t off = i * chunk;
 		size_t n = d->size - off < chunk ? (size_t)(d->size - off) : chunk;
 		ssize_t got;
@@ -851,14 +853,8 @@ static void *sl_download_chunks(void *arg)
 				w += (size_t)r;
 		}
 	}
-	if (rc) {
-		pthread_mutex_lock(&d->lock);
-		if (!d->err) {
-			d->err = rc;
-			snprintf(d->detail, sizeof(d->detail), "%s", sluice_last_error_detail());
-		}
-		pthread_mutex_unlock(&d->lock);
-	}
+	if (rc)
+		sl__first_err_keep(&d->fail, rc);
 	sl__s3_conn_close(c);
 	free(buf);
 	return NULL;
@@ -876,18 +872,16 @@ int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, uint6
 	if (ftruncate(fd, (off_t)size) < 0)
 		return sl__err(-errno, "s3://%s/%s: sizing its copy to %llu bytes: %s", bucket, key,
 			       (unsigned long long)size, strerror(errno));
-	pthread_mutex_init(&d.lock, NULL);
+	pthread_mutex_init(&d.fail.lock, NULL);
 	for (; nth < s->concurrency && nth < nchunks; nth++)
 		if (pthread_create(&th[nth], NULL, sl_download_chunks, &d))
 			break;
-	if (!nth && nchunks) {
-		d.err = -EAGAIN;
-		snprintf(d.detail, sizeof(d.detail), "s3://%s/%s: no thread for the download", bucket, key);
-	}
+	if (!nth && nchunks)
+		sl__first_err_keep(&d.fail, sl__err(-EAGAIN, "s3://%s/%s: no thread for the download", bucket, key));
 	for (unsigned i = 0; i < nth; i++)
 		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&d.lock);
-	return d.err ? sl__err(d.err, "%s", d.detail) : 0;
+	pthread_mutex_destroy(&d.fail.lock);
+	return d.fail.err ? sl__err(d.fail.err, "%s", d.fail.detail) : 0;
 }
 
 /* The process's client from the environment, made once and kept. */

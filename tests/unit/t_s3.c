@@ -92,15 +92,15 @@ int main(void)
 		}
 		T_CHECK(ok);
 		T_CHECK(sl__s3_put(s, c, "sluice-test", "many/sub/deeper.bin", "zz", 2) == 0);
-		T_CHECK(sl__s3_list(s, c, "sluice-test", "many/", NULL, &l) == 0 && l.n == 1004);
+		T_CHECK(sl__s3_list(s, c, "sluice-test", "many/", NULL, 0, &l) == 0 && l.n == 1004);
 		T_CHECK(l.n == 1004 && !strcmp(l.e[0].key, "many/0000 &<y>.bin") && l.e[0].size == 1 &&
 			l.e[0].etag[0] == '"' && !strcmp(l.e[1003].key, "many/sub/deeper.bin") && l.e[1003].size == 2);
 		sl__s3_list_free(&l);
-		T_CHECK(sl__s3_list(s, c, "sluice-test", "many/", "/", &l) == 0 && l.n == 1004);
+		T_CHECK(sl__s3_list(s, c, "sluice-test", "many/", "/", 0, &l) == 0 && l.n == 1004);
 		T_CHECK(l.n == 1004 && l.e[1003].is_prefix && !strcmp(l.e[1003].key, "many/sub/"));
 		sl__s3_list_free(&l);
-		T_CHECK(sl__s3_list(s, c, "sluice-test", "nothing-here/", "/", &l) == 0 && l.n == 0);
-		T_CHECK(sl__s3_list(s, c, "no-such-bucket", "", NULL, &l) == -ENOENT &&
+		T_CHECK(sl__s3_list(s, c, "sluice-test", "nothing-here/", "/", 0, &l) == 0 && l.n == 0);
+		T_CHECK(sl__s3_list(s, c, "no-such-bucket", "", NULL, 0, &l) == -ENOENT &&
 			strstr(sluice_last_error_detail(), "NoSuchBucket"));
 		sl__s3_list_free(&l);
 		/* A page that is not a listing, or is truncated without a token, is an error, not an empty list. */
