@@ -118,12 +118,24 @@ enum sluice_staging {
 
 /*
  * Creates a configuration holding the defaults overridden by the SLUICE_*
- * environment variables named at each setter.  A malformed variable fails
- * with SLUICE_EINVAL_CONFIG and a detail naming the variable.
- * Free with sluice_config_free().
+ * settings named at each setter: the environment's variables, else the
+ * settings file's (sluice_settings_path; `sluice tune` writes it).  A
+ * malformed value fails with SLUICE_EINVAL_CONFIG and a detail naming the
+ * setting and where it came from; so does a settings file that does not
+ * parse (the detail names the file).  Free with sluice_config_free().
  */
 SLUICE_API SLUICE_WUR int sluice_config_new(struct sluice_config **out);
 SLUICE_API void sluice_config_free(struct sluice_config *cfg);
+
+/*
+ * The settings file's path into buf (cap bytes): SLUICE_CONFIG, else
+ * $XDG_CONFIG_HOME/sluice/sluice.conf, else ~/.config/sluice/sluice.conf.
+ * It holds one section, [sluice], of SLUICE_* names without the prefix in
+ * lower case ("threads = 8"); the environment wins over it.  Returns 0,
+ * -ENOENT when there is none (SLUICE_CONFIG="", or no HOME), or
+ * -ENAMETOOLONG.  The file itself need not exist.
+ */
+SLUICE_API SLUICE_WUR int sluice_settings_path(char *buf, size_t cap);
 
 /*
  * Setters.  Each returns 0 or SLUICE_EINVAL_CONFIG for an out-of-range

@@ -1,5 +1,5 @@
 /*
- * Configuration: defaults, SLUICE_* environment variables, setters.
+ * Configuration: defaults, SLUICE_* settings (environment, then the settings file), setters.
  * Every setter validates, and the environment goes through the setters so
  * both reject the same values.
  */
@@ -142,7 +142,13 @@ static int sl_word(const char *v, const char *const *words)
 static const char *sl_getenv(const char *name, void *ctx)
 {
 	(void)ctx;
-	return getenv(name);
+	return sl__setting(name);
+}
+
+/* Where a value came from, for errors: the environment, the settings file, or a test's table. */
+static const char *sl_from(const struct sl__env *env, const char *name)
+{
+	return env->get == sl_getenv ? sl__setting_from(name) : "the table";
 }
 
 static int sl_env_uint(const struct sl__env *env, const char *name, uint64_t max, uint64_t *out)
@@ -152,7 +158,7 @@ static int sl_env_uint(const struct sl__env *env, const char *name, uint64_t max
 	if (!v)
 		return 1;
 	if (sluice_parse_size(v, out) || *out > max)
-		return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=\"%s\" is not a valid number", name, v);
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s) is not a valid number", name, v, sl_from(env, name));
 	return 0;
 }
 
@@ -164,7 +170,7 @@ static int sl_env_word(const struct sl__env *env, const char *name, const char *
 		return 1;
 	*out = sl_word(v, words);
 	if (*out < 0)
-		return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=\"%s\" is not one of the accepted words", name, v);
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s) is not one of the accepted words", name, v, sl_from(env, name));
 	return 0;
 }
 
@@ -188,7 +194,7 @@ int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 		if (r < 0)                                              \
 			return r;                                       \
 		if (r == 0 && setter(cfg, u))                           \
-			return sl__err(SLUICE_EINVAL_CONFIG, "environment variable %s=%s is out of range", name, env->get(name, env->ctx)); \
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s=%s (%s) is out of range", name, env->get(name, env->ctx), sl_from(env, name)); \
 	} while (0)
 
 	r = sl_env_word(env, "SLUICE_BACKEND", backends, &w);
@@ -227,7 +233,9 @@ int sluice_config_new(struct sluice_config **out)
 	if (!cfg)
 		return -ENOMEM;
 	sl__config_defaults(cfg);
-	rc = sl__config_apply_env(cfg, &(struct sl__env){ sl_getenv, NULL });
+	rc = sl__settings_check();
+	if (!rc)
+		rc = sl__config_apply_env(cfg, &(struct sl__env){ sl_getenv, NULL });
 	if (rc) {
 		free(cfg);
 		return rc;

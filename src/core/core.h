@@ -88,13 +88,37 @@ struct sluice_config {
 	int gpu;
 };
 SL_HIDDEN void sl__config_defaults(struct sluice_config *cfg);
-/* Where SLUICE_* values come from: getenv, or a test's or fuzzer's table. */
+/*
+ * A SLUICE_* setting: the environment's value, else the settings file's
+ * (settings.c), else NULL.  The pointer stays valid for the process.
+ * sl__setting_from names where it came from ("the environment" or the
+ * file's path); sl__settings_check is 0 or the error of a settings file
+ * that did not parse.
+ */
+SL_HIDDEN const char *sl__setting(const char *name);
+SL_HIDDEN const char *sl__setting_from(const char *name);
+SL_HIDDEN int sl__settings_check(void);
+/* Where SLUICE_* values come from: sl__setting, or a test's or fuzzer's table. */
 struct sl__env {
 	const char *(*get)(const char *name, void *ctx);
 	void *ctx;
 };
 /* Applies the SLUICE_* variables env holds through the setters. */
 SL_HIDDEN int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env);
+
+/*
+ * Parses an INI text (AWS shared-config files, sluice's settings file) (len bytes, NUL not needed):
+ * calls fn(section, key, value, ctx) for every setting, with keys of an
+ * indented block under "s3 =" as "s3.KEY".  Comments start with # or ;.
+ * name is the file's path for errors.  Returns 0, fn's nonzero return
+ * (which stops the parse), or SLUICE_EINVAL_CONFIG for a line that is
+ * neither a [section], a key = value nor a continuation.
+ */
+SL_HIDDEN int sl__ini_parse(const char *text, size_t len, const char *name,
+			    int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx);
+/* sl__ini_parse of the file at path; a missing file is 0 (nothing set); at most 1 MiB. */
+SL_HIDDEN int sl__ini_file(const char *path, int (*fn)(const char *section, const char *key, const char *value, void *ctx),
+			   void *ctx);
 
 /*
  * Latency histogram: log2 buckets split into 16 linear sub-buckets, so

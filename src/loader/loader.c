@@ -216,7 +216,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		ld->window -= ld->window % ld->chunk;
 	}
 	{
-		const char *e = getenv("SLUICE_STATS");
+		const char *e = sl__setting("SLUICE_STATS");
 		char *end = NULL;
 		double secs = e && *e ? strtod(e, &end) : 0;
 
@@ -226,7 +226,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		}
 		ld->stats_every = (uint64_t)(secs * 1e9);
 	}
-	if ((rc = sl__trace_open(&ld->trace, getenv("SLUICE_TRACE"))))
+	if ((rc = sl__trace_open(&ld->trace, sl__setting("SLUICE_TRACE"))))
 		goto fail;
 	{
 		/* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */

@@ -44,7 +44,7 @@ static int sl_mkdirs(char *path)
 
 static int sl_cache_conf(struct sl_cache *c)
 {
-	const char *d = getenv("SLUICE_CACHE_DIR"), *lim = getenv("SLUICE_CACHE_LIMIT");
+	const char *d = sl__setting("SLUICE_CACHE_DIR"), *lim = sl__setting("SLUICE_CACHE_LIMIT");
 	struct statvfs vfs;
 	int rc;
 

@@ -52,16 +52,6 @@ typedef const char *(*sl__env_fn)(const char *name, void *ctx);
 SL_HIDDEN int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, sl__env_fn env,
 				  void *ctx);
 
-/*
- * Parses an AWS shared-config file's text (len bytes, NUL not needed):
- * calls fn(section, key, value, ctx) for every setting, with keys of an
- * indented block under "s3 =" as "s3.KEY".  Comments start with # or ;.
- * name is the file's path for errors.  Returns 0, fn's nonzero return
- * (which stops the parse), or SLUICE_EINVAL_CONFIG for a line that is
- * neither a [section], a key = value nor a continuation.
- */
-SL_HIDDEN int sl__ini_parse(const char *text, size_t len, const char *name,
-			    int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx);
 
 /*
  * Splits "s3://BUCKET/KEY" into bucket (DNS-compatible name, 3-63

@@ -70,9 +70,9 @@ int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn 
 	if (s->conf.session_token[0])
 		snprintf(s->token_header, sizeof(s->token_header), "x-amz-security-token: %s", s->conf.session_token);
 	{
-		const char *v = env ? env("SLUICE_S3_RETRIES", ctx) : getenv("SLUICE_S3_RETRIES");
-		const char *ps = env ? env("SLUICE_S3_PART_SIZE", ctx) : getenv("SLUICE_S3_PART_SIZE");
-		const char *cc = env ? env("SLUICE_S3_CONCURRENCY", ctx) : getenv("SLUICE_S3_CONCURRENCY");
+		const char *v = env ? env("SLUICE_S3_RETRIES", ctx) : sl__setting("SLUICE_S3_RETRIES");
+		const char *ps = env ? env("SLUICE_S3_PART_SIZE", ctx) : sl__setting("SLUICE_S3_PART_SIZE");
+		const char *cc = env ? env("SLUICE_S3_CONCURRENCY", ctx) : sl__setting("SLUICE_S3_CONCURRENCY");
 		char *end = NULL;
 		unsigned long r = v && *v ? strtoul(v, &end, 10) : 4, n;
 		uint64_t part = 8u << 20;

@@ -13,86 +13,6 @@
 
 #include "remote/remote.h"
 
-#define SL_INI_MAX (1u << 20) /* bytes of a config file read at most */
-
-static int sl_space(char ch)
-{
-	return ch == ' ' || ch == '\t' || ch == '\r';
-}
-
-/* [a, b) without surrounding white space, into out (cap bytes); 0 or -1 if it does not fit. */
-static int sl_trim_copy(const char *a, const char *b, char *out, size_t cap)
-{
-	while (a < b && sl_space(*a))
-		a++;
-	while (b > a && sl_space(b[-1]))
-		b--;
-	if ((size_t)(b - a) >= cap)
-		return -1;
-	memcpy(out, a, (size_t)(b - a));
-	out[b - a] = 0;
-	return 0;
-}
-
-int sl__ini_parse(const char *text, size_t len, const char *name,
-		  int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx)
-{
-	char section[256] = "", block[128] = "", key[256], full[400], value[4096];
-	const char *p = text, *end = text + len;
-	unsigned line = 0;
-
-	while (p < end) {
-		const char *nl = memchr(p, '\n', (size_t)(end - p)), *e = nl ? nl : end, *s = p;
-		int indented = s < e && sl_space(*s);
-		const char *eq;
-		int rc;
-
-		p = nl ? nl + 1 : end;
-		line++;
-		while (s < e && sl_space(*s))
-			s++;
-		if (s == e || *s == '#' || *s == ';')
-			continue;
-		if (memchr(s, 0, (size_t)(e - s)))
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a NUL byte in the line", name, line);
-		if (*s == '[') {
-			const char *close = e;
-
-			while (close > s && sl_space(close[-1]))
-				close--;
-			if (close - s < 2 || close[-1] != ']' || sl_trim_copy(s + 1, close - 1, section, sizeof(section)))
-				return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a section header is [NAME], up to 255 characters",
-					       name, line);
-			block[0] = 0;
-			continue;
-		}
-		eq = memchr(s, '=', (size_t)(e - s));
-		if (!eq)
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: the line is neither [section] nor key = value", name,
-				       line);
-		if (sl_trim_copy(s, eq, key, sizeof(key)) || !key[0] || sl_trim_copy(eq + 1, e, value, sizeof(value)))
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a key of 1-255 characters, a value under 4096", name,
-				       line);
-		if (!section[0])
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: a setting before any [section]", name, line);
-		/* "s3 =" with nothing after it opens a block of indented settings. */
-		if (indented && block[0]) {
-			snprintf(full, sizeof(full), "%s.%s", block, key);
-		} else {
-			snprintf(full, sizeof(full), "%s", key);
-			block[0] = 0;
-			if (!value[0] && strlen(key) < sizeof(block)) {
-				memcpy(block, key, strlen(key) + 1);
-				continue;
-			}
-		}
-		rc = fn(section, full, value, ctx);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
 /* The settings of one profile, gathered from both files. */
 struct sl_profile {
 	const char *want_cred;    /* section name in the credentials file */
@@ -130,34 +50,6 @@ static int sl_profile_setting(const char *section, const char *key, const char *
 	return 0;
 }
 
-/* Reads path and feeds it to the profile; a file that does not exist is skipped. */
-static int sl_read_profile_file(const char *path, struct sl_profile *pr)
-{
-	struct stat st;
-	char *buf;
-	ssize_t got;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
-
-	if (fd < 0)
-		return errno == ENOENT || errno == ENOTDIR ? 0 : sl__err(-errno, "%s: %s", path, strerror(errno));
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > SL_INI_MAX) {
-		close(fd);
-		return sl__err(SLUICE_EINVAL_CONFIG, "%s: not a regular file of at most %u bytes", path, SL_INI_MAX);
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
-		return -ENOMEM;
-	}
-	got = read(fd, buf, (size_t)st.st_size);
-	rc = got < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno))
-		     : sl__ini_parse(buf, (size_t)got, path, sl_profile_setting, pr);
-	/* The buffer held secrets: clear it before it goes back to the allocator. */
-	memset(buf, 0, (size_t)st.st_size);
-	free(buf);
-	close(fd);
-	return rc;
-}
 
 static const char *sl_env(sl__env_fn env, void *ctx, const char *name)
 {
@@ -243,12 +135,12 @@ int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, s
 		c->cred_source = "environment";
 	}
 	/* The files: always read, for the region, endpoint and addressing. */
-	if ((rc = sl_read_profile_file(cred_path, pr)))
+	if ((rc = sl__ini_file(cred_path, sl_profile_setting, pr)))
 		goto out;
 	sl_take_keys(c, pr, "credentials file");
 	pr->in_config = 1;
 	pr->access_key[0] = pr->secret_key[0] = pr->session_token[0] = 0;
-	if ((rc = sl_read_profile_file(conf_path, pr)))
+	if ((rc = sl__ini_file(conf_path, sl_profile_setting, pr)))
 		goto out;
 	sl_take_keys(c, pr, "config file");
 	if (!c->cred_source) {
