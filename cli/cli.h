@@ -8,6 +8,7 @@
 
 int cmd_bench(int argc, char **argv);
 int cmd_cp(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

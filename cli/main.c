@@ -11,6 +11,7 @@ static int usage(FILE *f)
 		   "commands:\n"
 		   "  bench     measure file <-> GPU/host throughput (like gdsio, fio)\n"
 		   "  cp        copy files between local paths and s3://, either way\n"
+		   "  doctor    check what on this machine slows data into the GPU, and how to fix it\n"
 		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
 		   "  pack      turn a tree of files into a sharded dataset\n"
 		   "  inspect   records, fields, sizes and shards of a dataset\n"
@@ -28,6 +29,8 @@ int main(int argc, char **argv)
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "cp"))
 		return cmd_cp(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "doctor"))
+		return cmd_doctor(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "info"))
 		return cmd_info(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "pack"))

@@ -899,6 +899,38 @@ SLUICE_API int sluice_drop_page_cache(void);
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* ================================================================
+ * Doctor: what on this machine stands between storage and the GPU
+ * ================================================================ */
+
+enum sluice_verdict {
+	SLUICE_CHECK_OK = 0,
+	SLUICE_CHECK_WARN = 1, /* works, slower than it could */
+	SLUICE_CHECK_FAIL = 2, /* broken, or far from the hardware's speed */
+};
+
+/* One check's result; the strings are valid only during the callback. */
+struct sluice_check {
+	const char *name;  /* gpu, gds, pcie_link, filesystem, numa, iommu, io_uring, memlock, cgroup,
+			      scheduler, read_ahead_kb, nr_requests, max_sectors_kb, hugepages, cpu_governor */
+	enum sluice_verdict verdict;
+	const char *value; /* what was measured, with the device or file it belongs to */
+	const char *why;   /* why it matters for moving data into the GPU */
+	const char *fix;   /* the command or step that fixes it; "" when ok */
+};
+typedef int (*sluice_check_fn)(const struct sluice_check *check, void *arg);
+
+/*
+ * Runs every check for data under path (a directory or file; "s3://..."
+ * for objects; NULL: the current directory), calling fn once per result in
+ * a fixed order; a nonzero return from fn stops and is returned.  The
+ * checks read /proc and /sys under SLUICE_SYSROOT (default "/"); cuFile's
+ * loading and an io_uring's creation are tried only against the real
+ * root.  Returns 0, fn's code, or -ENOMEM / SLUICE_EINVAL_CONFIG (the
+ * settings, which size the pinned pool the memlock check compares).
+ */
+SLUICE_API SLUICE_WUR int sluice_doctor(const char *path, sluice_check_fn fn, void *arg);
+
+/* ================================================================
  * Utilities
  * ================================================================ */
 
