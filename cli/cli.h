@@ -13,6 +13,8 @@ int cmd_info(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_top(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
 
 /* Prints "sluice <cmd>: message" to stderr and returns 2 (usage/input error). */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -14,6 +14,8 @@ static int usage(FILE *f)
 		   "  doctor    check what on this machine slows data into the GPU, and how to fix it\n"
 		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
 		   "  pack      turn a tree of files into a sharded dataset\n"
+		   "  top       live view of disks, GPUs and running loaders\n"
+		   "  tune      measure this machine and write the best threads, I/O size, queue depth\n"
 		   "  inspect   records, fields, sizes and shards of a dataset\n"
 		   "  verify    check every record's CRC and every bound of a dataset\n"
 		   "  version   print the version\n\n"
@@ -37,6 +39,10 @@ int main(int argc, char **argv)
 		return cmd_pack(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "inspect"))
 		return cmd_inspect(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "tune"))
+		return cmd_tune(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "top"))
+		return cmd_top(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "verify"))
 		return cmd_verify(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {

@@ -931,6 +931,68 @@ typedef int (*sluice_check_fn)(const struct sluice_check *check, void *arg);
 SLUICE_API SLUICE_WUR int sluice_doctor(const char *path, sluice_check_fn fn, void *arg);
 
 /* ================================================================
+ * Watching: loaders' published figures, GPU samples, Prometheus metrics
+ * ================================================================ */
+
+/*
+ * What a running loader publishes (every batch) for `sluice top` and
+ * /metrics: counts since it opened, and the seconds each stage took.
+ */
+struct sluice_loader_figures {
+	int pid;               /* the process */
+	unsigned id;           /* its loaders numbered from 1 */
+	char dataset[256];     /* the dataset's path, cut to fit */
+	uint64_t batches, records, bytes; /* delivered */
+	uint64_t read_bytes, read_ios;    /* from storage */
+	double wall_s;         /* first batch to the latest */
+	double read_s, decompress_s, storage_wait_s, collate_s, h2d_s, consumer_wait_s; /* summed over threads */
+	double gpu_wait_share; /* the consumer's share of wall time spent waiting (the GPU idle) */
+	char verdict[32];      /* compute-bound, loader-bound, transfer-bound, no batches yet */
+	double age_s;          /* (filled by the reader) seconds since the last update */
+};
+
+/*
+ * Up to cap running loaders' figures into out, from every process on the
+ * machine that publishes under the same SLUICE_RUN_DIR (default
+ * /dev/shm).  Returns how many there are (may exceed cap) or -errno.  The
+ * files of processes that have ended are skipped (and removed if allowed).
+ */
+SLUICE_API int sluice_loaders_published(struct sluice_loader_figures *out, unsigned cap);
+
+/* One GPU's figures now, from NVML (libnvidia-ml.so.1, loaded at run time). */
+struct sluice_gpu_sample {
+	unsigned index;
+	char name[96];
+	int util_pct;          /* kernels running, % of the last sample period; -1 unknown */
+	int mem_util_pct;      /* memory reads/writes, same period; -1 unknown */
+	uint64_t mem_used, mem_total; /* bytes */
+	double pcie_rx_mb_s, pcie_tx_mb_s; /* into / out of the GPU, MB/s over NVML's 20 ms window; -1 unknown */
+};
+
+/*
+ * Samples up to cap GPUs.  Returns how many GPUs there are, or a negative
+ * code with a detail saying why NVML is unusable (not installed, no driver).
+ */
+SLUICE_API int sluice_gpu_sample(struct sluice_gpu_sample *out, unsigned cap);
+
+/*
+ * Prometheus text exposition (format 0.0.4) of this process's figures:
+ * engine bytes, calls, errors and segment latency, and each open loader's
+ * counts and stage seconds.  Writes at most cap bytes (NUL-terminated when
+ * cap > 0); returns the length the whole text needs.
+ */
+SLUICE_API size_t sluice_metrics_text(char *buf, size_t cap);
+
+/*
+ * Serves sluice_metrics_text at http://ADDR:port/metrics from a thread of
+ * libmicrohttpd's, on every address (0.0.0.0); port 0 picks a free one.  The
+ * port served goes to *bound (may be NULL).  Once per process: a second call
+ * returns the first one's port.  Setting SLUICE_METRICS_PORT does the same at
+ * the first sluice_engine_open.  Returns 0, -EADDRINUSE and the like.
+ */
+SLUICE_API SLUICE_WUR int sluice_metrics_serve(unsigned port, unsigned *bound);
+
+/* ================================================================
  * Utilities
  * ================================================================ */
 

@@ -13,6 +13,7 @@ pkg-config --exists jansson 2>/dev/null || need="$need libjansson-dev"
 pkg-config --exists libzstd 2>/dev/null || need="$need libzstd-dev"
 pkg-config --exists libcurl 2>/dev/null || need="$need libcurl4-openssl-dev"
 pkg-config --exists expat 2>/dev/null || need="$need libexpat1-dev"
+pkg-config --exists libmicrohttpd 2>/dev/null || need="$need libmicrohttpd-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -139,6 +139,22 @@ def copy(src, dst, recursive=False):
     return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds}
 
 
+def metrics_text():
+    """This process's figures (engine I/O, each open loader) in Prometheus's text format."""
+    n = lib.sluice_metrics_text(None, 0) + 4096
+    buf = C.create_string_buffer(n)
+    lib.sluice_metrics_text(buf, n)
+    return buf.value.decode()
+
+
+def serve_metrics(port=0):
+    """Serves metrics_text() at http://0.0.0.0:PORT/metrics (0: a free port; once per process, as
+    SLUICE_METRICS_PORT does); returns the port."""
+    bound = C.c_uint()
+    check(lib.sluice_metrics_serve(port, C.byref(bound)))
+    return bound.value
+
+
 def _b(s):
     return None if s is None else s.encode()
 

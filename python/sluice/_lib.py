@@ -104,6 +104,8 @@ _protos = {
     "sluice_s3_write_from_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_size_t, P]),
     "sluice_s3_size": (C.c_int, [P, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint64)]),
     "sluice_copy": (C.c_int, [C.c_char_p, C.c_char_p, C.c_uint, C.POINTER(CopyReport)]),
+    "sluice_metrics_text": (C.c_size_t, [C.c_char_p, C.c_size_t]),
+    "sluice_metrics_serve": (C.c_int, [C.c_uint, C.POINTER(C.c_uint)]),
     "sluice_file_sync": (C.c_int, [P]),
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),

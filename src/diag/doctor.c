@@ -105,7 +105,7 @@ static void sl_find_gpus(struct sl_dr *d)
 		    sl_rd(d, c, sizeof(c), "/sys/bus/pci/devices/%s/class", e->d_name))
 			continue;
 		if (!strcmp(v, "0x10de") && (!strncmp(c, "0x0300", 6) || !strncmp(c, "0x0302", 6)))
-			snprintf(d->gpus[d->ngpus++], sizeof(d->gpus[0]), "%s", e->d_name);
+			snprintf(d->gpus[d->ngpus++], sizeof(d->gpus[0]), "%.63s", e->d_name);
 	}
 	closedir(dir);
 	qsort(d->gpus, d->ngpus, sizeof(d->gpus[0]), sl_cmp);
@@ -394,7 +394,7 @@ static void sl_check_cgroup(struct sl_dr *d)
 {
 	static const char why[] = "a container's cgroup can cap memory (pinned buffers, page cache) and a disk's "
 				  "bytes and IOPS below what the hardware gives";
-	char cg[4096], mem[64] = "", io[4096] = "", v[1024], a[32], dev[32] = "", fix[512];
+	char cg[4096], mem[64] = "", io[4096] = "", v[1024], a[32], dev[80] = "", fix[512];
 	const char *s, *lim = NULL;
 	struct stat stt;
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "format/format.h"
+#include "diag/diag.h"
 #include "loader/loader.h"
 #include "xfer/xfer.h"
 
@@ -228,6 +229,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	}
 	if ((rc = sl__trace_open(&ld->trace, sl__setting("SLUICE_TRACE"))))
 		goto fail;
+	ld->pub = sl__pub_open(ds->path);
 	{
 		/* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */
 		uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0;
@@ -354,6 +356,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 	free(ld->win);
 	free(ld->slots);
 	free(ld->shard_records);
+	sl__pub_close(ld->pub);
 	if (sl__trace_close(ld->trace))
 		sl__warn("loader", "%s", sluice_last_error_detail());
 	pthread_mutex_destroy(&ld->lock);

@@ -91,6 +91,7 @@ struct sluice_loader {
 	uint64_t n, window, chunk, per_global, nbatches; /* nbatches: this rank's, per epoch */
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
+	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */
 	struct sl__bslot *slots;
 	unsigned nslots;
 	struct sl__window *win;
@@ -134,6 +135,7 @@ struct sluice_loader {
 	int filling;
 	uint64_t stats_every, t_logged; /* SLUICE_STATS seconds between log lines, in ns; 0: off */
 	struct sl__trace *trace;    /* SLUICE_TRACE: spans of each stage, written at close */
+	struct sl__pub *pub;        /* figures published for sluice top and /metrics (NULL: not published) */
 };
 
 /* For SLUICE_TRACE: the thread's CPU time now (0 when not tracing). */
@@ -167,6 +169,8 @@ SL_HIDDEN void *sl__produce(void *arg);
 SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);
 /* stats.c */
 SL_HIDDEN void sl__loader_log_stats(struct sluice_loader *ld);
+/* Publishes the loader's figures (diag.h); the consumer's thread, after each batch. */
+SL_HIDDEN void sl__loader_publish(struct sluice_loader *ld);
 /* loader.c */
 SL_HIDDEN void sl__loader_wake_all(struct sluice_loader *ld);
 SL_HIDDEN void sl__loader_fail(struct sluice_loader *ld, int rc);

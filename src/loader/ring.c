@@ -87,6 +87,12 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		*b = s->b;
 		ld->next_g++;
 		ld->delivered++;
+		ld->delivered_records += s->b.size;
+		for (unsigned f = 0; f < s->b.nfields; f++) {
+			const struct sluice_batch_field *bf = &s->b.field[f];
+
+			ld->delivered_bytes += bf->host_offsets ? bf->host_offsets[s->b.size] : bf->item_bytes * s->b.size;
+		}
 	} else {
 		s = NULL;
 		rc = sl__err(ld->err, "%s", ld->detail);
@@ -113,6 +119,7 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	if (!ld->t_first)
 		ld->t_first = t0;
 	ld->t_last = sl__now_ns();
+	sl__loader_publish(ld);
 	if (ld->stats_every && ld->t_last - ld->t_logged >= ld->stats_every)
 		sl__loader_log_stats(ld);
 	return rc ? rc : 1;

@@ -12,6 +12,7 @@
 
 #include "format/format.h"
 #include "loader/loader.h"
+#include "diag/diag.h"
 #include "xfer/xfer.h"
 
 /*
@@ -56,6 +57,32 @@ void sl__loader_log_stats(struct sluice_loader *ld)
 	ld->t_logged = ld->t_last;
 	sl__stat("loader", "batch %llu: GPU wait %.1f%%, step %.0f us, loader %.0f us (h2d %.0f us) a batch: %s",
 		 (unsigned long long)ld->next_g, 100 * v.wait_share, v.step_us, v.produce_us, v.h2d_us, v.verdict);
+}
+
+void sl__loader_publish(struct sluice_loader *ld)
+{
+	struct sl_verdict v;
+	struct sluice_loader_figures f;
+
+	if (!ld->pub)
+		return;
+	v = sl_verdict(ld);
+	memset(&f, 0, sizeof(f));
+	f.batches = ld->delivered;
+	f.records = ld->delivered_records;
+	f.bytes = ld->delivered_bytes;
+	f.read_bytes = atomic_load(&ld->read_bytes);
+	f.read_ios = atomic_load(&ld->read_ios);
+	f.wall_s = (double)(ld->t_last - ld->t_first) / 1e9;
+	f.read_s = (double)atomic_load(&ld->h_read.sum) / 1e9;
+	f.decompress_s = (double)atomic_load(&ld->ds->h_decompress.sum) / 1e9;
+	f.storage_wait_s = (double)atomic_load(&ld->h_swait.sum) / 1e9;
+	f.collate_s = (double)atomic_load(&ld->h_collate.sum) / 1e9;
+	f.h2d_s = (double)atomic_load(&ld->h_h2d.sum) / 1e9;
+	f.consumer_wait_s = (double)atomic_load(&ld->h_wait.sum) / 1e9;
+	f.gpu_wait_share = v.wait_share;
+	snprintf(f.verdict, sizeof(f.verdict), "%s", v.verdict);
+	sl__pub_update(ld->pub, &f);
 }
 
 size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)

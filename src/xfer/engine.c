@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "diag/diag.h"
 #include "xfer/xfer.h"
 
 /* Backends in order of preference for host-side I/O. */
@@ -113,6 +114,11 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		if (rc)
 			return rc;
 		cfg = envcfg;
+	}
+	rc = sl__metrics_auto(); /* SLUICE_METRICS_PORT: the first engine starts the exporter */
+	if (rc) {
+		sluice_config_free(envcfg);
+		return rc;
 	}
 	eng = calloc(1, sizeof(*eng) + 0);
 	if (!eng) {

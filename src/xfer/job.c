@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "diag/diag.h"
 #include "xfer/xfer.h"
 
 void sl__job_submit(struct sluice_engine *eng, struct sl__job *job)
@@ -64,9 +65,15 @@ void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint6
 	/* Details are thread-local: keep the first one for the caller. */
 	if (err && atomic_compare_exchange_strong(&job->err, &zero, err))
 		snprintf(job->detail, sizeof(job->detail), "%s", sluice_last_error_detail());
-	else if (!err && t0)
-		sl__hist_add(&eng->lat, sl__now_ns() - t0);
+	else if (!err && t0) {
+		uint64_t ns = sl__now_ns() - t0;
+
+		sl__hist_add(&eng->lat, ns);
+		sl__metrics_segment(ns);
+	}
 	if (atomic_fetch_add(&job->done, 1) + 1 == nsegs) {
+		sl__metrics_call(job->op == SL_IO_WRITE, atomic_load(&job->bytes), atomic_load(&job->ios),
+				 atomic_load(&job->err), sl__now_ns() - job->t0);
 		pthread_mutex_lock(&eng->lock);
 		job->finished = 1;
 		if (job->on_finish)

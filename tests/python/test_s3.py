@@ -2,6 +2,7 @@
 127.0.0.1, signatures checked).  Objects are written with boto3 (moto's own dependency), an independent
 client; sluice reads them into numpy arrays and, with a GPU, torch tensors."""
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -383,3 +384,24 @@ def test_session_token_is_sent_and_signed(s3, tmp_path):
     sent = [h for m, p, h in srv.counter.headers if p.startswith("/pytest/tok/k")]
     assert sent and all(h.get("x-amz-security-token") == token for h in sent)
     assert all("x-amz-security-token" in h["authorization"].split("SignedHeaders=")[1].split(",")[0] for h in sent)
+
+
+def test_tune_an_object(s3, tmp_path):
+    """sluice tune s3://...: downloads with each part size and parts in flight; the pick lands in the settings file."""
+    s3.put_object(Bucket="pytest", Key="tune/obj", Body=os.urandom(24 << 20))
+    conf = tmp_path / "sluice.conf"
+    conf.write_text("[sluice]\nthreads = 3\n")
+    r = subprocess.run([_sluice_bin(), "tune", "--json", "s3://pytest/tune/obj"], capture_output=True, text=True,
+                       env=dict(os.environ, SLUICE_CONFIG=str(conf), TMPDIR=str(tmp_path)), timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    d, p = out["defaults"], out["picked"]
+    assert out["kind"] == "object" and out["written"] is True
+    assert (d["s3_concurrency"], d["s3_part_size"]) == (8, 8 << 20)
+    tried = {(t["s3_concurrency"], t["s3_part_size"]) for t in out["trials"]}
+    assert (p["s3_concurrency"], p["s3_part_size"]) in tried and len(tried) >= 9
+    assert out["gain"] == pytest.approx(p["gb_s"] / d["gb_s"], rel=1e-3)
+    text = conf.read_text()
+    assert f"s3_concurrency = {p['s3_concurrency']}\n" in text and f"s3_part_size = {p['s3_part_size']}\n" in text
+    assert "threads = 3" in text
+    assert sorted(os.listdir(tmp_path)) == ["sluice.conf"]  # no download left behind

@@ -87,18 +87,6 @@ def test_errors_carry_the_detail(tmp_path):
         sluice.read(p, np.zeros(20, np.uint8)[::2])
 
 
-@pytest.fixture(scope="module")
-def ds_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ds")
-    with open(d / "in.jsonl", "w") as f:
-        for i in range(500):
-            f.write(json.dumps({"text": "row %d " % i * (1 + i % 7), "n": i}) + "\n")
-    out = d / "ds"
-    subprocess.run([SLUICE, "pack", "--from-jsonl", str(d / "in.jsonl"), "--fields", "text,n", "--shard-size", "8K",
-                    "--quiet", str(out)], check=True, capture_output=True)
-    return str(out)
-
-
 def test_dataset(ds_path):
     ds = sluice.Dataset(ds_path)
     assert len(ds) == 500 and ds.format == "sluice"

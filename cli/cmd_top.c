@@ -1,0 +1,234 @@
+/*
+ * sluice top: a live view, each interval, of the disks (/proc/diskstats),
+ * the GPUs (NVML: utilisation, memory, PCIe throughput) and every running
+ * sluice loader on the machine (the figures loaders publish: rates, GPU
+ * wait, where the time goes).  Works with no GPU and with no loader.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define CLI_MAX_DISKS 64
+#define CLI_MAX_LOADERS 64
+#define CLI_MAX_GPUS 16
+
+struct cli_disk {
+	char name[32];
+	unsigned long long rd, rsec, wr, wsec, io_ms;
+};
+
+struct cli_snap {
+	double t;
+	struct cli_disk disk[CLI_MAX_DISKS];
+	unsigned ndisks;
+	struct sluice_loader_figures ld[CLI_MAX_LOADERS];
+	unsigned nld;
+};
+
+static double cli_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Whole disks only (those under /sys/block), loop and ram devices left out. */
+static int cli_whole_disk(const char *root, const char *name)
+{
+	char p[4096];
+	struct stat st;
+
+	if (!strncmp(name, "loop", 4) || !strncmp(name, "ram", 3) || !strncmp(name, "zram", 4))
+		return 0;
+	snprintf(p, sizeof(p), "%s/sys/block", root);
+	if (stat(p, &st))
+		return 1; /* no sysfs to tell: all of them */
+	snprintf(p, sizeof(p), "%s/sys/block/%s", root, name);
+	return !stat(p, &st);
+}
+
+static void cli_snap_take(struct cli_snap *s, const char *root)
+{
+	char p[4096], line[512];
+	FILE *f;
+	int n;
+
+	s->ndisks = 0;
+	snprintf(p, sizeof(p), "%s/proc/diskstats", root);
+	if ((f = fopen(p, "re"))) {
+		while (fgets(line, sizeof(line), f) && s->ndisks < CLI_MAX_DISKS) {
+			struct cli_disk *d = &s->disk[s->ndisks];
+			unsigned long long skip;
+
+			/* major minor name reads merged sectors ms writes merged sectors ms in_flight io_ms ... */
+			if (sscanf(line, "%*u %*u %31s %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", d->name, &d->rd, &skip,
+				   &d->rsec, &skip, &d->wr, &skip, &d->wsec, &skip, &skip, &d->io_ms) == 11 &&
+			    cli_whole_disk(root, d->name))
+				s->ndisks++;
+		}
+		fclose(f);
+	}
+	n = sluice_loaders_published(s->ld, CLI_MAX_LOADERS);
+	s->nld = n < 0 ? 0 : n > CLI_MAX_LOADERS ? CLI_MAX_LOADERS : (unsigned)n;
+	s->t = cli_now();
+}
+
+static const struct cli_disk *cli_disk_in(const struct cli_snap *s, const char *name)
+{
+	for (unsigned i = 0; i < s->ndisks; i++)
+		if (!strcmp(s->disk[i].name, name))
+			return &s->disk[i];
+	return NULL;
+}
+
+static const struct sluice_loader_figures *cli_ld_in(const struct cli_snap *s, int pid, unsigned id)
+{
+	for (unsigned i = 0; i < s->nld; i++)
+		if (s->ld[i].pid == pid && s->ld[i].id == id)
+			return &s->ld[i];
+	return NULL;
+}
+
+/* Prints the sample cur against prev (dt seconds apart). */
+static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, int json, int tty)
+{
+	struct sluice_gpu_sample g[CLI_MAX_GPUS];
+	int ng = sluice_gpu_sample(g, CLI_MAX_GPUS);
+	double dt = cur->t - prev->t;
+	const char *gwhy = ng < 0 ? sluice_last_error_detail() : "";
+	unsigned shown = 0;
+
+	if (ng > CLI_MAX_GPUS)
+		ng = CLI_MAX_GPUS;
+	if (json)
+		printf("{\"time\":%.3f,\"interval_s\":%.6f,\"disks\":[", (double)time(NULL), dt);
+	else
+		printf("%ssluice top: every %.1f s (Ctrl-C quits)\n\n%-10s %10s %10s %9s %9s %6s\n",
+		       tty ? "\033[H\033[2J" : "", dt, "DISK", "READ MB/s", "WRITE MB/s", "READ IOPS", "WRITE IOPS", "UTIL%");
+	for (unsigned i = 0; i < cur->ndisks; i++) {
+		const struct cli_disk *c = &cur->disk[i], *p = cli_disk_in(prev, c->name);
+		double rb, wb, ri, wi, ut;
+
+		if (!p)
+			continue;
+		rb = (double)(c->rsec - p->rsec) * 512 / dt;
+		wb = (double)(c->wsec - p->wsec) * 512 / dt;
+		ri = (double)(c->rd - p->rd) / dt;
+		wi = (double)(c->wr - p->wr) / dt;
+		ut = fmin(100, (double)(c->io_ms - p->io_ms) / (dt * 10));
+		if (json) {
+			printf("%s{\"name\":", shown++ ? "," : "");
+			cli_json_str(c->name);
+			printf(",\"read_bytes_per_s\":%.1f,\"write_bytes_per_s\":%.1f,\"read_iops\":%.1f,\"write_iops\":%.1f,"
+			       "\"util_pct\":%.1f}", rb, wb, ri, wi, ut);
+		} else {
+			printf("%-10s %10.1f %10.1f %9.0f %9.0f %6.1f\n", c->name, rb / 1e6, wb / 1e6, ri, wi, ut);
+		}
+	}
+	if (json) {
+		printf("],\"gpus\":[");
+		for (int i = 0; i < ng; i++) {
+			printf("%s{\"index\":%u,\"name\":", i ? "," : "", g[i].index);
+			cli_json_str(g[i].name);
+			printf(",\"util_pct\":%d,\"mem_util_pct\":%d,\"mem_used\":%llu,\"mem_total\":%llu,"
+			       "\"pcie_rx_mb_s\":%.1f,\"pcie_tx_mb_s\":%.1f}",
+			       g[i].util_pct, g[i].mem_util_pct, (unsigned long long)g[i].mem_used,
+			       (unsigned long long)g[i].mem_total, g[i].pcie_rx_mb_s, g[i].pcie_tx_mb_s);
+		}
+		printf("],\"gpu_error\":");
+		cli_json_str(gwhy);
+		printf(",\"loaders\":[");
+	} else {
+		printf("\n%-4s %-24s %5s %6s %12s %12s\n", "GPU", "NAME", "UTIL%", "MEM%", "PCIe IN MB/s", "OUT MB/s");
+		if (ng <= 0)
+			printf("     none (%s)\n", ng < 0 ? gwhy : "NVML sees no GPU");
+		for (int i = 0; i < ng; i++)
+			printf("%-4u %-24.24s %5d %6.1f %12.0f %12.0f\n", g[i].index, g[i].name, g[i].util_pct,
+			       g[i].mem_total ? 100.0 * (double)g[i].mem_used / (double)g[i].mem_total : 0.0,
+			       g[i].pcie_rx_mb_s, g[i].pcie_tx_mb_s);
+		printf("\n%-14s %-28s %9s %10s %9s %7s %-16s %s\n", "LOADER", "DATASET", "BATCH/s", "RECORDS/s", "MB/s",
+		       "GPU WAIT", "VERDICT", "STAGE SECONDS read/decomp/swait/collate/h2d");
+		if (!cur->nld)
+			printf("  none running (loaders publish under SLUICE_RUN_DIR, default /dev/shm)\n");
+	}
+	for (unsigned i = 0; i < cur->nld; i++) {
+		const struct sluice_loader_figures *c = &cur->ld[i], *p = cli_ld_in(prev, c->pid, c->id);
+		double bps = p ? (double)(c->batches - p->batches) / dt : 0, rps = p ? (double)(c->records - p->records) / dt : 0;
+		double byps = p ? (double)(c->bytes - p->bytes) / dt : 0;
+
+		if (json) {
+			printf("%s{\"pid\":%d,\"id\":%u,\"dataset\":", i ? "," : "", c->pid, c->id);
+			cli_json_str(c->dataset);
+			printf(",\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"read_bytes\":%llu,\"batches_per_s\":%.2f,"
+			       "\"records_per_s\":%.1f,\"bytes_per_s\":%.1f,\"gpu_wait_share\":%.4f,\"verdict\":",
+			       (unsigned long long)c->batches, (unsigned long long)c->records, (unsigned long long)c->bytes,
+			       (unsigned long long)c->read_bytes, bps, rps, byps, c->gpu_wait_share);
+			cli_json_str(c->verdict);
+			printf(",\"stage_seconds\":{\"read\":%.6f,\"decompress\":%.6f,\"storage_wait\":%.6f,\"collate\":%.6f,"
+			       "\"h2d\":%.6f,\"consumer_wait\":%.6f},\"wall_s\":%.6f,\"age_s\":%.3f}",
+			       c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s, c->consumer_wait_s,
+			       c->wall_s, c->age_s);
+		} else {
+			char who[32];
+			size_t dl = strlen(c->dataset);
+
+			snprintf(who, sizeof(who), "%d.%u", c->pid, c->id);
+			printf("%-14s %-28s %9.1f %10.0f %9.1f %6.1f%% %-16s %.1f/%.1f/%.1f/%.1f/%.1f\n", who,
+			       dl > 28 ? c->dataset + dl - 28 : c->dataset, bps, rps, byps / 1e6, 100 * c->gpu_wait_share,
+			       c->verdict, c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s);
+		}
+	}
+	printf(json ? "]}\n" : "\n");
+	fflush(stdout);
+}
+
+int cmd_top(int argc, char **argv)
+{
+	static struct cli_snap a, b;
+	const char *root = getenv("SLUICE_SYSROOT");
+	double interval = 1;
+	unsigned count = 0;
+	int json = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = 1;
+		else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
+			char *end;
+
+			interval = strtod(argv[++i], &end);
+			if (*end || !(interval >= 0.05 && interval <= 3600))
+				return cli_fail("top", "--interval '%s': want seconds from 0.05 to 3600", argv[i]);
+		} else if (!strcmp(argv[i], "--count") && i + 1 < argc) {
+			if (cli_uint("top", "--count", argv[++i], 1, 1000000000, &count))
+				return 2;
+		} else if (!strcmp(argv[i], "--help")) {
+			printf("usage: sluice top [--interval S] [--count N] [--json]\n\n"
+			       "Each interval (default 1 s): every disk's read and write MB/s, IOPS and utilisation\n"
+			       "(/proc/diskstats), each GPU's utilisation, memory and PCIe MB/s (NVML), and every\n"
+			       "running sluice loader's batches, records and bytes a second, GPU wait and stage\n"
+			       "seconds.  --count N stops after N samples; --json prints one object per sample.\n");
+			return 0;
+		} else
+			return cli_fail("top", "unknown option '%s'", argv[i]);
+	}
+	if (!root || !strcmp(root, "/"))
+		root = "";
+	cli_snap_take(&a, root);
+	for (unsigned n = 0; !count || n < count; n++) {
+		struct cli_snap *prev = n % 2 ? &b : &a, *cur = n % 2 ? &a : &b;
+
+		usleep((useconds_t)(interval * 1e6));
+		cli_snap_take(cur, root);
+		cli_show(prev, cur, json, !json && isatty(1));
+	}
+	return 0;
+}

@@ -1,0 +1,481 @@
+/*
+ * sluice tune: measures this machine with short trials and picks the
+ * settings sluice reads with.  For a file (or a directory, where it writes
+ * a scratch file): threads, I/O size and queue depth, by cold reads
+ * (O_DIRECT, the page cache dropped when root), one knob at a time from
+ * the defaults; then the defaults and the pick side by side, cold and
+ * warm.  For an s3:// object: the part size and the parts in flight of
+ * downloads (the cache of s3:// datasets, sluice cp).  Each trial is a
+ * child `sluice bench` or `sluice cp`, so nothing of one trial (pinned
+ * slots, connections, the settings file) carries into the next.  The pick
+ * goes into the settings file (sluice_settings_path), keeping its other
+ * lines.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define CMD "tune"
+
+extern char **environ;
+
+static const char usage[] =
+	"usage: sluice tune [--json] [--dry-run] [--size N] PATH\n"
+	"  PATH: a file to read, a directory (a scratch file of --size is written there and removed),\n"
+	"  or s3://BUCKET/KEY.  Short trials pick threads, I/O size and queue depth (files) or part\n"
+	"  size and parts in flight (objects); the pick and the defaults are then measured side by\n"
+	"  side (medians of 3, cold and warm for files) and the pick is written to the settings\n"
+	"  file (SLUICE_CONFIG, default ~/.config/sluice/sluice.conf), unless --dry-run.\n"
+	"  --size N: bytes per trial (default: the file's size up to 1G; 1G scratch file).\n";
+
+struct cli_knobs {
+	unsigned a, b;      /* files: threads, queue depth; objects: concurrency, unused */
+	uint64_t size;      /* files: I/O size; objects: part size */
+};
+
+struct cli_tune {
+	const char *exe, *path, *file;
+	int s3, json;
+	uint64_t size;
+	char tmpdir[PATH_MAX];
+	unsigned trials;
+	char trial_json[65536];
+	size_t tj;
+};
+
+/* Runs argv with stdout and stderr into out; returns the exit status, or -errno. */
+static int cli_spawn(char *const argv[], char *const env[], char *out, size_t cap)
+{
+	posix_spawn_file_actions_t fa;
+	int p[2], st = 0, rc;
+	size_t n = 0;
+	ssize_t got;
+	pid_t pid;
+
+	if (pipe(p))
+		return -errno;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+	posix_spawn_file_actions_addclose(&fa, p[0]);
+	rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+	posix_spawn_file_actions_destroy(&fa);
+	close(p[1]);
+	if (rc) {
+		close(p[0]);
+		return -rc;
+	}
+	while ((got = read(p[0], out + n, cap - 1 - n)) > 0 || (got < 0 && errno == EINTR))
+		if (got > 0 && (n += (size_t)got) == cap - 1)
+			break;
+	out[n] = 0;
+	close(p[0]);
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The number after "key": in a JSON text; -1 if absent. */
+static double cli_num(const char *json, const char *key)
+{
+	char k[64];
+	const char *p;
+
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	p = strstr(json, k);
+	return p ? strtod(p + strlen(k), NULL) : -1;
+}
+
+/* One trial: GB/s, or a negative value after printing why. */
+static double cli_trial(struct cli_tune *t, const struct cli_knobs *k, int cold, unsigned repeat)
+{
+	char out[16384], a[32], b[32], s[32], sz[32], rep[16], dst[PATH_MAX + 8], pe[64], ce[64];
+	char *env[512];
+	unsigned ne = 0;
+	double gbs;
+	int rc;
+
+	for (char **e = environ; *e && ne < 500; e++)
+		if (strncmp(*e, "SLUICE_S3_PART_SIZE=", 20) && strncmp(*e, "SLUICE_S3_CONCURRENCY=", 22))
+			env[ne++] = *e;
+	snprintf(a, sizeof(a), "%u", k->a);
+	snprintf(b, sizeof(b), "%u", k->b);
+	snprintf(s, sizeof(s), "%llu", (unsigned long long)k->size);
+	snprintf(sz, sizeof(sz), "%llu", (unsigned long long)t->size);
+	snprintf(rep, sizeof(rep), "%u", repeat);
+	if (t->s3) {
+		char *argv[] = { (char *)t->exe, "cp", "--json", (char *)t->path, dst, NULL };
+
+		snprintf(dst, sizeof(dst), "%s/obj", t->tmpdir);
+		snprintf(pe, sizeof(pe), "SLUICE_S3_PART_SIZE=%s", s);
+		snprintf(ce, sizeof(ce), "SLUICE_S3_CONCURRENCY=%s", a);
+		env[ne++] = pe;
+		env[ne++] = ce;
+		env[ne] = NULL;
+		rc = cli_spawn(argv, env, out, sizeof(out));
+		unlink(dst);
+		gbs = cli_num(out, "gbps");
+	} else {
+		char *argv[] = { (char *)t->exe, "bench", "--json", "--rw", "read", "--size", sz, "--io-size", s,
+				 "--threads", a, "--queue-depth", b, "--repeat", rep, cold ? "--cold" : (char *)t->file,
+				 cold ? (char *)t->file : NULL, NULL };
+
+		env[ne] = NULL;
+		rc = cli_spawn(argv, env, out, sizeof(out));
+		gbs = cli_num(out, "gb_s");
+	}
+	if (rc || gbs <= 0) {
+		fprintf(stderr, "sluice tune: a trial failed (%s %s, %s): %s", t->s3 ? "cp" : "bench", t->path,
+			rc ? "its exit status" : "no result", out);
+		return -1;
+	}
+	t->trials++;
+	if (t->tj >= sizeof(t->trial_json))
+		return gbs;
+	if (t->s3)
+		t->tj += (size_t)snprintf(t->trial_json + t->tj, sizeof(t->trial_json) - t->tj,
+					  "%s{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f}", t->tj ? "," : "",
+					  k->a, (unsigned long long)k->size, gbs);
+	else
+		t->tj += (size_t)snprintf(t->trial_json + t->tj, sizeof(t->trial_json) - t->tj,
+					  "%s{\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold\":%s,"
+					  "\"gb_s\":%.4f}",
+					  t->tj ? "," : "", k->a, k->b, (unsigned long long)k->size, cold ? "true" : "false", gbs);
+	return gbs;
+}
+
+/*
+ * Tries each value of one knob from the current pick; keeps a value only when it beats the pick by
+ * 5%, more than a trial's noise, so that a flat curve leaves the default.
+ */
+static int cli_sweep(struct cli_tune *t, struct cli_knobs *pick, double *best, int which, const uint64_t *vals)
+{
+	for (unsigned i = 0; vals[i]; i++) {
+		struct cli_knobs k = *pick;
+		double g;
+
+		if (which == 0)
+			k.a = (unsigned)vals[i];
+		else if (which == 1)
+			k.b = (unsigned)vals[i];
+		else
+			k.size = vals[i];
+		if (!memcmp(&k, pick, sizeof(k)))
+			continue;
+		if ((g = cli_trial(t, &k, 1, 1)) < 0)
+			return -1;
+		if (!t->json && t->s3)
+			fprintf(stderr, "  %u parts in flight of %llu bytes: %.2f GB/s\n", k.a, (unsigned long long)k.size, g);
+		else if (!t->json)
+			fprintf(stderr, "  %u threads x %u in flight of %llu bytes: %.2f GB/s\n", k.a, k.b,
+				(unsigned long long)k.size, g);
+		if (g > *best * 1.05) {
+			*best = g;
+			*pick = k;
+		}
+	}
+	return 0;
+}
+
+static int cli_dcmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Medians of 3 alternated passes of the defaults and the pick. */
+static int cli_compare(struct cli_tune *t, const struct cli_knobs *def, const struct cli_knobs *pick, int cold,
+		       double *gd, double *gp)
+{
+	double d[3], p[3];
+
+	for (int r = 0; r < 3; r++) {
+		if ((d[r] = cli_trial(t, def, cold, cold ? 1 : 3)) < 0 || (p[r] = cli_trial(t, pick, cold, cold ? 1 : 3)) < 0)
+			return -1;
+	}
+	qsort(d, 3, sizeof(double), cli_dcmp);
+	qsort(p, 3, sizeof(double), cli_dcmp);
+	*gd = d[1];
+	*gp = p[1];
+	return 0;
+}
+
+/* Rewrites the settings file with keys[i] = vals[i] in [sluice], keeping every other line. */
+static int cli_write_settings(const char *path, const char *const *keys, char vals[][32], unsigned n, const char *note)
+{
+	char tmp[PATH_MAX + 16], line[4096], dir[PATH_MAX];
+	FILE *in = fopen(path, "re"), *out;
+	int in_sluice = 0, had_section = 0;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *s = strchr(dir + 1, '/'); s; s = strchr(s + 1, '/')) {
+		*s = 0;
+		mkdir(dir, 0755);
+		*s = '/';
+	}
+	snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+	if (!(out = fopen(tmp, "we"))) {
+		if (in)
+			fclose(in);
+		return -errno;
+	}
+	while (in && fgets(line, sizeof(line), in)) {
+		const char *s = line + strspn(line, " \t");
+		int drop = 0;
+
+		if (*s == '[') {
+			in_sluice = !strncmp(s, "[sluice]", 8);
+			if (in_sluice && !had_section) {
+				had_section = 1;
+				fputs(line, out);
+				fprintf(out, "# %s\n", note);
+				for (unsigned i = 0; i < n; i++)
+					fprintf(out, "%s = %s\n", keys[i], vals[i]);
+				continue;
+			}
+		} else if (in_sluice) {
+			drop = !strncmp(s, "# sluice tune ", 14);
+			for (unsigned i = 0; i < n && !drop; i++) {
+				size_t l = strlen(keys[i]);
+
+				drop = !strncmp(s, keys[i], l) && (s[l] == ' ' || s[l] == '\t' || s[l] == '=');
+			}
+		}
+		if (!drop)
+			fputs(line, out);
+	}
+	if (in)
+		fclose(in);
+	if (!had_section) {
+		fprintf(out, "[sluice]\n# %s\n", note);
+		for (unsigned i = 0; i < n; i++)
+			fprintf(out, "%s = %s\n", keys[i], vals[i]);
+	}
+	if (fflush(out) || fsync(fileno(out)) || fclose(out) || rename(tmp, path)) {
+		int e = errno;
+
+		unlink(tmp);
+		return -e;
+	}
+	return 0;
+}
+
+int cmd_tune(int argc, char **argv)
+{
+	static const uint64_t threads[] = { 1, 2, 4, 8, 16, 32, 64, 0 }, qds[] = { 1, 2, 4, 8, 16, 32, 0 };
+	static const uint64_t ios[] = { 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 0 };
+	static const uint64_t conc[] = { 2, 4, 8, 16, 32, 64, 0 };
+	static const uint64_t parts[] = { 8 << 20, 16 << 20, 32 << 20, 64 << 20, 128 << 20, 0 };
+	struct cli_tune t = { 0 };
+	struct cli_knobs def, pick;
+	char exe[PATH_MAX], scratch[PATH_MAX + 32] = "", conf[PATH_MAX] = "", vals[3][32], note[PATH_MAX + 256];
+	double best, cd = 0, cp = 0, wd = 0, wp = 0;
+	int dry = 0, rc = 1, conf_rc;
+	uint64_t size = 0;
+	struct stat st;
+	ssize_t n;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			fputs(usage, stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--json")) {
+			t.json = 1;
+		} else if (!strcmp(argv[i], "--dry-run")) {
+			dry = 1;
+		} else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
+			if (cli_size(CMD, "--size", argv[++i], &size))
+				return 2;
+		} else if (argv[i][0] == '-' && argv[i][1]) {
+			return cli_fail(CMD, "unknown option '%s'\n%s", argv[i], usage);
+		} else if (t.path) {
+			return cli_fail(CMD, "one PATH, not '%s' too\n%s", argv[i], usage);
+		} else {
+			t.path = argv[i];
+		}
+	}
+	if (!t.path)
+		return cli_fail(CMD, "a PATH is needed\n%s", usage);
+	if ((n = readlink("/proc/self/exe", exe, sizeof(exe) - 1)) <= 0)
+		return cli_fail(CMD, "cannot find its own program (/proc/self/exe): %s", strerror(errno));
+	exe[n] = 0;
+	t.exe = exe;
+	/* Where the pick goes; then no settings file for this process and the trials: they measure defaults. */
+	conf_rc = sluice_settings_path(conf, sizeof(conf));
+	setenv("SLUICE_CONFIG", "", 1);
+	t.s3 = !strncmp(t.path, "s3://", 5);
+	if (t.s3) {
+		const char *tmp = getenv("TMPDIR");
+
+		snprintf(t.tmpdir, sizeof(t.tmpdir), "%s/sluice-tune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+		if (!mkdtemp(t.tmpdir))
+			return cli_fail(CMD, "%s: %s", t.tmpdir, strerror(errno));
+		def = (struct cli_knobs){ 8, 0, 8 << 20 };
+		{
+			const char *c = getenv("SLUICE_S3_CONCURRENCY"), *p = getenv("SLUICE_S3_PART_SIZE");
+			uint64_t v;
+
+			if (c && *c && !sluice_parse_size(c, &v) && v >= 1 && v <= 256)
+				def.a = (unsigned)v;
+			if (p && *p && !sluice_parse_size(p, &v))
+				def.size = v;
+		}
+	} else {
+		struct sluice_engine *eng;
+		struct sluice_engine_info in;
+
+		if (stat(t.path, &st))
+			return cli_fail(CMD, "%s: %s", t.path, strerror(errno));
+		if (S_ISDIR(st.st_mode)) {
+			/* A scratch file of random bytes, written through the page cache and synced. */
+			static char buf[1 << 20];
+			FILE *r = fopen("/dev/urandom", "re");
+			int fd;
+
+			size = size ? size : 1ull << 30;
+			snprintf(scratch, sizeof(scratch), "%s/.sluice-tune.%d", t.path, (int)getpid());
+			fd = open(scratch, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+			if (fd < 0 || !r || fread(buf, 1, sizeof(buf), r) != sizeof(buf)) {
+				if (r)
+					fclose(r);
+				if (fd >= 0)
+					close(fd), unlink(scratch);
+				return cli_fail(CMD, "%s: cannot write a scratch file: %s", scratch, strerror(errno));
+			}
+			fclose(r);
+			for (uint64_t off = 0; off < size; off += sizeof(buf)) {
+				size_t w = size - off < sizeof(buf) ? (size_t)(size - off) : sizeof(buf);
+
+				buf[0] ^= (char)off; /* no two MiB alike: nothing below can deduplicate them */
+				if (write(fd, buf, w) != (ssize_t)w) {
+					int e = errno;
+
+					close(fd);
+					unlink(scratch);
+					return cli_fail(CMD, "%s: %s", scratch, strerror(e ? e : ENOSPC));
+				}
+			}
+			fsync(fd);
+			close(fd);
+			t.file = scratch;
+		} else {
+			t.file = t.path;
+			if (!size || size > (uint64_t)st.st_size)
+				size = (uint64_t)st.st_size < (1ull << 30) ? (uint64_t)st.st_size : 1ull << 30;
+		}
+		if ((rc = sluice_engine_open(&eng, NULL))) {
+			rc = cli_error(CMD, "cannot open the engine", rc);
+			goto out;
+		}
+		sluice_engine_get_info(eng, &in);
+		sluice_engine_close(eng);
+		def = (struct cli_knobs){ in.threads, in.queue_depth, in.max_transfer_size };
+	}
+	t.size = size;
+	pick = def;
+	if (!t.json)
+		fprintf(stderr, "sluice tune %s: trials (%s)\n", t.path, t.s3 ? "downloads" : "cold reads");
+	if ((best = cli_trial(&t, &def, 1, 1)) < 0)
+		goto out;
+	if (!t.json)
+		fprintf(stderr, "  the defaults: %.2f GB/s\n", best);
+	if (t.s3) {
+		if (cli_sweep(&t, &pick, &best, 0, conc) || cli_sweep(&t, &pick, &best, 2, parts))
+			goto out;
+		if (cli_compare(&t, &def, &pick, 1, &cd, &cp))
+			goto out;
+	} else {
+		uint64_t th[8];
+		unsigned m = 0;
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+		/* Thread counts up to twice the CPUs (at least 4): more only contend. */
+		for (unsigned i = 0; threads[i]; i++)
+			if (threads[i] <= (uint64_t)(cpus * 2 > 4 ? cpus * 2 : 4))
+				th[m++] = threads[i];
+		th[m] = 0;
+		if (cli_sweep(&t, &pick, &best, 0, th) || cli_sweep(&t, &pick, &best, 2, ios) ||
+		    cli_sweep(&t, &pick, &best, 1, qds))
+			goto out;
+		if (cli_compare(&t, &def, &pick, 1, &cd, &cp) || cli_compare(&t, &def, &pick, 0, &wd, &wp))
+			goto out;
+	}
+	{
+		static const char *const fkeys[] = { "threads", "queue_depth", "max_transfer_size" };
+		static const char *const okeys[] = { "s3_concurrency", "s3_part_size" };
+		time_t now = time(NULL);
+		char day[32];
+		int wrc = 0;
+
+		strftime(day, sizeof(day), "%Y-%m-%d", localtime(&now));
+		snprintf(vals[0], sizeof(vals[0]), "%u", pick.a);
+		if (t.s3) {
+			snprintf(vals[1], sizeof(vals[1]), "%llu", (unsigned long long)pick.size);
+		} else {
+			snprintf(vals[1], sizeof(vals[1]), "%u", pick.b);
+			snprintf(vals[2], sizeof(vals[2]), "%llu", (unsigned long long)pick.size);
+		}
+		snprintf(note, sizeof(note), "sluice tune %s, %s: %.2f GB/s with these against %.2f with the defaults%s", t.path,
+			 day, cp, cd, t.s3 ? "" : " (cold)");
+		if (!dry && conf_rc == 0)
+			wrc = cli_write_settings(conf, t.s3 ? okeys : fkeys, vals, t.s3 ? 2 : 3, note);
+		if (t.json) {
+			printf("{\"path\":");
+			cli_json_str(t.path);
+			if (t.s3)
+				printf(",\"kind\":\"object\",\"defaults\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
+				       "\"picked\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},\"gain\":%.4f",
+				       def.a, (unsigned long long)def.size, cd, pick.a, (unsigned long long)pick.size, cp, cp / cd);
+			else
+				printf(",\"kind\":\"file\",\"bytes\":%llu,\"defaults\":{\"threads\":%u,\"queue_depth\":%u,"
+				       "\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},\"picked\":{\"threads\":%u,"
+				       "\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},"
+				       "\"gain_cold\":%.4f,\"gain_warm\":%.4f",
+				       (unsigned long long)t.size, def.a, def.b, (unsigned long long)def.size, cd, wd, pick.a, pick.b,
+				       (unsigned long long)pick.size, cp, wp, cp / cd, wp / wd);
+			printf(",\"trials\":[%s],\"settings_file\":", t.trial_json);
+			cli_json_str(conf_rc ? "" : conf);
+			printf(",\"written\":%s}\n", !dry && !conf_rc && !wrc ? "true" : "false");
+		} else if (t.s3) {
+			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12.2f %12.2f  (%.2fx)\n", "",
+			       "defaults", "picked", "s3_concurrency", def.a, pick.a, "s3_part_size",
+			       (unsigned long long)def.size, (unsigned long long)pick.size, "GB/s (median of 3)", cd, cp, cp / cd);
+		} else {
+			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12u %12u\n"
+			       "%-22s %12.2f %12.2f  (%.2fx)\n%-22s %12.2f %12.2f  (%.2fx)\n",
+			       "", "defaults", "picked", "threads", def.a, pick.a, "max_transfer_size",
+			       (unsigned long long)def.size, (unsigned long long)pick.size, "queue_depth", def.b, pick.b,
+			       "cold GB/s (median 3)", cd, cp, cp / cd, "warm GB/s (median 3)", wd, wp, wp / wd);
+		}
+		if (!t.json) {
+			if (dry)
+				printf("not written (--dry-run)\n");
+			else if (conf_rc)
+				printf("not written: no settings file (SLUICE_CONFIG is empty, or no HOME)\n");
+			else if (!wrc)
+				printf("written to %s\n", conf);
+		}
+		if (wrc) {
+			rc = cli_fail(CMD, "%s: %s", conf, strerror(-wrc));
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	if (scratch[0])
+		unlink(scratch);
+	if (t.tmpdir[0])
+		rmdir(t.tmpdir);
+	return rc;
+}

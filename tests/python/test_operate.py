@@ -1,0 +1,317 @@
+"""Operating sluice: the settings file, `sluice top` (disks, GPUs, loaders) and the Prometheus metrics."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import sluice
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
+
+
+def run(args, env=None, **kw):
+    return subprocess.run([SLUICE] + args, capture_output=True, text=True, env=dict(os.environ, **(env or {})), **kw)
+
+
+# ---- the settings file
+
+def test_settings_file_under_the_environment(tmp_path):
+    conf = tmp_path / "sluice.conf"
+    conf.write_text("# measured by sluice tune\n[sluice]\nthreads = 3\nqueue_depth = 5\nmax_transfer_size = 2M\n")
+    info = json.loads(run(["info", "--json"], {"SLUICE_CONFIG": str(conf)}).stdout)
+    assert (info["threads"], info["queue_depth"], info["max_transfer_size"]) == (3, 5, 2 << 20)
+    info = json.loads(run(["info", "--json"], {"SLUICE_CONFIG": str(conf), "SLUICE_THREADS": "2"}).stdout)
+    assert (info["threads"], info["queue_depth"]) == (2, 5)  # the environment wins
+    # The default place: $XDG_CONFIG_HOME/sluice/sluice.conf.
+    (tmp_path / "xdg/sluice").mkdir(parents=True)
+    (tmp_path / "xdg/sluice/sluice.conf").write_text("[sluice]\nthreads = 6\n")
+    env = {k: v for k, v in os.environ.items() if k != "SLUICE_CONFIG"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    r = subprocess.run([SLUICE, "info", "--json"], capture_output=True, text=True, env=env)
+    assert json.loads(r.stdout)["threads"] == 6
+    env["SLUICE_CONFIG"] = ""  # none at all
+    r = subprocess.run([SLUICE, "info", "--json"], capture_output=True, text=True, env=env)
+    assert json.loads(r.stdout)["threads"] != 6
+
+
+@pytest.mark.parametrize("text,says", [
+    ("[sluice]\nthreadz = 3\n", "'threadz' is not a setting"),
+    ("[engine]\nthreads = 3\n", "section [engine]"),
+    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}) is not a valid number'),
+    ("threads = 3\n", ":1: a setting before any [section]"),
+    ("[sluice]\nthreads\n", ":2: the line is neither"),
+])
+def test_settings_file_errors_name_the_file(tmp_path, text, says):
+    conf = tmp_path / "bad.conf"
+    conf.write_text(text)
+    r = run(["info"], {"SLUICE_CONFIG": str(conf)})
+    assert r.returncode != 0
+    assert str(conf) in r.stderr and says.format(conf=conf) in r.stderr, r.stderr
+
+
+# ---- sluice top
+
+def diskstats(rd, rsec, wr, wsec, io_ms):
+    line = "{} {} {} {} 0 {} 10 {} 0 {} 20 0 {} 30 0 0 0 0\n"
+    return (line.format(259, 0, "nvme0n1", rd, rsec, wr, wsec, io_ms) +
+            line.format(259, 1, "nvme0n1p1", rd, rsec, wr, wsec, io_ms) +  # a partition: left out
+            line.format(7, 0, "loop0", 5, 5, 5, 5, 5))                     # a loop device: left out
+
+
+def test_top_disk_rates_from_diskstats(tmp_path):
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True)
+    (root / "sys/block/nvme0n1").mkdir(parents=True)
+    (root / "sys/block/loop0").mkdir(parents=True)
+    fifo = root / "proc/diskstats"
+    os.mkfifo(fifo)
+    before, after = (1000, 80000, 50, 4000, 100), (1000 + 3000, 80000 + 786432, 50 + 120, 4000 + 20480, 100 + 150)
+
+    def feed():  # top opens the file once per sample: each open gets the next text
+        import time
+        for s in (before, after):
+            with open(fifo, "w") as f:
+                f.write(diskstats(*s))
+            time.sleep(0.1)  # top reads to the end and closes in microseconds; the next sample is 0.3 s away
+    t = threading.Thread(target=feed)
+    t.start()
+    r = run(["top", "--json", "--count", "1", "--interval", "0.3"],
+            {"SLUICE_SYSROOT": str(root), "SLUICE_RUN_DIR": str(tmp_path)}, timeout=60)
+    t.join()
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    dt = s["interval_s"]
+    assert 0.25 < dt < 5
+    assert [d["name"] for d in s["disks"]] == ["nvme0n1"]
+    d = s["disks"][0]
+    assert d["read_bytes_per_s"] == pytest.approx(786432 * 512 / dt, rel=1e-3)
+    assert d["write_bytes_per_s"] == pytest.approx(20480 * 512 / dt, rel=1e-3)
+    assert d["read_iops"] == pytest.approx(3000 / dt, rel=1e-3)
+    assert d["write_iops"] == pytest.approx(120 / dt, rel=1e-3)
+    assert d["util_pct"] == pytest.approx(min(100, 150 / (dt * 10)), rel=1e-3)
+    assert s["loaders"] == []
+    if not s["gpus"]:
+        assert "libnvidia-ml" in s["gpu_error"] or "nvml" in s["gpu_error"].lower()
+
+
+LOADER_SCRIPT = r"""
+import sys, sluice
+ds = sluice.Dataset(sys.argv[1])
+ld = sluice.Loader(ds, batch_size=16, shuffle=False)
+it = iter(ld)
+for _ in range(int(sys.argv[2])):
+    next(it)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def start_loader(ds_path, batches, run_dir, extra_env=None):
+    env = dict(os.environ, SLUICE_RUN_DIR=str(run_dir), **(extra_env or {}))
+    p = subprocess.Popen([sys.executable, "-c", LOADER_SCRIPT, ds_path, str(batches)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    return p
+
+
+def test_top_shows_running_loaders(tmp_path, ds_path):
+    a = start_loader(ds_path, 7, tmp_path)
+    b = start_loader(ds_path, 12, tmp_path)
+    try:
+        r = run(["top", "--json", "--count", "1", "--interval", "0.1"], {"SLUICE_RUN_DIR": str(tmp_path)}, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lds = {ld["pid"]: ld for ld in json.loads(r.stdout)["loaders"]}
+        assert set(lds) == {a.pid, b.pid}
+        for p, n in ((a, 7), (b, 12)):
+            ld = lds[p.pid]
+            assert (ld["batches"], ld["records"]) == (n, 16 * n)
+            assert ld["dataset"] == ds_path and ld["id"] >= 1
+            assert ld["batches_per_s"] == 0  # idle between the two samples
+            assert ld["bytes"] > 0 and ld["read_bytes"] > 0 and ld["stage_seconds"]["read"] > 0
+            assert ld["verdict"] in ("compute-bound", "loader-bound", "transfer-bound")
+        text = run(["top", "--count", "1", "--interval", "0.1"], {"SLUICE_RUN_DIR": str(tmp_path)}, timeout=60).stdout
+        assert f"{a.pid}." in text and f"{b.pid}." in text
+    finally:
+        a.stdin.close()
+        a.wait(timeout=30)
+    # A loader closed removes its file; a process killed leaves one, which the next reader drops.
+    assert [f for f in os.listdir(tmp_path) if f.startswith(f"sluice-loader.{a.pid}.")] == []
+    os.kill(b.pid, signal.SIGKILL)
+    b.wait(timeout=30)
+    assert any(f.startswith(f"sluice-loader.{b.pid}.") for f in os.listdir(tmp_path))
+    r = run(["top", "--json", "--count", "1", "--interval", "0.05"], {"SLUICE_RUN_DIR": str(tmp_path)}, timeout=60)
+    assert json.loads(r.stdout)["loaders"] == []
+    assert not any(f.startswith("sluice-loader.") for f in os.listdir(tmp_path))
+
+
+def test_top_rejects_bad_options():
+    assert run(["top", "--interval", "0"]).returncode == 2
+    assert run(["top", "--count", "x"]).returncode == 2
+    assert "unknown option" in run(["top", "--bogus"]).stderr
+
+
+# ---- Prometheus metrics
+
+def parse_metrics(text):
+    """{(name, labels): value}, checking the exposition's shape on the way."""
+    out, typed = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            typed[name] = kind
+            continue
+        if line.startswith("#") or not line:
+            continue
+        m = re.fullmatch(r'([a-z_]+)(\{[^}]*\})? (\S+)', line)
+        assert m, line
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        base = re.sub(r"_(sum|count)$", "", name)
+        assert name in typed or base in typed, f"{name} has no # TYPE"
+        if typed.get(name) == "counter":
+            assert name.endswith("_total"), name
+        out[(name, labels)] = value
+    return out
+
+
+def scrape(port, path="/metrics"):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse_metrics(r.read().decode())
+
+
+def test_metrics_count_what_the_engine_moved(tmp_path, ds_path):
+    port = sluice.serve_metrics(0)
+    assert port > 0 and sluice.serve_metrics(0) == port  # once per process
+    f = tmp_path / "blob"
+    f.write_bytes(os.urandom(3 << 20))
+    m0 = scrape(port)
+    a = np.empty(3 << 20, np.uint8)
+    sluice.read(str(f), a)
+    sluice.read(str(f), a[:1 << 20], offset=1 << 20)
+    sluice.write(str(tmp_path / "out"), a[:12345])
+    m1 = scrape(port)
+
+    def d(name, labels):
+        return m1[(name, labels)] - m0.get((name, labels), 0)
+    assert d("sluice_io_bytes_total", '{op="read"}') == (4 << 20)
+    assert d("sluice_io_calls_total", '{op="read"}') == 2
+    assert d("sluice_io_bytes_total", '{op="write"}') == 12345
+    assert d("sluice_io_calls_total", '{op="write"}') == 1
+    assert d("sluice_io_errors_total", '{op="read"}') == 0
+    assert d("sluice_io_segments_total", '{op="read"}') >= 2
+    assert d("sluice_io_segment_seconds_count", "") >= 3
+    assert d("sluice_io_call_seconds_total", '{op="read"}') > 0
+    with pytest.raises(sluice.SluiceError):
+        sluice.read(str(tmp_path / "missing"), a)
+    assert scrape(port)[("sluice_io_errors_total", '{op="read"}')] == m1[("sluice_io_errors_total", '{op="read"}')]  # refused at open: no call ran
+    with pytest.raises(urllib.error.HTTPError) as e:
+        scrape(port, "/other")
+    assert e.value.code == 404
+
+    # A loader's figures, labelled by process.loader and dataset, while it is open.
+    ld = sluice.Loader(sluice.Dataset(ds_path), batch_size=10, shuffle=False)
+    it = iter(ld)
+    for _ in range(5):
+        next(it)
+    m = scrape(port)
+    mine = {k: v for k, v in m.items() if k[0].startswith("sluice_loader_") and f'dataset="{ds_path}"' in k[1]
+            and f'loader="{os.getpid()}.' in k[1]}
+    assert [v for k, v in mine.items() if k[0] == "sluice_loader_batches_total"] == [5]
+    assert [v for k, v in mine.items() if k[0] == "sluice_loader_records_total"] == [50]
+    stages = {re.search(r'stage="(\w+)"', k[1]).group(1) for k in mine if k[0] == "sluice_loader_stage_seconds_total"}
+    assert stages == {"read", "decompress", "storage_wait", "collate", "h2d", "consumer_wait"}
+    del it, ld
+    import gc
+    gc.collect()
+    assert sluice.metrics_text().count(f'dataset="{ds_path}"') <= len(mine)  # text and HTTP agree on the families
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_metrics_port_setting_starts_the_exporter(tmp_path, ds_path):
+    port = free_port()
+    p = start_loader(ds_path, 3, tmp_path, {"SLUICE_METRICS_PORT": str(port)})
+    try:
+        m = scrape(port)
+        assert m[("sluice_info", '{version="%s"}' % run(["version"]).stdout.split()[1])] == 1
+        assert [v for k, v in m.items() if k[0] == "sluice_loader_batches_total" and f'loader="{p.pid}.' in k[1]] == [3]
+        # The port taken: a second process says so, naming the port.
+        r = run(["info"], {"SLUICE_METRICS_PORT": str(port)})
+        assert r.returncode != 0 and f"metrics on port {port}: cannot listen" in r.stderr
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    r = run(["info"], {"SLUICE_METRICS_PORT": "http"})
+    assert r.returncode != 0 and 'SLUICE_METRICS_PORT="http"' in r.stderr
+
+
+# ---- sluice tune
+
+def test_tune_a_file_writes_its_pick(tmp_path):
+    f = tmp_path / "data"
+    f.write_bytes(os.urandom(24 << 20))
+    conf = tmp_path / "cfg" / "sluice.conf"
+    conf.parent.mkdir()
+    conf.write_text("[sluice]\n# mine, kept\ncache_limit = 10G\nthreads = 99\n")
+    r = run(["tune", "--json", str(f)], {"SLUICE_CONFIG": str(conf)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    d, p = out["defaults"], out["picked"]
+    assert out["kind"] == "file" and out["bytes"] == 24 << 20 and out["written"] is True
+    assert out["settings_file"] == str(conf)
+    # The defaults are sluice's own, not the file's threads = 99.
+    info = json.loads(run(["info", "--json"], {"SLUICE_CONFIG": ""}).stdout)
+    assert (d["threads"], d["queue_depth"], d["max_transfer_size"]) == (info["threads"], info["queue_depth"],
+                                                                      info["max_transfer_size"])
+    # Every trial is reported; the pick is one of them, and the gains are the measured ratios.
+    tried = {(t["threads"], t["queue_depth"], t["max_transfer_size"]) for t in out["trials"]}
+    assert (p["threads"], p["queue_depth"], p["max_transfer_size"]) in tried
+    assert len(out["trials"]) >= 15 and all(t["gb_s"] > 0 for t in out["trials"])
+    assert out["gain_cold"] == pytest.approx(p["cold_gb_s"] / d["cold_gb_s"], rel=1e-3)
+    assert out["gain_warm"] == pytest.approx(p["warm_gb_s"] / d["warm_gb_s"], rel=1e-3)
+    # The file now holds the pick, which sluice reads, and the lines it had.
+    text = conf.read_text()
+    assert "# mine, kept" in text and "cache_limit = 10G" in text and "threads = 99" not in text
+    assert text.count("[sluice]") == 1 and "# sluice tune " in text
+    info = json.loads(run(["info", "--json"], {"SLUICE_CONFIG": str(conf)}).stdout)
+    assert (info["threads"], info["queue_depth"], info["max_transfer_size"]) == (p["threads"], p["queue_depth"],
+                                                                                p["max_transfer_size"])
+    # Again: one comment and one line per key, not two.
+    r = run(["tune", "--size", "8M", str(f)], {"SLUICE_CONFIG": str(conf)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "written to " + str(conf) in r.stdout and "cold GB/s (median 3)" in r.stdout
+    text = conf.read_text()
+    assert text.count("# sluice tune ") == 1 and text.count("\nthreads = ") == 1
+
+
+def test_tune_dry_run_and_a_directory(tmp_path):
+    conf = tmp_path / "sluice.conf"
+    r = run(["tune", "--json", "--dry-run", "--size", "8M", str(tmp_path)], {"SLUICE_CONFIG": str(conf)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["written"] is False and out["bytes"] == 8 << 20
+    assert not conf.exists()
+    assert os.listdir(tmp_path) == []  # the scratch file is gone
+
+
+def test_tune_refusals(tmp_path):
+    r = run(["tune", str(tmp_path / "missing")])
+    assert r.returncode == 2 and "missing" in r.stderr
+    assert run(["tune"]).returncode == 2
+    assert "unknown option" in run(["tune", "--fast", str(tmp_path)]).stderr
