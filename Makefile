@@ -30,22 +30,23 @@ demo: all
 
 # Every test, under AddressSanitizer + UndefinedBehaviorSanitizer, then the
 # threaded tests under ThreadSanitizer, then the Python package's pytest
-# suite.  GPU tests report SKIPPED without a GPU.
+# suite.  GPU tests report SKIPPED without a GPU.  SLUICE_CONFIG= keeps a
+# settings file of your own (sluice tune's) out of the tests.
 test: venv
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON -DSLUICE_PYTHON=$(PYTHON) >/dev/null
 	cmake --build $(SAN_BUILD) -j $(JOBS)
-	cd $(SAN_BUILD) && ctest --output-on-failure -j 2
+	cd $(SAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -j 2
 	$(MAKE) test-tsan
 	$(MAKE) test-python
 
 test-tsan: venv
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON -DSLUICE_PYTHON=$(PYTHON) >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch t_loader t_s3
-	cd $(TSAN_BUILD) && ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader|t_s3_server'
+	cd $(TSAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader|t_s3_server'
 
 # The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
 test-python: all venv
-	SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python PYTHONNOUSERSITE=1 \
+	SLUICE_CONFIG= SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python PYTHONNOUSERSITE=1 \
 		$(PYTHON) -m pytest -q -rs tests/python
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.

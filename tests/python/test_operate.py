@@ -315,3 +315,19 @@ def test_tune_refusals(tmp_path):
     assert r.returncode == 2 and "missing" in r.stderr
     assert run(["tune"]).returncode == 2
     assert "unknown option" in run(["tune", "--fast", str(tmp_path)]).stderr
+
+
+def test_top_and_doctor_see_the_gpus():
+    """On a GPU machine: NVML through sluice top, and the doctor's PCI scan, find the GPUs torch finds."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    s = json.loads(run(["top", "--json", "--count", "1", "--interval", "0.2"]).stdout)
+    assert s["gpu_error"] == "" and len(s["gpus"]) == torch.cuda.device_count()
+    g = s["gpus"][0]
+    assert g["name"] == torch.cuda.get_device_name(0)
+    assert g["mem_total"] == pytest.approx(torch.cuda.get_device_properties(0).total_memory, rel=0.02)
+    assert 0 <= g["util_pct"] <= 100 and g["pcie_rx_mb_s"] >= 0
+    r = run(["doctor", "--json"], {"SLUICE_SYSROOT": "/"})
+    gpu = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "gpu")
+    assert gpu["verdict"] == "ok" and gpu["value"].startswith(f"{torch.cuda.device_count()} NVIDIA GPU")
