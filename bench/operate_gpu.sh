@@ -1,8 +1,9 @@
 #!/bin/sh
 # Issue #14 on the GPU machine: sluice doctor, sluice top while a GPU loader
-# and a GPU read run, the loader's /metrics scraped, and sluice tune on the
-# machine's disk.  Run after `. bench/gpu_machine.sh`, with SLUICE_LIB,
-# SLUICE_BIN and PYTHONPATH=python set; outputs go to $OUT (default /tmp/op).
+# and a cold GPU read run, the loader's /metrics scraped, and sluice tune on
+# the machine's disk and on an object of the test S3 server (moto).  Run
+# after `. bench/gpu_machine.sh`, with SLUICE_LIB, SLUICE_BIN and
+# PYTHONPATH=python set; outputs go to $OUT (default /tmp/op).
 OUT="${OUT:-/tmp/op}"
 S="${SLUICE_BIN:-build/sluice}"
 DIR="${OP_DIR:-/tmp/sluice-op}"
@@ -13,8 +14,8 @@ echo "== sluice doctor $DIR"
 "$S" doctor "$DIR" | tee "$OUT/doctor.txt"
 "$S" doctor --json "$DIR" > "$OUT/doctor.json"
 
-echo "== sluice top: a 2 GiB file read into the GPU, and a GPU loader with SLUICE_METRICS_PORT=9464"
-dd if=/dev/zero of="$DIR/top.bin" bs=1M count=2048 status=none
+echo "== sluice top: a cold 2 GiB read into the GPU, and a GPU loader with SLUICE_METRICS_PORT=9464"
+dd if=/dev/urandom of="$DIR/top.bin" bs=1M count=2048 status=none
 python3 -c "
 import json, random
 with open('$DIR/in.jsonl', 'w') as f:
@@ -24,29 +25,38 @@ with open('$DIR/in.jsonl', 'w') as f:
 SLUICE_METRICS_PORT=9464 python3 -c "
 import sluice, time, torch
 ld = sluice.Loader(sluice.Dataset('$DIR/ds'), batch_size=64, device='cuda')
-t = time.time()
-while time.time() - t < 8:
+t = None
+while t is None or time.time() - t < 10:
     for b in ld:
         torch.cuda._sleep(200000)  # a training step's GPU time
+        if t is None:
+            t = time.time()
+            open('$DIR/ready', 'w').close()
     ld.set_epoch(ld.state_dict()['epoch'] + 1)
 " &
 LOADER=$!
-"$S" bench --duration 8 "$DIR/top.bin" > /dev/null &
+for i in $(seq 60); do [ -f "$DIR/ready" ] && break; sleep 1; done
+"$S" bench --cold --duration 5 "$DIR/top.bin" > /dev/null &
 BENCH=$!
-sleep 3
+sleep 1
 "$S" top --count 2 --interval 1 | tee "$OUT/top.txt"
 "$S" top --json --count 1 --interval 1 > "$OUT/top.json"
-curl -s http://127.0.0.1:9464/metrics > "$OUT/metrics.txt"
+python3 -c "
+import urllib.request
+open('$OUT/metrics.txt', 'wb').write(urllib.request.urlopen('http://127.0.0.1:9464/metrics').read())"
 grep -E '^sluice_(io_bytes_total|io_calls_total|loader_batches_total|loader_gpu_wait_ratio|loader_stage_seconds_total.*(read|h2d|consumer_wait))' "$OUT/metrics.txt"
 wait $LOADER $BENCH
 
 echo "== sluice tune $DIR"
-SLUICE_CONFIG="$OUT/sluice.conf" "$S" tune --json "$DIR" > "$OUT/tune.json" 2> "$OUT/tune.err"
-echo "exit $?"
-cat "$OUT/tune.err"
+SLUICE_CONFIG="$OUT/sluice.conf" "$S" tune "$DIR" 2>&1 | tee "$OUT/tune.txt"
 cat "$OUT/sluice.conf"
-python3 -c "
-import json; t = json.load(open('$OUT/tune.json'))
-print('defaults', t['defaults']); print('picked  ', t['picked'])
-print('gain cold %.3f warm %.3f over %d trials' % (t['gain_cold'], t['gain_warm'], len(t['trials'])))"
+
+echo "== sluice tune s3://tune/obj (1 GiB on moto, tests/remote/s3server.py)"
+python3 tests/remote/with_s3_server.py sh -c '
+	export AWS_ENDPOINT_URL=$SLUICE_TEST_S3_ENDPOINT AWS_ACCESS_KEY_ID=$SLUICE_TEST_S3_ACCESS_KEY \
+		AWS_SECRET_ACCESS_KEY=$SLUICE_TEST_S3_SECRET_KEY AWS_REGION=us-east-1
+	python3 -c "import boto3, os; boto3.client(\"s3\", endpoint_url=os.environ[\"AWS_ENDPOINT_URL\"]).create_bucket(Bucket=\"tune\")"
+	head -c 1073741824 '"$DIR/top.bin"' > '"$DIR/obj"' && "'"$S"'" cp '"$DIR/obj"' s3://tune/obj &&
+	SLUICE_CONFIG='"$OUT/sluice.conf"' "'"$S"'" tune s3://tune/obj' 2>&1 | grep -v werkzeug | tee "$OUT/tune_s3.txt"
+cat "$OUT/sluice.conf"
 rm -rf "$DIR"

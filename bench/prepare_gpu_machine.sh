@@ -30,6 +30,8 @@ if [ ! -f .carry/deps/usr/include/microhttpd.h ]; then
 		libmicrohttpd-dev libmicrohttpd12 \
 		libssh2-1 libldap-2.5-0 libsasl2-2 libsasl2-modules-db >/dev/null)
 	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
+	# Linked dynamically: libmicrohttpd's gnutls is the machine's own, and pkg-config would want gnutls.pc.
+	sed -i '/^Requires.private:/d' .carry/deps/usr/lib/x86_64-linux-gnu/pkgconfig/libmicrohttpd.pc
 	rm -f "$tmp"/*.deb
 	echo "prepare: .carry/deps ($(du -sh .carry/deps | cut -f1))"
 fi

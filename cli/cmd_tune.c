@@ -194,14 +194,16 @@ static int cli_dcmp(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Medians of 3 alternated passes of the defaults and the pick. */
+/* Medians of 3 alternated passes of the defaults and the pick (of the defaults alone when they are the pick). */
 static int cli_compare(struct cli_tune *t, const struct cli_knobs *def, const struct cli_knobs *pick, int cold,
 		       double *gd, double *gp)
 {
+	int same = !memcmp(def, pick, sizeof(*def)); /* the defaults won: measured once, the same figures */
 	double d[3], p[3];
 
 	for (int r = 0; r < 3; r++) {
-		if ((d[r] = cli_trial(t, def, cold, cold ? 1 : 3)) < 0 || (p[r] = cli_trial(t, pick, cold, cold ? 1 : 3)) < 0)
+		if ((d[r] = cli_trial(t, def, cold, cold ? 1 : 3)) < 0 ||
+		    (p[r] = same ? d[r] : cli_trial(t, pick, cold, cold ? 1 : 3)) < 0)
 			return -1;
 	}
 	qsort(d, 3, sizeof(double), cli_dcmp);
@@ -446,7 +448,8 @@ int cmd_tune(int argc, char **argv)
 				       (unsigned long long)pick.size, cp, wp, cp / cd, wp / wd);
 			printf(",\"trials\":[%s],\"settings_file\":", t.trial_json);
 			cli_json_str(conf_rc ? "" : conf);
-			printf(",\"written\":%s}\n", !dry && !conf_rc && !wrc ? "true" : "false");
+			printf(",\"unchanged\":%s,\"written\":%s}\n", memcmp(&def, &pick, sizeof(def)) ? "false" : "true",
+			       !dry && !conf_rc && !wrc ? "true" : "false");
 		} else if (t.s3) {
 			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12.2f %12.2f  (%.2fx)\n", "",
 			       "defaults", "picked", "s3_concurrency", def.a, pick.a, "s3_part_size",
@@ -465,6 +468,8 @@ int cmd_tune(int argc, char **argv)
 				printf("not written: no settings file (SLUICE_CONFIG is empty, or no HOME)\n");
 			else if (!wrc)
 				printf("written to %s\n", conf);
+			if (!memcmp(&def, &pick, sizeof(def)))
+				printf("the defaults were the best of %u trials on this machine\n", t.trials);
 		}
 		if (wrc) {
 			rc = cli_fail(CMD, "%s: %s", conf, strerror(-wrc));

@@ -953,8 +953,8 @@ struct sluice_loader_figures {
 
 /*
  * Up to cap running loaders' figures into out, from every process on the
- * machine that publishes under the same SLUICE_RUN_DIR (default
- * /dev/shm).  Returns how many there are (may exceed cap) or -errno.  The
+ * machine that publishes under the same SLUICE_RUN_DIR (default /dev/shm;
+ * without one, $TMPDIR or /tmp).  Returns how many there are (may exceed cap) or -errno.  The
  * files of processes that have ended are skipped (and removed if allowed).
  */
 SLUICE_API int sluice_loaders_published(struct sluice_loader_figures *out, unsigned cap);

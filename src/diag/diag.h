@@ -11,7 +11,7 @@
 
 /*
  * A loader's published figures: a small shared-memory file under
- * SLUICE_RUN_DIR (default /dev/shm), "sluice-loader.PID.ID", that `sluice
+ * SLUICE_RUN_DIR (default /dev/shm, else $TMPDIR or /tmp), "sluice-loader.PID.ID", that `sluice
  * top` of any process reads, and this process's /metrics renders.
  * Publishing is best effort: sl__pub_open returns NULL when the file
  * cannot be made, and the other calls take NULL.

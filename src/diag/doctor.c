@@ -133,12 +133,20 @@ static void sl_check_gpu(struct sl_dr *d)
 		sl_emit_fix(d, "gpu", SLUICE_CHECK_FAIL, why, "sudo modprobe nvidia (install the NVIDIA driver first)", v);
 		return;
 	}
-	/* "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu ..." */
-	k = strstr(ver, "Kernel Module");
-	k = k ? k + 13 : ver;
-	k += strspn(k, " \t");
+	/*
+	 * "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu ..." or
+	 * "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...":
+	 * the version is the first word after "Module" that starts with digits and a dot.
+	 */
+	k = strstr(ver, "Module");
+	for (k = k ? k : ver; *k; k++) {
+		size_t dg = strspn(k, "0123456789");
+
+		if (dg && k[dg] == '.' && (k == ver || k[-1] == ' ' || k[-1] == '\t'))
+			break;
+	}
 	sl_emit(d, "gpu", SLUICE_CHECK_OK, why, "%u NVIDIA GPU%s (%s), driver %.*s", d->ngpus, d->ngpus > 1 ? "s" : "",
-		list, (int)strcspn(k, " \t\n"), k);
+		list, *k ? (int)strcspn(k, " \t\n") : 7, *k ? k : "unknown");
 }
 
 static void sl_check_gds(struct sl_dr *d)

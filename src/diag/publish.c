@@ -50,7 +50,13 @@ static const char *sl_run_dir(void)
 {
 	const char *d = sl__setting("SLUICE_RUN_DIR");
 
-	return d && *d ? d : "/dev/shm";
+	if (d && *d)
+		return d;
+	/* Memory-backed where there is one; a container without /dev/shm gets the temporary directory. */
+	if (!access("/dev/shm", W_OK | X_OK))
+		return "/dev/shm";
+	d = getenv("TMPDIR");
+	return d && *d ? d : "/tmp";
 }
 
 static uint64_t sl_wall_ns(void)

@@ -93,6 +93,10 @@ def test_healthy_machine_all_ok(machine):
     bad = [c for cs in checks.values() for c in cs if c["verdict"] != "ok"]
     assert not bad, bad
     assert checks["gpu"][0]["value"] == f"1 NVIDIA GPU ({GPU}), driver 580.159.04"
+    # The open kernel module words its version line otherwise.
+    machine.w("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
+              "Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:55:41 UTC 2025")
+    assert machine.run()["gpu"][0]["value"] == f"1 NVIDIA GPU ({GPU}), driver 580.95.05"
     assert checks["pcie_link"][0]["value"] == f"{GPU}: Gen5 x16 (the device's maximum Gen5 x16)"
     assert checks["filesystem"][0]["value"].endswith(f": ext4 on /dev/vdz1 at {os.path.realpath(machine.data)} (rw,relatime)")
     assert checks["numa"][0]["value"] == f"1 node; GPU {GPU} on node 0; vdz on node 0 (-1: not reported)"

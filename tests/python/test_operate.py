@@ -285,6 +285,8 @@ def test_tune_a_file_writes_its_pick(tmp_path):
     assert len(out["trials"]) >= 15 and all(t["gb_s"] > 0 for t in out["trials"])
     assert out["gain_cold"] == pytest.approx(p["cold_gb_s"] / d["cold_gb_s"], rel=1e-3)
     assert out["gain_warm"] == pytest.approx(p["warm_gb_s"] / d["warm_gb_s"], rel=1e-3)
+    assert out["unchanged"] == ((d["threads"], d["queue_depth"], d["max_transfer_size"]) ==
+                                (p["threads"], p["queue_depth"], p["max_transfer_size"]))
     # The file now holds the pick, which sluice reads, and the lines it had.
     text = conf.read_text()
     assert "# mine, kept" in text and "cache_limit = 10G" in text and "threads = 99" not in text
