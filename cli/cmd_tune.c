@@ -154,9 +154,33 @@ static double cli_trial(struct cli_tune *t, const struct cli_knobs *k, int cold,
 	return gbs;
 }
 
+static int cli_dcmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * One setting's figure: the median of 3 passes (a file: bench --repeat 3, each pass cold when cold is
+ * set; an object: 3 downloads).  A negative value after printing why.
+ */
+static double cli_measure(struct cli_tune *t, const struct cli_knobs *k, int cold)
+{
+	double g[3];
+
+	if (!t->s3)
+		return cli_trial(t, k, cold, 3);
+	for (int i = 0; i < 3; i++)
+		if ((g[i] = cli_trial(t, k, cold, 1)) < 0)
+			return -1;
+	qsort(g, 3, sizeof(double), cli_dcmp);
+	return g[1];
+}
+
 /*
  * Tries each value of one knob from the current pick; keeps a value only when it beats the pick by
- * 5%, more than a trial's noise, so that a flat curve leaves the default.
+ * 5%, more than the noise of a median of 3, so that a flat curve leaves the default.
  */
 static int cli_sweep(struct cli_tune *t, struct cli_knobs *pick, double *best, int which, const uint64_t *vals)
 {
@@ -172,7 +196,7 @@ static int cli_sweep(struct cli_tune *t, struct cli_knobs *pick, double *best, i
 			k.size = vals[i];
 		if (!memcmp(&k, pick, sizeof(k)))
 			continue;
-		if ((g = cli_trial(t, &k, 1, 1)) < 0)
+		if ((g = cli_measure(t, &k, 1)) < 0)
 			return -1;
 		if (!t->json && t->s3)
 			fprintf(stderr, "  %u parts in flight of %llu bytes: %.2f GB/s\n", k.a, (unsigned long long)k.size, g);
@@ -187,30 +211,38 @@ static int cli_sweep(struct cli_tune *t, struct cli_knobs *pick, double *best, i
 	return 0;
 }
 
-static int cli_dcmp(const void *a, const void *b)
+/*
+ * The defaults and the sweep's winner side by side, alternated 3 times, each a median of 3: the
+ * medians of those into *gd and *gc.  The defaults alone when they won the sweep.
+ */
+static int cli_compare(struct cli_tune *t, const struct cli_knobs *def, const struct cli_knobs *cand, int cold,
+		       double *gd, double *gc)
 {
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* Medians of 3 alternated passes of the defaults and the pick (of the defaults alone when they are the pick). */
-static int cli_compare(struct cli_tune *t, const struct cli_knobs *def, const struct cli_knobs *pick, int cold,
-		       double *gd, double *gp)
-{
-	int same = !memcmp(def, pick, sizeof(*def)); /* the defaults won: measured once, the same figures */
-	double d[3], p[3];
+	int same = !memcmp(def, cand, sizeof(*def));
+	double d[3], c[3];
 
 	for (int r = 0; r < 3; r++) {
-		if ((d[r] = cli_trial(t, def, cold, cold ? 1 : 3)) < 0 ||
-		    (p[r] = same ? d[r] : cli_trial(t, pick, cold, cold ? 1 : 3)) < 0)
+		if ((d[r] = cli_measure(t, def, cold)) < 0 || (c[r] = same ? d[r] : cli_measure(t, cand, cold)) < 0)
 			return -1;
 	}
 	qsort(d, 3, sizeof(double), cli_dcmp);
-	qsort(p, 3, sizeof(double), cli_dcmp);
+	qsort(c, 3, sizeof(double), cli_dcmp);
 	*gd = d[1];
-	*gp = p[1];
+	*gc = c[1];
 	return 0;
+}
+
+/* Reads path through the page cache once, so that the warm passes find it there. */
+static void cli_warm_cache(const char *path)
+{
+	static char buf[1 << 20];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	close(fd);
 }
 
 /* Rewrites the settings file with keys[i] = vals[i] in [sluice], keeping every other line. */
@@ -280,10 +312,10 @@ int cmd_tune(int argc, char **argv)
 	static const uint64_t conc[] = { 2, 4, 8, 16, 32, 64, 0 };
 	static const uint64_t parts[] = { 8 << 20, 16 << 20, 32 << 20, 64 << 20, 128 << 20, 0 };
 	struct cli_tune t = { 0 };
-	struct cli_knobs def, pick;
+	struct cli_knobs def, cand, pick;
 	char exe[PATH_MAX], scratch[PATH_MAX + 32] = "", conf[PATH_MAX] = "", vals[3][32], note[PATH_MAX + 256];
-	double best, cd = 0, cp = 0, wd = 0, wp = 0;
-	int dry = 0, rc = 1, conf_rc;
+	double best, cd = 0, cc = 0, cp = 0, wd = 0, wc = 0, wp = 0;
+	int dry = 0, rc = 1, conf_rc, kept;
 	uint64_t size = 0;
 	struct stat st;
 	ssize_t n;
@@ -385,17 +417,17 @@ int cmd_tune(int argc, char **argv)
 		def = (struct cli_knobs){ in.threads, in.queue_depth, in.max_transfer_size };
 	}
 	t.size = size;
-	pick = def;
+	cand = def;
 	if (!t.json)
 		fprintf(stderr, "sluice tune %s: trials (%s)\n", t.path, t.s3 ? "downloads" : "cold reads");
-	if ((best = cli_trial(&t, &def, 1, 1)) < 0)
+	if ((best = cli_measure(&t, &def, 1)) < 0)
 		goto out;
 	if (!t.json)
 		fprintf(stderr, "  the defaults: %.2f GB/s\n", best);
 	if (t.s3) {
-		if (cli_sweep(&t, &pick, &best, 0, conc) || cli_sweep(&t, &pick, &best, 2, parts))
+		if (cli_sweep(&t, &cand, &best, 0, conc) || cli_sweep(&t, &cand, &best, 2, parts))
 			goto out;
-		if (cli_compare(&t, &def, &pick, 1, &cd, &cp))
+		if (cli_compare(&t, &def, &cand, 1, &cd, &cc))
 			goto out;
 	} else {
 		uint64_t th[8];
@@ -407,12 +439,20 @@ int cmd_tune(int argc, char **argv)
 			if (threads[i] <= (uint64_t)(cpus * 2 > 4 ? cpus * 2 : 4))
 				th[m++] = threads[i];
 		th[m] = 0;
-		if (cli_sweep(&t, &pick, &best, 0, th) || cli_sweep(&t, &pick, &best, 2, ios) ||
-		    cli_sweep(&t, &pick, &best, 1, qds))
+		if (cli_sweep(&t, &cand, &best, 0, th) || cli_sweep(&t, &cand, &best, 2, ios) ||
+		    cli_sweep(&t, &cand, &best, 1, qds))
 			goto out;
-		if (cli_compare(&t, &def, &pick, 1, &cd, &cp) || cli_compare(&t, &def, &pick, 0, &wd, &wp))
+		if (cli_compare(&t, &def, &cand, 1, &cd, &cc))
+			goto out;
+		cli_warm_cache(t.file);
+		if (cli_compare(&t, &def, &cand, 0, &wd, &wc))
 			goto out;
 	}
+	/* The winner must hold up against the defaults where it counts (cold, or the objects' downloads). */
+	pick = cc >= cd ? cand : def;
+	kept = memcmp(&pick, &cand, sizeof(pick)) != 0;
+	cp = kept ? cd : cc;
+	wp = kept ? wd : wc;
 	{
 		static const char *const fkeys[] = { "threads", "queue_depth", "max_transfer_size" };
 		static const char *const okeys[] = { "s3_concurrency", "s3_part_size" };
@@ -437,39 +477,46 @@ int cmd_tune(int argc, char **argv)
 			cli_json_str(t.path);
 			if (t.s3)
 				printf(",\"kind\":\"object\",\"defaults\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
+				       "\"candidate\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
 				       "\"picked\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},\"gain\":%.4f",
-				       def.a, (unsigned long long)def.size, cd, pick.a, (unsigned long long)pick.size, cp, cp / cd);
+				       def.a, (unsigned long long)def.size, cd, cand.a, (unsigned long long)cand.size, cc, pick.a,
+				       (unsigned long long)pick.size, cp, cp / cd);
 			else
 				printf(",\"kind\":\"file\",\"bytes\":%llu,\"defaults\":{\"threads\":%u,\"queue_depth\":%u,"
-				       "\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},\"picked\":{\"threads\":%u,"
+				       "\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},\"candidate\":{\"threads\":%u,"
 				       "\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},"
-				       "\"gain_cold\":%.4f,\"gain_warm\":%.4f",
-				       (unsigned long long)t.size, def.a, def.b, (unsigned long long)def.size, cd, wd, pick.a, pick.b,
-				       (unsigned long long)pick.size, cp, wp, cp / cd, wp / wd);
+				       "\"picked\":{\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,"
+				       "\"warm_gb_s\":%.4f},\"gain_cold\":%.4f,\"gain_warm\":%.4f",
+				       (unsigned long long)t.size, def.a, def.b, (unsigned long long)def.size, cd, wd, cand.a, cand.b,
+				       (unsigned long long)cand.size, cc, wc, pick.a, pick.b, (unsigned long long)pick.size, cp, wp,
+				       cp / cd, wp / wd);
 			printf(",\"trials\":[%s],\"settings_file\":", t.trial_json);
 			cli_json_str(conf_rc ? "" : conf);
 			printf(",\"unchanged\":%s,\"written\":%s}\n", memcmp(&def, &pick, sizeof(def)) ? "false" : "true",
 			       !dry && !conf_rc && !wrc ? "true" : "false");
 		} else if (t.s3) {
 			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12.2f %12.2f  (%.2fx)\n", "",
-			       "defaults", "picked", "s3_concurrency", def.a, pick.a, "s3_part_size",
-			       (unsigned long long)def.size, (unsigned long long)pick.size, "GB/s (median of 3)", cd, cp, cp / cd);
+			       "defaults", "best trial", "s3_concurrency", def.a, cand.a, "s3_part_size",
+			       (unsigned long long)def.size, (unsigned long long)cand.size, "GB/s (median of 3x3)", cd, cc,
+			       cc / cd);
 		} else {
 			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12u %12u\n"
 			       "%-22s %12.2f %12.2f  (%.2fx)\n%-22s %12.2f %12.2f  (%.2fx)\n",
-			       "", "defaults", "picked", "threads", def.a, pick.a, "max_transfer_size",
-			       (unsigned long long)def.size, (unsigned long long)pick.size, "queue_depth", def.b, pick.b,
-			       "cold GB/s (median 3)", cd, cp, cp / cd, "warm GB/s (median 3)", wd, wp, wp / wd);
+			       "", "defaults", "best trial", "threads", def.a, cand.a, "max_transfer_size",
+			       (unsigned long long)def.size, (unsigned long long)cand.size, "queue_depth", def.b, cand.b,
+			       "cold GB/s (median 3x3)", cd, cc, cc / cd, "warm GB/s (median 3x3)", wd, wc, wc / wd);
 		}
 		if (!t.json) {
+			if (!memcmp(&def, &cand, sizeof(def)))
+				printf("the defaults were the best of %u trials on this machine: they stay\n", t.trials);
+			else if (kept)
+				printf("the best trial did not beat the defaults side by side: the defaults stay\n");
 			if (dry)
 				printf("not written (--dry-run)\n");
 			else if (conf_rc)
 				printf("not written: no settings file (SLUICE_CONFIG is empty, or no HOME)\n");
 			else if (!wrc)
 				printf("written to %s\n", conf);
-			if (!memcmp(&def, &pick, sizeof(def)))
-				printf("the defaults were the best of %u trials on this machine\n", t.trials);
 		}
 		if (wrc) {
 			rc = cli_fail(CMD, "%s: %s", conf, strerror(-wrc));
