@@ -222,6 +222,12 @@ int cmd_top(int argc, char **argv)
 	}
 	if (!root || !strcmp(root, "/"))
 		root = "";
+	{
+		/* NVML's first use takes a second or more: before the first sample, not inside an interval. */
+		struct sluice_gpu_sample g[CLI_MAX_GPUS];
+
+		(void)sluice_gpu_sample(g, CLI_MAX_GPUS);
+	}
 	cli_snap_take(&a, root);
 	for (unsigned n = 0; !count || n < count; n++) {
 		struct cli_snap *prev = n % 2 ? &b : &a, *cur = n % 2 ? &a : &b;
