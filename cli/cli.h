@@ -7,6 +7,7 @@
 #include "sluice.h"
 
 int cmd_bench(int argc, char **argv);
+int cmd_checkpoint(int argc, char **argv);
 int cmd_cp(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_info(int argc, char **argv);

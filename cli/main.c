@@ -10,6 +10,7 @@ static int usage(FILE *f)
 	fprintf(f, "usage: sluice <command> [options]\n\n"
 		   "commands:\n"
 		   "  bench     measure file <-> GPU/host throughput (like gdsio, fio)\n"
+		   "  checkpoint  suspend a CUDA process's GPU memory to host memory, and resume it\n"
 		   "  cp        copy files between local paths and s3://, either way\n"
 		   "  doctor    check what on this machine slows data into the GPU, and how to fix it\n"
 		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
@@ -29,6 +30,8 @@ int main(int argc, char **argv)
 		return usage(stderr);
 	if (!strcmp(argv[1], "bench"))
 		return cmd_bench(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "checkpoint"))
+		return cmd_checkpoint(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "cp"))
 		return cmd_cp(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "doctor"))

@@ -899,6 +899,38 @@ SLUICE_API int sluice_drop_page_cache(void);
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* ================================================================
+ * GPU process checkpoints (the driver's cuCheckpointProcess* functions)
+ * ================================================================ */
+
+#define SLUICE_CKPT_SUSPEND 1u /* lock the process, then move its GPU memory to host memory */
+#define SLUICE_CKPT_RESUME 2u  /* restore its GPU memory, then unlock it */
+
+/* Each phase's time, and the GPU memory the checkpoint freed (or the restore took back). */
+struct sluice_checkpoint_report {
+	double lock_s, checkpoint_s, restore_s, unlock_s;
+	uint64_t gpu_bytes;  /* NVML's used memory of all GPUs, before against after; 0 without NVML */
+	int state;           /* the process's state at the end (sluice_process_state_name), -1 unknown */
+};
+
+/*
+ * Suspends and/or resumes the CUDA process pid (this user's, or any as
+ * root) through the driver, loaded at run time: SUSPEND locks it (its
+ * CUDA calls block; the lock waits up to timeout_ms for running work, 0:
+ * no limit) and checkpoints it (its GPU memory moves to host memory, its
+ * GPUs are free for others); RESUME restores and unlocks it.  Both in one
+ * call is a round trip.  A checkpoint that fails unlocks the process again.
+ * Returns 0; -ENOSYS when the driver lacks the functions (before 550);
+ * SLUICE_ENOGPU without a driver; -EBUSY when pid is not in the state the
+ * phase needs; SLUICE_ECUDA with the call, pid and CUDA error in the
+ * detail.  rep (may be NULL) gets the figures, also after a failure.
+ */
+SLUICE_API SLUICE_WUR int sluice_process_checkpoint(int pid, unsigned flags, unsigned timeout_ms,
+						    struct sluice_checkpoint_report *rep);
+/* The CUDA process's state: 0 running, 1 locked, 2 checkpointed, 3 failed, 4/5 mid-checkpoint/restore. */
+SLUICE_API SLUICE_WUR int sluice_process_state(int pid, int *state);
+SLUICE_API const char *sluice_process_state_name(int state);
+
+/* ================================================================
  * Doctor: what on this machine stands between storage and the GPU
  * ================================================================ */
 

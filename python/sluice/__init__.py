@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, CopyReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
+from ._lib import (Batch, CheckpointReport, CopyReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "Client", "Dataset", "Loader", "Packer",
            "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
@@ -153,6 +153,16 @@ def serve_metrics(port=0):
     bound = C.c_uint()
     check(lib.sluice_metrics_serve(port, C.byref(bound)))
     return bound.value
+
+
+def checkpoint_process(pid, suspend=True, resume=True, timeout_ms=0):
+    """Suspends the CUDA process pid (its GPU memory to host memory) and/or resumes it, through the driver's
+    checkpoint functions; returns {"lock_s", "checkpoint_s", "restore_s", "unlock_s", "gpu_bytes", "state"}."""
+    rep = CheckpointReport()
+    check(lib.sluice_process_checkpoint(pid, (1 if suspend else 0) | (2 if resume else 0), timeout_ms, C.byref(rep)))
+    return {"lock_s": rep.lock_s, "checkpoint_s": rep.checkpoint_s, "restore_s": rep.restore_s,
+            "unlock_s": rep.unlock_s, "gpu_bytes": rep.gpu_bytes,
+            "state": lib.sluice_process_state_name(rep.state).decode()}
 
 
 def _b(s):

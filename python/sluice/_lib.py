@@ -38,6 +38,11 @@ def check(rc):
     return rc
 
 
+class CheckpointReport(C.Structure):
+    _fields_ = [("lock_s", C.c_double), ("checkpoint_s", C.c_double), ("restore_s", C.c_double),
+                ("unlock_s", C.c_double), ("gpu_bytes", C.c_uint64), ("state", C.c_int)]
+
+
 class Field(C.Structure):
     _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("ndim", C.c_int), ("shape", C.c_int64 * MAX_NDIM)]
 
@@ -105,6 +110,8 @@ _protos = {
     "sluice_s3_size": (C.c_int, [P, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint64)]),
     "sluice_copy": (C.c_int, [C.c_char_p, C.c_char_p, C.c_uint, C.POINTER(CopyReport)]),
     "sluice_metrics_text": (C.c_size_t, [C.c_char_p, C.c_size_t]),
+    "sluice_process_checkpoint": (C.c_int, [C.c_int, C.c_uint, C.c_uint, C.POINTER(CheckpointReport)]),
+    "sluice_process_state_name": (C.c_char_p, [C.c_int]),
     "sluice_metrics_serve": (C.c_int, [C.c_uint, C.POINTER(C.c_uint)]),
     "sluice_file_sync": (C.c_int, [P]),
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),

@@ -71,6 +71,11 @@ static void sl_cuda_load(void)
 			return; /* h stays open: harmless, and dlclose races other users */
 		}
 	}
+	sl_cu.CheckpointProcessLock = dlsym(h, "cuCheckpointProcessLock");
+	sl_cu.CheckpointProcessCheckpoint = dlsym(h, "cuCheckpointProcessCheckpoint");
+	sl_cu.CheckpointProcessRestore = dlsym(h, "cuCheckpointProcessRestore");
+	sl_cu.CheckpointProcessUnlock = dlsym(h, "cuCheckpointProcessUnlock");
+	sl_cu.CheckpointProcessGetState = dlsym(h, "cuCheckpointProcessGetState");
 	r = sl_cu.Init(0);
 	if (r != SL_CUDA_SUCCESS) {
 		const char *name = "?";

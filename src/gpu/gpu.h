@@ -42,6 +42,16 @@ struct sl__cuda_api {
 	sl_CUresult (*MemHostGetDevicePointer)(sl_CUdeviceptr *d, void *p, unsigned flags);
 	sl_CUresult (*StreamWaitValue32)(sl_CUstream s, sl_CUdeviceptr addr, uint32_t value, unsigned flags);
 	sl_CUresult (*GetErrorName)(sl_CUresult r, const char **name);
+	/*
+	 * Optional (NULL when the driver lacks them, before r550): the process
+	 * checkpoint functions, each args struct 64 bytes of which only the lock's
+	 * first word (timeoutMs) is used; the rest MUST be zero.
+	 */
+	sl_CUresult (*CheckpointProcessLock)(int pid, void *args);
+	sl_CUresult (*CheckpointProcessCheckpoint)(int pid, void *args);
+	sl_CUresult (*CheckpointProcessRestore)(int pid, void *args);
+	sl_CUresult (*CheckpointProcessUnlock)(int pid, void *args);
+	sl_CUresult (*CheckpointProcessGetState)(int pid, int *state);
 };
 
 /*
