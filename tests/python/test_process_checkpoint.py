@@ -18,8 +18,10 @@ x = torch.randint(-2**62, 2**62, (int(sys.argv[1]) // 8,), dtype=torch.int64, de
 torch.cuda.synchronize()
 print("ready", int(x.sum()), int(x[::997].sum()), flush=True)
 sys.stdin.readline()                      # the parent suspends and resumes us meanwhile
-y = x * 3 + 1                             # new GPU work after the restore
-print("after", int(x.sum()), int(x[::997].sum()), int(y.sum()) == int(x.sum()) * 3 + x.numel(), flush=True)
+s = x[: 1 << 20]
+y = s * 3 + 1                             # new GPU work after the restore (int64 wraps as the sums do)
+ok = (int(y.sum()) - (int(s.sum()) * 3 + s.numel())) % 2**64 == 0
+print("after", int(x.sum()), int(x[::997].sum()), ok, flush=True)
 """
 
 
