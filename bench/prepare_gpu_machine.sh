@@ -66,6 +66,9 @@ for g in $WHEELS; do
 	# boto3, botocore, s3transfer and jmespath come with the loaders group.
 	s3) pyget moto==5.2.5 cryptography==46.0.3 cffi==2.0.0 pycparser==2.23 xmltodict==1.0.2 responses==0.25.8 \
 		flask==3.1.2 flask-cors==6.0.1 blinker==1.9.0 itsdangerous==2.2.0 py-partiql-parser==0.6.3 ;;
+	# nvCOMP for GPU decoding (the C library only: sluice loads libnvcomp.so.6 from it at run time). 30 MB:
+	# carry it without the other groups (WHEELS=nvcomp in a .whl of its own).
+	nvcomp) pyget nvidia-libnvcomp-cu13==6.0.0.12 ;;
 	# The object-store peers of bench/s3_bench.py: s3torchconnector is published as source only (pure Python).
 	s3peers) pyget s3torchconnectorclient==1.5.0
 		python3 -m pip wheel -q --no-deps s3torchconnector==1.5.0 -w .whl ;;

@@ -673,7 +673,7 @@ SLUICE_API unsigned sluice_dataset_nfields(const struct sluice_dataset *ds);
 /* Field i of the schema; the name is valid while ds is open.  NULL if i is out of range. */
 SLUICE_API const struct sluice_field *sluice_dataset_field(const struct sluice_dataset *ds, unsigned i);
 
-/* Shard s's record count and data bytes (excluding its 4 KiB header); 0 or SLUICE_ERANGE. */
+/* Shard s's record count and the bytes its records span from the file's start (its 4 KiB header included; in zstd datasets, logical bytes); 0 or SLUICE_ERANGE. */
 SLUICE_API SLUICE_WUR int sluice_dataset_shard_info(const struct sluice_dataset *ds, unsigned s,
 						    uint64_t *records, uint64_t *bytes);
 
@@ -734,6 +734,38 @@ SLUICE_API SLUICE_WUR int sluice_dataset_decode(const struct sluice_dataset *ds,
 SLUICE_API SLUICE_WUR ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds,
 							const uint64_t *idx, size_t n, void *dst, size_t cap,
 							uint64_t *offsets, struct sluice_xfer_report *rep);
+
+/* Who decodes a zstd shard's blocks (sluice_dataset_read_shard). */
+enum sluice_decoder {
+	SLUICE_DECODE_AUTO = 0, /* SLUICE_DECODE (auto|gpu|cpu); auto: GPU when dst is GPU memory and nvCOMP loads */
+	SLUICE_DECODE_CPU = 1,  /* zstd on the engine's thread count of CPU threads, then one copy to dst */
+	SLUICE_DECODE_GPU = 2,  /* nvCOMP's batched zstd (libnvcomp.so.6, loaded at run time) in GPU memory */
+};
+
+struct sluice_shard_report {
+	uint64_t bytes;        /* logical (uncompressed) bytes delivered */
+	uint64_t stored;       /* bytes read from storage */
+	unsigned blocks;       /* zstd blocks decoded (0: an uncompressed shard) */
+	double read_s;         /* the stored bytes into memory (GPU memory for GPU decoding) */
+	double decode_s;       /* from there to the logical bytes in dst */
+	char decoder[8];       /* "gpu", "cpu" or "none" */
+	char why_not_gpu[256]; /* with auto: why the GPU did not decode ("" if it did) */
+};
+
+/*
+ * Reads shard s of a sluice dataset whole into dst (GPU or host memory,
+ * cap bytes): its records back to back as an uncompressed shard holds
+ * them from offset 4096 (record k of the shard at its locate() offset -
+ * 4096).  The stored bytes go through the engine; zstd blocks are then
+ * decoded by decoder, every block of the shard at once.  Returns the
+ * bytes delivered; -ENOSPC when cap is short (it needs
+ * sluice_dataset_shard_info's bytes - 4096), -ENOTSUP for other formats, SLUICE_ENOGPU
+ * when SLUICE_DECODE_GPU cannot be had (the detail says why),
+ * SLUICE_EFORMAT naming the shard and block that does not decode.
+ */
+SLUICE_API SLUICE_WUR ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_dataset *ds,
+							unsigned s, void *dst, size_t cap, int decoder,
+							struct sluice_shard_report *rep);
 
 /* What sluice_dataset_verify() found wrong with one record or shard. */
 struct sluice_bad {

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
+from ._lib import (Batch, CheckpointReport, CopyReport, ShardReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "Client", "Dataset", "Loader", "Packer",
            "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
@@ -351,6 +351,24 @@ class Dataset:
             out[name] = _typed(raw.copy(), dtype, shape)
         return out
 
+    def shard_bytes(self, s):
+        """Shard s's records, and the bytes of its records back to back (uncompressed): what read_shard needs."""
+        r, b = C.c_uint64(), C.c_uint64()
+        check(lib.sluice_dataset_shard_info(self._h, s, C.byref(r), C.byref(b)))
+        return r.value, max(b.value - 4096, 0)
+
+    def read_shard(self, s, out, decoder="auto"):
+        """Shard s whole into out (numpy array or GPU tensor of at least shard_bytes(s)[1] bytes): its records
+        back to back, zstd blocks decoded on the GPU by nvCOMP or on the CPU (decoder auto|gpu|cpu).  Returns
+        {"bytes", "stored", "blocks", "read_s", "decode_s", "decoder", "why_not_gpu"}."""
+        _find_nvcomp()
+        ptr, n, keep = _buffer(out, True)
+        rep = ShardReport()
+        check(lib.sluice_dataset_read_shard(_eng(), self._h, s, ptr, n, {"auto": 0, "cpu": 1, "gpu": 2}[decoder],
+                                            C.byref(rep)))
+        return {"bytes": rep.bytes, "stored": rep.stored, "blocks": rep.blocks, "read_s": rep.read_s,
+                "decode_s": rep.decode_s, "decoder": rep.decoder.decode(), "why_not_gpu": rep.why_not_gpu.decode()}
+
     def close(self):
         if self._h:
             lib.sluice_dataset_close(self._h)
@@ -358,6 +376,22 @@ class Dataset:
 
     def __del__(self):
         self.close()
+
+
+def _find_nvcomp():
+    """Points SLUICE_NVCOMP_LIB at the nvidia-libnvcomp wheel's library when one is installed and nothing else
+    was set (the C library reads it on its first GPU decode)."""
+    if os.environ.get("SLUICE_NVCOMP_LIB"):
+        return
+    try:
+        import nvidia.libnvcomp as w
+    except ImportError:
+        return
+    for d in getattr(w, "__path__", []):
+        lib_path = os.path.join(d, "lib64", "libnvcomp.so.6")
+        if os.path.exists(lib_path):
+            os.environ["SLUICE_NVCOMP_LIB"] = lib_path
+            return
 
 
 def _typed(raw, dtype, shape=()):

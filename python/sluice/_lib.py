@@ -38,6 +38,11 @@ def check(rc):
     return rc
 
 
+class ShardReport(C.Structure):
+    _fields_ = [("bytes", C.c_uint64), ("stored", C.c_uint64), ("blocks", C.c_uint), ("read_s", C.c_double),
+                ("decode_s", C.c_double), ("decoder", C.c_char * 8), ("why_not_gpu", C.c_char * 256)]
+
+
 class CheckpointReport(C.Structure):
     _fields_ = [("lock_s", C.c_double), ("checkpoint_s", C.c_double), ("restore_s", C.c_double),
                 ("unlock_s", C.c_double), ("gpu_bytes", C.c_uint64), ("state", C.c_int)]
@@ -138,6 +143,9 @@ _protos = {
     "sluice_dataset_field": (C.POINTER(Field), [P, C.c_uint]),
     "sluice_dataset_locate": (C.c_int, [P, C.c_uint64, C.POINTER(RecordLoc)]),
     "sluice_dataset_read": (C.c_ssize_t, [P, C.c_uint64, P, C.c_size_t, C.POINTER(Record)]),
+    "sluice_dataset_shards": (C.c_uint, [P]),
+    "sluice_dataset_shard_info": (C.c_int, [P, C.c_uint, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
+    "sluice_dataset_read_shard": (C.c_ssize_t, [P, P, C.c_uint, P, C.c_size_t, C.c_int, C.POINTER(ShardReport)]),
     "sluice_loader_open": (C.c_int, [C.POINTER(P), P, P, C.POINTER(LoaderOptions)]),
     "sluice_loader_next": (C.c_int, [P, C.POINTER(Batch), P]),
     "sluice_loader_batches": (C.c_uint64, [P]),

@@ -150,6 +150,11 @@ struct sl__ds_ops {
 	int (*fetch)(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf);
 	/* sizes: optional.  Stored and logical data bytes, for the compression ratio. */
 	int (*sizes)(struct sluice_dataset *ds, uint64_t *stored, uint64_t *logical);
+	/*
+	 * blocks: required when the reader sets ds->compressed.  Shard s's block
+	 * table into *b (n entries, valid while ds is open), loaded on first use.
+	 */
+	int (*blocks)(struct sluice_dataset *ds, unsigned s, const struct sl__block **b, uint64_t *n);
 };
 
 struct sluice_dataset {

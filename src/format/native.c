@@ -347,6 +347,19 @@ static int sl_native_sizes(struct sluice_dataset *ds, uint64_t *stored, uint64_t
 	return rc;
 }
 
+static int sl_native_blocks(struct sluice_dataset *ds, unsigned s, const struct sl__block **b, uint64_t *n)
+{
+	struct sl_native *nv = ds->priv;
+	int rc;
+
+	pthread_mutex_lock(&nv->lock);
+	rc = sl_blocks(ds, s);
+	*b = rc ? NULL : nv->blocks[s];
+	*n = rc ? 0 : nv->nblocks[s];
+	pthread_mutex_unlock(&nv->lock);
+	return rc;
+}
+
 static int sl_native_decode(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,
 			    struct sluice_record *rec)
 {
@@ -435,4 +448,5 @@ const struct sl__ds_ops sl__ds_native_ops = {
 	.check = sl_native_check,
 	.fetch = sl_native_fetch,
 	.sizes = sl_native_sizes,
+	.blocks = sl_native_blocks,
 };

@@ -54,6 +54,25 @@ struct sl__cuda_api {
 	sl_CUresult (*CheckpointProcessGetState)(int pid, int *state);
 };
 
+/* nvCOMP (nvcomp.c): the batched zstd decoder of libnvcomp.so.6. */
+struct sl__nvcomp_opts {
+	int backend;        /* nvcompDecompressBackend_t: 0 default */
+	char reserved[60];  /* zero */
+};
+struct sl__nvcomp_align {
+	size_t input, output, temp;
+};
+struct sl__nvcomp_api {
+	int (*ZstdGetRequiredAlignments)(struct sl__nvcomp_opts opts, struct sl__nvcomp_align *a);
+	int (*ZstdGetTempSize)(size_t nchunks, size_t max_chunk, struct sl__nvcomp_opts opts, size_t *temp,
+			       size_t max_total, sl_CUstream s);
+	int (*ZstdDecompressAsync)(const void *const *in, const size_t *in_bytes, const size_t *out_cap,
+				   size_t *out_bytes, size_t nchunks, void *temp, size_t temp_bytes, void *const *out,
+				   struct sl__nvcomp_opts opts, int *statuses, sl_CUstream s);
+};
+/* The loaded table, or NULL with the reason in *why. */
+SL_HIDDEN const struct sl__nvcomp_api *sl__nvcomp(const char **why);
+
 /*
  * The loaded driver table, or NULL (with the reason in *why when non-NULL)
  * if libcuda.so.1 is missing or cuInit failed.  Thread-safe.

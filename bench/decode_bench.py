@@ -1,0 +1,129 @@
+"""GPU against CPU decoding of zstd shards (issue #15, part 2), and the loader over compressed shards against
+uncompressed ones.
+
+Data: TOKENS Zipf-distributed uint32 tokens (a vocabulary of 50,257; documents of 512-4096 tokens) packed
+twice by `sluice pack --from-tokens`: plain, and in zstd blocks (level 3, 4 MiB), shards of 256 MiB.
+
+1. Every shard of the zstd pack whole into one GPU buffer with Dataset.read_shard: nvCOMP on the GPU
+   against the CPU decoder (the engine's threads), warm (page cache) and cold, medians of REPS interleaved
+   passes: delivered uncompressed GB/s and this process's CPU s per delivered GB.  The plain pack read the
+   same way is the reference ("none").
+2. The loader (GPU batches) over each pack, cold: records/s.  Target: compressed not slower than plain.
+
+    python3 bench/decode_bench.py --tokens 1G --reps 3 --dir /tmp/dec
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import GB, Results, drop_caches, ratio, side_by_side, timed, warm  # noqa: E402
+
+import sluice  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
+
+
+def parse_size(s):
+    return int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]]) if s[-1] in "KMG" else int(s)
+
+
+def make(d, ntok):
+    if os.path.exists(os.path.join(d, "zstd", "index.sli")):
+        return
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    tok = (rng.zipf(1.3, ntok) % 50257).astype(np.uint32)
+    lens, left = [], ntok
+    while left:
+        n = min(left, int(rng.integers(512, 4097)))
+        lens.append(n)
+        left -= n
+    np.save(os.path.join(d, "tokens.npy"), tok)
+    np.save(os.path.join(d, "lengths.npy"), np.array(lens, np.int64))
+    for name, extra in (("plain", []), ("zstd", ["--zstd", "3", "--block-size", "4M"])):
+        subprocess.run([SLUICE, "pack", "--from-tokens", os.path.join(d, "tokens.npy"), "--doc-lengths",
+                        os.path.join(d, "lengths.npy"), "--shard-size", "256M", "--quiet", *extra,
+                        os.path.join(d, name)], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1G", help="bytes of tokens (uint32)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default="/tmp/sluice-decode")
+    ap.add_argument("--out")
+    ap.add_argument("--batch", type=int, default=256)
+    a = ap.parse_args()
+    import torch
+    make(a.dir, parse_size(a.tokens) // 4)
+    res = Results(a.out, bench="decode", tokens=a.tokens)
+    z, p = sluice.Dataset(os.path.join(a.dir, "zstd")), sluice.Dataset(os.path.join(a.dir, "plain"))
+    nshards = sluice.lib.sluice_dataset_shards(z._h)
+    logical = sum(z.shard_bytes(s)[1] for s in range(nshards))
+    cap = max(z.shard_bytes(s)[1] for s in range(nshards))
+    buf = torch.empty(cap, dtype=torch.uint8, device="cuda")
+    res["logical_bytes"], res["shards"] = logical, nshards
+    stored = 0
+
+    def read_all(ds, decoder):
+        nonlocal stored
+        def one():
+            st = rd = de = 0
+            for s in range(sluice.lib.sluice_dataset_shards(ds._h)):
+                r = ds.read_shard(s, buf, decoder=decoder)
+                if decoder != "cpu" and ds is z and r["decoder"] != "gpu":
+                    raise RuntimeError("nvCOMP unusable: " + r["why_not_gpu"])
+                st, rd, de = st + r["stored"], rd + r["read_s"], de + r["decode_s"]
+            torch.cuda.synchronize()
+            return {"stored": st, "read_s": rd, "decode_s": de}
+        r = timed(one, logical)
+        stored = r["stored"] if ds is z else stored
+        return r
+
+    # Both decoders give the same bytes (shard 0), before any timing.
+    ref = torch.empty_like(buf)
+    z.read_shard(0, ref, decoder="cpu")
+    z.read_shard(0, buf, decoder="gpu")
+    n0 = z.shard_bytes(0)[1]
+    res["same_bytes"] = bool(torch.equal(ref[:n0], buf[:n0]))
+    contenders = {"gpu": lambda: read_all(z, "gpu"), "cpu": lambda: read_all(z, "cpu"), "none": lambda: read_all(p, "none")}
+    for temp, before in (("warm", lambda: (warm(os.path.join(a.dir, "zstd")), warm(os.path.join(a.dir, "plain")))),
+                         ("cold", drop_caches)):
+        r = side_by_side(contenders, a.reps, before=before)
+        res[temp] = r
+        res[f"{temp}_gpu_over_cpu"] = ratio(r.get("gpu"), r.get("cpu"))
+        for k, v in r.items():
+            print(f"[decode] {temp} {k}: {v.get('gb_s', 0):.2f} GB/s delivered, {v.get('cpu_s_per_gb', 0):.3f} CPU s/GB"
+                  f"{' (' + v['error'] + ')' if 'error' in v else ''}", flush=True)
+    res["stored_bytes"] = stored
+    res["compression_ratio"] = logical / stored if stored else None
+
+    # The loader over each pack, cold: GPU batches of token sequences.
+    def loader(ds):
+        def one():
+            ld = sluice.Loader(ds, batch_size=a.batch, device="cuda", shuffle=True, seed=1)
+            n = 0
+            for b in ld:
+                n += a.batch
+            torch.cuda.synchronize()
+            return {"records": n}
+        r = timed(one)
+        r["records_s"] = r["records"] / r["seconds"]
+        return r
+    r = side_by_side({"zstd": lambda: loader(z), "plain": lambda: loader(p)}, a.reps, before=drop_caches, key="records_s")
+    res["loader_cold"] = r
+    res["loader_zstd_over_plain"] = ratio(r.get("zstd"), r.get("plain"), key="records_s")
+    for k, v in r.items():
+        print(f"[decode] loader cold {k}: {v.get('records_s', 0):.0f} records/s {v.get('error', '')}", flush=True)
+    print(f"[decode] GPU / CPU decoding: warm {res['warm_gpu_over_cpu']}, cold {res['cold_gpu_over_cpu']}; "
+          f"loader zstd / plain (cold): {res['loader_zstd_over_plain']}; ratio {res['compression_ratio']:.2f}", flush=True)
+    res.save()
+
+
+if __name__ == "__main__":
+    main()
