@@ -91,7 +91,7 @@ def main():
     z.read_shard(0, buf, decoder="gpu")
     n0 = z.shard_bytes(0)[1]
     res["same_bytes"] = bool(torch.equal(ref[:n0], buf[:n0]))
-    contenders = {"gpu": lambda: read_all(z, "gpu"), "cpu": lambda: read_all(z, "cpu"), "none": lambda: read_all(p, "none")}
+    contenders = {"gpu": lambda: read_all(z, "gpu"), "cpu": lambda: read_all(z, "cpu"), "none": lambda: read_all(p, "auto")}
     for temp, before in (("warm", lambda: (warm(os.path.join(a.dir, "zstd")), warm(os.path.join(a.dir, "plain")))),
                          ("cold", drop_caches)):
         r = side_by_side(contenders, a.reps, before=before)

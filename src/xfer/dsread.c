@@ -6,30 +6,108 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "format/format.h"
 #include "xfer/xfer.h"
 
 /*
- * zstd datasets: records are decompressed on the CPU (each block once while
- * a batch walks through it) into host memory, then copied to dst in one go.
+ * zstd datasets: the blocks the records lie in, each decoded once on the
+ * CPU (the engine's thread count in parallel, each block read with one
+ * pread), then every record copied out and its CRC checked, into host
+ * memory, then copied to dst in one go.
  */
+struct sl_zrec {
+	unsigned shard;
+	uint64_t block; /* index in the shard's block table */
+	size_t k;       /* the record's place in the batch */
+};
+
+static int sl_zrec_cmp(const void *a, const void *b)
+{
+	const struct sl_zrec *x = a, *y = b;
+
+	if (x->shard != y->shard)
+		return x->shard < y->shard ? -1 : 1;
+	return x->block < y->block ? -1 : x->block > y->block;
+}
+
 static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 				  size_t n, const struct sluice_record_loc *loc, const struct sluice_range *r,
 				  void *dst, uint64_t pos)
 {
 	int gpu = sluice_is_gpu_ptr(eng, dst);
-	char *host = gpu ? malloc(pos ? pos : 1) : dst;
+	char *host = gpu ? malloc(pos ? pos : 1) : dst, *dec = NULL;
+	struct sl_zrec *zr = malloc((n ? n : 1) * sizeof(*zr));
+	struct sl__zblock *zb = malloc((n ? n : 1) * sizeof(*zb));
+	uint64_t nb = 0, declen = 0;
 	ssize_t rc = 0;
 
-	if (!host)
-		return -ENOMEM;
-	for (size_t k = 0; rc >= 0 && k < n; k++)
-		rc = sluice_dataset_read(ds, idx[k], host + ((char *)r[k].buf - (char *)dst), loc[k].length, NULL);
-	if (rc >= 0 && gpu && pos)
+	if (!host || !zr || !zb) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Each record's block: the last one starting at or before it. */
+	for (size_t k = 0; k < n; k++) {
+		const struct sl__block *b;
+		uint64_t nblk, lo = 0, hi;
+
+		if ((rc = ds->ops->blocks(ds, loc[k].shard, &b, &nblk)))
+			goto out;
+		for (hi = nblk; hi - lo > 1;) {
+			uint64_t mid = lo + (hi - lo) / 2;
+
+			if (b[mid].logical <= loc[k].offset)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		if (!nblk || loc[k].offset < b[lo].logical || loc[k].offset + loc[k].length > b[lo].logical + b[lo].len) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: record %llu at logical offset %llu lies in no block",
+				     ds->files[loc[k].shard], (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
+			goto out;
+		}
+		zr[k] = (struct sl_zrec){ loc[k].shard, lo, k };
+	}
+	/* The distinct blocks, each with its place in dec. */
+	qsort(zr, n, sizeof(*zr), sl_zrec_cmp);
+	for (size_t k = 0; k < n; k++) {
+		if (!nb || zr[k].shard != zb[nb - 1].shard || zr[k].block != zb[nb - 1].index) {
+			const struct sl__block *b;
+			uint64_t nblk;
+
+			ds->ops->blocks(ds, zr[k].shard, &b, &nblk); /* loaded above */
+			zb[nb++] = (struct sl__zblock){ &b[zr[k].block], zr[k].shard, zr[k].block, declen };
+			declen += b[zr[k].block].len;
+		}
+		zr[k].block = nb - 1; /* from here on: the index into zb */
+	}
+	if (!(dec = malloc(declen ? declen : 1))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec)))
+		goto out;
+	for (size_t q = 0; q < n; q++) {
+		size_t k = zr[q].k;
+		const struct sl__zblock *z = &zb[zr[q].block];
+		const char *src = dec + z->out_off + (loc[k].offset - z->b->logical);
+
+		if (ds->has_crc && sluice_crc32c(0, src, loc[k].length) != loc[k].crc) {
+			rc = sl__err(SLUICE_ECRC, "%s: record %llu at logical offset %llu: CRC mismatch",
+				     ds->files[loc[k].shard], (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
+			goto out;
+		}
+		memcpy(host + ((char *)r[k].buf - (char *)dst), src, loc[k].length);
+	}
+	if (gpu && pos)
 		rc = sluice_gpu_copy(eng, dst, host, pos);
+out:
 	if (gpu)
 		free(host);
+	free(dec);
+	free(zr);
+	free(zb);
 	return rc;
 }
 

@@ -12,26 +12,43 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include "format/format.h"
 #include "xfer/xfer.h"
 
+/*
+ * zstd blocks decoded on the CPU (xfer.h): the blocks' stored bytes from
+ * in (the stored bytes of a shard from file offset base) or, with in NULL,
+ * read with pread from their shard files; each decoded to out + out_off[k].
+ * The engine's thread count decodes in parallel (this thread too).
+ */
 struct sl_zjob {
-	const struct sl__block *b;
-	uint64_t n, base_file;     /* blocks; the file offset of the stored bytes' start */
-	const char *in;            /* the stored bytes */
-	char *out;                 /* the logical bytes (block k at b[k].logical - 4096) */
-	const char *file;
+	struct sluice_dataset *ds;
+	const struct sl__zblock *zb;
+	uint64_t n, base;
+	const char *in;
+	char *out;
 	_Atomic uint64_t next;
 	_Atomic int err;
-	char detail[256];
+	char detail[384];
 };
+
+static void sl_zfail(struct sl_zjob *j, int code, const char *fmt, const char *file, uint64_t k, const char *what)
+{
+	int zero = 0;
+
+	if (atomic_compare_exchange_strong(&j->err, &zero, code))
+		snprintf(j->detail, sizeof(j->detail), fmt, file, (unsigned long long)k, what);
+}
 
 static void *sl_zworker(void *arg)
 {
 	struct sl_zjob *j = arg;
 	ZSTD_DCtx *dc = ZSTD_createDCtx();
+	char *zbuf = NULL;
+	size_t zcap = 0;
 	uint64_t k;
 
 	if (!dc) {
@@ -39,56 +56,67 @@ static void *sl_zworker(void *arg)
 		return NULL;
 	}
 	while (!atomic_load(&j->err) && (k = atomic_fetch_add(&j->next, 1)) < j->n) {
-		const struct sl__block *b = &j->b[k];
-		size_t got = ZSTD_decompressDCtx(dc, j->out + (b->logical - SL_ALIGN), b->len, j->in + (b->file - j->base_file),
-						 b->stored);
-		int zero = 0;
+		const struct sl__zblock *z = &j->zb[k];
+		const struct sl__block *b = z->b;
+		const char *src = j->in ? j->in + (b->file - j->base) : NULL;
+		uint64_t t0 = sl__now_ns();
+		size_t got;
 
-		if ((ZSTD_isError(got) || got != b->len) && atomic_compare_exchange_strong(&j->err, &zero, SLUICE_EFORMAT))
-			snprintf(j->detail, sizeof(j->detail), "%s: block %llu: %s", j->file, (unsigned long long)k,
+		if (!src) {
+			int fd = sl__ds_fd(j->ds, z->shard);
+
+			if (sl__reserve(&zbuf, &zcap, b->stored)) {
+				sl_zfail(j, -ENOMEM, "%s: block %llu: %s", j->ds->files[z->shard], z->index, "no memory");
+				break;
+			}
+			if (fd < 0 || pread(fd, zbuf, b->stored, (off_t)b->file) != (ssize_t)b->stored) {
+				sl_zfail(j, fd < 0 ? fd : -EIO, "%s: block %llu: %s", j->ds->files[z->shard], z->index,
+					 "unreadable (file truncated?)");
+				break;
+			}
+			src = zbuf;
+		}
+		got = ZSTD_decompressDCtx(dc, j->out + z->out_off, b->len, src, b->stored);
+		if (ZSTD_isError(got) || got != b->len)
+			sl_zfail(j, SLUICE_EFORMAT, "%s: block %llu: %s", j->ds->files[z->shard], z->index,
 				 ZSTD_isError(got) ? ZSTD_getErrorName(got) : "decoded size differs from the block table");
+		sl__hist_add(&j->ds->h_decompress, sl__now_ns() - t0);
 	}
+	free(zbuf);
 	ZSTD_freeDCtx(dc);
 	return NULL;
 }
 
-static int sl_decode_cpu(struct sluice_engine *eng, struct sl_zjob *j, void *dst, uint64_t logical)
+int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb, uint64_t n,
+		const void *in, uint64_t base, void *out)
 {
-	int gpu = sluice_is_gpu_ptr(eng, dst), pinned = 0, rc = 0;
-	unsigned nt = eng->cfg.threads < j->n ? eng->cfg.threads : (unsigned)j->n;
+	struct sl_zjob j;
+	unsigned nt = eng->cfg.threads - 1 < n ? eng->cfg.threads - 1 : (unsigned)n;
 	pthread_t th[256];
-	void *host = dst;
+	int rc;
 
-	if (gpu && (rc = sl__host_alloc(&eng->gpu, logical, &host, &pinned)))
-		return rc;
-	j->out = host;
+	memset(&j, 0, sizeof(j));
+	j.ds = ds, j.zb = zb, j.n = n, j.in = in, j.base = base, j.out = out;
 	for (unsigned t = 0; t < nt; t++)
-		if (pthread_create(&th[t], NULL, sl_zworker, j)) {
-			atomic_store(&j->err, -EAGAIN);
+		if (pthread_create(&th[t], NULL, sl_zworker, &j)) {
 			nt = t;
 			break;
 		}
-	sl_zworker(j); /* this thread too */
+	sl_zworker(&j);
 	for (unsigned t = 0; t < nt; t++)
 		pthread_join(th[t], NULL);
-	rc = atomic_load(&j->err);
-	if (rc)
-		rc = sl__err(rc, "%s", j->detail[0] ? j->detail : "cannot start decoding threads");
-	else if (gpu)
-		rc = sluice_gpu_copy(eng, dst, host, logical);
-	if (gpu)
-		sl__host_free(&eng->gpu, host, logical, pinned);
-	return rc;
+	rc = atomic_load(&j.err);
+	return rc ? sl__err(rc, "%s", j.detail[0] ? j.detail : "decoding failed") : 0;
 }
 
 /* nvCOMP: every block decoded by one batched call into its place in dst (or a scratch, when misaligned). */
-static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api *nc, struct sl_zjob *j, char *dst,
-			 sl_CUdeviceptr in)
+static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api *nc, const struct sl__block *blk,
+			 uint64_t n, uint64_t base, const char *file, char *dst, sl_CUdeviceptr in)
 {
 	const struct sl__cuda_api *cu = eng->gpu.cu;
 	struct sl__nvcomp_opts opts;
 	struct sl__nvcomp_align al;
-	uint64_t n = j->n, max = 0, total = 0, scratch_len = 0;
+	uint64_t max = 0, total = 0, scratch_len = 0;
 	size_t temp = 0, arr = n * (5 * sizeof(uint64_t) + sizeof(int));
 	uint64_t *h = calloc(1, arr + 1);
 	sl_CUdeviceptr d_arr = 0, d_temp = 0, d_scratch = 0;
@@ -103,11 +131,11 @@ static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api 
 		goto out;
 	}
 	for (uint64_t k = 0; k < n; k++) {
-		max = j->b[k].len > max ? j->b[k].len : max;
-		total += j->b[k].len;
-		misaligned |= al.output > 1 && (uintptr_t)(dst + (j->b[k].logical - SL_ALIGN)) % al.output;
-		misaligned |= al.input > 1 && (j->b[k].file - j->base_file) % al.input;
-		scratch_len += sl__align_up(j->b[k].len, 256);
+		max = blk[k].len > max ? blk[k].len : max;
+		total += blk[k].len;
+		misaligned |= al.output > 1 && (uintptr_t)(dst + (blk[k].logical - SL_ALIGN)) % al.output;
+		misaligned |= al.input > 1 && (blk[k].file - base) % al.input;
+		scratch_len += sl__align_up(blk[k].len, 256);
 	}
 	if ((rc = sl__gpu_bind(&eng->gpu)) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")) ||
 	    (rc = SL_CU(cu->MemAlloc(&d_arr, arr), "cuMemAlloc (nvCOMP arguments)")))
@@ -116,11 +144,11 @@ static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api 
 		goto out;
 	/* h: in pointers, in sizes, out capacities, out sizes (filled by nvCOMP), out pointers, statuses. */
 	for (uint64_t k = 0, sc = 0; k < n; k++) {
-		h[k] = in + (j->b[k].file - j->base_file);
-		h[n + k] = j->b[k].stored;
-		h[2 * n + k] = j->b[k].len;
-		h[4 * n + k] = misaligned ? d_scratch + sc : (uint64_t)(uintptr_t)(dst + (j->b[k].logical - SL_ALIGN));
-		sc += sl__align_up(j->b[k].len, 256);
+		h[k] = in + (blk[k].file - base);
+		h[n + k] = blk[k].stored;
+		h[2 * n + k] = blk[k].len;
+		h[4 * n + k] = misaligned ? d_scratch + sc : (uint64_t)(uintptr_t)(dst + (blk[k].logical - SL_ALIGN));
+		sc += sl__align_up(blk[k].len, 256);
 	}
 	if ((rc = nc->ZstdGetTempSize(n, max, opts, &temp, total, st))) {
 		rc = sl__err(SLUICE_ECUDA, "nvcompBatchedZstdDecompressGetTempSize: status %d", rc);
@@ -147,17 +175,17 @@ static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api 
 	for (uint64_t k = 0; k < n; k++) {
 		int status = ((int *)(h + 5 * n))[k];
 
-		if (status || h[3 * n + k] != j->b[k].len) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: block %llu: nvCOMP status %d, %llu bytes decoded of %u", j->file,
-				     (unsigned long long)k, status, (unsigned long long)h[3 * n + k], j->b[k].len);
+		if (status || h[3 * n + k] != blk[k].len) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: block %llu: nvCOMP status %d, %llu bytes decoded of %u", file,
+				     (unsigned long long)k, status, (unsigned long long)h[3 * n + k], blk[k].len);
 			goto out;
 		}
 	}
 	for (uint64_t k = 0, sc = 0; misaligned && k < n; k++) {
-		if ((rc = SL_CU(cu->Memcpy((sl_CUdeviceptr)(uintptr_t)(dst + (j->b[k].logical - SL_ALIGN)), d_scratch + sc,
-					   j->b[k].len), "cuMemcpy (nvCOMP output)")))
+		if ((rc = SL_CU(cu->Memcpy((sl_CUdeviceptr)(uintptr_t)(dst + (blk[k].logical - SL_ALIGN)), d_scratch + sc,
+					   blk[k].len), "cuMemcpy (nvCOMP output)")))
 			goto out;
-		sc += sl__align_up(j->b[k].len, 256);
+		sc += sl__align_up(blk[k].len, 256);
 	}
 out:
 	if (d_temp)
@@ -176,7 +204,8 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 				  size_t cap, int decoder, struct sluice_shard_report *rep)
 {
 	struct sluice_shard_report mine;
-	struct sl_zjob j;
+	const struct sl__block *blk = NULL;
+	uint64_t nb = 0, base;
 	const struct sl__nvcomp_api *nc = NULL;
 	const char *why = "";
 	char path[4096];
@@ -206,15 +235,13 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 		snprintf(rep->decoder, sizeof(rep->decoder), "none");
 		return got < 0 ? got : (ssize_t)logical;
 	}
-	memset(&j, 0, sizeof(j));
-	if ((rc = ds->ops->blocks(ds, shard, &j.b, &j.n)))
+	if ((rc = ds->ops->blocks(ds, shard, &blk, &nb)))
 		return rc;
-	if (!j.n)
+	if (!nb)
 		return 0;
-	j.base_file = j.b[0].file;
-	j.file = ds->files[shard];
-	rep->blocks = (unsigned)j.n;
-	rep->stored = j.b[j.n - 1].file + j.b[j.n - 1].stored - j.base_file;
+	base = blk[0].file;
+	rep->blocks = (unsigned)nb;
+	rep->stored = blk[nb - 1].file + blk[nb - 1].stored - base;
 	gpu = sluice_is_gpu_ptr(eng, dst);
 	if (decoder == SLUICE_DECODE_AUTO) {
 		const char *v = sl__setting("SLUICE_DECODE");
@@ -242,28 +269,38 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 		if ((rc = sluice_gpu_alloc(eng, rep->stored, &in)))
 			return rc;
 		{
-			ssize_t got = sluice_read_to_gpu(eng, path, j.base_file, rep->stored, in, NULL);
+			ssize_t got = sluice_read_to_gpu(eng, path, base, rep->stored, in, NULL);
 
 			rep->read_s = (double)(sl__now_ns() - t0) / 1e9;
 			t0 = sl__now_ns();
-			rc = got < 0 ? (int)got : sl_decode_gpu(eng, nc, &j, dst, (sl_CUdeviceptr)(uintptr_t)in);
+			rc = got < 0 ? (int)got
+				     : sl_decode_gpu(eng, nc, blk, nb, base, ds->files[shard], dst, (sl_CUdeviceptr)(uintptr_t)in);
 		}
 		sluice_gpu_free(eng, in);
 	} else {
-		int pinned = 0;
-		void *in = NULL;
+		int pinned = 0, opinned = 0, ongpu = sluice_is_gpu_ptr(eng, dst);
+		struct sl__zblock *zb = calloc(nb, sizeof(*zb));
+		void *in = NULL, *out = ongpu ? NULL : dst;
 
-		if ((rc = sl__host_alloc(&eng->gpu, rep->stored, &in, &pinned)))
-			return rc;
-		{
-			ssize_t got = sluice_read_to_gpu(eng, path, j.base_file, rep->stored, in, NULL);
+		if (!zb)
+			return -ENOMEM;
+		for (uint64_t k = 0; k < nb; k++)
+			zb[k] = (struct sl__zblock){ &blk[k], shard, k, blk[k].logical - SL_ALIGN };
+		if (!(rc = sl__host_alloc(&eng->gpu, rep->stored, &in, &pinned)) &&
+		    !(rc = ongpu ? sl__host_alloc(&eng->gpu, logical, &out, &opinned) : 0)) {
+			ssize_t got = sluice_read_to_gpu(eng, path, base, rep->stored, in, NULL);
 
 			rep->read_s = (double)(sl__now_ns() - t0) / 1e9;
 			t0 = sl__now_ns();
-			j.in = in;
-			rc = got < 0 ? (int)got : sl_decode_cpu(eng, &j, dst, logical);
+			rc = got < 0 ? (int)got : sl__zdecode(eng, ds, zb, nb, in, base, out);
+			if (!rc && ongpu)
+				rc = sluice_gpu_copy(eng, dst, out, logical);
 		}
-		sl__host_free(&eng->gpu, in, rep->stored, pinned);
+		if (ongpu && out)
+			sl__host_free(&eng->gpu, out, logical, opinned);
+		if (in)
+			sl__host_free(&eng->gpu, in, rep->stored, pinned);
+		free(zb);
 	}
 	rep->decode_s = (double)(sl__now_ns() - t0) / 1e9;
 	return rc ? rc : (ssize_t)logical;

@@ -177,6 +177,21 @@ SL_HIDDEN ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3,
 				   const void *src, size_t len, struct sluice_xfer_report *rep);
 
 /* plan.c: after a write job, trims direct-write padding and updates sizes. */
+/* One zstd block to decode (sl__zdecode): its table entry, shard and index there, and where it lands. */
+struct sl__zblock {
+	const struct sl__block *b;
+	unsigned shard;
+	uint64_t index;
+	uint64_t out_off;
+};
+/*
+ * Decodes the n blocks on the CPU (eng's thread count, this thread among
+ * them): stored bytes from in (a shard's, read from its file offset base)
+ * or, with in NULL, pread from the shard files; block k to out +
+ * zb[k].out_off.  0, or SLUICE_EFORMAT / -errno naming the file and block.
+ */
+SL_HIDDEN int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
+			  uint64_t n, const void *in, uint64_t base, void *out);
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
 
 /* Runs one job synchronously from ranges: plan, submit, wait, report. */
