@@ -2,7 +2,8 @@
 uncompressed ones.
 
 Data: TOKENS Zipf-distributed uint32 tokens (a vocabulary of 50,257; documents of 512-4096 tokens) packed
-twice by `sluice pack --from-tokens`: plain, and in zstd blocks (level 3, 4 MiB), shards of 256 MiB.
+twice by `sluice pack --from-tokens`: plain, and in zstd blocks (level 3, --block, default 4 MiB), shards of
+256 MiB.
 
 1. Every shard of the zstd pack whole into one GPU buffer with Dataset.read_shard: nvCOMP on the GPU
    against the CPU decoder (the engine's threads), warm (page cache) and cold, medians of REPS interleaved
@@ -32,7 +33,7 @@ def parse_size(s):
     return int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]]) if s[-1] in "KMG" else int(s)
 
 
-def make(d, ntok):
+def make(d, ntok, block):
     if os.path.exists(os.path.join(d, "zstd", "index.sli")):
         return
     os.makedirs(d, exist_ok=True)
@@ -45,7 +46,7 @@ def make(d, ntok):
         left -= n
     np.save(os.path.join(d, "tokens.npy"), tok)
     np.save(os.path.join(d, "lengths.npy"), np.array(lens, np.int64))
-    for name, extra in (("plain", []), ("zstd", ["--zstd", "3", "--block-size", "4M"])):
+    for name, extra in (("plain", []), ("zstd", ["--zstd", "3", "--block-size", block])):
         subprocess.run([SLUICE, "pack", "--from-tokens", os.path.join(d, "tokens.npy"), "--doc-lengths",
                         os.path.join(d, "lengths.npy"), "--shard-size", "256M", "--quiet", *extra,
                         os.path.join(d, name)], check=True)
@@ -58,10 +59,11 @@ def main():
     ap.add_argument("--dir", default="/tmp/sluice-decode")
     ap.add_argument("--out")
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--block", default="4M", help="zstd block size of the compressed pack (sluice pack --block-size)")
     a = ap.parse_args()
     import torch
-    make(a.dir, parse_size(a.tokens) // 4)
-    res = Results(a.out, bench="decode", tokens=a.tokens)
+    make(a.dir, parse_size(a.tokens) // 4, a.block)
+    res = Results(a.out, bench="decode", tokens=a.tokens, block=a.block)
     z, p = sluice.Dataset(os.path.join(a.dir, "zstd")), sluice.Dataset(os.path.join(a.dir, "plain"))
     nshards = sluice.lib.sluice_dataset_shards(z._h)
     logical = sum(z.shard_bytes(s)[1] for s in range(nshards))
