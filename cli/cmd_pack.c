@@ -619,7 +619,7 @@ int cmd_pack(int argc, char **argv)
 			       "                    --from-tokens FILE --doc-lengths FILE)\n"
 			       "                   [--shard-size N] [--zstd LEVEL [--block-size N]] [--threads N] [--quiet] [--json] OUT\n"
 			       "  --zstd LEVEL     store shards as zstd blocks (level 1-22) of --block-size uncompressed\n"
-			       "                   bytes or more (default 4M, at least 1M), whole records each\n"
+			       "                   bytes or more (default and least 1M), whole records each\n"
 			       "  --from-jsonl F   one record per JSON line; --fields picks top-level keys: string -> bytes,\n"
 			       "                   integer -> i64, real -> f64, bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]\n"
 			       "  --from-tokens F --doc-lengths L [--dtype u16|u32] [--pack-context N [--greedy]]\n"

@@ -587,7 +587,7 @@ struct sluice_writer_options {
 	uint64_t shard_size; /* target bytes per shard (uncompressed); 0: 1 GiB */
 	/*
 	 * zstd level 1..22 to store shards as zstd blocks of at least
-	 * block_size uncompressed bytes (1 MiB..1 GiB; 0: 4 MiB), whole records
+	 * block_size uncompressed bytes (1 MiB..1 GiB; 0: 1 MiB), whole records
 	 * each; 0: uncompressed.
 	 */
 	int zstd_level;

@@ -356,7 +356,7 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 			goto fail;
 		}
 		w->zstd_level = opt->zstd_level;
-		w->block_size = opt->block_size ? opt->block_size : 4u << 20;
+		w->block_size = opt->block_size ? opt->block_size : 1u << 20; /* GPU decoders want many blocks; a shuffle chunk spans fewer (BENCHMARKS) */
 		w->cctx = ZSTD_createCCtx();
 		if (!w->cctx || ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->zstd_level)) ||
 		    ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1))) {
