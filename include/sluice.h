@@ -360,6 +360,17 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_batch(struct sluice_engine *eng,
 SLUICE_API SLUICE_WUR ssize_t sluice_read_to_gpu(struct sluice_engine *eng, const char *path,
 						 uint64_t offset, size_t len, void *dst,
 						 struct sluice_xfer_report *rep);
+/*
+ * Reads len bytes at offset of path once and delivers them to each of the
+ * n buffers dsts[0..n) (GPU memory of any GPU, or host memory): the engine
+ * reads into dsts[0] chunk by chunk (64 MiB), and each chunk is copied on
+ * to the others while the next one is read, GPU to GPU over peer-to-peer
+ * copies where the devices allow it (NVLink, PCIe).  rep counts the
+ * storage reads (once).  Returns len, or the error of the read or a copy.
+ */
+SLUICE_API SLUICE_WUR ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint64_t offset,
+						    size_t len, void *const *dsts, unsigned n,
+						    struct sluice_xfer_report *rep);
 SLUICE_API SLUICE_WUR ssize_t sluice_write_from_gpu(struct sluice_engine *eng,
 						    const char *path, const void *src,
 						    size_t len,

@@ -122,6 +122,16 @@ def read(path, out, offset=0):
     return check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, None))
 
 
+def read_broadcast(path, outs, offset=0):
+    """Reads min(len of each out) bytes of path at offset once and delivers them to every array in outs (GPU
+    tensors on any GPUs, or host arrays): storage is read once, the other copies go GPU to GPU.  Returns the
+    bytes read."""
+    bufs = [_buffer(o, True) for o in outs]
+    n = min(b[1] for b in bufs)
+    ptrs = (C.c_void_p * len(bufs))(*[b[0] for b in bufs])
+    return check(lib.sluice_read_broadcast(_eng(), os.fsencode(path), offset, n, ptrs, len(bufs), None))
+
+
 def write(path, array):
     """Writes array as the whole new content of path, durably and atomically; returns the bytes written."""
     ptr, n, keep = _buffer(array, False)

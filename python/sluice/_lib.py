@@ -115,6 +115,7 @@ _protos = {
     "sluice_s3_size": (C.c_int, [P, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint64)]),
     "sluice_copy": (C.c_int, [C.c_char_p, C.c_char_p, C.c_uint, C.POINTER(CopyReport)]),
     "sluice_metrics_text": (C.c_size_t, [C.c_char_p, C.c_size_t]),
+    "sluice_read_broadcast": (C.c_ssize_t, [P, C.c_char_p, C.c_uint64, C.c_size_t, C.POINTER(P), C.c_uint, P]),
     "sluice_process_checkpoint": (C.c_int, [C.c_int, C.c_uint, C.c_uint, C.POINTER(CheckpointReport)]),
     "sluice_process_state_name": (C.c_char_p, [C.c_int]),
     "sluice_metrics_serve": (C.c_int, [C.c_uint, C.POINTER(C.c_uint)]),

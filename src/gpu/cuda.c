@@ -76,6 +76,9 @@ static void sl_cuda_load(void)
 	sl_cu.CheckpointProcessRestore = dlsym(h, "cuCheckpointProcessRestore");
 	sl_cu.CheckpointProcessUnlock = dlsym(h, "cuCheckpointProcessUnlock");
 	sl_cu.CheckpointProcessGetState = dlsym(h, "cuCheckpointProcessGetState");
+	sl_cu.MemcpyAsync = dlsym(h, "cuMemcpyAsync");
+	sl_cu.DeviceCanAccessPeer = dlsym(h, "cuDeviceCanAccessPeer");
+	sl_cu.CtxEnablePeerAccess = dlsym(h, "cuCtxEnablePeerAccess");
 	r = sl_cu.Init(0);
 	if (r != SL_CUDA_SUCCESS) {
 		const char *name = "?";

@@ -52,6 +52,10 @@ struct sl__cuda_api {
 	sl_CUresult (*CheckpointProcessRestore)(int pid, void *args);
 	sl_CUresult (*CheckpointProcessUnlock)(int pid, void *args);
 	sl_CUresult (*CheckpointProcessGetState)(int pid, int *state);
+	/* Optional: peer-to-peer copies between GPUs (sluice_read_broadcast). */
+	sl_CUresult (*MemcpyAsync)(sl_CUdeviceptr dst, sl_CUdeviceptr src, size_t n, sl_CUstream s);
+	sl_CUresult (*DeviceCanAccessPeer)(int *can, sl_CUdevice d, sl_CUdevice peer);
+	sl_CUresult (*CtxEnablePeerAccess)(sl_CUcontext peer, unsigned flags);
 };
 
 /* nvCOMP (nvcomp.c): the batched zstd decoder of libnvcomp.so.6. */

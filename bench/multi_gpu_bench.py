@@ -1,0 +1,111 @@
+"""Several GPUs of one host (issue #15, part 1).
+
+1. Read once, deliver to every GPU: sluice.read_broadcast of a SIZE file into a tensor on each GPU, against
+   reading it from storage once per GPU (sluice.read into each GPU's tensor in turn), cold (page cache
+   dropped) and warm; GB/s delivered (GPUs x SIZE / seconds), medians of REPS interleaved passes.
+2. The loader under torchrun, one rank per GPU (bench/ddp_loader.py), against one rank: batches per rank
+   (equal) and combined records/s, cold.
+
+    python3 bench/multi_gpu_bench.py --size 4G --reps 3 --dir /tmp/mg
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import Results, drop_caches, make_file, ratio, side_by_side, timed, warm  # noqa: E402
+
+import sluice  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
+
+
+def parse_size(s):
+    return int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]]) if s[-1] in "KMG" else int(s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="4G")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default="/tmp/sluice-mg")
+    ap.add_argument("--tokens", default="1G", help="the loader's dataset: bytes of uint32 tokens")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    ngpu = torch.cuda.device_count()
+    size = parse_size(a.size)
+    os.makedirs(a.dir, exist_ok=True)
+    path = os.path.join(a.dir, "blob")
+    make_file(path, size)
+    res = Results(a.out, bench="multi_gpu", gpus=ngpu, size=size)
+    outs = [torch.empty(size, dtype=torch.uint8, device=f"cuda:{d}") for d in range(ngpu)]
+
+    def sync():
+        for d in range(ngpu):
+            torch.cuda.synchronize(d)
+
+    def bcast():
+        return timed(lambda: (sluice.read_broadcast(path, outs), sync()), ngpu * size)
+
+    def each():
+        def one():
+            for o in outs:
+                sluice.read(path, o)
+            sync()
+        return timed(one, ngpu * size)
+
+    import numpy as np
+    step = max(1, size // 4096)
+    want = torch.from_numpy(np.array(np.memmap(path, np.uint8, mode="r")[::step]))
+    sluice.read_broadcast(path, outs)
+    res["same_bytes"] = all(torch.equal(o[::step].cpu(), want) for o in outs)
+    for temp, before in (("cold", drop_caches), ("warm", lambda: warm(path))):
+        r = side_by_side({"broadcast": bcast, "per_gpu": each}, a.reps, before=before)
+        res[temp] = r
+        res[f"{temp}_broadcast_over_per_gpu"] = ratio(r.get("broadcast"), r.get("per_gpu"))
+        for k, v in r.items():
+            print(f"[mg] {temp} {k}: {v.get('gb_s', 0):.2f} GB/s delivered to {ngpu} GPUs, "
+                  f"{v.get('cpu_s_per_gb', 0):.3f} CPU s/GB {v.get('error', '')}", flush=True)
+    del outs
+    torch.cuda.empty_cache()
+
+    # The loader: one rank per GPU against one rank, each pass cold, in processes of their own.
+    ds = os.path.join(a.dir, "tokens")
+    if not os.path.exists(os.path.join(ds, "index.sli")):
+        import numpy as np
+        rng = np.random.default_rng(0)
+        ntok = parse_size(a.tokens) // 4
+        np.save(os.path.join(a.dir, "tok.npy"), (rng.zipf(1.3, ntok) % 50257).astype(np.uint32))
+        lens, left = [], ntok
+        while left:
+            n = min(left, int(rng.integers(512, 4097)))
+            lens.append(n)
+            left -= n
+        np.save(os.path.join(a.dir, "len.npy"), np.array(lens, np.int64))
+        subprocess.run([SLUICE, "pack", "--from-tokens", os.path.join(a.dir, "tok.npy"), "--doc-lengths",
+                        os.path.join(a.dir, "len.npy"), "--shard-size", "256M", "--quiet", ds], check=True)
+
+    def ddp(n):
+        def one():
+            r = subprocess.run(["torchrun", "--standalone", f"--nproc_per_node={n}",
+                                os.path.join(ROOT, "bench", "ddp_loader.py"), ds], capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError(r.stderr[-2000:])
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        return one
+    r = side_by_side({f"ranks_{ngpu}": ddp(ngpu), "ranks_1": ddp(1)}, a.reps, before=drop_caches, key="records_s")
+    res["loader_cold"] = r
+    res["loader_scaling"] = ratio(r.get(f"ranks_{ngpu}"), r.get("ranks_1"), key="records_s")
+    for k, v in r.items():
+        print(f"[mg] loader cold {k}: {v.get('records_s', 0):.0f} records/s combined, batches per rank "
+              f"{v.get('batches_per_rank')} {v.get('error', '')}", flush=True)
+    print(f"[mg] broadcast / per GPU: cold {res['cold_broadcast_over_per_gpu']}, warm "
+          f"{res['warm_broadcast_over_per_gpu']}; loader {ngpu} ranks / 1: {res['loader_scaling']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
