@@ -13,6 +13,35 @@ import time
 GB = 1e9
 
 
+def parse_size(s):
+    """A size with an optional K, M or G suffix (powers of 1024), as the benchmarks' options take it."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def pack_tokens(sluice_bin, d, nbytes, packs):
+    """Zipf-distributed uint32 tokens (a vocabulary of 50,257; documents of 512-4,096 tokens), nbytes of them,
+    packed by `sluice pack --from-tokens` into d/NAME for each NAME: extra options of packs (shards of 256
+    MiB); made once and reused."""
+    import numpy as np
+    if all(os.path.exists(os.path.join(d, name, "index.sli")) for name in packs):
+        return
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    ntok = nbytes // 4
+    np.save(os.path.join(d, "tokens.npy"), (rng.zipf(1.3, ntok) % 50257).astype(np.uint32))
+    lens, left = [], ntok
+    while left:
+        n = min(left, int(rng.integers(512, 4097)))
+        lens.append(n)
+        left -= n
+    np.save(os.path.join(d, "lengths.npy"), np.array(lens, np.int64))
+    for name, extra in packs.items():
+        subprocess.run([sluice_bin, "pack", "--from-tokens", os.path.join(d, "tokens.npy"), "--doc-lengths",
+                        os.path.join(d, "lengths.npy"), "--shard-size", "256M", "--quiet", *extra,
+                        os.path.join(d, name)], check=True)
+
+
 def drop_caches():
     """Cold: writes back dirty pages and drops the page cache (needs root)."""
     os.sync()

@@ -15,41 +15,15 @@ twice by `sluice pack --from-tokens`: plain, and in zstd blocks (level 3, --bloc
 """
 import argparse
 import os
-import subprocess
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import GB, Results, drop_caches, ratio, side_by_side, timed, warm  # noqa: E402
+from benchlib import Results, drop_caches, pack_tokens, parse_size, ratio, side_by_side, timed, warm  # noqa: E402
 
 import sluice  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
-
-
-def parse_size(s):
-    return int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]]) if s[-1] in "KMG" else int(s)
-
-
-def make(d, ntok, block):
-    if os.path.exists(os.path.join(d, "zstd", "index.sli")):
-        return
-    os.makedirs(d, exist_ok=True)
-    rng = np.random.default_rng(0)
-    tok = (rng.zipf(1.3, ntok) % 50257).astype(np.uint32)
-    lens, left = [], ntok
-    while left:
-        n = min(left, int(rng.integers(512, 4097)))
-        lens.append(n)
-        left -= n
-    np.save(os.path.join(d, "tokens.npy"), tok)
-    np.save(os.path.join(d, "lengths.npy"), np.array(lens, np.int64))
-    for name, extra in (("plain", []), ("zstd", ["--zstd", "3", "--block-size", block])):
-        subprocess.run([SLUICE, "pack", "--from-tokens", os.path.join(d, "tokens.npy"), "--doc-lengths",
-                        os.path.join(d, "lengths.npy"), "--shard-size", "256M", "--quiet", *extra,
-                        os.path.join(d, name)], check=True)
 
 
 def main():
@@ -62,7 +36,7 @@ def main():
     ap.add_argument("--block", default="4M", help="zstd block size of the compressed pack (sluice pack --block-size)")
     a = ap.parse_args()
     import torch
-    make(a.dir, parse_size(a.tokens) // 4, a.block)
+    pack_tokens(SLUICE, a.dir, parse_size(a.tokens), {"plain": [], "zstd": ["--zstd", "3", "--block-size", a.block]})
     res = Results(a.out, bench="decode", tokens=a.tokens, block=a.block)
     z, p = sluice.Dataset(os.path.join(a.dir, "zstd")), sluice.Dataset(os.path.join(a.dir, "plain"))
     nshards = sluice.lib.sluice_dataset_shards(z._h)

@@ -15,16 +15,12 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import Results, drop_caches, make_file, ratio, side_by_side, timed, warm  # noqa: E402
+from benchlib import Results, drop_caches, make_file, pack_tokens, parse_size, ratio, side_by_side, timed, warm  # noqa: E402
 
 import sluice  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
-
-
-def parse_size(s):
-    return int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]]) if s[-1] in "KMG" else int(s)
 
 
 def main():
@@ -70,24 +66,12 @@ def main():
         for k, v in r.items():
             print(f"[mg] {temp} {k}: {v.get('gb_s', 0):.2f} GB/s delivered to {ngpu} GPUs, "
                   f"{v.get('cpu_s_per_gb', 0):.3f} CPU s/GB {v.get('error', '')}", flush=True)
-    del outs
+    outs.clear()
     torch.cuda.empty_cache()
 
     # The loader: one rank per GPU against one rank, each pass cold, in processes of their own.
     ds = os.path.join(a.dir, "tokens")
-    if not os.path.exists(os.path.join(ds, "index.sli")):
-        import numpy as np
-        rng = np.random.default_rng(0)
-        ntok = parse_size(a.tokens) // 4
-        np.save(os.path.join(a.dir, "tok.npy"), (rng.zipf(1.3, ntok) % 50257).astype(np.uint32))
-        lens, left = [], ntok
-        while left:
-            n = min(left, int(rng.integers(512, 4097)))
-            lens.append(n)
-            left -= n
-        np.save(os.path.join(a.dir, "len.npy"), np.array(lens, np.int64))
-        subprocess.run([SLUICE, "pack", "--from-tokens", os.path.join(a.dir, "tok.npy"), "--doc-lengths",
-                        os.path.join(a.dir, "len.npy"), "--shard-size", "256M", "--quiet", ds], check=True)
+    pack_tokens(SLUICE, a.dir, parse_size(a.tokens), {"tokens": []})
 
     def ddp(n):
         def one():

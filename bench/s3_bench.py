@@ -24,14 +24,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import GB, Results, ratio, side_by_side, timed  # noqa: E402
+from benchlib import GB, Results, parse_size, ratio, side_by_side, timed  # noqa: E402
 
 MiB = 1 << 20
-
-
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
 
 
 def main():
