@@ -18,13 +18,31 @@ static const char *sl_cu_why = "CUDA not loaded";
 static char sl_cu_why_buf[256];
 static pthread_once_t sl_cu_once = PTHREAD_ONCE_INIT;
 
+void *sl__dl_load(const char *lib, const struct sl__sym *syms, size_t n, const char *missing, const char *old,
+		  char *why, size_t cap)
+{
+	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+
+	if (!h) {
+		snprintf(why, cap, "%s not loadable: %s%s%s%s", lib, dlerror(), missing ? " (" : "", missing ? missing : "",
+			 missing ? ")" : "");
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		*syms[i].slot = dlsym(h, syms[i].name);
+		if (!*syms[i].slot) {
+			snprintf(why, cap, "%s lacks %s%s%s%s", lib, syms[i].name, old ? " (" : "", old ? old : "",
+				 old ? ")" : "");
+			return NULL; /* h stays open: harmless, and dlclose races other users */
+		}
+	}
+	return h;
+}
+
 static void sl_cuda_load(void)
 {
-	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	struct {
-		void **slot;
-		const char *name;
-	} syms[] = {
+	void *h;
+	const struct sl__sym syms[] = {
 		{ (void **)&sl_cu.Init, "cuInit" },
 		{ (void **)&sl_cu.DeviceGetCount, "cuDeviceGetCount" },
 		{ (void **)&sl_cu.DeviceGet, "cuDeviceGet" },
@@ -58,18 +76,11 @@ static void sl_cuda_load(void)
 	};
 	sl_CUresult r;
 
+	h = sl__dl_load("libcuda.so.1", syms, sizeof(syms) / sizeof(syms[0]), NULL, "driver too old", sl_cu_why_buf,
+			sizeof(sl_cu_why_buf));
 	if (!h) {
-		snprintf(sl_cu_why_buf, sizeof(sl_cu_why_buf), "libcuda.so.1 not loadable: %s", dlerror());
 		sl_cu_why = sl_cu_why_buf;
 		return;
-	}
-	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		*syms[i].slot = dlsym(h, syms[i].name);
-		if (!*syms[i].slot) {
-			snprintf(sl_cu_why_buf, sizeof(sl_cu_why_buf), "libcuda.so.1 lacks %s (driver too old)", syms[i].name);
-			sl_cu_why = sl_cu_why_buf;
-			return; /* h stays open: harmless, and dlclose races other users */
-		}
 	}
 	sl_cu.CheckpointProcessLock = dlsym(h, "cuCheckpointProcessLock");
 	sl_cu.CheckpointProcessCheckpoint = dlsym(h, "cuCheckpointProcessCheckpoint");

@@ -58,6 +58,19 @@ struct sl__cuda_api {
 	sl_CUresult (*CtxEnablePeerAccess)(sl_CUcontext peer, unsigned flags);
 };
 
+/* A library loaded at run time: each symbol's slot and name. */
+struct sl__sym {
+	void **slot;
+	const char *name;
+};
+/*
+ * dlopen(lib) and every symbol of syms[0..n).  Returns the handle, or NULL
+ * with why (cap bytes) saying "LIB not loadable: ... (missing)" or "LIB
+ * lacks NAME (old)"; missing and old (may be NULL) tell the user what to do.
+ */
+SL_HIDDEN void *sl__dl_load(const char *lib, const struct sl__sym *syms, size_t n, const char *missing,
+			    const char *old, char *why, size_t cap);
+
 /* nvCOMP (nvcomp.c): the batched zstd decoder of libnvcomp.so.6. */
 struct sl__nvcomp_opts {
 	int backend;        /* nvcompDecompressBackend_t: 0 default */

@@ -7,7 +7,6 @@
  * declarations of the few types (nvcomp/zstd.h, nvcomp/shared_types.h of
  * 6.0): the options are 64 bytes passed by value.
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,28 +21,16 @@ static pthread_once_t sl_nc_once = PTHREAD_ONCE_INIT;
 static void sl_nvcomp_load(void)
 {
 	const char *lib = sl__setting("SLUICE_NVCOMP_LIB");
-	void *h = dlopen(lib && *lib ? lib : "libnvcomp.so.6", RTLD_NOW | RTLD_LOCAL);
-	struct {
-		void **slot;
-		const char *name;
-	} syms[] = {
+	const struct sl__sym syms[] = {
 		{ (void **)&sl_nc.ZstdGetRequiredAlignments, "nvcompBatchedZstdDecompressGetRequiredAlignments" },
 		{ (void **)&sl_nc.ZstdGetTempSize, "nvcompBatchedZstdDecompressGetTempSize" },
 		{ (void **)&sl_nc.ZstdDecompressAsync, "nvcompBatchedZstdDecompressAsync" },
 	};
 
-	if (!h) {
-		snprintf(sl_nc_why, sizeof(sl_nc_why), "%s not loadable (pip install nvidia-libnvcomp-cu13, or set "
-			 "SLUICE_NVCOMP_LIB): %s", lib && *lib ? lib : "libnvcomp.so.6", dlerror());
+	if (!sl__dl_load(lib && *lib ? lib : "libnvcomp.so.6", syms, sizeof(syms) / sizeof(syms[0]),
+			 "pip install nvidia-libnvcomp-cu13, or set SLUICE_NVCOMP_LIB", "nvCOMP 6 wanted", sl_nc_why,
+			 sizeof(sl_nc_why)))
 		return;
-	}
-	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		*syms[i].slot = dlsym(h, syms[i].name);
-		if (!*syms[i].slot) {
-			snprintf(sl_nc_why, sizeof(sl_nc_why), "libnvcomp lacks %s (nvCOMP 6 wanted)", syms[i].name);
-			return;
-		}
-	}
 	sl_nc_ok = &sl_nc;
 }
 

@@ -3,13 +3,12 @@
  * sluice_gpu_sample: utilisation, memory and PCIe throughput per GPU, as
  * `sluice top` shows them.  Our own declarations of the few types used.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "core/core.h"
+#include "gpu/gpu.h"
 
 typedef int sl_nvmlReturn;     /* 0: NVML_SUCCESS */
 typedef struct sl_nvmlDevice *sl_nvmlDevice;
@@ -37,11 +36,7 @@ static pthread_once_t sl_nv_once = PTHREAD_ONCE_INIT;
 
 static void sl_nvml_load(void)
 {
-	void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-	struct {
-		void **slot;
-		const char *name;
-	} syms[] = {
+	const struct sl__sym syms[] = {
 		{ (void **)&sl_nv.Init, "nvmlInit_v2" },
 		{ (void **)&sl_nv.DeviceGetCount, "nvmlDeviceGetCount_v2" },
 		{ (void **)&sl_nv.DeviceGetHandleByIndex, "nvmlDeviceGetHandleByIndex_v2" },
@@ -53,17 +48,9 @@ static void sl_nvml_load(void)
 	};
 	sl_nvmlReturn r;
 
-	if (!h) {
-		snprintf(sl_nv_why, sizeof(sl_nv_why), "libnvidia-ml.so.1 not loadable: %s", dlerror());
+	if (!sl__dl_load("libnvidia-ml.so.1", syms, sizeof(syms) / sizeof(syms[0]), NULL, "driver too old", sl_nv_why,
+			 sizeof(sl_nv_why)))
 		return;
-	}
-	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		*syms[i].slot = dlsym(h, syms[i].name);
-		if (!*syms[i].slot) {
-			snprintf(sl_nv_why, sizeof(sl_nv_why), "libnvidia-ml.so.1 lacks %s", syms[i].name);
-			return;
-		}
-	}
 	if ((r = sl_nv.Init())) {
 		snprintf(sl_nv_why, sizeof(sl_nv_why), "nvmlInit: %s (%d)", sl_nv.ErrorString(r), r);
 		return;
