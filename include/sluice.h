@@ -239,6 +239,8 @@ struct sluice_engine_info {
 	 * unusable.  Valid while the engine is open.
 	 */
 	const char *gpu_unusable;
+	int numa_node;            /* the GPU's NUMA node, where the workers run and their slots are
+				     allocated; -1 when the GPU reports none */
 };
 SLUICE_API void sluice_engine_get_info(const struct sluice_engine *eng,
 				       struct sluice_engine_info *info);

@@ -3,6 +3,7 @@
  * Symbols are looked up by their versioned names, the ones cuda.h's macros
  * map the plain names to.
  */
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -90,6 +91,7 @@ static void sl_cuda_load(void)
 	sl_cu.MemcpyAsync = dlsym(h, "cuMemcpyAsync");
 	sl_cu.DeviceCanAccessPeer = dlsym(h, "cuDeviceCanAccessPeer");
 	sl_cu.CtxEnablePeerAccess = dlsym(h, "cuCtxEnablePeerAccess");
+	sl_cu.DeviceGetPCIBusId = dlsym(h, "cuDeviceGetPCIBusId");
 	r = sl_cu.Init(0);
 	if (r != SL_CUDA_SUCCESS) {
 		const char *name = "?";
@@ -143,6 +145,11 @@ int sl__gpu_open(struct sl__gpu *g, int ordinal)
 	if (rc)
 		return rc;
 	g->cu->DeviceGetName(g->name, (int)sizeof(g->name), g->dev);
+	if (g->cu->DeviceGetPCIBusId && g->cu->DeviceGetPCIBusId(g->pci, (int)sizeof(g->pci), g->dev) == SL_CUDA_SUCCESS)
+		for (char *p = g->pci; *p; p++)
+			*p = (char)tolower((unsigned char)*p);
+	else
+		g->pci[0] = 0;
 	g->ordinal = ordinal;
 	return sl__gpu_bind(g);
 }

@@ -8,6 +8,8 @@
 #ifndef SL_GPU_H
 #define SL_GPU_H
 
+#include <sched.h>
+
 #include "core/core.h"
 #include "gpu/cuda_decls.h"
 
@@ -56,7 +58,16 @@ struct sl__cuda_api {
 	sl_CUresult (*MemcpyAsync)(sl_CUdeviceptr dst, sl_CUdeviceptr src, size_t n, sl_CUstream s);
 	sl_CUresult (*DeviceCanAccessPeer)(int *can, sl_CUdevice d, sl_CUdevice peer);
 	sl_CUresult (*CtxEnablePeerAccess)(sl_CUcontext peer, unsigned flags);
+	sl_CUresult (*DeviceGetPCIBusId)(char *id, int len, sl_CUdevice d);
 };
+
+/*
+ * The NUMA node of the PCI device pci ("0000:17:00.0") and its CPUs, from
+ * sysfs under SLUICE_SYSROOT (default /): 0 with *node >= 0 and cpus set;
+ * *node = -1 when the device reports no node (one-socket machines, most
+ * virtual machines) or sysfs cannot tell.
+ */
+SL_HIDDEN void sl__numa_of_pci(const char *pci, int *node, cpu_set_t *cpus);
 
 /* A library loaded at run time: each symbol's slot and name. */
 struct sl__sym {
@@ -111,6 +122,7 @@ struct sl__gpu {
 	sl_CUcontext ctx;
 	int ordinal;
 	char name[96];
+	char pci[32];     /* "0000:17:00.0" (lower case, as sysfs names it); "" if the driver did not say */
 };
 SL_HIDDEN int sl__gpu_open(struct sl__gpu *g, int ordinal);
 SL_HIDDEN void sl__gpu_close(struct sl__gpu *g);

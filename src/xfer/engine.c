@@ -132,6 +132,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 	pthread_cond_init(&eng->done_cv, NULL);
 	eng->queue_tail = &eng->queue;
 	eng->gpu.ordinal = -1;
+	eng->numa_node = -1;
 
 	if (eng->cfg.gpu) {
 		const char *why = NULL;
@@ -140,6 +141,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 			rc = sl__gpu_open(&eng->gpu, eng->cfg.device);
 			if (rc)
 				goto fail;
+			sl__numa_of_pci(eng->gpu.pci, &eng->numa_node, &eng->numa_cpus);
 		} else {
 			snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "%s", why);
 		}
@@ -256,6 +258,7 @@ void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engin
 	info->uring_fixed_buffers = eng->fixed_bufs;
 	info->unusable = eng->unusable;
 	info->gpu_unusable = eng->gpu_unusable;
+	info->numa_node = eng->numa_node;
 }
 
 void sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st)

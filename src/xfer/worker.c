@@ -715,7 +715,17 @@ static void *sl_worker_thread(void *arg)
 {
 	struct sl__worker *w = arg;
 	struct sluice_engine *eng = w->eng;
-	int rc = sl_worker_init(w);
+	int rc;
+
+	/*
+	 * On the GPU's NUMA node before anything is touched: the slots' pages
+	 * are faulted in (pinned) by this thread, so they land on that node.
+	 * A cpuset that excludes the node's CPUs refuses this; the worker
+	 * then runs where it may.
+	 */
+	if (eng->numa_node >= 0 && pthread_setaffinity_np(pthread_self(), sizeof(eng->numa_cpus), &eng->numa_cpus))
+		sl__debug("xfer", "worker: not placed on NUMA node %d (cpuset)", eng->numa_node);
+	rc = sl_worker_init(w);
 
 	pthread_mutex_lock(&eng->lock);
 	if (rc && !eng->init_err)

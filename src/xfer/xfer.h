@@ -92,6 +92,8 @@ struct sl__worker;
 struct sluice_engine {
 	struct sluice_config cfg;
 	struct sl__gpu gpu;        /* gpu.ctx NULL without CUDA */
+	int numa_node;             /* the GPU's NUMA node, -1 if none: the workers run on numa_cpus */
+	cpu_set_t numa_cpus;
 	const struct sl__io_ops *main_ops; /* uring or psync */
 	const struct sl__io_ops *gds_ops;  /* NULL unless GDS is in use */
 	int gds_real;

@@ -335,3 +335,10 @@ def test_top_and_doctor_see_the_gpus():
     r = run(["doctor", "--json"], {"SLUICE_SYSROOT": "/"})
     gpu = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "gpu")
     assert gpu["verdict"] == "ok" and gpu["value"].startswith(f"{torch.cuda.device_count()} NVIDIA GPU")
+    # The engine's workers sit on the NUMA node sysfs gives GPU 0 (-1: none reported, as in these VMs).
+    import re as _re
+    pci = _re.search(r"\((\S+?)[ )]", gpu["value"]).group(1)
+    with open(f"/sys/bus/pci/devices/{pci}/numa_node") as f:
+        want = int(f.read())
+    info = json.loads(run(["info", "--json"], {"SLUICE_DEVICE_IDS": "0"}).stdout)
+    assert info["numa_node"] == (want if want >= 0 else -1)
