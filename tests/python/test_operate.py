@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 
@@ -73,25 +72,21 @@ def test_top_disk_rates_from_diskstats(tmp_path):
     (root / "proc").mkdir(parents=True)
     (root / "sys/block/nvme0n1").mkdir(parents=True)
     (root / "sys/block/loop0").mkdir(parents=True)
-    fifo = root / "proc/diskstats"
-    os.mkfifo(fifo)
+    stats = root / "proc/diskstats"
     before, after = (1000, 80000, 50, 4000, 100), (1000 + 3000, 80000 + 786432, 50 + 120, 4000 + 20480, 100 + 150)
-
-    def feed():  # top opens the file once per sample: each open gets the next text
-        import time
-        for s in (before, after):
-            with open(fifo, "w") as f:
-                f.write(diskstats(*s))
-            time.sleep(0.1)  # top reads to the end and closes in microseconds; the next sample is 0.3 s away
-    t = threading.Thread(target=feed)
-    t.start()
-    r = run(["top", "--json", "--count", "1", "--interval", "0.3"],
-            {"SLUICE_SYSROOT": str(root), "SLUICE_RUN_DIR": str(tmp_path)}, timeout=60)
-    t.join()
-    assert r.returncode == 0, r.stderr
-    s = json.loads(r.stdout)
+    stats.write_text(diskstats(*before))
+    # Two samples a second apart: the first shows no change; once it is printed, the counters move, and the
+    # second sample (read a second later) shows the rates of that move.
+    p = subprocess.Popen([SLUICE, "top", "--json", "--count", "2", "--interval", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, SLUICE_SYSROOT=str(root), SLUICE_RUN_DIR=str(tmp_path)))
+    first = json.loads(p.stdout.readline())
+    stats.write_text(diskstats(*after))
+    s = json.loads(p.stdout.readline())
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+    assert [d["read_bytes_per_s"] for d in first["disks"]] == [0.0]
     dt = s["interval_s"]
-    assert 0.25 < dt < 5
+    assert 0.9 < dt < 5
     assert [d["name"] for d in s["disks"]] == ["nvme0n1"]
     d = s["disks"][0]
     assert d["read_bytes_per_s"] == pytest.approx(786432 * 512 / dt, rel=1e-3)
