@@ -69,6 +69,23 @@ def main():
     outs.clear()
     torch.cuda.empty_cache()
 
+    # device_ids: the file (warm) into every GPU at once, one engine serving the first GPU only against one
+    # serving them all (each GPU's workers copy over its own link); each a process of its own.
+    def lanes(ids):
+        def one():
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lanes_read.py"), path, "3"],
+                               capture_output=True, text=True, env=dict(os.environ, SLUICE_DEVICE_IDS=ids))
+            if r.returncode:
+                raise RuntimeError(r.stderr[-2000:])
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        return one
+    every = ",".join(str(d) for d in range(ngpu))
+    r = side_by_side({"device_ids_all": lanes(every), "device_ids_0": lanes("0")}, a.reps, before=lambda: warm(path))
+    res["warm_into_every_gpu"] = r
+    res["device_ids_gain"] = ratio(r.get("device_ids_all"), r.get("device_ids_0"))
+    for k, v in r.items():
+        print(f"[mg] warm into every GPU, {k}: {v.get('gb_s', 0):.2f} GB/s {v.get('error', '')}", flush=True)
+
     # The loader: one rank per GPU against one rank, each pass cold, in processes of their own.
     ds = os.path.join(a.dir, "tokens")
     pack_tokens(SLUICE, a.dir, parse_size(a.tokens), {"tokens": []})
@@ -88,7 +105,8 @@ def main():
         print(f"[mg] loader cold {k}: {v.get('records_s', 0):.0f} records/s combined, batches per rank "
               f"{v.get('batches_per_rank')} {v.get('error', '')}", flush=True)
     print(f"[mg] broadcast / per GPU: cold {res['cold_broadcast_over_per_gpu']}, warm "
-          f"{res['warm_broadcast_over_per_gpu']}; loader {ngpu} ranks / 1: {res['loader_scaling']}", flush=True)
+          f"{res['warm_broadcast_over_per_gpu']}; device_ids all / 0: {res['device_ids_gain']}; "
+          f"loader {ngpu} ranks / 1: {res['loader_scaling']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ int cmd_info(int argc, char **argv)
 		cli_json_str(in.gpu_name);
 		printf(",\"gpu_unusable\":");
 		cli_json_str(in.gpu_unusable);
-		printf(",\"numa_node\":%d", in.numa_node);
+		printf(",\"numa_node\":%d,\"ngpus\":%u", in.numa_node, in.ngpus);
 		printf(",\"gds\":%d,\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%zu,"
 		       "\"buffer_pool_size\":%zu,\"pool_pinned\":%d,\"uring_fixed_buffers\":%d,\"unusable\":",
 		       in.gds, in.threads, in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
@@ -40,8 +40,11 @@ int cmd_info(int argc, char **argv)
 	} else {
 		printf("sluice %s\nbackend: %s%s\n", sluice_version(), in.backend, in.gds ? " + gds" : "");
 		if (in.gpu >= 0)
-			printf("gpu: %d %s (NUMA node %d%s)\n", in.gpu, in.gpu_name, in.numa_node,
-			       in.numa_node < 0 ? ": none reported" : ", the workers run there");
+			printf("gpu: %d %s (NUMA node %d%s)%s\n", in.gpu, in.gpu_name, in.numa_node,
+			       in.numa_node < 0 ? ": none reported" : ", the workers run there",
+			       in.ngpus > 1 ? ", and more: SLUICE_DEVICE_IDS" : "");
+		if (in.ngpus > 1)
+			printf("gpus: %u served, the workers split among them\n", in.ngpus);
 		else
 			printf("gpu: none (%s)\n", in.gpu_unusable);
 		printf("threads: %u x %u slots of %zu bytes (pool %zu bytes, %s)\nio_uring fixed buffers: %s\n",

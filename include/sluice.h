@@ -176,8 +176,18 @@ SLUICE_API SLUICE_WUR int sluice_config_set_max_transfer_size(struct sluice_conf
  */
 SLUICE_API SLUICE_WUR int sluice_config_set_buffer_pool_size(struct sluice_config *cfg,
 							     size_t n);
-/* SLUICE_DEVICE_IDS: GPU ordinal used for transfers, e.g. "0" (default 0) */
+/* The GPU used for transfers (default 0): sluice_config_set_device_ids(cfg, &gpu, 1). */
 SLUICE_API SLUICE_WUR int sluice_config_set_device(struct sluice_config *cfg, int gpu);
+/*
+ * SLUICE_DEVICE_IDS: the GPUs one engine serves, e.g. "0" or "0,1,2,3"
+ * (default 0; up to SLUICE_MAX_DEVICES, no repeats).  The workers are split
+ * among them, each on its GPU's NUMA node with its own stream and slots;
+ * a read into a listed GPU's memory (or a write from it) is done by that
+ * GPU's workers, over its own PCIe link.  The first id is the engine's GPU
+ * for everything else (sluice_gpu_alloc, loaders, the info's gpu).
+ */
+#define SLUICE_MAX_DEVICES 16
+SLUICE_API SLUICE_WUR int sluice_config_set_device_ids(struct sluice_config *cfg, const int *ids, unsigned n);
 /* SLUICE_SQPOLL=0|1: io_uring kernel submission polling (default 0) */
 SLUICE_API SLUICE_WUR int sluice_config_set_sqpoll(struct sluice_config *cfg, int on);
 /* SLUICE_GPU=0|1: 0 never loads CUDA, for host-only use (default 1) */
@@ -241,6 +251,7 @@ struct sluice_engine_info {
 	const char *gpu_unusable;
 	int numa_node;            /* the GPU's NUMA node, where the workers run and their slots are
 				     allocated; -1 when the GPU reports none */
+	unsigned ngpus;           /* GPUs served (SLUICE_DEVICE_IDS), the workers split among them */
 };
 SLUICE_API void sluice_engine_get_info(const struct sluice_engine *eng,
 				       struct sluice_engine_info *info);

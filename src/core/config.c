@@ -53,6 +53,7 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->queue_depth = 4;
 	cfg->max_transfer_size = 4u << 20;
 	cfg->gpu = 1;
+	cfg->ndevices = 1;
 }
 
 int sluice_config_set_backend(struct sluice_config *cfg, enum sluice_backend b)
@@ -112,11 +113,26 @@ int sluice_config_set_buffer_pool_size(struct sluice_config *cfg, size_t n)
 
 int sluice_config_set_device(struct sluice_config *cfg, int gpu)
 {
-	if (gpu < 0 || gpu > 1023)
-		return sl__err(SLUICE_EINVAL_CONFIG, "device id %d is outside 0..1023", gpu);
-	cfg->device = gpu;
+	return sluice_config_set_device_ids(cfg, &gpu, 1);
+}
+
+int sluice_config_set_device_ids(struct sluice_config *cfg, const int *ids, unsigned n)
+{
+	if (n < 1 || n > SLUICE_MAX_DEVICES)
+		return sl__err(SLUICE_EINVAL_CONFIG, "%u device ids: want 1 to %d", n, SLUICE_MAX_DEVICES);
+	for (unsigned i = 0; i < n; i++) {
+		if (ids[i] < 0 || ids[i] > 1023)
+			return sl__err(SLUICE_EINVAL_CONFIG, "device id %d is outside 0..1023", ids[i]);
+		for (unsigned j = 0; j < i; j++)
+			if (ids[j] == ids[i])
+				return sl__err(SLUICE_EINVAL_CONFIG, "device id %d is listed twice", ids[i]);
+	}
+	memcpy(cfg->devices, ids, n * sizeof(*ids));
+	cfg->ndevices = n;
+	cfg->device = ids[0];
 	return 0;
 }
+
 
 int sluice_config_set_sqpoll(struct sluice_config *cfg, int on)
 {
@@ -174,6 +190,34 @@ static int sl_env_word(const struct sl__env *env, const char *name, const char *
 	return 0;
 }
 
+/* SLUICE_DEVICE_IDS: "0" or "0,1,3"; 1 when unset. */
+static int sl_env_devices(const struct sl__env *env, struct sluice_config *cfg)
+{
+	const char *v = env->get("SLUICE_DEVICE_IDS", env->ctx), *p;
+	int ids[SLUICE_MAX_DEVICES];
+	unsigned n = 0;
+
+	if (!v)
+		return 1;
+	for (p = v;;) {
+		char *end;
+		long id = strtol(p, &end, 10);
+
+		if (end == p || id < 0 || id > 1023 || n == SLUICE_MAX_DEVICES || (*end && *end != ','))
+			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_DEVICE_IDS=\"%s\" (%s) is not a list of GPU ordinals "
+				       "such as 0 or 0,1 (at most %d)", v, sl_from(env, "SLUICE_DEVICE_IDS"),
+				       SLUICE_MAX_DEVICES);
+		ids[n++] = (int)id;
+		if (!*end)
+			break;
+		p = end + 1;
+	}
+	if (sluice_config_set_device_ids(cfg, ids, n))
+		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_DEVICE_IDS=\"%s\" (%s): %s", v, sl_from(env, "SLUICE_DEVICE_IDS"),
+			       sluice_last_error_detail());
+	return 0;
+}
+
 int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 {
 	static const char *const backends[] = { "auto", "uring", "psync", "gds", NULL };
@@ -216,7 +260,9 @@ int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 	SL_ENV_UINT("SLUICE_QUEUE_DEPTH", 1u << 20, sluice_config_set_queue_depth);
 	SL_ENV_UINT("SLUICE_MAX_TRANSFER_SIZE", 1ull << 40, sluice_config_set_max_transfer_size);
 	SL_ENV_UINT("SLUICE_BUFFER_POOL_SIZE", 1ull << 50, sluice_config_set_buffer_pool_size);
-	SL_ENV_UINT("SLUICE_DEVICE_IDS", 1u << 20, sluice_config_set_device);
+	r = sl_env_devices(env, cfg);
+	if (r < 0)
+		return r;
 	SL_ENV_UINT("SLUICE_SQPOLL", 1, sluice_config_set_sqpoll);
 	SL_ENV_UINT("SLUICE_GPU", 1, sluice_config_set_gpu);
 #undef SL_ENV_UINT

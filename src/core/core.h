@@ -83,7 +83,9 @@ struct sluice_config {
 	unsigned queue_depth;
 	size_t max_transfer_size;
 	size_t buffer_pool_size; /* 0: threads * queue_depth * chunk */
-	int device;
+	int device;              /* the first of devices: the engine's own GPU */
+	int devices[SLUICE_MAX_DEVICES];
+	unsigned ndevices;       /* 1..SLUICE_MAX_DEVICES */
 	int sqpoll;
 	int gpu;
 };

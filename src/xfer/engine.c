@@ -132,7 +132,10 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 	pthread_cond_init(&eng->done_cv, NULL);
 	eng->queue_tail = &eng->queue;
 	eng->gpu.ordinal = -1;
-	eng->numa_node = -1;
+	eng->nlanes = 1;
+	eng->lane[0] = &eng->gpu;
+	for (unsigned l = 0; l < SLUICE_MAX_DEVICES; l++)
+		eng->numa_node[l] = -1;
 
 	if (eng->cfg.gpu) {
 		const char *why = NULL;
@@ -141,7 +144,15 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 			rc = sl__gpu_open(&eng->gpu, eng->cfg.device);
 			if (rc)
 				goto fail;
-			sl__numa_of_pci(eng->gpu.pci, &eng->numa_node, &eng->numa_cpus);
+			for (unsigned l = 1; l < eng->cfg.ndevices; l++) {
+				rc = sl__gpu_open(&eng->xgpu[l - 1], eng->cfg.devices[l]);
+				if (rc)
+					goto fail;
+				eng->lane[l] = &eng->xgpu[l - 1];
+				eng->nlanes = l + 1;
+			}
+			for (unsigned l = 0; l < eng->nlanes; l++)
+				sl__numa_of_pci(eng->lane[l]->pci, &eng->numa_node[l], &eng->numa_cpus[l]);
 		} else {
 			snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "%s", why);
 		}
@@ -193,6 +204,8 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 	*out = eng;
 	return 0;
 fail:
+	for (unsigned l = 1; l < eng->nlanes; l++)
+		sl__gpu_close(eng->lane[l]);
 	sl__gpu_close(&eng->gpu);
 	pthread_mutex_destroy(&eng->lock);
 	pthread_cond_destroy(&eng->work_cv);
@@ -229,6 +242,8 @@ void sluice_engine_close(struct sluice_engine *eng)
 	sl_async_free(eng);
 	sl__host_free(NULL, eng->pool, eng->pool_len, 0); /* the workers unpinned their slots */
 	sl__s3_close(eng->s3);
+	for (unsigned l = 1; l < eng->nlanes; l++)
+		sl__gpu_close(eng->lane[l]);
 	sl__gpu_close(&eng->gpu);
 	pthread_mutex_destroy(&eng->lock);
 	pthread_cond_destroy(&eng->work_cv);
@@ -258,7 +273,8 @@ void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engin
 	info->uring_fixed_buffers = eng->fixed_bufs;
 	info->unusable = eng->unusable;
 	info->gpu_unusable = eng->gpu_unusable;
-	info->numa_node = eng->numa_node;
+	info->numa_node = eng->numa_node[0];
+	info->ngpus = eng->nlanes;
 }
 
 void sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st)

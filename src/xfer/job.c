@@ -34,18 +34,28 @@ void sl__job_submit(struct sluice_engine *eng, struct sl__job *job)
 	pthread_mutex_unlock(&eng->lock);
 }
 
-struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg)
+int sl__claimable(const struct sluice_engine *eng, unsigned lane)
 {
-	struct sl__job *job;
+	for (const struct sl__job *job = eng->queue; job; job = job->qnext)
+		if (job->lane < 0 || (unsigned)job->lane == lane)
+			return 1;
+	return 0;
+}
+
+struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg, unsigned lane)
+{
+	struct sl__job *job, **pp;
 
 	pthread_mutex_lock(&eng->lock);
-	job = eng->queue;
+	/* The first job this lane may take: its own GPU's, or one of host memory. */
+	for (pp = &eng->queue; (job = *pp) && job->lane >= 0 && (unsigned)job->lane != lane; pp = &job->qnext)
+		;
 	if (job) {
 		*seg = job->next++;
 		if (job->next == job->nsegs) {
-			eng->queue = job->qnext;
-			if (!eng->queue)
-				eng->queue_tail = &eng->queue;
+			*pp = job->qnext;
+			if (!*pp)
+				eng->queue_tail = pp;
 		}
 	}
 	pthread_mutex_unlock(&eng->lock);

@@ -49,6 +49,24 @@ static int sl_check_range(const struct sluice_range *r)
 		       (unsigned long long)atomic_load(&f->size));
 }
 
+/*
+ * The lane whose workers copy to or from GPU memory p: that of p's GPU
+ * when the engine serves it (its own context, stream and PCIe link), else
+ * lane 0 (the driver routes the copy).
+ */
+static int sl_lane_of(const struct sluice_engine *eng, const void *p)
+{
+	int ord = -1;
+
+	if (eng->nlanes < 2 || eng->gpu.cu->PointerGetAttribute(&ord, 9 /* CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL */,
+								  (sl_CUdeviceptr)(uintptr_t)p))
+		return 0;
+	for (unsigned l = 0; l < eng->nlanes; l++)
+		if (eng->lane[l]->ordinal == ord)
+			return (int)l;
+	return 0;
+}
+
 int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	     const struct sluice_range *in, size_t n, int crc)
 {
@@ -62,6 +80,7 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	memset(job, 0, sizeof(*job));
 	job->op = op;
 	job->crc = crc;
+	job->lane = -1;
 	if (!n)
 		return 0;
 	if (n > UINT32_MAX)
@@ -110,6 +129,9 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 		size_t left = rd[i].r.len;
 		char *mem = rd[i].r.buf;
 		int gpu = left ? sl__gpu_is_device_ptr(&eng->gpu, mem) : 0;
+
+		if (gpu && job->lane < 0)
+			job->lane = sl_lane_of(eng, mem);
 
 		while (left) {
 			uint64_t cur_end = cur ? cur->off + cur->len : 0;

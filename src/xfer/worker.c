@@ -65,6 +65,8 @@ struct sl__worker {
 	pthread_t thread;
 	struct sluice_engine *eng;
 	unsigned id;
+	unsigned lane;               /* the GPU it serves: eng->lane[lane] (id % nlanes) */
+	const struct sl__gpu *gpu;
 	struct sl__io_ctx io, gds, remote; /* remote: s3:// objects */
 	sl_CUstream stream;
 	unsigned nslots;
@@ -105,10 +107,10 @@ static int sl_worker_init(struct sl__worker *w)
 		if (rc)
 			return rc;
 	}
-	if (eng->gpu.ctx) {
-		const struct sl__cuda_api *cu = eng->gpu.cu;
+	if (w->gpu->ctx) {
+		const struct sl__cuda_api *cu = w->gpu->cu;
 
-		rc = sl__gpu_bind(&eng->gpu);
+		rc = sl__gpu_bind(w->gpu); /* for the thread's life: its stream, events and copies are this GPU's */
 		/*
 		 * Non-blocking: the stream MUST NOT synchronise with the legacy
 		 * default stream, which an async caller may hold blocked in a
@@ -155,7 +157,7 @@ static void sl_slot_pin(struct sl__worker *w, struct sl__slot *sl)
 {
 	struct sluice_engine *eng = w->eng;
 
-	sl->pinned = sl__host_pin(&eng->gpu, sl->buf, eng->slot_size) ? 1 : -1;
+	sl->pinned = sl__host_pin(w->gpu, sl->buf, eng->slot_size) ? 1 : -1;
 	if (sl->pinned < 0) {
 		pthread_mutex_lock(&eng->lock);
 		eng->pool_pinned = 0;
@@ -177,7 +179,7 @@ static void sl_worker_fini(struct sl__worker *w)
 	sl__io_fini(&w->remote);
 	for (unsigned i = 0; w->slots && i < w->nslots; i++)
 		if (w->slots[i].pinned > 0)
-			sl__host_unpin(&w->eng->gpu, w->slots[i].buf);
+			sl__host_unpin(w->gpu, w->slots[i].buf);
 	free(w->slots);
 }
 
@@ -673,7 +675,7 @@ static void sl_worker_loop(struct sl__worker *w)
 				more = 0;
 				break;
 			}
-			job = sl__claim(eng, &seg);
+			job = sl__claim(eng, &seg, w->lane);
 			if (!job) {
 				more = 0;
 			} else {
@@ -688,9 +690,9 @@ static void sl_worker_loop(struct sl__worker *w)
 		}
 		if (!busy) {
 			pthread_mutex_lock(&eng->lock);
-			while (!eng->queue && !eng->stopping)
+			while (!sl__claimable(eng, w->lane) && !eng->stopping)
 				pthread_cond_wait(&eng->work_cv, &eng->lock);
-			if (!eng->queue && eng->stopping) {
+			if (!sl__claimable(eng, w->lane) && eng->stopping) {
 				pthread_mutex_unlock(&eng->lock);
 				return;
 			}
@@ -723,8 +725,9 @@ static void *sl_worker_thread(void *arg)
 	 * A cpuset that excludes the node's CPUs refuses this; the worker
 	 * then runs where it may.
 	 */
-	if (eng->numa_node >= 0 && pthread_setaffinity_np(pthread_self(), sizeof(eng->numa_cpus), &eng->numa_cpus))
-		sl__debug("xfer", "worker: not placed on NUMA node %d (cpuset)", eng->numa_node);
+	if (eng->numa_node[w->lane] >= 0 &&
+	    pthread_setaffinity_np(pthread_self(), sizeof(eng->numa_cpus[0]), &eng->numa_cpus[w->lane]))
+		sl__debug("xfer", "worker: not placed on NUMA node %d (cpuset)", eng->numa_node[w->lane]);
 	rc = sl_worker_init(w);
 
 	pthread_mutex_lock(&eng->lock);
@@ -767,6 +770,8 @@ void sl__worker_setup(struct sl__worker *w, struct sluice_engine *eng, unsigned 
 
 	w->eng = eng;
 	w->id = id;
+	w->lane = id % eng->nlanes;
+	w->gpu = eng->lane[w->lane];
 	rc = pthread_create(&w->thread, NULL, sl_worker_thread, w);
 	if (rc) {
 		pthread_mutex_lock(&eng->lock);

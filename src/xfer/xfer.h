@@ -82,6 +82,7 @@ struct sl__job {
 	int finished;              /* engine lock */
 	struct sl__job *qnext;     /* engine's claim list */
 	uint64_t t0;
+	int lane;                  /* the lane whose workers take it (its memory's GPU), -1: any */
 	/* Called once when the job finishes, under the engine lock. */
 	void (*on_finish)(struct sl__job *job);
 	void *user;
@@ -91,9 +92,16 @@ struct sl__worker;
 
 struct sluice_engine {
 	struct sluice_config cfg;
-	struct sl__gpu gpu;        /* gpu.ctx NULL without CUDA */
-	int numa_node;             /* the GPU's NUMA node, -1 if none: the workers run on numa_cpus */
-	cpu_set_t numa_cpus;
+	struct sl__gpu gpu;        /* gpu.ctx NULL without CUDA: the first of the device ids */
+	/*
+	 * Lanes: one per device id, lane 0 being gpu.  Worker i serves lane
+	 * i % nlanes on that GPU's context and NUMA node (-1: none, any CPU).
+	 */
+	unsigned nlanes;
+	struct sl__gpu *lane[SLUICE_MAX_DEVICES];
+	struct sl__gpu xgpu[SLUICE_MAX_DEVICES - 1]; /* lanes 1.. */
+	int numa_node[SLUICE_MAX_DEVICES];
+	cpu_set_t numa_cpus[SLUICE_MAX_DEVICES];
 	const struct sl__io_ops *main_ops; /* uring or psync */
 	const struct sl__io_ops *gds_ops;  /* NULL unless GDS is in use */
 	int gds_real;
@@ -153,7 +161,9 @@ SL_HIDDEN ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job,
 			       struct sluice_xfer_report *rep);
 SL_HIDDEN void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep);
 /* Claims the next segment of any queued job; NULL if none. */
-SL_HIDDEN struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg);
+SL_HIDDEN struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg, unsigned lane);
+/* 1 if a queued job has a segment lane's workers may take (the engine lock held). */
+SL_HIDDEN int sl__claimable(const struct sluice_engine *eng, unsigned lane);
 SL_HIDDEN void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err,
 			    uint64_t t0);
 

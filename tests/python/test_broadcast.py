@@ -1,4 +1,10 @@
-"""sluice.read_broadcast: storage read once, the bytes delivered to several buffers (every GPU's, or host)."""
+"""sluice.read_broadcast: storage read once, the bytes delivered to several buffers (every GPU's, or host);
+and one engine serving several GPUs (SLUICE_DEVICE_IDS)."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -38,3 +44,41 @@ def test_broadcast_to_every_gpu(blob):
     want = torch.from_numpy(data)
     for o in outs:
         assert torch.equal(o.cpu(), want)
+
+
+DEVICE_IDS_CHILD = r"""
+import sys, numpy as np, torch, sluice
+data = np.fromfile(sys.argv[1], np.uint8)
+outs = [torch.zeros(data.size, dtype=torch.uint8, device=f"cuda:{d}") for d in range(torch.cuda.device_count())]
+for o in outs:
+    assert sluice.read(sys.argv[1], o) == data.size
+    sluice.write(sys.argv[1] + f".{o.device.index}", o)
+print(all(torch.equal(o.cpu(), torch.from_numpy(data)) for o in outs))
+"""
+
+
+def test_one_engine_serves_every_gpu(blob, tmp_path):
+    """SLUICE_DEVICE_IDS=0,1,...: the engine's workers split among the GPUs, each reading into and writing
+    from its own GPU's memory."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("fewer than two GPUs")
+    p, data = blob
+    ids = ",".join(str(d) for d in range(torch.cuda.device_count()))
+    env = dict(os.environ, SLUICE_DEVICE_IDS=ids)
+    from test_sluice import SLUICE
+    info = subprocess.run([SLUICE, "info", "--json"], capture_output=True, text=True, env=env)
+    assert json.loads(info.stdout)["ngpus"] == torch.cuda.device_count()
+    r = subprocess.run([sys.executable, "-c", DEVICE_IDS_CHILD, str(p)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+    for d in range(torch.cuda.device_count()):
+        assert np.array_equal(np.fromfile(f"{p}.{d}", np.uint8), data)
+
+
+
+@pytest.mark.parametrize("ids,says", [("0,0", "device id 0 is listed twice"), ("0;1", "not a list of GPU ordinals"),
+                                      ("", "not a list of GPU ordinals"), (",".join(["0"] * 17), "at most 16")])
+def test_device_ids_refused_by_name(ids, says):
+    from test_sluice import SLUICE
+    r = subprocess.run([SLUICE, "info"], capture_output=True, text=True, env=dict(os.environ, SLUICE_DEVICE_IDS=ids))
+    assert r.returncode != 0 and "SLUICE_DEVICE_IDS" in r.stderr and says in r.stderr, r.stderr
