@@ -188,6 +188,12 @@ SLUICE_API SLUICE_WUR int sluice_config_set_device(struct sluice_config *cfg, in
  */
 #define SLUICE_MAX_DEVICES 16
 SLUICE_API SLUICE_WUR int sluice_config_set_device_ids(struct sluice_config *cfg, const int *ids, unsigned n);
+/*
+ * SLUICE_ENABLE_P2P=0|1 (default 1): GPU-to-GPU copies (sluice_read_broadcast)
+ * peer to peer where the GPUs allow it; 0 leaves peer access off, so the
+ * driver stages them through host memory.
+ */
+SLUICE_API SLUICE_WUR int sluice_config_set_enable_p2p(struct sluice_config *cfg, int on);
 /* SLUICE_SQPOLL=0|1: io_uring kernel submission polling (default 0) */
 SLUICE_API SLUICE_WUR int sluice_config_set_sqpoll(struct sluice_config *cfg, int on);
 /* SLUICE_GPU=0|1: 0 never loads CUDA, for host-only use (default 1) */

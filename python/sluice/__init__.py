@@ -187,15 +187,19 @@ class Client:
     be s3://BUCKET/KEY, with settings from the AWS_* environment and ~/.aws files).  endpoint, access_key,
     secret_key, region: None to take each the same way; a key pair given here wins.  The knobs, under the
     engine's names (buffer_pool_size, max_transfer_size: each ranged GET's size, queue_depth, threads: the GETs
-    in flight), give the client an engine of its own with those settings."""
+    in flight, device_ids: the GPUs its engine serves, enable_p2p), give the client an engine of its own with
+    those settings."""
 
     _h = None  # set once the C client is open; close() and __del__ look at it
 
     def __init__(self, endpoint=None, access_key=None, secret_key=None, region=None, buffer_pool_size=None,
-                 max_transfer_size=None, queue_depth=None, threads=None):
+                 max_transfer_size=None, queue_depth=None, threads=None, device_ids=None, enable_p2p=None):
         h = C.c_void_p()
         knobs = {"buffer_pool_size": buffer_pool_size, "max_transfer_size": max_transfer_size,
-                 "queue_depth": queue_depth, "threads": threads}
+                 "queue_depth": queue_depth, "threads": threads, "enable_p2p": enable_p2p}
+        if device_ids is not None:
+            ids = (C.c_int * len(device_ids))(*device_ids)
+            knobs["device_ids"] = (ids, len(device_ids))
         if all(v is None for v in knobs.values()):
             check(lib.sluice_s3_open(C.byref(h), _eng(), _b(endpoint), _b(access_key), _b(secret_key), _b(region)))
         else:
@@ -204,7 +208,7 @@ class Client:
             try:
                 for name, v in knobs.items():
                     if v is not None:
-                        check(getattr(lib, "sluice_config_set_" + name)(cfg, v))
+                        check(getattr(lib, "sluice_config_set_" + name)(cfg, *(v if isinstance(v, tuple) else (v,))))
                 check(lib.sluice_s3_open_config(C.byref(h), cfg, _b(endpoint), _b(access_key), _b(secret_key),
                                                 _b(region)))
             finally:

@@ -110,6 +110,8 @@ _protos = {
     "sluice_config_set_queue_depth": (C.c_int, [P, C.c_uint]),
     "sluice_config_set_max_transfer_size": (C.c_int, [P, C.c_size_t]),
     "sluice_config_set_buffer_pool_size": (C.c_int, [P, C.c_size_t]),
+    "sluice_config_set_device_ids": (C.c_int, [P, C.POINTER(C.c_int), C.c_uint]),
+    "sluice_config_set_enable_p2p": (C.c_int, [P, C.c_int]),
     "sluice_s3_read_to_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_uint64, C.c_size_t, P]),
     "sluice_s3_write_from_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_size_t, P]),
     "sluice_s3_size": (C.c_int, [P, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint64)]),

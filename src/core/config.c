@@ -54,6 +54,7 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->max_transfer_size = 4u << 20;
 	cfg->gpu = 1;
 	cfg->ndevices = 1;
+	cfg->enable_p2p = 1;
 }
 
 int sluice_config_set_backend(struct sluice_config *cfg, enum sluice_backend b)
@@ -133,6 +134,12 @@ int sluice_config_set_device_ids(struct sluice_config *cfg, const int *ids, unsi
 	return 0;
 }
 
+
+int sluice_config_set_enable_p2p(struct sluice_config *cfg, int on)
+{
+	cfg->enable_p2p = !!on;
+	return 0;
+}
 
 int sluice_config_set_sqpoll(struct sluice_config *cfg, int on)
 {
@@ -264,6 +271,7 @@ int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 	if (r < 0)
 		return r;
 	SL_ENV_UINT("SLUICE_SQPOLL", 1, sluice_config_set_sqpoll);
+	SL_ENV_UINT("SLUICE_ENABLE_P2P", 1, sluice_config_set_enable_p2p);
 	SL_ENV_UINT("SLUICE_GPU", 1, sluice_config_set_gpu);
 #undef SL_ENV_UINT
 #undef SL_APPLY

@@ -86,6 +86,7 @@ struct sluice_config {
 	int device;              /* the first of devices: the engine's own GPU */
 	int devices[SLUICE_MAX_DEVICES];
 	unsigned ndevices;       /* 1..SLUICE_MAX_DEVICES */
+	int enable_p2p;          /* GPU to GPU copies peer to peer (default 1) */
 	int sqpoll;
 	int gpu;
 };

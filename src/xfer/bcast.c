@@ -53,7 +53,7 @@ ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint6
 	if (gpu) {
 		if ((rc = sl__gpu_bind(&eng->gpu)) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")))
 			goto out;
-		for (unsigned j = 1; j < n; j++)
+		for (unsigned j = 1; eng->cfg.enable_p2p && j < n; j++)
 			if (sluice_is_gpu_ptr(eng, dsts[j]))
 				sl_peer(eng, dsts[j]);
 	}

@@ -169,6 +169,12 @@ def test_client_by_bucket_and_key(s3):
     assert "localhost:9000" in str(e.value)
     with pytest.raises(sluice.SluiceError):
         sluice.Client(srv.endpoint, srv.access_key)  # a key without its secret
+    # The seed's multi-GPU knobs under their names: checked, and an engine of the client's own with them.
+    with sluice.Client(srv.endpoint, srv.access_key, srv.secret_key, device_ids=[0], enable_p2p=False) as c:
+        out = np.zeros(1000, dtype=np.uint8)
+        assert c.read_to_gpu("pytest", "client/obj", out, offset=7) == 1000 and np.array_equal(out, data[7:1007])
+    with pytest.raises(sluice.SluiceError, match="device id 0 is listed twice"):
+        sluice.Client(srv.endpoint, srv.access_key, srv.secret_key, device_ids=[0, 0])
 
 
 def _sluice_bin():
