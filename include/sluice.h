@@ -833,6 +833,8 @@ struct sluice_loader_options {
 	int shuffle;               /* 0: dataset order */
 	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
 	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted */
+	unsigned device_index;     /* with gpu: which of the engine's device ids (SLUICE_DEVICE_IDS) batches land
+				      in, 0: the first */
 };
 
 /* One field of a batch: fixed-size fields dense [size, ...]; others (data, offsets). */

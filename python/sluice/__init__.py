@@ -450,9 +450,19 @@ class Loader:
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
         self.dataset, self.device = dataset, device
+        index, self._gpu = 0, None
+        if device != "cpu":
+            # "cuda" is the engine's (first) GPU; "cuda:N" must be one of those it serves (SLUICE_DEVICE_IDS).
+            ids = [int(x) for x in os.environ["SLUICE_DEVICE_IDS"].split(",")] if os.environ.get(
+                "SLUICE_DEVICE_IDS") else [_device() or 0]
+            want = int(device.split(":")[1]) if ":" in device else ids[0]
+            if want not in ids:
+                raise ValueError(f"Loader(device={device!r}): the engine serves GPUs {ids} (SLUICE_DEVICE_IDS)")
+            index, self._gpu = ids.index(want), want
         self._opt = LoaderOptions(batch_size=batch_size, gpu=int(device != "cpu"), prefetch=prefetch, seed=seed,
                                   epoch=epoch, rank=rank, world_size=world_size, drop_last=int(drop_last),
-                                  shuffle=int(shuffle), window_bytes=window_bytes, skip_corrupt=int(skip_corrupt))
+                                  shuffle=int(shuffle), window_bytes=window_bytes, skip_corrupt=int(skip_corrupt),
+                                  device_index=index)
         self._names = None
         if fields is not None:
             self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
@@ -502,7 +512,7 @@ class Loader:
         stream = None
         if self.device != "cpu":
             import torch
-            stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+            stream = C.c_void_p(torch.cuda.current_stream(self._gpu).cuda_stream)
         while True:
             r = check(lib.sluice_loader_next(self._h, C.byref(b), stream))
             if r == 0:
@@ -527,7 +537,7 @@ class Loader:
             a = raw.view(t).reshape(shape)
         else:
             import torch
-            a = torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device="cuda")
+            a = torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device=f"cuda:{self._gpu}")
         # The ring's buffers stay where they are while the loader is open, so a view made once serves every
         # batch that lands in the same slot with the same shape (making one costs more than the rest of next()).
         if len(self._views) >= 1024:

@@ -64,7 +64,7 @@ class LoaderOptions(C.Structure):
     _fields_ = [("batch_size", C.c_uint32), ("fields", C.POINTER(C.c_char_p)), ("gpu", C.c_int),
                 ("prefetch", C.c_uint), ("seed", C.c_uint64), ("epoch", C.c_uint64), ("position", C.c_uint64),
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
-                ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int)]
+                ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint)]
 
 
 class BatchField(C.Structure):

@@ -235,3 +235,25 @@ void sl__host_free(const struct sl__gpu *g, void *p, size_t n, int pinned)
 		sl__host_unpin(g, p);
 	munmap(p, n);
 }
+
+int sl__gpu_alloc(const struct sl__gpu *g, size_t n, void **out)
+{
+	sl_CUdeviceptr p = 0;
+	int rc;
+
+	*out = NULL;
+	if (!g->ctx)
+		return sl__err(SLUICE_ENOGPU, "engine has no GPU");
+	rc = sl__gpu_bind(g);
+	if (!rc)
+		rc = SL_CU(g->cu->MemAlloc(&p, n), "cuMemAlloc");
+	if (!rc)
+		*out = (void *)(uintptr_t)p;
+	return rc;
+}
+
+void sl__gpu_free(const struct sl__gpu *g, void *p)
+{
+	if (p && g->ctx && sl__gpu_bind(g) == 0)
+		g->cu->MemFree((sl_CUdeviceptr)(uintptr_t)p);
+}

@@ -126,6 +126,9 @@ struct sl__gpu {
 };
 SL_HIDDEN int sl__gpu_open(struct sl__gpu *g, int ordinal);
 SL_HIDDEN void sl__gpu_close(struct sl__gpu *g);
+/* Device memory on g (its context bound); 0, SLUICE_ENOGPU or SLUICE_ECUDA.  Free with sl__gpu_free. */
+SL_HIDDEN int sl__gpu_alloc(const struct sl__gpu *g, size_t n, void **out);
+SL_HIDDEN void sl__gpu_free(const struct sl__gpu *g, void *p);
 /* Makes g's context current on the calling thread. */
 SL_HIDDEN int sl__gpu_bind(const struct sl__gpu *g);
 /* 1 if p is device memory (of any GPU), 0 otherwise (or without CUDA). */

@@ -24,19 +24,19 @@ int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t siz
 	if (size > s->host_cap) {
 		size_t cap = sl__align_up(size + size / 4, 4096);
 
-		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
+		sl__host_free(ld->gpu, s->host, s->host_cap, s->host_pinned);
 		s->host = NULL;
 		s->host_cap = 0;
-		rc = sl__host_alloc(ld->eng->gpu.ctx ? &ld->eng->gpu : NULL, cap, (void **)&s->host, &s->host_pinned);
+		rc = sl__host_alloc(ld->gpu->ctx ? ld->gpu : NULL, cap, (void **)&s->host, &s->host_pinned);
 		if (rc)
 			return rc;
 		s->host_cap = cap;
 	}
 	if (ld->opt.gpu && size > s->dev_cap) {
-		sluice_gpu_free(ld->eng, s->dev);
+		sl__gpu_free(ld->gpu, s->dev);
 		s->dev = NULL;
 		s->dev_cap = 0;
-		rc = sluice_gpu_alloc(ld->eng, s->host_cap, (void **)&s->dev);
+		rc = sl__gpu_alloc(ld->gpu, s->host_cap, (void **)&s->dev);
 		if (rc)
 			return sl__err(rc, "loader: GPU memory for a batch of %llu bytes: %s", (unsigned long long)size,
 				       sluice_last_error_detail());
@@ -49,7 +49,7 @@ int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t siz
 static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
 {
 	const uint32_t B = ld->opt.batch_size;
-	const struct sl__cuda_api *cu = ld->eng->gpu.cu;
+	const struct sl__cuda_api *cu = ld->gpu->cu;
 	struct sluice_record *rec = malloc(B * sizeof(*rec));
 	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0, h2d = 0;
 	uint64_t cpu0 = sl__ld_cpu(ld);
@@ -112,7 +112,7 @@ static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
 	 */
 	if (!rc && ld->opt.gpu) {
 		h2d = sl__now_ns();
-		rc = sl__gpu_bind(&ld->eng->gpu);
+		rc = sl__gpu_bind(ld->gpu);
 		if (!rc)
 			rc = SL_CU(cu->EventSynchronize(s->ready), "cuEventSynchronize");
 		h2d = sl__now_ns() - h2d;
@@ -149,7 +149,7 @@ static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
 	if (ld->opt.gpu) {
 		t0 = sl__now_ns();
 		cpu0 = sl__ld_cpu(ld);
-		rc = sl__gpu_bind(&ld->eng->gpu);
+		rc = sl__gpu_bind(ld->gpu);
 		/* The consumer's stream must be done with this slot's previous batch. */
 		if (!rc && s->release_set)
 			rc = SL_CU(cu->StreamWaitEvent(ld->copy, s->release, 0), "cuStreamWaitEvent");
@@ -210,7 +210,7 @@ void *sl__produce(void *arg)
 	struct sluice_loader *ld = arg;
 
 	if (ld->opt.gpu)
-		sl__gpu_bind(&ld->eng->gpu);
+		sl__gpu_bind(ld->gpu);
 	pthread_mutex_lock(&ld->lock);
 	for (;;) {
 		struct sl__bslot *s;

@@ -138,6 +138,9 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 			       (unsigned long long)world);
 	if (opt->gpu && !eng->gpu.ctx)
 		return sl__err(SLUICE_ENOGPU, "loader: gpu set, but the engine has no GPU");
+	if (opt->gpu && opt->device_index >= eng->nlanes)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: device_index %u, but the engine serves %u GPU%s (SLUICE_DEVICE_IDS)",
+			       opt->device_index, eng->nlanes, eng->nlanes > 1 ? "s" : "");
 	if (sluice_dataset_count(ds) == 0)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s holds no records", ds->path);
 	if ((uint64_t)opt->batch_size * world > sluice_dataset_count(ds))
@@ -148,6 +151,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	if (!ld)
 		return -ENOMEM;
 	ld->eng = eng;
+	ld->gpu = eng->lane[opt->gpu ? opt->device_index : 0];
 	ld->ds = ds;
 	ld->opt = *opt;
 	ld->opt.world_size = (unsigned)world;
@@ -274,9 +278,9 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 			rc = -ENOMEM;
 	}
 	if (!rc && opt->gpu) {
-		const struct sl__cuda_api *cu = eng->gpu.cu;
+		const struct sl__cuda_api *cu = ld->gpu->cu;
 
-		rc = sl__gpu_bind(&eng->gpu);
+		rc = sl__gpu_bind(ld->gpu);
 		if (!rc)
 			rc = SL_CU(cu->StreamCreate(&ld->copy, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
 		for (unsigned i = 0; i < ld->nslots && !rc; i++) {
@@ -327,17 +331,17 @@ void sluice_loader_close(struct sluice_loader *ld)
 	if (!ld)
 		return;
 	sl_stop(ld);
-	if (ld->opt.gpu && ld->eng->gpu.ctx && sl__gpu_bind(&ld->eng->gpu) == 0 && ld->copy)
-		ld->eng->gpu.cu->StreamSynchronize(ld->copy);
+	if (ld->opt.gpu && ld->gpu->ctx && sl__gpu_bind(ld->gpu) == 0 && ld->copy)
+		ld->gpu->cu->StreamSynchronize(ld->copy);
 	for (unsigned i = 0; ld->slots && i < ld->nslots; i++) {
 		struct sl__bslot *s = &ld->slots[i];
 
-		sl__host_free(&ld->eng->gpu, s->host, s->host_cap, s->host_pinned);
-		sluice_gpu_free(ld->eng, s->dev);
+		sl__host_free(ld->gpu, s->host, s->host_cap, s->host_pinned);
+		sl__gpu_free(ld->gpu, s->dev);
 		if (s->ready)
-			ld->eng->gpu.cu->EventDestroy(s->ready);
+			ld->gpu->cu->EventDestroy(s->ready);
 		if (s->release)
-			ld->eng->gpu.cu->EventDestroy(s->release);
+			ld->gpu->cu->EventDestroy(s->release);
 		free(s->ids);
 	}
 	for (unsigned i = 0; ld->win && i < ld->nwin; i++) {
@@ -347,7 +351,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 		sl__host_free(NULL, ld->win[i].buf, ld->win[i].cap, 0);
 	}
 	if (ld->copy)
-		ld->eng->gpu.cu->StreamDestroy(ld->copy);
+		ld->gpu->cu->StreamDestroy(ld->copy);
 	sl__order_free(&ld->order);
 	sl__order_free(&ld->next_order);
 	free(ld->seq);

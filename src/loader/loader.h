@@ -72,6 +72,7 @@ struct sl__window {
 
 struct sluice_loader {
 	struct sluice_engine *eng;
+	const struct sl__gpu *gpu;  /* the GPU batches land in: the engine's device ids[opt.device_index] */
 	struct sluice_dataset *ds;
 	struct sluice_loader_options opt;
 	unsigned fidx[SLUICE_MAX_FIELDS], nf;

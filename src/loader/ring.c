@@ -24,8 +24,8 @@ static struct sl__bslot *sl_release(struct sluice_loader *ld, void *stream)
 	struct sl__bslot *s = ld->held;
 
 	ld->held = NULL;
-	if (s && ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
-		s->release_set = ld->eng->gpu.cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+	if (s && ld->opt.gpu && sl__gpu_bind(ld->gpu) == 0)
+		s->release_set = ld->gpu->cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
 	return s;
 }
 
@@ -105,9 +105,9 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	 * batch; with no stream, the copy is waited for here.  Outside the lock:
 	 * the slot is the consumer's now, and the producers need the lock.
 	 */
-	if (s && ld->opt.gpu && sl__gpu_bind(&ld->eng->gpu) == 0)
-		rc = stream ? SL_CU(ld->eng->gpu.cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")
-			    : SL_CU(ld->eng->gpu.cu->EventSynchronize(s->ready), "cuEventSynchronize");
+	if (s && ld->opt.gpu && sl__gpu_bind(ld->gpu) == 0)
+		rc = stream ? SL_CU(ld->gpu->cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")
+			    : SL_CU(ld->gpu->cu->EventSynchronize(s->ready), "cuEventSynchronize");
 	uint64_t waited = sl__now_ns() - t0;
 
 	sl__hist_add(&ld->h_wait, waited);

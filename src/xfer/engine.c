@@ -314,26 +314,12 @@ int sluice_gpu_count(void)
 
 int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out)
 {
-	sl_CUdeviceptr p = 0;
-	int rc;
-
-	*out = NULL;
-	if (!eng->gpu.ctx)
-		return sl__err(SLUICE_ENOGPU, "engine has no GPU");
-	rc = sl__gpu_bind(&eng->gpu);
-	if (!rc)
-		rc = SL_CU(eng->gpu.cu->MemAlloc(&p, n), "cuMemAlloc");
-	if (!rc)
-		*out = (void *)(uintptr_t)p;
-	return rc;
+	return sl__gpu_alloc(&eng->gpu, n, out);
 }
 
 void sluice_gpu_free(struct sluice_engine *eng, void *p)
 {
-	if (!p || !eng->gpu.ctx)
-		return;
-	if (sl__gpu_bind(&eng->gpu) == 0)
-		eng->gpu.cu->MemFree((sl_CUdeviceptr)(uintptr_t)p);
+	sl__gpu_free(&eng->gpu, p);
 }
 
 int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_t n)

@@ -82,3 +82,33 @@ def test_device_ids_refused_by_name(ids, says):
     from test_sluice import SLUICE
     r = subprocess.run([SLUICE, "info"], capture_output=True, text=True, env=dict(os.environ, SLUICE_DEVICE_IDS=ids))
     assert r.returncode != 0 and "SLUICE_DEVICE_IDS" in r.stderr and says in r.stderr, r.stderr
+
+
+LOADERS_CHILD = r"""
+import sys, numpy as np, torch, sluice
+ds = sluice.Dataset(sys.argv[1])
+want = [b["n"].copy() for b in sluice.Loader(ds, batch_size=50, shuffle=False, device="cpu")]
+for d in range(torch.cuda.device_count()):
+    got = []
+    for b in sluice.Loader(ds, batch_size=50, shuffle=False, device=f"cuda:{d}"):
+        assert b["n"].device.index == d, b["n"].device
+        got.append(b["n"].cpu().numpy().copy())
+    assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want)), d
+try:
+    sluice.Loader(ds, batch_size=50, device=f"cuda:{torch.cuda.device_count()}")
+except ValueError as e:
+    print("refused:", e)
+print("ok")
+"""
+
+
+def test_loaders_on_every_gpu_of_one_engine(ds_path):
+    """SLUICE_DEVICE_IDS=0,1,...: a loader per GPU of one process, each delivering into its own GPU."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("fewer than two GPUs")
+    ids = ",".join(str(d) for d in range(torch.cuda.device_count()))
+    r = subprocess.run([sys.executable, "-c", LOADERS_CHILD, ds_path], capture_output=True, text=True,
+                       env=dict(os.environ, SLUICE_DEVICE_IDS=ids))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+    assert "refused: Loader(device='cuda:" in r.stdout and "the engine serves GPUs" in r.stdout
