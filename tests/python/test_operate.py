@@ -93,7 +93,7 @@ def test_top_disk_rates_from_diskstats(tmp_path):
     assert d["write_bytes_per_s"] == pytest.approx(20480 * 512 / dt, rel=1e-3)
     assert d["read_iops"] == pytest.approx(3000 / dt, rel=1e-3)
     assert d["write_iops"] == pytest.approx(120 / dt, rel=1e-3)
-    assert d["util_pct"] == pytest.approx(min(100, 150 / (dt * 10)), rel=1e-3)
+    assert d["util_pct"] == pytest.approx(min(100, 150 / (dt * 10)), abs=0.051)  # printed to 0.1
     assert s["loaders"] == []
     if not s["gpus"]:
         assert "libnvidia-ml" in s["gpu_error"] or "nvml" in s["gpu_error"].lower()
