@@ -11,6 +11,7 @@ int cmd_checkpoint(int argc, char **argv);
 int cmd_cp(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_journey(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_verify(int argc, char **argv);

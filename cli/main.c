@@ -14,6 +14,7 @@ static int usage(FILE *f)
 		   "  cp        copy files between local paths and s3://, either way\n"
 		   "  doctor    check what on this machine slows data into the GPU, and how to fix it\n"
 		   "  info      show the engine's backend, GPU and why other paths are unusable\n"
+		   "  journey   run the Data Journey's experiments here, as an HTML report\n"
 		   "  pack      turn a tree of files into a sharded dataset\n"
 		   "  top       live view of disks, GPUs and running loaders\n"
 		   "  tune      measure this machine and write the best threads, I/O size, queue depth\n"
@@ -36,6 +37,8 @@ int main(int argc, char **argv)
 		return cmd_cp(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "doctor"))
 		return cmd_doctor(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "journey"))
+		return cmd_journey(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "info"))
 		return cmd_info(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "pack"))

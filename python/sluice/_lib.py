@@ -125,6 +125,7 @@ _protos = {
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_strerror": (C.c_char_p, [C.c_int]),
+    "sluice_version": (C.c_char_p, []),
     "sluice_last_error_detail": (C.c_char_p, []),
     "sluice_config_new": (C.c_int, [C.POINTER(P)]),
     "sluice_config_free": (None, [P]),

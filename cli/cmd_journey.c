@@ -1,0 +1,46 @@
+/*
+ * sluice journey: the seed report's experiments on this machine, as an
+ * HTML report.  The experiments are Python (python/sluice/journey.py: they
+ * drive sluice, numpy and, where installed, the peers); this runs it with
+ * SLUICE_PYTHON (default python3), pointing it at this build's library and
+ * package when it runs from a build tree.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+int cmd_journey(int argc, char **argv)
+{
+	char exe[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 64], pp[2 * PATH_MAX + 64];
+	const char *py = getenv("SLUICE_PYTHON");
+	char **args = calloc((size_t)argc + 4, sizeof(*args));
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+	if (!args || n <= 0)
+		return cli_fail("journey", "cannot find its own program (/proc/self/exe)");
+	exe[n] = 0;
+	snprintf(dir, sizeof(dir), "%s", exe);
+	*strrchr(dir, '/') = 0;
+	setenv("SLUICE_BIN", exe, 0);
+	snprintf(p, sizeof(p), "%s/libsluice.so", dir);
+	if (!access(p, R_OK))
+		setenv("SLUICE_LIB", p, 0);
+	snprintf(p, sizeof(p), "%s/../python/sluice/journey.py", dir);
+	if (!access(p, R_OK)) {
+		const char *old = getenv("PYTHONPATH");
+
+		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
+		setenv("PYTHONPATH", pp, 1);
+	}
+	args[0] = (char *)(py && *py ? py : "python3");
+	args[1] = "-m";
+	args[2] = "sluice.journey";
+	for (int i = 1; i < argc; i++)
+		args[i + 2] = argv[i];
+	execvp(args[0], args);
+	return cli_fail("journey", "cannot run %s (set SLUICE_PYTHON to a python3 with numpy): %m", args[0]);
+}

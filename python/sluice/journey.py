@@ -1,0 +1,230 @@
+"""sluice journey: the experiments of "The Data Journey" (seeds/004) on this machine, as a self-contained HTML
+report with a chart per experiment (inline SVG: no network needed to view it) and the same figures as JSON.
+
+    sluice journey [--dir PATH] [--quick] [--html FILE] [--json FILE]
+
+Each experiment reports its figures, a one-line verdict and the seed report's figure beside this machine's.
+Experiments that need what the machine lacks (a GPU, root to drop the page cache) say so instead of a figure.
+"""
+import argparse
+import html
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import sluice
+
+SLUICE = os.environ.get("SLUICE_BIN", "sluice")
+
+
+def _say(msg):
+    print(f"[journey] {msg}", file=sys.stderr, flush=True)
+
+
+def _drop_caches():
+    """Cold: dirty pages written back, the page cache dropped; False without root."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+        return True
+    except OSError:
+        return False
+
+
+def _bench(args):
+    r = subprocess.run([SLUICE, "bench", "--json"] + args, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"sluice bench {' '.join(args)}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def _make_file(path, size):
+    if os.path.exists(path) and os.path.getsize(path) == size:
+        return
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for i in range(size >> 20):
+            f.write(i.to_bytes(8, "little") + block[8:])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def random_vs_sequential(d, quick):
+    """Section 2: 16 KB samples read one by one in random order against in file order, cold."""
+    size, sample = (64 << 20) if quick else (512 << 20), 16 << 10
+    path = os.path.join(d, "samples.bin")
+    _make_file(path, size)
+    n = size // sample
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    cold = _drop_caches()
+
+    def py_read(idx):
+        if cold:
+            _drop_caches()
+        t0 = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            for i in idx:
+                f.seek(i * sample)
+                f.read(sample)
+        return size / (time.perf_counter() - t0) / 1e6
+
+    seq, rnd = py_read(range(n)), py_read(order)
+    cold_flag = ["--cold"] if cold else []
+    s_seq = _bench(["--rw", "read", "--io-size", "16K", "--target", "host", "--repeat", "1"] + cold_flag + [path])
+    s_rnd = _bench(["--rw", "randread", "--io-size", "16K", "--target", "host", "--repeat", "1"] + cold_flag + [path])
+    return {
+        "title": "Random against sequential reads, cold",
+        "section": 2,
+        "unit": "MB/s",
+        "series": [["Python, sequential 16 KB reads", seq], ["Python, random 16 KB reads", rnd],
+                   ["sluice, sequential (io_uring)", s_seq["gb_s"] * 1e3],
+                   ["sluice, random 16 KB (io_uring, queue depth)", s_rnd["gb_s"] * 1e3]],
+        "ratios": {"python_sequential_over_random": seq / rnd, "sluice_random_over_python_random": s_rnd["gb_s"] * 1e3 / rnd},
+        "cold": cold,
+        "verdict": (f"sequential reads are {seq / rnd:.1f}x faster than random ones here"
+                    f"{'' if cold else ' (warm: no root to drop the page cache)'}; sluice's random reads, many in "
+                    f"flight, run {s_rnd['gb_s'] * 1e3 / rnd:.1f}x the one-at-a-time Python reader"),
+        "seed": "seed report: 20.2x (70 MB/s random against 1,422 MB/s sequential, NVMe, 16 KB samples)",
+    }
+
+
+def padding_tax(d, quick):
+    """Section 5: instruction samples padded to a 4,096-token context against packed into it (sluice.Packer)."""
+    rng = np.random.default_rng(0)
+    n, ctx = 2000, 4096
+    # Alpaca-like lengths (the seed's: 13-307 tokens, mean 95, median 83).
+    lens = np.clip(np.round(rng.lognormal(np.log(83), 0.5, n)), 13, 307).astype(int)
+    naive = lens.mean() / ctx
+    p = sluice.Packer(ctx)
+    for k in lens:
+        p.add(rng.integers(1, 50000, k))
+    for _ in p.rows(flush=True):
+        pass
+    packed = p.fill()
+    return {
+        "title": "The padding tax: padded against packed sequences",
+        "section": 5,
+        "unit": "% of token positions holding data",
+        "series": [["padded to the context (4,096)", 100 * naive], ["packed (sluice.Packer, best fit)", 100 * packed]],
+        "ratios": {"packed_over_padded": packed / naive},
+        "lengths": {"mean": float(lens.mean()), "median": float(np.median(lens)), "min": int(lens.min()),
+                    "max": int(lens.max())},
+        "verdict": f"packing fills {100 * packed:.1f}% of the context against {100 * naive:.1f}% padded: "
+                   f"{packed / naive:.1f}x the useful tokens a step",
+        "seed": "seed report: 2.3% padded, 98.5% packed (42.4x), Alpaca with GPT-2's tokenizer",
+    }
+
+
+def pinned_vs_pageable(d, quick):
+    """Section 6: host-to-GPU copies from pinned (page-locked) memory against pageable memory."""
+    if sluice.gpu_count() == 0:
+        return {"title": "Pinned against pageable host memory", "section": 6, "skipped": "no GPU on this machine",
+                "seed": "seed report: pinned copies several times faster, and overlapped with compute"}
+    size = (256 << 20) if quick else (2 << 30)
+    path = os.path.join(d, "copy.bin")
+    _make_file(path, size)
+    pinned = _bench(["--repeat", "3", path])  # warm: the page cache -> pinned slots -> GPU
+    pageable = _bench(["--repeat", "3", "--path", "pageable", path])
+    return {
+        "title": "Pinned against pageable host memory",
+        "section": 6,
+        "unit": "GB/s into the GPU (warm)",
+        "series": [["pageable buffer, then a copy", pageable["gb_s"]], ["sluice's pinned slots, copies overlapped", pinned["gb_s"]]],
+        "ratios": {"pinned_over_pageable": pinned["gb_s"] / pageable["gb_s"]},
+        "verdict": f"pinned, overlapped copies move {pinned['gb_s'] / pageable['gb_s']:.1f}x the pageable path's bytes",
+        "seed": "seed report: pinned copies several times faster, and overlapped with compute",
+    }
+
+
+EXPERIMENTS = [random_vs_sequential, padding_tax, pinned_vs_pageable]
+
+
+def machine():
+    facts = {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+             "python": platform.python_version(), "sluice": sluice.lib.sluice_version().decode()}
+    try:
+        facts["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                      text=True, timeout=20).stdout.strip() or "none"
+    except (OSError, subprocess.TimeoutExpired):
+        facts["gpu"] = "none"
+    return facts
+
+
+def _svg(exp):
+    """A horizontal bar chart of the experiment's series, as inline SVG."""
+    rows = exp["series"]
+    top = max(v for _, v in rows) or 1
+    w, bar, gap, left = 720, 26, 12, 330
+    h = len(rows) * (bar + gap) + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h}" role="img" '
+           f'aria-label="{html.escape(exp["title"])}">']
+    for i, (label, v) in enumerate(rows):
+        y = 10 + i * (bar + gap)
+        bw = max(2, (w - left - 90) * v / top)
+        out.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.0f}" text-anchor="end" font-size="13">{html.escape(label)}</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{"#2b7bb9" if i % 2 else "#e07b39"}"/>')
+        out.append(f'<text x="{left + bw + 6:.1f}" y="{y + bar * 0.7:.0f}" font-size="13">{v:,.2f}</text>')
+    out.append(f'<text x="{left}" y="{h - 4}" font-size="11" fill="#555">{html.escape(exp["unit"])}</text></svg>')
+    return "".join(out)
+
+
+def report_html(rep):
+    facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rep["machine"].items())
+    parts = [f"""<!doctype html><html><head><meta charset="utf-8"><title>sluice journey</title>
+<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto;color:#222}} th{{text-align:left;padding-right:1em}}
+.verdict{{font-weight:bold}} .seed{{color:#555}} section{{margin:2em 0;border-top:1px solid #ccc}}</style></head><body>
+<h1>The data journey on {html.escape(rep["machine"]["host"])}</h1>
+<p>sluice journey, {html.escape(rep["date"])}{", quick" if rep["quick"] else ""}: the experiments of "The Data Journey"
+on this machine.</p><table>{facts}</table>"""]
+    for e in rep["experiments"]:
+        parts.append(f'<section><h2>{e["section"]}. {html.escape(e["title"])}</h2>')
+        if "skipped" in e:
+            parts.append(f'<p class="verdict">Not run: {html.escape(e["skipped"])}</p>')
+        else:
+            parts.append(_svg(e))
+            rows = "".join(f"<tr><td>{html.escape(lbl)}</td><td>{v:,.3f} {html.escape(e['unit'])}</td></tr>"
+                           for lbl, v in e["series"])
+            parts.append(f"<table>{rows}</table><p class=\"verdict\">{html.escape(e['verdict'])}</p>")
+        parts.append(f'<p class="seed">{html.escape(e["seed"])}</p></section>')
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="sluice journey", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sluice-journey"),
+                    help="where the generated data goes (kept for the next run)")
+    ap.add_argument("--quick", action="store_true", help="small sizes: a few minutes")
+    ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
+    ap.add_argument("--json", help="the figures as JSON too")
+    a = ap.parse_args(argv)
+    os.makedirs(a.dir, exist_ok=True)
+    rep = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": a.quick, "machine": machine(), "experiments": []}
+    t0 = time.time()
+    for fn in EXPERIMENTS:
+        _say(f"{fn.__name__} ...")
+        t = time.time()
+        e = fn(a.dir, a.quick)
+        e["name"], e["seconds"] = fn.__name__, round(time.time() - t, 2)
+        rep["experiments"].append(e)
+        _say(f"{fn.__name__}: {e.get('verdict', e.get('skipped'))} ({e['seconds']} s)")
+    rep["seconds"] = round(time.time() - t0, 2)
+    with open(a.html, "w") as f:
+        f.write(report_html(rep))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    _say(f"report: {a.html} ({rep['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
