@@ -33,6 +33,7 @@ demo: all
 # suite.  GPU tests report SKIPPED without a GPU.  SLUICE_CONFIG= keeps a
 # settings file of your own (sluice tune's) out of the tests.
 test: venv
+	@sh scripts/deps.sh test
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON -DSLUICE_PYTHON=$(PYTHON) >/dev/null
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -j 2

@@ -1,6 +1,6 @@
 #!/bin/sh
-# Installs the Debian packages sluice builds with, when run as root;
-# otherwise prints the exact command to run.  Python's packages come from
+# Installs the Debian packages sluice builds with (and with `test`, those
+# its tests need), when run as root; otherwise prints the exact command.  Python's packages come from
 # PyPI into the project's own environment instead (scripts/venv.sh).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
@@ -15,6 +15,8 @@ pkg-config --exists libcurl 2>/dev/null || need="$need libcurl4-openssl-dev"
 pkg-config --exists expat 2>/dev/null || need="$need libexpat1-dev"
 pkg-config --exists libmicrohttpd 2>/dev/null || need="$need libmicrohttpd-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
+# `deps.sh test`: what only the tests need too (a headless browser opens sluice journey's report).
+[ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 && need="$need chromium"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 	echo "sluice: installing$need"

@@ -19,7 +19,8 @@ def test_journey_quick(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "r.json").read_text())
     exps = {e["name"]: e for e in rep["experiments"]}
-    assert list(exps) == ["random_vs_sequential", "padding_tax", "pinned_vs_pageable"]
+    assert list(exps) == ["random_vs_sequential", "dataloader_masking", "cpu_starvation", "padding_tax",
+                          "pinned_vs_pageable"]
     assert rep["machine"]["cpus"] == os.cpu_count() and rep["machine"]["sluice"] == sluice.lib.sluice_version().decode()
     rs = exps["random_vs_sequential"]
     assert rs["ratios"]["python_sequential_over_random"] > 1  # the seed: 20.2x on NVMe
@@ -28,6 +29,15 @@ def test_journey_quick(tmp_path):
     assert pt["lengths"]["min"] >= 13 and pt["lengths"]["max"] <= 307 and 80 < pt["lengths"]["mean"] < 110
     padded, packed = (v for _, v in pt["series"])
     assert 1.5 < padded < 3.5 and packed > 95 and pt["ratios"]["packed_over_padded"] > 25  # the seed: 2.3%, 98.5%
+    try:
+        import torch  # noqa: F401
+        for name in ("dataloader_masking", "cpu_starvation"):
+            assert "skipped" not in exps[name]
+        assert exps["dataloader_masking"]["ratios"]["big_over_small_0_workers"] > 1
+        assert exps["cpu_starvation"]["series"][0][1] > exps["cpu_starvation"]["series"][1][1]  # workers hide it
+        assert exps["cpu_starvation"]["series"][0][1] > 50  # 32 x 5 ms of loading against 50 ms of step
+    except ImportError:
+        assert exps["dataloader_masking"]["skipped"] == exps["cpu_starvation"]["skipped"] == "PyTorch is not installed"
     pp = exps["pinned_vs_pageable"]
     if sluice.gpu_count() == 0:
         assert pp["skipped"] == "no GPU on this machine"
@@ -39,3 +49,29 @@ def test_journey_quick(tmp_path):
     for e in rep["experiments"]:
         assert html.escape(e["title"]) in page and html.escape(e["seed"]) in page
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched to view it
+
+
+def test_journey_report_in_a_browser(tmp_path):
+    """The report opened in a real headless browser (Debian's chromium): the screenshot shows the charts' bars."""
+    import shutil
+    import pytest
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("no chromium (scripts/deps.sh test installs it)")
+    Image = pytest.importorskip("PIL.Image")
+    env = dict(os.environ, SLUICE_PYTHON=sys.executable)
+    r = subprocess.run([SLUICE, "journey", "--quick", "--dir", str(tmp_path / "data"), "--html", str(tmp_path / "r.html"),
+                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    shot = tmp_path / "shot.png"
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--screenshot={shot}", "--window-size=1000,4000", (tmp_path / "r.html").as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert shot.exists(), r.stderr
+    img = Image.open(shot).convert("RGB")
+    px = img.getdata()
+    orange = sum(1 for p in px if abs(p[0] - 0xe0) < 12 and abs(p[1] - 0x7b) < 12 and abs(p[2] - 0x39) < 12)
+    blue = sum(1 for p in px if abs(p[0] - 0x2b) < 12 and abs(p[1] - 0x7b) < 12 and abs(p[2] - 0xb9) < 12)
+    ran = [e for e in json.loads((tmp_path / "r.json").read_text())["experiments"] if "skipped" not in e]
+    # Every chart's first bar is orange and its second blue: each at least 2 px wide and 26 px high.
+    assert orange >= 52 * len(ran) and blue >= 52 * len(ran), (orange, blue)
