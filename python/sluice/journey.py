@@ -128,7 +128,7 @@ def pinned_vs_pageable(d, quick):
     if sluice.gpu_count() == 0:
         return {"title": "Pinned against pageable host memory", "section": 6, "skipped": "no GPU on this machine",
                 "seed": "seed report: pinned copies several times faster, and overlapped with compute"}
-    size = (256 << 20) if quick else (2 << 30)
+    size = (1 << 30) if quick else (4 << 30)
     path = os.path.join(d, "copy.bin")
     _make_file(path, size)
     pinned = _bench(["--repeat", "3", path])  # warm: the page cache -> pinned slots -> GPU
