@@ -182,7 +182,7 @@ static enum MHD_Result sl_answer(void *cls, struct MHD_Connection *c, const char
 		text = malloc(n);
 		if (!text)
 			return MHD_NO;
-		n = sluice_metrics_text(text, n);
+		sluice_metrics_text(text, n); /* cut to n if the loaders grew meanwhile: NUL-terminated either way */
 		r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
 		if (r)
 			MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");

@@ -20,6 +20,7 @@
 struct sl_zrec {
 	unsigned shard;
 	uint64_t block; /* index in the shard's block table */
+	const struct sl__block *b; /* that entry */
 	size_t k;       /* the record's place in the batch */
 };
 
@@ -67,18 +68,14 @@ static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_datas
 				     ds->files[loc[k].shard], (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
 			goto out;
 		}
-		zr[k] = (struct sl_zrec){ loc[k].shard, lo, k };
+		zr[k] = (struct sl_zrec){ loc[k].shard, lo, &b[lo], k };
 	}
 	/* The distinct blocks, each with its place in dec. */
 	qsort(zr, n, sizeof(*zr), sl_zrec_cmp);
 	for (size_t k = 0; k < n; k++) {
 		if (!nb || zr[k].shard != zb[nb - 1].shard || zr[k].block != zb[nb - 1].index) {
-			const struct sl__block *b;
-			uint64_t nblk;
-
-			ds->ops->blocks(ds, zr[k].shard, &b, &nblk); /* loaded above */
-			zb[nb++] = (struct sl__zblock){ &b[zr[k].block], zr[k].shard, zr[k].block, declen };
-			declen += b[zr[k].block].len;
+			zb[nb++] = (struct sl__zblock){ zr[k].b, zr[k].shard, zr[k].block, declen };
+			declen += zr[k].b->len;
 		}
 		zr[k].block = nb - 1; /* from here on: the index into zb */
 	}
