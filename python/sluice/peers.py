@@ -276,57 +276,61 @@ def image_batches(kind, imgs, ds, workers):
     return sluice_batches(ds) if kind == "sluice" else forever(loader(kind, imgs, workers))
 
 
-def train(batches, model, steps, warmup=10, at_warm=None, trace=None):
+def train(batches, model, steps, warmup=10, at_warm=None, trace=None, trace_steps=5):
     """The seed's loop: forward, backward and SGD step of model on each batch, each phase under a
     torch.profiler marker (PHASES) and timed, the device synchronized at each phase's end so that a phase's
     time is its own. at_warm() runs after the warm-up steps (drop the page cache there: storage cold, CUDA
-    warm); trace, a path: the profiler's trace of the measured steps (Chrome/Perfetto JSON; .gz compresses).
+    warm). trace, a path: after the measured steps, trace_steps more run under torch.profiler (CPU and CUDA
+    activity) and its trace is written there (Chrome/Perfetto JSON, TensorBoard's too; .gz compresses); the
+    figures come from the steps before, which the profiler's own cost does not slow.
     Returns the mean milliseconds of each phase, of the step, the data wait's share, images/s."""
     from torch.profiler import ProfilerActivity, profile, record_function
     crit = torch.nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     times = {p: [] for p in PHASES}
-    it, prof = iter(batches), None
+    it = iter(batches)
+
+    def step():
+        t = [time.perf_counter()]
+        with record_function("DATALOADER_WAIT"):
+            x, y = next(it)
+            sync()
+        t.append(time.perf_counter())
+        with record_function("H2D_TRANSFER"):
+            x, y = x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True)
+            sync()
+        t.append(time.perf_counter())
+        with record_function("FORWARD"):
+            loss = crit(model(x), y)
+            sync()
+        t.append(time.perf_counter())
+        with record_function("BACKWARD"):
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            sync()
+        t.append(time.perf_counter())
+        with record_function("OPTIMIZER"):
+            opt.step()
+            sync()
+        t.append(time.perf_counter())
+        return [t[k + 1] - t[k] for k in range(len(PHASES))]
+
     try:
-        for step in range(warmup + steps):
-            if step == warmup:
-                if at_warm:
-                    at_warm()
-                if trace:
-                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
-                    prof = profile(activities=acts)
-                    prof.__enter__()
-            t = [time.perf_counter()]
-            with record_function("DATALOADER_WAIT"):
-                x, y = next(it)
-                sync()
-            t.append(time.perf_counter())
-            with record_function("H2D_TRANSFER"):
-                x, y = x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True)
-                sync()
-            t.append(time.perf_counter())
-            with record_function("FORWARD"):
-                loss = crit(model(x), y)
-                sync()
-            t.append(time.perf_counter())
-            with record_function("BACKWARD"):
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                sync()
-            t.append(time.perf_counter())
-            with record_function("OPTIMIZER"):
-                opt.step()
-                sync()
-            t.append(time.perf_counter())
-            if step >= warmup:
-                for k, p in enumerate(PHASES):
-                    times[p].append(t[k + 1] - t[k])
+        for _ in range(warmup):
+            step()
+        if at_warm:
+            at_warm()
+        for _ in range(steps):
+            for p, v in zip(PHASES, step()):
+                times[p].append(v)
+        if trace:
+            with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])) as prof:
+                for _ in range(trace_steps):
+                    step()
+            prof.export_chrome_trace(trace)
     finally:
         if hasattr(it, "close"):  # the loader's workers (or decode thread) end with it
             it.close()
-        if prof:
-            prof.__exit__(None, None, None)
-            prof.export_chrome_trace(trace)
     ms = {p: 1e3 * statistics.mean(v) for p, v in times.items()}
     step = sum(ms.values())
     return {"data_wait_ms": ms["DATALOADER_WAIT"], "h2d_ms": ms["H2D_TRANSFER"],

@@ -77,7 +77,7 @@ def test_journey_quick(journey):
     if sluice.gpu_count() == 0:
         assert pp["skipped"] == "no GPU on this machine"
     else:
-        assert pp["ratios"]["pinned_over_pageable"] > 1
+        assert pp["ratios"]["pinned_over_pageable"] > 1, pp["series"]
     page = (tmp_path / "r.html").read_text()
     ran = [e for e in rep["experiments"] if "skipped" not in e]
     assert page.count("<svg") == len(ran) and page.startswith("<!doctype html>")
