@@ -8,6 +8,7 @@ Experiments that need what the machine lacks (a GPU, root to drop the page cache
 """
 import argparse
 import html
+import importlib.util
 import json
 import os
 import platform
@@ -54,6 +55,18 @@ def _make_file(path, size):
             f.write(i.to_bytes(8, "little") + block[8:])
         f.flush()
         os.fsync(f.fileno())
+
+
+def _lacks(title, section, seed, modules=("torch",), gpu=None):
+    """The record of an experiment this machine cannot run (a module missing; no GPU, gpu saying why it needs
+    one), or None when it can."""
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            why = f"{'PyTorch' if m == 'torch' else m} is not installed"
+            return {"title": title, "section": section, "skipped": why, "seed": seed}
+    if gpu is not None and sluice.gpu_count() == 0:
+        return {"title": title, "section": section, "skipped": "no GPU on this machine" + gpu, "seed": seed}
+    return None
 
 
 def random_vs_sequential(d, quick):
@@ -147,11 +160,10 @@ def pinned_vs_pageable(d, quick):
     title = "Crossing the PCIe bridge: pinned against pageable memory"
     seed = ("seed report (L40S, PCIe 4): H2D pinned 1.02x pageable at 1 GB; D2H 7.44x (13.21 against 1.77 GB/s); "
             "the CPU's work overlaps a copy only when pinned and non_blocking (77% at 16 MB)")
-    torch = _torch()
-    if torch is None:
-        return {"title": title, "section": 6, "skipped": "PyTorch is not installed", "seed": seed}
-    if not torch.cuda.is_available() or sluice.gpu_count() == 0:
-        return {"title": title, "section": 6, "skipped": "no GPU on this machine", "seed": seed}
+    skip = _lacks(title, 6, seed, gpu="")
+    if skip:
+        return skip
+    import torch
     iters = 5 if quick else 20
     bw_rows, gbs = [], {}
     for size in (1 << 20, 16 << 20, 256 << 20, 1 << 30):
@@ -165,7 +177,6 @@ def pinned_vs_pageable(d, quick):
             row += [gbs[way, "pageable", size], gbs[way, "pinned", size],
                     gbs[way, "pinned", size] / gbs[way, "pageable", size]]
         bw_rows.append(row)
-        del pageable, pinned, dev
 
     # The overlap experiment: CPU work calibrated to about 5 ms of matrix multiplies.
     w = torch.randn(192, 192)
@@ -191,7 +202,6 @@ def pinned_vs_pageable(d, quick):
                 overlap[kind, nb, size] = score
                 ov_rows.append([f"{size >> 20} MB, {kind} + {'non_blocking' if nb else 'blocking'}", 1e3 * alone,
                                 1e3 * cpu_s, 1e3 * both, 100 * score])
-        del pageable, pinned, dev
 
     size = (2 << 30) if quick else (8 << 30)
     path = os.path.join(d, "copy.bin")
@@ -227,22 +237,15 @@ def pinned_vs_pageable(d, quick):
     }
 
 
-def _torch():
-    try:
-        import torch
-        return torch
-    except ImportError:
-        return None
-
 
 def dataloader_masking(d, quick):
     """Section 3: PyTorch's DataLoader over one small file per sample (shuffled) against one big file read in
     order, with 0 and 4 workers, cold; the same samples in MosaicML Streaming's and WebDataset's shards (where
     installed) and in sluice's, shuffled."""
-    torch = _torch()
     seed = "seed report: 19.5x with no workers, 4.8x with 4 (50,000 x 4 KB, cold)"
-    if torch is None:
-        return {"title": "What the DataLoader hides", "section": 3, "skipped": "PyTorch is not installed", "seed": seed}
+    skip = _lacks("What the DataLoader hides", 3, seed)
+    if skip:
+        return skip
     from torch.utils.data import Dataset
     from sluice import peers
 
@@ -331,10 +334,11 @@ def cpu_starvation(d, quick):
     """Section 4: a training step of 50 ms fed by a DataLoader whose samples cost 5 ms of CPU each (the seed's
     simulation, sleeps standing in for tokenisation and the GPU), with 0 and 4 workers: the share of each step
     spent waiting for data."""
-    torch = _torch()
-    if torch is None:
-        return {"title": "CPU starvation", "section": 4, "skipped": "PyTorch is not installed",
-                "seed": "seed report: 76% of every step idle with no workers (160.6 ms wait, 50.1 ms compute)"}
+    seed = "seed report: 76% of every step idle with no workers (160.6 ms wait, 50.1 ms compute)"
+    skip = _lacks("CPU starvation", 4, seed)
+    if skip:
+        return skip
+    import torch
     from torch.utils.data import DataLoader, Dataset
 
     class Heavy(Dataset):
@@ -368,7 +372,7 @@ def cpu_starvation(d, quick):
         "wait_ms": waits,
         "verdict": f"with no workers the GPU waits {series[0][1]:.0f}% of every step ({waits[0]:.0f} ms a step); with "
                    f"4 workers, {series[1][1]:.0f}%",
-        "seed": "seed report: 76% of every step idle with no workers (160.6 ms wait, 50.1 ms compute)",
+        "seed": seed,
     }
 
 
@@ -381,16 +385,11 @@ def full_picture(d, quick):
     title = "The full picture: a ResNet-50 step fed by each loader, cold"
     seed = ("seed report (L40S, 100,000 JPEGs, NVMe): with no workers 57% of each step waiting for data with "
             "ImageFolder, 49% with Streaming (1.42x less wait); with 4 workers 0.4% for both, 2.33x the images/s")
-    torch = _torch()
-    if torch is None:
-        return {"title": title, "section": 7, "skipped": "PyTorch is not installed", "seed": seed}
-    try:
-        import torchvision
-    except ImportError:
-        return {"title": title, "section": 7, "skipped": "torchvision is not installed", "seed": seed}
-    if not torch.cuda.is_available():
-        return {"title": title, "section": 7, "skipped": "no GPU on this machine (the step trains ResNet-50)",
-                "seed": seed}
+    skip = _lacks(title, 7, seed, ("torch", "torchvision"), gpu=" (the step trains ResNet-50)")
+    if skip:
+        return skip
+    import torch
+    import torchvision
     from sluice import peers
 
     n, steps = (3200, 30) if quick else (20000, 100)
