@@ -136,20 +136,23 @@ def padding_tax(d, quick):
     }
 
 
-def _median_s(fn, iters, warmup=2):
-    """Median seconds of fn() between two device synchronizations (the whole wall-clock cost, staging copies
-    on the CPU included, as the seed measures)."""
+def _median_s(*fns, iters, warmup=2):
+    """Median seconds of each fn() between two device synchronizations (the whole wall-clock cost, staging
+    copies on the CPU included, as the seed measures), the fns taking turns so that drift reaches all alike.
+    One fn: its median; several: a list."""
     import torch
-    for _ in range(warmup):
+    for fn in fns * warmup:
         fn()
-    out = []
+    out = [[] for _ in fns]
     for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return float(np.median(out))
+        for k, fn in enumerate(fns):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            out[k].append(time.perf_counter() - t0)
+    med = [float(np.median(v)) for v in out]
+    return med[0] if len(fns) == 1 else med
 
 
 def pinned_vs_pageable(d, quick):
@@ -173,7 +176,7 @@ def pinned_vs_pageable(d, quick):
         row = [f"{size >> 20} MB"]
         for way, copy in (("H2D", lambda h: dev.copy_(h)), ("D2H", lambda h: h.copy_(dev))):
             for kind, h in (("pageable", pageable), ("pinned", pinned)):
-                gbs[way, kind, size] = size / _median_s(lambda: copy(h), iters) / 1e9
+                gbs[way, kind, size] = size / _median_s(lambda: copy(h), iters=iters) / 1e9
             row += [gbs[way, "pageable", size], gbs[way, "pinned", size],
                     gbs[way, "pinned", size] / gbs[way, "pageable", size]]
         bw_rows.append(row)
@@ -181,13 +184,12 @@ def pinned_vs_pageable(d, quick):
     # The overlap experiment: CPU work calibrated to about 5 ms of matrix multiplies.
     w = torch.randn(192, 192)
     reps = 1
-    while _median_s(lambda: [w @ w for _ in range(reps)], 3, 1) < 0.005:
+    while _median_s(lambda: [w @ w for _ in range(reps)], iters=3, warmup=1) < 0.005:
         reps *= 2
 
     def cpu_work():
         for _ in range(reps):
             w @ w
-    cpu_s = _median_s(cpu_work, iters)
     ov_rows, overlap = [], {}
     for size in (16 << 20, 256 << 20):
         n = size // 4
@@ -195,8 +197,9 @@ def pinned_vs_pageable(d, quick):
         pinned = pageable.pin_memory()
         for kind, h in (("pageable", pageable), ("pinned", pinned)):
             for nb in (False, True):
-                alone = _median_s(lambda: dev.copy_(h, non_blocking=nb), iters)
-                both = _median_s(lambda: (dev.copy_(h, non_blocking=nb), cpu_work()), iters)
+                alone, both, cpu_s = _median_s(lambda: dev.copy_(h, non_blocking=nb),
+                                               lambda: (dev.copy_(h, non_blocking=nb), cpu_work()), cpu_work,
+                                               iters=3 * iters)
                 seq, par = alone + cpu_s, max(alone, cpu_s)
                 score = min(1.0, max(0.0, (seq - both) / (seq - par))) if seq > par else 0.0
                 overlap[kind, nb, size] = score
@@ -501,6 +504,9 @@ on this machine.</p><table>{facts}</table>"""]
                                                 for c in row) + "</tr>" for row in t["rows"])
                 caption = f"<caption>{html.escape(t['title'])}</caption>" if t.get("title") else ""
                 parts.append(f"<table>{caption}<tr>{head}</tr>{rows}</table>")
+            if e.get("traces"):
+                parts.append(f"<p>torch.profiler traces of each loader's steps (Perfetto, TensorBoard): "
+                             f"<code>{html.escape(e['traces'])}</code></p>")
             if e.get("not_installed"):
                 parts.append(f"<p>Not installed, so not run: {html.escape(', '.join(e['not_installed']))}</p>")
             parts.append(f"<p class=\"verdict\">{html.escape(e['verdict'])}</p>")
@@ -513,7 +519,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="sluice journey", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sluice-journey"),
                     help="where the generated data goes (kept for the next run)")
-    ap.add_argument("--quick", action="store_true", help="small sizes: a few minutes")
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller sizes: about 2 minutes on an H100 machine (the full run about 3), data made included")
     ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
     ap.add_argument("--json", help="the figures as JSON too")
     a = ap.parse_args(argv)

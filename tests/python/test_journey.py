@@ -81,7 +81,7 @@ def test_journey_quick(journey):
         # only when it is pinned and non_blocking.
         assert pp["ratios"]["d2h_pinned_over_pageable_256mb"] > 1, pp["tables"][0]
         ov = pp["overlap_pct"]
-        assert ov["pinned_nb_256mb"] > max(ov["pageable_256mb"], ov["pageable_nb_256mb"]), pp["tables"][1]
+        assert ov["pinned_nb_16mb"] > max(ov["pageable_16mb"], ov["pageable_nb_16mb"]), pp["tables"][1]
         assert [r[0] for r in pp["tables"][0]["rows"]] == ["1 MB", "16 MB", "256 MB", "1024 MB"]
         assert all(v > 0 for _, v in pp["series"])
     page = (tmp_path / "r.html").read_text()
