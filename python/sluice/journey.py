@@ -520,7 +520,7 @@ def main(argv=None):
     ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sluice-journey"),
                     help="where the generated data goes (kept for the next run)")
     ap.add_argument("--quick", action="store_true",
-                    help="smaller sizes: about 2 minutes on an H100 machine (the full run about 3), data made included")
+                    help="smaller sizes: about 2 minutes on an H100 machine (the full run about 4), data made included")
     ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
     ap.add_argument("--json", help="the figures as JSON too")
     a = ap.parse_args(argv)
