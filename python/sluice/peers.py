@@ -34,7 +34,7 @@ def sync():
         torch.cuda.synchronize()
 
 
-def make_images(root, n, sluice_bin, classes=1):
+def make_images(root, n, sluice_bin):
     """n synthetic 224x224 JPEGs (random noise, quality 80: the seed's) in ImageFolder layout, and the same
     bytes packed as a sluice dataset; made once, then reused. Returns (image folder, sluice dataset)."""
     import subprocess
@@ -42,10 +42,10 @@ def make_images(root, n, sluice_bin, classes=1):
     imgs, ds = f"{root}/imgs-{n}", f"{root}/sluice-{n}"
     if not os.path.exists(f"{ds}/index.sli"):
         rng = np.random.default_rng(0)
+        os.makedirs(f"{imgs}/class_0", exist_ok=True)
         for i in range(n):
-            os.makedirs(f"{imgs}/class_{i % classes}", exist_ok=True)
             Image.fromarray(rng.integers(0, 255, (SIZE, SIZE, 3), dtype=np.uint8)).save(
-                f"{imgs}/class_{i % classes}/img_{i:06d}.jpg", quality=80)
+                f"{imgs}/class_0/img_{i:06d}.jpg", quality=80)
         subprocess.run([sluice_bin, "pack", "--from-dir", imgs, "--quiet", ds], check=True)
     return imgs, ds
 
