@@ -72,7 +72,13 @@ for g in $WHEELS; do
 	# The object-store peers of bench/s3_bench.py: s3torchconnector is published as source only (pure Python).
 	s3peers) pyget s3torchconnectorclient==1.5.0
 		python3 -m pip wheel -q --no-deps s3torchconnector==1.5.0 -w .whl ;;
-	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3, s3peers)" >&2; exit 1 ;;
+	# A fast S3-compatible server for the read benchmark (bench/s3_bench.py beside
+	# tests/remote/with_s3_server.py --alocals3): alocals3's static Rust server binary, from its wheel,
+	# xz-compressed into .carry (3.5 MB); the command there unpacks it.
+	s3server) pyget alocals3==0.11.2
+		unzip -p .whl/alocals3-0.11.2-*.whl alocals3/bin/alocals3-server | xz -9 > .carry/alocals3-server.xz
+		rm -f .whl/alocals3-0.11.2-*.whl ;;
+	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3, s3peers, nvcomp, s3server)" >&2; exit 1 ;;
 	esac
 done
 echo "prepare: .whl ($(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1)); carried size $(du -shc .carry .whl | tail -1 | cut -f1)"
