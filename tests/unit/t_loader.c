@@ -343,13 +343,15 @@ int main(void)
 		}
 	}
 
-	/* A consumer slower than the loader (5 ms a step): it hardly waits. */
+	/* A consumer slower than the loader (20 ms a step): it hardly waits.  The step is long enough that the
+	 * loader's threads, descheduled for a few milliseconds when tests run in parallel on two cores, still
+	 * keep ahead (at 5 ms one such stall in 21 steps passed the 5% mark). */
 	{
 		struct sluice_batch b;
 
 		ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
 		while (sluice_loader_next(ld, &b, NULL) == 1)
-			usleep(5000);
+			usleep(20000);
 		T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) &&
 			strstr(js, "\"verdict\":\"compute-bound\""));
 		printf("slow consumer: %s\n", strstr(js, "\"gpu_wait_share\""));
