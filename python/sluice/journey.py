@@ -28,6 +28,11 @@ def _say(msg):
     print(f"[journey] {msg}", file=sys.stderr, flush=True)
 
 
+def _state(cold):
+    """How an experiment's storage was: cold, or warm where the page cache could not be dropped."""
+    return "cold" if cold else "warm (no root to drop the page cache)"
+
+
 def _drop_caches():
     """Cold: dirty pages written back, the page cache dropped; False without root."""
     os.sync()
@@ -94,7 +99,7 @@ def random_vs_sequential(d, quick):
     s_seq = _bench(["--rw", "read", "--io-size", "16K", "--target", "host", "--repeat", "1"] + cold_flag + [path])
     s_rnd = _bench(["--rw", "randread", "--io-size", "16K", "--target", "host", "--repeat", "1"] + cold_flag + [path])
     return {
-        "title": "Random against sequential reads, cold",
+        "title": f"Random against sequential reads, {_state(cold)}",
         "section": 2,
         "unit": "MB/s",
         "series": [["Python, sequential 16 KB reads", seq], ["Python, random 16 KB reads", rnd],
@@ -292,6 +297,7 @@ def dataloader_masking(d, quick):
     def torch_pass(dl):  # the bytes a pass of the DataLoader delivered
         return lambda: int(sum(x.sum() for x, _ in dl))
 
+    cold = _drop_caches()
     sl_ds = sluice.Dataset(packed)  # opened, and the engine started, before the clock (as the peers' datasets)
     sluice._eng()
 
@@ -320,7 +326,8 @@ def dataloader_masking(d, quick):
     return {
         "title": "What the DataLoader hides",
         "section": 3,
-        "unit": "MB/s, cold",
+        "unit": f"MB/s, {_state(cold)}",
+        "cold": cold,
         "series": series,
         "ratios": {"big_over_small_0_workers": r0, "big_over_small_4_workers": r4,
                    "sluice_over_small_files_4_workers": sl / series[2][1],
@@ -385,7 +392,8 @@ def full_picture(d, quick):
     (no worker processes; nvJPEG decodes on the GPU), cold, each phase timed under the seed's profiler markers:
     the share of each step spent waiting for data. A few more steps of each run under torch.profiler for a
     trace (--dir/traces)."""
-    title = "The full picture: a ResNet-50 step fed by each loader, cold"
+    cold = _drop_caches()
+    title = f"The full picture: a ResNet-50 step fed by each loader, {_state(cold)}"
     seed = ("seed report (L40S, 100,000 JPEGs, NVMe): with no workers 57% of each step waiting for data with "
             "ImageFolder, 49% with Streaming (1.42x less wait); with 4 workers 0.4% for both, 2.33x the images/s")
     skip = _lacks(title, 7, seed, ("torch", "torchvision"), gpu=" (the step trains ResNet-50)")
@@ -446,7 +454,7 @@ def full_picture(d, quick):
         "figures": got,
         "ratios": ratios,
         "not_installed": missing,
-        "images": n, "steps": steps, "traces": traces,
+        "images": n, "steps": steps, "traces": traces, "cold": cold,
         "verdict": verdict,
         "seed": seed,
     }

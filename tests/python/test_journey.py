@@ -113,3 +113,13 @@ def test_journey_report_in_a_browser(journey, tmp_path):
     ran = [e for e in json.loads((journey / "r.json").read_text())["experiments"] if "skipped" not in e]
     # Every chart's first bar is orange and its second blue: each at least 2 px wide and 26 px high.
     assert orange >= 52 * len(ran) and blue >= 52 * len(ran), (orange, blue)
+
+
+def test_journey_says_warm_without_root(tmp_path, monkeypatch):
+    """Where the page cache cannot be dropped (no root), an experiment says its storage was warm."""
+    from sluice import journey as j
+    monkeypatch.setattr(j, "_drop_caches", lambda: False)
+    monkeypatch.setattr(j, "SLUICE", SLUICE)
+    e = j.random_vs_sequential(str(tmp_path), True)
+    assert e["cold"] is False and e["title"] == "Random against sequential reads, warm (no root to drop the page cache)"
+    assert all(v > 0 for _, v in e["series"])
