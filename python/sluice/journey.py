@@ -1,7 +1,7 @@
 """sluice journey: the experiments of "The Data Journey" (seeds/004) on this machine, as a self-contained HTML
 report with a chart per experiment (inline SVG: no network needed to view it) and the same figures as JSON.
 
-    sluice journey [--dir PATH] [--quick] [--html FILE] [--json FILE]
+    sluice journey [--dir PATH] [--quick] [--only N[,N...]] [--html FILE] [--json FILE]
 
 Each experiment reports its figures, a one-line verdict and the seed report's figure beside this machine's.
 Experiments that need what the machine lacks (a GPU, root to drop the page cache) say so instead of a figure.
@@ -460,7 +460,9 @@ def full_picture(d, quick):
     }
 
 
-EXPERIMENTS = [random_vs_sequential, dataloader_masking, cpu_starvation, padding_tax, pinned_vs_pageable, full_picture]
+# The seed report's sections, each an experiment.
+EXPERIMENTS = {2: random_vs_sequential, 3: dataloader_masking, 4: cpu_starvation, 5: padding_tax,
+               6: pinned_vs_pageable, 7: full_picture}
 
 
 def machine():
@@ -531,11 +533,21 @@ def main(argv=None):
                     help="smaller sizes: about 2 minutes on an H100 machine (the full run about 4), data made included")
     ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
     ap.add_argument("--json", help="the figures as JSON too")
+    ap.add_argument("--only", metavar="N[,N...]", help="only these sections of the seed report (2-7)")
     a = ap.parse_args(argv)
+    only = sorted(EXPERIMENTS)
+    if a.only:
+        try:
+            only = sorted({int(x) for x in a.only.split(",")})
+        except ValueError:
+            only = [a.only]
+        bad = [x for x in only if x not in EXPERIMENTS]
+        if bad:
+            ap.error(f"--only: '{bad[0]}' is not a section of the report (2-7)")
     os.makedirs(a.dir, exist_ok=True)
     rep = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": a.quick, "machine": machine(), "experiments": []}
     t0 = time.time()
-    for fn in EXPERIMENTS:
+    for fn in (EXPERIMENTS[k] for k in only):
         _say(f"{fn.__name__} ...")
         t = time.time()
         e = fn(a.dir, a.quick)

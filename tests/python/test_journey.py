@@ -123,3 +123,20 @@ def test_journey_says_warm_without_root(tmp_path, monkeypatch):
     e = j.random_vs_sequential(str(tmp_path), True)
     assert e["cold"] is False and e["title"] == "Random against sequential reads, warm (no root to drop the page cache)"
     assert all(v > 0 for _, v in e["series"])
+
+
+def test_journey_only_some_sections(tmp_path):
+    """--only runs the sections named, in the report's order; a section that is not one is named in the error."""
+    env = dict(os.environ, SLUICE_PYTHON=sys.executable)
+    r = subprocess.run([SLUICE, "journey", "--quick", "--only", "5,2", "--dir", str(tmp_path / "d"), "--html",
+                        str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert [e["section"] for e in rep["experiments"]] == [2, 5]
+    assert (tmp_path / "r.html").read_text().count("<section>") == 2
+    for bad in ("9", "x"):
+        r = subprocess.run([SLUICE, "journey", "--only", bad, "--html", str(tmp_path / "no.html")], capture_output=True,
+                           text=True, env=env, timeout=60)
+        assert r.returncode == 2 and f"--only: '{bad}' is not a section of the report (2-7)" in r.stderr
+        assert not (tmp_path / "no.html").exists()
