@@ -392,13 +392,14 @@ def full_picture(d, quick):
     (no worker processes; nvJPEG decodes on the GPU), cold, each phase timed under the seed's profiler markers:
     the share of each step spent waiting for data. A few more steps of each run under torch.profiler for a
     trace (--dir/traces)."""
-    cold = _drop_caches()
-    title = f"The full picture: a ResNet-50 step fed by each loader, {_state(cold)}"
+    title = "The full picture: a ResNet-50 step fed by each loader"
     seed = ("seed report (L40S, 100,000 JPEGs, NVMe): with no workers 57% of each step waiting for data with "
             "ImageFolder, 49% with Streaming (1.42x less wait); with 4 workers 0.4% for both, 2.33x the images/s")
     skip = _lacks(title, 7, seed, ("torch", "torchvision"), gpu=" (the step trains ResNet-50)")
     if skip:
         return skip
+    cold = _drop_caches()  # whether train()'s drops will make it cold (not tried when it cannot run)
+    title += f", {_state(cold)}"
     import torch
     import torchvision
     from sluice import peers
