@@ -309,6 +309,13 @@ struct sluice_xfer_report {
 	 * when requests took different paths.
 	 */
 	char path[96];
+	/*
+	 * Bytes checked end to end: reads of whole s3:// objects that carry a
+	 * full-object CRC32C or CRC32, matched against it (a mismatch is read
+	 * once more, then fails with SLUICE_EVERIFY).  Ranges of an object
+	 * have no checksum in S3 to match.
+	 */
+	uint64_t bytes_verified;
 };
 
 /*
@@ -490,6 +497,11 @@ SLUICE_API SLUICE_WUR int sluice_s3_write_async(struct sluice_s3 *c, const char 
 struct sluice_copy_report {
 	uint64_t files, bytes;
 	double seconds;
+	/*
+	 * Downloads whose bytes matched their object's full-object CRC32C or
+	 * CRC32 (uploads always carry a CRC32C, which the server checks).
+	 */
+	uint64_t files_verified;
 };
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);

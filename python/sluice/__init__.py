@@ -146,7 +146,7 @@ def copy(src, dst, recursive=False):
     whole directory or prefix); returns {"files", "bytes", "seconds"}."""
     rep = CopyReport()
     check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
-    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds}
+    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified}
 
 
 def metrics_text():

@@ -89,7 +89,8 @@ class PackedRow(C.Structure):
 
 
 class CopyReport(C.Structure):
-    _fields_ = [("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double)]
+    _fields_ = [("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
+                ("files_verified", C.c_uint64)]
 
 
 class Range(C.Structure):

@@ -47,6 +47,11 @@ SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
 
 /* crc(A||B) from crc(A), crc(B) and len(B), for CRC32C. */
 SL_HIDDEN uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+/* The checksums S3 objects carry end to end (and sluice's records: CRC32C). */
+enum { SL_CRC_NONE = 0, SL_CRC32C = 1, SL_CRC32 = 2 };
+/* CRC of kind over n bytes, continuing from crc (0 to start), and the combine of two. */
+SL_HIDDEN uint32_t sl__crc(int kind, uint32_t crc, const void *p, size_t n);
+SL_HIDDEN uint32_t sl__crc_combine(int kind, uint32_t crc1, uint32_t crc2, uint64_t len2);
 
 /*
  * SLUICE_TRACE: spans of work (name, start and end in sl__now_ns, the thread's

@@ -1,4 +1,8 @@
-/* CRC32C (Castagnoli) through isa-l, and combining CRCs of adjacent pieces. */
+/*
+ * CRC32C (Castagnoli) and CRC32 (zlib's, IEEE) through isa-l, and combining
+ * CRCs of adjacent pieces.  S3 objects carry either as their end-to-end
+ * checksum; sluice's own records use CRC32C.
+ */
 #include <isa-l/crc.h>
 
 #include "core.h"
@@ -35,18 +39,35 @@ static void sl_gf2_square(uint32_t *sq, const uint32_t *mat)
 		sq[n] = sl_gf2_times(mat, mat[n]);
 }
 
+uint32_t sl__crc(int kind, uint32_t crc, const void *p, size_t n)
+{
+	const unsigned char *c = p;
+
+	if (kind != SL_CRC32)
+		return sluice_crc32c(crc, p, n);
+	/* crc32_gzip_refl inverts on entry and exit itself, as zlib's crc32 does. */
+	for (; n; ) {
+		uint64_t k = n > (1u << 30) ? 1u << 30 : n;
+
+		crc = crc32_gzip_refl(crc, (unsigned char *)c, k);
+		c += k;
+		n -= (size_t)k;
+	}
+	return crc;
+}
+
 /*
  * CRC of A||B from crc(A), crc(B) and len(B): apply len2 zero bytes to crc1
  * by repeated squaring of the one-zero-bit operator (the method of zlib's
- * crc32_combine), with the Castagnoli polynomial.
+ * crc32_combine), with the reflected polynomial of kind.
  */
-uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
+uint32_t sl__crc_combine(int kind, uint32_t crc1, uint32_t crc2, uint64_t len2)
 {
 	uint32_t even[32], odd[32], row = 1;
 
 	if (!len2)
 		return crc1;
-	odd[0] = 0x82F63B78u;
+	odd[0] = kind == SL_CRC32 ? 0xEDB88320u : 0x82F63B78u;
 	for (int n = 1; n < 32; n++, row <<= 1)
 		odd[n] = row;
 	sl_gf2_square(even, odd); /* two zero bits */
@@ -64,4 +85,9 @@ uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
 		len2 >>= 1;
 	} while (len2);
 	return crc1 ^ crc2;
+}
+
+uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
+{
+	return sl__crc_combine(SL_CRC32C, crc1, crc2, len2);
 }

@@ -42,6 +42,12 @@ struct sl__io {
 	 * then receives again are the same.
 	 */
 	void (*progress)(struct sl__io *io, size_t bytes);
+	/*
+	 * A failed I/O's detail where the backend knows more than an errno
+	 * (s3: the URL, the HTTP status, the server's code, the attempts), set
+	 * with res; "" otherwise.  The caller names it in its own error.
+	 */
+	char detail[256];
 };
 
 struct sl__io_ctx;

@@ -195,6 +195,7 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 	struct sl__s3_conn *conn = sl__s3_thread_conn();
 	char bucket[64], key[1025], etag[128], have_etag[128], name[33], p[4096], part[4200];
 	uint64_t size, have_size;
+	struct sl__s3_meta m;
 	struct stat st;
 	int lock = -1, fd = -1, rc;
 
@@ -206,8 +207,10 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		return rc;
 	if (!conn)
 		return sl__err(-ENOMEM, "%s: no connection", url);
-	if ((rc = sl__s3_head(s3, conn, bucket, key, &size, etag, sizeof(etag))))
+	if ((rc = sl__s3_head(s3, conn, bucket, key, &m)))
 		return rc;
+	size = m.size;
+	snprintf(etag, sizeof(etag), "%s", m.etag);
 	sl_cache_name(sl__s3_conf(s3)->endpoint, url, name);
 	if ((size_t)snprintf(local, cap, "%s/%s.data", c.dir, name) >= cap)
 		return sl__err(-ENAMETOOLONG, "%s: the cache path is too long", c.dir);
@@ -231,7 +234,7 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 		goto out;
 	}
-	rc = sl__s3_download(s3, bucket, key, size, etag, fd, cancel);
+	rc = sl__s3_download(s3, bucket, key, &m, fd, cancel, NULL);
 	if (!rc && close(fd) < 0)
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 	else if (rc)

@@ -22,6 +22,7 @@ struct sl_copy {
 	size_t n, cap;
 	int upload;
 	_Atomic size_t next;
+	_Atomic uint64_t verified;  /* downloads checked against their object's checksum */
 	struct sl__first_err fail;
 };
 
@@ -67,8 +68,10 @@ static void *sl_copy_run(void *arg)
 		struct sl_pair *q = &c->p[i];
 		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q->dst);
 
-		if (!rc && !c->upload)
-			rc = sl__fs_download(q->src, q->dst);
+		int ok = 0;
+
+		if (!rc && !c->upload && !(rc = sl__fs_download(q->src, q->dst, &ok)) && ok)
+			atomic_fetch_add(&c->verified, 1);
 
 		if (rc)
 			sl__first_err_keep(&c->fail, rc);
@@ -161,6 +164,7 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		rc = sl__err(c.fail.err, "%s", c.fail.detail);
 	if (rep && !rc) {
 		rep->files = c.n;
+		rep->files_verified = c.upload ? 0 : atomic_load(&c.verified);
 		/* The local side's sizes: the bytes moved. */
 		for (size_t i = 0; i < c.n; i++)
 			if (stat(c.upload ? c.p[i].src : c.p[i].dst, &st) == 0)

@@ -20,7 +20,7 @@ int sl__fs_stat(const char *path, struct stat *st)
 	struct sl__s3 *s3;
 	struct sl__s3_conn *c;
 	struct sl__s3_list l = { 0 };
-	uint64_t size;
+	struct sl__s3_meta m;
 	int rc;
 
 	memset(st, 0, sizeof(*st));
@@ -31,10 +31,10 @@ int sl__fs_stat(const char *path, struct stat *st)
 	if (!(c = sl__s3_thread_conn()))
 		return -ENOMEM;
 	if (key[0] && key[strlen(key) - 1] != '/') {
-		rc = sl__s3_head(s3, c, bucket, key, &size, NULL, 0);
+		rc = sl__s3_head(s3, c, bucket, key, &m);
 		if (!rc) {
 			st->st_mode = S_IFREG | 0444;
-			st->st_size = (off_t)size;
+			st->st_size = (off_t)m.size;
 			return 0;
 		}
 		if (rc != -ENOENT)
@@ -169,19 +169,19 @@ int sl__fs_upload(const char *local, const char *url)
 	return rc;
 }
 
-int sl__fs_download(const char *url, const char *local)
+int sl__fs_download(const char *url, const char *local, int *verified)
 {
-	char bucket[64], key[1025], etag[128], *tmp = NULL;
+	char bucket[64], key[1025], *tmp = NULL;
 	struct sl__s3 *s3;
 	struct sl__s3_conn *c = sl__s3_thread_conn();
-	uint64_t size;
+	struct sl__s3_meta m;
 	int fd, rc;
 
 	if ((rc = sl__s3_parse_url(url, bucket, sizeof(bucket), key, sizeof(key))) || (rc = sl__s3_default(&s3)))
 		return rc;
 	if (!c)
 		return -ENOMEM;
-	if ((rc = sl__s3_head(s3, c, bucket, key, &size, etag, sizeof(etag))))
+	if ((rc = sl__s3_head(s3, c, bucket, key, &m)))
 		return rc;
 	if (asprintf(&tmp, "%s.sluice-part.%d", local, (int)getpid()) < 0)
 		return -ENOMEM;
@@ -191,7 +191,7 @@ int sl__fs_download(const char *url, const char *local)
 		free(tmp);
 		return rc;
 	}
-	rc = sl__s3_download(s3, bucket, key, size, etag, fd, NULL);
+	rc = sl__s3_download(s3, bucket, key, &m, fd, NULL, verified);
 	if (close(fd) < 0 && !rc)
 		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
 	if (!rc && rename(tmp, local) < 0)

@@ -76,13 +76,34 @@ SL_HIDDEN int sl__s3_conn_open(struct sl__s3_conn **out);
 SL_HIDDEN void sl__s3_conn_close(struct sl__s3_conn *c);
 /* The calling thread's connection, kept alive between its requests and closed when it ends; NULL without memory. */
 SL_HIDDEN struct sl__s3_conn *sl__s3_thread_conn(void);
-/* Size and ETag (quotes kept, as the server sends it) of bucket/key. */
+/*
+ * What a HEAD says of an object: its size, its ETag (quotes kept, as the
+ * server sends it) and its end-to-end checksum.  sum_kind is SL_CRC32C or
+ * SL_CRC32 (core.h) where the object carries a full-object checksum of
+ * that kind, which a whole read is checked against; SL_CRC_NONE otherwise
+ * (none, another algorithm, or a composite one: a checksum of the parts'
+ * checksums, which a reader cannot recompute without the part sizes).
+ * sum_name says which, for reports: "crc32c", "crc32", "crc64nvme
+ * (not verified)", "crc32c composite (not verified)" or "".
+ */
+struct sl__s3_meta {
+	uint64_t size;
+	char etag[128];
+	int sum_kind;
+	uint32_t sum;
+	char sum_name[48];
+};
+/* m->size, etag and checksum of bucket/key. */
 SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
-			  uint64_t *size, char *etag, size_t etag_cap);
+			  struct sl__s3_meta *m);
 /*
  * Bytes [off, off + len) of bucket/key into dst; with if_match, only while
  * the object's ETag is that one (-ESTALE once it changed).  Returns the
- * bytes received (fewer at the object's end) or an error.
+ * bytes received (fewer at the object's end) or an error.  The answer is
+ * checked against the request: its status, its Content-Range (the range
+ * asked for, cut only at the object's end) and its body's length; one that
+ * does not match is tried again like a failed request, then fails with
+ * -EIO naming the object, the range asked for and what came back.
  */
 SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			     uint64_t off, size_t len, void *dst, const char *if_match);
@@ -90,7 +111,10 @@ SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char
 SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 				      uint64_t off, size_t len, void *dst, const char *if_match,
 				      void (*progress)(void *arg, size_t bytes), void *arg);
-/* len bytes of src as the whole object bucket/key; key "" creates the bucket. */
+/*
+ * len bytes of src as the whole object bucket/key, sent with its CRC32C
+ * (x-amz-checksum-crc32c), which the server checks; key "" creates the bucket.
+ */
 SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			 const void *src, size_t len);
 /* Removes bucket/key (S3 answers 204 whether or not it existed). */
@@ -128,7 +152,7 @@ struct sl__s3_obj {
 	struct sl__s3 *s3;
 	char bucket[64];
 	char key[1025];
-	char etag[128];
+	struct sl__s3_meta meta;  /* size, ETag and checksum at open */
 };
 
 /*
@@ -154,7 +178,10 @@ SL_HIDDEN extern const struct sl__io_ops sl__io_s3_ops;
  * connection, completed only once every part is in and aborted on any
  * failure: the object appears whole or not at all, and no upload is left
  * behind.  copy (NULL: memcpy) moves each part from src into a host buffer
- * first: sluice passes a GPU-to-host copy for device memory.
+ * first: sluice passes a GPU-to-host copy for device memory.  Every request
+ * carries the CRC32C of its bytes, and a multipart upload declares the
+ * whole object's (a FULL_OBJECT checksum, combined from the parts'), so
+ * the server refuses bytes damaged on the way and readers can verify them.
  */
 SL_HIDDEN int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
 			    int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx);
@@ -173,13 +200,17 @@ struct sl__first_err {
 SL_HIDDEN void sl__first_err_keep(struct sl__first_err *fe, int rc);
 
 /*
- * Downloads bucket/key (size bytes, pinned to etag) into fd: chunks of
- * SLUICE_S3_PART_SIZE, SLUICE_S3_CONCURRENCY ranged GETs in flight, each
- * on its own connection, written where they belong.  cancel (or NULL),
- * once set, stops it between chunks with -ECANCELED.
+ * Downloads bucket/key (m->size bytes, pinned to m->etag) into fd: chunks
+ * of SLUICE_S3_PART_SIZE, SLUICE_S3_CONCURRENCY ranged GETs in flight,
+ * each on its own connection, written where they belong.  Where the object
+ * carries a checksum (m->sum_kind), the chunks' CRCs are combined and
+ * checked against it; a mismatch downloads the object once more, then
+ * fails with SLUICE_EVERIFY.  *verified (or NULL) says whether it was
+ * checked.  cancel (or NULL), once set, stops it between chunks with
+ * -ECANCELED.
  */
-SL_HIDDEN int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, uint64_t size, const char *etag,
-			      int fd, const _Atomic int *cancel);
+SL_HIDDEN int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const struct sl__s3_meta *m,
+			      int fd, const _Atomic int *cancel, int *verified);
 /* The process's client, made from the AWS_* environment and files on first use and kept. */
 SL_HIDDEN int sl__s3_default(struct sl__s3 **out);
 
@@ -221,13 +252,14 @@ SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
  * Whole files between a local path and an s3:// URL, through the
  * process's client (parallel parts both ways).  sl__fs_upload: the file as
  * the object url.  sl__fs_download: the object as the file local, written
- * under a temporary name and renamed: it appears whole or not at all.
+ * under a temporary name and renamed: it appears whole or not at all;
+ * *verified (or NULL): checked against the object's checksum.
  * sl__fs_remove: unlink(2) or DELETE.  sl__fs_staging: a new empty
  * directory in the cache's directory (on the fast local disk), for files
  * on their way to a URL.
  */
 SL_HIDDEN int sl__fs_upload(const char *local, const char *url);
-SL_HIDDEN int sl__fs_download(const char *url, const char *local);
+SL_HIDDEN int sl__fs_download(const char *url, const char *local, int *verified);
 SL_HIDDEN int sl__fs_remove(const char *path);
 SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
 

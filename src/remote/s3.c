@@ -227,6 +227,12 @@ struct sl_sink {
 	char etag[128];
 	uint64_t size;
 	int have_size;
+	/* Content-Range: bytes FIRST-LAST/TOTAL, as sent ("" if none) and parsed (have_range) */
+	char range[96];
+	int have_range;
+	uint64_t r_first, r_last, r_total;
+	/* x-amz-checksum-* values and type, as sent */
+	char sum_crc32c[64], sum_crc32[64], sum_other[32], sum_type[32];
 	void (*progress)(void *arg, size_t bytes);
 	void *progress_arg;
 };
@@ -256,27 +262,98 @@ static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
 	return len;
 }
 
+/* 1 and the header's value (trimmed, cut to cap) into out if the line p (len bytes) is "name: value". */
+static int sl_hval(const char *p, size_t len, const char *name, char *out, size_t cap)
+{
+	size_t nl = strlen(name), v, e = len;
+
+	if (len <= nl || p[nl] != ':' || strncasecmp(p, name, nl))
+		return 0;
+	for (v = nl + 1; v < len && (p[v] == ' ' || p[v] == '\t'); v++)
+		;
+	while (e > v && (p[e - 1] == '\r' || p[e - 1] == '\n' || p[e - 1] == ' ' || p[e - 1] == '\t'))
+		e--;
+	snprintf(out, cap, "%.*s", (int)(e - v), p + v);
+	return 1;
+}
+
+/* "bytes FIRST-LAST/TOTAL" into k (have_range), digits only, nothing after. */
+static void sl_parse_range(struct sl_sink *k)
+{
+	unsigned long long a, b, t;
+	int end = 0;
+
+	k->have_range = sscanf(k->range, "bytes %20llu-%20llu/%20llu%n", &a, &b, &t, &end) == 3 &&
+			(size_t)end == strlen(k->range) && strspn(k->range + 6, "0123456789-/") == strlen(k->range + 6) &&
+			a <= b && b < t;
+	if (k->have_range) {
+		k->r_first = a;
+		k->r_last = b;
+		k->r_total = t;
+	}
+}
+
 static size_t sl_header(char *p, size_t sz, size_t n, void *arg)
 {
 	struct sl_sink *k = arg;
-	size_t len = sz * n, v;
+	size_t len = sz * n;
+	char num[32];
 
-	if (len > 5 && !strncasecmp(p, "ETag:", 5)) {
-		for (v = 5; v < len && (p[v] == ' ' || p[v] == '\t'); v++)
-			;
-		size_t e = len;
+	/* A retry's or a redirect's new head starts over. */
+	if (len > 5 && !strncmp(p, "HTTP/", 5)) {
+		k->have_size = k->have_range = 0;
+		k->range[0] = k->sum_crc32c[0] = k->sum_crc32[0] = k->sum_other[0] = k->sum_type[0] = 0;
+	} else if (sl_hval(p, len, "ETag", k->etag, sizeof(k->etag))) {
+	} else if (sl_hval(p, len, "Content-Length", num, sizeof(num))) {
+		char *end;
 
-		while (e > v && (p[e - 1] == '\r' || p[e - 1] == '\n' || p[e - 1] == ' '))
-			e--;
-		snprintf(k->etag, sizeof(k->etag), "%.*s", (int)(e - v), p + v);
-	} else if (len > 15 && !strncasecmp(p, "Content-Length:", 15)) {
-		char num[32];
+		k->size = strtoull(num, &end, 10);
+		k->have_size = num[0] >= '0' && num[0] <= '9' && !*end;
+	} else if (sl_hval(p, len, "Content-Range", k->range, sizeof(k->range))) {
+		sl_parse_range(k);
+	} else if (sl_hval(p, len, "x-amz-checksum-crc32c", k->sum_crc32c, sizeof(k->sum_crc32c)) ||
+		   sl_hval(p, len, "x-amz-checksum-crc32", k->sum_crc32, sizeof(k->sum_crc32)) ||
+		   sl_hval(p, len, "x-amz-checksum-type", k->sum_type, sizeof(k->sum_type))) {
+	} else if (len > 16 && !strncasecmp(p, "x-amz-checksum-", 15) && !k->sum_other[0]) {
+		const char *c = memchr(p, ':', len);
 
-		snprintf(num, sizeof(num), "%.*s", (int)(len - 15 < 31 ? len - 15 : 31), p + 15);
-		k->size = strtoull(num, NULL, 10);
-		k->have_size = 1;
+		if (c)
+			snprintf(k->sum_other, sizeof(k->sum_other), "%.*s", (int)(c - p - 15), p + 15);
 	}
 	return len;
+}
+
+static const char sl_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* The 4 bytes a checksum header carries, base64 ("AAAAAA=="), big-endian; 0 or -1. */
+static int sl_b64_u32(const char *s, uint32_t *out)
+{
+	const char *a = sl_b64;
+	uint64_t v = 0;
+
+	if (strlen(s) != 8 || strcmp(s + 6, "=="))
+		return -1;
+	for (int i = 0; i < 6; i++) {
+		const char *c = strchr(a, s[i]);
+
+		if (!c || !*c)
+			return -1;
+		v = v << 6 | (uint64_t)(c - a);
+	}
+	if (v & 0xf)
+		return -1; /* the padding bits of a canonical encoding are zero */
+	*out = (uint32_t)(v >> 4);
+	return 0;
+}
+
+static void sl_u32_b64(uint32_t x, char out[9])
+{
+	const char *a = sl_b64;
+	uint64_t v = (uint64_t)x << 4;
+
+	for (int i = 5; i >= 0; i--, v >>= 6)
+		out[i] = a[v & 63];
+	memcpy(out + 6, "==", 3);
 }
 
 int sl__s3_error_parse(const char *body, size_t len, char *code, size_t code_cap, char *msg, size_t msg_cap)
@@ -358,8 +435,42 @@ struct sl_req {
 	size_t len;
 	void *buf;
 	const char *if_match;
+	const char *hdr[4];         /* more request headers ("Name: value"), up to the first NULL */
 	unsigned min_retries;       /* at least this many more attempts, whatever SLUICE_S3_RETRIES says */
 };
+
+/*
+ * A ranged GET's answer against its request (remote.h): 206 with the
+ * range asked for (cut only at the object's end) and as many body bytes,
+ * or 200 (the Range ignored: the whole object) to a range from byte 0.
+ * 0 or -EIO, which sl_request tries again.
+ */
+static int sl_check_range(const struct sl_req *q, const struct sl_sink *k)
+{
+	const uint64_t last = q->off + q->len - 1;
+	const char *why = NULL;
+
+	if (k->status == 206) {
+		if (!k->have_range)
+			why = k->range[0] ? "an unreadable Content-Range" : "no Content-Range";
+		else if (k->r_first != q->off || k->r_last > last || (k->r_last < last && k->r_last + 1 != k->r_total))
+			why = "another range";
+		else if (k->got != k->r_last - k->r_first + 1)
+			why = "a body of another length";
+	} else if (k->status == 200) {
+		if (q->off)
+			why = "the whole object";
+		else if (k->have_size && k->got != k->size)
+			why = "a body of another length";
+	} else {
+		why = "an unexpected status";
+	}
+	if (!why)
+		return 0;
+	return sl__err(-EIO, "s3://%s/%s: asked for bytes %llu-%llu, got %s (HTTP %ld, Content-Range '%s', %zu bytes)",
+		       q->bucket, q->key, (unsigned long long)q->off, (unsigned long long)last, why, k->status,
+		       k->range, k->got);
+}
 
 static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_req *q, struct sl_sink *k)
 {
@@ -397,8 +508,11 @@ static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct
 		if (s->token_header[0])
 			hdr = curl_slist_append(hdr, s->token_header);
 	}
+	for (int i = 0; i < 4 && q->hdr[i]; i++)
+		hdr = curl_slist_append(hdr, q->hdr[i]);
 	if (q->method == SL_HEAD) {
 		curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+		hdr = curl_slist_append(hdr, "x-amz-checksum-mode: ENABLED");
 	} else if (q->method == SL_GET) {
 		if (q->len) {
 			snprintf(range, sizeof(range), "Range: bytes=%llu-%llu", (unsigned long long)q->off,
@@ -442,6 +556,8 @@ static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct
 	if (cc != CURLE_OK)
 		return sl__err(sl_errno_of_curl(cc), "s3://%s/%s: %s (curl %d: %s)", bucket, key,
 			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc, curl_easy_strerror(cc));
+	if (q->method == SL_GET && q->len)
+		return sl_check_range(q, k);
 	return 0;
 }
 
@@ -489,8 +605,35 @@ static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_r
 	return rc;
 }
 
-int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t *size,
-		char *etag, size_t etag_cap)
+/*
+ * The checksum an answer's headers give (remote.h's struct sl__s3_meta):
+ * a full-object CRC32C or CRC32 is one a reader can check.  A composite
+ * one says so by its type, or by "-N" (its part count) after the value.
+ */
+static int sl_meta_sum(const struct sl_sink *k, struct sl__s3_meta *m, const char *bucket, const char *key)
+{
+	const char *v = k->sum_crc32c[0] ? k->sum_crc32c : k->sum_crc32;
+	const char *name = k->sum_crc32c[0] ? "crc32c" : "crc32";
+
+	m->sum_kind = SL_CRC_NONE;
+	m->sum_name[0] = 0;
+	if (!v[0]) {
+		if (k->sum_other[0])
+			snprintf(m->sum_name, sizeof(m->sum_name), "%.24s (not verified)", k->sum_other);
+		return 0;
+	}
+	if (!strcasecmp(k->sum_type, "COMPOSITE") || strchr(v, '-')) {
+		snprintf(m->sum_name, sizeof(m->sum_name), "%s composite (not verified)", name);
+		return 0;
+	}
+	if (sl_b64_u32(v, &m->sum))
+		return sl__err(-EIO, "s3://%s/%s: an unreadable x-amz-checksum-%s '%.40s'", bucket, key, name, v);
+	m->sum_kind = k->sum_crc32c[0] ? SL_CRC32C : SL_CRC32;
+	snprintf(m->sum_name, sizeof(m->sum_name), "%s", name);
+	return 0;
+}
+
+int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, struct sl__s3_meta *m)
 {
 	struct sl_req q = { .method = SL_HEAD, .bucket = bucket, .key = key };
 	struct sl_sink k = { 0 };
@@ -500,10 +643,9 @@ int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 		return rc;
 	if (!k.have_size)
 		return sl__err(-EIO, "s3://%s/%s: HEAD answered without a Content-Length", bucket, key);
-	*size = k.size;
-	if (etag && etag_cap)
-		snprintf(etag, etag_cap, "%s", k.etag);
-	return 0;
+	m->size = k.size;
+	snprintf(m->etag, sizeof(m->etag), "%s", k.etag);
+	return sl_meta_sum(&k, m, bucket, key);
 }
 
 ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t off,
@@ -524,12 +666,7 @@ ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char 
 	if (!len)
 		return 0;
 	rc = sl_request(s, c, &q, &k);
-	if (rc)
-		return rc;
-	/* 200 instead of 206 means the Range was ignored: the body would start at byte 0. */
-	if (k.status != 206 && !(k.status == 200 && off == 0))
-		return sl__err(-EIO, "s3://%s/%s: HTTP %ld to a range request", bucket, key, k.status);
-	return (ssize_t)k.got;
+	return rc ? rc : (ssize_t)k.got;
 }
 
 int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix, const char *delim,
@@ -569,12 +706,28 @@ int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 	return rc;
 }
 
+/* "x-amz-checksum-crc32c: BASE64" of crc into out. */
+static const char *sl_crc_header(char out[48], uint32_t crc)
+{
+	char b64[9];
+
+	sl_u32_b64(crc, b64);
+	snprintf(out, 48, "x-amz-checksum-crc32c: %s", b64);
+	return out;
+}
+
 int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, const void *src,
 	       size_t len)
 {
 	struct sl_req q = { .method = SL_PUT, .bucket = bucket, .key = key, .len = len, .buf = (void *)src };
 	struct sl_sink k = { 0 };
+	char sum[48];
 
+	/* The server checks the bytes it received against the sum and keeps it for readers. */
+	if (key[0]) {
+		q.hdr[0] = sl_crc_header(sum, sluice_crc32c(0, src, len));
+		q.hdr[1] = "x-amz-sdk-checksum-algorithm: CRC32C";
+	}
 	return sl_request(s, c, &q, &k);
 }
 
@@ -602,7 +755,9 @@ int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url,
 	if (!rc && !c)
 		rc = sl__err(-ENOMEM, "%s: no connection", url);
 	if (!rc)
-		rc = sl__s3_head(s3, c, o->bucket, o->key, size, o->etag, sizeof(o->etag));
+		rc = sl__s3_head(s3, c, o->bucket, o->key, &o->meta);
+	if (!rc)
+		*size = o->meta.size;
 	if (rc) {
 		free(o);
 		return rc;
@@ -629,6 +784,7 @@ struct sl_upload {
 	unsigned nparts;
 	_Atomic unsigned next;
 	char (*etag)[128];          /* each part's ETag, by part */
+	uint32_t *crc;              /* each part's CRC32C, by part */
 	struct sl__first_err fail;
 };
 
@@ -654,7 +810,7 @@ static void *sl_upload_parts(void *arg)
 		sl__first_err_keep(&u->fail, rc);
 	for (unsigned i; !rc && (i = atomic_fetch_add(&u->next, 1)) < u->nparts;) {
 		size_t off = (size_t)i * u->s->part_size, n = u->len - off < u->s->part_size ? u->len - off : u->s->part_size;
-		char query[600];
+		char query[600], sum[48];
 		struct sl_req q = { .method = SL_PUT, .bucket = u->bucket, .key = u->key, .query = query, .len = n,
 				    .buf = buf };
 		struct sl_sink k = { 0 };
@@ -663,8 +819,11 @@ static void *sl_upload_parts(void *arg)
 			break; /* another part failed: the upload is aborted, sending more is waste */
 		snprintf(query, sizeof(query), "?partNumber=%u&%s", i + 1, u->query_id);
 		rc = u->copy ? u->copy(u->copy_ctx, buf, u->src + off, n) : (memcpy(buf, u->src + off, n), 0);
-		if (!rc)
+		if (!rc) {
+			u->crc[i] = sluice_crc32c(0, buf, n);
+			q.hdr[0] = sl_crc_header(sum, u->crc[i]);
 			rc = sl_request(u->s, c, &q, &k);
+		}
 		if (!rc && !k.etag[0])
 			rc = sl__err(-EIO, "s3://%s/%s: part %u answered without an ETag", u->bucket, u->key, i + 1);
 		if (rc)
@@ -727,7 +886,9 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: %zu bytes take over 10000 parts of %zu: raise SLUICE_S3_PART_SIZE",
 			       bucket, key, len, s->part_size);
 	{
-		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key, .query = "?uploads=" };
+		/* The object's checksum will be the CRC32C of all its bytes, not one of the parts' sums. */
+		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key, .query = "?uploads=",
+				    .hdr = { "x-amz-checksum-algorithm: CRC32C", "x-amz-checksum-type: FULL_OBJECT" } };
 
 		rc = sl_request(s, c, &q, &k);
 	}
@@ -741,7 +902,8 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 		goto abort;
 	}
 	u.etag = calloc(u.nparts, sizeof(*u.etag));
-	if (!u.etag) {
+	u.crc = calloc(u.nparts, sizeof(*u.crc));
+	if (!u.etag || !u.crc) {
 		rc = -ENOMEM;
 		goto abort;
 	}
@@ -760,9 +922,16 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 	}
 	/* Complete: every part, in order, with its ETag (quotes escaped for XML). */
 	{
-		size_t cap = 64 + (size_t)u.nparts * 200, l;
+		size_t cap = 64 + (size_t)u.nparts * 260, l;
 		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key };
-		char query[600];
+		char query[600], sum[48], b64[9];
+		uint32_t whole = u.crc[0];
+
+		for (unsigned i = 1; i < u.nparts; i++)
+			whole = sl__crc32c_combine(whole, u.crc[i], i + 1 < u.nparts ? s->part_size
+										 : len - (size_t)i * s->part_size);
+		q.hdr[0] = sl_crc_header(sum, whole);
+		q.hdr[1] = "x-amz-checksum-type: FULL_OBJECT";
 
 		xml = malloc(cap);
 		if (!xml) {
@@ -771,7 +940,10 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 		}
 		l = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
 		for (unsigned i = 0; i < u.nparts; i++) {
-			l += (size_t)snprintf(xml + l, cap - l, "<Part><PartNumber>%u</PartNumber><ETag>", i + 1);
+			sl_u32_b64(u.crc[i], b64);
+			l += (size_t)snprintf(xml + l, cap - l,
+					      "<Part><PartNumber>%u</PartNumber><ChecksumCRC32C>%s</ChecksumCRC32C><ETag>",
+					      i + 1, b64);
 			for (const char *e = u.etag[i]; *e; e++)
 				l += (size_t)snprintf(xml + l, cap - l, "%s", *e == '"' ? "&quot;" : (char[2]){ *e, 0 });
 			l += (size_t)snprintf(xml + l, cap - l, "</ETag></Part>");
@@ -804,6 +976,7 @@ abort:
 out:
 	free(xml);
 	free(u.etag);
+	free(u.crc);
 	return rc;
 }
 
@@ -814,6 +987,8 @@ struct sl_download {
 	const char *bucket, *key, *etag;
 	uint64_t size;
 	int fd;
+	int sum_kind;               /* the object's checksum's kind, SL_CRC_NONE: none to check */
+	uint32_t *crc;              /* each chunk's CRC of that kind, by chunk */
 	const _Atomic int *cancel;
 	_Atomic uint64_t next;      /* chunk */
 	struct sl__first_err fail;
@@ -842,6 +1017,8 @@ static void *sl_download_chunks(void *arg)
 			got = sl__err(-EIO, "s3://%s/%s: %zd bytes at offset %llu, %zu expected (the object is shorter)",
 				      d->bucket, d->key, got, (unsigned long long)off, n);
 		rc = got < 0 ? (int)got : 0;
+		if (!rc && d->sum_kind)
+			d->crc[i] = sl__crc(d->sum_kind, 0, buf, n);
 		for (size_t w = 0; !rc && w < n;) {
 			ssize_t r = pwrite(d->fd, buf + w, n - w, (off_t)(off + w));
 
@@ -860,28 +1037,63 @@ static void *sl_download_chunks(void *arg)
 	return NULL;
 }
 
-int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, uint64_t size, const char *etag, int fd,
-		    const _Atomic int *cancel)
+/* One pass of a download (sl__s3_download); with d->sum_kind, d->crc holds the chunks' CRCs after. */
+static int sl_download_once(struct sl_download *d)
 {
-	struct sl_download d = { .s = s, .bucket = bucket, .key = key, .etag = etag, .size = size, .fd = fd,
-				 .cancel = cancel };
-	const uint64_t nchunks = (size + s->part_size - 1) / s->part_size;
+	struct sl__s3 *s = d->s;
+	const uint64_t nchunks = (d->size + s->part_size - 1) / s->part_size;
 	pthread_t th[256];
 	unsigned nth = 0;
 
-	if (ftruncate(fd, (off_t)size) < 0)
-		return sl__err(-errno, "s3://%s/%s: sizing its copy to %llu bytes: %s", bucket, key,
-			       (unsigned long long)size, strerror(errno));
-	pthread_mutex_init(&d.fail.lock, NULL);
+	atomic_store(&d->next, 0);
+	atomic_store(&d->fail.err, 0);
+	pthread_mutex_init(&d->fail.lock, NULL);
 	for (; nth < s->concurrency && nth < nchunks; nth++)
-		if (pthread_create(&th[nth], NULL, sl_download_chunks, &d))
+		if (pthread_create(&th[nth], NULL, sl_download_chunks, d))
 			break;
 	if (!nth && nchunks)
-		sl__first_err_keep(&d.fail, sl__err(-EAGAIN, "s3://%s/%s: no thread for the download", bucket, key));
+		sl__first_err_keep(&d->fail, sl__err(-EAGAIN, "s3://%s/%s: no thread for the download", d->bucket, d->key));
 	for (unsigned i = 0; i < nth; i++)
 		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&d.fail.lock);
-	return d.fail.err ? sl__err(d.fail.err, "%s", d.fail.detail) : 0;
+	pthread_mutex_destroy(&d->fail.lock);
+	return d->fail.err ? sl__err(d->fail.err, "%s", d->fail.detail) : 0;
+}
+
+int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const struct sl__s3_meta *m, int fd,
+		    const _Atomic int *cancel, int *verified)
+{
+	struct sl_download d = { .s = s, .bucket = bucket, .key = key, .etag = m->etag, .size = m->size, .fd = fd,
+				 .sum_kind = m->sum_kind, .cancel = cancel };
+	const uint64_t nchunks = (m->size + s->part_size - 1) / s->part_size;
+	uint32_t sum = 0;
+	int rc = 0;
+
+	if (verified)
+		*verified = 0;
+	if (ftruncate(fd, (off_t)m->size) < 0)
+		return sl__err(-errno, "s3://%s/%s: sizing its copy to %llu bytes: %s", bucket, key,
+			       (unsigned long long)m->size, strerror(errno));
+	if (d.sum_kind && !(d.crc = calloc(nchunks ? nchunks : 1, sizeof(*d.crc))))
+		return -ENOMEM;
+	/* A mismatch is downloaded once more (a byte flipped on the way), then is an error. */
+	for (int pass = 0; pass < 2; pass++) {
+		if ((rc = sl_download_once(&d)) || !d.sum_kind)
+			break;
+		sum = nchunks ? d.crc[0] : 0;
+		for (uint64_t i = 1; i < nchunks; i++)
+			sum = sl__crc_combine(d.sum_kind, sum, d.crc[i],
+					      i + 1 < nchunks ? s->part_size : m->size - i * s->part_size);
+		if (sum == m->sum)
+			break;
+		rc = sl__err(SLUICE_EVERIFY, "s3://%s/%s: the %s of the %llu bytes received is %08x, the object's is %08x%s",
+			     bucket, key, m->sum_name, (unsigned long long)m->size, sum, m->sum,
+			     pass ? " (downloaded twice)" : "");
+		sl__warn("s3", "%s", sluice_last_error_detail());
+	}
+	free(d.crc);
+	if (!rc && verified)
+		*verified = d.sum_kind != SL_CRC_NONE;
+	return rc;
 }
 
 /* The process's client from the environment, made once and kept. */

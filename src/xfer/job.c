@@ -143,24 +143,75 @@ ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job, struct slui
 	return err ? err : (ssize_t)atomic_load(&job->bytes);
 }
 
+/* A read of a whole s3:// object whose checksum sluice can match (remote.h's struct sl__s3_meta). */
+static int sl_whole_object(int op, const struct sluice_range *r)
+{
+	const struct sl__s3_obj *o = r->file->remote;
+
+	return op == SL_IO_READ && o && o->meta.sum_kind && r->offset == 0 && r->len == o->meta.size;
+}
+
+/*
+ * The ranges of a finished job that read whole objects, their pieces'
+ * CRCs folded in order (a range's pieces are consecutive and in file
+ * order) and matched; the bytes verified, or SLUICE_EVERIFY naming the
+ * first object that did not match.
+ */
+static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_range *r)
+{
+	int64_t verified = 0;
+
+	for (size_t p = 0; p < job->npieces;) {
+		const uint32_t k = job->pieces[p].range;
+		const struct sl__s3_obj *o = r[k].file->remote;
+		uint32_t crc = job->pieces[p].crc;
+
+		for (p++; p < job->npieces && job->pieces[p].range == k; p++)
+			if (sl_whole_object(job->op, &r[k]))
+				crc = sl__crc_combine(o->meta.sum_kind, crc, job->pieces[p].crc, job->pieces[p].len);
+		if (!sl_whole_object(job->op, &r[k]))
+			continue;
+		if (crc != o->meta.sum)
+			return sl__err(SLUICE_EVERIFY, "s3://%s/%s: the %s of the %llu bytes read is %08x, the object's is %08x",
+				       o->bucket, o->key, o->meta.sum_name, (unsigned long long)r[k].len, crc, o->meta.sum);
+		verified += (int64_t)r[k].len;
+	}
+	return verified;
+}
+
 ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r, size_t n,
 		struct sluice_xfer_report *rep)
 {
 	struct sl__job job;
 	ssize_t rc;
+	int64_t verified = 0;
+	int sums = 0;
 	uint64_t t0 = sl__now_ns();
 
 	sl__err_clear();
-	rc = sl__plan(eng, &job, op, r, n, 0);
-	if (rc) {
-		if (rep) {
-			memset(rep, 0, sizeof(*rep));
-			rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
+	for (size_t k = 0; k < n && !sums; k++)
+		sums = sl_whole_object(op, &r[k]);
+	/* A mismatch (bytes damaged on the way) is read once more, then is an error. */
+	for (int pass = 0; pass < 2; pass++) {
+		rc = sl__plan(eng, &job, op, r, n, sums ? SL_JOB_OBJECT_SUM : 0);
+		if (rc) {
+			if (rep) {
+				memset(rep, 0, sizeof(*rep));
+				rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
+			}
+			return rc;
 		}
-		return rc;
+		sl__job_submit(eng, &job);
+		rc = sl__job_wait(eng, &job, rep);
+		if (rc >= 0 && sums)
+			verified = sl_match_sums(&job, r);
+		sl__plan_free(&job);
+		if (rc < 0 || verified >= 0)
+			break;
+		rc = verified;
+		sl__warn("s3", "%s%s", sluice_last_error_detail(), pass ? " (read twice)" : "; reading it again");
 	}
-	sl__job_submit(eng, &job);
-	rc = sl__job_wait(eng, &job, rep);
-	sl__plan_free(&job);
+	if (rep && rc >= 0)
+		rep->bytes_verified = (uint64_t)verified;
 	return rc;
 }

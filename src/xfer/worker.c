@@ -531,7 +531,7 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 		}
 		err = sl__err((int)res, "%s: %s of %zu bytes at offset %llu failed: %s", s->file->path,
 			      sl->io.op == SL_IO_READ ? "read" : "write", sl->io.len,
-			      (unsigned long long)sl->io.offset, sluice_strerror((int)res));
+			      (unsigned long long)sl->io.offset, sl->io.detail[0] ? sl->io.detail : sluice_strerror((int)res));
 		goto out;
 	}
 	sl->got += (size_t)res;
@@ -565,7 +565,8 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 			struct sl__piece *p = &sl->job->pieces[s->piece0 + i];
 			const char *b = sl->zero_copy ? p->mem : sl->buf + sl->head + p->seg_off;
 
-			p->crc = sluice_crc32c(0, b, p->len);
+			p->crc = sl__crc(sl->job->crc == SL_JOB_OBJECT_SUM ? s->file->remote->meta.sum_kind : SL_CRC32C,
+					 0, b, p->len);
 		}
 	}
 	if (sl_copy_pieces(w, sl, &err)) {

@@ -43,6 +43,8 @@ struct sluice_file {
 	int writable;
 };
 
+enum { SL_JOB_CRC32C = 1, SL_JOB_OBJECT_SUM = 2 };
+
 /* Path codes for reports: backend, mode and destination kind. */
 enum { SL_P_URING = 0, SL_P_PSYNC = 1, SL_P_GDS = 2, SL_P_S3 = 3 };
 #define SL_PATH_CODES 40
@@ -68,7 +70,12 @@ struct sl__seg {
 
 struct sl__job {
 	int op;                    /* SL_IO_READ or SL_IO_WRITE */
-	int crc;                   /* workers compute each piece's CRC32C (reads) */
+	/*
+	 * Reads: workers compute each piece's CRC from its host bytes.
+	 * SL_JOB_CRC32C: CRC32C (records' sums); SL_JOB_OBJECT_SUM: of the
+	 * kind its s3:// object's checksum has (file->remote->meta.sum_kind).
+	 */
+	int crc;
 	int copy_gaps;             /* reads may fill gaps under 8 bytes between pieces */
 	struct sl__seg *segs;
 	struct sl__piece *pieces;

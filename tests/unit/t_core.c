@@ -106,7 +106,14 @@ static void t_crc_combine(void)
 		uint32_t a = sluice_crc32c(0, buf, cut), b = sluice_crc32c(0, buf + cut, sizeof(buf) - cut);
 
 		T_CHECK(sl__crc32c_combine(a, b, sizeof(buf) - cut) == sluice_crc32c(0, buf, sizeof(buf)));
+		a = sl__crc(SL_CRC32, 0, buf, cut);
+		b = sl__crc(SL_CRC32, 0, buf + cut, sizeof(buf) - cut);
+		T_CHECK(sl__crc_combine(SL_CRC32, a, b, sizeof(buf) - cut) == sl__crc(SL_CRC32, 0, buf, sizeof(buf)));
+		T_CHECK(sl__crc(SL_CRC32, a, buf + cut, sizeof(buf) - cut) == sl__crc(SL_CRC32, 0, buf, sizeof(buf)));
 	}
+	/* The check values of both: "123456789" (zlib's crc32 and iSCSI's CRC32C). */
+	T_CHECK(sl__crc(SL_CRC32, 0, "123456789", 9) == 0xCBF43926u);
+	T_CHECK(sl__crc(SL_CRC32C, 0, "123456789", 9) == 0xE3069283u);
 }
 
 int main(void)

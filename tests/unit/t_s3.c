@@ -36,6 +36,7 @@ int main(void)
 	struct sl__s3 *s, *bad;
 	struct sl__s3_conn *c;
 	uint64_t size = 0;
+	struct sl__s3_meta meta = { 0 };
 
 	if (!ep || !ak || !sk) {
 		printf("t_s3: SKIP (no S3 test server: run through tests/remote/with_s3_server.py)\n");
@@ -50,8 +51,12 @@ int main(void)
 
 	T_CHECK(sl__s3_put(s, c, "sluice-test", "", NULL, 0) == 0);
 	T_CHECK(sl__s3_put(s, c, "sluice-test", "dir/obj one+%.bin", obj, n) == 0);
-	T_CHECK(sl__s3_head(s, c, "sluice-test", "dir/obj one+%.bin", &size, etag, sizeof(etag)) == 0);
+	T_CHECK(sl__s3_head(s, c, "sluice-test", "dir/obj one+%.bin", &meta) == 0);
+	size = meta.size;
+	snprintf(etag, sizeof(etag), "%s", meta.etag);
 	T_CHECK(size == n && etag[0] == '"');
+	/* The PUT carried its CRC32C; the server keeps it and gives it back for readers to check. */
+	T_CHECK(meta.sum_kind == SL_CRC32C && meta.sum == sluice_crc32c(0, obj, n) && !strcmp(meta.sum_name, "crc32c"));
 
 	/* Ranged GETs on the same connection: the start, an odd middle, the tail, past the end. */
 	memset(got, 0xAA, n);
@@ -67,7 +72,8 @@ int main(void)
 	/* The object changes: a read pinned to the old ETag fails instead of mixing versions. */
 	obj[5] ^= 1;
 	T_CHECK(sl__s3_put(s, c, "sluice-test", "dir/obj one+%.bin", obj, n) == 0);
-	T_CHECK(sl__s3_head(s, c, "sluice-test", "dir/obj one+%.bin", &size, etag2, sizeof(etag2)) == 0);
+	T_CHECK(sl__s3_head(s, c, "sluice-test", "dir/obj one+%.bin", &meta) == 0);
+	snprintf(etag2, sizeof(etag2), "%s", meta.etag);
 	T_CHECK(strcmp(etag, etag2) != 0);
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "dir/obj one+%.bin", 0, 100, got, etag) == -ESTALE);
 	T_CHECK(strstr(sluice_last_error_detail(), "412") && strstr(sluice_last_error_detail(), "PreconditionFailed"));
@@ -77,7 +83,7 @@ int main(void)
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "missing", 0, 10, got, NULL) == -ENOENT);
 	T_CHECK(strstr(sluice_last_error_detail(), "s3://sluice-test/missing") &&
 		strstr(sluice_last_error_detail(), "NoSuchKey"));
-	T_CHECK(sl__s3_head(s, c, "no-such-bucket", "k", &size, NULL, 0) == -ENOENT);
+	T_CHECK(sl__s3_head(s, c, "no-such-bucket", "k", &meta) == -ENOENT);
 	T_CHECK(strstr(sluice_last_error_detail(), "s3://no-such-bucket/k"));
 
 	/* Listings: every page (1000 keys a page), one level with "/" as the delimiter, names that need escaping. */
@@ -197,6 +203,9 @@ int main(void)
 		memset(got, 0xAA, n);
 		T_CHECK(sluice_file_read(f, 0, n, got, &rep) == (ssize_t)n);
 		T_CHECK(!memcmp(got, obj, n) && rep.bytes == n && strstr(rep.path, "s3:buffered"));
+		/* A whole object is matched against its checksum; a range of it has none to match. */
+		T_CHECK(rep.bytes_verified == n);
+		T_CHECK(sluice_file_read(f, 10, n - 10, got, &rep) == (ssize_t)(n - 10) && rep.bytes_verified == 0);
 		/* Batched ranges, odd offsets and lengths, into odd host addresses. */
 		r[0] = (struct sluice_range){ f, 1, 1000, got2 + 3 };
 		r[1] = (struct sluice_range){ f, 2000000, 777777, got2 + 5000 };
@@ -256,7 +265,7 @@ int main(void)
 			T_CHECK(!memcmp(got, obj + i * 1000, 300000));
 		}
 		T_CHECK(sl__s3_put(fs, c, "sluice-test", "through-proxy", obj, 100000) == 0);
-		T_CHECK(sl__s3_head(fs, c, "sluice-test", "through-proxy", &size, NULL, 0) == 0 && size == 100000);
+		T_CHECK(sl__s3_head(fs, c, "sluice-test", "through-proxy", &meta) == 0 && meta.size == 100000);
 		sl__s3_close(fs);
 
 		setenv("AWS_ENDPOINT_URL", faulty, 1);
