@@ -2,8 +2,12 @@
 import json
 import os
 import subprocess
+import sys
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import s3server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
@@ -20,3 +24,31 @@ def ds_path(tmp_path_factory):
     subprocess.run([SLUICE, "pack", "--from-jsonl", str(d / "in.jsonl"), "--fields", "text,n", "--shard-size", "8K",
                     "--quiet", str(out)], check=True, capture_output=True)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """The S3 test server (tests/remote/s3server.py; one a process: moto counts its unauthenticated calls per
+    process), a bucket "pytest", and the AWS_* variables the engine's S3 client reads on its first s3:// path.
+    A boto3 client, with the server as .sluice_server."""
+    if s3server.ThreadedMotoServer is None:
+        pytest.skip(s3server.MOTO_MISSING)
+    boto3 = pytest.importorskip("boto3")
+    with s3server.S3Server() as srv:
+        saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                 "AWS_REGION", "HOME")}
+        os.environ.update(AWS_ENDPOINT_URL=srv.endpoint, AWS_ACCESS_KEY_ID=srv.access_key,
+                          AWS_SECRET_ACCESS_KEY=srv.secret_key, AWS_REGION="us-east-1",
+                          HOME=str(tmp_path_factory.mktemp("home")))
+        client = boto3.client("s3", endpoint_url=srv.endpoint, aws_access_key_id=srv.access_key,
+                              aws_secret_access_key=srv.secret_key, region_name="us-east-1")
+        client.create_bucket(Bucket="pytest")
+        client.sluice_server = srv
+        try:
+            yield client
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

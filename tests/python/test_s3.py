@@ -12,35 +12,8 @@ import pytest
 
 import sluice
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
-s3server = pytest.importorskip("s3server")
-if s3server.ThreadedMotoServer is None:
-    pytest.skip(s3server.MOTO_MISSING, allow_module_level=True)
+
 boto3 = pytest.importorskip("boto3")
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The server (one a process: moto counts its unauthenticated calls per process), a bucket, and the
-    AWS_* variables the engine's S3 client reads on its first s3:// path."""
-    with s3server.S3Server() as srv:
-        saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                                 "AWS_REGION", "HOME")}
-        os.environ.update(AWS_ENDPOINT_URL=srv.endpoint, AWS_ACCESS_KEY_ID=srv.access_key,
-                          AWS_SECRET_ACCESS_KEY=srv.secret_key, AWS_REGION="us-east-1",
-                          HOME=str(tmp_path_factory.mktemp("home")))
-        client = boto3.client("s3", endpoint_url=srv.endpoint, aws_access_key_id=srv.access_key,
-                              aws_secret_access_key=srv.secret_key, region_name="us-east-1")
-        client.create_bucket(Bucket="pytest")
-        client.sluice_server = srv
-        try:
-            yield client
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def test_read_object_into_numpy(s3):
