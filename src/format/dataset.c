@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,7 +51,9 @@ int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)
 	ds->file_bytes = calloc(n ? n : 1, sizeof(uint64_t));
 	ds->fds = malloc((n ? n : 1) * sizeof(*ds->fds));
 	ds->local = calloc(n ? n : 1, sizeof(char *));
-	if (!ds->file_bytes || !ds->fds || !ds->local)
+	ds->fetch_err = calloc(n ? n : 1, sizeof(char *));
+	ds->fetch_rc = calloc(n ? n : 1, sizeof(int));
+	if (!ds->file_bytes || !ds->fds || !ds->local || !ds->fetch_err || !ds->fetch_rc)
 		return -ENOMEM;
 	for (unsigned f = 0; f < n; f++)
 		atomic_init(&ds->fds[f], -1);
@@ -106,7 +109,11 @@ void sluice_dataset_close(struct sluice_dataset *ds)
 		free(ds->files[f]);
 	for (unsigned f = 0; ds->local && f < ds->nfiles; f++)
 		free(ds->local[f]);
+	for (unsigned f = 0; ds->fetch_err && f < ds->nfiles; f++)
+		free(ds->fetch_err[f]);
 	free(ds->local);
+	free(ds->fetch_err);
+	free(ds->fetch_rc);
 	pthread_mutex_destroy(&ds->local_lock);
 	free(ds->files);
 	free(ds->file_bytes);
@@ -173,9 +180,25 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 		ds->local[f] = NULL;
 	}
 	have = ds->local[f] != NULL;
+	/*
+	 * A file whose fetch failed (a full cache directory, say) is not
+	 * fetched again for each record: every later read fails the same way.
+	 */
+	if (!have && ds->fetch_rc[f])
+		rc = sl__err(ds->fetch_rc[f], "%s", ds->fetch_err[f] ? ds->fetch_err[f] : ds->files[f]);
 	pthread_mutex_unlock(&ds->local_lock);
+	if (rc)
+		return rc;
 	/* Fetched outside the lock: readers of other files go on meanwhile. */
-	if (!have && !(rc = sl__fs_local(ds->files[f], local, sizeof(local)))) {
+	if (!have && (rc = sl__fs_local(ds->files[f], local, sizeof(local))) && rc != -ECANCELED &&
+	    rc != -EINTR) {
+		pthread_mutex_lock(&ds->local_lock);
+		if (!ds->fetch_rc[f]) {
+			ds->fetch_rc[f] = rc;
+			ds->fetch_err[f] = strdup(sluice_last_error_detail());
+		}
+		pthread_mutex_unlock(&ds->local_lock);
+	} else if (!have && !rc) {
 		char *mine = strdup(local);
 
 		pthread_mutex_lock(&ds->local_lock);

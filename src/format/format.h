@@ -170,6 +170,8 @@ struct sluice_dataset {
 	uint64_t *file_records;  /* records in each file, or NULL if the format does not say */
 	_Atomic int *fds;        /* opened on first use */
 	char **local;            /* s3:// datasets: each file's cached copy, fetched on first use */
+	char **fetch_err;        /* and why its fetch failed: not tried again while the dataset is open */
+	int *fetch_rc;
 	pthread_mutex_t local_lock;
 	struct sl__prefetch *prefetch; /* s3:// datasets: the files fetched ahead, from the first use on */
 	int prefetch_tried;

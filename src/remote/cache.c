@@ -1,15 +1,24 @@
 /*
  * The local cache of remote objects (remote.h).  DIR/<h>.data is the
  * copy, DIR/<h>.meta says what it is a copy of (URL, endpoint, size,
- * ETag) and its modification time is the last use, DIR/<h>.lock is the
- * object's lock; h hashes the endpoint and the URL.  A copy is renamed into
- * place whole and its .meta written after it, so a crash leaves at worst a
- * copy whose .meta does not match: it is downloaded again.
+ * ETag, the object's checksum) and which file on disk it was written as
+ * (inode and ctime), and its modification time is the last use;
+ * DIR/<h>.lock is the object's lock; h hashes the endpoint and the URL.
+ * A copy is renamed into place whole and its .meta written after it, so a
+ * crash leaves at worst a copy whose .meta does not match: it is
+ * downloaded again.  DIR/<h>.part.PID is a download in progress; one whose
+ * process is gone is removed by the next eviction pass.
+ *
+ * A copy is checked on the way in (the download matches the object's
+ * checksum) and on reuse: a copy whose inode or ctime changed since it
+ * was written (something wrote into it) is checked against the checksum
+ * again, or downloaded again where the object has none.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,14 +93,26 @@ static void sl_cache_name(const char *endpoint, const char *url, char out[33])
 	snprintf(out, 33, "%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]);
 }
 
-/* The .meta's size and ETag, if it describes url at endpoint. */
-static int sl_meta_read(const char *path, const char *endpoint, const char *url, uint64_t *size, char *etag,
-			size_t cap)
+/* What a .meta says of its copy beside the object's own size and ETag. */
+struct sl_meta {
+	uint64_t size;
+	char etag[128];
+	int sum_kind;                 /* the object's checksum, SL_CRC_NONE if it has none */
+	uint32_t sum;
+	unsigned long long ino, ctime_ns; /* the copy as it was written */
+};
+
+/* The .meta, if it describes url at endpoint. */
+static int sl_meta_read(const char *path, const char *endpoint, const char *url, struct sl_meta *m)
 {
 	char line[4200], want_url[4200], want_ep[600];
+	uint64_t *size = &m->size;
+	char *etag = m->etag;
+	size_t cap = sizeof(m->etag);
 	int have = 0;
 	FILE *f = fopen(path, "re");
 
+	memset(m, 0, sizeof(*m));
 	if (!f)
 		return -1;
 	snprintf(want_url, sizeof(want_url), "url %s\n", url);
@@ -107,6 +128,10 @@ static int sl_meta_read(const char *path, const char *endpoint, const char *url,
 			snprintf(etag, cap, "%s", line + 5);
 			etag[strcspn(etag, "\n")] = 0;
 			have |= 8;
+		} else if (!strncmp(line, "sum ", 4) && sscanf(line + 4, "%d %x", &m->sum_kind, &m->sum) != 2) {
+			m->sum_kind = SL_CRC_NONE;
+		} else if (!strncmp(line, "stamp ", 6)) {
+			(void)!sscanf(line + 6, "%llu %llu", &m->ino, &m->ctime_ns);
 		}
 	}
 	fclose(f);
@@ -144,7 +169,21 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 	while ((e = readdir(d))) {
 		size_t l = strlen(e->d_name);
 		struct stat sd, sm;
+		char *end;
+		long pid;
 
+		/* Downloads in progress count; those of processes that are gone are removed. */
+		if (l > 38 && !strncmp(e->d_name + 32, ".part.", 6) && (pid = strtol(e->d_name + 38, &end, 10)) > 0 &&
+		    !*end) {
+			snprintf(p, sizeof(p), "%s/%s", c->dir, e->d_name);
+			if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
+				if (unlink(p) == 0)
+					sl__debug("cache", "%s: removed (its process %ld is gone)", p, pid);
+			} else if (stat(p, &sd) == 0) {
+				total += (uint64_t)sd.st_blocks * 512;
+			}
+			continue;
+		}
 		if (l != 37 || strcmp(e->d_name + 32, ".meta") || !strncmp(e->d_name, self, 32))
 			continue;
 		snprintf(p, sizeof(p), "%s/%.32s.data", c->dir, e->d_name);
@@ -188,15 +227,92 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 	return rc;
 }
 
+/* The CRC (of kind) of the file at path; 0 or -errno. */
+static int sl_file_crc(const char *path, int kind, uint32_t *crc)
+{
+	enum { CHUNK = 4 << 20 };
+	char *buf = malloc(CHUNK);
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+	ssize_t n;
+
+	*crc = 0;
+	if (fd < 0 || !buf)
+		rc = fd < 0 ? -errno : -ENOMEM;
+	while (!rc && (n = read(fd, buf, CHUNK)) != 0) {
+		if (n < 0 && errno != EINTR)
+			rc = -errno;
+		else if (n > 0)
+			*crc = sl__crc(kind, *crc, buf, (size_t)n);
+	}
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return rc;
+}
+
+/* Writes the .meta at p for the copy at local of url (m: the object as its HEAD said). */
+static int sl_meta_write(const char *p, const char *local, const char *url, const char *endpoint,
+			 const struct sl__s3_meta *m)
+{
+	char tmp[4200];
+	struct stat st;
+	FILE *f;
+	int ok;
+
+	if (stat(local, &st) < 0)
+		return sl__err(-errno, "%s: %s", local, strerror(errno));
+	snprintf(tmp, sizeof(tmp), "%s.%d", p, (int)getpid());
+	errno = 0;
+	f = fopen(tmp, "we");
+	ok = f && fprintf(f, "url %s\nendpoint %s\nsize %llu\netag %s\nsum %d %08x\nstamp %llu %llu\n", url, endpoint,
+			  (unsigned long long)m->size, m->etag, m->sum_kind, m->sum, (unsigned long long)st.st_ino,
+			  (unsigned long long)st.st_ctim.tv_sec * 1000000000ull + (unsigned long long)st.st_ctim.tv_nsec) > 0;
+	if (f && fclose(f) != 0)
+		ok = 0;
+	if (!ok || rename(tmp, p) < 0) {
+		int e = errno ? errno : EIO;
+
+		unlink(tmp);
+		return sl__err(-e, "%s: %s", p, strerror(e));
+	}
+	return 0;
+}
+
+/*
+ * 1 if the copy at local is the object m describes: the .meta at p says
+ * so, and the copy is the file written then (same inode and ctime) or,
+ * where it changed, still matches the object's checksum.
+ */
+static int sl_copy_good(const char *p, const char *local, const char *url, const char *endpoint,
+			const struct sl__s3_meta *m)
+{
+	struct sl_meta have;
+	struct stat st;
+	uint32_t crc;
+
+	if (sl_meta_read(p, endpoint, url, &have) || have.size != m->size || strcmp(have.etag, m->etag) ||
+	    stat(local, &st) < 0 || (uint64_t)st.st_size != m->size)
+		return 0;
+	if (have.ino == (unsigned long long)st.st_ino &&
+	    have.ctime_ns == (unsigned long long)st.st_ctim.tv_sec * 1000000000ull + (unsigned long long)st.st_ctim.tv_nsec)
+		return 1;
+	if (!m->sum_kind || sl_file_crc(local, m->sum_kind, &crc) || crc != m->sum) {
+		sl__warn("cache", "%s: the cached copy %s was changed on disk%s; downloading it again", url, local,
+			 m->sum_kind ? " and no longer matches the object's checksum" : "");
+		return 0;
+	}
+	return sl_meta_write(p, local, url, endpoint, m) == 0;
+}
+
 static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomic int *cancel)
 {
 	struct sl_cache c;
 	struct sl__s3 *s3;
 	struct sl__s3_conn *conn = sl__s3_thread_conn();
-	char bucket[64], key[1025], etag[128], have_etag[128], name[33], p[4096], part[4200];
-	uint64_t size, have_size;
+	char bucket[64], key[1025], name[33], p[4096], part[4200];
 	struct sl__s3_meta m;
-	struct stat st;
+	struct statvfs vfs;
+	const char *ep;
 	int lock = -1, fd = -1, rc;
 
 	if ((rc = sl__s3_parse_url(url, bucket, sizeof(bucket), key, sizeof(key))))
@@ -209,9 +325,8 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		return sl__err(-ENOMEM, "%s: no connection", url);
 	if ((rc = sl__s3_head(s3, conn, bucket, key, &m)))
 		return rc;
-	size = m.size;
-	snprintf(etag, sizeof(etag), "%s", m.etag);
-	sl_cache_name(sl__s3_conf(s3)->endpoint, url, name);
+	ep = sl__s3_conf(s3)->endpoint;
+	sl_cache_name(ep, url, name);
 	if ((size_t)snprintf(local, cap, "%s/%s.data", c.dir, name) >= cap)
 		return sl__err(-ENAMETOOLONG, "%s: the cache path is too long", c.dir);
 	snprintf(p, sizeof(p), "%s/%s.lock", c.dir, name);
@@ -220,21 +335,38 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 	while (flock(lock, LOCK_EX) < 0 && errno == EINTR)
 		;
 	snprintf(p, sizeof(p), "%s/%s.meta", c.dir, name);
-	if (sl_meta_read(p, sl__s3_conf(s3)->endpoint, url, &have_size, have_etag, sizeof(have_etag)) == 0 &&
-	    have_size == size && !strcmp(have_etag, etag) && stat(local, &st) == 0 && (uint64_t)st.st_size == size) {
+	if (sl_copy_good(p, local, url, ep, &m)) {
 		utimensat(AT_FDCWD, p, NULL, 0); /* used now */
 		sl__debug("cache", "%s: cached as %s", url, local);
 		goto out;
 	}
-	if ((rc = sl_cache_make_room(&c, name, size, url)))
+	if ((rc = sl_cache_make_room(&c, name, m.size, url)))
 		goto out;
+	/* A copy that cannot fit on the disk is not started: nothing is downloaded to be thrown away. */
+	if (statvfs(c.dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < m.size) {
+		rc = sl__err(-ENOSPC, "%s: %llu bytes do not fit in the cache directory %s (%llu bytes free): free space "
+			     "there, or set SLUICE_CACHE_DIR to a larger disk", url, (unsigned long long)m.size, c.dir,
+			     (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+		goto out;
+	}
 	snprintf(part, sizeof(part), "%s/%s.part.%d", c.dir, name, (int)getpid());
 	fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 		goto out;
 	}
+	/* The space reserved first: a full disk fails here, before any byte is fetched. */
+	if (m.size && (rc = posix_fallocate(fd, 0, (off_t)m.size)) && rc != EOPNOTSUPP && rc != EINVAL) {
+		rc = sl__err(-rc, "%s: %llu bytes do not fit in the cache directory %s: %s", url,
+			     (unsigned long long)m.size, c.dir, strerror(rc));
+		close(fd);
+		unlink(part);
+		goto out;
+	}
 	rc = sl__s3_download(s3, bucket, key, &m, fd, cancel, NULL);
+	if (rc == -ENOSPC || rc == -EDQUOT)
+		rc = sl__err(rc, "%s; the cache directory %s is full: free space there, or set SLUICE_CACHE_DIR to a "
+			     "larger disk", sluice_last_error_detail(), c.dir);
 	if (!rc && close(fd) < 0)
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 	else if (rc)
@@ -246,24 +378,8 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		unlink(part);
 		goto out;
 	}
-	{
-		char tmp[4200];
-		FILE *f;
-
-		int ok;
-
-		snprintf(tmp, sizeof(tmp), "%s.%d", p, (int)getpid());
-		f = fopen(tmp, "we");
-		ok = f && fprintf(f, "url %s\nendpoint %s\nsize %llu\netag %s\n", url, sl__s3_conf(s3)->endpoint,
-				  (unsigned long long)size, etag) > 0;
-		if (f && fclose(f) != 0)
-			ok = 0;
-		if (!ok || rename(tmp, p) < 0) {
-			rc = sl__err(errno ? -errno : -EIO, "%s: %s", p, strerror(errno ? errno : EIO));
-			unlink(tmp);
-		}
-	}
-	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", url, local, (unsigned long long)size);
+	rc = sl_meta_write(p, local, url, ep, &m);
+	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", url, local, (unsigned long long)m.size);
 out:
 	close(lock);
 	return rc;

@@ -273,6 +273,85 @@ def test_cache_limit_evicts_least_recently_used(s3, cache, tmp_path, monkeypatch
     assert "SLUICE_CACHE_LIMIT" in str(e.value)
 
 
+def _big_tree(root, n, size, seed=4):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        os.makedirs(root / "c", exist_ok=True)
+        rng.integers(0, 256, size=size, dtype=np.uint8).tofile(root / "c" / f"f{i:03d}.bin")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_cache_on_a_full_disk_ends_with_a_clear_error(s3, tmp_path):
+    """The cache directory on a 64 MiB file system, a dataset of 24 MiB shards (92 MB): reading it through
+    ends (correct records, or an error naming the cache directory) with the bytes fetched within a small
+    multiple of the dataset; no shard is fetched again for each record."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        _big_tree(tmp_path / "src", n=23, size=4 << 20)
+        r = subprocess.run([_sluice_bin(), "pack", "--from-dir", str(tmp_path / "src"), "--shard-size", "24M",
+                            "--quiet", "s3://pytest/full/"], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, SLUICE_CACHE_DIR=str(tmp_path / "stage")))
+        assert r.returncode == 0, r.stderr
+        total = sum(o["Size"] for o in s3.list_objects_v2(Bucket="pytest", Prefix="full/")["Contents"])
+        proxy = s3.sluice_server.fault_proxy(faults=())
+        env = dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint, SLUICE_CACHE_DIR=str(mnt / "cache"))
+        env.pop("SLUICE_CACHE_LIMIT", None)
+        # Every record asked for, as a loader that skips a failed one would: each must be right or fail
+        # with an error that names the cache directory.
+        code = ("import sluice, sys\n"
+                "ds = sluice.Dataset('s3://pytest/full')\n"
+                "good = 0\n"
+                "for i in range(len(ds)):\n"
+                "    try:\n"
+                "        good += len(ds[i]['data']) == 4 << 20\n"
+                "    except sluice.SluiceError as e:\n"
+                "        print('ERROR', e, file=sys.stderr)\n"
+                "print(good)\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        errors = r.stderr.splitlines()
+        assert int(r.stdout) + len(errors) == 23, r.stdout + r.stderr
+        assert all(str(mnt / "cache") in e for e in errors), errors[:3]
+        assert proxy.sent <= 3 * total, f"{proxy.sent} bytes fetched for a dataset of {total}"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_cache_copy_changed_on_disk_is_fetched_again(s3, cache, tmp_path):
+    """A cached shard written into after its download (a byte flipped on disk) is seen on its next use (its
+    ctime changed, and it no longer matches the object's checksum) and downloaded again."""
+    _tree(tmp_path / "src", seed=7)
+    assert _pack(tmp_path / "src", "s3://pytest/ds5", shard_size="1G").returncode == 0
+    assert _pack(tmp_path / "src", str(tmp_path / "local")).returncode == 0
+    want = _records(sluice.Dataset(str(tmp_path / "local")))
+    assert _records(sluice.Dataset("s3://pytest/ds5")) == want
+    for p in os.listdir(cache):
+        if p.endswith(".data"):
+            with open(cache / p, "r+b") as f:  # the header's first byte: "bad magic" without the check
+                b = f.read(1)
+                f.seek(0)
+                f.write(bytes([b[0] ^ 0xFF]))
+    assert _records(sluice.Dataset("s3://pytest/ds5")) == want
+
+
+def test_cache_removes_downloads_of_dead_processes(s3, cache, tmp_path):
+    """A .part file left by a process that died is removed by the next download's eviction pass; a live one's
+    stays and counts under the limit."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.makedirs(cache, exist_ok=True)
+    stale, live = cache / ("0" * 32 + f".part.{dead.pid}"), cache / ("1" * 32 + f".part.{os.getpid()}")
+    stale.write_bytes(b"x" * 100000)
+    live.write_bytes(b"y" * 100000)
+    _tree(tmp_path / "src", seed=8)
+    assert _pack(tmp_path / "src", "s3://pytest/ds6", shard_size="1G").returncode == 0
+    assert len(sluice.Dataset("s3://pytest/ds6")) == 24
+    assert not stale.exists() and live.exists()
+
+
 def test_copy_both_ways(s3, tmp_path):
     """`sluice cp` and sluice.copy: a file up and down, a tree up and down (-r), all byte for byte; what cannot be
     copied is refused, naming it."""

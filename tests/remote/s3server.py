@@ -163,6 +163,7 @@ class FaultProxy(http.server.ThreadingHTTPServer):
         self.counts = {}  # (method, path without the query) -> requests seen
         self.headers = []  # (method, path, {header: value}) of each request, in order
         self.faulted = 0
+        self.sent = 0  # body bytes of the answers to GETs
         super().__init__(("127.0.0.1", 0), FaultHandler)
 
     @property
@@ -247,6 +248,9 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
             data = data[:i] + bytes([data[i] ^ 0x10]) + data[i + 1:]
         if fault:
             srv.faulted += 1
+        if self.command == "GET":
+            with srv.lock:
+                srv.sent += len(data)
         self.send_response(r.status)
         for k, v in hdrs:
             self.send_header(k, v)
