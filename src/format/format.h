@@ -193,11 +193,21 @@ SL_HIDDEN int sl__mmidx_parse(const unsigned char *p, size_t len, struct sl__mmi
 /* WebDataset: scan a tar held in memory into a sidecar image (fuzzing, tests). */
 SL_HIDDEN int sl__wds_scan_mem(const void *p, size_t len, unsigned char **out, size_t *out_len);
 /*
- * Checks a sidecar image against the tar's size and mtime: 0 valid, 1 stale,
- * SLUICE_EFORMAT malformed.
+ * What a sidecar index is the index of: the tar as it was when scanned.
+ * A rewrite in place that keeps the size and restores the mtime (rsync -t,
+ * cp -p, tar -x) still changes the ctime and often the inode; the
+ * fingerprint (CRC32C of its first and last 4 KiB) catches the rest.
  */
-SL_HIDDEN int sl__wds_parse(const unsigned char *p, size_t len, uint64_t size, uint64_t mtime, unsigned *nkeys,
-			    char keys[][256], uint64_t *nsamples, size_t *entries_off);
+struct sl__wds_stamp {
+	uint64_t size, mtime_ns, ctime_ns, ino;
+	uint32_t fingerprint;
+};
+/*
+ * Checks a sidecar image against the tar's stamp: 0 valid, 1 stale,
+ * SLUICE_EFORMAT malformed.  *skipped: the members the scan skipped.
+ */
+SL_HIDDEN int sl__wds_parse(const unsigned char *p, size_t len, const struct sl__wds_stamp *want, unsigned *nkeys,
+			    char keys[][256], uint64_t *nsamples, size_t *entries_off, uint32_t *skipped);
 
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_native_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;

@@ -1,19 +1,29 @@
 /*
- * Reader of WebDataset tar shards, in place.  A sample is the run of
- * consecutive members whose names share a key (the path up to the first
- * dot of the last component); the rest of the name is the field ("jpg",
- * "cls", "seg.png").  Tar parsing is libarchive's; sluice keeps, per tar,
- * a sidecar index (NAME.tar.sluice-idx) built once and rebuilt when the
- * tar's size or mtime changes:
+ * Reader of WebDataset tar shards, in place, reading what webdataset's own
+ * reader reads.  A sample is the run of consecutive members whose names
+ * share a key (the path up to the first dot of the last component); the
+ * rest of the name, lowercased, is the field ("jpg", "cls", "seg.png").
+ * Members webdataset skips are skipped and counted: links and other
+ * non-regular members, names it cannot split into key.field (no dot in the
+ * last component, a top-level dotfile), and metadata ("__index__", and
+ * "__meta__" with what is below it).  A sparse member (tar --sparse) is
+ * refused: its bytes are not stored in place.
  *
- *   char magic[8] "SLUICEWD"; u32 version 1; u32 nkeys K; u64 tar size;
- *   u64 tar mtime (ns); u64 nsamples N; u32 CRC of bytes 0..39; u32 0;
+ * Tar parsing is libarchive's; sluice keeps, per tar, a sidecar index
+ * (NAME.tar.sluice-idx) built once and rebuilt when the tar changes (its
+ * stamp: size, mtime, ctime, inode and a fingerprint of its ends):
+ *
+ *   char magic[8] "SLUICEWD"; u32 version 2; u32 nkeys K; u64 tar size;
+ *   u64 tar mtime (ns); u64 nsamples N; u64 tar ctime (ns); u64 inode;
+ *   u32 fingerprint; u32 members skipped; u32 CRC of bytes 72..end;
+ *   u32 CRC of bytes 0..67;
  *   K x { u16 length, name bytes } padded to 8;
  *   N x { u64 span offset; u32 span length; K x { u32 offset in span; u32 length } }
  *
  * A field a sample lacks has offset 0xFFFFFFFF.  The span runs from the
  * first member's data to the last member's data end, so one read brings
- * the whole sample.
+ * the whole sample.  Version 1 sidecars (no ctime, inode or fingerprint)
+ * are rebuilt.
  */
 #include <archive.h>
 #include <archive_entry.h>
@@ -29,6 +39,7 @@
 #include "format/format.h"
 
 #define SL_WDS_MAGIC "SLUICEWD"
+#define SL_WDS_HEADER 72
 #define SL_WDS_SUFFIX ".sluice-idx"
 #define SL_WDS_ABSENT 0xFFFFFFFFu
 
@@ -99,49 +110,76 @@ static int sl_grow(void **v, size_t *cap, size_t n, size_t sz)
 	return 0;
 }
 
-/* Rejects names that would escape a directory if extracted. */
-static int sl_name_safe(const char *n)
+/*
+ * Splits a member's name as webdataset does (its base_plus_ext: the regex
+XX the key's length and the field, or
+ * 0 where it cannot (the member is skipped).  The key runs to the first dot
+ * of the last component; a dotfile ("d/.x") takes the directory before it
+ * as its key ("d/") where that holds no dot.
+ */
+static int sl_wds_split(const char *path, size_t *keylen, const char **field)
 {
-	if (!*n || *n == '/')
-		return 0;
-	for (const char *p = n; *p;) {
-		const char *s = strchr(p, '/');
-		size_t l = s ? (size_t)(s - p) : strlen(p);
+	const char *slash = strrchr(path, '/'), *last = slash ? slash + 1 : path, *dot = strchr(last, '.');
+	const char *from;
 
-		if (l == 2 && p[0] == '.' && p[1] == '.')
+	if (!dot)
+		return 0; /* the field would hold a '/' */
+	if (dot == last) {
+		if (!slash)
+			return 0; /* a top-level dotfile: no key */
+		for (from = slash; from > path && from[-1] != '/'; from--)
+			;
+		if (memchr(from, '.', (size_t)(dot - from)))
 			return 0;
-		p += l + (s ? 1 : 0);
 	}
+	if (!dot[1])
+		return 0; /* an empty field: no name for it */
+	*keylen = (size_t)(dot - path);
+	*field = dot + 1;
 	return 1;
+}
+
+/* webdataset's skip_meta, __[^/]*__($|/): metadata members such as "__index__" or "__meta__/x". */
+static int sl_wds_meta(const char *path)
+{
+	size_t l = strcspn(path, "/");
+
+	return l >= 4 && !strncmp(path, "__", 2) && !strncmp(path + l - 2, "__", 2);
 }
 
 /*
  * Reads every member of an opened archive into a sidecar image.  name is
- * the tar's path, for messages; size and mtime go into the header.
+ * the tar's path, for messages; the stamp goes into the header.
  */
-static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint64_t mtime,
+static int sl_wds_scan(struct archive *a, const char *name, const struct sl__wds_stamp *stamp,
 		       unsigned char **out, size_t *out_len)
 {
+	const uint64_t size = stamp->size;
 	struct sl_wds_build b;
 	struct archive_entry *ent;
+	uint32_t skipped = 0;
 	int rc = 0, r;
 
 	memset(&b, 0, sizeof(b));
 	while ((r = archive_read_next_header(a, &ent)) == ARCHIVE_OK) {
-		const char *path = archive_entry_pathname(ent), *base, *dot;
+		const char *path = archive_entry_pathname(ent), *dot;
 		int64_t msize = archive_entry_size(ent);
 		uint64_t data = (uint64_t)archive_filter_bytes(a, -1);
+		char field[256];
 		size_t keylen;
 		unsigned k;
 
 		if (!path || archive_entry_filetype(ent) == AE_IFDIR)
 			continue;
-		if (archive_entry_filetype(ent) != AE_IFREG) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' is not a regular file", name, path);
-			break;
+		/* What webdataset skips: links and devices, names it cannot split, metadata. */
+		if (archive_entry_filetype(ent) != AE_IFREG || archive_entry_hardlink(ent) ||
+		    !sl_wds_split(path, &keylen, &dot) || sl_wds_meta(path)) {
+			skipped++;
+			continue;
 		}
-		if (!sl_name_safe(path)) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' has an absolute path or '..'", name, path);
+		if (archive_entry_sparse_count(ent) > 0) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' is a sparse file (tar --sparse), whose bytes are not "
+				     "stored in place; write the tar without --sparse", name, path);
 			break;
 		}
 		if (msize < 0 || (uint64_t)msize > size || data > size - (uint64_t)msize || msize > UINT32_MAX) {
@@ -149,18 +187,15 @@ static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint6
 				     name, path, (long long)msize, (unsigned long long)data, (unsigned long long)size);
 			break;
 		}
-		base = strrchr(path, '/');
-		base = base ? base + 1 : path;
-		dot = strchr(base, '.');
-		if (!dot || !dot[1] || dot == base) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' has no key.field name", name, path);
-			break;
-		}
-		keylen = (size_t)(dot - path);
-		if (keylen >= sizeof(b.cur) || strlen(dot + 1) > 255) {
+		if (keylen >= sizeof(b.cur) || strlen(dot) > 255) {
 			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s': name too long", name, path);
 			break;
 		}
+		/* Fields are lowercased, as webdataset's group_by_keys does: a.JPG and b.jpg share one. */
+		for (k = 0; dot[k]; k++)
+			field[k] = (char)((dot[k] >= 'A' && dot[k] <= 'Z') ? dot[k] - 'A' + 'a' : dot[k]);
+		field[k] = 0;
+		dot = field - 1;
 		if (!b.open || strncmp(b.cur, path, keylen) || b.cur[keylen]) {
 			if (b.nsamples >= UINT32_MAX || (rc = sl_grow((void **)&b.samples, &b.samples_cap, b.nsamples,
 								      sizeof(*b.samples))))
@@ -210,20 +245,23 @@ static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint6
 
 		for (unsigned k = 0; k < b.nkeys; k++)
 			keys += 2 + strlen(b.keys[k]);
-		off = 48 + sl_pad8(keys);
+		off = SL_WDS_HEADER + sl_pad8(keys);
 		img = calloc(1, off + stride * b.nsamples + 1);
 		if (!img) {
 			rc = -ENOMEM;
 		} else {
-			unsigned char *q = img + 48;
+			unsigned char *q = img + SL_WDS_HEADER;
 
 			memcpy(img, SL_WDS_MAGIC, 8);
-			sl__put32(img + 8, 1);
+			sl__put32(img + 8, 2);
 			sl__put32(img + 12, b.nkeys);
 			sl__put64(img + 16, size);
-			sl__put64(img + 24, mtime);
+			sl__put64(img + 24, stamp->mtime_ns);
 			sl__put64(img + 32, b.nsamples);
-			sl__put32(img + 40, sluice_crc32c(0, img, 40));
+			sl__put64(img + 40, stamp->ctime_ns);
+			sl__put64(img + 48, stamp->ino);
+			sl__put32(img + 56, stamp->fingerprint);
+			sl__put32(img + 60, skipped);
 			for (unsigned k = 0; k < b.nkeys; k++) {
 				size_t l = strlen(b.keys[k]);
 
@@ -244,6 +282,8 @@ static int sl_wds_scan(struct archive *a, const char *name, uint64_t size, uint6
 					sl__put32(e + 16 + 8 * b.members[m].key, b.members[m].len);
 				}
 			}
+			sl__put32(img + 64, sluice_crc32c(0, img + SL_WDS_HEADER, off - SL_WDS_HEADER + stride * b.nsamples));
+			sl__put32(img + 68, sluice_crc32c(0, img, 68));
 			*out = img;
 			*out_len = off + stride * b.nsamples;
 		}
@@ -266,30 +306,36 @@ int sl__wds_scan_mem(const void *p, size_t len, unsigned char **out, size_t *out
 	if (archive_read_open_memory(a, p, len) != ARCHIVE_OK)
 		rc = sl__err(SLUICE_EFORMAT, "(memory): %s", archive_error_string(a));
 	else
-		rc = sl_wds_scan(a, "(memory)", len, 0, out, out_len);
+		rc = sl_wds_scan(a, "(memory)", &(struct sl__wds_stamp){ .size = len }, out, out_len);
 	archive_read_free(a);
 	return rc;
 }
 
 /* ---- sidecar parsing (bytes from disk: checked like any outside input) ---- */
 
-int sl__wds_parse(const unsigned char *p, size_t len, uint64_t size, uint64_t mtime, unsigned *nkeys,
-		  char keys[][256], uint64_t *nsamples, size_t *entries_off)
+int sl__wds_parse(const unsigned char *p, size_t len, const struct sl__wds_stamp *want, unsigned *nkeys,
+		  char keys[][256], uint64_t *nsamples, size_t *entries_off, uint32_t *skipped)
 {
 	const unsigned char *q, *end = p + len;
 	size_t stride;
 
-	if (len < 48 || memcmp(p, SL_WDS_MAGIC, 8) || sl__le32(p + 8) != 1)
+	if (len >= 12 && !memcmp(p, SL_WDS_MAGIC, 8) && sl__le32(p + 8) == 1)
+		return 1; /* the first version's: not keyed on enough, rebuilt */
+	if (len < SL_WDS_HEADER || memcmp(p, SL_WDS_MAGIC, 8) || sl__le32(p + 8) != 2)
 		return sl__err(SLUICE_EFORMAT, "not a sluice WebDataset index");
-	if (SL_CRC_BAD(sl__le32(p + 40), sluice_crc32c(0, p, 40)))
+	if (SL_CRC_BAD(sl__le32(p + 68), sluice_crc32c(0, p, 68)))
 		return sl__err(SLUICE_EFORMAT, "index header CRC mismatch");
-	if (sl__le64(p + 16) != size || sl__le64(p + 24) != mtime)
+	if (sl__le64(p + 16) != want->size || sl__le64(p + 24) != want->mtime_ns || sl__le64(p + 40) != want->ctime_ns ||
+	    sl__le64(p + 48) != want->ino || sl__le32(p + 56) != want->fingerprint)
 		return 1; /* stale: the tar changed since */
+	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + SL_WDS_HEADER, len - SL_WDS_HEADER)))
+		return sl__err(SLUICE_EFORMAT, "index CRC mismatch");
 	*nkeys = sl__le32(p + 12);
 	*nsamples = sl__le64(p + 32);
+	*skipped = sl__le32(p + 60);
 	if (*nkeys > SLUICE_MAX_FIELDS)
 		return sl__err(SLUICE_EFORMAT, "index declares %u fields", *nkeys);
-	q = p + 48;
+	q = p + SL_WDS_HEADER;
 	for (unsigned k = 0; k < *nkeys; k++) {
 		size_t l;
 
@@ -304,7 +350,7 @@ int sl__wds_parse(const unsigned char *p, size_t len, uint64_t size, uint64_t mt
 			return sl__err(SLUICE_EFORMAT, "index key %u malformed", k);
 		q += 2 + l;
 	}
-	*entries_off = 48 + sl_pad8((size_t)(q - p - 48));
+	*entries_off = SL_WDS_HEADER + sl_pad8((size_t)(q - p - SL_WDS_HEADER));
 	stride = 12 + 8 * (size_t)*nkeys;
 	if (*entries_off > len || *nsamples > (len - *entries_off) / stride || *entries_off + stride * *nsamples != len)
 		return sl__err(SLUICE_EFORMAT, "index size does not match %llu samples", (unsigned long long)*nsamples);
@@ -341,17 +387,43 @@ static int sl_wds_probe(const char *path)
 	return tar;
 }
 
+/* The tar's stamp (format.h): what its sidecar must have been built from. */
+static int sl_wds_stamp(const char *tar, struct sl__wds_stamp *s)
+{
+	unsigned char head[4096], tail[4096];
+	struct stat st;
+	ssize_t h = 0, t = 0;
+	int fd = open(tar, O_RDONLY | O_CLOEXEC), rc = 0;
+
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		rc = sl__err(-errno, "%s: %s", tar, strerror(errno));
+	} else {
+		s->size = (uint64_t)st.st_size;
+		s->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+		s->ctime_ns = (uint64_t)st.st_ctim.tv_sec * 1000000000ull + (uint64_t)st.st_ctim.tv_nsec;
+		s->ino = (uint64_t)st.st_ino;
+		h = pread(fd, head, sizeof(head), 0);
+		t = st.st_size > (off_t)sizeof(head) ? pread(fd, tail, sizeof(tail), st.st_size - (off_t)sizeof(tail)) : 0;
+		if (h < 0 || t < 0)
+			rc = sl__err(-errno, "%s: %s", tar, strerror(errno));
+		else
+			s->fingerprint = sluice_crc32c(sluice_crc32c(0, head, (size_t)h), tail, (size_t)t);
+	}
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
 /* Loads (or builds and caches) the sidecar of tar. */
 static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 {
-	struct stat st;
+	struct sl__wds_stamp st;
 	char *side = NULL;
-	uint64_t mtime;
+	uint32_t skipped = 0;
 	int rc, fd;
 
-	if (stat(tar, &st) < 0)
-		return sl__err(-errno, "%s: %s", tar, strerror(errno));
-	mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	if ((rc = sl_wds_stamp(tar, &st)))
+		return rc;
 	if (asprintf(&side, "%s%s", tar, SL_WDS_SUFFIX) < 0)
 		return -ENOMEM;
 	fd = open(side, O_RDONLY | O_CLOEXEC);
@@ -361,8 +433,8 @@ static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 		if (fstat(fd, &ss) == 0 && (t->idx = malloc((size_t)ss.st_size + 1)) &&
 		    pread(fd, t->idx, (size_t)ss.st_size, 0) == ss.st_size) {
 			t->idx_len = (size_t)ss.st_size;
-			rc = sl__wds_parse(t->idx, t->idx_len, (uint64_t)st.st_size, mtime, &t->nkeys, keys, &t->nsamples,
-					   &t->entries_off);
+			rc = sl__wds_parse(t->idx, t->idx_len, &st, &t->nkeys, keys, &t->nsamples, &t->entries_off,
+					   &skipped);
 			if (rc == 0) {
 				close(fd);
 				free(side);
@@ -383,12 +455,14 @@ static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 		if (archive_read_open_filename(a, tar, 1 << 20) != ARCHIVE_OK)
 			rc = sl__err(SLUICE_EFORMAT, "%s: %s", tar, archive_error_string(a));
 		else
-			rc = sl_wds_scan(a, tar, (uint64_t)st.st_size, mtime, &t->idx, &t->idx_len);
+			rc = sl_wds_scan(a, tar, &st, &t->idx, &t->idx_len);
 		archive_read_free(a);
 	}
 	if (!rc)
-		rc = sl__wds_parse(t->idx, t->idx_len, (uint64_t)st.st_size, mtime, &t->nkeys, keys, &t->nsamples,
-				   &t->entries_off);
+		rc = sl__wds_parse(t->idx, t->idx_len, &st, &t->nkeys, keys, &t->nsamples, &t->entries_off, &skipped);
+	if (!rc && skipped)
+		sl__warn("format", "%s: %u members skipped, as webdataset skips them (links, names without a key.field "
+			 "form, __metadata__)", tar, skipped);
 	if (!rc) {
 		char *tmp = NULL;
 

@@ -72,14 +72,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t nsamp;
 	size_t eoff;
 
+	uint32_t skipped;
+
 	if (sl__wds_scan_mem(data, size, &img, &img_len) == 0) {
 		/* What the scanner writes, the parser must accept. */
-		if (sl__wds_parse(img, img_len, size, 0, &nkeys, keys, &nsamp, &eoff) != 0)
+		struct sl__wds_stamp st = { .size = size };
+
+		if (sl__wds_parse(img, img_len, &st, &nkeys, keys, &nsamp, &eoff, &skipped) != 0)
 			abort();
 		free(img);
 	}
-	if (size >= 32)
-		(void)sl__wds_parse(data, size, sl__le64(data + 16), sl__le64(data + 24), &nkeys, keys, &nsamp, &eoff);
+	if (size >= 64) {
+		/* A sidecar image as found on disk, its stamp taken from itself so that parsing goes on. */
+		struct sl__wds_stamp st = { sl__le64(data + 16), sl__le64(data + 24), sl__le64(data + 40),
+					    sl__le64(data + 48), sl__le32(data + 56) };
+
+		(void)sl__wds_parse(data, size, &st, &nkeys, keys, &nsamp, &eoff, &skipped);
+	}
 
 	/* As a .npy header. */
 	enum sluice_dtype nd;
