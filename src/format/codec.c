@@ -198,10 +198,11 @@ int sl__blocks_parse(const unsigned char *p, size_t len, const struct sl__shard_
 
 /* ---- index ---- */
 
-int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords,
+int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords, const uint32_t *group_crc,
 		    const uint64_t *shard_records, const uint64_t *shard_bytes, unsigned nshards,
 		    uint32_t flags, unsigned char **out, size_t *out_len)
 {
+	const uint64_t ngroups = (nrecords + SL_EGROUP - 1) / SL_EGROUP;
 	size_t schema = 0, shards_off, end;
 	unsigned char *b, *q;
 	uint32_t crc;
@@ -209,7 +210,7 @@ int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nre
 	for (unsigned i = 0; i < nfields; i++)
 		schema += sl_pad8(4 + 8 * (size_t)f[i].ndim + strlen(f[i].name));
 	shards_off = SL_HDR_SIZE + schema;
-	end = shards_off + 16 * (size_t)nshards;
+	end = shards_off + 16 * (size_t)nshards + 4 * (size_t)ngroups;
 	b = calloc(1, sl__align_up(end, SL_HDR_SIZE));
 	if (!b)
 		return -ENOMEM;
@@ -230,6 +231,8 @@ int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nre
 		sl__put64(b + shards_off + 16 * s, shard_records[s]);
 		sl__put64(b + shards_off + 16 * s + 8, shard_bytes[s]);
 	}
+	for (uint64_t g = 0; g < ngroups; g++)
+		sl__put32(b + shards_off + 16 * (size_t)nshards + 4 * g, group_crc[g]);
 	memcpy(b, SL_INDEX_MAGIC, 8);
 	sl__put32(b + 8, SL_FORMAT_VERSION);
 	sl__put32(b + 12, nfields);
@@ -240,7 +243,7 @@ int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nre
 	sl__put64(b + 40, schema);
 	sl__put64(b + 48, shards_off);
 	sl__put64(b + 56, sl__align_up(end, SL_HDR_SIZE));
-	crc = sluice_crc32c(0, b + SL_HDR_SIZE, schema + 16 * (size_t)nshards);
+	crc = sluice_crc32c(0, b + SL_HDR_SIZE, end - SL_HDR_SIZE);
 	sl__put32(b + 64, crc);
 	sl__put32(b + 68, sluice_crc32c(0, b, 68));
 	*out = b;
@@ -265,8 +268,9 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 		return sl__err(SLUICE_EFORMAT, "index header truncated (%zu bytes)", len);
 	if (memcmp(p, SL_INDEX_MAGIC, 8))
 		return sl__err(SLUICE_EFORMAT, "not a sluice index (bad magic)");
-	if (sl__le32(p + 8) != SL_FORMAT_VERSION)
-		return sl__err(SLUICE_EFORMAT, "index version %u, this sluice reads %u", sl__le32(p + 8),
+	ix->version = sl__le32(p + 8);
+	if (ix->version < 1 || ix->version > SL_FORMAT_VERSION)
+		return sl__err(SLUICE_EFORMAT, "index version %u, this sluice reads 1 to %u", ix->version,
 			       SL_FORMAT_VERSION);
 	if (SL_CRC_BAD(sl__le32(p + 68), sluice_crc32c(0, p, 68)))
 		return sl__err(SLUICE_EFORMAT, "index header CRC mismatch");
@@ -284,18 +288,22 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 		return sl__err(SLUICE_EFORMAT, "index declares %u fields", ix->nfields);
 	if (ix->nshards < 1 || ix->nshards > SL_MAX_SHARDS)
 		return sl__err(SLUICE_EFORMAT, "index declares %u shards", ix->nshards);
+	/* Version 2: a CRC per group of entries follows the shard table. */
+	ix->ngroups = ix->version >= 2 ? (ix->nrecords + SL_EGROUP - 1) / SL_EGROUP : 0;
+	ix->groups_off = ix->shards_off + 16 * (uint64_t)ix->nshards;
 	if (ix->schema_off != SL_HDR_SIZE || ix->schema_len > (1u << 20) ||
-	    ix->shards_off != ix->schema_off + ix->schema_len ||
-	    ix->entries_off < ix->shards_off + 16 * (uint64_t)ix->nshards || ix->entries_off % SL_HDR_SIZE)
+	    ix->shards_off != ix->schema_off + ix->schema_len || ix->nrecords > UINT64_MAX / 2 ||
+	    ix->entries_off < ix->groups_off + 4 * ix->ngroups || ix->entries_off % SL_HDR_SIZE)
 		return sl__err(SLUICE_EFORMAT, "index sections out of place");
 	if (file_size < ix->entries_off || ix->nrecords > (file_size - ix->entries_off) / SL_ENTRY ||
 	    ix->entries_off + SL_ENTRY * ix->nrecords != file_size)
 		return sl__err(SLUICE_EFORMAT, "index holds %llu bytes, %llu records need %llu",
 			       (unsigned long long)file_size, (unsigned long long)ix->nrecords,
 			       (unsigned long long)(ix->entries_off + SL_ENTRY * ix->nrecords));
-	if (len < ix->shards_off + 16 * (uint64_t)ix->nshards)
+	if (len < ix->groups_off + 4 * ix->ngroups)
 		return sl__err(SLUICE_EFORMAT, "index truncated before its shard table");
-	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + ix->schema_off, ix->schema_len + 16 * (size_t)ix->nshards)))
+	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + ix->schema_off, ix->groups_off + 4 * ix->ngroups -
+							   ix->schema_off)))
 		return sl__err(SLUICE_EFORMAT, "index schema or shard table CRC mismatch");
 
 	q = p + ix->schema_off;

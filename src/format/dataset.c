@@ -154,7 +154,7 @@ int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i, struct sl
 		return sl__err(SLUICE_ERANGE, "%s: record %llu of %llu", ds->path, (unsigned long long)i,
 			       (unsigned long long)ds->nrecords);
 	ds->ops->locate(ds, i, loc);
-	return 0;
+	return ds->ops->entry_check ? ds->ops->entry_check(ds, i) : 0;
 }
 
 int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
@@ -258,6 +258,10 @@ int sl__ds_pread(struct sluice_dataset *ds, unsigned f, void *buf, size_t n, uin
 
 int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc)
 {
+	int rc = ds->ops->entry_check ? ds->ops->entry_check(ds, i) : 0;
+
+	if (rc)
+		return rc;
 	if (loc->shard >= ds->nfiles || loc->offset > ds->file_bytes[loc->shard] ||
 	    loc->length > ds->file_bytes[loc->shard] - loc->offset)
 		return sl__err(SLUICE_EFORMAT, "%s: record %llu points outside its file (file %u, offset %llu, %u bytes)",

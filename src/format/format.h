@@ -16,11 +16,12 @@
 
 #define SL_SHARD_MAGIC "SLUICESH"
 #define SL_INDEX_MAGIC "SLUICEIX"
-#define SL_FORMAT_VERSION 1
+#define SL_FORMAT_VERSION 2  /* what writers write; readers read 1 and 2 */
 #define SL_HDR_SIZE 4096u
 #define SL_INDEX_NAME "index.sli"
 #define SL_MAX_SHARDS 65535u
 #define SL_ENTRY 12u /* bytes per index entry: u32 offset / 8, u32 length, u32 crc */
+#define SL_EGROUP 4096u /* entries per CRC of the index's entry table (version 2) */
 #define SL_MAX_SHARD_BYTES ((1ull << 35) - SL_HDR_SIZE) /* offsets / 8 fit in u32 */
 #define SL_FLAG_ZSTD 1u      /* index and shard flag: data in zstd blocks */
 #define SL_BLOCK_ENTRY 24u   /* bytes per block table entry */
@@ -79,6 +80,8 @@ struct sl__index {
 	uint64_t *shard_records; /* nshards each; malloc'd */
 	uint64_t *shard_bytes;
 	uint64_t *shard_first;   /* global number of each shard's first record */
+	uint32_t version;
+	uint64_t ngroups, groups_off; /* version 2: the CRC of each group of SL_EGROUP entries, at groups_off */
 };
 
 /*
@@ -91,9 +94,13 @@ struct sl__index {
 SL_HIDDEN int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size,
 			      struct sl__index *ix);
 SL_HIDDEN void sl__index_free(struct sl__index *ix);
-/* Serialises schema and shard table behind a 4 KiB header; returns malloc'd bytes and size. */
+/*
+ * Serialises schema, shard table and the entries' group CRCs (group_crc:
+ * ceil(nrecords / SL_EGROUP) of them) behind a 4 KiB header; returns
+ * malloc'd bytes and size: the entries follow.
+ */
 SL_HIDDEN int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords,
-			      const uint64_t *shard_records, const uint64_t *shard_bytes,
+			      const uint32_t *group_crc, const uint64_t *shard_records, const uint64_t *shard_bytes,
 			      unsigned nshards, uint32_t flags, unsigned char **out, size_t *out_len);
 
 /* A shard header.  With SL_FLAG_ZSTD the data is zstd blocks listed in a block table. */
@@ -135,6 +142,13 @@ struct sl__ds_ops {
 	void (*close)(struct sluice_dataset *ds);
 	/* locate: required.  Record i's extent; i is in range. */
 	void (*locate)(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc);
+	/*
+	 * entry_check: optional.  Checks record i's index entry against the
+	 * index's own checksums, at O(1) amortised cost (a group of entries
+	 * is checked once); 0, or SLUICE_EFORMAT naming the index.  Called
+	 * before any use of what locate gives.
+	 */
+	int (*entry_check)(const struct sluice_dataset *ds, uint64_t i);
 	/* decode: required.  Splits a record's bytes into fields; SLUICE_EFORMAT if malformed. */
 	int (*decode)(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,
 		      struct sluice_record *rec);

@@ -35,6 +35,8 @@ struct sluice_writer {
 	uint64_t *shard_records, *shard_bytes;
 	unsigned cap;
 	uint64_t nrecords;
+	uint32_t *group_crc;     /* the CRC of each group of SL_EGROUP entries so far (the last one growing) */
+	size_t group_cap;
 	unsigned char *buf;      /* shard write buffer */
 	size_t buf_len;
 	unsigned char *ebuf;     /* entries write buffer */
@@ -441,6 +443,11 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 			return rc;
 		w->ebuf_len = 0;
 	}
+	if (w->nrecords % SL_EGROUP == 0 &&
+	    sl__reserve(&w->group_crc, &w->group_cap, (w->nrecords / SL_EGROUP + 1) * sizeof(uint32_t)))
+		return -ENOMEM;
+	w->group_crc[w->nrecords / SL_EGROUP] =
+		sluice_crc32c(w->nrecords % SL_EGROUP ? w->group_crc[w->nrecords / SL_EGROUP] : 0, e, SL_ENTRY);
 	memcpy(w->ebuf + w->ebuf_len, e, SL_ENTRY);
 	w->ebuf_len += SL_ENTRY;
 	w->shard_data += n;
@@ -475,7 +482,7 @@ int sluice_writer_close(struct sluice_writer *w)
 		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
 	if (rc)
 		goto out;
-	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->shard_records, w->shard_bytes, w->shard,
+	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->group_crc, w->shard_records, w->shard_bytes, w->shard,
 			     w->zstd_level ? SL_FLAG_ZSTD : 0, &hdr, &hlen);
 	if (rc)
 		goto out;
@@ -587,6 +594,7 @@ void sluice_writer_abort(struct sluice_writer *w)
 	free(w->json);
 	free(w->shard_records);
 	free(w->shard_bytes);
+	free(w->group_crc);
 	ZSTD_freeCCtx(w->cctx);
 	free(w->blk);
 	free(w->zbuf);

@@ -313,6 +313,84 @@ static void t_zstd(void)
 	T_CHECK(strstr(sluice_last_error_detail(), "block size") != NULL);
 }
 
+
+/* Little-endian fields of the index header (docs/FORMAT.md), as this test reads and mends them. */
+static uint32_t t_le32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t t_le64(const unsigned char *p)
+{
+	return t_le32(p) | (uint64_t)t_le32(p + 4) << 32;
+}
+
+static void t_put32(unsigned char *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/*
+ * An index entry copied from its neighbour (both records then point at the
+ * same bytes, whose CRC matches) is refused when read, naming the index;
+ * an index of version 1 (no entry CRCs) still reads.
+ */
+static void t_index_entries(void)
+{
+	struct sluice_writer_options opt = { .shard_size = 64 << 10 };
+	struct sluice_dataset *ds;
+	char p[700], ix[760], buf[4096], e[12];
+	unsigned char h[4096];
+	int fd;
+
+	snprintf(p, sizeof(p), "%s/entries", dir);
+	write_ds(p, 9000, &opt);
+	snprintf(ix, sizeof(ix), "%s/index.sli", p);
+	fd = open(ix, O_RDWR);
+	T_CHECK(fd >= 0 && pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h));
+	T_CHECK(t_le32(h + 8) == 2);
+	{
+		uint64_t eoff = t_le64(h + 56);
+
+		/* Entry 5000 (the second group) becomes a copy of entry 4999. */
+		T_CHECK(pread(fd, e, 12, (off_t)(eoff + 12 * 4999)) == 12 && pwrite(fd, e, 12, (off_t)(eoff + 12 * 5000)) == 12);
+	}
+	T_CHECK(sluice_dataset_open(&ds, p) == 0);
+	T_CHECK(sluice_dataset_read(ds, 1, buf, sizeof(buf), NULL) > 0);
+	T_CHECK(sluice_dataset_read(ds, 5000, buf, sizeof(buf), NULL) == SLUICE_EFORMAT);
+	T_CHECK(strstr(sluice_last_error_detail(), "index.sli") && strstr(sluice_last_error_detail(), "damaged"));
+	T_CHECK(sluice_dataset_read(ds, 4096, buf, sizeof(buf), NULL) == SLUICE_EFORMAT); /* its group */
+	T_CHECK(sluice_dataset_read(ds, 8999, buf, sizeof(buf), NULL) > 0);                /* the next group */
+	T_CHECK(sluice_dataset_verify(ds, NULL, NULL) > 0);
+	sluice_dataset_close(ds);
+	/* The same index as version 1 wrote it: no group table in the header's CRC. */
+	close(fd);
+	snprintf(buf, sizeof(buf), "rm -rf '%s'", p);
+	T_CHECK(system(buf) == 0);
+	write_ds(p, 9000, &opt);
+	fd = open(ix, O_RDWR);
+	T_CHECK(fd >= 0 && pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h));
+	{
+		uint64_t schema = t_le64(h + 32), shards = t_le64(h + 48);
+		unsigned nshards = t_le32(h + 24);
+		unsigned char *b = malloc(shards + 16 * nshards);
+
+		T_CHECK(b && pread(fd, b, shards + 16 * nshards, 0) == (ssize_t)(shards + 16 * nshards));
+		t_put32(h + 8, 1);
+		t_put32(h + 64, sluice_crc32c(0, b + schema, shards + 16 * nshards - schema));
+		t_put32(h + 68, sluice_crc32c(0, h, 68));
+		T_CHECK(pwrite(fd, h, 72, 0) == 72);
+		free(b);
+	}
+	close(fd);
+	T_CHECK(sluice_dataset_open(&ds, p) == 0);
+	T_CHECK(sluice_dataset_read(ds, 5000, buf, sizeof(buf), NULL) > 0);
+	T_CHECK(sluice_dataset_verify(ds, NULL, NULL) == 0);
+	sluice_dataset_close(ds);
+	read_ds(p, 9000, 7);
+}
+
 int main(void)
 {
 	dir = t_dir("t_format");
@@ -321,6 +399,7 @@ int main(void)
 	t_zstd();
 	t_big_records();
 	t_corruption();
+	t_index_entries();
 	t_writer_errors();
 	return t_done("t_format");
 }
