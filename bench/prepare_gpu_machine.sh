@@ -64,8 +64,12 @@ for g in $WHEELS; do
 		boto3 botocore s3transfer==0.19.3 jmespath==1.1.0 ;;
 	# The S3 test server (tests/remote/s3server.py) beside what the image has (werkzeug, jinja2, click, ...);
 	# boto3, botocore, s3transfer and jmespath come with the loaders group.
+	# crc32c gives moto real CRC32C checksums (the fault suite checks them).
 	s3) pyget moto==5.2.5 cryptography==46.0.3 cffi==2.0.0 pycparser==2.23 xmltodict==1.0.2 responses==0.25.8 \
-		flask==3.1.2 flask-cors==6.0.1 blinker==1.9.0 itsdangerous==2.2.0 py-partiql-parser==0.6.3 ;;
+		flask==3.1.2 flask-cors==6.0.1 blinker==1.9.0 itsdangerous==2.2.0 py-partiql-parser==0.6.3 \
+		crc32c==2.9.post0 ;;
+	# What the S3 tests and benches need without the loaders group.
+	boto) pyget boto3==1.44.5 botocore==1.44.5 s3transfer==0.19.3 jmespath==1.1.0 ;;
 	# nvCOMP for GPU decoding (the C library only: sluice loads libnvcomp.so.6 from it at run time). 30 MB:
 	# carry it without the other groups (WHEELS=nvcomp in a .whl of its own).
 	nvcomp) pyget nvidia-libnvcomp-cu13==6.0.0.12 ;;
@@ -78,7 +82,10 @@ for g in $WHEELS; do
 	s3server) pyget alocals3==0.11.2
 		unzip -p .whl/alocals3-0.11.2-*.whl alocals3/bin/alocals3-server | xz -9 > .carry/alocals3-server.xz
 		rm -f .whl/alocals3-0.11.2-*.whl ;;
-	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3, s3peers, nvcomp, s3server)" >&2; exit 1 ;;
+	# Debian's nginx binary, in front of alocals3 in bench/s3_checksum_bench.py (it adds the checksum
+	# headers alocals3 does not keep); it needs only libssl, libpcre2, libz and libcrypt, which the image has.
+	nginx) (cd "$tmp" && apt-get download -q nginx >/dev/null && dpkg -x nginx_*.deb ngx && cp ngx/usr/sbin/nginx "$OLDPWD/.carry/nginx") ;;
+	*) echo "prepare: unknown wheel group '$g' (engine, datasets, loaders, s3, boto, s3peers, nvcomp, s3server, nginx)" >&2; exit 1 ;;
 	esac
 done
 echo "prepare: .whl ($(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1)); carried size $(du -shc .carry .whl | tail -1 | cut -f1)"

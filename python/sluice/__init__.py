@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, ShardReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "Client", "Dataset", "Loader", "Packer",
            "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
@@ -116,10 +116,16 @@ def _buffer(a, writable):
     return a.ctypes.data, a.nbytes, a
 
 
-def read(path, out, offset=0):
-    """Reads len(out) bytes of path at offset into out (GPU or host array); returns the bytes read."""
+def read(path, out, offset=0, report=None):
+    """Reads len(out) bytes of path at offset into out (GPU or host array); returns the bytes read.  report (a
+    dict, or None) receives what the call did: bytes, seconds, the path taken, and bytes_verified (a whole
+    s3:// object matched against its checksum)."""
     ptr, n, keep = _buffer(out, True)
-    return check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, None))
+    rep = XferReport()
+    got = check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, C.byref(rep)))
+    if report is not None:
+        report.update(bytes=rep.bytes, seconds=rep.seconds, path=rep.path.decode(), bytes_verified=rep.bytes_verified)
+    return got
 
 
 def read_broadcast(path, outs, offset=0):

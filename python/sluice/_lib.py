@@ -93,6 +93,13 @@ class CopyReport(C.Structure):
                 ("files_verified", C.c_uint64)]
 
 
+class XferReport(C.Structure):
+    """struct sluice_xfer_report."""
+    _fields_ = [("bytes", C.c_uint64), ("bytes_direct", C.c_uint64), ("bytes_buffered", C.c_uint64),
+                ("ios", C.c_uint64), ("seconds", C.c_double), ("path", C.c_char * 96),
+                ("bytes_verified", C.c_uint64)]
+
+
 class Range(C.Structure):
     _fields_ = [("file", C.c_void_p), ("offset", C.c_uint64), ("len", C.c_size_t), ("buf", C.c_void_p)]
 

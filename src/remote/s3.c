@@ -586,6 +586,9 @@ static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_r
 
 	for (unsigned attempt = 0;; attempt++) {
 		*k = fresh;
+		/* What the failed attempt delivered is void: the receiver starts over (and may not trust it). */
+		if (attempt && k->progress)
+			k->progress(k->progress_arg, 0);
 		rc = sl_request_once(s, c, q, k);
 		if (!rc || attempt >= retries || !sl_retryable(rc, k->status))
 			break;

@@ -46,8 +46,15 @@ struct sl__slot {
 	int pinned;         /* registered with CUDA: 0 not yet, 1 yes, -1 refused */
 	struct sl__worker *w;
 	size_t sent;        /* reads: payload bytes already moved on while the I/O ran (io.progress) */
+	size_t arrived;     /* the I/O bytes progress last reported: fewer next time means it started over */
 	int early_dma;      /* some of them by DMA: wait for the event */
 	int early_err;
+	/*
+	 * Reads that match an object's checksum, a segment of one piece: the
+	 * CRC of its first crc_done payload bytes, taken as they arrived.
+	 */
+	uint32_t crc_run;
+	size_t crc_done;
 };
 
 /*
@@ -332,6 +339,15 @@ static int sl_copy_range(struct sl__worker *w, struct sl__slot *sl, size_t from,
  * (to the GPU, on the worker's stream) while the rest still come, a chunk
  * at a time, so the copy of a large object range does not wait for its end.
  */
+/* The slot's segment is one piece, the whole payload: its CRC can be taken as the bytes arrive. */
+static int sl_one_piece(const struct sl__slot *sl)
+{
+	const struct sl__seg *s = &sl->job->segs[sl->seg];
+	const struct sl__piece *p = &sl->job->pieces[s->piece0];
+
+	return s->npieces == 1 && p->seg_off == 0 && p->len == s->len;
+}
+
 static void sl_early(struct sl__io *io, size_t bytes)
 {
 	struct sl__slot *sl = io->user;
@@ -339,8 +355,22 @@ static void sl_early(struct sl__io *io, size_t bytes)
 	size_t avail = (size_t)((char *)io->buf + bytes - (sl->buf + sl->head));
 	int rc;
 
+	/*
+	 * The backend started over (a retry): the bytes of the failed attempt
+	 * may have been wrong (another range), so everything is moved and
+	 * summed again; the copies are ordered on the stream, the last wins.
+	 */
+	if (bytes < sl->arrived)
+		sl->sent = sl->crc_done = 0, sl->crc_run = 0;
+	sl->arrived = bytes;
 	if (avail > s->len)
 		avail = s->len;
+	/* The object's checksum, summed while the rest still arrives rather than after. */
+	if (sl->job->crc == SL_JOB_OBJECT_SUM && sl_one_piece(sl) && avail >= sl->crc_done + sl_early_chunk(sl->w->eng)) {
+		sl->crc_run = sl__crc(s->file->remote->meta.sum_kind, sl->crc_run, sl->buf + sl->head + sl->crc_done,
+				      avail - sl->crc_done);
+		sl->crc_done = avail;
+	}
 	if (sl->early_err || avail < sl->sent + sl_early_chunk(sl->w->eng))
 		return;
 	rc = sl_copy_range(sl->w, sl, sl->sent, avail);
@@ -418,7 +448,8 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->got = 0;
 	sl->head = 0;
 	sl->zero_copy = 0;
-	sl->sent = 0;
+	sl->sent = sl->arrived = sl->crc_done = 0;
+	sl->crc_run = 0;
 	sl->early_dma = sl->early_err = 0;
 	if (atomic_load(&job->err)) {
 		sl_slot_finish(w, sl, SLUICE_ECANCELED);
@@ -565,8 +596,10 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 			struct sl__piece *p = &sl->job->pieces[s->piece0 + i];
 			const char *b = sl->zero_copy ? p->mem : sl->buf + sl->head + p->seg_off;
 
-			p->crc = sl__crc(sl->job->crc == SL_JOB_OBJECT_SUM ? s->file->remote->meta.sum_kind : SL_CRC32C,
-					 0, b, p->len);
+			int kind = sl->job->crc == SL_JOB_OBJECT_SUM ? s->file->remote->meta.sum_kind : SL_CRC32C;
+			size_t done = sl_one_piece(sl) && !sl->zero_copy ? sl->crc_done : 0;
+
+			p->crc = sl__crc(kind, done ? sl->crc_run : 0, b + done, p->len - done);
 		}
 	}
 	if (sl_copy_pieces(w, sl, &err)) {

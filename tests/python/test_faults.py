@@ -30,12 +30,18 @@ FAULTS = ("503", "429", "stall", "reset", "truncate", "shift", "garble", "flip")
 READ = """
 import sys, numpy as np, sluice
 size, off, n = (int(a) for a in sys.argv[1:4])
-out = np.zeros(n, dtype=np.uint8)
+if sys.argv[5] == "gpu":  # through the bounce slots and their early copies to the GPU
+    import torch
+    out = torch.zeros(n, dtype=torch.uint8, device="cuda")
+else:
+    out = np.zeros(n, dtype=np.uint8)
 try:
     got = sluice.read(sys.argv[4], out, offset=off)
 except sluice.SluiceError as e:
     print("ERROR", e, file=sys.stderr)
     sys.exit(3)
+if sys.argv[5] == "gpu":
+    out = out.cpu().numpy()
 sys.stdout.buffer.write(out[:got].tobytes())
 """
 
@@ -56,9 +62,17 @@ def _proxy(s3, fault, every):
     return s3.sluice_server.fault_proxy(faults=(fault,), every=every, stall_s=0.3)
 
 
-def _read(env, off, n):
-    return subprocess.run([sys.executable, "-c", READ, str(SIZE), str(off), str(n), "s3://pytest/faults/obj.bin"],
-                          env=env, capture_output=True, timeout=120)
+def _read(env, off, n, target="host"):
+    return subprocess.run([sys.executable, "-c", READ, str(SIZE), str(off), str(n), "s3://pytest/faults/obj.bin",
+                           target], env=env, capture_output=True, timeout=120)
+
+
+def _gpu():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 def _cp(env, src, dst):
@@ -81,13 +95,28 @@ def test_fault_on_first_attempt_is_recovered(s3, obj, fault, tmp_path):
     """Each request's first attempt broken: every read path gives the right bytes after a retry."""
     p = _proxy(s3, fault, every=False)
     env = _env(s3, p.endpoint, tmp_path)
-    _check(_read(env, 0, SIZE), obj, False, f"{fault}: whole object")
-    if fault != "flip":  # a range has no checksum to match (see below)
-        _check(_read(env, 1_000_003, 2_500_000), obj[1_000_003:3_500_003], False, f"{fault}: a range")
-        _check(_read(env, SIZE - 1000, 1000), obj[-1000:], False, f"{fault}: the tail")
+    _check_reads(p, env, obj, fault, tmp_path, "host")
     r = _cp(env, "s3://pytest/faults/obj.bin", str(tmp_path / "copy.bin"))
     assert r.returncode == 0, r.stderr
     assert open(tmp_path / "copy.bin", "rb").read() == obj
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_on_first_attempt_is_recovered_into_gpu(s3, obj, fault, tmp_path):
+    """The same into GPU memory: bytes move on to the GPU while a GET still receives, so a failed attempt's
+    bytes (another range, say) must be moved again by the retry, not kept."""
+    if not _gpu():
+        pytest.skip("no GPU (torch with CUDA)")
+    p = _proxy(s3, fault, every=False)
+    _check_reads(p, _env(s3, p.endpoint, tmp_path), obj, fault, tmp_path, "gpu")
+
+
+def _check_reads(p, env, obj, fault, tmp_path, target):
+    _check(_read(env, 0, SIZE, target), obj, False, f"{fault}: whole object ({target})")
+    _check(_read(env, 0, SIZE), obj, False, f"{fault}: whole object")
+    if fault != "flip":  # a range has no checksum to match (see below)
+        _check(_read(env, 1_000_003, 2_500_000, target), obj[1_000_003:3_500_003], False, f"{fault}: a range")
+        _check(_read(env, SIZE - 1000, 1000, target), obj[-1000:], False, f"{fault}: the tail")
     assert p.faulted > 0
 
 
@@ -129,6 +158,12 @@ def test_reads_say_what_was_verified(s3, obj, tmp_path):
     r = _cp(env, "s3://pytest/faults/by-sluice.bin", str(tmp_path / "c.bin"))
     assert r.returncode == 0 and '"files_verified":1' in r.stdout, r.stdout + r.stderr
     assert open(tmp_path / "c.bin", "rb").read() == obj
+    # In this process (the s3 fixture's endpoint): a whole object matched, a range not.
+    out, rep = np.zeros(SIZE, dtype=np.uint8), {}
+    assert sluice.read("s3://pytest/faults/by-sluice.bin", out, report=rep) == SIZE and rep["bytes_verified"] == SIZE
+    assert out.tobytes() == obj
+    assert sluice.read("s3://pytest/faults/by-sluice.bin", out[:100], offset=5, report=rep) == 100
+    assert rep["bytes_verified"] == 0
     plain = boto3.client("s3", endpoint_url=s3.sluice_server.endpoint, region_name="us-east-1",
                          aws_access_key_id=s3.sluice_server.access_key,
                          aws_secret_access_key=s3.sluice_server.secret_key,
