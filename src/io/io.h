@@ -48,6 +48,14 @@ struct sl__io {
 	 * with res; "" otherwise.  The caller names it in its own error.
 	 */
 	char detail[256];
+	/*
+	 * Optional, reads: sum_kind (SL_CRC32C or SL_CRC32, 0 none) asks a
+	 * backend that can (s3) for the CRC of the bytes it delivers, taken as
+	 * they arrive; it sets sum, over res bytes, with res.  Backends that
+	 * cannot leave sum_kind as it is and the caller sums the bytes itself.
+	 */
+	int sum_kind;
+	uint32_t sum;
 };
 
 struct sl__io_ctx;

@@ -107,10 +107,15 @@ SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *b
  */
 SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			     uint64_t off, size_t len, void *dst, const char *if_match);
-/* The same, calling progress(arg, bytes in dst so far) as the body arrives (0 again when a retry starts over). */
+/*
+ * The same, calling progress(arg, bytes in dst so far) as the body arrives
+ * (0 again when a retry starts over), and with sum_kind (core.h's SL_CRC32C
+ * or SL_CRC32; 0: none) the CRC of the bytes returned into *sum, summed as
+ * each piece arrives, while it is still in cache.
+ */
 SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 				      uint64_t off, size_t len, void *dst, const char *if_match,
-				      void (*progress)(void *arg, size_t bytes), void *arg);
+				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum);
 /*
  * len bytes of src as the whole object bucket/key, sent with its CRC32C
  * (x-amz-checksum-crc32c), which the server checks; key "" creates the bucket.

@@ -233,6 +233,8 @@ struct sl_sink {
 	uint64_t r_first, r_last, r_total;
 	/* x-amz-checksum-* values and type, as sent */
 	char sum_crc32c[64], sum_crc32[64], sum_other[32], sum_type[32];
+	int sum_kind;               /* the body's CRC of this kind into sum as it arrives (0: none) */
+	uint32_t sum;
 	void (*progress)(void *arg, size_t bytes);
 	void *progress_arg;
 };
@@ -256,6 +258,8 @@ static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
 		return 0; /* more than the range asked for: stop */
 	}
 	memcpy(k->dst + k->got, p, len);
+	if (k->sum_kind)
+		k->sum = sl__crc(k->sum_kind, k->sum, p, len);
 	k->got += len;
 	if (k->progress)
 		k->progress(k->progress_arg, k->got);
@@ -654,21 +658,23 @@ int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t off,
 		   size_t len, void *dst, const char *if_match)
 {
-	return sl__s3_get_progress(s, c, bucket, key, off, len, dst, if_match, NULL, NULL);
+	return sl__s3_get_progress(s, c, bucket, key, off, len, dst, if_match, NULL, NULL, 0, NULL);
 }
 
 ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
 			    uint64_t off, size_t len, void *dst, const char *if_match,
-			    void (*progress)(void *arg, size_t bytes), void *arg)
+			    void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum)
 {
 	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
 			    .if_match = if_match };
-	struct sl_sink k = { .cap = len, .progress = progress, .progress_arg = arg };
+	struct sl_sink k = { .cap = len, .progress = progress, .progress_arg = arg, .sum_kind = sum_kind };
 	int rc;
 
 	if (!len)
 		return 0;
 	rc = sl_request(s, c, &q, &k);
+	if (!rc && sum)
+		*sum = k.sum;
 	return rc ? rc : (ssize_t)k.got;
 }
 
@@ -1015,13 +1021,12 @@ static void *sl_download_chunks(void *arg)
 			rc = sl__err(-ECANCELED, "s3://%s/%s: download cancelled", d->bucket, d->key);
 			break;
 		}
-		got = sl__s3_get(d->s, c, d->bucket, d->key, off, n, buf, d->etag);
+		got = sl__s3_get_progress(d->s, c, d->bucket, d->key, off, n, buf, d->etag, NULL, NULL, d->sum_kind,
+					  d->sum_kind ? &d->crc[i] : NULL);
 		if (got >= 0 && (size_t)got != n)
 			got = sl__err(-EIO, "s3://%s/%s: %zd bytes at offset %llu, %zu expected (the object is shorter)",
 				      d->bucket, d->key, got, (unsigned long long)off, n);
 		rc = got < 0 ? (int)got : 0;
-		if (!rc && d->sum_kind)
-			d->crc[i] = sl__crc(d->sum_kind, 0, buf, n);
 		for (size_t w = 0; !rc && w < n;) {
 			ssize_t r = pwrite(d->fd, buf + w, n - w, (off_t)(off + w));
 

@@ -49,12 +49,6 @@ struct sl__slot {
 	size_t arrived;     /* the I/O bytes progress last reported: fewer next time means it started over */
 	int early_dma;      /* some of them by DMA: wait for the event */
 	int early_err;
-	/*
-	 * Reads that match an object's checksum, a segment of one piece: the
-	 * CRC of its first crc_done payload bytes, taken as they arrived.
-	 */
-	uint32_t crc_run;
-	size_t crc_done;
 };
 
 /*
@@ -361,16 +355,10 @@ static void sl_early(struct sl__io *io, size_t bytes)
 	 * summed again; the copies are ordered on the stream, the last wins.
 	 */
 	if (bytes < sl->arrived)
-		sl->sent = sl->crc_done = 0, sl->crc_run = 0;
+		sl->sent = 0;
 	sl->arrived = bytes;
 	if (avail > s->len)
 		avail = s->len;
-	/* The object's checksum, summed while the rest still arrives rather than after. */
-	if (sl->job->crc == SL_JOB_OBJECT_SUM && sl_one_piece(sl) && avail >= sl->crc_done + sl_early_chunk(sl->w->eng)) {
-		sl->crc_run = sl__crc(s->file->remote->meta.sum_kind, sl->crc_run, sl->buf + sl->head + sl->crc_done,
-				      avail - sl->crc_done);
-		sl->crc_done = avail;
-	}
 	if (sl->early_err || avail < sl->sent + sl_early_chunk(sl->w->eng))
 		return;
 	rc = sl_copy_range(sl->w, sl, sl->sent, avail);
@@ -448,8 +436,7 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->got = 0;
 	sl->head = 0;
 	sl->zero_copy = 0;
-	sl->sent = sl->arrived = sl->crc_done = 0;
-	sl->crc_run = 0;
+	sl->sent = sl->arrived = 0;
 	sl->early_dma = sl->early_err = 0;
 	if (atomic_load(&job->err)) {
 		sl_slot_finish(w, sl, SLUICE_ECANCELED);
@@ -526,6 +513,9 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 		/* An object's bytes arrive over the GET's whole time: they move on as they come. */
 		if (f->remote && !sl->zero_copy && eng->cfg.staging != SLUICE_STAGING_PAGEABLE)
 			sl->io.progress = sl_early;
+		/* And its checksum is summed by the backend as they come, while each is still in cache. */
+		if (f->remote && job->crc == SL_JOB_OBJECT_SUM && sl_one_piece(sl))
+			sl->io.sum_kind = f->remote->meta.sum_kind;
 		err = sl_submit_io(w, sl);
 	} else if (sl_copy_pieces(w, sl, &err)) {
 		sl->state = SL_DMA;
@@ -597,9 +587,11 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 			const char *b = sl->zero_copy ? p->mem : sl->buf + sl->head + p->seg_off;
 
 			int kind = sl->job->crc == SL_JOB_OBJECT_SUM ? s->file->remote->meta.sum_kind : SL_CRC32C;
-			size_t done = sl_one_piece(sl) && !sl->zero_copy ? sl->crc_done : 0;
-
-			p->crc = sl__crc(kind, done ? sl->crc_run : 0, b + done, p->len - done);
+			/* The backend's sum, taken as the bytes arrived, where it covers exactly this piece. */
+			if (sl->io.sum_kind && sl_one_piece(sl) && !sl->head && sl->got == p->len)
+				p->crc = sl->io.sum;
+			else
+				p->crc = sl__crc(kind, 0, b, p->len);
 		}
 	}
 	if (sl_copy_pieces(w, sl, &err)) {
