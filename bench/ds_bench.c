@@ -667,7 +667,7 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "make")) {
 		struct sluice_field f[1] = { { "v", SLUICE_DTYPE_I64, 0, { 0 } } };
 		struct sluice_writer *w;
-		struct sluice_writer_options opt = { 4ull << 30, 0, 0 };
+		struct sluice_writer_options opt = { .shard_size = 4ull << 30 };
 		double t0 = now();
 
 		if (sluice_writer_open(&w, dir, f, 1, &opt))

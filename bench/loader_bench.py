@@ -38,7 +38,7 @@ def make_sets(root, n, size, sluice):
                 with open(f"{files}/c/{i:08d}.bin", "wb") as f:
                     f.write(b)
                 fl.write(b)
-        subprocess.run([sluice, "pack", "--from-dir", files, "--quiet", ds], check=True)
+        subprocess.run([sluice, "pack", "--from-dir", files, "--all-files", "--quiet", ds], check=True)
     return files, flat, ds
 
 

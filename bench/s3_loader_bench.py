@@ -168,7 +168,8 @@ def main():
         d = os.path.join(tree, str(i % 10))
         os.makedirs(d, exist_ok=True)
         record(i).tofile(os.path.join(d, f"{i:08d}.bin"))
-    subprocess.run([a.sluice, "pack", "--from-dir", tree, "--shard-size", str(shard), "--quiet", "s3://bench/sl"],
+    subprocess.run([a.sluice, "pack", "--from-dir", tree, "--all-files", "--shard-size", str(shard), "--quiet",
+                    "s3://bench/sl"],
                    check=True)
     contenders = {"sluice": lambda: run_pass("sluice")}
 

@@ -144,7 +144,11 @@ int cmd_inspect(int argc, char **argv)
 				printf("%s{\"records\":%llu,\"bytes\":%llu}", s ? "," : "", (unsigned long long)r,
 				       (unsigned long long)b);
 		}
-		printf("]}\n");
+		/* The writer's metadata is a JSON object (checked when written): embedded as it is. */
+		printf("],\"metadata\":%s}\n", sluice_dataset_metadata(ds) ? sluice_dataset_metadata(ds) : "null");
+	} else if (sluice_dataset_metadata(ds)) {
+		printf("metadata: %.*s%s\n", 400, sluice_dataset_metadata(ds),
+		       strlen(sluice_dataset_metadata(ds)) > 400 ? "..." : "");
 	}
 	sluice_dataset_close(ds);
 	return 0;

@@ -5,12 +5,12 @@
  * --from PATH: copies every record of the dataset at PATH, with its fields,
  * in order.
  *
- * --from-dir DIR: ImageFolder layout.  Each subdirectory of DIR is a
- * class (label = its index in sorted order); every regular file below it
- * is a record with fields "data" (the bytes), "label" (i64) and "key"
- * (the path relative to DIR).  Files directly in DIR, with no
- * subdirectories, give records without a label.  Order is sorted, so the
- * output is the same on every run; files are read by several threads.
+ * --from-dir DIR: ImageFolder layout, as torchvision takes it (see
+ * walk_imagefolder).  Each file is a record with fields "data" (the
+ * bytes), "label" (i64, its class's index) and "key" (the path relative to
+ * DIR).  Files directly in DIR, with no subdirectories, give records
+ * without a label.  The order is fixed by the names, so the output is the
+ * same on every run; files are read by several threads.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,12 +39,91 @@ struct list {
 	size_t n, cap;
 };
 
+struct st_list {
+	char **v;
+	size_t n, cap;
+};
+
 static int cmp_str(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Sorted names of a directory's entries (no dot files). */
+static int add_item(struct list *l, char *rel, int64_t label)
+{
+	if (l->n == l->cap) {
+		struct item *t = realloc(l->v, (l->cap = l->cap ? 2 * l->cap : 1024) * sizeof(*t));
+
+		if (!t)
+			return -1;
+		l->v = t;
+	}
+	l->v[l->n++] = (struct item){ rel, label };
+	return 0;
+}
+
+/*
+ * --from-dir walks the tree as torchvision.datasets.ImageFolder does, so
+ * that a model trained from either sees the same samples and labels: the
+ * classes are every subdirectory of DIR (hidden ones too), sorted, label =
+ * index; a class's samples are the files of each directory below it,
+ * directories in the order of their sorted paths (as sorted(os.walk())),
+ * files sorted within each; only files with an image extension
+ * (torchvision's IMG_EXTENSIONS, any case) unless --all-files.  Symbolic
+ * links are followed within DIR; one that leads out of it is skipped
+ * unless --follow-symlinks, a dangling one skipped, each with a warning.
+ */
+struct walker {
+	const char *root;
+	char real[4096];      /* DIR's real path: links must land under it */
+	int all_files, follow;
+	unsigned skipped;
+	struct { dev_t dev; ino_t ino; } seen[256]; /* the directories on the current path: loops */
+	unsigned depth;
+};
+
+static int image_name(const char *name)
+{
+	static const char *const ext[] = { ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp" };
+	size_t l = strlen(name);
+
+	for (size_t i = 0; i < sizeof(ext) / sizeof(ext[0]); i++)
+		if (l >= strlen(ext[i]) && !strcasecmp(name + l - strlen(ext[i]), ext[i]))
+			return 1;
+	return 0;
+}
+
+/*
+ * stat(2) of path as the walk may use it: 1 to use it, 0 to skip it (a
+ * dangling link, one leading out of DIR: warned), -1 on another error.
+ */
+static int walk_stat(struct walker *wk, const char *path, struct stat *st)
+{
+	struct stat ls;
+	char real[4096];
+	size_t rl = strlen(wk->real);
+
+	if (lstat(path, &ls) < 0)
+		return -1;
+	if (!S_ISLNK(ls.st_mode)) {
+		*st = ls;
+		return 1;
+	}
+	if (stat(path, st) < 0 || !realpath(path, real)) {
+		fprintf(stderr, "sluice pack: warning: %s: a dangling link, skipped\n", path);
+		wk->skipped++;
+		return 0;
+	}
+	if (!wk->follow && !(strncmp(real, wk->real, rl) == 0 && (real[rl] == '/' || !real[rl]))) {
+		fprintf(stderr, "sluice pack: warning: %s: links out of %s (to %s), skipped (--follow-symlinks "
+			"takes it)\n", path, wk->root, real);
+		wk->skipped++;
+		return 0;
+	}
+	return 1;
+}
+
+/* Sorted names of dir's entries but . and ..; NULL on error (errno). */
 static char **dir_names(const char *path, size_t *n)
 {
 	DIR *d = opendir(path);
@@ -55,7 +135,7 @@ static char **dir_names(const char *path, size_t *n)
 	if (!d)
 		return NULL;
 	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
 		if (*n == cap) {
 			char **t = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(*v));
@@ -74,63 +154,204 @@ static char **dir_names(const char *path, size_t *n)
 	return v;
 }
 
-static int add_item(struct list *l, char *rel, int64_t label)
+static void free_names(char **v, size_t n)
 {
-	if (l->n == l->cap) {
-		struct item *t = realloc(l->v, (l->cap = l->cap ? 2 * l->cap : 1024) * sizeof(*t));
-
-		if (!t)
-			return -1;
-		l->v = t;
-	}
-	l->v[l->n++] = (struct item){ rel, label };
-	return 0;
+	for (size_t i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
 }
 
-/* Walks root/rel recursively, adding regular files in sorted order. */
-static int walk(const char *root, const char *rel, int64_t label, struct list *l)
+/* Appends rel and every directory below it (relative to root, links followed as walk_stat allows) to dirs. */
+static int walk_dirs(struct walker *wk, const char *rel, struct st_list *dirs)
 {
 	char *path, **names;
 	size_t n;
+	struct stat st;
 	int rc = 0;
 
-	if (asprintf(&path, "%s/%s", root, rel) < 0)
+	if (asprintf(&path, "%s/%s", wk->root, rel) < 0)
 		return cli_fail(CMD, "out of memory");
-	names = dir_names(path, &n);
-	if (!names) {
-		rc = cli_fail(CMD, "%s: %s", path, strerror(errno));
-		free(path);
-		return rc;
+	if (stat(path, &st) == 0) {
+		for (unsigned k = 0; k < wk->depth; k++)
+			if (wk->seen[k].dev == st.st_dev && wk->seen[k].ino == st.st_ino) {
+				fprintf(stderr, "sluice pack: warning: %s: a link back to a directory above it, skipped\n", path);
+				wk->skipped++;
+				free(path);
+				return 0;
+			}
 	}
+	if (wk->depth == sizeof(wk->seen) / sizeof(wk->seen[0])) {
+		free(path);
+		return cli_fail(CMD, "%s/%s: directories nested over %u deep", wk->root, rel, wk->depth);
+	}
+	wk->seen[wk->depth].dev = st.st_dev;
+	wk->seen[wk->depth++].ino = st.st_ino;
+	if (dirs->n == dirs->cap) {
+		char **t = realloc(dirs->v, (dirs->cap = dirs->cap ? 2 * dirs->cap : 64) * sizeof(*t));
+
+		if (!t) {
+			free(path);
+			return cli_fail(CMD, "out of memory");
+		}
+		dirs->v = t;
+	}
+	dirs->v[dirs->n++] = strdup(rel);
+	names = dir_names(path, &n);
+	if (!names)
+		rc = cli_fail(CMD, "%s: %s", path, strerror(errno));
 	for (size_t i = 0; i < n && !rc; i++) {
 		char *r = NULL, *p = NULL;
-		struct stat st;
+		int use;
 
-		if (asprintf(&r, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0 || asprintf(&p, "%s/%s", root, r) < 0) {
+		if (asprintf(&r, "%s/%s", rel, names[i]) < 0 || asprintf(&p, "%s/%s", wk->root, r) < 0)
+			rc = cli_fail(CMD, "out of memory");
+		else if ((use = walk_stat(wk, p, &st)) < 0)
+			rc = cli_fail(CMD, "%s: %s", p, strerror(errno));
+		else if (use && S_ISDIR(st.st_mode))
+			rc = walk_dirs(wk, r, dirs);
+		free(r);
+		free(p);
+	}
+	free_names(names, n);
+	free(path);
+	wk->depth--;
+	return rc;
+}
+
+/* The samples of one class (or of DIR itself, rel ""), in torchvision's order. */
+static int walk_class(struct walker *wk, const char *rel, int64_t label, struct list *l)
+{
+	struct st_list dirs = { 0 };
+	int rc = *rel ? walk_dirs(wk, rel, &dirs) : 0;
+
+	if (!*rel)
+		dirs.v = calloc(1, sizeof(char *)), dirs.v[0] = strdup(""), dirs.n = 1;
+	qsort(dirs.v, dirs.n, sizeof(*dirs.v), cmp_str);
+	for (size_t d = 0; d < dirs.n && !rc; d++) {
+		char *path, **names;
+		size_t n;
+
+		if (asprintf(&path, "%s/%s", wk->root, dirs.v[d]) < 0)
+			return cli_fail(CMD, "out of memory");
+		names = dir_names(path, &n);
+		if (!names)
+			rc = cli_fail(CMD, "%s: %s", path, strerror(errno));
+		for (size_t i = 0; i < n && !rc; i++) {
+			char *r = NULL, *p = NULL;
+			struct stat st;
+			int use;
+
+			if (asprintf(&r, "%s%s%s", dirs.v[d], *dirs.v[d] ? "/" : "", names[i]) < 0 ||
+			    asprintf(&p, "%s/%s", wk->root, r) < 0) {
+				rc = cli_fail(CMD, "out of memory");
+			} else if ((use = walk_stat(wk, p, &st)) < 0) {
+				rc = cli_fail(CMD, "%s: %s", p, strerror(errno));
+			} else if (use && S_ISREG(st.st_mode) && (wk->all_files || image_name(names[i]))) {
+				if (add_item(l, r, label))
+					rc = cli_fail(CMD, "out of memory");
+				else
+					r = NULL;
+			}
 			free(r);
+			free(p);
+		}
+		free_names(names, n);
+		free(path);
+	}
+	free_names(dirs.v, dirs.n);
+	return rc;
+}
+
+/* A JSON string of s appended to *j (l bytes used, cap). */
+static int json_append(char **j, size_t *l, size_t *cap, const char *s, int quote)
+{
+	for (const char *p = s;; p++) {
+		char e[8];
+		size_t k = 0;
+
+		if (*l + 8 >= *cap) {
+			char *t = realloc(*j, *cap = *cap ? 2 * *cap : 4096);
+
+			if (!t)
+				return -1;
+			*j = t;
+		}
+		if (!*p)
+			break;
+		if (!quote)
+			e[k++] = *p;
+		else if (*p == '"' || *p == '\\')
+			e[k++] = '\\', e[k++] = *p;
+		else if ((unsigned char)*p < 0x20)
+			k = (size_t)snprintf(e, sizeof(e), "\\u%04x", (unsigned char)*p);
+		else
+			e[k++] = *p;
+		memcpy(*j + *l, e, k);
+		*l += k;
+	}
+	(*j)[*l] = 0;
+	return 0;
+}
+
+/*
+ * The ImageFolder at wk->root into l; *labelled when it has classes, and
+ * then *meta is {"class_to_idx": {...}} (malloc'd) for the dataset.
+ */
+static int walk_imagefolder(struct walker *wk, struct list *l, int *labelled, char **meta)
+{
+	size_t n, ml = 0, mcap = 0, ncls = 0;
+	char **names = dir_names(wk->root, &n), **cls;
+	int rc = 0;
+
+	*labelled = 0;
+	*meta = NULL;
+	if (!names)
+		return cli_fail(CMD, "%s: %s", wk->root, strerror(errno));
+	if (!realpath(wk->root, wk->real)) {
+		free_names(names, n);
+		return cli_fail(CMD, "%s: %s", wk->root, strerror(errno));
+	}
+	cls = calloc(n + 1, sizeof(char *));
+	for (size_t i = 0; cls && i < n && !rc; i++) {
+		char *p;
+		struct stat st;
+		int use;
+
+		if (asprintf(&p, "%s/%s", wk->root, names[i]) < 0) {
 			rc = cli_fail(CMD, "out of memory");
 			break;
 		}
-		if (stat(p, &st) < 0) {
+		use = walk_stat(wk, p, &st);
+		if (use < 0)
 			rc = cli_fail(CMD, "%s: %s", p, strerror(errno));
-			free(r);
-		} else if (S_ISDIR(st.st_mode)) {
-			rc = walk(root, r, label, l);
-			free(r);
-		} else if (S_ISREG(st.st_mode)) {
-			if (add_item(l, r, label)) {
-				free(r);
-				rc = cli_fail(CMD, "out of memory");
-			}
-		} else {
-			free(r); /* sockets, devices: not data */
-		}
+		else if (use && S_ISDIR(st.st_mode))
+			cls[ncls++] = names[i];
 		free(p);
 	}
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
-	free(path);
+	if (!cls)
+		rc = cli_fail(CMD, "out of memory");
+	*labelled = ncls > 0;
+	if (!rc && !ncls)
+		rc = walk_class(wk, "", 0, l);
+	if (!rc && ncls && json_append(meta, &ml, &mcap, "{\"class_to_idx\": {", 0))
+		rc = cli_fail(CMD, "out of memory");
+	for (size_t c = 0; c < ncls && !rc; c++) {
+		size_t before = l->n;
+		char idx[32];
+
+		rc = walk_class(wk, cls[c], (int64_t)c, l);
+		if (!rc && l->n == before)
+			fprintf(stderr, "sluice pack: warning: class '%s' (label %zu) has no %sfiles\n", cls[c], c,
+				wk->all_files ? "" : "image ");
+		snprintf(idx, sizeof(idx), "\": %zu%s", c, c + 1 < ncls ? ", " : "}}");
+		if (!rc && (json_append(meta, &ml, &mcap, "\"", 0) || json_append(meta, &ml, &mcap, cls[c], 1) ||
+			    json_append(meta, &ml, &mcap, idx, 0)))
+			rc = cli_fail(CMD, "out of memory");
+	}
+	if (wk->skipped)
+		fprintf(stderr, "sluice pack: %u links skipped (see above)\n", wk->skipped);
+	free(cls);
+	free_names(names, n);
 	return rc;
 }
 
@@ -605,6 +826,8 @@ int cmd_pack(int argc, char **argv)
 	struct list items = { 0 };
 	struct sluice_writer *w = NULL;
 	struct sluice_writer_options opt = { 0 };
+	struct walker wk = { 0 };
+	char *meta = NULL;
 	struct pack pk;
 	pthread_t tid[64];
 	unsigned nt = 0;
@@ -627,7 +850,11 @@ int cmd_pack(int argc, char **argv)
 			       "                   document by L (.npy of integers, or raw .bin of i64); with\n"
 			       "                   --pack-context, documents packed into rows of N tokens (best-fit\n"
 			       "                   decreasing, or --greedy): input_ids, position_ids, labels, cu_seqlens\n"
-			       "  --from-dir DIR   ImageFolder layout DIR/<class>/<files>: fields data, label (i64), key\n"
+			       "  --from-dir DIR [--all-files] [--follow-symlinks]\n"
+			       "                   ImageFolder layout DIR/<class>/<files>: fields data, label (i64), key;\n"
+			       "                   classes, labels, files and order as torchvision's ImageFolder takes them\n"
+			       "                   (image extensions only, unless --all-files), the class map stored in the\n"
+			       "                   dataset's metadata; links leading out of DIR skipped unless --follow-symlinks\n"
 			       "  --from DATASET   any dataset sluice reads: WebDataset tars (a .tar or a directory of them),\n"
 			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n");
 			return 0;
@@ -637,6 +864,10 @@ int cmd_pack(int argc, char **argv)
 			json = 1;
 		} else if (!strcmp(a, "--greedy")) {
 			greedy = 1;
+		} else if (!strcmp(a, "--all-files")) {
+			wk.all_files = 1;
+		} else if (!strcmp(a, "--follow-symlinks")) {
+			wk.follow = 1;
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
 			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields") ||
 			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype") ||
@@ -680,7 +911,8 @@ int cmd_pack(int argc, char **argv)
 		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET, --from-jsonl FILE or --from-tokens FILE, and OUT (see --help)");
 	if (block_size && !zstd)
 		return cli_fail(CMD, "--block-size needs --zstd");
-	opt = (struct sluice_writer_options){ shard_size, (int)zstd, (size_t)block_size };
+	opt = (struct sluice_writer_options){ .shard_size = shard_size, .zstd_level = (int)zstd,
+					      .block_size = (size_t)block_size };
 	if ((pack_context || greedy) && !from_tokens)
 		return cli_fail(CMD, "--pack-context and --greedy need --from-tokens");
 	if (greedy && !pack_context)
@@ -695,45 +927,10 @@ int cmd_pack(int argc, char **argv)
 	if (from_jsonl)
 		return pack_jsonl(from_jsonl, fields_arg, out, &opt, json);
 
-	/* The list of records: classes (subdirectories) or plain files. */
-	{
-		size_t n;
-		char **names = dir_names(from, &n);
-
-		if (!names)
-			return cli_fail(CMD, "%s: %s", from, strerror(errno));
-		for (size_t i = 0; i < n && !rc; i++) {
-			char *p;
-			struct stat st;
-
-			if (asprintf(&p, "%s/%s", from, names[i]) < 0) {
-				rc = cli_fail(CMD, "out of memory");
-				break;
-			}
-			if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
-				labelled = 1;
-			free(p);
-		}
-		for (size_t i = 0, cls = 0; i < n && !rc; i++) {
-			char *p;
-			struct stat st;
-
-			if (asprintf(&p, "%s/%s", from, names[i]) < 0) {
-				rc = cli_fail(CMD, "out of memory");
-				break;
-			}
-			if (stat(p, &st) < 0)
-				rc = cli_fail(CMD, "%s: %s", p, strerror(errno));
-			else if (S_ISDIR(st.st_mode))
-				rc = walk(from, names[i], (int64_t)cls++, &items);
-			else if (!labelled && S_ISREG(st.st_mode) && add_item(&items, strdup(names[i]), 0))
-				rc = cli_fail(CMD, "out of memory");
-			free(p);
-		}
-		for (size_t i = 0; i < n; i++)
-			free(names[i]);
-		free(names);
-	}
+	/* The list of records: classes (subdirectories) or plain files, as torchvision lists them. */
+	wk.root = from;
+	rc = walk_imagefolder(&wk, &items, &labelled, &meta);
+	opt.metadata = meta;
 	if (rc)
 		goto out;
 	if (!items.n) {
@@ -838,5 +1035,6 @@ out:
 	for (size_t i = 0; i < items.n; i++)
 		free(items.v[i].rel);
 	free(items.v);
+	free(meta);
 	return rc;
 }

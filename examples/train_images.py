@@ -28,7 +28,7 @@ def make_data(d, sluice_bin, per_class=1000):
         for i in range(per_class):
             img = np.clip(base + rng.normal(0, 60, size=base.shape), 0, 255).astype(np.uint8)
             img.tofile(f"{d}/imgs/{c}/{i:05d}.raw")
-    subprocess.run([sluice_bin, "pack", "--from-dir", f"{d}/imgs", "--quiet", f"{d}/ds"], check=True)
+    subprocess.run([sluice_bin, "pack", "--from-dir", f"{d}/imgs", "--all-files", "--quiet", f"{d}/ds"], check=True)
     return f"{d}/ds"
 
 

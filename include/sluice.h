@@ -634,6 +634,13 @@ struct sluice_writer_options {
 	 */
 	int zstd_level;
 	size_t block_size;
+	/*
+	 * A JSON object stored with the dataset (up to 16 MiB), or NULL: what
+	 * readers of the data need beside it, such as the class names of an
+	 * ImageFolder (sluice pack --from-dir stores {"class_to_idx": {...}}).
+	 * Copied at open.
+	 */
+	const char *metadata;
 };
 
 /*
@@ -709,6 +716,12 @@ SLUICE_API SLUICE_WUR int sluice_dataset_open(struct sluice_dataset **out, const
 SLUICE_API void sluice_dataset_close(struct sluice_dataset *ds);
 /* The on-disk format read: "sluice", "megatron" or "webdataset". */
 SLUICE_API const char *sluice_dataset_format(const struct sluice_dataset *ds);
+/*
+ * The dataset's metadata (sluice_writer_options.metadata): JSON text, or
+ * NULL where it has none (other formats, datasets written without).  Valid
+ * until the dataset is closed.
+ */
+SLUICE_API const char *sluice_dataset_metadata(const struct sluice_dataset *ds);
 SLUICE_API uint64_t sluice_dataset_count(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_shards(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_nfields(const struct sluice_dataset *ds);

@@ -335,7 +335,9 @@ class Dataset:
     """Map-style view of any dataset sluice reads (its own shards, Megatron .bin/.idx, WebDataset tars).
 
     ds[i] is a dict of field name -> numpy array (a copy): typed fields get their dtype and, where the shape
-    is fixed, their shape; bytes fields are uint8 arrays.
+    is fixed, their shape; bytes fields are uint8 arrays.  .metadata is what the dataset's writer stored with it
+    (a dict; {} for none); .class_to_idx, for a packed ImageFolder, the class of each label as torchvision's
+    ImageFolder gives it.
     """
 
     _h = None  # set once the C dataset is open; close() and __del__ look at it
@@ -350,6 +352,9 @@ class Dataset:
             shape = tuple(fd.shape[d] for d in range(fd.ndim))
             self.fields.append((fd.name.decode(), _NAMES[fd.dtype], shape))
         self.format = lib.sluice_dataset_format(h).decode()
+        meta = lib.sluice_dataset_metadata(h)
+        self.metadata = json.loads(meta.decode()) if meta else {}
+        self.class_to_idx = self.metadata.get("class_to_idx")
         self._buf = np.empty(0, np.uint8)
 
     def __len__(self):

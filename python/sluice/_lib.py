@@ -151,6 +151,7 @@ _protos = {
     "sluice_dataset_close": (None, [P]),
     "sluice_dataset_count": (C.c_uint64, [P]),
     "sluice_dataset_format": (C.c_char_p, [P]),
+    "sluice_dataset_metadata": (C.c_char_p, [P]),
     "sluice_dataset_nfields": (C.c_uint, [P]),
     "sluice_dataset_field": (C.POINTER(Field), [P, C.c_uint]),
     "sluice_dataset_locate": (C.c_int, [P, C.c_uint64, C.POINTER(RecordLoc)]),

@@ -273,7 +273,7 @@ def dataloader_masking(d, quick):
         os.rename(big + ".tmp", big)
     packed = os.path.join(d, f"packed{n}")
     if not os.path.exists(os.path.join(packed, "index.sli")):
-        subprocess.run([SLUICE, "pack", "--from-dir", folder, "--quiet", packed], check=True)
+        subprocess.run([SLUICE, "pack", "--from-dir", folder, "--all-files", "--quiet", packed], check=True)
 
     class GiantFile(Dataset):
         def __init__(self):

@@ -199,10 +199,11 @@ int sl__blocks_parse(const unsigned char *p, size_t len, const struct sl__shard_
 /* ---- index ---- */
 
 int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords, const uint32_t *group_crc,
-		    const uint64_t *shard_records, const uint64_t *shard_bytes, unsigned nshards,
+		    const char *meta, const uint64_t *shard_records, const uint64_t *shard_bytes, unsigned nshards,
 		    uint32_t flags, unsigned char **out, size_t *out_len)
 {
 	const uint64_t ngroups = (nrecords + SL_EGROUP - 1) / SL_EGROUP;
+	const size_t meta_len = meta ? strlen(meta) : 0;
 	size_t schema = 0, shards_off, end;
 	unsigned char *b, *q;
 	uint32_t crc;
@@ -210,7 +211,7 @@ int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nre
 	for (unsigned i = 0; i < nfields; i++)
 		schema += sl_pad8(4 + 8 * (size_t)f[i].ndim + strlen(f[i].name));
 	shards_off = SL_HDR_SIZE + schema;
-	end = shards_off + 16 * (size_t)nshards + 4 * (size_t)ngroups;
+	end = shards_off + 16 * (size_t)nshards + 4 * (size_t)ngroups + meta_len;
 	b = calloc(1, sl__align_up(end, SL_HDR_SIZE));
 	if (!b)
 		return -ENOMEM;
@@ -233,6 +234,10 @@ int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nre
 	}
 	for (uint64_t g = 0; g < ngroups; g++)
 		sl__put32(b + shards_off + 16 * (size_t)nshards + 4 * g, group_crc[g]);
+	if (meta_len)
+		memcpy(b + end - meta_len, meta, meta_len);
+	sl__put64(b + 72, meta_len);
+	sl__put32(b + 80, sluice_crc32c(0, b + 72, 8));
 	memcpy(b, SL_INDEX_MAGIC, 8);
 	sl__put32(b + 8, SL_FORMAT_VERSION);
 	sl__put32(b + 12, nfields);
@@ -291,20 +296,31 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 	/* Version 2: a CRC per group of entries follows the shard table. */
 	ix->ngroups = ix->version >= 2 ? (ix->nrecords + SL_EGROUP - 1) / SL_EGROUP : 0;
 	ix->groups_off = ix->shards_off + 16 * (uint64_t)ix->nshards;
+	/* And then the metadata, its length at 72 under a CRC of its own at 80. */
+	ix->meta_off = ix->groups_off + 4 * ix->ngroups;
+	ix->meta_len = 0;
+	if (ix->version >= 2) {
+		if (SL_CRC_BAD(sl__le32(p + 80), sluice_crc32c(0, p + 72, 8)))
+			return sl__err(SLUICE_EFORMAT, "index header CRC mismatch (metadata length)");
+		ix->meta_len = sl__le64(p + 72);
+		if (ix->meta_len > SL_META_MAX)
+			return sl__err(SLUICE_EFORMAT, "index declares %llu bytes of metadata", (unsigned long long)ix->meta_len);
+	}
 	if (ix->schema_off != SL_HDR_SIZE || ix->schema_len > (1u << 20) ||
 	    ix->shards_off != ix->schema_off + ix->schema_len || ix->nrecords > UINT64_MAX / 2 ||
-	    ix->entries_off < ix->groups_off + 4 * ix->ngroups || ix->entries_off % SL_HDR_SIZE)
+	    ix->entries_off < ix->meta_off + ix->meta_len || ix->entries_off % SL_HDR_SIZE)
 		return sl__err(SLUICE_EFORMAT, "index sections out of place");
 	if (file_size < ix->entries_off || ix->nrecords > (file_size - ix->entries_off) / SL_ENTRY ||
 	    ix->entries_off + SL_ENTRY * ix->nrecords != file_size)
 		return sl__err(SLUICE_EFORMAT, "index holds %llu bytes, %llu records need %llu",
 			       (unsigned long long)file_size, (unsigned long long)ix->nrecords,
 			       (unsigned long long)(ix->entries_off + SL_ENTRY * ix->nrecords));
-	if (len < ix->groups_off + 4 * ix->ngroups)
+	if (len < ix->meta_off + ix->meta_len)
 		return sl__err(SLUICE_EFORMAT, "index truncated before its shard table");
-	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + ix->schema_off, ix->groups_off + 4 * ix->ngroups -
-							   ix->schema_off)))
+	if (SL_CRC_BAD(sl__le32(p + 64), sluice_crc32c(0, p + ix->schema_off, ix->meta_off + ix->meta_len - ix->schema_off)))
 		return sl__err(SLUICE_EFORMAT, "index schema or shard table CRC mismatch");
+	if (memchr(p + ix->meta_off, 0, ix->meta_len))
+		return sl__err(SLUICE_EFORMAT, "index metadata holds a NUL byte");
 
 	q = p + ix->schema_off;
 	end = q + ix->schema_len;

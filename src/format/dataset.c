@@ -120,12 +120,18 @@ void sluice_dataset_close(struct sluice_dataset *ds)
 	free(ds->file_records);
 	free((void *)ds->fds);
 	free(ds->path);
+	free(ds->metadata);
 	free(ds);
 }
 
 const char *sluice_dataset_format(const struct sluice_dataset *ds)
 {
 	return ds->ops->name;
+}
+
+const char *sluice_dataset_metadata(const struct sluice_dataset *ds)
+{
+	return ds->metadata;
 }
 
 uint64_t sluice_dataset_count(const struct sluice_dataset *ds)

@@ -82,7 +82,9 @@ struct sl__index {
 	uint64_t *shard_first;   /* global number of each shard's first record */
 	uint32_t version;
 	uint64_t ngroups, groups_off; /* version 2: the CRC of each group of SL_EGROUP entries, at groups_off */
+	uint64_t meta_off, meta_len;  /* version 2: the dataset's metadata (JSON text), after the group CRCs */
 };
+#define SL_META_MAX (16u << 20) /* bytes of a dataset's metadata */
 
 /*
  * Parses the first len bytes of an index file (at least up to the end of
@@ -100,7 +102,8 @@ SL_HIDDEN void sl__index_free(struct sl__index *ix);
  * malloc'd bytes and size: the entries follow.
  */
 SL_HIDDEN int sl__index_build(const struct sluice_field *f, unsigned nfields, uint64_t nrecords,
-			      const uint32_t *group_crc, const uint64_t *shard_records, const uint64_t *shard_bytes,
+			      const uint32_t *group_crc, const char *meta,
+			      const uint64_t *shard_records, const uint64_t *shard_bytes,
 			      unsigned nshards, uint32_t flags, unsigned char **out, size_t *out_len);
 
 /* A shard header.  With SL_FLAG_ZSTD the data is zstd blocks listed in a block table. */
@@ -174,6 +177,7 @@ struct sl__ds_ops {
 struct sluice_dataset {
 	const struct sl__ds_ops *ops;
 	char *path;
+	char *metadata;          /* the dataset's metadata, NUL-terminated (malloc'd), or NULL */
 	uint64_t nrecords;
 	unsigned nfields;
 	struct sluice_field fields[SLUICE_MAX_FIELDS];

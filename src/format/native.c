@@ -89,6 +89,15 @@ static int sl_native_open(struct sluice_dataset *ds, const char *path)
 	}
 	nv->index_path = ip;
 	ip = NULL;
+	if (nv->ix.meta_len) {
+		ds->metadata = malloc(nv->ix.meta_len + 1);
+		if (!ds->metadata) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		memcpy(ds->metadata, nv->map + nv->ix.meta_off, nv->ix.meta_len);
+		ds->metadata[nv->ix.meta_len] = 0;
+	}
 	for (unsigned f = 0; f < ds->nfields; f++) {
 		ds->fields[f] = nv->ix.fields[f];
 		memcpy(ds->names[f], nv->ix.names[f], sizeof(ds->names[f]));

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <zstd.h>
 
 #include "format/format.h"
@@ -36,6 +37,7 @@ struct sluice_writer {
 	unsigned cap;
 	uint64_t nrecords;
 	uint32_t *group_crc;     /* the CRC of each group of SL_EGROUP entries so far (the last one growing) */
+	char *meta;              /* the metadata to store (options.metadata, copied), or NULL */
 	size_t group_cap;
 	unsigned char *buf;      /* shard write buffer */
 	size_t buf_len;
@@ -302,6 +304,16 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 	rc = sl__schema_check(fields, nfields);
 	if (rc)
 		return rc;
+	if (opt && opt->metadata) {
+		json_error_t je;
+		json_t *j = strlen(opt->metadata) <= SL_META_MAX ? json_loads(opt->metadata, 0, &je) : NULL;
+		int obj = json_is_object(j);
+
+		json_decref(j);
+		if (!obj)
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s: the metadata is not a JSON object of at most %u bytes", dir,
+				       SL_META_MAX);
+	}
 	if (!sl__is_s3_url(dir) && mkdir(dir, 0755) < 0 && errno != EEXIST)
 		return sl__err(-errno, "%s: cannot create: %s", dir, strerror(errno));
 	if (asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", SL_INDEX_NAME) < 0)
@@ -365,6 +377,10 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 			rc = -ENOMEM;
 			goto fail;
 		}
+	}
+	if (opt && opt->metadata && !(w->meta = strdup(opt->metadata))) {
+		rc = -ENOMEM;
+		goto fail;
 	}
 	w->shard_size = opt && opt->shard_size ? opt->shard_size : 1ull << 30;
 	if (w->shard_size > SL_MAX_SHARD_BYTES)
@@ -482,7 +498,8 @@ int sluice_writer_close(struct sluice_writer *w)
 		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
 	if (rc)
 		goto out;
-	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->group_crc, w->shard_records, w->shard_bytes, w->shard,
+	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->group_crc, w->meta, w->shard_records, w->shard_bytes,
+			     w->shard,
 			     w->zstd_level ? SL_FLAG_ZSTD : 0, &hdr, &hlen);
 	if (rc)
 		goto out;
@@ -595,6 +612,7 @@ void sluice_writer_abort(struct sluice_writer *w)
 	free(w->shard_records);
 	free(w->shard_bytes);
 	free(w->group_crc);
+	free(w->meta);
 	ZSTD_freeCCtx(w->cctx);
 	free(w->blk);
 	free(w->zbuf);

@@ -181,7 +181,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def _pack(src, out, env=None, shard_size="60000"):
-    return subprocess.run([_sluice_bin(), "pack", "--from-dir", str(src), "--shard-size", shard_size, "--quiet", out],
+    return subprocess.run([_sluice_bin(), "pack", "--from-dir", str(src), "--all-files", "--shard-size", shard_size,
+                           "--quiet", out],
                           capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -291,7 +292,7 @@ def test_cache_on_a_full_disk_ends_with_a_clear_error(s3, tmp_path):
         pytest.skip("cannot mount a tmpfs here")
     try:
         _big_tree(tmp_path / "src", n=23, size=4 << 20)
-        r = subprocess.run([_sluice_bin(), "pack", "--from-dir", str(tmp_path / "src"), "--shard-size", "24M",
+        r = subprocess.run([_sluice_bin(), "pack", "--from-dir", str(tmp_path / "src"), "--all-files", "--shard-size", "24M",
                             "--quiet", "s3://pytest/full/"], capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, SLUICE_CACHE_DIR=str(tmp_path / "stage")))
         assert r.returncode == 0, r.stderr
