@@ -4,7 +4,9 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +272,67 @@ ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const cha
 	return (ssize_t)len;
 }
 
+/*
+ * The temporaries of a durable write are ".BASE.sluice-tmp-HOST-PID-N"
+ * beside the target.  Those of this host whose writer is gone (killed
+ * before its rename) are removed by the next write of the same target.
+ */
+static void sl_reclaim_tmps(const char *dir, const char *base, const char *host)
+{
+	char prefix[512];
+	size_t pl = (size_t)snprintf(prefix, sizeof(prefix), ".%s.sluice-tmp-%s-", base, host);
+	DIR *d = pl < sizeof(prefix) ? opendir(dir) : NULL;
+	struct dirent *e;
+
+	while (d && (e = readdir(d))) {
+		char *end, p[4096];
+		long pid;
+
+		if (strncmp(e->d_name, prefix, pl) || (pid = strtol(e->d_name + pl, &end, 10)) <= 0 || *end != '-' ||
+		    !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+		if (unlink(p) == 0)
+			sl__info("xfer", "%s: removed, its writer (process %ld) is gone", p, pid);
+	}
+	if (d)
+		closedir(d);
+}
+
+/*
+ * Creates the temporary of a write to dir/base with the mode a new file
+ * gets: open(2)'s 0666 under the process's umask, applied by the kernel
+ * (reading the umask with umask(2) would change it for every thread).
+ */
+static int sl_make_tmp(const char *dir, const char *base, char **tmp)
+{
+	static _Atomic unsigned seq;
+	char host[64] = "host";
+	int fd = -1;
+
+	gethostname(host, sizeof(host) - 1);
+	for (char *h = host; *h; h++)
+		if (*h == '/' || *h == '-')
+			*h = '_';
+	sl_reclaim_tmps(dir, base, host);
+	for (int tries = 0; fd < 0 && tries < 100; tries++) {
+		if (asprintf(tmp, "%s/.%s.sluice-tmp-%s-%d-%u", dir, base, host, (int)getpid(), atomic_fetch_add(&seq, 1)) < 0) {
+			*tmp = NULL;
+			return -ENOMEM;
+		}
+		fd = open(*tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		if (fd < 0) {
+			int e = errno;
+
+			free(*tmp);
+			*tmp = NULL;
+			if (e != EEXIST)
+				return -e;
+		}
+	}
+	return fd >= 0 ? fd : -EEXIST;
+}
+
 ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const void *src,
 			      size_t len, struct sluice_xfer_report *rep)
 {
@@ -277,9 +340,8 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	const char *dir, *base;
 	struct sluice_file *f = NULL;
 	struct stat st;
-	mode_t mode;
 	ssize_t rc;
-	int fd = -1, dfd = -1;
+	int fd = -1, dfd = -1, keep_mode;
 
 	if (sl__is_s3_url(path))
 		return sl__write_remote(eng, NULL, path, src, len, rep);
@@ -293,28 +355,15 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	}
 	dir = dirname(dup1);
 	base = basename(dup2);
-	if (stat(path, &st) == 0) {
-		mode = st.st_mode & 07777;
-	} else {
-		mode_t um = umask(0);
-
-		umask(um);
-		mode = 0666 & ~um;
-	}
+	/* An existing file keeps its mode; a new one gets what open(2) gives under the umask. */
+	keep_mode = stat(path, &st) == 0;
 	/* A hidden temporary beside the target, so rename() stays in one filesystem. */
-	if (asprintf(&tmp, "%s/.%s.sluice-tmp-XXXXXX", dir, base) < 0) {
-		tmp = NULL;
-		rc = -ENOMEM;
-		goto out;
-	}
-	fd = mkostemp(tmp, O_CLOEXEC);
+	fd = sl_make_tmp(dir, base, &tmp);
 	if (fd < 0) {
-		rc = sl__err(-errno, "%s: cannot create temporary file in %s: %s", path, dir, strerror(errno));
-		free(tmp);
-		tmp = NULL;
+		rc = sl__err(fd, "%s: cannot create temporary file in %s: %s", path, dir, strerror(-fd));
 		goto out;
 	}
-	if (fchmod(fd, mode) < 0) {
+	if (keep_mode && fchmod(fd, st.st_mode & 07777) < 0) {
 		rc = sl__err(-errno, "%s: fchmod: %s", tmp, strerror(errno));
 		goto out;
 	}

@@ -59,6 +59,12 @@ static void t_basic(struct sluice_engine *eng)
 	free(back);
 	T_CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0644);
 	T_CHECK(count_temps(0) == 0);
+	/* A new file's mode is the kernel's 0666 under the umask (which the write never touches). */
+	snprintf(path, sizeof(path), "%s/ckpt027.bin", dir);
+	umask(027);
+	T_CHECK(sluice_write_from_gpu(eng, path, src, 100, NULL) == 100);
+	T_CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0640 && umask(022) == 027);
+	snprintf(path, sizeof(path), "%s/ckpt.bin", dir);
 
 	/* Overwrite keeps the old permissions; a smaller file is exact. */
 	T_CHECK(chmod(path, 0600) == 0);
@@ -150,7 +156,7 @@ static void t_kill(void)
 	}
 	/* A killed writer leaves its hidden temporary behind, never a torn target. */
 	printf("kill -9 rounds: file seen old=%d new=%d, never torn; %d temporaries left by killed writers\n",
-	       saw_old, saw_new, count_temps(1));
+	       saw_old, saw_new, count_temps(0));
 	free(old);
 	free(neu);
 }
@@ -162,6 +168,16 @@ int main(void)
 	dir = t_dir("t_checkpoint");
 	t_kill(); /* before any engine exists: fork() with threads is unsafe */
 	eng = t_engine();
+	/* The next write of the target removes what killed writers left. */
+	{
+		char path[600], *src = malloc(4096);
+
+		snprintf(path, sizeof(path), "%s/kill.bin", dir);
+		t_fill(src, 4096, 7);
+		T_CHECK(sluice_write_from_gpu(eng, path, src, 4096, NULL) == 4096);
+		T_CHECK(count_temps(0) == 0);
+		free(src);
+	}
 	t_basic(eng);
 	t_no_space(eng);
 	sluice_engine_close(eng);
