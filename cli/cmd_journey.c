@@ -30,17 +30,22 @@ int cmd_journey(int argc, char **argv)
 	if (!access(p, R_OK))
 		setenv("SLUICE_LIB", p, 0);
 	snprintf(p, sizeof(p), "%s/../python/sluice/journey.py", dir);
+	args[0] = (char *)(py && *py ? py : "python3");
 	if (!access(p, R_OK)) {
 		const char *old = getenv("PYTHONPATH");
 
 		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
 		setenv("PYTHONPATH", pp, 1);
+		/* Run as a file, not -m: the package (and numpy) load after the arguments are read. */
+		args[1] = p;
+		for (int i = 1; i < argc; i++)
+			args[i + 1] = argv[i];
+	} else {
+		args[1] = "-m";
+		args[2] = "sluice.journey";
+		for (int i = 1; i < argc; i++)
+			args[i + 2] = argv[i];
 	}
-	args[0] = (char *)(py && *py ? py : "python3");
-	args[1] = "-m";
-	args[2] = "sluice.journey";
-	for (int i = 1; i < argc; i++)
-		args[i + 2] = argv[i];
 	execvp(args[0], args);
 	return cli_fail("journey", "cannot run %s (set SLUICE_PYTHON to a python3 with numpy): %m", args[0]);
 }

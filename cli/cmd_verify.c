@@ -56,7 +56,9 @@ int cmd_verify(int argc, char **argv)
 	if (c.json)
 		printf("],\"problems\":%lld,\"ok\":%s}\n", (long long)(r < 0 ? c.n : r), r == 0 ? "true" : "false");
 	else if (r == 0)
-		printf("%s: %llu records, every CRC and bound checks out\n", path, (unsigned long long)sluice_dataset_count(ds));
+		printf("%s: %llu records, %s\n", path, (unsigned long long)sluice_dataset_count(ds),
+		       sluice_dataset_has_crc(ds) ? "every CRC and bound checks out"
+						  : "every bound checks out (the format has no CRCs to check)");
 	else if (r > 0)
 		printf("%s: %lld problem(s) in %llu records\n", path, (long long)r, (unsigned long long)sluice_dataset_count(ds));
 	sluice_dataset_close(ds);

@@ -722,6 +722,12 @@ SLUICE_API const char *sluice_dataset_format(const struct sluice_dataset *ds);
  * until the dataset is closed.
  */
 SLUICE_API const char *sluice_dataset_metadata(const struct sluice_dataset *ds);
+/*
+ * 1 if each record carries a CRC32C that every read checks (sluice's own
+ * format), 0 if the format has none (Megatron, WebDataset): then reads and
+ * verify check bounds only.
+ */
+SLUICE_API int sluice_dataset_has_crc(const struct sluice_dataset *ds);
 SLUICE_API uint64_t sluice_dataset_count(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_shards(const struct sluice_dataset *ds);
 SLUICE_API unsigned sluice_dataset_nfields(const struct sluice_dataset *ds);

@@ -17,9 +17,26 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 
-import sluice
+def _parser():
+    ap = argparse.ArgumentParser(prog="sluice journey", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sluice-journey"),
+                    help="where the generated data goes (kept for the next run)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller sizes: about 2 minutes on an H100 machine (the full run about 4), data made included")
+    ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
+    ap.add_argument("--json", help="the figures as JSON too")
+    ap.add_argument("--only", metavar="N[,N...]", help="only these sections of the seed report (2-7)")
+    return ap
+
+
+# Run as a program (sluice journey does), the arguments are read before numpy and the library are imported:
+# --help and a bad option need neither.
+_ARGS = _parser().parse_args() if __name__ == "__main__" else None
+
+import numpy as np  # noqa: E402
+
+import sluice  # noqa: E402
 
 SLUICE = os.environ.get("SLUICE_BIN", "sluice")
 
@@ -527,15 +544,8 @@ on this machine.</p><table>{facts}</table>"""]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="sluice journey", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sluice-journey"),
-                    help="where the generated data goes (kept for the next run)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smaller sizes: about 2 minutes on an H100 machine (the full run about 4), data made included")
-    ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
-    ap.add_argument("--json", help="the figures as JSON too")
-    ap.add_argument("--only", metavar="N[,N...]", help="only these sections of the seed report (2-7)")
-    a = ap.parse_args(argv)
+    ap = _parser()
+    a = _ARGS if argv is None and _ARGS is not None else ap.parse_args(argv)
     only = sorted(EXPERIMENTS)
     if a.only:
         try:

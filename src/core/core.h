@@ -44,6 +44,8 @@ SL_HIDDEN void sl__err_clear(void);
 
 /* Grows the malloc'd buffer *(void **)pp of *cap bytes to at least n bytes; 0 or -ENOMEM (*pp kept). */
 SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
+/* mkdir -p: path and every missing parent (path is changed while it runs, restored after); 0 or -errno. */
+SL_HIDDEN int sl__mkdirs(char *path);
 
 /* crc(A||B) from crc(A), crc(B) and len(B), for CRC32C. */
 SL_HIDDEN uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);

@@ -129,6 +129,11 @@ const char *sluice_dataset_format(const struct sluice_dataset *ds)
 	return ds->ops->name;
 }
 
+int sluice_dataset_has_crc(const struct sluice_dataset *ds)
+{
+	return ds->has_crc;
+}
+
 const char *sluice_dataset_metadata(const struct sluice_dataset *ds)
 {
 	return ds->metadata;

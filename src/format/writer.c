@@ -314,8 +314,15 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 			return sl__err(SLUICE_EINVAL_CONFIG, "%s: the metadata is not a JSON object of at most %u bytes", dir,
 				       SL_META_MAX);
 	}
-	if (!sl__is_s3_url(dir) && mkdir(dir, 0755) < 0 && errno != EEXIST)
-		return sl__err(-errno, "%s: cannot create: %s", dir, strerror(errno));
+	/* The directory and its missing parents, as mkdir -p. */
+	if (!sl__is_s3_url(dir)) {
+		char *d = strdup(dir);
+		int e = d ? sl__mkdirs(d) : -ENOMEM;
+
+		free(d);
+		if (e)
+			return sl__err(e, "%s: cannot create: %s", dir, strerror(-e));
+	}
 	if (asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", SL_INDEX_NAME) < 0)
 		return -ENOMEM;
 	{

@@ -34,23 +34,6 @@ struct sl_cache {
 	uint64_t limit;
 };
 
-/* mkdir -p */
-static int sl_mkdirs(char *path)
-{
-	for (char *p = path + 1;; p++) {
-		if (*p != '/' && *p)
-			continue;
-		char c = *p;
-
-		*p = 0;
-		int rc = mkdir(path, 0755) < 0 && errno != EEXIST ? -errno : 0;
-
-		*p = c;
-		if (rc || !c)
-			return rc;
-	}
-}
-
 static int sl_cache_conf(struct sl_cache *c)
 {
 	const char *d = sl__setting("SLUICE_CACHE_DIR"), *lim = sl__setting("SLUICE_CACHE_LIMIT");
@@ -65,7 +48,7 @@ static int sl_cache_conf(struct sl_cache *c)
 		snprintf(c->dir, sizeof(c->dir), "%s/.cache/sluice", d);
 	else
 		return sl__err(SLUICE_EINVAL_CONFIG, "no cache directory for s3:// datasets: set SLUICE_CACHE_DIR");
-	if ((rc = sl_mkdirs(c->dir)))
+	if ((rc = sl__mkdirs(c->dir)))
 		return sl__err(rc, "SLUICE_CACHE_DIR %s: %s", c->dir, strerror(-rc));
 	if (lim && *lim) {
 		if (sluice_parse_size(lim, &c->limit) || !c->limit)
