@@ -15,13 +15,20 @@ import numpy as np
 from . import _buffer, _eng, read, write
 from ._lib import Range, SluiceError, check, lib
 
-# safetensors dtype -> (numpy dtype or None, torch dtype name)
+# Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
+# and its torch dtype's name (None: none; raw bytes).  F4 packs two elements a byte (torch's float4_e2m1fn_x2,
+# whose last dimension is half the file's); F6 types have no torch dtype.
+_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+         "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
+         "I64": 64, "U64": 64}
 _DT = {"F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np.float16, "float16"),
        "BF16": (None, "bfloat16"), "I64": (np.int64, "int64"), "I32": (np.int32, "int32"),
        "I16": (np.int16, "int16"), "I8": (np.int8, "int8"), "U8": (np.uint8, "uint8"), "BOOL": (np.bool_, "bool"),
-       "U16": (np.uint16, "uint16"), "U32": (np.uint32, "uint32"), "U64": (np.uint64, "uint64")}
-_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-         "U16": 2, "U32": 4, "U64": 8}
+       "U16": (np.uint16, "uint16"), "U32": (np.uint32, "uint32"), "U64": (np.uint64, "uint64"),
+       "C64": (np.complex64, "complex64"), "F8_E4M3": (None, "float8_e4m3fn"), "F8_E5M2": (None, "float8_e5m2"),
+       "F8_E8M0": (None, "float8_e8m0fnu"), "F4": (None, "float4_e2m1fn_x2"), "F6_E2M3": (None, None),
+       "F6_E3M2": (None, None)}
+_SIZE = {k: max(1, b // 8) for k, b in _BITS.items()}  # bytes an element's view needs aligned
 _HEADER_MAX = 100 << 20
 
 
@@ -32,6 +39,11 @@ def _st_dtype(t):
         if name == tname or (npd is not None and name == np.dtype(npd).name):
             return k
     raise ValueError(f"sluice.save: dtype {t.dtype} has no safetensors name")
+
+
+def _nbytes(t, dt):
+    """Bytes of t in the file: F4's torch dtype holds two elements a byte, as the file does."""
+    return int(np.prod(t.shape, dtype=np.int64)) * (1 if dt == "F4" else _BITS[dt] // 8)
 
 
 def _file(path, flags):
@@ -64,8 +76,12 @@ def save(tensors, path, metadata=None):
             t = t.contiguous()
         else:
             t = np.ascontiguousarray(t)
-        n = int(np.prod(t.shape, dtype=np.int64)) * _SIZE[_st_dtype(t)]
-        header[name] = {"dtype": _st_dtype(t), "shape": list(t.shape), "data_offsets": [off, off + n]}
+        dt = _st_dtype(t)
+        n = _nbytes(t, dt)
+        shape = list(t.shape)
+        if dt == "F4" and shape:
+            shape[-1] *= 2  # the file counts 4-bit elements
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
         items.append((t, off, n))
         off += n
     if metadata:
@@ -130,31 +146,65 @@ def _head(path, n):
         return h.read(n), os.path.getsize(path)
 
 
+def _bad(path, why):
+    return SluiceError(-100011, f"{path}: {why}")
+
+
 def read_header(path):
-    """(header dict, data start) of a safetensors file, checked: every tensor inside the file, sizes right."""
+    """(header dict, data start) of a safetensors file, checked as strictly as safetensors checks it: a JSON
+    object of tensors {dtype, shape, data_offsets} and an optional __metadata__ of strings; every dtype one of
+    the specification's; shapes of non-negative integers whose element count fits 64 bits and fills whole
+    bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the file
+    (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
     raw, size = _head(path, 8)
     if len(raw) < 8:
-        raise SluiceError(-100011, f"{path}: not a safetensors file (shorter than 8 bytes)")
+        raise _bad(path, "not a safetensors file (shorter than 8 bytes)")
     (n,) = struct.unpack("<Q", raw)
     if n > _HEADER_MAX or 8 + n > size:
-        raise SluiceError(-100011, f"{path}: header of {n} bytes does not fit the file ({size} bytes)")
+        raise _bad(path, f"header of {n} bytes does not fit the file ({size} bytes)")
     try:
-        header = json.loads(_head(path, 8 + n)[0][8:])
-    except ValueError as e:
-        raise SluiceError(-100011, f"{path}: header is not JSON ({e})") from None
+        header = json.loads(_head(path, 8 + n)[0][8:].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad(path, f"header is not JSON ({e})") from None
     if not isinstance(header, dict):
-        raise SluiceError(-100011, f"{path}: header is not a JSON object")
+        raise _bad(path, "header is not a JSON object")
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                 for k, v in meta.items())):
+        raise _bad(path, "__metadata__ is not an object of strings")
+    spans = []
     for name, v in header.items():
         if name == "__metadata__":
             continue
-        try:
-            b, e = v["data_offsets"]
-            count = int(np.prod(v["shape"], dtype=np.int64))
-            ok = v["dtype"] in _SIZE and 0 <= b <= e <= size - 8 - n and e - b == count * _SIZE[v["dtype"]]
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise SluiceError(-100011, f"{path}: tensor '{name}' is malformed or lies outside the file")
+        if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+            raise _bad(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
+        dt, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
+        if dt not in _BITS:
+            raise _bad(path, f"tensor '{name}' has dtype {dt!r}, unknown to the safetensors specification")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise _bad(path, f"tensor '{name}' has shape {shape!r}: not a list of non-negative integers")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
+            raise _bad(path, f"tensor '{name}' has data_offsets {offs!r}: not two non-negative integers")
+        count = 1
+        for d in shape:
+            count *= d
+        if count * _BITS[dt] >= 1 << 64:
+            raise _bad(path, f"tensor '{name}' of shape {shape}: its size overflows 64 bits")
+        if count * _BITS[dt] % 8:
+            raise _bad(path, f"tensor '{name}' of {count} {dt} elements does not fill whole bytes")
+        if offs[1] < offs[0] or offs[1] - offs[0] != count * _BITS[dt] // 8:
+            raise _bad(path, f"tensor '{name}': data_offsets {offs} do not hold {count} {dt} elements")
+        spans.append((offs[0], offs[1], name))
+    at, data = 0, size - 8 - n
+    for b, e, name in sorted(spans):
+        if b != at:
+            raise _bad(path, f"tensor '{name}' starts at {b}: " + ("it overlaps the one before" if b < at
+                                                                  else f"a gap of {b - at} bytes before it"))
+        if e > data:
+            raise _bad(path, f"tensor '{name}' ends at {e}, past the {data} data bytes in the file")
+        at = e
+    if at != data:
+        raise _bad(path, f"the tensors end at {at} of {data} data bytes (trailing bytes)")
     return header, 8 + n
 
 
@@ -192,14 +242,20 @@ def load(path, device="cpu"):
         v = header[k]
         b, e = v["data_offsets"]
         npd, tname = _DT[v["dtype"]]
+        shape = list(v["shape"])
+        if v["dtype"] == "F4" and shape:
+            shape[-1] //= 2  # two elements a byte: torch's float4_e2m1fn_x2 counts bytes
+        aligned = b % _SIZE[v["dtype"]] == 0
         if use_torch:
-            tdt = getattr(torch, tname)
-            piece = buf[b:e]
-            if b % _SIZE[v["dtype"]]:
-                piece = piece.clone()
-            out[k] = piece.view(tdt).reshape(v["shape"])
+            piece = buf[b:e] if aligned else buf[b:e].clone()
+            if tname is None or not hasattr(torch, tname):
+                out[k] = piece  # no torch dtype for it here: its bytes
+            else:
+                out[k] = piece.view(getattr(torch, tname)).reshape(shape)
         else:
-            piece = buf[b:e]
-            out[k] = piece.view(npd if npd is not None else np.uint16).reshape(v["shape"]) if \
-                b % _SIZE[v["dtype"]] == 0 else piece.copy().view(npd or np.uint16).reshape(v["shape"])
+            piece = buf[b:e] if aligned else buf[b:e].copy()
+            if npd is None:  # bf16 as its 16-bit pattern; the other small floats as their bytes
+                out[k] = piece.view(np.uint16).reshape(shape) if v["dtype"] == "BF16" else piece
+            else:
+                out[k] = piece.view(npd).reshape(shape)
     return out
