@@ -545,13 +545,19 @@ static int pack_jsonl(const char *from, const char *fields_arg, const char *out,
 		return cli_fail(CMD, "%s: %s", from, strerror(errno));
 	}
 	while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+		char *l = line;
+
 		lineno++;
-		while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+		/* A UTF-8 byte order mark before the first line, as editors on Windows write it. */
+		if (lineno == 1 && len >= 3 && !memcmp(l, "\xEF\xBB\xBF", 3))
+			l += 3, len -= 3;
+		while (len && (l[len - 1] == '\n' || l[len - 1] == '\r' || l[len - 1] == ' ' || l[len - 1] == '\t'))
 			len--;
-		if (!len)
+		/* Blank lines (whitespace only) hold no record. */
+		if (!len || strspn(l, " \t") >= (size_t)len)
 			continue;
 		if (!w) {
-			rc = sluice_json_schema(line, (size_t)len, names, n, fields);
+			rc = sluice_json_schema(l, (size_t)len, names, n, fields);
 			if (!rc)
 				rc = sluice_writer_open(&w, out, fields, n, opt);
 			if (rc) {
@@ -559,7 +565,7 @@ static int pack_jsonl(const char *from, const char *fields_arg, const char *out,
 				break;
 			}
 		}
-		if (sluice_writer_add_json(w, line, (size_t)len))
+		if (sluice_writer_add_json(w, l, (size_t)len))
 			rc = cli_fail(CMD, "%s:%llu: %s", from, (unsigned long long)lineno, sluice_last_error_detail());
 	}
 	if (!rc && ferror(f))

@@ -5,7 +5,9 @@
  *   true/false -> u8 (1/0)       array of integers -> i64[*]
  *   array of numbers with a real -> f32[*]           anything else -> bytes of its JSON text
  * The first line fixes the schema; later lines must agree, except that a
- * bytes field takes any value (non-strings as their JSON text).
+ * bytes field takes any value (non-strings as their JSON text, kept as
+ * written: 0.1 stays 0.1), an f64 field takes integers and an f32[*] field
+ * arrays of integers.  Strings may hold NUL (\u0000).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -52,7 +54,7 @@ static void sl_json_kind(json_t *v, struct sluice_field *f)
 static int sl_json_object(const char *line, size_t len, json_t **out)
 {
 	json_error_t err;
-	json_t *root = json_loadb(line, len, JSON_DECODE_ANY, &err);
+	json_t *root = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
 
 	*out = NULL;
 	if (!root)
@@ -86,6 +88,93 @@ int sluice_json_schema(const char *line, size_t len, const char *const *names, u
 	}
 	json_decref(root);
 	return rc ? rc : sl__schema_check(out, n);
+}
+
+/* The index just past the JSON string that starts at p[i] ('"'). */
+static size_t sl_skip_string(const char *p, size_t len, size_t i)
+{
+	for (i++; i < len; i++) {
+		if (p[i] == '\\')
+			i++;
+		else if (p[i] == '"')
+			return i + 1;
+	}
+	return len;
+}
+
+static int sl_ws(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* The index just past the JSON value that starts at p[i] (valid JSON: jansson parsed it). */
+static size_t sl_skip_value(const char *p, size_t len, size_t i)
+{
+	int depth = 0;
+
+	while (i < len) {
+		char c = p[i];
+
+		if (c == '"') {
+			i = sl_skip_string(p, len, i);
+			if (!depth)
+				return i;
+			continue;
+		}
+		if (c == '{' || c == '[') {
+			depth++;
+		} else if (c == '}' || c == ']') {
+			if (!depth)
+				return i;
+			if (!--depth)
+				return i + 1;
+		} else if (!depth && (c == ',' || sl_ws(c))) {
+			return i;
+		}
+		i++;
+	}
+	return i;
+}
+
+/*
+ * The text of the top-level key name's value in the JSON object line, as
+ * written (the last one where a key repeats, as jansson keeps): 0 and
+ * [*off, *off + *n), or -1.  Keys are compared decoded.
+ */
+static int sl_json_raw(const char *p, size_t len, const char *name, size_t *off, size_t *n)
+{
+	size_t i = 0;
+	int found = -1;
+
+	while (i < len && sl_ws(p[i]))
+		i++;
+	if (i >= len || p[i++] != '{')
+		return -1;
+	for (;;) {
+		size_t ks, ke, vs, ve;
+		json_t *k;
+
+		while (i < len && sl_ws(p[i]))
+			i++;
+		if (i >= len || p[i] != '"')
+			break;
+		ks = i;
+		ke = i = sl_skip_string(p, len, i);
+		while (i < len && (sl_ws(p[i]) || p[i] == ':'))
+			i++;
+		vs = i;
+		ve = i = sl_skip_value(p, len, i);
+		k = json_loadb(p + ks, ke - ks, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+		if (k && json_is_string(k) && json_string_length(k) == strlen(name) && !strcmp(json_string_value(k), name))
+			*off = vs, *n = ve - vs, found = 0;
+		json_decref(k);
+		while (i < len && sl_ws(p[i]))
+			i++;
+		if (i >= len || p[i] != ',')
+			break;
+		i++;
+	}
+	return found;
 }
 
 /*
@@ -123,16 +212,22 @@ int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, 
 		 * array fits a float array and an empty array fits any array.
 		 */
 		if (f[i].dtype != SLUICE_DTYPE_BYTES && (got.dtype != f[i].dtype || got.ndim != f[i].ndim) &&
-		    !(json_is_array(v) && f[i].ndim == 1 && (got.dtype == SLUICE_DTYPE_I64 || !json_array_size(v)))) {
+		    !(json_is_array(v) && f[i].ndim == 1 && (got.dtype == SLUICE_DTYPE_I64 || !json_array_size(v))) &&
+		    !(f[i].dtype == SLUICE_DTYPE_F64 && !f[i].ndim && json_is_integer(v))) {
 			rc = sl__err(SLUICE_EFORMAT, "field '%s' is %s%s here, %s%s on the first line", f[i].name,
 				     sluice_dtype_name(got.dtype), got.ndim ? "[]" : "", sluice_dtype_name(f[i].dtype),
 				     f[i].ndim ? "[]" : "");
 			break;
 		}
 		if (f[i].dtype == SLUICE_DTYPE_BYTES) {
+			size_t at, l;
+
 			if (json_is_string(v)) {
 				src = json_string_value(v);
 				need = json_string_length(v);
+			} else if (!sl_json_raw(line, len, f[i].name, &at, &l)) {
+				src = line + at; /* numbers, objects: their text as written */
+				need = l;
 			} else {
 				text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
 				if (!text) {
