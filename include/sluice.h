@@ -946,7 +946,8 @@ struct sluice_packer_options {
 	uint32_t window;      /* documents gathered before they are placed (0: 1024); 1 with greedy */
 	int greedy;           /* 1: documents in arrival order, a row closes when the next does not fit */
 	int32_t pad_id;       /* input id of unused slots */
-	int32_t ignore_index; /* label of masked slots (0: -100) */
+	int32_t ignore_index; /* label of masked slots (0: -100, unless ignore_index_set) */
+	int ignore_index_set; /* 1: ignore_index as given, 0 included */
 };
 
 /*
@@ -976,8 +977,10 @@ SLUICE_API SLUICE_WUR int sluice_packer_add(struct sluice_packer *p, const int32
  * flush set, documents still gathered are placed and every open row is
  * finished: call until it returns 0 at the end of the data.
  * Best-fit decreasing: a window of documents, longest first, each goes to
- * the open row with the least room that holds it; rows that no document
- * seen so far could still fill stay open across windows (at most 64).
+ * the open row with the least room that holds it (within a window every
+ * row stays open, so a larger window never packs worse); rows that some
+ * document seen so far could still fill stay open across windows (at most
+ * 64, the emptiest).
  */
 SLUICE_API int sluice_packer_row(struct sluice_packer *p, struct sluice_packed_row *row, int flush);
 /* Real tokens and slots (rows x context) of the rows handed out so far. */

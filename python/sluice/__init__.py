@@ -615,13 +615,20 @@ class Packer:
 
     def __init__(self, context, greedy=False, window=0, pad_id=0, ignore_index=-100):
         self._opt = PackerOptions(context=context, window=window, greedy=int(greedy), pad_id=pad_id,
-                                  ignore_index=ignore_index)
+                                  ignore_index=ignore_index, ignore_index_set=1)
         h = C.c_void_p()
         check(lib.sluice_packer_new(C.byref(h), C.byref(self._opt)))
         self._h, self.context = h, context
 
     def add(self, tokens):
-        t = np.ascontiguousarray(tokens, dtype=np.int32)
+        """Adds one document: token ids that fit int32 (others are refused, not wrapped)."""
+        a = np.asarray(tokens)
+        if a.size and a.dtype.kind not in "iub":
+            raise SluiceError(-100001, f"Packer.add: tokens of dtype {a.dtype}: token ids are integers")
+        if a.size and a.dtype.kind in "iu" and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
+            raise SluiceError(-100001, f"Packer.add: token id {a.max() if a.max() >= 1 << 31 else a.min()} "
+                              "does not fit int32")
+        t = np.ascontiguousarray(a, dtype=np.int32)
         check(lib.sluice_packer_add(self._h, t.ctypes.data_as(C.POINTER(C.c_int32)), t.size))
 
     def rows(self, flush=False):

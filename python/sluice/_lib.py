@@ -79,7 +79,7 @@ class Batch(C.Structure):
 
 class PackerOptions(C.Structure):
     _fields_ = [("context", C.c_uint32), ("window", C.c_uint32), ("greedy", C.c_int), ("pad_id", C.c_int32),
-                ("ignore_index", C.c_int32)]
+                ("ignore_index", C.c_int32), ("ignore_index_set", C.c_int)]
 
 
 class PackedRow(C.Structure):

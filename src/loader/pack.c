@@ -4,9 +4,11 @@
  *
  * Documents gather in a window; when it is full they are placed longest
  * first, each into the open row with the least room that still holds it,
- * a new row when none does.  A row is finished once no document seen so
- * far is short enough to fit its room, or when more than SL_OPEN rows are
- * open (the fullest goes first).  Finished rows wait in a FIFO until the
+ * a new row when none does: within a window every row stays open, so a
+ * larger window never packs worse for want of rows.  After a window, a row
+ * is finished once no document seen so far is short enough to fit its room,
+ * and beyond SL_OPEN rows the fullest are finished (what carries over to
+ * the next window stays bounded).  Finished rows wait in a FIFO until the
  * caller takes them.
  */
 #include <errno.h>
@@ -33,8 +35,8 @@ struct sluice_packer {
 	struct sluice_packer_options opt;
 	struct sl_doc *pending;
 	size_t npending;
-	struct sl_row *open[SL_OPEN];
-	unsigned nopen;
+	struct sl_row **open;
+	size_t nopen, open_cap;
 	struct sl_row *done, **done_tail, *free_rows;
 	uint32_t min_len;     /* shortest document seen */
 	uint64_t tokens, slots;
@@ -55,7 +57,7 @@ int sluice_packer_new(struct sluice_packer **out, const struct sluice_packer_opt
 	p->opt = *opt;
 	if (!p->opt.window || p->opt.greedy)
 		p->opt.window = p->opt.greedy ? 1 : 1024;
-	if (!p->opt.ignore_index)
+	if (!p->opt.ignore_index && !p->opt.ignore_index_set)
 		p->opt.ignore_index = -100;
 	p->pending = calloc(p->opt.window, sizeof(*p->pending));
 	p->out = malloc((4 * (size_t)p->opt.context + 1) * sizeof(int32_t));
@@ -69,7 +71,7 @@ int sluice_packer_new(struct sluice_packer **out, const struct sluice_packer_opt
 	return 0;
 }
 
-static void sl_finish(struct sluice_packer *p, unsigned i)
+static void sl_finish(struct sluice_packer *p, size_t i)
 {
 	struct sl_row *r = p->open[i];
 
@@ -100,14 +102,10 @@ static struct sl_row *sl_new_row(struct sluice_packer *p)
 	}
 	r->used = r->ndocs = 0;
 	r->cu[0] = 0;
-	if (p->nopen == SL_OPEN) {
-		/* Too many open: the fullest is finished to make room. */
-		unsigned best = 0;
-
-		for (unsigned i = 1; i < p->nopen; i++)
-			if (p->open[i]->used > p->open[best]->used)
-				best = i;
-		sl_finish(p, best);
+	if (sl__reserve(&p->open, &p->open_cap, (p->nopen + 1) * sizeof(*p->open))) {
+		r->next = p->free_rows;
+		p->free_rows = r;
+		return NULL;
 	}
 	p->open[p->nopen++] = r;
 	return r;
@@ -131,7 +129,7 @@ static int sl_place(struct sluice_packer *p)
 		struct sl_doc *d = &p->pending[k];
 		struct sl_row *r = NULL;
 
-		for (unsigned i = 0; i < p->nopen; i++) {
+		for (size_t i = 0; i < p->nopen; i++) {
 			struct sl_row *o = p->open[i];
 
 			if (L - o->used >= d->len && (!r || o->used > r->used))
@@ -150,11 +148,20 @@ static int sl_place(struct sluice_packer *p)
 	}
 	p->npending = 0;
 	/* Rows that nothing seen so far could still fill are done. */
-	for (unsigned i = 0; i < p->nopen;)
+	for (size_t i = 0; i < p->nopen;)
 		if (L - p->open[i]->used < p->min_len)
 			sl_finish(p, i);
 		else
 			i++;
+	/* At most SL_OPEN rows wait for the next window: the fullest of the rest are done. */
+	while (p->nopen > SL_OPEN) {
+		size_t best = 0;
+
+		for (size_t i = 1; i < p->nopen; i++)
+			if (p->open[i]->used > p->open[best]->used)
+				best = i;
+		sl_finish(p, best);
+	}
 	return 0;
 }
 
@@ -244,12 +251,13 @@ void sluice_packer_free(struct sluice_packer *p)
 		return;
 	for (size_t k = 0; p->pending && k < p->npending; k++)
 		free(p->pending[k].tok);
-	for (unsigned i = 0; i < p->nopen; i++) {
+	for (size_t i = 0; i < p->nopen; i++) {
 		p->open[i]->next = NULL;
 		sl_free_rows(p->open[i]);
 	}
 	sl_free_rows(p->done);
 	sl_free_rows(p->free_rows);
+	free(p->open);
 	free(p->pending);
 	free(p->out);
 	free(p);

@@ -193,3 +193,33 @@ def test_strided_gpu_arrays_are_refused(tmp_path):
         sluice.read(tmp_path / "x", FakeCuda((4, 4), (4, 32)))
     assert sluice._buffer(FakeCuda((4, 4), (16, 4)), True)[:2] == (0, 64)
     assert sluice._buffer(FakeCuda((4, 4), None), True)[:2] == (0, 64)
+
+
+def test_packer_options_and_tokens_as_given():
+    """ignore_index=0 is honoured (it was silently -100); token ids that do not fit int32, or are not
+    integers, are refused rather than wrapped."""
+    p = sluice.Packer(16, ignore_index=0)
+    p.add(np.arange(1, 6))
+    row = next(p.rows(flush=True))
+    assert row["labels"][0] == 0 and row["labels"][5] == 0 and list(row["labels"][1:5]) == [2, 3, 4, 5]
+    for bad in (np.array([1, 1 << 31]), np.array([-(1 << 31) - 1]), np.array([1.5, 2.0])):
+        with pytest.raises(sluice.SluiceError):
+            p.add(bad)
+
+
+@pytest.mark.parametrize("dist", ("alpaca", "long"))
+def test_packer_larger_window_never_packs_worse(dist):
+    """Best-fit decreasing over a larger window never fills rows worse than the default window (a cap on
+    open rows once closed rows early: 72% against 79% for documents of 200-3000 tokens in 4096)."""
+    rng = np.random.default_rng(1)
+    lens = np.clip(rng.lognormal(4.4, 0.6, 20000).astype(int), 13, 307) if dist == "alpaca" else \
+        rng.integers(200, 3000, 6000)
+    fills = []
+    for w in (0, 4096, 16384):
+        p = sluice.Packer(4096, window=w)
+        for n in lens:
+            p.add(np.zeros(n, np.int32))
+        rows = list(p.rows(flush=True))
+        assert sum(int(r["cu_seqlens"][-1]) for r in rows) == int(lens.sum())  # every token placed once
+        fills.append(p.fill())
+    assert fills[1] >= fills[0] and fills[2] >= fills[0], fills
