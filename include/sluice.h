@@ -895,10 +895,11 @@ struct sluice_batch {
  * records of each window of window_bytes are permuted inside it
  * (docs/LOADER.md).  Each window is read whole (this rank's records of it,
  * coalesced), so reads stay sequential.  Global batch g holds positions
- * [g * B * W, (g + 1) * B * W) of the order; rank r takes the r-th B of
- * them by record id: every rank gets the same number of batches, and a
- * resume from `position` with another world size neither repeats nor skips
- * a sample.
+ * [o + g * B * W, o + (g + 1) * B * W) of the order (o = position mod B * W,
+ * 0 from an epoch's start); rank r takes the r-th B of them by record id:
+ * every rank gets the same number of batches (one each for a dataset
+ * smaller than B * W, none with drop_last), and a resume from any
+ * `position` with another world size neither repeats nor skips a sample.
  * Returns 0, SLUICE_EINVAL_CONFIG (the detail names the option), or an
  * error of the dataset or engine.
  */

@@ -57,6 +57,19 @@ static void sl_stop(struct sluice_loader *ld)
 	ld->running = 0;
 }
 
+/*
+ * This rank's batches in the epoch from ld->origin: every rank the same
+ * number, the last global batch dropped (drop_last) or filled from the
+ * order's start; with fewer records than a global batch, none, or one
+ * that takes records more than once.
+ */
+static void sl_count_batches(struct sluice_loader *ld)
+{
+	const uint64_t left = ld->origin < ld->n ? ld->n - ld->origin : 0, bw = ld->per_global;
+
+	ld->nbatches = ld->opt.drop_last ? left / bw : (left + bw - 1) / bw;
+}
+
 /* (Re)starts production at the consumer's next batch of the current epoch. */
 static int sl_start(struct sluice_loader *ld)
 {
@@ -143,10 +156,6 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 			       opt->device_index, eng->nlanes, eng->nlanes > 1 ? "s" : "");
 	if (sluice_dataset_count(ds) == 0)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s holds no records", ds->path);
-	if ((uint64_t)opt->batch_size * world > sluice_dataset_count(ds))
-		return sl__err(SLUICE_EINVAL_CONFIG, "loader: a global batch (%u x %llu ranks) is larger than %s (%llu records)",
-			       opt->batch_size, (unsigned long long)world, ds->path,
-			       (unsigned long long)sluice_dataset_count(ds));
 	ld = calloc(1, sizeof(*ld));
 	if (!ld)
 		return -ENOMEM;
@@ -252,13 +261,14 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 			guess += (avg - fixed) * opt->batch_size / nvar * nvar_loaded;
 	}
 	ld->per_global = (uint64_t)opt->batch_size * world;
-	ld->nbatches = opt->drop_last ? ld->n / ld->per_global : (ld->n + ld->per_global - 1) / ld->per_global;
-	if (opt->position % ld->per_global || opt->position > ld->nbatches * ld->per_global) {
-		rc = sl__err(SLUICE_EINVAL_CONFIG, "loader: position %llu is not a multiple of the global batch (%llu) inside the epoch",
-			     (unsigned long long)opt->position, (unsigned long long)ld->per_global);
-		goto fail;
-	}
-	ld->next_g = opt->position / ld->per_global;
+	/*
+	 * A resume may start anywhere: from a position the last run reached
+	 * with another world size too (sl__gstart).  One at or past the end
+	 * (the last batch wrapped) finds the epoch over.
+	 */
+	ld->origin = opt->position < ld->n ? opt->position % ld->per_global : opt->position;
+	sl_count_batches(ld);
+	ld->next_g = opt->position < ld->n ? opt->position / ld->per_global : 0;
 	/*
 	 * A batch may span several windows; keep them all, one more for each
 	 * further producer's batch, and for each reader one loading and one ready.
@@ -323,6 +333,8 @@ int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e)
 	sl__give_back(ld, NULL);
 	ld->opt.epoch = e;
 	ld->next_g = 0;
+	ld->origin = 0;
+	sl_count_batches(ld);
 	return sl_start(ld);
 }
 

@@ -90,6 +90,15 @@ struct sluice_loader {
 	uint64_t pre_next;          /* next of those places a reader takes */
 	uint64_t preloaded;         /* windows an epoch found read ahead, since open */
 	uint64_t n, window, chunk, per_global, nbatches; /* nbatches: this rank's, per epoch */
+	/*
+	 * Where the epoch's global batches start: batch g holds positions
+	 * [origin + g * per_global, origin + (g + 1) * per_global) of the order
+	 * (modulo n past its end).  0, but for an epoch resumed from a position
+	 * that is not a multiple of the global batch (the world size changed):
+	 * then position % per_global, so the resumed epoch goes on exactly
+	 * where the last one stopped.
+	 */
+	uint64_t origin;
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */
@@ -150,6 +159,12 @@ static inline void sl__ld_span(const struct sluice_loader *ld, const char *name,
 {
 	if (ld->trace)
 		sl__trace_span(ld->trace, name, t0, sl__now_ns(), sl__thread_cpu_ns() - cpu0, n);
+}
+
+/* The first position of global batch g. */
+static inline uint64_t sl__gstart(const struct sluice_loader *ld, uint64_t g)
+{
+	return ld->origin + g * ld->per_global;
 }
 
 /* window.c */

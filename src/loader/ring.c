@@ -134,5 +134,5 @@ void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_
 {
 	*seed = ld->opt.seed;
 	*epoch = ld->opt.epoch;
-	*position = ld->next_g * ld->per_global;
+	*position = sl__gstart(ld, ld->next_g);
 }

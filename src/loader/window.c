@@ -55,7 +55,7 @@ static int sl_cmp_pos(const void *a, const void *b)
  */
 int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out)
 {
-	const uint64_t B = ld->opt.batch_size, BW = ld->per_global, p0 = g * BW;
+	const uint64_t B = ld->opt.batch_size, BW = ld->per_global, p0 = sl__gstart(ld, g);
 	struct sl_pos *v;
 
 	if (BW == B) {
@@ -100,7 +100,7 @@ int sl__window_reserve(struct sl__window *win, size_t n)
 static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w)
 {
 	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
-	uint64_t total = ld->nbatches * ld->per_global, need = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+	uint64_t total = sl__gstart(ld, ld->nbatches), need = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	struct sluice_xfer_report rep;
 	size_t k = 0;
 	ssize_t rc;
@@ -114,29 +114,42 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 	if (!win->ids || !win->off || !win->len)
 		return -ENOMEM;
 	/*
-	 * Position q of the order is taken at p = q, and again at p = q + n when
-	 * the last batch wraps: this rank's positions of the global batches that
-	 * overlap [lo, hi) or [lo + n, hi + n).
+	 * Position q of the order is taken at p = q, and again at p = q + n,
+	 * q + 2n, ... where the last batch wraps (more than once when there are
+	 * fewer records than a global batch): this rank's positions of the
+	 * global batches that overlap [lo, hi) + k n, each record marked once.
 	 */
 	uint64_t *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
+	unsigned char *take = calloc(hi - lo + 1, 1);
 
-	if (!pos)
+	if (!pos || !take) {
+		free(pos);
+		free(take);
 		return -ENOMEM;
-	for (int pass = 0; pass < 2; pass++) {
-		uint64_t a = lo + (pass ? ld->n : 0), b = hi + (pass ? ld->n : 0);
+	}
+	for (uint64_t pass = 0; pass * ld->n < total; pass++) {
+		uint64_t a = lo + pass * ld->n, b = hi + pass * ld->n;
 
-		for (uint64_t g = a / ld->per_global; g * ld->per_global < b && g * ld->per_global < total; g++) {
+		if (b <= ld->origin)
+			continue;
+		for (uint64_t g = a > ld->origin ? (a - ld->origin) / ld->per_global : 0;
+		     sl__gstart(ld, g) < b && sl__gstart(ld, g) < total; g++) {
 			rc = sl__rank_positions(ld, o, g, pos);
 			for (uint32_t j = 0; !rc && j < ld->opt.batch_size; j++)
-				if (pos[j] >= a && pos[j] < b && k < hi - lo)
-					win->ids[k++] = sl_at_in(ld, o, pos[j] % ld->n);
+				if (pos[j] >= a && pos[j] < b)
+					take[pos[j] - a] = 1;
 			if (rc) {
 				free(pos);
+				free(take);
 				return (int)rc;
 			}
 		}
 	}
+	for (uint64_t q = lo; q < hi; q++)
+		if (take[q - lo])
+			win->ids[k++] = sl_at_in(ld, o, q);
 	free(pos);
+	free(take);
 	qsort(win->ids, k, sizeof(uint64_t), sl__cmp_u64);
 	size_t u = 0; /* a position and its wrapped twin may both be this rank's: one copy */
 
@@ -268,7 +281,12 @@ static struct sl__window *sl_free_window(struct sluice_loader *ld)
 void *sl__read_ahead(void *arg)
 {
 	struct sluice_loader *ld = arg;
-	const uint64_t npre = ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
+	/*
+	 * The next epoch's first windows are read ahead with this epoch's plan:
+	 * not after a resume whose batches start elsewhere (origin), as the next
+	 * epoch's start at 0.
+	 */
+	const uint64_t npre = ld->origin ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
 
 	pthread_mutex_lock(&ld->lock);
 	for (;;) {
@@ -326,7 +344,7 @@ int sl__plan_windows(struct sluice_loader *ld)
 		return -ENOMEM;
 	/* A batch may draw on any window its global batch overlaps (see sl__rank_positions). */
 	for (uint64_t g = 0; g < ld->nbatches; g++) {
-		const uint64_t p = g * ld->per_global, len = ld->per_global;
+		const uint64_t p = sl__gstart(ld, g), len = ld->per_global;
 
 		ld->bfirst[g] = UINT64_MAX;
 		for (uint64_t j = 0; j < len; j++) {

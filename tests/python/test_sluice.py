@@ -142,8 +142,9 @@ def test_loader_bad_options(ds_path):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.Loader(ds, batch_size=16, fields=["nope"], rank=0, world_size=1)
     assert "'nope'" in str(e.value)
-    with pytest.raises(sluice.SluiceError):
-        sluice.Loader(ds, batch_size=1000, rank=0, world_size=1)
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.Loader(ds, batch_size=16, rank=3, world_size=2)
+    assert "rank 3" in str(e.value)
 
 
 def test_packer():
