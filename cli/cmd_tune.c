@@ -11,8 +11,10 @@
  * goes into the settings file (sluice_settings_path), keeping its other
  * lines.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -24,6 +26,27 @@
 #include <unistd.h>
 
 #include "cli.h"
+
+/* Scratch files .sluice-tune.PID in dir whose tune was killed (its process gone) are removed. */
+static void reclaim_scratch(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	while (d && (e = readdir(d))) {
+		char *end, p[PATH_MAX + 300];
+		long pid;
+
+		if (strncmp(e->d_name, ".sluice-tune.", 13) || (pid = strtol(e->d_name + 13, &end, 10)) <= 0 || *end ||
+		    !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+		if (unlink(p) == 0)
+			fprintf(stderr, "sluice tune: removed %s, the scratch file of a tune that was killed\n", p);
+	}
+	if (d)
+		closedir(d);
+}
 
 #define CMD "tune"
 
@@ -378,6 +401,7 @@ int cmd_tune(int argc, char **argv)
 			int fd;
 
 			size = size ? size : 1ull << 30;
+			reclaim_scratch(t.path);
 			snprintf(scratch, sizeof(scratch), "%s/.sluice-tune.%d", t.path, (int)getpid());
 			fd = open(scratch, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 			if (fd < 0 || !r || fread(buf, 1, sizeof(buf), r) != sizeof(buf)) {

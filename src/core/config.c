@@ -4,6 +4,7 @@
  * both reject the same values.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -108,6 +109,12 @@ int sluice_config_set_max_transfer_size(struct sluice_config *cfg, size_t n)
 
 int sluice_config_set_buffer_pool_size(struct sluice_config *cfg, size_t n)
 {
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+	/* The pool is pinned host memory: more than the machine has cannot be meant. */
+	if (pages > 0 && page > 0 && n > (uint64_t)pages * (uint64_t)page)
+		return sl__err(SLUICE_EINVAL_CONFIG, "buffer_pool_size %zu bytes is more than this machine's memory (%llu)", n,
+			       (unsigned long long)pages * (unsigned long long)page);
 	cfg->buffer_pool_size = n;
 	return 0;
 }
@@ -192,8 +199,13 @@ static int sl_env_word(const struct sl__env *env, const char *name, const char *
 	if (!v)
 		return 1;
 	*out = sl_word(v, words);
-	if (*out < 0)
-		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s) is not one of the accepted words", name, v, sl_from(env, name));
+	if (*out < 0) {
+		char list[256] = "";
+
+		for (int i = 0; words[i]; i++)
+			snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "", words[i]);
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): want one of %s", name, v, sl_from(env, name), list);
+	}
 	return 0;
 }
 
@@ -225,6 +237,53 @@ static int sl_env_devices(const struct sl__env *env, struct sluice_config *cfg)
 	return 0;
 }
 
+/*
+ * The settings read where they are used (not the engine's): checked here
+ * too, so that a bad one is named at the first sluice_config_new() rather
+ * than taken silently (SLUICE_LOG=bogus) or met late.
+ */
+static int sl_env_others(const struct sl__env *env)
+{
+	static const char *const levels[] = { "error", "warn", "info", "debug", NULL };
+	static const char *const decoders[] = { "auto", "gpu", "cpu", NULL };
+	const char *v;
+	char *end = NULL;
+	uint64_t u;
+	int w, r;
+
+	if ((r = sl_env_word(env, "SLUICE_LOG", levels, &w)) < 0 || (r = sl_env_word(env, "SLUICE_DECODE", decoders, &w)) < 0)
+		return r;
+	if ((v = env->get("SLUICE_STATS", env->ctx)) && *v) {
+		double secs = strtod(v, &end);
+
+		if (*end || !(secs > 0) || secs > 86400)
+			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_STATS=\"%s\" (%s): want seconds between loader log lines, "
+				       "0.001 to 86400", v, sl_from(env, "SLUICE_STATS"));
+	}
+	/* A metrics port below 1024 is a system service's: 0 (any free port) or 1024-65535. */
+	if ((v = env->get("SLUICE_METRICS_PORT", env->ctx)) && *v &&
+	    (sluice_parse_size(v, &u) || (u && u < 1024) || u > 65535 || strspn(v, "0123456789") != strlen(v)))
+		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_METRICS_PORT=\"%s\" (%s): want 0 (a free port) or 1024 to 65535",
+			       v, sl_from(env, "SLUICE_METRICS_PORT"));
+	if ((v = env->get("SLUICE_CACHE_LIMIT", env->ctx)) && *v && (sluice_parse_size(v, &u) || !u))
+		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_CACHE_LIMIT=\"%s\" (%s): want a size such as 200G", v,
+			       sl_from(env, "SLUICE_CACHE_LIMIT"));
+	/* Files are made there later: the directory must be there now, and writable. */
+	if ((v = env->get("SLUICE_TRACE", env->ctx)) && *v) {
+		char dir[4096];
+		const char *slash = strrchr(v, '/');
+
+		snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - v) + (slash == v) : 1, slash ? v : ".");
+		if (access(dir, W_OK) < 0)
+			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_TRACE=\"%s\" (%s): cannot write in %s: %s", v,
+				       sl_from(env, "SLUICE_TRACE"), dir, strerror(errno));
+	}
+	if ((v = env->get("SLUICE_RUN_DIR", env->ctx)) && *v && v[0] != '/')
+		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_RUN_DIR=\"%s\" (%s): want an absolute path", v,
+			       sl_from(env, "SLUICE_RUN_DIR"));
+	return 0;
+}
+
 int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 {
 	static const char *const backends[] = { "auto", "uring", "psync", "gds", NULL };
@@ -245,7 +304,8 @@ int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 		if (r < 0)                                              \
 			return r;                                       \
 		if (r == 0 && setter(cfg, u))                           \
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s=%s (%s) is out of range", name, env->get(name, env->ctx), sl_from(env, name)); \
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s=%s (%s): %s", name, env->get(name, env->ctx), sl_from(env, name), \
+				       sluice_last_error_detail());             \
 	} while (0)
 
 	r = sl_env_word(env, "SLUICE_BACKEND", backends, &w);
@@ -275,7 +335,7 @@ int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
 	SL_ENV_UINT("SLUICE_GPU", 1, sluice_config_set_gpu);
 #undef SL_ENV_UINT
 #undef SL_APPLY
-	return 0;
+	return sl_env_others(env);
 }
 
 int sluice_config_new(struct sluice_config **out)

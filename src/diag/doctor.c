@@ -343,6 +343,10 @@ static void sl_check_uring(struct sl_dr *d)
 		sl_emit_fix(d, "io_uring", SLUICE_CHECK_FAIL, why, "run a kernel of 5.6 or later (5.19+ for every feature sluice uses)", v);
 	else if (!strcmp(dis, "2"))
 		sl_emit_fix(d, "io_uring", SLUICE_CHECK_FAIL, why, "sudo sysctl -w kernel.io_uring_disabled=0", v);
+	else if (probe == -ENOMEM)
+		sl_emit_fix(d, "io_uring", SLUICE_CHECK_FAIL, why,
+			    "io_uring's rings count against the memlock limit, too low here: ulimit -l unlimited "
+			    "(systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1; Kubernetes: the runtime's default)", v);
 	else if (probe && seccomp == 2)
 		sl_emit_fix(d, "io_uring", SLUICE_CHECK_FAIL, why,
 			    "a seccomp profile blocks io_uring: docker run --security-opt seccomp=PROFILE allowing "

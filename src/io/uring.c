@@ -53,6 +53,17 @@ static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
 			dis[strcspn(dis, "\n")] = '\0';
 			fclose(f);
 		}
+		if (rc == -ENOMEM) {
+			/* The rings' memory is charged to RLIMIT_MEMLOCK (before Linux 5.12, and under some policies). */
+			struct rlimit rl = { 0, 0 };
+
+			getrlimit(RLIMIT_MEMLOCK, &rl);
+			snprintf(why, n, "io_uring unusable: io_uring_setup failed: %s: its rings count against the memlock "
+				 "limit, now %llu bytes (raise it: ulimit -l unlimited; systemd LimitMEMLOCK=infinity; "
+				 "docker --ulimit memlock=-1)%s", strerror(-rc), (unsigned long long)rl.rlim_cur,
+				 cfg->sqpoll ? " [SQPOLL requested]" : "");
+			return rc;
+		}
 		snprintf(why, n, "io_uring unusable: io_uring_setup failed: %s (kernel.io_uring_disabled=%s; "
 			 "a seccomp filter or container policy may block it)%s",
 			 strerror(-rc), dis, cfg->sqpoll ? " [SQPOLL requested]" : "");

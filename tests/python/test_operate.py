@@ -301,6 +301,10 @@ def test_tune_a_file_writes_its_pick(tmp_path):
 
 def test_tune_dry_run_and_a_directory(tmp_path):
     conf = tmp_path / "sluice.conf"
+    # A killed tune's scratch file (its process gone) is removed by the next tune of the directory.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f".sluice-tune.{dead.pid}").write_bytes(b"x" * 4096)
     r = run(["tune", "--json", "--dry-run", "--size", "8M", str(tmp_path)], {"SLUICE_CONFIG": str(conf)}, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -77,6 +77,26 @@ static void t_config(void)
 	T_CHECK(sluice_config_new(&cfg) == SLUICE_EINVAL_CONFIG);
 	unsetenv("SLUICE_MAX_TRANSFER_SIZE");
 	unsetenv("SLUICE_DIRECT");
+
+	/* The settings read where they are used are named at the first config too, never taken silently. */
+	{
+		static const char *const bad[][2] = {
+			{ "SLUICE_BUFFER_POOL_SIZE", "1P" }, { "SLUICE_LOG", "bogus" },  { "SLUICE_TRACE", "/nonexistent/x" },
+			{ "SLUICE_METRICS_PORT", "22" },     { "SLUICE_STATS", "soon" }, { "SLUICE_DECODE", "fast" },
+			{ "SLUICE_CACHE_LIMIT", "lots" },    { "SLUICE_RUN_DIR", "rel" }, { "SLUICE_METRICS_PORT", "99999" },
+		};
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			setenv(bad[i][0], bad[i][1], 1);
+			T_CHECK(sluice_config_new(&cfg) == SLUICE_EINVAL_CONFIG && strstr(sluice_last_error_detail(), bad[i][0]));
+			unsetenv(bad[i][0]);
+		}
+		setenv("SLUICE_METRICS_PORT", "9464", 1);
+		setenv("SLUICE_LOG", "warn", 1);
+		T_CHECK(sluice_config_new(&cfg) == 0);
+		sluice_config_free(cfg);
+		unsetenv("SLUICE_METRICS_PORT");
+		unsetenv("SLUICE_LOG");
+	}
 }
 
 static void t_hist(void)
