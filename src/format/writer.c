@@ -101,16 +101,25 @@ static int sl_write_all(int fd, const void *p, size_t n, const char *what)
  * buffer (moved to its start) until more bytes complete it, or, with
  * final set (the shard is done), is written through the page cache.
  */
+/* What a failed write was writing, for its error: the part and the dataset's directory. */
+static const char *sl_what(const struct sluice_writer *w, const char *part, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%s of the dataset %s", part, w->remote ? w->remote : w->dir);
+	return buf;
+}
+
 static int sl_flush(struct sluice_writer *w, int final)
 {
+	char what[4200];
 	size_t direct = w->dfd >= 0 ? w->buf_len & ~(size_t)(SL_ALIGN - 1) : 0, tail = w->buf_len - direct;
 	int rc = 0;
 
 	assert(w->file_off % SL_ALIGN == 0 || w->dfd < 0);
 	if (direct)
-		rc = sl_write_at(w->dfd, w->buf, direct, (int64_t)w->file_off, "a shard");
+		rc = sl_write_at(w->dfd, w->buf, direct, (int64_t)w->file_off, sl_what(w, "a shard", what, sizeof(what)));
 	if (!rc && tail && (final || w->dfd < 0)) {
-		rc = sl_write_at(w->fd, w->buf + direct, tail, (int64_t)(w->file_off + direct), "a shard");
+		rc = sl_write_at(w->fd, w->buf + direct, tail, (int64_t)(w->file_off + direct),
+				 sl_what(w, "a shard", what, sizeof(what)));
 		direct += tail;
 		tail = 0;
 	}
@@ -427,6 +436,7 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 {
 	size_t n;
 	unsigned char e[SL_ENTRY];
+	char what[4200];
 	int rc;
 
 	for (unsigned i = 0; i < w->nfields; i++) {
@@ -461,7 +471,7 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	if (rc)
 		return rc;
 	if (w->ebuf_len + SL_ENTRY > SL_WBUF) {
-		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
+		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, sl_what(w, "the entries", what, sizeof(what)));
 		if (rc)
 			return rc;
 		w->ebuf_len = 0;
@@ -494,7 +504,7 @@ int sluice_writer_close(struct sluice_writer *w)
 {
 	unsigned char *hdr = NULL;
 	size_t hlen;
-	char *tmp = NULL, *fin = NULL, *ent = NULL;
+	char *tmp = NULL, *fin = NULL, *ent = NULL, what[4200];
 	int rc, ifd = -1, dfd;
 
 	/* An empty dataset still has one (empty) shard, so every index names >= 1. */
@@ -502,7 +512,7 @@ int sluice_writer_close(struct sluice_writer *w)
 		goto out;
 	rc = sl_finish_shard(w);
 	if (!rc && w->ebuf_len)
-		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, "the entries");
+		rc = sl_write_all(w->efd, w->ebuf, w->ebuf_len, sl_what(w, "the entries", what, sizeof(what)));
 	if (rc)
 		goto out;
 	rc = sl__index_build(w->fields, w->nfields, w->nrecords, w->group_crc, w->meta, w->shard_records, w->shard_bytes,
@@ -522,7 +532,7 @@ int sluice_writer_close(struct sluice_writer *w)
 		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
 		goto out;
 	}
-	rc = sl_write_all(ifd, hdr, hlen, "the index");
+	rc = sl_write_all(ifd, hdr, hlen, sl_what(w, "the index", what, sizeof(what)));
 	/* Append the entries (kernel-side copy). */
 	for (loff_t off = 0; !rc && off < (loff_t)(SL_ENTRY * w->nrecords);) {
 		ssize_t r = copy_file_range(w->efd, &off, ifd, NULL, (size_t)(SL_ENTRY * w->nrecords - (uint64_t)off), 0);

@@ -14,3 +14,34 @@ def test_kill_soak(s3, tmp_path, monkeypatch):
     for name, r in res.items():
         assert r["failure"] is None, (name, r)
         assert sum(r["ended"].values()) == 4, (name, r)
+
+
+def test_pack_on_a_full_disk(tmp_path):
+    """sluice pack into a 4 MiB tmpfs that a 12 MB tree cannot fit: a clear error naming what could not be
+    written, no index (the output does not open), and the dataset already stored there still verifies.  Root
+    only (mounting); skipped otherwise."""
+    import subprocess
+    import pytest
+    from conftest import SLUICE
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        small, big = tmp_path / "small-tree" / "c", tmp_path / "big-tree" / "c"
+        small.mkdir(parents=True)
+        big.mkdir(parents=True)
+        (small / "a.jpg").write_bytes(os.urandom(100_000))
+        for i in range(12):
+            (big / f"{i}.jpg").write_bytes(os.urandom(1 << 20))
+        assert subprocess.run([SLUICE, "pack", "--from-dir", str(small.parent), "--quiet", str(mnt / "kept")]).returncode == 0
+        r = subprocess.run([SLUICE, "pack", "--from-dir", str(big.parent), "--quiet", str(mnt / "full")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and ("No space" in r.stderr or "Too large" in r.stderr or "space" in r.stderr), r.stderr
+        assert str(mnt / "full") in r.stderr, r.stderr
+        assert not (mnt / "full" / "index.sli").exists()
+        assert subprocess.run([SLUICE, "verify", str(mnt / "kept")], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
