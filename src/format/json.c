@@ -220,7 +220,7 @@ int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, 
 			break;
 		}
 		if (f[i].dtype == SLUICE_DTYPE_BYTES) {
-			size_t at, l;
+			size_t at = 0, l = 0;
 
 			if (json_is_string(v)) {
 				src = json_string_value(v);
