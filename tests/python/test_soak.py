@@ -45,3 +45,28 @@ def test_pack_on_a_full_disk(tmp_path):
         assert subprocess.run([SLUICE, "verify", str(mnt / "kept")], capture_output=True).returncode == 0
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_checkpoint_on_a_full_disk(tmp_path):
+    """sluice.write of 8 MiB over a 1 MiB file on a 4 MiB tmpfs: ENOSPC naming the file, the old file intact,
+    no temporary left.  Root only (mounting); skipped otherwise."""
+    import subprocess
+    import numpy as np
+    import pytest
+    import sluice
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        old = os.urandom(1 << 20)
+        (mnt / "ckpt.bin").write_bytes(old)
+        with pytest.raises(sluice.SluiceError) as e:
+            sluice.write(str(mnt / "ckpt.bin"), np.ones(8 << 20, np.uint8))
+        assert e.value.code == -28 and "ckpt.bin" in str(e.value), e.value  # ENOSPC
+        assert (mnt / "ckpt.bin").read_bytes() == old
+        assert os.listdir(mnt) == ["ckpt.bin"]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
