@@ -15,8 +15,10 @@ pkg-config --exists libcurl 2>/dev/null || need="$need libcurl4-openssl-dev"
 pkg-config --exists expat 2>/dev/null || need="$need libexpat1-dev"
 pkg-config --exists libmicrohttpd 2>/dev/null || need="$need libmicrohttpd-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
-# `deps.sh test`: what only the tests need too (a headless browser opens sluice journey's report).
+# `deps.sh test`: what only the tests need too (a headless browser opens sluice journey's report,
+# a web server serves the http store's ranges).
 [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 && need="$need chromium"
+[ "${1:-}" = test ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && need="$need nginx-light"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 	echo "sluice: installing$need"

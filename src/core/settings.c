@@ -29,7 +29,7 @@ static const char *const sl_keys[] = {
 	"backend",	"direct",	  "staging",	    "threads",	      "queue_depth", "max_transfer_size",
 	"buffer_pool_size", "device_ids", "sqpoll",	    "gpu",	      "s3_retries",  "s3_part_size",
 	"s3_concurrency", "cache_dir",	  "cache_limit",    "stats",	      "trace",
-	"metrics_port", "run_dir", "decode", "nvcomp_lib", "enable_p2p", NULL,
+	"metrics_port", "run_dir", "decode", "nvcomp_lib", "enable_p2p", "http_retries", NULL,
 };
 #define SL_NKEYS (sizeof(sl_keys) / sizeof(sl_keys[0]) - 1)
 

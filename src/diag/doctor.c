@@ -11,7 +11,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
-#include <liburing.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "store/store.h"
 
 #define SL_MAX_GPUS 64
 
@@ -329,13 +329,8 @@ static void sl_check_uring(struct sl_dr *d)
 	sl_rd(d, dis, sizeof(dis), "/proc/sys/kernel/io_uring_disabled");
 	if (!sl_rd(d, st, sizeof(st), "/proc/self/status") && (s = strstr(st, "Seccomp:")))
 		seccomp = atoi(s + 8);
-	if (!d->root[0]) {
-		struct io_uring ring;
-
-		probe = io_uring_queue_init(2, &ring, 0);
-		if (!probe)
-			io_uring_queue_exit(&ring);
-	}
+	if (!d->root[0])
+		probe = sl__uring_try(0);
 	snprintf(v, sizeof(v), "kernel %s, io_uring_disabled=%s, seccomp %s%s%s", rel, dis[0] ? dis : "(absent)",
 		 seccomp == 2 ? "filter" : seccomp == 1 ? "strict" : "off", probe ? ", io_uring_setup: " : "",
 		 probe ? strerror(-probe) : "");

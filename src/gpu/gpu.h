@@ -172,4 +172,11 @@ SL_HIDDEN const struct sl__cufile_api *sl__cufile(const char **why);
  */
 SL_HIDDEN int sl__nvfs_loaded(void);
 
+/* gds.c: the store of local files that moves GPU memory through cuFile (store/store.h). */
+struct sl__store;
+struct sl__sfile;
+SL_HIDDEN extern const struct sl__store sl__store_gds;
+/* 1 if sf is a gds file registered with cuFile (its GPU transfers go straight there). */
+SL_HIDDEN int sl__gds_registered(const struct sl__sfile *sf);
+
 #endif

@@ -291,7 +291,7 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 {
 	struct sl_cache c;
 	struct sl__s3 *s3;
-	struct sl__s3_conn *conn = sl__s3_thread_conn();
+	struct sl__http_conn *conn = sl__http_thread_conn();
 	char bucket[64], key[1025], name[33], p[4096], part[4200];
 	struct sl__s3_meta m;
 	struct statvfs vfs;

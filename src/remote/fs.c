@@ -18,7 +18,7 @@ int sl__fs_stat(const char *path, struct stat *st)
 {
 	char bucket[64], key[1025], dir[1100];
 	struct sl__s3 *s3;
-	struct sl__s3_conn *c;
+	struct sl__http_conn *c;
 	struct sl__s3_list l = { 0 };
 	struct sl__s3_meta m;
 	int rc;
@@ -28,7 +28,7 @@ int sl__fs_stat(const char *path, struct stat *st)
 		return stat(path, st) < 0 ? -errno : 0;
 	if ((rc = sl__s3_parse_url(path, bucket, sizeof(bucket), key, sizeof(key))) || (rc = sl__s3_default(&s3)))
 		return rc;
-	if (!(c = sl__s3_thread_conn()))
+	if (!(c = sl__http_thread_conn()))
 		return -ENOMEM;
 	if (key[0] && key[strlen(key) - 1] != '/') {
 		rc = sl__s3_head(s3, c, bucket, key, &m);
@@ -102,7 +102,7 @@ int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n)
 	} else {
 		char bucket[64], key[1025];
 		struct sl__s3 *s3;
-		struct sl__s3_conn *c = sl__s3_thread_conn();
+		struct sl__http_conn *c = sl__http_thread_conn();
 		struct sl__s3_list l = { 0 };
 		size_t kl;
 
@@ -173,7 +173,7 @@ int sl__fs_download(const char *url, const char *local, int *verified)
 {
 	char bucket[64], key[1025], *tmp = NULL;
 	struct sl__s3 *s3;
-	struct sl__s3_conn *c = sl__s3_thread_conn();
+	struct sl__http_conn *c = sl__http_thread_conn();
 	struct sl__s3_meta m;
 	int fd, rc;
 
@@ -206,7 +206,7 @@ int sl__fs_remove(const char *path)
 {
 	char bucket[64], key[1025];
 	struct sl__s3 *s3;
-	struct sl__s3_conn *c = sl__s3_thread_conn();
+	struct sl__http_conn *c = sl__http_thread_conn();
 	int rc;
 
 	if (!sl__is_s3_url(path))

@@ -63,19 +63,105 @@ SL_HIDDEN int sl__is_s3_url(const char *path);
 SL_HIDDEN int sl__s3_parse_url(const char *url, char *bucket, size_t bucket_cap, char *key, size_t key_cap);
 
 /*
- * s3.c: requests on an S3 endpoint (see there for the errno mapping).  A
- * client (struct sl__s3) is shared by threads; a connection (struct
- * sl__s3_conn) is one thread's at a time and keeps its socket between calls.
+ * http.c: HTTP requests over libcurl, the transport of the s3 and http
+ * stores.  A connection (struct sl__http_conn) is one thread's at a time
+ * and keeps its socket between requests.
+ */
+struct sl__http_conn;
+SL_HIDDEN int sl__http_init(void);
+SL_HIDDEN int sl__http_conn_open(struct sl__http_conn **out);
+SL_HIDDEN void sl__http_conn_close(struct sl__http_conn *c);
+/* The calling thread's connection, made on first use, closed when the thread ends; NULL without memory. */
+SL_HIDDEN struct sl__http_conn *sl__http_thread_conn(void);
+
+enum { SL_HTTP_HEAD, SL_HTTP_GET, SL_HTTP_PUT, SL_HTTP_POST, SL_HTTP_DELETE };
+#define SL_HTTP_HDRS 6
+#define SL_HTTP_KEPT 6
+
+struct sl__http_resp;
+/*
+ * One request.  GET: bytes [off, off + len) into buf (len 0: the whole
+ * body into the answer's small buffer), only while the resource's ETag
+ * is if_match when that is set.  PUT and POST: len bytes of buf as the
+ * body.  name: how errors name what is asked ("s3://b/k", the URL).
+ */
+struct sl__http_req {
+	int method;
+	const char *url, *name;
+	uint64_t off;
+	size_t len;
+	void *buf;
+	const char *if_match;
+	const char *hdr[SL_HTTP_HDRS];   /* more headers ("Name: value"), up to the first NULL */
+	const char *sigv4, *userpwd;     /* signed with AWS Signature V4 by curl (S3), NULL: not signed */
+	unsigned retries;                /* more attempts after a retryable failure */
+	int follow;                      /* follow redirects (up to 5) */
+	/* Optional: the server's words in an error body, as " Code: message" into out (S3's XML). */
+	void (*describe)(const char *body, size_t len, char *out, size_t cap);
+	/* Optional: the status the answer means (S3 reports some failures in a 200's body). */
+	long (*status_of)(const struct sl__http_req *q, const struct sl__http_resp *k);
+};
+
+/*
+ * An answer.  The caller sets cap (GET: the bytes buf holds), and may set
+ * progress (called with the bytes in buf so far as the body arrives, 0
+ * again when a retry starts over), sum_kind (core.h's SL_CRC32C or
+ * SL_CRC32: the CRC of the body into sum as each piece arrives, while it
+ * is in cache) and keep (a header prefix whose headers are kept: name
+ * past the prefix and value).
+ */
+struct sl__http_resp {
+	size_t cap;
+	void (*progress)(void *arg, size_t bytes);
+	void *progress_arg;
+	int sum_kind;
+	uint32_t sum;
+	const char *keep;
+	/* what came back */
+	long status;
+	size_t got;              /* body bytes into buf */
+	char etag[128], last_modified[64];
+	uint64_t size;           /* Content-Length, where have_size */
+	int have_size;
+	char range[96];          /* Content-Range as sent, "" if none; parsed where have_range */
+	int have_range;
+	uint64_t r_first, r_last, r_total;
+	struct {
+		char name[32], value[64];
+	} kept[SL_HTTP_KEPT];
+	unsigned nkept;
+	char err[4096];          /* an error's body, or the body of a request without buf */
+	size_t errlen;
+	/* the transport's own */
+	char *dst;
+	int overflow;
+	void *h;
+};
+
+/*
+ * q with bounded retries: up to q->retries more attempts, each after a
+ * random wait of up to 100 ms x 2^attempt (capped at 5 s: "full jitter",
+ * so that many workers retrying at once do not come back in step).  A
+ * GET's range is received again from its start, and its answer is checked
+ * against it: the status, the Content-Range (the range asked for, cut
+ * only at the end) and the body's length; one that does not match is
+ * tried again like a failed request, then fails with -EIO naming q->name,
+ * the range asked for and what came back.  The last error says how many
+ * attempts were made.
+ */
+SL_HIDDEN int sl__http_request(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k);
+/* The value of a kept header (k->keep), by its name past the prefix; "" if none came. */
+SL_HIDDEN const char *sl__http_kept(const struct sl__http_resp *k, const char *name);
+
+/*
+ * s3.c: requests on an S3 endpoint, over http.c's transport.  A client
+ * (struct sl__s3) is shared by threads; each request runs on the caller's
+ * connection.
  */
 struct sl__s3;
-struct sl__s3_conn;
 SL_HIDDEN int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn env, void *ctx);
 SL_HIDDEN void sl__s3_close(struct sl__s3 *s);
 SL_HIDDEN const struct sl__s3_conf *sl__s3_conf(const struct sl__s3 *s);
-SL_HIDDEN int sl__s3_conn_open(struct sl__s3_conn **out);
-SL_HIDDEN void sl__s3_conn_close(struct sl__s3_conn *c);
-/* The calling thread's connection, kept alive between its requests and closed when it ends; NULL without memory. */
-SL_HIDDEN struct sl__s3_conn *sl__s3_thread_conn(void);
 /*
  * What a HEAD says of an object: its size, its ETag (quotes kept, as the
  * server sends it) and its end-to-end checksum.  sum_kind is SL_CRC32C or
@@ -94,7 +180,7 @@ struct sl__s3_meta {
 	char sum_name[48];
 };
 /* m->size, etag and checksum of bucket/key. */
-SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			  struct sl__s3_meta *m);
 /*
  * Bytes [off, off + len) of bucket/key into dst; with if_match, only while
@@ -105,7 +191,7 @@ SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *b
  * does not match is tried again like a failed request, then fails with
  * -EIO naming the object, the range asked for and what came back.
  */
-SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			     uint64_t off, size_t len, void *dst, const char *if_match);
 /*
  * The same, calling progress(arg, bytes in dst so far) as the body arrives
@@ -113,17 +199,17 @@ SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char
  * or SL_CRC32; 0: none) the CRC of the bytes returned into *sum, summed as
  * each piece arrives, while it is still in cache.
  */
-SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 				      uint64_t off, size_t len, void *dst, const char *if_match,
 				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum);
 /*
  * len bytes of src as the whole object bucket/key, sent with its CRC32C
  * (x-amz-checksum-crc32c), which the server checks; key "" creates the bucket.
  */
-SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+SL_HIDDEN int sl__s3_put(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			 const void *src, size_t len);
 /* Removes bucket/key (S3 answers 204 whether or not it existed). */
-SL_HIDDEN int sl__s3_delete(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key);
+SL_HIDDEN int sl__s3_delete(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key);
 /* An object of a listing, or (is_prefix) a common prefix: a "directory" one level down. */
 struct sl__s3_entry {
 	char *key;
@@ -142,7 +228,7 @@ struct sl__s3_list {
  * max entries (enough to learn whether a prefix holds anything).  Appends
  * to *l; free it with sl__s3_list_free.
  */
-SL_HIDDEN int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix,
+SL_HIDDEN int sl__s3_list(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *prefix,
 			  const char *delim, unsigned max, struct sl__s3_list *l);
 SL_HIDDEN void sl__s3_list_free(struct sl__s3_list *l);
 /*
@@ -167,14 +253,10 @@ struct sl__s3_obj {
 SL_HIDDEN int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size);
 SL_HIDDEN void sl__s3_obj_close(struct sl__s3_obj *o);
 
-/*
- * s3io.c: the engine's I/O backend for remote objects (io.h's ops table):
- * io->handle is the struct sl__s3_obj, io->offset and io->len the range;
- * each worker thread keeps its own kept-alive connection.  Synchronous:
- * many ranged GETs are in flight because many workers run them.
- */
-struct sl__io_ops;
-SL_HIDDEN extern const struct sl__io_ops sl__io_s3_ops;
+/* s3store.c, httpstore.c: the stores of s3:// objects and http(s):// URLs (store/store.h). */
+struct sl__store;
+SL_HIDDEN extern const struct sl__store sl__store_s3;
+SL_HIDDEN extern const struct sl__store sl__store_http;
 
 /*
  * Writes len bytes at src as the whole object bucket/key: one PUT up to

@@ -4,7 +4,7 @@
  * If-Match), a whole object or a bucket created (PUT).  Requests are signed
  * with Signature V4 by curl (CURLOPT_AWS_SIGV4) with the payload unsigned,
  * as S3 allows; the secret goes to curl and nowhere else.  Each call runs
- * on an easy handle the caller keeps (struct sl__s3_conn), so its
+ * on an easy handle the caller keeps (struct sl__http_conn), so its
  * connection is kept alive from one request to the next.
  *
  * Errors carry the object's URL, the HTTP status and the server's own code
@@ -12,7 +12,6 @@
  * 404 -ENOENT, 403 -EACCES, 412 -ESTALE (the object changed), 416 -ERANGE,
  * transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED or -ECONNRESET.
  */
-#include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -34,28 +33,14 @@ struct sl__s3 {
 	unsigned concurrency;        /* an upload's parts in flight (SLUICE_S3_CONCURRENCY) */
 };
 
-struct sl__s3_conn {
-	CURL *h;
-	char errbuf[CURL_ERROR_SIZE];
-};
-
-static pthread_once_t sl_curl_once = PTHREAD_ONCE_INIT;
-static int sl_curl_ok;
-
-static void sl_curl_init(void)
-{
-	sl_curl_ok = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
-}
-
 int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn env, void *ctx)
 {
 	struct sl__s3 *s;
 	int rc;
 
 	*out = NULL;
-	pthread_once(&sl_curl_once, sl_curl_init);
-	if (!sl_curl_ok)
-		return sl__err(-EIO, "libcurl could not be initialised");
+	if ((rc = sl__http_init()))
+		return rc;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -113,57 +98,6 @@ const struct sl__s3_conf *sl__s3_conf(const struct sl__s3 *s)
 	return &s->conf;
 }
 
-int sl__s3_conn_open(struct sl__s3_conn **out)
-{
-	struct sl__s3_conn *c = calloc(1, sizeof(*c));
-
-	*out = NULL;
-	if (!c)
-		return -ENOMEM;
-	c->h = curl_easy_init();
-	if (!c->h) {
-		free(c);
-		return sl__err(-ENOMEM, "curl_easy_init failed");
-	}
-	*out = c;
-	return 0;
-}
-
-void sl__s3_conn_close(struct sl__s3_conn *c)
-{
-	if (!c)
-		return;
-	curl_easy_cleanup(c->h);
-	free(c);
-}
-
-/* Each thread's connection, kept alive across its requests and closed when the thread ends. */
-static pthread_key_t sl_conn_key;
-static pthread_once_t sl_conn_once = PTHREAD_ONCE_INIT;
-
-static void sl_conn_free(void *c)
-{
-	sl__s3_conn_close(c);
-}
-
-static void sl_conn_key_init(void)
-{
-	(void)pthread_key_create(&sl_conn_key, sl_conn_free);
-}
-
-struct sl__s3_conn *sl__s3_thread_conn(void)
-{
-	struct sl__s3_conn *c;
-
-	pthread_once(&sl_conn_once, sl_conn_key_init);
-	c = pthread_getspecific(sl_conn_key);
-	if (!c && sl__s3_conn_open(&c) == 0 && pthread_setspecific(sl_conn_key, c) != 0) {
-		sl__s3_conn_close(c);
-		c = NULL;
-	}
-	return c;
-}
-
 /*
  * Appends s to out (cap bytes at out, l used), percent-encoding all but
  * unreserved characters and, where slash is set (keys), '/'.  Returns the
@@ -213,118 +147,6 @@ static int sl_url(const struct sl__s3 *s, const char *bucket, const char *key, c
 	if (l >= cap || (*key && !sl_url_encode(out, cap, l, key, 1)))
 		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: the request URL is too long", bucket, key);
 	return 0;
-}
-
-/* What a response body goes to: the caller's range, or (errors) a small buffer for the server's XML. */
-struct sl_sink {
-	char *dst;
-	size_t cap, got;
-	int overflow;
-	char err[4096];
-	size_t errlen;
-	long status;
-	CURL *h;
-	char etag[128];
-	uint64_t size;
-	int have_size;
-	/* Content-Range: bytes FIRST-LAST/TOTAL, as sent ("" if none) and parsed (have_range) */
-	char range[96];
-	int have_range;
-	uint64_t r_first, r_last, r_total;
-	/* x-amz-checksum-* values and type, as sent */
-	char sum_crc32c[64], sum_crc32[64], sum_other[32], sum_type[32];
-	int sum_kind;               /* the body's CRC of this kind into sum as it arrives (0: none) */
-	uint32_t sum;
-	void (*progress)(void *arg, size_t bytes);
-	void *progress_arg;
-};
-
-static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
-{
-	struct sl_sink *k = arg;
-	size_t len = sz * n;
-
-	if (!k->status)
-		curl_easy_getinfo(k->h, CURLINFO_RESPONSE_CODE, &k->status);
-	if (k->status >= 300 || !k->dst) {
-		size_t room = sizeof(k->err) - 1 - k->errlen;
-
-		memcpy(k->err + k->errlen, p, len < room ? len : room);
-		k->errlen += len < room ? len : room;
-		return len;
-	}
-	if (len > k->cap - k->got) {
-		k->overflow = 1;
-		return 0; /* more than the range asked for: stop */
-	}
-	memcpy(k->dst + k->got, p, len);
-	if (k->sum_kind)
-		k->sum = sl__crc(k->sum_kind, k->sum, p, len);
-	k->got += len;
-	if (k->progress)
-		k->progress(k->progress_arg, k->got);
-	return len;
-}
-
-/* 1 and the header's value (trimmed, cut to cap) into out if the line p (len bytes) is "name: value". */
-static int sl_hval(const char *p, size_t len, const char *name, char *out, size_t cap)
-{
-	size_t nl = strlen(name), v, e = len;
-
-	if (len <= nl || p[nl] != ':' || strncasecmp(p, name, nl))
-		return 0;
-	for (v = nl + 1; v < len && (p[v] == ' ' || p[v] == '\t'); v++)
-		;
-	while (e > v && (p[e - 1] == '\r' || p[e - 1] == '\n' || p[e - 1] == ' ' || p[e - 1] == '\t'))
-		e--;
-	snprintf(out, cap, "%.*s", (int)(e - v), p + v);
-	return 1;
-}
-
-/* "bytes FIRST-LAST/TOTAL" into k (have_range), digits only, nothing after. */
-static void sl_parse_range(struct sl_sink *k)
-{
-	unsigned long long a, b, t;
-	int end = 0;
-
-	k->have_range = sscanf(k->range, "bytes %20llu-%20llu/%20llu%n", &a, &b, &t, &end) == 3 &&
-			(size_t)end == strlen(k->range) && strspn(k->range + 6, "0123456789-/") == strlen(k->range + 6) &&
-			a <= b && b < t;
-	if (k->have_range) {
-		k->r_first = a;
-		k->r_last = b;
-		k->r_total = t;
-	}
-}
-
-static size_t sl_header(char *p, size_t sz, size_t n, void *arg)
-{
-	struct sl_sink *k = arg;
-	size_t len = sz * n;
-	char num[32];
-
-	/* A retry's or a redirect's new head starts over. */
-	if (len > 5 && !strncmp(p, "HTTP/", 5)) {
-		k->have_size = k->have_range = 0;
-		k->range[0] = k->sum_crc32c[0] = k->sum_crc32[0] = k->sum_other[0] = k->sum_type[0] = 0;
-	} else if (sl_hval(p, len, "ETag", k->etag, sizeof(k->etag))) {
-	} else if (sl_hval(p, len, "Content-Length", num, sizeof(num))) {
-		char *end;
-
-		k->size = strtoull(num, &end, 10);
-		k->have_size = num[0] >= '0' && num[0] <= '9' && !*end;
-	} else if (sl_hval(p, len, "Content-Range", k->range, sizeof(k->range))) {
-		sl_parse_range(k);
-	} else if (sl_hval(p, len, "x-amz-checksum-crc32c", k->sum_crc32c, sizeof(k->sum_crc32c)) ||
-		   sl_hval(p, len, "x-amz-checksum-crc32", k->sum_crc32, sizeof(k->sum_crc32)) ||
-		   sl_hval(p, len, "x-amz-checksum-type", k->sum_type, sizeof(k->sum_type))) {
-	} else if (len > 16 && !strncasecmp(p, "x-amz-checksum-", 15) && !k->sum_other[0]) {
-		const char *c = memchr(p, ':', len);
-
-		if (c)
-			snprintf(k->sum_other, sizeof(k->sum_other), "%.*s", (int)(c - p - 15), p + 15);
-	}
-	return len;
 }
 
 static const char sl_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -389,48 +211,14 @@ int sl__s3_error_parse(const char *body, size_t len, char *code, size_t code_cap
 	return found;
 }
 
-static int sl_errno_of_status(long status)
-{
-	switch (status) {
-	case 404:
-		return -ENOENT;
-	case 403:
-		return -EACCES;
-	case 412:
-		return -ESTALE;
-	case 416:
-		return -ERANGE;
-	default:
-		return -EIO;
-	}
-}
-
-static int sl_errno_of_curl(CURLcode cc)
-{
-	switch (cc) {
-	case CURLE_OPERATION_TIMEDOUT:
-		return -ETIMEDOUT;
-	case CURLE_COULDNT_CONNECT:
-		return -ECONNREFUSED;
-	case CURLE_RECV_ERROR:
-	case CURLE_SEND_ERROR:
-	case CURLE_GOT_NOTHING:
-	case CURLE_PARTIAL_FILE:
-		return -ECONNRESET;
-	case CURLE_OUT_OF_MEMORY:
-		return -ENOMEM;
-	default:
-		return -EIO;
-	}
-}
-
-enum { SL_HEAD, SL_GET, SL_PUT, SL_POST, SL_DELETE };
+enum { SL_HEAD = SL_HTTP_HEAD, SL_GET = SL_HTTP_GET, SL_PUT = SL_HTTP_PUT, SL_POST = SL_HTTP_POST,
+       SL_DELETE = SL_HTTP_DELETE };
 
 /*
  * One request.  GET: [off, off + len) into buf, pinned to if_match when
  * set.  PUT and POST: len bytes of buf as the body (a PUT with key ""
  * creates the bucket); the answer's body (POST, DELETE) lands in the
- * sink's small buffer.  query: "" or "?NAME[=VALUE]&..." after the key.
+ * answer's small buffer.  query: "" or "?NAME[=VALUE]&..." after the key.
  */
 struct sl_req {
 	int method;
@@ -443,173 +231,54 @@ struct sl_req {
 	unsigned min_retries;       /* at least this many more attempts, whatever SLUICE_S3_RETRIES says */
 };
 
-/*
- * A ranged GET's answer against its request (remote.h): 206 with the
- * range asked for (cut only at the object's end) and as many body bytes,
- * or 200 (the Range ignored: the whole object) to a range from byte 0.
- * 0 or -EIO, which sl_request tries again.
- */
-static int sl_check_range(const struct sl_req *q, const struct sl_sink *k)
+/* " Code: Message" of an S3 error body. */
+static void sl_describe(const char *body, size_t len, char *out, size_t cap)
 {
-	const uint64_t last = q->off + q->len - 1;
-	const char *why = NULL;
+	char code[64], msg[256];
 
-	if (k->status == 206) {
-		if (!k->have_range)
-			why = k->range[0] ? "an unreadable Content-Range" : "no Content-Range";
-		else if (k->r_first != q->off || k->r_last > last || (k->r_last < last && k->r_last + 1 != k->r_total))
-			why = "another range";
-		else if (k->got != k->r_last - k->r_first + 1)
-			why = "a body of another length";
-	} else if (k->status == 200) {
-		if (q->off)
-			why = "the whole object";
-		else if (k->have_size && k->got != k->size)
-			why = "a body of another length";
-	} else {
-		why = "an unexpected status";
-	}
-	if (!why)
-		return 0;
-	return sl__err(-EIO, "s3://%s/%s: asked for bytes %llu-%llu, got %s (HTTP %ld, Content-Range '%s', %zu bytes)",
-		       q->bucket, q->key, (unsigned long long)q->off, (unsigned long long)last, why, k->status,
-		       k->range, k->got);
+	sl__s3_error_parse(body, len, code, sizeof(code), msg, sizeof(msg));
+	snprintf(out, cap, "%s%s%s%s", code[0] ? " " : "", code, msg[0] ? ": " : "", msg);
 }
 
-static int sl_request_once(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_req *q, struct sl_sink *k)
+/* CompleteMultipartUpload may fail after its 200 has gone out: the error is then in the body. */
+static long sl_status_of(const struct sl__http_req *q, const struct sl__http_resp *k)
 {
-	static const char *const verb[] = { "HEAD", "GET", "PUT", "POST", "DELETE" };
-	const char *bucket = q->bucket, *key = q->key;
-	char url[8192], range[64], match[160];
-	struct curl_slist *hdr = NULL;
-	CURL *h = c->h;
-	CURLcode cc;
-	int rc;
+	return k->status == 200 && q->method == SL_POST && strstr(k->err, "<Error>") ? 500 : k->status;
+}
 
-	if ((rc = sl_url(s, bucket, key, url, sizeof(url) - 4096)))
+/*
+ * An S3 request on the transport (http.c): its URL, its signature
+ * (unless anonymous), the object's name in errors, and up to
+ * SLUICE_S3_RETRIES more attempts (remote.h says how they are made).
+ */
+static int sl_request(struct sl__s3 *s, struct sl__http_conn *c, const struct sl_req *q, struct sl__http_resp *k)
+{
+	char url[8192], name[1200];
+	struct sl__http_req h = { .method = q->method, .url = url, .name = name, .off = q->off, .len = q->len,
+				  .buf = q->buf, .if_match = q->if_match, .describe = sl_describe,
+				  .status_of = sl_status_of,
+				  .retries = q->min_retries > s->retries ? q->min_retries : s->retries };
+	int rc, n = 0;
+
+	if ((rc = sl_url(s, q->bucket, q->key, url, sizeof(url) - 4096)))
 		return rc;
 	if (q->query && *q->query)
 		snprintf(url + strlen(url), sizeof(url) - strlen(url), "%s", q->query);
-	curl_easy_reset(h);
-	k->h = h;
-	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, c->errbuf);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-	/* A stalled transfer (under 1 KiB/s for 30 s) is a timeout, not a hang. */
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sl_body);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, k);
-	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, sl_header);
-	curl_easy_setopt(h, CURLOPT_HEADERDATA, k);
-	c->errbuf[0] = 0;
+	snprintf(name, sizeof(name), "s3://%s/%s", q->bucket, q->key);
 	if (!s->conf.anonymous) {
-		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, s->sigv4);
-		curl_easy_setopt(h, CURLOPT_USERPWD, s->userpwd);
+		h.sigv4 = s->sigv4;
+		h.userpwd = s->userpwd;
 		/* The payload is not hashed into the signature (curl cannot hash a body it streams). */
-		hdr = curl_slist_append(hdr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+		h.hdr[n++] = "x-amz-content-sha256: UNSIGNED-PAYLOAD";
 		if (s->token_header[0])
-			hdr = curl_slist_append(hdr, s->token_header);
+			h.hdr[n++] = s->token_header;
 	}
-	for (int i = 0; i < 4 && q->hdr[i]; i++)
-		hdr = curl_slist_append(hdr, q->hdr[i]);
-	if (q->method == SL_HEAD) {
-		curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-		hdr = curl_slist_append(hdr, "x-amz-checksum-mode: ENABLED");
-	} else if (q->method == SL_GET) {
-		if (q->len) {
-			snprintf(range, sizeof(range), "Range: bytes=%llu-%llu", (unsigned long long)q->off,
-				 (unsigned long long)(q->off + q->len - 1));
-			hdr = curl_slist_append(hdr, range);
-		}
-		if (q->if_match && *q->if_match) {
-			snprintf(match, sizeof(match), "If-Match: %s", q->if_match);
-			hdr = curl_slist_append(hdr, match);
-		}
-		k->dst = q->buf;
-		/* Large reads: fewer, larger receives and callbacks than curl's 16 KiB default. */
-		if (q->len >= (1u << 20))
-			curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L << 10);
-	} else {
-		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, verb[q->method]);
-		if (q->method != SL_DELETE) {
-			curl_easy_setopt(h, CURLOPT_POSTFIELDS, q->buf ? (const char *)q->buf : "");
-			curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->len);
-			hdr = curl_slist_append(hdr, q->method == SL_POST ? "Content-Type: application/xml"
-								    : "Content-Type: application/octet-stream");
-		}
-	}
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
-	cc = curl_easy_perform(h);
-	curl_slist_free_all(hdr);
-	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &k->status);
-	k->err[k->errlen] = 0;
-	/* CompleteMultipartUpload may fail after its 200 has gone out: the error is then in the body. */
-	if (k->status == 200 && q->method == SL_POST && strstr(k->err, "<Error>"))
-		k->status = 500;
-	if (k->status >= 300) {
-		char code[64], msg[256];
-
-		sl__s3_error_parse(k->err, k->errlen, code, sizeof(code), msg, sizeof(msg));
-		return sl__err(sl_errno_of_status(k->status), "s3://%s/%s: HTTP %ld%s%s%s%s", bucket, key, k->status,
-			       code[0] ? " " : "", code, msg[0] ? ": " : "", msg);
-	}
-	if (k->overflow)
-		return sl__err(-EIO, "s3://%s/%s: the server sent more than the %zu bytes asked for", bucket, key, k->cap);
-	if (cc != CURLE_OK)
-		return sl__err(sl_errno_of_curl(cc), "s3://%s/%s: %s (curl %d: %s)", bucket, key,
-			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc, curl_easy_strerror(cc));
-	if (q->method == SL_GET && q->len)
-		return sl_check_range(q, k);
-	return 0;
-}
-
-/* Worth another try: the server busy or failing (5xx, 429), the connection lost or stalled. */
-static int sl_retryable(int rc, long status)
-{
-	if (status >= 300)
-		return status == 429 || status >= 500;
-	return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -EIO;
-}
-
-/*
- * A request with bounded retries: up to s->retries more attempts, each
- * after a random wait of up to 100 ms x 2^attempt (capped at 5 s: "full
- * jitter", so that many workers retrying at once do not come back in
- * step).  A GET's range is received again from its start.  The last
- * error is returned, saying how many attempts were made.
- */
-static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_req *q, struct sl_sink *k)
-{
-	const char *bucket = q->bucket, *key = q->key;
-	const struct sl_sink fresh = *k;
-	const unsigned retries = q->min_retries > s->retries ? q->min_retries : s->retries;
-	unsigned seed = (unsigned)sl__now_ns() ^ (unsigned)(uintptr_t)c;
-	int rc;
-
-	for (unsigned attempt = 0;; attempt++) {
-		*k = fresh;
-		/* What the failed attempt delivered is void: the receiver starts over (and may not trust it). */
-		if (attempt && k->progress)
-			k->progress(k->progress_arg, 0);
-		rc = sl_request_once(s, c, q, k);
-		if (!rc || attempt >= retries || !sl_retryable(rc, k->status))
-			break;
-		uint64_t cap_ms = 100ull << (attempt < 6 ? attempt : 6), wait_ms;
-
-		if (cap_ms > 5000)
-			cap_ms = 5000;
-		wait_ms = (uint64_t)rand_r(&seed) % (cap_ms + 1);
-		sl__debug("s3", "s3://%s/%s: attempt %u failed (%s); again in %llu ms", bucket, key, attempt + 1,
-			  sluice_last_error_detail(), (unsigned long long)wait_ms);
-		struct timespec ts = { (time_t)(wait_ms / 1000), (long)(wait_ms % 1000) * 1000000L };
-
-		nanosleep(&ts, NULL);
-	}
-	if (rc && retries && sl_retryable(rc, k->status))
-		sl__err(rc, "%s (after %u attempts)", sluice_last_error_detail(), retries + 1);
-	return rc;
+	if (q->method == SL_HEAD)
+		h.hdr[n++] = "x-amz-checksum-mode: ENABLED";
+	for (int i = 0; i < 4 && q->hdr[i] && n < SL_HTTP_HDRS; i++)
+		h.hdr[n++] = q->hdr[i];
+	k->keep = "x-amz-checksum-";
+	return sl__http_request(c, &h, k);
 }
 
 /*
@@ -617,33 +286,38 @@ static int sl_request(struct sl__s3 *s, struct sl__s3_conn *c, const struct sl_r
  * a full-object CRC32C or CRC32 is one a reader can check.  A composite
  * one says so by its type, or by "-N" (its part count) after the value.
  */
-static int sl_meta_sum(const struct sl_sink *k, struct sl__s3_meta *m, const char *bucket, const char *key)
+static int sl_meta_sum(const struct sl__http_resp *k, struct sl__s3_meta *m, const char *bucket, const char *key)
 {
-	const char *v = k->sum_crc32c[0] ? k->sum_crc32c : k->sum_crc32;
-	const char *name = k->sum_crc32c[0] ? "crc32c" : "crc32";
+	const char *c32c = sl__http_kept(k, "crc32c"), *c32 = sl__http_kept(k, "crc32"), *type = sl__http_kept(k, "type");
+	const char *v = c32c[0] ? c32c : c32, *name = c32c[0] ? "crc32c" : "crc32", *other = "";
+
+	for (unsigned i = 0; i < k->nkept && !other[0]; i++)
+		if (strcasecmp(k->kept[i].name, "crc32c") && strcasecmp(k->kept[i].name, "crc32") &&
+		    strcasecmp(k->kept[i].name, "type"))
+			other = k->kept[i].name;
 
 	m->sum_kind = SL_CRC_NONE;
 	m->sum_name[0] = 0;
 	if (!v[0]) {
-		if (k->sum_other[0])
-			snprintf(m->sum_name, sizeof(m->sum_name), "%.24s (not verified)", k->sum_other);
+		if (other[0])
+			snprintf(m->sum_name, sizeof(m->sum_name), "%.24s (not verified)", other);
 		return 0;
 	}
-	if (!strcasecmp(k->sum_type, "COMPOSITE") || strchr(v, '-')) {
+	if (!strcasecmp(type, "COMPOSITE") || strchr(v, '-')) {
 		snprintf(m->sum_name, sizeof(m->sum_name), "%s composite (not verified)", name);
 		return 0;
 	}
 	if (sl_b64_u32(v, &m->sum))
 		return sl__err(-EIO, "s3://%s/%s: an unreadable x-amz-checksum-%s '%.40s'", bucket, key, name, v);
-	m->sum_kind = k->sum_crc32c[0] ? SL_CRC32C : SL_CRC32;
+	m->sum_kind = c32c[0] ? SL_CRC32C : SL_CRC32;
 	snprintf(m->sum_name, sizeof(m->sum_name), "%s", name);
 	return 0;
 }
 
-int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, struct sl__s3_meta *m)
+int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, struct sl__s3_meta *m)
 {
 	struct sl_req q = { .method = SL_HEAD, .bucket = bucket, .key = key };
-	struct sl_sink k = { 0 };
+	struct sl__http_resp k = { 0 };
 	int rc = sl_request(s, c, &q, &k);
 
 	if (rc)
@@ -655,19 +329,19 @@ int sl__s3_head(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 	return sl_meta_sum(&k, m, bucket, key);
 }
 
-ssize_t sl__s3_get(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, uint64_t off,
+ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, uint64_t off,
 		   size_t len, void *dst, const char *if_match)
 {
 	return sl__s3_get_progress(s, c, bucket, key, off, len, dst, if_match, NULL, NULL, 0, NULL);
 }
 
-ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key,
+ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			    uint64_t off, size_t len, void *dst, const char *if_match,
 			    void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum)
 {
 	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
 			    .if_match = if_match };
-	struct sl_sink k = { .cap = len, .progress = progress, .progress_arg = arg, .sum_kind = sum_kind };
+	struct sl__http_resp k = { .cap = len, .progress = progress, .progress_arg = arg, .sum_kind = sum_kind };
 	int rc;
 
 	if (!len)
@@ -678,7 +352,7 @@ ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__s3_conn *c, const char 
 	return rc ? rc : (ssize_t)k.got;
 }
 
-int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *prefix, const char *delim,
+int sl__s3_list(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *prefix, const char *delim,
 		unsigned max, struct sl__s3_list *l)
 {
 	char maxs[16];
@@ -689,7 +363,7 @@ int sl__s3_list(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, con
 
 	do {
 		struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = "", .query = query, .buf = body };
-		struct sl_sink k = { .cap = CAP };
+		struct sl__http_resp k = { .cap = CAP };
 		/* Parameters sorted by name, as a signature's canonical query has them. */
 		size_t n = 0;
 
@@ -725,11 +399,11 @@ static const char *sl_crc_header(char out[48], uint32_t crc)
 	return out;
 }
 
-int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key, const void *src,
+int sl__s3_put(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, const void *src,
 	       size_t len)
 {
 	struct sl_req q = { .method = SL_PUT, .bucket = bucket, .key = key, .len = len, .buf = (void *)src };
-	struct sl_sink k = { 0 };
+	struct sl__http_resp k = { 0 };
 	char sum[48];
 
 	/* The server checks the bytes it received against the sum and keeps it for readers. */
@@ -740,10 +414,10 @@ int sl__s3_put(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, cons
 	return sl_request(s, c, &q, &k);
 }
 
-int sl__s3_delete(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, const char *key)
+int sl__s3_delete(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key)
 {
 	struct sl_req q = { .method = SL_DELETE, .bucket = bucket, .key = key };
-	struct sl_sink k = { 0 };
+	struct sl__http_resp k = { 0 };
 
 	return sl_request(s, c, &q, &k);
 }
@@ -751,7 +425,7 @@ int sl__s3_delete(struct sl__s3 *s, struct sl__s3_conn *c, const char *bucket, c
 int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size)
 {
 	struct sl__s3_obj *o = calloc(1, sizeof(*o));
-	struct sl__s3_conn *c = sl__s3_thread_conn();
+	struct sl__http_conn *c = sl__http_thread_conn();
 	int rc;
 
 	*out = NULL;
@@ -811,9 +485,9 @@ void sl__first_err_keep(struct sl__first_err *fe, int rc)
 static void *sl_upload_parts(void *arg)
 {
 	struct sl_upload *u = arg;
-	struct sl__s3_conn *c = NULL;
+	struct sl__http_conn *c = NULL;
 	char *buf = malloc(u->s->part_size);
-	int rc = buf ? sl__s3_conn_open(&c) : -ENOMEM;
+	int rc = buf ? sl__http_conn_open(&c) : -ENOMEM;
 
 	if (rc)
 		sl__first_err_keep(&u->fail, rc);
@@ -822,7 +496,7 @@ static void *sl_upload_parts(void *arg)
 		char query[600], sum[48];
 		struct sl_req q = { .method = SL_PUT, .bucket = u->bucket, .key = u->key, .query = query, .len = n,
 				    .buf = buf };
-		struct sl_sink k = { 0 };
+		struct sl__http_resp k = { 0 };
 
 		if (atomic_load(&u->fail.err))
 			break; /* another part failed: the upload is aborted, sending more is waste */
@@ -840,7 +514,7 @@ static void *sl_upload_parts(void *arg)
 		else
 			memcpy(u->etag[i], k.etag, sizeof(k.etag));
 	}
-	sl__s3_conn_close(c);
+	sl__http_conn_close(c);
 	free(buf);
 	return NULL;
 }
@@ -868,8 +542,8 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 {
 	struct sl_upload u = { .s = s, .bucket = bucket, .key = key, .src = src, .len = len, .copy = copy,
 			       .copy_ctx = copy_ctx };
-	struct sl__s3_conn *c = sl__s3_thread_conn();
-	struct sl_sink k = { 0 };
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl__http_resp k = { 0 };
 	pthread_t th[256];
 	unsigned nth = 0;
 	char id[400], *xml = NULL;
@@ -1008,9 +682,9 @@ static void *sl_download_chunks(void *arg)
 	struct sl_download *d = arg;
 	const size_t chunk = d->s->part_size;
 	const uint64_t nchunks = (d->size + chunk - 1) / chunk;
-	struct sl__s3_conn *c = NULL;
+	struct sl__http_conn *c = NULL;
 	char *buf = malloc(chunk);
-	int rc = buf ? sl__s3_conn_open(&c) : -ENOMEM;
+	int rc = buf ? sl__http_conn_open(&c) : -ENOMEM;
 
 	for (uint64_t i; !rc && (i = atomic_fetch_add(&d->next, 1)) < nchunks && !atomic_load(&d->fail.err);) {
 		uint64_t off = i * chunk;
@@ -1040,7 +714,7 @@ static void *sl_download_chunks(void *arg)
 	}
 	if (rc)
 		sl__first_err_keep(&d->fail, rc);
-	sl__s3_conn_close(c);
+	sl__http_conn_close(c);
 	free(buf);
 	return NULL;
 }

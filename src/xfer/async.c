@@ -310,10 +310,10 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 		return sl__err(-EINVAL, "asynchronous transfer of 0 bytes");
 	if (!sl__gpu_is_device_ptr(&eng->gpu, mem))
 		return sl__err(SLUICE_ENOTGPU, "asynchronous transfers move GPU memory; %p is not", mem);
-	if (!write && off + len > atomic_load(&f->size))
+	if (!write && off + len > atomic_load(&f->s.size))
 		return sl__err(SLUICE_ERANGE, "%s: async read of [%llu, %llu) passes the end (%llu bytes)", f->path,
 			       (unsigned long long)off, (unsigned long long)(off + len),
-			       (unsigned long long)atomic_load(&f->size));
+			       (unsigned long long)atomic_load(&f->s.size));
 	fut = calloc(1, sizeof(*fut));
 	if (!fut)
 		return -ENOMEM;

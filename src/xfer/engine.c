@@ -12,9 +12,6 @@
 #include "diag/diag.h"
 #include "xfer/xfer.h"
 
-/* Backends in order of preference for host-side I/O. */
-static const struct sl__io_ops *const sl_main_backends[] = { &sl__io_uring_ops, &sl__io_psync_ops };
-
 static void sl_note_unusable(struct sluice_engine *eng, const char *why)
 {
 	size_t l = strlen(eng->unusable);
@@ -23,54 +20,72 @@ static void sl_note_unusable(struct sluice_engine *eng, const char *why)
 	sl__info("io", "%s", why);
 }
 
-static int sl_select_backends(struct sluice_engine *eng)
+/* cuFile only matters for GPU destinations, and without nvidia-fs only when forced. */
+static int sl_select_gds(struct sluice_engine *eng)
 {
 	const struct sluice_config *cfg = &eng->cfg;
 	char why[512];
 	int rc;
 
-	/* cuFile only matters for GPU destinations, and without nvidia-fs only when forced. */
 	if (eng->gpu.ctx && cfg->backend == SLUICE_BACKEND_AUTO && !sl__nvfs_loaded()) {
 		sl_note_unusable(eng, "gds unused: nvidia-fs is not loaded (no /sys/module/nvidia_fs), so cuFile "
 				      "would run in compat mode through host bounce buffers; set SLUICE_BACKEND=gds to force it");
 	} else if (eng->gpu.ctx && (cfg->backend == SLUICE_BACKEND_AUTO || cfg->backend == SLUICE_BACKEND_GDS)) {
-		const char *cwhy = NULL;
-		const struct sl__cufile_api *cf = sl__cufile(&cwhy);
-
-		if (cf) {
-			sl__gds_bind(cf->Read, cf->Write, cf->gds, "");
-			eng->gds_real = cf->gds;
+		rc = sl__store_gds.probe(cfg, why, sizeof(why));
+		if (rc == 0) {
+			eng->gds = &sl__store_gds;
+			eng->gds_real = sl__cufile(NULL)->gds;
 		} else {
-			sl__gds_bind(NULL, NULL, 0, cwhy);
-		}
-		rc = sl__io_gds_ops.probe(cfg, why, sizeof(why));
-		if (rc == 0)
-			eng->gds_ops = &sl__io_gds_ops;
-		else
 			sl_note_unusable(eng, why);
+		}
 		if (rc && cfg->backend == SLUICE_BACKEND_GDS)
 			return sl__err(SLUICE_EBACKEND, "%s", why);
 	} else if (cfg->backend == SLUICE_BACKEND_GDS) {
 		return sl__err(SLUICE_EBACKEND, "gds requested but no GPU is usable");
 	}
+	return 0;
+}
 
-	for (size_t i = 0; i < sizeof(sl_main_backends) / sizeof(sl_main_backends[0]); i++) {
-		const struct sl__io_ops *ops = sl_main_backends[i];
+/*
+ * The stores this engine uses: the store of local files (uring, else
+ * psync; SLUICE_BACKEND may name one), gds beside it where usable, and each
+ * store of URLs that its probe finds usable.
+ */
+static int sl_select_stores(struct sluice_engine *eng)
+{
+	static const struct sl__store *const local[] = { &sl__store_uring, &sl__store_psync };
+	const struct sluice_config *cfg = &eng->cfg;
+	char why[512];
+	int rc = sl_select_gds(eng);
 
-		if (cfg->backend == SLUICE_BACKEND_URING && ops != &sl__io_uring_ops)
+	for (size_t i = 0; !rc && !eng->local && i < sizeof(local) / sizeof(local[0]); i++) {
+		if ((cfg->backend == SLUICE_BACKEND_URING && local[i] != &sl__store_uring) ||
+		    (cfg->backend == SLUICE_BACKEND_PSYNC && local[i] != &sl__store_psync))
 			continue;
-		if (cfg->backend == SLUICE_BACKEND_PSYNC && ops != &sl__io_psync_ops)
-			continue;
-		rc = ops->probe(cfg, why, sizeof(why));
-		if (rc == 0) {
-			eng->main_ops = ops;
-			return 0;
+		if (local[i]->probe(cfg, why, sizeof(why)) == 0) {
+			eng->local = local[i];
+			break;
 		}
 		sl_note_unusable(eng, why);
 		if (cfg->backend == SLUICE_BACKEND_URING)
 			return sl__err(SLUICE_EBACKEND, "%s", why);
 	}
-	return sl__err(SLUICE_EBACKEND, "no usable I/O backend");
+	if (!rc && !eng->local)
+		return sl__err(SLUICE_EBACKEND, "no usable store of local files");
+	if (rc)
+		return rc;
+	eng->stores = 1u << eng->local->id | (eng->gds ? 1u << eng->gds->id : 0);
+	for (int i = 0; i < SL_STORES; i++) {
+		const struct sl__store *st = sl__stores[i];
+
+		if (!st || !st->match)
+			continue;
+		if (st->probe(cfg, why, sizeof(why)) == 0)
+			eng->stores |= 1u << i;
+		else
+			sl_note_unusable(eng, why);
+	}
+	return 0;
 }
 
 static int sl_pool_alloc(struct sluice_engine *eng)
@@ -166,7 +181,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		sl_note_unusable(eng, line);
 	}
 	t[1] = sl__now_ns();
-	rc = sl_select_backends(eng);
+	rc = sl_select_stores(eng);
 	if (rc)
 		goto fail;
 	t[2] = sl__now_ns();
@@ -195,7 +210,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 	}
 	t[4] = sl__now_ns();
 	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes (pinned on first use), GPU %d %s",
-		 eng->main_ops->name, eng->gds_ops ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
+		 eng->local->name, eng->gds ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
 		 eng->cfg.max_transfer_size, eng->gpu.ordinal, eng->gpu.name);
 	/* What a one-shot call pays before its first byte moves (docs/BENCHMARKS.md). */
 	sl__info("xfer", "engine open %.1f ms: CUDA %.1f, backends %.1f, pool %.1f, workers %.1f",
@@ -241,7 +256,9 @@ void sluice_engine_close(struct sluice_engine *eng)
 	free(eng->workers);
 	sl_async_free(eng);
 	sl__host_free(NULL, eng->pool, eng->pool_len, 0); /* the workers unpinned their slots */
-	sl__s3_close(eng->s3);
+	for (int i = 0; i < SL_STORES; i++)
+		if (eng->store_shared[i])
+			sl__stores[i]->release(eng->store_shared[i]);
 	for (unsigned l = 1; l < eng->nlanes; l++)
 		sl__gpu_close(eng->lane[l]);
 	sl__gpu_close(&eng->gpu);
@@ -261,10 +278,10 @@ void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engin
 		pthread_cond_wait((pthread_cond_t *)&eng->done_cv, lock);
 	pthread_mutex_unlock(lock);
 	memset(info, 0, sizeof(*info));
-	info->backend = eng->main_ops->name;
+	info->backend = eng->local->name;
 	info->gpu = eng->gpu.ordinal;
 	snprintf(info->gpu_name, sizeof(info->gpu_name), "%s", eng->gpu.name);
-	info->gds = eng->gds_ops && eng->gds_real;
+	info->gds = eng->gds && eng->gds_real;
 	info->threads = eng->nworkers;
 	info->queue_depth = eng->slots_per_worker;
 	info->max_transfer_size = eng->cfg.max_transfer_size;

@@ -16,64 +16,29 @@
 
 #include "xfer/xfer.h"
 
-/* Tests set this to make every O_DIRECT open fail as a filesystem refusing it would. */
-int sl__test_refuse_direct;
-
-/* The engine's S3 client, made on first use from the AWS_* environment and files (remote/s3conf.c). */
-static int sl_engine_s3(struct sluice_engine *eng)
-{
-	int rc = 0;
-
-	pthread_mutex_lock(&eng->lock);
-	if (!eng->s3)
-		rc = sl__s3_open(&eng->s3, NULL, NULL, NULL);
-	pthread_mutex_unlock(&eng->lock);
-	return rc;
-}
-
-/*
- * An s3:// object: read-only (objects are written whole, by
- * sluice_write_from_gpu), its size and ETag from a HEAD.
- */
-static int sl_open_remote(struct sluice_file *f, struct sl__s3 *s3, const char *path)
-{
-	uint64_t size = 0;
-	int rc = 0;
-
-	if (f->writable)
-		return sl__err(-EROFS, "%s: s3:// objects open read-only; they are written whole, by upload", path);
-	if (!s3 && !(rc = sl_engine_s3(f->eng)))
-		s3 = f->eng->s3;
-	if (!rc)
-		rc = sl__s3_obj_open(&f->remote, s3, path, &size);
-	if (!rc)
-		atomic_store(&f->size, size);
-	return rc;
-}
-
 int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const char *path,
 		     int flags)
 {
 	return sl__file_open(out, eng, NULL, path, flags);
 }
 
-int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, struct sl__s3 *s3, const char *path,
-		  int flags)
+int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, void *arg, const char *path, int flags)
 {
-	int oflags = (flags & SLUICE_RDWR) ? O_RDWR : O_RDONLY;
+	const struct sl__store *st;
+	struct sl__open_env env;
 	struct sluice_file *f;
-	struct stat st;
 	int rc;
 
 	*out = NULL;
 	sl__err_clear();
-	if ((flags & SLUICE_CREATE) && (flags & SLUICE_RDWR))
-		oflags |= O_CREAT;
+	if ((rc = sl__store_for(eng, path, &st)))
+		return rc;
+	if ((flags & SLUICE_RDWR) && (st->caps & SL_STORE_READONLY))
+		return sl__err(-EROFS, "%s: %s files open read-only; they are written whole", path, st->name);
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
 	f->eng = eng;
-	f->dfd = -1;
 	f->index = -1;
 	f->writable = !!(flags & SLUICE_RDWR);
 	f->path = strdup(path);
@@ -81,58 +46,21 @@ int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, struct sl
 		free(f);
 		return -ENOMEM;
 	}
-	if (sl__is_s3_url(path)) {
-		f->fd = -1;
-		if ((rc = sl_open_remote(f, s3, path)))
-			goto fail;
-		goto add;
+	sl__open_env(eng, st, arg, &env);
+	rc = st->open(&f->s, path, flags, &env);
+	if (rc) {
+		free(f->path);
+		free(f);
+		return rc;
 	}
-	f->fd = open(path, oflags | O_CLOEXEC, 0666);
-	if (f->fd < 0) {
-		rc = sl__err(-errno, "%s: cannot open: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (fstat(f->fd, &st) < 0) {
-		rc = sl__err(-errno, "%s: fstat: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (S_ISDIR(st.st_mode)) {
-		rc = sl__err(-EISDIR, "%s: is a directory", path);
-		goto fail;
-	}
-	f->size = (uint64_t)st.st_size;
-	if (sl__test_refuse_direct) {
-		f->dfd = -1;
-		errno = EINVAL;
-	} else {
-		f->dfd = open(path, (oflags & ~O_CREAT) | O_DIRECT | O_CLOEXEC);
-	}
-	if (f->dfd < 0)
-		sl__info("io", "%s: O_DIRECT refused by the filesystem (%s); page cache only", path,
-			 strerror(errno));
-	if (S_ISREG(st.st_mode) && st.st_size > 0) {
-		f->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, f->fd, 0);
-		if (f->map == MAP_FAILED)
-			f->map = NULL;
-		else
-			f->map_len = (size_t)st.st_size;
-	}
-	if (eng->gds_ops && f->dfd >= 0) {
-		const struct sl__cufile_api *cf = sl__cufile(NULL);
-		sl_CUfileDescr_t d;
-		sl_CUfileError_t e;
-
-		memset(&d, 0, sizeof(d));
-		d.type = SL_CU_FILE_HANDLE_TYPE_OPAQUE_FD;
-		d.handle.fd = f->dfd;
-		e = cf->HandleRegister(&f->cufh, &d);
-		if (e.err != SL_CU_FILE_SUCCESS) {
-			f->cufh = NULL;
-			sl__warn("io", "%s: cuFileHandleRegister failed (cuFile error %d); GPU transfers of this file use bounce buffers",
-				 path, e.err);
+	f->s.ops = st;
+	if (f->s.shown) {
+		free(f->path);
+		if (!(f->path = strdup(f->s.shown))) {
+			sluice_file_close(f);
+			return -ENOMEM;
 		}
 	}
-add:
 	pthread_mutex_lock(&eng->lock);
 	for (int i = 0; i < SL_MAX_FILES; i++)
 		if (!eng->files[i]) {
@@ -143,14 +71,11 @@ add:
 		}
 	pthread_mutex_unlock(&eng->lock);
 	if (f->index < 0) {
-		rc = sl__err(-EMFILE, "%s: more than %d files open in one engine", path, SL_MAX_FILES);
-		goto fail;
+		sluice_file_close(f);
+		return sl__err(-EMFILE, "%s: more than %d files open in one engine", path, SL_MAX_FILES);
 	}
 	*out = f;
 	return 0;
-fail:
-	sluice_file_close(f);
-	return rc;
 }
 
 void sluice_file_close(struct sluice_file *f)
@@ -162,36 +87,25 @@ void sluice_file_close(struct sluice_file *f)
 		f->eng->files[f->index] = NULL;
 		pthread_mutex_unlock(&f->eng->lock);
 	}
-	if (f->cufh)
-		sl__cufile(NULL)->HandleDeregister(f->cufh);
-	sl__s3_obj_close(f->remote);
-	if (f->map)
-		munmap(f->map, f->map_len);
-	if (f->dfd >= 0)
-		close(f->dfd);
-	if (f->fd >= 0)
-		close(f->fd);
+	f->s.ops->close(&f->s);
 	free(f->path);
 	free(f);
 }
 
 uint64_t sluice_file_size(const struct sluice_file *f)
 {
-	return atomic_load(&((struct sluice_file *)f)->size);
+	return atomic_load(&((struct sluice_file *)f)->s.size);
 }
 
 int sluice_file_direct_ok(const struct sluice_file *f)
 {
-	return f->dfd >= 0;
+	return f->s.direct_ok;
 }
 
 int sluice_file_sync(struct sluice_file *f)
 {
-	if (f->remote)
-		return 0; /* an object opened read-only has nothing to make durable */
-	if (fdatasync(f->fd) < 0)
-		return sl__err(-errno, "%s: fdatasync: %s", f->path, strerror(errno));
-	return 0;
+	/* A file of a store without sync (an object opened read-only) has nothing to make durable. */
+	return f->s.ops->sync ? f->s.ops->sync(&f->s, f->path) : 0;
 }
 
 ssize_t sluice_read_batch(struct sluice_engine *eng, const struct sluice_range *r, size_t n,
@@ -241,33 +155,34 @@ ssize_t sluice_read_to_gpu(struct sluice_engine *eng, const char *path, uint64_t
 	return rc;
 }
 
-/* A part of an upload from GPU memory: copied to the uploader's host buffer first. */
+/* A part of a whole-file write from GPU memory: copied to the store's host buffer first. */
 static int sl_copy_from_gpu(void *eng, void *dst, const void *src, size_t n)
 {
 	return sluice_gpu_copy(eng, dst, src, n);
 }
 
-ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const char *path, const void *src,
-			 size_t len, struct sluice_xfer_report *rep)
+ssize_t sl__write_whole(struct sluice_engine *eng, void *arg, const char *path, const void *src, size_t len,
+			struct sluice_xfer_report *rep)
 {
-	char bucket[64], key[1025];
+	const struct sl__store *st;
 	uint64_t t0 = sl__now_ns();
-	int rc = sl__s3_parse_url(path, bucket, sizeof(bucket), key, sizeof(key)), gpu = sluice_is_gpu_ptr(eng, src);
+	int rc = sl__store_for(eng, path, &st), gpu = sluice_is_gpu_ptr(eng, src);
+	struct sl__open_env env;
 
 	if (rep)
 		memset(rep, 0, sizeof(*rep));
-	if (!rc && !key[0])
-		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", path);
-	if (!rc && !s3 && !(rc = sl_engine_s3(eng)))
-		s3 = eng->s3;
-	if (!rc)
-		rc = sl__s3_upload(s3, bucket, key, src, len, gpu ? sl_copy_from_gpu : NULL, eng);
+	if (rc)
+		return rc;
+	if (!st->put)
+		return sl__err(-EROFS, "%s: the %s store does not write", path, st->name);
+	sl__open_env(eng, st, arg, &env);
+	rc = st->put(path, src, len, gpu ? sl_copy_from_gpu : NULL, eng, &env);
 	if (rc)
 		return rc;
 	if (rep) {
 		rep->bytes = rep->bytes_buffered = len;
 		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
-		snprintf(rep->path, sizeof(rep->path), "%s>s3:upload", gpu ? "gpu>host" : "host");
+		snprintf(rep->path, sizeof(rep->path), "%s>%s:upload", gpu ? "gpu>host" : "host", st->name);
 	}
 	return (ssize_t)len;
 }
@@ -342,9 +257,13 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	struct stat st;
 	ssize_t rc;
 	int fd = -1, dfd = -1, keep_mode;
+	const struct sl__store *store;
 
-	if (sl__is_s3_url(path))
-		return sl__write_remote(eng, NULL, path, src, len, rep);
+	/* Objects are written whole by their store (an upload); files through a temporary, renamed. */
+	if ((rc = sl__store_for(eng, path, &store)))
+		return rc;
+	if (store->caps & SL_STORE_READONLY)
+		return sl__write_whole(eng, NULL, path, src, len, rep);
 	if (rep)
 		memset(rep, 0, sizeof(*rep));
 	dup1 = strdup(path);
@@ -382,14 +301,8 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 	rc = sluice_file_write(f, 0, len, src, rep);
 	if (rc < 0)
 		goto out;
-	if (ftruncate(f->fd, (off_t)len) < 0) {
-		rc = sl__err(-errno, "%s: ftruncate: %s", tmp, strerror(errno));
+	if ((rc = f->s.ops->truncate(&f->s, tmp, len)) || (rc = f->s.ops->sync(&f->s, tmp)))
 		goto out;
-	}
-	if (fdatasync(f->fd) < 0) {
-		rc = sl__err(-errno, "%s: fdatasync: %s", tmp, strerror(errno));
-		goto out;
-	}
 	if (rename(tmp, path) < 0) {
 		rc = sl__err(-errno, "%s: rename from %s: %s", path, tmp, strerror(errno));
 		goto out;

@@ -95,7 +95,6 @@ void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int err, uint6
 
 void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 {
-	static const char *const bname[] = { "uring", "psync", "gds", "s3" };
 	/* Memory side of a path, by SL_K_*, as seen by a read and by a write. */
 	static const char *const to[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
 	static const char *const from[] = { "host", "host>bounce", "gpu>pinned", "gpu>pageable", "gpu" };
@@ -115,10 +114,12 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 
 		if (!(paths & (1ull << c)))
 			continue;
-		if (b == SL_P_GDS)
-			snprintf(io, sizeof(io), "gds");
+		if (!sl__stores[b])
+			continue;
+		if (k == SL_K_GDS) /* straight between storage and GPU memory */
+			snprintf(io, sizeof(io), "%s", sl__stores[b]->name);
 		else
-			snprintf(io, sizeof(io), "%s:%s", bname[b], d ? "direct" : "buffered");
+			snprintf(io, sizeof(io), "%s:%s", sl__stores[b]->name, d ? "direct" : "buffered");
 		if (job->op == SL_IO_READ)
 			l += (size_t)snprintf(rep->path + l, sizeof(rep->path) - l, "%s%s>%s", l ? "+" : "", io, to[k]);
 		else
@@ -143,12 +144,12 @@ ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job, struct slui
 	return err ? err : (ssize_t)atomic_load(&job->bytes);
 }
 
-/* A read of a whole s3:// object whose checksum sluice can match (remote.h's struct sl__s3_meta). */
+/* A read of a whole file whose checksum its store learnt at open (an object's: store/store.h's struct sl__sfile). */
 static int sl_whole_object(int op, const struct sluice_range *r)
 {
-	const struct sl__s3_obj *o = r->file->remote;
+	const struct sl__sfile *sf = &r->file->s;
 
-	return op == SL_IO_READ && o && o->meta.sum_kind && r->offset == 0 && r->len == o->meta.size;
+	return op == SL_IO_READ && sf->sum_kind && r->offset == 0 && r->len == atomic_load(&sf->size);
 }
 
 /*
@@ -163,17 +164,17 @@ static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_rang
 
 	for (size_t p = 0; p < job->npieces;) {
 		const uint32_t k = job->pieces[p].range;
-		const struct sl__s3_obj *o = r[k].file->remote;
+		const struct sl__sfile *sf = &r[k].file->s;
 		uint32_t crc = job->pieces[p].crc;
 
 		for (p++; p < job->npieces && job->pieces[p].range == k; p++)
 			if (sl_whole_object(job->op, &r[k]))
-				crc = sl__crc_combine(o->meta.sum_kind, crc, job->pieces[p].crc, job->pieces[p].len);
+				crc = sl__crc_combine(sf->sum_kind, crc, job->pieces[p].crc, job->pieces[p].len);
 		if (!sl_whole_object(job->op, &r[k]))
 			continue;
-		if (crc != o->meta.sum)
-			return sl__err(SLUICE_EVERIFY, "s3://%s/%s: the %s of the %llu bytes read is %08x, the object's is %08x",
-				       o->bucket, o->key, o->meta.sum_name, (unsigned long long)r[k].len, crc, o->meta.sum);
+		if (crc != sf->sum)
+			return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %08x, the object's is %08x",
+				       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, crc, sf->sum);
 		verified += (int64_t)r[k].len;
 	}
 	return verified;

@@ -111,7 +111,7 @@ ssize_t sluice_s3_write_from_gpu(struct sluice_s3 *c, const char *bucket, const 
 	sl__err_clear();
 	if ((rc = sl_object_url(url, sizeof(url), bucket, key)))
 		return rc;
-	return sl__write_remote(c->eng, c->s3, url, src, len, rep);
+	return sl__write_whole(c->eng, c->s3, url, src, len, rep);
 }
 
 int sluice_s3_size(struct sluice_s3 *c, const char *bucket, const char *key, uint64_t *size)

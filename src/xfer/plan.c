@@ -36,17 +36,17 @@ static int sl_range_cmp(const void *a, const void *b)
 static int sl_check_range(const struct sluice_range *r)
 {
 	struct sluice_file *f = r->file;
-	struct stat st;
+	uint64_t size;
 
-	if (r->offset + r->len <= atomic_load(&f->size) && r->offset + r->len >= r->offset)
+	if (r->offset + r->len <= atomic_load(&f->s.size) && r->offset + r->len >= r->offset)
 		return 0;
-	if (fstat(f->fd, &st) == 0)
-		atomic_store(&f->size, (uint64_t)st.st_size);
-	if (r->offset + r->len <= atomic_load(&f->size) && r->offset + r->len >= r->offset)
+	if (f->s.ops->stat && f->s.ops->stat(&f->s, &size) == 0)
+		atomic_store(&f->s.size, size);
+	if (r->offset + r->len <= atomic_load(&f->s.size) && r->offset + r->len >= r->offset)
 		return 0;
 	return sl__err(SLUICE_ERANGE, "%s: range [%llu, +%zu) passes the end of the file (%llu bytes)",
 		       f->path, (unsigned long long)r->offset, r->len,
-		       (unsigned long long)atomic_load(&f->size));
+		       (unsigned long long)atomic_load(&f->s.size));
 }
 
 /*
@@ -71,7 +71,7 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	     const struct sluice_range *in, size_t n, int crc)
 {
 	const size_t chunk = eng->cfg.max_transfer_size;
-	const int gds = eng->gds_ops != NULL && !crc;
+	const int gds = eng->gds != NULL && !crc;
 	struct sl_ranged *rd;
 	size_t maxsegs = 0, ns = 0, np = 0;
 	uint64_t wend = 0;
@@ -96,15 +96,16 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 			goto out;
 		}
 		if (op == SL_IO_WRITE) {
-			struct stat st;
+			struct sluice_file *f = rd[i].r.file;
+			uint64_t size;
 
-			if (!rd[i].r.file->writable) {
-				rc = sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", rd[i].r.file->path);
+			if (!f->writable) {
+				rc = sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", f->path);
 				goto out;
 			}
 			/* Fresh size: padding is allowed only past it (see pad_ok). */
-			if (fstat(rd[i].r.file->fd, &st) == 0)
-				atomic_store(&rd[i].r.file->size, (uint64_t)st.st_size);
+			if (f->s.ops->stat(&f->s, &size) == 0)
+				atomic_store(&f->s.size, size);
 		}
 		if (op == SL_IO_READ && (rc = sl_check_range(&rd[i].r)))
 			goto out;
@@ -169,7 +170,7 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 			 * lands where no data was and is truncated away afterwards.
 			 */
 			cur->pad_ok = op == SL_IO_WRITE && cur->off + cur->len == wend &&
-				      wend >= atomic_load(&cur->file->size);
+				      wend >= atomic_load(&cur->file->s.size);
 			off += take;
 			mem += take;
 			left -= take;
@@ -202,23 +203,22 @@ int sl__fix_size(const struct sluice_range *r, size_t n)
 	/* First every file's new size (the furthest end written), then the padding trimmed. */
 	for (size_t i = 0; i < n; i++) {
 		struct sluice_file *f = r[i].file;
-		uint64_t end = r[i].offset + r[i].len, cur = atomic_load(&f->size);
+		uint64_t end = r[i].offset + r[i].len, cur = atomic_load(&f->s.size);
 
-		while (end > cur && !atomic_compare_exchange_weak(&f->size, &cur, end))
+		while (end > cur && !atomic_compare_exchange_weak(&f->s.size, &cur, end))
 			;
 	}
 	for (size_t i = 0; i < n; i++) {
 		struct sluice_file *f = r[i].file;
-		uint64_t want = atomic_load(&f->size);
-		struct stat st;
+		uint64_t want = atomic_load(&f->s.size), size;
+		int rc;
 
 		if (i && f == r[i - 1].file)
 			continue;
-		if (fstat(f->fd, &st) < 0)
-			return sl__err(-errno, "%s: fstat: %s", f->path, strerror(errno));
-		if ((uint64_t)st.st_size > want && (uint64_t)st.st_size <= sl__align_up(want, SL_ALIGN) &&
-		    ftruncate(f->fd, (off_t)want) < 0)
-			return sl__err(-errno, "%s: ftruncate: %s", f->path, strerror(errno));
+		if ((rc = f->s.ops->stat(&f->s, &size)))
+			return sl__err(rc, "%s: fstat: %s", f->path, strerror(-rc));
+		if (size > want && size <= sl__align_up(want, SL_ALIGN) && (rc = f->s.ops->truncate(&f->s, f->path, want)))
+			return rc;
 	}
 	return 0;
 }

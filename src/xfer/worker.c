@@ -1,7 +1,8 @@
 /*
  * Worker threads.  Each owns queue_depth bounce slots carved from the
- * engine's pool, one instance of the main I/O backend (and of gds when in
- * use), and a non-blocking CUDA stream with one event per slot.
+ * engine's pool, one instance of each store the engine uses, and a
+ * non-blocking CUDA stream with one event per slot.  Which store instance
+ * runs a segment's I/O, and how, is the route its file's store gives.
  *
  * Slot life:
  *   read:  FREE -> IO (storage into slot) -> DMA (slot to GPU) -> FREE
@@ -34,7 +35,9 @@ struct sl__slot {
 	struct sl__job *job;
 	size_t seg;
 	struct sl__io io;
-	struct sl__io_ctx *ctx; /* backend instance running io */
+	struct sl__io_ctx *ctx; /* the store instance running io (the route's) */
+	int gpu_route;      /* the route moves storage bytes straight to or from GPU memory */
+	int gpu_any;        /* some of the segment's pieces are GPU memory */
 	size_t head;        /* payload offset inside the I/O buffer */
 	size_t need;        /* I/O bytes that must arrive (reads) */
 	size_t got;         /* I/O bytes done so far */
@@ -68,7 +71,7 @@ struct sl__worker {
 	unsigned id;
 	unsigned lane;               /* the GPU it serves: eng->lane[lane] (id % nlanes) */
 	const struct sl__gpu *gpu;
-	struct sl__io_ctx io, gds, remote; /* remote: s3:// objects */
+	struct sl__io_ctx ctx[SL_STORES]; /* by store id: those of eng->stores */
 	sl_CUstream stream;
 	unsigned nslots;
 	struct sl__slot *slots;
@@ -97,17 +100,9 @@ static int sl_worker_init(struct sl__worker *w)
 		w->slots[i].index = (int)i;
 		w->slots[i].w = w;
 	}
-	rc = sl__io_init(&w->io, eng->main_ops, &eng->cfg, w->nslots);
-	if (rc)
-		return rc;
-	rc = sl__io_init(&w->remote, &sl__io_s3_ops, &eng->cfg, w->nslots);
-	if (rc)
-		return rc;
-	if (eng->gds_ops) {
-		rc = sl__io_init(&w->gds, eng->gds_ops, &eng->cfg, w->nslots);
-		if (rc)
+	for (int i = 0; i < SL_STORES; i++)
+		if ((eng->stores & (1u << i)) && (rc = sl__io_init(&w->ctx[i], sl__stores[i], &eng->cfg, w->nslots)))
 			return rc;
-	}
 	if (w->gpu->ctx) {
 		const struct sl__cuda_api *cu = w->gpu->cu;
 
@@ -137,10 +132,11 @@ static void sl_worker_prepare(struct sl__worker *w)
 
 	for (unsigned i = 0; i < w->nslots; i++)
 		bufs[i] = w->slots[i].buf;
-	sl__io_register_bufs(&w->io, bufs, w->nslots, eng->slot_size);
+	for (int i = 0; i < SL_STORES; i++)
+		sl__io_register_bufs(&w->ctx[i], bufs, w->nslots, eng->slot_size);
 	pthread_mutex_lock(&eng->lock);
 	if (w->id == 0)
-		eng->fixed_bufs = w->io.fixed;
+		eng->fixed_bufs = w->ctx[eng->local->id].fixed;
 	eng->prepared++;
 	pthread_cond_broadcast(&eng->done_cv);
 	pthread_mutex_unlock(&eng->lock);
@@ -175,51 +171,24 @@ static void sl_worker_fini(struct sl__worker *w)
 			cu->EventDestroy(w->slots[i].ev);
 	if (w->stream)
 		cu->StreamDestroy(w->stream);
-	sl__io_fini(&w->io);
-	sl__io_fini(&w->gds);
-	sl__io_fini(&w->remote);
+	for (int i = 0; i < SL_STORES; i++)
+		sl__io_fini(&w->ctx[i]);
 	for (unsigned i = 0; w->slots && i < w->nslots; i++)
 		if (w->slots[i].pinned > 0)
 			sl__host_unpin(w->gpu, w->slots[i].buf);
 	free(w->slots);
 }
 
-/*
- * Is most of [off, off+len) of f in the page cache?  Samples up to 64
- * pages of the file's mapping with mincore(); costs microseconds.
- */
-static int sl_resident(const struct sluice_file *f, uint64_t off, size_t len)
+/* The slot's path code for reports: its route's store, mode and memory kind. */
+static int sl_path(const struct sl__slot *sl)
 {
-	uint64_t first = off / SL_ALIGN, last = (off + len - 1) / SL_ALIGN;
-	uint64_t pages = last - first + 1, step = pages > 64 ? pages / 64 : 1;
-	unsigned hit = 0, tot = 0;
+	const struct sluice_engine *eng = sl->w->eng;
+	int k = sl->gpu_route ? SL_K_GDS
+		: sl->zero_copy ? SL_K_HOST
+		: !sl->gpu_any ? SL_K_BOUNCE_HOST
+		: eng->cfg.staging == SLUICE_STAGING_PAGEABLE ? SL_K_PAGEABLE_GPU : SL_K_PINNED_GPU;
 
-	if (!f->map || off + len > f->map_len)
-		return 0;
-	for (uint64_t p = first; p <= last; p += step) {
-		unsigned char v = 0;
-
-		if (mincore((char *)f->map + p * SL_ALIGN, SL_ALIGN, &v) == 0 && (v & 1))
-			hit++;
-		tot++;
-	}
-	return hit * 2 >= tot;
-}
-
-static int sl_choose_direct(const struct sluice_engine *eng, const struct sluice_file *f,
-			    int op, const struct sl__seg *s)
-{
-	if (f->dfd < 0 || eng->cfg.direct == SLUICE_DIRECT_NEVER)
-		return 0;
-	if (op == SL_IO_WRITE) {
-		/* O_DIRECT writes need an aligned start and length (or padding). */
-		if (s->off % SL_ALIGN || (s->len % SL_ALIGN && !s->pad_ok))
-			return 0;
-		return 1;
-	}
-	if (eng->cfg.direct == SLUICE_DIRECT_ALWAYS)
-		return 1;
-	return !sl_resident(f, s->off, s->len);
+	return SL_PATH_CODE(sl->ctx->ops->id, sl->direct, k);
 }
 
 static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
@@ -414,12 +383,58 @@ static int sl_write_io(struct sl__worker *w, struct sl__slot *sl)
 	return sl_submit_io(w, sl);
 }
 
+/*
+ * Asks the segment's file's store how its I/O runs (struct sl__route) and
+ * sets the slot's I/O up so: the store instance, its handle, O_DIRECT or
+ * not, and the memory the I/O uses (the caller's, as it is, where it can).
+ */
+static void sl_route(struct sl__worker *w, struct sl__slot *sl, int single_host)
+{
+	struct sluice_engine *eng = w->eng;
+	const struct sl__job *job = sl->job;
+	const struct sl__seg *s = &job->segs[sl->seg];
+	const struct sl__piece *p0 = &job->pieces[s->piece0];
+	const struct sl__sfile *sf = &s->file->s;
+	struct sl__route_ask a = { .op = job->op, .off = s->off, .len = s->len, .pad_ok = s->pad_ok,
+				   .gpu_whole = !job->crc && s->npieces == 1 && p0->gpu, .cfg = &eng->cfg,
+				   .local = eng->local };
+	struct sl__route r = { .store = sf->ops, .handle = sf->handle };
+
+	if (sf->ops->route)
+		sf->ops->route(sf, &a, &r);
+	sl->ctx = &w->ctx[r.store->id];
+	sl->direct = r.direct;
+	sl->gpu_route = r.gpu;
+	sl->io.handle = r.handle;
+	sl->io.direct = r.direct;
+	sl->io.file_index = s->file->index;
+	sl->io.file_gen = s->file->gen;
+	sl->io.offset = s->off;
+	sl->io.len = s->len;
+	if (r.gpu || (single_host && (!sl->direct || (s->off % SL_ALIGN == 0 && s->len % SL_ALIGN == 0 &&
+						     (uintptr_t)p0->mem % SL_ALIGN == 0)))) {
+		/* Memory that the I/O can use as it is: no bounce. */
+		sl->zero_copy = 1;
+		sl->io.buf = p0->mem;
+		return;
+	}
+	sl->io.buf = sl->buf;
+	sl->io.buf_index = sl->index;
+	if (sl->direct && job->op == SL_IO_READ) {
+		uint64_t a0 = sl__align_down(s->off, SL_ALIGN);
+
+		sl->head = (size_t)(s->off - a0);
+		sl->io.offset = a0;
+		sl->io.len = (size_t)(sl__align_up(s->off + s->len, SL_ALIGN) - a0);
+	}
+}
+
 /* Starts segment seg of job in a free slot. */
 static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *job, size_t seg)
 {
 	struct sluice_engine *eng = w->eng;
 	struct sl__seg *s = &job->segs[seg];
-	struct sluice_file *f = s->file;
+	const struct sl__sfile *sf = &s->file->s;
 	struct sl__piece *p0 = &job->pieces[s->piece0];
 	uint32_t nrun = 0;
 	/*
@@ -428,7 +443,6 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	 */
 	int err = 0, single_host = !p0->gpu && p0->seg_off == 0 && sl_run(job, s, 0, &nrun) == s->len &&
 				   nrun == s->npieces;
-	int gpu_any = 0;
 
 	sl->job = job;
 	sl->seg = seg;
@@ -438,84 +452,27 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->zero_copy = 0;
 	sl->sent = sl->arrived = 0;
 	sl->early_dma = sl->early_err = 0;
+	sl->gpu_any = 0;
 	if (atomic_load(&job->err)) {
 		sl_slot_finish(w, sl, SLUICE_ECANCELED);
 		return;
 	}
 	for (uint32_t i = 0; i < s->npieces; i++)
-		gpu_any |= job->pieces[s->piece0 + i].gpu;
-
+		sl->gpu_any |= job->pieces[s->piece0 + i].gpu;
 	memset(&sl->io, 0, sizeof(sl->io));
 	sl->io.op = job->op;
-	sl->io.file_index = -1;
 	sl->io.buf_index = -1;
 	sl->io.user = sl;
-	sl->ctx = &w->io;
-
-	if (eng->gds_ops && !job->crc && f->cufh && s->npieces == 1 && p0->gpu) {
-		/* GPUDirect: storage straight to or from device memory. */
-		sl->ctx = &w->gds;
-		sl->direct = 1;
-		sl->zero_copy = 1;
-		sl->path = SL_PATH_CODE(SL_P_GDS, 1, SL_K_GDS);
-		sl->io.handle = f->cufh;
-		sl->io.fd = f->dfd;
-		sl->io.buf = p0->mem;
-		sl->io.offset = s->off;
-		sl->io.len = s->len;
-		sl->need = s->len;
-		err = sl_submit_io(w, sl);
-		if (err)
-			sl_slot_finish(w, sl, err);
-		return;
-	}
-
-	if (f->remote) {
-		/* An object: a ranged GET on this worker's connection, through the page cache's equivalent. */
-		sl->ctx = &w->remote;
-		sl->direct = 0;
-		sl->io.handle = f->remote;
-		sl->io.fd = -1;
-	} else {
-		sl->direct = sl_choose_direct(eng, f, job->op, s);
-		sl->io.fd = sl->direct ? f->dfd : f->fd;
-		sl->io.file_index = 2 * f->index + sl->direct;
-		sl->io.file_gen = f->gen;
-	}
-	sl->io.offset = s->off;
-	sl->io.len = s->len;
-	if (single_host && (!sl->direct || (s->off % SL_ALIGN == 0 && s->len % SL_ALIGN == 0 &&
-					    (uintptr_t)p0->mem % SL_ALIGN == 0))) {
-		/* Host memory that the I/O can use as it is: no bounce. */
-		sl->zero_copy = 1;
-		sl->io.buf = p0->mem;
-	} else {
-		sl->io.buf = sl->buf;
-		sl->io.buf_index = sl->index;
-		if (sl->direct && job->op == SL_IO_READ) {
-			uint64_t a0 = sl__align_down(s->off, SL_ALIGN);
-
-			sl->head = (size_t)(s->off - a0);
-			sl->io.offset = a0;
-			sl->io.len = (size_t)(sl__align_up(s->off + s->len, SL_ALIGN) - a0);
-		}
-	}
-	{
-		int b = f->remote ? SL_P_S3 : eng->main_ops == &sl__io_uring_ops ? SL_P_URING : SL_P_PSYNC;
-		int k = sl->zero_copy ? SL_K_HOST
-			: !gpu_any ? SL_K_BOUNCE_HOST
-			: eng->cfg.staging == SLUICE_STAGING_PAGEABLE ? SL_K_PAGEABLE_GPU : SL_K_PINNED_GPU;
-
-		sl->path = SL_PATH_CODE(b, sl->direct, k);
-	}
+	sl_route(w, sl, single_host);
+	sl->path = sl_path(sl);
 	if (job->op == SL_IO_READ) {
 		sl->need = sl->head + s->len;
-		/* An object's bytes arrive over the GET's whole time: they move on as they come. */
-		if (f->remote && !sl->zero_copy && eng->cfg.staging != SLUICE_STAGING_PAGEABLE)
+		/* Bytes that arrive over the I/O's whole time (a GET's) move on as they come. */
+		if ((sf->ops->caps & SL_STORE_STREAM) && !sl->zero_copy && eng->cfg.staging != SLUICE_STAGING_PAGEABLE)
 			sl->io.progress = sl_early;
-		/* And its checksum is summed by the backend as they come, while each is still in cache. */
-		if (f->remote && job->crc == SL_JOB_OBJECT_SUM && sl_one_piece(sl))
-			sl->io.sum_kind = f->remote->meta.sum_kind;
+		/* And a whole file's checksum is summed by its store as they come, while each is still in cache. */
+		if ((sl->ctx->ops->caps & SL_STORE_SUMS) && job->crc == SL_JOB_OBJECT_SUM && sl_one_piece(sl))
+			sl->io.sum_kind = sf->sum_kind;
 		err = sl_submit_io(w, sl);
 	} else if (sl_copy_pieces(w, sl, &err)) {
 		sl->state = SL_DMA;
@@ -539,14 +496,12 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 		goto out;
 	}
 	if (res < 0) {
-		if (res == -EINVAL && sl->direct && sl->ctx == &w->io) {
+		if (res == -EINVAL && sl->direct && !sl->gpu_route) {
 			/* The filesystem refused this O_DIRECT I/O: redo it buffered. */
 			sl__warn("io", "%s: O_DIRECT I/O at %llu refused (EINVAL); retrying through the page cache",
 				 s->file->path, (unsigned long long)sl->io.offset);
-			sl->direct = 0;
-			sl->path -= 5;
-			sl->io.fd = s->file->fd;
-			sl->io.file_index = 2 * s->file->index;
+			sl->direct = sl->io.direct = 0;
+			sl->path = sl_path(sl);
 			err = sl_submit_io(w, sl);
 			goto out;
 		}
@@ -569,10 +524,8 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 		sl->io.buf = (char *)sl->io.buf + res;
 		sl->io.len -= (size_t)res;
 		sl->io.buf_index = -1;
-		if (sl->direct && ((uint64_t)res % SL_ALIGN)) {
-			sl->io.fd = s->file->fd;
-			sl->io.file_index = 2 * s->file->index;
-		}
+		if (sl->direct && ((uint64_t)res % SL_ALIGN))
+			sl->io.direct = 0;
 		err = sl_submit_io(w, sl);
 		goto out;
 	}
@@ -586,7 +539,7 @@ static void sl_io_done(struct sl__worker *w, struct sl__slot *sl)
 			struct sl__piece *p = &sl->job->pieces[s->piece0 + i];
 			const char *b = sl->zero_copy ? p->mem : sl->buf + sl->head + p->seg_off;
 
-			int kind = sl->job->crc == SL_JOB_OBJECT_SUM ? s->file->remote->meta.sum_kind : SL_CRC32C;
+			int kind = sl->job->crc == SL_JOB_OBJECT_SUM ? s->file->s.sum_kind : SL_CRC32C;
 			/* The backend's sum, taken as the bytes arrived, where it covers exactly this piece. */
 			if (sl->io.sum_kind && sl_one_piece(sl) && !sl->head && sl->got == p->len)
 				p->crc = sl->io.sum;
@@ -729,11 +682,11 @@ static void sl_worker_loop(struct sl__worker *w)
 		 * Progress: block on storage only when no DMA is pending (a DMA
 		 * of one chunk takes far less time than a storage read of one).
 		 */
-		int progressed = sl_reap(w, &w->io, !dma && !(freeslots && more)) > 0;
+		int progressed = sl_reap(w, &w->ctx[eng->local->id], !dma && !(freeslots && more)) > 0;
 
-		if (w->gds.ops)
-			progressed |= sl_reap(w, &w->gds, 0) > 0;
-		progressed |= sl_reap(w, &w->remote, 0) > 0;
+		for (int i = 0; i < SL_STORES; i++)
+			if (w->ctx[i].ops && i != eng->local->id)
+				progressed |= sl_reap(w, &w->ctx[i], 0) > 0;
 		if (dma)
 			progressed |= sl_poll_dma(w, !progressed);
 	}

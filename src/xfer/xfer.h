@@ -22,7 +22,7 @@
 
 #include "core/core.h"
 #include "gpu/gpu.h"
-#include "io/io.h"
+#include "store/store.h"
 #include "remote/remote.h"
 
 #define SL_MAX_FILES 1024 /* open sluice_files per engine */
@@ -31,23 +31,16 @@
 struct sluice_file {
 	struct sluice_engine *eng;
 	char *path;
-	int fd;            /* buffered */
-	int dfd;           /* O_DIRECT, -1 if refused */
-	int index;         /* slot in eng->files */
+	struct sl__sfile s; /* its store and the store's handle (store/store.h) */
+	int index;          /* slot in eng->files */
 	unsigned gen;
-	_Atomic uint64_t size;
-	void *map;         /* read-only mapping for residency probes, or NULL */
-	size_t map_len;
-	void *cufh;        /* sl_CUfileHandle_t when the gds backend is active */
-	struct sl__s3_obj *remote; /* an s3:// object (fd and dfd are -1), else NULL */
 	int writable;
 };
 
 enum { SL_JOB_CRC32C = 1, SL_JOB_OBJECT_SUM = 2 };
 
-/* Path codes for reports: backend, mode and destination kind. */
-enum { SL_P_URING = 0, SL_P_PSYNC = 1, SL_P_GDS = 2, SL_P_S3 = 3 };
-#define SL_PATH_CODES 40
+/* Path codes for reports: store id, mode and destination kind. */
+#define SL_PATH_CODES (SL_STORES * 10)
 enum { SL_K_HOST = 0, SL_K_BOUNCE_HOST = 1, SL_K_PINNED_GPU = 2, SL_K_PAGEABLE_GPU = 3, SL_K_GDS = 4 };
 #define SL_PATH_CODE(b, direct, k) ((b) * 10 + (direct) * 5 + (k))
 
@@ -73,7 +66,7 @@ struct sl__job {
 	/*
 	 * Reads: workers compute each piece's CRC from its host bytes.
 	 * SL_JOB_CRC32C: CRC32C (records' sums); SL_JOB_OBJECT_SUM: of the
-	 * kind its s3:// object's checksum has (file->remote->meta.sum_kind).
+	 * kind its file's checksum has (file->s.sum_kind).
 	 */
 	int crc;
 	int copy_gaps;             /* reads may fill gaps under 8 bytes between pieces */
@@ -109,12 +102,13 @@ struct sluice_engine {
 	struct sl__gpu xgpu[SLUICE_MAX_DEVICES - 1]; /* lanes 1.. */
 	int numa_node[SLUICE_MAX_DEVICES];
 	cpu_set_t numa_cpus[SLUICE_MAX_DEVICES];
-	const struct sl__io_ops *main_ops; /* uring or psync */
-	const struct sl__io_ops *gds_ops;  /* NULL unless GDS is in use */
+	const struct sl__store *local; /* the store of local files: uring or psync */
+	const struct sl__store *gds;   /* NULL unless GDS is in use: then local files open through it */
 	int gds_real;
+	unsigned stores;           /* bitmask by id of the stores workers keep instances of */
+	void *store_shared[SL_STORES]; /* each store's state shared by the engine's files (engine lock) */
 	char unusable[1024];
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */
-	struct sl__s3 *s3;         /* the S3 client, made by the first s3:// open (engine lock) */
 	char *pool;                /* all slots of all workers */
 	size_t pool_len;
 	int pool_pinned;           /* with a GPU: no slot's pinning was refused (slots pin on first use) */
@@ -183,17 +177,26 @@ SL_HIDDEN void sl__worker_join(struct sl__worker *w);
 /* The i-th worker of the engine's array. */
 #define SL_WORKER(eng, i) ((struct sl__worker *)((char *)(eng)->workers + (size_t)(i) * sl__worker_size()))
 
-/* file.c: set by tests to simulate a filesystem that refuses O_DIRECT. */
-SL_HIDDEN extern int sl__test_refuse_direct;
 /*
- * file.c: sluice_file_open with s3 (NULL: the engine's own client) for
- * s3:// paths; an s3:// destination's whole-object upload, through s3
- * (NULL: the engine's) (remote/s3.c), its report filled.
+ * file.c: sluice_file_open with arg, the store's option for this open
+ * (an S3 client for s3:// paths; NULL: the engine's own); a destination
+ * of a store that writes files whole (objects) written so, through arg,
+ * its report filled.
  */
-SL_HIDDEN int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, struct sl__s3 *s3,
+SL_HIDDEN int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, void *arg,
 			    const char *path, int flags);
-SL_HIDDEN ssize_t sl__write_remote(struct sluice_engine *eng, struct sl__s3 *s3, const char *path,
-				   const void *src, size_t len, struct sluice_xfer_report *rep);
+SL_HIDDEN ssize_t sl__write_whole(struct sluice_engine *eng, void *arg, const char *path,
+				  const void *src, size_t len, struct sluice_xfer_report *rep);
+
+/*
+ * stores.c: the registry, by id; into *out the store that serves path in
+ * eng (a URL's, else eng->gds or eng->local): 0, or an error naming path
+ * where that store is unusable.
+ */
+SL_HIDDEN extern const struct sl__store *const sl__stores[SL_STORES];
+SL_HIDDEN int sl__store_for(struct sluice_engine *eng, const char *path, const struct sl__store **out);
+/* The struct sl__open_env of a store's open or put in eng. */
+SL_HIDDEN void sl__open_env(struct sluice_engine *eng, const struct sl__store *st, void *arg, struct sl__open_env *env);
 
 /* plan.c: after a write job, trims direct-write padding and updates sizes. */
 /* One zstd block to decode (sl__zdecode): its table entry, shard and index there, and where it lands. */

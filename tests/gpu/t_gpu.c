@@ -306,7 +306,7 @@ int main(void)
 
 			/* Where cuFile refuses the file's filesystem, the engine says so and bounces. */
 			T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
-			registered = f && f->cufh;
+			registered = f && sl__gds_registered(&f->s);
 			sluice_file_close(f);
 			printf("gds backend: real GDS %d, %s registered with cuFile\n", info.gds, registered ? "file" : "file NOT");
 			t_reads(eng, path, want, n, registered ? "gds>gpu" : ">pinned>gpu");

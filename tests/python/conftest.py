@@ -12,6 +12,27 @@ import s3server  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
 
+# A child that reads N bytes of PATH at OFF into host or GPU memory ("host" or "gpu") with sluice.read and
+# writes them to its stdout; on an error, "ERROR CODE MESSAGE" to stderr and exit status 3.  The fault
+# suites run each read in one (the engine and its S3 client are made once per process, from the environment).
+READ = """
+import sys, numpy as np, sluice
+off, n = int(sys.argv[1]), int(sys.argv[2])
+if sys.argv[4] == "gpu":  # through the bounce slots and their early copies to the GPU
+    import torch
+    out = torch.zeros(n, dtype=torch.uint8, device="cuda")
+else:
+    out = np.zeros(n, dtype=np.uint8)
+try:
+    got = sluice.read(sys.argv[3], out, offset=off)
+except sluice.SluiceError as e:
+    print("ERROR", e.code, e, file=sys.stderr)
+    sys.exit(3)
+if sys.argv[4] == "gpu":
+    out = out.cpu().numpy()
+sys.stdout.buffer.write(out[:got].tobytes())
+"""
+
 
 @pytest.fixture(scope="session")
 def ds_path(tmp_path_factory):

@@ -19,7 +19,7 @@ import pytest
 
 import sluice  # noqa: F401  (the library the children load)
 
-from conftest import SLUICE
+from conftest import READ, SLUICE
 
 crc32c = pytest.importorskip("crc32c")
 boto3 = pytest.importorskip("boto3")
@@ -27,23 +27,6 @@ botocore = pytest.importorskip("botocore.config").__name__ and __import__("botoc
 
 SIZE = (6 << 20) + 123  # two download chunks of 5 MiB, seven engine segments of 1 MiB
 FAULTS = ("503", "429", "stall", "reset", "truncate", "shift", "garble", "flip")
-READ = """
-import sys, numpy as np, sluice
-size, off, n = (int(a) for a in sys.argv[1:4])
-if sys.argv[5] == "gpu":  # through the bounce slots and their early copies to the GPU
-    import torch
-    out = torch.zeros(n, dtype=torch.uint8, device="cuda")
-else:
-    out = np.zeros(n, dtype=np.uint8)
-try:
-    got = sluice.read(sys.argv[4], out, offset=off)
-except sluice.SluiceError as e:
-    print("ERROR", e, file=sys.stderr)
-    sys.exit(3)
-if sys.argv[5] == "gpu":
-    out = out.cpu().numpy()
-sys.stdout.buffer.write(out[:got].tobytes())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +46,8 @@ def _proxy(s3, fault, every):
 
 
 def _read(env, off, n, target="host"):
-    return subprocess.run([sys.executable, "-c", READ, str(SIZE), str(off), str(n), "s3://pytest/faults/obj.bin",
-                           target], env=env, capture_output=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", READ, str(off), str(n), "s3://pytest/faults/obj.bin", target],
+                          env=env, capture_output=True, timeout=120)
 
 
 def _gpu():

@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -224,3 +225,19 @@ def test_packer_larger_window_never_packs_worse(dist):
         assert sum(int(r["cu_seqlens"][-1]) for r in rows) == int(lens.sum())  # every token placed once
         fills.append(p.fill())
     assert fills[1] >= fills[0] and fills[2] >= fills[0], fills
+
+
+def test_the_callers_pipe_writes_stay_whole(tmp_path):
+    """After the engine opens, a large write of the caller's to a pipe is whole.  The engine once probed
+    io_uring with a ring made and torn down on the caller's thread; the teardown's kernel work interrupted
+    that thread's next blocking write, which returned short (Python's sys.stdout.buffer.write then reported
+    fewer bytes and a child's output came back cut, with exit status 0)."""
+    code = ("import sys, sluice; sluice._eng(); n = 6 << 20; "
+            "print([sys.stdout.buffer.write(bytes(n)) for _ in range(4)], file=sys.stderr)")
+    short = []
+    for _ in range(10):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr.decode()
+        if len(r.stdout) != 4 * (6 << 20):
+            short.append(r.stderr.decode().strip())
+    assert not short, f"short writes after the engine opened: {short}"

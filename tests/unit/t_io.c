@@ -272,9 +272,41 @@ static void t_direct_refused(void)
 	free(got);
 }
 
+/*
+ * The registry: each store at the index of its id, its required ops there;
+ * paths go to the store of their scheme, and the rest to local files.
+ */
+static void t_registry(void)
+{
+	static const char *const url[][2] = { { "s3://b/k", "s3" },	   { "http://h/f", "http" },
+					      { "HTTPS://h/f?q", "http" }, { "/tmp/f", NULL },
+					      { "s3:/b", NULL },	   { "httpx://h", NULL } };
+	struct sluice_engine *eng = open_engine(SLUICE_DIRECT_AUTO, 1u << 20);
+	struct sluice_engine_info info;
+
+	for (int i = 0; i < SL_STORES; i++) {
+		const struct sl__store *st = sl__stores[i];
+
+		if (!st)
+			continue;
+		T_CHECK(st->id == i && st->name && st->probe && st->open && st->close && st->init && st->submit &&
+			st->reap && st->fini);
+		T_CHECK(!!(st->caps & SL_STORE_READONLY) == !st->truncate);
+	}
+	sluice_engine_get_info(eng, &info);
+	for (size_t i = 0; i < sizeof(url) / sizeof(url[0]); i++) {
+		const struct sl__store *st = NULL;
+
+		T_CHECK(sl__store_for(eng, url[i][0], &st) == 0);
+		T_CHECK(st && !strcmp(st->name, url[i][1] ? url[i][1] : info.backend));
+	}
+	sluice_engine_close(eng);
+}
+
 int main(void)
 {
 	dir = t_dir("t_io");
+	t_registry();
 	for (int d = SLUICE_DIRECT_AUTO; d <= SLUICE_DIRECT_NEVER; d++) {
 		t_reads((enum sluice_direct)d, 1u << 20);
 		t_writes((enum sluice_direct)d, 64u << 10);

@@ -34,7 +34,7 @@ int main(void)
 	const size_t n = (3u << 20) + 12345;
 	char etag[128], etag2[128], *obj, *got;
 	struct sl__s3 *s, *bad;
-	struct sl__s3_conn *c;
+	struct sl__http_conn *c;
 	uint64_t size = 0;
 	struct sl__s3_meta meta = { 0 };
 
@@ -46,7 +46,7 @@ int main(void)
 	got = malloc(n);
 	t_fill(obj, n, 11);
 	T_CHECK(sl__s3_open(&s, &a, only, NULL) == 0);
-	T_CHECK(sl__s3_conn_open(&c) == 0);
+	T_CHECK(sl__http_conn_open(&c) == 0);
 	T_CHECK(sl__s3_conf(s)->path_style && !sl__s3_conf(s)->anonymous);
 
 	T_CHECK(sl__s3_put(s, c, "sluice-test", "", NULL, 0) == 0);
@@ -309,7 +309,7 @@ int main(void)
 		unsetenv("SLUICE_S3_RETRIES");
 	}
 
-	sl__s3_conn_close(c);
+	sl__http_conn_close(c);
 	sl__s3_close(s);
 	free(obj);
 	free(got);

@@ -1,14 +1,14 @@
 /*
- * psync backend: pread/pwrite on the worker thread.  Every I/O completes
+ * psync store: pread/pwrite on the worker thread.  Every I/O completes
  * inside submit; reap hands the finished ones back in order.  Parallelism
  * comes from the number of workers.  The completion queue (sl__sync_*) also
- * serves the other synchronous backend, gds.
+ * serves the other synchronous stores (gds, s3, http).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "io/io.h"
+#include "store/store.h"
 
 struct sl_psync {
 	unsigned head, n, cap;
@@ -59,7 +59,7 @@ int sl__sync_init(struct sl__io_ctx *ctx, const struct sluice_config *cfg, unsig
 
 static int sl_psync_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 {
-	io->res = sl__pio_full(io->op, io->fd, io->buf, io->len, io->offset);
+	io->res = sl__pio_full(io->op, sl__local_fd(io), io->buf, io->len, io->offset);
 	return sl__sync_complete(ctx, io);
 }
 
@@ -93,10 +93,12 @@ void sl__sync_fini(struct sl__io_ctx *ctx)
 	ctx->priv = NULL;
 }
 
-const struct sl__io_ops sl__io_psync_ops = {
+const struct sl__store sl__store_psync = {
 	.name = "psync",
+	.id = 1,
 	.caps = 0,
 	.probe = sl_psync_probe,
+	SL_LOCAL_FILE_OPS,
 	.init = sl__sync_init,
 	.submit = sl_psync_submit,
 	.reap = sl__sync_reap,

@@ -1,5 +1,5 @@
 /*
- * io_uring backend (liburing).  One ring per worker thread.
+ * io_uring store (liburing).  One ring per worker thread.
  *
  * The worker's bounce slots are registered as fixed buffers, so O_DIRECT
  * reads into them skip the per-I/O page pinning; files go into a sparse
@@ -7,6 +7,7 @@
  * first use by this ring.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,7 @@
 
 #include <liburing.h>
 
-#include "io/io.h"
+#include "store/store.h"
 
 /* Files an engine can register with each ring: two descriptors per slot. */
 #define SL_URING_FILES 2048
@@ -38,10 +39,42 @@ struct sl_uring {
 /* The fixed-buffer warning is said once per process, not once per ring. */
 static _Atomic int sl_uring_warned;
 
+struct sl_try {
+	unsigned flags;
+	int rc;
+};
+
+static void *sl_try_ring(void *arg)
+{
+	struct sl_try *t = arg;
+	struct io_uring ring;
+
+	t->rc = io_uring_queue_init(4, &ring, t->flags);
+	if (t->rc == 0)
+		io_uring_queue_exit(&ring);
+	return NULL;
+}
+
+/*
+ * A ring made and torn down on a thread of its own: a ring's teardown
+ * leaves the kernel work for the task that made it, which interrupts that
+ * task's next blocking syscall (a pipe write of the caller's then returns
+ * short, and Python's sys.stdout.buffer.write reports fewer bytes).
+ */
+int sl__uring_try(unsigned flags)
+{
+	struct sl_try t = { flags, -EAGAIN };
+	pthread_t th;
+
+	if (pthread_create(&th, NULL, sl_try_ring, &t))
+		return -EAGAIN;
+	pthread_join(th, NULL);
+	return t.rc;
+}
+
 static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
 {
-	struct io_uring ring;
-	int rc = io_uring_queue_init(4, &ring, cfg->sqpoll ? IORING_SETUP_SQPOLL : 0);
+	int rc = sl__uring_try(cfg->sqpoll ? IORING_SETUP_SQPOLL : 0);
 
 	if (rc < 0) {
 		char dis[16] = "?";
@@ -69,7 +102,6 @@ static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
 			 strerror(-rc), dis, cfg->sqpoll ? " [SQPOLL requested]" : "");
 		return rc;
 	}
-	io_uring_queue_exit(&ring);
 	return 0;
 }
 
@@ -140,12 +172,11 @@ static void sl_uring_register_bufs(struct sl__io_ctx *ctx, void *const *bufs, un
 /* Returns the fixed-file index for io, registering its fd on first use. */
 static int sl_uring_file(struct sl_uring *u, const struct sl__io *io)
 {
-	int i = io->file_index;
+	int i = 2 * io->file_index + io->direct, fd = sl__local_fd(io);
 
-	if (!u->fixed_files || i < 0 || i >= SL_URING_FILES)
+	if (!u->fixed_files || io->file_index < 0 || i >= SL_URING_FILES)
 		return -1;
-	if (u->files[i].fd != io->fd || u->files[i].gen != io->file_gen) {
-		int fd = io->fd;
+	if (u->files[i].fd != fd || u->files[i].gen != io->file_gen) {
 
 		if (io_uring_register_files_update(&u->ring, (unsigned)i, &fd, 1) != 1)
 			return -1;
@@ -159,7 +190,7 @@ static int sl_uring_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 {
 	struct sl_uring *u = ctx->priv;
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-	int fi = sl_uring_file(u, io), fd = fi >= 0 ? fi : io->fd;
+	int fi = sl_uring_file(u, io), fd = fi >= 0 ? fi : sl__local_fd(io);
 	int fixed = u->fixed_bufs && io->buf_index >= 0;
 
 	if (!sqe) {
@@ -225,10 +256,12 @@ static void sl_uring_fini(struct sl__io_ctx *ctx)
 	ctx->priv = NULL;
 }
 
-const struct sl__io_ops sl__io_uring_ops = {
+const struct sl__store sl__store_uring = {
 	.name = "uring",
-	.caps = SL_IO_CAP_ASYNC | SL_IO_CAP_FIXED,
+	.id = 0,
+	.caps = SL_STORE_ASYNC | SL_STORE_FIXED,
 	.probe = sl_uring_probe,
+	SL_LOCAL_FILE_OPS,
 	.init = sl_uring_init,
 	.register_bufs = sl_uring_register_bufs,
 	.submit = sl_uring_submit,

@@ -1,0 +1,168 @@
+/*
+ * The http store: http:// and https:// URLs of any web server that serves
+ * byte ranges (model files are often published so).  Opening one is a
+ * HEAD: its size (Content-Length), and what pins the version read, its
+ * ETag (strong ones, sent back as If-Match) or else its Last-Modified
+ * (If-Unmodified-Since), so that a file replaced on the server while it
+ * is read fails with -ESTALE instead of mixing two versions.  A segment's
+ * storage read is one ranged GET on the worker thread's kept-alive
+ * connection, checked against its request by the transport (http.c).
+ * Read-only.  Redirects are followed; errors name the URL without its
+ * query (a presigned URL's query is a credential).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "remote/remote.h"
+#include "store/store.h"
+
+struct sl_http_file {
+	char url[4096];
+	char name[512];     /* the URL without its query, for messages */
+	char etag[128];     /* strong ETag, sent as If-Match; "" if none */
+	char pin[128];      /* else "If-Unmodified-Since: <Last-Modified>"; "" if none */
+	unsigned retries;
+};
+
+static int sl_http_match(const char *path)
+{
+	return !strncasecmp(path, "http://", 7) || !strncasecmp(path, "https://", 8);
+}
+
+static int sl_http_probe(const struct sluice_config *cfg, char *why, size_t n)
+{
+	(void)cfg;
+	if (sl__http_init()) {
+		snprintf(why, n, "http unusable: %s", sluice_last_error_detail());
+		return SLUICE_EBACKEND;
+	}
+	return 0;
+}
+
+/* SLUICE_HTTP_RETRIES: more attempts after a failed or mismatched answer, 0 to 20 (4). */
+static int sl_http_retries(unsigned *out)
+{
+	const char *v = sl__setting("SLUICE_HTTP_RETRIES");
+	char *end = NULL;
+	unsigned long r = v && *v ? strtoul(v, &end, 10) : 4;
+
+	if (v && *v && (*end || r > 20 || *v == '-'))
+		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_HTTP_RETRIES='%s': want 0 to 20 more attempts", v);
+	*out = (unsigned)r;
+	return 0;
+}
+
+static void sl_http_req(const struct sl_http_file *h, struct sl__http_req *q, int method)
+{
+	memset(q, 0, sizeof(*q));
+	q->method = method;
+	q->url = h->url;
+	q->name = h->name;
+	q->retries = h->retries;
+	q->follow = 1;
+}
+
+static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const struct sl__open_env *env)
+{
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl_http_file *h = calloc(1, sizeof(*h));
+	struct sl__http_resp k = { .keep = "Accept-" };
+	struct sl__http_req q;
+	int rc;
+
+	(void)flags, (void)env;
+	if (!h)
+		return -ENOMEM;
+	if (strlen(path) >= sizeof(h->url))
+		rc = sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", path, sizeof(h->url) - 1);
+	else if (!c)
+		rc = sl__err(-ENOMEM, "%s: no connection", path);
+	else
+		rc = sl_http_retries(&h->retries);
+	if (rc) {
+		free(h);
+		return rc;
+	}
+	snprintf(h->url, sizeof(h->url), "%s", path);
+	snprintf(h->name, sizeof(h->name), "%.*s%s", (int)strcspn(path, "?#"), path, path[strcspn(path, "?#")] ? "?..." : "");
+	sl_http_req(h, &q, SL_HTTP_HEAD);
+	rc = sl__http_request(c, &q, &k);
+	if (!rc && !k.have_size)
+		rc = sl__err(-EIO, "%s: the server gives no Content-Length, so the file cannot be read by ranges", h->name);
+	if (!rc && !strcasecmp(sl__http_kept(&k, "Ranges"), "none"))
+		rc = sl__err(-EIO, "%s: the server does not serve byte ranges (Accept-Ranges: none)", h->name);
+	if (rc) {
+		free(h);
+		return rc;
+	}
+	if (k.etag[0] == '"')
+		snprintf(h->etag, sizeof(h->etag), "%s", k.etag);
+	else if (k.last_modified[0])
+		snprintf(h->pin, sizeof(h->pin), "If-Unmodified-Since: %s", k.last_modified);
+	sf->handle = h;
+	sf->shown = h->name;
+	atomic_store(&sf->size, k.size);
+	return 0;
+}
+
+static void sl_http_close(struct sl__sfile *sf)
+{
+	free(sf->handle);
+	sf->handle = NULL;
+}
+
+static void sl_http_progress(void *arg, size_t bytes)
+{
+	struct sl__io *io = arg;
+
+	io->progress(io, bytes);
+}
+
+static int sl_http_submit(struct sl__io_ctx *ctx, struct sl__io *io)
+{
+	const struct sl_http_file *h = io->handle;
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl__http_resp k = { .cap = io->len, .progress = io->progress ? sl_http_progress : NULL,
+				   .progress_arg = io, .sum_kind = io->sum_kind };
+	struct sl__http_req q;
+	int rc;
+
+	sl_http_req(h, &q, SL_HTTP_GET);
+	q.off = io->offset;
+	q.len = io->len;
+	q.buf = io->buf;
+	q.if_match = h->etag;
+	q.hdr[0] = h->pin[0] ? h->pin : NULL;
+	if (io->op != SL_IO_READ)
+		rc = sl__err(-EROFS, "%s: http files are read-only", h->name);
+	else if (!c)
+		rc = sl__err(-ENOMEM, "%s: no connection", h->name);
+	else if (!io->len)
+		rc = 0;
+	else if ((rc = sl__http_request(c, &q, &k)) == -ESTALE)
+		rc = sl__err(-ESTALE, "%s: changed on the server since it was opened", h->name);
+	io->res = rc ? rc : (ssize_t)k.got;
+	io->sum = k.sum;
+	snprintf(io->detail, sizeof(io->detail), "%s", rc ? sluice_last_error_detail() : "");
+	return sl__sync_complete(ctx, io);
+}
+
+static const char *const sl_http_settings[] = { "SLUICE_HTTP_RETRIES", NULL };
+
+const struct sl__store sl__store_http = {
+	.name = "http",
+	.id = 4,
+	.caps = SL_STORE_STREAM | SL_STORE_SUMS | SL_STORE_READONLY,
+	.match = sl_http_match,
+	.probe = sl_http_probe,
+	.open = sl_http_open,
+	.close = sl_http_close,
+	.init = sl__sync_init,
+	.submit = sl_http_submit,
+	.reap = sl__sync_reap,
+	.fini = sl__sync_fini,
+	.settings = sl_http_settings,
+};
