@@ -246,6 +246,16 @@ SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *le
 /* Reads n bytes at off of file f; errors name the file and "what which" (e.g. record 7). */
 SL_HIDDEN int sl__ds_pread(struct sluice_dataset *ds, unsigned f, void *buf, size_t n, uint64_t off,
 			   const char *what, uint64_t which);
+/*
+ * native.c: decodes zstd block b (its index k) of shard into dst (b->len
+ * bytes) with dc: its stored bytes from src, or with src NULL read from the
+ * shard's file into *scratch (grown to fit, *cap bytes).  0, or
+ * SLUICE_EFORMAT / -errno naming the file and the block.  The one zstd
+ * decoder of records (native.c) and of whole shards (dsread/shard.c).
+ */
+struct ZSTD_DCtx_s;
+SL_HIDDEN int sl__zblock_decode(struct sluice_dataset *ds, struct ZSTD_DCtx_s *dc, unsigned shard, uint64_t k,
+				const struct sl__block *b, const void *src, char **scratch, size_t *cap, void *dst);
 /* SLUICE_EFORMAT naming record i unless loc lies inside the bytes its file holds. */
 SL_HIDDEN int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc);
 /* Sets up files/fds arrays for n files; names are taken over. */

@@ -29,7 +29,8 @@ struct sl_zslot {
 	uint64_t block;
 	uint64_t used;             /* tick of the last use: the least recent goes first */
 	ZSTD_DCtx *dctx;
-	unsigned char *zbuf, *buf;
+	char *zbuf;
+	unsigned char *buf;
 	size_t zcap, cap;
 };
 
@@ -268,26 +269,39 @@ static int sl_blocks(struct sluice_dataset *ds, unsigned s)
 	return 0;
 }
 
-/* Reads and decompresses block lo of shard into slot z (the caller holds a use of it, not the lock). */
-static int sl_zload(struct sluice_dataset *ds, struct sl_zslot *z, unsigned shard, uint64_t lo,
-		    const struct sl__block *b, uint64_t i)
+int sl__zblock_decode(struct sluice_dataset *ds, struct ZSTD_DCtx_s *dc, unsigned shard, uint64_t k,
+		      const struct sl__block *b, const void *src, char **scratch, size_t *cap, void *dst)
 {
 	uint64_t t0;
 	size_t n;
 	int rc;
 
-	if (sl__reserve(&z->zbuf, &z->zcap, b->stored) || sl__reserve(&z->buf, &z->cap, b->len))
-		return -ENOMEM;
-	rc = sl__ds_pread(ds, shard, z->zbuf, b->stored, b->file, "block", lo);
-	if (rc)
-		return rc;
+	if (!src) {
+		if (sl__reserve(scratch, cap, b->stored))
+			return sl__err(-ENOMEM, "%s: block %llu: no memory", ds->files[shard], (unsigned long long)k);
+		if ((rc = sl__ds_pread(ds, shard, *scratch, b->stored, b->file, "block", k)))
+			return rc;
+		src = *scratch;
+	}
 	t0 = sl__now_ns();
-	n = ZSTD_decompressDCtx(z->dctx, z->buf, b->len, z->zbuf, b->stored);
+	n = ZSTD_decompressDCtx(dc, dst, b->len, src, b->stored);
 	sl__hist_add(&ds->h_decompress, sl__now_ns() - t0);
 	if (ZSTD_isError(n) || n != b->len)
-		return sl__err(SLUICE_EFORMAT, "%s: block %llu (record %llu): %s", ds->files[shard], (unsigned long long)lo,
-			       (unsigned long long)i, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong decompressed size");
+		return sl__err(SLUICE_EFORMAT, "%s: block %llu: %s", ds->files[shard], (unsigned long long)k,
+			       ZSTD_isError(n) ? ZSTD_getErrorName(n) : "decoded size differs from the block table");
 	return 0;
+}
+
+/* Reads and decompresses block lo of shard into slot z (the caller holds a use of it, not the lock). */
+static int sl_zload(struct sluice_dataset *ds, struct sl_zslot *z, unsigned shard, uint64_t lo,
+		    const struct sl__block *b, uint64_t i)
+{
+	int rc;
+
+	if (sl__reserve(&z->buf, &z->cap, b->len))
+		return -ENOMEM;
+	rc = sl__zblock_decode(ds, z->dctx, shard, lo, b, NULL, &z->zbuf, &z->zcap, z->buf);
+	return rc ? sl__err(rc, "%s (record %llu)", sluice_last_error_detail(), (unsigned long long)i) : 0;
 }
 
 /*

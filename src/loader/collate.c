@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "format/format.h"
-#include "loader/loader.h"
-#include "xfer/xfer.h"
+#include "loader/state.h"
+#include "engine/engine.h"
 
 /* Room in slot s for a batch of size bytes: pinned staging and, for GPU loaders, its GPU copy. */
 int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size)

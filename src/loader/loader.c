@@ -14,26 +14,8 @@
 
 #include "format/format.h"
 #include "diag/diag.h"
-#include "loader/loader.h"
-#include "xfer/xfer.h"
-
-/* Under ld->lock: every waiting thread looks again (an error, a stop). */
-void sl__loader_wake_all(struct sluice_loader *ld)
-{
-	pthread_cond_broadcast(&ld->cv);
-	pthread_cond_broadcast(&ld->slot_cv);
-	pthread_cond_broadcast(&ld->batch_cv);
-}
-
-/* Under ld->lock: the loader's first error stops it; every thread hears of it. */
-void sl__loader_fail(struct sluice_loader *ld, int rc)
-{
-	if (!ld->err) {
-		ld->err = rc;
-		snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
-	}
-	sl__loader_wake_all(ld);
-}
+#include "loader/state.h"
+#include "engine/engine.h"
 
 /* Stops the loader's threads and waits for them. */
 static void sl_halt(struct sluice_loader *ld)
@@ -149,18 +131,18 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	if (opt->rank >= world)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: rank %u is not below world_size %llu", opt->rank,
 			       (unsigned long long)world);
-	if (opt->gpu && !eng->gpu.ctx)
+	if (opt->gpu && !sl__eng_gpu(eng)->ctx)
 		return sl__err(SLUICE_ENOGPU, "loader: gpu set, but the engine has no GPU");
-	if (opt->gpu && opt->device_index >= eng->nlanes)
+	if (opt->gpu && opt->device_index >= sl__eng_nlanes(eng))
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: device_index %u, but the engine serves %u GPU%s (SLUICE_DEVICE_IDS)",
-			       opt->device_index, eng->nlanes, eng->nlanes > 1 ? "s" : "");
+			       opt->device_index, sl__eng_nlanes(eng), sl__eng_nlanes(eng) > 1 ? "s" : "");
 	if (sluice_dataset_count(ds) == 0)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s holds no records", ds->path);
 	ld = calloc(1, sizeof(*ld));
 	if (!ld)
 		return -ENOMEM;
 	ld->eng = eng;
-	ld->gpu = eng->lane[opt->gpu ? opt->device_index : 0];
+	ld->gpu = sl__eng_lane(eng, opt->gpu ? opt->device_index : 0);
 	ld->ds = ds;
 	ld->opt = *opt;
 	ld->opt.world_size = (unsigned)world;

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader/loader.h"
+#include "loader/state.h"
 
 static uint64_t sl_mix(uint64_t x)
 {

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "format/format.h"
-#include "loader/loader.h"
-#include "xfer/xfer.h"
+#include "loader/state.h"
+#include "engine/engine.h"
 
 /*
  * Gives back the batch the consumer holds, ordered after its stream's work:

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "format/format.h"
-#include "loader/loader.h"
+#include "loader/state.h"
 #include "diag/diag.h"
-#include "xfer/xfer.h"
+#include "engine/engine.h"
 
 /*
  * Where the time goes, by the method of the book chapter (seeds/002): the

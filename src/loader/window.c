@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "format/format.h"
-#include "loader/loader.h"
-#include "xfer/xfer.h"
+#include "loader/state.h"
+#include "engine/engine.h"
 
 /* The record at position q of the epoch whose order is o. */
 static uint64_t sl_at_in(const struct sluice_loader *ld, const struct sl__order *o, uint64_t q)

@@ -32,6 +32,7 @@
 
 struct sluice_future {
 	struct sluice_engine *eng;
+	struct sl_async *a;       /* the engine's async state */
 	struct sluice_range range;
 	int write;
 	unsigned flag;
@@ -91,47 +92,80 @@ int sl__future_call(struct sluice_future **out, ssize_t (*fn)(void *arg, struct 
 	return 0;
 }
 
-/* Maps the flag page on first use; engine lock held. */
-static int sl_flags_init(struct sluice_engine *eng)
-{
-	const struct sl__cuda_api *cu = eng->gpu.cu;
-	size_t len = SL_FLAGS * sizeof(uint32_t);
-	void *p;
-	int rc;
+#define SL_FLAGS 4096 /* async transfers in flight per engine */
 
-	if (eng->flags)
-		return 0;
-	eng->flag_free = malloc(SL_FLAGS * sizeof(*eng->flag_free));
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (!eng->flag_free || p == MAP_FAILED) {
-		free(eng->flag_free);
-		eng->flag_free = NULL;
+/*
+ * An engine's async state (sl__eng_attach): its completion flags, pinned
+ * and mapped into the GPU's address space so a caller's stream can wait on
+ * one, and a spare staging buffer for the next transfer.
+ */
+struct sl_async {
+	struct sluice_engine *eng;
+	pthread_mutex_t lock;
+	_Atomic uint32_t *flags;
+	sl_CUdeviceptr flags_dev;
+	uint16_t *flag_free;       /* stack of free flag indexes */
+	unsigned nflag_free;
+	char *stage_cache;
+	size_t stage_cache_len;
+	int stage_cache_pinned;
+};
+
+static void sl_async_drop(struct sluice_engine *eng, void *state)
+{
+	struct sl_async *a = state;
+	struct sl__gpu *g = sl__eng_gpu(eng);
+
+	if (a->stage_cache)
+		sl__host_free(g, a->stage_cache, a->stage_cache_len, a->stage_cache_pinned);
+	g->cu->MemHostUnregister((void *)a->flags);
+	munmap((void *)a->flags, SL_FLAGS * sizeof(uint32_t));
+	pthread_mutex_destroy(&a->lock);
+	free(a->flag_free);
+	free(a);
+}
+
+/* Maps the flag page on an engine's first async transfer; NULL and the error in *err if it cannot. */
+static void *sl_async_make(struct sluice_engine *eng, int *err)
+{
+	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
+	size_t len = SL_FLAGS * sizeof(uint32_t);
+	struct sl_async *a = calloc(1, sizeof(*a));
+	void *p = MAP_FAILED;
+	int rc = -ENOMEM;
+
+	if (a && (a->flag_free = malloc(SL_FLAGS * sizeof(*a->flag_free))))
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p != MAP_FAILED) {
+		rc = SL_CU(cu->MemHostRegister(p, len, SL_CU_MEMHOSTREGISTER_PORTABLE | SL_CU_MEMHOSTREGISTER_DEVICEMAP),
+			   "cuMemHostRegister (async flags)");
+		if (!rc)
+			rc = SL_CU(cu->MemHostGetDevicePointer(&a->flags_dev, p, 0), "cuMemHostGetDevicePointer");
+		if (rc)
+			cu->MemHostUnregister(p);
+	}
+	if (rc) {
 		if (p != MAP_FAILED)
 			munmap(p, len);
-		return -ENOMEM;
-	}
-	rc = SL_CU(cu->MemHostRegister(p, len, SL_CU_MEMHOSTREGISTER_PORTABLE | SL_CU_MEMHOSTREGISTER_DEVICEMAP),
-		   "cuMemHostRegister (async flags)");
-	if (!rc)
-		rc = SL_CU(cu->MemHostGetDevicePointer(&eng->flags_dev, p, 0), "cuMemHostGetDevicePointer");
-	if (rc) {
-		cu->MemHostUnregister(p);
-		munmap(p, len);
-		free(eng->flag_free);
-		eng->flag_free = NULL;
-		return rc;
+		if (a)
+			free(a->flag_free);
+		free(a);
+		*err = rc == -ENOMEM ? sl__err(rc, "the async transfers' flag page: no memory") : rc;
+		return NULL;
 	}
 	for (unsigned i = 0; i < SL_FLAGS; i++)
-		eng->flag_free[i] = (uint16_t)(SL_FLAGS - 1 - i);
-	eng->nflag_free = SL_FLAGS;
-	eng->flags = p;
-	return 0;
+		a->flag_free[i] = (uint16_t)(SL_FLAGS - 1 - i);
+	a->nflag_free = SL_FLAGS;
+	a->flags = p;
+	a->eng = eng;
+	pthread_mutex_init(&a->lock, NULL);
+	return a;
 }
 
 static void sl_set_flag(struct sluice_future *fut, size_t v)
 {
 	/* Release: the window's bytes are in place before the GPU sees the flag. */
-	atomic_store_explicit(&fut->eng->flags[fut->flag], (uint32_t)v, memory_order_release);
+	atomic_store_explicit(&fut->a->flags[fut->flag], (uint32_t)v, memory_order_release);
 }
 
 /* Window i's share of the transfer, as a host-memory range on its staging half. */
@@ -165,9 +199,9 @@ static void *sl_coordinate(void *arg)
 {
 	struct sluice_future *fut = arg;
 	struct sluice_engine *eng = fut->eng;
-	const struct sl__cuda_api *cu = eng->gpu.cu;
+	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
 	size_t n = fut->nwin, live = 0; /* windows submitted */
-	int err = sl__gpu_bind(&eng->gpu);
+	int err = sl__gpu_bind(sl__eng_gpu(eng));
 
 	for (size_t i = 0; i <= n; i++) {
 		if (i < n && !err) {
@@ -204,73 +238,72 @@ static void *sl_coordinate(void *arg)
 	return NULL;
 }
 
-/* Pinned staging: the engine keeps one buffer for the next transfer. */
+/* Pinned staging: the engine's async state keeps one buffer for the next transfer. */
 static int sl_stage_get(struct sluice_future *fut)
 {
-	struct sluice_engine *eng = fut->eng;
+	struct sl_async *a = fut->a;
 	size_t len = 2 * fut->win;
 
-	pthread_mutex_lock(&eng->lock);
-	if (eng->stage_cache && eng->stage_cache_len >= len) {
-		fut->stage = eng->stage_cache;
-		fut->stage_len = eng->stage_cache_len;
-		fut->stage_pinned = eng->stage_cache_pinned;
-		eng->stage_cache = NULL;
+	pthread_mutex_lock(&a->lock);
+	if (a->stage_cache && a->stage_cache_len >= len) {
+		fut->stage = a->stage_cache;
+		fut->stage_len = a->stage_cache_len;
+		fut->stage_pinned = a->stage_cache_pinned;
+		a->stage_cache = NULL;
 	}
-	pthread_mutex_unlock(&eng->lock);
+	pthread_mutex_unlock(&a->lock);
 	if (fut->stage)
 		return 0;
 	fut->stage_len = len;
-	return sl__host_alloc(&eng->gpu, len, (void **)&fut->stage, &fut->stage_pinned);
+	return sl__host_alloc(sl__eng_gpu(fut->eng), len, (void **)&fut->stage, &fut->stage_pinned);
 }
 
 static void sl_stage_put(struct sluice_future *fut)
 {
-	struct sluice_engine *eng = fut->eng;
+	struct sl_async *a = fut->a;
 
 	if (!fut->stage)
 		return;
-	pthread_mutex_lock(&eng->lock);
-	if (!eng->stage_cache || eng->stage_cache_len < fut->stage_len) {
-		char *old = eng->stage_cache;
-		size_t old_len = eng->stage_cache_len;
-		int old_pinned = eng->stage_cache_pinned;
+	pthread_mutex_lock(&a->lock);
+	if (!a->stage_cache || a->stage_cache_len < fut->stage_len) {
+		char *old = a->stage_cache;
+		size_t old_len = a->stage_cache_len;
+		int old_pinned = a->stage_cache_pinned;
 
-		eng->stage_cache = fut->stage;
-		eng->stage_cache_len = fut->stage_len;
-		eng->stage_cache_pinned = fut->stage_pinned;
+		a->stage_cache = fut->stage;
+		a->stage_cache_len = fut->stage_len;
+		a->stage_cache_pinned = fut->stage_pinned;
 		fut->stage = old;
 		fut->stage_len = old_len;
 		fut->stage_pinned = old_pinned;
 	}
-	pthread_mutex_unlock(&eng->lock);
-	sl__host_free(&eng->gpu, fut->stage, fut->stage_len, fut->stage_pinned);
+	pthread_mutex_unlock(&a->lock);
+	sl__host_free(sl__eng_gpu(fut->eng), fut->stage, fut->stage_len, fut->stage_pinned);
 	fut->stage = NULL;
 }
 
 /* Releases everything but the thread; the stream must be past every recorded event. */
 static void sl_future_release(struct sluice_future *fut, size_t nev)
 {
-	struct sluice_engine *eng = fut->eng;
+	struct sl_async *a = fut->a;
 
 	for (size_t i = 0; i < nev; i++)
 		if (fut->ev[i])
-			eng->gpu.cu->EventDestroy(fut->ev[i]);
+			sl__eng_gpu(fut->eng)->cu->EventDestroy(fut->ev[i]);
 	free(fut->ev);
 	sl_stage_put(fut);
-	pthread_mutex_lock(&eng->lock);
-	eng->flag_free[eng->nflag_free++] = (uint16_t)fut->flag;
-	pthread_mutex_unlock(&eng->lock);
+	pthread_mutex_lock(&a->lock);
+	a->flag_free[a->nflag_free++] = (uint16_t)fut->flag;
+	pthread_mutex_unlock(&a->lock);
 	free(fut);
 }
 
 /* Queues window i's wait, copy and event on the stream. */
 static int sl_enqueue(struct sluice_future *fut, size_t i, sl_CUstream s)
 {
-	struct sluice_engine *eng = fut->eng;
-	const struct sl__cuda_api *cu = eng->gpu.cu;
+	const struct sl__cuda_api *cu = sl__eng_gpu(fut->eng)->cu;
 	struct sluice_range w = sl_window(fut, i);
-	sl_CUdeviceptr flag = eng->flags_dev + fut->flag * sizeof(uint32_t);
+	sl_CUdeviceptr flag = fut->a->flags_dev + fut->flag * sizeof(uint32_t);
 	sl_CUdeviceptr dev = (sl_CUdeviceptr)(uintptr_t)((char *)fut->range.buf + i * fut->win);
 	int rc;
 
@@ -298,30 +331,35 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 		    int write, struct sluice_future **out)
 {
 	struct sluice_engine *eng = f->eng;
+	struct sl__gpu *g = sl__eng_gpu(eng);
 	struct sluice_future *fut;
+	struct sl_async *a;
 	size_t i = 0;
 	int rc;
 
 	*out = NULL;
 	sl__err_clear();
-	if (!eng->gpu.ctx)
+	if (!g->ctx)
 		return sl__err(SLUICE_ENOGPU, "asynchronous transfers need a GPU stream; engine has no GPU");
 	if (!len)
 		return sl__err(-EINVAL, "asynchronous transfer of 0 bytes");
-	if (!sl__gpu_is_device_ptr(&eng->gpu, mem))
+	if (!sl__gpu_is_device_ptr(g, mem))
 		return sl__err(SLUICE_ENOTGPU, "asynchronous transfers move GPU memory; %p is not", mem);
 	if (!write && off + len > atomic_load(&f->s.size))
 		return sl__err(SLUICE_ERANGE, "%s: async read of [%llu, %llu) passes the end (%llu bytes)", f->path,
 			       (unsigned long long)off, (unsigned long long)(off + len),
 			       (unsigned long long)atomic_load(&f->s.size));
+	if (!(a = sl__eng_attach(eng, SL_ATTACH_ASYNC, sl_async_make, sl_async_drop, &rc)))
+		return rc;
 	fut = calloc(1, sizeof(*fut));
 	if (!fut)
 		return -ENOMEM;
 	fut->eng = eng;
+	fut->a = a;
 	fut->write = write;
 	fut->range = (struct sluice_range){ f, off, len, mem };
 	fut->sum.op = write ? SL_IO_WRITE : SL_IO_READ;
-	fut->win = eng->cfg.max_transfer_size * (eng->nworkers ? eng->nworkers : 1);
+	fut->win = sl__eng_cfg(eng)->max_transfer_size * (sl__eng_threads(eng) ? sl__eng_threads(eng) : 1);
 	if (fut->win > ((len + 4095) & ~(size_t)4095))
 		fut->win = (len + 4095) & ~(size_t)4095;
 	fut->nwin = (len + fut->win - 1) / fut->win;
@@ -331,13 +369,11 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 		return -ENOMEM;
 	}
 
-	pthread_mutex_lock(&eng->lock);
-	rc = sl_flags_init(eng);
-	if (!rc && !eng->nflag_free)
-		rc = sl__err(-EBUSY, "more than %d asynchronous transfers in flight", SL_FLAGS);
+	pthread_mutex_lock(&a->lock);
+	rc = a->nflag_free ? 0 : sl__err(-EBUSY, "more than %d asynchronous transfers in flight", SL_FLAGS);
 	if (!rc)
-		fut->flag = eng->flag_free[--eng->nflag_free];
-	pthread_mutex_unlock(&eng->lock);
+		fut->flag = a->flag_free[--a->nflag_free];
+	pthread_mutex_unlock(&a->lock);
 	if (rc) {
 		free(fut->ev);
 		free(fut);
@@ -346,7 +382,7 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	sl_set_flag(fut, 0);
 	rc = sl_stage_get(fut);
 	if (!rc)
-		rc = sl__gpu_bind(&eng->gpu);
+		rc = sl__gpu_bind(g);
 	for (; !rc && i < fut->nwin; i++)
 		rc = sl_enqueue(fut, i, (sl_CUstream)stream);
 	if (!rc) {
@@ -359,7 +395,7 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 		/* Let go of whatever was queued, and wait until the stream is past it. */
 		sl_set_flag(fut, fut->nwin + 1);
 		if (i)
-			eng->gpu.cu->StreamSynchronize((sl_CUstream)stream);
+			g->cu->StreamSynchronize((sl_CUstream)stream);
 		sl_future_release(fut, fut->nwin);
 		return rc;
 	}
@@ -433,7 +469,7 @@ void sluice_future_free(struct sluice_future *fut)
 		return;
 	}
 	/* The flag, events and halves may go once the stream is past the last copy. */
-	sl__gpu_bind(&fut->eng->gpu);
-	fut->eng->gpu.cu->EventSynchronize(fut->ev[fut->nwin - 1]);
+	sl__gpu_bind(sl__eng_gpu(fut->eng));
+	sl__eng_gpu(fut->eng)->cu->EventSynchronize(fut->ev[fut->nwin - 1]);
 	sl_future_release(fut, fut->nwin);
 }

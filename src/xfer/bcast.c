@@ -16,14 +16,14 @@
 /* Lets the engine's context reach the GPU holding p directly; best effort (the copy works without). */
 static void sl_peer(struct sluice_engine *eng, const void *p)
 {
-	const struct sl__cuda_api *cu = eng->gpu.cu;
+	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
 	int ord = -1, can = 0;
 	sl_CUdevice d;
 	sl_CUcontext ctx;
 
 	if (!cu->DeviceCanAccessPeer || !cu->CtxEnablePeerAccess ||
 	    cu->PointerGetAttribute(&ord, 9 /* CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL */, (sl_CUdeviceptr)(uintptr_t)p) ||
-	    ord == eng->gpu.ordinal || cu->DeviceGet(&d, ord) || cu->DeviceCanAccessPeer(&can, eng->gpu.dev, d) || !can ||
+	    ord == sl__eng_gpu(eng)->ordinal || cu->DeviceGet(&d, ord) || cu->DeviceCanAccessPeer(&can, sl__eng_gpu(eng)->dev, d) || !can ||
 	    cu->DevicePrimaryCtxRetain(&ctx, d))
 		return;
 	cu->CtxEnablePeerAccess(ctx, 0); /* CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is fine too */
@@ -33,7 +33,7 @@ static void sl_peer(struct sluice_engine *eng, const void *p)
 ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint64_t offset, size_t len,
 			      void *const *dsts, unsigned n, struct sluice_xfer_report *rep)
 {
-	const struct sl__cuda_api *cu = eng->gpu.cu;
+	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
 	int gpu = 0;
 	sl_CUstream st = NULL;
 	struct sluice_file *f;
@@ -51,9 +51,9 @@ ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint6
 	if ((rc = sluice_file_open(&f, eng, path, SLUICE_RDONLY)))
 		return rc;
 	if (gpu) {
-		if ((rc = sl__gpu_bind(&eng->gpu)) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")))
+		if ((rc = sl__gpu_bind(sl__eng_gpu(eng))) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")))
 			goto out;
-		for (unsigned j = 1; eng->cfg.enable_p2p && j < n; j++)
+		for (unsigned j = 1; sl__eng_cfg(eng)->enable_p2p && j < n; j++)
 			if (sluice_is_gpu_ptr(eng, dsts[j]))
 				sl_peer(eng, dsts[j]);
 	}

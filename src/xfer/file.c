@@ -61,18 +61,9 @@ int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, void *arg
 			return -ENOMEM;
 		}
 	}
-	pthread_mutex_lock(&eng->lock);
-	for (int i = 0; i < SL_MAX_FILES; i++)
-		if (!eng->files[i]) {
-			eng->files[i] = f;
-			f->index = i;
-			f->gen = ++eng->file_gen;
-			break;
-		}
-	pthread_mutex_unlock(&eng->lock);
-	if (f->index < 0) {
+	if ((rc = sl__eng_file_add(eng, f))) {
 		sluice_file_close(f);
-		return sl__err(-EMFILE, "%s: more than %d files open in one engine", path, SL_MAX_FILES);
+		return rc;
 	}
 	*out = f;
 	return 0;
@@ -82,11 +73,7 @@ void sluice_file_close(struct sluice_file *f)
 {
 	if (!f)
 		return;
-	if (f->index >= 0) {
-		pthread_mutex_lock(&f->eng->lock);
-		f->eng->files[f->index] = NULL;
-		pthread_mutex_unlock(&f->eng->lock);
-	}
+	sl__eng_file_remove(f->eng, f);
 	f->s.ops->close(&f->s);
 	free(f->path);
 	free(f);

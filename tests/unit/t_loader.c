@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "loader/loader.h"
+#include "loader/state.h"
 #include "t_util.h"
 
 static const struct sluice_field fields[] = {

@@ -16,10 +16,10 @@
 #include <zstd.h>
 
 #include "format/format.h"
-#include "xfer/xfer.h"
+#include "dsread/dsread.h"
 
 /*
- * zstd blocks decoded on the CPU (xfer.h): the blocks' stored bytes from
+ * zstd blocks decoded on the CPU (dsread.h): the blocks' stored bytes from
  * in (the stored bytes of a shard from file offset base) or, with in NULL,
  * read with pread from their shard files; each decoded to out + out_off[k].
  * The engine's thread count decodes in parallel (this thread too).
@@ -35,14 +35,6 @@ struct sl_zjob {
 	char detail[384];
 };
 
-static void sl_zfail(struct sl_zjob *j, int code, const char *fmt, const char *file, uint64_t k, const char *what)
-{
-	int zero = 0;
-
-	if (atomic_compare_exchange_strong(&j->err, &zero, code))
-		snprintf(j->detail, sizeof(j->detail), fmt, file, (unsigned long long)k, what);
-}
-
 static void *sl_zworker(void *arg)
 {
 	struct sl_zjob *j = arg;
@@ -57,30 +49,12 @@ static void *sl_zworker(void *arg)
 	}
 	while (!atomic_load(&j->err) && (k = atomic_fetch_add(&j->next, 1)) < j->n) {
 		const struct sl__zblock *z = &j->zb[k];
-		const struct sl__block *b = z->b;
-		const char *src = j->in ? j->in + (b->file - j->base) : NULL;
-		uint64_t t0 = sl__now_ns();
-		size_t got;
+		const char *src = j->in ? j->in + (z->b->file - j->base) : NULL;
+		int rc = sl__zblock_decode(j->ds, dc, z->shard, z->index, z->b, src, &zbuf, &zcap, j->out + z->out_off);
+		int zero = 0;
 
-		if (!src) {
-			int fd = sl__ds_fd(j->ds, z->shard);
-
-			if (sl__reserve(&zbuf, &zcap, b->stored)) {
-				sl_zfail(j, -ENOMEM, "%s: block %llu: %s", j->ds->files[z->shard], z->index, "no memory");
-				break;
-			}
-			if (fd < 0 || pread(fd, zbuf, b->stored, (off_t)b->file) != (ssize_t)b->stored) {
-				sl_zfail(j, fd < 0 ? fd : -EIO, "%s: block %llu: %s", j->ds->files[z->shard], z->index,
-					 "unreadable (file truncated?)");
-				break;
-			}
-			src = zbuf;
-		}
-		got = ZSTD_decompressDCtx(dc, j->out + z->out_off, b->len, src, b->stored);
-		if (ZSTD_isError(got) || got != b->len)
-			sl_zfail(j, SLUICE_EFORMAT, "%s: block %llu: %s", j->ds->files[z->shard], z->index,
-				 ZSTD_isError(got) ? ZSTD_getErrorName(got) : "decoded size differs from the block table");
-		sl__hist_add(&j->ds->h_decompress, sl__now_ns() - t0);
+		if (rc && atomic_compare_exchange_strong(&j->err, &zero, rc))
+			snprintf(j->detail, sizeof(j->detail), "%s", sluice_last_error_detail());
 	}
 	free(zbuf);
 	ZSTD_freeDCtx(dc);
@@ -91,7 +65,7 @@ int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const stru
 		const void *in, uint64_t base, void *out)
 {
 	struct sl_zjob j;
-	unsigned nt = eng->cfg.threads - 1 < n ? eng->cfg.threads - 1 : (unsigned)n;
+	unsigned nt = sl__eng_cfg(eng)->threads - 1 < n ? sl__eng_cfg(eng)->threads - 1 : (unsigned)n;
 	pthread_t th[256];
 	int rc;
 
@@ -113,7 +87,7 @@ int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const stru
 static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api *nc, const struct sl__block *blk,
 			 uint64_t n, uint64_t base, const char *file, char *dst, sl_CUdeviceptr in)
 {
-	const struct sl__cuda_api *cu = eng->gpu.cu;
+	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
 	struct sl__nvcomp_opts opts;
 	struct sl__nvcomp_align al;
 	uint64_t max = 0, total = 0, scratch_len = 0;
@@ -137,7 +111,7 @@ static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api 
 		misaligned |= al.input > 1 && (blk[k].file - base) % al.input;
 		scratch_len += sl__align_up(blk[k].len, 256);
 	}
-	if ((rc = sl__gpu_bind(&eng->gpu)) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")) ||
+	if ((rc = sl__gpu_bind(sl__eng_gpu(eng))) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")) ||
 	    (rc = SL_CU(cu->MemAlloc(&d_arr, arr), "cuMemAlloc (nvCOMP arguments)")))
 		goto out;
 	if (misaligned && (rc = SL_CU(cu->MemAlloc(&d_scratch, scratch_len), "cuMemAlloc (nvCOMP output)")))
@@ -286,8 +260,8 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 			return -ENOMEM;
 		for (uint64_t k = 0; k < nb; k++)
 			zb[k] = (struct sl__zblock){ &blk[k], shard, k, blk[k].logical - SL_ALIGN };
-		if (!(rc = sl__host_alloc(&eng->gpu, rep->stored, &in, &pinned)) &&
-		    !(rc = ongpu ? sl__host_alloc(&eng->gpu, logical, &out, &opinned) : 0)) {
+		if (!(rc = sl__host_alloc(sl__eng_gpu(eng), rep->stored, &in, &pinned)) &&
+		    !(rc = ongpu ? sl__host_alloc(sl__eng_gpu(eng), logical, &out, &opinned) : 0)) {
 			ssize_t got = sluice_read_to_gpu(eng, path, base, rep->stored, in, NULL);
 
 			rep->read_s = (double)(sl__now_ns() - t0) / 1e9;
@@ -297,9 +271,9 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 				rc = sluice_gpu_copy(eng, dst, out, logical);
 		}
 		if (ongpu && out)
-			sl__host_free(&eng->gpu, out, logical, opinned);
+			sl__host_free(sl__eng_gpu(eng), out, logical, opinned);
 		if (in)
-			sl__host_free(&eng->gpu, in, rep->stored, pinned);
+			sl__host_free(sl__eng_gpu(eng), in, rep->stored, pinned);
 		free(zb);
 	}
 	rep->decode_s = (double)(sl__now_ns() - t0) / 1e9;

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "format/format.h"
-#include "xfer/xfer.h"
+#include "dsread/dsread.h"
 
 /*
  * zstd datasets: the blocks the records lie in, each decoded once on the

@@ -4,7 +4,8 @@
  */
 #include <errno.h>
 
-#include "xfer/xfer.h"
+#include "engine/pipeline.h"
+#include "remote/remote.h"
 
 const struct sl__store *const sl__stores[SL_STORES] = {
 	&sl__store_uring,

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "diag/diag.h"
-#include "xfer/xfer.h"
+#include "engine/pipeline.h"
 
 void sl__job_submit(struct sluice_engine *eng, struct sl__job *job)
 {

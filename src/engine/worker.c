@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "xfer/xfer.h"
+#include "engine/pipeline.h"
 
 enum { SL_FREE = 0, SL_IO, SL_DMA };
 

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "xfer/xfer.h"
+#include "engine/pipeline.h"
 
 /*
  * Reads whose file gap is at most this are merged into one I/O; the gap's

@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 
 #include "diag/diag.h"
-#include "xfer/xfer.h"
+#include "engine/pipeline.h"
 
 static void sl_note_unusable(struct sluice_engine *eng, const char *why)
 {
@@ -219,28 +219,8 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 	*out = eng;
 	return 0;
 fail:
-	for (unsigned l = 1; l < eng->nlanes; l++)
-		sl__gpu_close(eng->lane[l]);
-	sl__gpu_close(&eng->gpu);
-	pthread_mutex_destroy(&eng->lock);
-	pthread_cond_destroy(&eng->work_cv);
-	pthread_cond_destroy(&eng->done_cv);
-	free(eng);
+	sluice_engine_close(eng); /* what open made so far: no worker has started */
 	return rc;
-}
-
-/* The async calls' flag page and spare staging buffer (async.c makes them on first use). */
-static void sl_async_free(struct sluice_engine *eng)
-{
-	if (eng->stage_cache)
-		sl__host_free(&eng->gpu, eng->stage_cache, eng->stage_cache_len, eng->stage_cache_pinned);
-	eng->stage_cache = NULL;
-	if (!eng->flags)
-		return;
-	eng->gpu.cu->MemHostUnregister((void *)eng->flags);
-	munmap((void *)eng->flags, SL_FLAGS * sizeof(uint32_t));
-	free(eng->flag_free);
-	eng->flags = NULL;
 }
 
 void sluice_engine_close(struct sluice_engine *eng)
@@ -254,7 +234,9 @@ void sluice_engine_close(struct sluice_engine *eng)
 	for (unsigned i = 0; eng->workers && i < eng->nworkers; i++)
 		sl__worker_join(SL_WORKER(eng, i));
 	free(eng->workers);
-	sl_async_free(eng);
+	for (int i = 0; i < SL_ATTACHMENTS; i++)
+		if (eng->attached[i])
+			eng->drop[i](eng, eng->attached[i]);
 	sl__host_free(NULL, eng->pool, eng->pool_len, 0); /* the workers unpinned their slots */
 	for (int i = 0; i < SL_STORES; i++)
 		if (eng->store_shared[i])
@@ -363,4 +345,67 @@ int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_
 int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p)
 {
 	return sl__gpu_is_device_ptr(&eng->gpu, p);
+}
+
+const struct sluice_config *sl__eng_cfg(const struct sluice_engine *eng)
+{
+	return &eng->cfg;
+}
+
+struct sl__gpu *sl__eng_gpu(struct sluice_engine *eng)
+{
+	return &eng->gpu;
+}
+
+unsigned sl__eng_nlanes(const struct sluice_engine *eng)
+{
+	return eng->nlanes;
+}
+
+struct sl__gpu *sl__eng_lane(struct sluice_engine *eng, unsigned lane)
+{
+	return eng->lane[lane < eng->nlanes ? lane : 0];
+}
+
+unsigned sl__eng_threads(const struct sluice_engine *eng)
+{
+	return eng->nworkers;
+}
+
+int sl__eng_file_add(struct sluice_engine *eng, struct sluice_file *f)
+{
+	pthread_mutex_lock(&eng->lock);
+	for (int i = 0; i < SL_MAX_FILES; i++)
+		if (!eng->files[i]) {
+			eng->files[i] = f;
+			f->index = i;
+			f->gen = ++eng->file_gen;
+			break;
+		}
+	pthread_mutex_unlock(&eng->lock);
+	return f->index >= 0 ? 0 : sl__err(-EMFILE, "%s: more than %d files open in one engine", f->path, SL_MAX_FILES);
+}
+
+void sl__eng_file_remove(struct sluice_engine *eng, struct sluice_file *f)
+{
+	if (f->index < 0)
+		return;
+	pthread_mutex_lock(&eng->lock);
+	eng->files[f->index] = NULL;
+	pthread_mutex_unlock(&eng->lock);
+	f->index = -1;
+}
+
+void *sl__eng_attach(struct sluice_engine *eng, int key, void *(*make)(struct sluice_engine *eng, int *err),
+		     void (*drop)(struct sluice_engine *eng, void *state), int *err)
+{
+	void *st;
+
+	*err = 0;
+	pthread_mutex_lock(&eng->lock);
+	if (!eng->attached[key] && (eng->attached[key] = make(eng, err)))
+		eng->drop[key] = drop;
+	st = eng->attached[key];
+	pthread_mutex_unlock(&eng->lock);
+	return st;
 }

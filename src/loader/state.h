@@ -2,10 +2,14 @@
  * loader: batches of dataset records for a training loop.  order.c: which
  * records; window.c: reading them; collate.c: batches into the ring;
  * ring.c: the consumer; stats.c: where the time goes; loader.c: open,
- * start, stop and close.
+ * start, stop and close.  This header is the loader's state, which the
+ * stages share; the stages call one way (loader.c -> collate.c ->
+ * window.c), never back into loader.c.
  */
-#ifndef SL_LOADER_H
-#define SL_LOADER_H
+#ifndef SL_LOADER_STATE_H
+#define SL_LOADER_STATE_H
+
+#include <stdio.h>
 
 #include "core/core.h"
 
@@ -187,8 +191,22 @@ SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);
 SL_HIDDEN void sl__loader_log_stats(struct sluice_loader *ld);
 /* Publishes the loader's figures (diag.h); the consumer's thread, after each batch. */
 SL_HIDDEN void sl__loader_publish(struct sluice_loader *ld);
-/* loader.c */
-SL_HIDDEN void sl__loader_wake_all(struct sluice_loader *ld);
-SL_HIDDEN void sl__loader_fail(struct sluice_loader *ld, int rc);
+/* Under ld->lock: every waiting thread looks again (an error, a stop). */
+static inline void sl__loader_wake_all(struct sluice_loader *ld)
+{
+	pthread_cond_broadcast(&ld->cv);
+	pthread_cond_broadcast(&ld->slot_cv);
+	pthread_cond_broadcast(&ld->batch_cv);
+}
+
+/* Under ld->lock: the loader's first error stops it; every thread hears of it. */
+static inline void sl__loader_fail(struct sluice_loader *ld, int rc)
+{
+	if (!ld->err) {
+		ld->err = rc;
+		snprintf(ld->detail, sizeof(ld->detail), "%s", sluice_last_error_detail());
+	}
+	sl__loader_wake_all(ld);
+}
 
 #endif
