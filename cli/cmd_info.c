@@ -4,21 +4,64 @@
 
 #include "cli.h"
 
+/* Every setting of the registry: its value in force and where it came from (sluice_setting_get). */
+static int cli_settings(int json)
+{
+	struct sluice_setting s;
+	struct sluice_config *cfg;
+	int rc = sluice_config_new(&cfg); /* checks them all: a bad value is named, not listed */
+
+	if (rc)
+		return cli_error("info", "a setting is wrong", rc);
+	sluice_config_free(cfg);
+	if (json)
+		printf("[");
+	for (unsigned i = 0; sluice_setting_get(i, &s) == 0; i++) {
+		if (!json) {
+			printf("%-26s %-22s %-9s %s\n", s.name, s.value ? s.value : *s.def ? s.def : "-",
+			       s.value ? (strcmp(s.origin, "the environment") ? "file" : "env") : "default", s.help);
+			continue;
+		}
+		printf("%s{\"name\":", i ? "," : "");
+		cli_json_str(s.name);
+		printf(",\"type\":\"%s\",\"scope\":\"%s\",\"words\":", s.type, s.scope);
+		cli_json_str(s.words ? s.words : "");
+		printf(",\"default\":");
+		cli_json_str(s.def);
+		printf(",\"value\":");
+		cli_json_str(s.value ? s.value : s.def);
+		printf(",\"from\":");
+		cli_json_str(s.value ? s.origin : "default");
+		printf(",\"help\":");
+		cli_json_str(s.help);
+		printf("}");
+	}
+	if (json)
+		printf("]\n");
+	return 0;
+}
+
 int cmd_info(int argc, char **argv)
 {
 	struct sluice_engine *eng;
 	struct sluice_engine_info in;
-	int json = 0, rc;
+	int json = 0, settings = 0, rc;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
 			json = 1;
+		else if (!strcmp(argv[i], "--settings"))
+			settings = 1;
 		else if (!strcmp(argv[i], "--help")) {
-			printf("usage: sluice info [--json]\n");
+			printf("usage: sluice info [--settings] [--json]\n"
+			       "  the engine this machine gives; --settings: every SLUICE_* setting, its value and\n"
+			       "  where it came from (the environment, the settings file, the default)\n");
 			return 0;
 		} else
 			return cli_fail("info", "unknown option '%s'", argv[i]);
 	}
+	if (settings)
+		return cli_settings(json);
 	rc = sluice_engine_open(&eng, NULL);
 	if (rc)
 		return cli_error("info", "cannot open engine", rc);

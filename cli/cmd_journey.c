@@ -16,7 +16,7 @@
 int cmd_journey(int argc, char **argv)
 {
 	char exe[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 64], pp[2 * PATH_MAX + 64];
-	const char *py = getenv("SLUICE_PYTHON");
+	const char *py = sluice_setting("SLUICE_PYTHON");
 	char **args = calloc((size_t)argc + 4, sizeof(*args));
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 

@@ -193,7 +193,7 @@ static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, in
 int cmd_top(int argc, char **argv)
 {
 	static struct cli_snap a, b;
-	const char *root = getenv("SLUICE_SYSROOT");
+	const char *root = sluice_setting("SLUICE_SYSROOT");
 	double interval = 1;
 	unsigned count = 0;
 	int json = 0;

@@ -268,64 +268,14 @@ static void cli_warm_cache(const char *path)
 	close(fd);
 }
 
-/* Rewrites the settings file with keys[i] = vals[i] in [sluice], keeping every other line. */
-static int cli_write_settings(const char *path, const char *const *keys, char vals[][32], unsigned n, const char *note)
+/* The picked values into the settings file, through the library's writer (the reader's own checks). */
+static int cli_write(const char *conf, const char *const *keys, char vals[][32], unsigned n, const char *note)
 {
-	char tmp[PATH_MAX + 16], line[4096], dir[PATH_MAX];
-	FILE *in = fopen(path, "re"), *out;
-	int in_sluice = 0, had_section = 0;
+	const char *v[4];
 
-	snprintf(dir, sizeof(dir), "%s", path);
-	for (char *s = strchr(dir + 1, '/'); s; s = strchr(s + 1, '/')) {
-		*s = 0;
-		mkdir(dir, 0755);
-		*s = '/';
-	}
-	snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
-	if (!(out = fopen(tmp, "we"))) {
-		if (in)
-			fclose(in);
-		return -errno;
-	}
-	while (in && fgets(line, sizeof(line), in)) {
-		const char *s = line + strspn(line, " \t");
-		int drop = 0;
-
-		if (*s == '[') {
-			in_sluice = !strncmp(s, "[sluice]", 8);
-			if (in_sluice && !had_section) {
-				had_section = 1;
-				fputs(line, out);
-				fprintf(out, "# %s\n", note);
-				for (unsigned i = 0; i < n; i++)
-					fprintf(out, "%s = %s\n", keys[i], vals[i]);
-				continue;
-			}
-		} else if (in_sluice) {
-			drop = !strncmp(s, "# sluice tune ", 14);
-			for (unsigned i = 0; i < n && !drop; i++) {
-				size_t l = strlen(keys[i]);
-
-				drop = !strncmp(s, keys[i], l) && (s[l] == ' ' || s[l] == '\t' || s[l] == '=');
-			}
-		}
-		if (!drop)
-			fputs(line, out);
-	}
-	if (in)
-		fclose(in);
-	if (!had_section) {
-		fprintf(out, "[sluice]\n# %s\n", note);
-		for (unsigned i = 0; i < n; i++)
-			fprintf(out, "%s = %s\n", keys[i], vals[i]);
-	}
-	if (fflush(out) || fsync(fileno(out)) || fclose(out) || rename(tmp, path)) {
-		int e = errno;
-
-		unlink(tmp);
-		return -e;
-	}
-	return 0;
+	for (unsigned i = 0; i < n && i < 4; i++)
+		v[i] = vals[i];
+	return sluice_settings_write(conf, keys, v, n, note);
 }
 
 int cmd_tune(int argc, char **argv)
@@ -380,7 +330,7 @@ int cmd_tune(int argc, char **argv)
 			return cli_fail(CMD, "%s: %s", t.tmpdir, strerror(errno));
 		def = (struct cli_knobs){ 8, 0, 8 << 20 };
 		{
-			const char *c = getenv("SLUICE_S3_CONCURRENCY"), *p = getenv("SLUICE_S3_PART_SIZE");
+			const char *c = sluice_setting("SLUICE_S3_CONCURRENCY"), *p = sluice_setting("SLUICE_S3_PART_SIZE");
 			uint64_t v;
 
 			if (c && *c && !sluice_parse_size(c, &v) && v >= 1 && v <= 256)
@@ -495,7 +445,7 @@ int cmd_tune(int argc, char **argv)
 		snprintf(note, sizeof(note), "sluice tune %s, %s: %.2f GB/s with these against %.2f with the defaults%s", t.path,
 			 day, cp, cd, t.s3 ? "" : " (cold)");
 		if (!dry && conf_rc == 0)
-			wrc = cli_write_settings(conf, t.s3 ? okeys : fkeys, vals, t.s3 ? 2 : 3, note);
+			wrc = cli_write(conf, t.s3 ? okeys : fkeys, vals, t.s3 ? 2 : 3, note);
 		if (t.json) {
 			printf("{\"path\":");
 			cli_json_str(t.path);
@@ -543,7 +493,7 @@ int cmd_tune(int argc, char **argv)
 				printf("written to %s\n", conf);
 		}
 		if (wrc) {
-			rc = cli_fail(CMD, "%s: %s", conf, strerror(-wrc));
+			rc = cli_error(CMD, conf, wrc);
 			goto out;
 		}
 	}

@@ -138,6 +138,48 @@ SLUICE_API void sluice_config_free(struct sluice_config *cfg);
 SLUICE_API SLUICE_WUR int sluice_settings_path(char *buf, size_t cap);
 
 /*
+ * The settings registry: every SLUICE_* setting, its type, allowed values,
+ * default, scope and help, and its value in force with where it came from.
+ * Scope "engine": a field of struct sluice_config (sluice_config_set and the
+ * typed setters below); "process": read where used (S3, the cache, logs,
+ * the loader's stats), checked by sluice_config_new(); "environment": the
+ * environment's alone, not the settings file's.  `sluice info --settings`
+ * prints the table.  The strings are static, but value, which stays valid
+ * for the process.
+ */
+struct sluice_setting {
+	const char *name;   /* "SLUICE_THREADS"; the settings file's key is "threads" */
+	const char *type;   /* word, uint, size, bool, seconds, path, list */
+	const char *scope;  /* engine, process, environment */
+	const char *words;  /* a word's choices, "auto|uring|psync|gds"; NULL otherwise */
+	const char *def;    /* the default as written; "" where the machine decides (help says how) */
+	const char *help;
+	const char *value;  /* in force: the environment's, else the file's; NULL: the default */
+	const char *origin; /* "the environment", the settings file's path, or "the default" */
+};
+/* The i-th setting (from 0); 0, or -ENOENT past the last. */
+SLUICE_API SLUICE_WUR int sluice_setting_get(unsigned i, struct sluice_setting *out);
+/* A setting's value in force by name ("SLUICE_THREADS" or "threads"), as text; NULL: its default. */
+SLUICE_API const char *sluice_setting(const char *name);
+/*
+ * Sets an engine's setting by name ("SLUICE_THREADS" or "threads") from
+ * its text, as the environment would: 0, or SLUICE_EINVAL_CONFIG naming the
+ * setting and what it wants (a process setting is refused: it is read from
+ * the environment or the settings file).  The typed setters below do the
+ * same for each.
+ */
+SLUICE_API SLUICE_WUR int sluice_config_set(struct sluice_config *cfg, const char *name, const char *value);
+/*
+ * Writes names[i] = values[i] (n of them) into the settings file at path
+ * (NULL: sluice_settings_path's) in its [sluice] section, with a "# note" line above them, keeping its other
+ * lines; each value is checked as the reader checks it first, and the file
+ * is replaced atomically.  What `sluice tune` writes with.  0 or an error
+ * naming the setting or the file.
+ */
+SLUICE_API SLUICE_WUR int sluice_settings_write(const char *path, const char *const *names,
+						const char *const *values, unsigned n, const char *note);
+
+/*
  * Setters.  Each returns 0 or SLUICE_EINVAL_CONFIG for an out-of-range
  * value.  Not thread-safe against use of the same config elsewhere; an
  * engine copies the config at open, so later changes do not affect it.

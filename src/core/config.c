@@ -1,7 +1,7 @@
 /*
- * Configuration: defaults, SLUICE_* settings (environment, then the settings file), setters.
- * Every setter validates, and the environment goes through the setters so
- * both reject the same values.
+ * Configuration: defaults and setters; the SLUICE_* settings (environment,
+ * then the settings file) come through the registry (settings.c), which
+ * applies the engine's through these setters, so both refuse the same values.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -160,182 +160,16 @@ int sluice_config_set_gpu(struct sluice_config *cfg, int on)
 	return 0;
 }
 
-/* Looks name up in a NULL-terminated word list; -1 if absent. */
-static int sl_word(const char *v, const char *const *words)
-{
-	for (int i = 0; words[i]; i++)
-		if (!strcmp(v, words[i]))
-			return i;
-	return -1;
-}
-
 static const char *sl_getenv(const char *name, void *ctx)
 {
 	(void)ctx;
 	return sl__setting(name);
 }
 
-/* Where a value came from, for errors: the environment, the settings file, or a test's table. */
-static const char *sl_from(const struct sl__env *env, const char *name)
+static const char *sl_from(const char *name, void *ctx)
 {
-	return env->get == sl_getenv ? sl__setting_from(name) : "the table";
-}
-
-static int sl_env_uint(const struct sl__env *env, const char *name, uint64_t max, uint64_t *out)
-{
-	const char *v = env->get(name, env->ctx);
-
-	if (!v)
-		return 1;
-	if (sluice_parse_size(v, out) || *out > max)
-		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s) is not a valid number", name, v, sl_from(env, name));
-	return 0;
-}
-
-static int sl_env_word(const struct sl__env *env, const char *name, const char *const *words, int *out)
-{
-	const char *v = env->get(name, env->ctx);
-
-	if (!v)
-		return 1;
-	*out = sl_word(v, words);
-	if (*out < 0) {
-		char list[256] = "";
-
-		for (int i = 0; words[i]; i++)
-			snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "", words[i]);
-		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): want one of %s", name, v, sl_from(env, name), list);
-	}
-	return 0;
-}
-
-/* SLUICE_DEVICE_IDS: "0" or "0,1,3"; 1 when unset. */
-static int sl_env_devices(const struct sl__env *env, struct sluice_config *cfg)
-{
-	const char *v = env->get("SLUICE_DEVICE_IDS", env->ctx), *p;
-	int ids[SLUICE_MAX_DEVICES];
-	unsigned n = 0;
-
-	if (!v)
-		return 1;
-	for (p = v;;) {
-		char *end;
-		long id = strtol(p, &end, 10);
-
-		if (end == p || id < 0 || id > 1023 || n == SLUICE_MAX_DEVICES || (*end && *end != ','))
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_DEVICE_IDS=\"%s\" (%s) is not a list of GPU ordinals "
-				       "such as 0 or 0,1 (at most %d)", v, sl_from(env, "SLUICE_DEVICE_IDS"),
-				       SLUICE_MAX_DEVICES);
-		ids[n++] = (int)id;
-		if (!*end)
-			break;
-		p = end + 1;
-	}
-	if (sluice_config_set_device_ids(cfg, ids, n))
-		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_DEVICE_IDS=\"%s\" (%s): %s", v, sl_from(env, "SLUICE_DEVICE_IDS"),
-			       sluice_last_error_detail());
-	return 0;
-}
-
-/*
- * The settings read where they are used (not the engine's): checked here
- * too, so that a bad one is named at the first sluice_config_new() rather
- * than taken silently (SLUICE_LOG=bogus) or met late.
- */
-static int sl_env_others(const struct sl__env *env)
-{
-	static const char *const levels[] = { "error", "warn", "info", "debug", NULL };
-	static const char *const decoders[] = { "auto", "gpu", "cpu", NULL };
-	const char *v;
-	char *end = NULL;
-	uint64_t u;
-	int w, r;
-
-	if ((r = sl_env_word(env, "SLUICE_LOG", levels, &w)) < 0 || (r = sl_env_word(env, "SLUICE_DECODE", decoders, &w)) < 0)
-		return r;
-	if ((v = env->get("SLUICE_STATS", env->ctx)) && *v) {
-		double secs = strtod(v, &end);
-
-		if (*end || !(secs > 0) || secs > 86400)
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_STATS=\"%s\" (%s): want seconds between loader log lines, "
-				       "0.001 to 86400", v, sl_from(env, "SLUICE_STATS"));
-	}
-	/* A metrics port below 1024 is a system service's: 0 (any free port) or 1024-65535. */
-	if ((v = env->get("SLUICE_METRICS_PORT", env->ctx)) && *v &&
-	    (sluice_parse_size(v, &u) || (u && u < 1024) || u > 65535 || strspn(v, "0123456789") != strlen(v)))
-		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_METRICS_PORT=\"%s\" (%s): want 0 (a free port) or 1024 to 65535",
-			       v, sl_from(env, "SLUICE_METRICS_PORT"));
-	if ((v = env->get("SLUICE_CACHE_LIMIT", env->ctx)) && *v && (sluice_parse_size(v, &u) || !u))
-		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_CACHE_LIMIT=\"%s\" (%s): want a size such as 200G", v,
-			       sl_from(env, "SLUICE_CACHE_LIMIT"));
-	/* Files are made there later: the directory must be there now, and writable. */
-	if ((v = env->get("SLUICE_TRACE", env->ctx)) && *v) {
-		char dir[4096];
-		const char *slash = strrchr(v, '/');
-
-		snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - v) + (slash == v) : 1, slash ? v : ".");
-		if (access(dir, W_OK) < 0)
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_TRACE=\"%s\" (%s): cannot write in %s: %s", v,
-				       sl_from(env, "SLUICE_TRACE"), dir, strerror(errno));
-	}
-	if ((v = env->get("SLUICE_RUN_DIR", env->ctx)) && *v && v[0] != '/')
-		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_RUN_DIR=\"%s\" (%s): want an absolute path", v,
-			       sl_from(env, "SLUICE_RUN_DIR"));
-	return 0;
-}
-
-int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env)
-{
-	static const char *const backends[] = { "auto", "uring", "psync", "gds", NULL };
-	static const char *const directs[] = { "auto", "always", "never", NULL };
-	static const char *const stagings[] = { "pinned", "pageable", NULL };
-	uint64_t u;
-	int w, r;
-
-#define SL_APPLY(call)                                                  \
-	do {                                                            \
-		int rc_ = (call);                                       \
-		if (rc_)                                                \
-			return rc_;                                     \
-	} while (0)
-#define SL_ENV_UINT(name, max, setter)                                  \
-	do {                                                            \
-		r = sl_env_uint(env, name, max, &u);                    \
-		if (r < 0)                                              \
-			return r;                                       \
-		if (r == 0 && setter(cfg, u))                           \
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s=%s (%s): %s", name, env->get(name, env->ctx), sl_from(env, name), \
-				       sluice_last_error_detail());             \
-	} while (0)
-
-	r = sl_env_word(env, "SLUICE_BACKEND", backends, &w);
-	if (r < 0)
-		return r;
-	if (!r)
-		SL_APPLY(sluice_config_set_backend(cfg, (enum sluice_backend)w));
-	r = sl_env_word(env, "SLUICE_DIRECT", directs, &w);
-	if (r < 0)
-		return r;
-	if (!r)
-		SL_APPLY(sluice_config_set_direct(cfg, (enum sluice_direct)w));
-	r = sl_env_word(env, "SLUICE_STAGING", stagings, &w);
-	if (r < 0)
-		return r;
-	if (!r)
-		SL_APPLY(sluice_config_set_staging(cfg, (enum sluice_staging)w));
-	SL_ENV_UINT("SLUICE_THREADS", 1u << 20, sluice_config_set_threads);
-	SL_ENV_UINT("SLUICE_QUEUE_DEPTH", 1u << 20, sluice_config_set_queue_depth);
-	SL_ENV_UINT("SLUICE_MAX_TRANSFER_SIZE", 1ull << 40, sluice_config_set_max_transfer_size);
-	SL_ENV_UINT("SLUICE_BUFFER_POOL_SIZE", 1ull << 50, sluice_config_set_buffer_pool_size);
-	r = sl_env_devices(env, cfg);
-	if (r < 0)
-		return r;
-	SL_ENV_UINT("SLUICE_SQPOLL", 1, sluice_config_set_sqpoll);
-	SL_ENV_UINT("SLUICE_ENABLE_P2P", 1, sluice_config_set_enable_p2p);
-	SL_ENV_UINT("SLUICE_GPU", 1, sluice_config_set_gpu);
-#undef SL_ENV_UINT
-#undef SL_APPLY
-	return sl_env_others(env);
+	(void)ctx;
+	return sl__setting_from(name);
 }
 
 int sluice_config_new(struct sluice_config **out)
@@ -349,7 +183,14 @@ int sluice_config_new(struct sluice_config **out)
 	sl__config_defaults(cfg);
 	rc = sl__settings_check();
 	if (!rc)
-		rc = sl__config_apply_env(cfg, &(struct sl__env){ sl_getenv, NULL });
+		rc = sl__settings_apply(cfg, &(struct sl__env){ sl_getenv, NULL, sl_from });
+	/* The settings file's SLUICE_LOG (the environment's was taken as the library loaded). */
+	if (!rc && !getenv("SLUICE_LOG") && sl__setting("SLUICE_LOG")) {
+		uint64_t level;
+
+		if (sl__setting_u64("SLUICE_LOG", &level) == 0)
+			sl__log_level = (int)level;
+	}
 	if (rc) {
 		free(cfg);
 		return rc;

@@ -46,6 +46,20 @@ SL_HIDDEN void sl__err_clear(void);
 SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
 /* mkdir -p: path and every missing parent (path is changed while it runs, restored after); 0 or -errno. */
 SL_HIDDEN int sl__mkdirs(char *path);
+/*
+ * sys.c: machine facts, in one place for the engine and `sluice doctor`.
+ * sl__sysroot: SLUICE_SYSROOT ("" for the machine's own /), under which
+ * sl__sys_read reads a /proc or /sys file (formatted path) into buf,
+ * trailing white space cut: 0 or -errno.  sl__nvfs_loaded: 1 if the
+ * nvidia-fs module is loaded (without it cuFile runs in compat mode only).
+ * sl__memlock: the memlock limit, unlimited, and whether CAP_IPC_LOCK
+ * lifts it: 0 or -ENOENT when /proc does not say.
+ */
+SL_HIDDEN const char *sl__sysroot(void);
+SL_HIDDEN int SL_PRINTF(3, 4) sl__sys_read(char *buf, size_t cap, const char *fmt, ...);
+SL_HIDDEN int sl__sys_vread(char *buf, size_t cap, const char *fmt, va_list ap);
+SL_HIDDEN int sl__nvfs_loaded(void);
+SL_HIDDEN int sl__memlock(uint64_t *soft, int *unlimited, int *ipc_lock);
 
 /* crc(A||B) from crc(A), crc(B) and len(B), for CRC32C. */
 SL_HIDDEN uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
@@ -99,22 +113,59 @@ struct sluice_config {
 };
 SL_HIDDEN void sl__config_defaults(struct sluice_config *cfg);
 /*
- * A SLUICE_* setting: the environment's value, else the settings file's
- * (settings.c), else NULL.  The pointer stays valid for the process.
- * sl__setting_from names where it came from ("the environment" or the
- * file's path); sl__settings_check is 0 or the error of a settings file
- * that did not parse.
+ * settings.c: the registry of every SLUICE_* setting.  Scopes: an engine's
+ * (a struct sluice_config field, set through its typed setter by apply),
+ * the process's (read where used, checked at the first config), the
+ * environment's alone (not in the settings file).
+ */
+enum sl__set_type { SL_SET_WORD, SL_SET_UINT, SL_SET_SIZE, SL_SET_BOOL, SL_SET_SECONDS, SL_SET_PATH, SL_SET_LIST };
+enum sl__set_scope { SL_SCOPE_ENGINE, SL_SCOPE_PROCESS, SL_SCOPE_ENV };
+struct sl__setting_def {
+	const char *name;            /* "SLUICE_THREADS"; the file's key is the rest, lower case */
+	int type, scope;
+	uint64_t min, max, step;     /* UINT, SIZE, BOOL: the range; SIZE: a multiple of step (0: any) */
+	const char *words;           /* WORD: "auto|uring|psync|gds", the value is the index */
+	const char *def;             /* the default as written, "" where the machine decides (help says how) */
+	const char *help;
+	/* ENGINE: sets cfg from the parsed number u or the text v, through the typed setter. */
+	int (*apply)(struct sluice_config *cfg, uint64_t u, const char *v);
+	/* Optional: what the type cannot say (a directory writable); 0 or an error saying why. */
+	int (*check)(const char *v);
+};
+SL_HIDDEN extern const struct sl__setting_def sl__settings[];
+/* By "SLUICE_X" or the file's key "x"; NULL if there is no such setting. */
+SL_HIDDEN const struct sl__setting_def *sl__setting_def(const char *name);
+/*
+ * The value in force, as text: the environment's, else the settings
+ * file's, else NULL (the pointer stays valid for the process).
+ * sl__setting_from names where it came from ("the environment", the file's
+ * path, "the default"); sl__settings_check is 0 or the error of a settings
+ * file that did not parse.
  */
 SL_HIDDEN const char *sl__setting(const char *name);
 SL_HIDDEN const char *sl__setting_from(const char *name);
 SL_HIDDEN int sl__settings_check(void);
+/*
+ * v checked as d wants: 0 and its number in *u (a word's index, 0/1, a
+ * count, bytes, or nanoseconds for SECONDS), or SLUICE_EINVAL_CONFIG
+ * naming d, v, from and what is wanted.
+ */
+SL_HIDDEN int sl__setting_parse(const struct sl__setting_def *d, const char *v, const char *from, uint64_t *u);
+/*
+ * A setting's number in force (its default where unset): 0; 1 when unset
+ * without a default (*out 0); or the error.  sl__setting_num: the same of
+ * the text v (NULL or "": unset) that came from from.
+ */
+SL_HIDDEN int sl__setting_u64(const char *name, uint64_t *out);
+SL_HIDDEN int sl__setting_num(const char *name, const char *v, const char *from, uint64_t *out);
 /* Where SLUICE_* values come from: sl__setting, or a test's or fuzzer's table. */
 struct sl__env {
 	const char *(*get)(const char *name, void *ctx);
 	void *ctx;
+	const char *(*from)(const char *name, void *ctx); /* for errors; NULL: "the table" */
 };
-/* Applies the SLUICE_* variables env holds through the setters. */
-SL_HIDDEN int sl__config_apply_env(struct sluice_config *cfg, const struct sl__env *env);
+/* Checks every setting env holds, and applies the engine's to cfg through the setters. */
+SL_HIDDEN int sl__settings_apply(struct sluice_config *cfg, const struct sl__env *env);
 
 /*
  * Parses an INI text (AWS shared-config files, sluice's settings file) (len bytes, NUL not needed):
@@ -126,6 +177,16 @@ SL_HIDDEN int sl__config_apply_env(struct sluice_config *cfg, const struct sl__e
  */
 SL_HIDDEN int sl__ini_parse(const char *text, size_t len, const char *name,
 			    int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx);
+/*
+ * Rewrites the INI file at path with keys[i] = vals[i] (n <= 16) in
+ * [section], under a "# note" line, right after the section's header (a
+ * new section at the end if it has none); every other line is kept but the
+ * section's old lines for those keys and old notes starting "# note_tag".
+ * The result is read back through sl__ini_parse before it replaces the
+ * file (atomically, by rename).  0 or an error naming the file.
+ */
+SL_HIDDEN int sl__ini_update(const char *path, const char *section, const char *const *keys, const char *const *vals,
+			     unsigned n, const char *note, const char *note_tag);
 /* sl__ini_parse of the file at path; a missing file is 0 (nothing set); at most 1 MiB. */
 SL_HIDDEN int sl__ini_file(const char *path, int (*fn)(const char *section, const char *key, const char *value, void *ctx),
 			   void *ctx);

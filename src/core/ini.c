@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -120,5 +121,115 @@ int sl__ini_file(const char *path, int (*fn)(const char *section, const char *ke
 	memset(buf, 0, (size_t)st.st_size);
 	free(buf);
 	close(fd);
+	return rc;
+}
+
+/* Is the line [s, e) the header of section (case as written)? */
+static int sl_is_section(const char *s, const char *e, const char *section)
+{
+	char name[256];
+	const char *close = e;
+
+	while (s < e && sl_space(*s))
+		s++;
+	while (close > s && sl_space(close[-1]))
+		close--;
+	return close - s >= 2 && *s == '[' && close[-1] == ']' && !sl_trim_copy(s + 1, close - 1, name, sizeof(name)) &&
+	       !strcmp(name, section);
+}
+
+/* Is the line [s, e) "key = ..." for one of keys[0..n), or a note of the writer's ("# " note_tag)? */
+static int sl_is_replaced(const char *s, const char *e, const char *const *keys, unsigned n, const char *note_tag)
+{
+	const char *eq = memchr(s, '=', (size_t)(e - s));
+	char key[256];
+
+	while (s < e && sl_space(*s))
+		s++;
+	if (*s == '#')
+		return note_tag && (size_t)(e - s) > strlen(note_tag) + 2 && !strncmp(s + 2, note_tag, strlen(note_tag));
+	if (!eq || sl_trim_copy(s, eq, key, sizeof(key)))
+		return 0;
+	for (unsigned i = 0; i < n; i++)
+		if (!strcasecmp(key, keys[i]))
+			return 1;
+	return 0;
+}
+
+/* What the update checks the rewritten text against: each key reads back as its value. */
+struct sl_readback {
+	const char *section;
+	const char *const *keys, *const *vals;
+	unsigned n, seen;
+};
+
+static int sl_readback(const char *section, const char *key, const char *value, void *ctx)
+{
+	struct sl_readback *r = ctx;
+
+	for (unsigned i = 0; i < r->n; i++)
+		if (!strcmp(section, r->section) && !strcasecmp(key, r->keys[i]))
+			r->seen |= (unsigned)!strcmp(value, r->vals[i]) << i;
+	return 0;
+}
+
+int sl__ini_update(const char *path, const char *section, const char *const *keys, const char *const *vals,
+		   unsigned n, const char *note, const char *note_tag)
+{
+	char tmp[4200], *old = NULL;
+	size_t len = 0, cap = 0;
+	FILE *in = fopen(path, "re"), *out;
+	struct sl_readback rb = { section, keys, vals, n, 0 };
+	int placed = 0, in_sec = 0, rc = 0;
+
+	if (n > 16)
+		return sl__err(-EINVAL, "%s: at most 16 settings at once", path);
+	for (char buf[4096]; in && fgets(buf, sizeof(buf), in);) {
+		if (sl__reserve(&old, &cap, len + strlen(buf) + 1)) {
+			fclose(in);
+			free(old);
+			return -ENOMEM;
+		}
+		memcpy(old + len, buf, strlen(buf) + 1);
+		len += strlen(buf);
+	}
+	if (in)
+		fclose(in);
+	snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+	if (!(out = fopen(tmp, "we"))) {
+		free(old);
+		return sl__err(-errno, "%s: cannot write: %s", tmp, strerror(errno));
+	}
+	for (const char *p = old, *end = old + len; p && p < end;) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p)), *e = nl ? nl : end;
+		int header = sl_is_section(p, e, section), other = !header && *(p + strspn(p, " \t")) == '[';
+
+		in_sec = header ? 1 : other ? 0 : in_sec;
+		if (!(in_sec && !header && sl_is_replaced(p, e, keys, n, note_tag)))
+			fprintf(out, "%.*s\n", (int)(e - p), p);
+		if (header && !placed++) {
+			fprintf(out, "# %s\n", note);
+			for (unsigned i = 0; i < n; i++)
+				fprintf(out, "%s = %s\n", keys[i], vals[i]);
+		}
+		p = nl ? nl + 1 : end;
+	}
+	if (!placed) {
+		fprintf(out, "[%s]\n# %s\n", section, note);
+		for (unsigned i = 0; i < n; i++)
+			fprintf(out, "%s = %s\n", keys[i], vals[i]);
+	}
+	free(old);
+	if (fflush(out) || fsync(fileno(out)))
+		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
+	if (fclose(out) && !rc)
+		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
+	/* What was written reads back, through the reader, as meant; only then does it replace the file. */
+	if (!rc && (rc = sl__ini_file(tmp, sl_readback, &rb)) == 0 && rb.seen != (1u << n) - 1)
+		rc = sl__err(SLUICE_EINVAL_CONFIG, "%s: a value did not read back as written", path);
+	if (!rc && rename(tmp, path))
+		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+	if (rc)
+		unlink(tmp);
 	return rc;
 }

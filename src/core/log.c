@@ -9,15 +9,20 @@ int sl__log_level = SLUICE_LOG_WARN;
 
 static const char *const sl_level_name[] = { "error", "warn", "info", "debug" };
 
+/*
+ * SLUICE_LOG from the environment, checked by the registry (a bad value
+ * leaves the default; sluice_config_new names it).  Not the settings file:
+ * reading it here, as the library loads, would fix its contents before a
+ * program could choose another (sluice tune does).
+ */
 __attribute__((constructor)) static void sl_log_init(void)
 {
 	const char *v = getenv("SLUICE_LOG");
+	uint64_t level;
 
-	if (!v)
-		return;
-	for (int i = 0; i < 4; i++)
-		if (!strcmp(v, sl_level_name[i]))
-			sl__log_level = i;
+	if (v && sl__setting_num("SLUICE_LOG", v, "the environment", &level) == 0)
+		sl__log_level = (int)level;
+	sl__err_clear();
 }
 
 void sluice_set_log_level(enum sluice_log_level level)

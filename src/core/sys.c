@@ -1,6 +1,10 @@
 /* Small system helpers. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,4 +37,73 @@ int sluice_drop_page_cache(void)
 	ok = write(fd, "3", 1) == 1;
 	close(fd);
 	return ok;
+}
+
+/*
+ * Machine facts, read in one place so that `sluice doctor` and the engine
+ * cannot disagree; under SLUICE_SYSROOT where set (tests give a fake /proc
+ * and /sys).
+ */
+const char *sl__sysroot(void)
+{
+	const char *r = sl__setting("SLUICE_SYSROOT");
+
+	return r && strcmp(r, "/") ? r : "";
+}
+
+int sl__sys_vread(char *buf, size_t cap, const char *fmt, va_list ap)
+{
+	char rel[4096], p[8192];
+	FILE *f;
+	size_t n;
+
+	vsnprintf(rel, sizeof(rel), fmt, ap);
+	snprintf(p, sizeof(p), "%s%s", sl__sysroot(), rel);
+	if (!(f = fopen(p, "re")))
+		return -errno;
+	n = fread(buf, 1, cap - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+		buf[--n] = 0;
+	return 0;
+}
+
+int sl__sys_read(char *buf, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	int rc;
+
+	va_start(ap, fmt);
+	rc = sl__sys_vread(buf, cap, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+int sl__nvfs_loaded(void)
+{
+	char v[256];
+
+	return !sl__sys_read(v, sizeof(v), "/proc/driver/nvidia-fs/version") ||
+	       !sl__sys_read(v, sizeof(v), "/sys/module/nvidia_fs/version");
+}
+
+int sl__memlock(uint64_t *soft, int *unlimited, int *ipc_lock)
+{
+	char lim[16384], st[8192];
+	const char *l, *cap;
+
+	*soft = 0;
+	*unlimited = *ipc_lock = 0;
+	if (sl__sys_read(lim, sizeof(lim), "/proc/self/limits") || !(l = strstr(lim, "Max locked memory")))
+		return -ENOENT;
+	if (!sl__sys_read(st, sizeof(st), "/proc/self/status") && (cap = strstr(st, "CapEff:")))
+		*ipc_lock = (int)((strtoull(cap + 7, NULL, 16) >> 14) & 1); /* CAP_IPC_LOCK is bit 14 */
+	l += 17;
+	l += strspn(l, " ");
+	if (!strncmp(l, "unlimited", 9))
+		*unlimited = 1;
+	else
+		*soft = strtoull(l, NULL, 10);
+	return 0;
 }

@@ -41,23 +41,14 @@ struct sl_dr {
 /* Reads root/fmt... into buf (at most cap - 1 bytes), trailing white space cut; 0 or -errno. */
 static int SL_PRINTF(4, 5) sl_rd(const struct sl_dr *d, char *buf, size_t cap, const char *fmt, ...)
 {
-	char rel[PATH_MAX], p[PATH_MAX + 256];
 	va_list ap;
-	FILE *f;
-	size_t n;
+	int rc;
 
+	(void)d; /* d->root is sl__sysroot(), which sl__sys_vread reads under */
 	va_start(ap, fmt);
-	vsnprintf(rel, sizeof(rel), fmt, ap);
+	rc = sl__sys_vread(buf, cap, fmt, ap);
 	va_end(ap);
-	snprintf(p, sizeof(p), "%s%s", d->root, rel);
-	f = fopen(p, "re");
-	if (!f)
-		return -errno;
-	n = fread(buf, 1, cap - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
-		buf[--n] = 0;
+	return rc;
 	return 0;
 }
 
@@ -154,9 +145,7 @@ static void sl_check_gds(struct sl_dr *d)
 	static const char why[] = "GPUDirect Storage lets the disk write straight into GPU memory; without nvidia-fs, cuFile "
 				  "runs in compat mode (its own bounce buffers), which sluice does not use: it reads "
 				  "through io_uring into its own pinned pipeline";
-	char v[256];
-	int nvfs = !sl_rd(d, v, sizeof(v), "/proc/driver/nvidia-fs/version") ||
-		   !sl_rd(d, v, sizeof(v), "/sys/module/nvidia_fs/version");
+	int nvfs = sl__nvfs_loaded(); /* as the engine asks */
 	void *h = NULL;
 
 	if (!d->ngpus) {
@@ -372,23 +361,14 @@ static void sl_check_memlock(struct sl_dr *d)
 	static const char why[] = "io_uring's registered buffers count against the memlock limit of a process "
 				  "without CAP_IPC_LOCK; under it sluice registers no buffers and the kernel maps "
 				  "each I/O's pages again";
-	char lim[16384], st[8192] = "", v[256], a[32], b[32];
-	const char *l, *cap;
+	char v[256], a[32], b[32];
 	uint64_t soft = 0;
 	int unl = 0, ipc_lock = 0;
 
-	if (sl_rd(d, lim, sizeof(lim), "/proc/self/limits") || !(l = strstr(lim, "Max locked memory"))) {
+	if (sl__memlock(&soft, &unl, &ipc_lock)) {
 		sl_emit(d, "memlock", SLUICE_CHECK_OK, why, "not reported");
 		return;
 	}
-	if (!sl_rd(d, st, sizeof(st), "/proc/self/status") && (cap = strstr(st, "CapEff:")))
-		ipc_lock = (int)((strtoull(cap + 7, NULL, 16) >> 14) & 1); /* CAP_IPC_LOCK is bit 14 */
-	l += 17;
-	l += strspn(l, " ");
-	if (!strncmp(l, "unlimited", 9))
-		unl = 1;
-	else
-		soft = strtoull(l, NULL, 10);
 	snprintf(v, sizeof(v), "%s against a pinned pool of %s%s", unl ? "unlimited" : sl_sz(a, sizeof(a), soft),
 		 sl_sz(b, sizeof(b), d->pool), ipc_lock && !unl ? " (CAP_IPC_LOCK: not enforced)" : "");
 	sl_emit_fix(d, "memlock", unl || ipc_lock || soft >= d->pool ? SLUICE_CHECK_OK : SLUICE_CHECK_WARN, why,
@@ -677,7 +657,7 @@ int sluice_doctor(const char *path, sluice_check_fn fn, void *arg)
 {
 	struct sl_dr *d;
 	struct sluice_config *cfg;
-	const char *root = getenv("SLUICE_SYSROOT");
+	const char *root = sl__sysroot();
 	int rc;
 
 	if (!fn)
@@ -685,7 +665,7 @@ int sluice_doctor(const char *path, sluice_check_fn fn, void *arg)
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
-	d->root = root && strcmp(root, "/") ? root : "";
+	d->root = root;
 	d->path = path && *path ? path : ".";
 	d->fn = fn;
 	d->arg = arg;

@@ -230,15 +230,8 @@ int sluice_metrics_serve(unsigned port, unsigned *bound)
 
 int sl__metrics_auto(void)
 {
-	const char *v = sl__setting("SLUICE_METRICS_PORT");
-	char *end = NULL;
-	unsigned long p;
+	uint64_t p;
+	int rc = sl__setting_u64("SLUICE_METRICS_PORT", &p);
 
-	if (!v || !*v)
-		return 0;
-	p = strtoul(v, &end, 10);
-	if (*end || p > 65535)
-		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_METRICS_PORT=\"%s\" (%s) is not a port (0-65535)", v,
-			       sl__setting_from("SLUICE_METRICS_PORT"));
-	return sluice_metrics_serve((unsigned)p, NULL);
+	return rc ? (rc > 0 ? 0 : rc) : sluice_metrics_serve((unsigned)p, NULL);
 }

@@ -218,15 +218,13 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 	rep->stored = blk[nb - 1].file + blk[nb - 1].stored - base;
 	gpu = sluice_is_gpu_ptr(eng, dst);
 	if (decoder == SLUICE_DECODE_AUTO) {
-		const char *v = sl__setting("SLUICE_DECODE");
+		static const int by_word[] = { SLUICE_DECODE_AUTO, SLUICE_DECODE_GPU, SLUICE_DECODE_CPU };
+		uint64_t w;
+		int wrc = sl__setting_u64("SLUICE_DECODE", &w);
 
-		decoder = !v || !*v || !strcmp(v, "auto") ? SLUICE_DECODE_AUTO
-			  : !strcmp(v, "gpu")		   ? SLUICE_DECODE_GPU
-			  : !strcmp(v, "cpu")		   ? SLUICE_DECODE_CPU
-							   : -1;
-		if (decoder < 0)
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_DECODE=\"%s\" (%s) is not auto, gpu or cpu", v,
-				       sl__setting_from("SLUICE_DECODE"));
+		if (wrc)
+			return wrc;
+		decoder = by_word[w];
 	}
 	if (decoder != SLUICE_DECODE_CPU) {
 		nc = gpu ? sl__nvcomp(&why) : NULL;

@@ -64,7 +64,3 @@ const struct sl__cufile_api *sl__cufile(const char **why)
 	return sl_cf_ok;
 }
 
-int sl__nvfs_loaded(void)
-{
-	return access("/sys/module/nvidia_fs", F_OK) == 0 || access("/proc/driver/nvidia-fs", F_OK) == 0;
-}

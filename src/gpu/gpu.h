@@ -165,12 +165,6 @@ struct sl__cufile_api {
  * unavailable.  A table with gds == 0 means compat mode only.
  */
 SL_HIDDEN const struct sl__cufile_api *sl__cufile(const char **why);
-/*
- * 1 if the nvidia-fs kernel module is loaded.  Without it cuFile only runs
- * in compat mode, so the engine does not pay cuFileDriverOpen (hundreds of
- * milliseconds) to learn that, unless the gds backend is forced.
- */
-SL_HIDDEN int sl__nvfs_loaded(void);
 
 /* gds.c: the store of local files that moves GPU memory through cuFile (store/store.h). */
 struct sl__store;

@@ -10,22 +10,10 @@
 
 #include "gpu/gpu.h"
 
-/* root + rel into buf (trailing newline cut); 0 or -1. */
+/* rel under SLUICE_SYSROOT into buf (trailing newline cut); 0 or -errno. */
 static int sl_sysfs(const char *rel, char *buf, size_t cap)
 {
-	const char *root = getenv("SLUICE_SYSROOT");
-	char p[512];
-	FILE *f;
-	size_t n;
-
-	snprintf(p, sizeof(p), "%s%s", root && strcmp(root, "/") ? root : "", rel);
-	if (!(f = fopen(p, "re")))
-		return -1;
-	n = fread(buf, 1, cap - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	buf[strcspn(buf, "\n")] = 0;
-	return 0;
+	return sl__sys_read(buf, cap, "%s", rel);
 }
 
 void sl__numa_of_pci(const char *pci, int *node, cpu_set_t *cpus)

@@ -212,15 +212,9 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		ld->window -= ld->window % ld->chunk;
 	}
 	{
-		const char *e = sl__setting("SLUICE_STATS");
-		char *end = NULL;
-		double secs = e && *e ? strtod(e, &end) : 0;
-
-		if (e && *e && (!end || *end || !(secs > 0) || secs > 86400)) {
-			rc = sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_STATS='%s': want seconds between loader log lines, e.g. 10", e);
+		if ((rc = sl__setting_u64("SLUICE_STATS", &ld->stats_every)) < 0)
 			goto fail;
-		}
-		ld->stats_every = (uint64_t)(secs * 1e9);
+		rc = 0;
 	}
 	if ((rc = sl__trace_open(&ld->trace, sl__setting("SLUICE_TRACE"))))
 		goto fail;

@@ -36,7 +36,7 @@ struct sl_cache {
 
 static int sl_cache_conf(struct sl_cache *c)
 {
-	const char *d = sl__setting("SLUICE_CACHE_DIR"), *lim = sl__setting("SLUICE_CACHE_LIMIT");
+	const char *d = sl__setting("SLUICE_CACHE_DIR");
 	struct statvfs vfs;
 	int rc;
 
@@ -50,9 +50,9 @@ static int sl_cache_conf(struct sl_cache *c)
 		return sl__err(SLUICE_EINVAL_CONFIG, "no cache directory for s3:// datasets: set SLUICE_CACHE_DIR");
 	if ((rc = sl__mkdirs(c->dir)))
 		return sl__err(rc, "SLUICE_CACHE_DIR %s: %s", c->dir, strerror(-rc));
-	if (lim && *lim) {
-		if (sluice_parse_size(lim, &c->limit) || !c->limit)
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_CACHE_LIMIT='%s': want a size such as 200G", lim);
+	if ((rc = sl__setting_u64("SLUICE_CACHE_LIMIT", &c->limit)) < 0)
+		return rc;
+	if (rc == 0) {
 	} else if (statvfs(c->dir, &vfs) == 0) {
 		c->limit = (uint64_t)vfs.f_blocks * vfs.f_frsize / 2;
 	} else {

@@ -42,17 +42,14 @@ static int sl_http_probe(const struct sluice_config *cfg, char *why, size_t n)
 	return 0;
 }
 
-/* SLUICE_HTTP_RETRIES: more attempts after a failed or mismatched answer, 0 to 20 (4). */
+/* SLUICE_HTTP_RETRIES: more attempts after a failed or mismatched answer. */
 static int sl_http_retries(unsigned *out)
 {
-	const char *v = sl__setting("SLUICE_HTTP_RETRIES");
-	char *end = NULL;
-	unsigned long r = v && *v ? strtoul(v, &end, 10) : 4;
+	uint64_t r;
+	int rc = sl__setting_u64("SLUICE_HTTP_RETRIES", &r);
 
-	if (v && *v && (*end || r > 20 || *v == '-'))
-		return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_HTTP_RETRIES='%s': want 0 to 20 more attempts", v);
 	*out = (unsigned)r;
-	return 0;
+	return rc;
 }
 
 static void sl_http_req(const struct sl_http_file *h, struct sl__http_req *q, int method)

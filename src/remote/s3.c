@@ -55,30 +55,20 @@ int sl__s3_open(struct sl__s3 **out, const struct sl__s3_args *args, sl__env_fn 
 	if (s->conf.session_token[0])
 		snprintf(s->token_header, sizeof(s->token_header), "x-amz-security-token: %s", s->conf.session_token);
 	{
-		const char *v = env ? env("SLUICE_S3_RETRIES", ctx) : sl__setting("SLUICE_S3_RETRIES");
-		const char *ps = env ? env("SLUICE_S3_PART_SIZE", ctx) : sl__setting("SLUICE_S3_PART_SIZE");
-		const char *cc = env ? env("SLUICE_S3_CONCURRENCY", ctx) : sl__setting("SLUICE_S3_CONCURRENCY");
-		char *end = NULL;
-		unsigned long r = v && *v ? strtoul(v, &end, 10) : 4, n;
-		uint64_t part = 8u << 20;
+		/* Through the registry (its ranges: S3's parts are 5 MiB to 5 GiB); env: a test's table. */
+		static const char *const name[3] = { "SLUICE_S3_RETRIES", "SLUICE_S3_PART_SIZE", "SLUICE_S3_CONCURRENCY" };
+		uint64_t u[3];
 
-		if (v && *v && (*end || r > 20)) {
+		for (int i = 0; i < 3 && !rc; i++)
+			rc = sl__setting_num(name[i], env ? env(name[i], ctx) : sl__setting(name[i]),
+					     env ? "the table" : sl__setting_from(name[i]), &u[i]);
+		if (rc) {
 			sl__s3_close(s);
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_RETRIES='%s': want 0 to 20 more attempts", v);
+			return rc;
 		}
-		s->retries = (unsigned)r;
-		/* S3's bounds: parts of 5 MiB to 5 GiB, the last one smaller. */
-		if (ps && *ps && (sluice_parse_size(ps, &part) || part < (5u << 20) || part > (5ull << 30))) {
-			sl__s3_close(s);
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_PART_SIZE='%s': want 5M to 5G", ps);
-		}
-		s->part_size = (size_t)part;
-		n = cc && *cc ? strtoul(cc, &end, 10) : 8;
-		if (cc && *cc && (*end || n < 1 || n > 256)) {
-			sl__s3_close(s);
-			return sl__err(SLUICE_EINVAL_CONFIG, "SLUICE_S3_CONCURRENCY='%s': want 1 to 256 parts in flight", cc);
-		}
-		s->concurrency = (unsigned)n;
+		s->retries = (unsigned)u[0];
+		s->part_size = (size_t)u[1];
+		s->concurrency = (unsigned)u[2];
 	}
 	*out = s;
 	return 0;

@@ -1,7 +1,8 @@
 /*
  * libFuzzer target: byte sizes and SLUICE_* configuration values.
- * Input: a size string, then NUL-separated values for the variables below
- * (fed through a lookup table, not the process environment).  Properties:
+ * Input: a size string, then NUL-separated values for the registry's
+ * settings in order (fed through a lookup table, not the process
+ * environment).  Properties:
  * no crash, no sanitizer report, and a value is either rejected with
  * SLUICE_EINVAL_CONFIG or lands in range.
  */
@@ -11,18 +12,15 @@
 
 #include "core/core.h"
 
-#define NVARS 10
-static const char *const vars[NVARS] = { "SLUICE_BACKEND", "SLUICE_DIRECT", "SLUICE_STAGING",
-					 "SLUICE_THREADS", "SLUICE_QUEUE_DEPTH", "SLUICE_MAX_TRANSFER_SIZE",
-					 "SLUICE_BUFFER_POOL_SIZE", "SLUICE_DEVICE_IDS", "SLUICE_SQPOLL",
-					 "SLUICE_GPU" };
+#define NVARS 64 /* more than the registry holds: every setting gets a value */
 
+/* The registry's settings, in its order (settings.c), take the values in turn. */
 static const char *lookup(const char *name, void *ctx)
 {
 	const char *const *vals = ctx;
 
-	for (int i = 0; i < NVARS; i++)
-		if (!strcmp(name, vars[i]))
+	for (int i = 0; i < NVARS && sl__settings[i].name; i++)
+		if (!strcmp(name, sl__settings[i].name))
 			return vals[i];
 	return NULL;
 }
@@ -49,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		p += strlen(p) + 1;
 	}
 	sl__config_defaults(&cfg);
-	rc = sl__config_apply_env(&cfg, &(struct sl__env){ lookup, vals });
+	rc = sl__settings_apply(&cfg, &(struct sl__env){ lookup, vals, NULL });
 	if (rc == 0) {
 		if (cfg.threads < 1 || cfg.threads > 256 || cfg.queue_depth < 1 || cfg.queue_depth > 256 ||
 		    cfg.max_transfer_size % 4096 || cfg.max_transfer_size > (1u << 30) ||

@@ -46,7 +46,9 @@ def test_settings_file_under_the_environment(tmp_path):
 @pytest.mark.parametrize("text,says", [
     ("[sluice]\nthreadz = 3\n", "'threadz' is not a setting"),
     ("[engine]\nthreads = 3\n", "section [engine]"),
-    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}) is not a valid number'),
+    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}): want a whole number, 1 to 256'),
+    ("[sluice]\nsysroot = /x\n", "'sysroot' is not a setting of the file"),
+    ("[sluice]\nhttp_retries = 99\n", 'SLUICE_HTTP_RETRIES="99" ({conf}): want a whole number, 0 to 20'),
     ("threads = 3\n", ":1: a setting before any [section]"),
     ("[sluice]\nthreads\n", ":2: the line is neither"),
 ])
@@ -56,6 +58,29 @@ def test_settings_file_errors_name_the_file(tmp_path, text, says):
     r = run(["info"], {"SLUICE_CONFIG": str(conf)})
     assert r.returncode != 0
     assert str(conf) in r.stderr and says.format(conf=conf) in r.stderr, r.stderr
+
+
+def test_info_settings_lists_the_registry_and_where_each_value_came_from(tmp_path):
+    conf = tmp_path / "sluice.conf"
+    conf.write_text("[sluice]\nqueue_depth = 6\nhttp_retries = 2\n")
+    r = run(["info", "--settings", "--json"], {"SLUICE_CONFIG": str(conf), "SLUICE_THREADS": "3"})
+    rows = {s["name"]: s for s in json.loads(r.stdout)}
+    assert (rows["SLUICE_THREADS"]["value"], rows["SLUICE_THREADS"]["from"]) == ("3", "the environment")
+    assert (rows["SLUICE_QUEUE_DEPTH"]["value"], rows["SLUICE_QUEUE_DEPTH"]["from"]) == ("6", str(conf))
+    assert (rows["SLUICE_HTTP_RETRIES"]["value"], rows["SLUICE_HTTP_RETRIES"]["from"]) == ("2", str(conf))
+    assert (rows["SLUICE_S3_RETRIES"]["value"], rows["SLUICE_S3_RETRIES"]["from"]) == ("4", "default")
+    assert rows["SLUICE_BACKEND"]["scope"] == "engine" and rows["SLUICE_BACKEND"]["words"] == "auto|uring|psync|gds"
+    r = run(["info", "--settings"], {"SLUICE_CONFIG": str(conf), "SLUICE_STATS": "never"})
+    assert r.returncode != 0 and 'SLUICE_STATS="never" (the environment)' in r.stderr
+
+
+def test_readme_lists_every_setting_of_the_registry():
+    """The README's Configuration section names exactly the settings the registry holds."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text[text.index("## Configuration"):text.index("## Layout")]
+    named = set(re.findall(r"`(SLUICE_[A-Z0-9_]+)`", section))
+    rows = {s["name"] for s in json.loads(run(["info", "--settings", "--json"]).stdout)}
+    assert named == rows, (sorted(rows - named), sorted(named - rows))
 
 
 # ---- sluice top

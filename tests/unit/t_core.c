@@ -1,6 +1,7 @@
 /* core: error names, size parsing, configuration from setters and environment, histogram. */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "t_util.h"
@@ -99,6 +100,63 @@ static void t_config(void)
 	}
 }
 
+/*
+ * The registry: every default is a value its own checks take; the generic
+ * setter reaches the same fields and refusals as the typed ones; the
+ * settings file is written through the reader's checks and read back.
+ */
+static void t_registry(void)
+{
+	struct sluice_config *cfg;
+	struct sluice_setting st;
+	char dir[] = "/tmp/t_core.XXXXXX", path[64], text[512] = "";
+	const char *names[] = { "threads", "SLUICE_MAX_TRANSFER_SIZE" }, *vals[] = { "7", "8M" }, *bad[] = { "0" };
+	unsigned n = 0;
+	FILE *f;
+
+	for (const struct sl__setting_def *d = sl__settings; d->name; d++, n++) {
+		uint64_t u;
+
+		T_CHECK(!strncmp(d->name, "SLUICE_", 7) && d->help && *d->help);
+		T_CHECK((d->scope == SL_SCOPE_ENGINE) == !!d->apply);
+		T_CHECK(sl__setting_def(d->name + 7) == d); /* the file's key names it too */
+		if (*d->def && d->type != SL_SET_PATH)
+			T_CHECK(sl__setting_parse(d, d->def, "the default", &u) == 0);
+		T_CHECK(sluice_setting_get(n, &st) == 0 && !strcmp(st.name, d->name));
+	}
+	T_CHECK(n >= 25 && sluice_setting_get(n, &st) == -ENOENT);
+	T_CHECK(sluice_config_new(&cfg) == 0);
+	T_CHECK(sluice_config_set(cfg, "threads", "9") == 0 && cfg->threads == 9);
+	T_CHECK(sluice_config_set(cfg, "SLUICE_BACKEND", "psync") == 0 && cfg->backend == SLUICE_BACKEND_PSYNC);
+	T_CHECK(sluice_config_set(cfg, "device_ids", "1,0") == 0 && cfg->ndevices == 2 && cfg->devices[0] == 1);
+	T_CHECK(sluice_config_set(cfg, "device_ids", "1,1") == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_config_set(cfg, "max_transfer_size", "4097") == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "SLUICE_MAX_TRANSFER_SIZE") && strstr(sluice_last_error_detail(), "4K"));
+	T_CHECK(sluice_config_set(cfg, "s3_retries", "3") == SLUICE_EINVAL_CONFIG); /* a process setting */
+	T_CHECK(sluice_config_set(cfg, "no_such", "3") == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "no_such"));
+	sluice_config_free(cfg);
+
+	/* The writer: values checked first, other lines kept, old values of the same keys replaced. */
+	T_CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof(path), "%s/s.conf", dir);
+	setenv("SLUICE_CONFIG", path, 1);
+	f = fopen(path, "w");
+	fputs("# mine\n[other]\nthreads = 99\n[sluice]\nthreads = 2\nqueue_depth = 8\n", f);
+	fclose(f);
+	T_CHECK(sluice_settings_write(NULL, names, bad, 1, "sluice tune x") == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_settings_write(NULL, names, vals, 2, "sluice tune x") == 0);
+	T_CHECK(sluice_settings_write(NULL, names, vals, 2, "sluice tune y") == 0); /* the old note goes */
+	f = fopen(path, "r");
+	T_CHECK(f && fread(text, 1, sizeof(text) - 1, f) > 0);
+	fclose(f);
+	T_CHECK(!strcmp(text, "# mine\n[other]\nthreads = 99\n[sluice]\n# sluice tune y\nthreads = 7\n"
+			      "max_transfer_size = 8M\nqueue_depth = 8\n"));
+	unsetenv("SLUICE_CONFIG");
+	unlink(path);
+	rmdir(dir);
+}
+
 static void t_hist(void)
 {
 	static struct sl__hist h;
@@ -138,6 +196,7 @@ static void t_crc_combine(void)
 
 int main(void)
 {
+	t_registry();
 	t_errors();
 	t_crc_combine();
 	t_sizes();
