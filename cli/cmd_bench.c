@@ -214,11 +214,10 @@ static int list_files(const struct opts *o, char ***names, unsigned *n)
 	*names = calloc(MAX_FILES, sizeof(char *));
 	if (!*names)
 		return cli_fail(CMD, "out of memory");
-	/* An object in S3: one "file", read with ranged GETs (no directory listing of prefixes yet). */
-	if (!strncmp(o->path, "s3://", 5)) {
+	/* A URL (s3://, http(s)://): one "file", read with ranged GETs (no listing of prefixes yet). */
+	if (strstr(o->path, "://")) {
 		if (o->verify)
-			return cli_fail(CMD, "--verify compares with the kernel's read of the file; %s is an s3:// object",
-					o->path);
+			return cli_fail(CMD, "--verify compares with the kernel's read of the file; %s is a URL", o->path);
 		(*names)[(*n)++] = strdup(o->path);
 		return 0;
 	}
