@@ -41,7 +41,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/chapter7_bench.json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    imgs, ds = peers.make_images(a.dir, a.images, a.sluice)
+    imgs, ds = peers.make_images(a.dir, a.images)
     torch.backends.cudnn.benchmark = True
     res = Results(a.out, images=a.images, batch=peers.B, model=a.model, workers=a.workers)
     w = a.workers

@@ -706,27 +706,70 @@ SLUICE_API SLUICE_WUR int sluice_writer_add(struct sluice_writer *w, const void 
 SLUICE_API uint64_t sluice_writer_count(const struct sluice_writer *w);
 
 /*
- * JSON lines.  sluice_json_schema() infers fields from one JSON object:
- * the top-level keys names[0..n) become fields named after them (out[i].name
- * points to names[i]): string -> bytes, integer -> i64, real -> f64,
- * boolean -> u8, array of integers -> i64[*], array of numbers -> f32[*],
- * anything else -> bytes holding its JSON text.  sluice_writer_add_json()
- * adds one line as a record of w's schema.  Both return 0 or SLUICE_EFORMAT
- * naming the field (invalid JSON, a missing or null key, a type that
- * differs from the schema).
+ * Packing: a dataset sluice reads, a tree of files, JSON lines or token
+ * arrays, into sluice shards at out (what `sluice pack` does, and
+ * sluice.pack in Python).  opt->source says which:
+ *   SLUICE_PACK_DATASET  from: any dataset sluice reads (WebDataset tars, a
+ *                        Megatron prefix, sluice shards), every record and
+ *                        field, in order;
+ *   SLUICE_PACK_DIR      from: an ImageFolder tree, as torchvision's
+ *                        ImageFolder takes it (classes are the sorted
+ *                        subdirectories, label = index, image extensions
+ *                        only unless all_files; links out of the tree
+ *                        skipped unless follow_symlinks): fields data, key
+ *                        and label (i64; none without classes), the class
+ *                        map in the dataset's metadata; files read by
+ *                        threads (0: the CPUs, up to 8);
+ *   SLUICE_PACK_JSONL    from: one record per JSON line, fields: "k1,k2"
+ *                        (string -> bytes, integer -> i64, real -> f64,
+ *                        bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]);
+ *   SLUICE_PACK_TOKENS   from: a token array (.npy, or raw .bin of dtype
+ *                        "u16" (default) or "u32"), cut into one record
+ *                        ("tokens") per document by doc_lengths (.npy of
+ *                        integers, or raw .bin of i64); with pack_context,
+ *                        documents packed into rows of that many tokens
+ *                        (best-fit decreasing, or greedy): input_ids,
+ *                        position_ids, labels, cu_seqlens.
+ * Nothing at out opens as a dataset unless all went well.  progress (or
+ * NULL) is called now and then with the records done and their total (0:
+ * unknown).  Returns 0 with rep filled (or NULL), or an error naming the
+ * file, line, record or option.
  */
-SLUICE_API SLUICE_WUR int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
-					     struct sluice_field *out);
-SLUICE_API SLUICE_WUR int sluice_writer_add_json(struct sluice_writer *w, const char *line, size_t len);
-
-/*
- * Reads the header of a NumPy .npy file holding a one-dimensional,
- * C-order, little-endian array of a sluice dtype.  Returns 0 with the
- * dtype, element count and the byte offset of the data; SLUICE_EFORMAT
- * (detail names the file and the problem) or -errno.
- */
-SLUICE_API SLUICE_WUR int sluice_npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count,
-					    uint64_t *data_offset);
+enum sluice_pack_source {
+	SLUICE_PACK_DATASET = 1,
+	SLUICE_PACK_DIR = 2,
+	SLUICE_PACK_JSONL = 3,
+	SLUICE_PACK_TOKENS = 4,
+};
+struct sluice_pack_options {
+	size_t size;                    /* sizeof(struct sluice_pack_options): the struct may grow */
+	int source;                     /* enum sluice_pack_source */
+	const char *from;
+	const char *fields;             /* JSONL */
+	const char *doc_lengths;        /* TOKENS */
+	const char *dtype;              /* TOKENS, raw .bin: "u16" or "u32"; NULL: u16 */
+	unsigned pack_context;          /* TOKENS: 0, one record per document */
+	int greedy;                     /* TOKENS with pack_context */
+	int all_files, follow_symlinks; /* DIR */
+	unsigned threads;               /* DIR */
+	struct sluice_writer_options writer; /* shard size, zstd; metadata is DIR's own */
+	void (*progress)(uint64_t done, uint64_t total, uint64_t bytes, void *arg);
+	void *progress_arg;
+};
+#define SLUICE_PACK_OPTIONS_INIT { sizeof(struct sluice_pack_options), 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, { 0, 0, 0, NULL }, NULL, NULL }
+struct sluice_pack_report {
+	size_t size;            /* sizeof(struct sluice_pack_report), set by the caller */
+	uint64_t records;       /* written */
+	uint64_t bytes;         /* of record data read */
+	uint64_t documents, tokens; /* TOKENS */
+	double fill;            /* TOKENS with pack_context: real tokens / token slots */
+	double seconds;
+	int labelled;           /* DIR: records carry labels (the tree has classes) */
+	char from_format[32];   /* "sluice", "webdataset", "megatron", "dir", "jsonl", "tokens" */
+	char dtype[16];         /* TOKENS: the tokens' dtype */
+};
+SLUICE_API SLUICE_WUR int sluice_pack(const char *out, const struct sluice_pack_options *opt,
+				      struct sluice_pack_report *rep);
 /*
  * Finishes the last shard, writes and syncs the index, renames it into
  * place and frees w.  On error the dataset stays incomplete (no index).
@@ -1175,6 +1218,14 @@ SLUICE_API SLUICE_WUR int sluice_metrics_serve(unsigned port, unsigned *bound);
  * for anything else, including overflow.
  */
 SLUICE_API SLUICE_WUR int sluice_parse_size(const char *s, uint64_t *out);
+
+/*
+ * For bindings: sizeof(struct NAME) of a public struct named without its
+ * "struct " ("sluice_pack_options"), 0 for a name it does not know, so a
+ * binding (the Python package's ctypes) can check its layouts against the
+ * library it loaded.
+ */
+SLUICE_API size_t sluice_sizeof(const char *name);
 
 #ifdef __cplusplus
 }

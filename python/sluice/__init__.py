@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions, Record, RecordLoc, SluiceError, check, lib)
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions, PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)
 
-__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "Client", "Dataset", "Loader", "Packer",
+__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "pack", "Client", "Dataset", "Loader", "Packer",
            "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
 
 # sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
@@ -153,6 +153,40 @@ def copy(src, dst, recursive=False):
     rep = CopyReport()
     check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
     return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified}
+
+
+_PACK_SOURCES = {"dataset": 1, "dir": 2, "jsonl": 3, "tokens": 4}
+
+
+def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, doc_lengths=None, dtype=None,
+         pack_context=0, greedy=False, all_files=False, follow_symlinks=False, threads=0, shard_size=0, zstd=0,
+         block_size=0, progress=None):
+    """Packs one source into sluice shards at out, in this process (the library's sluice_pack, as `sluice pack`):
+    dataset= any dataset sluice reads; dir= an ImageFolder tree (torchvision's classes, order and extensions,
+    all_files=True for every file); jsonl= a JSON lines file with fields="k1,k2"; tokens= a token array (.npy, or
+    raw .bin of dtype "u16"/"u32") with doc_lengths=, packed into rows of pack_context tokens when given.
+    progress(done, total, bytes) is called now and then.  Returns the report as a dict; raises SluiceError
+    naming the file, line, record or option."""
+    given = {k: v for k, v in (("dataset", dataset), ("dir", dir), ("jsonl", jsonl), ("tokens", tokens)) if v}
+    if len(given) != 1:
+        raise ValueError("sluice.pack: give one of dataset=, dir=, jsonl=, tokens=")
+    (kind, src), = given.items()
+    o = PackOptions()
+    o.size, o.source, o.from_ = C.sizeof(PackOptions), _PACK_SOURCES[kind], os.fsencode(src)
+    o.fields = fields.encode() if fields else None
+    o.doc_lengths = os.fsencode(doc_lengths) if doc_lengths else None
+    o.dtype = dtype.encode() if dtype else None
+    o.pack_context, o.greedy, o.all_files, o.follow_symlinks = pack_context, int(greedy), int(all_files), int(follow_symlinks)
+    o.threads = threads
+    o.writer.shard_size, o.writer.zstd_level, o.writer.block_size = shard_size, zstd, block_size
+    cb = PACK_PROGRESS((lambda done, total, nbytes, arg: progress(done, total, nbytes)) if progress else 0)
+    o.progress = cb
+    rep = PackReport()
+    rep.size = C.sizeof(PackReport)
+    check(lib.sluice_pack(os.fsencode(out), C.byref(o), C.byref(rep)))
+    return {"records": rep.records, "bytes": rep.bytes, "documents": rep.documents, "tokens": rep.tokens,
+            "fill": rep.fill, "seconds": rep.seconds, "labelled": bool(rep.labelled),
+            "from_format": rep.from_format.decode(), "dtype": rep.dtype.decode()}
 
 
 def metrics_text():

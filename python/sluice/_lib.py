@@ -100,6 +100,26 @@ class XferReport(C.Structure):
                 ("bytes_verified", C.c_uint64)]
 
 
+class WriterOptions(C.Structure):
+    _fields_ = [("shard_size", C.c_uint64), ("zstd_level", C.c_int), ("block_size", C.c_size_t), ("metadata", C.c_char_p)]
+
+
+PACK_PROGRESS = C.CFUNCTYPE(None, C.c_uint64, C.c_uint64, C.c_uint64, C.c_void_p)
+
+
+class PackOptions(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("source", C.c_int), ("from_", C.c_char_p), ("fields", C.c_char_p),
+                ("doc_lengths", C.c_char_p), ("dtype", C.c_char_p), ("pack_context", C.c_uint), ("greedy", C.c_int),
+                ("all_files", C.c_int), ("follow_symlinks", C.c_int), ("threads", C.c_uint), ("writer", WriterOptions),
+                ("progress", PACK_PROGRESS), ("progress_arg", C.c_void_p)]
+
+
+class PackReport(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("records", C.c_uint64), ("bytes", C.c_uint64), ("documents", C.c_uint64),
+                ("tokens", C.c_uint64), ("fill", C.c_double), ("seconds", C.c_double), ("labelled", C.c_int),
+                ("from_format", C.c_char * 32), ("dtype", C.c_char * 16)]
+
+
 class Range(C.Structure):
     _fields_ = [("file", C.c_void_p), ("offset", C.c_uint64), ("len", C.c_size_t), ("buf", C.c_void_p)]
 
@@ -171,6 +191,8 @@ _protos = {
     "sluice_packer_row": (C.c_int, [P, C.POINTER(PackedRow), C.c_int]),
     "sluice_packer_stats": (None, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
     "sluice_packer_free": (None, [P]),
+    "sluice_pack": (C.c_int, [C.c_char_p, C.POINTER(PackOptions), C.POINTER(PackReport)]),
+    "sluice_sizeof": (C.c_size_t, [C.c_char_p]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)

@@ -290,7 +290,7 @@ def dataloader_masking(d, quick):
         os.rename(big + ".tmp", big)
     packed = os.path.join(d, f"packed{n}")
     if not os.path.exists(os.path.join(packed, "index.sli")):
-        subprocess.run([SLUICE, "pack", "--from-dir", folder, "--all-files", "--quiet", packed], check=True)
+        sluice.pack(packed, dir=folder, all_files=True)
 
     class GiantFile(Dataset):
         def __init__(self):
@@ -422,7 +422,7 @@ def full_picture(d, quick):
     from sluice import peers
 
     n, steps = (3200, 30) if quick else (20000, 100)
-    imgs, ds = peers.make_images(d, n, SLUICE)
+    imgs, ds = peers.make_images(d, n)
     traces = os.path.join(d, "traces")
     os.makedirs(traces, exist_ok=True)
     torch.backends.cudnn.benchmark = True

@@ -34,10 +34,9 @@ def sync():
         torch.cuda.synchronize()
 
 
-def make_images(root, n, sluice_bin):
+def make_images(root, n):
     """n synthetic 224x224 JPEGs (random noise, quality 80: the seed's) in ImageFolder layout, and the same
     bytes packed as a sluice dataset; made once, then reused. Returns (image folder, sluice dataset)."""
-    import subprocess
     from PIL import Image
     imgs, ds = f"{root}/imgs-{n}", f"{root}/sluice-{n}"
     if not os.path.exists(f"{ds}/index.sli"):
@@ -46,7 +45,7 @@ def make_images(root, n, sluice_bin):
         for i in range(n):
             Image.fromarray(rng.integers(0, 255, (SIZE, SIZE, 3), dtype=np.uint8)).save(
                 f"{imgs}/class_0/img_{i:06d}.jpg", quality=80)
-        subprocess.run([sluice_bin, "pack", "--from-dir", imgs, "--quiet", ds], check=True)
+        sluice.pack(ds, dir=imgs)
     return imgs, ds
 
 

@@ -275,4 +275,28 @@ SL_HIDDEN void sl__record_encode(unsigned char *out, unsigned nfields, const voi
 SL_HIDDEN int sl__record_decode(const struct sluice_field *f, unsigned nfields,
 				const unsigned char *p, size_t len, struct sluice_record *rec);
 
+/* The importers' own (src/pack): */
+/*
+ * JSON lines.  sl__json_schema() infers fields from one JSON object:
+ * the top-level keys names[0..n) become fields named after them (out[i].name
+ * points to names[i]): string -> bytes, integer -> i64, real -> f64,
+ * boolean -> u8, array of integers -> i64[*], array of numbers -> f32[*],
+ * anything else -> bytes holding its JSON text.  sl__writer_add_json()
+ * adds one line as a record of w's schema.  Both return 0 or SLUICE_EFORMAT
+ * naming the field (invalid JSON, a missing or null key, a type that
+ * differs from the schema).
+ */
+SL_HIDDEN int sl__json_schema(const char *line, size_t len, const char *const *names, unsigned n,
+					     struct sluice_field *out);
+SL_HIDDEN int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len);
+
+/*
+ * Reads the header of a NumPy .npy file holding a one-dimensional,
+ * C-order, little-endian array of a sluice dtype.  Returns 0 with the
+ * dtype, element count and the byte offset of the data; SLUICE_EFORMAT
+ * (detail names the file and the problem) or -errno.
+ */
+SL_HIDDEN int sl__npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count,
+					    uint64_t *data_offset);
+
 #endif

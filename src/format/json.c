@@ -67,7 +67,7 @@ static int sl_json_object(const char *line, size_t len, json_t **out)
 	return 0;
 }
 
-int sluice_json_schema(const char *line, size_t len, const char *const *names, unsigned n,
+int sl__json_schema(const char *line, size_t len, const char *const *names, unsigned n,
 		       struct sluice_field *out)
 {
 	json_t *root;

@@ -90,7 +90,7 @@ int sl__npy_parse(const unsigned char *p, size_t len, enum sluice_dtype *dtype, 
 	return 0;
 }
 
-int sluice_npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count, uint64_t *data_offset)
+int sl__npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count, uint64_t *data_offset)
 {
 	unsigned char buf[4096 + 12];
 	ssize_t got;

@@ -489,7 +489,7 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	return 0;
 }
 
-int sluice_writer_add_json(struct sluice_writer *w, const char *line, size_t len)
+int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len)
 {
 	const void *vals[SLUICE_MAX_FIELDS];
 	size_t lens[SLUICE_MAX_FIELDS];

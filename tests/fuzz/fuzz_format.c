@@ -102,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const uint8_t *nl = memchr(data, '\n', size);
 	struct sluice_field f[3];
 
-	if (nl && sluice_json_schema((const char *)data, (size_t)(nl - data), names, 3, f) == 0) {
+	if (nl && sl__json_schema((const char *)data, (size_t)(nl - data), names, 3, f) == 0) {
 		unsigned char *scratch = NULL;
 		size_t cap = 0, lens[3];
 		const void *vals[3];

@@ -1,4 +1,5 @@
 """The Python package on host memory (CI has no GPU): files, datasets, the loader, packing, errors."""
+import ctypes
 import json
 import os
 import subprocess
@@ -241,3 +242,48 @@ def test_the_callers_pipe_writes_stay_whole(tmp_path):
         if len(r.stdout) != 4 * (6 << 20):
             short.append(r.stderr.decode().strip())
     assert not short, f"short writes after the engine opened: {short}"
+
+
+def test_ctypes_layouts_match_the_library():
+    """Every structure the package hands to libsluice has the size the C library has for it."""
+    from sluice import _lib
+    names = {"ShardReport": "sluice_shard_report", "CheckpointReport": "sluice_checkpoint_report",
+             "Field": "sluice_field", "Record": "sluice_record", "RecordLoc": "sluice_record_loc",
+             "LoaderOptions": "sluice_loader_options", "BatchField": "sluice_batch_field", "Batch": "sluice_batch",
+             "PackerOptions": "sluice_packer_options", "PackedRow": "sluice_packed_row",
+             "CopyReport": "sluice_copy_report", "XferReport": "sluice_xfer_report",
+             "WriterOptions": "sluice_writer_options", "PackOptions": "sluice_pack_options",
+             "PackReport": "sluice_pack_report", "Range": "sluice_range"}
+    structs = {k for k, v in vars(_lib).items() if isinstance(v, type) and issubclass(v, ctypes.Structure)}
+    assert structs == set(names), sorted(structs ^ set(names))
+    for py, c in names.items():
+        assert ctypes.sizeof(getattr(_lib, py)) == _lib.lib.sluice_sizeof(c.encode()) > 0, (py, c)
+    assert _lib.lib.sluice_sizeof(b"sluice_nothing") == 0
+
+
+def test_pack_in_process(tmp_path):
+    """sluice.pack runs the library's importers in this process: JSON lines, a tree, token arrays, a dataset."""
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": "row %d" % i, "n": i}) + "\n" for i in range(50)))
+    seen = []
+    rep = sluice.pack(str(tmp_path / "j"), jsonl=str(tmp_path / "in.jsonl"), fields="text,n",
+                      progress=lambda done, total, nbytes: seen.append(done))
+    assert rep["records"] == 50 and rep["from_format"] == "jsonl"
+    ds = sluice.Dataset(str(tmp_path / "j"))
+    assert len(ds) == 50 and bytes(ds[7]["text"]) == b"row 7"
+    rep = sluice.pack(str(tmp_path / "copy"), dataset=str(tmp_path / "j"))
+    assert rep["records"] == 50 and rep["from_format"] == "sluice"
+    for c in ("a", "b"):
+        (tmp_path / "tree" / c).mkdir(parents=True)
+        (tmp_path / "tree" / c / "x.png").write_bytes(c.encode() * 10)
+    rep = sluice.pack(str(tmp_path / "t"), dir=str(tmp_path / "tree"))
+    assert rep["records"] == 2 and rep["labelled"] and sluice.Dataset(str(tmp_path / "t")).class_to_idx == {"a": 0, "b": 1}
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "tok.bin")
+    np.save(tmp_path / "len.npy", np.array([3, 7], dtype=np.int64))
+    rep = sluice.pack(str(tmp_path / "k"), tokens=str(tmp_path / "tok.bin"), doc_lengths=str(tmp_path / "len.npy"))
+    assert (rep["records"], rep["documents"], rep["tokens"], rep["dtype"]) == (2, 2, 10, "u16")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a", "n": 1}\n{"text": "b"}\n')
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.pack(str(tmp_path / "bad"), jsonl=str(tmp_path / "bad.jsonl"), fields="text,n")
+    assert "bad.jsonl:2" in str(e.value) and not (tmp_path / "bad" / "index.sli").exists()
+    with pytest.raises(ValueError):
+        sluice.pack(str(tmp_path / "x"), jsonl="a", dir="b")
