@@ -1,7 +1,7 @@
 /*
- * Configuration: defaults and setters; the SLUICE_* settings (environment,
- * then the settings file) come through the registry (settings.c), which
- * applies the engine's through these setters, so both refuse the same values.
+ * Configuration: defaults and setters.  sluice_config_new (settings.c)
+ * applies the SLUICE_* settings through these setters, so both refuse the
+ * same values.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -157,45 +157,6 @@ int sluice_config_set_sqpoll(struct sluice_config *cfg, int on)
 int sluice_config_set_gpu(struct sluice_config *cfg, int on)
 {
 	cfg->gpu = !!on;
-	return 0;
-}
-
-static const char *sl_getenv(const char *name, void *ctx)
-{
-	(void)ctx;
-	return sl__setting(name);
-}
-
-static const char *sl_from(const char *name, void *ctx)
-{
-	(void)ctx;
-	return sl__setting_from(name);
-}
-
-int sluice_config_new(struct sluice_config **out)
-{
-	struct sluice_config *cfg = malloc(sizeof(*cfg));
-	int rc;
-
-	*out = NULL;
-	if (!cfg)
-		return -ENOMEM;
-	sl__config_defaults(cfg);
-	rc = sl__settings_check();
-	if (!rc)
-		rc = sl__settings_apply(cfg, &(struct sl__env){ sl_getenv, NULL, sl_from });
-	/* The settings file's SLUICE_LOG (the environment's was taken as the library loaded). */
-	if (!rc && !getenv("SLUICE_LOG") && sl__setting("SLUICE_LOG")) {
-		uint64_t level;
-
-		if (sl__setting_u64("SLUICE_LOG", &level) == 0)
-			sl__log_level = (int)level;
-	}
-	if (rc) {
-		free(cfg);
-		return rc;
-	}
-	*out = cfg;
 	return 0;
 }
 

@@ -380,6 +380,45 @@ int sl__settings_apply(struct sluice_config *cfg, const struct sl__env *env)
 	return 0;
 }
 
+static const char *sl_getenv(const char *name, void *ctx)
+{
+	(void)ctx;
+	return sl__setting(name);
+}
+
+static const char *sl_from(const char *name, void *ctx)
+{
+	(void)ctx;
+	return sl__setting_from(name);
+}
+
+int sluice_config_new(struct sluice_config **out)
+{
+	struct sluice_config *cfg = malloc(sizeof(*cfg));
+	int rc;
+
+	*out = NULL;
+	if (!cfg)
+		return -ENOMEM;
+	sl__config_defaults(cfg);
+	rc = sl__settings_check();
+	if (!rc)
+		rc = sl__settings_apply(cfg, &(struct sl__env){ sl_getenv, NULL, sl_from });
+	/* The settings file's SLUICE_LOG (the environment's was taken as the library loaded). */
+	if (!rc && !getenv("SLUICE_LOG") && sl__setting("SLUICE_LOG")) {
+		uint64_t level;
+
+		if (sl__setting_u64("SLUICE_LOG", &level) == 0)
+			sl__log_level = (int)level;
+	}
+	if (rc) {
+		free(cfg);
+		return rc;
+	}
+	*out = cfg;
+	return 0;
+}
+
 int sluice_config_set(struct sluice_config *cfg, const char *name, const char *value)
 {
 	const struct sl__setting_def *d = name ? sl__setting_def(name) : NULL;

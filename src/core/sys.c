@@ -46,7 +46,7 @@ int sluice_drop_page_cache(void)
  */
 const char *sl__sysroot(void)
 {
-	const char *r = sl__setting("SLUICE_SYSROOT");
+	const char *r = getenv("SLUICE_SYSROOT"); /* the environment's alone (settings.c) */
 
 	return r && strcmp(r, "/") ? r : "";
 }
