@@ -5,6 +5,7 @@
 #ifndef SL_CORE_H
 #define SL_CORE_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -46,6 +47,24 @@ SL_HIDDEN void sl__err_clear(void);
 SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
 /* mkdir -p: path and every missing parent (path is changed while it runs, restored after); 0 or -errno. */
 SL_HIDDEN int sl__mkdirs(char *path);
+/*
+ * par.c: work shared by threads.  struct sl__first_err keeps the first
+ * error among them with the detail of the thread that met it (details are
+ * thread-local); err may be read without the lock.  sl__first_err_raise
+ * makes it the caller's error (0 if none).  sl__fanout runs fn(arg) on n
+ * threads at once, the caller's one of them, and returns when all have:
+ * threads that cannot start leave their share to the others.
+ */
+struct sl__first_err {
+	pthread_mutex_t lock;
+	_Atomic int err;
+	char detail[512];
+};
+SL_HIDDEN void sl__first_err_init(struct sl__first_err *fe);
+SL_HIDDEN void sl__first_err_keep(struct sl__first_err *fe, int rc);
+SL_HIDDEN int sl__first_err_raise(struct sl__first_err *fe);
+SL_HIDDEN void sl__first_err_fini(struct sl__first_err *fe);
+SL_HIDDEN void sl__fanout(unsigned n, void *(*fn)(void *arg), void *arg);
 /*
  * sys.c: machine facts, in one place for the engine and `sluice doctor`.
  * sl__sysroot: SLUICE_SYSROOT ("" for the machine's own /), under which

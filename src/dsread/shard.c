@@ -31,8 +31,7 @@ struct sl_zjob {
 	const char *in;
 	char *out;
 	_Atomic uint64_t next;
-	_Atomic int err;
-	char detail[384];
+	struct sl__first_err fail;
 };
 
 static void *sl_zworker(void *arg)
@@ -44,17 +43,14 @@ static void *sl_zworker(void *arg)
 	uint64_t k;
 
 	if (!dc) {
-		atomic_store(&j->err, -ENOMEM);
+		sl__first_err_keep(&j->fail, sl__err(-ENOMEM, "no memory for a zstd context"));
 		return NULL;
 	}
-	while (!atomic_load(&j->err) && (k = atomic_fetch_add(&j->next, 1)) < j->n) {
+	while (!atomic_load(&j->fail.err) && (k = atomic_fetch_add(&j->next, 1)) < j->n) {
 		const struct sl__zblock *z = &j->zb[k];
 		const char *src = j->in ? j->in + (z->b->file - j->base) : NULL;
-		int rc = sl__zblock_decode(j->ds, dc, z->shard, z->index, z->b, src, &zbuf, &zcap, j->out + z->out_off);
-		int zero = 0;
-
-		if (rc && atomic_compare_exchange_strong(&j->err, &zero, rc))
-			snprintf(j->detail, sizeof(j->detail), "%s", sluice_last_error_detail());
+		sl__first_err_keep(&j->fail, sl__zblock_decode(j->ds, dc, z->shard, z->index, z->b, src, &zbuf, &zcap,
+							       j->out + z->out_off));
 	}
 	free(zbuf);
 	ZSTD_freeDCtx(dc);
@@ -65,22 +61,16 @@ int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const stru
 		const void *in, uint64_t base, void *out)
 {
 	struct sl_zjob j;
-	unsigned nt = sl__eng_cfg(eng)->threads - 1 < n ? sl__eng_cfg(eng)->threads - 1 : (unsigned)n;
-	pthread_t th[256];
+	unsigned nt = sl__eng_cfg(eng)->threads < n ? sl__eng_cfg(eng)->threads : (unsigned)n;
 	int rc;
 
 	memset(&j, 0, sizeof(j));
 	j.ds = ds, j.zb = zb, j.n = n, j.in = in, j.base = base, j.out = out;
-	for (unsigned t = 0; t < nt; t++)
-		if (pthread_create(&th[t], NULL, sl_zworker, &j)) {
-			nt = t;
-			break;
-		}
-	sl_zworker(&j);
-	for (unsigned t = 0; t < nt; t++)
-		pthread_join(th[t], NULL);
-	rc = atomic_load(&j.err);
-	return rc ? sl__err(rc, "%s", j.detail[0] ? j.detail : "decoding failed") : 0;
+	sl__first_err_init(&j.fail);
+	sl__fanout(nt ? nt : 1, sl_zworker, &j);
+	rc = sl__first_err_raise(&j.fail);
+	sl__first_err_fini(&j.fail);
+	return rc;
 }
 
 /* nvCOMP: every block decoded by one batched call into its place in dst (or a scratch, when misaligned). */

@@ -140,8 +140,6 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_copy_report *rep)
 {
 	struct sl_copy c = { 0 };
-	pthread_t th[SL_FILES_AT_ONCE];
-	unsigned nth = 0;
 	uint64_t t0 = sl__now_ns();
 	struct stat st;
 	int rc;
@@ -151,17 +149,12 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		memset(rep, 0, sizeof(*rep));
 	if (!src || !dst || !*src || !*dst)
 		return sl__err(-EINVAL, "copy: a source and a destination are needed");
-	pthread_mutex_init(&c.fail.lock, NULL);
+	sl__first_err_init(&c.fail);
 	rc = sl_copy_plan(&c, src, dst, flags);
-	for (; !rc && nth < SL_FILES_AT_ONCE && nth < c.n; nth++)
-		if (pthread_create(&th[nth], NULL, sl_copy_run, &c))
-			break;
-	if (!rc && c.n && !nth)
-		sl_copy_run(&c);
-	for (unsigned i = 0; i < nth; i++)
-		pthread_join(th[i], NULL);
-	if (!rc && c.fail.err)
-		rc = sl__err(c.fail.err, "%s", c.fail.detail);
+	if (!rc && c.n)
+		sl__fanout(c.n < SL_FILES_AT_ONCE ? (unsigned)c.n : SL_FILES_AT_ONCE, sl_copy_run, &c);
+	if (!rc)
+		rc = sl__first_err_raise(&c.fail);
 	if (rep && !rc) {
 		rep->files = c.n;
 		rep->files_verified = c.upload ? 0 : atomic_load(&c.verified);
@@ -176,6 +169,6 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		free(c.p[i].dst);
 	}
 	free(c.p);
-	pthread_mutex_destroy(&c.fail.lock);
+	sl__first_err_fini(&c.fail);
 	return rc;
 }

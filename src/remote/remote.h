@@ -253,6 +253,25 @@ struct sl__s3_obj {
 SL_HIDDEN int sl__s3_obj_open(struct sl__s3_obj **out, struct sl__s3 *s3, const char *url, uint64_t *size);
 SL_HIDDEN void sl__s3_obj_close(struct sl__s3_obj *o);
 
+/*
+ * Multipart uploads, one request each (s3xfer.c composes them): create
+ * (the upload's id, as the query's "uploadId=..."), a part (its number
+ * from 1, its CRC32C sent; its ETag back), complete (every part's ETag and
+ * CRC32C, the whole object's CRC32C), abort (retried hard; a failure is
+ * only warned).  sl__s3_part_size and sl__s3_concurrency: the client's
+ * SLUICE_S3_PART_SIZE and SLUICE_S3_CONCURRENCY.
+ */
+SL_HIDDEN size_t sl__s3_part_size(const struct sl__s3 *s);
+SL_HIDDEN unsigned sl__s3_concurrency(const struct sl__s3 *s);
+SL_HIDDEN int sl__s3_mpu_create(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
+				char *id, size_t cap);
+SL_HIDDEN int sl__s3_mpu_part(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
+			      const char *id, unsigned part, const void *buf, size_t n, uint32_t crc, char etag[128]);
+SL_HIDDEN int sl__s3_mpu_complete(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
+				  const char *id, unsigned nparts, char (*etag)[128], const uint32_t *crc, uint32_t whole);
+SL_HIDDEN void sl__s3_mpu_abort(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
+				const char *id);
+
 /* s3store.c, httpstore.c: the stores of s3:// objects and http(s):// URLs (store/store.h). */
 struct sl__store;
 SL_HIDDEN extern const struct sl__store sl__store_s3;
@@ -273,18 +292,6 @@ SL_HIDDEN extern const struct sl__store sl__store_http;
 SL_HIDDEN int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
 			    int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx);
 
-/*
- * The first error among threads sharing one piece of work (an upload's
- * parts, a download's chunks, a copy's files), with the detail of the
- * thread that met it (details are thread-local).  Initialise lock with
- * pthread_mutex_init; err may be read without it.
- */
-struct sl__first_err {
-	pthread_mutex_t lock;
-	_Atomic int err;
-	char detail[512];
-};
-SL_HIDDEN void sl__first_err_keep(struct sl__first_err *fe, int rc);
 
 /*
  * Downloads bucket/key (m->size bytes, pinned to m->etag) into fd: chunks

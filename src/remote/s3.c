@@ -444,70 +444,7 @@ void sl__s3_obj_close(struct sl__s3_obj *o)
 	free(o);
 }
 
-/* ---- Uploads: one PUT, or a multipart upload whose parts go in parallel ---- */
-
-struct sl_upload {
-	struct sl__s3 *s;
-	const char *bucket, *key;
-	const char *src;
-	size_t len;
-	int (*copy)(void *ctx, void *dst, const void *src, size_t n);
-	void *copy_ctx;
-	char query_id[512];         /* "uploadId=..." encoded */
-	unsigned nparts;
-	_Atomic unsigned next;
-	char (*etag)[128];          /* each part's ETag, by part */
-	uint32_t *crc;              /* each part's CRC32C, by part */
-	struct sl__first_err fail;
-};
-
-void sl__first_err_keep(struct sl__first_err *fe, int rc)
-{
-	pthread_mutex_lock(&fe->lock);
-	if (!atomic_load(&fe->err)) {
-		snprintf(fe->detail, sizeof(fe->detail), "%s", sluice_last_error_detail());
-		atomic_store(&fe->err, rc);
-	}
-	pthread_mutex_unlock(&fe->lock);
-}
-
-/* Part by part, on this thread's connection: the source copied (GPU memory: by u->copy) into a buffer, then sent. */
-static void *sl_upload_parts(void *arg)
-{
-	struct sl_upload *u = arg;
-	struct sl__http_conn *c = NULL;
-	char *buf = malloc(u->s->part_size);
-	int rc = buf ? sl__http_conn_open(&c) : -ENOMEM;
-
-	if (rc)
-		sl__first_err_keep(&u->fail, rc);
-	for (unsigned i; !rc && (i = atomic_fetch_add(&u->next, 1)) < u->nparts;) {
-		size_t off = (size_t)i * u->s->part_size, n = u->len - off < u->s->part_size ? u->len - off : u->s->part_size;
-		char query[600], sum[48];
-		struct sl_req q = { .method = SL_PUT, .bucket = u->bucket, .key = u->key, .query = query, .len = n,
-				    .buf = buf };
-		struct sl__http_resp k = { 0 };
-
-		if (atomic_load(&u->fail.err))
-			break; /* another part failed: the upload is aborted, sending more is waste */
-		snprintf(query, sizeof(query), "?partNumber=%u&%s", i + 1, u->query_id);
-		rc = u->copy ? u->copy(u->copy_ctx, buf, u->src + off, n) : (memcpy(buf, u->src + off, n), 0);
-		if (!rc) {
-			u->crc[i] = sluice_crc32c(0, buf, n);
-			q.hdr[0] = sl_crc_header(sum, u->crc[i]);
-			rc = sl_request(u->s, c, &q, &k);
-		}
-		if (!rc && !k.etag[0])
-			rc = sl__err(-EIO, "s3://%s/%s: part %u answered without an ETag", u->bucket, u->key, i + 1);
-		if (rc)
-			sl__first_err_keep(&u->fail, rc);
-		else
-			memcpy(u->etag[i], k.etag, sizeof(k.etag));
-	}
-	sl__http_conn_close(c);
-	free(buf);
-	return NULL;
-}
+/* ---- Multipart uploads, one request each (s3xfer.c runs them) ---- */
 
 /* The text between <tag> and </tag> in body, into out; 0 or -1 if absent or too long. */
 static int sl_xml_text(const char *body, const char *tag, char *out, size_t cap)
@@ -527,245 +464,94 @@ static int sl_xml_text(const char *body, const char *tag, char *out, size_t cap)
 	return 0;
 }
 
-int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const void *src, size_t len,
-		  int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx)
+size_t sl__s3_part_size(const struct sl__s3 *s)
 {
-	struct sl_upload u = { .s = s, .bucket = bucket, .key = key, .src = src, .len = len, .copy = copy,
-			       .copy_ctx = copy_ctx };
-	struct sl__http_conn *c = sl__http_thread_conn();
+	return s->part_size;
+}
+
+unsigned sl__s3_concurrency(const struct sl__s3 *s)
+{
+	return s->concurrency;
+}
+
+int sl__s3_mpu_create(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, char *id,
+		      size_t cap)
+{
+	/* The object's checksum will be the CRC32C of all its bytes, not one of the parts' sums. */
+	struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key, .query = "?uploads=",
+			    .hdr = { "x-amz-checksum-algorithm: CRC32C", "x-amz-checksum-type: FULL_OBJECT" } };
 	struct sl__http_resp k = { 0 };
-	pthread_t th[256];
-	unsigned nth = 0;
-	char id[400], *xml = NULL;
+	char raw[400];
+	int rc = sl_request(s, c, &q, &k);
+
+	if (!rc && sl_xml_text(k.err, "UploadId", raw, sizeof(raw)))
+		rc = sl__err(-EIO, "s3://%s/%s: CreateMultipartUpload answered without an UploadId", bucket, key);
+	if (!rc && (cap < 10 || !sl_url_encode(id, cap, (size_t)snprintf(id, cap, "uploadId="), raw, 0)))
+		rc = sl__err(-EIO, "s3://%s/%s: an UploadId of %zu characters", bucket, key, strlen(raw));
+	return rc;
+}
+
+int sl__s3_mpu_part(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, const char *id,
+		    unsigned part, const void *buf, size_t n, uint32_t crc, char etag[128])
+{
+	char query[600], sum[48];
+	struct sl_req q = { .method = SL_PUT, .bucket = bucket, .key = key, .query = query, .len = n, .buf = (void *)buf };
+	struct sl__http_resp k = { 0 };
 	int rc;
 
-	if (!c)
-		return sl__err(-ENOMEM, "s3://%s/%s: no connection", bucket, key);
-	if (len <= s->part_size) {
-		/* One request: the object appears whole when it succeeds, or not at all. */
-		char *buf = copy ? malloc(len ? len : 1) : (char *)src;
-
-		rc = buf ? 0 : -ENOMEM;
-		if (!rc && copy && len)
-			rc = copy(copy_ctx, buf, src, len);
-		if (!rc)
-			rc = sl__s3_put(s, c, bucket, key, buf, len);
-		if (copy)
-			free(buf);
-		return rc;
-	}
-	u.nparts = (unsigned)((len + s->part_size - 1) / s->part_size);
-	if (len / s->part_size >= 10000)
-		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: %zu bytes take over 10000 parts of %zu: raise SLUICE_S3_PART_SIZE",
-			       bucket, key, len, s->part_size);
-	{
-		/* The object's checksum will be the CRC32C of all its bytes, not one of the parts' sums. */
-		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key, .query = "?uploads=",
-				    .hdr = { "x-amz-checksum-algorithm: CRC32C", "x-amz-checksum-type: FULL_OBJECT" } };
-
-		rc = sl_request(s, c, &q, &k);
-	}
-	if (!rc && sl_xml_text(k.err, "UploadId", id, sizeof(id)))
-		rc = sl__err(-EIO, "s3://%s/%s: CreateMultipartUpload answered without an UploadId", bucket, key);
-	if (rc)
-		return rc;
-	memcpy(u.query_id, "uploadId=", 9);
-	if (!sl_url_encode(u.query_id, sizeof(u.query_id), 9, id, 0)) {
-		rc = sl__err(-EIO, "s3://%s/%s: an UploadId of %zu characters", bucket, key, strlen(id));
-		goto abort;
-	}
-	u.etag = calloc(u.nparts, sizeof(*u.etag));
-	u.crc = calloc(u.nparts, sizeof(*u.crc));
-	if (!u.etag || !u.crc) {
-		rc = -ENOMEM;
-		goto abort;
-	}
-	pthread_mutex_init(&u.fail.lock, NULL);
-	for (; nth < s->concurrency && nth < u.nparts; nth++)
-		if (pthread_create(&th[nth], NULL, sl_upload_parts, &u)) {
-			sl__first_err_keep(&u.fail, sl__err(-EAGAIN, "s3://%s/%s: no thread for the upload", bucket, key));
-			break;
-		}
-	for (unsigned i = 0; i < nth; i++)
-		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&u.fail.lock);
-	if (u.fail.err) {
-		rc = sl__err(u.fail.err, "%s; the upload was aborted, s3://%s/%s is as it was", u.fail.detail, bucket, key);
-		goto abort;
-	}
-	/* Complete: every part, in order, with its ETag (quotes escaped for XML). */
-	{
-		size_t cap = 64 + (size_t)u.nparts * 260, l;
-		struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key };
-		char query[600], sum[48], b64[9];
-		uint32_t whole = u.crc[0];
-
-		for (unsigned i = 1; i < u.nparts; i++)
-			whole = sl__crc32c_combine(whole, u.crc[i], i + 1 < u.nparts ? s->part_size
-										 : len - (size_t)i * s->part_size);
-		q.hdr[0] = sl_crc_header(sum, whole);
-		q.hdr[1] = "x-amz-checksum-type: FULL_OBJECT";
-
-		xml = malloc(cap);
-		if (!xml) {
-			rc = -ENOMEM;
-			goto abort;
-		}
-		l = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
-		for (unsigned i = 0; i < u.nparts; i++) {
-			sl_u32_b64(u.crc[i], b64);
-			l += (size_t)snprintf(xml + l, cap - l,
-					      "<Part><PartNumber>%u</PartNumber><ChecksumCRC32C>%s</ChecksumCRC32C><ETag>",
-					      i + 1, b64);
-			for (const char *e = u.etag[i]; *e; e++)
-				l += (size_t)snprintf(xml + l, cap - l, "%s", *e == '"' ? "&quot;" : (char[2]){ *e, 0 });
-			l += (size_t)snprintf(xml + l, cap - l, "</ETag></Part>");
-		}
-		l += (size_t)snprintf(xml + l, cap - l, "</CompleteMultipartUpload>");
-		snprintf(query, sizeof(query), "?%s", u.query_id);
-		q.query = query;
-		q.buf = xml;
-		q.len = l;
-		memset(&k, 0, sizeof(k));
-		rc = sl_request(s, c, &q, &k);
-		if (!rc)
-			goto out;
-	}
-abort:
-	/* Nothing half-made stays behind: the parts sent are dropped with the upload. */
-	{
-		char query[600], why[512];
-		/* The abort is what keeps the store clean: it gets at least 4 more tries, whatever the setting. */
-		struct sl_req q = { .method = SL_DELETE, .bucket = bucket, .key = key, .query = query, .min_retries = 4 };
-
-		snprintf(why, sizeof(why), "%s", sluice_last_error_detail());
-		snprintf(query, sizeof(query), "?%s", u.query_id);
-		memset(&k, 0, sizeof(k));
-		if (sl_request(s, c, &q, &k))
-			sl__warn("s3", "s3://%s/%s: aborting the multipart upload failed: %s", bucket, key,
-				 sluice_last_error_detail());
-		sl__err(rc, "%s", why);
-	}
-out:
-	free(xml);
-	free(u.etag);
-	free(u.crc);
+	snprintf(query, sizeof(query), "?partNumber=%u&%s", part, id);
+	q.hdr[0] = sl_crc_header(sum, crc);
+	rc = sl_request(s, c, &q, &k);
+	if (!rc && !k.etag[0])
+		rc = sl__err(-EIO, "s3://%s/%s: part %u answered without an ETag", bucket, key, part);
+	if (!rc)
+		memcpy(etag, k.etag, 128);
 	return rc;
 }
 
-/* ---- Downloads: an object into a file by parallel ranged GETs ---- */
-
-struct sl_download {
-	struct sl__s3 *s;
-	const char *bucket, *key, *etag;
-	uint64_t size;
-	int fd;
-	int sum_kind;               /* the object's checksum's kind, SL_CRC_NONE: none to check */
-	uint32_t *crc;              /* each chunk's CRC of that kind, by chunk */
-	const _Atomic int *cancel;
-	_Atomic uint64_t next;      /* chunk */
-	struct sl__first_err fail;
-};
-
-static void *sl_download_chunks(void *arg)
+/* Complete: every part, in order, with its ETag (quotes escaped for XML) and CRC32C, and the whole's. */
+int sl__s3_mpu_complete(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, const char *id,
+			unsigned nparts, char (*etag)[128], const uint32_t *crc, uint32_t whole)
 {
-	struct sl_download *d = arg;
-	const size_t chunk = d->s->part_size;
-	const uint64_t nchunks = (d->size + chunk - 1) / chunk;
-	struct sl__http_conn *c = NULL;
-	char *buf = malloc(chunk);
-	int rc = buf ? sl__http_conn_open(&c) : -ENOMEM;
+	size_t cap = 64 + (size_t)nparts * 260, l;
+	struct sl_req q = { .method = SL_POST, .bucket = bucket, .key = key };
+	struct sl__http_resp k = { 0 };
+	char query[600], sum[48], b64[9], *xml = malloc(cap);
+	int rc;
 
-	for (uint64_t i; !rc && (i = atomic_fetch_add(&d->next, 1)) < nchunks && !atomic_load(&d->fail.err);) {
-		uint64_t off = i * chunk;
-		size_t n = d->size - off < chunk ? (size_t)(d->size - off) : chunk;
-		ssize_t got;
-
-		if (d->cancel && atomic_load(d->cancel)) {
-			rc = sl__err(-ECANCELED, "s3://%s/%s: download cancelled", d->bucket, d->key);
-			break;
-		}
-		got = sl__s3_get_progress(d->s, c, d->bucket, d->key, off, n, buf, d->etag, NULL, NULL, d->sum_kind,
-					  d->sum_kind ? &d->crc[i] : NULL);
-		if (got >= 0 && (size_t)got != n)
-			got = sl__err(-EIO, "s3://%s/%s: %zd bytes at offset %llu, %zu expected (the object is shorter)",
-				      d->bucket, d->key, got, (unsigned long long)off, n);
-		rc = got < 0 ? (int)got : 0;
-		for (size_t w = 0; !rc && w < n;) {
-			ssize_t r = pwrite(d->fd, buf + w, n - w, (off_t)(off + w));
-
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r < 0)
-				rc = sl__err(-errno, "s3://%s/%s: writing its copy: %s", d->bucket, d->key, strerror(errno));
-			else
-				w += (size_t)r;
-		}
-	}
-	if (rc)
-		sl__first_err_keep(&d->fail, rc);
-	sl__http_conn_close(c);
-	free(buf);
-	return NULL;
-}
-
-/* One pass of a download (sl__s3_download); with d->sum_kind, d->crc holds the chunks' CRCs after. */
-static int sl_download_once(struct sl_download *d)
-{
-	struct sl__s3 *s = d->s;
-	const uint64_t nchunks = (d->size + s->part_size - 1) / s->part_size;
-	pthread_t th[256];
-	unsigned nth = 0;
-
-	atomic_store(&d->next, 0);
-	atomic_store(&d->fail.err, 0);
-	pthread_mutex_init(&d->fail.lock, NULL);
-	for (; nth < s->concurrency && nth < nchunks; nth++)
-		if (pthread_create(&th[nth], NULL, sl_download_chunks, d))
-			break;
-	if (!nth && nchunks)
-		sl__first_err_keep(&d->fail, sl__err(-EAGAIN, "s3://%s/%s: no thread for the download", d->bucket, d->key));
-	for (unsigned i = 0; i < nth; i++)
-		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&d->fail.lock);
-	return d->fail.err ? sl__err(d->fail.err, "%s", d->fail.detail) : 0;
-}
-
-int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const struct sl__s3_meta *m, int fd,
-		    const _Atomic int *cancel, int *verified)
-{
-	struct sl_download d = { .s = s, .bucket = bucket, .key = key, .etag = m->etag, .size = m->size, .fd = fd,
-				 .sum_kind = m->sum_kind, .cancel = cancel };
-	const uint64_t nchunks = (m->size + s->part_size - 1) / s->part_size;
-	uint32_t sum = 0;
-	int rc = 0;
-
-	if (verified)
-		*verified = 0;
-	if (ftruncate(fd, (off_t)m->size) < 0)
-		return sl__err(-errno, "s3://%s/%s: sizing its copy to %llu bytes: %s", bucket, key,
-			       (unsigned long long)m->size, strerror(errno));
-	if (d.sum_kind && !(d.crc = calloc(nchunks ? nchunks : 1, sizeof(*d.crc))))
+	if (!xml)
 		return -ENOMEM;
-	/* A mismatch is downloaded once more (a byte flipped on the way), then is an error. */
-	for (int pass = 0; pass < 2; pass++) {
-		if ((rc = sl_download_once(&d)) || !d.sum_kind)
-			break;
-		sum = nchunks ? d.crc[0] : 0;
-		for (uint64_t i = 1; i < nchunks; i++)
-			sum = sl__crc_combine(d.sum_kind, sum, d.crc[i],
-					      i + 1 < nchunks ? s->part_size : m->size - i * s->part_size);
-		if (sum == m->sum)
-			break;
-		rc = sl__err(SLUICE_EVERIFY, "s3://%s/%s: the %s of the %llu bytes received is %08x, the object's is %08x%s",
-			     bucket, key, m->sum_name, (unsigned long long)m->size, sum, m->sum,
-			     pass ? " (downloaded twice)" : "");
-		sl__warn("s3", "%s", sluice_last_error_detail());
+	q.hdr[0] = sl_crc_header(sum, whole);
+	q.hdr[1] = "x-amz-checksum-type: FULL_OBJECT";
+	l = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
+	for (unsigned i = 0; i < nparts; i++) {
+		sl_u32_b64(crc[i], b64);
+		l += (size_t)snprintf(xml + l, cap - l,
+				      "<Part><PartNumber>%u</PartNumber><ChecksumCRC32C>%s</ChecksumCRC32C><ETag>", i + 1, b64);
+		for (const char *e = etag[i]; *e; e++)
+			l += (size_t)snprintf(xml + l, cap - l, "%s", *e == '"' ? "&quot;" : (char[2]){ *e, 0 });
+		l += (size_t)snprintf(xml + l, cap - l, "</ETag></Part>");
 	}
-	free(d.crc);
-	if (!rc && verified)
-		*verified = d.sum_kind != SL_CRC_NONE;
+	l += (size_t)snprintf(xml + l, cap - l, "</CompleteMultipartUpload>");
+	snprintf(query, sizeof(query), "?%s", id);
+	q.query = query;
+	q.buf = xml;
+	q.len = l;
+	rc = sl_request(s, c, &q, &k);
+	free(xml);
 	return rc;
+}
+
+void sl__s3_mpu_abort(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, const char *id)
+{
+	char query[600];
+	/* The abort is what keeps the store clean: it gets at least 4 more tries, whatever the setting. */
+	struct sl_req q = { .method = SL_DELETE, .bucket = bucket, .key = key, .query = query, .min_retries = 4 };
+	struct sl__http_resp k = { 0 };
+
+	snprintf(query, sizeof(query), "?%s", id);
+	if (sl_request(s, c, &q, &k))
+		sl__warn("s3", "s3://%s/%s: aborting the multipart upload failed: %s", bucket, key, sluice_last_error_detail());
 }
 
 /* The process's client from the environment, made once and kept. */
