@@ -60,7 +60,7 @@ def one_pass(mode, path, size):
     if out.returncode:
         raise RuntimeError(f"{mode}: {out.stderr.strip()[-800:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    m = re.search(r"engine open ([0-9.]+) ms: CUDA ([0-9.]+), backends ([0-9.]+), pool ([0-9.]+), "
+    m = re.search(r"engine open ([0-9.]+) ms: CUDA ([0-9.]+), (?:backends|stores) ([0-9.]+), pool ([0-9.]+), "
                   r"workers ([0-9.]+)", out.stderr)
     if m:
         r.update(zip(("engine_open_ms", "cuda_ms", "backends_ms", "pool_ms", "workers_ms"), map(float, m.groups())))

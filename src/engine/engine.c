@@ -114,113 +114,114 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 	return sl__host_alloc(NULL, eng->pool_len, (void **)&eng->pool, &(int){ 0 });
 }
 
-int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *cfg)
+/* Phase 1: the struct, with the settings of cfg (NULL: the environment's and the file's). */
+static int sl_open_struct(struct sluice_engine **out, const struct sluice_config *cfg)
 {
-	struct sluice_engine *eng;
 	struct sluice_config *envcfg = NULL;
-	uint64_t t[5];
+	struct sluice_engine *eng;
+	int rc = cfg ? 0 : sluice_config_new(&envcfg);
+
+	if (!rc)
+		rc = sl__metrics_auto(); /* SLUICE_METRICS_PORT: the first engine starts the exporter */
+	eng = rc ? NULL : calloc(1, sizeof(*eng));
+	if (!rc && !eng)
+		rc = -ENOMEM;
+	if (!rc) {
+		eng->cfg = cfg ? *cfg : *envcfg;
+		pthread_mutex_init(&eng->lock, NULL);
+		pthread_cond_init(&eng->work_cv, NULL);
+		pthread_cond_init(&eng->done_cv, NULL);
+		eng->queue_tail = &eng->queue;
+		eng->gpu.ordinal = -1;
+		eng->nlanes = 1;
+		eng->lane[0] = &eng->gpu;
+		for (unsigned l = 0; l < SLUICE_MAX_DEVICES; l++)
+			eng->numa_node[l] = -1;
+	}
+	sluice_config_free(envcfg);
+	*out = eng;
+	return rc;
+}
+
+/* Phase 2: CUDA and a lane per device id, each with its NUMA node; without CUDA, why not (host memory only). */
+static int sl_open_gpus(struct sluice_engine *eng)
+{
+	const char *why = "CUDA not loaded (SLUICE_GPU=0)";
+	char line[300];
 	int rc;
 
-	t[0] = sl__now_ns();
-	*out = NULL;
-	sl__err_clear();
-	if (!cfg) {
-		rc = sluice_config_new(&envcfg);
-		if (rc)
+	if (eng->cfg.gpu && sl__cuda(&why)) {
+		if ((rc = sl__gpu_open(&eng->gpu, eng->cfg.device)))
 			return rc;
-		cfg = envcfg;
-	}
-	rc = sl__metrics_auto(); /* SLUICE_METRICS_PORT: the first engine starts the exporter */
-	if (rc) {
-		sluice_config_free(envcfg);
-		return rc;
-	}
-	eng = calloc(1, sizeof(*eng) + 0);
-	if (!eng) {
-		sluice_config_free(envcfg);
-		return -ENOMEM;
-	}
-	eng->cfg = *cfg;
-	sluice_config_free(envcfg);
-	pthread_mutex_init(&eng->lock, NULL);
-	pthread_cond_init(&eng->work_cv, NULL);
-	pthread_cond_init(&eng->done_cv, NULL);
-	eng->queue_tail = &eng->queue;
-	eng->gpu.ordinal = -1;
-	eng->nlanes = 1;
-	eng->lane[0] = &eng->gpu;
-	for (unsigned l = 0; l < SLUICE_MAX_DEVICES; l++)
-		eng->numa_node[l] = -1;
-
-	if (eng->cfg.gpu) {
-		const char *why = NULL;
-
-		if (sl__cuda(&why)) {
-			rc = sl__gpu_open(&eng->gpu, eng->cfg.device);
-			if (rc)
-				goto fail;
-			for (unsigned l = 1; l < eng->cfg.ndevices; l++) {
-				rc = sl__gpu_open(&eng->xgpu[l - 1], eng->cfg.devices[l]);
-				if (rc)
-					goto fail;
-				eng->lane[l] = &eng->xgpu[l - 1];
-				eng->nlanes = l + 1;
-			}
-			for (unsigned l = 0; l < eng->nlanes; l++)
-				sl__numa_of_pci(eng->lane[l]->pci, &eng->numa_node[l], &eng->numa_cpus[l]);
-		} else {
-			snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "%s", why);
+		for (unsigned l = 1; l < eng->cfg.ndevices; l++) {
+			if ((rc = sl__gpu_open(&eng->xgpu[l - 1], eng->cfg.devices[l])))
+				return rc;
+			eng->lane[l] = &eng->xgpu[l - 1];
+			eng->nlanes = l + 1;
 		}
-	} else {
-		snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "CUDA not loaded (SLUICE_GPU=0)");
+		for (unsigned l = 0; l < eng->nlanes; l++)
+			sl__numa_of_pci(eng->lane[l]->pci, &eng->numa_node[l], &eng->numa_cpus[l]);
+		return 0;
 	}
-	if (*eng->gpu_unusable) {
-		char line[300];
+	snprintf(eng->gpu_unusable, sizeof(eng->gpu_unusable), "%s", why);
+	snprintf(line, sizeof(line), "gpu: %s; host memory only", eng->gpu_unusable);
+	sl_note_unusable(eng, line);
+	return 0;
+}
 
-		snprintf(line, sizeof(line), "gpu: %s; host memory only", eng->gpu_unusable);
-		sl_note_unusable(eng, line);
-	}
-	t[1] = sl__now_ns();
-	rc = sl_select_stores(eng);
-	if (rc)
-		goto fail;
-	t[2] = sl__now_ns();
-	rc = sl_pool_alloc(eng);
-	if (rc)
-		goto fail;
-	t[3] = sl__now_ns();
+/* Phase 5: the workers, started; returns once each has its ring, stream and events (or the first failure). */
+static int sl_open_workers(struct sluice_engine *eng)
+{
+	int rc;
 
 	eng->nworkers = eng->cfg.threads;
 	eng->workers = calloc(eng->nworkers, sl__worker_size());
-	if (!eng->workers) {
-		rc = -ENOMEM;
-		goto fail;
-	}
+	if (!eng->workers)
+		return -ENOMEM;
 	for (unsigned i = 0; i < eng->nworkers; i++)
 		sl__worker_setup(SL_WORKER(eng, i), eng, i);
-	/* Wait until every worker has set up its ring, stream and events. */
 	pthread_mutex_lock(&eng->lock);
 	while (eng->started < eng->nworkers)
 		pthread_cond_wait(&eng->done_cv, &eng->lock);
 	rc = eng->init_err;
 	pthread_mutex_unlock(&eng->lock);
+	return rc;
+}
+
+/*
+ * In named phases, each timed (what a one-shot call pays before its first
+ * byte moves, docs/BENCHMARKS.md): the struct, the GPUs, the stores, the
+ * pinned pool, the workers.  A failure closes what was made.
+ */
+int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *cfg)
+{
+	struct sluice_engine *eng;
+	int (*const phase[4])(struct sluice_engine *) = { sl_open_gpus, sl_select_stores, sl_pool_alloc,
+							   sl_open_workers };
+	uint64_t t[5] = { sl__now_ns() };
+	int rc;
+
+	*out = NULL;
+	sl__err_clear();
+	if ((rc = sl_open_struct(&eng, cfg)))
+		return rc;
+	for (int i = 0; i < 4 && !rc; i++) {
+		rc = phase[i](eng);
+		t[i + 1] = sl__now_ns();
+	}
 	if (rc) {
 		sluice_engine_close(eng);
 		return rc;
 	}
 	t[4] = sl__now_ns();
-	sl__info("xfer", "engine: backend %s%s, %u threads x %u slots of %zu bytes (pinned on first use), GPU %d %s",
+	sl__info("xfer", "engine: stores %s%s, %u threads x %u slots of %zu bytes (pinned on first use), GPU %d %s",
 		 eng->local->name, eng->gds ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
 		 eng->cfg.max_transfer_size, eng->gpu.ordinal, eng->gpu.name);
-	/* What a one-shot call pays before its first byte moves (docs/BENCHMARKS.md). */
-	sl__info("xfer", "engine open %.1f ms: CUDA %.1f, backends %.1f, pool %.1f, workers %.1f",
+	sl__info("xfer", "engine open %.1f ms: CUDA %.1f, stores %.1f, pool %.1f, workers %.1f",
 		 (double)(t[4] - t[0]) / 1e6, (double)(t[1] - t[0]) / 1e6, (double)(t[2] - t[1]) / 1e6,
 		 (double)(t[3] - t[2]) / 1e6, (double)(t[4] - t[3]) / 1e6);
 	*out = eng;
 	return 0;
-fail:
-	sluice_engine_close(eng); /* what open made so far: no worker has started */
-	return rc;
 }
 
 void sluice_engine_close(struct sluice_engine *eng)

@@ -67,15 +67,89 @@ static int sl_lane_of(const struct sluice_engine *eng, const void *p)
 	return 0;
 }
 
+/* Each range checked (a file, a buffer, writable for writes, inside the file for reads); the segments it may take. */
+static int sl_plan_check(const struct sl_ranged *rd, size_t n, int op, size_t chunk, size_t *maxsegs)
+{
+	int rc;
+
+	*maxsegs = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct sluice_file *f = rd[i].r.file;
+		uint64_t size;
+
+		if (!f || (!rd[i].r.buf && rd[i].r.len))
+			return sl__err(-EINVAL, "range %zu: NULL file or buffer", i);
+		if (op == SL_IO_WRITE && !f->writable)
+			return sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", f->path);
+		/* Fresh size: padding is allowed only past it (see pad_ok). */
+		if (op == SL_IO_WRITE && f->s.ops->stat(&f->s, &size) == 0)
+			atomic_store(&f->s.size, size);
+		if (op == SL_IO_READ && (rc = sl_check_range(&rd[i].r)))
+			return rc;
+		*maxsegs += rd[i].r.len / chunk + 2;
+	}
+	return 0;
+}
+
+/* The plan being cut: the segment open for more pieces, the counts so far. */
+struct sl_cut {
+	struct sl__job *job;
+	struct sl__seg *cur;
+	size_t ns, np, chunk;
+	uint64_t wend;              /* the end of the furthest range */
+};
+
+/*
+ * Cuts one range into pieces, each joining the open segment where it
+ * continues it (reads: within SL_READ_GAP, and inside one chunk) unless
+ * alone (GPU memory a store moves straight there: one piece a segment).
+ */
+static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, int gpu, int alone)
+{
+	struct sl__job *job = c->job;
+	uint64_t off = rd->r.offset;
+	size_t left = rd->r.len;
+	char *mem = rd->r.buf;
+
+	while (left) {
+		struct sl__seg *cur = c->cur;
+		uint64_t cur_end = cur ? cur->off + cur->len : 0;
+		int join = cur && cur->file == rd->r.file && !alone &&
+			   (job->op == SL_IO_READ ? off <= cur_end + SL_READ_GAP && off >= cur->off : off == cur_end) &&
+			   off < cur->off + c->chunk;
+		struct sl__piece *p = &job->pieces[c->np++];
+		size_t take;
+
+		if (!join) {
+			cur = c->cur = &job->segs[c->ns++];
+			*cur = (struct sl__seg){ .file = rd->r.file, .off = off, .piece0 = (uint32_t)(p - job->pieces) };
+		}
+		take = (size_t)(cur->off + c->chunk - off) < left ? (size_t)(cur->off + c->chunk - off) : left;
+		*p = (struct sl__piece){ .seg_off = (size_t)(off - cur->off), .len = take, .mem = mem, .gpu = gpu,
+					 .range = rd->orig };
+		cur->npieces++;
+		if (off + take > cur->off + cur->len)
+			cur->len = (size_t)(off + take - cur->off);
+		/*
+		 * Only the write that reaches the job's end, at or past the end
+		 * of the file, may pad its last block: the padding then lands
+		 * where no data was and is truncated away afterwards.
+		 */
+		cur->pad_ok = job->op == SL_IO_WRITE && cur->off + cur->len == c->wend &&
+			      c->wend >= atomic_load(&cur->file->s.size);
+		off += take;
+		mem += take;
+		left -= take;
+	}
+}
+
 int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	     const struct sluice_range *in, size_t n, int crc)
 {
-	const size_t chunk = eng->cfg.max_transfer_size;
-	const int gds = eng->gds != NULL && !crc;
+	struct sl_cut c = { .job = job, .chunk = eng->cfg.max_transfer_size };
 	struct sl_ranged *rd;
-	size_t maxsegs = 0, ns = 0, np = 0;
-	uint64_t wend = 0;
-	int rc = 0;
+	size_t maxsegs = 0;
+	int rc;
 
 	memset(job, 0, sizeof(*job));
 	job->op = op;
@@ -85,100 +159,29 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 		return 0;
 	if (n > UINT32_MAX)
 		return sl__err(-E2BIG, "%zu ranges in one call; at most %u", n, UINT32_MAX);
-	rd = malloc(n * sizeof(*rd));
-	if (!rd)
+	if (!(rd = malloc(n * sizeof(*rd))))
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++)
 		rd[i] = (struct sl_ranged){ in[i], (uint32_t)i };
-	for (size_t i = 0; i < n; i++) {
-		if (!rd[i].r.file || (!rd[i].r.buf && rd[i].r.len)) {
-			rc = sl__err(-EINVAL, "range %zu: NULL file or buffer", i);
-			goto out;
-		}
-		if (op == SL_IO_WRITE) {
-			struct sluice_file *f = rd[i].r.file;
-			uint64_t size;
-
-			if (!f->writable) {
-				rc = sl__err(-EBADF, "%s: not opened for writing (SLUICE_RDWR)", f->path);
-				goto out;
-			}
-			/* Fresh size: padding is allowed only past it (see pad_ok). */
-			if (f->s.ops->stat(&f->s, &size) == 0)
-				atomic_store(&f->s.size, size);
-		}
-		if (op == SL_IO_READ && (rc = sl_check_range(&rd[i].r)))
-			goto out;
-		maxsegs += rd[i].r.len / chunk + 2;
+	if (!(rc = sl_plan_check(rd, n, op, c.chunk, &maxsegs))) {
+		if (n > 1)
+			qsort(rd, n, sizeof(*rd), sl_range_cmp);
+		job->segs = malloc(maxsegs * sizeof(*job->segs));
+		job->pieces = malloc(maxsegs * sizeof(*job->pieces));
+		rc = job->segs && job->pieces ? 0 : -ENOMEM;
 	}
-	if (n > 1)
-		qsort(rd, n, sizeof(*rd), sl_range_cmp);
-	job->segs = malloc(maxsegs * sizeof(*job->segs));
-	job->pieces = malloc(maxsegs * sizeof(*job->pieces));
-	if (!job->segs || !job->pieces) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++)
-		if (rd[i].r.offset + rd[i].r.len > wend)
-			wend = rd[i].r.offset + rd[i].r.len;
-
-	struct sl__seg *cur = NULL;
-
-	for (size_t i = 0; i < n; i++) {
-		uint64_t off = rd[i].r.offset;
-		size_t left = rd[i].r.len;
-		char *mem = rd[i].r.buf;
-		int gpu = left ? sl__gpu_is_device_ptr(&eng->gpu, mem) : 0;
+	for (size_t i = 0; !rc && i < n; i++)
+		if (rd[i].r.offset + rd[i].r.len > c.wend)
+			c.wend = rd[i].r.offset + rd[i].r.len;
+	for (size_t i = 0; !rc && i < n; i++) {
+		int gpu = rd[i].r.len ? sl__gpu_is_device_ptr(&eng->gpu, rd[i].r.buf) : 0;
 
 		if (gpu && job->lane < 0)
-			job->lane = sl_lane_of(eng, mem);
-
-		while (left) {
-			uint64_t cur_end = cur ? cur->off + cur->len : 0;
-			int join = cur && cur->file == rd[i].r.file && !(gds && gpu) &&
-				   (op == SL_IO_READ ? off + 0 <= cur_end + SL_READ_GAP && off >= cur->off
-						     : off == cur_end) &&
-				   off < cur->off + chunk;
-			size_t take;
-
-			if (!join) {
-				cur = &job->segs[ns++];
-				cur->file = rd[i].r.file;
-				cur->off = off;
-				cur->len = 0;
-				cur->piece0 = (uint32_t)np;
-				cur->npieces = 0;
-				cur->pad_ok = 0;
-			}
-			take = (size_t)(cur->off + chunk - off);
-			if (take > left)
-				take = left;
-			job->pieces[np].seg_off = (size_t)(off - cur->off);
-			job->pieces[np].len = take;
-			job->pieces[np].mem = mem;
-			job->pieces[np].gpu = gpu;
-			job->pieces[np].range = rd[i].orig;
-			job->pieces[np].crc = 0;
-			np++;
-			cur->npieces++;
-			if (off + take > cur->off + cur->len)
-				cur->len = (size_t)(off + take - cur->off);
-			/*
-			 * Only the write that reaches the job's end, at or past the
-			 * end of the file, may pad its last block: the padding then
-			 * lands where no data was and is truncated away afterwards.
-			 */
-			cur->pad_ok = op == SL_IO_WRITE && cur->off + cur->len == wend &&
-				      wend >= atomic_load(&cur->file->s.size);
-			off += take;
-			mem += take;
-			left -= take;
-		}
+			job->lane = sl_lane_of(eng, rd[i].r.buf);
+		sl_cut_range(&c, &rd[i], gpu, gpu && !crc && (rd[i].r.file->s.ops->caps & SL_STORE_GPU_MEM));
 	}
-	job->nsegs = ns;
-	job->npieces = np;
-out:
+	job->nsegs = c.ns;
+	job->npieces = c.np;
 	free(rd);
 	if (rc)
 		sl__plan_free(job);
