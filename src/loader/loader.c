@@ -116,18 +116,13 @@ static int sl_start(struct sluice_loader *ld)
 	return 0;
 }
 
-int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
-		       const struct sluice_loader_options *opt)
+/* The options against the engine and the dataset; 0 or the error naming what is wrong. */
+static int sl_check_options(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sluice_loader_options *opt)
 {
-	struct sluice_loader *ld;
-	uint64_t bytes = 0, world, guess = 0;
-	int rc = 0;
+	uint64_t world = opt && opt->world_size ? opt->world_size : 1;
 
-	*out = NULL;
-	sl__err_clear();
 	if (!opt || !opt->batch_size)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: batch_size must be at least 1");
-	world = opt->world_size ? opt->world_size : 1;
 	if (opt->rank >= world)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: rank %u is not below world_size %llu", opt->rank,
 			       (unsigned long long)world);
@@ -138,105 +133,180 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 			       opt->device_index, sl__eng_nlanes(eng), sl__eng_nlanes(eng) > 1 ? "s" : "");
 	if (sluice_dataset_count(ds) == 0)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s holds no records", ds->path);
-	ld = calloc(1, sizeof(*ld));
-	if (!ld)
-		return -ENOMEM;
-	ld->eng = eng;
-	ld->gpu = sl__eng_lane(eng, opt->gpu ? opt->device_index : 0);
-	ld->ds = ds;
-	ld->opt = *opt;
-	ld->opt.world_size = (unsigned)world;
-	ld->opt.fields = NULL;
-	pthread_mutex_init(&ld->lock, NULL);
-	pthread_cond_init(&ld->cv, NULL);
-	pthread_cond_init(&ld->slot_cv, NULL);
-	pthread_cond_init(&ld->batch_cv, NULL);
-	*out = ld;
-	/* Fields to load. */
-	for (unsigned f = 0; f < sluice_dataset_nfields(ds) && !opt->fields; f++)
+	return 0;
+}
+
+/* The fields to load (all, or those named), and the fixed size of each. */
+static int sl_pick_fields(struct sluice_loader *ld, const char *const *names)
+{
+	struct sluice_dataset *ds = ld->ds;
+
+	for (unsigned f = 0; f < sluice_dataset_nfields(ds) && !names; f++)
 		ld->fidx[ld->nf++] = f;
-	for (const char *const *name = opt->fields; name && *name; name++) {
+	for (const char *const *name = names; name && *name; name++) {
 		unsigned f = 0;
 
 		while (f < sluice_dataset_nfields(ds) && strcmp(sluice_dataset_field(ds, f)->name, *name))
 			f++;
-		if (f == sluice_dataset_nfields(ds) || ld->nf == SLUICE_MAX_FIELDS) {
-			rc = sl__err(SLUICE_EINVAL_CONFIG, "loader: %s has no field '%s'", ds->path, *name);
-			goto fail;
-		}
+		if (f == sluice_dataset_nfields(ds) || ld->nf == SLUICE_MAX_FIELDS)
+			return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s has no field '%s'", ds->path, *name);
 		ld->fidx[ld->nf++] = f;
 	}
-	if (!ld->nf) {
-		rc = sl__err(SLUICE_EINVAL_CONFIG, "loader: no fields to load");
-		goto fail;
-	}
+	if (!ld->nf)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: no fields to load");
 	for (unsigned f = 0; f < ld->nf; f++)
 		ld->fixed[f] = sl__field_fixed_size(sluice_dataset_field(ds, ld->fidx[f]));
-	/* Sizes: records, the shuffle window (from the average record), batches per epoch. */
+	return 0;
+}
+
+/* Records per shard (one run for formats that do not count them), the dataset's bytes into *bytes. */
+static int sl_count_shards(struct sluice_loader *ld, uint64_t *bytes)
+{
+	struct sluice_dataset *ds = ld->ds;
+
+	*bytes = 0;
 	ld->n = sluice_dataset_count(ds);
-	ld->shard_records = malloc(sluice_dataset_shards(ds) * sizeof(uint64_t));
-	if (!ld->shard_records) {
-		rc = -ENOMEM;
-		goto fail;
-	}
 	ld->nshards = sluice_dataset_shards(ds);
+	if (!(ld->shard_records = malloc(ld->nshards * sizeof(uint64_t))))
+		return -ENOMEM;
 	for (unsigned s = 0; s < sluice_dataset_shards(ds); s++) {
 		uint64_t r = UINT64_MAX, b = 0;
 
 		if (sluice_dataset_shard_info(ds, s, &r, &b))
 			r = UINT64_MAX;
 		ld->shard_records[s] = r;
-		bytes += b;
-		/* A format that does not count records per file: one run for the shard permutation. */
+		*bytes += b;
 		if (r == UINT64_MAX)
 			ld->nshards = 1;
 	}
 	if (ld->nshards == 1)
-		ld->shard_records[0] = sluice_dataset_count(ds);
-	{
-		uint64_t avg = bytes / ld->n ? bytes / ld->n : 1, wb = opt->window_bytes ? opt->window_bytes : 64ull << 20;
+		ld->shard_records[0] = ld->n;
+	return 0;
+}
 
-		/*
-		 * A window is SL_CHUNKS chunks from all over the dataset, each at
-		 * least SL_CHUNK_MIN bytes so that its reads stay large (small
-		 * windows are one chunk).
-		 */
-		uint64_t cb = wb / SL_CHUNKS > SL_CHUNK_MIN ? wb / SL_CHUNKS : SL_CHUNK_MIN;
+/*
+ * The shuffle window and its chunks, from the average record: a window is
+ * SL_CHUNKS chunks from all over the dataset, each at least SL_CHUNK_MIN
+ * bytes so that its reads stay large (small windows are one chunk).
+ */
+static void sl_size_window(struct sluice_loader *ld, uint64_t bytes, uint64_t window_bytes)
+{
+	uint64_t avg = bytes / ld->n ? bytes / ld->n : 1, wb = window_bytes ? window_bytes : 64ull << 20;
+	uint64_t cb = wb / SL_CHUNKS > SL_CHUNK_MIN ? wb / SL_CHUNKS : SL_CHUNK_MIN;
 
-		ld->window = wb / avg ? wb / avg : 1;
-		if (ld->window > ld->n)
-			ld->window = ld->n;
-		ld->chunk = cb / avg ? cb / avg : 1;
-		if (ld->chunk > ld->window)
-			ld->chunk = ld->window;
-		ld->window -= ld->window % ld->chunk;
+	ld->window = wb / avg ? wb / avg : 1;
+	if (ld->window > ld->n)
+		ld->window = ld->n;
+	ld->chunk = cb / avg ? cb / avg : 1;
+	if (ld->chunk > ld->window)
+		ld->chunk = ld->window;
+	ld->window -= ld->window % ld->chunk;
+}
+
+/* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */
+static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
+{
+	uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0, guess = 0, B = ld->opt.batch_size;
+
+	for (unsigned f = 0; f < sluice_dataset_nfields(ld->ds); f++) {
+		uint64_t z = sl__field_fixed_size(sluice_dataset_field(ld->ds, f));
+
+		fixed += z;
+		nvar += !z;
 	}
-	{
-		if ((rc = sl__setting_u64("SLUICE_STATS", &ld->stats_every)) < 0)
-			goto fail;
-		rc = 0;
+	for (unsigned f = 0; f < ld->nf; f++) {
+		nvar_loaded += !ld->fixed[f];
+		guess = sl__align_up(guess + ld->fixed[f] * B + (ld->fixed[f] ? 0 : 8 * (B + 1)), 256) + 256;
 	}
-	if ((rc = sl__trace_open(&ld->trace, sl__setting("SLUICE_TRACE"))))
+	if (nvar_loaded && avg > fixed)
+		guess += (avg - fixed) * B / nvar * nvar_loaded;
+	return guess;
+}
+
+/* The copy stream and the slots' events of a GPU loader. */
+static int sl_open_stream(struct sluice_loader *ld)
+{
+	const struct sl__cuda_api *cu = ld->gpu->cu;
+	int rc = sl__gpu_bind(ld->gpu);
+
+	if (!rc)
+		rc = SL_CU(cu->StreamCreate(&ld->copy, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+	for (unsigned i = 0; i < ld->nslots && !rc; i++) {
+		rc = SL_CU(cu->EventCreate(&ld->slots[i].ready, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+		if (!rc)
+			rc = SL_CU(cu->EventCreate(&ld->slots[i].release, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+	}
+	return rc;
+}
+
+/*
+ * The ring of batch slots and the windows, allocated here rather than by
+ * the first batches (pinning and GPU allocations take milliseconds each; a
+ * larger batch grows its slot), the windows' buffers touched: fresh memory
+ * costs a fault per page (in a VM the host's too), which the first epoch's
+ * reads would otherwise pay.
+ */
+static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t bytes)
+{
+	const uint64_t world = ld->opt.world_size;
+	int rc = 0;
+
+	/* A batch may span several windows; keep them all, one more for each further producer's batch, and for each reader one loading and one ready. */
+	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + SL_PRODUCERS - 1 + 2 * SL_READERS);
+	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
+	ld->nslots = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
+	ld->win = calloc(ld->nwin, sizeof(*ld->win));
+	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
+	if (!ld->win || !ld->slots)
+		return -ENOMEM;
+	for (unsigned i = 0; i < ld->nslots && !rc; i++)
+		if (!(ld->slots[i].ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
+			rc = -ENOMEM;
+	if (!rc && ld->opt.gpu)
+		rc = sl_open_stream(ld);
+	for (unsigned i = 0; i < ld->nslots && !rc; i++)
+		rc = sl__slot_reserve(ld, &ld->slots[i], guess);
+	for (unsigned i = 0; i < ld->nwin && !rc; i++) {
+		struct sl__window *win = &ld->win[i];
+
+		rc = sl__window_reserve(win, ((ld->window + world - 1) / world) * sl__align_up(bytes / ld->n, 8));
+		if (!rc)
+			memset(win->buf, 0, win->cap);
+	}
+	return rc;
+}
+
+int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
+		       const struct sluice_loader_options *opt)
+{
+	struct sluice_loader *ld;
+	uint64_t bytes = 0;
+	int rc;
+
+	*out = NULL;
+	sl__err_clear();
+	if ((rc = sl_check_options(eng, ds, opt)))
+		return rc;
+	if (!(ld = calloc(1, sizeof(*ld))))
+		return -ENOMEM;
+	ld->eng = eng;
+	ld->gpu = sl__eng_lane(eng, opt->gpu ? opt->device_index : 0);
+	ld->ds = ds;
+	ld->opt = *opt;
+	ld->opt.world_size = opt->world_size ? opt->world_size : 1;
+	ld->opt.fields = NULL;
+	pthread_mutex_init(&ld->lock, NULL);
+	pthread_cond_init(&ld->cv, NULL);
+	pthread_cond_init(&ld->slot_cv, NULL);
+	pthread_cond_init(&ld->batch_cv, NULL);
+	if ((rc = sl_pick_fields(ld, opt->fields)) || (rc = sl_count_shards(ld, &bytes)))
+		goto fail;
+	sl_size_window(ld, bytes, opt->window_bytes);
+	if ((rc = sl__setting_u64("SLUICE_STATS", &ld->stats_every)) < 0 ||
+	    (rc = sl__trace_open(&ld->trace, sl__setting("SLUICE_TRACE"))))
 		goto fail;
 	ld->pub = sl__pub_open(ds->path);
-	{
-		/* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */
-		uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0;
-
-		for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
-			uint64_t z = sl__field_fixed_size(sluice_dataset_field(ds, f));
-
-			fixed += z;
-			nvar += !z;
-		}
-		for (unsigned f = 0; f < ld->nf; f++) {
-			nvar_loaded += !ld->fixed[f];
-			guess = sl__align_up(guess + ld->fixed[f] * opt->batch_size + (ld->fixed[f] ? 0 : 8 * (opt->batch_size + 1ull)), 256) + 256;
-		}
-		if (nvar_loaded && avg > fixed)
-			guess += (avg - fixed) * opt->batch_size / nvar * nvar_loaded;
-	}
-	ld->per_global = (uint64_t)opt->batch_size * world;
+	ld->per_global = (uint64_t)opt->batch_size * ld->opt.world_size;
 	/*
 	 * A resume may start anywhere: from a position the last run reached
 	 * with another world size too (sl__gstart).  One at or past the end
@@ -245,61 +315,12 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->origin = opt->position < ld->n ? opt->position % ld->per_global : opt->position;
 	sl_count_batches(ld);
 	ld->next_g = opt->position < ld->n ? opt->position / ld->per_global : 0;
-	/*
-	 * A batch may span several windows; keep them all, one more for each
-	 * further producer's batch, and for each reader one loading and one ready.
-	 */
-	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + SL_PRODUCERS - 1 + 2 * SL_READERS);
-	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
-	ld->nslots = 1 + (opt->prefetch ? opt->prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
-	ld->win = calloc(ld->nwin, sizeof(*ld->win));
-	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
-	if (!ld->win || !ld->slots) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	for (unsigned i = 0; i < ld->nslots && !rc; i++) {
-		ld->slots[i].ids = malloc(opt->batch_size * sizeof(uint64_t));
-		if (!ld->slots[i].ids)
-			rc = -ENOMEM;
-	}
-	if (!rc && opt->gpu) {
-		const struct sl__cuda_api *cu = ld->gpu->cu;
-
-		rc = sl__gpu_bind(ld->gpu);
-		if (!rc)
-			rc = SL_CU(cu->StreamCreate(&ld->copy, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-		for (unsigned i = 0; i < ld->nslots && !rc; i++) {
-			rc = SL_CU(cu->EventCreate(&ld->slots[i].ready, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-			if (!rc)
-				rc = SL_CU(cu->EventCreate(&ld->slots[i].release, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-		}
-	}
-	/*
-	 * The ring is allocated here rather than by the first batches (pinning
-	 * and GPU allocations take milliseconds each); a larger batch grows its slot.
-	 */
-	for (unsigned i = 0; i < ld->nslots && !rc; i++)
-		rc = sl__slot_reserve(ld, &ld->slots[i], guess);
-	/*
-	 * So are the windows' buffers, for a window of average records, and
-	 * touched: fresh memory costs a fault per page (in a VM the host's too),
-	 * which the first epoch's reads would otherwise pay.
-	 */
-	for (unsigned i = 0; i < ld->nwin && !rc; i++) {
-		struct sl__window *win = &ld->win[i];
-
-		rc = sl__window_reserve(win, ((ld->window + world - 1) / world) * sl__align_up(bytes / ld->n, 8));
-		if (!rc)
-			memset(win->buf, 0, win->cap);
-	}
-	if (!rc)
-		rc = sl_start(ld);
-	if (!rc)
+	if (!(rc = sl_alloc_ring(ld, sl_guess_batch(ld, bytes), bytes)) && !(rc = sl_start(ld))) {
+		*out = ld;
 		return 0;
+	}
 fail:
 	sluice_loader_close(ld);
-	*out = NULL;
 	return rc;
 }
 
