@@ -262,356 +262,323 @@ struct run {
 	struct sluice_xfer_report rep;
 };
 
-int cmd_bench(int argc, char **argv)
-{
+/* One benchmark's state, from the options to the report. */
+struct bench {
 	struct opts o;
-	struct sluice_config *cfg = NULL;
-	struct sluice_engine *eng = NULL;
+	struct sluice_config *cfg;
+	struct sluice_engine *eng;
 	struct sluice_engine_info info;
 	struct sluice_file *files[MAX_FILES];
-	struct sluice_range *ranges = NULL;
-	struct run *runs = NULL;
-	char **names = NULL;
-	unsigned nfiles = 0, nf_open = 0;
-	uint64_t total = 0, nranges = 0, seed = 0x5eed;
-	char *mem = NULL, *host = NULL;
-	int gpu = 0, rc, ret = 1, dropped = 0;
+	struct sluice_range *ranges;
+	struct run *runs;
+	char **names;
+	unsigned nfiles, nf_open, nruns;
+	uint64_t total, nranges, seed;
+	char *mem, *host;
+	int gpu, dropped;
+};
 
-	rc = parse(argc, argv, &o);
-	if (rc)
-		return rc < 0 ? 0 : rc;
-	rc = list_files(&o, &names, &nfiles);
-	if (rc)
-		goto out_names;
-	if (o.target_gpu == 1 && sluice_gpu_count() == 0) {
-		ret = cli_fail(CMD, "--target gpu: no CUDA GPU on this machine");
-		goto out_names;
-	}
-	rc = sluice_config_new(&cfg);
+/* The engine as the options ask, its files open, and the bytes one pass moves; 0 or the exit code. */
+static int bench_open(struct bench *b)
+{
+	struct opts *o = &b->o;
+	uint64_t all = 0;
+	int rc = sluice_config_new(&b->cfg);
+
+	if (o->target_gpu == 1 && sluice_gpu_count() == 0)
+		return cli_fail(CMD, "--target gpu: no CUDA GPU on this machine");
 	if (!rc)
-		rc = configure(&o, cfg);
-	if (rc) {
-		ret = rc == SLUICE_EINVAL_CONFIG && !*sluice_last_error_detail()
-			      ? cli_fail(CMD, "--path: '%s' is not auto, gds, uring, psync, pageable or pagecache%s",
-					 o.xpath, o.cold ? " (pagecache cannot be --cold)" : "")
-			      : cli_error(CMD, "bad configuration", rc);
-		goto out;
-	}
-	rc = sluice_engine_open(&eng, cfg);
-	if (rc) {
-		ret = cli_error(CMD, o.target_gpu == 1 ? "--target gpu" : "cannot open engine", rc);
-		goto out;
-	}
-	sluice_engine_get_info(eng, &info);
-	gpu = o.target_gpu != 0 && info.gpu >= 0;
-	if (o.target_gpu == 1 && !gpu) {
-		ret = cli_fail(CMD, "--target gpu: no usable GPU");
-		goto out;
-	}
+		rc = configure(o, b->cfg);
+	if (rc)
+		return rc == SLUICE_EINVAL_CONFIG && !*sluice_last_error_detail()
+			       ? cli_fail(CMD, "--path: '%s' is not auto, gds, uring, psync, pageable or pagecache%s", o->xpath,
+					  o->cold ? " (pagecache cannot be --cold)" : "")
+			       : cli_error(CMD, "bad configuration", rc);
+	if ((rc = sluice_engine_open(&b->eng, b->cfg)))
+		return cli_error(CMD, o->target_gpu == 1 ? "--target gpu" : "cannot open engine", rc);
+	sluice_engine_get_info(b->eng, &b->info);
+	b->gpu = o->target_gpu != 0 && b->info.gpu >= 0;
+	if (o->target_gpu == 1 && !b->gpu)
+		return cli_fail(CMD, "--target gpu: no usable GPU");
+	for (unsigned i = 0; i < b->nfiles; i++, b->nf_open++)
+		if ((rc = sluice_file_open(&b->files[i], b->eng, b->names[i],
+					   o->write ? SLUICE_RDWR | SLUICE_CREATE : SLUICE_RDONLY)))
+			return cli_error(CMD, b->names[i], rc);
+	for (unsigned i = 0; i < b->nfiles; i++)
+		all += sluice_file_size(b->files[i]);
+	b->total = o->write ? (o->size ? o->size : 1ull << 30) : o->size ? o->size : all;
+	if (o->write && o->random && sluice_file_size(b->files[0]) < b->total)
+		return cli_fail(CMD, "--rw randwrite: %s is %llu bytes, smaller than --size %llu (write it sequentially first)",
+				b->names[0], (unsigned long long)sluice_file_size(b->files[0]), (unsigned long long)b->total);
+	if (!o->write && o->size > all)
+		return cli_fail(CMD, "--size %llu exceeds %s (%llu bytes)", (unsigned long long)o->size, o->path,
+				(unsigned long long)all);
+	if (b->total < o->io_size && o->random)
+		return cli_fail(CMD, "--size %llu is smaller than --io-size %llu", (unsigned long long)b->total,
+				(unsigned long long)o->io_size);
+	return 0;
+}
 
-	/* Open the files and decide how many bytes one pass moves. */
-	for (unsigned i = 0; i < nfiles; i++) {
-		rc = sluice_file_open(&files[i], eng, names[i], o.write ? SLUICE_RDWR | SLUICE_CREATE : SLUICE_RDONLY);
-		if (rc) {
-			ret = cli_error(CMD, names[i], rc);
-			goto out;
-		}
-		nf_open++;
-	}
-	if (o.write) {
-		total = o.size ? o.size : 1ull << 30;
-		if (o.random && sluice_file_size(files[0]) < total) {
-			ret = cli_fail(CMD, "--rw randwrite: %s is %llu bytes, smaller than --size %llu (write it sequentially first)",
-				       names[0], (unsigned long long)sluice_file_size(files[0]),
-				       (unsigned long long)total);
-			goto out;
-		}
-	} else {
-		uint64_t all = 0;
+/* Random I/Os touch each block of the first file once, in a shuffled order (fio's random map). */
+static int bench_random(struct bench *b)
+{
+	uint64_t slots = sluice_file_size(b->files[0]) / b->o.io_size;
+	uint64_t *perm = malloc((slots ? slots : 1) * sizeof(*perm));
 
-		for (unsigned i = 0; i < nfiles; i++)
-			all += sluice_file_size(files[i]);
-		if (o.size > all) {
-			ret = cli_fail(CMD, "--size %llu exceeds %s (%llu bytes)", (unsigned long long)o.size, o.path,
-				       (unsigned long long)all);
-			goto out;
+	if (!perm)
+		return cli_fail(CMD, "out of memory for %llu blocks", (unsigned long long)slots);
+	for (uint64_t i = 0; i < slots; i++)
+		perm[i] = i;
+	for (uint64_t i = slots ? slots - 1 : 0; i > 0; i--) {
+		uint64_t j = rng_next(&b->seed) % (i + 1), t = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	for (uint64_t i = 0; i < b->nranges; i++)
+		b->ranges[i] = (struct sluice_range){ b->files[0], perm[i] * b->o.io_size, b->o.io_size,
+						      b->mem + i * b->o.io_size };
+	free(perm);
+	return 0;
+}
+
+/* Sequential I/Os of io_size, cut at file ends, file after file, until a pass's bytes. */
+static uint64_t bench_sequential(struct bench *b, int fill)
+{
+	uint64_t left = b->total, pos = 0, k = 0;
+
+	for (unsigned i = 0; i < b->nfiles && left; i++) {
+		uint64_t sz = b->o.write ? b->total : sluice_file_size(b->files[i]);
+
+		for (uint64_t off = 0; off < sz && left; k++) {
+			size_t len = (size_t)(sz - off < b->o.io_size ? sz - off : b->o.io_size);
+
+			if (len > left)
+				len = (size_t)left;
+			if (fill)
+				b->ranges[k] = (struct sluice_range){ b->files[i], off, len, b->mem + pos };
+			off += len;
+			pos += len;
+			left -= len;
 		}
-		total = o.size ? o.size : all;
 	}
-	if (total < o.io_size && o.random) {
-		ret = cli_fail(CMD, "--size %llu is smaller than --io-size %llu", (unsigned long long)total,
-			       (unsigned long long)o.io_size);
-		goto out;
+	return k;
+}
+
+/* The destination (or source) memory, faulted in; for writes, random bytes, not zeros. */
+static int bench_memory(struct bench *b)
+{
+	size_t blk = 64u << 20;
+	int rc;
+
+	if (b->gpu && (rc = sluice_gpu_alloc(b->eng, b->total, (void **)&b->mem)))
+		return cli_error(CMD, "allocating GPU memory", rc);
+	if (!b->gpu && posix_memalign((void **)&b->mem, 4096, b->total))
+		return cli_fail(CMD, "out of memory for %llu bytes", (unsigned long long)b->total);
+	if (!b->gpu)
+		memset(b->mem, 0, b->total); /* the pages faulted in now, untimed, as fio's buffers are */
+	if (!b->o.write)
+		return 0;
+	if (!(b->host = malloc(blk)))
+		return cli_fail(CMD, "out of memory");
+	for (uint64_t off = 0; off < b->total; off += blk) {
+		size_t n = b->total - off < blk ? (size_t)(b->total - off) : blk;
+
+		for (size_t k = 0; k + 8 <= n; k += 8) {
+			uint64_t r = rng_next(&b->seed);
+
+			memcpy(b->host + k, &r, 8);
+		}
+		if ((rc = sluice_gpu_copy(b->eng, b->mem + off, b->host, n)))
+			return cli_error(CMD, "filling the source buffer", rc);
 	}
+	return 0;
+}
+
+/* The I/O list and its memory. */
+static int bench_plan(struct bench *b)
+{
+	b->nranges = b->o.random ? b->total / b->o.io_size : bench_sequential(b, 0);
+	b->ranges = calloc(b->nranges ? b->nranges : 1, sizeof(*b->ranges));
+	b->runs = calloc(b->o.repeat + 1024, sizeof(*b->runs));
+	if (!b->ranges || !b->runs)
+		return cli_fail(CMD, "out of memory for %llu I/Os", (unsigned long long)b->nranges);
+	if (bench_memory(b))
+		return 1;
+	if (b->o.random)
+		return bench_random(b);
+	bench_sequential(b, 1);
+	return 0;
+}
+
+/* One timed pass into r; the bytes moved or an error. */
+static ssize_t bench_pass(struct bench *b, struct run *r)
+{
+	const struct opts *o = &b->o;
+	double t0, c0;
+	ssize_t n;
+	int sync;
 
 	/*
-	 * Build the I/O list: io_size pieces, cut at file ends, sequential or
-	 * in a random order that touches each block once (fio's random map).
+	 * Each sequential write pass creates the file afresh, as fio does:
+	 * removing the previous pass's file (untimed) keeps the cost of
+	 * freeing its blocks out of this pass.
 	 */
-	if (o.random) {
-		nranges = total / o.io_size;
+	if (o->write && !o->random)
+		unlink(b->names[0]);
+	if (o->cold)
+		b->dropped = sluice_drop_page_cache();
+	sluice_engine_stats_reset(b->eng);
+	c0 = cpu_s();
+	t0 = now_s();
+	if (o->write && !o->random) {
+		n = sluice_write_from_gpu(b->eng, b->names[0], b->mem, b->total, &r->rep);
+	} else if (o->write) {
+		n = sluice_write_batch(b->eng, b->ranges, b->nranges, &r->rep);
+		if (n >= 0 && (sync = sluice_file_sync(b->files[0])) != 0)
+			n = sync;
 	} else {
-		uint64_t left = total;
-
-		for (unsigned i = 0; i < nfiles && left; i++) {
-			uint64_t sz = o.write ? total : sluice_file_size(files[i]);
-
-			if (sz > left)
-				sz = left;
-			nranges += (sz + o.io_size - 1) / o.io_size;
-			left -= sz;
-		}
+		n = sluice_read_batch(b->eng, b->ranges, b->nranges, &r->rep);
 	}
-	ranges = calloc(nranges, sizeof(*ranges));
-	runs = calloc(o.repeat + 1024, sizeof(*runs));
-	if (!ranges || !runs) {
-		ret = cli_fail(CMD, "out of memory for %llu I/Os", (unsigned long long)nranges);
-		goto out;
+	r->seconds = now_s() - t0;
+	r->cpu = cpu_s() - c0;
+	return n;
+}
+
+/* Every byte compared with what the kernel returns through the page cache; 0, or 1 at the first mismatch. */
+static int bench_verify(struct bench *b)
+{
+	size_t blk = 64u << 20;
+	char *x = malloc(blk), *y = malloc(blk);
+	int bad = !x || !y;
+
+	if (bad)
+		fprintf(stderr, "sluice bench: --verify: out of memory\n");
+	for (uint64_t i = 0; i < b->nranges && !bad; i++) {
+		struct sluice_range *r = &b->ranges[i];
+		int fd = -1;
+
+		for (unsigned k = 0; k < b->nfiles; k++)
+			if (b->files[k] == r->file)
+				fd = open(b->names[k], O_RDONLY);
+		/* A check that could not run is a failed check, never a silent pass. */
+		if (fd < 0) {
+			fprintf(stderr, "sluice bench: --verify: cannot reopen the file of I/O %llu: %s\n",
+				(unsigned long long)i, strerror(errno));
+			bad = 1;
+			break;
+		}
+		for (size_t done = 0; done < r->len && !bad;) {
+			size_t n = r->len - done < blk ? r->len - done : blk;
+
+			bad = pread(fd, x, n, (off_t)(r->offset + done)) != (ssize_t)n ||
+			      sluice_gpu_copy(b->eng, y, (char *)r->buf + done, n) || memcmp(x, y, n);
+			done += n;
+		}
+		close(fd);
+		if (bad)
+			fprintf(stderr, "sluice bench: --verify: mismatch in I/O %llu (offset %llu, %zu bytes)\n",
+				(unsigned long long)i, (unsigned long long)r->offset, r->len);
 	}
-	if (gpu) {
-		rc = sluice_gpu_alloc(eng, total, (void **)&mem);
-		if (rc) {
-			ret = cli_error(CMD, "allocating GPU memory", rc);
-			goto out;
-		}
-	} else if (posix_memalign((void **)&mem, 4096, total)) {
-		ret = cli_fail(CMD, "out of memory for %llu bytes", (unsigned long long)total);
-		goto out;
-	} else {
-		/* Fault the pages in now, untimed, as fio's buffers are. */
-		memset(mem, 0, total);
+	free(x);
+	free(y);
+	return bad;
+}
+
+/* The median pass, as JSON or as lines. */
+static void bench_report(struct bench *b)
+{
+	const struct opts *o = &b->o;
+	const struct sluice_engine_info *in = &b->info;
+	struct sluice_stats st;
+	struct run *med = &b->runs[0];
+	double *secs = calloc(b->nruns, sizeof(double)), gb = (double)b->total / 1e9;
+
+	for (unsigned i = 0; secs && i < b->nruns; i++)
+		secs[i] = b->runs[i].seconds;
+	if (secs)
+		qsort(secs, b->nruns, sizeof(double), cmp_double);
+	for (unsigned i = 0; secs && i < b->nruns; i++)
+		if (b->runs[i].seconds == secs[b->nruns / 2])
+			med = &b->runs[i];
+	free(secs);
+	sluice_engine_stats(b->eng, &st); /* of the last pass */
+	if (o->json) {
+		printf("{\"rw\":\"%s\",\"target\":\"%s\",\"files\":%u,\"bytes\":%llu,\"io_size\":%llu,"
+		       "\"threads\":%u,\"queue_depth\":%u,\"backend\":\"%s\",\"path\":",
+		       o->rw, b->gpu ? "gpu" : "host", b->nfiles, (unsigned long long)b->total,
+		       (unsigned long long)o->io_size, in->threads, in->queue_depth, in->backend);
+		cli_json_str(med->rep.path);
+		printf(",\"cold\":%d,\"page_cache_dropped\":%d,\"passes\":%u,\"seconds\":%.6f,"
+		       "\"gb_s\":%.3f,\"gib_s\":%.3f,\"iops\":%.1f,\"cpu_s_per_gb\":%.4f,"
+		       "\"lat_us\":{\"avg\":%.1f,\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f},"
+		       "\"verified\":%s,\"gb_s_passes\":[",
+		       o->cold, b->dropped, b->nruns, med->seconds, gb / med->seconds,
+		       (double)b->total / (1u << 30) / med->seconds, (double)b->nranges / med->seconds,
+		       med->cpu / gb, st.lat_avg_us, st.lat_p50_us, st.lat_p99_us, st.lat_p999_us,
+		       st.lat_max_us, o->verify ? "true" : "false");
+		for (unsigned i = 0; i < b->nruns; i++)
+			printf("%s%.3f", i ? "," : "", gb / b->runs[i].seconds);
+		printf("]}\n");
+		return;
 	}
-	if (o.random) {
-		uint64_t slots = sluice_file_size(files[0]) / o.io_size;
-		uint64_t *perm = malloc(slots * sizeof(*perm));
+	printf("sluice bench: %s %s, %u file(s), %.3f GB in %llu I/Os of %llu bytes, %u thread(s) x qd %u\n",
+	       o->rw, b->gpu ? "-> GPU" : "-> host", b->nfiles, gb, (unsigned long long)b->nranges,
+	       (unsigned long long)o->io_size, in->threads, in->queue_depth);
+	printf("  path       %s (backend %s%s)\n", med->rep.path, in->backend, in->gds ? ", GDS" : "");
+	printf("  throughput %.3f GB/s  %.3f GiB/s  (median of %u pass%s)\n", gb / med->seconds,
+	       (double)b->total / (1u << 30) / med->seconds, b->nruns, b->nruns == 1 ? "" : "es");
+	printf("  IOPS       %.1f\n", (double)b->nranges / med->seconds);
+	printf("  latency    avg %.1f us  p50 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n", st.lat_avg_us,
+	       st.lat_p50_us, st.lat_p99_us, st.lat_p999_us, st.lat_max_us);
+	printf("  CPU        %.4f s per GB\n", med->cpu / gb);
+	if (o->cold)
+		printf("  cold       O_DIRECT; page cache %s\n", b->dropped ? "dropped" : "NOT dropped (not root)");
+	if (o->verify)
+		printf("  verify     every byte matches\n");
+}
 
-		if (!perm) {
-			ret = cli_fail(CMD, "out of memory for %llu blocks", (unsigned long long)slots);
-			goto out;
-		}
-		for (uint64_t i = 0; i < slots; i++)
-			perm[i] = i;
-		for (uint64_t i = slots - 1; i > 0; i--) {
-			uint64_t j = rng_next(&seed) % (i + 1), t = perm[i];
+static void bench_free(struct bench *b)
+{
+	if (b->mem && b->eng && sluice_is_gpu_ptr(b->eng, b->mem))
+		sluice_gpu_free(b->eng, b->mem);
+	else
+		free(b->mem);
+	free(b->host);
+	free(b->ranges);
+	free(b->runs);
+	for (unsigned i = 0; i < b->nf_open; i++)
+		sluice_file_close(b->files[i]);
+	sluice_engine_close(b->eng);
+	sluice_config_free(b->cfg);
+	for (unsigned i = 0; b->names && i < b->nfiles; i++)
+		free(b->names[i]);
+	free(b->names);
+}
 
-			perm[i] = perm[j];
-			perm[j] = t;
-		}
-		for (uint64_t i = 0; i < nranges; i++)
-			ranges[i] = (struct sluice_range){ files[0], perm[i] * o.io_size, o.io_size,
-							   mem + i * o.io_size };
-		free(perm);
-	} else {
-		uint64_t left = total, pos = 0, k = 0;
+int cmd_bench(int argc, char **argv)
+{
+	struct bench b = { .seed = 0x5eed };
+	double t_start;
+	int rc = parse(argc, argv, &b.o);
 
-		for (unsigned i = 0; i < nfiles && left; i++) {
-			uint64_t sz = o.write ? total : sluice_file_size(files[i]);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	if (!(rc = list_files(&b.o, &b.names, &b.nfiles)) && !(rc = bench_open(&b)) && !(rc = bench_plan(&b))) {
+		t_start = now_s();
+		do {
+			ssize_t n = bench_pass(&b, &b.runs[b.nruns]);
 
-			for (uint64_t off = 0; off < sz && left; k++) {
-				size_t len = (size_t)(sz - off < o.io_size ? sz - off : o.io_size);
-
-				if (len > left)
-					len = (size_t)left;
-				ranges[k] = (struct sluice_range){ files[i], off, len, mem + pos };
-				off += len;
-				pos += len;
-				left -= len;
-			}
-		}
+			if (n < 0)
+				rc = cli_error(CMD, b.o.write ? "write failed" : "read failed", (long)n);
+			b.nruns += n >= 0;
+		} while (!rc && b.nruns < b.o.repeat + 1023 &&
+			 (b.nruns < b.o.repeat || (b.o.duration && now_s() - t_start < b.o.duration)));
 	}
-	/* Source data for writes: random bytes, not zeros. */
-	if (o.write) {
-		size_t blk = 64u << 20;
-
-		host = malloc(blk);
-		if (!host) {
-			ret = cli_fail(CMD, "out of memory");
-			goto out;
-		}
-		for (uint64_t off = 0; off < total; off += blk) {
-			size_t n = total - off < blk ? (size_t)(total - off) : blk;
-
-			for (size_t k = 0; k + 8 <= n; k += 8) {
-				uint64_t r = rng_next(&seed);
-
-				memcpy(host + k, &r, 8);
-			}
-			rc = sluice_gpu_copy(eng, mem + off, host, n);
-			if (rc) {
-				ret = cli_error(CMD, "filling the source buffer", rc);
-				goto out;
-			}
-		}
-	}
-
-	/* Timed passes. */
-	unsigned nruns = 0;
-	double t_start = now_s();
-
-	do {
-		struct run *r = &runs[nruns];
-		double t0, c0;
-		ssize_t n;
-
-		/*
-		 * Each sequential write pass creates the file afresh, as fio does:
-		 * removing the previous pass's file (untimed) keeps the cost of
-		 * freeing its blocks out of this pass.
-		 */
-		if (o.write && !o.random)
-			unlink(names[0]);
-		if (o.cold)
-			dropped = sluice_drop_page_cache();
-		sluice_engine_stats_reset(eng);
-		c0 = cpu_s();
-		t0 = now_s();
-		if (o.write && !o.random) {
-			n = sluice_write_from_gpu(eng, names[0], mem, total, &r->rep);
-		} else if (o.write) {
-			n = sluice_write_batch(eng, ranges, nranges, &r->rep);
-			if (n >= 0) {
-				int s = sluice_file_sync(files[0]);
-
-				if (s)
-					n = s;
-			}
-		} else {
-			n = sluice_read_batch(eng, ranges, nranges, &r->rep);
-		}
-		r->seconds = now_s() - t0;
-		r->cpu = cpu_s() - c0;
-		if (n < 0) {
-			ret = cli_error(CMD, o.write ? "write failed" : "read failed", (long)n);
-			goto out;
-		}
-		nruns++;
-	} while (nruns < o.repeat + 1023 && (nruns < o.repeat || (o.duration && now_s() - t_start < o.duration)));
-
-	if (o.verify) {
-		/* Compare every byte with what the kernel returns through the page cache. */
-		size_t blk = 64u << 20;
-		char *a = malloc(blk), *b = malloc(blk);
-		uint64_t bad = 0;
-
-		if (!a || !b) {
-			free(a), free(b);
-			ret = cli_fail(CMD, "out of memory for --verify");
-			goto out;
-		}
-		for (uint64_t i = 0; i < nranges; i++) {
-			struct sluice_range *r = &ranges[i];
-			int fd = -1;
-
-			for (unsigned k = 0; k < nfiles; k++)
-				if (files[k] == r->file)
-					fd = open(names[k], O_RDONLY);
-			if (fd < 0) {
-				/* A check that could not run is a failed check, never a silent pass. */
-				fprintf(stderr, "sluice bench: --verify: cannot reopen the file of I/O %llu: %s\n",
-					(unsigned long long)i, strerror(errno));
-				bad++;
-				break;
-			}
-			for (size_t done = 0; done < r->len;) {
-				size_t n = r->len - done < blk ? r->len - done : blk;
-				ssize_t got = pread(fd, a, n, (off_t)(r->offset + done));
-
-				if (got != (ssize_t)n || sluice_gpu_copy(eng, b, (char *)r->buf + done, n) ||
-				    memcmp(a, b, n)) {
-					bad++;
-					break;
-				}
-				done += n;
-			}
-			if (fd >= 0)
-				close(fd);
-			if (bad) {
-				fprintf(stderr, "sluice bench: --verify: mismatch in I/O %llu (offset %llu, %zu bytes)\n",
-					(unsigned long long)i, (unsigned long long)r->offset, r->len);
-				break;
-			}
-		}
-		free(a);
-		free(b);
-		if (bad) {
-			ret = 1;
-			goto out;
-		}
-	}
-
-	/* Report the median pass. */
-	{
-		double *secs = calloc(nruns, sizeof(double));
-		struct sluice_stats st;
-		struct run *med = &runs[0];
-		double gb, mid;
-
-		if (!secs) {
-			ret = cli_fail(CMD, "out of memory");
-			goto out;
-		}
-		for (unsigned i = 0; i < nruns; i++)
-			secs[i] = runs[i].seconds;
-		qsort(secs, nruns, sizeof(double), cmp_double);
-		mid = secs[nruns / 2];
-		for (unsigned i = 0; i < nruns; i++)
-			if (runs[i].seconds == mid)
-				med = &runs[i];
-		free(secs);
-		sluice_engine_stats(eng, &st); /* of the last pass */
-		gb = (double)total / 1e9;
-		if (o.json) {
-			printf("{\"rw\":\"%s\",\"target\":\"%s\",\"files\":%u,\"bytes\":%llu,\"io_size\":%llu,"
-			       "\"threads\":%u,\"queue_depth\":%u,\"backend\":\"%s\",\"path\":",
-			       o.rw, gpu ? "gpu" : "host", nfiles, (unsigned long long)total,
-			       (unsigned long long)o.io_size, info.threads, info.queue_depth, info.backend);
-			cli_json_str(med->rep.path);
-			printf(",\"cold\":%d,\"page_cache_dropped\":%d,\"passes\":%u,\"seconds\":%.6f,"
-			       "\"gb_s\":%.3f,\"gib_s\":%.3f,\"iops\":%.1f,\"cpu_s_per_gb\":%.4f,"
-			       "\"lat_us\":{\"avg\":%.1f,\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f},"
-			       "\"verified\":%s,\"gb_s_passes\":[",
-			       o.cold, dropped, nruns, med->seconds, gb / med->seconds,
-			       (double)total / (1u << 30) / med->seconds, (double)nranges / med->seconds,
-			       med->cpu / gb, st.lat_avg_us, st.lat_p50_us, st.lat_p99_us, st.lat_p999_us,
-			       st.lat_max_us, o.verify ? "true" : "false");
-			for (unsigned i = 0; i < nruns; i++)
-				printf("%s%.3f", i ? "," : "", gb / runs[i].seconds);
-			printf("]}\n");
-		} else {
-			printf("sluice bench: %s %s, %u file(s), %.3f GB in %llu I/Os of %llu bytes, %u thread(s) x qd %u\n",
-			       o.rw, gpu ? "-> GPU" : "-> host", nfiles, gb, (unsigned long long)nranges,
-			       (unsigned long long)o.io_size, info.threads, info.queue_depth);
-			printf("  path       %s (backend %s%s)\n", med->rep.path, info.backend, info.gds ? ", GDS" : "");
-			printf("  throughput %.3f GB/s  %.3f GiB/s  (median of %u pass%s)\n", gb / med->seconds,
-			       (double)total / (1u << 30) / med->seconds, nruns, nruns == 1 ? "" : "es");
-			printf("  IOPS       %.1f\n", (double)nranges / med->seconds);
-			printf("  latency    avg %.1f us  p50 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n", st.lat_avg_us,
-			       st.lat_p50_us, st.lat_p99_us, st.lat_p999_us, st.lat_max_us);
-			printf("  CPU        %.4f s per GB\n", med->cpu / gb);
-			if (o.cold)
-				printf("  cold       O_DIRECT; page cache %s\n", dropped ? "dropped" : "NOT dropped (not root)");
-			if (o.verify)
-				printf("  verify     every byte matches\n");
-		}
-	}
-	ret = 0;
-out:
-	if (mem) {
-		if (eng && sluice_is_gpu_ptr(eng, mem))
-			sluice_gpu_free(eng, mem);
-		else
-			free(mem);
-	}
-	free(host);
-	free(ranges);
-	free(runs);
-	for (unsigned i = 0; i < nf_open; i++)
-		sluice_file_close(files[i]);
-	sluice_engine_close(eng);
-	sluice_config_free(cfg);
-out_names:
-	for (unsigned i = 0; names && i < nfiles; i++)
-		free(names[i]);
-	free(names);
-	return ret;
+	if (!rc && b.o.verify)
+		rc = bench_verify(&b);
+	if (!rc)
+		bench_report(&b);
+	bench_free(&b);
+	return rc;
 }
