@@ -278,19 +278,220 @@ static int cli_write(const char *conf, const char *const *keys, char vals[][32],
 	return sluice_settings_write(conf, keys, v, n, note);
 }
 
-int cmd_tune(int argc, char **argv)
+/* What the trials found: the defaults, the best trial, the pick, and each one's rate (cold; warm for files). */
+struct cli_found {
+	struct cli_knobs def, cand, pick;
+	double cd, cc, cp, wd, wc, wp;
+	int kept; /* the best trial lost to the defaults side by side */
+};
+
+/* A scratch file of random bytes in directory t->path, written through the page cache and synced. */
+static int cli_scratch(struct cli_tune *t, uint64_t size, char *scratch, size_t cap)
+{
+	static char buf[1 << 20];
+	FILE *r = fopen("/dev/urandom", "re");
+	int fd, e;
+
+	reclaim_scratch(t->path);
+	snprintf(scratch, cap, "%s/.sluice-tune.%d", t->path, (int)getpid());
+	fd = open(scratch, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0 || !r || fread(buf, 1, sizeof(buf), r) != sizeof(buf)) {
+		e = errno;
+		if (r)
+			fclose(r);
+		if (fd >= 0)
+			close(fd), unlink(scratch);
+		scratch[0] = 0;
+		return cli_fail(CMD, "%s/.sluice-tune.%d: cannot write a scratch file: %s", t->path, (int)getpid(), strerror(e));
+	}
+	fclose(r);
+	for (uint64_t off = 0; off < size; off += sizeof(buf)) {
+		size_t w = size - off < sizeof(buf) ? (size_t)(size - off) : sizeof(buf);
+
+		buf[0] ^= (char)off; /* no two MiB alike: nothing below can deduplicate them */
+		if (write(fd, buf, w) != (ssize_t)w) {
+			e = errno;
+			close(fd);
+			return cli_fail(CMD, "%s: %s", scratch, strerror(e ? e : ENOSPC));
+		}
+	}
+	fsync(fd);
+	close(fd);
+	t->file = scratch;
+	return 0;
+}
+
+/* The knobs the trials start from: the engine's defaults (files), or the settings' part size and parts in flight (objects). */
+static int cli_defaults(struct cli_tune *t, uint64_t size, char *scratch, size_t cap, struct cli_knobs *def)
+{
+	struct sluice_engine *eng;
+	struct sluice_engine_info in;
+	struct stat st;
+	int rc;
+
+	if (t->s3) {
+		const char *c = sluice_setting("SLUICE_S3_CONCURRENCY"), *p = sluice_setting("SLUICE_S3_PART_SIZE"), *tmp;
+		uint64_t v;
+
+		*def = (struct cli_knobs){ 8, 0, 8 << 20 };
+		if (c && *c && !sluice_parse_size(c, &v) && v >= 1 && v <= 256)
+			def->a = (unsigned)v;
+		if (p && *p && !sluice_parse_size(p, &v))
+			def->size = v;
+		tmp = getenv("TMPDIR");
+		snprintf(t->tmpdir, sizeof(t->tmpdir), "%s/sluice-tune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+		if (!mkdtemp(t->tmpdir)) {
+			rc = cli_fail(CMD, "%s: %s", t->tmpdir, strerror(errno));
+			t->tmpdir[0] = 0;
+			return rc;
+		}
+		t->size = size;
+		return 0;
+	}
+	if (stat(t->path, &st))
+		return cli_fail(CMD, "%s: %s", t->path, strerror(errno));
+	if (S_ISDIR(st.st_mode) && (rc = cli_scratch(t, size = size ? size : 1ull << 30, scratch, cap)))
+		return rc;
+	if (!S_ISDIR(st.st_mode)) {
+		t->file = t->path;
+		if (!size || size > (uint64_t)st.st_size)
+			size = (uint64_t)st.st_size < (1ull << 30) ? (uint64_t)st.st_size : 1ull << 30;
+	}
+	t->size = size;
+	if ((rc = sluice_engine_open(&eng, NULL)))
+		return cli_error(CMD, "cannot open the engine", rc);
+	sluice_engine_get_info(eng, &in);
+	sluice_engine_close(eng);
+	*def = (struct cli_knobs){ in.threads, in.queue_depth, in.max_transfer_size };
+	return 0;
+}
+
+/* The sweeps from the defaults, then the best trial against them side by side; the pick. */
+static int cli_trials(struct cli_tune *t, struct cli_found *f)
 {
 	static const uint64_t threads[] = { 1, 2, 4, 8, 16, 32, 64, 0 }, qds[] = { 1, 2, 4, 8, 16, 32, 0 };
 	static const uint64_t ios[] = { 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 0 };
 	static const uint64_t conc[] = { 2, 4, 8, 16, 32, 64, 0 };
 	static const uint64_t parts[] = { 8 << 20, 16 << 20, 32 << 20, 64 << 20, 128 << 20, 0 };
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	uint64_t th[8];
+	unsigned m = 0;
+	double best;
+
+	f->cand = f->def;
+	if (!t->json)
+		fprintf(stderr, "sluice tune %s: trials (%s)\n", t->path, t->s3 ? "downloads" : "cold reads");
+	if ((best = cli_measure(t, &f->def, 1)) < 0)
+		return 1;
+	if (!t->json)
+		fprintf(stderr, "  the defaults: %.2f GB/s\n", best);
+	/* Thread counts up to twice the CPUs (at least 4): more only contend. */
+	for (unsigned i = 0; threads[i]; i++)
+		if (threads[i] <= (uint64_t)(cpus * 2 > 4 ? cpus * 2 : 4))
+			th[m++] = threads[i];
+	th[m] = 0;
+	if (t->s3 ? cli_sweep(t, &f->cand, &best, 0, conc) || cli_sweep(t, &f->cand, &best, 2, parts)
+		  : cli_sweep(t, &f->cand, &best, 0, th) || cli_sweep(t, &f->cand, &best, 2, ios) ||
+			    cli_sweep(t, &f->cand, &best, 1, qds))
+		return 1;
+	if (cli_compare(t, &f->def, &f->cand, 1, &f->cd, &f->cc))
+		return 1;
+	if (!t->s3) {
+		cli_warm_cache(t->file);
+		if (cli_compare(t, &f->def, &f->cand, 0, &f->wd, &f->wc))
+			return 1;
+	}
+	/* The winner must hold up against the defaults where it counts (cold, or the objects' downloads). */
+	f->pick = f->cc >= f->cd ? f->cand : f->def;
+	f->kept = memcmp(&f->pick, &f->cand, sizeof(f->pick)) != 0;
+	f->cp = f->kept ? f->cd : f->cc;
+	f->wp = f->kept ? f->wd : f->wc;
+	return 0;
+}
+
+static void cli_print_json(const struct cli_tune *t, const struct cli_found *f, const char *conf, int written)
+{
+	printf("{\"path\":");
+	cli_json_str(t->path);
+	if (t->s3)
+		printf(",\"kind\":\"object\",\"defaults\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
+		       "\"candidate\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
+		       "\"picked\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},\"gain\":%.4f",
+		       f->def.a, (unsigned long long)f->def.size, f->cd, f->cand.a, (unsigned long long)f->cand.size, f->cc,
+		       f->pick.a, (unsigned long long)f->pick.size, f->cp, f->cp / f->cd);
+	else
+		printf(",\"kind\":\"file\",\"bytes\":%llu,\"defaults\":{\"threads\":%u,\"queue_depth\":%u,"
+		       "\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},\"candidate\":{\"threads\":%u,"
+		       "\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},"
+		       "\"picked\":{\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,"
+		       "\"warm_gb_s\":%.4f},\"gain_cold\":%.4f,\"gain_warm\":%.4f",
+		       (unsigned long long)t->size, f->def.a, f->def.b, (unsigned long long)f->def.size, f->cd, f->wd,
+		       f->cand.a, f->cand.b, (unsigned long long)f->cand.size, f->cc, f->wc, f->pick.a, f->pick.b,
+		       (unsigned long long)f->pick.size, f->cp, f->wp, f->cp / f->cd, f->wp / f->wd);
+	printf(",\"trials\":[%s],\"settings_file\":", t->trial_json);
+	cli_json_str(conf ? conf : "");
+	printf(",\"unchanged\":%s,\"written\":%s}\n", memcmp(&f->def, &f->pick, sizeof(f->def)) ? "false" : "true",
+	       written ? "true" : "false");
+}
+
+static void cli_print_table(const struct cli_tune *t, const struct cli_found *f)
+{
+	if (t->s3)
+		printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12.2f %12.2f  (%.2fx)\n", "",
+		       "defaults", "best trial", "s3_concurrency", f->def.a, f->cand.a, "s3_part_size",
+		       (unsigned long long)f->def.size, (unsigned long long)f->cand.size, "GB/s (median of 3x3)", f->cd,
+		       f->cc, f->cc / f->cd);
+	else
+		printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12u %12u\n"
+		       "%-22s %12.2f %12.2f  (%.2fx)\n%-22s %12.2f %12.2f  (%.2fx)\n",
+		       "", "defaults", "best trial", "threads", f->def.a, f->cand.a, "max_transfer_size",
+		       (unsigned long long)f->def.size, (unsigned long long)f->cand.size, "queue_depth", f->def.b,
+		       f->cand.b, "cold GB/s (median 3x3)", f->cd, f->cc, f->cc / f->cd, "warm GB/s (median 3x3)", f->wd,
+		       f->wc, f->wc / f->wd);
+	if (!memcmp(&f->def, &f->cand, sizeof(f->def)))
+		printf("the defaults were the best of %u trials on this machine: they stay\n", t->trials);
+	else if (f->kept)
+		printf("the best trial did not beat the defaults side by side: the defaults stay\n");
+}
+
+/* The pick into the settings file at conf (NULL: none; dry: not), then the report; the exit code. */
+static int cli_keep(const struct cli_tune *t, const struct cli_found *f, const char *conf, int dry)
+{
+	static const char *const fkeys[] = { "threads", "queue_depth", "max_transfer_size" };
+	static const char *const okeys[] = { "s3_concurrency", "s3_part_size" };
+	char vals[3][32], note[PATH_MAX + 256], day[32];
+	time_t now = time(NULL);
+	int wrc = 0;
+
+	strftime(day, sizeof(day), "%Y-%m-%d", localtime(&now));
+	snprintf(vals[0], sizeof(vals[0]), "%u", f->pick.a);
+	snprintf(vals[1], sizeof(vals[1]), "%llu", (unsigned long long)(t->s3 ? f->pick.size : f->pick.b));
+	snprintf(vals[2], sizeof(vals[2]), "%llu", (unsigned long long)f->pick.size);
+	snprintf(note, sizeof(note), "sluice tune %s, %s: %.2f GB/s with these against %.2f with the defaults%s", t->path,
+		 day, f->cp, f->cd, t->s3 ? "" : " (cold)");
+	if (!dry && conf)
+		wrc = cli_write(conf, t->s3 ? okeys : fkeys, vals, t->s3 ? 2 : 3, note);
+	if (t->json) {
+		cli_print_json(t, f, conf, !dry && conf && !wrc);
+	} else {
+		cli_print_table(t, f);
+		if (dry)
+			printf("not written (--dry-run)\n");
+		else if (!conf)
+			printf("not written: no settings file (SLUICE_CONFIG is empty, or no HOME)\n");
+		else if (!wrc)
+			printf("written to %s\n", conf);
+	}
+	return wrc ? cli_error(CMD, conf, wrc) : 0;
+}
+
+int cmd_tune(int argc, char **argv)
+{
 	struct cli_tune t = { 0 };
-	struct cli_knobs def, cand, pick;
-	char exe[PATH_MAX], scratch[PATH_MAX + 32] = "", conf[PATH_MAX] = "", vals[3][32], note[PATH_MAX + 256];
-	double best, cd = 0, cc = 0, cp = 0, wd = 0, wc = 0, wp = 0;
-	int dry = 0, rc = 1, conf_rc, kept;
+	struct cli_found f = { 0 };
+	char exe[PATH_MAX], scratch[PATH_MAX + 32] = "", conf[PATH_MAX] = "";
+	int dry = 0, rc, conf_rc;
 	uint64_t size = 0;
-	struct stat st;
 	ssize_t n;
 
 	for (int i = 1; i < argc; i++) {
@@ -322,183 +523,11 @@ int cmd_tune(int argc, char **argv)
 	conf_rc = sluice_settings_path(conf, sizeof(conf));
 	setenv("SLUICE_CONFIG", "", 1);
 	t.s3 = !strncmp(t.path, "s3://", 5);
-	if (t.s3) {
-		const char *tmp = getenv("TMPDIR");
-
-		snprintf(t.tmpdir, sizeof(t.tmpdir), "%s/sluice-tune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-		if (!mkdtemp(t.tmpdir))
-			return cli_fail(CMD, "%s: %s", t.tmpdir, strerror(errno));
-		def = (struct cli_knobs){ 8, 0, 8 << 20 };
-		{
-			const char *c = sluice_setting("SLUICE_S3_CONCURRENCY"), *p = sluice_setting("SLUICE_S3_PART_SIZE");
-			uint64_t v;
-
-			if (c && *c && !sluice_parse_size(c, &v) && v >= 1 && v <= 256)
-				def.a = (unsigned)v;
-			if (p && *p && !sluice_parse_size(p, &v))
-				def.size = v;
-		}
-	} else {
-		struct sluice_engine *eng;
-		struct sluice_engine_info in;
-
-		if (stat(t.path, &st))
-			return cli_fail(CMD, "%s: %s", t.path, strerror(errno));
-		if (S_ISDIR(st.st_mode)) {
-			/* A scratch file of random bytes, written through the page cache and synced. */
-			static char buf[1 << 20];
-			FILE *r = fopen("/dev/urandom", "re");
-			int fd;
-
-			size = size ? size : 1ull << 30;
-			reclaim_scratch(t.path);
-			snprintf(scratch, sizeof(scratch), "%s/.sluice-tune.%d", t.path, (int)getpid());
-			fd = open(scratch, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-			if (fd < 0 || !r || fread(buf, 1, sizeof(buf), r) != sizeof(buf)) {
-				if (r)
-					fclose(r);
-				if (fd >= 0)
-					close(fd), unlink(scratch);
-				return cli_fail(CMD, "%s: cannot write a scratch file: %s", scratch, strerror(errno));
-			}
-			fclose(r);
-			for (uint64_t off = 0; off < size; off += sizeof(buf)) {
-				size_t w = size - off < sizeof(buf) ? (size_t)(size - off) : sizeof(buf);
-
-				buf[0] ^= (char)off; /* no two MiB alike: nothing below can deduplicate them */
-				if (write(fd, buf, w) != (ssize_t)w) {
-					int e = errno;
-
-					close(fd);
-					unlink(scratch);
-					return cli_fail(CMD, "%s: %s", scratch, strerror(e ? e : ENOSPC));
-				}
-			}
-			fsync(fd);
-			close(fd);
-			t.file = scratch;
-		} else {
-			t.file = t.path;
-			if (!size || size > (uint64_t)st.st_size)
-				size = (uint64_t)st.st_size < (1ull << 30) ? (uint64_t)st.st_size : 1ull << 30;
-		}
-		if ((rc = sluice_engine_open(&eng, NULL))) {
-			rc = cli_error(CMD, "cannot open the engine", rc);
-			goto out;
-		}
-		sluice_engine_get_info(eng, &in);
-		sluice_engine_close(eng);
-		def = (struct cli_knobs){ in.threads, in.queue_depth, in.max_transfer_size };
-	}
-	t.size = size;
-	cand = def;
-	if (!t.json)
-		fprintf(stderr, "sluice tune %s: trials (%s)\n", t.path, t.s3 ? "downloads" : "cold reads");
-	if ((best = cli_measure(&t, &def, 1)) < 0)
-		goto out;
-	if (!t.json)
-		fprintf(stderr, "  the defaults: %.2f GB/s\n", best);
-	if (t.s3) {
-		if (cli_sweep(&t, &cand, &best, 0, conc) || cli_sweep(&t, &cand, &best, 2, parts))
-			goto out;
-		if (cli_compare(&t, &def, &cand, 1, &cd, &cc))
-			goto out;
-	} else {
-		uint64_t th[8];
-		unsigned m = 0;
-		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-
-		/* Thread counts up to twice the CPUs (at least 4): more only contend. */
-		for (unsigned i = 0; threads[i]; i++)
-			if (threads[i] <= (uint64_t)(cpus * 2 > 4 ? cpus * 2 : 4))
-				th[m++] = threads[i];
-		th[m] = 0;
-		if (cli_sweep(&t, &cand, &best, 0, th) || cli_sweep(&t, &cand, &best, 2, ios) ||
-		    cli_sweep(&t, &cand, &best, 1, qds))
-			goto out;
-		if (cli_compare(&t, &def, &cand, 1, &cd, &cc))
-			goto out;
-		cli_warm_cache(t.file);
-		if (cli_compare(&t, &def, &cand, 0, &wd, &wc))
-			goto out;
-	}
-	/* The winner must hold up against the defaults where it counts (cold, or the objects' downloads). */
-	pick = cc >= cd ? cand : def;
-	kept = memcmp(&pick, &cand, sizeof(pick)) != 0;
-	cp = kept ? cd : cc;
-	wp = kept ? wd : wc;
-	{
-		static const char *const fkeys[] = { "threads", "queue_depth", "max_transfer_size" };
-		static const char *const okeys[] = { "s3_concurrency", "s3_part_size" };
-		time_t now = time(NULL);
-		char day[32];
-		int wrc = 0;
-
-		strftime(day, sizeof(day), "%Y-%m-%d", localtime(&now));
-		snprintf(vals[0], sizeof(vals[0]), "%u", pick.a);
-		if (t.s3) {
-			snprintf(vals[1], sizeof(vals[1]), "%llu", (unsigned long long)pick.size);
-		} else {
-			snprintf(vals[1], sizeof(vals[1]), "%u", pick.b);
-			snprintf(vals[2], sizeof(vals[2]), "%llu", (unsigned long long)pick.size);
-		}
-		snprintf(note, sizeof(note), "sluice tune %s, %s: %.2f GB/s with these against %.2f with the defaults%s", t.path,
-			 day, cp, cd, t.s3 ? "" : " (cold)");
-		if (!dry && conf_rc == 0)
-			wrc = cli_write(conf, t.s3 ? okeys : fkeys, vals, t.s3 ? 2 : 3, note);
-		if (t.json) {
-			printf("{\"path\":");
-			cli_json_str(t.path);
-			if (t.s3)
-				printf(",\"kind\":\"object\",\"defaults\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
-				       "\"candidate\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
-				       "\"picked\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},\"gain\":%.4f",
-				       def.a, (unsigned long long)def.size, cd, cand.a, (unsigned long long)cand.size, cc, pick.a,
-				       (unsigned long long)pick.size, cp, cp / cd);
-			else
-				printf(",\"kind\":\"file\",\"bytes\":%llu,\"defaults\":{\"threads\":%u,\"queue_depth\":%u,"
-				       "\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},\"candidate\":{\"threads\":%u,"
-				       "\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,\"warm_gb_s\":%.4f},"
-				       "\"picked\":{\"threads\":%u,\"queue_depth\":%u,\"max_transfer_size\":%llu,\"cold_gb_s\":%.4f,"
-				       "\"warm_gb_s\":%.4f},\"gain_cold\":%.4f,\"gain_warm\":%.4f",
-				       (unsigned long long)t.size, def.a, def.b, (unsigned long long)def.size, cd, wd, cand.a, cand.b,
-				       (unsigned long long)cand.size, cc, wc, pick.a, pick.b, (unsigned long long)pick.size, cp, wp,
-				       cp / cd, wp / wd);
-			printf(",\"trials\":[%s],\"settings_file\":", t.trial_json);
-			cli_json_str(conf_rc ? "" : conf);
-			printf(",\"unchanged\":%s,\"written\":%s}\n", memcmp(&def, &pick, sizeof(def)) ? "false" : "true",
-			       !dry && !conf_rc && !wrc ? "true" : "false");
-		} else if (t.s3) {
-			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12.2f %12.2f  (%.2fx)\n", "",
-			       "defaults", "best trial", "s3_concurrency", def.a, cand.a, "s3_part_size",
-			       (unsigned long long)def.size, (unsigned long long)cand.size, "GB/s (median of 3x3)", cd, cc,
-			       cc / cd);
-		} else {
-			printf("%-22s %12s %12s\n%-22s %12u %12u\n%-22s %12llu %12llu\n%-22s %12u %12u\n"
-			       "%-22s %12.2f %12.2f  (%.2fx)\n%-22s %12.2f %12.2f  (%.2fx)\n",
-			       "", "defaults", "best trial", "threads", def.a, cand.a, "max_transfer_size",
-			       (unsigned long long)def.size, (unsigned long long)cand.size, "queue_depth", def.b, cand.b,
-			       "cold GB/s (median 3x3)", cd, cc, cc / cd, "warm GB/s (median 3x3)", wd, wc, wc / wd);
-		}
-		if (!t.json) {
-			if (!memcmp(&def, &cand, sizeof(def)))
-				printf("the defaults were the best of %u trials on this machine: they stay\n", t.trials);
-			else if (kept)
-				printf("the best trial did not beat the defaults side by side: the defaults stay\n");
-			if (dry)
-				printf("not written (--dry-run)\n");
-			else if (conf_rc)
-				printf("not written: no settings file (SLUICE_CONFIG is empty, or no HOME)\n");
-			else if (!wrc)
-				printf("written to %s\n", conf);
-		}
-		if (wrc) {
-			rc = cli_error(CMD, conf, wrc);
-			goto out;
-		}
-	}
-	rc = 0;
-out:
+	rc = cli_defaults(&t, size, scratch, sizeof(scratch), &f.def);
+	if (!rc)
+		rc = cli_trials(&t, &f);
+	if (!rc)
+		rc = cli_keep(&t, &f, conf_rc ? NULL : conf, dry);
 	if (scratch[0])
 		unlink(scratch);
 	if (t.tmpdir[0])
