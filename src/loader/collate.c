@@ -45,92 +45,66 @@ int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t siz
 	return 0;
 }
 
-/* Batch g into slot s: ids, collation into pinned staging, and the copy to the GPU. */
-static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
+/* A batch's layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
+struct sl_layout {
+	uint64_t base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size;
+};
+
+/*
+ * The records of batch g, found in its windows and decoded into rec; *m
+ * of them kept (corrupt ones skipped, counted), each field's bytes added
+ * to var.
+ */
+static int sl_gather(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g, struct sluice_record *rec,
+		     uint32_t *m, uint64_t *var)
 {
 	const uint32_t B = ld->opt.batch_size;
-	const struct sl__cuda_api *cu = ld->gpu->cu;
-	struct sluice_record *rec = malloc(B * sizeof(*rec));
-	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size = 0, t0, h2d = 0;
-	uint64_t cpu0 = sl__ld_cpu(ld);
-	int rc = 0;
-
-	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1;
+	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	struct sl__window **wins = malloc(nw * sizeof(*wins));
+	uint64_t *pos = malloc(B * sizeof(uint64_t));
+	int rc = wins && pos ? sl__batch_windows(ld, g, wins) : -ENOMEM;
 
-	if (!rec || !wins) {
-		free(rec);
-		free(wins);
-		return -ENOMEM;
-	}
-	t0 = sl__now_ns();
-	rc = sl__batch_windows(ld, g, wins);
 	sl__hist_add(&ld->h_swait, sl__now_ns() - t0);
 	sl__ld_span(ld, "storage wait", t0, cpu0, g);
-	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
-
-	uint64_t *pos = malloc(B * sizeof(uint64_t));
-
-	if (!pos)
-		rc = -ENOMEM;
-	else if (!rc)
+	if (!rc)
 		rc = sl__rank_positions(ld, &ld->order, g, pos);
 	for (uint32_t j = 0; j < B && !rc; j++) {
 		uint64_t q = pos[j] % ld->n;
 		size_t len = 0;
 		const char *bytes;
 
-		s->ids[m] = sl__ld_at(ld, q);
-		bytes = sl__window_lookup(wins, nw, q / ld->window, s->ids[m], &len, &rc);
+		s->ids[*m] = sl__ld_at(ld, q);
+		bytes = sl__window_lookup(wins, nw, q / ld->window, s->ids[*m], &len, &rc);
 		if (!rc && len == UINT32_MAX) {
 			atomic_fetch_add(&ld->skipped, 1);
 			continue;
 		}
-		if (!rc && (rc = sluice_dataset_decode(ld->ds, s->ids[m], bytes, len, &rec[m])))
-			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[m],
+		if (!rc && (rc = sluice_dataset_decode(ld->ds, s->ids[*m], bytes, len, &rec[*m])))
+			rc = sl__err(rc, "%s: record %llu: %s", ld->ds->path, (unsigned long long)s->ids[*m],
 				     sluice_last_error_detail());
 		for (unsigned f = 0; !rc && f < ld->nf; f++)
-			var[f] += rec[m].len[ld->fidx[f]];
-		m += !rc;
+			var[f] += rec[*m].len[ld->fidx[f]];
+		*m += !rc;
 	}
-	t0 = sl__now_ns();
-	cpu0 = sl__ld_cpu(ld);
-	/* Layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
-	for (unsigned f = 0; !rc && f < ld->nf; f++) {
-		base[f] = size;
-		size = sl__align_up(size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
-		offs[f] = size;
-		if (!ld->fixed[f])
-			size = sl__align_up(size + 8 * ((uint64_t)m + 1), 256);
-	}
-	/*
-	 * The slot's previous copy must be done before its staging is
-	 * overwritten.  It was queued a whole ring ago, so this rarely waits;
-	 * the copy itself is not waited for (the consumer's stream waits on
-	 * the batch's event), so a producer never waits for the consumer's GPU
-	 * work while it could be collating.
-	 */
-	if (!rc && ld->opt.gpu) {
-		h2d = sl__now_ns();
-		rc = sl__gpu_bind(ld->gpu);
-		if (!rc)
-			rc = SL_CU(cu->EventSynchronize(s->ready), "cuEventSynchronize");
-		h2d = sl__now_ns() - h2d;
-	}
-	if (!rc)
-		rc = sl__slot_reserve(ld, s, size);
-	for (unsigned f = 0; !rc && f < ld->nf; f++) {
+	free(wins);
+	free(pos);
+	return rc;
+}
+
+/* The m records' fields copied into the slot's host staging, laid out as l says. */
+static int sl_collate(struct sluice_loader *ld, struct sl__bslot *s, const struct sluice_record *rec, uint32_t m,
+		      const struct sl_layout *l)
+{
+	for (unsigned f = 0; f < ld->nf; f++) {
 		unsigned fi = ld->fidx[f];
-		char *d = s->host + base[f];
-		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + offs[f]), at = 0;
+		char *d = s->host + l->base[f];
+		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + l->offs[f]), at = 0;
 
 		for (uint32_t j = 0; j < m; j++) {
-			if (ld->fixed[f] && rec[j].len[fi] != ld->fixed[f]) {
-				rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s' has %zu bytes, not %zu",
-					     ld->ds->path, (unsigned long long)s->ids[j], ld->ds->fields[fi].name,
-					     rec[j].len[fi], ld->fixed[f]);
-				break;
-			}
+			if (ld->fixed[f] && rec[j].len[fi] != ld->fixed[f])
+				return sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s' has %zu bytes, not %zu",
+					       ld->ds->path, (unsigned long long)s->ids[j], ld->ds->fields[fi].name,
+					       rec[j].len[fi], ld->fixed[f]);
 			if (o)
 				o[j] = at;
 			memcpy(d + at, rec[j].data[fi], rec[j].len[fi]);
@@ -139,32 +113,52 @@ static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
 		if (o)
 			o[m] = at;
 	}
-	free(rec);
-	free(wins);
-	free(pos);
+	return 0;
+}
+
+/*
+ * The slot's previous copy must be done before its staging is
+ * overwritten.  It was queued a whole ring ago, so this rarely waits; the
+ * copy itself is not waited for (the consumer's stream waits on the
+ * batch's event), so a producer never waits for the consumer's GPU work
+ * while it could be collating.  The time it took into *ns.
+ */
+static int sl_wait_slot(struct sluice_loader *ld, struct sl__bslot *s, uint64_t *ns)
+{
+	uint64_t t0 = sl__now_ns();
+	int rc = sl__gpu_bind(ld->gpu);
+
+	if (!rc)
+		rc = SL_CU(ld->gpu->cu->EventSynchronize(s->ready), "cuEventSynchronize");
+	*ns = sl__now_ns() - t0;
+	return rc;
+}
+
+/* The batch's bytes to the GPU on the loader's copy stream, once the consumer is done with the slot's last. */
+static int sl_send(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size, uint64_t g, uint64_t waited)
+{
+	const struct sl__cuda_api *cu = ld->gpu->cu;
+	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+	int rc = sl__gpu_bind(ld->gpu);
+
+	if (!rc && s->release_set)
+		rc = SL_CU(cu->StreamWaitEvent(ld->copy, s->release, 0), "cuStreamWaitEvent");
+	if (!rc)
+		rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)s->dev, s->host, size, ld->copy),
+			   "cuMemcpyHtoDAsync");
+	if (!rc)
+		rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
 	if (rc)
 		return rc;
-	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
-	sl__ld_span(ld, "collate", t0, cpu0, g);
-	if (ld->opt.gpu) {
-		t0 = sl__now_ns();
-		cpu0 = sl__ld_cpu(ld);
-		rc = sl__gpu_bind(ld->gpu);
-		/* The consumer's stream must be done with this slot's previous batch. */
-		if (!rc && s->release_set)
-			rc = SL_CU(cu->StreamWaitEvent(ld->copy, s->release, 0), "cuStreamWaitEvent");
-		if (!rc)
-			rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)s->dev, s->host, size, ld->copy),
-				   "cuMemcpyHtoDAsync");
-		if (!rc)
-			rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
-		if (rc)
-			return rc;
-		/* The H2D stage: the wait for the slot's previous copy, and queueing this one. */
-		sl__hist_add(&ld->h_h2d, h2d + sl__now_ns() - t0);
-		sl__ld_span(ld, "h2d", t0, cpu0, g);
-	}
-	/* The batch as the consumer sees it. */
+	/* The H2D stage: the wait for the slot's previous copy, and queueing this one. */
+	sl__hist_add(&ld->h_h2d, waited + sl__now_ns() - t0);
+	sl__ld_span(ld, "h2d", t0, cpu0, g);
+	return 0;
+}
+
+/* The batch as the consumer sees it. */
+static void sl_publish(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g, uint32_t m, const struct sl_layout *l)
+{
 	char *mem = ld->opt.gpu ? s->dev : s->host;
 
 	memset(&s->b, 0, sizeof(s->b));
@@ -178,13 +172,47 @@ static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
 
 		bf->name = ld->ds->fields[ld->fidx[f]].name;
 		bf->dtype = ld->ds->fields[ld->fidx[f]].dtype;
-		bf->data = mem + base[f];
-		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + offs[f]);
-		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + offs[f]);
+		bf->data = mem + l->base[f];
+		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + l->offs[f]);
+		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + l->offs[f]);
 		bf->item_bytes = ld->fixed[f];
 	}
-	atomic_fetch_add(&ld->bytes, size);
+	atomic_fetch_add(&ld->bytes, l->size);
 	atomic_fetch_add(&ld->records, m);
+}
+
+/* Batch g into slot s: ids, collation into pinned staging, and the copy to the GPU. */
+static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
+{
+	struct sluice_record *rec = malloc(ld->opt.batch_size * sizeof(*rec));
+	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, t0, cpu0, waited = 0;
+	struct sl_layout l = { .size = 0 };
+	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
+	int rc = rec ? sl_gather(ld, s, g, rec, &m, var) : -ENOMEM;
+
+	t0 = sl__now_ns();
+	cpu0 = sl__ld_cpu(ld);
+	for (unsigned f = 0; !rc && f < ld->nf; f++) {
+		l.base[f] = l.size;
+		l.size = sl__align_up(l.size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
+		l.offs[f] = l.size;
+		if (!ld->fixed[f])
+			l.size = sl__align_up(l.size + 8 * ((uint64_t)m + 1), 256);
+	}
+	if (!rc && ld->opt.gpu)
+		rc = sl_wait_slot(ld, s, &waited);
+	if (!rc)
+		rc = sl__slot_reserve(ld, s, l.size);
+	if (!rc)
+		rc = sl_collate(ld, s, rec, m, &l);
+	free(rec);
+	if (rc)
+		return rc;
+	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
+	sl__ld_span(ld, "collate", t0, cpu0, g);
+	if (ld->opt.gpu && (rc = sl_send(ld, s, l.size, g, waited)))
+		return rc;
+	sl_publish(ld, s, g, m, &l);
 	return 0;
 }
 
