@@ -148,6 +148,102 @@ static int sl_wds_meta(const char *path)
 }
 
 /*
+ * One member (path, msize bytes at data; its field's name at dot) into b:
+ * a new sample when its key changes, its field (lowercased, as webdataset's group_by_keys does: a.JPG
+ * and b.jpg share one) added to the key table on first sight.
+ */
+static int sl_wds_add(struct sl_wds_build *b, const char *name, const char *path, size_t keylen, const char *dot,
+		      uint64_t data, uint64_t msize)
+{
+	struct sl_wds_sample *sm;
+	char field[256];
+	unsigned k;
+	int rc;
+
+	for (k = 0; dot[k]; k++)
+		field[k] = (char)((dot[k] >= 'A' && dot[k] <= 'Z') ? dot[k] - 'A' + 'a' : dot[k]);
+	field[k] = 0;
+	if (!b->open || strncmp(b->cur, path, keylen) || b->cur[keylen]) {
+		if (b->nsamples >= UINT32_MAX || (rc = sl_grow((void **)&b->samples, &b->samples_cap, b->nsamples,
+							       sizeof(*b->samples))))
+			return b->nsamples >= UINT32_MAX ? sl__err(SLUICE_EFORMAT, "%s: too many samples", name) : rc;
+		memcpy(b->cur, path, keylen);
+		b->cur[keylen] = '\0';
+		b->open = 1;
+		b->seen = 0;
+		b->samples[b->nsamples++] = (struct sl_wds_sample){ data, 0, (uint32_t)b->nmembers, 0 };
+	}
+	sm = &b->samples[b->nsamples - 1];
+	for (k = 0; k < b->nkeys && strcmp(b->keys[k], field); k++)
+		;
+	if (k == b->nkeys && b->nkeys == SLUICE_MAX_FIELDS)
+		return sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", name, SLUICE_MAX_FIELDS);
+	if (k == b->nkeys && !(b->keys[b->nkeys++] = strdup(field)))
+		return -ENOMEM;
+	if (b->seen & (1ull << k))
+		return sl__err(SLUICE_EFORMAT, "%s: sample '%s' has field '%s' twice", name, b->cur, field);
+	if (data + msize - sm->span_off > UINT32_MAX)
+		return sl__err(SLUICE_EFORMAT, "%s: sample '%s' spans more than 4 GiB", name, b->cur);
+	if (b->nmembers >= UINT32_MAX || (rc = sl_grow((void **)&b->members, &b->members_cap, b->nmembers, sizeof(*b->members))))
+		return b->nmembers >= UINT32_MAX ? sl__err(SLUICE_EFORMAT, "%s: too many members", name) : rc;
+	b->members[b->nmembers++] = (struct sl_wds_member){ k, (uint32_t)(data - sm->span_off), (uint32_t)msize };
+	b->seen |= 1ull << k;
+	sm->n++;
+	sm->span_len = (uint32_t)(data + msize - sm->span_off);
+	return 0;
+}
+
+/* The sidecar image of b: header, key table, then entries compacted to nkeys fields, each part CRC'd. */
+static int sl_wds_image(const struct sl_wds_build *b, const struct sl__wds_stamp *stamp, uint32_t skipped,
+			unsigned char **out, size_t *out_len)
+{
+	size_t keys = 0, stride = 12 + 8 * (size_t)b->nkeys, off;
+	unsigned char *img, *q;
+
+	for (unsigned k = 0; k < b->nkeys; k++)
+		keys += 2 + strlen(b->keys[k]);
+	off = SL_WDS_HEADER + sl_pad8(keys);
+	if (!(img = calloc(1, off + stride * b->nsamples + 1)))
+		return -ENOMEM;
+	q = img + SL_WDS_HEADER;
+	memcpy(img, SL_WDS_MAGIC, 8);
+	sl__put32(img + 8, 2);
+	sl__put32(img + 12, b->nkeys);
+	sl__put64(img + 16, stamp->size);
+	sl__put64(img + 24, stamp->mtime_ns);
+	sl__put64(img + 32, b->nsamples);
+	sl__put64(img + 40, stamp->ctime_ns);
+	sl__put64(img + 48, stamp->ino);
+	sl__put32(img + 56, stamp->fingerprint);
+	sl__put32(img + 60, skipped);
+	for (unsigned k = 0; k < b->nkeys; k++) {
+		size_t l = strlen(b->keys[k]);
+
+		q[0] = (unsigned char)l;
+		q[1] = (unsigned char)(l >> 8);
+		memcpy(q + 2, b->keys[k], l);
+		q += 2 + l;
+	}
+	for (size_t i = 0; i < b->nsamples; i++) {
+		unsigned char *e = img + off + i * stride;
+
+		sl__put64(e, b->samples[i].span_off);
+		sl__put32(e + 8, b->samples[i].span_len);
+		for (unsigned k = 0; k < b->nkeys; k++)
+			sl__put32(e + 12 + 8 * k, SL_WDS_ABSENT);
+		for (uint32_t m = b->samples[i].first; m < b->samples[i].first + b->samples[i].n; m++) {
+			sl__put32(e + 12 + 8 * b->members[m].key, b->members[m].off);
+			sl__put32(e + 16 + 8 * b->members[m].key, b->members[m].len);
+		}
+	}
+	sl__put32(img + 64, sluice_crc32c(0, img + SL_WDS_HEADER, off - SL_WDS_HEADER + stride * b->nsamples));
+	sl__put32(img + 68, sluice_crc32c(0, img, 68));
+	*out = img;
+	*out_len = off + stride * b->nsamples;
+	return 0;
+}
+
+/*
  * Reads every member of an opened archive into a sidecar image.  name is
  * the tar's path, for messages; the stamp goes into the header.
  */
@@ -161,133 +257,33 @@ static int sl_wds_scan(struct archive *a, const char *name, const struct sl__wds
 	int rc = 0, r;
 
 	memset(&b, 0, sizeof(b));
-	while ((r = archive_read_next_header(a, &ent)) == ARCHIVE_OK) {
+	while (!rc && (r = archive_read_next_header(a, &ent)) == ARCHIVE_OK) {
 		const char *path = archive_entry_pathname(ent), *dot;
 		int64_t msize = archive_entry_size(ent);
 		uint64_t data = (uint64_t)archive_filter_bytes(a, -1);
-		char field[256];
 		size_t keylen;
-		unsigned k;
 
 		if (!path || archive_entry_filetype(ent) == AE_IFDIR)
 			continue;
 		/* What webdataset skips: links and devices, names it cannot split, metadata. */
 		if (archive_entry_filetype(ent) != AE_IFREG || archive_entry_hardlink(ent) ||
-		    !sl_wds_split(path, &keylen, &dot) || sl_wds_meta(path)) {
+		    !sl_wds_split(path, &keylen, &dot) || sl_wds_meta(path))
 			skipped++;
-			continue;
-		}
-		if (archive_entry_sparse_count(ent) > 0) {
+		else if (archive_entry_sparse_count(ent) > 0)
 			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' is a sparse file (tar --sparse), whose bytes are not "
 				     "stored in place; write the tar without --sparse", name, path);
-			break;
-		}
-		if (msize < 0 || (uint64_t)msize > size || data > size - (uint64_t)msize || msize > UINT32_MAX) {
+		else if (msize < 0 || (uint64_t)msize > size || data > size - (uint64_t)msize || msize > UINT32_MAX)
 			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s' claims %lld bytes at offset %llu, past the end (%llu)",
 				     name, path, (long long)msize, (unsigned long long)data, (unsigned long long)size);
-			break;
-		}
-		if (keylen >= sizeof(b.cur) || strlen(dot) > 255) {
+		else if (keylen >= sizeof(b.cur) || strlen(dot) > 255)
 			rc = sl__err(SLUICE_EFORMAT, "%s: member '%s': name too long", name, path);
-			break;
-		}
-		/* Fields are lowercased, as webdataset's group_by_keys does: a.JPG and b.jpg share one. */
-		for (k = 0; dot[k]; k++)
-			field[k] = (char)((dot[k] >= 'A' && dot[k] <= 'Z') ? dot[k] - 'A' + 'a' : dot[k]);
-		field[k] = 0;
-		dot = field - 1;
-		if (!b.open || strncmp(b.cur, path, keylen) || b.cur[keylen]) {
-			if (b.nsamples >= UINT32_MAX || (rc = sl_grow((void **)&b.samples, &b.samples_cap, b.nsamples,
-								      sizeof(*b.samples))))
-				break;
-			memcpy(b.cur, path, keylen);
-			b.cur[keylen] = '\0';
-			b.open = 1;
-			b.seen = 0;
-			b.samples[b.nsamples++] = (struct sl_wds_sample){ data, 0, (uint32_t)b.nmembers, 0 };
-		}
-		struct sl_wds_sample *sm = &b.samples[b.nsamples - 1];
-
-		for (k = 0; k < b.nkeys && strcmp(b.keys[k], dot + 1); k++)
-			;
-		if (k == b.nkeys) {
-			if (b.nkeys == SLUICE_MAX_FIELDS) {
-				rc = sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", name, SLUICE_MAX_FIELDS);
-				break;
-			}
-			if (!(b.keys[b.nkeys++] = strdup(dot + 1))) {
-				rc = -ENOMEM;
-				break;
-			}
-		}
-		if (b.seen & (1ull << k)) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: sample '%s' has field '%s' twice", name, b.cur, dot + 1);
-			break;
-		}
-		if (data + (uint64_t)msize - sm->span_off > UINT32_MAX) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: sample '%s' spans more than 4 GiB", name, b.cur);
-			break;
-		}
-		if (b.nmembers >= UINT32_MAX ||
-		    (rc = sl_grow((void **)&b.members, &b.members_cap, b.nmembers, sizeof(*b.members))))
-			break;
-		b.members[b.nmembers++] = (struct sl_wds_member){ k, (uint32_t)(data - sm->span_off), (uint32_t)msize };
-		b.seen |= 1ull << k;
-		sm->n++;
-		sm->span_len = (uint32_t)(data + (uint64_t)msize - sm->span_off);
+		else
+			rc = sl_wds_add(&b, name, path, keylen, dot, data, (uint64_t)msize);
 	}
 	if (!rc && r != ARCHIVE_EOF)
 		rc = sl__err(SLUICE_EFORMAT, "%s: %s", name, archive_error_string(a) ? archive_error_string(a) : "unreadable tar");
-	if (!rc) {
-		/* Header, key table, then entries compacted to nkeys fields. */
-		size_t keys = 0, stride = 12 + 8 * (size_t)b.nkeys, off;
-		unsigned char *img;
-
-		for (unsigned k = 0; k < b.nkeys; k++)
-			keys += 2 + strlen(b.keys[k]);
-		off = SL_WDS_HEADER + sl_pad8(keys);
-		img = calloc(1, off + stride * b.nsamples + 1);
-		if (!img) {
-			rc = -ENOMEM;
-		} else {
-			unsigned char *q = img + SL_WDS_HEADER;
-
-			memcpy(img, SL_WDS_MAGIC, 8);
-			sl__put32(img + 8, 2);
-			sl__put32(img + 12, b.nkeys);
-			sl__put64(img + 16, size);
-			sl__put64(img + 24, stamp->mtime_ns);
-			sl__put64(img + 32, b.nsamples);
-			sl__put64(img + 40, stamp->ctime_ns);
-			sl__put64(img + 48, stamp->ino);
-			sl__put32(img + 56, stamp->fingerprint);
-			sl__put32(img + 60, skipped);
-			for (unsigned k = 0; k < b.nkeys; k++) {
-				size_t l = strlen(b.keys[k]);
-
-				q[0] = (unsigned char)l;
-				q[1] = (unsigned char)(l >> 8);
-				memcpy(q + 2, b.keys[k], l);
-				q += 2 + l;
-			}
-			for (size_t i = 0; i < b.nsamples; i++) {
-				unsigned char *e = img + off + i * stride;
-
-				sl__put64(e, b.samples[i].span_off);
-				sl__put32(e + 8, b.samples[i].span_len);
-				for (unsigned k = 0; k < b.nkeys; k++)
-					sl__put32(e + 12 + 8 * k, SL_WDS_ABSENT);
-				for (uint32_t m = b.samples[i].first; m < b.samples[i].first + b.samples[i].n; m++) {
-					sl__put32(e + 12 + 8 * b.members[m].key, b.members[m].off);
-					sl__put32(e + 16 + 8 * b.members[m].key, b.members[m].len);
-				}
-			}
-			sl__put32(img + 64, sluice_crc32c(0, img + SL_WDS_HEADER, off - SL_WDS_HEADER + stride * b.nsamples));
-			sl__put32(img + 68, sluice_crc32c(0, img, 68));
-			*out = img;
-			*out_len = off + stride * b.nsamples;
-		}
-	}
+	if (!rc)
+		rc = sl_wds_image(&b, stamp, skipped, out, out_len);
 	for (unsigned k = 0; k < b.nkeys; k++)
 		free(b.keys[k]);
 	free(b.samples);
