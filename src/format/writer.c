@@ -301,6 +301,78 @@ static int sl_start_shard(struct sluice_writer *w)
 	return sl_write_at(w->fd, zero, sizeof(zero), 0, "a shard header");
 }
 
+/* What must hold before anything is made: a valid schema and metadata, dir made, and no dataset there yet. */
+static int sl_writer_check(const char *dir, const struct sluice_field *fields, unsigned nfields,
+			   const struct sluice_writer_options *opt)
+{
+	struct stat st;
+	char *p;
+	int rc = sl__schema_check(fields, nfields), e;
+
+	if (!rc && opt && opt->metadata) {
+		json_error_t je;
+		json_t *j = strlen(opt->metadata) <= SL_META_MAX ? json_loads(opt->metadata, 0, &je) : NULL;
+		int obj = json_is_object(j);
+
+		json_decref(j);
+		if (!obj)
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "%s: the metadata is not a JSON object of at most %u bytes", dir,
+				     SL_META_MAX);
+	}
+	/* The directory and its missing parents, as mkdir -p. */
+	if (!rc && !sl__is_s3_url(dir)) {
+		char *d = strdup(dir);
+
+		e = d ? sl__mkdirs(d) : -ENOMEM;
+		free(d);
+		if (e)
+			rc = sl__err(e, "%s: cannot create: %s", dir, strerror(-e));
+	}
+	if (rc)
+		return rc;
+	if (asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", SL_INDEX_NAME) < 0)
+		return -ENOMEM;
+	e = sl__fs_stat(p, &st);
+	rc = !e ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME)
+		: e != -ENOENT ? (sl__is_s3_url(dir) ? e : sl__err(e, "%s: %s", p, strerror(-e))) : 0;
+	free(p);
+	return rc;
+}
+
+/* Where the files are made: dir itself, or for s3:// a staging directory whose files go up when finished. */
+static int sl_writer_place(struct sluice_writer *w, const char *dir)
+{
+	char stage[4096];
+	int rc;
+
+	if (!sl__is_s3_url(dir))
+		return (w->dir = strdup(dir)) ? 0 : -ENOMEM;
+	if ((rc = sl__fs_staging(stage, sizeof(stage))))
+		return rc;
+	w->remote = strdup(dir);
+	for (size_t l = w->remote ? strlen(w->remote) : 0; l > 5 && w->remote[l - 1] == '/'; l--)
+		w->remote[l - 1] = 0;
+	w->dir = strdup(stage);
+	w->staging = strdup(stage);
+	return w->remote && w->dir && w->staging ? 0 : -ENOMEM;
+}
+
+/* zstd shards: the level and block size checked, the compression context made. */
+static int sl_writer_zstd(struct sluice_writer *w, const struct sluice_writer_options *opt)
+{
+	if (opt->zstd_level < 1 || opt->zstd_level > ZSTD_maxCLevel() ||
+	    (opt->block_size && (opt->block_size < SL_MIN_BLOCK || opt->block_size > (1u << 30))))
+		return sl__err(SLUICE_EINVAL_CONFIG, "zstd level %d (1..%d) or block size %zu (1 MiB..1 GiB) out of range",
+			       opt->zstd_level, ZSTD_maxCLevel(), opt->block_size);
+	w->zstd_level = opt->zstd_level;
+	w->block_size = opt->block_size ? opt->block_size : 1u << 20; /* GPU decoders want many blocks; a shuffle chunk spans fewer (BENCHMARKS) */
+	w->cctx = ZSTD_createCCtx();
+	if (!w->cctx || ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->zstd_level)) ||
+	    ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1)))
+		return -ENOMEM;
+	return 0;
+}
+
 int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
 		       unsigned nfields, const struct sluice_writer_options *opt)
 {
@@ -310,64 +382,17 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 
 	*out = NULL;
 	sl__err_clear();
-	rc = sl__schema_check(fields, nfields);
-	if (rc)
+	if ((rc = sl_writer_check(dir, fields, nfields, opt)))
 		return rc;
-	if (opt && opt->metadata) {
-		json_error_t je;
-		json_t *j = strlen(opt->metadata) <= SL_META_MAX ? json_loads(opt->metadata, 0, &je) : NULL;
-		int obj = json_is_object(j);
-
-		json_decref(j);
-		if (!obj)
-			return sl__err(SLUICE_EINVAL_CONFIG, "%s: the metadata is not a JSON object of at most %u bytes", dir,
-				       SL_META_MAX);
-	}
-	/* The directory and its missing parents, as mkdir -p. */
-	if (!sl__is_s3_url(dir)) {
-		char *d = strdup(dir);
-		int e = d ? sl__mkdirs(d) : -ENOMEM;
-
-		free(d);
-		if (e)
-			return sl__err(e, "%s: cannot create: %s", dir, strerror(-e));
-	}
-	if (asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", SL_INDEX_NAME) < 0)
-		return -ENOMEM;
-	{
-		struct stat st;
-		int e = sl__fs_stat(p, &st);
-
-		rc = !e ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME)
-			: e != -ENOENT ? (sl__is_s3_url(dir) ? e : sl__err(e, "%s: %s", p, strerror(-e))) : 0;
-	}
-	free(p);
-	if (rc)
-		return rc;
-	w = calloc(1, sizeof(*w));
-	if (!w)
+	if (!(w = calloc(1, sizeof(*w))))
 		return -ENOMEM;
 	w->fd = w->dfd = w->efd = -1;
-	if (sl__is_s3_url(dir)) {
-		/* Files are made in a staging directory and each goes up when finished, the index last. */
-		char stage[4096];
-
-		if ((rc = sl__fs_staging(stage, sizeof(stage)))) {
-			free(w);
-			return rc;
-		}
-		w->remote = strdup(dir);
-		for (size_t l = w->remote ? strlen(w->remote) : 0; l > 5 && w->remote[l - 1] == '/'; l--)
-			w->remote[l - 1] = 0;
-		w->dir = strdup(stage);
-		w->staging = strdup(stage);
-	} else {
-		w->dir = strdup(dir);
-	}
+	if ((rc = sl_writer_place(w, dir)))
+		goto fail;
 	if (posix_memalign((void **)&w->buf, SL_ALIGN, SL_WBUF)) /* O_DIRECT source */
 		w->buf = NULL;
 	w->ebuf = malloc(SL_WBUF);
-	if (!w->dir || !w->buf || !w->ebuf || (sl__is_s3_url(dir) && (!w->remote || !w->staging))) {
+	if (!w->buf || !w->ebuf || (opt && opt->metadata && !(w->meta = strdup(opt->metadata)))) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -378,26 +403,8 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 		w->fields[i].name = w->names[i];
 		w->fixed[i] = sl__field_fixed_size(&fields[i]);
 	}
-	if (opt && opt->zstd_level) {
-		if (opt->zstd_level < 1 || opt->zstd_level > ZSTD_maxCLevel() ||
-		    (opt->block_size && (opt->block_size < SL_MIN_BLOCK || opt->block_size > (1u << 30)))) {
-			rc = sl__err(SLUICE_EINVAL_CONFIG, "zstd level %d (1..%d) or block size %zu (1 MiB..1 GiB) out of range",
-				     opt->zstd_level, ZSTD_maxCLevel(), opt->block_size);
-			goto fail;
-		}
-		w->zstd_level = opt->zstd_level;
-		w->block_size = opt->block_size ? opt->block_size : 1u << 20; /* GPU decoders want many blocks; a shuffle chunk spans fewer (BENCHMARKS) */
-		w->cctx = ZSTD_createCCtx();
-		if (!w->cctx || ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->zstd_level)) ||
-		    ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1))) {
-			rc = -ENOMEM;
-			goto fail;
-		}
-	}
-	if (opt && opt->metadata && !(w->meta = strdup(opt->metadata))) {
-		rc = -ENOMEM;
+	if (opt && opt->zstd_level && (rc = sl_writer_zstd(w, opt)))
 		goto fail;
-	}
 	w->shard_size = opt && opt->shard_size ? opt->shard_size : 1ull << 30;
 	if (w->shard_size > SL_MAX_SHARD_BYTES)
 		w->shard_size = SL_MAX_SHARD_BYTES;
