@@ -264,11 +264,9 @@ void sl__index_free(struct sl__index *ix)
 	ix->shard_records = ix->shard_bytes = ix->shard_first = NULL;
 }
 
-int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, struct sl__index *ix)
+/* The header: magic, version, CRCs, counts, and the sections where they belong in a file of file_size. */
+static int sl_index_header(const unsigned char *p, size_t len, uint64_t file_size, struct sl__index *ix)
 {
-	const unsigned char *q, *end;
-
-	memset(ix, 0, sizeof(*ix));
 	if (len < 72)
 		return sl__err(SLUICE_EFORMAT, "index header truncated (%zu bytes)", len);
 	if (memcmp(p, SL_INDEX_MAGIC, 8))
@@ -321,6 +319,13 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 		return sl__err(SLUICE_EFORMAT, "index schema or shard table CRC mismatch");
 	if (memchr(p + ix->meta_off, 0, ix->meta_len))
 		return sl__err(SLUICE_EFORMAT, "index metadata holds a NUL byte");
+	return 0;
+}
+
+/* The schema: each field's dtype, shape and name, as long as the header says, and valid together. */
+static int sl_index_schema(const unsigned char *p, struct sl__index *ix)
+{
+	const unsigned char *q, *end;
 
 	q = p + ix->schema_off;
 	end = q + ix->schema_len;
@@ -349,30 +354,44 @@ int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, stru
 		return sl__err(SLUICE_EFORMAT, "schema has %zu bytes after its last field", (size_t)(end - q));
 	if (sl__schema_check(ix->fields, ix->nfields))
 		return sl__err(SLUICE_EFORMAT, "schema invalid: %s", sluice_last_error_detail());
+	return 0;
+}
+
+/* The shard table: each shard's records and bytes, adding up to the index's records. */
+static int sl_index_shards(const unsigned char *p, struct sl__index *ix)
+{
+	uint64_t first = 0;
 
 	ix->shard_records = malloc(ix->nshards * sizeof(uint64_t));
 	ix->shard_bytes = malloc(ix->nshards * sizeof(uint64_t));
 	ix->shard_first = malloc(ix->nshards * sizeof(uint64_t));
 	if (!ix->shard_records || !ix->shard_bytes || !ix->shard_first) {
-		sl__index_free(ix);
 		return -ENOMEM;
 	}
-	uint64_t first = 0;
-
 	for (unsigned s = 0; s < ix->nshards; s++) {
 		ix->shard_records[s] = sl__le64(p + ix->shards_off + 16 * s);
 		ix->shard_bytes[s] = sl__le64(p + ix->shards_off + 16 * s + 8);
 		ix->shard_first[s] = first;
 		if (ix->shard_records[s] > ix->nrecords - first || ix->shard_bytes[s] > SL_MAX_SHARD_BYTES) {
-			sl__index_free(ix);
 			return sl__err(SLUICE_EFORMAT, "shard table entry %u is out of range", s);
 		}
 		first += ix->shard_records[s];
 	}
 	if (first != ix->nrecords) {
-		sl__index_free(ix);
 		return sl__err(SLUICE_EFORMAT, "shard table holds %llu records, the index %llu", (unsigned long long)first,
 			       (unsigned long long)ix->nrecords);
 	}
 	return 0;
+}
+
+int sl__index_parse(const unsigned char *p, size_t len, uint64_t file_size, struct sl__index *ix)
+{
+	int rc;
+
+	memset(ix, 0, sizeof(*ix));
+	if ((rc = sl_index_header(p, len, file_size, ix)) || (rc = sl_index_schema(p, ix)))
+		return rc;
+	if ((rc = sl_index_shards(p, ix)))
+		sl__index_free(ix);
+	return rc;
 }
