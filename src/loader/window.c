@@ -97,69 +97,60 @@ int sl__window_reserve(struct sl__window *win, size_t n)
 }
 
 /* Reads window w: every record of it that this rank takes in the epoch whose order is o. */
-static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w)
+/*
+ * The records of window [lo, hi) this rank takes, sorted, each once, into
+ * win->ids; their count.  Position q of the order is taken at p = q, and
+ * again at p = q + n, q + 2n, ... where the last batch wraps (more than once
+ * when there are fewer records than a global batch): this rank's positions
+ * of the global batches that overlap [lo, hi) + k n, each record marked once.
+ */
+static ssize_t sl_window_ids(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t lo,
+			     uint64_t hi)
 {
-	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
-	uint64_t total = sl__gstart(ld, ld->nbatches), need = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
-	struct sluice_xfer_report rep;
-	size_t k = 0;
-	ssize_t rc;
-
-	free(win->ids);
-	free(win->off);
-	free(win->len);
-	win->ids = malloc((hi - lo + 1) * sizeof(uint64_t));
-	win->off = malloc((hi - lo + 2) * sizeof(uint64_t));
-	win->len = malloc((hi - lo + 1) * sizeof(uint32_t));
-	if (!win->ids || !win->off || !win->len)
-		return -ENOMEM;
-	/*
-	 * Position q of the order is taken at p = q, and again at p = q + n,
-	 * q + 2n, ... where the last batch wraps (more than once when there are
-	 * fewer records than a global batch): this rank's positions of the
-	 * global batches that overlap [lo, hi) + k n, each record marked once.
-	 */
-	uint64_t *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
+	uint64_t total = sl__gstart(ld, ld->nbatches), *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
 	unsigned char *take = calloc(hi - lo + 1, 1);
+	size_t k = 0, u = 0;
+	int rc = pos && take ? 0 : -ENOMEM;
 
-	if (!pos || !take) {
-		free(pos);
-		free(take);
-		return -ENOMEM;
-	}
-	for (uint64_t pass = 0; pass * ld->n < total; pass++) {
+	for (uint64_t pass = 0; !rc && pass * ld->n < total; pass++) {
 		uint64_t a = lo + pass * ld->n, b = hi + pass * ld->n;
 
 		if (b <= ld->origin)
 			continue;
 		for (uint64_t g = a > ld->origin ? (a - ld->origin) / ld->per_global : 0;
-		     sl__gstart(ld, g) < b && sl__gstart(ld, g) < total; g++) {
+		     !rc && sl__gstart(ld, g) < b && sl__gstart(ld, g) < total; g++) {
 			rc = sl__rank_positions(ld, o, g, pos);
 			for (uint32_t j = 0; !rc && j < ld->opt.batch_size; j++)
 				if (pos[j] >= a && pos[j] < b)
 					take[pos[j] - a] = 1;
-			if (rc) {
-				free(pos);
-				free(take);
-				return (int)rc;
-			}
 		}
 	}
-	for (uint64_t q = lo; q < hi; q++)
+	for (uint64_t q = lo; !rc && q < hi; q++)
 		if (take[q - lo])
 			win->ids[k++] = sl_at_in(ld, o, q);
 	free(pos);
 	free(take);
+	if (rc)
+		return rc;
 	qsort(win->ids, k, sizeof(uint64_t), sl__cmp_u64);
-	size_t u = 0; /* a position and its wrapped twin may both be this rank's: one copy */
-
+	/* A position and its wrapped twin may both be this rank's: one copy. */
 	for (size_t i = 0; i < k; i++)
 		if (!u || win->ids[i] != win->ids[u - 1])
 			win->ids[u++] = win->ids[i];
-	k = u;
-	struct sluice_record_loc prev = { UINT_MAX, 0, 0, 0 };
-	uint64_t seq = 0, all = 0;
+	return (ssize_t)u;
+}
 
+/*
+ * Where each of the k records lands in the window's buffer (8-byte
+ * aligned), its bytes in total into *need; the bytes that follow the
+ * record read before them in the file (*seq) and all (*all), for the stats.
+ */
+static int sl_window_layout(struct sluice_loader *ld, struct sl__window *win, size_t k, uint64_t *need, uint64_t *seq,
+			    uint64_t *all)
+{
+	struct sluice_record_loc prev = { UINT_MAX, 0, 0, 0 };
+
+	*need = *seq = *all = 0;
 	for (size_t i = 0; i < k; i++) {
 		struct sluice_record_loc loc;
 		int r = sluice_dataset_locate(ld->ds, win->ids[i], &loc);
@@ -169,36 +160,62 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 		/* Sequential: it starts where the record read before it ends (up to the format's padding). */
 		if (loc.shard == prev.shard && loc.offset >= prev.offset + prev.length &&
 		    loc.offset <= prev.offset + prev.length + 8)
-			seq += loc.length;
-		all += loc.length;
+			*seq += loc.length;
+		*all += loc.length;
 		prev = loc;
 		win->len[i] = loc.length;
-		win->off[i] = need;
-		need = sl__align_up(need + loc.length, 8);
+		win->off[i] = *need;
+		*need = sl__align_up(*need + loc.length, 8);
 	}
-	if ((rc = sl__window_reserve(win, need)))
-		return (int)rc;
-	memset(&rep, 0, sizeof(rep));
-	rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, &rep) : 0;
-	if ((rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) && ld->opt.skip_corrupt) {
-		/* One by one, to find the bad records; they are marked and left out of their batches. */
-		rc = 0;
-		for (size_t i = 0; i < k && rc >= 0; i++) {
-			rc = sluice_dataset_read(ld->ds, win->ids[i], win->buf + win->off[i], win->len[i], NULL);
-			if (rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) {
-				sl__warn("loader", "skipping: %s", sluice_last_error_detail());
-				win->len[i] = UINT32_MAX;
-				rc = 0;
-			}
+	return 0;
+}
+
+/* The window's records read in one batch; with skip_corrupt, a batch that fails a check is read one by one and its bad records marked. */
+static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, size_t k, struct sluice_xfer_report *rep)
+{
+	ssize_t rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, rep) : 0;
+
+	if ((rc != SLUICE_ECRC && rc != SLUICE_EFORMAT) || !ld->opt.skip_corrupt)
+		return rc;
+	rc = 0;
+	for (size_t i = 0; i < k && rc >= 0; i++) {
+		rc = sluice_dataset_read(ld->ds, win->ids[i], win->buf + win->off[i], win->len[i], NULL);
+		if (rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) {
+			sl__warn("loader", "skipping: %s", sluice_last_error_detail());
+			win->len[i] = UINT32_MAX;
+			rc = 0;
 		}
 	}
-	if (rc < 0)
+	return rc;
+}
+
+static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w)
+{
+	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
+	uint64_t need = 0, seq = 0, all = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+	struct sluice_xfer_report rep;
+	ssize_t k, rc;
+
+	free(win->ids);
+	free(win->off);
+	free(win->len);
+	win->ids = malloc((hi - lo + 1) * sizeof(uint64_t));
+	win->off = malloc((hi - lo + 2) * sizeof(uint64_t));
+	win->len = malloc((hi - lo + 1) * sizeof(uint32_t));
+	if (!win->ids || !win->off || !win->len)
+		return -ENOMEM;
+	if ((k = sl_window_ids(ld, o, win, lo, hi)) < 0)
+		return (int)k;
+	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) || (rc = sl__window_reserve(win, need)))
+		return (int)rc;
+	memset(&rep, 0, sizeof(rep));
+	if ((rc = sl_window_read(ld, win, (size_t)k, &rep)) < 0)
 		return (int)rc;
 	atomic_fetch_add(&ld->seq_bytes, seq);
 	atomic_fetch_add(&ld->record_bytes, all);
 	atomic_fetch_add(&ld->read_bytes, rep.bytes);
 	atomic_fetch_add(&ld->read_ios, rep.ios);
-	win->n = k;
+	win->n = (size_t)k;
 	sl__hist_add(&ld->h_read, sl__now_ns() - t0);
 	sl__ld_span(ld, "read window", t0, cpu0, w);
 	return 0;
