@@ -235,16 +235,56 @@ static int sl_make_tmp(const char *dir, const char *base, char **tmp)
 	return fd >= 0 ? fd : -EEXIST;
 }
 
+/*
+ * The temporary of a write of len bytes to path: made beside it in dir (so
+ * rename() stays in one filesystem), with the mode path has (a new file:
+ * what open(2) gives under the umask), its space reserved (ENOSPC now,
+ * not half-way through).  Its descriptor, or an error; *tmp its name.
+ */
+static int sl_open_tmp(const char *path, const char *dir, const char *base, size_t len, char **tmp)
+{
+	struct stat st;
+	int keep_mode = stat(path, &st) == 0, fd = sl_make_tmp(dir, base, tmp), e;
+
+	if (fd < 0)
+		return sl__err(fd, "%s: cannot create temporary file in %s: %s", path, dir, strerror(-fd));
+	if (keep_mode && fchmod(fd, st.st_mode & 07777) < 0)
+		e = sl__err(-errno, "%s: fchmod: %s", *tmp, strerror(errno));
+	else if (len && (e = posix_fallocate(fd, 0, (off_t)sl__align_up(len, SL_ALIGN))) && e != EOPNOTSUPP && e != EINVAL)
+		e = sl__err(-e, "%s: cannot reserve %zu bytes for %s: %s", dir, len, path, strerror(e));
+	else
+		e = 0;
+	if (e) {
+		close(fd);
+		return e;
+	}
+	return fd;
+}
+
+/* The temporary, complete and synced, renamed over path, and the rename made durable (the directory synced). */
+static int sl_commit_tmp(const char *tmp, const char *path, const char *dir)
+{
+	int dfd, rc = 0;
+
+	if (rename(tmp, path) < 0)
+		return sl__err(-errno, "%s: rename from %s: %s", path, tmp, strerror(errno));
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0 || fsync(dfd) < 0)
+		rc = sl__err(-errno, "%s: fsync of directory %s: %s", path, dir, strerror(errno));
+	if (dfd >= 0)
+		close(dfd);
+	return rc;
+}
+
 ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const void *src,
 			      size_t len, struct sluice_xfer_report *rep)
 {
 	char *dup1, *dup2, *tmp = NULL;
-	const char *dir, *base;
+	const char *dir = NULL;
 	struct sluice_file *f = NULL;
-	struct stat st;
-	ssize_t rc;
-	int fd = -1, dfd = -1, keep_mode;
 	const struct sl__store *store;
+	ssize_t rc;
+	int fd = -1;
 
 	/* Objects are written whole by their store (an upload); files through a temporary, renamed. */
 	if ((rc = sl__store_for(eng, path, &store)))
@@ -255,60 +295,20 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 		memset(rep, 0, sizeof(*rep));
 	dup1 = strdup(path);
 	dup2 = strdup(path);
-	if (!dup1 || !dup2) {
+	if (!dup1 || !dup2)
 		rc = -ENOMEM;
-		goto out;
+	else if ((fd = sl_open_tmp(path, dir = dirname(dup1), basename(dup2), len, &tmp)) < 0)
+		rc = fd;
+	else if (!(rc = sluice_file_open(&f, eng, tmp, SLUICE_RDWR)) && (rc = sluice_file_write(f, 0, len, src, rep)) >= 0 &&
+		 !(rc = f->s.ops->truncate(&f->s, tmp, len)) && !(rc = f->s.ops->sync(&f->s, tmp)) &&
+		 !(rc = sl_commit_tmp(tmp, path, dir))) {
+		free(tmp);
+		tmp = NULL; /* renamed: nothing to clean up any more */
+		rc = (ssize_t)len;
 	}
-	dir = dirname(dup1);
-	base = basename(dup2);
-	/* An existing file keeps its mode; a new one gets what open(2) gives under the umask. */
-	keep_mode = stat(path, &st) == 0;
-	/* A hidden temporary beside the target, so rename() stays in one filesystem. */
-	fd = sl_make_tmp(dir, base, &tmp);
-	if (fd < 0) {
-		rc = sl__err(fd, "%s: cannot create temporary file in %s: %s", path, dir, strerror(-fd));
-		goto out;
-	}
-	if (keep_mode && fchmod(fd, st.st_mode & 07777) < 0) {
-		rc = sl__err(-errno, "%s: fchmod: %s", tmp, strerror(errno));
-		goto out;
-	}
-	/* Reserve the space first: ENOSPC now, not half-way through. */
-	if (len) {
-		int e = posix_fallocate(fd, 0, (off_t)sl__align_up(len, SL_ALIGN));
-
-		if (e && e != EOPNOTSUPP && e != EINVAL) {
-			rc = sl__err(-e, "%s: cannot reserve %zu bytes for %s: %s", dir, len, path, strerror(e));
-			goto out;
-		}
-	}
-	rc = sluice_file_open(&f, eng, tmp, SLUICE_RDWR);
-	if (rc)
-		goto out;
-	rc = sluice_file_write(f, 0, len, src, rep);
-	if (rc < 0)
-		goto out;
-	if ((rc = f->s.ops->truncate(&f->s, tmp, len)) || (rc = f->s.ops->sync(&f->s, tmp)))
-		goto out;
-	if (rename(tmp, path) < 0) {
-		rc = sl__err(-errno, "%s: rename from %s: %s", path, tmp, strerror(errno));
-		goto out;
-	}
-	free(tmp);
-	tmp = NULL; /* renamed: nothing to clean up any more */
-	/* Make the rename itself durable. */
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0 || fsync(dfd) < 0) {
-		rc = sl__err(-errno, "%s: fsync of directory %s: %s", path, dir, strerror(errno));
-		goto out;
-	}
-	rc = (ssize_t)len;
-out:
 	sluice_file_close(f);
 	if (fd >= 0)
 		close(fd);
-	if (dfd >= 0)
-		close(dfd);
 	if (tmp) {
 		unlink(tmp);
 		free(tmp);
