@@ -57,45 +57,14 @@ static int sl_native_probe(const char *path)
 	return sl__fs_stat(p, &st) == 0;
 }
 
-static int sl_native_open(struct sluice_dataset *ds, const char *path)
+/* The schema and the metadata, from the index into the dataset. */
+static int sl_native_schema(struct sluice_dataset *ds, struct sl_native *nv)
 {
-	struct sl_native *nv = calloc(1, sizeof(*nv));
-	char *ip = NULL, **names = NULL;
-	int rc;
-
-	if (!nv || asprintf(&ip, "%s/%s", path, SL_INDEX_NAME) < 0) {
-		free(nv);
-		return -ENOMEM;
-	}
-	ds->priv = nv;
-	rc = sl__map_ro(ip, &nv->map, &nv->map_len, 1);
-	if (rc)
-		goto out;
-	rc = sl__index_parse(nv->map, nv->map_len, nv->map_len, &nv->ix);
-	if (rc) {
-		rc = sl__err(rc, "%s: %s", ip, sluice_last_error_detail());
-		goto out;
-	}
-	/*
-	 * Loaders touch entries in shuffled order: no readahead around them,
-	 * so only the pages of records actually looked up become resident.
-	 */
-	if (nv->map_len > nv->ix.entries_off)
-		madvise((void *)(nv->map + nv->ix.entries_off), nv->map_len - nv->ix.entries_off, MADV_RANDOM);
 	ds->nrecords = nv->ix.nrecords;
 	ds->nfields = nv->ix.nfields;
-	if (nv->ix.ngroups && !(nv->group_ok = calloc(nv->ix.ngroups, 1))) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	nv->index_path = ip;
-	ip = NULL;
 	if (nv->ix.meta_len) {
-		ds->metadata = malloc(nv->ix.meta_len + 1);
-		if (!ds->metadata) {
-			rc = -ENOMEM;
-			goto out;
-		}
+		if (!(ds->metadata = malloc(nv->ix.meta_len + 1)))
+			return -ENOMEM;
 		memcpy(ds->metadata, nv->map + nv->ix.meta_off, nv->ix.meta_len);
 		ds->metadata[nv->ix.meta_len] = 0;
 	}
@@ -105,30 +74,37 @@ static int sl_native_open(struct sluice_dataset *ds, const char *path)
 		ds->fields[f].name = ds->names[f];
 	}
 	ds->has_crc = 1;
-	pthread_mutex_init(&nv->lock, NULL);
-	pthread_cond_init(&nv->cv, NULL);
-	if (nv->ix.flags & SL_FLAG_ZSTD) {
-		ds->compressed = 1;
-		nv->blocks = calloc(nv->ix.nshards, sizeof(*nv->blocks));
-		nv->nblocks = calloc(nv->ix.nshards, sizeof(*nv->nblocks));
-		for (unsigned k = 0; k < SL_ZSLOTS && !rc; k++)
-			if (!(nv->z[k].dctx = ZSTD_createDCtx()))
-				rc = -ENOMEM;
-		if (!nv->blocks || !nv->nblocks || rc) {
-			rc = -ENOMEM;
-			goto out;
-		}
-	}
-	names = calloc(nv->ix.nshards, sizeof(char *));
-	for (unsigned s = 0; names && s < nv->ix.nshards; s++)
+	return 0;
+}
+
+/* zstd shards: the block tables (loaded on first use) and a decompression context per slot. */
+static int sl_native_zstd(struct sluice_dataset *ds, struct sl_native *nv)
+{
+	ds->compressed = 1;
+	nv->blocks = calloc(nv->ix.nshards, sizeof(*nv->blocks));
+	nv->nblocks = calloc(nv->ix.nshards, sizeof(*nv->nblocks));
+	if (!nv->blocks || !nv->nblocks)
+		return -ENOMEM;
+	for (unsigned k = 0; k < SL_ZSLOTS; k++)
+		if (!(nv->z[k].dctx = ZSTD_createDCtx()))
+			return -ENOMEM;
+	return 0;
+}
+
+/* The shard files, their records and bytes as the index has them. */
+static int sl_native_shards(struct sluice_dataset *ds, struct sl_native *nv, const char *path)
+{
+	char **names = calloc(nv->ix.nshards, sizeof(char *));
+	int rc = names ? 0 : -ENOMEM;
+
+	for (unsigned s = 0; !rc && s < nv->ix.nshards; s++)
 		if (asprintf(&names[s], "%s/shard-%06u.sls", path, s) < 0)
 			names[s] = NULL, rc = -ENOMEM;
-	if (!names || rc) {
+	if (rc) {
 		for (unsigned s = 0; names && s < nv->ix.nshards; s++)
 			free(names[s]);
 		free(names);
-		rc = -ENOMEM;
-		goto out;
+		return rc;
 	}
 	rc = sl__ds_files(ds, names, nv->ix.nshards);
 	ds->file_records = malloc(nv->ix.nshards * sizeof(uint64_t));
@@ -138,9 +114,36 @@ static int sl_native_open(struct sluice_dataset *ds, const char *path)
 		ds->file_bytes[s] = SL_HDR_SIZE + nv->ix.shard_bytes[s];
 		ds->file_records[s] = nv->ix.shard_records[s];
 	}
-out:
-	free(ip);
 	return rc;
+}
+
+static int sl_native_open(struct sluice_dataset *ds, const char *path)
+{
+	struct sl_native *nv = calloc(1, sizeof(*nv));
+	int rc;
+
+	if (!nv || asprintf(&nv->index_path, "%s/%s", path, SL_INDEX_NAME) < 0) {
+		free(nv);
+		return -ENOMEM;
+	}
+	ds->priv = nv;
+	pthread_mutex_init(&nv->lock, NULL);
+	pthread_cond_init(&nv->cv, NULL);
+	if ((rc = sl__map_ro(nv->index_path, &nv->map, &nv->map_len, 1)))
+		return rc;
+	if ((rc = sl__index_parse(nv->map, nv->map_len, nv->map_len, &nv->ix)))
+		return sl__err(rc, "%s: %s", nv->index_path, sluice_last_error_detail());
+	/*
+	 * Loaders touch entries in shuffled order: no readahead around them,
+	 * so only the pages of records actually looked up become resident.
+	 */
+	if (nv->map_len > nv->ix.entries_off)
+		madvise((void *)(nv->map + nv->ix.entries_off), nv->map_len - nv->ix.entries_off, MADV_RANDOM);
+	if (nv->ix.ngroups && !(nv->group_ok = calloc(nv->ix.ngroups, 1)))
+		return -ENOMEM;
+	if ((rc = sl_native_schema(ds, nv)) || ((nv->ix.flags & SL_FLAG_ZSTD) && (rc = sl_native_zstd(ds, nv))))
+		return rc;
+	return sl_native_shards(ds, nv, path);
 }
 
 static void sl_native_close(struct sluice_dataset *ds)
