@@ -690,6 +690,37 @@ static int doc_lengths(const char *path, const char *tok_path, uint64_t ntok, ui
 	return rc;
 }
 
+/* Document by document from tf (tokens of dtype tdt): a record each, or into the packer's rows. */
+static int tokens_copy(struct job *j, FILE *tf, const uint64_t *lens, uint64_t ndoc, enum sluice_dtype tdt,
+		       struct rows *rows, struct sluice_writer *w)
+{
+	unsigned char *buf = NULL;
+	size_t cap = 0;
+	int rc = 0;
+
+	for (uint64_t d = 0; d < ndoc && !rc; d++) {
+		size_t n = (size_t)lens[d] * sluice_dtype_size(tdt);
+		const void *v[1];
+
+		if (sl__reserve(&buf, &cap, n)) {
+			rc = sl__err(-ENOMEM, "out of memory for a document of %zu bytes", n);
+			break;
+		}
+		v[0] = buf;
+		if (n && fread(buf, 1, n, tf) != n)
+			rc = sl__err(SLUICE_EFORMAT, "%s: ends inside document %llu", j->opt->from, (unsigned long long)d);
+		else if (rows->pk)
+			rc = rows_add(rows, w, j->opt->pack_context, buf, (size_t)lens[d], tdt, d);
+		else
+			rc = sluice_writer_add(w, v, &n);
+		j->rep->bytes += n;
+		if (d % 100000 == 99999)
+			progress(j, d + 1, ndoc);
+	}
+	free(buf);
+	return rc;
+}
+
 /*
  * Token arrays: one record per document, field "tokens", or packed rows.
  * Lengths are in tokens, in file order, and must add up to the token count.
@@ -705,8 +736,6 @@ static int pack_tokens(struct job *j)
 	enum sluice_dtype tdt;
 	uint64_t ntok, toff, ndoc = 0, *lens = NULL;
 	struct sluice_writer *w = NULL;
-	unsigned char *buf = NULL;
-	size_t cap = 0;
 	FILE *tf = NULL;
 	struct rows rows = { 0 };
 	int rc = 0;
@@ -737,25 +766,7 @@ static int pack_tokens(struct job *j)
 		rc = sl__err(-errno, "%s: %s", o->from, strerror(errno));
 		goto out;
 	}
-	for (uint64_t d = 0; d < ndoc && !rc; d++) {
-		size_t n = (size_t)lens[d] * sluice_dtype_size(tdt);
-		const void *v[1] = { buf };
-
-		if (sl__reserve(&buf, &cap, n)) {
-			rc = sl__err(-ENOMEM, "out of memory for a document of %zu bytes", n);
-			break;
-		}
-		v[0] = buf;
-		if (n && fread(buf, 1, n, tf) != n)
-			rc = sl__err(SLUICE_EFORMAT, "%s: ends inside document %llu", o->from, (unsigned long long)d);
-		else if (rows.pk)
-			rc = rows_add(&rows, w, o->pack_context, buf, (size_t)lens[d], tdt, d);
-		else
-			rc = sluice_writer_add(w, v, &n);
-		j->rep->bytes += n;
-		if (d % 100000 == 99999)
-			progress(j, d + 1, ndoc);
-	}
+	rc = tokens_copy(j, tf, lens, ndoc, tdt, &rows, w);
 	if (!rc && rows.pk)
 		rc = rows_drain(&rows, w, o->pack_context, 1);
 	if (!rc) {
@@ -779,7 +790,6 @@ out:
 	if (tf)
 		fclose(tf);
 	free(lens);
-	free(buf);
 	return rc;
 }
 
