@@ -90,13 +90,71 @@ static int sl_copy_arg(char *dst, size_t cap, const char *v, const char *what)
 	return 0;
 }
 
+/* Credentials from the arguments, else the environment: the first place that has a key pair gives all of it. */
+static int sl_creds(struct sl__s3_conf *c, const struct sl__s3_args *args, sl__env_fn env, void *ctx)
+{
+	const char *ak = args->access_key && *args->access_key ? args->access_key : NULL;
+	const char *sk = args->secret_key && *args->secret_key ? args->secret_key : NULL, *v;
+	int rc;
+
+	if (ak || sk) {
+		if (!ak || !sk)
+			return sl__err(SLUICE_EINVAL_CONFIG, "S3 credentials: an access key needs its secret key, and back");
+		if ((rc = sl_copy_arg(c->access_key, sizeof(c->access_key), ak, "access key")) ||
+		    (rc = sl_copy_arg(c->secret_key, sizeof(c->secret_key), sk, "secret key")) ||
+		    (rc = sl_copy_arg(c->session_token, sizeof(c->session_token),
+				      args->session_token ? args->session_token : "", "session token")))
+			return rc;
+		c->cred_source = "arguments";
+	} else if ((ak = sl_env(env, ctx, "AWS_ACCESS_KEY_ID")) && (sk = sl_env(env, ctx, "AWS_SECRET_ACCESS_KEY"))) {
+		v = sl_env(env, ctx, "AWS_SESSION_TOKEN");
+		if ((rc = sl_copy_arg(c->access_key, sizeof(c->access_key), ak, "AWS_ACCESS_KEY_ID")) ||
+		    (rc = sl_copy_arg(c->secret_key, sizeof(c->secret_key), sk, "AWS_SECRET_ACCESS_KEY")) ||
+		    (rc = sl_copy_arg(c->session_token, sizeof(c->session_token), v ? v : "", "AWS_SESSION_TOKEN")))
+			return rc;
+		c->cred_source = "environment";
+	}
+	return 0;
+}
+
+/* The endpoint (arguments, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's, else AWS's for the region) and its addressing. */
+static int sl_endpoint(struct sl__s3_conf *c, const struct sl__s3_args *args, sl__env_fn env, void *ctx,
+		       const struct sl_profile *pr)
+{
+	const char *v = args->endpoint && *args->endpoint ? args->endpoint : sl_env(env, ctx, "AWS_ENDPOINT_URL_S3");
+	size_t n;
+
+	if (!v)
+		v = sl_env(env, ctx, "AWS_ENDPOINT_URL");
+	if (!v && pr->endpoint[0])
+		v = pr->endpoint;
+	if (v) {
+		if (strncmp(v, "http://", 7) && strncmp(v, "https://", 8))
+			return sl__err(SLUICE_EINVAL_CONFIG, "S3 endpoint '%s': want http://HOST[:PORT] or https://...", v);
+		for (n = strlen(v); n > 8 && v[n - 1] == '/'; n--)
+			;
+		if (n >= sizeof(c->endpoint))
+			return sl__err(SLUICE_EINVAL_CONFIG, "S3 endpoint longer than %zu characters", sizeof(c->endpoint) - 1);
+		memcpy(c->endpoint, v, n);
+		c->endpoint[n] = 0;
+		c->path_style = 1; /* custom endpoints (MinIO, Ceph, ...) rarely have per-bucket host names */
+	} else {
+		snprintf(c->endpoint, sizeof(c->endpoint), "https://s3.%s.amazonaws.com", c->region);
+	}
+	if (!strcmp(pr->addressing, "path"))
+		c->path_style = 1;
+	else if (!strcmp(pr->addressing, "virtual"))
+		c->path_style = 0;
+	return 0;
+}
+
 int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, sl__env_fn env, void *ctx)
 {
 	static const struct sl__s3_args none;
 	struct sl_profile *pr = calloc(1, sizeof(*pr));
 	char want_conf[160], cred_path[1024], conf_path[1024];
-	const char *ak, *sk, *v;
-	int rc = 0;
+	const char *v;
+	int rc;
 
 	if (!pr)
 		return -ENOMEM;
@@ -111,29 +169,8 @@ int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, s
 	pr->want_conf = want_conf;
 	sl_file_path(cred_path, sizeof(cred_path), env, ctx, "AWS_SHARED_CREDENTIALS_FILE", "credentials");
 	sl_file_path(conf_path, sizeof(conf_path), env, ctx, "AWS_CONFIG_FILE", "config");
-
-	/* Credentials: the first place that has a key pair gives all of it. */
-	ak = args->access_key && *args->access_key ? args->access_key : NULL;
-	sk = args->secret_key && *args->secret_key ? args->secret_key : NULL;
-	if (ak || sk) {
-		if (!ak || !sk) {
-			rc = sl__err(SLUICE_EINVAL_CONFIG, "S3 credentials: an access key needs its secret key, and back");
-			goto out;
-		}
-		if ((rc = sl_copy_arg(c->access_key, sizeof(c->access_key), ak, "access key")) ||
-		    (rc = sl_copy_arg(c->secret_key, sizeof(c->secret_key), sk, "secret key")) ||
-		    (rc = sl_copy_arg(c->session_token, sizeof(c->session_token),
-				      args->session_token ? args->session_token : "", "session token")))
-			goto out;
-		c->cred_source = "arguments";
-	} else if ((ak = sl_env(env, ctx, "AWS_ACCESS_KEY_ID")) && (sk = sl_env(env, ctx, "AWS_SECRET_ACCESS_KEY"))) {
-		v = sl_env(env, ctx, "AWS_SESSION_TOKEN");
-		if ((rc = sl_copy_arg(c->access_key, sizeof(c->access_key), ak, "AWS_ACCESS_KEY_ID")) ||
-		    (rc = sl_copy_arg(c->secret_key, sizeof(c->secret_key), sk, "AWS_SECRET_ACCESS_KEY")) ||
-		    (rc = sl_copy_arg(c->session_token, sizeof(c->session_token), v ? v : "", "AWS_SESSION_TOKEN")))
-			goto out;
-		c->cred_source = "environment";
-	}
+	if ((rc = sl_creds(c, args, env, ctx)))
+		goto out;
 	/* The files: always read, for the region, endpoint and addressing. */
 	if ((rc = sl__ini_file(cred_path, sl_profile_setting, pr)))
 		goto out;
@@ -147,43 +184,13 @@ int sl__s3_conf_resolve(struct sl__s3_conf *c, const struct sl__s3_args *args, s
 		c->anonymous = 1;
 		c->cred_source = "none";
 	}
-
 	v = args->region && *args->region ? args->region : sl_env(env, ctx, "AWS_REGION");
 	if (!v)
 		v = sl_env(env, ctx, "AWS_DEFAULT_REGION");
 	if (!v)
 		v = pr->region[0] ? pr->region : "us-east-1";
-	if ((rc = sl_copy_arg(c->region, sizeof(c->region), v, "region")))
-		goto out;
-
-	v = args->endpoint && *args->endpoint ? args->endpoint : sl_env(env, ctx, "AWS_ENDPOINT_URL_S3");
-	if (!v)
-		v = sl_env(env, ctx, "AWS_ENDPOINT_URL");
-	if (!v && pr->endpoint[0])
-		v = pr->endpoint;
-	if (v) {
-		size_t n = strlen(v);
-
-		if (strncmp(v, "http://", 7) && strncmp(v, "https://", 8)) {
-			rc = sl__err(SLUICE_EINVAL_CONFIG, "S3 endpoint '%s': want http://HOST[:PORT] or https://...", v);
-			goto out;
-		}
-		while (n > 8 && v[n - 1] == '/')
-			n--;
-		if (n >= sizeof(c->endpoint)) {
-			rc = sl__err(SLUICE_EINVAL_CONFIG, "S3 endpoint longer than %zu characters", sizeof(c->endpoint) - 1);
-			goto out;
-		}
-		memcpy(c->endpoint, v, n);
-		c->endpoint[n] = 0;
-		c->path_style = 1; /* custom endpoints (MinIO, Ceph, ...) rarely have per-bucket host names */
-	} else {
-		snprintf(c->endpoint, sizeof(c->endpoint), "https://s3.%s.amazonaws.com", c->region);
-	}
-	if (!strcmp(pr->addressing, "path"))
-		c->path_style = 1;
-	else if (!strcmp(pr->addressing, "virtual"))
-		c->path_style = 0;
+	if (!(rc = sl_copy_arg(c->region, sizeof(c->region), v, "region")))
+		rc = sl_endpoint(c, args, env, ctx, pr);
 out:
 	if (rc) /* nothing half-resolved, secrets included, is left behind */
 		memset(c, 0, sizeof(*c));
