@@ -98,21 +98,11 @@ static const struct sluice_loader_figures *cli_ld_in(const struct cli_snap *s, i
 }
 
 /* Prints the sample cur against prev (dt seconds apart). */
-static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, int json, int tty)
+/* Each disk's rates between the two snapshots. */
+static void cli_show_disks(const struct cli_snap *prev, const struct cli_snap *cur, double dt, int json)
 {
-	struct sluice_gpu_sample g[CLI_MAX_GPUS];
-	int ng = sluice_gpu_sample(g, CLI_MAX_GPUS);
-	double dt = cur->t - prev->t;
-	const char *gwhy = ng < 0 ? sluice_last_error_detail() : "";
 	unsigned shown = 0;
 
-	if (ng > CLI_MAX_GPUS)
-		ng = CLI_MAX_GPUS;
-	if (json)
-		printf("{\"time\":%.3f,\"interval_s\":%.6f,\"disks\":[", (double)time(NULL), dt);
-	else
-		printf("%ssluice top: every %.1f s (Ctrl-C quits)\n\n%-10s %10s %10s %9s %9s %6s\n",
-		       tty ? "\033[H\033[2J" : "", dt, "DISK", "READ MB/s", "WRITE MB/s", "READ IOPS", "WRITE IOPS", "UTIL%");
 	for (unsigned i = 0; i < cur->ndisks; i++) {
 		const struct cli_disk *c = &cur->disk[i], *p = cli_disk_in(prev, c->name);
 		double rb, wb, ri, wi, ut;
@@ -133,6 +123,17 @@ static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, in
 			printf("%-10s %10.1f %10.1f %9.0f %9.0f %6.1f\n", c->name, rb / 1e6, wb / 1e6, ri, wi, ut);
 		}
 	}
+}
+
+/* The GPUs NVML samples now (or why none). */
+static void cli_show_gpus(int json)
+{
+	struct sluice_gpu_sample g[CLI_MAX_GPUS];
+	int ng = sluice_gpu_sample(g, CLI_MAX_GPUS);
+	const char *gwhy = ng < 0 ? sluice_last_error_detail() : "";
+
+	if (ng > CLI_MAX_GPUS)
+		ng = CLI_MAX_GPUS;
 	if (json) {
 		printf("],\"gpus\":[");
 		for (int i = 0; i < ng; i++) {
@@ -145,47 +146,67 @@ static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, in
 		}
 		printf("],\"gpu_error\":");
 		cli_json_str(gwhy);
+		return;
+	}
+	printf("\n%-4s %-24s %5s %6s %12s %12s\n", "GPU", "NAME", "UTIL%", "MEM%", "PCIe IN MB/s", "OUT MB/s");
+	if (ng <= 0)
+		printf("     none (%s)\n", ng < 0 ? gwhy : "NVML sees no GPU");
+	for (int i = 0; i < ng; i++)
+		printf("%-4u %-24.24s %5d %6.1f %12.0f %12.0f\n", g[i].index, g[i].name, g[i].util_pct,
+		       g[i].mem_total ? 100.0 * (double)g[i].mem_used / (double)g[i].mem_total : 0.0, g[i].pcie_rx_mb_s,
+		       g[i].pcie_tx_mb_s);
+}
+
+/* One running loader's figures, and its rates between the two snapshots. */
+static void cli_show_loader(const struct sluice_loader_figures *c, const struct sluice_loader_figures *p, double dt,
+			    int json, int first)
+{
+	double bps = p ? (double)(c->batches - p->batches) / dt : 0, rps = p ? (double)(c->records - p->records) / dt : 0;
+	double byps = p ? (double)(c->bytes - p->bytes) / dt : 0;
+	char who[32];
+	size_t dl = strlen(c->dataset);
+
+	if (json) {
+		printf("%s{\"pid\":%d,\"id\":%u,\"dataset\":", first ? "" : ",", c->pid, c->id);
+		cli_json_str(c->dataset);
+		printf(",\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"read_bytes\":%llu,\"batches_per_s\":%.2f,"
+		       "\"records_per_s\":%.1f,\"bytes_per_s\":%.1f,\"gpu_wait_share\":%.4f,\"verdict\":",
+		       (unsigned long long)c->batches, (unsigned long long)c->records, (unsigned long long)c->bytes,
+		       (unsigned long long)c->read_bytes, bps, rps, byps, c->gpu_wait_share);
+		cli_json_str(c->verdict);
+		printf(",\"stage_seconds\":{\"read\":%.6f,\"decompress\":%.6f,\"storage_wait\":%.6f,\"collate\":%.6f,"
+		       "\"h2d\":%.6f,\"consumer_wait\":%.6f},\"wall_s\":%.6f,\"age_s\":%.3f}",
+		       c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s, c->consumer_wait_s, c->wall_s,
+		       c->age_s);
+		return;
+	}
+	snprintf(who, sizeof(who), "%d.%u", c->pid, c->id);
+	printf("%-14s %-28s %9.1f %10.0f %9.1f %6.1f%% %-16s %.1f/%.1f/%.1f/%.1f/%.1f\n", who,
+	       dl > 28 ? c->dataset + dl - 28 : c->dataset, bps, rps, byps / 1e6, 100 * c->gpu_wait_share, c->verdict,
+	       c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s);
+}
+
+static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, int json, int tty)
+{
+	double dt = cur->t - prev->t;
+
+	if (json)
+		printf("{\"time\":%.3f,\"interval_s\":%.6f,\"disks\":[", (double)time(NULL), dt);
+	else
+		printf("%ssluice top: every %.1f s (Ctrl-C quits)\n\n%-10s %10s %10s %9s %9s %6s\n",
+		       tty ? "\033[H\033[2J" : "", dt, "DISK", "READ MB/s", "WRITE MB/s", "READ IOPS", "WRITE IOPS", "UTIL%");
+	cli_show_disks(prev, cur, dt, json);
+	cli_show_gpus(json);
+	if (json) {
 		printf(",\"loaders\":[");
 	} else {
-		printf("\n%-4s %-24s %5s %6s %12s %12s\n", "GPU", "NAME", "UTIL%", "MEM%", "PCIe IN MB/s", "OUT MB/s");
-		if (ng <= 0)
-			printf("     none (%s)\n", ng < 0 ? gwhy : "NVML sees no GPU");
-		for (int i = 0; i < ng; i++)
-			printf("%-4u %-24.24s %5d %6.1f %12.0f %12.0f\n", g[i].index, g[i].name, g[i].util_pct,
-			       g[i].mem_total ? 100.0 * (double)g[i].mem_used / (double)g[i].mem_total : 0.0,
-			       g[i].pcie_rx_mb_s, g[i].pcie_tx_mb_s);
 		printf("\n%-14s %-28s %9s %10s %9s %7s %-16s %s\n", "LOADER", "DATASET", "BATCH/s", "RECORDS/s", "MB/s",
 		       "GPU WAIT", "VERDICT", "STAGE SECONDS read/decomp/swait/collate/h2d");
 		if (!cur->nld)
 			printf("  none running (loaders publish under SLUICE_RUN_DIR, default /dev/shm)\n");
 	}
-	for (unsigned i = 0; i < cur->nld; i++) {
-		const struct sluice_loader_figures *c = &cur->ld[i], *p = cli_ld_in(prev, c->pid, c->id);
-		double bps = p ? (double)(c->batches - p->batches) / dt : 0, rps = p ? (double)(c->records - p->records) / dt : 0;
-		double byps = p ? (double)(c->bytes - p->bytes) / dt : 0;
-
-		if (json) {
-			printf("%s{\"pid\":%d,\"id\":%u,\"dataset\":", i ? "," : "", c->pid, c->id);
-			cli_json_str(c->dataset);
-			printf(",\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"read_bytes\":%llu,\"batches_per_s\":%.2f,"
-			       "\"records_per_s\":%.1f,\"bytes_per_s\":%.1f,\"gpu_wait_share\":%.4f,\"verdict\":",
-			       (unsigned long long)c->batches, (unsigned long long)c->records, (unsigned long long)c->bytes,
-			       (unsigned long long)c->read_bytes, bps, rps, byps, c->gpu_wait_share);
-			cli_json_str(c->verdict);
-			printf(",\"stage_seconds\":{\"read\":%.6f,\"decompress\":%.6f,\"storage_wait\":%.6f,\"collate\":%.6f,"
-			       "\"h2d\":%.6f,\"consumer_wait\":%.6f},\"wall_s\":%.6f,\"age_s\":%.3f}",
-			       c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s, c->consumer_wait_s,
-			       c->wall_s, c->age_s);
-		} else {
-			char who[32];
-			size_t dl = strlen(c->dataset);
-
-			snprintf(who, sizeof(who), "%d.%u", c->pid, c->id);
-			printf("%-14s %-28s %9.1f %10.0f %9.1f %6.1f%% %-16s %.1f/%.1f/%.1f/%.1f/%.1f\n", who,
-			       dl > 28 ? c->dataset + dl - 28 : c->dataset, bps, rps, byps / 1e6, 100 * c->gpu_wait_share,
-			       c->verdict, c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s);
-		}
-	}
+	for (unsigned i = 0; i < cur->nld; i++)
+		cli_show_loader(&cur->ld[i], cli_ld_in(prev, cur->ld[i].pid, cur->ld[i].id), dt, json, i == 0);
 	printf(json ? "]}\n" : "\n");
 	fflush(stdout);
 }
