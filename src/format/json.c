@@ -181,6 +181,63 @@ static int sl_json_raw(const char *p, size_t len, const char *name, size_t *off,
  * Converts one line into values for fields f[0..n); the bytes live in
  * *scratch (grown as needed, caller frees).  Returns 0 or SLUICE_EFORMAT.
  */
+/*
+ * Whether value v fits field f: a bytes field takes any value (strings as
+ * they are, the rest as JSON text); typed fields take their own kind,
+ * where an integer array fits a float array, an empty array any array
+ * field, and an integer a real.  0 or SLUICE_EFORMAT naming the field.
+ */
+static int sl_json_fits(const struct sluice_field *f, json_t *v)
+{
+	struct sluice_field got;
+
+	if (!v || json_is_null(v))
+		return sl__err(SLUICE_EFORMAT, "field '%s' is missing or null", f->name);
+	sl_json_kind(v, &got);
+	if (f->dtype != SLUICE_DTYPE_BYTES && (got.dtype != f->dtype || got.ndim != f->ndim) &&
+	    !(json_is_array(v) && f->ndim == 1 && (got.dtype == SLUICE_DTYPE_I64 || !json_array_size(v))) &&
+	    !(f->dtype == SLUICE_DTYPE_F64 && !f->ndim && json_is_integer(v)))
+		return sl__err(SLUICE_EFORMAT, "field '%s' is %s%s here, %s%s on the first line", f->name,
+			       sluice_dtype_name(got.dtype), got.ndim ? "[]" : "", sluice_dtype_name(f->dtype),
+			       f->ndim ? "[]" : "");
+	return 0;
+}
+
+/* A scalar field's bytes into s; their count. */
+static size_t sl_json_scalar(const struct sluice_field *f, json_t *v, void *s)
+{
+	int64_t i = json_integer_value(v);
+	double d = json_number_value(v);
+	uint8_t b = json_is_true(v);
+
+	if (f->dtype == SLUICE_DTYPE_I64)
+		memcpy(s, &i, 8);
+	else if (f->dtype == SLUICE_DTYPE_F64)
+		memcpy(s, &d, 8);
+	else
+		memcpy(s, &b, 1);
+	return f->dtype == SLUICE_DTYPE_I64 || f->dtype == SLUICE_DTYPE_F64 ? 8 : 1;
+}
+
+/* An array field's elements (i64, or f32) into dst. */
+static void sl_json_array(const struct sluice_field *f, json_t *v, unsigned char *dst)
+{
+	size_t k;
+	json_t *e;
+
+	json_array_foreach(v, k, e) {
+		if (f->dtype == SLUICE_DTYPE_I64) {
+			int64_t x = json_integer_value(e);
+
+			memcpy(dst + 8 * k, &x, 8);
+		} else {
+			float x = (float)json_number_value(e);
+
+			memcpy(dst + 4 * k, &x, 4);
+		}
+	}
+}
+
 int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, size_t len, unsigned char **scratch,
 		    size_t *cap, const void **vals, size_t *lens)
 {
@@ -189,95 +246,36 @@ int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, 
 	int rc = sl_json_object(line, len, &root);
 
 	for (unsigned i = 0; i < n && !rc; i++) {
-		json_t *v = json_object_get(root, f[i].name), *e;
-		char *text = NULL;
+		json_t *v = json_object_get(root, f[i].name);
+		char *text = NULL, scalar[8];
 		const void *src = NULL;
-		size_t need = 0, k;
-		struct sluice_field got;
-		union {
-			int64_t i;
-			double d;
-			uint8_t b;
-		} scalar;
+		size_t need = 0, at = 0, l = 0;
 
-		if (!v || json_is_null(v)) {
-			rc = sl__err(SLUICE_EFORMAT, "field '%s' is missing or null", f[i].name);
+		if ((rc = sl_json_fits(&f[i], v)))
 			break;
-		}
-		sl_json_kind(v, &got);
-		/* An integer array fits a float field; an empty array fits any array field. */
-		/*
-		 * A bytes field takes any value (strings as they are, the rest as
-		 * JSON text); typed fields take their own kind, where an integer
-		 * array fits a float array and an empty array fits any array.
-		 */
-		if (f[i].dtype != SLUICE_DTYPE_BYTES && (got.dtype != f[i].dtype || got.ndim != f[i].ndim) &&
-		    !(json_is_array(v) && f[i].ndim == 1 && (got.dtype == SLUICE_DTYPE_I64 || !json_array_size(v))) &&
-		    !(f[i].dtype == SLUICE_DTYPE_F64 && !f[i].ndim && json_is_integer(v))) {
-			rc = sl__err(SLUICE_EFORMAT, "field '%s' is %s%s here, %s%s on the first line", f[i].name,
-				     sluice_dtype_name(got.dtype), got.ndim ? "[]" : "", sluice_dtype_name(f[i].dtype),
-				     f[i].ndim ? "[]" : "");
-			break;
-		}
-		if (f[i].dtype == SLUICE_DTYPE_BYTES) {
-			size_t at = 0, l = 0;
-
-			if (json_is_string(v)) {
-				src = json_string_value(v);
-				need = json_string_length(v);
-			} else if (!sl_json_raw(line, len, f[i].name, &at, &l)) {
-				src = line + at; /* numbers, objects: their text as written */
-				need = l;
-			} else {
-				text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-				if (!text) {
-					rc = -ENOMEM;
-					break;
-				}
-				src = text;
-				need = strlen(text);
-			}
-		} else if (f[i].ndim == 0) {
-			if (f[i].dtype == SLUICE_DTYPE_I64)
-				scalar.i = json_integer_value(v), need = 8;
-			else if (f[i].dtype == SLUICE_DTYPE_F64)
-				scalar.d = json_number_value(v), need = 8;
-			else
-				scalar.b = json_is_true(v), need = 1;
-			src = &scalar;
-		} else {
+		if (f[i].dtype == SLUICE_DTYPE_BYTES && json_is_string(v))
+			src = json_string_value(v), need = json_string_length(v);
+		else if (f[i].dtype == SLUICE_DTYPE_BYTES && !sl_json_raw(line, len, f[i].name, &at, &l))
+			src = line + at, need = l; /* numbers, objects: their text as written */
+		else if (f[i].dtype == SLUICE_DTYPE_BYTES && (text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY)))
+			src = text, need = strlen(text);
+		else if (f[i].dtype == SLUICE_DTYPE_BYTES)
+			rc = -ENOMEM;
+		else if (f[i].ndim == 0)
+			src = scalar, need = sl_json_scalar(&f[i], v, scalar);
+		else
 			need = json_array_size(v) * sluice_dtype_size(f[i].dtype);
+		if (!rc && used + need + 8 > *cap && sl__reserve(scratch, cap, (used + need + 8) * 2))
+			rc = -ENOMEM;
+		if (!rc) {
+			offs[i] = used;
+			if (src)
+				memcpy(*scratch + used, src, need);
+			else
+				sl_json_array(&f[i], v, *scratch + used);
+			lens[i] = need;
+			used = (used + need + 7) & ~(size_t)7;
 		}
-		if (used + need + 8 > *cap) {
-			size_t c = (used + need + 8) * 2;
-			unsigned char *nb = realloc(*scratch, c);
-
-			if (!nb) {
-				free(text);
-				rc = -ENOMEM;
-				break;
-			}
-			*scratch = nb;
-			*cap = c;
-		}
-		offs[i] = used;
-		if (src) {
-			memcpy(*scratch + used, src, need);
-		} else {
-			json_array_foreach(v, k, e) {
-				if (f[i].dtype == SLUICE_DTYPE_I64) {
-					int64_t x = json_integer_value(e);
-
-					memcpy(*scratch + used + 8 * k, &x, 8);
-				} else {
-					float x = (float)json_number_value(e);
-
-					memcpy(*scratch + used + 4 * k, &x, 4);
-				}
-			}
-		}
-		lens[i] = need;
-		used = (used + need + 7) & ~(size_t)7;
 		free(text);
 	}
 	json_decref(root);
