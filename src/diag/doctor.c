@@ -36,6 +36,7 @@ struct sl_dr {
 	char disk_name[64];
 	char fstype[64];
 	uint64_t pool;    /* the pinned pool sluice would use */
+	unsigned threads, ring_entries; /* the workers and their rings' size, as the engine would make them */
 };
 
 /* Reads root/fmt... into buf (at most cap - 1 bytes), trailing white space cut; 0 or -errno. */
@@ -319,7 +320,7 @@ static void sl_check_uring(struct sl_dr *d)
 	if (!sl_rd(d, st, sizeof(st), "/proc/self/status") && (s = strstr(st, "Seccomp:")))
 		seccomp = atoi(s + 8);
 	if (!d->root[0])
-		probe = sl__uring_try(0);
+		probe = sl__uring_try(0, d->ring_entries, d->threads); /* the engine's own probe */
 	snprintf(v, sizeof(v), "kernel %s, io_uring_disabled=%s, seccomp %s%s%s", rel, dis[0] ? dis : "(absent)",
 		 seccomp == 2 ? "filter" : seccomp == 1 ? "strict" : "off", probe ? ", io_uring_setup: " : "",
 		 probe ? strerror(-probe) : "");
@@ -676,6 +677,8 @@ int sluice_doctor(const char *path, sluice_check_fn fn, void *arg)
 	}
 	d->pool = cfg->buffer_pool_size ? cfg->buffer_pool_size
 					: (uint64_t)cfg->threads * cfg->queue_depth * cfg->max_transfer_size;
+	d->threads = cfg->threads;
+	d->ring_entries = cfg->queue_depth < 8 ? 8 : cfg->queue_depth * 2;
 	sluice_config_free(cfg);
 	sl_find_gpus(d);
 	sl_find_disk(d);

@@ -210,11 +210,11 @@ struct sl__io_ctx {
 SL_HIDDEN extern const struct sl__store sl__store_uring;
 SL_HIDDEN extern const struct sl__store sl__store_psync;
 /*
- * uring.c: 0 if a ring with these setup flags can be made here, else
- * io_uring_setup's -errno: what the uring store's probe and `sluice
- * doctor` both ask.
+ * uring.c: 0 if count rings of entries each, with these setup flags, can
+ * be held at once here, else io_uring_setup's -errno: what the uring
+ * store's probe (the workers' rings) and `sluice doctor` both ask.
  */
-SL_HIDDEN int sl__uring_try(unsigned flags);
+SL_HIDDEN int sl__uring_try(unsigned flags, unsigned entries, unsigned count);
 
 static inline int sl__io_init(struct sl__io_ctx *ctx, const struct sl__store *ops,
 			      const struct sluice_config *cfg, unsigned depth)

@@ -40,30 +40,36 @@ struct sl_uring {
 static _Atomic int sl_uring_warned;
 
 struct sl_try {
-	unsigned flags;
+	unsigned flags, entries, count;
 	int rc;
 };
 
+/* count rings of entries each, all at once (as the workers hold them), then torn down. */
 static void *sl_try_ring(void *arg)
 {
 	struct sl_try *t = arg;
-	struct io_uring ring;
+	struct io_uring ring[256];
+	unsigned made = 0;
 
-	t->rc = io_uring_queue_init(4, &ring, t->flags);
-	if (t->rc == 0)
-		io_uring_queue_exit(&ring);
+	t->rc = 0;
+	while (made < t->count && made < 256 && !(t->rc = io_uring_queue_init(t->entries, &ring[made], t->flags)))
+		made++;
+	while (made)
+		io_uring_queue_exit(&ring[--made]);
 	return NULL;
 }
 
 /*
- * A ring made and torn down on a thread of its own: a ring's teardown
+ * The rings made and torn down on a thread of its own: a ring's teardown
  * leaves the kernel work for the task that made it, which interrupts that
  * task's next blocking syscall (a pipe write of the caller's then returns
- * short, and Python's sys.stdout.buffer.write reports fewer bytes).
+ * short, and Python's sys.stdout.buffer.write reports fewer bytes).  As
+ * many rings as the workers will hold: kernels that charge rings to the
+ * memlock limit refuse the later ones, not the first.
  */
-int sl__uring_try(unsigned flags)
+int sl__uring_try(unsigned flags, unsigned entries, unsigned count)
 {
-	struct sl_try t = { flags, -EAGAIN };
+	struct sl_try t = { flags, entries, count ? count : 1, -EAGAIN };
 	pthread_t th;
 
 	if (pthread_create(&th, NULL, sl_try_ring, &t))
@@ -74,7 +80,8 @@ int sl__uring_try(unsigned flags)
 
 static int sl_uring_probe(const struct sluice_config *cfg, char *why, size_t n)
 {
-	int rc = sl__uring_try(cfg->sqpoll ? IORING_SETUP_SQPOLL : 0);
+	int rc = sl__uring_try(cfg->sqpoll ? IORING_SETUP_SQPOLL : 0, cfg->queue_depth < 8 ? 8 : cfg->queue_depth * 2,
+			       cfg->threads);
 
 	if (rc < 0) {
 		char dis[16] = "?";
