@@ -1,6 +1,7 @@
 /*
- * sluice journey: the seed report's experiments on this machine, as an
- * HTML report.  The experiments are Python (python/sluice/journey.py: they
+ * sluice journey: experiments that follow data from storage to the GPU
+ * on this machine (the loader against PyTorch's, pinned against pageable
+ * copies, packing against padding, and more), as an HTML report.  The experiments are Python (python/sluice/journey.py: they
  * drive sluice, numpy and, where installed, the peers); this runs it with
  * SLUICE_PYTHON (default python3), pointing it at this build's library and
  * package when it runs from a build tree.

@@ -465,8 +465,8 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_from_gpu(struct sluice_engine *eng,
  * detail names s3://bucket/key, the HTTP status and the server's code.
  * Secrets never appear in details or logs.
  *
- * struct sluice_s3 is a client of its own (the seed's shape: bucket and
- * key apart, explicit credentials): endpoint, access_key, secret_key and
+ * struct sluice_s3 is a client of its own (bucket and key apart,
+ * explicit credentials): endpoint, access_key, secret_key and
  * region may each be NULL or "" to take them as above; a key pair given
  * here wins over everything.  It uses eng's workers and MUST be closed
  * before eng.  Thread-safe.  sluice_s3_close(NULL) is a no-op.

@@ -1,6 +1,8 @@
 /*
  * sluice_doctor (sluice.h): what on this machine stands between storage and
- * the GPU, by the book chapter's checklist (seeds/002).  Each check reads
+ * the GPU: the GPU and its PCIe link, GPUDirect Storage, the file system,
+ * NUMA placement, the IOMMU, io_uring, the memlock limit, cgroup limits,
+ * the block device and huge pages.  Each check reads
  * procfs and sysfs under SLUICE_SYSROOT (default "/": a container that
  * mounts the host's /sys and /proc elsewhere, and the tests' faked trees)
  * and gives a verdict, the value it measured, why it matters and the

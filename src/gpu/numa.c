@@ -1,8 +1,8 @@
 /*
  * Where a GPU sits (gpu.h): the NUMA node sysfs gives its PCI device, and
  * that node's CPUs, so the engine's workers run there and the pinned slots
- * they touch first are allocated there (the book chapter's placement:
- * staging memory on the GPU's socket, not across the socket link).
+ * they touch first are allocated there: staging memory on the GPU's
+ * socket, so its copies to the GPU do not cross the link between sockets.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -16,8 +16,7 @@
 #include "engine/engine.h"
 
 /*
- * Where the time goes, by the method of the book chapter (seeds/002): the
- * loader's own time per batch (storage and collation, then the copy)
+ * Where the time goes: the loader's own time per batch (storage and collation, then the copy)
  * against the consumer's step time (its time between calls, waits
  * excluded) and the share of the consumer's time spent waiting (the GPU
  * idle, when the consumer is a training loop).

@@ -1,6 +1,6 @@
 /*
- * The object-store client of the public API (sluice_s3_*): the seed's
- * shape, read_to_gpu and write_from_gpu by bucket and key, over an S3
+ * The object-store client of the public API (sluice_s3_*): read_to_gpu
+ * and write_from_gpu by bucket and key, and their async forms, over an S3
  * client with its own endpoint and credentials, on the engine's pipeline
  * (file.c's s3:// paths, remote/).
  */

@@ -1,7 +1,7 @@
 /*
  * xfer: the public transfer calls: files and their reads and writes
  * (file.c), async transfers and futures (async.c), one read for many
- * buffers (bcast.c), and the object client of the seed's shape (object.c).
+ * buffers (bcast.c), and the object client (object.c: bucket and key apart, credentials of its own).
  * Each keeps its own state; the pipeline under them is engine/.
  */
 #ifndef SL_XFER_H
