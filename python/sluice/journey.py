@@ -1,9 +1,9 @@
-"""sluice journey: the experiments of "The Data Journey" (seeds/004) on this machine, as a self-contained HTML
+"""sluice journey: the experiments of "The Data Journey", a benchmarking report, on this machine, as a self-contained HTML
 report with a chart per experiment (inline SVG: no network needed to view it) and the same figures as JSON.
 
     sluice journey [--dir PATH] [--quick] [--only N[,N...]] [--html FILE] [--json FILE]
 
-Each experiment reports its figures, a one-line verdict and the seed report's figure beside this machine's.
+Each experiment reports its figures, a one-line verdict and the Data Journey report's figure beside this machine's.
 Experiments that need what the machine lacks (a GPU, root to drop the page cache) say so instead of a figure.
 """
 import argparse
@@ -26,7 +26,7 @@ def _parser():
                     help="smaller sizes: about 2 minutes on an H100 machine (the full run about 4), data made included")
     ap.add_argument("--html", default="sluice-journey.html", help="the report (default ./sluice-journey.html)")
     ap.add_argument("--json", help="the figures as JSON too")
-    ap.add_argument("--only", metavar="N[,N...]", help="only these sections of the seed report (2-7)")
+    ap.add_argument("--only", metavar="N[,N...]", help="only these sections of the Data Journey report (2-7)")
     return ap
 
 
@@ -127,7 +127,7 @@ def random_vs_sequential(d, quick):
         "verdict": (f"sequential reads are {seq / rnd:.1f}x faster than random ones here"
                     f"{'' if cold else ' (warm: no root to drop the page cache)'}; sluice's random reads, many in "
                     f"flight, run {s_rnd['gb_s'] * 1e3 / rnd:.1f}x the one-at-a-time Python reader"),
-        "seed": "seed report: 20.2x (70 MB/s random against 1,422 MB/s sequential, NVMe, 16 KB samples)",
+        "seed": "Data Journey report: 20.2x (70 MB/s random against 1,422 MB/s sequential, NVMe, 16 KB samples)",
     }
 
 
@@ -135,7 +135,7 @@ def padding_tax(d, quick):
     """Section 5: instruction samples padded to a 4,096-token context against packed into it (sluice.Packer)."""
     rng = np.random.default_rng(0)
     n, ctx = 2000, 4096
-    # Alpaca-like lengths (the seed's: 13-307 tokens, mean 95, median 83).
+    # Alpaca-like lengths (the report's: 13-307 tokens, mean 95, median 83).
     lens = np.clip(np.round(rng.lognormal(np.log(83), 0.5, n)), 13, 307).astype(int)
     naive = lens.mean() / ctx
     p = sluice.Packer(ctx)
@@ -154,7 +154,7 @@ def padding_tax(d, quick):
                     "max": int(lens.max())},
         "verdict": f"packing fills {100 * packed:.1f}% of the context against {100 * naive:.1f}% padded: "
                    f"{packed / naive:.1f}x the useful tokens a step",
-        "seed": "seed report: 2.3% padded, 98.5% packed (42.4x), Alpaca with GPT-2's tokenizer",
+        "seed": "Data Journey report: 2.3% padded, 98.5% packed (42.4x), Alpaca with GPT-2's tokenizer",
     }
 
 
@@ -183,7 +183,7 @@ def pinned_vs_pageable(d, quick):
     does the CPU work hide the copy?) for the four (pinned, non_blocking) combinations; and sluice's own path,
     the page cache into the GPU through its pinned slots against through a pageable buffer."""
     title = "Crossing the PCIe bridge: pinned against pageable memory"
-    seed = ("seed report (L40S, PCIe 4): H2D pinned 1.02x pageable at 1 GB; D2H 7.44x (13.21 against 1.77 GB/s); "
+    seed = ("Data Journey report (L40S, PCIe 4): H2D pinned 1.02x pageable at 1 GB; D2H 7.44x (13.21 against 1.77 GB/s); "
             "the CPU's work overlaps a copy only when pinned and non_blocking (77% at 16 MB)")
     skip = _lacks(title, 6, seed, gpu="")
     if skip:
@@ -267,7 +267,7 @@ def dataloader_masking(d, quick):
     """Section 3: PyTorch's DataLoader over one small file per sample (shuffled) against one big file read in
     order, with 0 and 4 workers, cold; the same samples in MosaicML Streaming's and WebDataset's shards (where
     installed) and in sluice's, shuffled."""
-    seed = "seed report: 19.5x with no workers, 4.8x with 4 (50,000 x 4 KB, cold)"
+    seed = "Data Journey report: 19.5x with no workers, 4.8x with 4 (50,000 x 4 KB, cold)"
     skip = _lacks("What the DataLoader hides", 3, seed)
     if skip:
         return skip
@@ -358,10 +358,10 @@ def dataloader_masking(d, quick):
 
 
 def cpu_starvation(d, quick):
-    """Section 4: a training step of 50 ms fed by a DataLoader whose samples cost 5 ms of CPU each (the seed's
+    """Section 4: a training step of 50 ms fed by a DataLoader whose samples cost 5 ms of CPU each (the report's
     simulation, sleeps standing in for tokenisation and the GPU), with 0 and 4 workers: the share of each step
     spent waiting for data."""
-    seed = "seed report: 76% of every step idle with no workers (160.6 ms wait, 50.1 ms compute)"
+    seed = "Data Journey report: 76% of every step idle with no workers (160.6 ms wait, 50.1 ms compute)"
     skip = _lacks("CPU starvation", 4, seed)
     if skip:
         return skip
@@ -406,11 +406,11 @@ def cpu_starvation(d, quick):
 def full_picture(d, quick):
     """Section 7: a ResNet-50 training step (batch 64) fed with synthetic 224x224 JPEGs by a file per image
     (ImageFolder) and MosaicML Streaming's shards with 0 and 4 workers, WebDataset's with 4 and sluice's loader
-    (no worker processes; nvJPEG decodes on the GPU), cold, each phase timed under the seed's profiler markers:
+    (no worker processes; nvJPEG decodes on the GPU), cold, each phase timed under the report's profiler markers:
     the share of each step spent waiting for data. A few more steps of each run under torch.profiler for a
     trace (--dir/traces)."""
     title = "The full picture: a ResNet-50 step fed by each loader"
-    seed = ("seed report (L40S, 100,000 JPEGs, NVMe): with no workers 57% of each step waiting for data with "
+    seed = ("Data Journey report (L40S, 100,000 JPEGs, NVMe): with no workers 57% of each step waiting for data with "
             "ImageFolder, 49% with Streaming (1.42x less wait); with 4 workers 0.4% for both, 2.33x the images/s")
     skip = _lacks(title, 7, seed, ("torch", "torchvision"), gpu=" (the step trains ResNet-50)")
     if skip:
@@ -478,7 +478,7 @@ def full_picture(d, quick):
     }
 
 
-# The seed report's sections, each an experiment.
+# The Data Journey report's sections, each an experiment.
 EXPERIMENTS = {2: random_vs_sequential, 3: dataloader_masking, 4: cpu_starvation, 5: padding_tax,
                6: pinned_vs_pageable, 7: full_picture}
 
