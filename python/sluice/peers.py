@@ -1,5 +1,5 @@
 """The peers' formats and loaders beside sluice's, and The Data Journey's training loop that measures them
-(seeds/004, section 7). `sluice journey` and bench/chapter7_bench.py both use it.
+(the Data Journey report's section 7). `sluice journey` and bench/chapter7_bench.py both use it.
 
 Samples are (bytes, label) pairs kept unchanged in each loader's own format: a file per sample in ImageFolder
 layout, a sluice dataset (`sluice pack --from-dir`), MDS shards (streaming.MDSWriter), LitData chunks
@@ -35,7 +35,7 @@ def sync():
 
 
 def make_images(root, n):
-    """n synthetic 224x224 JPEGs (random noise, quality 80: the seed's) in ImageFolder layout, and the same
+    """n synthetic 224x224 JPEGs (random noise, quality 80: the report's) in ImageFolder layout, and the same
     bytes packed as a sluice dataset; made once, then reused. Returns (image folder, sluice dataset)."""
     from PIL import Image
     imgs, ds = f"{root}/imgs-{n}", f"{root}/sluice-{n}"
@@ -59,7 +59,7 @@ _tf = None
 
 
 def decode_image(jpeg):
-    """A JPEG's bytes -> the seed's light transform (resize, normalize) as a 3x224x224 float tensor."""
+    """A JPEG's bytes -> the report's light transform (resize, normalize) as a 3x224x224 float tensor."""
     global _tf
     from PIL import Image
     if _tf is None:
@@ -70,7 +70,7 @@ def decode_image(jpeg):
 
 
 def nbytes(b):
-    """A sample's bytes -> its length: raw I/O with no decoding (the seed's section 3)."""
+    """A sample's bytes -> its length: raw I/O with no decoding (the Data Journey report's section 3)."""
     return torch.tensor(len(b))
 
 
