@@ -276,7 +276,7 @@ def image_batches(kind, imgs, ds, workers):
 
 
 def train(batches, model, steps, warmup=10, at_warm=None, trace=None, trace_steps=5):
-    """The seed's loop: forward, backward and SGD step of model on each batch, each phase under a
+    """The report's loop: forward, backward and SGD step of model on each batch, each phase under a
     torch.profiler marker (PHASES) and timed, the device synchronized at each phase's end so that a phase's
     time is its own. at_warm() runs after the warm-up steps (drop the page cache there: storage cold, CUDA
     warm). trace, a path: after the measured steps, trace_steps more run under torch.profiler (CPU and CUDA
