@@ -3,7 +3,8 @@
  * signatures checked, started by tests/remote/with_s3_server.py: bucket and
  * object PUT, HEAD, ranged GETs byte for byte, an ETag pin, and the
  * server's errors (wrong secret, no such key, no such bucket) named; then
- * s3:// paths through the engine's workers (remote/s3io.c).
+ * s3:// paths through the engine's workers (remote/s3store.c).  Scenarios,
+ * each a function named for the behaviour it checks.
  * Without the server's variables it skips (77).
  */
 #include <errno.h>
@@ -26,38 +27,28 @@ static void t_add_result(ssize_t result, void *user)
 	atomic_fetch_add((_Atomic long *)user, (long)result);
 }
 
-int main(void)
+/* What every scenario shares: the server, a client and its connection, an object's bytes and a buffer. */
+static const char *ep, *ak, *sk;
+static struct sl__s3_args a;
+static size_t n;
+static char etag[128], *obj, *got;
+static struct sl__s3 *s;
+static struct sl__http_conn *c;
+static struct sl__s3_meta meta;
+
+static void test_put_and_head_give_back_the_crc32c_sent(void)
 {
-	const char *ep = getenv("SLUICE_TEST_S3_ENDPOINT"), *ak = getenv("SLUICE_TEST_S3_ACCESS_KEY"),
-		   *sk = getenv("SLUICE_TEST_S3_SECRET_KEY");
-	struct sl__s3_args a = { .endpoint = ep, .access_key = ak, .secret_key = sk, .region = "us-east-1" };
-	const size_t n = (3u << 20) + 12345;
-	char etag[128], etag2[128], *obj, *got;
-	struct sl__s3 *s, *bad;
-	struct sl__http_conn *c;
-	uint64_t size = 0;
-	struct sl__s3_meta meta = { 0 };
-
-	if (!ep || !ak || !sk) {
-		printf("t_s3: SKIP (no S3 test server: run through tests/remote/with_s3_server.py)\n");
-		return T_SKIP;
-	}
-	obj = malloc(n);
-	got = malloc(n);
-	t_fill(obj, n, 11);
-	T_CHECK(sl__s3_open(&s, &a, only, NULL) == 0);
-	T_CHECK(sl__http_conn_open(&c) == 0);
-	T_CHECK(sl__s3_conf(s)->path_style && !sl__s3_conf(s)->anonymous);
-
 	T_CHECK(sl__s3_put(s, c, "sluice-test", "", NULL, 0) == 0);
 	T_CHECK(sl__s3_put(s, c, "sluice-test", "dir/obj one+%.bin", obj, n) == 0);
 	T_CHECK(sl__s3_head(s, c, "sluice-test", "dir/obj one+%.bin", &meta) == 0);
-	size = meta.size;
 	snprintf(etag, sizeof(etag), "%s", meta.etag);
-	T_CHECK(size == n && etag[0] == '"');
+	T_CHECK(meta.size == n && etag[0] == '"');
 	/* The PUT carried its CRC32C; the server keeps it and gives it back for readers to check. */
 	T_CHECK(meta.sum_kind == SL_CRC32C && meta.sum == sluice_crc32c(0, obj, n) && !strcmp(meta.sum_name, "crc32c"));
+}
 
+static void test_ranged_gets_are_byte_for_byte(void)
+{
 	/* Ranged GETs on the same connection: the start, an odd middle, the tail, past the end. */
 	memset(got, 0xAA, n);
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "dir/obj one+%.bin", 0, n, got, NULL) == (ssize_t)n);
@@ -68,6 +59,11 @@ int main(void)
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "dir/obj one+%.bin", n - 10, 100, got, NULL) == 10);
 	T_CHECK(!memcmp(got, obj + n - 10, 10));
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "dir/obj one+%.bin", n + 10, 100, got, NULL) == -ERANGE);
+}
+
+static void test_a_read_pinned_to_an_old_etag_fails(void)
+{
+	char etag2[128];
 
 	/* The object changes: a read pinned to the old ETag fails instead of mixing versions. */
 	obj[5] ^= 1;
@@ -78,15 +74,21 @@ int main(void)
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "dir/obj one+%.bin", 0, 100, got, etag) == -ESTALE);
 	T_CHECK(strstr(sluice_last_error_detail(), "412") && strstr(sluice_last_error_detail(), "PreconditionFailed"));
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "dir/obj one+%.bin", 0, 100, got, etag2) == 100 && got[5] == obj[5]);
+}
 
+static void test_server_errors_name_the_object_and_code(void)
+{
 	/* The server's errors, named with the object and the server's code. */
 	T_CHECK(sl__s3_get(s, c, "sluice-test", "missing", 0, 10, got, NULL) == -ENOENT);
 	T_CHECK(strstr(sluice_last_error_detail(), "s3://sluice-test/missing") &&
 		strstr(sluice_last_error_detail(), "NoSuchKey"));
 	T_CHECK(sl__s3_head(s, c, "no-such-bucket", "k", &meta) == -ENOENT);
 	T_CHECK(strstr(sluice_last_error_detail(), "s3://no-such-bucket/k"));
+}
 
-	/* Listings: every page (1000 keys a page), one level with "/" as the delimiter, names that need escaping. */
+static void test_listings_page_escape_and_group(void)
+{
+	/* Every page (1000 keys a page), one level with "/" as the delimiter, names that need escaping. */
 	{
 		struct sl__s3_list l = { 0 };
 		char k[64];
@@ -119,22 +121,36 @@ int main(void)
 			sl__s3_list_free(&l);
 		}
 	}
+}
+
+static void test_a_wrong_secret_is_refused_and_never_shown(void)
+{
+	struct sl__s3_args wrong = a;
+	struct sl__s3 *bad;
 
 	/* A wrong secret: refused by the server's signature check, and the secret is in no message. */
-	a.secret_key = "wrong-secret-0123456789";
-	T_CHECK(sl__s3_open(&bad, &a, only, NULL) == 0);
+	wrong.secret_key = "wrong-secret-0123456789";
+	T_CHECK(sl__s3_open(&bad, &wrong, only, NULL) == 0);
 	T_CHECK(sl__s3_get(bad, c, "sluice-test", "dir/obj one+%.bin", 0, 10, got, NULL) == -EACCES);
 	T_CHECK(strstr(sluice_last_error_detail(), "SignatureDoesNotMatch") &&
 		!strstr(sluice_last_error_detail(), "wrong-secret"));
 	sl__s3_close(bad);
+}
 
+static void test_nothing_listening_is_a_transport_error_not_a_hang(void)
+{
 	/* Nothing listens: a transport error, not a hang. */
-	a = (struct sl__s3_args){ .endpoint = "http://127.0.0.1:1", .access_key = ak, .secret_key = sk };
-	T_CHECK(sl__s3_open(&bad, &a, only, NULL) == 0);
+	struct sl__s3_args none = { .endpoint = "http://127.0.0.1:1", .access_key = ak, .secret_key = sk };
+	struct sl__s3 *bad;
+
+	T_CHECK(sl__s3_open(&bad, &none, only, NULL) == 0);
 	T_CHECK(sl__s3_get(bad, c, "sluice-test", "k", 0, 10, got, NULL) == -ECONNREFUSED);
 	sl__s3_close(bad);
+}
 
-	/* The public client, the seed's shape: explicit endpoint and keys, bucket and key apart. */
+static void test_the_public_client_by_bucket_and_key_sync_and_async(void)
+{
+	/* Explicit endpoint and keys, bucket and key apart. */
 	{
 		struct sluice_engine *eng = t_engine();
 		struct sluice_s3 *cl, *wrong;
@@ -178,7 +194,10 @@ int main(void)
 		sluice_s3_close(NULL);
 		sluice_engine_close(eng);
 	}
+}
 
+static void test_s3_paths_through_the_engine(void)
+{
 	/* Through the engine, as any path: the object read by the workers' ranged GETs, byte for byte. */
 	{
 		const char *url = "s3://sluice-test/dir/obj one+%.bin";
@@ -242,7 +261,10 @@ int main(void)
 		sluice_engine_close(eng);
 		free(got2);
 	}
+}
 
+static void test_faults_on_first_attempts_are_retried_and_named_without_retries(void)
+{
 	/*
 	 * Through a proxy that breaks the first attempt of every request (503
 	 * SlowDown, a body cut off halfway, a 2 s stall): with retries every
@@ -308,7 +330,36 @@ int main(void)
 											 "SLUICE_S3_RETRIES"));
 		unsetenv("SLUICE_S3_RETRIES");
 	}
+}
 
+int main(void)
+{
+	ep = getenv("SLUICE_TEST_S3_ENDPOINT");
+	ak = getenv("SLUICE_TEST_S3_ACCESS_KEY");
+	sk = getenv("SLUICE_TEST_S3_SECRET_KEY");
+	if (!ep || !ak || !sk) {
+		printf("t_s3: SKIP (no S3 test server: run through tests/remote/with_s3_server.py)\n");
+		return T_SKIP;
+	}
+	a = (struct sl__s3_args){ .endpoint = ep, .access_key = ak, .secret_key = sk, .region = "us-east-1" };
+	n = (3u << 20) + 12345;
+	obj = malloc(n);
+	got = malloc(n);
+	t_fill(obj, n, 11);
+	T_CHECK(sl__s3_open(&s, &a, only, NULL) == 0);
+	T_CHECK(sl__http_conn_open(&c) == 0);
+	T_CHECK(sl__s3_conf(s)->path_style && !sl__s3_conf(s)->anonymous);
+	/* In this order: each scenario leaves the object as the next expects it. */
+	test_put_and_head_give_back_the_crc32c_sent();
+	test_ranged_gets_are_byte_for_byte();
+	test_a_read_pinned_to_an_old_etag_fails();
+	test_server_errors_name_the_object_and_code();
+	test_listings_page_escape_and_group();
+	test_a_wrong_secret_is_refused_and_never_shown();
+	test_nothing_listening_is_a_transport_error_not_a_hang();
+	test_the_public_client_by_bucket_and_key_sync_and_async();
+	test_s3_paths_through_the_engine();
+	test_faults_on_first_attempts_are_retried_and_named_without_retries();
 	sl__http_conn_close(c);
 	sl__s3_close(s);
 	free(obj);
