@@ -3,7 +3,8 @@
  * windows, independent of the world size; batches hold the right records
  * and fields; ranks split every global batch; a resume with another world
  * size neither repeats nor skips; bad options and corrupt records are
- * named, and nothing hangs.
+ * named, and nothing hangs.  Scenarios, each a function named for the
+ * behaviour it checks, run in order over one dataset.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -215,23 +216,17 @@ static uint64_t drain(struct sluice_loader *ld, uint64_t *out, uint64_t max_batc
 	return got;
 }
 
-int main(void)
+/* What every scenario shares: the dataset of n records at path, the engine, the first epoch's order (ref). */
+static const char *dir;
+static const uint64_t n = 1000;
+static struct sluice_dataset *ds;
+static struct sluice_engine *eng;
+static struct sluice_loader *ld;
+static char path[600], js[2048];
+static uint64_t *ref, *got;
+
+static void test_one_rank_gets_every_record_once_then_the_wrap(void)
 {
-	const char *dir = t_dir("t_loader");
-	const uint64_t n = 1000;
-	struct sluice_writer_options wo = { .shard_size = 32 << 10 };
-	struct sluice_dataset *ds;
-	struct sluice_engine *eng;
-	struct sluice_loader *ld;
-	char path[600];
-	uint64_t *ref = malloc(2 * n * sizeof(uint64_t)), *got = malloc(2 * n * sizeof(uint64_t));
-
-	t_order();
-	snprintf(path, sizeof(path), "%s/ds", dir);
-	ds = write_dataset(path, n, &wo);
-	T_CHECK(sluice_dataset_shards(ds) > 4);
-	eng = t_engine();
-
 	/* One rank, 48 a batch, last batch filled from the epoch's start: every record once, then 8 again. */
 	ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
 	T_CHECK(sluice_loader_batches(ld) == 21);
@@ -245,11 +240,13 @@ int main(void)
 		T_CHECK(once && !memcmp(ref + n, ref, 8 * sizeof(uint64_t)));
 		free(seen);
 	}
-	char js[2048];
-
 	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js) && strstr(js, "\"consumer_wait\":{\"count\":21") &&
 		strstr(js, "\"storage_wait\":{\"count\":21"));
 	printf("stats: %s\n", js);
+}
+
+static void test_windows_read_neighbours_in_id_order(void)
+{
 	/* Windows of neighbours read in id order: almost every byte continues the read before it. */
 	T_CHECK(strtod(strstr(js, "\"sequential_fraction\":") + 22, NULL) >= 0.9);
 	T_CHECK(strstr(js, "\"verdict\":\"") != NULL);
@@ -270,6 +267,10 @@ int main(void)
 	}
 	T_CHECK(sluice_loader_set_epoch(ld, 2) == 0);
 	T_CHECK(drain(ld, got, UINT64_MAX) == 21 * 48 && memcmp(got, ref, n * sizeof(uint64_t)));
+}
+
+static void test_read_ahead_into_the_next_epoch_changes_nothing(void)
+{
 	/* Epoch 2 began with windows read ahead during epoch 1, or not: the same batches as a loader opened at 2. */
 	T_CHECK(sluice_loader_stats_json(ld, js, sizeof(js)) < sizeof(js));
 	printf("after epoch 2: %.40s\n", strstr(js, "\"windows_read_ahead\""));
@@ -298,7 +299,10 @@ int main(void)
 		free(fresh);
 	}
 	sluice_loader_close(ld);
+}
 
+static void test_three_ranks_split_each_global_batch_by_id(void)
+{
 	/*
 	 * Three ranks of 16: the same global batches; rank r takes the r-th third
 	 * of each by record id, in epoch order; equal batch counts.
@@ -317,7 +321,10 @@ int main(void)
 		printf("rank %u of 3: %s\n", r, strstr(js, "\"sequential_fraction\""));
 		sluice_loader_close(ld);
 	}
+}
 
+static void test_resume_on_another_world_size(void)
+{
 	/* Resume: 5 global batches on 2 ranks of 24, then the rest on 4 ranks of 12. */
 	{
 		uint64_t seed, epoch, pos, mine[1200];
@@ -342,7 +349,10 @@ int main(void)
 			sluice_loader_close(ld);
 		}
 	}
+}
 
+static void test_a_slow_consumer_hardly_waits(void)
+{
 	/* A consumer slower than the loader (20 ms a step): it hardly waits.  The step is long enough that the
 	 * loader's threads, descheduled for a few milliseconds when tests run in parallel on two cores, still
 	 * keep ahead (at 5 ms one such stall in 21 steps passed the 5% mark). */
@@ -367,7 +377,10 @@ int main(void)
 			SLUICE_EINVAL_CONFIG && strstr(sluice_last_error_detail(), "SLUICE_STATS"));
 		unsetenv("SLUICE_STATS");
 	}
+}
 
+static void test_trace_writes_a_span_per_stage_and_names_a_bad_path(void)
+{
 	/* SLUICE_TRACE: a Chrome trace with a span per batch for each stage, written at close; a bad path is named. */
 	{
 		char tpath[700], *text = NULL;
@@ -397,13 +410,19 @@ int main(void)
 			strstr(sluice_last_error_detail(), "SLUICE_TRACE=/nonexistent-dir/trace.json"));
 		unsetenv("SLUICE_TRACE");
 	}
+}
 
+static void test_drop_last_keeps_only_whole_global_batches(void)
+{
 	/* drop_last: only whole global batches. */
 	ld = open_loader(eng, ds, 48, 0, 1, 0, 1);
 	T_CHECK(sluice_loader_batches(ld) == 20 && drain(ld, got, UINT64_MAX) == 20 * 48 &&
 		!memcmp(got, ref, 20 * 48 * sizeof(uint64_t)));
 	sluice_loader_close(ld);
+}
 
+static void test_bad_options_are_named(void)
+{
 	/* Bad options, named. */
 	{
 		struct sluice_loader_options o = { .batch_size = 0 };
@@ -438,7 +457,10 @@ int main(void)
 			T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_ENOGPU);
 		}
 	}
+}
 
+static void test_a_corrupt_record_fails_its_batch_naming_it(void)
+{
 	/* A corrupt record: the batch that holds it fails naming it, and close does not hang. */
 	{
 		struct sluice_record_loc loc;
@@ -482,6 +504,10 @@ int main(void)
 		T_CHECK(fd >= 0 && pwrite(fd, &c, 1, (off_t)(loc.offset + loc.length - 1)) == 1);
 		close(fd);
 	}
+}
+
+static void test_zstd_windows_decode_each_block_once(void)
+{
 	/*
 	 * The same records as zstd blocks (one per 32 KiB shard): every record
 	 * arrives, and each window decodes each block it touches once, not once
@@ -513,7 +539,10 @@ int main(void)
 		sluice_loader_close(ld);
 		sluice_dataset_close(zds);
 	}
+}
 
+static void test_a_dataset_changed_on_disk_is_an_error_not_a_hang(void)
+{
 	/*
 	 * The dataset changes on disk after it was opened: a clear error when the
 	 * loader gets to that shard, no hang.  (Cut before the loader starts: its
@@ -537,6 +566,33 @@ int main(void)
 		sluice_loader_close(ld);
 		T_CHECK(truncate(shard, st.st_size) == 0);
 	}
+}
+
+int main(void)
+{
+	struct sluice_writer_options wo = { .shard_size = 32 << 10 };
+
+	dir = t_dir("t_loader");
+	ref = malloc(2 * n * sizeof(uint64_t));
+	got = malloc(2 * n * sizeof(uint64_t));
+	t_order();
+	snprintf(path, sizeof(path), "%s/ds", dir);
+	ds = write_dataset(path, n, &wo);
+	T_CHECK(sluice_dataset_shards(ds) > 4);
+	eng = t_engine();
+	/* In this order: the first fills ref, the epoch's order the others compare with. */
+	test_one_rank_gets_every_record_once_then_the_wrap();
+	test_windows_read_neighbours_in_id_order();
+	test_read_ahead_into_the_next_epoch_changes_nothing();
+	test_three_ranks_split_each_global_batch_by_id();
+	test_resume_on_another_world_size();
+	test_a_slow_consumer_hardly_waits();
+	test_trace_writes_a_span_per_stage_and_names_a_bad_path();
+	test_drop_last_keeps_only_whole_global_batches();
+	test_bad_options_are_named();
+	test_a_corrupt_record_fails_its_batch_naming_it();
+	test_zstd_windows_decode_each_block_once();
+	test_a_dataset_changed_on_disk_is_an_error_not_a_hang();
 	sluice_loader_close(NULL);
 	sluice_engine_close(eng);
 	sluice_dataset_close(ds);
