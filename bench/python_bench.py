@@ -12,6 +12,7 @@
    torch.save. Target: sluice >= 3x safetensors. Save: sluice.save against torch.save and save_file.
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -67,7 +68,7 @@ def overhead(sluice_bin, d):
         while time.perf_counter() - t < 0.002:
             pass
         t0 = time.perf_counter()
-        r = sluice.lib.sluice_loader_next(ld._h, sluice.C.byref(b), stream)
+        r = sluice.lib.sluice_loader_next(ld._h, ctypes.byref(b), stream)
         bare.append(time.perf_counter() - t0)
         if r != 1:
             break

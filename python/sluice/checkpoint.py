@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-from . import _buffer, _eng, read, write
+from .buffers import _buffer, _eng, read, write
 from ._lib import Range, SluiceError, check, lib
 
 # Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)

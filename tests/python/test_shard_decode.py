@@ -1,4 +1,5 @@
 """sluice_dataset_read_shard: a shard whole into memory, zstd blocks decoded on the CPU or (nvCOMP) the GPU."""
+import ctypes
 import json
 import os
 import shutil
@@ -33,10 +34,10 @@ def records_of(ds, s, buf):
     one = np.zeros(1 << 20, np.uint8)
     for i in range(len(ds)):
         loc = sluice._lib.RecordLoc()
-        sluice.check(sluice.lib.sluice_dataset_locate(ds._h, i, sluice.C.byref(loc)))
+        sluice._lib.check(sluice.lib.sluice_dataset_locate(ds._h, i, ctypes.byref(loc)))
         if loc.shard != s:
             continue
-        got = sluice.check(sluice.lib.sluice_dataset_read(ds._h, i, one.ctypes.data, one.size, None))
+        got = sluice._lib.check(sluice.lib.sluice_dataset_read(ds._h, i, one.ctypes.data, one.size, None))
         assert got == loc.length
         assert np.array_equal(buf[loc.offset - 4096: loc.offset - 4096 + loc.length], one[:got]), i
         n += 1

@@ -1,0 +1,183 @@
+"""The process's engine, the memory sluice moves bytes into (numpy, __cuda_array_interface__, DLPack), and the
+transfer calls: read, write, read_broadcast, their async forms and futures."""
+import ctypes as C
+import json
+import os
+import sys
+
+import numpy as np
+
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
+                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+
+_engine = None
+
+
+def _device():
+    """The GPU this process uses: SLUICE_DEVICE_IDS, else torch's current device, else LOCAL_RANK."""
+    if "SLUICE_DEVICE_IDS" in os.environ:
+        return None  # the engine reads it
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
+
+
+def _eng():
+    """The process's engine, opened on first use with the SLUICE_* environment's settings."""
+    global _engine
+    if _engine is None:
+        cfg, e = C.c_void_p(), C.c_void_p()
+        check(lib.sluice_config_new(C.byref(cfg)))
+        try:
+            dev = _device()
+            if dev is not None:
+                check(lib.sluice_config_set_device(cfg, dev))
+            check(lib.sluice_engine_open(C.byref(e), cfg))
+        finally:
+            lib.sluice_config_free(cfg)
+        _engine = e
+    return _engine
+
+
+def gpu_count():
+    return lib.sluice_gpu_count()
+
+
+class _DLDevice(C.Structure):
+    _fields_ = [("device_type", C.c_int32), ("device_id", C.c_int32)]
+
+
+class _DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
+
+
+class _DLTensor(C.Structure):  # the head of DLManagedTensor, what a "dltensor" capsule points to
+    _fields_ = [("data", C.c_void_p), ("device", _DLDevice), ("ndim", C.c_int32), ("dtype", _DLDataType),
+                ("shape", C.POINTER(C.c_int64)), ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
+
+
+_DL_MEMORY = {1: "host", 2: "GPU", 3: "pinned host", 13: "managed"}  # kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def _contiguous(shape, strides, item):
+    """Whether strides (in bytes; None for C order) lay shape out densely in C order."""
+    if strides is None:
+        return True
+    want, acc = [], item
+    for d in reversed(shape):
+        want.append(acc)
+        acc *= d
+    return tuple(reversed(want)) == tuple(strides) or int(np.prod(shape, dtype=np.int64)) <= 1
+
+
+def _dlpack(a):
+    """(pointer, bytes, capsule) of an object that only speaks DLPack; the capsule keeps the memory alive."""
+    cap = a.__dlpack__()
+    get = C.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = C.c_void_p, [C.py_object, C.c_char_p]
+    t = C.cast(get(cap, b"dltensor"), C.POINTER(_DLTensor)).contents
+    if t.device.device_type not in _DL_MEMORY:
+        raise ValueError(f"sluice: DLPack device type {t.device.device_type} is not host or CUDA memory")
+    if t.dtype.bits % 8:
+        raise ValueError(f"sluice: DLPack element of {t.dtype.bits} bits is not whole bytes")
+    item = t.dtype.bits // 8 * t.dtype.lanes
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = None if not t.strides else tuple(t.strides[i] * item for i in range(t.ndim))
+    if not _contiguous(shape, strides, item):
+        raise ValueError("sluice needs a C-contiguous array")
+    return (t.data or 0) + t.byte_offset, int(np.prod(shape, dtype=np.int64)) * item, cap
+
+
+def _buffer(a, writable):
+    """(pointer, bytes, keep) of a contiguous host (numpy), __cuda_array_interface__ or DLPack array; keep is
+    what must stay alive while sluice uses the memory."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        item, shape = np.dtype(cai["typestr"]).itemsize, tuple(cai["shape"])
+        if not _contiguous(shape, cai.get("strides"), item):  # strides None means C-contiguous
+            raise ValueError("sluice needs a C-contiguous GPU array")
+        return cai["data"][0], int(np.prod(shape, dtype=np.int64)) * item, a
+    if not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):
+        return _dlpack(a)
+    a = np.asarray(a)
+    if not a.flags["C_CONTIGUOUS"] or (writable and not a.flags["WRITEABLE"]):
+        raise ValueError("sluice needs a C-contiguous%s numpy array" % (" writable" if writable else ""))
+    return a.ctypes.data, a.nbytes, a
+
+
+def read(path, out, offset=0, report=None):
+    """Reads len(out) bytes of path at offset into out (GPU or host array); returns the bytes read.  report (a
+    dict, or None) receives what the call did: bytes, seconds, the path taken, and bytes_verified (a whole
+    s3:// object matched against its checksum)."""
+    ptr, n, keep = _buffer(out, True)
+    rep = XferReport()
+    got = check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, C.byref(rep)))
+    if report is not None:
+        report.update(bytes=rep.bytes, seconds=rep.seconds, path=rep.path.decode(), bytes_verified=rep.bytes_verified)
+    return got
+
+
+def read_broadcast(path, outs, offset=0):
+    """Reads min(len of each out) bytes of path at offset once and delivers them to every array in outs (GPU
+    tensors on any GPUs, or host arrays): storage is read once, the other copies go GPU to GPU.  Returns the
+    bytes read."""
+    bufs = [_buffer(o, True) for o in outs]
+    n = min(b[1] for b in bufs)
+    ptrs = (C.c_void_p * len(bufs))(*[b[0] for b in bufs])
+    return check(lib.sluice_read_broadcast(_eng(), os.fsencode(path), offset, n, ptrs, len(bufs), None))
+
+
+def write(path, array):
+    """Writes array as the whole new content of path, durably and atomically; returns the bytes written."""
+    ptr, n, keep = _buffer(array, False)
+    return check(lib.sluice_write_from_gpu(_eng(), os.fsencode(path), ptr, n, None))
+
+
+read_to_gpu, write_from_gpu = read, write
+
+
+class Future:
+    """An asynchronous transfer ordered on a CUDA stream (see sluice_read_async in sluice.h)."""
+
+    def __init__(self, handle, file, keep):
+        self._h, self._file, self._keep = handle, file, keep
+
+    def wait(self):
+        """Blocks until the storage side is done; returns the bytes moved (raises SluiceError on failure)."""
+        return check(lib.sluice_future_wait(self._h, None))
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            lib.sluice_future_free(self._h)
+            self._h = None
+        if getattr(self, "_file", None):
+            lib.sluice_file_close(self._file)
+            self._file = None
+
+
+def _async(path, array, offset, write, stream):
+    ptr, n, keep = _buffer(array, not write)
+    if stream is None:
+        import torch
+        stream = torch.cuda.current_stream().cuda_stream
+    f, fut = C.c_void_p(), C.c_void_p()
+    check(lib.sluice_file_open(C.byref(f), _eng(), os.fsencode(path), 3 if write else 0))
+    try:
+        check((lib.sluice_write_async if write else lib.sluice_read_async)(f, offset, n, ptr, stream, C.byref(fut)))
+    except SluiceError:
+        lib.sluice_file_close(f)
+        raise
+    return Future(fut, f, (array, keep))
+
+
+def read_async(path, out, offset=0, stream=None):
+    """Queues a read of path into GPU array out on `stream` (default: torch's current stream): later work on
+    the stream sees the bytes.  Returns a Future; keep it (and out) alive until .wait()."""
+    return _async(path, out, offset, False, stream)
+
+
+def write_async(path, array, offset=0, stream=None):
+    """Queues a write of GPU array to path at offset after the stream's earlier work (not durable, not
+    atomic: for checkpoints use write/save).  Returns a Future."""
+    return _async(path, array, offset, True, stream)

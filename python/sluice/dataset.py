@@ -1,0 +1,113 @@
+"""Datasets: records by index, whole shards into memory, and the dtypes of their fields."""
+import ctypes as C
+import json
+import os
+import sys
+
+import numpy as np
+
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
+                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+
+from .buffers import _buffer, _eng  # noqa: F401
+
+# sluice_dtype codes (include/sluice.h) as numpy dtypes; bytes are uint8.
+_NP = [np.uint8, np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float16, None, np.float32, np.int8,
+       np.int16, np.float64]
+_NAMES = ["bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32", "i8", "i16", "f64"]
+
+
+class Dataset:
+    """Map-style view of any dataset sluice reads (its own shards, Megatron .bin/.idx, WebDataset tars).
+
+    ds[i] is a dict of field name -> numpy array (a copy): typed fields get their dtype and, where the shape
+    is fixed, their shape; bytes fields are uint8 arrays.  .metadata is what the dataset's writer stored with it
+    (a dict; {} for none); .class_to_idx, for a packed ImageFolder, the class of each label as torchvision's
+    ImageFolder gives it.
+    """
+
+    _h = None  # set once the C dataset is open; close() and __del__ look at it
+
+    def __init__(self, path):
+        h = C.c_void_p()
+        check(lib.sluice_dataset_open(C.byref(h), os.fsencode(path)))
+        self._h, self.path = h, path
+        self.fields = []
+        for f in range(lib.sluice_dataset_nfields(h)):
+            fd = lib.sluice_dataset_field(h, f).contents
+            shape = tuple(fd.shape[d] for d in range(fd.ndim))
+            self.fields.append((fd.name.decode(), _NAMES[fd.dtype], shape))
+        self.format = lib.sluice_dataset_format(h).decode()
+        meta = lib.sluice_dataset_metadata(h)
+        self.metadata = json.loads(meta.decode()) if meta else {}
+        self.class_to_idx = self.metadata.get("class_to_idx")
+        self._buf = np.empty(0, np.uint8)
+
+    def __len__(self):
+        return lib.sluice_dataset_count(self._h)
+
+    def __getitem__(self, i):
+        if i < 0:
+            i += len(self)
+        loc = RecordLoc()
+        check(lib.sluice_dataset_locate(self._h, i, C.byref(loc)))
+        if self._buf.size < loc.length:
+            self._buf = np.empty(loc.length, np.uint8)
+        rec = Record()
+        check(lib.sluice_dataset_read(self._h, i, self._buf.ctypes.data, self._buf.size, C.byref(rec)))
+        out = {}
+        for k, (name, dtype, shape) in enumerate(self.fields):
+            raw = np.ctypeslib.as_array((C.c_uint8 * rec.len[k]).from_address(rec.data[k])) if rec.len[k] else \
+                np.empty(0, np.uint8)
+            out[name] = _typed(raw.copy(), dtype, shape)
+        return out
+
+    def shard_bytes(self, s):
+        """Shard s's records, and the bytes of its records back to back (uncompressed): what read_shard needs."""
+        r, b = C.c_uint64(), C.c_uint64()
+        check(lib.sluice_dataset_shard_info(self._h, s, C.byref(r), C.byref(b)))
+        return r.value, max(b.value - 4096, 0)
+
+    def read_shard(self, s, out, decoder="auto"):
+        """Shard s whole into out (numpy array or GPU tensor of at least shard_bytes(s)[1] bytes): its records
+        back to back, zstd blocks decoded on the GPU by nvCOMP or on the CPU (decoder auto|gpu|cpu).  Returns
+        {"bytes", "stored", "blocks", "read_s", "decode_s", "decoder", "why_not_gpu"}."""
+        _find_nvcomp()
+        ptr, n, keep = _buffer(out, True)
+        rep = ShardReport()
+        check(lib.sluice_dataset_read_shard(_eng(), self._h, s, ptr, n, {"auto": 0, "cpu": 1, "gpu": 2}[decoder],
+                                            C.byref(rep)))
+        return {"bytes": rep.bytes, "stored": rep.stored, "blocks": rep.blocks, "read_s": rep.read_s,
+                "decode_s": rep.decode_s, "decoder": rep.decoder.decode(), "why_not_gpu": rep.why_not_gpu.decode()}
+
+    def close(self):
+        if self._h:
+            lib.sluice_dataset_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+def _find_nvcomp():
+    """Points SLUICE_NVCOMP_LIB at the nvidia-libnvcomp wheel's library when one is installed and nothing else
+    was set (the C library reads it on its first GPU decode)."""
+    if os.environ.get("SLUICE_NVCOMP_LIB"):
+        return
+    try:
+        import nvidia.libnvcomp as w
+    except ImportError:
+        return
+    for d in getattr(w, "__path__", []):
+        lib_path = os.path.join(d, "lib64", "libnvcomp.so.6")
+        if os.path.exists(lib_path):
+            os.environ["SLUICE_NVCOMP_LIB"] = lib_path
+            return
+
+
+def _typed(raw, dtype, shape=()):
+    t = _NP[_NAMES.index(dtype)]
+    if t is None:  # bf16: numpy has none; the raw 16-bit words
+        t = np.uint16
+    a = raw.view(t)
+    return a.reshape(shape) if shape and all(d > 0 for d in shape) else a

@@ -1,0 +1,196 @@
+"""The loader: batches of a dataset for a training loop, on host memory or a GPU, and where its time goes."""
+import ctypes as C
+import json
+import os
+import sys
+
+import numpy as np
+
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
+                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+
+from .buffers import _device, _eng  # noqa: F401
+from .dataset import _NAMES, _NP, Dataset, _typed  # noqa: F401
+
+
+class _CudaArray:
+    """A GPU buffer described by __cuda_array_interface__, so torch.as_tensor or cupy.asarray take it in place."""
+
+    def __init__(self, ptr, shape, typestr):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
+                                         "version": 3, "strides": None}
+
+
+def _env_rank():
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class Loader:
+    """Shuffled, distributed, resumable batches of a Dataset (see docs/LOADER.md for the order).
+
+    Iterating yields dicts: fixed-size fields as arrays of shape [batch, ...]; other fields as (data, offsets)
+    pairs.  device="cpu" gives numpy arrays, device="cuda" torch tensors (or, with cupy=True, CuPy arrays) in GPU
+    memory, ordered on the current stream.  A batch's arrays are views of the loader's ring: valid until the
+    next batch is taken; .copy()/.clone() what must outlive that.
+    """
+
+    def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
+                 drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False):
+        if rank is None or world_size is None:
+            r, w = _env_rank()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self.dataset, self.device = dataset, device
+        index, self._gpu = 0, None
+        if device != "cpu":
+            # "cuda" is the engine's (first) GPU; "cuda:N" must be one of those it serves (SLUICE_DEVICE_IDS).
+            ids = [int(x) for x in os.environ["SLUICE_DEVICE_IDS"].split(",")] if os.environ.get(
+                "SLUICE_DEVICE_IDS") else [_device() or 0]
+            want = int(device.split(":")[1]) if ":" in device else ids[0]
+            if want not in ids:
+                raise ValueError(f"Loader(device={device!r}): the engine serves GPUs {ids} (SLUICE_DEVICE_IDS)")
+            index, self._gpu = ids.index(want), want
+        self._opt = LoaderOptions(batch_size=batch_size, gpu=int(device != "cpu"), prefetch=prefetch, seed=seed,
+                                  epoch=epoch, rank=rank, world_size=world_size, drop_last=int(drop_last),
+                                  shuffle=int(shuffle), window_bytes=window_bytes, skip_corrupt=int(skip_corrupt),
+                                  device_index=index)
+        self._names = None
+        if fields is not None:
+            self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
+            self._opt.fields = C.cast(self._names, C.POINTER(C.c_char_p))
+        self._types = {n: (t, s) for n, t, s in dataset.fields}
+        self._h = None
+        self._open(0)
+        global _last_loader
+        import weakref
+        _last_loader = weakref.ref(self)
+
+    def _open(self, position):
+        if self._h:
+            lib.sluice_loader_close(self._h)
+            self._h = None
+        self._opt.position = position
+        h = C.c_void_p()
+        check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
+        self._h, self._views, self._meta = h, {}, None
+
+    def __len__(self):
+        return lib.sluice_loader_batches(self._h)
+
+    def set_epoch(self, epoch):
+        self._opt.epoch = epoch
+        check(lib.sluice_loader_set_epoch(self._h, epoch))
+
+    def state_dict(self):
+        s, e, p = C.c_uint64(), C.c_uint64(), C.c_uint64()
+        lib.sluice_loader_state(self._h, C.byref(s), C.byref(e), C.byref(p))
+        return {"seed": s.value, "epoch": e.value, "position": p.value}
+
+    def load_state_dict(self, state):
+        self._opt.seed, self._opt.epoch = state["seed"], state["epoch"]
+        self._open(state["position"])
+
+    def stats(self):
+        buf = C.create_string_buffer(8192)
+        n = lib.sluice_loader_stats_json(self._h, buf, len(buf))
+        if n >= len(buf):
+            buf = C.create_string_buffer(n + 1)
+            lib.sluice_loader_stats_json(self._h, buf, len(buf))
+        return json.loads(buf.value)
+
+    def __iter__(self):
+        b = Batch()
+        stream = None
+        if self.device != "cpu":
+            import torch
+            stream = C.c_void_p(torch.cuda.current_stream(self._gpu).cuda_stream)
+        while True:
+            r = check(lib.sluice_loader_next(self._h, C.byref(b), stream))
+            if r == 0:
+                return
+            if self._meta is None:  # per field of the batch: name, dtype, item shape, element size
+                self._meta = []
+                for k in range(b.nfields):
+                    name = b.field[k].name.decode()
+                    dtype, shape = self._types[name]
+                    self._meta.append((name, dtype, tuple(shape),
+                                       np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize))
+            yield self._convert(b)
+
+    def _array(self, ptr, nbytes, dtype, shape, host=False):
+        key = (ptr, dtype, shape)
+        a = self._views.get(key)
+        if a is not None:
+            return a
+        t = np.uint64 if dtype == "ids" else _NP[_NAMES.index(dtype)] or np.uint16
+        if self.device == "cpu" or host:
+            raw = np.ctypeslib.as_array((C.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.empty(0, np.uint8)
+            a = raw.view(t).reshape(shape)
+        else:
+            import torch
+            a = torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device=f"cuda:{self._gpu}")
+        # The ring's buffers stay where they are while the loader is open, so a view made once serves every
+        # batch that lands in the same slot with the same shape (making one costs more than the rest of next()).
+        if len(self._views) >= 1024:
+            self._views.clear()
+        self._views[key] = a
+        return a
+
+    def _convert(self, b):
+        out = {"ids": self._array(b.ids, 8 * b.size, "ids", (b.size,), host=True).copy()}
+        for k in range(b.nfields):
+            f = b.field[k]
+            name, dtype, shape, esize = self._meta[k]
+            if f.item_bytes:
+                out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + shape)
+            else:
+                offs = self._array(f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
+                last = f.host_offsets[b.size]  # from host memory: no wait on the GPU
+                out[name] = (self._array(f.data, last, dtype, (last // esize,)), offs)
+        return out
+
+    def close(self):
+        if self._h:
+            lib.sluice_loader_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+_last_loader = None
+
+
+class profile:
+    """Context manager: what the loader's consumer waited for while the block ran.
+
+        with sluice.profile() as p:      # the last Loader created, or profile(loader)
+            for batch in loader: step(batch)
+        p.report -> {"gpu_wait_share", "step_us", "loader_us", "h2d_us", "verdict", ...}
+
+    A one-line summary goes to `file` (stderr by default; None for silence) on exit.
+    """
+
+    def __init__(self, loader=None, file=...):
+        self.loader, self.file, self.report = loader, file, None
+
+    def __enter__(self):
+        self.loader = self.loader or (_last_loader() if _last_loader else None)
+        if self.loader is None:
+            raise RuntimeError("sluice.profile: no Loader to watch")
+        return self
+
+    def __exit__(self, *exc):
+        self.report = self.loader.stats()
+        r = self.report
+        if self.file is not None:
+            print(f"sluice: {r['batches']} batches, GPU waited {100 * r['gpu_wait_share']:.1f}% of the time; "
+                  f"step {r['step_us']:.0f} us, loader {r['loader_us']:.0f} us a batch: {r['verdict']}",
+                  file=sys.stderr if self.file is ... else self.file)
+        return False

@@ -1,0 +1,87 @@
+"""Packing: datasets, trees, JSON lines and token arrays into sluice shards (sluice.pack), and token packing
+into fixed-length rows (sluice.Packer)."""
+import ctypes as C
+import json
+import os
+import sys
+
+import numpy as np
+
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
+                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+
+
+_PACK_SOURCES = {"dataset": 1, "dir": 2, "jsonl": 3, "tokens": 4}
+
+
+def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, doc_lengths=None, dtype=None,
+         pack_context=0, greedy=False, all_files=False, follow_symlinks=False, threads=0, shard_size=0, zstd=0,
+         block_size=0, progress=None):
+    """Packs one source into sluice shards at out, in this process (the library's sluice_pack, as `sluice pack`):
+    dataset= any dataset sluice reads; dir= an ImageFolder tree (torchvision's classes, order and extensions,
+    all_files=True for every file); jsonl= a JSON lines file with fields="k1,k2"; tokens= a token array (.npy, or
+    raw .bin of dtype "u16"/"u32") with doc_lengths=, packed into rows of pack_context tokens when given.
+    progress(done, total, bytes) is called now and then.  Returns the report as a dict; raises SluiceError
+    naming the file, line, record or option."""
+    given = {k: v for k, v in (("dataset", dataset), ("dir", dir), ("jsonl", jsonl), ("tokens", tokens)) if v}
+    if len(given) != 1:
+        raise ValueError("sluice.pack: give one of dataset=, dir=, jsonl=, tokens=")
+    (kind, src), = given.items()
+    o = PackOptions()
+    o.size, o.source, o.from_ = C.sizeof(PackOptions), _PACK_SOURCES[kind], os.fsencode(src)
+    o.fields = fields.encode() if fields else None
+    o.doc_lengths = os.fsencode(doc_lengths) if doc_lengths else None
+    o.dtype = dtype.encode() if dtype else None
+    o.pack_context, o.greedy, o.all_files, o.follow_symlinks = pack_context, int(greedy), int(all_files), int(follow_symlinks)
+    o.threads = threads
+    o.writer.shard_size, o.writer.zstd_level, o.writer.block_size = shard_size, zstd, block_size
+    cb = PACK_PROGRESS((lambda done, total, nbytes, arg: progress(done, total, nbytes)) if progress else 0)
+    o.progress = cb
+    rep = PackReport()
+    rep.size = C.sizeof(PackReport)
+    check(lib.sluice_pack(os.fsencode(out), C.byref(o), C.byref(rep)))
+    return {"records": rep.records, "bytes": rep.bytes, "documents": rep.documents, "tokens": rep.tokens,
+            "fill": rep.fill, "seconds": rep.seconds, "labelled": bool(rep.labelled),
+            "from_format": rep.from_format.decode(), "dtype": rep.dtype.decode()}
+
+
+class Packer:
+    """Token packing into rows of `context` tokens (best-fit decreasing, or greedy); see docs/LOADER.md."""
+
+    def __init__(self, context, greedy=False, window=0, pad_id=0, ignore_index=-100):
+        self._opt = PackerOptions(context=context, window=window, greedy=int(greedy), pad_id=pad_id,
+                                  ignore_index=ignore_index, ignore_index_set=1)
+        h = C.c_void_p()
+        check(lib.sluice_packer_new(C.byref(h), C.byref(self._opt)))
+        self._h, self.context = h, context
+
+    def add(self, tokens):
+        """Adds one document: token ids that fit int32 (others are refused, not wrapped)."""
+        a = np.asarray(tokens)
+        if a.size and a.dtype.kind not in "iub":
+            raise SluiceError(-100001, f"Packer.add: tokens of dtype {a.dtype}: token ids are integers")
+        if a.size and a.dtype.kind in "iu" and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
+            raise SluiceError(-100001, f"Packer.add: token id {a.max() if a.max() >= 1 << 31 else a.min()} "
+                              "does not fit int32")
+        t = np.ascontiguousarray(a, dtype=np.int32)
+        check(lib.sluice_packer_add(self._h, t.ctypes.data_as(C.POINTER(C.c_int32)), t.size))
+
+    def rows(self, flush=False):
+        """Yields finished rows as dicts of numpy arrays (copies): input_ids, position_ids, labels, cu_seqlens."""
+        r = PackedRow()
+        L = self.context
+        while check(lib.sluice_packer_row(self._h, C.byref(r), int(flush))) == 1:
+            yield {"input_ids": np.ctypeslib.as_array(r.input_ids, shape=(L,)).copy(),
+                   "position_ids": np.ctypeslib.as_array(r.position_ids, shape=(L,)).copy(),
+                   "labels": np.ctypeslib.as_array(r.labels, shape=(L,)).copy(),
+                   "cu_seqlens": np.ctypeslib.as_array(r.cu_seqlens, shape=(r.ndocs + 1,)).copy()}
+
+    def fill(self):
+        t, s = C.c_uint64(), C.c_uint64()
+        lib.sluice_packer_stats(self._h, C.byref(t), C.byref(s))
+        return t.value / s.value if s.value else 0.0
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            lib.sluice_packer_free(self._h)
+            self._h = None

@@ -1,0 +1,124 @@
+"""Object storage: the S3 client by bucket and key, and copies between local paths and s3://."""
+import ctypes as C
+import json
+import os
+import sys
+
+import numpy as np
+
+from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
+                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+
+from .buffers import Future, _buffer, _eng  # noqa: F401
+
+
+def copy(src, dst, recursive=False):
+    """Copies between a local path and s3:// either way, as `sluice cp` does (a file, or with recursive a
+    whole directory or prefix); returns {"files", "bytes", "seconds"}."""
+    rep = CopyReport()
+    check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
+    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified}
+
+
+def _b(s):
+    return None if s is None else s.encode()
+
+
+_DONE_CB = C.CFUNCTYPE(None, C.c_ssize_t, C.c_void_p)
+
+
+class Client:
+    """An S3-compatible store, by bucket and key, on the process's engine (any path argument of sluice may also
+    be s3://BUCKET/KEY, with settings from the AWS_* environment and ~/.aws files).  endpoint, access_key,
+    secret_key, region: None to take each the same way; a key pair given here wins.  The knobs, under the
+    engine's names (buffer_pool_size, max_transfer_size: each ranged GET's size, queue_depth, threads: the GETs
+    in flight, device_ids: the GPUs its engine serves, enable_p2p), give the client an engine of its own with
+    those settings."""
+
+    _h = None  # set once the C client is open; close() and __del__ look at it
+
+    def __init__(self, endpoint=None, access_key=None, secret_key=None, region=None, buffer_pool_size=None,
+                 max_transfer_size=None, queue_depth=None, threads=None, device_ids=None, enable_p2p=None):
+        h = C.c_void_p()
+        knobs = {"buffer_pool_size": buffer_pool_size, "max_transfer_size": max_transfer_size,
+                 "queue_depth": queue_depth, "threads": threads, "enable_p2p": enable_p2p}
+        if device_ids is not None:
+            ids = (C.c_int * len(device_ids))(*device_ids)
+            knobs["device_ids"] = (ids, len(device_ids))
+        if all(v is None for v in knobs.values()):
+            check(lib.sluice_s3_open(C.byref(h), _eng(), _b(endpoint), _b(access_key), _b(secret_key), _b(region)))
+        else:
+            cfg = C.c_void_p()
+            check(lib.sluice_config_new(C.byref(cfg)))
+            try:
+                for name, v in knobs.items():
+                    if v is not None:
+                        check(getattr(lib, "sluice_config_set_" + name)(cfg, *(v if isinstance(v, tuple) else (v,))))
+                check(lib.sluice_s3_open_config(C.byref(h), cfg, _b(endpoint), _b(access_key), _b(secret_key),
+                                                _b(region)))
+            finally:
+                lib.sluice_config_free(cfg)
+        self._h = h
+
+    def _async(self, write, bucket, key, buffer, offset, length, callback):
+        ptr, n, keep = _buffer(buffer, not write)
+        if length is not None:
+            if length > n:
+                raise ValueError(f"sluice: length {length} is larger than the buffer ({n} bytes)")
+            n = length
+        cb = _DONE_CB(lambda result, user: callback(result)) if callback else None
+        fut = C.c_void_p()
+        if write:
+            check(lib.sluice_s3_write_async(self._h, bucket.encode(), key.encode(), ptr, n,
+                                            C.cast(cb, C.c_void_p) if cb else None, None, C.byref(fut)))
+        else:
+            check(lib.sluice_s3_read_async(self._h, bucket.encode(), key.encode(), ptr, offset, n,
+                                           C.cast(cb, C.c_void_p) if cb else None, None, C.byref(fut)))
+        f = Future(fut, None, (buffer, keep, cb, self))
+        return f
+
+    def async_read(self, bucket, key, buffer, offset=0, length=None, callback=None):
+        """Starts reading bucket/key into buffer (GPU or host) and returns a Future at once; .wait() gives the
+        bytes read.  callback(result), if given, is called from a sluice thread when the read is done (result:
+        bytes, or a negative error code).  Keep buffer alive until then."""
+        return self._async(False, bucket, key, buffer, offset, length, callback)
+
+    def async_write(self, bucket, key, buffer, callback=None):
+        """Starts writing buffer as the whole object bucket/key; a Future, and callback(result), as async_read."""
+        return self._async(True, bucket, key, buffer, 0, None, callback)
+
+    def read_to_gpu(self, bucket, key, buffer, offset=0, length=None):
+        """Reads length bytes (default: all of buffer) of bucket/key at offset into buffer (a GPU or host
+        array); returns the bytes read."""
+        ptr, n, keep = _buffer(buffer, True)
+        if length is not None:
+            if length > n:
+                raise ValueError(f"sluice: length {length} is larger than the buffer ({n} bytes)")
+            n = length
+        return check(lib.sluice_s3_read_to_gpu(self._h, bucket.encode(), key.encode(), ptr, offset, n, None))
+
+    def write_from_gpu(self, bucket, key, buffer):
+        """Writes buffer (a GPU or host array) as the whole object bucket/key; returns the bytes written."""
+        ptr, n, keep = _buffer(buffer, False)
+        return check(lib.sluice_s3_write_from_gpu(self._h, bucket.encode(), key.encode(), ptr, n, None))
+
+    def size(self, bucket, key):
+        """The object's size in bytes."""
+        out = C.c_uint64()
+        check(lib.sluice_s3_size(self._h, bucket.encode(), key.encode(), C.byref(out)))
+        return out.value
+
+    def close(self):
+        """Closes the client; transfers still running must be waited for first."""
+        if self._h:
+            lib.sluice_s3_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
