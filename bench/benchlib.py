@@ -13,6 +13,14 @@ import time
 GB = 1e9
 
 
+def free_port():
+    """A free TCP port on 127.0.0.1, for a server a benchmark starts."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def parse_size(s):
     """A size with an optional K, M or G suffix (powers of 1024), as the benchmarks' options take it."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

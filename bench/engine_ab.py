@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import make_file, parse_size  # noqa: E402
+from benchlib import free_port, make_file, parse_size  # noqa: E402
 
 NGINX = """
 worker_processes 8;
@@ -53,12 +52,6 @@ def bench(binary, args, env=None):
     if r.returncode:
         raise SystemExit(f"{binary} bench {' '.join(args)}: {r.stderr[-2000:]}")
     return json.loads(r.stdout)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

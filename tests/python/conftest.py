@@ -1,4 +1,5 @@
 """Fixtures the Python tests share."""
+import contextlib
 import json
 import os
 import subprocess
@@ -32,6 +33,21 @@ if sys.argv[4] == "gpu":
     out = out.cpu().numpy()
 sys.stdout.buffer.write(out[:got].tobytes())
 """
+
+
+@contextlib.contextmanager
+def small_tmpfs(path, size):
+    """A tmpfs of size (as mount takes it: "4m") mounted at path for the block, unmounted after; the test is
+    skipped where it cannot be (not root, or no mount here)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)])
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import sluice
+from conftest import small_tmpfs
 
 
 boto3 = pytest.importorskip("boto3")
@@ -281,16 +282,11 @@ def _big_tree(root, n, size, seed=4):
         rng.integers(0, 256, size=size, dtype=np.uint8).tofile(root / "c" / f"f{i:03d}.bin")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_cache_on_a_full_disk_ends_with_a_clear_error(s3, tmp_path):
     """The cache directory on a 64 MiB file system, a dataset of 24 MiB shards (92 MB): reading it through
     ends (correct records, or an error naming the cache directory) with the bytes fetched within a small
     multiple of the dataset; no shard is fetched again for each record."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs(tmp_path / "small", "64m") as mnt:
         _big_tree(tmp_path / "src", n=23, size=4 << 20)
         r = subprocess.run([_sluice_bin(), "pack", "--from-dir", str(tmp_path / "src"), "--all-files", "--shard-size", "24M",
                             "--quiet", "s3://pytest/full/"], capture_output=True, text=True, timeout=300,
@@ -317,8 +313,6 @@ def test_cache_on_a_full_disk_ends_with_a_clear_error(s3, tmp_path):
         assert int(r.stdout) + len(errors) == 23, r.stdout + r.stderr
         assert all(str(mnt / "cache") in e for e in errors), errors[:3]
         assert proxy.sent <= 3 * total, f"{proxy.sent} bytes fetched for a dataset of {total}"
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_cache_copy_changed_on_disk_is_fetched_again(s3, cache, tmp_path):

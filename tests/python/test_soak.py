@@ -21,15 +21,8 @@ def test_pack_on_a_full_disk(tmp_path):
     written, no index (the output does not open), and the dataset already stored there still verifies.  Root
     only (mounting); skipped otherwise."""
     import subprocess
-    import pytest
-    from conftest import SLUICE
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    from conftest import SLUICE, small_tmpfs
+    with small_tmpfs(tmp_path / "small", "4m") as mnt:
         small, big = tmp_path / "small-tree" / "c", tmp_path / "big-tree" / "c"
         small.mkdir(parents=True)
         big.mkdir(parents=True)
@@ -43,24 +36,16 @@ def test_pack_on_a_full_disk(tmp_path):
         assert str(mnt / "full") in r.stderr, r.stderr
         assert not (mnt / "full" / "index.sli").exists()
         assert subprocess.run([SLUICE, "verify", str(mnt / "kept")], capture_output=True).returncode == 0
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_checkpoint_on_a_full_disk(tmp_path):
     """sluice.write of 8 MiB over a 1 MiB file on a 4 MiB tmpfs: ENOSPC naming the file, the old file intact,
     no temporary left.  Root only (mounting); skipped otherwise."""
-    import subprocess
     import numpy as np
     import pytest
     import sluice
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    from conftest import small_tmpfs
+    with small_tmpfs(tmp_path / "small", "4m") as mnt:
         old = os.urandom(1 << 20)
         (mnt / "ckpt.bin").write_bytes(old)
         with pytest.raises(sluice.SluiceError) as e:
@@ -68,5 +53,3 @@ def test_checkpoint_on_a_full_disk(tmp_path):
         assert e.value.code == -28 and "ckpt.bin" in str(e.value), e.value  # ENOSPC
         assert (mnt / "ckpt.bin").read_bytes() == old
         assert os.listdir(mnt) == ["ckpt.bin"]
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])

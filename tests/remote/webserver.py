@@ -11,6 +11,8 @@ import socket
 import subprocess
 import time
 
+import s3server
+
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
 
 CONF = """
@@ -36,12 +38,6 @@ http {{
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class WebServer:
     """nginx serving root: .url(name) is a file's URL, .port the port; a context manager."""
 
@@ -55,7 +51,7 @@ class WebServer:
         if NGINX is None:
             raise RuntimeError("nginx is absent (scripts/deps.sh test installs nginx-light)")
         os.makedirs(self.prefix, exist_ok=True)
-        self.port = _free_port()
+        self.port = s3server.free_port()
         conf = os.path.join(self.prefix, "nginx.conf")
         with open(conf, "w") as f:
             # As root, nginx's workers would run as nobody, who cannot read the tests' private directories.
