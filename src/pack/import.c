@@ -909,6 +909,9 @@ static int pack_dir(struct job *j)
 	return rc;
 }
 
+/* By enum sluice_pack_source. */
+static int (*const importers[])(struct job *j) = { NULL, pack_dataset, pack_dir, pack_jsonl, pack_tokens };
+
 int sluice_pack(const char *out, const struct sluice_pack_options *opt, struct sluice_pack_report *rep)
 {
 	struct sluice_pack_report mine;
@@ -922,24 +925,13 @@ int sluice_pack(const char *out, const struct sluice_pack_options *opt, struct s
 	if (!opt || opt->size < sizeof(*opt) || !opt->from || !out)
 		return sl__err(-EINVAL, "sluice_pack: options (of size %zu, SLUICE_PACK_OPTIONS_INIT), a source and OUT",
 			       sizeof(*opt));
-	switch (opt->source) {
-	case SLUICE_PACK_DATASET:
-		rc = pack_dataset(&j);
-		break;
-	case SLUICE_PACK_DIR:
-		rc = pack_dir(&j);
-		break;
-	case SLUICE_PACK_JSONL:
-		rc = pack_jsonl(&j);
-		break;
-	case SLUICE_PACK_TOKENS:
-		rc = pack_tokens(&j);
-		break;
-	default:
-		rc = sl__err(SLUICE_EINVAL_CONFIG, "sluice_pack: source %d is none of dataset, dir, jsonl, tokens", opt->source);
-	}
-	if (!rc && (opt->pack_context || opt->greedy) && opt->source != SLUICE_PACK_TOKENS)
-		rc = sl__err(SLUICE_EINVAL_CONFIG, "pack_context and greedy are for token arrays");
+	if (opt->source < SLUICE_PACK_DATASET || opt->source > SLUICE_PACK_TOKENS)
+		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_pack: source %d is none of dataset, dir, jsonl, tokens",
+			       opt->source);
+	/* Refused before any work: the options of one importer given to another. */
+	if ((opt->pack_context || opt->greedy) && opt->source != SLUICE_PACK_TOKENS)
+		return sl__err(SLUICE_EINVAL_CONFIG, "pack_context and greedy are for token arrays");
+	rc = importers[opt->source](&j);
 	j.rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
 	return rc;
 }
