@@ -458,7 +458,7 @@ int main(int argc, char **argv)
 		struct sluice_batch b;
 		struct rusage r0, r1;
 		int gpu = !strcmp(argv[3], "gpu"), rc = 0;
-		struct sluice_loader_options o = { .batch_size = (uint32_t)strtoul(argv[4], NULL, 10), .gpu = gpu,
+		struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = (uint32_t)strtoul(argv[4], NULL, 10), .gpu = gpu,
 						   .seed = 1, .shuffle = 1, .drop_last = 1,
 						   .prefetch = argc >= 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
 		unsigned epochs = argc == 9 ? (unsigned)strtoul(argv[8], NULL, 10) : 1;
@@ -667,7 +667,7 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "make")) {
 		struct sluice_field f[1] = { { "v", SLUICE_DTYPE_I64, 0, { 0 } } };
 		struct sluice_writer *w;
-		struct sluice_writer_options opt = { .shard_size = 4ull << 30 };
+		struct sluice_writer_options opt = { .size = sizeof(struct sluice_writer_options), .shard_size = 4ull << 30 };
 		double t0 = now();
 
 		if (sluice_writer_open(&w, dir, f, 1, &opt))

@@ -296,7 +296,9 @@ static int bench_open(struct bench *b)
 			       : cli_error(CMD, "bad configuration", rc);
 	if ((rc = sluice_engine_open(&b->eng, b->cfg)))
 		return cli_error(CMD, o->target_gpu == 1 ? "--target gpu" : "cannot open engine", rc);
-	sluice_engine_get_info(b->eng, &b->info);
+	b->info.size = sizeof(b->info);
+	if ((rc = sluice_engine_get_info(b->eng, &b->info)))
+		return cli_error(CMD, "engine", rc);
 	b->gpu = o->target_gpu != 0 && b->info.gpu >= 0;
 	if (o->target_gpu == 1 && !b->gpu)
 		return cli_fail(CMD, "--target gpu: no usable GPU");
@@ -429,6 +431,7 @@ static ssize_t bench_pass(struct bench *b, struct run *r)
 	if (o->cold)
 		b->dropped = sluice_drop_page_cache();
 	sluice_engine_stats_reset(b->eng);
+	r->rep.size = sizeof(r->rep);
 	c0 = cpu_s();
 	t0 = now_s();
 	if (o->write && !o->random) {
@@ -490,7 +493,7 @@ static void bench_report(struct bench *b)
 {
 	const struct opts *o = &b->o;
 	const struct sluice_engine_info *in = &b->info;
-	struct sluice_stats st;
+	struct sluice_stats st = SLUICE_STATS_INIT;
 	struct run *med = &b->runs[0];
 	double *secs = calloc(b->nruns, sizeof(double)), gb = (double)b->total / 1e9;
 
@@ -502,7 +505,8 @@ static void bench_report(struct bench *b)
 		if (b->runs[i].seconds == secs[b->nruns / 2])
 			med = &b->runs[i];
 	free(secs);
-	sluice_engine_stats(b->eng, &st); /* of the last pass */
+	if (sluice_engine_stats(b->eng, &st)) /* of the last pass */
+		fprintf(stderr, "sluice %s: no latency figures: %s\n", CMD, sluice_last_error_detail());
 	if (o->json) {
 		printf("{\"rw\":\"%s\",\"target\":\"%s\",\"files\":%u,\"bytes\":%llu,\"io_size\":%llu,"
 		       "\"threads\":%u,\"queue_depth\":%u,\"backend\":\"%s\",\"path\":",

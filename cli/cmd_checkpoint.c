@@ -17,7 +17,7 @@ static const char usage[] =
 
 int cmd_checkpoint(int argc, char **argv)
 {
-	struct sluice_checkpoint_report s = { 0 }, r = { 0 };
+	struct sluice_checkpoint_report s = SLUICE_CHECKPOINT_REPORT_INIT, r = SLUICE_CHECKPOINT_REPORT_INIT;
 	unsigned flags = SLUICE_CKPT_SUSPEND | SLUICE_CKPT_RESUME, timeout = 0, pid = 0;
 	double hold = 0;
 	int json = 0, rc;

@@ -17,7 +17,7 @@ static const char usage[] =
 int cmd_cp(int argc, char **argv)
 {
 	const char *src = NULL, *dst = NULL;
-	struct sluice_copy_report rep;
+	struct sluice_copy_report rep = SLUICE_COPY_REPORT_INIT;
 	unsigned flags = 0;
 	int json = 0, rc;
 

@@ -44,7 +44,7 @@ static int cli_settings(int json)
 int cmd_info(int argc, char **argv)
 {
 	struct sluice_engine *eng;
-	struct sluice_engine_info in;
+	struct sluice_engine_info in = SLUICE_ENGINE_INFO_INIT;
 	int json = 0, settings = 0, rc;
 
 	for (int i = 1; i < argc; i++) {
@@ -65,7 +65,10 @@ int cmd_info(int argc, char **argv)
 	rc = sluice_engine_open(&eng, NULL);
 	if (rc)
 		return cli_error("info", "cannot open engine", rc);
-	sluice_engine_get_info(eng, &in);
+	if ((rc = sluice_engine_get_info(eng, &in))) {
+		sluice_engine_close(eng);
+		return cli_error("info", "engine", rc);
+	}
 	if (json) {
 		printf("{\"version\":\"%s\",\"backend\":", sluice_version());
 		cli_json_str(in.backend);

@@ -58,7 +58,7 @@ int cmd_pack(int argc, char **argv)
 	unsigned threads = 0, zstd = 0, pack_context = 0, greedy = 0;
 	int quiet = !isatty(2), json = 0, rc, all_files = 0, follow = 0;
 	struct sluice_pack_options opt = SLUICE_PACK_OPTIONS_INIT;
-	struct sluice_pack_report rep;
+	struct sluice_pack_report rep = SLUICE_PACK_REPORT_INIT;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -155,7 +155,7 @@ int cmd_pack(int argc, char **argv)
 	opt.all_files = all_files;
 	opt.follow_symlinks = follow;
 	opt.threads = threads;
-	opt.writer = (struct sluice_writer_options){ .shard_size = shard_size, .zstd_level = (int)zstd,
+	opt.writer = (struct sluice_writer_options){ .size = sizeof(struct sluice_writer_options), .shard_size = shard_size, .zstd_level = (int)zstd,
 						     .block_size = (size_t)block_size };
 	opt.progress = quiet || json ? NULL : show_progress;
 	rc = sluice_pack(out, &opt, &rep);

@@ -325,7 +325,7 @@ static int cli_scratch(struct cli_tune *t, uint64_t size, char *scratch, size_t 
 static int cli_defaults(struct cli_tune *t, uint64_t size, char *scratch, size_t cap, struct cli_knobs *def)
 {
 	struct sluice_engine *eng;
-	struct sluice_engine_info in;
+	struct sluice_engine_info in = SLUICE_ENGINE_INFO_INIT;
 	struct stat st;
 	int rc;
 
@@ -360,8 +360,10 @@ static int cli_defaults(struct cli_tune *t, uint64_t size, char *scratch, size_t
 	t->size = size;
 	if ((rc = sluice_engine_open(&eng, NULL)))
 		return cli_error(CMD, "cannot open the engine", rc);
-	sluice_engine_get_info(eng, &in);
+	rc = sluice_engine_get_info(eng, &in);
 	sluice_engine_close(eng);
+	if (rc)
+		return cli_error(CMD, "engine", rc);
 	*def = (struct cli_knobs){ in.threads, in.queue_depth, in.max_transfer_size };
 	return 0;
 }

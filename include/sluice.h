@@ -22,6 +22,13 @@
  *     One engine may serve many threads at once.
  *   - Configuration: each setter has an environment variable SLUICE_*;
  *     sluice_config_new() reads the environment, setters override it.
+ *   - Structs that grow (options and reports) start with `size_t size`:
+ *     set it with the struct's SLUICE_*_INIT (or sizeof).  The library
+ *     reads or writes only the fields that size covers, so a program
+ *     built against an older sluice keeps working with a newer one.  A
+ *     struct whose size is too small is refused (SLUICE_EINVAL_CONFIG);
+ *     options from a newer sluice than the library must leave the fields
+ *     it does not know 0 (-E2BIG otherwise).
  */
 #ifndef SLUICE_H
 #define SLUICE_H
@@ -254,6 +261,34 @@ enum sluice_log_level {
 SLUICE_API void sluice_set_log_level(enum sluice_log_level level);
 
 /* ================================================================
+ * Utilities
+ * ================================================================ */
+
+/*
+ * Parses a byte size: digits with an optional K, M, G or T suffix (powers
+ * of 1024, optional trailing "iB" or "B").  Returns 0 or SLUICE_EINVAL_CONFIG
+ * for anything else, including overflow.
+ */
+SLUICE_API SLUICE_WUR int sluice_parse_size(const char *s, uint64_t *out);
+
+/*
+ * For bindings: sizeof(struct NAME) of a public struct named without its
+ * "struct " ("sluice_pack_options"), 0 for a name it does not know, so a
+ * binding (the Python package's ctypes) can check its layouts against the
+ * library it loaded.
+ */
+SLUICE_API size_t sluice_sizeof(const char *name);
+
+/*
+ * Writes dirty pages back and drops the page cache (Linux, root only), so the
+ * next reads are cold.  Returns 1 if dropped, 0 if not permitted.
+ */
+SLUICE_API int sluice_drop_page_cache(void);
+
+/* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
+SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
+
+/* ================================================================
  * Engine
  * ================================================================ */
 
@@ -275,6 +310,7 @@ SLUICE_API void sluice_engine_close(struct sluice_engine *eng);
 
 /* Facts about an open engine, for reports and `sluice doctor`. */
 struct sluice_engine_info {
+	size_t size; /* sizeof(struct sluice_engine_info), set by the caller */
 	const char *backend;      /* name of the backend in use */
 	int gpu;                  /* GPU ordinal, or -1 without CUDA */
 	char gpu_name[96];        /* device name, "" without CUDA */
@@ -301,8 +337,51 @@ struct sluice_engine_info {
 				     allocated; -1 when the GPU reports none */
 	unsigned ngpus;           /* GPUs served (SLUICE_DEVICE_IDS), the workers split among them */
 };
-SLUICE_API void sluice_engine_get_info(const struct sluice_engine *eng,
+#define SLUICE_ENGINE_INFO_INIT { sizeof(struct sluice_engine_info), NULL, 0, "", 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0 }
+SLUICE_API SLUICE_WUR int sluice_engine_get_info(const struct sluice_engine *eng,
 				       struct sluice_engine_info *info);
+
+/* ================================================================
+ * Statistics
+ * ================================================================ */
+
+/*
+ * Per-I/O latency and volume since the engine opened or the last reset.
+ * An I/O's latency runs from its submission to storage to the moment its
+ * bytes are in the destination (DMA included).
+ */
+struct sluice_stats {
+	size_t size; /* sizeof(struct sluice_stats), set by the caller */
+	uint64_t ios;
+	uint64_t bytes;
+	double lat_avg_us;
+	double lat_p50_us;
+	double lat_p99_us;
+	double lat_p999_us;
+	double lat_max_us;
+};
+#define SLUICE_STATS_INIT { sizeof(struct sluice_stats), 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0 }
+SLUICE_API SLUICE_WUR int sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st);
+SLUICE_API void sluice_engine_stats_reset(struct sluice_engine *eng);
+
+/* ================================================================
+ * GPU helpers
+ * ================================================================ */
+
+/* Number of CUDA devices, 0 without a driver.  Never fails. */
+SLUICE_API int sluice_gpu_count(void);
+/*
+ * Device memory on the engine's GPU, for tools and tests.  Returns 0,
+ * SLUICE_ENOGPU or SLUICE_ECUDA (-ENOMEM folded into it; see detail).
+ * Free with sluice_gpu_free().
+ */
+SLUICE_API SLUICE_WUR int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out);
+SLUICE_API void sluice_gpu_free(struct sluice_engine *eng, void *p);
+/* Copy between any two of host and GPU memory; complete on return. */
+SLUICE_API SLUICE_WUR int sluice_gpu_copy(struct sluice_engine *eng, void *dst,
+					  const void *src, size_t n);
+/* 1 if p points into CUDA device memory, else 0. */
+SLUICE_API int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p);
 
 /* ================================================================
  * Files
@@ -340,6 +419,7 @@ SLUICE_API int sluice_file_direct_ok(const struct sluice_file *f);
  * (NULL to skip) and fills it whether or not it succeeded.
  */
 struct sluice_xfer_report {
+	size_t size; /* sizeof(struct sluice_xfer_report), set by the caller */
 	uint64_t bytes;          /* payload bytes moved */
 	uint64_t bytes_direct;   /* of which through O_DIRECT (or GDS) */
 	uint64_t bytes_buffered; /* of which through the page cache */
@@ -359,6 +439,7 @@ struct sluice_xfer_report {
 	 */
 	uint64_t bytes_verified;
 };
+#define SLUICE_XFER_REPORT_INIT { sizeof(struct sluice_xfer_report), 0, 0, 0, 0, 0.0, "", 0 }
 
 /*
  * One piece of a batched transfer: len bytes at offset of file to or from
@@ -443,6 +524,47 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_from_gpu(struct sluice_engine *eng,
 						    const char *path, const void *src,
 						    size_t len,
 						    struct sluice_xfer_report *rep);
+
+/* ================================================================
+ * Asynchronous transfers ordered on a CUDA stream
+ * ================================================================ */
+
+struct sluice_future;
+
+/*
+ * Enqueues a read of [offset, offset+len) of f into dst (GPU memory) on the
+ * caller's CUDA stream (a CUstream; NULL is the legacy default stream):
+ * dst is written once the work enqueued before it on the stream has
+ * finished, and work enqueued after it waits for the bytes.  Storage I/O
+ * starts at once and overlaps the stream's earlier work; it is staged in
+ * windows of max_transfer_size x threads bytes through two pinned halves,
+ * so storage reads and DMA overlap without GDS.  The stream waits on a
+ * flag in mapped host memory (cuStreamWaitValue32): other streams that the
+ * driver puts in the same hardware queue wait with it (raise
+ * CUDA_DEVICE_MAX_CONNECTIONS to keep them apart).  f and dst MUST stay
+ * valid until the future is freed.  Returns 0 and a future to wait on and
+ * free, or an error at submission: SLUICE_ENOGPU without CUDA,
+ * SLUICE_ENOTGPU if dst is not GPU memory, SLUICE_ERANGE past the end.
+ */
+SLUICE_API SLUICE_WUR int sluice_read_async(struct sluice_file *f, uint64_t offset,
+					    size_t len, void *dst, void *stream,
+					    struct sluice_future **out);
+/* The same for a write of src to f, as sluice_file_write(). */
+SLUICE_API SLUICE_WUR int sluice_write_async(struct sluice_file *f, uint64_t offset,
+					     size_t len, const void *src, void *stream,
+					     struct sluice_future **out);
+/*
+ * Blocks until the storage side has finished and returns the result (bytes
+ * or error).  For a read, the stream's copy of the last bytes into dst may
+ * still be queued: work on the stream sees them, the host must synchronize
+ * the stream first.  For a write the file holds the bytes (durable after
+ * sluice_file_sync()).  After an error the stream is let go, and what it
+ * copied is undefined.  May be called more than once.
+ */
+SLUICE_API SLUICE_WUR ssize_t sluice_future_wait(struct sluice_future *fut,
+						 struct sluice_xfer_report *rep);
+/* Waits if needed (for the stream too), then frees.  NULL is a no-op. */
+SLUICE_API void sluice_future_free(struct sluice_future *fut);
 
 /* ================================================================
  * Object storage (S3 and compatible stores)
@@ -537,6 +659,7 @@ SLUICE_API SLUICE_WUR int sluice_s3_write_async(struct sluice_s3 *c, const char 
  */
 #define SLUICE_COPY_RECURSIVE 1u
 struct sluice_copy_report {
+	size_t size; /* sizeof(struct sluice_copy_report), set by the caller */
 	uint64_t files, bytes;
 	double seconds;
 	/*
@@ -545,89 +668,9 @@ struct sluice_copy_report {
 	 */
 	uint64_t files_verified;
 };
+#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0 }
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);
-
-/* ================================================================
- * Asynchronous transfers ordered on a CUDA stream
- * ================================================================ */
-
-struct sluice_future;
-
-/*
- * Enqueues a read of [offset, offset+len) of f into dst (GPU memory) on the
- * caller's CUDA stream (a CUstream; NULL is the legacy default stream):
- * dst is written once the work enqueued before it on the stream has
- * finished, and work enqueued after it waits for the bytes.  Storage I/O
- * starts at once and overlaps the stream's earlier work; it is staged in
- * windows of max_transfer_size x threads bytes through two pinned halves,
- * so storage reads and DMA overlap without GDS.  The stream waits on a
- * flag in mapped host memory (cuStreamWaitValue32): other streams that the
- * driver puts in the same hardware queue wait with it (raise
- * CUDA_DEVICE_MAX_CONNECTIONS to keep them apart).  f and dst MUST stay
- * valid until the future is freed.  Returns 0 and a future to wait on and
- * free, or an error at submission: SLUICE_ENOGPU without CUDA,
- * SLUICE_ENOTGPU if dst is not GPU memory, SLUICE_ERANGE past the end.
- */
-SLUICE_API SLUICE_WUR int sluice_read_async(struct sluice_file *f, uint64_t offset,
-					    size_t len, void *dst, void *stream,
-					    struct sluice_future **out);
-/* The same for a write of src to f, as sluice_file_write(). */
-SLUICE_API SLUICE_WUR int sluice_write_async(struct sluice_file *f, uint64_t offset,
-					     size_t len, const void *src, void *stream,
-					     struct sluice_future **out);
-/*
- * Blocks until the storage side has finished and returns the result (bytes
- * or error).  For a read, the stream's copy of the last bytes into dst may
- * still be queued: work on the stream sees them, the host must synchronize
- * the stream first.  For a write the file holds the bytes (durable after
- * sluice_file_sync()).  After an error the stream is let go, and what it
- * copied is undefined.  May be called more than once.
- */
-SLUICE_API SLUICE_WUR ssize_t sluice_future_wait(struct sluice_future *fut,
-						 struct sluice_xfer_report *rep);
-/* Waits if needed (for the stream too), then frees.  NULL is a no-op. */
-SLUICE_API void sluice_future_free(struct sluice_future *fut);
-
-/* ================================================================
- * Statistics
- * ================================================================ */
-
-/*
- * Per-I/O latency and volume since the engine opened or the last reset.
- * An I/O's latency runs from its submission to storage to the moment its
- * bytes are in the destination (DMA included).
- */
-struct sluice_stats {
-	uint64_t ios;
-	uint64_t bytes;
-	double lat_avg_us;
-	double lat_p50_us;
-	double lat_p99_us;
-	double lat_p999_us;
-	double lat_max_us;
-};
-SLUICE_API void sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st);
-SLUICE_API void sluice_engine_stats_reset(struct sluice_engine *eng);
-
-/* ================================================================
- * GPU helpers
- * ================================================================ */
-
-/* Number of CUDA devices, 0 without a driver.  Never fails. */
-SLUICE_API int sluice_gpu_count(void);
-/*
- * Device memory on the engine's GPU, for tools and tests.  Returns 0,
- * SLUICE_ENOGPU or SLUICE_ECUDA (-ENOMEM folded into it; see detail).
- * Free with sluice_gpu_free().
- */
-SLUICE_API SLUICE_WUR int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out);
-SLUICE_API void sluice_gpu_free(struct sluice_engine *eng, void *p);
-/* Copy between any two of host and GPU memory; complete on return. */
-SLUICE_API SLUICE_WUR int sluice_gpu_copy(struct sluice_engine *eng, void *dst,
-					  const void *src, size_t n);
-/* 1 if p points into CUDA device memory, else 0. */
-SLUICE_API int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p);
 
 /* ================================================================
  * Datasets (docs/FORMAT.md)
@@ -668,6 +711,7 @@ SLUICE_API const char *sluice_dtype_name(enum sluice_dtype dtype);
 struct sluice_writer;
 
 struct sluice_writer_options {
+	size_t size; /* sizeof(struct sluice_writer_options) */
 	uint64_t shard_size; /* target bytes per shard (uncompressed); 0: 1 GiB */
 	/*
 	 * zstd level 1..22 to store shards as zstd blocks of at least
@@ -684,6 +728,7 @@ struct sluice_writer_options {
 	 */
 	const char *metadata;
 };
+#define SLUICE_WRITER_OPTIONS_INIT { sizeof(struct sluice_writer_options), 0, 0, 0, NULL }
 
 /*
  * Starts a dataset in directory dir (created if missing; it MUST NOT
@@ -705,71 +750,6 @@ SLUICE_API SLUICE_WUR int sluice_writer_add(struct sluice_writer *w, const void 
 /* Records added so far. */
 SLUICE_API uint64_t sluice_writer_count(const struct sluice_writer *w);
 
-/*
- * Packing: a dataset sluice reads, a tree of files, JSON lines or token
- * arrays, into sluice shards at out (what `sluice pack` does, and
- * sluice.pack in Python).  opt->source says which:
- *   SLUICE_PACK_DATASET  from: any dataset sluice reads (WebDataset tars, a
- *                        Megatron prefix, sluice shards), every record and
- *                        field, in order;
- *   SLUICE_PACK_DIR      from: an ImageFolder tree, as torchvision's
- *                        ImageFolder takes it (classes are the sorted
- *                        subdirectories, label = index, image extensions
- *                        only unless all_files; links out of the tree
- *                        skipped unless follow_symlinks): fields data, key
- *                        and label (i64; none without classes), the class
- *                        map in the dataset's metadata; files read by
- *                        threads (0: the CPUs, up to 8);
- *   SLUICE_PACK_JSONL    from: one record per JSON line, fields: "k1,k2"
- *                        (string -> bytes, integer -> i64, real -> f64,
- *                        bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]);
- *   SLUICE_PACK_TOKENS   from: a token array (.npy, or raw .bin of dtype
- *                        "u16" (default) or "u32"), cut into one record
- *                        ("tokens") per document by doc_lengths (.npy of
- *                        integers, or raw .bin of i64); with pack_context,
- *                        documents packed into rows of that many tokens
- *                        (best-fit decreasing, or greedy): input_ids,
- *                        position_ids, labels, cu_seqlens.
- * Nothing at out opens as a dataset unless all went well.  progress (or
- * NULL) is called now and then with the records done and their total (0:
- * unknown).  Returns 0 with rep filled (or NULL), or an error naming the
- * file, line, record or option.
- */
-enum sluice_pack_source {
-	SLUICE_PACK_DATASET = 1,
-	SLUICE_PACK_DIR = 2,
-	SLUICE_PACK_JSONL = 3,
-	SLUICE_PACK_TOKENS = 4,
-};
-struct sluice_pack_options {
-	size_t size;                    /* sizeof(struct sluice_pack_options): the struct may grow */
-	int source;                     /* enum sluice_pack_source */
-	const char *from;
-	const char *fields;             /* JSONL */
-	const char *doc_lengths;        /* TOKENS */
-	const char *dtype;              /* TOKENS, raw .bin: "u16" or "u32"; NULL: u16 */
-	unsigned pack_context;          /* TOKENS: 0, one record per document */
-	int greedy;                     /* TOKENS with pack_context */
-	int all_files, follow_symlinks; /* DIR */
-	unsigned threads;               /* DIR */
-	struct sluice_writer_options writer; /* shard size, zstd; metadata is DIR's own */
-	void (*progress)(uint64_t done, uint64_t total, uint64_t bytes, void *arg);
-	void *progress_arg;
-};
-#define SLUICE_PACK_OPTIONS_INIT { sizeof(struct sluice_pack_options), 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, { 0, 0, 0, NULL }, NULL, NULL }
-struct sluice_pack_report {
-	size_t size;            /* sizeof(struct sluice_pack_report), set by the caller */
-	uint64_t records;       /* written */
-	uint64_t bytes;         /* of record data read */
-	uint64_t documents, tokens; /* TOKENS */
-	double fill;            /* TOKENS with pack_context: real tokens / token slots */
-	double seconds;
-	int labelled;           /* DIR: records carry labels (the tree has classes) */
-	char from_format[32];   /* "sluice", "webdataset", "megatron", "dir", "jsonl", "tokens" */
-	char dtype[16];         /* TOKENS: the tokens' dtype */
-};
-SLUICE_API SLUICE_WUR int sluice_pack(const char *out, const struct sluice_pack_options *opt,
-				      struct sluice_pack_report *rep);
 /*
  * Finishes the last shard, writes and syncs the index, renames it into
  * place and frees w.  On error the dataset stays incomplete (no index).
@@ -889,6 +869,7 @@ enum sluice_decoder {
 };
 
 struct sluice_shard_report {
+	size_t size; /* sizeof(struct sluice_shard_report), set by the caller */
 	uint64_t bytes;        /* logical (uncompressed) bytes delivered */
 	uint64_t stored;       /* bytes read from storage */
 	unsigned blocks;       /* zstd blocks decoded (0: an uncompressed shard) */
@@ -897,6 +878,7 @@ struct sluice_shard_report {
 	char decoder[8];       /* "gpu", "cpu" or "none" */
 	char why_not_gpu[256]; /* with auto: why the GPU did not decode ("" if it did) */
 };
+#define SLUICE_SHARD_REPORT_INIT { sizeof(struct sluice_shard_report), 0, 0, 0, 0.0, 0.0, "", "" }
 
 /*
  * Reads shard s of a sluice dataset whole into dst (GPU or host memory,
@@ -931,12 +913,84 @@ SLUICE_API int64_t sluice_dataset_verify(struct sluice_dataset *ds,
 					 void (*bad)(const struct sluice_bad *b, void *user), void *user);
 
 /* ================================================================
+ * Importing: datasets, trees of files, JSON lines and tokens into sluice shards
+ * ================================================================ */
+
+/*
+ * Imports a dataset sluice reads, a tree of files, JSON lines or token
+ * arrays, into sluice shards at out (what `sluice pack` does, and
+ * sluice.pack in Python).  opt->source says which:
+ *   SLUICE_PACK_DATASET  from: any dataset sluice reads (WebDataset tars, a
+ *                        Megatron prefix, sluice shards), every record and
+ *                        field, in order;
+ *   SLUICE_PACK_DIR      from: an ImageFolder tree, as torchvision's
+ *                        ImageFolder takes it (classes are the sorted
+ *                        subdirectories, label = index, image extensions
+ *                        only unless all_files; links out of the tree
+ *                        skipped unless follow_symlinks): fields data, key
+ *                        and label (i64; none without classes), the class
+ *                        map in the dataset's metadata; files read by
+ *                        threads (0: the CPUs, up to 8);
+ *   SLUICE_PACK_JSONL    from: one record per JSON line, fields: "k1,k2"
+ *                        (string -> bytes, integer -> i64, real -> f64,
+ *                        bool -> u8, [ints] -> i64[*], [numbers] -> f32[*]);
+ *   SLUICE_PACK_TOKENS   from: a token array (.npy, or raw .bin of dtype
+ *                        "u16" (default) or "u32"), cut into one record
+ *                        ("tokens") per document by doc_lengths (.npy of
+ *                        integers, or raw .bin of i64); with pack_context,
+ *                        documents packed into rows of that many tokens
+ *                        (best-fit decreasing, or greedy): input_ids,
+ *                        position_ids, labels, cu_seqlens.
+ * Nothing at out opens as a dataset unless all went well.  progress (or
+ * NULL) is called now and then with the records done and their total (0:
+ * unknown).  Returns 0 with rep filled (or NULL), or an error naming the
+ * file, line, record or option.
+ */
+enum sluice_pack_source {
+	SLUICE_PACK_DATASET = 1,
+	SLUICE_PACK_DIR = 2,
+	SLUICE_PACK_JSONL = 3,
+	SLUICE_PACK_TOKENS = 4,
+};
+struct sluice_pack_options {
+	size_t size;                    /* sizeof(struct sluice_pack_options) */
+	int source;                     /* enum sluice_pack_source */
+	const char *from;
+	const char *fields;             /* JSONL */
+	const char *doc_lengths;        /* TOKENS */
+	const char *dtype;              /* TOKENS, raw .bin: "u16" or "u32"; NULL: u16 */
+	unsigned pack_context;          /* TOKENS: 0, one record per document */
+	int greedy;                     /* TOKENS with pack_context */
+	int all_files, follow_symlinks; /* DIR */
+	unsigned threads;               /* DIR */
+	struct sluice_writer_options writer; /* shard size, zstd; metadata is DIR's own */
+	void (*progress)(uint64_t done, uint64_t total, uint64_t bytes, void *arg);
+	void *progress_arg;
+};
+#define SLUICE_PACK_OPTIONS_INIT { sizeof(struct sluice_pack_options), 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, SLUICE_WRITER_OPTIONS_INIT, NULL, NULL }
+struct sluice_pack_report {
+	size_t size;            /* sizeof(struct sluice_pack_report), set by the caller */
+	uint64_t records;       /* written */
+	uint64_t bytes;         /* of record data read */
+	uint64_t documents, tokens; /* TOKENS */
+	double fill;            /* TOKENS with pack_context: real tokens / token slots */
+	double seconds;
+	int labelled;           /* DIR: records carry labels (the tree has classes) */
+	char from_format[32];   /* "sluice", "webdataset", "megatron", "dir", "jsonl", "tokens" */
+	char dtype[16];         /* TOKENS: the tokens' dtype */
+};
+#define SLUICE_PACK_REPORT_INIT { sizeof(struct sluice_pack_report), 0, 0, 0, 0, 0.0, 0.0, 0, "", "" }
+SLUICE_API SLUICE_WUR int sluice_pack(const char *out, const struct sluice_pack_options *opt,
+				      struct sluice_pack_report *rep);
+
+/* ================================================================
  * Loader: shuffled, distributed, resumable batches
  * ================================================================ */
 
 struct sluice_loader;
 
 struct sluice_loader_options {
+	size_t size; /* sizeof(struct sluice_loader_options) */
 	uint32_t batch_size;       /* records per batch per rank (required) */
 	const char *const *fields; /* names of the fields to load, NULL-terminated; NULL: all */
 	int gpu;                   /* 1: batches land in the engine's GPU; 0: host memory */
@@ -952,6 +1006,7 @@ struct sluice_loader_options {
 	unsigned device_index;     /* with gpu: which of the engine's device ids (SLUICE_DEVICE_IDS) batches land
 				      in, 0: the first */
 };
+#define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* One field of a batch: fixed-size fields dense [size, ...]; others (data, offsets). */
 struct sluice_batch_field {
@@ -1028,6 +1083,7 @@ SLUICE_API void sluice_loader_close(struct sluice_loader *ld);
 struct sluice_packer;
 
 struct sluice_packer_options {
+	size_t size; /* sizeof(struct sluice_packer_options) */
 	uint32_t context;     /* L, tokens per row (required) */
 	uint32_t window;      /* documents gathered before they are placed (0: 1024); 1 with greedy */
 	int greedy;           /* 1: documents in arrival order, a row closes when the next does not fit */
@@ -1035,6 +1091,7 @@ struct sluice_packer_options {
 	int32_t ignore_index; /* label of masked slots (0: -100, unless ignore_index_set) */
 	int ignore_index_set; /* 1: ignore_index as given, 0 included */
 };
+#define SLUICE_PACKER_OPTIONS_INIT { sizeof(struct sluice_packer_options), 0, 0, 0, 0, 0, 0 }
 
 /*
  * One packed row.  input_ids, position_ids and labels hold context
@@ -1073,47 +1130,6 @@ SLUICE_API int sluice_packer_row(struct sluice_packer *p, struct sluice_packed_r
 SLUICE_API void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *slots);
 SLUICE_API void sluice_packer_free(struct sluice_packer *p);
 
-/*
- * Writes dirty pages back and drops the page cache (Linux, root only), so the
- * next reads are cold.  Returns 1 if dropped, 0 if not permitted.
- */
-SLUICE_API int sluice_drop_page_cache(void);
-
-/* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
-SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
-
-/* ================================================================
- * GPU process checkpoints (the driver's cuCheckpointProcess* functions)
- * ================================================================ */
-
-#define SLUICE_CKPT_SUSPEND 1u /* lock the process, then move its GPU memory to host memory */
-#define SLUICE_CKPT_RESUME 2u  /* restore its GPU memory, then unlock it */
-
-/* Each phase's time, and the GPU memory the checkpoint freed (or the restore took back). */
-struct sluice_checkpoint_report {
-	double lock_s, checkpoint_s, restore_s, unlock_s;
-	uint64_t gpu_bytes;  /* NVML's used memory of all GPUs, before against after; 0 without NVML */
-	int state;           /* the process's state at the end (sluice_process_state_name), -1 unknown */
-};
-
-/*
- * Suspends and/or resumes the CUDA process pid (this user's, or any as
- * root) through the driver, loaded at run time: SUSPEND locks it (its
- * CUDA calls block; the lock waits up to timeout_ms for running work, 0:
- * no limit) and checkpoints it (its GPU memory moves to host memory, its
- * GPUs are free for others); RESUME restores and unlocks it.  Both in one
- * call is a round trip.  A checkpoint that fails unlocks the process again.
- * Returns 0; -ENOSYS when the driver lacks the functions (before 550);
- * SLUICE_ENOGPU without a driver; -EBUSY when pid is not in the state the
- * phase needs; SLUICE_ECUDA with the call, pid and CUDA error in the
- * detail.  rep (may be NULL) gets the figures, also after a failure.
- */
-SLUICE_API SLUICE_WUR int sluice_process_checkpoint(int pid, unsigned flags, unsigned timeout_ms,
-						    struct sluice_checkpoint_report *rep);
-/* The CUDA process's state: 0 running, 1 locked, 2 checkpointed, 3 failed, 4/5 mid-checkpoint/restore. */
-SLUICE_API SLUICE_WUR int sluice_process_state(int pid, int *state);
-SLUICE_API const char *sluice_process_state_name(int state);
-
 /* ================================================================
  * Doctor: what on this machine stands between storage and the GPU
  * ================================================================ */
@@ -1147,8 +1163,47 @@ typedef int (*sluice_check_fn)(const struct sluice_check *check, void *arg);
 SLUICE_API SLUICE_WUR int sluice_doctor(const char *path, sluice_check_fn fn, void *arg);
 
 /* ================================================================
- * Watching: loaders' published figures, GPU samples, Prometheus metrics
+ * Experimental.  Everything above is the stable interface from 1.0: a
+ * function keeps its signature and meaning, a struct that grows (one
+ * whose first field is its size) only gains fields at its end.  What
+ * follows may still change in a minor release: GPU process checkpoints
+ * (the driver's interface is young) and the figures loaders publish
+ * for `sluice top` and /metrics.
  * ================================================================ */
+
+/* ---- GPU process checkpoints (the driver's cuCheckpointProcess* functions) ---- */
+
+#define SLUICE_CKPT_SUSPEND 1u /* lock the process, then move its GPU memory to host memory */
+#define SLUICE_CKPT_RESUME 2u  /* restore its GPU memory, then unlock it */
+
+/* Each phase's time, and the GPU memory the checkpoint freed (or the restore took back). */
+struct sluice_checkpoint_report {
+	size_t size; /* sizeof(struct sluice_checkpoint_report), set by the caller */
+	double lock_s, checkpoint_s, restore_s, unlock_s;
+	uint64_t gpu_bytes;  /* NVML's used memory of all GPUs, before against after; 0 without NVML */
+	int state;           /* the process's state at the end (sluice_process_state_name), -1 unknown */
+};
+#define SLUICE_CHECKPOINT_REPORT_INIT { sizeof(struct sluice_checkpoint_report), 0.0, 0.0, 0.0, 0.0, 0, 0 }
+
+/*
+ * Suspends and/or resumes the CUDA process pid (this user's, or any as
+ * root) through the driver, loaded at run time: SUSPEND locks it (its
+ * CUDA calls block; the lock waits up to timeout_ms for running work, 0:
+ * no limit) and checkpoints it (its GPU memory moves to host memory, its
+ * GPUs are free for others); RESUME restores and unlocks it.  Both in one
+ * call is a round trip.  A checkpoint that fails unlocks the process again.
+ * Returns 0; -ENOSYS when the driver lacks the functions (before 550);
+ * SLUICE_ENOGPU without a driver; -EBUSY when pid is not in the state the
+ * phase needs; SLUICE_ECUDA with the call, pid and CUDA error in the
+ * detail.  rep (may be NULL) gets the figures, also after a failure.
+ */
+SLUICE_API SLUICE_WUR int sluice_process_checkpoint(int pid, unsigned flags, unsigned timeout_ms,
+						    struct sluice_checkpoint_report *rep);
+/* The CUDA process's state: 0 running, 1 locked, 2 checkpointed, 3 failed, 4/5 mid-checkpoint/restore. */
+SLUICE_API SLUICE_WUR int sluice_process_state(int pid, int *state);
+SLUICE_API const char *sluice_process_state_name(int state);
+
+/* ---- Watching: loaders' published figures, GPU samples, Prometheus metrics ---- */
 
 /*
  * What a running loader publishes (every batch) for `sluice top` and
@@ -1207,25 +1262,6 @@ SLUICE_API size_t sluice_metrics_text(char *buf, size_t cap);
  * the first sluice_engine_open.  Returns 0, -EADDRINUSE and the like.
  */
 SLUICE_API SLUICE_WUR int sluice_metrics_serve(unsigned port, unsigned *bound);
-
-/* ================================================================
- * Utilities
- * ================================================================ */
-
-/*
- * Parses a byte size: digits with an optional K, M, G or T suffix (powers
- * of 1024, optional trailing "iB" or "B").  Returns 0 or SLUICE_EINVAL_CONFIG
- * for anything else, including overflow.
- */
-SLUICE_API SLUICE_WUR int sluice_parse_size(const char *s, uint64_t *out);
-
-/*
- * For bindings: sizeof(struct NAME) of a public struct named without its
- * "struct " ("sluice_pack_options"), 0 for a name it does not know, so a
- * binding (the Python package's ctypes) can check its layouts against the
- * library it loaded.
- */
-SLUICE_API size_t sluice_sizeof(const char *name);
 
 #ifdef __cplusplus
 }

@@ -38,13 +38,24 @@ def check(rc):
     return rc
 
 
-class ShardReport(C.Structure):
-    _fields_ = [("bytes", C.c_uint64), ("stored", C.c_uint64), ("blocks", C.c_uint), ("read_s", C.c_double),
+class _Sized(C.Structure):
+    """A struct that grows (sluice.h's conventions): its first field, its size, is set here, and in nested ones."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.size = C.sizeof(self)
+        for name, kind in self._fields_:
+            if isinstance(kind, type) and issubclass(kind, _Sized):
+                getattr(self, name).size = C.sizeof(kind)
+
+
+class ShardReport(_Sized):
+    _fields_ = [("size", C.c_size_t), ("bytes", C.c_uint64), ("stored", C.c_uint64), ("blocks", C.c_uint), ("read_s", C.c_double),
                 ("decode_s", C.c_double), ("decoder", C.c_char * 8), ("why_not_gpu", C.c_char * 256)]
 
 
-class CheckpointReport(C.Structure):
-    _fields_ = [("lock_s", C.c_double), ("checkpoint_s", C.c_double), ("restore_s", C.c_double),
+class CheckpointReport(_Sized):
+    _fields_ = [("size", C.c_size_t), ("lock_s", C.c_double), ("checkpoint_s", C.c_double), ("restore_s", C.c_double),
                 ("unlock_s", C.c_double), ("gpu_bytes", C.c_uint64), ("state", C.c_int)]
 
 
@@ -60,8 +71,8 @@ class RecordLoc(C.Structure):
     _fields_ = [("shard", C.c_uint), ("offset", C.c_uint64), ("length", C.c_uint32), ("crc", C.c_uint32)]
 
 
-class LoaderOptions(C.Structure):
-    _fields_ = [("batch_size", C.c_uint32), ("fields", C.POINTER(C.c_char_p)), ("gpu", C.c_int),
+class LoaderOptions(_Sized):
+    _fields_ = [("size", C.c_size_t), ("batch_size", C.c_uint32), ("fields", C.POINTER(C.c_char_p)), ("gpu", C.c_int),
                 ("prefetch", C.c_uint), ("seed", C.c_uint64), ("epoch", C.c_uint64), ("position", C.c_uint64),
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
                 ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint)]
@@ -77,8 +88,8 @@ class Batch(C.Structure):
                 ("field", BatchField * MAX_FIELDS), ("ids", C.c_void_p), ("event", C.c_void_p)]
 
 
-class PackerOptions(C.Structure):
-    _fields_ = [("context", C.c_uint32), ("window", C.c_uint32), ("greedy", C.c_int), ("pad_id", C.c_int32),
+class PackerOptions(_Sized):
+    _fields_ = [("size", C.c_size_t), ("context", C.c_uint32), ("window", C.c_uint32), ("greedy", C.c_int), ("pad_id", C.c_int32),
                 ("ignore_index", C.c_int32), ("ignore_index_set", C.c_int)]
 
 
@@ -88,33 +99,33 @@ class PackedRow(C.Structure):
                 ("tokens", C.c_uint32)]
 
 
-class CopyReport(C.Structure):
-    _fields_ = [("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
+class CopyReport(_Sized):
+    _fields_ = [("size", C.c_size_t), ("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
                 ("files_verified", C.c_uint64)]
 
 
-class XferReport(C.Structure):
+class XferReport(_Sized):
     """struct sluice_xfer_report."""
-    _fields_ = [("bytes", C.c_uint64), ("bytes_direct", C.c_uint64), ("bytes_buffered", C.c_uint64),
+    _fields_ = [("size", C.c_size_t), ("bytes", C.c_uint64), ("bytes_direct", C.c_uint64), ("bytes_buffered", C.c_uint64),
                 ("ios", C.c_uint64), ("seconds", C.c_double), ("path", C.c_char * 96),
                 ("bytes_verified", C.c_uint64)]
 
 
-class WriterOptions(C.Structure):
-    _fields_ = [("shard_size", C.c_uint64), ("zstd_level", C.c_int), ("block_size", C.c_size_t), ("metadata", C.c_char_p)]
+class WriterOptions(_Sized):
+    _fields_ = [("size", C.c_size_t), ("shard_size", C.c_uint64), ("zstd_level", C.c_int), ("block_size", C.c_size_t), ("metadata", C.c_char_p)]
 
 
 PACK_PROGRESS = C.CFUNCTYPE(None, C.c_uint64, C.c_uint64, C.c_uint64, C.c_void_p)
 
 
-class PackOptions(C.Structure):
+class PackOptions(_Sized):
     _fields_ = [("size", C.c_size_t), ("source", C.c_int), ("from_", C.c_char_p), ("fields", C.c_char_p),
                 ("doc_lengths", C.c_char_p), ("dtype", C.c_char_p), ("pack_context", C.c_uint), ("greedy", C.c_int),
                 ("all_files", C.c_int), ("follow_symlinks", C.c_int), ("threads", C.c_uint), ("writer", WriterOptions),
                 ("progress", PACK_PROGRESS), ("progress_arg", C.c_void_p)]
 
 
-class PackReport(C.Structure):
+class PackReport(_Sized):
     _fields_ = [("size", C.c_size_t), ("records", C.c_uint64), ("bytes", C.c_uint64), ("documents", C.c_uint64),
                 ("tokens", C.c_uint64), ("fill", C.c_double), ("seconds", C.c_double), ("labelled", C.c_int),
                 ("from_format", C.c_char * 32), ("dtype", C.c_char * 16)]

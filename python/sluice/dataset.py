@@ -2,12 +2,10 @@
 import ctypes as C
 import json
 import os
-import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
-                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+from ._lib import ShardReport, Record, RecordLoc, check, lib
 
 from .buffers import _buffer, _eng  # noqa: F401
 

@@ -6,11 +6,9 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
-                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
-
-from .buffers import _device, _eng  # noqa: F401
-from .dataset import _NAMES, _NP, Dataset, _typed  # noqa: F401
+from ._lib import Batch, LoaderOptions, check, lib
+from .buffers import _device, _eng
+from .dataset import _NAMES, _NP
 
 
 class _CudaArray:

@@ -1,13 +1,7 @@
 """Operating sluice: Prometheus metrics, and checkpoints of a CUDA process's GPU memory."""
 import ctypes as C
-import json
-import os
-import sys
 
-import numpy as np
-
-from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
-                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+from ._lib import CheckpointReport, check, lib
 
 
 def metrics_text():

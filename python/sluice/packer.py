@@ -1,14 +1,11 @@
 """Packing: datasets, trees, JSON lines and token arrays into sluice shards (sluice.pack), and token packing
 into fixed-length rows (sluice.Packer)."""
 import ctypes as C
-import json
 import os
-import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
-                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+from ._lib import PackedRow, PackerOptions, PackOptions, PackReport, PACK_PROGRESS, SluiceError, check, lib
 
 
 _PACK_SOURCES = {"dataset": 1, "dir": 2, "jsonl": 3, "tokens": 4}
@@ -28,7 +25,7 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
         raise ValueError("sluice.pack: give one of dataset=, dir=, jsonl=, tokens=")
     (kind, src), = given.items()
     o = PackOptions()
-    o.size, o.source, o.from_ = C.sizeof(PackOptions), _PACK_SOURCES[kind], os.fsencode(src)
+    o.source, o.from_ = _PACK_SOURCES[kind], os.fsencode(src)
     o.fields = fields.encode() if fields else None
     o.doc_lengths = os.fsencode(doc_lengths) if doc_lengths else None
     o.dtype = dtype.encode() if dtype else None
@@ -38,7 +35,6 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
     cb = PACK_PROGRESS((lambda done, total, nbytes, arg: progress(done, total, nbytes)) if progress else 0)
     o.progress = cb
     rep = PackReport()
-    rep.size = C.sizeof(PackReport)
     check(lib.sluice_pack(os.fsencode(out), C.byref(o), C.byref(rep)))
     return {"records": rep.records, "bytes": rep.bytes, "documents": rep.documents, "tokens": rep.tokens,
             "fill": rep.fill, "seconds": rep.seconds, "labelled": bool(rep.labelled),

@@ -6,8 +6,7 @@ import sys
 
 import numpy as np
 
-from ._lib import (Batch, CheckpointReport, CopyReport, XferReport, ShardReport, LoaderOptions, PackedRow, PackerOptions,
-                   PackOptions, PackReport, PACK_PROGRESS, Record, RecordLoc, SluiceError, check, lib)  # noqa: F401
+from ._lib import CopyReport, check, lib
 
 from .buffers import Future, _buffer, _eng  # noqa: F401
 

@@ -43,6 +43,41 @@ static inline uint64_t sl__now_ns(void)
 SL_HIDDEN int sl__err(int code, const char *fmt, ...) SL_PRINTF(2, 3);
 SL_HIDDEN void sl__err_clear(void);
 
+/*
+ * The public structs that grow (sluice.h's conventions) start with their
+ * size.  SL_V1 is a struct's size in the release that fixed it: through
+ * the field that was last then, named forever in the call.  A field
+ * added later is read or written only where the caller's size covers it.
+ * sl__sized_in copies a caller's options into mine (full bytes): fields
+ * an older caller lacks read 0; a newer caller's fields beyond full must
+ * be 0.  NULL gives mine zeroed.  sl__report_in checks a caller's report
+ * (NULL is fine) and clears it (sl__report_clear: the fields its size
+ * covers, the size kept); both return 0 or an error naming the struct.
+ * sl__report_copy copies a whole report of the library's into as much
+ * of a caller's as its size covers.
+ */
+#define SL_V1(type, last) (offsetof(struct type, last) + sizeof(((struct type *)0)->last))
+SL_HIDDEN int sl__sized_in(void *mine, size_t full, const void *theirs, size_t v1, const char *name);
+SL_HIDDEN int sl__report_in(void *rep, size_t full, size_t v1, const char *name);
+SL_HIDDEN void sl__report_clear(void *rep, size_t full);
+SL_HIDDEN void sl__report_copy(void *theirs, const void *mine, size_t full);
+/* Each growing struct's SL_V1: lines are only added, never edited. */
+#define SL_V1_xfer_report SL_V1(sluice_xfer_report, bytes_verified)
+#define SL_V1_copy_report SL_V1(sluice_copy_report, files_verified)
+#define SL_V1_shard_report SL_V1(sluice_shard_report, why_not_gpu)
+#define SL_V1_checkpoint_report SL_V1(sluice_checkpoint_report, state)
+#define SL_V1_engine_info SL_V1(sluice_engine_info, ngpus)
+#define SL_V1_stats SL_V1(sluice_stats, lat_max_us)
+#define SL_V1_pack_report SL_V1(sluice_pack_report, dtype)
+#define SL_V1_loader_options SL_V1(sluice_loader_options, device_index)
+#define SL_V1_packer_options SL_V1(sluice_packer_options, ignore_index_set)
+#define SL_V1_writer_options SL_V1(sluice_writer_options, metadata)
+#define SL_V1_pack_options SL_V1(sluice_pack_options, progress_arg)
+/* The checks of a caller's report or options of the struct sluice_NAME. */
+#define SL_REPORT_IN(rep, NAME) sl__report_in((rep), sizeof(*(rep)), SL_V1_##NAME, "sluice_" #NAME)
+#define SL_SIZED_IN(mine, theirs, NAME) sl__sized_in((mine), sizeof(*(mine)), (theirs), SL_V1_##NAME, "sluice_" #NAME)
+#define SL_REPORT_CLEAR(rep) sl__report_clear((rep), sizeof(*(rep)))
+
 /* Grows the malloc'd buffer *(void **)pp of *cap bytes to at least n bytes; 0 or -ENOMEM (*pp kept). */
 SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
 /* mkdir -p: path and every missing parent (path is changed while it runs, restored after); 0 or -errno. */

@@ -120,8 +120,8 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 	ssize_t rc = 0;
 
 	sl__err_clear();
-	if (rep)
-		memset(rep, 0, sizeof(*rep));
+	if ((rc = SL_REPORT_IN(rep, xfer_report)))
+		goto out;
 	if (!files || !loc || !r) {
 		rc = -ENOMEM;
 		goto out;

@@ -282,16 +282,17 @@ static int sl_shard_cpu(struct sluice_engine *eng, struct sluice_dataset *ds, un
 ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard, void *dst,
 				  size_t cap, int decoder, struct sluice_shard_report *rep)
 {
-	struct sluice_shard_report mine;
+	struct sluice_shard_report mine = SLUICE_SHARD_REPORT_INIT;
 	const struct sl__block *blk = NULL;
 	const struct sl__nvcomp_api *nc = NULL;
 	uint64_t nb = 0, records, logical, t0;
 	char path[4096];
 	int rc;
 
+	if ((rc = SL_REPORT_IN(rep, shard_report)))
+		return rc;
 	if (!rep)
 		rep = &mine;
-	memset(rep, 0, sizeof(*rep));
 	if (strcmp(ds->ops->name, "sluice"))
 		return sl__err(-ENOTSUP, "%s: a %s dataset: whole shards are read from sluice datasets", ds->path, ds->ops->name);
 	if ((rc = sluice_dataset_shard_info(ds, shard, &records, &logical)))

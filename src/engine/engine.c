@@ -251,16 +251,18 @@ void sluice_engine_close(struct sluice_engine *eng)
 	free(eng);
 }
 
-void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engine_info *info)
+int sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engine_info *info)
 {
 	/* The workers' registration settles fixed_bufs: wait for it (the lock is the engine's own). */
 	pthread_mutex_t *lock = (pthread_mutex_t *)&eng->lock;
+	int rc = SL_REPORT_IN(info, engine_info);
 
+	if (rc || !info)
+		return rc ? rc : sl__err(-EINVAL, "sluice_engine_get_info: no struct to fill");
 	pthread_mutex_lock(lock);
 	while (eng->prepared < eng->nworkers)
 		pthread_cond_wait((pthread_cond_t *)&eng->done_cv, lock);
 	pthread_mutex_unlock(lock);
-	memset(info, 0, sizeof(*info));
 	info->backend = eng->local->name;
 	info->gpu = eng->gpu.ordinal;
 	snprintf(info->gpu_name, sizeof(info->gpu_name), "%s", eng->gpu.name);
@@ -275,22 +277,26 @@ void sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engin
 	info->gpu_unusable = eng->gpu_unusable;
 	info->numa_node = eng->numa_node[0];
 	info->ngpus = eng->nlanes;
+	return 0;
 }
 
-void sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st)
+int sluice_engine_stats(struct sluice_engine *eng, struct sluice_stats *st)
 {
 	uint64_t n = atomic_load(&eng->lat.n);
+	int rc = SL_REPORT_IN(st, stats);
 
-	memset(st, 0, sizeof(*st));
+	if (rc || !st)
+		return rc ? rc : sl__err(-EINVAL, "sluice_engine_stats: no struct to fill");
 	st->ios = atomic_load(&eng->st_ios);
 	st->bytes = atomic_load(&eng->st_bytes);
 	if (!n)
-		return;
+		return 0;
 	st->lat_avg_us = (double)atomic_load(&eng->lat.sum) / (double)n / 1e3;
 	st->lat_p50_us = (double)sl__hist_percentile(&eng->lat, 50) / 1e3;
 	st->lat_p99_us = (double)sl__hist_percentile(&eng->lat, 99) / 1e3;
 	st->lat_p999_us = (double)sl__hist_percentile(&eng->lat, 99.9) / 1e3;
 	st->lat_max_us = (double)atomic_load(&eng->lat.max) / 1e3;
+	return 0;
 }
 
 void sluice_engine_stats_reset(struct sluice_engine *eng)

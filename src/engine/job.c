@@ -103,7 +103,7 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 
 	if (!rep)
 		return;
-	memset(rep, 0, sizeof(*rep));
+	SL_REPORT_CLEAR(rep);
 	rep->bytes = atomic_load(&job->bytes);
 	rep->bytes_direct = atomic_load(&job->bytes_direct);
 	rep->bytes_buffered = atomic_load(&job->bytes_buffered);
@@ -190,6 +190,8 @@ ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
 	uint64_t t0 = sl__now_ns();
 
 	sl__err_clear();
+	if ((rc = SL_REPORT_IN(rep, xfer_report)))
+		return rc;
 	for (size_t k = 0; k < n && !sums; k++)
 		sums = sl_whole_object(op, &r[k]);
 	/* A mismatch (bytes damaged on the way) is read once more, then is an error. */
@@ -197,7 +199,7 @@ ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
 		rc = sl__plan(eng, &job, op, r, n, sums ? SL_JOB_OBJECT_SUM : 0);
 		if (rc) {
 			if (rep) {
-				memset(rep, 0, sizeof(*rep));
+				SL_REPORT_CLEAR(rep);
 				rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
 			}
 			return rc;

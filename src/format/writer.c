@@ -376,12 +376,16 @@ static int sl_writer_zstd(struct sluice_writer *w, const struct sluice_writer_op
 int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
 		       unsigned nfields, const struct sluice_writer_options *opt)
 {
+	struct sluice_writer_options o;
 	struct sluice_writer *w;
 	char *p;
 	int rc;
 
 	*out = NULL;
 	sl__err_clear();
+	if ((rc = SL_SIZED_IN(&o, opt, writer_options)))
+		return rc;
+	opt = &o;
 	if ((rc = sl_writer_check(dir, fields, nfields, opt)))
 		return rc;
 	if (!(w = calloc(1, sizeof(*w))))

@@ -80,12 +80,13 @@ static int sl_phase(sl_CUresult (*fn)(int, void *), int pid, unsigned timeout_ms
 int sluice_process_checkpoint(int pid, unsigned flags, unsigned timeout_ms, struct sluice_checkpoint_report *rep)
 {
 	const struct sl__cuda_api *cu = NULL;
-	struct sluice_checkpoint_report mine;
-	int rc, st = -1;
+	struct sluice_checkpoint_report mine = SLUICE_CHECKPOINT_REPORT_INIT;
+	int rc = SL_REPORT_IN(rep, checkpoint_report), st = -1;
 
+	if (rc)
+		return rc;
 	if (!rep)
 		rep = &mine;
-	memset(rep, 0, sizeof(*rep));
 	rep->state = -1;
 	if (pid <= 0 || !(flags & (SLUICE_CKPT_SUSPEND | SLUICE_CKPT_RESUME)) ||
 	    (flags & ~(unsigned)(SLUICE_CKPT_SUSPEND | SLUICE_CKPT_RESUME)))

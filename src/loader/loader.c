@@ -279,12 +279,16 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
 		       const struct sluice_loader_options *opt)
 {
+	struct sluice_loader_options o;
 	struct sluice_loader *ld;
 	uint64_t bytes = 0;
 	int rc;
 
 	*out = NULL;
 	sl__err_clear();
+	if ((rc = SL_SIZED_IN(&o, opt, loader_options)))
+		return rc;
+	opt = &o;
 	if ((rc = sl_check_options(eng, ds, opt)))
 		return rc;
 	if (!(ld = calloc(1, sizeof(*ld))))

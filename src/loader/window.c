@@ -193,7 +193,7 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 {
 	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
 	uint64_t need = 0, seq = 0, all = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	ssize_t k, rc;
 
 	free(win->ids);
@@ -208,7 +208,6 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 		return (int)k;
 	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) || (rc = sl__window_reserve(win, need)))
 		return (int)rc;
-	memset(&rep, 0, sizeof(rep));
 	if ((rc = sl_window_read(ld, win, (size_t)k, &rep)) < 0)
 		return (int)rc;
 	atomic_fetch_add(&ld->seq_bytes, seq);

@@ -731,7 +731,7 @@ static int pack_tokens(struct job *j)
 	const char *dt = o->dtype;
 	enum sluice_dtype bin = !dt || !strcmp(dt, "u16") ? SLUICE_DTYPE_U16 : !strcmp(dt, "u32") ? SLUICE_DTYPE_U32
 													: (enum sluice_dtype)-1;
-	struct sluice_packer_options po = { .context = o->pack_context, .greedy = o->greedy };
+	struct sluice_packer_options po = { .size = sizeof(struct sluice_packer_options), .context = o->pack_context, .greedy = o->greedy };
 	struct sluice_field f[1] = { { "tokens", SLUICE_DTYPE_U16, 1, { -1 } } }, pf[4];
 	enum sluice_dtype tdt;
 	uint64_t ntok, toff, ndoc = 0, *lens = NULL;
@@ -914,17 +914,18 @@ static int (*const importers[])(struct job *j) = { NULL, pack_dataset, pack_dir,
 
 int sluice_pack(const char *out, const struct sluice_pack_options *opt, struct sluice_pack_report *rep)
 {
-	struct sluice_pack_report mine;
-	struct job j = { out, opt, rep ? rep : &mine };
+	struct sluice_pack_report mine = SLUICE_PACK_REPORT_INIT;
+	struct sluice_pack_options o;
+	struct job j = { out, &o, rep ? rep : &mine };
 	uint64_t t0 = sl__now_ns();
 	int rc;
 
 	sl__err_clear();
-	memset(j.rep, 0, sizeof(*j.rep));
-	j.rep->size = sizeof(*j.rep);
-	if (!opt || opt->size < sizeof(*opt) || !opt->from || !out)
-		return sl__err(-EINVAL, "sluice_pack: options (of size %zu, SLUICE_PACK_OPTIONS_INIT), a source and OUT",
-			       sizeof(*opt));
+	if ((rc = SL_REPORT_IN(rep, pack_report)) || (rc = SL_SIZED_IN(&o, opt, pack_options)))
+		return rc;
+	if (!opt || !opt->from || !out)
+		return sl__err(-EINVAL, "sluice_pack: options, a source and OUT are needed");
+	opt = &o;
 	if (opt->source < SLUICE_PACK_DATASET || opt->source > SLUICE_PACK_TOKENS)
 		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_pack: source %d is none of dataset, dir, jsonl, tokens",
 			       opt->source);

@@ -45,12 +45,17 @@ struct sluice_packer {
 
 int sluice_packer_new(struct sluice_packer **out, const struct sluice_packer_options *opt)
 {
+	struct sluice_packer_options o;
 	struct sluice_packer *p;
+	int rc;
 
 	*out = NULL;
 	sl__err_clear();
-	if (!opt || !opt->context || opt->context > (1u << 24))
-		return sl__err(SLUICE_EINVAL_CONFIG, "packer: context %u is outside 1..16M tokens", opt ? opt->context : 0);
+	if ((rc = SL_SIZED_IN(&o, opt, packer_options)))
+		return rc;
+	opt = &o;
+	if (!opt->context || opt->context > (1u << 24))
+		return sl__err(SLUICE_EINVAL_CONFIG, "packer: context %u is outside 1..16M tokens", opt->context);
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;

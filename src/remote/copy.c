@@ -145,8 +145,8 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 	int rc;
 
 	sl__err_clear();
-	if (rep)
-		memset(rep, 0, sizeof(*rep));
+	if ((rc = SL_REPORT_IN(rep, copy_report)))
+		return rc;
 	if (!src || !dst || !*src || !*dst)
 		return sl__err(-EINVAL, "copy: a source and a destination are needed");
 	sl__first_err_init(&c.fail);

@@ -81,7 +81,7 @@ int sl__future_call(struct sluice_future **out, ssize_t (*fn)(void *arg, struct 
 		return -ENOMEM;
 	}
 	*fut = (struct sluice_future){ .fn = fn, .arg = arg, .free_arg = free_arg, .cb = cb, .user = user,
-				       .t0 = sl__now_ns() };
+				       .t0 = sl__now_ns(), .rep = { .size = sizeof(fut->rep) } };
 	rc = pthread_create(&fut->thread, NULL, sl_call_run, fut);
 	if (rc) {
 		free_arg(arg);
@@ -417,13 +417,16 @@ int sluice_write_async(struct sluice_file *f, uint64_t offset, size_t len, const
 
 ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report *rep)
 {
+	int rc = SL_REPORT_IN(rep, xfer_report);
+
+	if (rc)
+		return rc;
 	if (fut->fn) {
 		if (!fut->joined) {
 			pthread_join(fut->thread, NULL);
 			fut->joined = 1;
 		}
-		if (rep)
-			*rep = fut->rep;
+		sl__report_copy(rep, &fut->rep, sizeof(fut->rep));
 		if (fut->result < 0)
 			sl__err((int)fut->result, "%s", fut->detail);
 		return fut->result;
@@ -432,8 +435,7 @@ ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report 
 		pthread_join(fut->thread, NULL);
 		fut->joined = 1;
 		if (fut->result >= 0 && fut->write) {
-			int rc = sl__fix_size(&fut->range, 1);
-
+			rc = sl__fix_size(&fut->range, 1);
 			if (rc) {
 				fut->result = rc;
 				snprintf(fut->detail, sizeof(fut->detail), "%s", sluice_last_error_detail());

@@ -39,6 +39,8 @@ ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint6
 	struct sluice_file *f;
 	ssize_t rc;
 
+	if ((rc = SL_REPORT_IN(rep, xfer_report)))
+		return rc;
 	if (!n || !dsts)
 		return sl__err(-EINVAL, "%s: a broadcast needs at least one buffer", path);
 	for (unsigned j = 0; j < n; j++) {
@@ -57,11 +59,9 @@ ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint6
 			if (sluice_is_gpu_ptr(eng, dsts[j]))
 				sl_peer(eng, dsts[j]);
 	}
-	if (rep)
-		memset(rep, 0, sizeof(*rep));
 	for (size_t done = 0; done < len;) {
 		size_t c = len - done < SL_BCAST_CHUNK ? len - done : SL_BCAST_CHUNK;
-		struct sluice_xfer_report r;
+		struct sluice_xfer_report r = SLUICE_XFER_REPORT_INIT;
 
 		rc = sluice_file_read(f, offset + done, c, (char *)dsts[0] + done, rep ? &r : NULL);
 		if (rc < 0)

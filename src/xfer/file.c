@@ -156,8 +156,8 @@ ssize_t sl__write_whole(struct sluice_engine *eng, void *arg, const char *path, 
 	int rc = sl__store_for(eng, path, &st), gpu = sluice_is_gpu_ptr(eng, src);
 	struct sl__open_env env;
 
-	if (rep)
-		memset(rep, 0, sizeof(*rep));
+	if (!rc)
+		rc = SL_REPORT_IN(rep, xfer_report);
 	if (rc)
 		return rc;
 	if (!st->put)
@@ -291,8 +291,8 @@ ssize_t sluice_write_from_gpu(struct sluice_engine *eng, const char *path, const
 		return rc;
 	if (store->caps & SL_STORE_READONLY)
 		return sl__write_whole(eng, NULL, path, src, len, rep);
-	if (rep)
-		memset(rep, 0, sizeof(*rep));
+	if ((rc = SL_REPORT_IN(rep, xfer_report)))
+		return rc;
 	dup1 = strdup(path);
 	dup2 = strdup(path);
 	if (!dup1 || !dup2)

@@ -65,7 +65,7 @@ static void poison(struct sluice_engine *eng, void *dptr, size_t n)
 static void t_reads(struct sluice_engine *eng, const char *path, const char *want, size_t n,
 		    const char *expect_path)
 {
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	struct sluice_file *f;
 	char *d;
 
@@ -104,7 +104,7 @@ static void t_reads(struct sluice_engine *eng, const char *path, const char *wan
 static void t_writes(struct sluice_engine *eng, const char *src_host, size_t n)
 {
 	char path[600], *d, *back;
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	struct sluice_file *f;
 	size_t got;
 
@@ -135,7 +135,7 @@ static void t_async(struct sluice_engine *eng, const char *path, const char *wan
 {
 	const struct sl__cuda_api *cu = sl__cuda(NULL);
 	struct sluice_future *fut;
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	struct sluice_file *f;
 	sl_CUstream s;
 	char *d, *h = malloc(n), wpath[600], *back;
@@ -215,7 +215,7 @@ static void t_dataset_batch(struct sluice_engine *eng)
 	sluice_gpu_free(eng, d);
 
 	/* The loader into GPU memory: every batch's bytes equal the records it names. */
-	struct sluice_loader_options lo = { .batch_size = 10, .gpu = 1, .seed = 3, .shuffle = 1, .prefetch = 2 };
+	struct sluice_loader_options lo = { .size = sizeof(struct sluice_loader_options), .batch_size = 10, .gpu = 1, .seed = 3, .shuffle = 1, .prefetch = 2 };
 	struct sluice_loader *ld;
 	struct sluice_batch b;
 	const struct sl__cuda_api *cu = sl__cuda(NULL);
@@ -251,7 +251,7 @@ int main(void)
 	const size_t n = (24u << 20) + 4099;
 	char path[600], *want;
 	struct sluice_engine *eng;
-	struct sluice_engine_info info;
+	struct sluice_engine_info info = SLUICE_ENGINE_INFO_INIT;
 	void *p;
 	int rc;
 
@@ -264,7 +264,7 @@ int main(void)
 	want = t_make_file(path, n, 11);
 
 	eng = engine(SLUICE_DIRECT_AUTO, SLUICE_STAGING_PINNED, SLUICE_BACKEND_AUTO, NULL);
-	sluice_engine_get_info(eng, &info);
+	T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 	printf("GPU %d %s, backend %s, pool pinned %d, fixed buffers %d\nunusable: %s\n", info.gpu,
 	       info.gpu_name, info.backend, info.pool_pinned, info.uring_fixed_buffers, info.unusable);
 	T_CHECK(info.gpu >= 0 && info.pool_pinned);
@@ -300,7 +300,7 @@ int main(void)
 	} else {
 		T_CHECK(rc == 0);
 		if (!rc) {
-			sluice_engine_get_info(eng, &info);
+			T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 			struct sluice_file *f;
 			int registered;
 

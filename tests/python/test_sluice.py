@@ -254,7 +254,8 @@ def test_ctypes_layouts_match_the_library():
              "CopyReport": "sluice_copy_report", "XferReport": "sluice_xfer_report",
              "WriterOptions": "sluice_writer_options", "PackOptions": "sluice_pack_options",
              "PackReport": "sluice_pack_report", "Range": "sluice_range"}
-    structs = {k for k, v in vars(_lib).items() if isinstance(v, type) and issubclass(v, ctypes.Structure)}
+    structs = {k for k, v in vars(_lib).items()
+               if isinstance(v, type) and issubclass(v, ctypes.Structure) and not k.startswith("_")}
     assert structs == set(names), sorted(structs ^ set(names))
     for py, c in names.items():
         assert ctypes.sizeof(getattr(_lib, py)) == _lib.lib.sluice_sizeof(c.encode()) > 0, (py, c)
@@ -287,3 +288,11 @@ def test_pack_in_process(tmp_path):
     assert "bad.jsonl:2" in str(e.value) and not (tmp_path / "bad" / "index.sli").exists()
     with pytest.raises(ValueError):
         sluice.pack(str(tmp_path / "x"), jsonl="a", dir="b")
+
+
+def test_import_needs_no_peers():
+    """`import sluice` loads neither the journey's tool nor a peer's package (torch, Streaming, WebDataset)."""
+    code = ("import sys, sluice; heavy = {'torch', 'streaming', 'webdataset', 'litdata', 'journey', 'peers'};"
+            "print(sorted(heavy & set(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

@@ -45,7 +45,7 @@ static void t_basic(struct sluice_engine *eng)
 {
 	const size_t n = (5u << 20) + 3;
 	char path[600], *src = malloc(n), *back;
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	struct stat st;
 	size_t got;
 	mode_t um = umask(022);

@@ -1,5 +1,6 @@
 /* core: error names, size parsing, configuration from setters and environment, histogram. */
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -194,8 +195,55 @@ static void t_crc_combine(void)
 	T_CHECK(sl__crc(SL_CRC32C, 0, "123456789", 9) == 0xE3069283u);
 }
 
+/* The structs that grow (sluice.h's conventions): older and newer callers' sizes, and a size left unset. */
+struct t_v2 {
+	size_t size;
+	int a;
+	int b; /* "added in a later release" */
+	uint64_t guard;
+};
+
+static void t_growing_structs(void)
+{
+	const size_t v1 = offsetof(struct t_v2, b);
+	struct t_v2 mine, theirs = { offsetof(struct t_v2, b), 7, 9, 0 };
+	unsigned char newer[sizeof(struct t_v2) + 8] = { 0 };
+	struct sluice_packer_options po = SLUICE_PACKER_OPTIONS_INIT;
+	struct sluice_packer *p = NULL;
+	struct sluice_copy_report cr = SLUICE_COPY_REPORT_INIT;
+
+	/* An older caller's options: the field it lacks reads 0, whatever lies past its size. */
+	T_CHECK(sl__sized_in(&mine, sizeof(mine), &theirs, v1, "t_v2") == 0);
+	T_CHECK(mine.size == sizeof(mine) && mine.a == 7 && mine.b == 0);
+	/* A newer caller's: unknown fields 0 are fine, one set is refused. */
+	*(size_t *)newer = sizeof(newer);
+	T_CHECK(sl__sized_in(&mine, sizeof(mine), newer, v1, "t_v2") == 0);
+	newer[sizeof(newer) - 1] = 1;
+	T_CHECK(sl__sized_in(&mine, sizeof(mine), newer, v1, "t_v2") == -E2BIG);
+	theirs.size = 0;
+	T_CHECK(sl__sized_in(&mine, sizeof(mine), &theirs, v1, "t_v2") == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "struct t_v2: size 0") != NULL);
+	/* An older caller's report: only what its size covers is written. */
+	theirs = (struct t_v2){ v1, 1, 2, 3 };
+	mine = (struct t_v2){ sizeof(mine), 10, 20, 30 };
+	T_CHECK(sl__report_in(&theirs, sizeof(theirs), v1, "t_v2") == 0 && theirs.a == 0 && theirs.b == 2);
+	sl__report_copy(&theirs, &mine, sizeof(mine));
+	T_CHECK(theirs.size == v1 && theirs.a == 10 && theirs.b == 2 && theirs.guard == 3);
+	/* Through the public calls: a size left 0 is refused before any work, naming the struct. */
+	po.context = 16;
+	T_CHECK(sluice_packer_new(&p, &po) == 0);
+	sluice_packer_free(p);
+	po.size = 0;
+	T_CHECK(sluice_packer_new(&p, &po) == SLUICE_EINVAL_CONFIG && !p);
+	T_CHECK(strstr(sluice_last_error_detail(), "sluice_packer_options") != NULL);
+	cr.size = 0;
+	T_CHECK(sluice_copy("/nonexistent-src", "/nonexistent-dst", 0, &cr) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "sluice_copy_report") != NULL);
+}
+
 int main(void)
 {
+	t_growing_structs();
 	t_registry();
 	t_errors();
 	t_crc_combine();

@@ -69,11 +69,11 @@ int main(void)
 {
 	const char *dir = t_dir("t_dsbatch");
 	char path[600], *blob = malloc(300000);
-	struct sluice_writer_options opt = { .shard_size = 1 << 20 };
+	struct sluice_writer_options opt = { .size = sizeof(struct sluice_writer_options), .shard_size = 1 << 20 };
 	struct sluice_dataset *ds;
 	struct sluice_engine *eng;
 	struct sluice_config *cfg;
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	const uint64_t n = 400;
 	uint64_t all[400], rnd[300], s = 1;
 
@@ -116,7 +116,7 @@ int main(void)
 	check_batch(eng, ds, rnd, 300, NULL);
 	{
 		/* The same records in zstd blocks: decompressed on the way. */
-		struct sluice_writer_options zopt = { .shard_size = 2 << 20, .zstd_level = 1 };
+		struct sluice_writer_options zopt = { .size = sizeof(struct sluice_writer_options), .shard_size = 2 << 20, .zstd_level = 1 };
 		struct sluice_dataset *zds;
 		char zpath[620];
 

@@ -103,7 +103,7 @@ static void read_ds(const char *path, uint64_t n, uint64_t step)
 
 static void t_roundtrip(uint64_t n)
 {
-	struct sluice_writer_options opt = { .shard_size = 64 << 10 };
+	struct sluice_writer_options opt = { .size = sizeof(struct sluice_writer_options), .shard_size = 64 << 10 };
 
 	snprintf(ds_path, sizeof(ds_path), "%s/ds", dir);
 	write_ds(ds_path, n, &opt);
@@ -261,7 +261,7 @@ static void t_crc(void)
 /* zstd blocks: several shards of several blocks, read in order and strided; damage is named. */
 static void t_zstd(void)
 {
-	struct sluice_writer_options opt = { .shard_size = 3 << 20, .zstd_level = 3, .block_size = 1 << 20 };
+	struct sluice_writer_options opt = { .size = sizeof(struct sluice_writer_options), .shard_size = 3 << 20, .zstd_level = 3, .block_size = 1 << 20 };
 	struct sluice_writer *w;
 	struct sluice_dataset *ds;
 	struct sluice_record_loc loc;
@@ -338,7 +338,7 @@ static void t_put32(unsigned char *p, uint32_t v)
  */
 static void t_index_entries(void)
 {
-	struct sluice_writer_options opt = { .shard_size = 64 << 10 };
+	struct sluice_writer_options opt = { .size = sizeof(struct sluice_writer_options), .shard_size = 64 << 10 };
 	struct sluice_dataset *ds;
 	char p[700], ix[760], buf[4096], e[12];
 	unsigned char h[4096];

@@ -47,8 +47,8 @@ static void t_reads(enum sluice_direct d, size_t chunk)
 	const size_t n = (10u << 20) + 1234;
 	char path[600], *want, *got = malloc(n + 8192);
 	struct sluice_engine *eng = open_engine(d, chunk);
-	struct sluice_engine_info info;
-	struct sluice_xfer_report rep;
+	struct sluice_engine_info info = SLUICE_ENGINE_INFO_INIT;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	struct sluice_file *f;
 	const char *be = getenv("SLUICE_BACKEND");
 
@@ -62,7 +62,7 @@ static void t_reads(enum sluice_direct d, size_t chunk)
 	T_CHECK(sluice_file_read(f, 0, n, got, &rep) == (ssize_t)n);
 	T_CHECK(!memcmp(got, want, n));
 	/* Once every worker is prepared: as root, nothing refuses io_uring's fixed buffers. */
-	sluice_engine_get_info(eng, &info);
+	T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 	T_CHECK(!be || !strcmp(info.backend, be));
 	if (!strcmp(info.backend, "uring") && geteuid() == 0)
 		T_CHECK(info.uring_fixed_buffers == 1);
@@ -229,11 +229,11 @@ static void t_errors(void)
 	T_CHECK(sluice_read_to_gpu(eng, path, 0, 1, path, NULL) == -ENOENT);
 	{
 		/* Without a GPU there is no stream to order an async transfer on. */
-		struct sluice_engine_info info;
+		struct sluice_engine_info info = SLUICE_ENGINE_INFO_INIT;
 		struct sluice_future *fut = (void *)1;
 		char buf[16];
 
-		sluice_engine_get_info(eng, &info);
+		T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 		snprintf(path, sizeof(path), "%s/async.bin", dir);
 		free(t_make_file(path, sizeof(buf), 3));
 		T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
@@ -252,7 +252,7 @@ static void t_errors(void)
 static void t_direct_refused(void)
 {
 	struct sluice_engine *eng = open_engine(SLUICE_DIRECT_ALWAYS, 1u << 20);
-	struct sluice_xfer_report rep;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	struct sluice_file *f;
 	char path[600], *want, *got = malloc(3u << 20);
 
@@ -282,7 +282,7 @@ static void t_registry(void)
 					      { "HTTPS://h/f?q", "http" }, { "/tmp/f", NULL },
 					      { "s3:/b", NULL },	   { "httpx://h", NULL } };
 	struct sluice_engine *eng = open_engine(SLUICE_DIRECT_AUTO, 1u << 20);
-	struct sluice_engine_info info;
+	struct sluice_engine_info info = SLUICE_ENGINE_INFO_INIT;
 
 	for (int i = 0; i < SL_STORES; i++) {
 		const struct sl__store *st = sl__stores[i];
@@ -293,7 +293,7 @@ static void t_registry(void)
 			st->reap && st->fini);
 		T_CHECK(!!(st->caps & SL_STORE_READONLY) == !st->truncate);
 	}
-	sluice_engine_get_info(eng, &info);
+	T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 	for (size_t i = 0; i < sizeof(url) / sizeof(url[0]); i++) {
 		const struct sl__store *st = NULL;
 

@@ -181,7 +181,7 @@ static struct sluice_dataset *write_dataset(const char *path, uint64_t n, const 
 static struct sluice_loader *open_loader(struct sluice_engine *eng, struct sluice_dataset *ds, uint32_t B,
 					 unsigned rank, unsigned world, uint64_t position, int drop_last)
 {
-	struct sluice_loader_options o = { .batch_size = B, .seed = 7, .epoch = 1, .position = position, .rank = rank,
+	struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = B, .seed = 7, .epoch = 1, .position = position, .rank = rank,
 					   .world_size = world, .drop_last = drop_last, .shuffle = 1,
 					   .window_bytes = 40 << 10 };
 	struct sluice_loader *ld = NULL;
@@ -373,7 +373,7 @@ static void test_a_slow_consumer_hardly_waits(void)
 		T_CHECK(fill > 0 && all >= share); /* equal to 4 decimals when the fill is short */
 		sluice_loader_close(ld);
 		setenv("SLUICE_STATS", "soon", 1);
-		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .batch_size = 8 }) ==
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .size = sizeof(struct sluice_loader_options), .batch_size = 8 }) ==
 			SLUICE_EINVAL_CONFIG && strstr(sluice_last_error_detail(), "SLUICE_STATS"));
 		unsetenv("SLUICE_STATS");
 	}
@@ -406,7 +406,7 @@ static void test_trace_writes_a_span_per_stage_and_names_a_bad_path(void)
 		T_CHECK(collate == 21 && next == 21 && read >= 1);
 		free(text);
 		setenv("SLUICE_TRACE", "/nonexistent-dir/trace.json", 1);
-		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .batch_size = 8 }) == -ENOENT &&
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &(struct sluice_loader_options){ .size = sizeof(struct sluice_loader_options), .batch_size = 8 }) == -ENOENT &&
 			strstr(sluice_last_error_detail(), "SLUICE_TRACE=/nonexistent-dir/trace.json"));
 		unsetenv("SLUICE_TRACE");
 	}
@@ -425,7 +425,7 @@ static void test_bad_options_are_named(void)
 {
 	/* Bad options, named. */
 	{
-		struct sluice_loader_options o = { .batch_size = 0 };
+		struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = 0 };
 		const char *const nofield[] = { "x", "nope", NULL };
 
 		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG && !ld);
@@ -485,7 +485,7 @@ static void test_a_corrupt_record_fails_its_batch_naming_it(void)
 		sluice_loader_close(ld);
 
 		/* Skip and count: the batch holding it is one record short, the others are whole. */
-		struct sluice_loader_options o = { .batch_size = 48, .seed = 7, .epoch = 1, .shuffle = 1,
+		struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = 48, .seed = 7, .epoch = 1, .shuffle = 1,
 						   .window_bytes = 40 << 10, .skip_corrupt = 1 };
 		uint64_t total = 0, seen_bad = 0;
 
@@ -515,7 +515,7 @@ static void test_zstd_windows_decode_each_block_once(void)
 	 * next epoch's first windows, read ahead at the end, decode theirs too.
 	 */
 	{
-		struct sluice_writer_options zo = { .shard_size = 32 << 10, .zstd_level = 1 };
+		struct sluice_writer_options zo = { .size = sizeof(struct sluice_writer_options), .shard_size = 32 << 10, .zstd_level = 1 };
 		struct sluice_dataset *zds;
 		uint64_t k, blocks, windows;
 		char zpath[600];
@@ -570,7 +570,7 @@ static void test_a_dataset_changed_on_disk_is_an_error_not_a_hang(void)
 
 int main(void)
 {
-	struct sluice_writer_options wo = { .shard_size = 32 << 10 };
+	struct sluice_writer_options wo = { .size = sizeof(struct sluice_writer_options), .shard_size = 32 << 10 };
 
 	dir = t_dir("t_loader");
 	ref = malloc(2 * n * sizeof(uint64_t));

@@ -60,7 +60,7 @@ static int check_row(const struct sluice_packed_row *r, const uint32_t *len, uin
 /* Packs documents of the given lengths (<= L), checking every row; returns the share of slots filled. */
 static double pack(const uint32_t *len, uint32_t n, int greedy)
 {
-	struct sluice_packer_options o = { .context = L, .greedy = greedy, .pad_id = -7 };
+	struct sluice_packer_options o = { .size = sizeof(struct sluice_packer_options), .context = L, .greedy = greedy, .pad_id = -7 };
 	struct sluice_packer *p;
 	struct sluice_packed_row r;
 	unsigned char *seen = calloc(n, 1);
@@ -97,7 +97,7 @@ int main(void)
 	uint32_t *len = malloc(n * sizeof(uint32_t));
 	uint64_t sum = 0;
 	struct sluice_packer *p;
-	struct sluice_packer_options bad = { .context = 0 };
+	struct sluice_packer_options bad = { .size = sizeof(struct sluice_packer_options), .context = 0 };
 
 	for (uint32_t k = 0; k < n; k++)
 		sum += len[k] = alpaca_len();
@@ -117,7 +117,7 @@ int main(void)
 	{
 		static int32_t big[10000];
 		struct sluice_packed_row r;
-		struct sluice_packer_options o = { .context = L };
+		struct sluice_packer_options o = { .size = sizeof(struct sluice_packer_options), .context = L };
 		uint32_t rows = 0, total = 0;
 
 		T_CHECK(sluice_packer_new(&p, &o) == 0);

@@ -34,8 +34,8 @@ int main(void)
 {
 	struct sluice_config *cfg;
 	struct sluice_engine *eng;
-	struct sluice_engine_info info;
-	struct sluice_xfer_report rep;
+	struct sluice_engine_info info = SLUICE_ENGINE_INFO_INIT;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	char path[600], *want, got[10000];
 	int rc;
 
@@ -46,7 +46,7 @@ int main(void)
 
 	/* Before: io_uring is chosen where the kernel allows it. */
 	if (sluice_engine_open(&eng, NULL) == 0) {
-		sluice_engine_get_info(eng, &info);
+		T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 		printf("unrestricted: backend %s\n", info.backend);
 		sluice_engine_close(eng);
 	}
@@ -55,7 +55,7 @@ int main(void)
 		return T_SKIP;
 	}
 	T_CHECK(sluice_engine_open(&eng, NULL) == 0);
-	sluice_engine_get_info(eng, &info);
+	T_CHECK(sluice_engine_get_info(eng, &info) == 0);
 	printf("io_uring blocked: backend %s; unusable: %s\n", info.backend, info.unusable);
 	T_CHECK(!strcmp(info.backend, "psync"));
 	T_CHECK(strstr(info.unusable, "io_uring unusable") && strstr(info.unusable, "not permitted"));

@@ -202,7 +202,7 @@ static void test_s3_paths_through_the_engine(void)
 	{
 		const char *url = "s3://sluice-test/dir/obj one+%.bin";
 		struct sluice_range r[3];
-		struct sluice_xfer_report rep;
+		struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 		struct sluice_engine *eng;
 		struct sluice_file *f;
 		char *got2 = malloc(n);
