@@ -5,7 +5,7 @@ where their packages are installed, MosaicML Streaming, LitData and WebDataset.
     python3 bench/chapter7_bench.py --sluice build/sluice [--images 10000] [--steps 100] [--workers 4]
 
 Data: --images synthetic 224x224 JPEGs (random noise, quality 80) in ImageFolder layout, and the same JPEG
-bytes, unchanged, in each loader's own format (sluice.peers says how). Loop (sluice.peers.train): ResNet-50,
+bytes, unchanged, in each loader's own format (tools/journey/peers.py says how). Loop (peers.train): ResNet-50,
 batch 64, forward, backward, SGD step; per step the time spent waiting for data is measured (the report's
 "DataLoader wait"), after 10 warm-up steps, with the page cache dropped after the warm-up (cold storage,
 warm CUDA).
@@ -19,12 +19,15 @@ it runs on the CPU.
 """
 import argparse
 import os
+import sys
 
 import torch
 import torchvision
 
 from benchlib import Results, drop_caches, side_by_side
-from sluice import peers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "journey"))
+import peers  # noqa: E402
 
 
 def main():

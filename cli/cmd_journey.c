@@ -1,8 +1,8 @@
 /*
  * sluice journey: experiments that follow data from storage to the GPU
  * on this machine (the loader against PyTorch's, pinned against pageable
- * copies, packing against padding, and more), as an HTML report.  The experiments are Python (python/sluice/journey.py: they
- * drive sluice, numpy and, where installed, the peers); this runs it with
+ * copies, packing against padding, and more), as an HTML report.  The experiments are Python, a tool beside the package
+ * (tools/journey/journey.py: they drive sluice, numpy and, where installed, the peers); this runs it with
  * SLUICE_PYTHON (default python3), pointing it at this build's library and
  * package when it runs from a build tree.
  */
@@ -14,11 +14,24 @@
 
 #include "cli.h"
 
+/* journey.py beside this program: in the source tree (build/../tools) or installed (bin/../share/sluice). */
+static int journey_find(const char *dir, char *p, size_t cap)
+{
+	static const char *const where[] = { "%s/../tools/journey/journey.py", "%s/../share/sluice/journey/journey.py" };
+
+	for (size_t i = 0; i < sizeof(where) / sizeof(where[0]); i++) {
+		snprintf(p, cap, where[i], dir);
+		if (!access(p, R_OK))
+			return 0;
+	}
+	return -1;
+}
+
 int cmd_journey(int argc, char **argv)
 {
 	char exe[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 64], pp[2 * PATH_MAX + 64];
-	const char *py = sluice_setting("SLUICE_PYTHON");
-	char **args = calloc((size_t)argc + 4, sizeof(*args));
+	const char *py = sluice_setting("SLUICE_PYTHON"), *old = getenv("PYTHONPATH");
+	char **args = calloc((size_t)argc + 3, sizeof(*args));
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 
 	if (!args || n <= 0)
@@ -30,23 +43,20 @@ int cmd_journey(int argc, char **argv)
 	snprintf(p, sizeof(p), "%s/libsluice.so", dir);
 	if (!access(p, R_OK))
 		setenv("SLUICE_LIB", p, 0);
-	snprintf(p, sizeof(p), "%s/../python/sluice/journey.py", dir);
-	args[0] = (char *)(py && *py ? py : "python3");
+	/* From a build tree, the package beside it; installed, the one pip put on the Python's path. */
+	snprintf(p, sizeof(p), "%s/../python/sluice/__init__.py", dir);
 	if (!access(p, R_OK)) {
-		const char *old = getenv("PYTHONPATH");
-
 		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
 		setenv("PYTHONPATH", pp, 1);
-		/* Run as a file, not -m: the package (and numpy) load after the arguments are read. */
-		args[1] = p;
-		for (int i = 1; i < argc; i++)
-			args[i + 1] = argv[i];
-	} else {
-		args[1] = "-m";
-		args[2] = "sluice.journey";
-		for (int i = 1; i < argc; i++)
-			args[i + 2] = argv[i];
 	}
+	if (journey_find(dir, p, sizeof(p)))
+		return cli_fail("journey", "its experiments (tools/journey/journey.py) are neither in %s/../tools nor in "
+				"%s/../share/sluice", dir, dir);
+	/* Run as a file: the package (and numpy) load after the arguments are read. */
+	args[0] = (char *)(py && *py ? py : "python3");
+	args[1] = p;
+	for (int i = 1; i < argc; i++)
+		args[i + 1] = argv[i];
 	execvp(args[0], args);
 	return cli_fail("journey", "cannot run %s (set SLUICE_PYTHON to a python3 with numpy): %m", args[0]);
 }

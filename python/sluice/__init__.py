@@ -2,7 +2,8 @@
 
 The package's modules, re-exported here: buffers (the engine, memory, read/write and their async forms), dataset,
 loader, s3 (Client, copy), packer (pack, Packer), checkpoint (save, load), operate (metrics, process checkpoints).
-The journey and its peers (sluice.journey, sluice.peers) load only when asked for.
+The Data Journey's experiments and the peers they run (torch, Streaming, WebDataset) are a tool beside the package
+(tools/journey), run by `sluice journey`: nothing here imports them.
 
 Arrays: numpy arrays for host memory; any object with __cuda_array_interface__ (torch CUDA tensors, CuPy
 arrays) or DLPack (__dlpack__: JAX, TensorFlow, ...) for GPU or host memory.  Errors from the C library arrive as sluice.SluiceError carrying its detail.

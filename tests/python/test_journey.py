@@ -114,7 +114,8 @@ def test_journey_report_in_a_browser(journey, tmp_path):
 
 def test_journey_says_warm_without_root(tmp_path, monkeypatch):
     """Where the page cache cannot be dropped (no root), an experiment says its storage was warm."""
-    from sluice import journey as j
+    sys.path.insert(0, os.path.join(ROOT, "tools", "journey"))
+    import journey as j
     monkeypatch.setattr(j, "_drop_caches", lambda: False)
     monkeypatch.setattr(j, "SLUICE", SLUICE)
     e = j.random_vs_sequential(str(tmp_path), True)

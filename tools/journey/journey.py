@@ -272,7 +272,7 @@ def dataloader_masking(d, quick):
     if skip:
         return skip
     from torch.utils.data import Dataset
-    from sluice import peers
+    import peers
 
     n, size = (20000 if quick else 50000), 4096  # quick: enough that starting 4 workers is not all it measures
     folder = os.path.join(d, f"small{n}")
@@ -419,7 +419,7 @@ def full_picture(d, quick):
     title += f", {_state(cold)}"
     import torch
     import torchvision
-    from sluice import peers
+    import peers
 
     n, steps = (3200, 30) if quick else (20000, 100)
     imgs, ds = peers.make_images(d, n)
