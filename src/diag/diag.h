@@ -2,7 +2,8 @@
  * diag: what sluice tells about itself and the machine.  The doctor's
  * checks (doctor.c), the figures each loader publishes for `sluice top`
  * (publish.c), the process's I/O counters and their Prometheus exposition
- * (metrics.c).  Depends on core only.
+ * (metrics.c).  Depends on core, and on store/ for the doctor's io_uring
+ * probe (the engine's own, so the two cannot disagree).
  */
 #ifndef SL_DIAG_H
 #define SL_DIAG_H

@@ -1,8 +1,9 @@
 /*
  * format: sluice's dataset files (docs/FORMAT.md).  Parsers here take
  * bytes from outside and MUST bound every read by the length they are
- * given; fuzz targets in tests/fuzz feed them directly.  Depends on core
- * only (never on gpu/).
+ * given; fuzz targets in tests/fuzz feed them directly.  Depends on core,
+ * and on remote/ for datasets under s3:// (the local cache, and the file
+ * calls that take URLs); never on engine/ or gpu/.
  */
 #ifndef SL_FORMAT_H
 #define SL_FORMAT_H

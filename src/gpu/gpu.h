@@ -4,6 +4,7 @@
  * sl__cuda() fills a table of function pointers once (pthread_once) from
  * libcuda.so.1; NULL means no driver.  Every sl_CUresult is converted here
  * into SLUICE_ECUDA with the raw code and its name in the error detail.
+ * Depends on core, and on store/ for the gds store (gds.c).
  */
 #ifndef SL_GPU_H
 #define SL_GPU_H

@@ -4,7 +4,9 @@
  * ring.c: the consumer; stats.c: where the time goes; loader.c: open,
  * start, stop and close.  This header is the loader's state, which the
  * stages share; the stages call one way (loader.c -> collate.c ->
- * window.c), never back into loader.c.
+ * window.c), never back into loader.c.  Depends on engine/, format/, gpu/
+ * (batches land in GPU memory) and diag/ (the figures it publishes); it
+ * reads records through dsread's public calls.
  */
 #ifndef SL_LOADER_STATE_H
 #define SL_LOADER_STATE_H

@@ -5,7 +5,9 @@
  * "label" (i64, its class's index) and "key" (the path relative to DIR),
  * files directly in DIR with no subdirectories giving records without a
  * label, in an order fixed by the names, read by several threads; JSON
- * lines; token arrays, cut into documents or packed into rows.
+ * lines; token arrays, cut into documents or packed into rows.  pack/
+ * depends on format/ (and core) alone: it reads and writes datasets, never
+ * the engine.
  */
 #include <dirent.h>
 #include <errno.h>

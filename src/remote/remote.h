@@ -1,7 +1,8 @@
 /*
  * remote: object storage (S3 and compatible stores).  s3conf.c resolves
  * where to connect and with which credentials the way AWS tools do, and
- * parses s3:// URLs.  Depends on core only.
+ * parses s3:// URLs.  Depends on core, and on store/ for the s3 and http
+ * stores' ops tables (s3store.c, httpstore.c).
  */
 #ifndef SL_REMOTE_H
 #define SL_REMOTE_H

@@ -2,7 +2,8 @@
  * xfer: the public transfer calls: files and their reads and writes
  * (file.c), async transfers and futures (async.c), one read for many
  * buffers (bcast.c), and the object client (object.c: bucket and key apart, credentials of its own).
- * Each keeps its own state; the pipeline under them is engine/.
+ * Each keeps its own state; the pipeline under them is engine/.  Depends on
+ * engine/ and remote/ (the object client's connection).
  */
 #ifndef SL_XFER_H
 #define SL_XFER_H
