@@ -973,7 +973,7 @@ struct sluice_pack_report {
 	uint64_t records;       /* written */
 	uint64_t bytes;         /* of record data read */
 	uint64_t documents, tokens; /* TOKENS */
-	double fill;            /* TOKENS with pack_context: real tokens / token slots */
+	double fill;            /* TOKENS with pack_context: real tokens / the rows' capacity (rows x context) */
 	double seconds;
 	int labelled;           /* DIR: records carry labels (the tree has classes) */
 	char from_format[32];   /* "sluice", "webdataset", "megatron", "dir", "jsonl", "tokens" */
@@ -1087,8 +1087,8 @@ struct sluice_packer_options {
 	uint32_t context;     /* L, tokens per row (required) */
 	uint32_t window;      /* documents gathered before they are placed (0: 1024); 1 with greedy */
 	int greedy;           /* 1: documents in arrival order, a row closes when the next does not fit */
-	int32_t pad_id;       /* input id of unused slots */
-	int32_t ignore_index; /* label of masked slots (0: -100, unless ignore_index_set) */
+	int32_t pad_id;       /* input id of unused positions */
+	int32_t ignore_index; /* label of masked positions (0: -100, unless ignore_index_set) */
 	int ignore_index_set; /* 1: ignore_index as given, 0 included */
 };
 #define SLUICE_PACKER_OPTIONS_INIT { sizeof(struct sluice_packer_options), 0, 0, 0, 0, 0, 0 }
@@ -1126,8 +1126,8 @@ SLUICE_API SLUICE_WUR int sluice_packer_add(struct sluice_packer *p, const int32
  * 64, the emptiest).
  */
 SLUICE_API int sluice_packer_row(struct sluice_packer *p, struct sluice_packed_row *row, int flush);
-/* Real tokens and slots (rows x context) of the rows handed out so far. */
-SLUICE_API void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *slots);
+/* Real tokens and capacity (rows x context) of the rows handed out so far. */
+SLUICE_API void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *capacity);
 SLUICE_API void sluice_packer_free(struct sluice_packer *p);
 
 /* ================================================================

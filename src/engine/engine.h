@@ -56,7 +56,7 @@ SL_HIDDEN struct sl__gpu *sl__eng_lane(struct sluice_engine *eng, unsigned lane)
 SL_HIDDEN unsigned sl__eng_threads(const struct sluice_engine *eng);
 
 /*
- * The engine's file table: sl__eng_file_add gives f its slot (f->index,
+ * The engine's file table: sl__eng_file_add gives f its index (f->index,
  * f->gen), or -EMFILE naming f->path; sl__eng_file_remove frees it.
  */
 SL_HIDDEN int sl__eng_file_add(struct sluice_engine *eng, struct sluice_file *f);

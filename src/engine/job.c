@@ -180,8 +180,8 @@ static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_rang
 	return verified;
 }
 
-ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r, size_t n,
-		struct sluice_xfer_report *rep)
+ssize_t sl__transfer(struct sluice_engine *eng, int op, const struct sluice_range *r, size_t n,
+		     struct sluice_xfer_report *rep)
 {
 	struct sl__job job;
 	ssize_t rc;

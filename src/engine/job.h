@@ -85,8 +85,11 @@ SL_HIDDEN void sl__seg_done(struct sluice_engine *eng, struct sl__job *job, int 
 
 SL_HIDDEN int sl__fix_size(const struct sluice_range *r, size_t n);
 
-/* Runs one job synchronously from ranges: plan, submit, wait, report. */
-SL_HIDDEN ssize_t sl__run(struct sluice_engine *eng, int op, const struct sluice_range *r,
-			  size_t n, struct sluice_xfer_report *rep);
+/*
+ * One transfer of ranges, synchronously: its job planned, submitted and
+ * waited for, whole objects matched to their checksums, the report filled.
+ */
+SL_HIDDEN ssize_t sl__transfer(struct sluice_engine *eng, int op, const struct sluice_range *r,
+			      size_t n, struct sluice_xfer_report *rep);
 
 #endif

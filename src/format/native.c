@@ -15,14 +15,14 @@
 #include "format/format.h"
 
 /*
- * zstd shards: the blocks last decompressed, one slot each, so that readers
+ * zstd shards: the blocks last decompressed, each in a cache entry, so that readers
  * walking different parts of the dataset (a loader's reader threads) keep
  * their own block and decompress in parallel, outside the lock.
  */
-#define SL_ZSLOTS 4
+#define SL_ZCACHED 4
 enum { SL_Z_EMPTY = 0, SL_Z_LOADING, SL_Z_READY };
 
-struct sl_zslot {
+struct sl_zcached {
 	int state;
 	unsigned users;            /* callers copying out of buf, or loading it */
 	unsigned shard;
@@ -38,11 +38,11 @@ struct sl_native {
 	struct sl__index ix;
 	const unsigned char *map; /* the whole index file */
 	size_t map_len;
-	pthread_mutex_t lock;      /* block tables and the slots' states */
-	pthread_cond_t cv;         /* a slot finished loading or was let go */
+	pthread_mutex_t lock;      /* block tables and the cache entries' states */
+	pthread_cond_t cv;         /* an entry finished loading or was let go */
 	struct sl__block **blocks; /* per shard, NULL until loaded */
 	uint64_t *nblocks;
-	struct sl_zslot z[SL_ZSLOTS];
+	struct sl_zcached z[SL_ZCACHED];
 	uint64_t tick;
 	_Atomic unsigned char *group_ok; /* version 2: each group of entries, 1 once it matched its CRC */
 	char *index_path;
@@ -77,7 +77,7 @@ static int sl_native_schema(struct sluice_dataset *ds, struct sl_native *nv)
 	return 0;
 }
 
-/* zstd shards: the block tables (loaded on first use) and a decompression context per slot. */
+/* zstd shards: the block tables (loaded on first use) and a decompression context per cache entry. */
 static int sl_native_zstd(struct sluice_dataset *ds, struct sl_native *nv)
 {
 	ds->compressed = 1;
@@ -85,7 +85,7 @@ static int sl_native_zstd(struct sluice_dataset *ds, struct sl_native *nv)
 	nv->nblocks = calloc(nv->ix.nshards, sizeof(*nv->nblocks));
 	if (!nv->blocks || !nv->nblocks)
 		return -ENOMEM;
-	for (unsigned k = 0; k < SL_ZSLOTS; k++)
+	for (unsigned k = 0; k < SL_ZCACHED; k++)
 		if (!(nv->z[k].dctx = ZSTD_createDCtx()))
 			return -ENOMEM;
 	return 0;
@@ -160,7 +160,7 @@ static void sl_native_close(struct sluice_dataset *ds)
 		free(nv->blocks[s]);
 	free(nv->blocks);
 	free(nv->nblocks);
-	for (unsigned k = 0; k < SL_ZSLOTS; k++) {
+	for (unsigned k = 0; k < SL_ZCACHED; k++) {
 		ZSTD_freeDCtx(nv->z[k].dctx);
 		free(nv->z[k].zbuf);
 		free(nv->z[k].buf);
@@ -295,8 +295,8 @@ int sl__zblock_decode(struct sluice_dataset *ds, struct ZSTD_DCtx_s *dc, unsigne
 	return 0;
 }
 
-/* Reads and decompresses block lo of shard into slot z (the caller holds a use of it, not the lock). */
-static int sl_zload(struct sluice_dataset *ds, struct sl_zslot *z, unsigned shard, uint64_t lo,
+/* Reads and decompresses block lo of shard into cache entry z (the caller holds a use of it, not the lock). */
+static int sl_zload(struct sluice_dataset *ds, struct sl_zcached *z, unsigned shard, uint64_t lo,
 		    const struct sl__block *b, uint64_t i)
 {
 	int rc;
@@ -308,14 +308,14 @@ static int sl_zload(struct sluice_dataset *ds, struct sl_zslot *z, unsigned shar
 }
 
 /*
- * A record of a zstd dataset: its block from a slot (decompressed there
- * first if no slot has it) and copied out.
+ * A record of a zstd dataset: its block from a cache entry (decompressed
+ * there first if none has it) and copied out.
  */
 static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf)
 {
 	struct sl_native *nv = ds->priv;
 	const struct sl__block *b;
-	struct sl_zslot *z = NULL;
+	struct sl_zcached *z = NULL;
 	uint64_t lo = 0, hi;
 	int rc;
 
@@ -340,11 +340,11 @@ static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct s
 		goto out;
 	}
 	for (;;) {
-		struct sl_zslot *free_z = NULL;
+		struct sl_zcached *free_z = NULL;
 
 		z = NULL;
-		for (unsigned k = 0; k < SL_ZSLOTS && !z; k++) {
-			struct sl_zslot *c = &nv->z[k];
+		for (unsigned k = 0; k < SL_ZCACHED && !z; k++) {
+			struct sl_zcached *c = &nv->z[k];
 
 			if (c->state != SL_Z_EMPTY && c->shard == loc->shard && c->block == lo)
 				z = c;
@@ -370,7 +370,7 @@ static int sl_native_fetch(struct sluice_dataset *ds, uint64_t i, const struct s
 				goto out;
 			continue;
 		}
-		/* Another caller is loading this block, or every slot is in use. */
+		/* Another caller is loading this block, or every cache entry is in use. */
 		pthread_cond_wait(&nv->cv, &nv->lock);
 	}
 	z->users++;

@@ -365,7 +365,7 @@ static int sl_writer_zstd(struct sluice_writer *w, const struct sluice_writer_op
 		return sl__err(SLUICE_EINVAL_CONFIG, "zstd level %d (1..%d) or block size %zu (1 MiB..1 GiB) out of range",
 			       opt->zstd_level, ZSTD_maxCLevel(), opt->block_size);
 	w->zstd_level = opt->zstd_level;
-	w->block_size = opt->block_size ? opt->block_size : 1u << 20; /* GPU decoders want many blocks; a shuffle chunk spans fewer (BENCHMARKS) */
+	w->block_size = opt->block_size ? opt->block_size : 1u << 20; /* GPU decoders want many blocks; a shuffle run spans fewer (BENCHMARKS) */
 	w->cctx = ZSTD_createCCtx();
 	if (!w->cctx || ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->zstd_level)) ||
 	    ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1)))

@@ -1,8 +1,8 @@
 /*
  * Collation: producer threads take batches in order, each into its own ring
- * slot, gather the batch's records from the window buffers into pinned
+ * buffer, gather the batch's records from the window buffers into pinned
  * staging (per field, the data then, for variable-size fields, offsets)
- * and, for GPU loaders, queue the copy into the slot's device memory on the
+ * and, for GPU loaders, queue the copy into the buffer's device memory on the
  * loader's copy stream (docs/LOADER.md).
  */
 #include <errno.h>
@@ -16,8 +16,8 @@
 #include "loader/state.h"
 #include "engine/engine.h"
 
-/* Room in slot s for a batch of size bytes: pinned staging and, for GPU loaders, its GPU copy. */
-int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size)
+/* Room in buffer s for a batch of size bytes: pinned staging and, for GPU loaders, its GPU copy. */
+int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size)
 {
 	int rc;
 
@@ -55,7 +55,7 @@ struct sl_layout {
  * of them kept (corrupt ones skipped, counted), each field's bytes added
  * to var.
  */
-static int sl_gather(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g, struct sluice_record *rec,
+static int sl_gather(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t g, struct sluice_record *rec,
 		     uint32_t *m, uint64_t *var)
 {
 	const uint32_t B = ld->opt.batch_size;
@@ -91,8 +91,8 @@ static int sl_gather(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g, 
 	return rc;
 }
 
-/* The m records' fields copied into the slot's host staging, laid out as l says. */
-static int sl_collate(struct sluice_loader *ld, struct sl__bslot *s, const struct sluice_record *rec, uint32_t m,
+/* The m records' fields copied into the buffer's host staging, laid out as l says. */
+static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const struct sluice_record *rec, uint32_t m,
 		      const struct sl_layout *l)
 {
 	for (unsigned f = 0; f < ld->nf; f++) {
@@ -117,13 +117,13 @@ static int sl_collate(struct sluice_loader *ld, struct sl__bslot *s, const struc
 }
 
 /*
- * The slot's previous copy must be done before its staging is
+ * The buffer's previous copy must be done before its staging is
  * overwritten.  It was queued a whole ring ago, so this rarely waits; the
  * copy itself is not waited for (the consumer's stream waits on the
  * batch's event), so a producer never waits for the consumer's GPU work
  * while it could be collating.  The time it took into *ns.
  */
-static int sl_wait_slot(struct sluice_loader *ld, struct sl__bslot *s, uint64_t *ns)
+static int sl_wait_buf(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t *ns)
 {
 	uint64_t t0 = sl__now_ns();
 	int rc = sl__gpu_bind(ld->gpu);
@@ -134,8 +134,8 @@ static int sl_wait_slot(struct sluice_loader *ld, struct sl__bslot *s, uint64_t 
 	return rc;
 }
 
-/* The batch's bytes to the GPU on the loader's copy stream, once the consumer is done with the slot's last. */
-static int sl_send(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size, uint64_t g, uint64_t waited)
+/* The batch's bytes to the GPU on the loader's copy stream, once the consumer is done with the buffer's last. */
+static int sl_send(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size, uint64_t g, uint64_t waited)
 {
 	const struct sl__cuda_api *cu = ld->gpu->cu;
 	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
@@ -150,14 +150,14 @@ static int sl_send(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size,
 		rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
 	if (rc)
 		return rc;
-	/* The H2D stage: the wait for the slot's previous copy, and queueing this one. */
+	/* The H2D stage: the wait for the buffer's previous copy, and queueing this one. */
 	sl__hist_add(&ld->h_h2d, waited + sl__now_ns() - t0);
 	sl__ld_span(ld, "h2d", t0, cpu0, g);
 	return 0;
 }
 
 /* The batch as the consumer sees it. */
-static void sl_publish(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g, uint32_t m, const struct sl_layout *l)
+static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t g, uint32_t m, const struct sl_layout *l)
 {
 	char *mem = ld->opt.gpu ? s->dev : s->host;
 
@@ -181,8 +181,8 @@ static void sl_publish(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g
 	atomic_fetch_add(&ld->records, m);
 }
 
-/* Batch g into slot s: ids, collation into pinned staging, and the copy to the GPU. */
-static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
+/* Batch g into buffer s: ids, collation into pinned staging, and the copy to the GPU. */
+static int sl_build(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t g)
 {
 	struct sluice_record *rec = malloc(ld->opt.batch_size * sizeof(*rec));
 	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, t0, cpu0, waited = 0;
@@ -200,9 +200,9 @@ static int sl_build(struct sluice_loader *ld, struct sl__bslot *s, uint64_t g)
 			l.size = sl__align_up(l.size + 8 * ((uint64_t)m + 1), 256);
 	}
 	if (!rc && ld->opt.gpu)
-		rc = sl_wait_slot(ld, s, &waited);
+		rc = sl_wait_buf(ld, s, &waited);
 	if (!rc)
-		rc = sl__slot_reserve(ld, s, l.size);
+		rc = sl__buf_reserve(ld, s, l.size);
 	if (!rc)
 		rc = sl_collate(ld, s, rec, m, &l);
 	free(rec);
@@ -224,15 +224,15 @@ static void sl_set_low(struct sluice_loader *ld)
 {
 	uint64_t g = ld->produce_g;
 
-	for (unsigned i = 0; i < ld->nslots; i++)
-		if (ld->slots[i].state == SL_B_BUILDING && ld->slots[i].g < g)
-			g = ld->slots[i].g;
+	for (unsigned i = 0; i < ld->nbufs; i++)
+		if (ld->bufs[i].state == SL_B_BUILDING && ld->bufs[i].g < g)
+			g = ld->bufs[i].g;
 	if (g < ld->nbatches)
 		ld->low = ld->bfirst[g];
 	pthread_cond_broadcast(&ld->cv);
 }
 
-/* SL_PRODUCERS of these take batches in order, each building its own in its slot. */
+/* SL_PRODUCERS of these take batches in order, each building its own in its buffer. */
 void *sl__produce(void *arg)
 {
 	struct sluice_loader *ld = arg;
@@ -241,25 +241,25 @@ void *sl__produce(void *arg)
 		sl__gpu_bind(ld->gpu);
 	pthread_mutex_lock(&ld->lock);
 	for (;;) {
-		struct sl__bslot *s;
+		struct sl__batch_buf *s;
 		uint64_t g;
 		int rc;
 
 		uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 
 		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
-		       ld->slots[ld->produce_g % ld->nslots].state != SL_B_FREE)
-			pthread_cond_wait(&ld->slot_cv, &ld->lock);
-		sl__ld_span(ld, "slot wait", t0, cpu0, ld->produce_g);
+		       ld->bufs[ld->produce_g % ld->nbufs].state != SL_B_FREE)
+			pthread_cond_wait(&ld->buf_cv, &ld->lock);
+		sl__ld_span(ld, "buffer wait", t0, cpu0, ld->produce_g);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
 			break;
 		g = ld->produce_g++;
-		s = &ld->slots[g % ld->nslots];
+		s = &ld->bufs[g % ld->nbufs];
 		s->g = g;
 		s->state = SL_B_BUILDING;
-		/* The next slot may be free already: the other producer takes it. */
-		if (ld->produce_g < ld->nbatches && ld->slots[ld->produce_g % ld->nslots].state == SL_B_FREE)
-			pthread_cond_signal(&ld->slot_cv);
+		/* The next buffer may be free already: the other producer takes it. */
+		if (ld->produce_g < ld->nbatches && ld->bufs[ld->produce_g % ld->nbufs].state == SL_B_FREE)
+			pthread_cond_signal(&ld->buf_cv);
 		sl_set_low(ld);
 		pthread_mutex_unlock(&ld->lock);
 		rc = sl_build(ld, s, g);

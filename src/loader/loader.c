@@ -93,9 +93,9 @@ static int sl_start(struct sluice_loader *ld)
 	ld->pre_next = 0;
 	ld->preloaded += keep;
 	ld->low = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : 0;
-	for (unsigned i = 0; i < ld->nslots; i++)
-		if (ld->slots[i].state != SL_B_OUT)
-			ld->slots[i].state = SL_B_FREE;
+	for (unsigned i = 0; i < ld->nbufs; i++)
+		if (ld->bufs[i].state != SL_B_OUT)
+			ld->bufs[i].state = SL_B_FREE;
 	ld->produce_g = ld->next_g;
 	ld->filling = 1;
 	ld->err = 0;
@@ -223,7 +223,7 @@ static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
 	return guess;
 }
 
-/* The copy stream and the slots' events of a GPU loader. */
+/* The copy stream and the buffers' events of a GPU loader. */
 static int sl_open_stream(struct sluice_loader *ld)
 {
 	const struct sl__cuda_api *cu = ld->gpu->cu;
@@ -231,18 +231,18 @@ static int sl_open_stream(struct sluice_loader *ld)
 
 	if (!rc)
 		rc = SL_CU(cu->StreamCreate(&ld->copy, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-	for (unsigned i = 0; i < ld->nslots && !rc; i++) {
-		rc = SL_CU(cu->EventCreate(&ld->slots[i].ready, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+	for (unsigned i = 0; i < ld->nbufs && !rc; i++) {
+		rc = SL_CU(cu->EventCreate(&ld->bufs[i].ready, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 		if (!rc)
-			rc = SL_CU(cu->EventCreate(&ld->slots[i].release, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+			rc = SL_CU(cu->EventCreate(&ld->bufs[i].release, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 	}
 	return rc;
 }
 
 /*
- * The ring of batch slots and the windows, allocated here rather than by
+ * The ring of batch buffers and the windows, allocated here rather than by
  * the first batches (pinning and GPU allocations take milliseconds each; a
- * larger batch grows its slot), the windows' buffers touched: fresh memory
+ * larger batch grows its buffer), the windows' buffers touched: fresh memory
  * costs a fault per page (in a VM the host's too), which the first epoch's
  * reads would otherwise pay.
  */
@@ -254,18 +254,18 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 	/* A batch may span several windows; keep them all, one more for each further producer's batch, and for each reader one loading and one ready. */
 	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + SL_PRODUCERS - 1 + 2 * SL_READERS);
 	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
-	ld->nslots = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
+	ld->nbufs = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
-	ld->slots = calloc(ld->nslots, sizeof(*ld->slots));
-	if (!ld->win || !ld->slots)
+	ld->bufs = calloc(ld->nbufs, sizeof(*ld->bufs));
+	if (!ld->win || !ld->bufs)
 		return -ENOMEM;
-	for (unsigned i = 0; i < ld->nslots && !rc; i++)
-		if (!(ld->slots[i].ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
+	for (unsigned i = 0; i < ld->nbufs && !rc; i++)
+		if (!(ld->bufs[i].ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
 			rc = -ENOMEM;
 	if (!rc && ld->opt.gpu)
 		rc = sl_open_stream(ld);
-	for (unsigned i = 0; i < ld->nslots && !rc; i++)
-		rc = sl__slot_reserve(ld, &ld->slots[i], guess);
+	for (unsigned i = 0; i < ld->nbufs && !rc; i++)
+		rc = sl__buf_reserve(ld, &ld->bufs[i], guess);
 	for (unsigned i = 0; i < ld->nwin && !rc; i++) {
 		struct sl__window *win = &ld->win[i];
 
@@ -301,7 +301,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->opt.fields = NULL;
 	pthread_mutex_init(&ld->lock, NULL);
 	pthread_cond_init(&ld->cv, NULL);
-	pthread_cond_init(&ld->slot_cv, NULL);
+	pthread_cond_init(&ld->buf_cv, NULL);
 	pthread_cond_init(&ld->batch_cv, NULL);
 	if ((rc = sl_pick_fields(ld, opt->fields)) || (rc = sl_count_shards(ld, &bytes)))
 		goto fail;
@@ -346,8 +346,8 @@ void sluice_loader_close(struct sluice_loader *ld)
 	sl_stop(ld);
 	if (ld->opt.gpu && ld->gpu->ctx && sl__gpu_bind(ld->gpu) == 0 && ld->copy)
 		ld->gpu->cu->StreamSynchronize(ld->copy);
-	for (unsigned i = 0; ld->slots && i < ld->nslots; i++) {
-		struct sl__bslot *s = &ld->slots[i];
+	for (unsigned i = 0; ld->bufs && i < ld->nbufs; i++) {
+		struct sl__batch_buf *s = &ld->bufs[i];
 
 		sl__host_free(ld->gpu, s->host, s->host_cap, s->host_pinned);
 		sl__gpu_free(ld->gpu, s->dev);
@@ -371,14 +371,14 @@ void sluice_loader_close(struct sluice_loader *ld)
 	free(ld->bfirst);
 	free(ld->blast);
 	free(ld->win);
-	free(ld->slots);
+	free(ld->bufs);
 	free(ld->shard_records);
 	sl__pub_close(ld->pub);
 	if (sl__trace_close(ld->trace))
 		sl__warn("loader", "%s", sluice_last_error_detail());
 	pthread_mutex_destroy(&ld->lock);
 	pthread_cond_destroy(&ld->cv);
-	pthread_cond_destroy(&ld->slot_cv);
+	pthread_cond_destroy(&ld->buf_cv);
 	pthread_cond_destroy(&ld->batch_cv);
 	free(ld);
 }

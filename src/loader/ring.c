@@ -1,6 +1,6 @@
 /*
- * The consumer's side of the ring: sluice_loader_next() takes ready slots
- * in order; giving a slot back records an event on the consumer's stream
+ * The consumer's side of the ring: sluice_loader_next() takes ready buffers
+ * in order; giving a buffer back records an event on the consumer's stream
  * that the copy stream waits on before reusing it, and wakes a producer.
  */
 #include <errno.h>
@@ -16,12 +16,12 @@
 
 /*
  * Gives back the batch the consumer holds, ordered after its stream's work:
- * the event is recorded outside the lock (the slot is the consumer's until
- * its state changes); sl_free_slot, under the lock, hands it to a producer.
+ * the event is recorded outside the lock (the buffer is the consumer's until
+ * its state changes); sl_free_buf, under the lock, hands it to a producer.
  */
-static struct sl__bslot *sl_release(struct sluice_loader *ld, void *stream)
+static struct sl__batch_buf *sl_release(struct sluice_loader *ld, void *stream)
 {
-	struct sl__bslot *s = ld->held;
+	struct sl__batch_buf *s = ld->held;
 
 	ld->held = NULL;
 	if (s && ld->opt.gpu && sl__gpu_bind(ld->gpu) == 0)
@@ -30,15 +30,15 @@ static struct sl__bslot *sl_release(struct sluice_loader *ld, void *stream)
 }
 
 /*
- * Under ld->lock: the slot is free again; 1 if a producer is to be woken,
+ * Under ld->lock: the buffer is free again; 1 if a producer is to be woken,
  * which the caller does once it has let go of the lock (the producer then
- * does not wake only to wait for it).  A producer is woken for every slot
+ * does not wake only to wait for it).  A producer is woken for every buffer
  * given back, so the ring stays full: waking them only once half of it is
  * free saves the consumer about a microsecond a call, but leaves half the
  * ring to absorb hiccups when the step is barely longer than the loader's
  * time per batch.
  */
-static int sl_free_slot(struct sl__bslot *s)
+static int sl_free_buf(struct sl__batch_buf *s)
 {
 	if (!s || s->state != SL_B_OUT)
 		return 0;
@@ -48,35 +48,35 @@ static int sl_free_slot(struct sl__bslot *s)
 
 void sl__give_back(struct sluice_loader *ld, void *stream)
 {
-	struct sl__bslot *s = sl_release(ld, stream);
+	struct sl__batch_buf *s = sl_release(ld, stream);
 	int wake;
 
 	pthread_mutex_lock(&ld->lock);
-	wake = sl_free_slot(s);
+	wake = sl_free_buf(s);
 	pthread_mutex_unlock(&ld->lock);
 	if (wake)
-		pthread_cond_signal(&ld->slot_cv);
+		pthread_cond_signal(&ld->buf_cv);
 }
 
 int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
 {
-	struct sl__bslot *s;
+	struct sl__batch_buf *s;
 	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	int rc = 0, wake;
 
 	sl__err_clear();
 	s = sl_release(ld, stream);
 	pthread_mutex_lock(&ld->lock);
-	wake = sl_free_slot(s);
+	wake = sl_free_buf(s);
 	if (ld->next_g >= ld->nbatches) {
 		pthread_mutex_unlock(&ld->lock);
 		if (wake)
-			pthread_cond_signal(&ld->slot_cv);
+			pthread_cond_signal(&ld->buf_cv);
 		return 0;
 	}
-	s = &ld->slots[ld->next_g % ld->nslots];
+	s = &ld->bufs[ld->next_g % ld->nbufs];
 	if (wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
-		pthread_cond_signal(&ld->slot_cv); /* before waiting: the producer may make the very batch awaited */
+		pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
 		wake = 0;
 	}
 	while (!(s->state == SL_B_READY && s->g == ld->next_g) && !ld->err)
@@ -99,11 +99,11 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	}
 	pthread_mutex_unlock(&ld->lock);
 	if (wake)
-		pthread_cond_signal(&ld->slot_cv);
+		pthread_cond_signal(&ld->buf_cv);
 	/*
 	 * The caller's stream waits for the copy, so work queued on it sees the
 	 * batch; with no stream, the copy is waited for here.  Outside the lock:
-	 * the slot is the consumer's now, and the producers need the lock.
+	 * the buffer is the consumer's now, and the producers need the lock.
 	 */
 	if (s && ld->opt.gpu && sl__gpu_bind(ld->gpu) == 0)
 		rc = stream ? SL_CU(ld->gpu->cu->StreamWaitEvent((sl_CUstream)stream, s->ready, 0), "cuStreamWaitEvent")

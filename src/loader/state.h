@@ -42,7 +42,7 @@ SL_HIDDEN uint64_t sl__order_at(const struct sl__order *o, uint64_t p);
 
 enum { SL_B_FREE = 0, SL_B_BUILDING, SL_B_READY, SL_B_OUT };
 
-struct sl__bslot {
+struct sl__batch_buf {
 	int state;
 	uint64_t g;                 /* batch number */
 	char *host;                 /* pinned staging: the collated batch */
@@ -59,7 +59,7 @@ struct sl__bslot {
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
-#define SL_PRODUCERS 2 /* threads collating batches, each its own, into their slots */
+#define SL_PRODUCERS 2 /* threads collating batches, each its own, into their buffers */
 #define SL_CHUNKS 16           /* chunks a shuffle window is made of (order.c) */
 #define SL_CHUNK_MIN (1 << 20) /* bytes of a chunk at least */
 
@@ -108,8 +108,8 @@ struct sluice_loader {
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */
-	struct sl__bslot *slots;
-	unsigned nslots;
+	struct sl__batch_buf *bufs;
+	unsigned nbufs;
 	struct sl__window *win;
 	unsigned nwin;
 	/*
@@ -129,12 +129,12 @@ struct sluice_loader {
 	pthread_mutex_t lock;
 	/*
 	 * cv: windows read and windows done with (readers, and producers
-	 * waiting for windows); slot_cv: a slot given back (producers);
+	 * waiting for windows); buf_cv: a buffer given back (producers);
 	 * batch_cv: a batch ready (the consumer).  Apart, so that the consumer's
 	 * call wakes one producer, not every thread.
 	 */
-	pthread_cond_t cv, slot_cv, batch_cv;
-	struct sl__bslot *held;      /* the consumer's batch (the consumer's thread alone uses it) */
+	pthread_cond_t cv, buf_cv, batch_cv;
+	struct sl__batch_buf *held;      /* the consumer's batch (the consumer's thread alone uses it) */
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
@@ -185,7 +185,7 @@ SL_HIDDEN const char *sl__window_lookup(struct sl__window *const *wins, uint64_t
 SL_HIDDEN void *sl__read_ahead(void *arg);
 SL_HIDDEN int sl__plan_windows(struct sluice_loader *ld);
 /* collate.c */
-SL_HIDDEN int sl__slot_reserve(struct sluice_loader *ld, struct sl__bslot *s, uint64_t size);
+SL_HIDDEN int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size);
 SL_HIDDEN void *sl__produce(void *arg);
 /* ring.c */
 SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);
@@ -197,7 +197,7 @@ SL_HIDDEN void sl__loader_publish(struct sluice_loader *ld);
 static inline void sl__loader_wake_all(struct sluice_loader *ld)
 {
 	pthread_cond_broadcast(&ld->cv);
-	pthread_cond_broadcast(&ld->slot_cv);
+	pthread_cond_broadcast(&ld->buf_cv);
 	pthread_cond_broadcast(&ld->batch_cv);
 }
 

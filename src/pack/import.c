@@ -351,8 +351,9 @@ static int walk_imagefolder(struct walker *wk, struct list *l, int *labelled, ch
 	return rc;
 }
 
-/* Reader threads fill a window of slots; the writer drains them in order. */
-struct slot {
+/* Reader threads read up to a window of files ahead of the writer, each into its entry of reads; the writer
+ * takes them in order. */
+struct file_read {
 	char *data;
 	size_t len;
 	int err; /* errno of a failed read */
@@ -362,7 +363,7 @@ struct slot {
 struct pack {
 	const char *root;
 	struct list *items;
-	struct slot *slots;
+	struct file_read *reads;
 	size_t window;
 	_Atomic size_t next;   /* next item to read */
 	size_t written;        /* items handed to the writer (lock) */
@@ -380,7 +381,7 @@ static void *reader(void *arg)
 
 	for (;;) {
 		size_t i = atomic_fetch_add(&pk->next, 1);
-		struct slot *s;
+		struct file_read *s;
 		char *p;
 		struct stat st;
 		int fd, err = 0;
@@ -423,7 +424,7 @@ static void *reader(void *arg)
 				close(fd);
 			free(p);
 		}
-		s = &pk->slots[i % pk->window];
+		s = &pk->reads[i % pk->window];
 		pthread_mutex_lock(&pk->lock);
 		s->data = data;
 		s->len = len;
@@ -772,11 +773,11 @@ static int pack_tokens(struct job *j)
 	if (!rc && rows.pk)
 		rc = rows_drain(&rows, w, o->pack_context, 1);
 	if (!rc) {
-		uint64_t real = ntok, slots = ntok;
+		uint64_t real = ntok, capacity = ntok;
 
 		if (rows.pk)
-			sluice_packer_stats(rows.pk, &real, &slots);
-		j->rep->fill = slots ? (double)real / (double)slots : 1.0;
+			sluice_packer_stats(rows.pk, &real, &capacity);
+		j->rep->fill = capacity ? (double)real / (double)capacity : 1.0;
 		rc = sluice_writer_close(w);
 		w = NULL;
 	}
@@ -802,15 +803,15 @@ static unsigned readers_start(struct pack *pk, pthread_t *tid, unsigned want)
 	unsigned nt = want ? want : cpus > 8 ? 8 : cpus < 1 ? 1 : (unsigned)cpus;
 
 	pk->window = 16 * (size_t)nt;
-	pk->slots = calloc(pk->window, sizeof(*pk->slots));
+	pk->reads = calloc(pk->window, sizeof(*pk->reads));
 	pthread_mutex_init(&pk->lock, NULL);
 	pthread_cond_init(&pk->ready, NULL);
 	pthread_cond_init(&pk->room, NULL);
 	pk->main_waits = SIZE_MAX;
-	for (unsigned t = 0; t < nt && pk->slots; t++)
+	for (unsigned t = 0; t < nt && pk->reads; t++)
 		if (pthread_create(&tid[t], NULL, reader, pk) != 0)
 			return t; /* run with the threads that did start */
-	return pk->slots ? nt : 0;
+	return pk->reads ? nt : 0;
 }
 
 static void readers_stop(struct pack *pk, pthread_t *tid, unsigned nt)
@@ -821,18 +822,18 @@ static void readers_stop(struct pack *pk, pthread_t *tid, unsigned nt)
 	pthread_mutex_unlock(&pk->lock);
 	for (unsigned t = 0; t < nt; t++)
 		pthread_join(tid[t], NULL);
-	for (size_t k = 0; pk->slots && k < pk->window; k++)
-		free(pk->slots[k].data);
-	free(pk->slots);
+	for (size_t k = 0; pk->reads && k < pk->window; k++)
+		free(pk->reads[k].data);
+	free(pk->reads);
 	pthread_mutex_destroy(&pk->lock);
 	pthread_cond_destroy(&pk->ready);
 	pthread_cond_destroy(&pk->room);
 }
 
-/* Item i from the readers' window, written as a record, its slot given back; 0 or an error. */
+/* Item i from the readers' window, written as a record, its entry given back; 0 or an error. */
 static int write_item(struct pack *pk, struct sluice_writer *w, size_t i, struct job *j)
 {
-	struct slot *s = &pk->slots[i % pk->window];
+	struct file_read *s = &pk->reads[i % pk->window];
 	const struct item *it = &pk->items->v[i];
 	int rc;
 

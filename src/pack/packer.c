@@ -39,7 +39,7 @@ struct sluice_packer {
 	size_t nopen, open_cap;
 	struct sl_row *done, **done_tail, *free_rows;
 	uint32_t min_len;     /* shortest document seen */
-	uint64_t tokens, slots;
+	uint64_t tokens, capacity;
 	int32_t *out;         /* the row handed out: 4 arrays of context (+1) entries */
 };
 
@@ -226,16 +226,16 @@ int sluice_packer_row(struct sluice_packer *p, struct sluice_packed_row *row, in
 	memcpy(cu, r->cu, ((size_t)r->ndocs + 1) * sizeof(int32_t));
 	*row = (struct sluice_packed_row){ ids, pos, lab, cu, r->ndocs, r->used };
 	p->tokens += r->used;
-	p->slots += L;
+	p->capacity += L;
 	r->next = p->free_rows;
 	p->free_rows = r;
 	return 1;
 }
 
-void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *slots)
+void sluice_packer_stats(const struct sluice_packer *p, uint64_t *tokens, uint64_t *capacity)
 {
 	*tokens = p->tokens;
-	*slots = p->slots;
+	*capacity = p->capacity;
 }
 
 static void sl_free_rows(struct sl_row *r)

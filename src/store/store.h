@@ -37,8 +37,8 @@ struct sl__io {
 	int op;               /* enum sl__io_opcode */
 	void *handle;         /* the store's handle of the file (what its open made, or a route gave) */
 	int direct;           /* local files: through O_DIRECT, else the page cache */
-	int file_index;       /* slot in the engine's file table, -1 if none */
-	unsigned file_gen;    /* generation of that slot, to detect reuse */
+	int file_index;       /* index in the engine's file table, -1 if none */
+	unsigned file_gen;    /* generation of that index, to detect reuse */
 	void *buf;
 	int buf_index;        /* registered buffer index, -1 if none */
 	uint64_t offset;

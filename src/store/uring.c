@@ -3,8 +3,8 @@
  *
  * The worker's bounce slots are registered as fixed buffers, so O_DIRECT
  * reads into them skip the per-I/O page pinning; files go into a sparse
- * fixed-file table, indexed by the engine's file slot, filled lazily on
- * first use by this ring.
+ * fixed-file table at their index in the engine's file table, filled
+ * lazily on first use by this ring.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -19,7 +19,7 @@
 
 #include "store/store.h"
 
-/* Files an engine can register with each ring: two descriptors per slot. */
+/* Files an engine can register with each ring: two descriptors per file index. */
 #define SL_URING_FILES 2048
 
 struct sl_uring {

@@ -1,18 +1,18 @@
 /*
  * Transfers ordered on a caller's CUDA stream.
  *
- * The transfer is cut into windows of max_transfer_size x threads bytes,
+ * The transfer is cut into chunks of max_transfer_size x threads bytes,
  * staged through two halves of a pinned host buffer.  At submission the
- * stream gets, for every window i:
+ * stream gets, for every chunk i:
  *
  *   read:  wait(flag >= i + 1)  H2D copy half -> dst   record ev[i]
  *   write: wait(flag >= i - 1)  D2H copy src -> half   record ev[i]
  *
- * A coordinator thread runs the storage side: it hands each window to the
+ * A coordinator thread runs the storage side: it hands each chunk to the
  * engine's workers as a host-memory job and raises the flag (pinned host
- * memory mapped into the GPU) as windows finish.  A read's window i + 2
+ * memory mapped into the GPU) as chunks finish.  A read's chunk i + 2
  * reuses a half once ev[i] says the GPU has copied it out; a write's
- * window i goes to storage once ev[i] says its bytes are in the half.
+ * chunk i goes to storage once ev[i] says its bytes are in the half.
  *
  * So the GPU only ever waits for storage I/O, which waits for nothing on
  * the GPU but the copies this stream already passed: no cycle.  No host
@@ -36,15 +36,15 @@ struct sluice_future {
 	struct sluice_range range;
 	int write;
 	unsigned flag;
-	size_t win, nwin;         /* window size and count */
-	char *stage;              /* 2 * win bytes */
+	size_t chunk, nchunks;    /* chunk size and count */
+	char *stage;              /* 2 * chunk bytes */
 	size_t stage_len;
 	int stage_pinned;
-	sl_CUevent *ev;           /* ev[i]: the stream is past window i's copy */
+	sl_CUevent *ev;           /* ev[i]: the stream is past chunk i's copy */
 	pthread_t thread;
 	int joined;
-	struct sl__job jobs[2];   /* windows i and i - 1 in flight */
-	struct sl__job sum;       /* counters of all windows, for the report */
+	struct sl__job jobs[2];   /* chunks i and i - 1 in flight */
+	struct sl__job sum;       /* counters of all chunks, for the report */
 	ssize_t result;
 	char detail[384];
 	uint64_t t0;
@@ -164,21 +164,21 @@ static void *sl_async_make(struct sluice_engine *eng, int *err)
 
 static void sl_set_flag(struct sluice_future *fut, size_t v)
 {
-	/* Release: the window's bytes are in place before the GPU sees the flag. */
+	/* Release: the chunk's bytes are in place before the GPU sees the flag. */
 	atomic_store_explicit(&fut->a->flags[fut->flag], (uint32_t)v, memory_order_release);
 }
 
-/* Window i's share of the transfer, as a host-memory range on its staging half. */
-static struct sluice_range sl_window(const struct sluice_future *fut, size_t i)
+/* Chunk i's share of the transfer, as a host-memory range on its staging half. */
+static struct sluice_range sl_chunk(const struct sluice_future *fut, size_t i)
 {
-	size_t off = i * fut->win, len = fut->range.len - off < fut->win ? fut->range.len - off : fut->win;
+	size_t off = i * fut->chunk, len = fut->range.len - off < fut->chunk ? fut->range.len - off : fut->chunk;
 
 	return (struct sluice_range){ fut->range.file, fut->range.offset + off, len,
-				      fut->stage + (i % 2) * fut->win };
+				      fut->stage + (i % 2) * fut->chunk };
 }
 
-/* Waits for window i's job and adds it to the sum; 0 or its error. */
-static int sl_window_wait(struct sluice_future *fut, size_t i)
+/* Waits for chunk i's job and adds it to the sum; 0 or its error. */
+static int sl_chunk_wait(struct sluice_future *fut, size_t i)
 {
 	struct sl__job *job = &fut->jobs[i % 2];
 	ssize_t rc = sl__job_wait(fut->eng, job, NULL);
@@ -200,20 +200,20 @@ static void *sl_coordinate(void *arg)
 	struct sluice_future *fut = arg;
 	struct sluice_engine *eng = fut->eng;
 	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
-	size_t n = fut->nwin, live = 0; /* windows submitted */
+	size_t n = fut->nchunks, live = 0; /* chunks submitted */
 	int err = sl__gpu_bind(sl__eng_gpu(eng));
 
 	for (size_t i = 0; i <= n; i++) {
 		if (i < n && !err) {
-			/* A read's half is free once window i - 2 left it; a write's bytes are in it. */
+			/* A read's half is free once chunk i - 2 left it; a write's bytes are in it. */
 			if (fut->write || i >= 2) {
 				sl_CUresult r = cu->EventSynchronize(fut->ev[fut->write ? i : i - 2]);
 
 				if (r != SL_CUDA_SUCCESS)
-					err = sl__cuda_err(r, "cuEventSynchronize (async window)");
+					err = sl__cuda_err(r, "cuEventSynchronize (async chunk)");
 			}
 			if (!err) {
-				struct sluice_range w = sl_window(fut, i);
+				struct sluice_range w = sl_chunk(fut, i);
 
 				err = sl__plan(eng, &fut->jobs[i % 2], fut->write ? SL_IO_WRITE : SL_IO_READ, &w, 1, 0);
 				if (err)
@@ -224,7 +224,7 @@ static void *sl_coordinate(void *arg)
 			}
 		}
 		if (i >= 1 && i <= live) {
-			int rc = sl_window_wait(fut, i - 1);
+			int rc = sl_chunk_wait(fut, i - 1);
 
 			if (rc && !err)
 				err = rc;
@@ -233,7 +233,7 @@ static void *sl_coordinate(void *arg)
 		if (i >= 1)
 			sl_set_flag(fut, err ? n + 1 : i);
 	}
-	/* Every submitted window has been waited for: the halves are idle on the host side. */
+	/* Every submitted chunk has been waited for: the halves are idle on the host side. */
 	fut->result = err ? err : (ssize_t)fut->range.len;
 	return NULL;
 }
@@ -242,7 +242,7 @@ static void *sl_coordinate(void *arg)
 static int sl_stage_get(struct sluice_future *fut)
 {
 	struct sl_async *a = fut->a;
-	size_t len = 2 * fut->win;
+	size_t len = 2 * fut->chunk;
 
 	pthread_mutex_lock(&a->lock);
 	if (a->stage_cache && a->stage_cache_len >= len) {
@@ -298,13 +298,13 @@ static void sl_future_release(struct sluice_future *fut, size_t nev)
 	free(fut);
 }
 
-/* Queues window i's wait, copy and event on the stream. */
+/* Queues chunk i's wait, copy and event on the stream. */
 static int sl_enqueue(struct sluice_future *fut, size_t i, sl_CUstream s)
 {
 	const struct sl__cuda_api *cu = sl__eng_gpu(fut->eng)->cu;
-	struct sluice_range w = sl_window(fut, i);
+	struct sluice_range w = sl_chunk(fut, i);
 	sl_CUdeviceptr flag = fut->a->flags_dev + fut->flag * sizeof(uint32_t);
-	sl_CUdeviceptr dev = (sl_CUdeviceptr)(uintptr_t)((char *)fut->range.buf + i * fut->win);
+	sl_CUdeviceptr dev = (sl_CUdeviceptr)(uintptr_t)((char *)fut->range.buf + i * fut->chunk);
 	int rc;
 
 	rc = SL_CU(cu->EventCreate(&fut->ev[i], SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
@@ -359,11 +359,11 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	fut->write = write;
 	fut->range = (struct sluice_range){ f, off, len, mem };
 	fut->sum.op = write ? SL_IO_WRITE : SL_IO_READ;
-	fut->win = sl__eng_cfg(eng)->max_transfer_size * (sl__eng_threads(eng) ? sl__eng_threads(eng) : 1);
-	if (fut->win > ((len + 4095) & ~(size_t)4095))
-		fut->win = (len + 4095) & ~(size_t)4095;
-	fut->nwin = (len + fut->win - 1) / fut->win;
-	fut->ev = calloc(fut->nwin, sizeof(*fut->ev));
+	fut->chunk = sl__eng_cfg(eng)->max_transfer_size * (sl__eng_threads(eng) ? sl__eng_threads(eng) : 1);
+	if (fut->chunk > ((len + 4095) & ~(size_t)4095))
+		fut->chunk = (len + 4095) & ~(size_t)4095;
+	fut->nchunks = (len + fut->chunk - 1) / fut->chunk;
+	fut->ev = calloc(fut->nchunks, sizeof(*fut->ev));
 	if (!fut->ev) {
 		free(fut);
 		return -ENOMEM;
@@ -383,7 +383,7 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	rc = sl_stage_get(fut);
 	if (!rc)
 		rc = sl__gpu_bind(g);
-	for (; !rc && i < fut->nwin; i++)
+	for (; !rc && i < fut->nchunks; i++)
 		rc = sl_enqueue(fut, i, (sl_CUstream)stream);
 	if (!rc) {
 		fut->t0 = sl__now_ns();
@@ -393,10 +393,10 @@ static int sl_async(struct sluice_file *f, uint64_t off, size_t len, void *mem, 
 	}
 	if (rc) {
 		/* Let go of whatever was queued, and wait until the stream is past it. */
-		sl_set_flag(fut, fut->nwin + 1);
+		sl_set_flag(fut, fut->nchunks + 1);
 		if (i)
 			g->cu->StreamSynchronize((sl_CUstream)stream);
-		sl_future_release(fut, fut->nwin);
+		sl_future_release(fut, fut->nchunks);
 		return rc;
 	}
 	*out = fut;
@@ -445,7 +445,7 @@ ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report 
 	if (rep) {
 		uint64_t paths = atomic_load(&fut->sum.paths), gpu = 0;
 
-		/* The windows moved host memory; the stream carried it on to the GPU. */
+		/* The chunks moved host memory; the stream carried it on to the GPU. */
 		for (unsigned c = 0; c < SL_PATH_CODES; c++)
 			if (paths & (1ull << c))
 				gpu |= 1ull << (c - c % 5 + (fut->stage_pinned ? SL_K_PINNED_GPU : SL_K_PAGEABLE_GPU));
@@ -472,6 +472,6 @@ void sluice_future_free(struct sluice_future *fut)
 	}
 	/* The flag, events and halves may go once the stream is past the last copy. */
 	sl__gpu_bind(sl__eng_gpu(fut->eng));
-	sl__eng_gpu(fut->eng)->cu->EventSynchronize(fut->ev[fut->nwin - 1]);
-	sl_future_release(fut, fut->nwin);
+	sl__eng_gpu(fut->eng)->cu->EventSynchronize(fut->ev[fut->nchunks - 1]);
+	sl_future_release(fut, fut->nchunks);
 }

@@ -98,13 +98,13 @@ int sluice_file_sync(struct sluice_file *f)
 ssize_t sluice_read_batch(struct sluice_engine *eng, const struct sluice_range *r, size_t n,
 			  struct sluice_xfer_report *rep)
 {
-	return sl__run(eng, SL_IO_READ, r, n, rep);
+	return sl__transfer(eng, SL_IO_READ, r, n, rep);
 }
 
 ssize_t sluice_write_batch(struct sluice_engine *eng, const struct sluice_range *r, size_t n,
 			   struct sluice_xfer_report *rep)
 {
-	ssize_t rc = sl__run(eng, SL_IO_WRITE, r, n, rep);
+	ssize_t rc = sl__transfer(eng, SL_IO_WRITE, r, n, rep);
 	int frc;
 
 	if (rc < 0)

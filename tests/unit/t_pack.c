@@ -3,7 +3,7 @@
  * row; positions restart and labels are masked at each document's start
  * and in the padding; documents longer than the context are cut; on an
  * Alpaca-like length distribution best-fit decreasing fills >= 99% of the
- * slots and beats greedy packing.
+ * capacity and beats greedy packing.
  */
 #include <errno.h>
 #include <math.h>
@@ -57,7 +57,7 @@ static int check_row(const struct sluice_packed_row *r, const uint32_t *len, uin
 	return ok;
 }
 
-/* Packs documents of the given lengths (<= L), checking every row; returns the share of slots filled. */
+/* Packs documents of the given lengths (<= L), checking every row; returns the share of the capacity filled. */
 static double pack(const uint32_t *len, uint32_t n, int greedy)
 {
 	struct sluice_packer_options o = { .size = sizeof(struct sluice_packer_options), .context = L, .greedy = greedy, .pad_id = -7 };
@@ -65,7 +65,7 @@ static double pack(const uint32_t *len, uint32_t n, int greedy)
 	struct sluice_packed_row r;
 	unsigned char *seen = calloc(n, 1);
 	int32_t buf[L];
-	uint64_t tokens, slots, real = 0;
+	uint64_t tokens, capacity, real = 0;
 	int rc = 0, ok = 1;
 
 	T_CHECK(sluice_packer_new(&p, &o) == 0);
@@ -84,11 +84,11 @@ static double pack(const uint32_t *len, uint32_t n, int greedy)
 	T_CHECK(rc == 0 && ok);
 	for (uint32_t k = 0; k < n; k++)
 		T_CHECK(seen[k]);
-	sluice_packer_stats(p, &tokens, &slots);
-	T_CHECK(tokens == real && slots % L == 0);
+	sluice_packer_stats(p, &tokens, &capacity);
+	T_CHECK(tokens == real && capacity % L == 0);
 	sluice_packer_free(p);
 	free(seen);
-	return (double)tokens / (double)slots;
+	return (double)tokens / (double)capacity;
 }
 
 int main(void)
