@@ -1,59 +1,25 @@
-"""Checkpoints in the safetensors layout, moved by sluice's engine.
+"""Checkpoints in the safetensors layout (see _safetensors), moved by sluice's engine.
 
-Layout (https://github.com/huggingface/safetensors): an unsigned 64-bit little-endian header length N, N bytes
-of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the data;
-offsets are relative to the end of the header.  safetensors reads the files written here and sluice reads
-theirs.
+save: one file, or shards and their index as Hugging Face tools write them.  load: a whole checkpoint (a file,
+a directory, an index, a list of files; local, s3:// or http(s)://) planned as one batched read of every
+tensor asked for, whole or one rank's slice, into new tensors or straight into a model's own.
 """
 import ctypes as C
+import fnmatch
 import json
 import os
-import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ._lib import Range, SluiceError, XferReport, check, lib
+from ._safetensors import BITS, DT, bad, header_bytes, is_url, nbytes, open_file, read_header, st_dtype
 from .buffers import _buffer, _eng, read, write
-from ._lib import Range, SluiceError, check, lib
 
-# Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
-# and its torch dtype's name (None: none; raw bytes).  F4 packs two elements a byte (torch's float4_e2m1fn_x2,
-# whose last dimension is half the file's); F6 types have no torch dtype.
-_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-         "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
-         "I64": 64, "U64": 64}
-_DT = {"F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np.float16, "float16"),
-       "BF16": (None, "bfloat16"), "I64": (np.int64, "int64"), "I32": (np.int32, "int32"),
-       "I16": (np.int16, "int16"), "I8": (np.int8, "int8"), "U8": (np.uint8, "uint8"), "BOOL": (np.bool_, "bool"),
-       "U16": (np.uint16, "uint16"), "U32": (np.uint32, "uint32"), "U64": (np.uint64, "uint64"),
-       "C64": (np.complex64, "complex64"), "F8_E4M3": (None, "float8_e4m3fn"), "F8_E5M2": (None, "float8_e5m2"),
-       "F8_E8M0": (None, "float8_e8m0fnu"), "F4": (None, "float4_e2m1fn_x2"), "F6_E2M3": (None, None),
-       "F6_E3M2": (None, None)}
-_SIZE = {k: max(1, b // 8) for k, b in _BITS.items()}  # bytes an element's view needs aligned
-_HEADER_MAX = 100 << 20
-
-
-def _st_dtype(t):
-    """safetensors dtype name of a numpy array or torch tensor."""
-    name = str(t.dtype).replace("torch.", "")
-    for k, (npd, tname) in _DT.items():
-        if name == tname or (npd is not None and name == np.dtype(npd).name):
-            return k
-    raise ValueError(f"sluice.save: dtype {t.dtype} has no safetensors name")
-
-
-def _nbytes(t, dt):
-    """Bytes of t in the file: F4's torch dtype holds two elements a byte, as the file does."""
-    return int(np.prod(t.shape, dtype=np.int64)) * (1 if dt == "F4" else _BITS[dt] // 8)
-
-
-def _file(path, flags):
-    f = C.c_void_p()
-    check(lib.sluice_file_open(C.byref(f), _eng(), os.fsencode(path), flags))
-    return f
-
-
-def _is_url(path):
-    return str(path).startswith("s3://")
+INDEX = "model.safetensors.index.json"
+_ALIGN = 64  # where load places each tensor in a buffer of its own making
+# struct sluice_range as numpy lays it out: the planned reads go to the library as one array.
+_RANGE = np.dtype([("file", np.uintp), ("offset", np.uint64), ("len", np.uintp), ("buf", np.uintp)])
 
 
 def _host_bytes(t):
@@ -64,20 +30,14 @@ def _host_bytes(t):
     return np.ascontiguousarray(t).reshape(-1).view(np.uint8)
 
 
-def save(tensors, path, metadata=None):
-    """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) to path, durably and atomically:
-    a temporary file beside it, the data straight from each tensor's memory, fdatasync, rename, directory
-    fsync.  A crash leaves the previous file or the whole new one.  An s3:// path is written as one object
-    (the file gathered in host memory, then a multipart upload that appears whole or not at all)."""
+def _layout(tensors, metadata):
+    """(header dict, [(tensor, data offset, bytes)], data bytes) of the tensors in name order."""
     items, header, off = [], {}, 0
     for name in sorted(tensors):
         t = tensors[name]
-        if hasattr(t, "contiguous"):
-            t = t.contiguous()
-        else:
-            t = np.ascontiguousarray(t)
-        dt = _st_dtype(t)
-        n = _nbytes(t, dt)
+        t = t.contiguous() if hasattr(t, "contiguous") else np.ascontiguousarray(t)
+        dt = st_dtype(t)
+        n = nbytes(t, dt)
         shape = list(t.shape)
         if dt == "F4" and shape:
             shape[-1] *= 2  # the file counts 4-bit elements
@@ -86,24 +46,37 @@ def save(tensors, path, metadata=None):
         off += n
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * (-(len(hj) + 8) % 8)  # data 8-byte aligned, as safetensors writes it
-    base = 8 + len(hj)
-    if _is_url(path):
-        whole = np.empty(base + off, np.uint8)
-        whole[:base] = np.frombuffer(struct.pack("<Q", len(hj)) + hj, np.uint8)
+    return header, items, off
+
+
+def _fsync_dir(d):
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _save_file(tensors, path, metadata):
+    """One safetensors file, durably and atomically (see save)."""
+    header, items, size = _layout(tensors, metadata)
+    head = header_bytes(header)
+    base = len(head)
+    if is_url(path):
+        whole = np.empty(base + size, np.uint8)
+        whole[:base] = np.frombuffer(head, np.uint8)
         for t, o, n in items:
             if n:
                 whole[base + o:base + o + n] = _host_bytes(t)
         write(path, whole)
-        return
+        return base + size
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.sluice-tmp-{os.getpid()}")
     f = None
     try:
         with open(tmp, "wb") as h:
-            h.write(struct.pack("<Q", len(hj)) + hj)
-        f = _file(tmp, 1)
+            h.write(head)
+        f = open_file(tmp, 1)
         ranges = (Range * max(1, len(items)))()
         k = 0
         for t, o, n in items:
@@ -117,145 +90,310 @@ def save(tensors, path, metadata=None):
         lib.sluice_file_close(f)
         f = None
         os.replace(tmp, path)
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(d)
     except BaseException:
         if f:
             lib.sluice_file_close(f)
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return base + size
 
 
-def _head(path, n):
-    """Up to n bytes at the start of path (a file or an s3:// object) and its size."""
-    if _is_url(path):
-        f = _file(path, 0)
-        try:
-            size = lib.sluice_file_size(f)
-        finally:
-            lib.sluice_file_close(f)
-        buf = np.empty(min(n, size), np.uint8)
-        if buf.size:
-            read(path, buf)
-        return buf.tobytes(), size
-    with open(path, "rb") as h:
-        return h.read(n), os.path.getsize(path)
+def _write_text(path, text):
+    """A small file (the index), durably and atomically."""
+    if is_url(path):
+        write(path, np.frombuffer(text.encode(), np.uint8))
+        return
+    tmp = f"{path}.sluice-tmp-{os.getpid()}"
+    with open(tmp, "w") as h:
+        h.write(text)
+        h.flush()
+        os.fsync(h.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def _bad(path, why):
-    return SluiceError(-100011, f"{path}: {why}")
+def _save_sharded(tensors, directory, metadata, max_shard_size):
+    """Shards of at most max_shard_size data bytes (a larger tensor alone in its own), then the index."""
+    shards, cur, cur_bytes = [], {}, 0
+    for name in sorted(tensors):
+        n = nbytes(tensors[name], st_dtype(tensors[name]))
+        if cur and cur_bytes + n > max_shard_size:
+            shards.append(cur)
+            cur, cur_bytes = {}, 0
+        cur[name] = tensors[name]
+        cur_bytes += n
+    shards.append(cur)
+    if not is_url(directory):
+        os.makedirs(directory, exist_ok=True)
+    weight_map, total = {}, 0
+    for i, part in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        _save_file(part, f"{directory.rstrip('/')}/{fname}", metadata)
+        total += sum(nbytes(t, st_dtype(t)) for t in part.values())
+        weight_map.update({name: fname for name in part})
+    index = {"metadata": {"total_size": total, **({str(k): str(v) for k, v in metadata.items()} if metadata else {})},
+             "weight_map": dict(sorted(weight_map.items()))}
+    _write_text(f"{directory.rstrip('/')}/{INDEX}", json.dumps(index, indent=2))
 
 
-def read_header(path):
-    """(header dict, data start) of a safetensors file, checked as strictly as safetensors checks it: a JSON
-    object of tensors {dtype, shape, data_offsets} and an optional __metadata__ of strings; every dtype one of
-    the specification's; shapes of non-negative integers whose element count fits 64 bits and fills whole
-    bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the file
-    (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
-    raw, size = _head(path, 8)
-    if len(raw) < 8:
-        raise _bad(path, "not a safetensors file (shorter than 8 bytes)")
-    (n,) = struct.unpack("<Q", raw)
-    if n > _HEADER_MAX or 8 + n > size:
-        raise _bad(path, f"header of {n} bytes does not fit the file ({size} bytes)")
+def save(tensors, path, metadata=None, max_shard_size=None):
+    """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) in the safetensors layout.
+    Without max_shard_size, to the file path, durably and atomically: a temporary file beside it, the data
+    straight from each tensor's memory, fdatasync, rename, directory fsync; a crash leaves the previous file or
+    the whole new one.  With max_shard_size (bytes), path is a directory: files model-0000K-of-0000N.safetensors
+    of at most that many data bytes each (a larger tensor alone in one) and model.safetensors.index.json
+    written last, the layout Hugging Face tools read; each file is written as above, so a crash leaves every
+    file whole, old or new.  An s3:// path is written as objects (each one multipart upload that appears whole
+    or not at all)."""
+    if max_shard_size is None:
+        _save_file(tensors, path, metadata)
+    elif int(max_shard_size) <= 0:
+        raise ValueError(f"sluice.save: max_shard_size {max_shard_size} is not a positive byte count")
+    else:
+        _save_sharded(tensors, path, metadata, int(max_shard_size))
+
+
+def _read_small(path):
+    """The whole of a small file or object (an index), as text."""
+    if not is_url(path):
+        with open(path, "rb") as h:
+            return h.read().decode()
+    f = open_file(path, 0)
     try:
-        header = json.loads(_head(path, 8 + n)[0][8:].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad(path, f"header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise _bad(path, "header is not a JSON object")
-    meta = header.get("__metadata__")
-    if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
-                                                                 for k, v in meta.items())):
-        raise _bad(path, "__metadata__ is not an object of strings")
-    spans = []
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
-            raise _bad(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
-        dt, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
-        if dt not in _BITS:
-            raise _bad(path, f"tensor '{name}' has dtype {dt!r}, unknown to the safetensors specification")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise _bad(path, f"tensor '{name}' has shape {shape!r}: not a list of non-negative integers")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
-            raise _bad(path, f"tensor '{name}' has data_offsets {offs!r}: not two non-negative integers")
-        count = 1
-        for d in shape:
-            count *= d
-        if count * _BITS[dt] >= 1 << 64:
-            raise _bad(path, f"tensor '{name}' of shape {shape}: its size overflows 64 bits")
-        if count * _BITS[dt] % 8:
-            raise _bad(path, f"tensor '{name}' of {count} {dt} elements does not fill whole bytes")
-        if offs[1] < offs[0] or offs[1] - offs[0] != count * _BITS[dt] // 8:
-            raise _bad(path, f"tensor '{name}': data_offsets {offs} do not hold {count} {dt} elements")
-        spans.append((offs[0], offs[1], name))
-    at, data = 0, size - 8 - n
-    for b, e, name in sorted(spans):
-        if b != at:
-            raise _bad(path, f"tensor '{name}' starts at {b}: " + ("it overlaps the one before" if b < at
-                                                                  else f"a gap of {b - at} bytes before it"))
-        if e > data:
-            raise _bad(path, f"tensor '{name}' ends at {e}, past the {data} data bytes in the file")
-        at = e
-    if at != data:
-        raise _bad(path, f"the tensors end at {at} of {data} data bytes (trailing bytes)")
-    return header, 8 + n
+        size = lib.sluice_file_size(f)
+    finally:
+        lib.sluice_file_close(f)
+    buf = np.empty(size, np.uint8)
+    if size:
+        read(path, buf)
+    return buf.tobytes().decode()
 
 
-def load(path, device="cpu"):
-    """Reads a safetensors file into a dict of name -> tensor: torch tensors on `device` ("cpu", "cuda",
-    "cuda:N"), or numpy arrays for device="numpy" (and for "cpu" where torch is not installed).
-    The data moves in one engine read into one buffer (GPU memory for CUDA devices); the tensors are views
-    of it, except ones whose offset does not suit their dtype, which are copied."""
-    header, start = read_header(path)
-    names = [k for k in header if k != "__metadata__"]
-    end = max((header[k]["data_offsets"][1] for k in names), default=0)
-    use_torch = device != "numpy"
-    if use_torch:
+def _from_index(path):
+    """The files an index names, in order, beside it."""
+    try:
+        wm = json.loads(_read_small(path))["weight_map"]
+        files = sorted(set(wm.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise bad(path, f"not a safetensors index: {e!r}") from None
+    base = path.rsplit("/", 1)[0] if "/" in path else "."
+    for f in files:
+        if not isinstance(f, str) or "/" in f or f in ("", ".", ".."):
+            raise bad(path, f"weight_map names {f!r}, not a file beside the index")
+    return [f"{base}/{f}" for f in files]
+
+
+def _url_exists(path):
+    try:
+        lib.sluice_file_close(open_file(path, 0))
+        return True
+    except SluiceError:
+        return False
+
+
+def _sources(source):
+    """The safetensors files of a checkpoint given as a file, a directory or prefix (its index, else its
+    *.safetensors; a URL prefix ending in / holds model.safetensors.index.json or model.safetensors), an
+    index, or a list of files."""
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("sluice.load: an empty list of files")
+        return [os.fspath(s) for s in source]
+    source = os.fspath(source)
+    if source.endswith(".index.json"):
+        return _from_index(source)
+    if is_url(source):
+        if not source.endswith("/"):
+            return [source]
+        for name in (INDEX, "model.safetensors"):
+            if _url_exists(source + name):
+                return _from_index(source + name) if name == INDEX else [source + name]
+        raise SluiceError(-2, f"{source}: neither {INDEX} nor model.safetensors there")
+    if not os.path.isdir(source):
+        return [source]
+    idx = sorted(n for n in os.listdir(source) if n.endswith(".safetensors.index.json"))
+    if len(idx) > 1:
+        raise bad(source, f"several indexes ({', '.join(idx)}): name the one to load")
+    if idx:
+        return _from_index(os.path.join(source, idx[0]))
+    files = sorted(os.path.join(source, n) for n in os.listdir(source) if n.endswith(".safetensors"))
+    if not files:
+        raise SluiceError(-2, f"{source}: no .safetensors files and no index")
+    return files
+
+
+def _tensors(files):
+    """{name: (file index, entry, data start)} of every tensor of the files (headers read in parallel); a name
+    in two files is an error naming both."""
+    with ThreadPoolExecutor(min(16, len(files))) as ex:
+        headers = list(ex.map(read_header, files))
+    table = {}
+    for i, (header, start) in enumerate(headers):
+        for name, v in header.items():
+            if name == "__metadata__":
+                continue
+            if name in table:
+                raise bad(files[i], f"tensor '{name}' is also in {files[table[name][0]]}")
+            table[name] = (i, v, start)
+    return table
+
+
+def _select(table, keys, into, source):
+    """The names to load, in the checkpoint's order: keys (names or globs), else into's, else all."""
+    if keys is None and into is not None:
+        keys = list(into)
+    if keys is None:
+        return list(table)
+    if isinstance(keys, str):
+        keys = [keys]
+    missing = [k for k in keys if not any(c in k for c in "*?[") and k not in table]
+    if missing:
+        raise KeyError(f"sluice.load: {source} has no tensor {', '.join(repr(m) for m in missing[:5])}"
+                       f"{f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''}")
+    pats = [k for k in keys if any(c in k for c in "*?[")]
+    want = set(k for k in keys if k in table)
+    return [n for n in table if n in want or any(fnmatch.fnmatchcase(n, p) for p in pats)]
+
+
+def _slice_of(shard, name, shape):
+    """(dim, lo, hi) of one rank's part of a tensor, or None for the whole: shard is (dim, rank, world) for every
+    tensor with that dim, or a callable(name, shape) giving that or None.  Parts are as torch.chunk cuts them:
+    ceil(size / world) each, the last ones shorter or empty."""
+    spec = shard(name, tuple(shape)) if callable(shard) else shard
+    if spec is None:
+        return None
+    dim, rank, world = spec
+    if dim < 0:
+        dim += len(shape)
+    if not 0 <= dim < len(shape):
+        return None  # a tensor without that dimension (a bias, a norm) is whole on every rank
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"sluice.load: tensor '{name}': rank {rank} of world {world}")
+    step = -(-shape[dim] // world)
+    lo = min(rank * step, shape[dim])
+    return dim, lo, min(lo + step, shape[dim])
+
+
+def _plan(v, start, sl, name):
+    """(shape out, [(file offset, bytes)] in order) of a tensor, whole or the slice sl."""
+    shape, dt = list(v["shape"]), v["dtype"]
+    b = start + v["data_offsets"][0]
+    if sl is None:
+        return shape, np.array([b], np.uint64), np.array([v["data_offsets"][1] - v["data_offsets"][0]], np.uint64)
+    if BITS[dt] % 8:
+        raise ValueError(f"sluice.load: tensor '{name}' of {dt}: sub-byte elements are loaded whole, not sliced")
+    dim, lo, hi = sl
+    inner = int(np.prod(shape[dim + 1:], dtype=np.int64)) * (BITS[dt] // 8)
+    outer = int(np.prod(shape[:dim], dtype=np.int64))
+    out = shape[:dim] + [hi - lo] + shape[dim + 1:]
+    if hi == lo or inner == 0 or outer == 0:
+        return out, np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    offs = b + (np.arange(outer, dtype=np.uint64) * shape[dim] + lo) * inner
+    return out, offs, np.full(outer, (hi - lo) * inner, np.uint64)
+
+
+def _check_into(name, t, dt, shape):
+    """A caller's tensor to load name into: its dtype, shape and layout must be the checkpoint's."""
+    got = str(t.dtype).replace("torch.", "")
+    npd, tname = DT[dt]
+    if not (got == tname or (npd is not None and got == np.dtype(npd).name)):
+        raise ValueError(f"sluice.load: into['{name}'] is {got}, the checkpoint's is {dt}")
+    want = list(shape)
+    if dt == "F4" and want:
+        want[-1] //= 2
+    if list(t.shape) != want:
+        raise ValueError(f"sluice.load: into['{name}'] has shape {list(t.shape)}, the checkpoint's is {want}")
+    if hasattr(t, "is_contiguous") and not t.is_contiguous():
+        raise ValueError(f"sluice.load: into['{name}'] is not contiguous")
+
+
+def _alloc(total, device):
+    """(buffer, its address, torch module or None) of total bytes on device."""
+    if device != "numpy":
         try:
             import torch
         except ImportError:
             if device != "cpu":
                 raise
-            use_torch = False
-    if use_torch:
-        buf = torch.empty(end, dtype=torch.uint8, device=device)
-        ptr = buf.data_ptr()
-    else:
-        buf = np.empty(end, np.uint8)
-        ptr = buf.ctypes.data
-    if end:
-        f = _file(path, 0)
-        try:
-            r = Range(f, start, end, ptr)
-            check(lib.sluice_read_batch(_eng(), C.byref(r), 1, None))
-        finally:
-            lib.sluice_file_close(f)
-    out = {}
-    for k in names:
-        v = header[k]
-        b, e = v["data_offsets"]
-        npd, tname = _DT[v["dtype"]]
-        shape = list(v["shape"])
-        if v["dtype"] == "F4" and shape:
-            shape[-1] //= 2  # two elements a byte: torch's float4_e2m1fn_x2 counts bytes
-        aligned = b % _SIZE[v["dtype"]] == 0
-        if use_torch:
-            piece = buf[b:e] if aligned else buf[b:e].clone()
-            if tname is None or not hasattr(torch, tname):
-                out[k] = piece  # no torch dtype for it here: its bytes
-            else:
-                out[k] = piece.view(getattr(torch, tname)).reshape(shape)
         else:
-            piece = buf[b:e] if aligned else buf[b:e].copy()
-            if npd is None:  # bf16 as its 16-bit pattern; the other small floats as their bytes
-                out[k] = piece.view(np.uint16).reshape(shape) if v["dtype"] == "BF16" else piece
-            else:
-                out[k] = piece.view(npd).reshape(shape)
-    return out
+            buf = torch.empty(max(1, total), dtype=torch.uint8, device=device)
+            return buf, buf.data_ptr(), torch
+    buf = np.empty(max(1, total), np.uint8)
+    return buf, buf.ctypes.data, None
+
+
+def _view(buf, torch, o, n, dt, shape):
+    """The tensor of dtype dt and shape at buf[o:o + n] (its bytes where the dtype has no equivalent)."""
+    npd, tname = DT[dt]
+    shape = list(shape)
+    if dt == "F4" and shape:
+        shape[-1] //= 2  # two elements a byte: torch's float4_e2m1fn_x2 counts bytes
+    piece = buf[o:o + n]
+    if torch is not None:
+        if tname is None or not hasattr(torch, tname):
+            return piece
+        return piece.view(getattr(torch, tname)).reshape(shape)
+    if npd is None:  # bf16 as its 16-bit pattern; the other small floats as their bytes
+        return piece.view(np.uint16).reshape(shape) if dt == "BF16" else piece
+    return piece.view(npd).reshape(shape)
+
+
+def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
+    """Reads a checkpoint in the safetensors layout into a dict of name -> tensor.
+
+    source: a .safetensors file; a directory (its *.safetensors.index.json, else its *.safetensors); an index;
+    a list of files; or s3:// and http(s):// URLs of any of these (a prefix ending in / holds
+    model.safetensors.index.json or model.safetensors).  Every tensor asked for, from every file, is planned as
+    one batched read: the engine reads the files together and coalesces neighbouring tensors.
+    keys: names and globs ("model.layers.0.*") of the tensors to read; the others' bytes are not read.
+    shard: one rank's slice of each tensor, (dim, rank, world) for every tensor that has dim, or a
+    callable(name, shape) -> (dim, rank, world) or None (whole); only the slice's bytes are read (a slice of
+    dim 0 is one range, of a later dim one range per outer index).  Slices are cut as torch.chunk cuts.
+    into: a dict of name -> tensor (a module's state_dict()) to load straight into: no other buffer, so GPU
+    memory stays the model's; dtype and shape (of the slice, with shard) must match; returns those tensors.
+    device: where new tensors go: torch tensors on "cpu", "cuda" or "cuda:N", or numpy arrays for "numpy" (and
+    "cpu" without torch).  They are views of one buffer, each at an aligned place whatever its offset in the file.
+    report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), seconds and path."""
+    files = _sources(source)
+    table = _tensors(files)
+    names = _select(table, keys, into, source)
+    plans, total = [], 0
+    for name in names:
+        fi, v, start = table[name]
+        shape, offs, lens = _plan(v, start, None if shard is None else _slice_of(shard, name, v["shape"]), name)
+        if into is not None:
+            _check_into(name, into[name], v["dtype"], shape)
+        n = int(lens.sum())
+        plans.append((name, fi, v["dtype"], shape, offs, lens, n, total))
+        total += -(-n // _ALIGN) * _ALIGN
+    if into is None:
+        buf, base, torch = _alloc(total, device)
+    handles = []
+    try:
+        handles = [open_file(f, 0) for f in files]
+        ranges = np.empty(sum(len(p[4]) for p in plans), _RANGE)
+        k = 0
+        for name, fi, dt, shape, offs, lens, n, o in plans:
+            dst = _buffer(into[name], True)[0] if into is not None else base + o
+            m = len(offs)
+            ranges["file"][k:k + m] = handles[fi].value
+            ranges["offset"][k:k + m] = offs
+            ranges["len"][k:k + m] = lens
+            ranges["buf"][k:k + m] = np.uint64(dst) + np.concatenate((np.zeros(1, np.uint64), np.cumsum(lens[:-1], dtype=np.uint64)))
+            k += m
+        keep = ranges[ranges["len"] > 0]
+        rep = XferReport()
+        if len(keep):
+            check(lib.sluice_read_batch(_eng(), keep.ctypes.data_as(C.POINTER(Range)), len(keep), C.byref(rep)))
+        if report is not None:
+            report.update(files=len(files), tensors=len(names), bytes=rep.bytes, seconds=rep.seconds,
+                          path=rep.path.decode())
+    finally:
+        for h in handles:
+            lib.sluice_file_close(h)
+    if into is not None:
+        return {name: into[name] for name in names}
+    return {name: _view(buf, torch, o, n, dt, shape) for name, fi, dt, shape, offs, lens, n, o in plans}
+

@@ -147,3 +147,228 @@ def test_float8_with_torch(tmp_path):
     theirs = st.load_file(str(p))
     for k in t:
         assert torch.equal(theirs[k].view(torch.uint8), t[k].view(torch.uint8))
+
+
+# Whole checkpoints: several files, an index, some tensors, one rank's slices, into a caller's tensors.
+
+def model(seed=11):
+    """A small model's tensors of several shapes and dtypes, as a transformer has them."""
+    rng = np.random.default_rng(seed)
+    t = {"embed.weight": rng.standard_normal((50, 16)).astype(np.float32), "norm.weight": np.ones(16, np.float16)}
+    for i in range(3):
+        t[f"layers.{i}.qkv.weight"] = rng.standard_normal((48, 16)).astype(np.float32)
+        t[f"layers.{i}.proj.weight"] = rng.standard_normal((16, 16)).astype(np.float32)
+        t[f"layers.{i}.proj.bias"] = rng.standard_normal(16).astype(np.float32)
+        t[f"layers.{i}.experts"] = rng.integers(-99, 99, size=(4, 10, 7), dtype=np.int16)
+    return t
+
+
+def same(a, b):
+    assert set(a) == set(b), sorted(set(a) ^ set(b))
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and np.array_equal(a[k], b[k]), k
+
+
+def test_sharded_save_writes_what_hugging_face_reads(tmp_path):
+    """max_shard_size: files model-0000K-of-0000N holding at most that many data bytes (a larger tensor alone),
+    and the index naming each tensor's file with the total size; each file a valid safetensors file."""
+    t = model()
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    idx = json.loads((tmp_path / "ck" / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in (tmp_path / "ck").glob("*.safetensors"))
+    n = len(files)
+    assert n > 3 and files == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    assert set(idx["weight_map"]) == set(t) and set(idx["weight_map"].values()) == set(files)
+    assert idx["metadata"]["total_size"] == sum(a.nbytes for a in t.values())
+    for f in files:
+        h, _ = sluice._safetensors.read_header(str(tmp_path / "ck" / f))
+        held = [k for k in h if k != "__metadata__"]
+        assert all(idx["weight_map"][k] == f for k in held)
+        size = sum(t[k].nbytes for k in held)
+        assert size <= 3000 or len(held) == 1, (f, size)
+    with pytest.raises(ValueError, match="max_shard_size"):
+        sluice.save(t, str(tmp_path / "bad"), max_shard_size=0)
+
+
+def test_whole_checkpoint_from_a_directory_an_index_or_a_list(tmp_path):
+    t = model()
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    d = tmp_path / "ck"
+    rep = {}
+    same(sluice.load(str(d), device="numpy", report=rep), t)
+    assert rep["files"] == len(list(d.glob("*.safetensors"))) and rep["tensors"] == len(t)
+    assert rep["bytes"] == sum(a.nbytes for a in t.values())
+    same(sluice.load(str(d / "model.safetensors.index.json"), device="numpy"), t)
+    same(sluice.load(sorted(str(p) for p in d.glob("*.safetensors")), device="numpy"), t)
+    (d / "model.safetensors.index.json").unlink()  # without an index: every .safetensors of the directory
+    same(sluice.load(str(d), device="numpy"), t)
+    with pytest.raises(sluice.SluiceError, match="no .safetensors"):
+        sluice.load(str(tmp_path), device="numpy")
+
+
+def test_a_tensor_in_two_files_is_an_error_naming_both(tmp_path):
+    sluice.save({"a": np.ones(3, np.float32), "b": np.zeros(2, np.int64)}, str(tmp_path / "one.safetensors"))
+    sluice.save({"b": np.zeros(2, np.int64)}, str(tmp_path / "two.safetensors"))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.load(str(tmp_path), device="numpy")
+    assert "'b'" in str(e.value) and "one.safetensors" in str(e.value) and "two.safetensors" in str(e.value)
+
+
+def test_an_index_naming_files_elsewhere_is_refused(tmp_path):
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
+    with pytest.raises(sluice.SluiceError, match="beside the index"):
+        sluice.load(str(tmp_path), device="numpy")
+    (tmp_path / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(sluice.SluiceError, match="not a safetensors index"):
+        sluice.load(str(tmp_path), device="numpy")
+
+
+def test_keys_read_only_those_tensors(tmp_path):
+    """Names and globs pick tensors; only their bytes are read (the report's payload); a name the checkpoint
+    lacks is an error naming it."""
+    t = model()
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    rep = {}
+    got = sluice.load(str(tmp_path / "ck"), device="numpy", keys=["layers.1.*", "norm.weight"], report=rep)
+    want = {k: v for k, v in t.items() if k.startswith("layers.1.") or k == "norm.weight"}
+    same(got, want)
+    assert rep["bytes"] == sum(a.nbytes for a in want.values())
+    assert sluice.load(str(tmp_path / "ck"), device="numpy", keys=["nothing.*"]) == {}
+    with pytest.raises(KeyError, match="'layers.9.qkv.weight'"):
+        sluice.load(str(tmp_path / "ck"), device="numpy", keys=["layers.9.qkv.weight"])
+
+
+def chunk(a, dim, rank, world):
+    """torch.chunk's cut of a along dim: ceil(n / world) each."""
+    step = -(-a.shape[dim] // world)
+    return np.take(a, range(min(rank * step, a.shape[dim]), min(rank * step + step, a.shape[dim])), axis=dim)
+
+
+@pytest.mark.parametrize("dim,world", [(0, 4), (1, 4), (-1, 3), (1, 8), (0, 1)])
+def test_one_ranks_slices_read_only_their_bytes(tmp_path, dim, world):
+    """(dim, rank, world): each tensor with that dim cut as torch.chunk cuts it (uneven sizes and empty parts
+    included), the others whole; the ranks' parts put together are the tensor; each rank reads only its part."""
+    t = model()
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=4000)
+    parts = []
+    for rank in range(world):
+        rep = {}
+        got = sluice.load(str(tmp_path / "ck"), device="numpy", shard=(dim, rank, world), report=rep)
+        want = {k: (chunk(v, dim, rank, world) if -v.ndim <= dim < v.ndim else v) for k, v in t.items()}
+        same(got, want)
+        assert rep["bytes"] == sum(a.nbytes for a in want.values())
+        parts.append(got)
+    for k, v in t.items():
+        if -v.ndim <= dim < v.ndim:
+            assert np.array_equal(np.concatenate([p[k] for p in parts], axis=dim), v), k
+
+
+def test_slices_chosen_per_tensor(tmp_path):
+    """A callable picks each tensor's cut, as tensor parallelism does: column-parallel weights by rows,
+    row-parallel ones by columns, the rest whole."""
+    t = model()
+    sluice.save(t, str(tmp_path / "ck.safetensors"))
+
+    def tp(name, shape):
+        if name.endswith("qkv.weight"):
+            return (0, 1, 2)
+        if name.endswith("proj.weight"):
+            return (1, 1, 2)
+        return None
+    got = sluice.load(str(tmp_path / "ck.safetensors"), device="numpy", shard=tp)
+    for k, v in t.items():
+        want = chunk(v, 0, 1, 2) if k.endswith("qkv.weight") else chunk(v, 1, 1, 2) if k.endswith("proj.weight") else v
+        assert np.array_equal(got[k], want), k
+    with pytest.raises(ValueError, match="rank 2 of world 2"):
+        sluice.load(str(tmp_path / "ck.safetensors"), device="numpy", shard=(0, 2, 2))
+
+
+def test_into_a_callers_tensors(tmp_path):
+    """into: the checkpoint lands in the caller's own arrays (no other buffer), which come back; a shape or
+    dtype that differs is an error naming the tensor, before anything is read."""
+    t = model()
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    into = {k: np.zeros_like(v) for k, v in t.items() if k.startswith("layers.2.")}
+    got = sluice.load(str(tmp_path / "ck"), into=into)
+    assert all(got[k] is into[k] for k in into) and set(got) == set(into)
+    same(into, {k: t[k] for k in into})
+    rows = {"layers.0.qkv.weight": np.zeros((12, 16), np.float32)}  # rank 3 of 4's rows
+    sluice.load(str(tmp_path / "ck"), into=rows, shard=(0, 3, 4))
+    assert np.array_equal(rows["layers.0.qkv.weight"], t["layers.0.qkv.weight"][36:])
+    for wrong, what in (({"norm.weight": np.zeros(16, np.float32)}, "float32"),
+                        ({"norm.weight": np.zeros(15, np.float16)}, "shape"),
+                        ({"nope": np.zeros(1, np.float16)}, "'nope'")):
+        with pytest.raises((ValueError, KeyError), match=what):
+            sluice.load(str(tmp_path / "ck"), into=wrong)
+
+
+def test_unaligned_tensors_across_files_land_aligned(tmp_path):
+    """Tensors at offsets that do not suit their dtype (another writer's files), in several files, come back
+    right and aligned, each read into its own place (no copy of a file)."""
+    a = np.arange(5, dtype=np.float64)
+    b = np.arange(3, dtype=np.int32)
+    for name, entries in (("x.safetensors", {"u": ("U8", [3], [0, 3]), "d": ("F64", [5], [3, 43])}),
+                          ("y.safetensors", {"v": ("U8", [1], [0, 1]), "i": ("I32", [3], [1, 13])})):
+        data = (bytes([1, 2, 3]) + a.tobytes()) if name == "x.safetensors" else (bytes([9]) + b.tobytes())
+        _file(tmp_path / name, entries, data)
+    got = sluice.load(str(tmp_path), device="numpy")
+    assert np.array_equal(got["d"], a) and np.array_equal(got["i"], b) and got["u"].tolist() == [1, 2, 3]
+    assert got["d"].ctypes.data % 8 == 0 and got["i"].ctypes.data % 4 == 0
+
+
+def test_sharded_checkpoint_read_by_safetensors(tmp_path):
+    """Where safetensors is installed: every file of a sharded save opens with safe_open and holds what the
+    index says, byte for byte."""
+    st = pytest.importorskip("safetensors")
+    t = model()
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    wm = json.loads((tmp_path / "ck" / "model.safetensors.index.json").read_text())["weight_map"]
+    seen = set()
+    for f in set(wm.values()):
+        with st.safe_open(str(tmp_path / "ck" / f), framework="numpy") as h:
+            for k in h.keys():
+                assert wm[k] == f and np.array_equal(h.get_tensor(k), t[k])
+                seen.add(k)
+    assert seen == set(t)
+
+
+def _cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    return torch
+
+
+def test_into_a_models_parameters_on_the_gpu(tmp_path):
+    """A module's state_dict() on the GPU as into=: its parameters hold the checkpoint after, and the load
+    allocated no GPU memory of its own (peak at most 5% of the model above what was allocated before)."""
+    torch = _cuda()
+    torch.manual_seed(5)
+    src = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(torch.bfloat16)
+    sluice.save({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "ck"), max_shard_size=4 << 20)
+    dst = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(torch.bfloat16).cuda()
+    for p in dst.parameters():
+        p.data.zero_()
+    model_bytes = sum(p.numel() * p.element_size() for p in dst.parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    sluice.load(str(tmp_path / "ck"), into=dst.state_dict())
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 0.05 * model_bytes
+    for (k, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.equal(a, b.cpu()), k
+
+
+def test_one_ranks_slices_on_the_gpu(tmp_path):
+    """bf16 tensors, column and row slices into GPU memory, equal to torch.chunk of the whole."""
+    torch = _cuda()
+    torch.manual_seed(6)
+    t = {"a": torch.randn(300, 200).to(torch.bfloat16), "b": torch.randn(7, 64, 33).to(torch.bfloat16)}
+    sluice.save(t, str(tmp_path / "ck.safetensors"))
+    for dim in (0, 1, -1):
+        for rank in range(3):
+            got = sluice.load(str(tmp_path / "ck.safetensors"), device="cuda", shard=(dim, rank, 3))
+            for k, v in t.items():
+                want = torch.chunk(v, 3, dim=dim)[rank] if rank < len(torch.chunk(v, 3, dim=dim)) else None
+                assert got[k].is_cuda and want is not None and torch.equal(got[k].cpu(), want), (k, dim, rank)

@@ -159,3 +159,15 @@ def test_file_replaced_while_read_is_an_error_not_a_mix(web):
         assert all(h.get("if-match", "").startswith('"') for m, _, h in p.headers if m == "GET")
     finally:
         p.shutdown()
+
+
+def test_checkpoint_over_http(web):
+    """A sharded checkpoint served by a web server loads from its URL prefix (the index, then its files), as
+    model files are often served."""
+    rng = np.random.default_rng(24)
+    t = {f"m{i}": rng.standard_normal((40, 24)).astype(np.float32) for i in range(5)}
+    sluice.save(t, str(web.root / "ck"), max_shard_size=8000)
+    back = sluice.load(web.url("ck/"), device="numpy")
+    assert set(back) == set(t) and all(np.array_equal(back[k], t[k]) for k in t)
+    cols = sluice.load(web.url("ck/model.safetensors.index.json"), device="numpy", shard=(1, 2, 3))
+    assert all(np.array_equal(cols[k], t[k][:, 16:24]) for k in t)

@@ -394,6 +394,23 @@ def test_checkpoint_save_load_s3(s3):
     assert set(back) == {"w", "b"} and np.array_equal(back["w"], t["w"]) and np.array_equal(back["b"], t["b"])
 
 
+def test_sharded_checkpoint_on_s3(s3):
+    """A sharded checkpoint saved under an s3:// prefix (its files, then its index) loads from the prefix, some
+    tensors by glob, and one rank's rows, in one batched read of the objects."""
+    rng = np.random.default_rng(12)
+    t = {f"l{i}.w": rng.standard_normal((64, 32)).astype(np.float32) for i in range(6)}
+    sluice.save(t, "s3://pytest/sharded", max_shard_size=20000)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="pytest", Prefix="sharded/")["Contents"]}
+    assert "sharded/model.safetensors.index.json" in keys and len(keys) == 4  # three shards of two tensors
+    back = sluice.load("s3://pytest/sharded/", device="numpy")
+    assert set(back) == set(t) and all(np.array_equal(back[k], t[k]) for k in t)
+    part = sluice.load("s3://pytest/sharded/model.safetensors.index.json", device="numpy", keys=["l[02].w"],
+                       shard=(0, 1, 4))
+    assert set(part) == {"l0.w", "l2.w"} and all(np.array_equal(part[k], t[k][16:32]) for k in part)
+    with pytest.raises(sluice.SluiceError, match="neither"):
+        sluice.load("s3://pytest/nothing-here/", device="numpy")
+
+
 def test_client_async_and_knobs(s3):
     """The client's async_read / async_write return futures at once and call back when done; knobs under the
     engine's names give a client an engine of its own (ranges of max_transfer_size, threads GETs in flight)."""

@@ -1,0 +1,142 @@
+"""The safetensors layout (https://github.com/huggingface/safetensors): an unsigned 64-bit little-endian header
+length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
+then the data; offsets are relative to the end of the header.  Its dtypes, the strict check of a header read
+from outside, and the header written.  A sharded checkpoint adds model.safetensors.index.json:
+{"metadata": {"total_size": bytes}, "weight_map": {name: file}}, as Hugging Face tools write and read it.
+"""
+import ctypes as C
+import json
+import os
+import struct
+
+import numpy as np
+
+from ._lib import SluiceError, check, lib
+from .buffers import _eng, read
+
+# Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
+# and its torch dtype's name (None: none; raw bytes).  F4 packs two elements a byte (torch's float4_e2m1fn_x2,
+# whose last dimension is half the file's); F6 types have no torch dtype.
+BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+         "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
+         "I64": 64, "U64": 64}
+DT = {"F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np.float16, "float16"),
+       "BF16": (None, "bfloat16"), "I64": (np.int64, "int64"), "I32": (np.int32, "int32"),
+       "I16": (np.int16, "int16"), "I8": (np.int8, "int8"), "U8": (np.uint8, "uint8"), "BOOL": (np.bool_, "bool"),
+       "U16": (np.uint16, "uint16"), "U32": (np.uint32, "uint32"), "U64": (np.uint64, "uint64"),
+       "C64": (np.complex64, "complex64"), "F8_E4M3": (None, "float8_e4m3fn"), "F8_E5M2": (None, "float8_e5m2"),
+       "F8_E8M0": (None, "float8_e8m0fnu"), "F4": (None, "float4_e2m1fn_x2"), "F6_E2M3": (None, None),
+       "F6_E3M2": (None, None)}
+SIZE = {k: max(1, b // 8) for k, b in BITS.items()}  # bytes an element's view needs aligned
+HEADER_MAX = 100 << 20
+
+
+def st_dtype(t):
+    """safetensors dtype name of a numpy array or torch tensor."""
+    name = str(t.dtype).replace("torch.", "")
+    for k, (npd, tname) in DT.items():
+        if name == tname or (npd is not None and name == np.dtype(npd).name):
+            return k
+    raise ValueError(f"sluice.save: dtype {t.dtype} has no safetensors name")
+
+
+def nbytes(t, dt):
+    """Bytes of t in the file: F4's torch dtype holds two elements a byte, as the file does."""
+    return int(np.prod(t.shape, dtype=np.int64)) * (1 if dt == "F4" else BITS[dt] // 8)
+
+
+def is_url(path):
+    """An s3:// or http(s):// location, read through the engine rather than the file system."""
+    return str(path).startswith(("s3://", "http://", "https://"))
+
+
+def open_file(path, flags):
+    """A sluice file handle of the engine (flags 0: read, 1: write); close with lib.sluice_file_close."""
+    f = C.c_void_p()
+    check(lib.sluice_file_open(C.byref(f), _eng(), os.fsencode(path), flags))
+    return f
+
+
+def head(path, n):
+    """Up to n bytes at the start of path (a file or an s3:// object) and its size."""
+    if is_url(path):
+        f = open_file(path, 0)
+        try:
+            size = lib.sluice_file_size(f)
+        finally:
+            lib.sluice_file_close(f)
+        buf = np.empty(min(n, size), np.uint8)
+        if buf.size:
+            read(path, buf)
+        return buf.tobytes(), size
+    with open(path, "rb") as h:
+        return h.read(n), os.path.getsize(path)
+
+
+def bad(path, why):
+    return SluiceError(-100011, f"{path}: {why}")
+
+
+def read_header(path):
+    """(header dict, data start) of a safetensors file, checked as strictly as safetensors checks it: a JSON
+    object of tensors {dtype, shape, data_offsets} and an optional __metadata__ of strings; every dtype one of
+    the specification's; shapes of non-negative integers whose element count fits 64 bits and fills whole
+    bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the file
+    (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
+    raw, size = head(path, 8)
+    if len(raw) < 8:
+        raise bad(path, "not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > HEADER_MAX or 8 + n > size:
+        raise bad(path, f"header of {n} bytes does not fit the file ({size} bytes)")
+    try:
+        header = json.loads(head(path, 8 + n)[0][8:].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(path, f"header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad(path, "header is not a JSON object")
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                 for k, v in meta.items())):
+        raise bad(path, "__metadata__ is not an object of strings")
+    spans = []
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+            raise bad(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
+        dt, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
+        if dt not in BITS:
+            raise bad(path, f"tensor '{name}' has dtype {dt!r}, unknown to the safetensors specification")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise bad(path, f"tensor '{name}' has shape {shape!r}: not a list of non-negative integers")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
+            raise bad(path, f"tensor '{name}' has data_offsets {offs!r}: not two non-negative integers")
+        count = 1
+        for d in shape:
+            count *= d
+        if count * BITS[dt] >= 1 << 64:
+            raise bad(path, f"tensor '{name}' of shape {shape}: its size overflows 64 bits")
+        if count * BITS[dt] % 8:
+            raise bad(path, f"tensor '{name}' of {count} {dt} elements does not fill whole bytes")
+        if offs[1] < offs[0] or offs[1] - offs[0] != count * BITS[dt] // 8:
+            raise bad(path, f"tensor '{name}': data_offsets {offs} do not hold {count} {dt} elements")
+        spans.append((offs[0], offs[1], name))
+    at, data = 0, size - 8 - n
+    for b, e, name in sorted(spans):
+        if b != at:
+            raise bad(path, f"tensor '{name}' starts at {b}: " + ("it overlaps the one before" if b < at
+                                                                  else f"a gap of {b - at} bytes before it"))
+        if e > data:
+            raise bad(path, f"tensor '{name}' ends at {e}, past the {data} data bytes in the file")
+        at = e
+    if at != data:
+        raise bad(path, f"the tensors end at {at} of {data} data bytes (trailing bytes)")
+    return header, 8 + n
+
+
+def header_bytes(header):
+    """The bytes before the data: length and JSON, padded so the data starts 8-byte aligned (as safetensors)."""
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * (-(len(hj) + 8) % 8)
+    return struct.pack("<Q", len(hj)) + hj
