@@ -1,59 +1,212 @@
-"""GPU process checkpoints (issue #15): a CUDA process holding SIZE of GPU memory, suspended to host memory
-and resumed by `sluice checkpoint`, REPS times; medians of each phase, the GB/s the checkpoint and the
-restore moved, and the process's own check of its data afterwards.
+"""Checkpoint loaders side by side (issue #24): safetensors, fastsafetensors, the Run:ai Model Streamer,
+InstantTensor and sluice load the same sharded safetensors checkpoint into one GPU, each at its defaults and at
+the settings its documentation offers for speed; passes interleaved, cold (page cache dropped) and warm; fio
+reads the same files (O_DIRECT) as the storage's own rate.  Each pass is a fresh process that starts CUDA
+first, then times from the load call until every tensor is on the GPU (synchronized); it checks the tensors'
+sums against the writer's, so a loader that is fast and wrong fails.
 
-    python3 bench/ckpt_bench.py --sizes 1G,8G,32G --reps 3
+    python3 bench/ckpt_bench.py --shape llama8b --layers 16 --modes cold,warm --reps 3 --out ckpt.json
+
+Shapes: llama8b (Llama-3-8B: hidden 4096, 14336 MLP, GQA 8 of 32 heads, 128256 vocabulary; --layers of 32;
+16 layers make 9.1 GB, the issue's checkpoint), moe (Qwen3-30B-A3B-like: 128 experts of 768 x 2048 each
+layer, thousands of small tensors; --layers of 48).  bf16, shards of 5 GB, as Hugging Face writes them.
 """
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SLUICE = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from benchlib import parse_size  # noqa: E402
-from test_process_checkpoint import CHILD  # noqa: E402  (the test's process: the same data check)
+from benchlib import GB, Results, drop_caches, side_by_side, warm  # noqa: E402
+
+# Every loader as one run in a child: FILES (the shards, sorted), DIR (the checkpoint), DEV ("cuda:0").
+LOADERS = {
+    "safetensors": """
+from safetensors.torch import load_file
+out = {}
+for f in FILES:
+    out.update(load_file(f, device=DEV))
+""",
+    "fastsafetensors": """
+from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+loader = SafeTensorsFileLoader(SingleGroup(), torch.device(DEV), nogds=True, **KW)
+loader.add_filenames({0: FILES})
+fb = loader.copy_files_to_device()
+out = {k: fb.get_tensor(k) for k in list(loader.get_keys())}
+""",
+    "runai": """
+from runai_model_streamer import SafetensorsStreamer
+out = {}
+with SafetensorsStreamer() as s:
+    s.stream_files(FILES, device=DEV)
+    for name, t in s.get_tensors():
+        out[name] = t if t.is_cuda else t.to(DEV)
+""",
+    "instanttensor": """
+from instanttensor import safe_open
+out = {}
+with safe_open(FILES, framework="pt", device=0, **KW) as f:
+    for name, t in f.tensors():
+        out[name] = t
+""",
+    "sluice": """
+import sluice
+out = sluice.load(DIR, device=DEV)
+""",
+}
+# The contenders: a loader at its defaults, or at the settings its documentation offers for speed.
+VARIANTS = {
+    "safetensors": ("safetensors", {}, {}),
+    "fastsafetensors": ("fastsafetensors", {}, {}),
+    "fastsafetensors max_threads=64": ("fastsafetensors", {"max_threads": 64}, {}),
+    "runai": ("runai", {}, {}),
+    "runai concurrency=64": ("runai", {}, {"RUNAI_STREAMER_CONCURRENCY": "64"}),
+    "instanttensor": ("instanttensor", {}, {}),
+    "instanttensor buffered": ("instanttensor", {"backend": "BUFFERED"}, {}),
+    "sluice": ("sluice", {}, {}),
+}
+
+CHILD = """
+import json, os, resource, sys, time
+import torch
+DEV, DIR = "cuda:0", sys.argv[1]
+FILES = sorted(os.path.join(DIR, n) for n in os.listdir(DIR) if n.endswith(".safetensors"))
+KW = json.loads(sys.argv[2])
+if KW.get("backend"):
+    import instanttensor
+    KW["backend"] = getattr(instanttensor.BackendPolicy, KW["backend"], None) or getattr(instanttensor.Backend, KW["backend"])
+torch.empty(1, device=DEV)  # CUDA started before the clock
+torch.cuda.synchronize()
+ru = resource.getrusage(resource.RUSAGE_SELF)
+t0 = time.perf_counter()
+%s
+torch.cuda.synchronize()
+secs = time.perf_counter() - t0
+ru2 = resource.getrusage(resource.RUSAGE_SELF)
+nbytes = sum(t.numel() * t.element_size() for t in out.values())
+ref = json.load(open(os.path.join(DIR, "sums.json")))
+sums = {k: int(out[k].contiguous().view(torch.int16).to(torch.int64).sum().item()) for k in ref}
+print(json.dumps({"seconds": secs, "bytes": nbytes, "tensors": len(out), "sums_ok": sums == ref,
+                  "cpu_s": ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime,
+                  "on_gpu": all(t.is_cuda for t in out.values())}))
+"""
+
+
+def shapes(kind, layers):
+    """(name, shape) of each tensor of the checkpoint, in Hugging Face's names."""
+    if kind == "llama8b":
+        h, f, kv, vocab = 4096, 14336, 1024, 128256
+        yield "model.embed_tokens.weight", (vocab, h)
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            yield p + "input_layernorm.weight", (h,)
+            for n, s in (("q", (h, h)), ("k", (kv, h)), ("v", (kv, h)), ("o", (h, h))):
+                yield p + f"self_attn.{n}_proj.weight", s
+            yield p + "post_attention_layernorm.weight", (h,)
+            for n, s in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f))):
+                yield p + f"mlp.{n}_proj.weight", s
+        yield "model.norm.weight", (h,)
+        yield "lm_head.weight", (vocab, h)
+    elif kind == "moe":
+        h, e, f, heads = 2048, 128, 768, 32
+        yield "model.embed_tokens.weight", (151936, h)
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            yield p + "input_layernorm.weight", (h,)
+            for n, s in (("q", (heads * 128, h)), ("k", (4 * 128, h)), ("v", (4 * 128, h)), ("o", (h, heads * 128))):
+                yield p + f"self_attn.{n}_proj.weight", s
+            yield p + "post_attention_layernorm.weight", (h,)
+            yield p + "mlp.gate.weight", (e, h)
+            for x in range(e):
+                for n, s in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f))):
+                    yield p + f"mlp.experts.{x}.{n}_proj.weight", s
+        yield "model.norm.weight", (h,)
+        yield "lm_head.weight", (151936, h)
+    else:
+        raise SystemExit(f"unknown shape {kind!r} (llama8b, moe)")
+
+
+def make(d, kind, layers):
+    """The checkpoint at d (made once): bf16 random tensors, 5 GB shards and an index, written by
+    sluice.save, and sums.json: the writer's sum of a few tensors' 16-bit words."""
+    if os.path.exists(os.path.join(d, "sums.json")):
+        return
+    import torch
+    import sluice
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t = {n: torch.randn(s, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+         for n, s in shapes(kind, layers)}
+    sluice.save(t, d, max_shard_size=5 * 10**9)
+    names = sorted(t)
+    pick = [names[0], names[len(names) // 2], names[-1], "model.embed_tokens.weight"]
+    sums = {k: int(t[k].view(torch.int16).to(torch.int64).sum().item()) for k in pick}
+    with open(os.path.join(d, "sums.json"), "w") as f:
+        json.dump(sums, f)
+
+
+def one_pass(d, variant):
+    loader, kw, env = VARIANTS[variant]
+    r = subprocess.run([sys.executable, "-c", CHILD % LOADERS[loader], d, json.dumps(kw)], capture_output=True,
+                       text=True, env=dict(os.environ, **env), timeout=600)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if not (got["sums_ok"] and got["on_gpu"]):
+        raise RuntimeError(f"wrong tensors: {got}")
+    got["gb_s"] = got["bytes"] / got["seconds"] / GB
+    got["cpu_s_per_gb"] = got["cpu_s"] / (got["bytes"] / GB)
+    return got
+
+
+def fio_pass(fio, d):
+    """fio reading every shard once, O_DIRECT, io_uring, 4 MiB at depth 32 a file, the files at once."""
+    files = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
+    args = [fio, "--output-format=json", "--ioengine=io_uring", "--direct=1", "--rw=read", "--bs=4M", "--iodepth=32",
+            "--group_reporting"]
+    for i, f in enumerate(files):
+        args += [f"--name=f{i}", f"--filename={f}"]
+    t0 = time.perf_counter()
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    secs = time.perf_counter() - t0
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    return {"gb_s": j["read"]["io_bytes"] / secs / GB, "bytes": j["read"]["io_bytes"], "seconds": secs}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1G,8G")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="/var/tmp/sluice-ckpt")
+    ap.add_argument("--shape", default="llama8b")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--modes", default="cold,warm")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out")
+    ap.add_argument("--only", default="", help="comma list of contenders (default: all)")
+    ap.add_argument("--fio", default="", help="fio binary: cold reference")
+    ap.add_argument("--out", default="ckpt_bench.json")
+    ap.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    results = []
-    for s in a.sizes.split(","):
-        size = parse_size(s)
-        p = subprocess.Popen([sys.executable, "-c", CHILD, str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-        ready = p.stdout.readline().split()
-        runs = []
-        for _ in range(a.reps):
-            r = subprocess.run([SLUICE, "checkpoint", "--json", str(p.pid)], capture_output=True, text=True)
-            if r.returncode:
-                sys.exit(f"checkpoint failed: {r.stderr}")
-            runs.append(json.loads(r.stdout))
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        after = p.stdout.readline().split()
-        p.wait()
-        med = {k: statistics.median(r[k] for r in runs) for k in ("lock_s", "checkpoint_s", "restore_s", "unlock_s",
-                                                                  "gpu_bytes_moved")}
-        row = dict(size=size, reps=a.reps, **med, intact=after == ["after", ready[1], ready[2], "True"],
-                   checkpoint_gb_s=med["gpu_bytes_moved"] / med["checkpoint_s"] / 1e9,
-                   restore_gb_s=med["gpu_bytes_moved"] / med["restore_s"] / 1e9, runs=runs)
-        results.append(row)
-        print(f"[ckpt] {s}: lock {med['lock_s'] * 1e3:.1f} ms, checkpoint {med['checkpoint_s']:.3f} s "
-              f"({row['checkpoint_gb_s']:.2f} GB/s), restore {med['restore_s']:.3f} s ({row['restore_gb_s']:.2f} GB/s), "
-              f"unlock {med['unlock_s'] * 1e3:.1f} ms, moved {med['gpu_bytes_moved'] / 1e9:.2f} GB, "
-              f"data intact: {row['intact']}", flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(results, f, indent=1)
+    d = os.path.join(a.dir, f"{a.shape}-{a.layers}")
+    os.makedirs(d, exist_ok=True)
+    if a.make_only:
+        return make(d, a.shape, a.layers)
+    # Made in a child, so this process holds no CUDA context or memory while the loaders run.
+    subprocess.run([sys.executable, __file__, "--make-only", "--dir", a.dir, "--shape", a.shape, "--layers",
+                    str(a.layers)], check=True)
+    size = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".safetensors"))
+    res = Results(a.out, shape=a.shape, layers=a.layers, bytes=size, reps=a.reps)
+    names = [v for v in VARIANTS if not a.only or v in a.only.split(",")]
+    for mode in a.modes.split(","):
+        contenders = {v: (lambda v=v: one_pass(d, v)) for v in names}
+        if mode == "cold" and a.fio:
+            contenders["fio"] = lambda: fio_pass(a.fio, d)
+        got = side_by_side(contenders, a.reps, before=drop_caches if mode == "cold" else (lambda: warm(d)))
+        res[mode] = got
+        for name, r in got.items():
+            print(f"[ckpt] {mode:4s} {name:32s} " + (f"{r['gb_s']:6.2f} GB/s ({min(r['passes']):.2f}-"
+                  f"{max(r['passes']):.2f}), {r.get('cpu_s_per_gb', 0):.2f} CPU s/GB" if "error" not in r
+                  else f"error: {r['error'][:160]}"), flush=True)
 
 
 if __name__ == "__main__":
