@@ -67,6 +67,11 @@ VARIANTS = {
     "instanttensor": ("instanttensor", {}, {}),
     "instanttensor buffered": ("instanttensor", {"backend": "BUFFERED"}, {}),
     "sluice": ("sluice", {}, {}),
+    # sluice's own settings, for the sweep (not its defaults).
+    "sluice direct=never": ("sluice", {}, {"SLUICE_DIRECT": "never"}),
+    "sluice 16M": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M"}),
+    "sluice 16 threads x 8": ("sluice", {}, {"SLUICE_THREADS": "16", "SLUICE_QUEUE_DEPTH": "8"}),
+    "sluice queue_depth=16": ("sluice", {}, {"SLUICE_QUEUE_DEPTH": "16"}),
 }
 
 CHILD = """
@@ -161,10 +166,11 @@ def one_pass(d, variant):
     return got
 
 
-def fio_pass(fio, d):
-    """fio reading every shard once, O_DIRECT, io_uring, 4 MiB at depth 32 a file, the files at once."""
+def fio_pass(fio, d, direct=1, bs="4M"):
+    """fio reading every shard once, io_uring, BS at depth 32 a file, the files at once, O_DIRECT or not."""
     files = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
-    args = [fio, "--output-format=json", "--ioengine=io_uring", "--direct=1", "--rw=read", "--bs=4M", "--iodepth=32",
+    args = [fio, "--output-format=json", "--ioengine=io_uring", f"--direct={direct}", "--rw=read", f"--bs={bs}",
+            "--iodepth=32",
             "--group_reporting"]
     for i, f in enumerate(files):
         args += [f"--name=f{i}", f"--filename={f}"]
@@ -184,6 +190,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="comma list of contenders (default: all)")
     ap.add_argument("--fio", default="", help="fio binary: cold reference")
+    ap.add_argument("--fio-buffered", action="store_true", help="also fio through the page cache, 16 MiB reads")
     ap.add_argument("--out", default="ckpt_bench.json")
     ap.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -201,6 +208,8 @@ def main():
         contenders = {v: (lambda v=v: one_pass(d, v)) for v in names}
         if mode == "cold" and a.fio:
             contenders["fio"] = lambda: fio_pass(a.fio, d)
+            if a.fio_buffered:
+                contenders["fio buffered 16M"] = lambda: fio_pass(a.fio, d, 0, "16M")
         got = side_by_side(contenders, a.reps, before=drop_caches if mode == "cold" else (lambda: warm(d)))
         res[mode] = got
         for name, r in got.items():

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ._lib import Range, SluiceError, XferReport, check, lib
-from ._safetensors import BITS, DT, bad, header_bytes, is_url, nbytes, open_file, read_header, st_dtype
+from ._safetensors import BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, st_dtype
 from .buffers import _buffer, _eng, read, write
 
 INDEX = "model.safetensors.index.json"
@@ -340,6 +340,60 @@ def _view(buf, torch, o, n, dt, shape):
     return piece.view(npd).reshape(shape)
 
 
+class _Planned:
+    """One tensor to read: its file, dtype, shape out, the file ranges of its bytes, and where they land."""
+    __slots__ = ("name", "fi", "dt", "shape", "offs", "lens", "n", "dst", "in_run")
+
+    def __init__(self, name, fi, dt, shape, offs, lens, n):
+        self.name, self.fi, self.dt, self.shape, self.offs, self.lens, self.n = name, fi, dt, shape, offs, lens, n
+        self.dst, self.in_run = None, False
+
+
+def _place(plans, own):
+    """Where each tensor lands in a buffer of load's own (own: its offset there) and which land together:
+    whole tensors that follow one another in a file land as they lie there, one range for all of them (fewer,
+    larger reads and copies), as long as each stays aligned to its dtype; slices get places of their own.
+    Returns (buffer bytes, runs as [file index, file offset, bytes, buffer offset])."""
+    if not own:
+        return 0, []
+    total, runs, run = 0, [], None
+    for p in sorted(plans, key=lambda p: (p.fi, int(p.offs[0]) if len(p.offs) else -1)):
+        whole = len(p.offs) == 1
+        if whole and run and run[0] == p.fi and p.offs[0] == run[1] + run[2] and (p.offs[0] - run[1]) % SIZE[p.dt] == 0:
+            p.dst, p.in_run = run[3] + int(p.offs[0]) - run[1], True
+            run[2] += p.n
+            total = run[3] + run[2]  # a run is always the buffer's last
+            continue
+        total = -(-total // _ALIGN) * _ALIGN
+        p.dst, total = total, total + p.n
+        run = [p.fi, int(p.offs[0]), p.n, p.dst] if whole else None
+        if run:
+            p.in_run = True
+            runs.append(run)
+    return total, runs
+
+
+def _ranges(plans, runs, files, base):
+    """The reads as struct sluice_range entries: one per run, and each other tensor's ranges back to back from
+    its destination (base + its offset in load's buffer, or a caller's tensor's address with base 0)."""
+    rest = [p for p in plans if not p.in_run and len(p.offs)]
+    n = len(runs) + sum(len(p.offs) for p in rest)
+    r = np.empty(n, _RANGE)
+    if runs:
+        a = np.array(runs, np.uint64)
+        r["file"][:len(runs)] = np.array(files, np.uintp)[a[:, 0].astype(np.intp)]
+        r["offset"][:len(runs)], r["len"][:len(runs)] = a[:, 1], a[:, 2]
+        r["buf"][:len(runs)] = a[:, 3] + np.uint64(base)
+    k = len(runs)
+    for p in rest:
+        m = len(p.offs)
+        r["file"][k:k + m], r["offset"][k:k + m], r["len"][k:k + m] = files[p.fi], p.offs, p.lens
+        r["buf"][k:k + m] = np.uint64(base + p.dst) + np.concatenate((np.zeros(1, np.uint64),
+                                                                       np.cumsum(p.lens[:-1], dtype=np.uint64)))
+        k += m
+    return r[r["len"] > 0]
+
+
 def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     """Reads a checkpoint in the safetensors layout into a dict of name -> tensor.
 
@@ -355,45 +409,38 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     memory stays the model's; dtype and shape (of the slice, with shard) must match; returns those tensors.
     device: where new tensors go: torch tensors on "cpu", "cuda" or "cuda:N", or numpy arrays for "numpy" (and
     "cpu" without torch).  They are views of one buffer, each at an aligned place whatever its offset in the file.
-    report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), seconds and path."""
+    report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), ios, seconds, path."""
     files = _sources(source)
     table = _tensors(files)
     names = _select(table, keys, into, source)
-    plans, total = [], 0
+    plans = []
     for name in names:
         fi, v, start = table[name]
         shape, offs, lens = _plan(v, start, None if shard is None else _slice_of(shard, name, v["shape"]), name)
         if into is not None:
             _check_into(name, into[name], v["dtype"], shape)
-        n = int(lens.sum())
-        plans.append((name, fi, v["dtype"], shape, offs, lens, n, total))
-        total += -(-n // _ALIGN) * _ALIGN
+        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, int(lens.sum())))
+    total, runs = _place(plans, into is None)
     if into is None:
         buf, base, torch = _alloc(total, device)
+    else:
+        base = 0
+        for p in plans:
+            p.dst = _buffer(into[p.name], True)[0]
     handles = []
     try:
         handles = [open_file(f, 0) for f in files]
-        ranges = np.empty(sum(len(p[4]) for p in plans), _RANGE)
-        k = 0
-        for name, fi, dt, shape, offs, lens, n, o in plans:
-            dst = _buffer(into[name], True)[0] if into is not None else base + o
-            m = len(offs)
-            ranges["file"][k:k + m] = handles[fi].value
-            ranges["offset"][k:k + m] = offs
-            ranges["len"][k:k + m] = lens
-            ranges["buf"][k:k + m] = np.uint64(dst) + np.concatenate((np.zeros(1, np.uint64), np.cumsum(lens[:-1], dtype=np.uint64)))
-            k += m
-        keep = ranges[ranges["len"] > 0]
+        ranges = _ranges(plans, runs, [h.value for h in handles], base)
         rep = XferReport()
-        if len(keep):
-            check(lib.sluice_read_batch(_eng(), keep.ctypes.data_as(C.POINTER(Range)), len(keep), C.byref(rep)))
+        if len(ranges):
+            check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
         if report is not None:
-            report.update(files=len(files), tensors=len(names), bytes=rep.bytes, seconds=rep.seconds,
+            report.update(files=len(files), tensors=len(names), bytes=rep.bytes, ios=rep.ios, seconds=rep.seconds,
                           path=rep.path.decode())
     finally:
         for h in handles:
             lib.sluice_file_close(h)
     if into is not None:
         return {name: into[name] for name in names}
-    return {name: _view(buf, torch, o, n, dt, shape) for name, fi, dt, shape, offs, lens, n, o in plans}
+    return {p.name: _view(buf, torch, p.dst, p.n, p.dt, p.shape) for p in plans}
 
