@@ -382,6 +382,15 @@ SLUICE_API SLUICE_WUR int sluice_gpu_copy(struct sluice_engine *eng, void *dst,
 					  const void *src, size_t n);
 /* 1 if p points into CUDA device memory, else 0. */
 SLUICE_API int sluice_is_gpu_ptr(struct sluice_engine *eng, const void *p);
+/*
+ * Waits until the work queued on stream (a CUstream of the engine's GPU;
+ * 1 and 2 are CUDA's legacy and per-thread default streams) is done.  The
+ * synchronous transfers read and write GPU memory on the engine's own
+ * streams: memory that a caller's kernels are still writing must be
+ * waited for first (the Python package does so with the stream that
+ * __cuda_array_interface__ names).  Returns 0, SLUICE_ENOGPU or SLUICE_ECUDA.
+ */
+SLUICE_API SLUICE_WUR int sluice_gpu_stream_sync(struct sluice_engine *eng, void *stream);
 
 /* ================================================================
  * Files

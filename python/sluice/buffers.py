@@ -1,7 +1,6 @@
 """The process's engine, the memory sluice moves bytes into (numpy, __cuda_array_interface__, DLPack), and the
 transfer calls: read, write, read_broadcast, their async forms and futures."""
 import ctypes as C
-import json
 import os
 import sys
 
@@ -70,9 +69,17 @@ def _contiguous(shape, strides, item):
     return tuple(reversed(want)) == tuple(strides) or int(np.prod(shape, dtype=np.int64)) <= 1
 
 
-def _dlpack(a):
-    """(pointer, bytes, capsule) of an object that only speaks DLPack; the capsule keeps the memory alive."""
-    cap = a.__dlpack__()
+def _dlpack(a, ordered):
+    """(pointer, bytes, capsule) of an object that only speaks DLPack; the capsule keeps the memory alive.  With
+    ordered, GPU memory is handed over on CUDA's legacy stream (DLPack's stream=1) and that stream is waited for,
+    so the producer's queued work is done before sluice touches the memory."""
+    gpu = ordered and getattr(a, "__dlpack_device__", lambda: (1, 0))()[0] == 2
+    try:
+        cap = a.__dlpack__(stream=1) if gpu else a.__dlpack__()
+    except TypeError:  # a producer without the stream argument (older DLPack)
+        cap = a.__dlpack__()
+    if gpu:
+        check(lib.sluice_gpu_stream_sync(_eng(), 1))
     get = C.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = C.c_void_p, [C.py_object, C.c_char_p]
     t = C.cast(get(cap, b"dltensor"), C.POINTER(_DLTensor)).contents
@@ -88,17 +95,41 @@ def _dlpack(a):
     return (t.data or 0) + t.byte_offset, int(np.prod(shape, dtype=np.int64)) * item, cap
 
 
-def _buffer(a, writable):
+def _ready(objs):
+    """Waits until the GPU work already queued on these arrays' memory is done: sluice's synchronous transfers
+    run on the engine's own streams, so a kernel still writing a tensor (or reading one a transfer overwrites)
+    would race them.  torch tensors: their devices' current streams; other __cuda_array_interface__ arrays: the
+    stream the interface names."""
+    torch_devices, streams = set(), set()
+    for a in objs:
+        if getattr(a, "is_cuda", False) and hasattr(a, "device"):
+            torch_devices.add(a.device)
+            continue
+        cai = getattr(a, "__cuda_array_interface__", None)
+        if cai is not None and cai.get("stream") is not None:
+            streams.add(cai["stream"])
+    if torch_devices:
+        import torch
+        for d in torch_devices:
+            torch.cuda.current_stream(d).synchronize()
+    for s in streams:
+        check(lib.sluice_gpu_stream_sync(_eng(), s))
+
+
+def _buffer(a, writable, ordered=True):
     """(pointer, bytes, keep) of a contiguous host (numpy), __cuda_array_interface__ or DLPack array; keep is
-    what must stay alive while sluice uses the memory."""
+    what must stay alive while sluice uses the memory.  ordered: for a synchronous transfer, the GPU work
+    queued on the memory is waited for first (see _ready); async transfers order on their stream instead."""
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         item, shape = np.dtype(cai["typestr"]).itemsize, tuple(cai["shape"])
         if not _contiguous(shape, cai.get("strides"), item):  # strides None means C-contiguous
             raise ValueError("sluice needs a C-contiguous GPU array")
+        if ordered:
+            _ready([a])
         return cai["data"][0], int(np.prod(shape, dtype=np.int64)) * item, a
     if not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):
-        return _dlpack(a)
+        return _dlpack(a, ordered)
     a = np.asarray(a)
     if not a.flags["C_CONTIGUOUS"] or (writable and not a.flags["WRITEABLE"]):
         raise ValueError("sluice needs a C-contiguous%s numpy array" % (" writable" if writable else ""))
@@ -156,7 +187,7 @@ class Future:
 
 
 def _async(path, array, offset, write, stream):
-    ptr, n, keep = _buffer(array, not write)
+    ptr, n, keep = _buffer(array, not write, ordered=False)
     if stream is None:
         import torch
         stream = torch.cuda.current_stream().cuda_stream

@@ -14,7 +14,7 @@ import numpy as np
 
 from ._lib import Range, SluiceError, XferReport, check, lib
 from ._safetensors import BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, st_dtype
-from .buffers import _buffer, _eng, read, write
+from .buffers import _buffer, _eng, _ready, read, write
 
 INDEX = "model.safetensors.index.json"
 _ALIGN = 64  # where load places each tensor in a buffer of its own making
@@ -76,12 +76,13 @@ def _save_file(tensors, path, metadata):
     try:
         with open(tmp, "wb") as h:
             h.write(head)
+        _ready([t for t, _, _ in items])  # the kernels that made GPU tensors are done before the engine reads them
         f = open_file(tmp, 1)
         ranges = (Range * max(1, len(items)))()
         k = 0
         for t, o, n in items:
             if n:
-                ptr = t.data_ptr() if hasattr(t, "data_ptr") else _buffer(t, False)[0]
+                ptr = t.data_ptr() if hasattr(t, "data_ptr") else _buffer(t, False, ordered=False)[0]
                 ranges[k] = Range(f, base + o, n, ptr)
                 k += 1
         if k:
@@ -319,6 +320,7 @@ def _alloc(total, device):
                 raise
         else:
             buf = torch.empty(max(1, total), dtype=torch.uint8, device=device)
+            _ready([buf])  # memory the caching allocator hands out again may still be in use by queued kernels
             return buf, buf.data_ptr(), torch
     buf = np.empty(max(1, total), np.uint8)
     return buf, buf.ctypes.data, None
@@ -425,8 +427,9 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
         buf, base, torch = _alloc(total, device)
     else:
         base = 0
+        _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
         for p in plans:
-            p.dst = _buffer(into[p.name], True)[0]
+            p.dst = _buffer(into[p.name], True, ordered=False)[0]
     handles = []
     try:
         handles = [open_file(f, 0) for f in files]

@@ -1,14 +1,9 @@
 """Object storage: the S3 client by bucket and key, and copies between local paths and s3://."""
 import ctypes as C
-import json
 import os
-import sys
-
-import numpy as np
 
 from ._lib import CopyReport, check, lib
-
-from .buffers import Future, _buffer, _eng  # noqa: F401
+from .buffers import Future, _buffer, _eng
 
 
 def copy(src, dst, recursive=False):

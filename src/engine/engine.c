@@ -328,6 +328,17 @@ void sluice_gpu_free(struct sluice_engine *eng, void *p)
 	sl__gpu_free(&eng->gpu, p);
 }
 
+int sluice_gpu_stream_sync(struct sluice_engine *eng, void *stream)
+{
+	int rc;
+
+	if (!eng->gpu.ctx)
+		return sl__err(SLUICE_ENOGPU, "waiting for a stream: the engine has no GPU");
+	if ((rc = sl__gpu_bind(&eng->gpu)))
+		return rc;
+	return SL_CU(eng->gpu.cu->StreamSynchronize((sl_CUstream)stream), "cuStreamSynchronize (the caller's stream)");
+}
+
 int sluice_gpu_copy(struct sluice_engine *eng, void *dst, const void *src, size_t n)
 {
 	int rc;

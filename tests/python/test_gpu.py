@@ -73,3 +73,43 @@ def test_save_load_cuda(tmp_path):
     back = sluice.load(str(tmp_path / "m.safetensors"), device="cuda")
     for k in sd:
         assert back[k].is_cuda and torch.equal(back[k], sd[k])
+
+
+def _busy(x, n=30):
+    """Queues n slow passes over x on the current stream: work still running when the next call starts."""
+    for _ in range(n):
+        x.mul_(1.0000001).add_(0.0)
+
+
+def test_synchronous_transfers_wait_for_the_producers_stream(tmp_path):
+    """A tensor whose kernels are still queued on a side stream: write, save and read wait for that stream
+    (named by __cuda_array_interface__), so the file holds the finished values and a read is not overwritten
+    by a late kernel; the same through DLPack."""
+    s = torch.cuda.Stream()
+    for i in range(3):
+        with torch.cuda.stream(s):
+            x = torch.empty(32 << 20, dtype=torch.float32, device="cuda")
+            x.fill_(i + 1.0)
+            _busy(x)
+            sluice.write(tmp_path / "w.bin", x)
+            sluice.save({"x": x}, str(tmp_path / "ck.safetensors"))
+            y = torch.empty_like(x)
+            y.fill_(-1.0)
+            _busy(y)
+            sluice.read(tmp_path / "w.bin", y)  # the late fill and busy work must not land after the read
+            z = torch.empty_like(x)
+            z.fill_(-2.0)
+            _busy(z)
+            sluice.load(str(tmp_path / "ck.safetensors"), into={"x": z})
+        s.synchronize()
+        want = x.cpu().numpy()
+        assert np.array_equal(np.fromfile(tmp_path / "w.bin", np.float32), want), i
+        assert np.array_equal(sluice.load(str(tmp_path / "ck.safetensors"), device="numpy")["x"], want), i
+        assert torch.equal(y, x) and torch.equal(z, x), i
+        with torch.cuda.stream(s):
+            d = torch.empty(32 << 20, dtype=torch.float32, device="cuda")
+            d.fill_(i + 7.0)
+            _busy(d)
+            sluice.write(tmp_path / "d.bin", DLPackOnly(d))  # DLPack: handed over on the legacy stream, waited for
+        s.synchronize()
+        assert np.array_equal(np.fromfile(tmp_path / "d.bin", np.float32), d.cpu().numpy()), i

@@ -34,7 +34,7 @@ class DLPackOnly:
         self.a = a
 
     def __dlpack__(self, stream=None):
-        return self.a.__dlpack__()
+        return self.a.__dlpack__() if stream is None else self.a.__dlpack__(stream=stream)
 
     def __dlpack_device__(self):
         return self.a.__dlpack_device__()
