@@ -2,8 +2,9 @@
 InstantTensor and sluice load the same sharded safetensors checkpoint into one GPU, each at its defaults and at
 the settings its documentation offers for speed; passes interleaved, cold (page cache dropped) and warm; fio
 reads the same files (O_DIRECT) as the storage's own rate.  Each pass is a fresh process that starts CUDA
-first, then times from the load call until every tensor is on the GPU (synchronized); it checks the tensors'
-sums against the writer's, so a loader that is fast and wrong fails.
+first, then times from the load call until every tensor's sum is computed on the GPU: a loader that returns
+before its bytes land is timed to the end of its work, and the sums, checked against the writer's, fail one
+that is fast and wrong.
 
     python3 bench/ckpt_bench.py --shape llama8b --layers 16 --modes cold,warm --reps 3 --out ckpt.json
 
@@ -72,6 +73,9 @@ VARIANTS = {
     "sluice 16M": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M"}),
     "sluice 16 threads x 8": ("sluice", {}, {"SLUICE_THREADS": "16", "SLUICE_QUEUE_DEPTH": "8"}),
     "sluice queue_depth=16": ("sluice", {}, {"SLUICE_QUEUE_DEPTH": "16"}),
+    "sluice 16M x 2": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M", "SLUICE_QUEUE_DEPTH": "2"}),
+    "sluice psync 16 threads 16M": ("sluice", {}, {"SLUICE_BACKEND": "psync", "SLUICE_THREADS": "16",
+                                                   "SLUICE_MAX_TRANSFER_SIZE": "16M", "SLUICE_QUEUE_DEPTH": "2"}),
 }
 
 CHILD = """
@@ -88,13 +92,15 @@ torch.cuda.synchronize()
 ru = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 %s
-torch.cuda.synchronize()
+# Inside the clock: every tensor's sum on the GPU, so a loader that returns before its bytes land is timed to
+# the end of its work (or caught with wrong sums), not to the return of its call.
+names = sorted(out)
+got = torch.stack([out[k].contiguous().view(torch.int16).sum(dtype=torch.int64) for k in names]).tolist()
 secs = time.perf_counter() - t0
 ru2 = resource.getrusage(resource.RUSAGE_SELF)
 nbytes = sum(t.numel() * t.element_size() for t in out.values())
 ref = json.load(open(os.path.join(DIR, "sums.json")))
-sums = {k: int(out[k].contiguous().view(torch.int16).to(torch.int64).sum().item()) for k in ref}
-print(json.dumps({"seconds": secs, "bytes": nbytes, "tensors": len(out), "sums_ok": sums == ref,
+print(json.dumps({"seconds": secs, "bytes": nbytes, "tensors": len(out), "sums_ok": dict(zip(names, got)) == ref,
                   "cpu_s": ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime,
                   "on_gpu": all(t.is_cuda for t in out.values())}))
 """
@@ -136,7 +142,7 @@ def shapes(kind, layers):
 
 def make(d, kind, layers):
     """The checkpoint at d (made once): bf16 random tensors, 5 GB shards and an index, written by
-    sluice.save, and sums.json: the writer's sum of a few tensors' 16-bit words."""
+    sluice.save, and sums.json: the writer's sum of each tensor's 16-bit words."""
     if os.path.exists(os.path.join(d, "sums.json")):
         return
     import torch
@@ -146,8 +152,7 @@ def make(d, kind, layers):
          for n, s in shapes(kind, layers)}
     sluice.save(t, d, max_shard_size=5 * 10**9)
     names = sorted(t)
-    pick = [names[0], names[len(names) // 2], names[-1], "model.embed_tokens.weight"]
-    sums = {k: int(t[k].view(torch.int16).to(torch.int64).sum().item()) for k in pick}
+    sums = dict(zip(names, torch.stack([t[k].view(torch.int16).sum(dtype=torch.int64) for k in names]).tolist()))
     with open(os.path.join(d, "sums.json"), "w") as f:
         json.dump(sums, f)
 
@@ -190,6 +195,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="comma list of contenders (default: all)")
     ap.add_argument("--fio", default="", help="fio binary: cold reference")
+    ap.add_argument("--fio-bs", default="4M", help="fio's read sizes, as 4M,16M (4M: the contender 'fio')")
     ap.add_argument("--fio-buffered", action="store_true", help="also fio through the page cache, 16 MiB reads")
     ap.add_argument("--out", default="ckpt_bench.json")
     ap.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
@@ -207,7 +213,8 @@ def main():
     for mode in a.modes.split(","):
         contenders = {v: (lambda v=v: one_pass(d, v)) for v in names}
         if mode == "cold" and a.fio:
-            contenders["fio"] = lambda: fio_pass(a.fio, d)
+            for bs in a.fio_bs.split(","):
+                contenders["fio" if bs == "4M" else f"fio bs={bs}"] = lambda bs=bs: fio_pass(a.fio, d, 1, bs)
             if a.fio_buffered:
                 contenders["fio buffered 16M"] = lambda: fio_pass(a.fio, d, 0, "16M")
         got = side_by_side(contenders, a.reps, before=drop_caches if mode == "cold" else (lambda: warm(d)))
