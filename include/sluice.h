@@ -680,6 +680,15 @@ struct sluice_copy_report {
 #define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0 }
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);
+/*
+ * The regular files directly in dir (a local directory or an s3://
+ * prefix: its objects, not its sub-prefixes), or with recursive every one
+ * below it: full paths (dir, '/', the rest), sorted, in *names, *n of
+ * them; free with sluice_list_free().  Returns 0, -errno, or the object
+ * store's error naming the prefix.
+ */
+SLUICE_API SLUICE_WUR int sluice_list(const char *dir, int recursive, char ***names, unsigned *n);
+SLUICE_API void sluice_list_free(char **names, unsigned n);
 
 /* ================================================================
  * Datasets (docs/FORMAT.md)

@@ -15,6 +15,7 @@ import numpy as np
 from ._lib import Range, SluiceError, XferReport, check, lib
 from ._safetensors import BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, st_dtype
 from .buffers import _buffer, _eng, _ready, read, write
+from .s3 import listdir
 
 INDEX = "model.safetensors.index.json"
 _ALIGN = 64  # where load places each tensor in a buffer of its own making
@@ -195,9 +196,9 @@ def _url_exists(path):
 
 
 def _sources(source):
-    """The safetensors files of a checkpoint given as a file, a directory or prefix (its index, else its
-    *.safetensors; a URL prefix ending in / holds model.safetensors.index.json or model.safetensors), an
-    index, or a list of files."""
+    """The safetensors files of a checkpoint given as a file, a directory or prefix ending in / (its index, else
+    its *.safetensors; an http(s):// one, which cannot be listed, its model.safetensors), an index, or a list
+    of files."""
     if isinstance(source, (list, tuple)):
         if not source:
             raise ValueError("sluice.load: an empty list of files")
@@ -208,10 +209,15 @@ def _sources(source):
     if is_url(source):
         if not source.endswith("/"):
             return [source]
-        for name in (INDEX, "model.safetensors"):
-            if _url_exists(source + name):
-                return _from_index(source + name) if name == INDEX else [source + name]
-        raise SluiceError(-2, f"{source}: neither {INDEX} nor model.safetensors there")
+        if _url_exists(source + INDEX):
+            return _from_index(source + INDEX)
+        if source.startswith("s3://"):  # a prefix lists its objects; a web server's directory cannot be listed
+            files = [f for f in listdir(source) if f.endswith(".safetensors")]
+        else:
+            files = [source + "model.safetensors"] if _url_exists(source + "model.safetensors") else []
+        if not files:
+            raise SluiceError(-2, f"{source}: no {INDEX} and no .safetensors there")
+        return files
     if not os.path.isdir(source):
         return [source]
     idx = sorted(n for n in os.listdir(source) if n.endswith(".safetensors.index.json"))
@@ -400,7 +406,7 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     """Reads a checkpoint in the safetensors layout into a dict of name -> tensor.
 
     source: a .safetensors file; a directory (its *.safetensors.index.json, else its *.safetensors); an index;
-    a list of files; or s3:// and http(s):// URLs of any of these (a prefix ending in / holds
+    a list of files; or s3:// and http(s):// URLs of any of these (a prefix ends in /; an http(s):// one holds
     model.safetensors.index.json or model.safetensors).  Every tensor asked for, from every file, is planned as
     one batched read: the engine reads the files together and coalesces neighbouring tensors.
     keys: names and globs ("model.layers.0.*") of the tensors to read; the others' bytes are not read.

@@ -14,6 +14,17 @@ def copy(src, dst, recursive=False):
     return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified}
 
 
+def listdir(path, recursive=False):
+    """The regular files directly in path (a local directory or an s3:// prefix: its objects), or with recursive
+    every one below it: full paths, sorted."""
+    names, n = C.POINTER(C.c_char_p)(), C.c_uint()
+    check(lib.sluice_list(os.fsencode(os.fspath(path)), int(recursive), C.byref(names), C.byref(n)))
+    try:
+        return [os.fsdecode(names[i]) for i in range(n.value)]
+    finally:
+        lib.sluice_list_free(names, n)
+
+
 def _b(s):
     return None if s is None else s.encode()
 

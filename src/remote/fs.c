@@ -90,6 +90,21 @@ static int sl_list_local(const char *dir, int recursive, char ***names, unsigned
 	return rc;
 }
 
+int sluice_list(const char *dir, int recursive, char ***names, unsigned *n)
+{
+	sl__err_clear();
+	if (!dir || !names || !n)
+		return sl__err(-EINVAL, "sluice_list: a directory and where to put its names");
+	return sl__fs_list(dir, recursive, names, n);
+}
+
+void sluice_list_free(char **names, unsigned n)
+{
+	for (unsigned i = 0; names && i < n; i++)
+		free(names[i]);
+	free(names);
+}
+
 int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n)
 {
 	size_t cap = 0;
@@ -119,9 +134,7 @@ int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n)
 		sl__s3_list_free(&l);
 	}
 	if (rc) {
-		for (unsigned i = 0; i < *n; i++)
-			free((*names)[i]);
-		free(*names);
+		sluice_list_free(*names, *n);
 		*names = NULL;
 		*n = 0;
 		return rc;

@@ -296,3 +296,17 @@ def test_import_needs_no_peers():
             "print(sorted(heavy & set(sys.modules)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+def test_listdir(tmp_path):
+    """Regular files directly in a directory, or all below it with recursive: full paths, sorted; a missing
+    directory is an error naming it."""
+    for p in ("b.bin", "a.bin", "sub/c.bin", "sub/deeper/d.bin"):
+        (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / p).write_bytes(b"x")
+    assert sluice.listdir(tmp_path) == [str(tmp_path / "a.bin"), str(tmp_path / "b.bin")]
+    assert sluice.listdir(tmp_path, recursive=True) == [str(tmp_path / p) for p in
+                                                        ("a.bin", "b.bin", "sub/c.bin", "sub/deeper/d.bin")]
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.listdir(tmp_path / "missing")
+    assert e.value.code == -2 and "missing" in str(e.value), str(e.value)
