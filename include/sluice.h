@@ -447,8 +447,15 @@ struct sluice_xfer_report {
 	 * have no checksum in S3 to match.
 	 */
 	uint64_t bytes_verified;
+	/*
+	 * Bytes the storage I/Os spanned: the payload and the gaps a
+	 * coalesced read reads through (neighbouring ranges less than 64 KiB
+	 * apart are one I/O).  Added after the struct's first release:
+	 * written only when size covers it.
+	 */
+	uint64_t bytes_storage;
 };
-#define SLUICE_XFER_REPORT_INIT { sizeof(struct sluice_xfer_report), 0, 0, 0, 0, 0.0, "", 0 }
+#define SLUICE_XFER_REPORT_INIT { sizeof(struct sluice_xfer_report), 0, 0, 0, 0, 0.0, "", 0, 0 }
 
 /*
  * One piece of a batched transfer: len bytes at offset of file to or from

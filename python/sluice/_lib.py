@@ -108,7 +108,7 @@ class XferReport(_Sized):
     """struct sluice_xfer_report."""
     _fields_ = [("size", C.c_size_t), ("bytes", C.c_uint64), ("bytes_direct", C.c_uint64), ("bytes_buffered", C.c_uint64),
                 ("ios", C.c_uint64), ("seconds", C.c_double), ("path", C.c_char * 96),
-                ("bytes_verified", C.c_uint64)]
+                ("bytes_verified", C.c_uint64), ("bytes_storage", C.c_uint64)]
 
 
 class WriterOptions(_Sized):

@@ -144,7 +144,8 @@ def read(path, out, offset=0, report=None):
     rep = XferReport()
     got = check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, C.byref(rep)))
     if report is not None:
-        report.update(bytes=rep.bytes, seconds=rep.seconds, path=rep.path.decode(), bytes_verified=rep.bytes_verified)
+        report.update(bytes=rep.bytes, seconds=rep.seconds, path=rep.path.decode(), bytes_verified=rep.bytes_verified,
+                      bytes_storage=rep.bytes_storage)
     return got
 
 

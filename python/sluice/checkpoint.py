@@ -417,7 +417,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     memory stays the model's; dtype and shape (of the slice, with shard) must match; returns those tensors.
     device: where new tensors go: torch tensors on "cpu", "cuda" or "cuda:N", or numpy arrays for "numpy" (and
     "cpu" without torch).  They are views of one buffer, each at an aligned place whatever its offset in the file.
-    report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), ios, seconds, path."""
+    report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
+    the I/Os spanned, gaps read through included), ios, seconds, path."""
     files = _sources(source)
     table = _tensors(files)
     names = _select(table, keys, into, source)
@@ -444,8 +445,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
         if len(ranges):
             check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
         if report is not None:
-            report.update(files=len(files), tensors=len(names), bytes=rep.bytes, ios=rep.ios, seconds=rep.seconds,
-                          path=rep.path.decode())
+            report.update(files=len(files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
+                          ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
     finally:
         for h in handles:
             lib.sluice_file_close(h)

@@ -73,6 +73,8 @@ SL_HIDDEN void sl__report_copy(void *theirs, const void *mine, size_t full);
 #define SL_V1_packer_options SL_V1(sluice_packer_options, ignore_index_set)
 #define SL_V1_writer_options SL_V1(sluice_writer_options, metadata)
 #define SL_V1_pack_options SL_V1(sluice_pack_options, progress_arg)
+/* A field added to a caller's struct after SL_V1: 1 when the caller's size covers it. */
+#define SL_COVERS(s, field) ((s)->size >= offsetof(__typeof__(*(s)), field) + sizeof((s)->field))
 /* The checks of a caller's report or options of the struct sluice_NAME. */
 #define SL_REPORT_IN(rep, NAME) sl__report_in((rep), sizeof(*(rep)), SL_V1_##NAME, "sluice_" #NAME)
 #define SL_SIZED_IN(mine, theirs, NAME) sl__sized_in((mine), sizeof(*(mine)), (theirs), SL_V1_##NAME, "sluice_" #NAME)

@@ -108,6 +108,8 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 	rep->bytes_direct = atomic_load(&job->bytes_direct);
 	rep->bytes_buffered = atomic_load(&job->bytes_buffered);
 	rep->ios = atomic_load(&job->ios);
+	if (SL_COVERS(rep, bytes_storage))
+		rep->bytes_storage = atomic_load(&job->bytes_storage);
 	for (unsigned c = 0; c < SL_PATH_CODES && l < sizeof(rep->path); c++) {
 		unsigned b = c / 10, d = (c % 10) / 5, k = c % 5;
 		char io[32];

@@ -52,6 +52,7 @@ struct sl__job {
 	_Atomic int err;           /* first error, 0 if none */
 	char detail[384];          /* its detail, raised again in the caller's thread */
 	_Atomic uint64_t bytes, bytes_direct, bytes_buffered, ios;
+	_Atomic uint64_t bytes_storage; /* the segments' spans: payload and the gaps coalesced reads read through */
 	_Atomic uint64_t paths;    /* bitmask of SL_PATH_CODE values */
 	int finished;              /* engine lock */
 	struct sl__job *qnext;     /* engine's claim list */

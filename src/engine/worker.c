@@ -203,6 +203,7 @@ static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
 		for (uint32_t i = 0; i < s->npieces; i++)
 			bytes += job->pieces[s->piece0 + i].len;
 		atomic_fetch_add(&job->bytes, bytes);
+		atomic_fetch_add(&job->bytes_storage, s->len);
 		atomic_fetch_add(sl->direct ? &job->bytes_direct : &job->bytes_buffered, bytes);
 		atomic_fetch_or(&job->paths, 1ull << sl->path);
 		atomic_fetch_add(&w->eng->st_ios, 1);

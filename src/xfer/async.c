@@ -187,6 +187,7 @@ static int sl_chunk_wait(struct sluice_future *fut, size_t i)
 	atomic_fetch_add(&fut->sum.bytes_direct, atomic_load(&job->bytes_direct));
 	atomic_fetch_add(&fut->sum.bytes_buffered, atomic_load(&job->bytes_buffered));
 	atomic_fetch_add(&fut->sum.ios, atomic_load(&job->ios));
+	atomic_fetch_add(&fut->sum.bytes_storage, atomic_load(&job->bytes_storage));
 	atomic_fetch_or(&fut->sum.paths, atomic_load(&job->paths));
 	if (rc < 0)
 		snprintf(fut->detail, sizeof(fut->detail), "%s", job->detail);

@@ -69,6 +69,8 @@ ssize_t sluice_read_broadcast(struct sluice_engine *eng, const char *path, uint6
 		if (rep) {
 			rep->bytes += r.bytes, rep->bytes_direct += r.bytes_direct, rep->bytes_buffered += r.bytes_buffered;
 			rep->ios += r.ios, rep->seconds += r.seconds;
+			if (SL_COVERS(rep, bytes_storage))
+				rep->bytes_storage += r.bytes_storage;
 			memcpy(rep->path, r.path, sizeof(rep->path));
 		}
 		for (unsigned j = 1; j < n; j++) {

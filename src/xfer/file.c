@@ -168,6 +168,8 @@ ssize_t sl__write_whole(struct sluice_engine *eng, void *arg, const char *path, 
 		return rc;
 	if (rep) {
 		rep->bytes = rep->bytes_buffered = len;
+		if (SL_COVERS(rep, bytes_storage))
+			rep->bytes_storage = len;
 		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
 		snprintf(rep->path, sizeof(rep->path), "%s>%s:upload", gpu ? "gpu>host" : "host", st->name);
 	}

@@ -303,10 +303,48 @@ static void t_registry(void)
 	sluice_engine_close(eng);
 }
 
+/*
+ * A report's storage bytes: two ranges 16 KiB apart are one I/O through the gap, so the storage span exceeds
+ * the payload; a caller built before bytes_storage existed (size up to bytes_verified) has nothing written
+ * past it; a report without its size is refused before any work.
+ */
+static void t_report_sizes(void)
+{
+	struct sluice_engine *eng = open_engine(SLUICE_DIRECT_AUTO, 1u << 20);
+	struct {
+		struct sluice_xfer_report rep;
+		uint64_t guard;
+	} old;
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
+	struct sluice_file *f;
+	char path[600], *want, got[2][4096];
+	struct sluice_range r[2];
+
+	snprintf(path, sizeof(path), "%s/gaps.bin", dir);
+	want = t_make_file(path, 1 << 20, 9);
+	T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
+	r[0] = (struct sluice_range){ f, 8192, 4096, got[0] };
+	r[1] = (struct sluice_range){ f, 8192 + 20480, 4096, got[1] };
+	T_CHECK(sluice_read_batch(eng, r, 2, &rep) == 8192);
+	T_CHECK(!memcmp(got[0], want + 8192, 4096) && !memcmp(got[1], want + 8192 + 20480, 4096));
+	T_CHECK(rep.bytes == 8192 && rep.ios == 1 && rep.bytes_storage == 20480 + 4096);
+	memset(&old, 0x5a, sizeof(old));
+	old.rep.size = offsetof(struct sluice_xfer_report, bytes_verified) + sizeof(uint64_t);
+	memset(&old.rep.bytes_storage, 0x5a, sizeof(old.rep.bytes_storage));
+	T_CHECK(sluice_read_batch(eng, r, 2, &old.rep) == 8192);
+	T_CHECK(old.rep.bytes == 8192 && old.rep.bytes_storage == 0x5a5a5a5a5a5a5a5aull && old.guard == 0x5a5a5a5a5a5a5a5aull);
+	rep.size = 0;
+	T_CHECK(sluice_read_batch(eng, r, 2, &rep) == SLUICE_EINVAL_CONFIG);
+	sluice_file_close(f);
+	sluice_engine_close(eng);
+	free(want);
+}
+
 int main(void)
 {
 	dir = t_dir("t_io");
 	t_registry();
+	t_report_sizes();
 	for (int d = SLUICE_DIRECT_AUTO; d <= SLUICE_DIRECT_NEVER; d++) {
 		t_reads((enum sluice_direct)d, 1u << 20);
 		t_writes((enum sluice_direct)d, 64u << 10);
