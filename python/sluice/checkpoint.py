@@ -409,16 +409,22 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     a list of files; or s3:// and http(s):// URLs of any of these (a prefix ends in /; an http(s):// one holds
     model.safetensors.index.json or model.safetensors).  Every tensor asked for, from every file, is planned as
     one batched read: the engine reads the files together and coalesces neighbouring tensors.
-    keys: names and globs ("model.layers.0.*") of the tensors to read; the others' bytes are not read.
+    keys: names and globs ("model.layers.0.*") of the tensors to read; only theirs are delivered (the engine
+    reads through gaps under 64 KiB between them: the report's bytes_storage says what the I/Os spanned).
     shard: one rank's slice of each tensor, (dim, rank, world) for every tensor that has dim, or a
-    callable(name, shape) -> (dim, rank, world) or None (whole); only the slice's bytes are read (a slice of
-    dim 0 is one range, of a later dim one range per outer index).  Slices are cut as torch.chunk cuts.
+    callable(name, shape) -> (dim, rank, world) or None (whole); only the slice is delivered (a slice of dim 0
+    is one range, of a later dim one range per outer index).  Slices are cut as torch.chunk cuts.
     into: a dict of name -> tensor (a module's state_dict()) to load straight into: no other buffer, so GPU
     memory stays the model's; dtype and shape (of the slice, with shard) must match; returns those tensors.
     device: where new tensors go: torch tensors on "cpu", "cuda" or "cuda:N", or numpy arrays for "numpy" (and
     "cpu" without torch).  They are views of one buffer, each at an aligned place whatever its offset in the file.
+    A list of devices (["cuda:0", "cuda:1"]) replicates: storage is read once, into the first, and the buffer
+    copied GPU to GPU to the others; returns a list of dicts, one per device.
     report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
     the I/Os spanned, gaps read through included), ios, seconds, path."""
+    devices = list(device) if isinstance(device, (list, tuple)) else None
+    if devices is not None and (not devices or into is not None):
+        raise ValueError("sluice.load: a list of devices needs at least one, and no into= (load into each instead)")
     files = _sources(source)
     table = _tensors(files)
     names = _select(table, keys, into, source)
@@ -431,7 +437,7 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
         plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, int(lens.sum())))
     total, runs = _place(plans, into is None)
     if into is None:
-        buf, base, torch = _alloc(total, device)
+        buf, base, torch = _alloc(total, devices[0] if devices else device)
     else:
         base = 0
         _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
@@ -452,5 +458,10 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
             lib.sluice_file_close(h)
     if into is not None:
         return {name: into[name] for name in names}
-    return {p.name: _view(buf, torch, p.dst, p.n, p.dt, p.shape) for p in plans}
+    if devices is None:
+        return {p.name: _view(buf, torch, p.dst, p.n, p.dt, p.shape) for p in plans}
+    if torch is None:
+        raise ValueError("sluice.load: a list of devices needs torch")
+    bufs = [buf] + [buf.to(d) for d in devices[1:]]  # GPU to GPU (peer to peer where the GPUs allow it)
+    return [{p.name: _view(b, torch, p.dst, p.n, p.dt, p.shape) for p in plans} for b in bufs]
 

@@ -388,3 +388,26 @@ def test_neighbouring_tensors_are_one_read(tmp_path):
                        report=rep)
     same(half, {k: t[k] for k in half})
     assert len(half) == 150 and rep["bytes"] == sum(t[k].nbytes for k in half)
+
+
+def test_replicated_on_several_gpus(tmp_path):
+    """device as a list: read once into the first GPU, copied to the others; every copy equal to the file."""
+    torch = _cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("fewer than two GPUs")
+    t = {k: torch.from_numpy(v) for k, v in model().items()}
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    devs = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    rep = {}
+    got = sluice.load(str(tmp_path / "ck"), device=devs, report=rep)
+    assert len(got) == len(devs) and rep["bytes"] == sum(v.numel() * v.element_size() for v in t.values())
+    for d, g in zip(devs, got):
+        for k, v in t.items():
+            assert g[k].device == torch.device(d) and torch.equal(g[k].cpu(), v), (d, k)
+
+
+def test_a_list_of_devices_is_checked():
+    with pytest.raises(ValueError, match="at least one"):
+        sluice.load("unused", device=[])
+    with pytest.raises(ValueError, match="into="):
+        sluice.load("unused", device=["cuda:0"], into={})
