@@ -9,10 +9,13 @@ that is fast and wrong.
     python3 bench/ckpt_bench.py --shape llama8b --layers 16 --modes cold,warm --reps 3 --out ckpt.json
 
 Shapes: llama8b (Llama-3-8B: hidden 4096, 14336 MLP, GQA 8 of 32 heads, 128256 vocabulary; --layers of 32;
-16 layers make 9.1 GB, the issue's checkpoint), moe (Qwen3-30B-A3B-like: 128 experts of 768 x 2048 each
+16 layers make 9.1 GB, the issue's checkpoint), llama70b (hidden 8192, 28672 MLP, GQA 8 of 64 heads; --layers of
+80; with --tp RANK/WORLD that tensor-parallel rank's slices, by safetensors' get_slice and sluice's shard=, GB/s
+of the slices' bytes), moe (Qwen3-30B-A3B-like: 128 experts of 768 x 2048 each
 layer, thousands of small tensors; --layers of 48).  bf16, shards of 5 GB, as Hugging Face writes them.
 """
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -58,6 +61,50 @@ import sluice
 out = sluice.load(DIR, device=DEV)
 """,
 }
+TP_RANK, TP_WORLD = 0, 1  # the maker sets them for each rank's sums; the children from CKPT_TP
+
+
+def TP(name, shape=None):
+    """One tensor-parallel rank's part, as Megatron and vLLM cut Llama: column-parallel weights (and the
+    vocabulary) by rows, row-parallel ones by columns, norms whole; None: whole."""
+    if TP_WORLD <= 1:
+        return None
+    if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+                      "embed_tokens.weight", "lm_head.weight")):
+        return (0, TP_RANK, TP_WORLD)
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return (1, TP_RANK, TP_WORLD)
+    return None
+
+
+TP_RULE = inspect.getsource(TP)  # the same function in the children
+# Loaders that read one rank's slices (the others load whole checkpoints only): safetensors' get_slice, sluice's
+# shard=.
+TP_LOADERS = {
+    "safetensors": """
+from safetensors import safe_open
+out = {}
+for f in FILES:
+    with safe_open(f, framework="pt", device=DEV) as h:
+        for k in h.keys():
+            spec = TP(k)
+            if spec is None:
+                out[k] = h.get_tensor(k)
+                continue
+            dim, r, w = spec
+            sl = h.get_slice(k)
+            shape = sl.get_shape()
+            step = -(-shape[dim] // w)
+            idx = [slice(None)] * len(shape)
+            idx[dim] = slice(min(r * step, shape[dim]), min(r * step + step, shape[dim]))
+            out[k] = sl[tuple(idx)].to(DEV)
+""",
+    "sluice": """
+import sluice
+out = sluice.load(DIR, device=DEV, shard=TP)
+""",
+}
+
 # The contenders: a loader at its defaults, or at the settings its documentation offers for speed.
 VARIANTS = {
     "safetensors": ("safetensors", {}, {}),
@@ -82,6 +129,8 @@ CHILD = """
 import json, os, resource, sys, time
 import torch
 DEV, DIR = "cuda:0", sys.argv[1]
+TP_RANK, TP_WORLD = (int(x) for x in os.environ.get("CKPT_TP", "0/1").split("/"))
+%s
 FILES = sorted(os.path.join(DIR, n) for n in os.listdir(DIR) if n.endswith(".safetensors"))
 KW = json.loads(sys.argv[2])
 if KW.get("backend"):
@@ -99,7 +148,7 @@ got = torch.stack([out[k].contiguous().view(torch.int16).sum(dtype=torch.int64) 
 secs = time.perf_counter() - t0
 ru2 = resource.getrusage(resource.RUSAGE_SELF)
 nbytes = sum(t.numel() * t.element_size() for t in out.values())
-ref = json.load(open(os.path.join(DIR, "sums.json")))
+ref = json.load(open(os.path.join(DIR, "sums.json" if TP_WORLD == 1 else f"sums-tp{TP_RANK}of{TP_WORLD}.json")))
 print(json.dumps({"seconds": secs, "bytes": nbytes, "tensors": len(out), "sums_ok": dict(zip(names, got)) == ref,
                   "cpu_s": ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime,
                   "on_gpu": all(t.is_cuda for t in out.values())}))
@@ -108,8 +157,8 @@ print(json.dumps({"seconds": secs, "bytes": nbytes, "tensors": len(out), "sums_o
 
 def shapes(kind, layers):
     """(name, shape) of each tensor of the checkpoint, in Hugging Face's names."""
-    if kind == "llama8b":
-        h, f, kv, vocab = 4096, 14336, 1024, 128256
+    if kind in ("llama8b", "llama70b"):
+        h, f, kv, vocab = (4096, 14336, 1024, 128256) if kind == "llama8b" else (8192, 28672, 1024, 128256)
         yield "model.embed_tokens.weight", (vocab, h)
         for i in range(layers):
             p = f"model.layers.{i}."
@@ -137,13 +186,13 @@ def shapes(kind, layers):
         yield "model.norm.weight", (h,)
         yield "lm_head.weight", (151936, h)
     else:
-        raise SystemExit(f"unknown shape {kind!r} (llama8b, moe)")
+        raise SystemExit(f"unknown shape {kind!r} (llama8b, llama70b, moe)")
 
 
-def make(d, kind, layers):
+def make(d, kind, layers, tp=(0, 1)):
     """The checkpoint at d (made once): bf16 random tensors, 5 GB shards and an index, written by
     sluice.save, and sums.json: the writer's sum of each tensor's 16-bit words."""
-    if os.path.exists(os.path.join(d, "sums.json")):
+    if os.path.exists(os.path.join(d, "sums.json")) and (tp[1] <= 1 or os.path.exists(os.path.join(d, f"sums-tp0of{tp[1]}.json"))):
         return
     import torch
     import sluice
@@ -155,12 +204,22 @@ def make(d, kind, layers):
     sums = dict(zip(names, torch.stack([t[k].view(torch.int16).sum(dtype=torch.int64) for k in names]).tolist()))
     with open(os.path.join(d, "sums.json"), "w") as f:
         json.dump(sums, f)
+    for rank in range(tp[1] if tp[1] > 1 else 0):  # each rank's slices, for --tp
+        globals().update(TP_RANK=rank, TP_WORLD=tp[1])
+        part = {}
+        for k in names:
+            spec = TP(k)
+            part[k] = t[k] if spec is None else torch.chunk(t[k], spec[2], dim=spec[0])[rank]
+        with open(os.path.join(d, f"sums-tp{rank}of{tp[1]}.json"), "w") as f:
+            json.dump(dict(zip(names, torch.stack([part[k].contiguous().view(torch.int16).sum(dtype=torch.int64)
+                                                   for k in names]).tolist())), f)
 
 
-def one_pass(d, variant):
+def one_pass(d, variant, tp="0/1"):
     loader, kw, env = VARIANTS[variant]
-    r = subprocess.run([sys.executable, "-c", CHILD % LOADERS[loader], d, json.dumps(kw)], capture_output=True,
-                       text=True, env=dict(os.environ, **env), timeout=600)
+    code = (TP_LOADERS if tp != "0/1" else LOADERS)[loader]
+    r = subprocess.run([sys.executable, "-c", CHILD % (TP_RULE, code), d, json.dumps(kw)], capture_output=True,
+                       text=True, env=dict(os.environ, CKPT_TP=tp, **env), timeout=600)
     if r.returncode:
         raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -198,20 +257,22 @@ def main():
     ap.add_argument("--fio-bs", default="4M", help="fio's read sizes, as 4M,16M (4M: the contender 'fio')")
     ap.add_argument("--fio-buffered", action="store_true", help="also fio through the page cache, 16 MiB reads")
     ap.add_argument("--out", default="ckpt_bench.json")
+    ap.add_argument("--tp", default="0/1", help="RANK/WORLD: that tensor-parallel rank's slices (safetensors, sluice)")
     ap.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     d = os.path.join(a.dir, f"{a.shape}-{a.layers}")
     os.makedirs(d, exist_ok=True)
+    rank, world = (int(x) for x in a.tp.split("/"))
     if a.make_only:
-        return make(d, a.shape, a.layers)
+        return make(d, a.shape, a.layers, (rank, world))
     # Made in a child, so this process holds no CUDA context or memory while the loaders run.
     subprocess.run([sys.executable, __file__, "--make-only", "--dir", a.dir, "--shape", a.shape, "--layers",
-                    str(a.layers)], check=True)
+                    str(a.layers), "--tp", a.tp], check=True)
     size = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".safetensors"))
-    res = Results(a.out, shape=a.shape, layers=a.layers, bytes=size, reps=a.reps)
-    names = [v for v in VARIANTS if not a.only or v in a.only.split(",")]
+    res = Results(a.out, shape=a.shape, layers=a.layers, bytes=size, reps=a.reps, tp=a.tp)
+    names = [v for v in VARIANTS if (not a.only or v in a.only.split(",")) and (world == 1 or VARIANTS[v][0] in TP_LOADERS)]
     for mode in a.modes.split(","):
-        contenders = {v: (lambda v=v: one_pass(d, v)) for v in names}
+        contenders = {v: (lambda v=v: one_pass(d, v, a.tp)) for v in names}
         if mode == "cold" and a.fio:
             for bs in a.fio_bs.split(","):
                 contenders["fio" if bs == "4M" else f"fio bs={bs}"] = lambda bs=bs: fio_pass(a.fio, d, 1, bs)
