@@ -234,8 +234,11 @@ def _sources(source):
 def _tensors(files):
     """{name: (file index, entry, data start)} of every tensor of the files (headers read in parallel); a name
     in two files is an error naming both."""
-    with ThreadPoolExecutor(min(16, len(files))) as ex:
-        headers = list(ex.map(read_header, files))
+    if len(files) > 4 or any(is_url(f) for f in files):  # round trips worth overlapping
+        with ThreadPoolExecutor(min(16, len(files))) as ex:
+            headers = list(ex.map(read_header, files))
+    else:
+        headers = [read_header(f) for f in files]
     table = {}
     for i, (header, start) in enumerate(headers):
         for name, v in header.items():
@@ -284,11 +287,13 @@ def _slice_of(shard, name, shape):
 
 
 def _plan(v, start, sl, name):
-    """(shape out, [(file offset, bytes)] in order) of a tensor, whole or the slice sl."""
+    """(shape out, file offsets, lengths, bytes) of a tensor, whole (one range, as plain numbers: a checkpoint
+    has thousands) or the slice sl (arrays, a range per outer index)."""
     shape, dt = list(v["shape"]), v["dtype"]
     b = start + v["data_offsets"][0]
     if sl is None:
-        return shape, np.array([b], np.uint64), np.array([v["data_offsets"][1] - v["data_offsets"][0]], np.uint64)
+        n = v["data_offsets"][1] - v["data_offsets"][0]
+        return shape, (b,), (n,), n
     if BITS[dt] % 8:
         raise ValueError(f"sluice.load: tensor '{name}' of {dt}: sub-byte elements are loaded whole, not sliced")
     dim, lo, hi = sl
@@ -296,9 +301,9 @@ def _plan(v, start, sl, name):
     outer = int(np.prod(shape[:dim], dtype=np.int64))
     out = shape[:dim] + [hi - lo] + shape[dim + 1:]
     if hi == lo or inner == 0 or outer == 0:
-        return out, np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return out, (), (), 0
     offs = b + (np.arange(outer, dtype=np.uint64) * shape[dim] + lo) * inner
-    return out, offs, np.full(outer, (hi - lo) * inner, np.uint64)
+    return out, offs, np.full(outer, (hi - lo) * inner, np.uint64), outer * (hi - lo) * inner
 
 
 def _check_into(name, t, dt, shape):
@@ -431,10 +436,10 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     plans = []
     for name in names:
         fi, v, start = table[name]
-        shape, offs, lens = _plan(v, start, None if shard is None else _slice_of(shard, name, v["shape"]), name)
+        shape, offs, lens, n = _plan(v, start, None if shard is None else _slice_of(shard, name, v["shape"]), name)
         if into is not None:
             _check_into(name, into[name], v["dtype"], shape)
-        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, int(lens.sum())))
+        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n))
     total, runs = _place(plans, into is None)
     if into is None:
         buf, base, torch = _alloc(total, devices[0] if devices else device)
