@@ -218,6 +218,13 @@ SLUICE_API SLUICE_WUR int sluice_config_set_queue_depth(struct sluice_config *cf
 SLUICE_API SLUICE_WUR int sluice_config_set_max_transfer_size(struct sluice_config *cfg,
 							      size_t n);
 /*
+ * SLUICE_READ_GAP: reads of ranges less than this many bytes apart in a
+ * file are one storage I/O that reads the gap too (0..64 MiB, default 64
+ * KiB); 0 reads only the ranges' own bytes.  Reports' bytes_storage says
+ * what the I/Os spanned.
+ */
+SLUICE_API SLUICE_WUR int sluice_config_set_read_gap(struct sluice_config *cfg, size_t n);
+/*
  * SLUICE_BUFFER_POOL_SIZE: pinned bytes shared by the workers (default:
  * threads * queue_depth * max_transfer_size).  If smaller, each worker
  * gets fewer slots (at least 2); a pool that RLIMIT_MEMLOCK or the driver

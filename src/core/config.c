@@ -53,6 +53,7 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->threads = cpus < 1 ? 1 : cpus > 12 ? 12 : (unsigned)cpus;
 	cfg->queue_depth = 4;
 	cfg->max_transfer_size = 4u << 20;
+	cfg->read_gap = 64u << 10;
 	cfg->gpu = 1;
 	cfg->ndevices = 1;
 	cfg->enable_p2p = 1;
@@ -104,6 +105,14 @@ int sluice_config_set_max_transfer_size(struct sluice_config *cfg, size_t n)
 		return sl__err(SLUICE_EINVAL_CONFIG,
 			       "max_transfer_size %zu is not a multiple of 4 KiB in 4 KiB..1 GiB", n);
 	cfg->max_transfer_size = n;
+	return 0;
+}
+
+int sluice_config_set_read_gap(struct sluice_config *cfg, size_t n)
+{
+	if (n > (64u << 20))
+		return sl__err(SLUICE_EINVAL_CONFIG, "read_gap %zu is outside 0..64 MiB", n);
+	cfg->read_gap = n;
 	return 0;
 }
 

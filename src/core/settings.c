@@ -41,6 +41,7 @@ SL_APPLY(sl_set_staging, sluice_config_set_staging, enum sluice_staging)
 SL_APPLY(sl_set_threads, sluice_config_set_threads, unsigned)
 SL_APPLY(sl_set_qd, sluice_config_set_queue_depth, unsigned)
 SL_APPLY(sl_set_mts, sluice_config_set_max_transfer_size, size_t)
+SL_APPLY(sl_set_gap, sluice_config_set_read_gap, size_t)
 SL_APPLY(sl_set_pool, sluice_config_set_buffer_pool_size, size_t)
 SL_APPLY(sl_set_sqpoll, sluice_config_set_sqpoll, int)
 SL_APPLY(sl_set_gpu, sluice_config_set_gpu, int)
@@ -114,6 +115,8 @@ const struct sl__setting_def sl__settings[] = {
 	{ "SLUICE_QUEUE_DEPTH", SL_SET_UINT, E, 1, 256, 0, NULL, "4", "bounce slots per worker", sl_set_qd, NULL },
 	{ "SLUICE_MAX_TRANSFER_SIZE", SL_SET_SIZE, E, KiB(4), GiB(1), KiB(4), NULL, "4M",
 	  "bytes of one storage I/O, and of a bounce slot", sl_set_mts, NULL },
+	{ "SLUICE_READ_GAP", SL_SET_SIZE, E, 0, MiB(64), 0, NULL, "64K",
+	  "reads of ranges this close are one I/O through the gap (0: only the ranges' bytes)", sl_set_gap, NULL },
 	{ "SLUICE_BUFFER_POOL_SIZE", SL_SET_SIZE, E, 0, UINT64_MAX, 0, NULL, "",
 	  "bytes of all bounce slots (default: threads x queue_depth slots)", sl_set_pool, NULL },
 	{ "SLUICE_DEVICE_IDS", SL_SET_LIST, E, 0, 0, 0, NULL, "0", "the GPUs an engine serves, as 0 or 0,1,3",

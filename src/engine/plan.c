@@ -11,12 +11,6 @@
 
 #include "engine/pipeline.h"
 
-/*
- * Reads whose file gap is at most this are merged into one I/O; the gap's
- * bytes are read and dropped, which is cheaper than another I/O.
- */
-#define SL_READ_GAP (64u << 10)
-
 /* A caller's range and its position in the caller's array. */
 struct sl_ranged {
 	struct sluice_range r;
@@ -96,12 +90,13 @@ struct sl_cut {
 	struct sl__job *job;
 	struct sl__seg *cur;
 	size_t ns, np, chunk;
+	size_t gap;                 /* reads this close continue a segment: the gap is read and dropped (SLUICE_READ_GAP) */
 	uint64_t wend;              /* the end of the furthest range */
 };
 
 /*
  * Cuts one range into pieces, each joining the open segment where it
- * continues it (reads: within SL_READ_GAP, and inside one chunk) unless
+ * continues it (reads: within the read gap, and inside one chunk) unless
  * alone (GPU memory a store moves straight there: one piece a segment).
  */
 static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, int gpu, int alone)
@@ -115,7 +110,7 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, int gpu, 
 		struct sl__seg *cur = c->cur;
 		uint64_t cur_end = cur ? cur->off + cur->len : 0;
 		int join = cur && cur->file == rd->r.file && !alone &&
-			   (job->op == SL_IO_READ ? off <= cur_end + SL_READ_GAP && off >= cur->off : off == cur_end) &&
+			   (job->op == SL_IO_READ ? off <= cur_end + c->gap && off >= cur->off : off == cur_end) &&
 			   off < cur->off + c->chunk;
 		struct sl__piece *p = &job->pieces[c->np++];
 		size_t take;
@@ -146,7 +141,7 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, int gpu, 
 int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	     const struct sluice_range *in, size_t n, int crc)
 {
-	struct sl_cut c = { .job = job, .chunk = eng->cfg.max_transfer_size };
+	struct sl_cut c = { .job = job, .chunk = eng->cfg.max_transfer_size, .gap = eng->cfg.read_gap };
 	struct sl_ranged *rd;
 	size_t maxsegs = 0;
 	int rc;

@@ -11,7 +11,7 @@
 #include "t_util.h"
 
 #define CHUNK (256u << 10) /* max_transfer_size here */
-#define GAP (64u << 10)   /* SL_READ_GAP: reads this close share one I/O */
+#define GAP (64u << 10)   /* SLUICE_READ_GAP's default: reads this close share one I/O */
 
 static struct sluice_engine *eng;
 static struct sluice_file *fa, *fb, *fw;
@@ -53,6 +53,30 @@ static void test_reads_within_the_gap_share_one_io_and_further_ones_do_not(void)
 	sl__plan_free(&j);
 	T_CHECK(plan(&j, SL_IO_READ, far, 2) == 0 && j.nsegs == 2);
 	sl__plan_free(&j);
+}
+
+/* SLUICE_READ_GAP 0: only touching reads share an I/O; the setting's range is checked. */
+static void test_a_read_gap_of_zero_reads_only_the_ranges(const char *path)
+{
+	struct sluice_config *cfg;
+	struct sluice_engine *e0;
+	struct sluice_file *f;
+	struct sl__job j;
+	struct sluice_range near[2], touching[2];
+
+	T_CHECK(sluice_config_new(&cfg) == 0 && sluice_config_set(cfg, "read_gap", "0") == 0 &&
+		sluice_config_set(cfg, "threads", "1") == 0 && sluice_config_set(cfg, "gpu", "0") == 0);
+	T_CHECK(sluice_config_set(cfg, "read_gap", "65M") == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sluice_engine_open(&e0, cfg) == 0 && sluice_file_open(&f, e0, path, SLUICE_RDONLY) == 0);
+	sluice_config_free(cfg);
+	near[0] = R(f, 0, 100, 0), near[1] = R(f, 101, 50, 1000);
+	touching[0] = R(f, 0, 100, 0), touching[1] = R(f, 100, 50, 1000);
+	T_CHECK(sl__plan(e0, &j, SL_IO_READ, near, 2, 0) == 0 && j.nsegs == 2);
+	sl__plan_free(&j);
+	T_CHECK(sl__plan(e0, &j, SL_IO_READ, touching, 2, 0) == 0 && j.nsegs == 1 && j.segs[0].len == 150);
+	sl__plan_free(&j);
+	sluice_file_close(f);
+	sluice_engine_close(e0);
 }
 
 static void test_unaligned_edges_are_planned_as_asked(void)
@@ -146,6 +170,7 @@ int main(void)
 		sluice_file_open(&fw, eng, w, SLUICE_RDWR | SLUICE_CREATE) == 0);
 	test_a_range_longer_than_a_chunk_splits_at_each_chunk();
 	test_reads_within_the_gap_share_one_io_and_further_ones_do_not();
+	test_a_read_gap_of_zero_reads_only_the_ranges(a);
 	test_unaligned_edges_are_planned_as_asked();
 	test_no_segment_crosses_a_chunk_even_when_ranges_touch();
 	test_ranges_are_sorted_by_file_and_offset_and_keep_their_index();
