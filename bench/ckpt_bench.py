@@ -9,7 +9,9 @@ that is fast and wrong.
     python3 bench/ckpt_bench.py --shape llama8b --layers 16 --modes cold,warm --reps 3 --out ckpt.json
 
 Shapes: llama8b (Llama-3-8B: hidden 4096, 14336 MLP, GQA 8 of 32 heads, 128256 vocabulary; --layers of 32;
-16 layers make 9.1 GB, the issue's checkpoint), llama70b (hidden 8192, 28672 MLP, GQA 8 of 64 heads; --layers of
+16 layers make 9.1 GB, the issue's checkpoint; --ranks N: N processes, one a GPU, each loading every tensor onto
+its own, timed until the last holds them, GB/s of all ranks' bytes; the "process_group" contenders read once for
+the group), llama70b (hidden 8192, 28672 MLP, GQA 8 of 64 heads; --layers of
 80; with --tp RANK/WORLD that tensor-parallel rank's slices, by safetensors' get_slice and sluice's shard=, GB/s
 of the slices' bytes), moe (Qwen3-30B-A3B-like: 128 experts of 768 x 2048 each
 layer, thousands of small tensors; --layers of 48).  bf16, shards of 5 GB, as Hugging Face writes them.
@@ -24,7 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from benchlib import GB, Results, drop_caches, side_by_side, warm  # noqa: E402
+from benchlib import GB, Results, drop_caches, free_port, side_by_side, warm  # noqa: E402
 
 # Every loader as one run in a child: FILES (the shards, sorted), DIR (the checkpoint), DEV ("cuda:0").
 LOADERS = {
@@ -59,6 +61,21 @@ with safe_open(FILES, framework="pt", device=0, **KW) as f:
     "sluice": """
 import sluice
 out = sluice.load(DIR, device=DEV)
+""",
+}
+# Under --ranks N (one process a GPU, as torchrun starts them): every rank loads the whole checkpoint onto its
+# GPU; these read it once for the group and exchange over NCCL (PG: the torch.distributed group of all ranks).
+GROUP_LOADERS = {
+    "instanttensor": """
+from instanttensor import safe_open
+out = {}
+with safe_open(FILES, framework="pt", device=RANK, process_group=PG, **KW) as f:
+    for name, t in f.tensors():
+        out[name] = t
+""",
+    "sluice": """
+import sluice
+out = sluice.load(DIR, device=DEV, process_group=PG)
 """,
 }
 TP_RANK, TP_WORLD = 0, 1  # the maker sets them for each rank's sums; the children from CKPT_TP
@@ -115,6 +132,8 @@ VARIANTS = {
     "instanttensor": ("instanttensor", {}, {}),
     "instanttensor buffered": ("instanttensor", {"backend": "BUFFERED"}, {}),
     "sluice": ("sluice", {}, {}),
+    "instanttensor process_group": ("instanttensor", {"group": 1}, {}),
+    "sluice process_group": ("sluice", {"group": 1}, {}),
     # sluice's own settings, for the sweep (not its defaults).
     "sluice direct=never": ("sluice", {}, {"SLUICE_DIRECT": "never"}),
     "sluice 16M": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M"}),
@@ -128,15 +147,24 @@ VARIANTS = {
 CHILD = """
 import json, os, resource, sys, time
 import torch
-DEV, DIR = "cuda:0", sys.argv[1]
+RANK, WORLD = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+DEV, DIR = f"cuda:{RANK}", sys.argv[1]
 TP_RANK, TP_WORLD = (int(x) for x in os.environ.get("CKPT_TP", "0/1").split("/"))
 %s
 FILES = sorted(os.path.join(DIR, n) for n in os.listdir(DIR) if n.endswith(".safetensors"))
 KW = json.loads(sys.argv[2])
+KW.pop("group", None)
 if KW.get("backend"):
     import instanttensor
     KW["backend"] = getattr(instanttensor.BackendPolicy, KW["backend"], None) or getattr(instanttensor.Backend, KW["backend"])
+torch.cuda.set_device(DEV)
 torch.empty(1, device=DEV)  # CUDA started before the clock
+PG = None
+if WORLD > 1:  # every rank starts the clock together and stops it when the last one is done
+    import torch.distributed as dist
+    dist.init_process_group("nccl", device_id=torch.device(DEV))
+    PG = dist.group.WORLD
+    dist.barrier()
 torch.cuda.synchronize()
 ru = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
@@ -145,13 +173,23 @@ t0 = time.perf_counter()
 # the end of its work (or caught with wrong sums), not to the return of its call.
 names = sorted(out)
 got = torch.stack([out[k].contiguous().view(torch.int16).sum(dtype=torch.int64) for k in names]).tolist()
+if WORLD > 1:
+    dist.barrier()
 secs = time.perf_counter() - t0
 ru2 = resource.getrusage(resource.RUSAGE_SELF)
 nbytes = sum(t.numel() * t.element_size() for t in out.values())
 ref = json.load(open(os.path.join(DIR, "sums.json" if TP_WORLD == 1 else f"sums-tp{TP_RANK}of{TP_WORLD}.json")))
-print(json.dumps({"seconds": secs, "bytes": nbytes, "tensors": len(out), "sums_ok": dict(zip(names, got)) == ref,
-                  "cpu_s": ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime,
-                  "on_gpu": all(t.is_cuda for t in out.values())}))
+r = {"seconds": secs, "bytes": nbytes * WORLD, "tensors": len(out), "sums_ok": dict(zip(names, got)) == ref,
+     "cpu_s": ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime,
+     "on_gpu": all(t.device == torch.device(DEV) for t in out.values())}
+if WORLD > 1:  # the group's: the slowest rank's seconds, every rank's CPU, every rank's sums
+    each = [None] * WORLD
+    dist.all_gather_object(each, r)
+    r = dict(each[0], seconds=max(e["seconds"] for e in each), cpu_s=sum(e["cpu_s"] for e in each),
+             sums_ok=all(e["sums_ok"] for e in each), on_gpu=all(e["on_gpu"] for e in each))
+    dist.destroy_process_group()
+if RANK == 0:
+    print(json.dumps(r))
 """
 
 
@@ -215,14 +253,20 @@ def make(d, kind, layers, tp=(0, 1)):
                                                    for k in names]).tolist())), f)
 
 
-def one_pass(d, variant, tp="0/1"):
+def one_pass(d, variant, tp="0/1", ranks=1):
+    """One load in fresh processes (ranks of them, one a GPU, started as torchrun starts them)."""
     loader, kw, env = VARIANTS[variant]
-    code = (TP_LOADERS if tp != "0/1" else LOADERS)[loader]
-    r = subprocess.run([sys.executable, "-c", CHILD % (TP_RULE, code), d, json.dumps(kw)], capture_output=True,
-                       text=True, env=dict(os.environ, CKPT_TP=tp, **env), timeout=600)
-    if r.returncode:
-        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    code = (GROUP_LOADERS if kw.get("group") else TP_LOADERS if tp != "0/1" else LOADERS)[loader]
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD % (TP_RULE, code), d, json.dumps(kw)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, CKPT_TP=tp, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)) for r in range(ranks)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}")
+    got = json.loads(outs[0][0].strip().splitlines()[-1])
     if not (got["sums_ok"] and got["on_gpu"]):
         raise RuntimeError(f"wrong tensors: {got}")
     got["gb_s"] = got["bytes"] / got["seconds"] / GB
@@ -258,6 +302,7 @@ def main():
     ap.add_argument("--fio-buffered", action="store_true", help="also fio through the page cache, 16 MiB reads")
     ap.add_argument("--out", default="ckpt_bench.json")
     ap.add_argument("--tp", default="0/1", help="RANK/WORLD: that tensor-parallel rank's slices (safetensors, sluice)")
+    ap.add_argument("--ranks", type=int, default=1, help="processes, one a GPU, each loading every tensor onto its GPU")
     ap.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     d = os.path.join(a.dir, f"{a.shape}-{a.layers}")
@@ -269,10 +314,11 @@ def main():
     subprocess.run([sys.executable, __file__, "--make-only", "--dir", a.dir, "--shape", a.shape, "--layers",
                     str(a.layers), "--tp", a.tp], check=True)
     size = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".safetensors"))
-    res = Results(a.out, shape=a.shape, layers=a.layers, bytes=size, reps=a.reps, tp=a.tp)
-    names = [v for v in VARIANTS if (not a.only or v in a.only.split(",")) and (world == 1 or VARIANTS[v][0] in TP_LOADERS)]
+    res = Results(a.out, shape=a.shape, layers=a.layers, bytes=size, reps=a.reps, tp=a.tp, ranks=a.ranks)
+    names = [v for v in VARIANTS if (not a.only or v in a.only.split(",")) and (world == 1 or VARIANTS[v][0] in TP_LOADERS)
+             and (a.ranks > 1 or not VARIANTS[v][1].get("group"))]
     for mode in a.modes.split(","):
-        contenders = {v: (lambda v=v: one_pass(d, v, a.tp)) for v in names}
+        contenders = {v: (lambda v=v: one_pass(d, v, a.tp, a.ranks)) for v in names}
         if mode == "cold" and a.fio:
             for bs in a.fio_bs.split(","):
                 contenders["fio" if bs == "4M" else f"fio bs={bs}"] = lambda bs=bs: fio_pass(a.fio, d, 1, bs)

@@ -355,21 +355,21 @@ def _view(buf, torch, o, n, dt, shape):
 
 class _Planned:
     """One tensor to read: its file, dtype, shape out, the file ranges of its bytes, and where they land."""
-    __slots__ = ("name", "fi", "dt", "shape", "offs", "lens", "n", "dst", "in_run")
+    __slots__ = ("name", "fi", "dt", "shape", "offs", "lens", "n", "whole", "dst", "in_run")
 
-    def __init__(self, name, fi, dt, shape, offs, lens, n):
+    def __init__(self, name, fi, dt, shape, offs, lens, n, whole):
         self.name, self.fi, self.dt, self.shape, self.offs, self.lens, self.n = name, fi, dt, shape, offs, lens, n
-        self.dst, self.in_run = None, False
+        self.whole, self.dst, self.in_run = whole, None, False
 
 
-def _place(plans, own):
-    """Where each tensor lands in a buffer of load's own (own: its offset there) and which land together:
-    whole tensors that follow one another in a file land as they lie there, one range for all of them (fewer,
-    larger reads and copies), as long as each stays aligned to its dtype; slices get places of their own.
-    Returns (buffer bytes, runs as [file index, file offset, bytes, buffer offset])."""
+def _place(plans, own, start=0):
+    """Where each tensor lands in a buffer of load's own (own: its offset there, from start) and which land
+    together: whole tensors that follow one another in a file land as they lie there, one range for all of them
+    (fewer, larger reads and copies), as long as each stays aligned to its dtype; slices get places of their
+    own.  Returns (buffer bytes, runs as [file index, file offset, bytes, buffer offset])."""
     if not own:
         return 0, []
-    total, runs, run = 0, [], None
+    total, runs, run = start, [], None
     for p in sorted(plans, key=lambda p: (p.fi, int(p.offs[0]) if len(p.offs) else -1)):
         whole = len(p.offs) == 1
         if whole and run and run[0] == p.fi and p.offs[0] == run[1] + run[2] and (p.offs[0] - run[1]) % SIZE[p.dt] == 0:
@@ -407,7 +407,72 @@ def _ranges(plans, runs, files, base):
     return r[r["len"] > 0]
 
 
-def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
+def _clip(r, lo, hi):
+    """The ranges r cut to the destination addresses [lo, hi)."""
+    s = np.maximum(r["buf"].astype(np.uint64), np.uint64(lo))
+    e = np.minimum(r["buf"].astype(np.uint64) + r["len"], np.uint64(hi))
+    keep = e > s
+    out = r[keep]
+    out["offset"] += s[keep] - out["buf"].astype(np.uint64)
+    out["len"], out["buf"] = e[keep] - s[keep], s[keep]
+    return out
+
+
+class _Group:
+    """load's part in a torch.distributed process group: the whole tensors (the same on every rank) lie first
+    in the buffer, cut in world equal pieces; each rank reads its piece and the ranks all-gather the pieces, so
+    the group reads each byte once.  Slices (one rank's own) follow, read by their rank alone."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.piece = 0
+
+    def place(self, plans):
+        s, runs = _place([p for p in plans if p.whole], True)
+        self.piece = -(-s // self.world // _ALIGN) * _ALIGN
+        total, more = _place([p for p in plans if not p.whole], True, self.piece * self.world)
+        return max(total, self.piece * self.world), runs + more
+
+    def mine(self, ranges, base):
+        """What this rank reads: its piece of the shared part and all of its slices."""
+        end = base + self.piece * self.world
+        shared = ranges["buf"] < end
+        return np.concatenate((_clip(ranges[shared], base + self.rank * self.piece,
+                                     base + (self.rank + 1) * self.piece), ranges[~shared]))
+
+    def exchange(self, buf):
+        """Every rank's piece to every rank; returns the bytes received."""
+        p, r = self.piece, self.rank
+        if not p or self.world == 1:
+            return 0
+        if self.dist.get_backend(self.group) == "nccl":  # in place: the input is the output's own piece
+            self.dist.all_gather_into_tensor(buf[:p * self.world], buf[r * p:(r + 1) * p], group=self.group)
+        else:
+            self.dist.all_gather([buf[i * p:(i + 1) * p] for i in range(self.world)], buf[r * p:(r + 1) * p].clone(),
+                                 group=self.group)
+        return p * (self.world - 1)
+
+
+def _read_plans(files, ranges_of, report, nfiles, ntensors):
+    """Opens the files, reads the ranges ranges_of(handles) gives in one batch, and fills report."""
+    handles = []
+    try:
+        handles = [open_file(f, 0) for f in files]
+        ranges = ranges_of([h.value for h in handles])
+        rep = XferReport()
+        if len(ranges):
+            check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
+        if report is not None:
+            report.update(files=nfiles, tensors=ntensors, bytes=rep.bytes, bytes_storage=rep.bytes_storage,
+                          ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
+    finally:
+        for h in handles:
+            lib.sluice_file_close(h)
+
+
+def load(source, device="cpu", keys=None, into=None, shard=None, report=None, process_group=None):
     """Reads a checkpoint in the safetensors layout into a dict of name -> tensor.
 
     source: a .safetensors file; a directory (its *.safetensors.index.json, else its *.safetensors); an index;
@@ -425,22 +490,31 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
     "cpu" without torch).  They are views of one buffer, each at an aligned place whatever its offset in the file.
     A list of devices (["cuda:0", "cuda:1"]) replicates: storage is read once, into the first, and the buffer
     copied GPU to GPU to the others; returns a list of dicts, one per device.
+    process_group: a torch.distributed group whose ranks all load the same checkpoint (with the same keys and
+    shard), each onto its own device: the group reads each whole tensor's bytes once, each rank an equal part,
+    and all-gathers the parts (NCCL in place on GPUs; any backend works); a rank's slices it reads itself.  Use
+    a group of one node's ranks where the nodes' links are slower than their storage.
     report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
-    the I/Os spanned, gaps read through included), ios, seconds, path."""
+    the I/Os spanned, gaps read through included), ios, seconds, path; with process_group, this rank's read and
+    bytes_exchanged (received from the others)."""
     devices = list(device) if isinstance(device, (list, tuple)) else None
     if devices is not None and (not devices or into is not None):
         raise ValueError("sluice.load: a list of devices needs at least one, and no into= (load into each instead)")
+    if process_group is not None and (devices is not None or into is not None or device == "numpy"):
+        raise ValueError("sluice.load: process_group= loads into one torch device per rank (no into=, no list)")
     files = _sources(source)
     table = _tensors(files)
     names = _select(table, keys, into, source)
     plans = []
     for name in names:
         fi, v, start = table[name]
-        shape, offs, lens, n = _plan(v, start, None if shard is None else _slice_of(shard, name, v["shape"]), name)
+        sl = None if shard is None else _slice_of(shard, name, v["shape"])
+        shape, offs, lens, n = _plan(v, start, sl, name)
         if into is not None:
             _check_into(name, into[name], v["dtype"], shape)
-        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n))
-    total, runs = _place(plans, into is None)
+        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
+    grp = _Group(process_group) if process_group is not None else None
+    total, runs = grp.place(plans) if grp else _place(plans, into is None)
     if into is None:
         buf, base, torch = _alloc(total, devices[0] if devices else device)
     else:
@@ -448,19 +522,17 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
         _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
         for p in plans:
             p.dst = _buffer(into[p.name], True, ordered=False)[0]
-    handles = []
-    try:
-        handles = [open_file(f, 0) for f in files]
-        ranges = _ranges(plans, runs, [h.value for h in handles], base)
-        rep = XferReport()
-        if len(ranges):
-            check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
+    if grp and torch is None:
+        raise ValueError("sluice.load: process_group= needs torch")
+
+    def ranges_of(handles):
+        r = _ranges(plans, runs, handles, base)
+        return grp.mine(r, base) if grp else r
+    _read_plans(files, ranges_of, report, len(files), len(names))
+    if grp:
+        got = grp.exchange(buf)
         if report is not None:
-            report.update(files=len(files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
-                          ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
-    finally:
-        for h in handles:
-            lib.sluice_file_close(h)
+            report["bytes_exchanged"] = got
     if into is not None:
         return {name: into[name] for name in names}
     if devices is None:
@@ -469,4 +541,3 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None):
         raise ValueError("sluice.load: a list of devices needs torch")
     bufs = [buf] + [buf.to(d) for d in devices[1:]]  # GPU to GPU (peer to peer where the GPUs allow it)
     return [{p.name: _view(b, torch, p.dst, p.n, p.dt, p.shape) for p in plans} for b in bufs]
-

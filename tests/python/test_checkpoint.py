@@ -411,3 +411,74 @@ def test_a_list_of_devices_is_checked():
         sluice.load("unused", device=[])
     with pytest.raises(ValueError, match="into="):
         sluice.load("unused", device=["cuda:0"], into={})
+
+
+# One rank of a process group loading a checkpoint with process_group=; prints its report and whether every
+# tensor equals the checkpoint read alone (argv: checkpoint, backend, device or "rank" for cuda:RANK, shard dim
+# or "none").
+GROUP_RANK = """
+import json, os, sys, torch, torch.distributed as dist, sluice
+path, backend, dev, dim = sys.argv[1:5]
+dist.init_process_group(backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+dev = f"cuda:{rank}" if dev == "rank" else dev
+shard = None if dim == "none" else (int(dim), rank, world)
+alone = sluice.load(path, device="cpu", shard=shard)
+rep = {}
+got = sluice.load(path, device=dev, shard=shard, process_group=dist.group.WORLD, report=rep)
+bad = [k for k in alone if not (got[k].device == torch.device(dev) and torch.equal(got[k].cpu(), alone[k]))]
+print(json.dumps({"rank": rank, "bad": bad, "n": len(got), **rep}))
+dist.destroy_process_group()
+"""
+
+
+def _group_load(path, world, backend, dev, dim):
+    """Runs world ranks of GROUP_RANK; returns their reports."""
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", GROUP_RANK, str(path), backend, dev, str(dim)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "LOCAL_RANK": str(r)}) for r in range(world)]
+    out = [p.communicate(timeout=300) for p in procs]
+    for p, (o, e) in zip(procs, out):
+        assert p.returncode == 0, e[-3000:]
+    return [json.loads(o.strip().splitlines()[-1]) for o, _ in out]
+
+
+def _group_case(tmp_path, world, backend, dev):
+    torch = pytest.importorskip("torch")
+    t = {k: torch.from_numpy(v) for k, v in model().items()}
+    t["odd.bytes"] = torch.arange(37, dtype=torch.uint8)  # an odd length: pieces end mid-tensor
+    sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
+    whole = sum(v.numel() * v.element_size() for v in t.values())
+    reps = _group_load(tmp_path / "ck", world, backend, dev, "none")
+    assert all(r["bad"] == [] and r["n"] == len(t) for r in reps), reps
+    assert sum(r["bytes"] for r in reps) == whole, reps  # the group read each byte once
+    assert all(r["bytes"] < whole for r in reps) and all(r["bytes_exchanged"] > 0 for r in reps), reps
+    reps = _group_load(tmp_path / "ck", world, backend, dev, 0)  # slices: each rank its own; whole ones shared
+    assert all(r["bad"] == [] for r in reps), reps
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_process_group_reads_each_byte_once(tmp_path, world):
+    """process_group=: the ranks read disjoint parts and all-gather them (gloo, host memory); every rank holds
+    every tensor, equal to the checkpoint, and the group's reads add up to the checkpoint's bytes."""
+    _group_case(tmp_path, world, "gloo", "cpu")
+
+
+def test_a_process_group_over_nccl(tmp_path):
+    """The same over NCCL, one GPU a rank (the in-place all-gather)."""
+    torch = _cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("fewer than two GPUs")
+    _group_case(tmp_path, 2, "nccl", "rank")
+
+
+def test_a_process_group_is_checked():
+    with pytest.raises(ValueError, match="process_group"):
+        sluice.load("unused", device=["cuda:0"], process_group=object())
