@@ -703,6 +703,11 @@ SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned
  */
 SLUICE_API SLUICE_WUR int sluice_list(const char *dir, int recursive, char ***names, unsigned *n);
 SLUICE_API void sluice_list_free(char **names, unsigned n);
+/*
+ * Removes a regular file, or an s3:// object.  Returns 0, -errno, or the
+ * object store's error naming the object.
+ */
+SLUICE_API SLUICE_WUR int sluice_remove(const char *path);
 
 /* ================================================================
  * Datasets (docs/FORMAT.md)

@@ -59,7 +59,7 @@ def _fsync_dir(d):
 
 
 def _save_file(tensors, path, metadata):
-    """One safetensors file, durably and atomically (see save)."""
+    """One safetensors file, durably and atomically (see save); returns {name: (file offset, bytes)}."""
     header, items, size = _layout(tensors, metadata)
     head = header_bytes(header)
     base = len(head)
@@ -70,7 +70,7 @@ def _save_file(tensors, path, metadata):
             if n:
                 whole[base + o:base + o + n] = _host_bytes(t)
         write(path, whole)
-        return base + size
+        return _placed(header, base)
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.sluice-tmp-{os.getpid()}")
     f = None
@@ -99,17 +99,22 @@ def _save_file(tensors, path, metadata):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return base + size
+    return _placed(header, base)
 
 
-def _write_text(path, text):
-    """A small file (the index), durably and atomically."""
+def _placed(header, base):
+    return {k: (base + v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def _write_whole(path, data):
+    """A small file (an index, a DCP checkpoint's metadata) of bytes, durably and atomically."""
     if is_url(path):
-        write(path, np.frombuffer(text.encode(), np.uint8))
+        write(path, np.frombuffer(data, np.uint8))
         return
     tmp = f"{path}.sluice-tmp-{os.getpid()}"
-    with open(tmp, "w") as h:
-        h.write(text)
+    with open(tmp, "wb") as h:
+        h.write(data)
         h.flush()
         os.fsync(h.fileno())
     os.replace(tmp, path)
@@ -137,7 +142,7 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
         weight_map.update({name: fname for name in part})
     index = {"metadata": {"total_size": total, **({str(k): str(v) for k, v in metadata.items()} if metadata else {})},
              "weight_map": dict(sorted(weight_map.items()))}
-    _write_text(f"{directory.rstrip('/')}/{INDEX}", json.dumps(index, indent=2))
+    _write_whole(f"{directory.rstrip('/')}/{INDEX}", json.dumps(index, indent=2).encode())
 
 
 def save(tensors, path, metadata=None, max_shard_size=None):
@@ -157,11 +162,11 @@ def save(tensors, path, metadata=None, max_shard_size=None):
         _save_sharded(tensors, path, metadata, int(max_shard_size))
 
 
-def _read_small(path):
-    """The whole of a small file or object (an index), as text."""
+def _read_whole(path):
+    """The whole of a small file or object (an index, a DCP checkpoint's metadata), as bytes."""
     if not is_url(path):
         with open(path, "rb") as h:
-            return h.read().decode()
+            return h.read()
     f = open_file(path, 0)
     try:
         size = lib.sluice_file_size(f)
@@ -170,13 +175,13 @@ def _read_small(path):
     buf = np.empty(size, np.uint8)
     if size:
         read(path, buf)
-    return buf.tobytes().decode()
+    return buf.tobytes()
 
 
 def _from_index(path):
     """The files an index names, in order, beside it."""
     try:
-        wm = json.loads(_read_small(path))["weight_map"]
+        wm = json.loads(_read_whole(path).decode())["weight_map"]
         files = sorted(set(wm.values()))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise bad(path, f"not a safetensors index: {e!r}") from None

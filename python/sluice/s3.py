@@ -25,6 +25,11 @@ def listdir(path, recursive=False):
         lib.sluice_list_free(names, n)
 
 
+def remove(path):
+    """Removes a file or an s3:// object."""
+    check(lib.sluice_remove(os.fsencode(os.fspath(path))))
+
+
 def _b(s):
     return None if s is None else s.encode()
 

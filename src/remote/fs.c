@@ -215,6 +215,11 @@ int sl__fs_download(const char *url, const char *local, int *verified)
 	return rc;
 }
 
+int sluice_remove(const char *path)
+{
+	return sl__fs_remove(path);
+}
+
 int sl__fs_remove(const char *path)
 {
 	char bucket[64], key[1025];

@@ -446,7 +446,7 @@ def _group_load(path, world, backend, dev, dim):
                                    "MASTER_PORT": str(port), "LOCAL_RANK": str(r)}) for r in range(world)]
     out = [p.communicate(timeout=300) for p in procs]
     for p, (o, e) in zip(procs, out):
-        assert p.returncode == 0, e[-3000:]
+        assert p.returncode == 0, (o[-500:], e[-3000:])
     return [json.loads(o.strip().splitlines()[-1]) for o, _ in out]
 
 

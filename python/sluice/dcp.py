@@ -1,0 +1,242 @@
+"""torch.distributed.checkpoint (DCP) storage backed by sluice: dcp.save, dcp.async_save and dcp.load of local
+paths and s3:// prefixes, with sharded (FSDP-style, DTensor) state dicts on any number of ranks.
+
+    import torch.distributed.checkpoint as dcp
+    from sluice.dcp import StorageReader, StorageWriter
+    dcp.save(state_dict, storage_writer=StorageWriter("/ckpt/step100"))
+    dcp.load(state_dict, storage_reader=StorageReader("/ckpt/step100"))
+
+Layout: each rank's items in one safetensors file, __RANK_SAVE.safetensors (SAVE: 12 hex digits new for every
+save), written by sluice.save (straight from GPU memory, fdatasync, rename), and DCP's metadata in .metadata,
+written last the same way.  A save into a directory that holds a checkpoint writes files of new names, so until
+its .metadata replaces the old one (one rename) the old checkpoint is whole and loadable; then the files the new
+one does not name are removed.  A kill at any moment leaves the old checkpoint or the new one.  Loads read every
+item of a rank as one batched read straight into the state dict's tensors (GPU memory included) where the saved
+chunk and the tensor agree in dtype and the part asked for is one range; other parts (another sharding, another
+dtype) are read whole and copied.  Needs torch; `import sluice` does not import this module.
+"""
+import ctypes as C
+import dataclasses
+import io
+import os
+import pickle
+import re
+import uuid
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import storage
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+
+from ._lib import Range, check, lib
+from ._safetensors import is_url, open_file
+from .buffers import _eng, _ready
+from .checkpoint import _RANGE, _read_whole, _save_file, _write_whole
+from .s3 import listdir, remove
+
+METADATA = ".metadata"
+# The files a save writes, and the temporary ones a killed save leaves.
+_OURS = re.compile(r"^(\.?__\d+_[0-9a-f]{12}\.safetensors(\.sluice-tmp-\d+)?|\.metadata\.sluice-tmp-\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """Where one item's bytes are: a file of the checkpoint, an offset and a length."""
+    relative_path: str
+    offset: int
+    length: int
+
+
+@dataclasses.dataclass
+class _Prefix:
+    prefix: str
+
+
+def _join(base, name):
+    return f"{base.rstrip('/')}/{name}" if is_url(base) else os.path.join(base, name)
+
+
+def _key(index):
+    return index.fqn if index.offset is None else f"{index.fqn}@{','.join(map(str, index.offset))}"
+
+
+class StorageWriter(storage.StorageWriter):
+    """Writes a DCP checkpoint to path (a directory, or an s3:// prefix): one safetensors file a rank, then the
+    metadata; durable (fdatasync, directory fsync) and atomic as the module says.  overwrite=False refuses a
+    path that holds a checkpoint."""
+
+    def __init__(self, path, overwrite=True):
+        super().__init__()
+        self.path, self.overwrite = os.fspath(path), overwrite
+        self.save_id, self.rank = uuid.uuid4().hex, None
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.rank = kwargs.get("rank")
+        if not kwargs.get("use_collectives", True):
+            raise ValueError("sluice.dcp.StorageWriter: use_collectives=False (a metadata file a rank) is not supported")
+
+    def _exists(self):
+        try:
+            lib.sluice_file_close(open_file(_join(self.path, METADATA), 0))
+            return True
+        except Exception:
+            return False
+
+    def prepare_local_plan(self, plan):
+        if not is_url(self.path):
+            os.makedirs(self.path, exist_ok=True)
+        if not self.overwrite and self._exists():
+            raise RuntimeError(f"sluice.dcp: {self.path} holds a checkpoint and overwrite=False")
+        return plan
+
+    def prepare_global_plan(self, plans):
+        save = self.save_id[:12]
+        return [dataclasses.replace(p, storage_data=_Prefix(f"__{i}_{save}")) for i, p in enumerate(plans)]
+
+    def write_data(self, plan, planner):
+        name = f"{plan.storage_data.prefix}.safetensors"
+        items, out = {}, []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                data = np.frombuffer(data.getbuffer(), np.uint8).copy()
+            else:
+                data = data.detach()
+            items[_key(item.index)] = (item, data)
+        placed = _save_file({k: d for k, (_, d) in items.items()}, _join(self.path, name), None)
+        for k, (item, data) in items.items():
+            off, n = placed[k]
+            out.append(storage.WriteResult(index=item.index, size_in_bytes=n, storage_data=_Stored(name, off, n)))
+        fut = torch.futures.Future()
+        fut.set_result(out)
+        return fut
+
+    def finish(self, metadata, results):
+        metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
+        metadata.storage_meta = self.storage_meta()
+        _write_whole(_join(self.path, METADATA), pickle.dumps(metadata))
+        keep = {s.relative_path for s in metadata.storage_data.values()}
+        for f in listdir(self.path):  # the files of the checkpoint it replaced, and of saves killed midway
+            base = f.rsplit("/", 1)[-1]
+            if _OURS.match(base) and base not in keep:
+                remove(f)
+
+    def storage_meta(self):
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+
+def _span(sizes, offsets, lengths):
+    """(first element, count) of the part of a row-major chunk of sizes at offsets, lengths where that part is
+    one range; None where it is not."""
+    d = next((i for i in range(len(sizes)) if lengths[i] != sizes[i]), len(sizes))
+    if any(lengths[i] != 1 for i in range(d)) or any(lengths[i] != sizes[i] for i in range(d + 1, len(sizes))):
+        return None
+    stride, start = 1, 0
+    for i in reversed(range(len(sizes))):
+        start += offsets[i] * stride
+        stride *= sizes[i]
+    return start, int(np.prod(lengths, dtype=np.int64))
+
+
+class StorageReader(storage.StorageReader):
+    """Reads a DCP checkpoint that StorageWriter wrote at path (a directory, or an s3:// prefix)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.storage_data, self.chunks = {}, {}
+
+    def reset(self, checkpoint_id=None):
+        self.storage_data, self.chunks = {}, {}
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+
+    def read_metadata(self, *args, **kwargs):
+        path = _join(self.path, METADATA)
+        md = pickle.loads(_read_whole(path))
+        if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict) or \
+                not all(isinstance(v, _Stored) for v in md.storage_data.values()):
+            raise ValueError(f"sluice.dcp: {path} is not the metadata of a checkpoint sluice.dcp.StorageWriter wrote")
+        return md
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self.storage_data = metadata.storage_data
+        self.chunks = {}
+        for fqn, md in metadata.state_dict_metadata.items():
+            for c in getattr(md, "chunks", ()):
+                self.chunks[MetadataIndex(fqn, c.offsets)] = (tuple(c.sizes), md.properties.dtype)
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def _item(self, req, planner, files, reads, after):
+        """Plans one item: its reads (file, offset, bytes, destination) and what follows them."""
+        st = self.storage_data[req.storage_index]
+        f = files.setdefault(st.relative_path, len(files))
+        if req.type == LoadItemType.BYTE_IO:
+            buf = np.empty(st.length, np.uint8)
+            reads.append((f, st.offset, st.length, buf.ctypes.data, buf))
+            after.append(lambda: planner.load_bytes(req, io.BytesIO(buf.tobytes())))
+            return
+        target = planner.resolve_tensor(req).detach()
+        sizes, dtype = self.chunks[req.storage_index]
+        item = torch.empty((), dtype=dtype).element_size()
+        if st.length != int(np.prod(sizes, dtype=np.int64)) * item:
+            raise ValueError(f"sluice.dcp: {self.path}: '{_key(req.storage_index)}' is {st.length} bytes, its "
+                             f"shape {list(sizes)} of {dtype} makes {int(np.prod(sizes)) * item}")
+        span = _span(sizes, req.storage_offsets, req.lengths)
+        if span and target.dtype == dtype and target.is_contiguous() and target.numel() == span[1]:
+            reads.append((f, st.offset + span[0] * item, span[1] * item, target.data_ptr(), target))
+        else:  # the saved chunk whole, then the part asked for copied (and converted) into place
+            tmp = torch.empty(sizes, dtype=dtype, device=target.device)
+            reads.append((f, st.offset, st.length, tmp.data_ptr(), tmp))
+            after.append(lambda: target.copy_(_narrow(tmp, req.storage_offsets, req.lengths)))
+        after.append(lambda: planner.commit_tensor(req, target))
+
+    def read_data(self, plan, planner):
+        files, reads, after = {}, [], []
+        for req in plan.items:
+            self._item(req, planner, files, reads, after)
+        # Kernels still using the state dict's tensors (or memory the allocator hands out again) finish first.
+        _ready([obj for *_, obj in reads if isinstance(obj, torch.Tensor)])
+        paths = list(files)
+        handles = []
+        try:
+            handles = [open_file(_join(self.path, p), 0) for p in paths]
+            r = np.empty(len(reads), _RANGE)
+            for i, (f, off, n, dst, _) in enumerate(reads):
+                r[i] = (handles[f].value, off, n, dst)
+            r = r[r["len"] > 0]
+            if len(r):
+                check(lib.sluice_read_batch(_eng(), r.ctypes.data_as(C.POINTER(Range)), len(r), None))
+        finally:
+            for h in handles:
+                lib.sluice_file_close(h)
+        for step in after:
+            step()
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+
+def _narrow(t, offsets, lengths):
+    for d, (o, n) in enumerate(zip(offsets, lengths)):
+        t = t.narrow(d, o, n)
+    return t

@@ -1,0 +1,239 @@
+"""sluice.dcp: torch.distributed.checkpoint's save, async_save and load through sluice, one rank and several
+(gloo on the host; NCCL where two GPUs are), resharded, on the GPU, to S3, and killed midway."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+from sluice.dcp import StorageReader, StorageWriter  # noqa: E402
+
+
+def state(seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return {"embed": torch.randn(50, 16, generator=g).to(device),
+            "layers": {str(i): {"w": torch.randn(24, 16, generator=g).to(torch.bfloat16).to(device),
+                                "b": torch.randn(16, generator=g).to(device)} for i in range(3)},
+            "step": torch.tensor(seed + 7), "lr": 0.5 + seed, "name": f"run-{seed}", "empty": torch.zeros(0)}
+
+
+def zeros_like(sd):
+    if isinstance(sd, dict):
+        return {k: zeros_like(v) for k, v in sd.items()}
+    return torch.zeros_like(sd) if isinstance(sd, torch.Tensor) else None
+
+
+def same(a, b):
+    assert type(a) is type(b) or isinstance(a, torch.Tensor), (a, b)
+    if isinstance(a, dict):
+        assert set(a) == set(b)
+        for k in a:
+            same(a[k], b[k])
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+    else:
+        assert a == b
+
+
+def test_save_and_load_one_process(tmp_path):
+    """A nested state dict of tensors of several dtypes and plain values: loaded back equal, in place."""
+    sd = state()
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    got = zeros_like(sd)
+    got.update(lr=None, name=None)
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    same(got, sd)
+    names = sorted(os.listdir(tmp_path / "ck"))
+    assert names[0] == ".metadata" and len(names) == 2 and names[1].endswith(".safetensors"), names
+
+
+def test_loaded_into_another_dtype_and_part_of_a_tensor(tmp_path):
+    """Loading converts to the state dict's dtype (the chunk read whole, then copied), and a tensor whose
+    shape differs is refused by DCP's planner, not filled wrongly."""
+    sd = {"w": torch.arange(60, dtype=torch.float32).reshape(6, 10)}
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    got = {"w": torch.zeros(6, 10, dtype=torch.float64)}
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    assert torch.equal(got["w"], sd["w"].double())
+    with pytest.raises(BaseException, match="Size mismatch"):  # DCP's CheckpointException is a BaseException
+        dcp.load({"w": torch.zeros(7, 10)}, storage_reader=StorageReader(tmp_path / "ck"))
+
+
+def test_a_second_save_replaces_the_first_and_removes_its_files(tmp_path):
+    dcp.save(state(0), storage_writer=StorageWriter(tmp_path / "ck"))
+    first = set(os.listdir(tmp_path / "ck"))
+    dcp.save(state(1), storage_writer=StorageWriter(tmp_path / "ck"))
+    second = set(os.listdir(tmp_path / "ck"))
+    assert first & second == {".metadata"} and len(second) == 2
+    (tmp_path / "ck" / "notes.txt").write_text("mine")  # not the checkpoint's: left alone
+    dcp.save(state(2), storage_writer=StorageWriter(tmp_path / "ck"))
+    assert "notes.txt" in os.listdir(tmp_path / "ck")
+    got = zeros_like(state(2))
+    got.update(lr=None, name=None)
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    same(got, state(2))
+    with pytest.raises(BaseException, match="overwrite=False"):
+        dcp.save(state(3), storage_writer=StorageWriter(tmp_path / "ck", overwrite=False))
+
+
+def test_async_save(tmp_path):
+    sd = state(4)
+    fut = dcp.async_save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    fut.result()
+    got = zeros_like(sd)
+    got.update(lr=None, name=None)
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    same(got, sd)
+
+
+def test_a_foreign_or_damaged_checkpoint_is_refused(tmp_path):
+    sd = {"w": torch.arange(1000, dtype=torch.float32)}
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp_path / "torch")))
+    with pytest.raises(BaseException, match="not the metadata"):
+        dcp.load({"w": torch.zeros(1000)}, storage_reader=StorageReader(tmp_path / "torch"))
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    data = [n for n in os.listdir(tmp_path / "ck") if n.endswith(".safetensors")][0]
+    os.truncate(tmp_path / "ck" / data, 2000)  # the file cut short: the read past its end fails, naming it
+    with pytest.raises(BaseException, match=data):
+        dcp.load({"w": torch.zeros(1000)}, storage_reader=StorageReader(tmp_path / "ck"))
+
+
+# A child that saves state(SEED) to PATH and is killed (SIGKILL) at STAGE: "data" after its data file is durable,
+# before the metadata; "metadata" during the metadata's write (its temporary file written, not renamed);
+# "sleep:S" S seconds into a large save.
+KILLED = """
+import os, signal, sys, time, threading
+import torch, torch.distributed.checkpoint as dcp
+import sluice.dcp as sd
+sys.path.insert(0, sys.argv[4])
+from test_dcp import state
+path, seed, stage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+if stage == "data":
+    sd._write_whole = die
+elif stage == "metadata":
+    real = os.replace
+    os.replace = lambda a, b: die() if b.endswith(".metadata") else real(a, b)
+s = state(seed)
+if stage.startswith("sleep:"):
+    s["big"] = torch.randn(64 << 20)
+    threading.Timer(float(stage[6:]), die).start()
+dcp.save(s, storage_writer=sd.StorageWriter(path))
+"""
+
+
+@pytest.mark.parametrize("stage", ["data", "metadata", "sleep:0.3", "sleep:0.8"])
+def test_killed_during_a_save_the_previous_checkpoint_loads(tmp_path, stage):
+    """kill -9 while a save replaces a checkpoint: the old one loads whole (or, if the kill came after the
+    rename, the new one); never a mix, never an error."""
+    dcp.save(state(0), storage_writer=StorageWriter(tmp_path / "ck"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)) + "/../python",
+                                                       os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "ck"), "1", stage, os.path.dirname(__file__)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    got = zeros_like(state(0))
+    got.update(lr=None, name=None)
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    if stage in ("data", "metadata"):
+        same(got, state(0))
+    else:
+        assert got["step"].item() in (7, 8)
+        same(got, state(got["step"].item() - 7))
+    dcp.save(state(2), storage_writer=StorageWriter(tmp_path / "ck"))  # the next save clears what was left
+    assert len([n for n in os.listdir(tmp_path / "ck") if n != ".metadata"]) == 1
+
+
+# One rank of a group: saves a state dict of DTensors sharded by rows (each rank its part), loads it into
+# DTensors sharded by columns (every rank reads parts of other ranks' files) and into a replicated tensor,
+# and checks both against the whole.  argv: path, backend, device ("cpu" or "cuda").
+RANK = """
+import json, os, sys
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from sluice.dcp import StorageReader, StorageWriter
+path, backend, dev = sys.argv[1:4]
+dist.init_process_group(backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+if dev == "cuda":
+    torch.cuda.set_device(rank)
+mesh = init_device_mesh(dev, (world,))
+g = torch.Generator().manual_seed(3)
+whole = {"w": torch.randn(37, 24, generator=g), "v": torch.randn(10, 6, 5, generator=g).to(torch.bfloat16)}
+sd = {k: distribute_tensor(v.to(dev), mesh, [Shard(0)]) for k, v in whole.items()}
+sd["step"] = torch.tensor(5)
+dcp.save(sd, storage_writer=StorageWriter(path))
+cols = {k: distribute_tensor(torch.zeros_like(v).to(dev), mesh, [Shard(1)]) for k, v in whole.items()}
+cols["step"] = torch.tensor(0)
+dcp.load(cols, storage_reader=StorageReader(path))
+rep = {k: distribute_tensor(torch.zeros_like(v).to(dev), mesh, [Replicate()]) for k, v in whole.items()}
+dcp.load(rep, storage_reader=StorageReader(path))
+ok = all(torch.equal(cols[k].full_tensor().cpu(), v) and torch.equal(rep[k].to_local().cpu(), v) for k, v in whole.items())
+print(json.dumps({"rank": rank, "ok": ok and cols["step"].item() == 5}))
+dist.destroy_process_group()
+"""
+
+
+def _ranks(path, world, backend, dev):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(path), backend, dev], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(world)]
+    out = [p.communicate(timeout=300) for p in procs]
+    for p, (o, e) in zip(procs, out):
+        assert p.returncode == 0, (o[-500:], e[-3000:])
+    return [json.loads(o.strip().splitlines()[-1]) for o, _ in out]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_state_dicts_on_several_ranks(tmp_path, world):
+    """FSDP-style DTensors: each rank writes its file; loads resharded by columns and replicated are equal to
+    the whole tensors on every rank."""
+    pytest.importorskip("torch.distributed.tensor")
+    reps = _ranks(tmp_path / "ck", world, "gloo", "cpu")
+    assert all(r["ok"] for r in reps), reps
+    assert len([n for n in os.listdir(tmp_path / "ck") if n.endswith(".safetensors")]) == world
+
+
+def test_sharded_state_dicts_on_two_gpus(tmp_path):
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("fewer than two GPUs")
+    reps = _ranks(tmp_path / "ck", 2, "nccl", "cuda")
+    assert all(r["ok"] for r in reps), reps
+
+
+def test_on_the_gpu(tmp_path):
+    """GPU tensors written straight from GPU memory and read straight into it."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    sd = state(5, "cuda")
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    got = zeros_like(sd)
+    got.update(lr=None, name=None)
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    same(got, sd)
+    assert got["embed"].is_cuda
+
+
+def test_to_s3_and_back(s3):
+    """An s3:// prefix: objects written whole, the metadata last; a second save removes the first's objects."""
+    import sluice
+    url = "s3://pytest/dcp/step1"
+    dcp.save(state(0), storage_writer=StorageWriter(url))
+    first = sluice.listdir(url)
+    dcp.save(state(1), storage_writer=StorageWriter(url))
+    second = sluice.listdir(url)
+    assert len(first) == len(second) == 2 and set(first) & set(second) == {url + "/.metadata"}
+    got = zeros_like(state(1))
+    got.update(lr=None, name=None)
+    dcp.load(got, storage_reader=StorageReader(url))
+    same(got, state(1))
