@@ -26,9 +26,12 @@ class SluiceError(RuntimeError):
     """An error from libsluice: .code is its negative code, the message carries the C detail."""
 
     def __init__(self, code, detail):
-        self.code = code
+        self.code, self.detail = code, detail
         name = lib.sluice_strerror(code).decode()
         super().__init__(f"{detail} ({name})" if detail else name)
+
+    def __reduce__(self):  # pickled whole: torch.distributed hands a rank's errors to the others
+        return SluiceError, (self.code, self.detail)
 
 
 def check(rc):

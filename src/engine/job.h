@@ -23,6 +23,7 @@ struct sl__piece {
 	size_t len;
 	char *mem;      /* destination (read) or source (write) */
 	int gpu;        /* mem is device memory */
+	char *alloc;    /* GPU memory: where its allocation starts (one copy never spans two) */
 	uint32_t range; /* index of the caller's range it belongs to */
 	uint32_t crc;   /* CRC32C of its bytes, when the job asks (job->crc) */
 };

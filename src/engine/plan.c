@@ -99,7 +99,7 @@ struct sl_cut {
  * continues it (reads: within the read gap, and inside one chunk) unless
  * alone (GPU memory a store moves straight there: one piece a segment).
  */
-static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, int gpu, int alone)
+static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, char *alloc, int alone)
 {
 	struct sl__job *job = c->job;
 	uint64_t off = rd->r.offset;
@@ -120,8 +120,8 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, int gpu, 
 			*cur = (struct sl__seg){ .file = rd->r.file, .off = off, .piece0 = (uint32_t)(p - job->pieces) };
 		}
 		take = (size_t)(cur->off + c->chunk - off) < left ? (size_t)(cur->off + c->chunk - off) : left;
-		*p = (struct sl__piece){ .seg_off = (size_t)(off - cur->off), .len = take, .mem = mem, .gpu = gpu,
-					 .range = rd->orig };
+		*p = (struct sl__piece){ .seg_off = (size_t)(off - cur->off), .len = take, .mem = mem, .gpu = !!alloc,
+					 .alloc = alloc, .range = rd->orig };
 		cur->npieces++;
 		if (off + take > cur->off + cur->len)
 			cur->len = (size_t)(off + take - cur->off);
@@ -173,7 +173,8 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 
 		if (gpu && job->lane < 0)
 			job->lane = sl_lane_of(eng, rd[i].r.buf);
-		sl_cut_range(&c, &rd[i], gpu, gpu && !crc && (rd[i].r.file->s.ops->caps & SL_STORE_GPU_MEM));
+		sl_cut_range(&c, &rd[i], gpu ? sl__gpu_alloc_start(&eng->gpu, rd[i].r.buf) : NULL,
+			     gpu && !crc && (rd[i].r.file->s.ops->caps & SL_STORE_GPU_MEM));
 	}
 	job->nsegs = c.ns;
 	job->npieces = c.np;

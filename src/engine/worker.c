@@ -231,7 +231,9 @@ static int sl_submit_io(struct sl__worker *w, struct sl__slot *sl)
  * The run of pieces from the segment's i-th that one copy can move: each
  * next piece of the same memory kind, lying as far from the previous one in
  * the slot as in caller memory, with no gap (or, for reads of a job with
- * copy_gaps, a gap under 8 bytes: alignment padding the caller gave up).
+ * copy_gaps, a gap under 8 bytes: alignment padding the caller gave up), and
+ * for GPU memory inside one allocation: two allocations side by side in the
+ * address space are still two, and one copy across both fails.
  * Returns the run's bytes and its piece count in *n.  Dataset batches of
  * neighbouring records so move in one DMA instead of one per record.
  */
@@ -245,7 +247,7 @@ static size_t sl_run(const struct sl__job *job, const struct sl__seg *s, uint32_
 		const struct sl__piece *q = &job->pieces[s->piece0 + k];
 		size_t gap = q->seg_off - (p->seg_off + len);
 
-		if (q->gpu != p->gpu || q->seg_off < p->seg_off + len || gap > gap_max ||
+		if (q->gpu != p->gpu || q->alloc != p->alloc || q->seg_off < p->seg_off + len || gap > gap_max ||
 		    q->mem != p->mem + len + gap)
 			break;
 		len += gap + q->len;

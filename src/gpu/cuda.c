@@ -184,6 +184,16 @@ int sl__gpu_is_device_ptr(const struct sl__gpu *g, const void *p)
 	return type == SL_CU_MEMORYTYPE_DEVICE;
 }
 
+char *sl__gpu_alloc_start(const struct sl__gpu *g, const void *p)
+{
+	sl_CUdeviceptr start = 0;
+
+	if (g->cu->PointerGetAttribute(&start, SL_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+				       (sl_CUdeviceptr)(uintptr_t)p) != SL_CUDA_SUCCESS || !start)
+		return (char *)p;
+	return (char *)(uintptr_t)start;
+}
+
 int sl__host_pin(const struct sl__gpu *g, void *p, size_t n)
 {
 	/* The calling thread may have no context current (a loader's thread, a Python caller's). */

@@ -134,6 +134,8 @@ SL_HIDDEN void sl__gpu_free(const struct sl__gpu *g, void *p);
 SL_HIDDEN int sl__gpu_bind(const struct sl__gpu *g);
 /* 1 if p is device memory (of any GPU), 0 otherwise (or without CUDA). */
 SL_HIDDEN int sl__gpu_is_device_ptr(const struct sl__gpu *g, const void *p);
+/* Where the device allocation holding p starts (p itself if the driver cannot say). */
+SL_HIDDEN char *sl__gpu_alloc_start(const struct sl__gpu *g, const void *p);
 
 /*
  * Pinned host memory: page-aligned anonymous memory, registered with the

@@ -376,6 +376,21 @@ def test_one_ranks_slices_on_the_gpu(tmp_path):
                 assert got[k].is_cuda and want is not None and torch.equal(got[k].cpu(), want), (k, dim, rank)
 
 
+def test_tensors_side_by_side_in_gpu_memory_but_in_two_allocations(tmp_path):
+    """Tensors of 20 MiB each get an allocation of their own from torch, often side by side in the address
+    space, and lie side by side in the file: a copy must not span two allocations (the driver refuses it), so
+    saving and loading them works and gives the bytes back."""
+    torch = _cuda()
+    t = {f"t{i:02d}": torch.full((5 << 20,), i, dtype=torch.int32, device="cuda") for i in range(16)}
+    ptrs = [t[k].data_ptr() for k in sorted(t)]
+    if not any(b == a + (20 << 20) for a, b in zip(ptrs, ptrs[1:])):
+        pytest.skip("torch placed no two of the tensors side by side")
+    sluice.save(t, str(tmp_path / "ck.safetensors"))
+    back = {k: torch.zeros_like(v) for k, v in t.items()}
+    sluice.load(str(tmp_path / "ck.safetensors"), into=back)
+    assert all(torch.equal(back[k], t[k]) for k in t)
+
+
 def test_neighbouring_tensors_are_one_read(tmp_path):
     """Whole tensors that follow one another in a file land as they lie there and are read together: 300 small
     tensors of one file in one I/O; every other one of them, each in a place of its own, only their bytes."""

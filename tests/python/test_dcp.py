@@ -94,7 +94,9 @@ def test_async_save(tmp_path):
 def test_a_foreign_or_damaged_checkpoint_is_refused(tmp_path):
     sd = {"w": torch.arange(1000, dtype=torch.float32)}
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp_path / "torch")))
-    with pytest.raises(BaseException, match="not the metadata"):
+    with pytest.raises(ValueError, match="not the metadata"):
+        StorageReader(tmp_path / "torch").read_metadata()
+    with pytest.raises(BaseException):  # some torch versions pass read_metadata's message on, some do not
         dcp.load({"w": torch.zeros(1000)}, storage_reader=StorageReader(tmp_path / "torch"))
     dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
     data = [n for n in os.listdir(tmp_path / "ck") if n.endswith(".safetensors")][0]
