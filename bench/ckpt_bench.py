@@ -136,6 +136,8 @@ VARIANTS = {
     "sluice process_group": ("sluice", {"group": 1}, {}),
     # sluice's own settings, for the sweep (not its defaults).
     "sluice direct=never": ("sluice", {}, {"SLUICE_DIRECT": "never"}),
+    "sluice read_gap=0": ("sluice", {}, {"SLUICE_READ_GAP": "0"}),
+    "sluice read_gap=4K": ("sluice", {}, {"SLUICE_READ_GAP": "4K"}),
     "sluice 16M": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M"}),
     "sluice 16 threads x 8": ("sluice", {}, {"SLUICE_THREADS": "16", "SLUICE_QUEUE_DEPTH": "8"}),
     "sluice queue_depth=16": ("sluice", {}, {"SLUICE_QUEUE_DEPTH": "16"}),

@@ -12,13 +12,15 @@ _engine = None
 
 
 def _device():
-    """The GPU this process uses: SLUICE_DEVICE_IDS, else torch's current device, else LOCAL_RANK."""
+    """The GPU this process uses: SLUICE_DEVICE_IDS, else torch's current device, else LOCAL_RANK where there
+    is such a GPU."""
     if "SLUICE_DEVICE_IDS" in os.environ:
         return None  # the engine reads it
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.current_device()
-    return int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
+    rank = int(os.environ.get("LOCAL_RANK", "-1"))
+    return rank if 0 <= rank < lib.sluice_gpu_count() else None  # ranks past the GPUs (host-only jobs): the default
 
 
 def _eng():

@@ -26,6 +26,7 @@ import uuid
 import numpy as np
 import torch
 from torch.distributed.checkpoint import storage
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
@@ -61,13 +62,17 @@ def _key(index):
     return index.fqn if index.offset is None else f"{index.fqn}@{','.join(map(str, index.offset))}"
 
 
-class StorageWriter(storage.StorageWriter):
+class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
     """Writes a DCP checkpoint to path (a directory, or an s3:// prefix): one safetensors file a rank, then the
     metadata; durable (fdatasync, directory fsync) and atomic as the module says.  overwrite=False refuses a
-    path that holds a checkpoint."""
+    path that holds a checkpoint.  For dcp.async_save, the state dict is staged into pinned host memory kept
+    from one save to the next (cache_staged_state_dict=False: new memory each save, freed after), so the
+    training loop waits for one copy, not for pinned allocations."""
 
-    def __init__(self, path, overwrite=True):
-        super().__init__()
+    def __init__(self, path, overwrite=True, cache_staged_state_dict=True):
+        storage.StorageWriter.__init__(self)
+        # Kept staging is pinned memory, which needs CUDA: without it, each save stages afresh.
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict and torch.cuda.is_available())
         self.path, self.overwrite = os.fspath(path), overwrite
         self.save_id, self.rank = uuid.uuid4().hex, None
 
