@@ -134,6 +134,8 @@ VARIANTS = {
     "sluice": ("sluice", {}, {}),
     "instanttensor process_group": ("instanttensor", {"group": 1}, {}),
     "sluice process_group": ("sluice", {"group": 1}, {}),
+    "sluice process_group 16M": ("sluice", {"group": 1}, {"SLUICE_MAX_TRANSFER_SIZE": "16M"}),
+    "sluice process_group 16 threads x 8": ("sluice", {"group": 1}, {"SLUICE_THREADS": "16", "SLUICE_QUEUE_DEPTH": "8"}),
     # sluice's own settings, for the sweep (not its defaults).
     "sluice direct=never": ("sluice", {}, {"SLUICE_DIRECT": "never"}),
     "sluice read_gap=0": ("sluice", {}, {"SLUICE_READ_GAP": "0"}),
