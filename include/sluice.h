@@ -220,7 +220,9 @@ SLUICE_API SLUICE_WUR int sluice_config_set_max_transfer_size(struct sluice_conf
 /*
  * SLUICE_READ_GAP: reads of ranges less than this many bytes apart in a
  * file are one storage I/O that reads the gap too (0..64 MiB, default 64
- * KiB); 0 reads only the ranges' own bytes.  Reports' bytes_storage says
+ * KiB); 0 reads only the ranges' own bytes.  Files read through the page
+ * cache (mostly cached, no O_DIRECT, or SLUICE_DIRECT=never) read no gap:
+ * there it would be a copy, not an I/O saved.  Reports' bytes_storage says
  * what the I/Os spanned.
  */
 SLUICE_API SLUICE_WUR int sluice_config_set_read_gap(struct sluice_config *cfg, size_t n);
@@ -456,8 +458,8 @@ struct sluice_xfer_report {
 	uint64_t bytes_verified;
 	/*
 	 * Bytes the storage I/Os spanned: the payload and the gaps a
-	 * coalesced read reads through (neighbouring ranges less than 64 KiB
-	 * apart are one I/O).  Added after the struct's first release:
+	 * coalesced read reads through (neighbouring ranges less than
+	 * SLUICE_READ_GAP apart are one I/O).  Added after the struct's first release:
 	 * written only when size covers it.
 	 */
 	uint64_t bytes_storage;

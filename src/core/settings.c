@@ -116,7 +116,7 @@ const struct sl__setting_def sl__settings[] = {
 	{ "SLUICE_MAX_TRANSFER_SIZE", SL_SET_SIZE, E, KiB(4), GiB(1), KiB(4), NULL, "4M",
 	  "bytes of one storage I/O, and of a bounce slot", sl_set_mts, NULL },
 	{ "SLUICE_READ_GAP", SL_SET_SIZE, E, 0, MiB(64), 0, NULL, "64K",
-	  "reads of ranges this close are one I/O through the gap (0: only the ranges' bytes)", sl_set_gap, NULL },
+	  "ranges this close are one I/O through the gap, off the page cache (0: only their bytes)", sl_set_gap, NULL },
 	{ "SLUICE_BUFFER_POOL_SIZE", SL_SET_SIZE, E, 0, UINT64_MAX, 0, NULL, "",
 	  "bytes of all bounce slots (default: threads x queue_depth slots)", sl_set_pool, NULL },
 	{ "SLUICE_DEVICE_IDS", SL_SET_LIST, E, 0, 0, 0, NULL, "0", "the GPUs an engine serves, as 0 or 0,1,3",

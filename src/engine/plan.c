@@ -90,9 +90,30 @@ struct sl_cut {
 	struct sl__job *job;
 	struct sl__seg *cur;
 	size_t ns, np, chunk;
-	size_t gap;                 /* reads this close continue a segment: the gap is read and dropped (SLUICE_READ_GAP) */
+	size_t gap;                 /* reads this close continue a segment: the gap is read and dropped (sl_gap_for) */
 	uint64_t wend;              /* the end of the furthest range */
 };
+
+/*
+ * The read gap for f's ranges: the setting where its reads go to the
+ * storage, none where they go through the page cache (the file mostly
+ * cached there, O_DIRECT refused, or SLUICE_DIRECT=never): there a gap read
+ * through is a copy of bytes nobody asked for, not an I/O saved.  Asked of
+ * the file's store as a read of the whole file; stores without a route
+ * (object stores) keep the setting.
+ */
+static size_t sl_gap_for(const struct sluice_engine *eng, struct sluice_file *f)
+{
+	const struct sl__sfile *sf = &f->s;
+	uint64_t size = atomic_load(&sf->size);
+	struct sl__route_ask a = { .op = SL_IO_READ, .len = (size_t)size, .cfg = &eng->cfg, .local = eng->local };
+	struct sl__route r = { .store = sf->ops, .handle = sf->handle };
+
+	if (!eng->cfg.read_gap || !sf->ops->route || !size)
+		return eng->cfg.read_gap;
+	sf->ops->route(sf, &a, &r);
+	return r.direct || r.gpu ? eng->cfg.read_gap : 0;
+}
 
 /*
  * Cuts one range into pieces, each joining the open segment where it
@@ -141,7 +162,7 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, char *all
 int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	     const struct sluice_range *in, size_t n, int crc)
 {
-	struct sl_cut c = { .job = job, .chunk = eng->cfg.max_transfer_size, .gap = eng->cfg.read_gap };
+	struct sl_cut c = { .job = job, .chunk = eng->cfg.max_transfer_size };
 	struct sl_ranged *rd;
 	size_t maxsegs = 0;
 	int rc;
@@ -170,6 +191,9 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 			c.wend = rd[i].r.offset + rd[i].r.len;
 	for (size_t i = 0; !rc && i < n; i++) {
 		int gpu = rd[i].r.len ? sl__gpu_is_device_ptr(&eng->gpu, rd[i].r.buf) : 0;
+
+		if (op == SL_IO_READ && (i == 0 || rd[i].r.file != rd[i - 1].r.file))
+			c.gap = sl_gap_for(eng, rd[i].r.file);
 
 		if (gpu && job->lane < 0)
 			job->lane = sl_lane_of(eng, rd[i].r.buf);
