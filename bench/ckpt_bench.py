@@ -131,6 +131,11 @@ VARIANTS = {
     "runai concurrency=64": ("runai", {}, {"RUNAI_STREAMER_CONCURRENCY": "64"}),
     "instanttensor": ("instanttensor", {}, {}),
     "instanttensor buffered": ("instanttensor", {"backend": "BUFFERED"}, {}),
+    # Its I/O backends one by one (its default tries URING, then AIO; BUFFERED: URING_BUFFERED, then MMAP).
+    "instanttensor AIO": ("instanttensor", {"backend": "AIO"}, {}),
+    "instanttensor URING_BUFFERED": ("instanttensor", {"backend": "URING_BUFFERED"}, {}),
+    "instanttensor MMAP": ("instanttensor", {"backend": "MMAP"}, {}),
+    "instanttensor CUFILE": ("instanttensor", {"backend": "CUFILE"}, {}),
     "sluice": ("sluice", {}, {}),
     "instanttensor process_group": ("instanttensor", {"group": 1}, {}),
     "sluice process_group": ("sluice", {"group": 1}, {}),
