@@ -54,6 +54,24 @@ class _Prefix:
     prefix: str
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata is a pickle, and unpickling runs whatever callables it names: this one builds only what a
+    checkpoint's metadata holds (DCP's metadata classes, where each item is, torch's dtypes, layouts, memory
+    formats and sizes, plain containers) and refuses any other name, so a .metadata from storage one does not
+    control cannot run code."""
+    _BUILTINS = {"set", "frozenset", "slice", "complex", "bytearray", "range"}
+
+    def find_class(self, module, name):
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) in (
+                ("sluice.dcp", "_Stored"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+                ("collections", "OrderedDict")) or (module == "builtins" and name in self._BUILTINS):
+            return super().find_class(module, name)
+        obj = getattr(torch, name, None) if module == "torch" else None
+        if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+            return obj
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
 def _join(base, name):
     return f"{base.rstrip('/')}/{name}" if is_url(base) else os.path.join(base, name)
 
@@ -72,7 +90,8 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
     def __init__(self, path, overwrite=True, cache_staged_state_dict=True):
         storage.StorageWriter.__init__(self)
         # Kept staging is pinned memory, which needs CUDA: without it, each save stages afresh.
-        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict and torch.cuda.is_available())
+        BlockingAsyncStager.__init__(self,
+                                     cache_staged_state_dict=cache_staged_state_dict and torch.cuda.is_available())
         self.path, self.overwrite = os.fspath(path), overwrite
         self.save_id, self.rank = uuid.uuid4().hex, None
 
@@ -84,7 +103,8 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
         self.rank = kwargs.get("rank")
         if not kwargs.get("use_collectives", True):
-            raise ValueError("sluice.dcp.StorageWriter: use_collectives=False (a metadata file a rank) is not supported")
+            raise ValueError("sluice.dcp.StorageWriter: use_collectives=False (a metadata file a rank) is not "
+                             "supported")
 
     def _exists(self):
         try:
@@ -168,18 +188,28 @@ class StorageReader(storage.StorageReader):
 
     def read_metadata(self, *args, **kwargs):
         path = _join(self.path, METADATA)
-        md = pickle.loads(_read_whole(path))
+        try:
+            md = _MetadataUnpickler(io.BytesIO(_read_whole(path))).load()
+        except Exception as e:  # whatever a damaged pickle makes the classes it names raise
+            raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter "
+                             f"wrote ({e})") from None
         if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict) or \
                 not all(isinstance(v, _Stored) for v in md.storage_data.values()):
-            raise ValueError(f"sluice.dcp: {path} is not the metadata of a checkpoint sluice.dcp.StorageWriter wrote")
+            raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter wrote")
         return md
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
         self.chunks = {}
-        for fqn, md in metadata.state_dict_metadata.items():
-            for c in getattr(md, "chunks", ()):
-                self.chunks[MetadataIndex(fqn, c.offsets)] = (tuple(c.sizes), md.properties.dtype)
+        try:
+            for fqn, md in metadata.state_dict_metadata.items():
+                for c in getattr(md, "chunks", ()):
+                    sizes = tuple(int(x) for x in c.sizes)
+                    if not isinstance(md.properties.dtype, torch.dtype) or min(sizes, default=0) < 0:
+                        raise ValueError(f"tensor '{fqn}': {md.properties.dtype} of {list(sizes)}")
+                    self.chunks[MetadataIndex(fqn, c.offsets)] = (sizes, md.properties.dtype)
+        except Exception as e:
+            raise ValueError(f"sluice.dcp: {_join(self.path, METADATA)}: damaged metadata ({e})") from None
 
     def prepare_local_plan(self, plan):
         return plan

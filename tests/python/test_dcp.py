@@ -105,6 +105,51 @@ def test_a_foreign_or_damaged_checkpoint_is_refused(tmp_path):
         dcp.load({"w": torch.zeros(1000)}, storage_reader=StorageReader(tmp_path / "ck"))
 
 
+def test_metadata_that_would_run_code_is_refused(tmp_path):
+    """A .metadata is a pickle: one naming anything but what DCP's metadata holds (here os.system) is refused
+    before it runs, naming the file; a cut one too."""
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+    dcp.save({"w": torch.ones(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
+    good = (tmp_path / "ck" / ".metadata").read_bytes()
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(ValueError, match=r"\.metadata: not the metadata of a checkpoint .*system"):
+        StorageReader(tmp_path / "ck").read_metadata()
+    assert not (tmp_path / "ran").exists()
+    (tmp_path / "ck" / ".metadata").write_bytes(good[:len(good) // 2])
+    with pytest.raises(ValueError, match="not the metadata of a checkpoint"):
+        StorageReader(tmp_path / "ck").read_metadata()
+
+
+def test_damaged_metadata_gives_a_clear_error(tmp_path):
+    """300 damaged copies of a real .metadata (bytes flipped, cut, repeated; seeded): each loads as metadata or
+    is refused with ValueError naming the file; nothing else escapes, nothing hangs."""
+    import random
+    dcp.save(state(), storage_writer=StorageWriter(tmp_path / "ck"))
+    good = (tmp_path / "ck" / ".metadata").read_bytes()
+    rng = random.Random(24)
+    for _ in range(300):
+        b = bytearray(good)
+        kind = rng.randrange(3)
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif kind == 1:
+            b = b[:rng.randrange(len(b))]
+        else:
+            i = rng.randrange(len(b))
+            b = b[:i] + b[i:i + rng.randint(1, 64)] * 2 + b[i:]
+        (tmp_path / "ck" / ".metadata").write_bytes(bytes(b))
+        r = StorageReader(tmp_path / "ck")
+        try:
+            r.set_up_storage_reader(r.read_metadata(), True)
+        except ValueError as e:
+            assert ".metadata" in str(e)
+
+
 # A child that saves state(SEED) to PATH and is killed (SIGKILL) at STAGE: "data" after its data file is durable,
 # before the metadata; "metadata" during the metadata's write (its temporary file written, not renamed);
 # "sleep:S" S seconds into a large save.
@@ -176,7 +221,8 @@ cols["step"] = torch.tensor(0)
 dcp.load(cols, storage_reader=StorageReader(path))
 rep = {k: distribute_tensor(torch.zeros_like(v).to(dev), mesh, [Replicate()]) for k, v in whole.items()}
 dcp.load(rep, storage_reader=StorageReader(path))
-ok = all(torch.equal(cols[k].full_tensor().cpu(), v) and torch.equal(rep[k].to_local().cpu(), v) for k, v in whole.items())
+ok = all(torch.equal(cols[k].full_tensor().cpu(), v) and torch.equal(rep[k].to_local().cpu(), v)
+         for k, v in whole.items())
 print(json.dumps({"rank": rank, "ok": ok and cols["step"].item() == 5}))
 dist.destroy_process_group()
 """
