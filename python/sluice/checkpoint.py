@@ -424,13 +424,16 @@ def _clip(r, lo, hi):
 
 
 class _Group:
-    """load's part in a torch.distributed process group: the whole tensors (the same on every rank) lie first
-    in the buffer, cut in world equal pieces; each rank reads its piece and the ranks all-gather the pieces, so
-    the group reads each byte once.  Slices (one rank's own) follow, read by their rank alone."""
+    """load's part in a torch.distributed process group: the group reads each whole tensor's bytes once; a
+    rank's slices it reads alone.  Into load's own buffer, the whole tensors (the same on every rank) lie first,
+    cut in world equal pieces: each rank reads its piece and the ranks all-gather the pieces.  Into a caller's
+    tensors (into=), each whole tensor has an owner (runs of the files' order, equal in bytes): the owner reads
+    it into place and broadcasts it."""
 
     def __init__(self, group):
+        import torch
         import torch.distributed as dist
-        self.dist, self.group = dist, group
+        self.torch, self.dist, self.group = torch, dist, group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.piece = 0
 
@@ -446,6 +449,28 @@ class _Group:
         shared = ranges["buf"] < end
         return np.concatenate((_clip(ranges[shared], base + self.rank * self.piece,
                                      base + (self.rank + 1) * self.piece), ranges[~shared]))
+
+    def assign(self, plans):
+        """Owners of the whole tensors for into=: in file order, each rank an equal share of the bytes."""
+        whole = sorted((p for p in plans if p.whole), key=lambda p: (p.fi, int(p.offs[0])))
+        total, at = max(1, sum(p.n for p in whole)), 0
+        self.owner = {}
+        for p in whole:
+            self.owner[p.name] = min(self.world - 1, at * self.world // total)
+            at += p.n
+
+    def reads(self, p):
+        return not p.whole or self.owner[p.name] == self.rank
+
+    def broadcast(self, plans, into):
+        """Each whole tensor from its owner to the others; returns the bytes received."""
+        got = 0
+        for p in plans:
+            if p.whole and self.world > 1 and p.n:  # as bytes: NCCL and gloo lack some dtypes (int16, fp8)
+                self.dist.broadcast(into[p.name].view(-1).view(self.torch.uint8),
+                                    self.dist.get_global_rank(self.group, self.owner[p.name]), group=self.group)
+                got += p.n if self.owner[p.name] != self.rank else 0
+        return got
 
     def exchange(self, buf):
         """Every rank's piece to every rank; returns the bytes received."""
@@ -498,7 +523,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     copied GPU to GPU to the others; returns a list of dicts, one per device.
     process_group: a torch.distributed group whose ranks all load the same checkpoint (with the same keys and
     shard), each onto its own device: the group reads each whole tensor's bytes once, each rank an equal part,
-    and all-gathers the parts (NCCL in place on GPUs; any backend works); a rank's slices it reads itself.  Use
+    and all-gathers the parts (NCCL in place on GPUs; any backend works), or with into= each tensor's owner
+    reads it into place and broadcasts it; a rank's slices it reads itself.  Use
     a group of one node's ranks where the nodes' links are slower than their storage.
     report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
     the I/Os spanned, gaps read through included), ios, seconds, path; with process_group, this rank's read and
@@ -506,8 +532,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     devices = list(device) if isinstance(device, (list, tuple)) else None
     if devices is not None and (not devices or into is not None):
         raise ValueError("sluice.load: a list of devices needs at least one, and no into= (load into each instead)")
-    if process_group is not None and (devices is not None or into is not None or device == "numpy"):
-        raise ValueError("sluice.load: process_group= loads into one torch device per rank (no into=, no list)")
+    if process_group is not None and (devices is not None or device == "numpy"):
+        raise ValueError("sluice.load: process_group= loads onto one torch device a rank (not a list, not numpy)")
     files = _sources(source)
     table = _tensors(files)
     names = _select(table, keys, into, source)
@@ -520,23 +546,28 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             _check_into(name, into[name], v["dtype"], shape)
         plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
     grp = _Group(process_group) if process_group is not None else None
-    total, runs = grp.place(plans) if grp else _place(plans, into is None)
+    torch = None
     if into is None:
+        total, runs = grp.place(plans) if grp else _place(plans, True)
         buf, base, torch = _alloc(total, devices[0] if devices else device)
+        if grp and torch is None:
+            raise ValueError("sluice.load: process_group= needs torch")
     else:
-        base = 0
+        base, runs = 0, []
+        if grp:
+            grp.assign(plans)
         _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
         for p in plans:
             p.dst = _buffer(into[p.name], True, ordered=False)[0]
-    if grp and torch is None:
-        raise ValueError("sluice.load: process_group= needs torch")
 
     def ranges_of(handles):
+        if grp and into is not None:
+            return _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
         r = _ranges(plans, runs, handles, base)
         return grp.mine(r, base) if grp else r
     _read_plans(files, ranges_of, report, len(files), len(names))
     if grp:
-        got = grp.exchange(buf)
+        got = grp.exchange(buf) if into is None else grp.broadcast(plans, into)
         if report is not None:
             report["bytes_exchanged"] = got
     if into is not None:

@@ -443,7 +443,10 @@ alone = sluice.load(path, device="cpu", shard=shard)
 rep = {}
 got = sluice.load(path, device=dev, shard=shard, process_group=dist.group.WORLD, report=rep)
 bad = [k for k in alone if not (got[k].device == torch.device(dev) and torch.equal(got[k].cpu(), alone[k]))]
-print(json.dumps({"rank": rank, "bad": bad, "n": len(got), **rep}))
+into, rep_into = {k: torch.zeros_like(v).to(dev) for k, v in alone.items()}, {}  # into a model's tensors
+sluice.load(path, into=into, shard=shard, process_group=dist.group.WORLD, report=rep_into)
+bad += [f"into:{k}" for k in alone if not torch.equal(into[k].cpu(), alone[k])]
+print(json.dumps({"rank": rank, "bad": bad, "n": len(got), **rep, "into": rep_into}))
 dist.destroy_process_group()
 """
 
@@ -474,16 +477,18 @@ def _group_case(tmp_path, world, backend, dev):
     whole = sum(v.numel() * v.element_size() for v in t.values())
     reps = _group_load(tmp_path / "ck", world, backend, dev, "none")
     assert all(r["bad"] == [] and r["n"] == len(t) for r in reps), reps
-    assert sum(r["bytes"] for r in reps) == whole, reps  # the group read each byte once
-    assert all(r["bytes"] < whole for r in reps) and all(r["bytes_exchanged"] > 0 for r in reps), reps
+    for rs in (reps, [r["into"] for r in reps]):  # into load's buffer, and into a model's tensors
+        assert sum(r["bytes"] for r in rs) == whole, rs  # the group read each byte once
+        assert all(r["bytes"] < whole for r in rs) and all(r["bytes_exchanged"] > 0 for r in rs), rs
     reps = _group_load(tmp_path / "ck", world, backend, dev, 0)  # slices: each rank its own; whole ones shared
     assert all(r["bad"] == [] for r in reps), reps
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_process_group_reads_each_byte_once(tmp_path, world):
-    """process_group=: the ranks read disjoint parts and all-gather them (gloo, host memory); every rank holds
-    every tensor, equal to the checkpoint, and the group's reads add up to the checkpoint's bytes."""
+    """process_group=: the ranks read disjoint parts and all-gather them (gloo, host memory), or with into= each
+    tensor's owner reads and broadcasts it; every rank holds every tensor, equal to the checkpoint, and the
+    group's reads add up to the checkpoint's bytes."""
     _group_case(tmp_path, world, "gloo", "cpu")
 
 
