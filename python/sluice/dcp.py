@@ -17,6 +17,7 @@ dtype) are read whole and copied.  Needs torch; `import sluice` does not import 
 """
 import ctypes as C
 import dataclasses
+import errno
 import io
 import os
 import pickle
@@ -30,13 +31,14 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
-from ._lib import Range, check, lib
+from ._lib import Range, SluiceError, check, lib
 from ._safetensors import is_url, open_file
 from .buffers import _eng, _ready
 from .checkpoint import _RANGE, _read_whole, _save_file, _write_whole
 from .s3 import listdir, remove
 
 METADATA = ".metadata"
+_DATA = re.compile(r"^__\d+_[0-9a-f]{12}\.safetensors$")  # a rank's file of one save
 # The files a save writes, and the temporary ones a killed save leaves.
 _OURS = re.compile(r"^(\.?__\d+_[0-9a-f]{12}\.safetensors(\.sluice-tmp-\d+)?|\.metadata\.sluice-tmp-\d+)$")
 
@@ -110,7 +112,9 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
         try:
             lib.sluice_file_close(open_file(_join(self.path, METADATA), 0))
             return True
-        except Exception:
+        except SluiceError as e:  # absent (a file or a 404); any other failure is the caller's to see
+            if e.code != -errno.ENOENT:
+                raise
             return False
 
     def prepare_local_plan(self, plan):
@@ -202,6 +206,10 @@ class StorageReader(storage.StorageReader):
         self.storage_data = metadata.storage_data
         self.chunks = {}
         try:
+            for k, st in self.storage_data.items():  # only files a save of ours names, beside the metadata
+                if not (_DATA.match(str(st.relative_path)) and type(st.offset) is int and type(st.length) is int
+                        and st.offset >= 0 and st.length >= 0):
+                    raise ValueError(f"'{_key(k)}' stored as {st}")
             for fqn, md in metadata.state_dict_metadata.items():
                 for c in getattr(md, "chunks", ()):
                     sizes = tuple(int(x) for x in c.sizes)

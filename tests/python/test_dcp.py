@@ -107,7 +107,8 @@ def test_a_foreign_or_damaged_checkpoint_is_refused(tmp_path):
 
 def test_metadata_that_would_run_code_is_refused(tmp_path):
     """A .metadata is a pickle: one naming anything but what DCP's metadata holds (here os.system) is refused
-    before it runs, naming the file; a cut one too."""
+    before it runs, naming the file; one whose items lie in a file outside the checkpoint (../) is refused; a cut
+    one too."""
     import pickle
 
     class Evil:
@@ -119,6 +120,14 @@ def test_metadata_that_would_run_code_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"\.metadata: not the metadata of a checkpoint .*system"):
         StorageReader(tmp_path / "ck").read_metadata()
     assert not (tmp_path / "ran").exists()
+    # Metadata naming a file outside the checkpoint (../) is refused, not followed.
+    from sluice.dcp import _Stored
+    (tmp_path / "ck" / ".metadata").write_bytes(good)
+    r = StorageReader(tmp_path / "ck")
+    md = r.read_metadata()
+    md.storage_data = {k: _Stored("../../etc/passwd", 0, 12) for k in md.storage_data}
+    with pytest.raises(ValueError, match="damaged metadata.*etc/passwd"):
+        r.set_up_storage_reader(md, True)
     (tmp_path / "ck" / ".metadata").write_bytes(good[:len(good) // 2])
     with pytest.raises(ValueError, match="not the metadata of a checkpoint"):
         StorageReader(tmp_path / "ck").read_metadata()
