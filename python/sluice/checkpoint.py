@@ -485,8 +485,9 @@ class _Group:
         return p * (self.world - 1)
 
 
-def _read_plans(files, ranges_of, report, nfiles, ntensors):
-    """Opens the files, reads the ranges ranges_of(handles) gives in one batch, and fills report."""
+def _read_ranges(files, ranges_of):
+    """Opens the files, reads the ranges ranges_of(handles) gives (struct sluice_range entries) in one batch;
+    returns the transfer's report."""
     handles = []
     try:
         handles = [open_file(f, 0) for f in files]
@@ -494,9 +495,7 @@ def _read_plans(files, ranges_of, report, nfiles, ntensors):
         rep = XferReport()
         if len(ranges):
             check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
-        if report is not None:
-            report.update(files=nfiles, tensors=ntensors, bytes=rep.bytes, bytes_storage=rep.bytes_storage,
-                          ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
+        return rep
     finally:
         for h in handles:
             lib.sluice_file_close(h)
@@ -565,7 +564,10 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             return _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
         r = _ranges(plans, runs, handles, base)
         return grp.mine(r, base) if grp else r
-    _read_plans(files, ranges_of, report, len(files), len(names))
+    rep = _read_ranges(files, ranges_of)
+    if report is not None:
+        report.update(files=len(files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
+                      ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
     if grp:
         got = grp.exchange(buf) if into is None else grp.broadcast(plans, into)
         if report is not None:

@@ -15,7 +15,6 @@ item of a rank as one batched read straight into the state dict's tensors (GPU m
 chunk and the tensor agree in dtype and the part asked for is one range; other parts (another sharding, another
 dtype) are read whole and copied.  Needs torch; `import sluice` does not import this module.
 """
-import ctypes as C
 import dataclasses
 import errno
 import io
@@ -31,10 +30,10 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
-from ._lib import Range, SluiceError, check, lib
+from ._lib import SluiceError, lib
 from ._safetensors import is_url, open_file
-from .buffers import _eng, _ready
-from .checkpoint import _RANGE, _read_whole, _save_file, _write_whole
+from .buffers import _ready
+from .checkpoint import _RANGE, _read_ranges, _read_whole, _save_file, _write_whole
 from .s3 import listdir, remove
 
 METADATA = ".metadata"
@@ -255,19 +254,10 @@ class StorageReader(storage.StorageReader):
             self._item(req, planner, files, reads, after)
         # Kernels still using the state dict's tensors (or memory the allocator hands out again) finish first.
         _ready([obj for *_, obj in reads if isinstance(obj, torch.Tensor)])
-        paths = list(files)
-        handles = []
-        try:
-            handles = [open_file(_join(self.path, p), 0) for p in paths]
-            r = np.empty(len(reads), _RANGE)
-            for i, (f, off, n, dst, _) in enumerate(reads):
-                r[i] = (handles[f].value, off, n, dst)
-            r = r[r["len"] > 0]
-            if len(r):
-                check(lib.sluice_read_batch(_eng(), r.ctypes.data_as(C.POINTER(Range)), len(r), None))
-        finally:
-            for h in handles:
-                lib.sluice_file_close(h)
+        def ranges_of(handles):
+            r = np.array([(handles[f], off, n, dst) for f, off, n, dst, _ in reads], _RANGE)
+            return r[r["len"] > 0]
+        _read_ranges([_join(self.path, p) for p in files], ranges_of)
         for step in after:
             step()
         fut = torch.futures.Future()

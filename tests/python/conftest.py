@@ -35,6 +35,23 @@ sys.stdout.buffer.write(out[:got].tobytes())
 """
 
 
+def run_ranks(code, args, world):
+    """Runs world processes of `python -c code args`, the ranks of one torch.distributed job (RANK, WORLD_SIZE,
+    LOCAL_RANK, a free MASTER_PORT on 127.0.0.1); each must exit 0; returns the JSON each printed last."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(world)]
+    out = [p.communicate(timeout=300) for p in procs]
+    for p, (o, e) in zip(procs, out):
+        assert p.returncode == 0, (o[-500:], e[-3000:])
+    return [json.loads(o.strip().splitlines()[-1]) for o, _ in out]
+
+
 @contextlib.contextmanager
 def small_tmpfs(path, size):
     """A tmpfs of size (as mount takes it: "4m") mounted at path for the block, unmounted after; the test is

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import sluice
+from conftest import run_ranks
 
 
 def tensors():
@@ -455,20 +456,7 @@ os._exit(0)  # past torch's teardown, which once aborted a gloo rank at exit ("t
 
 def _group_load(path, world, backend, dev, dim):
     """Runs world ranks of GROUP_RANK; returns their reports."""
-    import socket
-    import subprocess
-    import sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", GROUP_RANK, str(path), backend, dev, str(dim)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port), "LOCAL_RANK": str(r)}) for r in range(world)]
-    out = [p.communicate(timeout=300) for p in procs]
-    for p, (o, e) in zip(procs, out):
-        assert p.returncode == 0, (o[-500:], e[-3000:])
-    return [json.loads(o.strip().splitlines()[-1]) for o, _ in out]
+    return run_ranks(GROUP_RANK, (path, backend, dev, dim), world)
 
 
 def _group_case(tmp_path, world, backend, dev):

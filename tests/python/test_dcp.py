@@ -1,9 +1,7 @@
 """sluice.dcp: torch.distributed.checkpoint's save, async_save and load through sluice, one rank and several
 (gloo on the host; NCCL where two GPUs are), resharded, on the GPU, to S3, and killed midway."""
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -12,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 from sluice.dcp import StorageReader, StorageWriter  # noqa: E402
+from conftest import run_ranks  # noqa: E402
 
 
 def state(seed=0, device="cpu"):
@@ -240,17 +239,7 @@ os._exit(0)  # past torch's teardown, which once aborted a gloo rank at exit ("t
 
 
 def _ranks(path, world, backend, dev):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(path), backend, dev], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(world)]
-    out = [p.communicate(timeout=300) for p in procs]
-    for p, (o, e) in zip(procs, out):
-        assert p.returncode == 0, (o[-500:], e[-3000:])
-    return [json.loads(o.strip().splitlines()[-1]) for o, _ in out]
+    return run_ranks(RANK, (path, backend, dev), world)
 
 
 @pytest.mark.parametrize("world", [2, 3])
