@@ -149,6 +149,11 @@ VARIANTS = {
     "sluice 16 threads x 8": ("sluice", {}, {"SLUICE_THREADS": "16", "SLUICE_QUEUE_DEPTH": "8"}),
     "sluice queue_depth=16": ("sluice", {}, {"SLUICE_QUEUE_DEPTH": "16"}),
     "sluice 16M x 2": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M", "SLUICE_QUEUE_DEPTH": "2"}),
+    "sluice streams=4": ("sluice", {}, {"SLUICE_READ_STREAMS": "4"}),
+    "sluice streams=8": ("sluice", {}, {"SLUICE_READ_STREAMS": "8"}),
+    "sluice streams=16": ("sluice", {}, {"SLUICE_READ_STREAMS": "16"}),
+    "sluice streams=8 16M": ("sluice", {}, {"SLUICE_READ_STREAMS": "8", "SLUICE_MAX_TRANSFER_SIZE": "16M"}),
+    "sluice process_group streams=8": ("sluice", {"group": 1}, {"SLUICE_READ_STREAMS": "8"}),
     "sluice psync 16 threads 16M": ("sluice", {}, {"SLUICE_BACKEND": "psync", "SLUICE_THREADS": "16",
                                                    "SLUICE_MAX_TRANSFER_SIZE": "16M", "SLUICE_QUEUE_DEPTH": "2"}),
 }
@@ -283,14 +288,19 @@ def one_pass(d, variant, tp="0/1", ranks=1):
     return got
 
 
-def fio_pass(fio, d, direct=1, bs="4M"):
-    """fio reading every shard once, io_uring, BS at depth 32 a file, the files at once, O_DIRECT or not."""
+def fio_pass(fio, d, direct=1, bs="4M", regions=1):
+    """fio reading every shard once, io_uring, BS, the files at once, O_DIRECT or not: each file as one run at
+    depth 32, or cut into REGIONS runs side by side at depth 32/REGIONS each (16 MiB-aligned cuts)."""
     files = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
     args = [fio, "--output-format=json", "--ioengine=io_uring", f"--direct={direct}", "--rw=read", f"--bs={bs}",
-            "--iodepth=32",
-            "--group_reporting"]
+            f"--iodepth={max(1, 32 // regions)}", "--group_reporting"]
     for i, f in enumerate(files):
-        args += [f"--name=f{i}", f"--filename={f}"]
+        size, step = os.path.getsize(f), 16 << 20
+        cut = -(-size // regions // step) * step
+        for k in range(regions):
+            off = k * cut
+            if off < size:
+                args += [f"--name=f{i}r{k}", f"--filename={f}", f"--offset={off}", f"--size={min(cut, size - off)}"]
     t0 = time.perf_counter()
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     secs = time.perf_counter() - t0
@@ -308,6 +318,7 @@ def main():
     ap.add_argument("--only", default="", help="comma list of contenders (default: all)")
     ap.add_argument("--fio", default="", help="fio binary: cold reference")
     ap.add_argument("--fio-bs", default="4M", help="fio's read sizes, as 4M,16M (4M: the contender 'fio')")
+    ap.add_argument("--fio-regions", default="1", help="fio's runs side by side a file, as 1,8 (1: the contender 'fio')")
     ap.add_argument("--fio-buffered", action="store_true", help="also fio through the page cache, 16 MiB reads")
     ap.add_argument("--out", default="ckpt_bench.json")
     ap.add_argument("--tp", default="0/1", help="RANK/WORLD: that tensor-parallel rank's slices (safetensors, sluice)")
@@ -330,7 +341,9 @@ def main():
         contenders = {v: (lambda v=v: one_pass(d, v, a.tp, a.ranks)) for v in names}
         if mode == "cold" and a.fio:
             for bs in a.fio_bs.split(","):
-                contenders["fio" if bs == "4M" else f"fio bs={bs}"] = lambda bs=bs: fio_pass(a.fio, d, 1, bs)
+                for k in (int(x) for x in a.fio_regions.split(",")):
+                    name = "fio" + ("" if bs == "4M" else f" bs={bs}") + ("" if k == 1 else f" regions={k}")
+                    contenders[name] = lambda bs=bs, k=k: fio_pass(a.fio, d, 1, bs, k)
             if a.fio_buffered:
                 contenders["fio buffered 16M"] = lambda: fio_pass(a.fio, d, 0, "16M")
         got = side_by_side(contenders, a.reps, before=drop_caches if mode == "cold" else (lambda: warm(d)))
