@@ -149,11 +149,6 @@ VARIANTS = {
     "sluice 16 threads x 8": ("sluice", {}, {"SLUICE_THREADS": "16", "SLUICE_QUEUE_DEPTH": "8"}),
     "sluice queue_depth=16": ("sluice", {}, {"SLUICE_QUEUE_DEPTH": "16"}),
     "sluice 16M x 2": ("sluice", {}, {"SLUICE_MAX_TRANSFER_SIZE": "16M", "SLUICE_QUEUE_DEPTH": "2"}),
-    "sluice streams=4": ("sluice", {}, {"SLUICE_READ_STREAMS": "4"}),
-    "sluice streams=8": ("sluice", {}, {"SLUICE_READ_STREAMS": "8"}),
-    "sluice streams=16": ("sluice", {}, {"SLUICE_READ_STREAMS": "16"}),
-    "sluice streams=8 16M": ("sluice", {}, {"SLUICE_READ_STREAMS": "8", "SLUICE_MAX_TRANSFER_SIZE": "16M"}),
-    "sluice process_group streams=8": ("sluice", {"group": 1}, {"SLUICE_READ_STREAMS": "8"}),
     "sluice psync 16 threads 16M": ("sluice", {}, {"SLUICE_BACKEND": "psync", "SLUICE_THREADS": "16",
                                                    "SLUICE_MAX_TRANSFER_SIZE": "16M", "SLUICE_QUEUE_DEPTH": "2"}),
 }
@@ -288,6 +283,34 @@ def one_pass(d, variant, tp="0/1", ranks=1):
     return got
 
 
+LINK = """
+import os, sys, time, torch
+d = sys.argv[1]
+files = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
+host = []
+for f in files:  # each file's bytes in pinned memory, before the clock
+    t = torch.empty(os.path.getsize(f), dtype=torch.uint8).pin_memory()
+    with open(f, "rb") as fh:
+        fh.readinto(t.numpy())
+    host.append(t)
+dev = [torch.empty_like(t, device="cuda:0") for t in host]
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+for a, b in zip(dev, host):
+    a.copy_(b, non_blocking=True)
+torch.cuda.synchronize()
+print(sum(t.numel() for t in host), time.perf_counter() - t0)
+"""
+
+
+def link_pass(d):
+    """The host-to-GPU link's rate on the same bytes: the files already in pinned memory, copied to the GPU
+    (no loader delivers a warm checkpoint faster)."""
+    out = subprocess.run([sys.executable, "-c", LINK, d], capture_output=True, text=True, check=True).stdout
+    n, secs = out.split()
+    return {"gb_s": int(n) / float(secs) / GB, "bytes": int(n), "seconds": float(secs)}
+
+
 def fio_pass(fio, d, direct=1, bs="4M", regions=1):
     """fio reading every shard once, io_uring, BS, the files at once, O_DIRECT or not: each file as one run at
     depth 32, or cut into REGIONS runs side by side at depth 32/REGIONS each (16 MiB-aligned cuts)."""
@@ -319,6 +342,7 @@ def main():
     ap.add_argument("--fio", default="", help="fio binary: cold reference")
     ap.add_argument("--fio-bs", default="4M", help="fio's read sizes, as 4M,16M (4M: the contender 'fio')")
     ap.add_argument("--fio-regions", default="1", help="fio's runs side by side a file, as 1,8 (1: the contender 'fio')")
+    ap.add_argument("--link", action="store_true", help="warm: also the host-to-GPU copy of the files from pinned memory")
     ap.add_argument("--fio-buffered", action="store_true", help="also fio through the page cache, 16 MiB reads")
     ap.add_argument("--out", default="ckpt_bench.json")
     ap.add_argument("--tp", default="0/1", help="RANK/WORLD: that tensor-parallel rank's slices (safetensors, sluice)")
@@ -344,8 +368,10 @@ def main():
                 for k in (int(x) for x in a.fio_regions.split(",")):
                     name = "fio" + ("" if bs == "4M" else f" bs={bs}") + ("" if k == 1 else f" regions={k}")
                     contenders[name] = lambda bs=bs, k=k: fio_pass(a.fio, d, 1, bs, k)
-            if a.fio_buffered:
-                contenders["fio buffered 16M"] = lambda: fio_pass(a.fio, d, 0, "16M")
+        if mode == "warm" and a.link:
+            contenders["link: pinned host to GPU"] = lambda: link_pass(d)
+        if mode == "cold" and a.fio and a.fio_buffered:
+            contenders["fio buffered 16M"] = lambda: fio_pass(a.fio, d, 0, "16M")
         got = side_by_side(contenders, a.reps, before=drop_caches if mode == "cold" else (lambda: warm(d)))
         res[mode] = got
         for name, r in got.items():

@@ -227,14 +227,6 @@ SLUICE_API SLUICE_WUR int sluice_config_set_max_transfer_size(struct sluice_conf
  */
 SLUICE_API SLUICE_WUR int sluice_config_set_read_gap(struct sluice_config *cfg, size_t n);
 /*
- * SLUICE_READ_STREAMS: the I/Os of one read call are taken by the workers
- * as this many sequential runs, each over its own share of the call's
- * bytes, side by side (1..256, default 1: in file order).  Some storage
- * (a virtual disk backed by a host file, a striped filesystem) serves
- * several runs at spread offsets faster than one run at the same depth.
- */
-SLUICE_API SLUICE_WUR int sluice_config_set_read_streams(struct sluice_config *cfg, unsigned n);
-/*
  * SLUICE_BUFFER_POOL_SIZE: pinned bytes shared by the workers (default:
  * threads * queue_depth * max_transfer_size).  If smaller, each worker
  * gets fewer slots (at least 2); a pool that RLIMIT_MEMLOCK or the driver

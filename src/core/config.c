@@ -54,7 +54,6 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->queue_depth = 4;
 	cfg->max_transfer_size = 4u << 20;
 	cfg->read_gap = 64u << 10;
-	cfg->read_streams = 1;
 	cfg->gpu = 1;
 	cfg->ndevices = 1;
 	cfg->enable_p2p = 1;
@@ -114,14 +113,6 @@ int sluice_config_set_read_gap(struct sluice_config *cfg, size_t n)
 	if (n > (64u << 20))
 		return sl__err(SLUICE_EINVAL_CONFIG, "read_gap %zu is outside 0..64 MiB", n);
 	cfg->read_gap = n;
-	return 0;
-}
-
-int sluice_config_set_read_streams(struct sluice_config *cfg, unsigned n)
-{
-	if (n < 1 || n > 256)
-		return sl__err(SLUICE_EINVAL_CONFIG, "read_streams %u is outside 1..256", n);
-	cfg->read_streams = n;
 	return 0;
 }
 

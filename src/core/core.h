@@ -160,7 +160,6 @@ struct sluice_config {
 	unsigned queue_depth;
 	size_t max_transfer_size;
 	size_t read_gap;         /* reads this close coalesce, the gap read too */
-	unsigned read_streams;   /* a read job's segments claimed as this many runs at spread offsets */
 	size_t buffer_pool_size; /* 0: threads * queue_depth * chunk */
 	int device;              /* the first of devices: the engine's own GPU */
 	int devices[SLUICE_MAX_DEVICES];

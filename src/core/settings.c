@@ -42,7 +42,6 @@ SL_APPLY(sl_set_threads, sluice_config_set_threads, unsigned)
 SL_APPLY(sl_set_qd, sluice_config_set_queue_depth, unsigned)
 SL_APPLY(sl_set_mts, sluice_config_set_max_transfer_size, size_t)
 SL_APPLY(sl_set_gap, sluice_config_set_read_gap, size_t)
-SL_APPLY(sl_set_streams, sluice_config_set_read_streams, unsigned)
 SL_APPLY(sl_set_pool, sluice_config_set_buffer_pool_size, size_t)
 SL_APPLY(sl_set_sqpoll, sluice_config_set_sqpoll, int)
 SL_APPLY(sl_set_gpu, sluice_config_set_gpu, int)
@@ -118,8 +117,6 @@ const struct sl__setting_def sl__settings[] = {
 	  "bytes of one storage I/O, and of a bounce slot", sl_set_mts, NULL },
 	{ "SLUICE_READ_GAP", SL_SET_SIZE, E, 0, MiB(64), 0, NULL, "64K",
 	  "ranges this close are one I/O through the gap, off the page cache (0: only their bytes)", sl_set_gap, NULL },
-	{ "SLUICE_READ_STREAMS", SL_SET_UINT, E, 1, 256, 0, NULL, "1",
-	  "a read's I/Os run as this many sequential runs at spread offsets (1: in file order)", sl_set_streams, NULL },
 	{ "SLUICE_BUFFER_POOL_SIZE", SL_SET_SIZE, E, 0, UINT64_MAX, 0, NULL, "",
 	  "bytes of all bounce slots (default: threads x queue_depth slots)", sl_set_pool, NULL },
 	{ "SLUICE_DEVICE_IDS", SL_SET_LIST, E, 0, 0, 0, NULL, "0", "the GPUs an engine serves, as 0 or 0,1,3",

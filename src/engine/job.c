@@ -42,24 +42,6 @@ int sl__claimable(const struct sluice_engine *eng, unsigned lane)
 	return 0;
 }
 
-size_t sl__claim_seg(const struct sl__job *job, size_t i)
-{
-	const size_t n = job->nsegs, S = job->streams > 1 ? job->streams : 1;
-	const size_t q = n / S, r = n % S;
-	size_t s, pos;
-
-	if (S == 1)
-		return i;
-	if (i < S * q) {
-		s = i % S;
-		pos = i / S;
-	} else {
-		s = i - S * q;
-		pos = q;
-	}
-	return s * q + (s < r ? s : r) + pos;
-}
-
 struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg, unsigned lane)
 {
 	struct sl__job *job, **pp;
@@ -69,7 +51,7 @@ struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg, unsigned lane)
 	for (pp = &eng->queue; (job = *pp) && job->lane >= 0 && (unsigned)job->lane != lane; pp = &job->qnext)
 		;
 	if (job) {
-		*seg = sl__claim_seg(job, job->next++);
+		*seg = job->next++;
 		if (job->next == job->nsegs) {
 			*pp = job->qnext;
 			if (!*pp)

@@ -48,8 +48,7 @@ struct sl__job {
 	struct sl__seg *segs;
 	struct sl__piece *pieces;
 	size_t nsegs, npieces;
-	size_t next;               /* claims so far (engine lock): which segment is sl__claim's */
-	unsigned streams;          /* reads: claimed as this many runs side by side (1: in order) */
+	size_t next;               /* next unclaimed segment (engine lock) */
 	_Atomic size_t done;       /* segments finished */
 	_Atomic int err;           /* first error, 0 if none */
 	char detail[384];          /* its detail, raised again in the caller's thread */
@@ -79,12 +78,6 @@ SL_HIDDEN void sl__job_submit(struct sluice_engine *eng, struct sl__job *job);
 SL_HIDDEN ssize_t sl__job_wait(struct sluice_engine *eng, struct sl__job *job,
 			       struct sluice_xfer_report *rep);
 SL_HIDDEN void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep);
-/*
- * The segment of a job's i-th claim.  With S streams the segments are cut
- * into S runs (the first n % S one longer) and claims go round the runs, so
- * the I/Os in flight are S sequential runs at spread offsets.
- */
-SL_HIDDEN size_t sl__claim_seg(const struct sl__job *job, size_t i);
 /* Claims the next segment of any queued job; NULL if none. */
 SL_HIDDEN struct sl__job *sl__claim(struct sluice_engine *eng, size_t *seg, unsigned lane);
 /* 1 if a queued job has a segment lane's workers may take (the engine lock held). */

@@ -171,7 +171,6 @@ int sl__plan(struct sluice_engine *eng, struct sl__job *job, int op,
 	job->op = op;
 	job->crc = crc;
 	job->lane = -1;
-	job->streams = op == SL_IO_READ ? eng->cfg.read_streams : 1;
 	if (!n)
 		return 0;
 	if (n > UINT32_MAX)

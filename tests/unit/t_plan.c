@@ -111,54 +111,6 @@ static void test_a_read_gap_of_zero_reads_only_the_ranges(const char *path)
 	sluice_engine_close(e0);
 }
 
-/* SLUICE_READ_STREAMS: claims take every segment once, as S runs each in file order, round the runs. */
-static void test_read_streams_claim_every_segment_once_as_runs(void)
-{
-	struct sl__job j = { 0 };
-	unsigned char seen[64];
-	size_t last[9];
-
-	for (size_t n = 0; n <= 64; n++)
-		for (unsigned S = 1; S <= 9; S++) {
-			j.nsegs = n, j.streams = S;
-			memset(seen, 0, sizeof(seen));
-			for (size_t i = 0; i < n; i++) {
-				size_t seg = sl__claim_seg(&j, i);
-
-				T_CHECK(seg < n && !seen[seg]);
-				seen[seg] = 1;
-				/* Each run goes forward one segment a claim; the first S claims start S runs. */
-				if (i >= S && n >= S)
-					T_CHECK(seg == last[i % S] + 1);
-				last[i % S] = seg;
-			}
-		}
-	j.nsegs = 10, j.streams = 3; /* runs 0-3, 4-6, 7-9 */
-	T_CHECK(sl__claim_seg(&j, 0) == 0 && sl__claim_seg(&j, 1) == 4 && sl__claim_seg(&j, 2) == 7 &&
-		sl__claim_seg(&j, 3) == 1 && sl__claim_seg(&j, 9) == 3);
-}
-
-/* A read taken as 3 runs by 2 workers delivers the file's bytes; the setting's range is checked. */
-static void test_a_read_in_streams_reads_the_file(const char *path, const char *want)
-{
-	struct sluice_config *cfg;
-	struct sluice_engine *e;
-	struct sluice_file *f;
-	static unsigned char got[1 << 20];
-
-	T_CHECK(sluice_config_new(&cfg) == 0 && sluice_config_set(cfg, "read_streams", "3") == 0 &&
-		sluice_config_set(cfg, "max_transfer_size", "64K") == 0 && sluice_config_set(cfg, "threads", "2") == 0 &&
-		sluice_config_set(cfg, "gpu", "0") == 0);
-	T_CHECK(sluice_config_set(cfg, "read_streams", "0") == SLUICE_EINVAL_CONFIG &&
-		sluice_config_set(cfg, "read_streams", "257") == SLUICE_EINVAL_CONFIG);
-	T_CHECK(sluice_engine_open(&e, cfg) == 0 && sluice_file_open(&f, e, path, SLUICE_RDONLY) == 0);
-	sluice_config_free(cfg);
-	memset(got, 0, sizeof(got));
-	T_CHECK(sluice_file_read(f, 0, sizeof(got), got, NULL) == (ssize_t)sizeof(got) && memcmp(got, want, sizeof(got)) == 0);
-	sluice_file_close(f);
-	sluice_engine_close(e);
-}
-
 static void test_unaligned_edges_are_planned_as_asked(void)
 {
 	struct sl__job j;
@@ -237,7 +189,7 @@ int main(void)
 	snprintf(a, sizeof(a), "%s/a.bin", dir);
 	snprintf(b, sizeof(b), "%s/b.bin", dir);
 	snprintf(w, sizeof(w), "%s/w.bin", dir);
-	char *abytes = t_make_file(a, 1 << 20, 1);
+	free(t_make_file(a, 1 << 20, 1));
 	free(t_make_file(b, 4096, 2));
 	/* direct=always: reads go to the storage however much of the file is cached, so gaps are read through. */
 	T_CHECK(sluice_config_new(&cfg) == 0 && sluice_config_set(cfg, "max_transfer_size", "256K") == 0 &&
@@ -254,8 +206,6 @@ int main(void)
 	test_reads_within_the_gap_share_one_io_and_further_ones_do_not();
 	test_a_read_gap_of_zero_reads_only_the_ranges(a);
 	test_a_cached_file_reads_no_gap(a);
-	test_read_streams_claim_every_segment_once_as_runs();
-	test_a_read_in_streams_reads_the_file(a, abytes);
 	test_unaligned_edges_are_planned_as_asked();
 	test_no_segment_crosses_a_chunk_even_when_ranges_touch();
 	test_ranges_are_sorted_by_file_and_offset_and_keep_their_index();
@@ -265,6 +215,5 @@ int main(void)
 	sluice_file_close(fb);
 	sluice_file_close(fw);
 	sluice_engine_close(eng);
-	free(abytes);
 	return t_done("t_plan");
 }
