@@ -220,7 +220,9 @@ SLUICE_API SLUICE_WUR int sluice_config_set_max_transfer_size(struct sluice_conf
 /*
  * SLUICE_READ_GAP: reads of ranges less than this many bytes apart in a
  * file are one storage I/O that reads the gap too (0..64 MiB, default 64
- * KiB); 0 reads only the ranges' own bytes.  Files read through the page
+ * KiB), where the gap is no longer than the range after it (or 4 KiB): at
+ * most half of an I/O is bytes not asked for.  0 reads only the ranges'
+ * own bytes.  Files read through the page
  * cache (mostly cached, no O_DIRECT, or SLUICE_DIRECT=never) read no gap:
  * there it would be a copy, not an I/O saved.  Reports' bytes_storage says
  * what the I/Os spanned.

@@ -509,8 +509,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     model.safetensors.index.json or model.safetensors).  Every tensor asked for, from every file, is planned as
     one batched read: the engine reads the files together and coalesces neighbouring tensors.
     keys: names and globs ("model.layers.0.*") of the tensors to read; only theirs are delivered (the engine
-    reads through gaps under SLUICE_READ_GAP between them where the file is not read from the page cache: the
-    report's bytes_storage says what the I/Os spanned).
+    reads through a gap under SLUICE_READ_GAP, no longer than the tensor after it, where the file is not read
+    from the page cache: the report's bytes_storage says what the I/Os spanned).
     shard: one rank's slice of each tensor, (dim, rank, world) for every tensor that has dim, or a
     callable(name, shape) -> (dim, rank, world) or None (whole); only the slice is delivered (a slice of dim 0
     is one range, of a later dim one range per outer index).  Slices are cut as torch.chunk cuts.

@@ -126,12 +126,19 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, char *all
 	uint64_t off = rd->r.offset;
 	size_t left = rd->r.len;
 	char *mem = rd->r.buf;
+	/*
+	 * A gap is read through only when it is no longer than the range it
+	 * joins (or a block): at most half of such an I/O is bytes nobody
+	 * asked for.  Tensor-parallel column slices (2-7 KiB of each 16-56 KiB
+	 * row) stay a read a row: read through, a rank read its whole tensor.
+	 */
+	const size_t gap = c->gap < (left > SL_ALIGN ? left : SL_ALIGN) ? c->gap : (left > SL_ALIGN ? left : SL_ALIGN);
 
 	while (left) {
 		struct sl__seg *cur = c->cur;
 		uint64_t cur_end = cur ? cur->off + cur->len : 0;
 		int join = cur && cur->file == rd->r.file && !alone &&
-			   (job->op == SL_IO_READ ? off <= cur_end + c->gap && off >= cur->off : off == cur_end) &&
+			   (job->op == SL_IO_READ ? off <= cur_end + gap && off >= cur->off : off == cur_end) &&
 			   off < cur->off + c->chunk;
 		struct sl__piece *p = &job->pieces[c->np++];
 		size_t take;

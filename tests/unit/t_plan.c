@@ -45,8 +45,11 @@ static void test_a_range_longer_than_a_chunk_splits_at_each_chunk(void)
 static void test_reads_within_the_gap_share_one_io_and_further_ones_do_not(void)
 {
 	struct sl__job j;
-	struct sluice_range near[2] = { R(fa, 0, 100, 0), R(fa, 100 + GAP, 50, 1000) };
-	struct sluice_range far[2] = { R(fa, 0, 100, 0), R(fa, 101 + GAP, 50, 1000) };
+	struct sluice_range near[2] = { R(fa, 0, 100, 0), R(fa, 100 + GAP, GAP, 1000) };
+	struct sluice_range far[2] = { R(fa, 0, 100, 0), R(fa, 101 + GAP, GAP, 1000) };
+	/* A gap longer than the range after it (and than a block) is not read: a column slice's rows stay apart. */
+	struct sluice_range rows[2] = { R(fa, 0, 2048, 0), R(fa, 16384, 2048, 4096) };
+	struct sluice_range block[2] = { R(fa, 0, 100, 0), R(fa, 4196, 50, 4096) };
 
 	if (!sluice_file_direct_ok(fa)) { /* no O_DIRECT here (tmpfs): reads go through memory, no gap is read */
 		T_CHECK(plan(&j, SL_IO_READ, near, 2) == 0 && j.nsegs == 2);
@@ -54,9 +57,13 @@ static void test_reads_within_the_gap_share_one_io_and_further_ones_do_not(void)
 		return;
 	}
 	T_CHECK(plan(&j, SL_IO_READ, near, 2) == 0 && j.nsegs == 1 && j.npieces == 2);
-	T_CHECK(j.segs[0].len == 150 + GAP && j.pieces[1].seg_off == 100 + GAP);
+	T_CHECK(j.segs[0].len == 100 + 2 * GAP && j.pieces[1].seg_off == 100 + GAP);
 	sl__plan_free(&j);
 	T_CHECK(plan(&j, SL_IO_READ, far, 2) == 0 && j.nsegs == 2);
+	sl__plan_free(&j);
+	T_CHECK(plan(&j, SL_IO_READ, rows, 2) == 0 && j.nsegs == 2);
+	sl__plan_free(&j);
+	T_CHECK(plan(&j, SL_IO_READ, block, 2) == 0 && j.nsegs == 1 && j.segs[0].len == 4246);
 	sl__plan_free(&j);
 }
 
