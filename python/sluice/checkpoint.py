@@ -423,32 +423,59 @@ def _clip(r, lo, hi):
     return out
 
 
+# Bytes a rank reads of each round of a process group's load: round k's all-gather runs while round k+1 is read.
+_ROUND = 256 << 20
+
+
 class _Group:
     """load's part in a torch.distributed process group: the group reads each whole tensor's bytes once; a
     rank's slices it reads alone.  Into load's own buffer, the whole tensors (the same on every rank) lie first,
-    cut in world equal pieces: each rank reads its piece and the ranks all-gather the pieces.  Into a caller's
-    tensors (into=), each whole tensor has an owner (runs of the files' order, equal in bytes): the owner reads
-    it into place and broadcasts it."""
+    cut in rounds of world equal pieces: each rank reads its piece of a round, and the ranks all-gather that
+    round while the next is read.  Into a caller's tensors (into=), each whole tensor has an owner (runs of the
+    files' order, equal in bytes): the owner reads it into place and broadcasts it."""
 
     def __init__(self, group):
         import torch
         import torch.distributed as dist
         self.torch, self.dist, self.group = torch, dist, group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.piece = 0
+        self.piece, self.rounds, self.pending = 0, 0, []
 
     def place(self, plans):
         s, runs = _place([p for p in plans if p.whole], True)
-        self.piece = -(-s // self.world // _ALIGN) * _ALIGN
-        total, more = _place([p for p in plans if not p.whole], True, self.piece * self.world)
-        return max(total, self.piece * self.world), runs + more
+        self.piece = min(_ROUND, -(-s // self.world // _ALIGN) * _ALIGN)
+        self.rounds = -(-s // (self.piece * self.world)) if self.piece else 0
+        shared = self.piece * self.world * self.rounds
+        total, more = _place([p for p in plans if not p.whole], True, shared)
+        return max(total, shared), runs + more
 
     def mine(self, ranges, base):
-        """What this rank reads: its piece of the shared part and all of its slices."""
-        end = base + self.piece * self.world
-        shared = ranges["buf"] < end
-        return np.concatenate((_clip(ranges[shared], base + self.rank * self.piece,
-                                     base + (self.rank + 1) * self.piece), ranges[~shared]))
+        """What this rank reads, a batch a round: its piece of each round, its slices with the first."""
+        p, w = self.piece, self.world
+        shared = ranges["buf"] < base + p * w * self.rounds
+        out = [_clip(ranges[shared], base + (k * w + self.rank) * p, base + (k * w + self.rank + 1) * p)
+               for k in range(self.rounds)] or [ranges[:0]]
+        out[0] = np.concatenate((out[0], ranges[~shared]))
+        return out
+
+    def gather(self, buf, k):
+        """Starts round k's all-gather (every rank's piece to every rank), in place on NCCL."""
+        p, w, r = self.piece, self.world, self.rank
+        if w == 1 or k >= self.rounds:
+            return
+        whole, own = buf[k * w * p:(k + 1) * w * p], buf[(k * w + r) * p:(k * w + r + 1) * p]
+        if self.dist.get_backend(self.group) == "nccl":
+            self.pending.append(self.dist.all_gather_into_tensor(whole, own, group=self.group, async_op=True))
+        else:
+            self.pending.append(self.dist.all_gather([whole[i * p:(i + 1) * p] for i in range(w)], own.clone(),
+                                                     group=self.group, async_op=True))
+
+    def exchange(self):
+        """Waits for the rounds' all-gathers; returns the bytes received."""
+        for work in self.pending:
+            work.wait()
+        self.pending = []
+        return self.piece * (self.world - 1) * self.rounds if self.world > 1 else 0
 
     def assign(self, plans):
         """Owners of the whole tensors for into=: in file order, each rank an equal share of the bytes."""
@@ -472,30 +499,26 @@ class _Group:
                 got += p.n if self.owner[p.name] != self.rank else 0
         return got
 
-    def exchange(self, buf):
-        """Every rank's piece to every rank; returns the bytes received."""
-        p, r = self.piece, self.rank
-        if not p or self.world == 1:
-            return 0
-        if self.dist.get_backend(self.group) == "nccl":  # in place: the input is the output's own piece
-            self.dist.all_gather_into_tensor(buf[:p * self.world], buf[r * p:(r + 1) * p], group=self.group)
-        else:
-            self.dist.all_gather([buf[i * p:(i + 1) * p] for i in range(self.world)], buf[r * p:(r + 1) * p].clone(),
-                                 group=self.group)
-        return p * (self.world - 1)
 
-
-def _read_ranges(files, ranges_of):
-    """Opens the files, reads the ranges ranges_of(handles) gives (struct sluice_range entries) in one batch;
-    returns the transfer's report."""
+def _read_ranges(files, ranges_of, after=None):
+    """Opens the files, reads the ranges ranges_of(handles) gives (struct sluice_range entries; or a list of
+    such batches, read one after another, after(k) called when batch k has landed); returns the transfer's
+    report, the batches' figures added."""
     handles = []
     try:
         handles = [open_file(f, 0) for f in files]
-        ranges = ranges_of([h.value for h in handles])
-        rep = XferReport()
-        if len(ranges):
-            check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
-        return rep
+        batches = ranges_of([h.value for h in handles])
+        total = XferReport()
+        for k, ranges in enumerate(batches if isinstance(batches, list) else [batches]):
+            rep = XferReport()
+            if len(ranges):
+                check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
+                for f in ("bytes", "bytes_direct", "bytes_buffered", "ios", "seconds", "bytes_verified", "bytes_storage"):
+                    setattr(total, f, getattr(total, f) + getattr(rep, f))
+                total.path = rep.path
+            if after:
+                after(k)
+        return total
     finally:
         for h in handles:
             lib.sluice_file_close(h)
@@ -564,12 +587,12 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             return _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
         r = _ranges(plans, runs, handles, base)
         return grp.mine(r, base) if grp else r
-    rep = _read_ranges(files, ranges_of)
+    rep = _read_ranges(files, ranges_of, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
     if report is not None:
         report.update(files=len(files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
                       ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
     if grp:
-        got = grp.exchange(buf) if into is None else grp.broadcast(plans, into)
+        got = grp.exchange() if into is None else grp.broadcast(plans, into)
         if report is not None:
             report["bytes_exchanged"] = got
     if into is not None:

@@ -432,10 +432,12 @@ def test_a_list_of_devices_is_checked():
 
 # One rank of a process group loading a checkpoint with process_group=; prints its report and whether every
 # tensor equals the checkpoint read alone (argv: checkpoint, backend, device or "rank" for cuda:RANK, shard dim
-# or "none").
+# or "none", the bytes a rank reads of a round or "default").
 GROUP_RANK = """
-import json, os, sys, torch, torch.distributed as dist, sluice
-path, backend, dev, dim = sys.argv[1:5]
+import json, os, sys, torch, torch.distributed as dist, sluice, sluice.checkpoint
+path, backend, dev, dim, rnd = sys.argv[1:6]
+if rnd != "default":
+    sluice.checkpoint._ROUND = int(rnd)
 dist.init_process_group(backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 dev = f"cuda:{rank}" if dev == "rank" else dev
@@ -454,32 +456,33 @@ os._exit(0)  # past torch's teardown, which once aborted a gloo rank at exit ("t
 """
 
 
-def _group_load(path, world, backend, dev, dim):
+def _group_load(path, world, backend, dev, dim, rnd):
     """Runs world ranks of GROUP_RANK; returns their reports."""
-    return run_ranks(GROUP_RANK, (path, backend, dev, dim), world)
+    return run_ranks(GROUP_RANK, (path, backend, dev, dim, rnd), world)
 
 
-def _group_case(tmp_path, world, backend, dev):
+def _group_case(tmp_path, world, backend, dev, rnd="default"):
     torch = pytest.importorskip("torch")
     t = {k: torch.from_numpy(v) for k, v in model().items()}
     t["odd.bytes"] = torch.arange(37, dtype=torch.uint8)  # an odd length: pieces end mid-tensor
     sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
     whole = sum(v.numel() * v.element_size() for v in t.values())
-    reps = _group_load(tmp_path / "ck", world, backend, dev, "none")
+    reps = _group_load(tmp_path / "ck", world, backend, dev, "none", rnd)
     assert all(r["bad"] == [] and r["n"] == len(t) for r in reps), reps
     for rs in (reps, [r["into"] for r in reps]):  # into load's buffer, and into a model's tensors
         assert sum(r["bytes"] for r in rs) == whole, rs  # the group read each byte once
         assert all(r["bytes"] < whole for r in rs) and all(r["bytes_exchanged"] > 0 for r in rs), rs
-    reps = _group_load(tmp_path / "ck", world, backend, dev, 0)  # slices: each rank its own; whole ones shared
+    reps = _group_load(tmp_path / "ck", world, backend, dev, 0, rnd)  # slices: each rank its own; whole ones shared
     assert all(r["bad"] == [] for r in reps), reps
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_process_group_reads_each_byte_once(tmp_path, world):
-    """process_group=: the ranks read disjoint parts and all-gather them (gloo, host memory), or with into= each
+@pytest.mark.parametrize("world,rnd", [(2, "default"), (3, "1024")])
+def test_a_process_group_reads_each_byte_once(tmp_path, world, rnd):
+    """process_group=: the ranks read disjoint parts and all-gather them (gloo, host memory), a round at a time
+    (one round, or rounds of 1 KiB a rank: a round's all-gather runs while the next is read), or with into= each
     tensor's owner reads and broadcasts it; every rank holds every tensor, equal to the checkpoint, and the
     group's reads add up to the checkpoint's bytes."""
-    _group_case(tmp_path, world, "gloo", "cpu")
+    _group_case(tmp_path, world, "gloo", "cpu", rnd)
 
 
 def test_a_process_group_over_nccl(tmp_path):
@@ -487,7 +490,7 @@ def test_a_process_group_over_nccl(tmp_path):
     torch = _cuda()
     if torch.cuda.device_count() < 2:
         pytest.skip("fewer than two GPUs")
-    _group_case(tmp_path, 2, "nccl", "rank")
+    _group_case(tmp_path, 2, "nccl", "rank", "1024")
 
 
 def test_a_process_group_is_checked():
