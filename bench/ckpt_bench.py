@@ -29,6 +29,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from benchlib import GB, Results, drop_caches, free_port, side_by_side, warm  # noqa: E402
 
 # Every loader as one run in a child: FILES (the shards, sorted), DIR (the checkpoint), DEV ("cuda:0").
+# Each loader's module, imported before the clock: a process imports it once, whatever it then loads.
+IMPORTS = {"safetensors": "import safetensors.torch", "fastsafetensors": "import fastsafetensors",
+           "runai": "import runai_model_streamer", "instanttensor": "import instanttensor", "sluice": "import sluice"}
+
 LOADERS = {
     "safetensors": """
 from safetensors.torch import load_file
@@ -166,8 +170,9 @@ KW.pop("group", None)
 if KW.get("backend"):
     import instanttensor
     KW["backend"] = getattr(instanttensor.BackendPolicy, KW["backend"], None) or getattr(instanttensor.Backend, KW["backend"])
+%s
 torch.cuda.set_device(DEV)
-torch.empty(1, device=DEV)  # CUDA started before the clock
+torch.empty(1, device=DEV)  # CUDA started and the loader's module imported before the clock
 PG = None
 if WORLD > 1:  # every rank starts the clock together and stops it when the last one is done
     import torch.distributed as dist
@@ -267,7 +272,7 @@ def one_pass(d, variant, tp="0/1", ranks=1):
     loader, kw, env = VARIANTS[variant]
     code = (GROUP_LOADERS if kw.get("group") else TP_LOADERS if tp != "0/1" else LOADERS)[loader]
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD % (TP_RULE, code), d, json.dumps(kw)],
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD % (TP_RULE, IMPORTS[loader], code), d, json.dumps(kw)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, CKPT_TP=tp, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)) for r in range(ranks)]
