@@ -39,6 +39,7 @@ def test_journey_quick(journey):
     rs = exps["random_vs_sequential"]
     assert rs["ratios"]["python_sequential_over_random"] > 0
     assert all(v > 0 for _, v in rs["series"])
+    assert "sluice, sequential (io_uring, 4 MiB reads)" in dict(rs["series"]) and "reads ahead" in rs["verdict"]
     pt = exps["padding_tax"]
     assert pt["lengths"]["min"] >= 13 and pt["lengths"]["max"] <= 307 and 80 < pt["lengths"]["mean"] < 110
     padded, packed = (v for _, v in pt["series"])
@@ -47,7 +48,8 @@ def test_journey_quick(journey):
         for name in ("dataloader_masking", "cpu_starvation"):
             assert "skipped" not in exps[name]
         dm = exps["dataloader_masking"]
-        assert dm["ratios"]["big_over_small_0_workers"] > 0
+        assert dm["ratios"]["big_over_small_0_workers"] > 0 and dm["ratios"]["big_4_workers_warm_mb_s"] > 0
+        assert "from the page cache" in dm["verdict"]
         labels = [k for k, _ in dm["series"]]
         for peer, label in (("streaming", "MosaicML Streaming (MDS shards), shuffled, 4 workers"),
                             ("webdataset", "WebDataset (tar shards), shuffled, 4 workers")):
