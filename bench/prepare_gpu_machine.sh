@@ -4,7 +4,7 @@
 # as root on Debian bookworm; every output folder is git-ignored:
 #
 #   .carry/deps  Debian's -dev and runtime packages sluice builds with
-#                (liburing, isa-l, libarchive, jansson, zstd, curl, expat, libmicrohttpd), unpacked
+#                (liburing, isa-l, libarchive, jansson, zstd, curl, OpenSSL's libcrypto, expat, libmicrohttpd), unpacked
 #                with dpkg -x; bench/gpu_machine.sh points pkg-config at them
 #   .carry/fio   fio, built from Debian's source package without optional
 #                engines, so it needs only libc, libm and libz there
@@ -23,13 +23,15 @@ mkdir -p .carry .whl
 grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
 
 # 1. The build's Debian packages.
-if [ ! -f .carry/deps/usr/include/microhttpd.h ]; then
+if [ ! -f .carry/deps/usr/include/openssl/hmac.h ]; then
 	rm -rf .carry/deps
 	(cd "$tmp" && apt-get download -q liburing-dev liburing2 libisal-dev libisal2 libarchive-dev libarchive13 \
 		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 libexpat1-dev libexpat1 \
-		libmicrohttpd-dev libmicrohttpd12 \
+		libmicrohttpd-dev libmicrohttpd12 libssl-dev libssl3 \
 		libssh2-1 libldap-2.5-0 libsasl2-2 libsasl2-modules-db >/dev/null)
 	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
+	# Shared libraries only (sluice links them so), and no docs: the carry holds 64 MiB in all.
+	find .carry/deps -name "*.a" -delete && rm -rf .carry/deps/usr/share/doc .carry/deps/usr/share/man
 	# Linked dynamically: libmicrohttpd's gnutls is the machine's own, and pkg-config would want gnutls.pc.
 	sed -i '/^Requires.private:/d' .carry/deps/usr/lib/x86_64-linux-gnu/pkgconfig/libmicrohttpd.pc
 	rm -f "$tmp"/*.deb

@@ -151,6 +151,23 @@ struct sl__http_resp {
  * attempts were made.
  */
 SL_HIDDEN int sl__http_request(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k);
+
+/*
+ * sigv4.c: the Authorization header of a request signed with AWS Signature
+ * V4 into auth; 0 or an error.  hdr: the headers to sign ("Name: value"; host
+ * and the x-amz-* ones at least), up to the first NULL.
+ */
+#define SL_SIGV4_HDRS 12
+struct sl__sigv4_in {
+	const char *method;
+	const char *path;            /* as sent: URI-encoded, "/" at least */
+	const char *query;           /* as sent, without '?': "" or NULL for none */
+	const char *hdr[SL_SIGV4_HDRS];
+	const char *payload_hash;    /* x-amz-content-sha256's value (UNSIGNED-PAYLOAD, or the body's SHA-256) */
+	const char *amz_date;        /* x-amz-date's value, YYYYMMDDTHHMMSSZ */
+	const char *region, *service, *access, *secret;
+};
+SL_HIDDEN int sl__sigv4(const struct sl__sigv4_in *in, char *auth, size_t cap);
 /* The value of a kept header (k->keep), by its name past the prefix; "" if none came. */
 SL_HIDDEN const char *sl__http_kept(const struct sl__http_resp *k, const char *name);
 
