@@ -14,18 +14,23 @@
  */
 #include <curl/curl.h>
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "remote/remote.h"
 
 struct sl__http_conn {
 	CURL *h;
 	char errbuf[CURL_ERROR_SIZE];
+	CURL *raw;             /* the direct receive's connection (CURLOPT_CONNECT_ONLY), NULL: none open */
+	char raw_origin[300];  /* scheme://host:port it is connected to */
+	uint64_t recv_min;     /* SLUICE_HTTP_RECV_MIN: GETs this long go the direct way (0: none) */
 };
 
 static pthread_once_t sl_curl_once = PTHREAD_ONCE_INIT;
@@ -57,6 +62,10 @@ int sl__http_conn_open(struct sl__http_conn **out)
 		free(c);
 		return sl__err(-ENOMEM, "curl_easy_init failed");
 	}
+	if ((rc = sl__setting_u64("SLUICE_HTTP_RECV_MIN", &c->recv_min))) {
+		sl__http_conn_close(c);
+		return rc;
+	}
 	*out = c;
 	return 0;
 }
@@ -66,6 +75,8 @@ void sl__http_conn_close(struct sl__http_conn *c)
 	if (!c)
 		return;
 	curl_easy_cleanup(c->h);
+	if (c->raw)
+		curl_easy_cleanup(c->raw);
 	free(c);
 }
 
@@ -96,6 +107,16 @@ struct sl__http_conn *sl__http_thread_conn(void)
 	return c;
 }
 
+/* len more body bytes are in place at k->dst + k->got: their CRC while they are in cache, and the progress. */
+static void sl_took(struct sl__http_resp *k, size_t len)
+{
+	if (k->sum_kind)
+		k->sum = sl__crc(k->sum_kind, k->sum, k->dst + k->got, len);
+	k->got += len;
+	if (k->progress)
+		k->progress(k->progress_arg, k->got);
+}
+
 /* The body: the caller's range (k->dst), or (errors, small answers) k->err. */
 static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
 {
@@ -116,11 +137,7 @@ static size_t sl_body(char *p, size_t sz, size_t n, void *arg)
 		return 0; /* more than the range asked for: stop */
 	}
 	memcpy(k->dst + k->got, p, len);
-	if (k->sum_kind)
-		k->sum = sl__crc(k->sum_kind, k->sum, p, len);
-	k->got += len;
-	if (k->progress)
-		k->progress(k->progress_arg, k->got);
+	sl_took(k, len);
 	return len;
 }
 
@@ -336,18 +353,294 @@ static void sl_setopts(CURL *h, struct sl__http_conn *c, const struct sl__http_r
 	}
 }
 
-static int sl_request_once(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
-{
-	char range[64], match[160];
-	struct curl_slist *hdr = sl_headers(q, range, match);
-	CURL *h = c->h;
-	CURLcode cc;
+/* ---- The direct receive: a ranged GET's body straight into the caller's memory ----
+ *
+ * Through curl, every byte is copied twice: by the kernel into curl's
+ * buffer, then by the write callback into the destination.  For ranged GETs
+ * of at least SLUICE_HTTP_RECV_MIN bytes curl only keeps the connection
+ * (CURLOPT_CONNECT_ONLY: TCP and TLS); sluice writes the request (signed by
+ * sigv4.c where S3 wants it), reads the answer's head and receives the body
+ * with curl_easy_recv straight into the destination (TLS decrypts there).
+ * An answer it does not take whole (not 200 or 206, no Content-Length, a
+ * chunked body, a head over 16 KiB) goes back to curl's path, which gives
+ * an error its words; where a proxy is set, every request goes that way.
+ */
+enum { SL_DECLINED = 1, SL_HEAD_MAX = 16 << 10, SL_RECV_STEP = 8 << 20 };
 
-	sl_setopts(h, c, q, k);
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
-	cc = curl_easy_perform(h);
-	curl_slist_free_all(hdr);
-	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &k->status);
+static void sl_raw_drop(struct sl__http_conn *c)
+{
+	if (c->raw)
+		curl_easy_cleanup(c->raw);
+	c->raw = NULL;
+	c->raw_origin[0] = 0;
+}
+
+/* Waits until the connection can be read (out 0) or written (1); -ETIMEDOUT after 30 s, as curl's stall limit. */
+static int sl_raw_wait(struct sl__http_conn *c, int out)
+{
+	curl_socket_t fd = CURL_SOCKET_BAD;
+	struct pollfd p;
+	int n;
+
+	if (curl_easy_getinfo(c->raw, CURLINFO_ACTIVESOCKET, &fd) != CURLE_OK || fd == CURL_SOCKET_BAD)
+		return -ECONNRESET;
+	p = (struct pollfd){ .fd = fd, .events = out ? POLLOUT : POLLIN };
+	while ((n = poll(&p, 1, 30000)) < 0 && errno == EINTR)
+		;
+	return n > 0 ? 0 : n == 0 ? -ETIMEDOUT : -errno;
+}
+
+/* Up to cap bytes into p: how many (0: the server closed), or an error. */
+static ssize_t sl_raw_recv(struct sl__http_conn *c, char *p, size_t cap)
+{
+	for (;;) {
+		size_t n = 0;
+		CURLcode cc = curl_easy_recv(c->raw, p, cap, &n);
+		int rc;
+
+		if (cc == CURLE_OK)
+			return (ssize_t)n;
+		if (cc != CURLE_AGAIN)
+			return sl_errno_of_curl(cc == CURLE_UNSUPPORTED_PROTOCOL ? CURLE_RECV_ERROR : cc);
+		if ((rc = sl_raw_wait(c, 0)))
+			return rc;
+	}
+}
+
+static int sl_raw_send(struct sl__http_conn *c, const char *p, size_t len)
+{
+	while (len) {
+		size_t n = 0;
+		CURLcode cc = curl_easy_send(c->raw, p, len, &n);
+		int rc;
+
+		if (cc == CURLE_AGAIN) {
+			if ((rc = sl_raw_wait(c, 1)))
+				return rc;
+			continue;
+		}
+		if (cc != CURLE_OK)
+			return sl_errno_of_curl(cc == CURLE_UNSUPPORTED_PROTOCOL ? CURLE_SEND_ERROR : cc);
+		p += n;
+		len -= n;
+	}
+	return 0;
+}
+
+/* Where a proxy is set the request line would need another form: curl's path serves those. */
+static int sl_proxied(void)
+{
+	static const char *const v[] = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY" };
+
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+		if (getenv(v[i]) && *getenv(v[i]))
+			return 1;
+	return 0;
+}
+
+/* The request's text into out: the request line, Host, Range, If-Match, the caller's headers, the signature. */
+static int sl_raw_request(const struct sl__http_req *q, const char *path, const char *query, const char *host,
+			  char *out, size_t cap, size_t *len)
+{
+	char auth[512] = "", date[20] = "";
+	size_t at;
+	int w;
+
+	w = snprintf(out, cap, "GET %s%s%s HTTP/1.1\r\nHost: %s\r\nUser-Agent: sluice/%d.%d.%d\r\nAccept: */*\r\n"
+		     "Range: bytes=%llu-%llu\r\n", path, query ? "?" : "", query ? query : "", host, SLUICE_VERSION_MAJOR,
+		     SLUICE_VERSION_MINOR, SLUICE_VERSION_PATCH, (unsigned long long)q->off,
+		     (unsigned long long)(q->off + q->len - 1));
+	at = w > 0 ? (size_t)w : cap;
+	if (q->if_match && *q->if_match && at < cap)
+		at += (size_t)snprintf(out + at, cap - at, "If-Match: %s\r\n", q->if_match);
+	for (int i = 0; i < SL_HTTP_HDRS && q->hdr[i] && at < cap; i++)
+		at += (size_t)snprintf(out + at, cap - at, "%s\r\n", q->hdr[i]);
+	if (q->sigv4) {
+		/* q->sigv4 is curl's "aws:amz:REGION:SERVICE", q->userpwd "ACCESS:SECRET". */
+		char hosth[320], dateh[40], region[64] = "", service[32] = "", access[200] = "", payload[80] = "";
+		const char *colon = strchr(q->userpwd, ':');
+		struct sl__sigv4_in in = { .method = "GET", .path = path, .query = query, .amz_date = date };
+		time_t now = time(NULL);
+		struct tm tm;
+		int nh = 0, rc;
+
+		if (sscanf(q->sigv4, "aws:amz:%63[^:]:%31s", region, service) != 2 || !colon)
+			return SL_DECLINED;
+		snprintf(access, sizeof(access), "%.*s", (int)(colon - q->userpwd), q->userpwd);
+		strftime(date, sizeof(date), "%Y%m%dT%H%M%SZ", gmtime_r(&now, &tm));
+		snprintf(hosth, sizeof(hosth), "Host: %s", host);
+		snprintf(dateh, sizeof(dateh), "x-amz-date: %s", date);
+		in.hdr[nh++] = hosth;
+		in.hdr[nh++] = dateh;
+		for (int i = 0; i < SL_HTTP_HDRS && q->hdr[i] && nh < SL_SIGV4_HDRS; i++)
+			if (!strncasecmp(q->hdr[i], "x-amz-", 6)) {
+				in.hdr[nh++] = q->hdr[i];
+				sl_hval(q->hdr[i], strlen(q->hdr[i]), "x-amz-content-sha256", payload, sizeof(payload));
+			}
+		if (!payload[0]) /* S3 wants the body's hash: here, of no body */
+			return SL_DECLINED;
+		in.payload_hash = payload;
+		in.region = region, in.service = service, in.access = access, in.secret = colon + 1;
+		if ((rc = sl__sigv4(&in, auth, sizeof(auth))))
+			return rc;
+		if (at < cap)
+			at += (size_t)snprintf(out + at, cap - at, "%s\r\nAuthorization: %s\r\n", dateh, auth);
+	}
+	if (at < cap)
+		at += (size_t)snprintf(out + at, cap - at, "\r\n");
+	if (at >= cap)
+		return sl__err(-E2BIG, "%s: the request's headers are too long", q->name);
+	*len = at;
+	return 0;
+}
+
+/*
+ * The answer's head in head[0..*hl): its lines through sl_header into k,
+ * *end past its blank line.  SL_DECLINED where curl's path should take it.
+ */
+static int sl_raw_head(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k, char *head,
+		       size_t *hl, size_t *end, int *keep)
+{
+	char *e = NULL, *line, *nl;
+	int chunked = 0;
+
+	while (!(e = *hl >= 4 ? memmem(head, *hl, "\r\n\r\n", 4) : NULL)) {
+		ssize_t n;
+
+		if (*hl == SL_HEAD_MAX)
+			return SL_DECLINED;
+		if ((n = sl_raw_recv(c, head + *hl, SL_HEAD_MAX - *hl)) <= 0)
+			return n ? (int)n : sl__err(-ECONNRESET, "%s: the server closed the connection", q->name);
+		*hl += (size_t)n;
+	}
+	*end = (size_t)(e - head) + 4;
+	if (sscanf(head, "HTTP/1.%*d %3ld", &k->status) != 1)
+		return sl__err(-EIO, "%s: not an HTTP/1.1 answer", q->name);
+	*keep = !strncmp(head, "HTTP/1.1", 8);
+	for (line = head; line < e + 2; line = nl + 1) {
+		char v[64];
+
+		nl = memchr(line, '\n', (size_t)(e + 2 - line));
+		sl_header(line, 1, (size_t)(nl - line + 1), k);
+		if (sl_hval(line, (size_t)(nl - line + 1), "Transfer-Encoding", v, sizeof(v)))
+			chunked = 1;
+		if (sl_hval(line, (size_t)(nl - line + 1), "Connection", v, sizeof(v)))
+			*keep = !strcasecmp(v, "keep-alive") || (*keep && strcasecmp(v, "close"));
+	}
+	if (chunked || !k->have_size || (k->status >= 300 && k->status < 400 && q->follow))
+		return SL_DECLINED;
+	return 0;
+}
+
+/* One ranged GET the direct way: 0, an error, or SL_DECLINED (nothing delivered: curl's path takes it). */
+static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
+{
+	char *scheme = NULL, *hostn = NULL, *port = NULL, *eport = NULL, *path = NULL, *query = NULL;
+	char origin[sizeof(c->raw_origin)], host[300], req[8192], head[SL_HEAD_MAX];
+	size_t len = 0, hl = 0, end = 0;
+	int rc = SL_DECLINED, keep = 0;
+	CURLU *u = curl_url();
+
+	if (!u || curl_url_set(u, CURLUPART_URL, q->url, 0) || curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) ||
+	    curl_url_get(u, CURLUPART_HOST, &hostn, 0) || curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) ||
+	    curl_url_get(u, CURLUPART_PATH, &path, 0))
+		goto out;
+	(void)curl_url_get(u, CURLUPART_PORT, &eport, 0);   /* only where the URL names it: Host carries it then */
+	(void)curl_url_get(u, CURLUPART_QUERY, &query, 0);
+	snprintf(origin, sizeof(origin), "%s://%s:%s/", scheme, hostn, port);
+	snprintf(host, sizeof(host), "%s%s%s", hostn, eport ? ":" : "", eport ? eport : "");
+	if ((rc = sl_raw_request(q, path, query, host, req, sizeof(req), &len)))
+		goto out;
+	for (int tries = 0;; tries++) {
+		int reused = c->raw && !strcmp(c->raw_origin, origin);
+
+		if (!reused) {
+			sl_raw_drop(c);
+			if (!(c->raw = curl_easy_init())) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			curl_easy_setopt(c->raw, CURLOPT_URL, origin);
+			curl_easy_setopt(c->raw, CURLOPT_CONNECT_ONLY, 1L);
+			curl_easy_setopt(c->raw, CURLOPT_NOSIGNAL, 1L);
+			curl_easy_setopt(c->raw, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+			if (curl_easy_perform(c->raw) != CURLE_OK) {
+				sl_raw_drop(c);
+				rc = SL_DECLINED; /* curl's path says why */
+				goto out;
+			}
+			snprintf(c->raw_origin, sizeof(c->raw_origin), "%s", origin);
+		}
+		hl = 0;
+		rc = sl_raw_send(c, req, len);
+		if (!rc)
+			rc = sl_raw_head(c, q, k, head, &hl, &end, &keep);
+		/* A kept connection the server had closed meanwhile: once more on a new one. */
+		if (rc < 0 && reused && !hl && !tries) {
+			sl_raw_drop(c);
+			continue;
+		}
+		break;
+	}
+	if (rc) {
+		sl_raw_drop(c); /* an answer not read to its end leaves the connection unusable */
+		goto out;
+	}
+	if (k->status >= 300) {
+		/* An error's words (S3's XML) into k->err, read to its end so the connection stays usable. */
+		size_t want = k->size, took = hl - end < want ? hl - end : want;
+
+		if (want >= sizeof(k->err)) {
+			sl_raw_drop(c); /* too long to keep: the status alone says what went wrong */
+			goto out;
+		}
+		memcpy(k->err, head + end, took);
+		for (ssize_t n = 1; took < want && n > 0; took += (size_t)(n > 0 ? n : 0))
+			n = sl_raw_recv(c, k->err + took, want - took);
+		k->errlen = took;
+		if (took < want || !keep)
+			sl_raw_drop(c);
+		goto out;
+	}
+	if (k->size > k->cap || hl - end > k->size) {
+		sl_raw_drop(c);
+		k->overflow = 1; /* reported by sl_answer as curl's path reports it */
+		goto out;
+	}
+	k->dst = q->buf;
+	memcpy(k->dst, head + end, hl - end);
+	sl_took(k, hl - end);
+	while (k->got < k->size) {
+		size_t want = k->size - k->got < SL_RECV_STEP ? k->size - k->got : SL_RECV_STEP;
+		ssize_t n = sl_raw_recv(c, k->dst + k->got, want);
+
+		if (n <= 0) {
+			sl_raw_drop(c);
+			rc = n ? sl__err((int)n, "%s: the body stopped at %zu of %llu bytes (%s)", q->name, k->got,
+					 (unsigned long long)k->size, strerror((int)-n))
+			       : sl__err(-ECONNRESET, "%s: the server closed the connection at %zu of %llu bytes", q->name,
+					 k->got, (unsigned long long)k->size);
+			goto out;
+		}
+		sl_took(k, (size_t)n);
+	}
+	sl__debug("http", "%s: %zu bytes received straight into place", q->name, k->got);
+	if (!keep)
+		sl_raw_drop(c);
+out:
+	curl_free(scheme);
+	curl_free(hostn);
+	curl_free(port);
+	curl_free(eport);
+	curl_free(path);
+	curl_free(query);
+	curl_url_cleanup(u);
+	return rc;
+}
+
+/* What an answer comes to, by either path (cc: curl's result, CURLE_OK for the direct receive's). */
+static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k, CURLcode cc)
+{
 	k->err[k->errlen] = 0;
 	if (q->status_of)
 		k->status = q->status_of(q, k);
@@ -366,6 +659,30 @@ static int sl_request_once(struct sl__http_conn *c, const struct sl__http_req *q
 	if (q->method == SL_HTTP_GET && q->len)
 		return sl_check_range(q, k);
 	return 0;
+}
+
+static int sl_request_once(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
+{
+	char range[64], match[160];
+	struct curl_slist *hdr;
+	CURL *h = c->h;
+	CURLcode cc;
+
+	if (q->method == SL_HTTP_GET && q->len && c->recv_min && q->len >= c->recv_min && !sl_proxied()) {
+		const struct sl__http_resp fresh = *k;
+		int rc = sl_raw_get(c, q, k);
+
+		if (rc != SL_DECLINED)
+			return rc ? rc : sl_answer(c, q, k, CURLE_OK);
+		*k = fresh;
+	}
+	hdr = sl_headers(q, range, match);
+	sl_setopts(h, c, q, k);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+	cc = curl_easy_perform(h);
+	curl_slist_free_all(hdr);
+	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &k->status);
+	return sl_answer(c, q, k, cc);
 }
 
 /* Worth another try: the server busy or failing (5xx, 429), the connection lost or stalled. */

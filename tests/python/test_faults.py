@@ -36,6 +36,14 @@ def obj(s3):
     return data
 
 
+@pytest.fixture(autouse=True, params=["direct", "curl"])
+def receive(request, monkeypatch):
+    """Every case both ways a body is received: straight into place (every GET, SLUICE_HTTP_RECV_MIN=1) and
+    through curl's buffer (0)."""
+    monkeypatch.setenv("SLUICE_HTTP_RECV_MIN", "1" if request.param == "direct" else "0")
+    return request.param
+
+
 def _env(s3, endpoint, tmp_path):
     return dict(os.environ, AWS_ENDPOINT_URL=endpoint, SLUICE_S3_RETRIES="3", SLUICE_S3_PART_SIZE="5M",
                 SLUICE_MAX_TRANSFER_SIZE="1M", SLUICE_CACHE_DIR=str(tmp_path / "cache"), SLUICE_LOG="error")

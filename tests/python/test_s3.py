@@ -28,6 +28,24 @@ def test_read_object_into_numpy(s3):
     assert np.array_equal(part, data[4_000_001:4_001_001])
 
 
+@pytest.mark.parametrize("recv_min", ["1M", "0"])
+def test_bodies_received_straight_into_place(s3, recv_min):
+    """Ranged GETs of SLUICE_HTTP_RECV_MIN bytes or more are received into their destination (the request and
+    its SigV4 signature sluice's own, checked by the server); 0 takes them through curl. The same bytes."""
+    data = np.random.default_rng(9).integers(0, 256, size=(3 << 20) + 77, dtype=np.uint8)
+    s3.put_object(Bucket="pytest", Key="direct/obj.bin", Body=data.tobytes())
+    code = ("import numpy as np, sys, sluice\n"
+            "out = np.zeros(int(sys.argv[1]), np.uint8)\n"
+            "n = sluice.read('s3://pytest/direct/obj.bin', out)\n"
+            "sys.stdout.buffer.write(out[:n].tobytes())\n")
+    env = dict(os.environ, SLUICE_HTTP_RECV_MIN=recv_min, SLUICE_LOG="debug", SLUICE_MAX_TRANSFER_SIZE="1M")
+    r = subprocess.run([sys.executable, "-c", code, str(data.nbytes)], env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()[-800:]
+    assert r.stdout == data.tobytes()
+    direct = r.stderr.decode().count("received straight into place")
+    assert (direct >= 3) if recv_min == "1M" else direct == 0, r.stderr.decode()[-800:]
+
+
 def test_write_then_read(s3):
     data = np.random.default_rng(7).integers(0, 256, size=(11 << 20) + 5, dtype=np.uint8)
     assert sluice.write("s3://pytest/w/obj.bin", data) == data.nbytes
