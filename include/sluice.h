@@ -664,6 +664,27 @@ SLUICE_API SLUICE_WUR int sluice_s3_write_async(struct sluice_s3 *c, const char 
 						const void *src, size_t len,
 						void (*cb)(ssize_t result, void *user), void *user,
 						struct sluice_future **out);
+/*
+ * Many small objects (a sample an object: images, clips, JSON) of one
+ * bucket, whole, into host memory: up to in_flight GETs at a time (0: 64;
+ * at most SLUICE_S3_MAX_IN_FLIGHT), each on a kept-alive connection the
+ * client keeps between calls, each object checked against its length and,
+ * where the server sends one, its full-object CRC32C or CRC32.  For each:
+ * key and buf (cap bytes) in; result (its size, or an error: -EFBIG where
+ * it is larger than cap, -ENOENT, ...) and size (its size, also where too
+ * large, when the server said it) out.  Returns 0 when every object was
+ * read, else the first failure's error (its detail names the object).
+ */
+#define SLUICE_S3_MAX_IN_FLIGHT 256
+struct sluice_s3_object {
+	const char *key;
+	void *buf;
+	size_t cap;
+	ssize_t result;
+	uint64_t size;
+};
+SLUICE_API SLUICE_WUR int sluice_s3_get_many(struct sluice_s3 *c, const char *bucket, struct sluice_s3_object *objs,
+					     size_t n, unsigned in_flight);
 
 /*
  * Copies between local files and s3:// objects, either way (`sluice cp`).

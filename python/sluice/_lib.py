@@ -114,6 +114,12 @@ class XferReport(_Sized):
                 ("bytes_verified", C.c_uint64), ("bytes_storage", C.c_uint64)]
 
 
+class S3Object(C.Structure):
+    """struct sluice_s3_object."""
+    _fields_ = [("key", C.c_char_p), ("buf", C.c_void_p), ("cap", C.c_size_t), ("result", C.c_ssize_t),
+                ("size", C.c_uint64)]
+
+
 class WriterOptions(_Sized):
     _fields_ = [("size", C.c_size_t), ("shard_size", C.c_uint64), ("zstd_level", C.c_int), ("block_size", C.c_size_t), ("metadata", C.c_char_p)]
 
@@ -157,6 +163,7 @@ _protos = {
     "sluice_s3_read_to_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_uint64, C.c_size_t, P]),
     "sluice_s3_write_from_gpu": (C.c_ssize_t, [P, C.c_char_p, C.c_char_p, P, C.c_size_t, P]),
     "sluice_s3_size": (C.c_int, [P, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint64)]),
+    "sluice_s3_get_many": (C.c_int, [P, C.c_char_p, C.POINTER(S3Object), C.c_size_t, C.c_uint]),
     "sluice_copy": (C.c_int, [C.c_char_p, C.c_char_p, C.c_uint, C.POINTER(CopyReport)]),
     "sluice_metrics_text": (C.c_size_t, [C.c_char_p, C.c_size_t]),
     "sluice_read_broadcast": (C.c_ssize_t, [P, C.c_char_p, C.c_uint64, C.c_size_t, C.POINTER(P), C.c_uint, P]),

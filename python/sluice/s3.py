@@ -1,8 +1,9 @@
 """Object storage: the S3 client by bucket and key, and copies between local paths and s3://."""
 import ctypes as C
+import errno
 import os
 
-from ._lib import CopyReport, check, lib
+from ._lib import CopyReport, S3Object, SluiceError, check, lib
 from .buffers import Future, _buffer, _eng
 
 
@@ -112,6 +113,34 @@ class Client:
         ptr, n, keep = _buffer(buffer, False)
         return check(lib.sluice_s3_write_from_gpu(self._h, bucket.encode(), key.encode(), ptr, n, None))
 
+    def get_many(self, bucket, keys, max_size=1 << 20, in_flight=64):
+        """Whole objects of bucket, many GETs in flight on kept-alive connections (for a sample an object):
+        their bytes as numpy uint8 arrays, in the order of keys, each checked against its length and the
+        full-object CRC32C or CRC32 the server sends.  max_size: the bytes set aside for each; a larger object is
+        read again at its own size.  Raises SluiceError naming the first object that failed."""
+        import numpy as np
+        n = len(keys)
+        enc = [k.encode() for k in keys]
+        buf = np.empty(max(1, n * max_size), np.uint8)
+        objs = (S3Object * max(1, n))()
+        base = buf.ctypes.data
+        for i, k in enumerate(enc):
+            objs[i].key, objs[i].buf, objs[i].cap = k, base + i * max_size, max_size
+        lib.sluice_s3_get_many(self._h, bucket.encode(), objs, n, in_flight)
+        detail = lib.sluice_last_error_detail().decode(errors="replace")
+        big = [i for i in range(n) if objs[i].result == -errno.EFBIG and objs[i].size > max_size]
+        bad = [i for i in range(n) if objs[i].result < 0 and i not in big]
+        if bad:
+            i = bad[0]
+            raise SluiceError(objs[i].result, detail if keys[i] in detail else f"s3://{bucket}/{keys[i]}: {detail}")
+        out = [buf[i * max_size:i * max_size + max(0, objs[i].result)] for i in range(n)]
+        for i in big:  # larger than max_size: once more, at its size
+            out[i] = np.empty(objs[i].size, np.uint8)
+            one = (S3Object * 1)()
+            one[0].key, one[0].buf, one[0].cap = enc[i], out[i].ctypes.data, objs[i].size
+            check(lib.sluice_s3_get_many(self._h, bucket.encode(), one, 1, 1))
+        return out
+
     def size(self, bucket, key):
         """The object's size in bytes."""
         out = C.c_uint64()
@@ -132,3 +161,62 @@ class Client:
 
     def __del__(self):
         self.close()
+
+
+class ObjectFolder:
+    """Samples stored an object each under an s3:// prefix in ImageFolder's layout (PREFIX/CLASS/NAME), read
+    without converting them first.  Labels are the classes' indices in sorted order, as torchvision's
+    ImageFolder gives them; objects directly under the prefix (no class) are left out.  Iterating yields
+    batches (a list of numpy uint8 arrays, a numpy int64 array of labels) in the listing's order, or shuffled
+    each epoch (set_epoch) with seed; the next batch's GETs are in flight while the current one is used.
+    in_flight: GETs at a time; max_size: bytes set aside for each object (a larger one is read again at its
+    size); client: a sluice.Client (default: the AWS_* environment's)."""
+
+    def __init__(self, url, batch_size=64, shuffle=False, seed=0, drop_last=False, in_flight=64, max_size=1 << 20,
+                 client=None):
+        if not url.startswith("s3://"):
+            raise ValueError(f"sluice.ObjectFolder: {url!r} is not an s3:// prefix")
+        self.bucket, _, prefix = url[5:].partition("/")
+        prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        base = f"s3://{self.bucket}/"
+        rels = [p[len(base) + len(prefix):] for p in listdir(base + prefix, recursive=True)]
+        self.classes = sorted({r.split("/", 1)[0] for r in rels if "/" in r})
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.samples = [(prefix + r, index[r.split("/", 1)[0]]) for r in rels if "/" in r]
+        if not self.samples:
+            raise ValueError(f"sluice.ObjectFolder: no objects in class folders under {url}")
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.in_flight, self.max_size, self.epoch = in_flight, max_size, 0
+        self.client = client or Client()
+
+    def __len__(self):
+        n = len(self.samples)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def _batches(self):
+        import numpy as np
+        order = np.arange(len(self.samples))
+        if self.shuffle:
+            order = np.random.default_rng((self.seed, self.epoch)).permutation(order)
+        for b in range(len(self)):
+            yield [self.samples[i] for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
+
+    def _get(self, batch):
+        import numpy as np
+        data = self.client.get_many(self.bucket, [k for k, _ in batch], self.max_size, self.in_flight)
+        return data, np.array([label for _, label in batch], np.int64)
+
+    def __iter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(1) as pool:  # the library call lets go of the GIL: the next batch reads meanwhile
+            ahead = None
+            for batch in self._batches():
+                nxt = pool.submit(self._get, batch)
+                if ahead is not None:
+                    yield ahead.result()
+                ahead = nxt
+            if ahead is not None:
+                yield ahead.result()

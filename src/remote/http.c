@@ -651,6 +651,8 @@ static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, stru
 			q->describe(k->err, k->errlen, said, sizeof(said));
 		return sl__err(sl_errno_of_status(k->status), "%s: HTTP %ld%s", q->name, k->status, said);
 	}
+	if (k->overflow && !q->len) /* a whole resource larger than its buffer: no retry makes it fit */
+		return sl__err(-EFBIG, "%s: larger than the %zu bytes of its buffer", q->name, k->cap);
 	if (k->overflow)
 		return sl__err(-EIO, "%s: the server sent more than the %zu bytes asked for", q->name, k->cap);
 	if (cc != CURLE_OK)

@@ -221,6 +221,15 @@ SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c,
 				      uint64_t off, size_t len, void *dst, const char *if_match,
 				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum);
 /*
+ * The whole object bucket/key into dst (cap bytes) in one GET with no
+ * Range, its length checked and, where the server sends one, its
+ * full-object CRC32C or CRC32 (a mismatch is read once more, then fails
+ * with SLUICE_EVERIFY).  Returns its size, or an error: -EFBIG where it is
+ * larger than cap (*size then its size, where the server said it).
+ */
+SL_HIDDEN ssize_t sl__s3_get_object(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
+				    void *dst, size_t cap, uint64_t *size);
+/*
  * len bytes of src as the whole object bucket/key, sent with its CRC32C
  * (x-amz-checksum-crc32c), which the server checks; key "" creates the bucket.
  */

@@ -342,6 +342,36 @@ ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const cha
 	return rc ? rc : (ssize_t)k.got;
 }
 
+ssize_t sl__s3_get_object(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, void *dst,
+			  size_t cap, uint64_t *size)
+{
+	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .buf = dst,
+			    .hdr = { "x-amz-checksum-mode: ENABLED" } };
+	int rc = 0;
+
+	*size = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct sl__http_resp k = { .cap = cap };
+		struct sl__s3_meta m;
+		uint32_t got;
+
+		rc = sl_request(s, c, &q, &k);
+		*size = k.have_size ? k.size : 0;
+		if (rc)
+			return rc;
+		if (!k.have_size || k.got != k.size)
+			return sl__err(-EIO, "s3://%s/%s: a body of %zu bytes under a Content-Length of %s", bucket, key,
+				       k.got, k.have_size ? "another length" : "none");
+		if ((rc = sl_meta_sum(&k, &m, bucket, key)))
+			return rc;
+		if (!m.sum_kind || (got = sl__crc(m.sum_kind, 0, dst, k.got)) == m.sum)
+			return (ssize_t)k.got;
+		rc = sl__err(SLUICE_EVERIFY, "s3://%s/%s: its %s is %08x, the bytes read give %08x (read twice)", bucket,
+			     key, m.sum_name, m.sum, got);
+	}
+	return rc;
+}
+
 int sl__s3_list(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *prefix, const char *delim,
 		unsigned max, struct sl__s3_list *l)
 {

@@ -5,6 +5,7 @@
  * (file.c's s3:// paths, remote/).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,10 @@ struct sluice_s3 {
 	struct sluice_engine *eng;
 	struct sluice_engine *own;  /* the engine opened for this client (sluice_s3_open_config), closed with it */
 	struct sl__s3 *s3;
+	/* sluice_s3_get_many's kept-alive connections, between calls. */
+	pthread_mutex_t lock;
+	struct sl__http_conn *idle[SLUICE_S3_MAX_IN_FLIGHT];
+	unsigned nidle;
 };
 
 int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng, const char *endpoint, const char *access_key,
@@ -38,6 +43,7 @@ int sluice_s3_open(struct sluice_s3 **out, struct sluice_engine *eng, const char
 		free(c);
 		return rc;
 	}
+	pthread_mutex_init(&c->lock, NULL);
 	*out = c;
 	return 0;
 }
@@ -64,8 +70,86 @@ void sluice_s3_close(struct sluice_s3 *c)
 	if (!c)
 		return;
 	sl__s3_close(c->s3);
+	for (unsigned i = 0; i < c->nidle; i++)
+		sl__http_conn_close(c->idle[i]);
+	pthread_mutex_destroy(&c->lock);
 	sluice_engine_close(c->own);
 	free(c);
+}
+
+/* ---- Many small objects: GETs in flight on connections the client keeps between calls ---- */
+
+struct sl_many {
+	struct sluice_s3 *c;
+	const char *bucket;
+	struct sluice_s3_object *objs;
+	size_t n;
+	_Atomic size_t next;
+	struct sl__first_err fail;
+};
+
+static struct sl__http_conn *sl_conn_take(struct sluice_s3 *c)
+{
+	struct sl__http_conn *h = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->nidle)
+		h = c->idle[--c->nidle];
+	pthread_mutex_unlock(&c->lock);
+	if (!h && sl__http_conn_open(&h))
+		h = NULL;
+	return h;
+}
+
+static void sl_conn_give(struct sluice_s3 *c, struct sl__http_conn *h)
+{
+	pthread_mutex_lock(&c->lock);
+	if (h && c->nidle < SLUICE_S3_MAX_IN_FLIGHT) {
+		c->idle[c->nidle++] = h;
+		h = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+	sl__http_conn_close(h);
+}
+
+static void *sl_many_run(void *arg)
+{
+	struct sl_many *m = arg;
+	struct sl__http_conn *h = sl_conn_take(m->c);
+
+	for (size_t i; (i = atomic_fetch_add(&m->next, 1)) < m->n;) {
+		struct sluice_s3_object *o = &m->objs[i];
+
+		o->result = !h ? -ENOMEM
+			    : !o->key || (!o->buf && o->cap)
+				    ? sl__err(-EINVAL, "object %zu: want a key and a buffer", i)
+				    : sl__s3_get_object(m->c->s3, h, m->bucket, o->key, o->buf, o->cap, &o->size);
+		if (o->result >= 0)
+			o->size = (uint64_t)o->result;
+		sl__first_err_keep(&m->fail, o->result < 0 ? (int)o->result : 0);
+	}
+	sl_conn_give(m->c, h);
+	return NULL;
+}
+
+int sluice_s3_get_many(struct sluice_s3 *c, const char *bucket, struct sluice_s3_object *objs, size_t n,
+		       unsigned in_flight)
+{
+	struct sl_many m = { .c = c, .bucket = bucket, .objs = objs, .n = n };
+	int rc;
+
+	sl__err_clear();
+	if (!c || !bucket || (!objs && n))
+		return sl__err(-EINVAL, "sluice_s3_get_many: want a client, a bucket and the objects");
+	if (!in_flight)
+		in_flight = 64;
+	if (in_flight > SLUICE_S3_MAX_IN_FLIGHT)
+		in_flight = SLUICE_S3_MAX_IN_FLIGHT;
+	sl__first_err_init(&m.fail);
+	sl__fanout((unsigned)(n < in_flight ? n : in_flight), sl_many_run, &m);
+	rc = sl__first_err_raise(&m.fail);
+	sl__first_err_fini(&m.fail);
+	return rc;
 }
 
 /* s3://bucket/key, or an error naming what does not fit. */

@@ -130,6 +130,31 @@ def test_persistent_fault_fails_cleanly(s3, obj, fault, tmp_path):
         assert not os.path.exists(tmp_path / "copy.bin"), "a failed copy left a file behind"
 
 
+GET_MANY = """
+import sys, sluice
+try:
+    got = sluice.Client().get_many("pytest", ["faults/obj.bin", "faults/obj.bin"], max_size=int(sys.argv[1]))
+except sluice.SluiceError as e:
+    print("ERROR", e.code, e, file=sys.stderr)
+    sys.exit(3)
+sys.stdout.buffer.write(b"".join(g.tobytes() for g in got))
+"""
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("every", [False, True])
+def test_many_objects_through_faults(s3, obj, fault, every, tmp_path):
+    """sluice.Client.get_many (whole objects, no Range; the object's CRC32 checked): a fault on the first
+    attempt is recovered, a persistent one gives the right bytes or an error naming the object; a buffer
+    smaller than the object reads it again at its size."""
+    p = _proxy(s3, fault, every=every)
+    env = _env(s3, p.endpoint, tmp_path)
+    for cap in (SIZE + 100, 4096):
+        r = subprocess.run([sys.executable, "-c", GET_MANY, str(cap)], env=env, capture_output=True, timeout=120)
+        _check(r, obj + obj, every and fault != "stall", f"{fault}: get_many, {cap}-byte buffers")
+    assert p.faulted > 0
+
+
 def test_flipped_byte_is_named_as_a_checksum_mismatch(s3, obj, tmp_path):
     env = _env(s3, _proxy(s3, "flip", every=True).endpoint, tmp_path)
     r = _read(env, 0, SIZE)

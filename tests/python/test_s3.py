@@ -501,3 +501,40 @@ def test_tune_an_object(s3, tmp_path):
     assert f"s3_concurrency = {p['s3_concurrency']}\n" in text and f"s3_part_size = {p['s3_part_size']}\n" in text
     assert "threads = 3" in text
     assert sorted(os.listdir(tmp_path)) == ["sluice.conf"]  # no download left behind
+
+
+def test_many_small_objects_as_an_object_folder(s3):
+    """sluice.ObjectFolder over an s3:// prefix in ImageFolder's layout: every object once a pass, with its
+    class's label (classes sorted), in order or shuffled by epoch; an object larger than max_size read whole;
+    objects outside class folders left out; a missing object fails naming it."""
+    rng = np.random.default_rng(3)
+    want = {}
+    for c in ("dog", "cat", "eel"):
+        for i in range(23):
+            size = int(rng.integers(0, 3000)) if i != 7 else 70_000  # one over max_size below
+            body = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+            s3.put_object(Bucket="pytest", Key=f"folder/{c}/{i:03d}.jpg", Body=body, ChecksumAlgorithm="CRC32")
+            want[f"folder/{c}/{i:03d}.jpg"] = (body, ["cat", "dog", "eel"].index(c))
+    s3.put_object(Bucket="pytest", Key="folder/README", Body=b"not a sample")
+    ds = sluice.ObjectFolder("s3://pytest/folder", batch_size=10, max_size=4096, in_flight=8)
+    assert ds.classes == ["cat", "dog", "eel"] and len(ds) == 7
+    seen = []
+    for data, labels in ds:
+        assert len(data) == len(labels) <= 10
+        for (key, label), d, lab in zip(ds.samples[len(seen):], data, labels):
+            assert d.tobytes() == want[key][0] and lab == label == want[key][1]
+            seen.append(key)
+    assert sorted(seen) == sorted(want)
+    ds = sluice.ObjectFolder("s3://pytest/folder/", batch_size=16, shuffle=True, seed=1, drop_last=True)
+    orders = []
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        got = [(d.tobytes(), int(lab)) for data, labels in ds for d, lab in zip(data, labels)]
+        assert len(got) == 64 and all(g in want.values() for g in got)
+        orders.append(got)
+    assert orders[0] != orders[1]
+    cl = sluice.Client()
+    with pytest.raises(sluice.SluiceError, match="s3://pytest/folder/cat/none"):
+        cl.get_many("pytest", ["folder/cat/000.jpg", "folder/cat/none"])
+    with pytest.raises(ValueError, match="s3:// prefix"):
+        sluice.ObjectFolder("/tmp/x")

@@ -1,0 +1,141 @@
+"""Many small objects (issue #25, part 3): a sample an object under an s3:// prefix in ImageFolder's layout,
+read whole, every object once a pass, by each client at its best in-flight count of a sweep.
+
+Run it beside its server:
+    python3 tests/remote/with_s3_server.py --alocals3 BINARY python3 bench/s3_small_bench.py --sizes 10K,100K,1000K
+
+Contenders, passes interleaved, medians: sluice.ObjectFolder (batches of 256 read by Client.get_many, the
+next batch in flight meanwhile; GETs in flight swept); boto3's get_object from a thread pool (threads swept,
+one client shared, as boto3's documentation allows); s3torchconnector's S3IterableDataset.from_prefix (each
+object's reader read whole; its own threads).  Objects/s and MB/s of the objects' bytes, and this process's CPU
+s/GB.  The objects are written once (untimed) by boto3 from a thread pool.
+"""
+import argparse
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import Results, parse_size, side_by_side, timed  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="10K,100K,1000K")
+    ap.add_argument("--bytes", default="256M", help="bytes of objects a size (their count follows)")
+    ap.add_argument("--max-objects", type=int, default=20000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sweep", default="32,64,128", help="GETs in flight (sluice) and threads (boto3) tried")
+    ap.add_argument("--skip", default="", help="comma list of: boto3,s3torch")
+    ap.add_argument("--out", default="s3_small.json")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    ep, ak, sk = (os.environ[k] for k in ("SLUICE_TEST_S3_ENDPOINT", "SLUICE_TEST_S3_ACCESS_KEY",
+                                         "SLUICE_TEST_S3_SECRET_KEY"))
+    os.environ.update(AWS_ENDPOINT_URL=ep, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_REGION="us-east-1",
+                      AWS_DEFAULT_REGION="us-east-1")
+    import boto3
+    import botocore.config
+    import numpy as np
+    import sluice
+    s3 = boto3.client("s3", endpoint_url=ep, aws_access_key_id=ak, aws_secret_access_key=sk, region_name="us-east-1",
+                      config=botocore.config.Config(max_pool_connections=256))
+    if "bench" not in os.environ.get("SLUICE_TEST_S3_BUCKETS", "").split(","):
+        s3.create_bucket(Bucket="bench")
+    res = Results(a.out, bench="s3_small", server=os.environ.get("SLUICE_TEST_S3_SERVER", "moto"), reps=a.reps)
+    say = lambda m: print(f"[small] {m}", flush=True)  # noqa: E731
+    sweep = [int(x) for x in a.sweep.split(",")]
+    for size_s in a.sizes.split(","):
+        size = parse_size(size_s)
+        n = max(16, min(a.max_objects, parse_size(a.bytes) // size))
+        prefix = f"small{size_s}/"
+        rng = np.random.default_rng(size)
+        bodies = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(min(n, 64))]
+        keys = [f"{prefix}c{i % 10}/{i:07d}.bin" for i in range(n)]
+        with ThreadPoolExecutor(64) as pool:  # untimed: the objects, a class folder each tenth
+            list(pool.map(lambda ik: s3.put_object(Bucket="bench", Key=ik[1], Body=bodies[ik[0] % len(bodies)]),
+                          enumerate(keys)))
+        total = n * size
+        want = {k: bodies[i % len(bodies)] for i, k in enumerate(keys)}
+        say(f"{n} objects of {size_s} ({total / 1e6:.0f} MB)")
+
+        def check(got):
+            if len(got) != n or any(want[k] != v for k, v in got.items()):
+                raise RuntimeError("the bytes read differ from the objects")
+
+        def sluice_pass(in_flight, verify=False):
+            ds = sluice.ObjectFolder(f"s3://bench/{prefix}", batch_size=256, in_flight=in_flight,
+                                     max_size=max(size, 4096))
+
+            def one(collect):
+                got, count = {}, 0
+                for data, _ in ds:
+                    if collect:
+                        got.update((k, d.tobytes()) for (k, _), d in zip(ds.samples[count:count + len(data)], data))
+                    count += len(data)
+                return got if collect else count
+            if verify:
+                check(one(True))
+            return lambda: timed(lambda: {"objects": one(False)}, total)
+
+        def boto3_pass(threads, verify=False):
+            def get(k):
+                return k, s3.get_object(Bucket="bench", Key=k)["Body"].read()
+
+            def one():
+                with ThreadPoolExecutor(threads) as pool:
+                    return dict(pool.map(get, keys))
+            if verify:
+                check(one())
+            return lambda: timed(lambda: {"objects": len(one())}, total)
+
+        def s3torch_pass(verify=False):
+            from s3torchconnector import S3IterableDataset, S3ClientConfig
+
+            def one():
+                ds = S3IterableDataset.from_prefix(f"s3://bench/{prefix}", region="us-east-1", endpoint=ep,
+                                                   s3client_config=S3ClientConfig(force_path_style=True))
+                return {r.key: r.read() for r in ds}
+            if verify:
+                check(one())
+            return lambda: timed(lambda: {"objects": len(one())}, total)
+
+        out = {}
+        # Each contender's best in-flight count first (one pass each, checked), then the bests side by side.
+        tries = {f"sluice x{c}": (lambda c=c: sluice_pass(c, True)) for c in sweep}
+        if "boto3" not in skip:
+            tries.update({f"boto3 x{c}": (lambda c=c: boto3_pass(c, True)) for c in sweep})
+        if "s3torch" not in skip:
+            tries["s3torchconnector"] = lambda: s3torch_pass(True)
+        fns = {}
+        for name, make in tries.items():
+            try:
+                fns[name] = make()
+            except Exception as e:
+                out[f"{name}_error"] = repr(e)
+                say(f"{name}: {e!r}")
+        swept = side_by_side(fns, 1)
+        out["sweep"] = swept
+        best = {}
+        for who in ("sluice", "boto3"):
+            cands = [k for k in swept if k.startswith(who) and "gb_s" in swept[k]]
+            if cands:
+                best[who] = max(cands, key=lambda k: swept[k]["gb_s"])
+        if "s3torchconnector" in fns:
+            best["s3torchconnector"] = "s3torchconnector"
+        got = side_by_side({who: fns[name] for who, name in best.items()}, a.reps)
+        for who, r in got.items():
+            if "gb_s" in r:
+                r["objects_per_s"] = n / r["seconds"]
+                r["setting"] = best[who]
+                say(f"{size_s}: {who} ({best[who]}) {r['objects_per_s']:.0f} objects/s, {r['gb_s'] * 1e3:.0f} MB/s, "
+                    f"{r['cpu_s_per_gb']:.2f} CPU s/GB")
+        out["read"] = got
+        if "sluice" in got and "boto3" in got and "gb_s" in got["boto3"]:
+            out["sluice_over_boto3"] = got["sluice"]["gb_s"] / got["boto3"]["gb_s"]
+            say(f"{size_s}: sluice / boto3 {out['sluice_over_boto3']:.1f}x")
+        res[size_s] = dict(out, objects=n, size=size)
+
+
+if __name__ == "__main__":
+    main()
