@@ -4,9 +4,9 @@ read whole, every object once a pass, by each client at its best in-flight count
 Run it beside its server:
     python3 tests/remote/with_s3_server.py --alocals3 BINARY python3 bench/s3_small_bench.py --sizes 10K,100K,1000K
 
-Contenders, passes interleaved, medians: sluice.ObjectFolder (batches of 256 read by Client.get_many, the
-next batch in flight meanwhile; GETs in flight swept); boto3's get_object from a thread pool (threads swept,
-one client shared, as boto3's documentation allows); s3torchconnector's S3IterableDataset.from_prefix (each
+Contenders, passes interleaved, medians, each given the list of keys: sluice (sluice.ObjectFolder's loop:
+batches of 256 read by Client.get_many, the next batch in flight meanwhile; GETs in flight swept); boto3's get_object from a thread pool (threads swept,
+one client shared, as boto3's documentation allows); s3torchconnector's S3IterableDataset.from_objects (each
 object's reader read whole; its own threads).  Objects/s and MB/s of the objects' bytes, and this process's CPU
 s/GB.  The objects are written once (untimed) by boto3 from a thread pool.
 """
@@ -63,15 +63,28 @@ def main():
             if len(got) != n or any(want[k] != v for k, v in got.items()):
                 raise RuntimeError("the bytes read differ from the objects")
 
-        def sluice_pass(in_flight, verify=False):
-            ds = sluice.ObjectFolder(f"s3://bench/{prefix}", batch_size=256, in_flight=in_flight,
-                                     max_size=max(size, 4096))
+        cl = sluice.Client()
 
+        def batches():  # ObjectFolder's loop over the known keys (a server may not list): batches of 256,
+            # the next one's GETs in flight while this one is handed on
+            with ThreadPoolExecutor(1) as pool:
+                ahead = None
+                for b in range(0, n, 256):
+                    nxt = pool.submit(cl.get_many, "bench", keys[b:b + 256], max(size, 4096), in_flight[0])
+                    if ahead is not None:
+                        yield ahead.result()
+                    ahead = nxt
+                yield ahead.result()
+
+        in_flight = [64]
+
+        def sluice_pass(c, verify=False):
             def one(collect):
+                in_flight[0] = c
                 got, count = {}, 0
-                for data, _ in ds:
+                for data in batches():
                     if collect:
-                        got.update((k, d.tobytes()) for (k, _), d in zip(ds.samples[count:count + len(data)], data))
+                        got.update((k, d.tobytes()) for k, d in zip(keys[count:count + len(data)], data))
                     count += len(data)
                 return got if collect else count
             if verify:
@@ -93,8 +106,8 @@ def main():
             from s3torchconnector import S3IterableDataset, S3ClientConfig
 
             def one():
-                ds = S3IterableDataset.from_prefix(f"s3://bench/{prefix}", region="us-east-1", endpoint=ep,
-                                                   s3client_config=S3ClientConfig(force_path_style=True))
+                ds = S3IterableDataset.from_objects([f"s3://bench/{k}" for k in keys], region="us-east-1",
+                                                    endpoint=ep, s3client_config=S3ClientConfig(force_path_style=True))
                 return {r.key: r.read() for r in ds}
             if verify:
                 check(one())
