@@ -38,6 +38,14 @@ def web(tmp_path_factory):
         yield w
 
 
+@pytest.fixture(autouse=True, params=["direct", "curl"])
+def receive(request, monkeypatch):
+    """Every case both ways a body is received (the children read it from their environment): straight into
+    place (every GET, SLUICE_HTTP_RECV_MIN=1) and through curl's buffer (0)."""
+    monkeypatch.setenv("SLUICE_HTTP_RECV_MIN", "1" if request.param == "direct" else "0")
+    return request.param
+
+
 def _gpu():
     try:
         import torch
