@@ -164,7 +164,7 @@ const struct sl__setting_def sl__settings[] = {
 	  sl_check_absolute },
 	{ "SLUICE_LIB", SL_SET_PATH, V, 0, 0, 0, NULL, "", "the libsluice.so the Python package loads", NULL, NULL },
 	{ "SLUICE_BIN", SL_SET_PATH, V, 0, 0, 0, NULL, "", "the sluice command the Python package runs", NULL, NULL },
-	{ NULL },
+	{ 0 },
 };
 #define SL_NSETTINGS (sizeof(sl__settings) / sizeof(sl__settings[0]) - 1)
 

@@ -498,13 +498,47 @@ static int sl_raw_request(const struct sl__http_req *q, const char *path, const 
  * The answer's head in head[0..*hl): its lines through sl_header into k,
  * *end past its blank line.  SL_DECLINED where curl's path should take it.
  */
+int sl__http_head_parse(const char *buf, size_t len, struct sl__http_resp *k, size_t *end, int *keep, int follow)
+{
+	const char *e = len >= 4 ? memmem(buf, len, "\r\n\r\n", 4) : NULL, *nl;
+	char status[4] = "";
+	int chunked = 0;
+
+	if (!e)
+		return -EAGAIN;
+	*end = (size_t)(e - buf) + 4;
+	/* "HTTP/1.x NNN ": the digits copied out, so nothing is read past the head. */
+	if (*end < 13 || strncmp(buf, "HTTP/1.", 7) || buf[7] < '0' || buf[7] > '9' || buf[8] != ' ' ||
+	    strspn(buf + 9, "0123456789") != 3 || buf[9] == '0' || (buf[12] != ' ' && buf[12] != '\r'))
+		return -EIO;
+	memcpy(status, buf + 9, 3);
+	*keep = buf[7] != '0';
+	for (const char *line = buf; line < e + 2; line = nl + 1) {
+		size_t n;
+		char v[64];
+
+		nl = memchr(line, '\n', (size_t)(e + 2 - line));
+		n = (size_t)(nl - line + 1);
+		sl_header((char *)line, 1, n, k);
+		if (sl_hval(line, n, "Transfer-Encoding", v, sizeof(v)))
+			chunked = 1;
+		if (sl_hval(line, n, "Connection", v, sizeof(v)))
+			*keep = !strcasecmp(v, "keep-alive") || (*keep && strcasecmp(v, "close"));
+	}
+	k->status = strtol(status, NULL, 10);
+	if (chunked || !k->have_size || (k->status >= 300 && k->status < 400 && follow))
+		return 1;
+	return 0;
+}
+
+/* The answer's head into head[0..*hl) (NUL after), parsed; *end past its blank line.  SL_DECLINED: curl's path. */
 static int sl_raw_head(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k, char *head,
 		       size_t *hl, size_t *end, int *keep)
 {
-	char *e = NULL, *line, *nl;
-	int chunked = 0;
+	int rc;
 
-	while (!(e = *hl >= 4 ? memmem(head, *hl, "\r\n\r\n", 4) : NULL)) {
+	head[*hl] = 0;
+	while ((rc = sl__http_head_parse(head, *hl, k, end, keep, q->follow)) == -EAGAIN) {
 		ssize_t n;
 
 		if (*hl == SL_HEAD_MAX)
@@ -512,31 +546,18 @@ static int sl_raw_head(struct sl__http_conn *c, const struct sl__http_req *q, st
 		if ((n = sl_raw_recv(c, head + *hl, SL_HEAD_MAX - *hl)) <= 0)
 			return n ? (int)n : sl__err(-ECONNRESET, "%s: the server closed the connection", q->name);
 		*hl += (size_t)n;
+		head[*hl] = 0;
 	}
-	*end = (size_t)(e - head) + 4;
-	if (sscanf(head, "HTTP/1.%*d %3ld", &k->status) != 1)
-		return sl__err(-EIO, "%s: not an HTTP/1.1 answer", q->name);
-	*keep = !strncmp(head, "HTTP/1.1", 8);
-	for (line = head; line < e + 2; line = nl + 1) {
-		char v[64];
-
-		nl = memchr(line, '\n', (size_t)(e + 2 - line));
-		sl_header(line, 1, (size_t)(nl - line + 1), k);
-		if (sl_hval(line, (size_t)(nl - line + 1), "Transfer-Encoding", v, sizeof(v)))
-			chunked = 1;
-		if (sl_hval(line, (size_t)(nl - line + 1), "Connection", v, sizeof(v)))
-			*keep = !strcasecmp(v, "keep-alive") || (*keep && strcasecmp(v, "close"));
-	}
-	if (chunked || !k->have_size || (k->status >= 300 && k->status < 400 && q->follow))
-		return SL_DECLINED;
-	return 0;
+	if (rc == -EIO)
+		return sl__err(-EIO, "%s: not an HTTP/1.x answer", q->name);
+	return rc ? SL_DECLINED : 0;
 }
 
 /* One ranged GET the direct way: 0, an error, or SL_DECLINED (nothing delivered: curl's path takes it). */
 static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
 {
 	char *scheme = NULL, *hostn = NULL, *port = NULL, *eport = NULL, *path = NULL, *query = NULL;
-	char origin[sizeof(c->raw_origin)], host[300], req[8192], head[SL_HEAD_MAX];
+	char origin[sizeof(c->raw_origin)], host[300], req[8192], head[SL_HEAD_MAX + 1];
 	size_t len = 0, hl = 0, end = 0;
 	int rc = SL_DECLINED, keep = 0;
 	CURLU *u = curl_url();

@@ -151,6 +151,16 @@ struct sl__http_resp {
  * attempts were made.
  */
 SL_HIDDEN int sl__http_request(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k);
+/*
+ * The direct receive's parser of an HTTP/1.x answer's head at the start of
+ * buf (len bytes, buf[len] == 0): -EAGAIN until its blank line is there;
+ * else *end past it, its headers through the same reader as curl's path
+ * into k, *keep (the connection may carry another request), and 0 where the
+ * direct receive takes the answer (a Content-Length, no chunks), 1 where
+ * curl's path should (follow: redirects too), -EIO where it is not HTTP/1.x.
+ */
+SL_HIDDEN int sl__http_head_parse(const char *buf, size_t len, struct sl__http_resp *k, size_t *end, int *keep,
+				  int follow);
 
 /*
  * sigv4.c: the Authorization header of a request signed with AWS Signature

@@ -1,11 +1,14 @@
 /*
  * libFuzzer target: what remote/ parses from outside.  The first byte
- * modulo 3 picks: 0, AWS shared config and credentials files
+ * modulo 4 picks: 0, AWS shared config and credentials files
  * (sl__ini_parse): every setting handed out has a non-empty section and
  * key, and a failure is SLUICE_EINVAL_CONFIG naming "fuzz.ini:LINE"; 1, an
  * S3 error body (sl__s3_error_parse): what it extracts is printable ASCII
  * that fits; 2, a ListObjectsV2 page (sl__s3_list_parse): every entry has
- * a key, the token fits, a failure is SLUICE_EFORMAT or -ENOMEM.  All: no
+ * a key, the token fits, a failure is SLUICE_EFORMAT or -ENOMEM; 3, an
+ * HTTP answer's head as the direct receive reads it (sl__http_head_parse):
+ * -EAGAIN, -EIO, 0 or 1; its end inside the bytes; an answer taken has a
+ * length and a status of three digits; every string kept fits.  All: no
  * crash, no leak, no sanitizer report.
  */
 #include <errno.h>
@@ -31,7 +34,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (!size)
 		return 0;
-	if (data[0] % 3 == 2) {
+	if (data[0] % 4 == 3) {
+		struct sl__http_resp k = { .keep = "x-amz-checksum-" };
+		char *buf = malloc(size);
+		size_t end = 0;
+		int keep = 0;
+
+		if (!buf)
+			return 0;
+		memcpy(buf, data + 1, size - 1);
+		buf[size - 1] = 0;
+		rc = sl__http_head_parse(buf, size - 1, &k, &end, &keep, data[0] & 4);
+		if (rc != -EAGAIN && rc != -EIO && rc != 0 && rc != 1)
+			abort();
+		if (rc >= 0 && (end > size - 1 || k.status < 100 || k.status > 999))
+			abort();
+		if (rc == 0 && !k.have_size)
+			abort();
+		if (strlen(k.etag) >= sizeof(k.etag) || strlen(k.range) >= sizeof(k.range) || k.nkept > SL_HTTP_KEPT)
+			abort();
+		free(buf);
+		return 0;
+	}
+	if (data[0] % 4 == 2) {
 		struct sl__s3_list l = { 0 };
 		char token[64];
 
@@ -46,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		sl__s3_list_free(&l);
 		return 0;
 	}
-	if (data[0] % 3 == 1) {
+	if (data[0] % 4 == 1) {
 		rc = sl__s3_error_parse((const char *)data + 1, size - 1, code, sizeof(code), msg, sizeof(msg));
 		for (const char *p = code; rc & 1 && *p; p++)
 			if (*p < 0x20 || *p >= 0x7f)
