@@ -3,6 +3,8 @@ read whole, every object once a pass, by each client at its best in-flight count
 
 Run it beside its server:
     python3 tests/remote/with_s3_server.py --alocals3 BINARY python3 bench/s3_small_bench.py --sizes 10K,100K,1000K
+or with --nginx, against nginx serving the objects as files (anonymous GETs, path-style: BUCKET/KEY under its
+root), a server whose own time a request is not the limit (alocals3 takes about 30 ms a GET of a small object).
 
 Contenders, passes interleaved, medians, each given the list of keys: sluice (sluice.ObjectFolder's loop:
 batches of 256 read by Client.get_many, the next batch in flight meanwhile; GETs in flight swept); boto3's get_object from a thread pool (threads swept,
@@ -13,6 +15,7 @@ s/GB.  The objects are written once (untimed) by boto3 from a thread pool.
 import argparse
 import os
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,23 +30,55 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sweep", default="32,64,128", help="GETs in flight (sluice) and threads (boto3) tried")
     ap.add_argument("--skip", default="", help="comma list of: boto3,s3torch")
+    ap.add_argument("--nginx", action="store_true", help="the objects as files served by nginx (anonymous)")
     ap.add_argument("--out", default="s3_small.json")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
-    ep, ak, sk = (os.environ[k] for k in ("SLUICE_TEST_S3_ENDPOINT", "SLUICE_TEST_S3_ACCESS_KEY",
-                                         "SLUICE_TEST_S3_SECRET_KEY"))
-    os.environ.update(AWS_ENDPOINT_URL=ep, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_REGION="us-east-1",
-                      AWS_DEFAULT_REGION="us-east-1")
     import boto3
+    import botocore
     import botocore.config
     import numpy as np
-    import sluice
     from botocore.parsers import ResponseParserError
-    s3 = boto3.client("s3", endpoint_url=ep, aws_access_key_id=ak, aws_secret_access_key=sk, region_name="us-east-1",
-                      config=botocore.config.Config(max_pool_connections=256))
-    if "bench" not in os.environ.get("SLUICE_TEST_S3_BUCKETS", "").split(","):
-        s3.create_bucket(Bucket="bench")
-    res = Results(a.out, bench="s3_small", server=os.environ.get("SLUICE_TEST_S3_SERVER", "moto"), reps=a.reps)
+    web = None
+    if a.nginx:  # objects as files under nginx's root, read anonymously
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "remote"))
+        import webserver
+        tmp = tempfile.mkdtemp(dir=os.environ.get("SLUICE_BENCH_S3_DIR", "/var/tmp"))
+        web = webserver.WebServer(os.path.join(tmp, "www"), os.path.join(tmp, "nginx"), workers=os.cpu_count())
+        os.makedirs(os.path.join(tmp, "www", "bench"))
+        web.__enter__()
+        ep = f"http://127.0.0.1:{web.port}"
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            os.environ.pop(k, None)
+        os.environ.update(AWS_ENDPOINT_URL=ep, AWS_REGION="us-east-1", AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+                          AWS_CONFIG_FILE="/nonexistent")
+        s3 = boto3.client("s3", endpoint_url=ep, region_name="us-east-1", config=botocore.config.Config(
+            max_pool_connections=256, signature_version=botocore.UNSIGNED, s3={"addressing_style": "path"}))
+        server = f"nginx ({webserver.NGINX}, {os.cpu_count()} workers), files, anonymous GETs"
+
+        def put(ik):
+            path = os.path.join(tmp, "www", "bench", ik[1])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(bodies[ik[0] % len(bodies)])
+    else:
+        ep, ak, sk = (os.environ[k] for k in ("SLUICE_TEST_S3_ENDPOINT", "SLUICE_TEST_S3_ACCESS_KEY",
+                                             "SLUICE_TEST_S3_SECRET_KEY"))
+        os.environ.update(AWS_ENDPOINT_URL=ep, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_REGION="us-east-1",
+                          AWS_DEFAULT_REGION="us-east-1")
+        s3 = boto3.client("s3", endpoint_url=ep, aws_access_key_id=ak, aws_secret_access_key=sk,
+                          region_name="us-east-1", config=botocore.config.Config(max_pool_connections=256))
+        if "bench" not in os.environ.get("SLUICE_TEST_S3_BUCKETS", "").split(","):
+            s3.create_bucket(Bucket="bench")
+        server = os.environ.get("SLUICE_TEST_S3_SERVER", "moto")
+
+        def put(ik):
+            try:
+                s3.put_object(Bucket="bench", Key=ik[1], Body=bodies[ik[0] % len(bodies)])
+            except ResponseParserError:  # alocals3 answers a PUT with JSON once the object is stored
+                pass
+    import sluice
+    res = Results(a.out, bench="s3_small", server=server, reps=a.reps)
     say = lambda m: print(f"[small] {m}", flush=True)  # noqa: E731
     sweep = [int(x) for x in a.sweep.split(",")]
     for size_s in a.sizes.split(","):
@@ -53,11 +88,6 @@ def main():
         rng = np.random.default_rng(size)
         bodies = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(min(n, 64))]
         keys = [f"{prefix}c{i % 10}/{i:07d}.bin" for i in range(n)]
-        def put(ik):
-            try:
-                s3.put_object(Bucket="bench", Key=ik[1], Body=bodies[ik[0] % len(bodies)])
-            except ResponseParserError:  # alocals3 answers a PUT with JSON once the object is stored
-                pass
         with ThreadPoolExecutor(64) as pool:  # untimed: the objects, a class folder each tenth
             list(pool.map(put, enumerate(keys)))
         total = n * size
@@ -153,6 +183,8 @@ def main():
             out["sluice_over_boto3"] = got["sluice"]["gb_s"] / got["boto3"]["gb_s"]
             say(f"{size_s}: sluice / boto3 {out['sluice_over_boto3']:.1f}x")
         res[size_s] = dict(out, objects=n, size=size)
+    if web:
+        web.__exit__(None, None, None)
 
 
 if __name__ == "__main__":

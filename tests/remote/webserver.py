@@ -18,10 +18,10 @@ NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/ngin
 CONF = """
 {user}
 daemon off;
-worker_processes 2;
+worker_processes {workers};
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
-events {{ worker_connections 256; }}
+events {{ worker_connections 1024; }}
 http {{
     access_log off;
     client_body_temp_path {prefix}/body;
@@ -41,8 +41,8 @@ http {{
 class WebServer:
     """nginx serving root: .url(name) is a file's URL, .port the port; a context manager."""
 
-    def __init__(self, root, prefix):
-        self.root, self.prefix = str(root), str(prefix)
+    def __init__(self, root, prefix, workers=2):
+        self.root, self.prefix, self.workers = str(root), str(prefix), workers
 
     def url(self, name):
         return f"http://127.0.0.1:{self.port}/{name}"
@@ -56,7 +56,7 @@ class WebServer:
         with open(conf, "w") as f:
             # As root, nginx's workers would run as nobody, who cannot read the tests' private directories.
             f.write(CONF.format(user="user root;" if os.geteuid() == 0 else "", prefix=self.prefix, port=self.port,
-                                root=self.root))
+                                root=self.root, workers=self.workers))
         self.proc = subprocess.Popen([NGINX, "-p", self.prefix, "-c", conf, "-e", os.path.join(self.prefix, "error.log")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for _ in range(200):
