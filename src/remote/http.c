@@ -619,7 +619,7 @@ static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, str
 		for (ssize_t n = 1; took < want && n > 0; took += (size_t)(n > 0 ? n : 0))
 			n = sl_raw_recv(c, k->err + took, want - took);
 		k->errlen = took;
-		if (took < want || !keep)
+		if (took < want || hl - end > want || !keep) /* bytes past the answer: the connection is not clean */
 			sl_raw_drop(c);
 		goto out;
 	}
