@@ -79,6 +79,7 @@ size_t sluice_sizeof(const char *name)
 		SL_SIZE(sluice_engine_info),
 		SL_SIZE(sluice_xfer_report),
 		SL_SIZE(sluice_range),
+		SL_SIZE(sluice_s3_object),
 		SL_SIZE(sluice_copy_report),
 		SL_SIZE(sluice_stats),
 		SL_SIZE(sluice_field),

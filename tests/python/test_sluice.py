@@ -253,7 +253,7 @@ def test_ctypes_layouts_match_the_library():
              "PackerOptions": "sluice_packer_options", "PackedRow": "sluice_packed_row",
              "CopyReport": "sluice_copy_report", "XferReport": "sluice_xfer_report",
              "WriterOptions": "sluice_writer_options", "PackOptions": "sluice_pack_options",
-             "PackReport": "sluice_pack_report", "Range": "sluice_range"}
+             "PackReport": "sluice_pack_report", "Range": "sluice_range", "S3Object": "sluice_s3_object"}
     structs = {k for k, v in vars(_lib).items()
                if isinstance(v, type) and issubclass(v, ctypes.Structure) and not k.startswith("_")}
     assert structs == set(names), sorted(structs ^ set(names))
