@@ -9,6 +9,7 @@ of two versions.  Over plain http a byte flipped inside a body is not detectable
 range of a web server's file; https's TLS does): that fault is left out here, and docs/RELIABILITY.md says so."""
 import errno
 import os
+import shutil
 import subprocess
 import sys
 
@@ -44,6 +45,16 @@ def receive(request, monkeypatch):
     place (every GET, SLUICE_HTTP_RECV_MIN=1) and through curl's buffer (0)."""
     monkeypatch.setenv("SLUICE_HTTP_RECV_MIN", "1" if request.param == "direct" else "0")
     return request.param
+
+
+@pytest.fixture(scope="module")
+def tls_web(tmp_path_factory, web):
+    """nginx over https with a certificate of its own, serving the same files."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to make the server's certificate")
+    with webserver.WebServer(web.root, tmp_path_factory.mktemp("nginx-tls"), tls=True) as w:
+        w.data = web.data
+        yield w
 
 
 def _gpu():
@@ -179,3 +190,22 @@ def test_checkpoint_over_http(web):
     assert set(back) == set(t) and all(np.array_equal(back[k], t[k]) for k in t)
     cols = sluice.load(web.url("ck/model.safetensors.index.json"), device="numpy", shard=(1, 2, 3))
     assert all(np.array_equal(cols[k], t[k][:, 16:24]) for k in t)
+
+
+def test_https_with_a_private_certificate(tls_web, receive):
+    """https: each body decrypted by TLS straight into place (the direct receive) or through curl's buffer, the
+    server's certificate checked against AWS_CA_BUNDLE (else SSL_CERT_FILE): trusted, the file's bytes; not
+    trusted, an error naming the URL and no bytes."""
+    url = tls_web.url("f.bin")
+    base = dict(os.environ, SLUICE_HTTP_RETRIES="1", SLUICE_MAX_TRANSFER_SIZE="1M", SLUICE_LOG="debug")
+    for var in ("AWS_CA_BUNDLE", "SSL_CERT_FILE"):
+        env = dict(base, **{"AWS_CA_BUNDLE": "", "SSL_CERT_FILE": "", var: tls_web.cert})
+        r = subprocess.run([sys.executable, "-c", READ, "0", str(SIZE), url, "host"], env=env, capture_output=True,
+                           timeout=120)
+        assert r.returncode == 0 and r.stdout == tls_web.data, (var, r.stderr.decode()[-800:])
+        direct = r.stderr.decode().count("received straight into place")
+        assert (direct >= 6) if receive == "direct" else direct == 0, (var, direct)
+    env = dict(base, AWS_CA_BUNDLE="", SSL_CERT_FILE="")
+    r = subprocess.run([sys.executable, "-c", READ, "0", "1000", url, "host"], env=env, capture_output=True,
+                       timeout=120)
+    assert r.returncode == 3 and not r.stdout and url in r.stderr.decode(), r.stderr.decode()[-800:]

@@ -30,7 +30,7 @@ http {{
     uwsgi_temp_path {prefix}/uwsgi;
     scgi_temp_path {prefix}/scgi;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         root {root};
         location /go/ {{ rewrite ^/go/(.*)$ /$1 redirect; }}
     }}
@@ -41,11 +41,11 @@ http {{
 class WebServer:
     """nginx serving root: .url(name) is a file's URL, .port the port; a context manager."""
 
-    def __init__(self, root, prefix, workers=2):
-        self.root, self.prefix, self.workers = str(root), str(prefix), workers
+    def __init__(self, root, prefix, workers=2, tls=False):
+        self.root, self.prefix, self.workers, self.tls = str(root), str(prefix), workers, tls
 
     def url(self, name):
-        return f"http://127.0.0.1:{self.port}/{name}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/{name}"
 
     def __enter__(self):
         if NGINX is None:
@@ -53,10 +53,17 @@ class WebServer:
         os.makedirs(self.prefix, exist_ok=True)
         self.port = s3server.free_port()
         conf = os.path.join(self.prefix, "nginx.conf")
+        tls = ""
+        if self.tls:  # a certificate of its own for 127.0.0.1 (self.cert: what a client must trust)
+            self.cert, key = os.path.join(self.prefix, "cert.pem"), os.path.join(self.prefix, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out",
+                            self.cert], check=True, capture_output=True)
+            tls = f" ssl; ssl_certificate {self.cert}; ssl_certificate_key {key}"
         with open(conf, "w") as f:
             # As root, nginx's workers would run as nobody, who cannot read the tests' private directories.
             f.write(CONF.format(user="user root;" if os.geteuid() == 0 else "", prefix=self.prefix, port=self.port,
-                                root=self.root, workers=self.workers))
+                                root=self.root, workers=self.workers, tls=tls))
         self.proc = subprocess.Popen([NGINX, "-p", self.prefix, "-c", conf, "-e", os.path.join(self.prefix, "error.log")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for _ in range(200):
