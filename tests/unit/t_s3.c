@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "remote/remote.h"
@@ -332,6 +333,48 @@ static void test_faults_on_first_attempts_are_retried_and_named_without_retries(
 	}
 }
 
+/*
+ * sluice_s3_get_many: whole objects, many in flight: each its bytes and size;
+ * one larger than its buffer -EFBIG with its size; a missing one -ENOENT
+ * and the call's error naming it; no objects, nothing done; the arguments
+ * checked.  Twice, so the second call runs on the connections kept.
+ */
+static void test_many_small_objects_whole_and_each_checked(void)
+{
+	struct sluice_engine *eng = t_engine();
+	struct sluice_s3 *cl;
+	enum { N = 40 };
+	struct sluice_s3_object o[N + 2];
+	char keys[N][32], *bufs = malloc((size_t)N * 4096);
+
+	T_CHECK(sluice_s3_open(&cl, eng, ep, ak, sk, "us-east-1") == 0);
+	for (int i = 0; i < N; i++) {
+		snprintf(keys[i], sizeof(keys[i]), "many/%03d", i);
+		T_CHECK(sl__s3_put(s, c, "sluice-test", keys[i], obj + i, (size_t)i * 97) == 0);
+	}
+	for (int round = 0; round < 2; round++) {
+		memset(o, 0, sizeof(o));
+		memset(bufs, 0xAA, (size_t)N * 4096);
+		for (int i = 0; i < N; i++)
+			o[i] = (struct sluice_s3_object){ .key = keys[i], .buf = bufs + (size_t)i * 4096, .cap = 4096 };
+		o[N] = (struct sluice_s3_object){ .key = "many/none", .buf = got, .cap = 10 };
+		o[N + 1] = (struct sluice_s3_object){ .key = "client/obj", .buf = got, .cap = 1000 }; /* n bytes: too large */
+		T_CHECK(sluice_s3_get_many(cl, "sluice-test", o, N + 2, round ? 3 : 0) < 0);
+		for (int i = 0; i < N; i++)
+			T_CHECK(o[i].result == i * 97 && o[i].size == (uint64_t)i * 97 &&
+				!memcmp(bufs + (size_t)i * 4096, obj + i, (size_t)i * 97) &&
+				(unsigned char)bufs[(size_t)i * 4096 + (size_t)i * 97] == 0xAA);
+		T_CHECK(o[N].result == -ENOENT && o[N + 1].result == -EFBIG && o[N + 1].size == n);
+	}
+	T_CHECK(sluice_s3_get_many(cl, "sluice-test", o, N, 8) == 0);
+	T_CHECK(sluice_s3_get_many(cl, "sluice-test", o + N, 1, 1) == -ENOENT && strstr(sluice_last_error_detail(), "many/none"));
+	T_CHECK(sluice_s3_get_many(cl, "sluice-test", NULL, 0, 0) == 0);
+	T_CHECK(sluice_s3_get_many(cl, NULL, o, 1, 0) == -EINVAL && sluice_s3_get_many(NULL, "b", o, 1, 0) == -EINVAL);
+	sluice_s3_close(cl);
+	sluice_engine_close(eng);
+	free(bufs);
+}
+
 int main(void)
 {
 	ep = getenv("SLUICE_TEST_S3_ENDPOINT");
@@ -358,6 +401,7 @@ int main(void)
 	test_a_wrong_secret_is_refused_and_never_shown();
 	test_nothing_listening_is_a_transport_error_not_a_hang();
 	test_the_public_client_by_bucket_and_key_sync_and_async();
+	test_many_small_objects_whole_and_each_checked();
 	test_s3_paths_through_the_engine();
 	test_faults_on_first_attempts_are_retried_and_named_without_retries();
 	sl__http_conn_close(c);
