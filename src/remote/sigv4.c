@@ -91,12 +91,12 @@ int sl__sigv4(const struct sl__sigv4_in *in, char *auth, size_t cap)
 	sl_canonical_query(in->query, query, sizeof(query));
 	w = snprintf(creq, sizeof(creq), "%s\n%s\n%s\n", in->method, in->path && *in->path ? in->path : "/", query);
 	at = w > 0 ? (size_t)w : 0;
-	for (size_t i = 0; i < n && at < sizeof(creq); i++) {
+	for (size_t i = 0; i < n && at < sizeof(creq) && sn < sizeof(signed_names); i++) {
 		size_t nl = (size_t)(strchr(sorted[i], ':') - sorted[i]);
 
 		at += (size_t)snprintf(creq + at, sizeof(creq) - at, "%s\n", sorted[i]);
-		sn += (size_t)snprintf(signed_names + sn, sizeof(signed_names) - (sn < sizeof(signed_names) ? sn : sizeof(signed_names)),
-				       "%s%.*s", i ? ";" : "", (int)nl, sorted[i]);
+		sn += (size_t)snprintf(signed_names + sn, sizeof(signed_names) - sn, "%s%.*s", i ? ";" : "", (int)nl,
+				       sorted[i]);
 	}
 	if (at >= sizeof(creq) || sn >= sizeof(signed_names))
 		return sl__err(-E2BIG, "sigv4: the request's headers are too long to sign");
