@@ -78,6 +78,7 @@ def main():
             except ResponseParserError:  # alocals3 answers a PUT with JSON once the object is stored
                 pass
     import sluice
+    from sluice.s3 import _ahead
     res = Results(a.out, bench="s3_small", server=server, reps=a.reps)
     say = lambda m: print(f"[small] {m}", flush=True)  # noqa: E731
     sweep = [int(x) for x in a.sweep.split(",")]
@@ -102,14 +103,8 @@ def main():
 
         def batches():  # ObjectFolder's loop over the known keys (a server may not list): batches of 256,
             # the next one's GETs in flight while this one is handed on
-            with ThreadPoolExecutor(1) as pool:
-                ahead = None
-                for b in range(0, n, 256):
-                    nxt = pool.submit(cl.get_many, "bench", keys[b:b + 256], max(size, 4096), in_flight[0])
-                    if ahead is not None:
-                        yield ahead.result()
-                    ahead = nxt
-                yield ahead.result()
+            return _ahead(lambda b: cl.get_many("bench", keys[b:b + 256], max(size, 4096), in_flight[0]),
+                          range(0, n, 256))
 
         in_flight = [64]
 

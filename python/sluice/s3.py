@@ -210,13 +210,19 @@ class ObjectFolder:
         return data, np.array([label for _, label in batch], np.int64)
 
     def __iter__(self):
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(1) as pool:  # the library call lets go of the GIL: the next batch reads meanwhile
-            ahead = None
-            for batch in self._batches():
-                nxt = pool.submit(self._get, batch)
-                if ahead is not None:
-                    yield ahead.result()
-                ahead = nxt
+        return _ahead(self._get, self._batches())
+
+
+def _ahead(fn, items):
+    """fn(item) of each item in order, the next one's call running on a thread while this one's result is
+    used (the library's calls let go of the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        ahead = None
+        for item in items:
+            nxt = pool.submit(fn, item)
             if ahead is not None:
                 yield ahead.result()
+            ahead = nxt
+        if ahead is not None:
+            yield ahead.result()

@@ -570,6 +570,96 @@ static int sl_raw_head(struct sl__http_conn *c, const struct sl__http_req *q, st
 	return rc ? SL_DECLINED : 0;
 }
 
+/* c->raw connected to origin (kept from an earlier request, or new): 0, or SL_DECLINED (curl's path says why). */
+static int sl_raw_connect(struct sl__http_conn *c, const char *origin)
+{
+	if (c->raw && !strcmp(c->raw_origin, origin))
+		return 0;
+	sl_raw_drop(c);
+	if (!(c->raw = curl_easy_init()))
+		return -ENOMEM;
+	curl_easy_setopt(c->raw, CURLOPT_URL, origin);
+	curl_easy_setopt(c->raw, CURLOPT_CONNECT_ONLY, 1L);
+	curl_easy_setopt(c->raw, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c->raw, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+	sl_ca(c->raw);
+	if (curl_easy_perform(c->raw) != CURLE_OK) {
+		sl_raw_drop(c);
+		return SL_DECLINED;
+	}
+	snprintf(c->raw_origin, sizeof(c->raw_origin), "%s", origin);
+	return 0;
+}
+
+/*
+ * The request sent and the answer's head read (sl_raw_head); a kept
+ * connection the server had closed meanwhile is tried once more on a new one.
+ */
+static int sl_raw_exchange(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k,
+			   const char *origin, const char *req, size_t len, char *head, size_t *hl, size_t *end,
+			   int *keep)
+{
+	for (int tries = 0;; tries++) {
+		int reused = c->raw && !strcmp(c->raw_origin, origin), rc;
+
+		if ((rc = sl_raw_connect(c, origin)))
+			return rc;
+		*hl = 0;
+		rc = sl_raw_send(c, req, len);
+		if (!rc)
+			rc = sl_raw_head(c, q, k, head, hl, end, keep);
+		if (rc < 0 && reused && !*hl && !tries) {
+			sl_raw_drop(c);
+			continue;
+		}
+		if (rc)
+			sl_raw_drop(c); /* an answer not read to its end leaves the connection unusable */
+		return rc;
+	}
+}
+
+/* An error answer's words (S3's XML) into k->err, read to its end so the connection stays usable. */
+static void sl_raw_error_body(struct sl__http_conn *c, struct sl__http_resp *k, const char *body, size_t have,
+			      int keep)
+{
+	size_t want = k->size, took = have < want ? have : want;
+
+	if (want >= sizeof(k->err)) {
+		sl_raw_drop(c); /* too long to keep: the status alone says what went wrong */
+		return;
+	}
+	memcpy(k->err, body, took);
+	for (ssize_t n = 1; took < want && n > 0; took += (size_t)(n > 0 ? n : 0))
+		n = sl_raw_recv(c, k->err + took, want - took);
+	k->errlen = took;
+	if (took < want || have > want || !keep) /* bytes past the answer: the connection is not clean */
+		sl_raw_drop(c);
+}
+
+/* The body into q->buf: the bytes that came with the head, then received straight into place. */
+static int sl_raw_body(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k,
+		       const char *first, size_t have)
+{
+	k->dst = q->buf;
+	memcpy(k->dst, first, have);
+	sl_took(k, have);
+	while (k->got < k->size) {
+		size_t want = k->size - k->got < SL_RECV_STEP ? k->size - k->got : SL_RECV_STEP;
+		ssize_t n = sl_raw_recv(c, k->dst + k->got, want);
+
+		if (n <= 0) {
+			sl_raw_drop(c);
+			return n ? sl__err((int)n, "%s: the body stopped at %zu of %llu bytes (%s)", q->name, k->got,
+					   (unsigned long long)k->size, strerror((int)-n))
+				 : sl__err(-ECONNRESET, "%s: the server closed the connection at %zu of %llu bytes", q->name,
+					   k->got, (unsigned long long)k->size);
+		}
+		sl_took(k, (size_t)n);
+	}
+	sl__debug("http", "%s: %zu bytes received straight into place", q->name, k->got);
+	return 0;
+}
+
 /* One ranged GET the direct way: 0, an error, or SL_DECLINED (nothing delivered: curl's path takes it). */
 static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
 {
@@ -587,85 +677,17 @@ static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, str
 	(void)curl_url_get(u, CURLUPART_QUERY, &query, 0);
 	snprintf(origin, sizeof(origin), "%s://%s:%s/", scheme, hostn, port);
 	snprintf(host, sizeof(host), "%s%s%s", hostn, eport ? ":" : "", eport ? eport : "");
-	if ((rc = sl_raw_request(q, path, query, host, req, sizeof(req), &len)))
+	if ((rc = sl_raw_request(q, path, query, host, req, sizeof(req), &len)) ||
+	    (rc = sl_raw_exchange(c, q, k, origin, req, len, head, &hl, &end, &keep)))
 		goto out;
-	for (int tries = 0;; tries++) {
-		int reused = c->raw && !strcmp(c->raw_origin, origin);
-
-		if (!reused) {
-			sl_raw_drop(c);
-			if (!(c->raw = curl_easy_init())) {
-				rc = -ENOMEM;
-				goto out;
-			}
-			curl_easy_setopt(c->raw, CURLOPT_URL, origin);
-			curl_easy_setopt(c->raw, CURLOPT_CONNECT_ONLY, 1L);
-			curl_easy_setopt(c->raw, CURLOPT_NOSIGNAL, 1L);
-			curl_easy_setopt(c->raw, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-			sl_ca(c->raw);
-			if (curl_easy_perform(c->raw) != CURLE_OK) {
-				sl_raw_drop(c);
-				rc = SL_DECLINED; /* curl's path says why */
-				goto out;
-			}
-			snprintf(c->raw_origin, sizeof(c->raw_origin), "%s", origin);
-		}
-		hl = 0;
-		rc = sl_raw_send(c, req, len);
-		if (!rc)
-			rc = sl_raw_head(c, q, k, head, &hl, &end, &keep);
-		/* A kept connection the server had closed meanwhile: once more on a new one. */
-		if (rc < 0 && reused && !hl && !tries) {
-			sl_raw_drop(c);
-			continue;
-		}
-		break;
-	}
-	if (rc) {
-		sl_raw_drop(c); /* an answer not read to its end leaves the connection unusable */
-		goto out;
-	}
 	if (k->status >= 300) {
-		/* An error's words (S3's XML) into k->err, read to its end so the connection stays usable. */
-		size_t want = k->size, took = hl - end < want ? hl - end : want;
-
-		if (want >= sizeof(k->err)) {
-			sl_raw_drop(c); /* too long to keep: the status alone says what went wrong */
-			goto out;
-		}
-		memcpy(k->err, head + end, took);
-		for (ssize_t n = 1; took < want && n > 0; took += (size_t)(n > 0 ? n : 0))
-			n = sl_raw_recv(c, k->err + took, want - took);
-		k->errlen = took;
-		if (took < want || hl - end > want || !keep) /* bytes past the answer: the connection is not clean */
-			sl_raw_drop(c);
-		goto out;
-	}
-	if (k->size > k->cap || hl - end > k->size) {
+		sl_raw_error_body(c, k, head + end, hl - end, keep);
+	} else if (k->size > k->cap || hl - end > k->size) {
 		sl_raw_drop(c);
 		k->overflow = 1; /* reported by sl_answer as curl's path reports it */
-		goto out;
-	}
-	k->dst = q->buf;
-	memcpy(k->dst, head + end, hl - end);
-	sl_took(k, hl - end);
-	while (k->got < k->size) {
-		size_t want = k->size - k->got < SL_RECV_STEP ? k->size - k->got : SL_RECV_STEP;
-		ssize_t n = sl_raw_recv(c, k->dst + k->got, want);
-
-		if (n <= 0) {
-			sl_raw_drop(c);
-			rc = n ? sl__err((int)n, "%s: the body stopped at %zu of %llu bytes (%s)", q->name, k->got,
-					 (unsigned long long)k->size, strerror((int)-n))
-			       : sl__err(-ECONNRESET, "%s: the server closed the connection at %zu of %llu bytes", q->name,
-					 k->got, (unsigned long long)k->size);
-			goto out;
-		}
-		sl_took(k, (size_t)n);
-	}
-	sl__debug("http", "%s: %zu bytes received straight into place", q->name, k->got);
-	if (!keep)
+	} else if (!(rc = sl_raw_body(c, q, k, head + end, hl - end)) && !keep) {
 		sl_raw_drop(c);
+	}
 out:
 	curl_free(scheme);
 	curl_free(hostn);
