@@ -1,15 +1,23 @@
-"""Page-cache pages straight to the GPU (issue #25, part 2), an experiment: a warm file mmapped, its pages
-registered with the driver read-only chunk by chunk (cuMemHostRegister, CU_MEMHOSTREGISTER_READ_ONLY) by
-T threads at once, each chunk copied to the GPU as soon as it is registered (cuMemcpyHtoDAsync on the thread's
-stream) and unregistered once its copy is done, so registration, DMA and unregistration overlap.  Beside it, in
-the same process and passes interleaved: the link's rate (the same bytes copied from pinned memory) and
-sluice.read of the warm file into GPU memory (its copy path: page cache -> pinned slot -> GPU).  Every pass's
-bytes are checked against the file (a sum of 64-bit words on the GPU).
+"""Page-cache pages straight to the GPU (issue #25, part 2): a warm file's pages registered with the driver and
+copied by DMA with no CPU copy, against sluice's copy path, at sizes from 1 MiB to the file's, with the link's
+rate beside them; and the copy path's knobs, into GPU and into plain host memory, against plain preads.
 
-    python3 bench/pagecache_dma.py --size 4G --chunks 16M,64M --threads 1,4,8,16 --reps 5
+Contenders, in one process, passes interleaved, medians, every one checked once against the file (a sum of
+64-bit words; on the GPU for GPU memory):
 
-GB/s, medians; the registration alone (no copy) is timed too, as it was the limit of a one-thread try (one
-thread registered about 24 GB/s).
+  link                    the same bytes copied from pinned host memory (the warm ceiling)
+  copy path               sluice.read: page cache -> pinned slot -> GPU (engines of T threads and S-byte slots)
+  register+DMA            the file mmapped, chunk by chunk registered read-only with cuMemHostRegister
+                          (CU_MEMHOSTREGISTER_READ_ONLY) by T threads, each chunk copied with cuMemcpyHtoDAsync
+                          once registered and unregistered once copied: registration, DMA and unregistration
+                          overlap across threads; "register only" times the registration alone
+  host: pread xT          T threads of plain preads (8 MiB each) of the page cache into plain memory
+  host: sluice            sluice.read into the same plain memory
+
+A size below the file's is read as consecutive calls of that size covering --span bytes (a call each, as a
+user reading 1 MiB records makes).
+
+    python3 bench/pagecache_dma.py --size 8G --sizes 1M,16M,256M,4G,8G --reps 5 --sweep
 """
 import argparse
 import ctypes as C
@@ -19,127 +27,193 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import GB, Results, parse_size, side_by_side  # noqa: E402
+from benchlib import GB, Results, make_file, parse_size, side_by_side  # noqa: E402
 
 READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY
+
+
+def threaded(threads, size, piece, fn):
+    """fn(off, n) for every piece of [0, size), by threads threads taking the next piece; raises the first
+    error."""
+    nxt, lock, errs = [0], threading.Lock(), []
+
+    def worker():
+        try:
+            while True:
+                with lock:
+                    off = nxt[0]
+                    nxt[0] += piece
+                if off >= size or errs:
+                    return
+                fn(off, min(piece, size - off))
+        except Exception as e:
+            errs.append(e)
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errs:
+        raise errs[0]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--file", default="/var/tmp/sluice-pagecache.bin")
-    ap.add_argument("--size", default="4G")
-    ap.add_argument("--chunks", default="16M,64M")
-    ap.add_argument("--threads", default="1,4,8,16")
+    ap.add_argument("--size", default="8G", help="the file's size")
+    ap.add_argument("--sizes", default="1M,16M,256M,4G,8G", help="bytes a call")
+    ap.add_argument("--span", default="1G", help="bytes a pass covers at sizes below it")
+    ap.add_argument("--knobs", default="12x4M,16x4M,12x1M,16x1M,16x2M", help="copy-path engines: THREADSxSLOT")
+    ap.add_argument("--sweep", action="store_true", help="at the file's size, register+DMA's chunks and threads too")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="pagecache_dma.json")
     a = ap.parse_args()
     import torch
     import sluice
-    size = parse_size(a.size)
-    if not os.path.exists(a.file) or os.path.getsize(a.file) != size:
-        with open(a.file, "wb") as f:
-            for _ in range(size >> 26):
-                f.write(os.urandom(64 << 20))
+    from sluice._lib import lib, check
+    size, span = parse_size(a.size), parse_size(a.span)
+    make_file(a.file, size)
     with open(a.file, "rb") as f:  # warm: every page in the page cache
         while f.read(64 << 20):
             pass
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    plain = np.ones(size, dtype=np.uint8)  # touched: no first-touch faults in the timed passes
     want = int(torch.from_file(a.file, size=size // 8, dtype=torch.int64).sum())
     cu = C.CDLL("libcuda.so.1")
     ctx = C.c_void_p()
     assert cu.cuCtxGetCurrent(C.byref(ctx)) == 0 and ctx.value, "no current CUDA context (torch starts one)"
-    # The file mapped through libc, where ctypes sees its address.
-    libc = C.CDLL(None, use_errno=True)
+    libc = C.CDLL(None, use_errno=True)  # the file mapped through libc, where ctypes sees its address
     libc.mmap.restype = C.c_void_p
     libc.mmap.argtypes = [C.c_void_p, C.c_size_t, C.c_int, C.c_int, C.c_int, C.c_long]
     fd = os.open(a.file, os.O_RDONLY)
     host = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if host in (None, C.c_void_p(-1).value):
         raise SystemExit(f"mmap of {a.file} failed: {os.strerror(C.get_errno())}")
-
-    def check():
-        torch.cuda.synchronize()
-        got = int(dev.view(torch.int64).sum())
-        if got != want:
-            raise RuntimeError("the GPU's bytes differ from the file")
-
-    def register_pass(chunk, threads, copy=True):
-        def run():
-            nxt, lock, errs = [0], threading.Lock(), []
-
-            def worker():
-                cu.cuCtxSetCurrent(ctx)
-                stream = C.c_void_p()
-                cu.cuStreamCreate(C.byref(stream), 1)
-                while True:
-                    with lock:
-                        off = nxt[0]
-                        nxt[0] += chunk
-                    if off >= size:
-                        break
-                    n = min(chunk, size - off)
-                    p = C.c_void_p(host + off)
-                    rc = cu.cuMemHostRegister_v2(p, C.c_size_t(n), READ_ONLY)
-                    if rc:
-                        errs.append(f"cuMemHostRegister {rc}")
-                        break
-                    if copy:
-                        rc = cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dev.data_ptr() + off), p, C.c_size_t(n), stream)
-                        rc = rc or cu.cuStreamSynchronize(stream)
-                    cu.cuMemHostUnregister(p)
-                    if rc:
-                        errs.append(f"copy {rc}")
-                        break
-                cu.cuStreamDestroy_v2(stream)
-            ts = [threading.Thread(target=worker) for _ in range(threads)]
-            t0 = time.perf_counter()
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            secs = time.perf_counter() - t0
-            if errs:
-                raise RuntimeError(errs[0])
-            return {"gb_s": size / secs / GB, "seconds": secs}
-        return run
-
     pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
     pinned.copy_(torch.from_file(a.file, size=size, dtype=torch.uint8))
 
-    def link():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dev.copy_(pinned, non_blocking=True)
-        torch.cuda.synchronize()
-        return {"gb_s": size / (time.perf_counter() - t0) / GB}
+    def engine(threads, slot):
+        cfg, e = C.c_void_p(), C.c_void_p()
+        check(lib.sluice_config_new(C.byref(cfg)))
+        check(lib.sluice_config_set_threads(cfg, threads))
+        check(lib.sluice_config_set_max_transfer_size(cfg, slot))
+        check(lib.sluice_engine_open(C.byref(e), cfg))
+        lib.sluice_config_free(cfg)
+        return e
 
-    def sluice_read():
-        t0 = time.perf_counter()
-        sluice.read(a.file, dev)
-        torch.cuda.synchronize()
-        return {"gb_s": size / (time.perf_counter() - t0) / GB}
+    def calls(n, one):
+        """A pass of calls of n bytes: one(off, n) over [0, max(n, span)), timed."""
+        cover = max(n, min(span, size) // n * n)
 
-    contenders = {"link: pinned to GPU": link, "sluice.read (copy path)": sluice_read}
-    for ch in (parse_size(c) for c in a.chunks.split(",")):
-        for t in (int(x) for x in a.threads.split(",")):
-            contenders[f"register+DMA {ch >> 20}M x{t}"] = register_pass(ch, t)
-            contenders[f"register only {ch >> 20}M x{t}"] = register_pass(ch, t, copy=False)
-    for name, fn in contenders.items():  # each once, checked
-        if "only" in name:
-            continue
+        def run():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for off in range(0, cover, n):
+                one(off, n)
+            torch.cuda.synchronize()
+            return {"gb_s": cover / (time.perf_counter() - t0) / GB, "bytes": cover}
+        return run
+
+    def link(off, n):
+        dev[off:off + n].copy_(pinned[off:off + n], non_blocking=True)
+
+    def copy_path(eng, dst):
+        def one(off, n):
+            check(lib.sluice_read_to_gpu(eng, os.fsencode(a.file), off, n, C.c_void_p(dst + off), None))
+        return one
+
+    def register(chunk, threads, copy=True):
+        def one(off, n):
+            def piece(o, m):
+                cu.cuCtxSetCurrent(ctx)
+                stream = C.c_void_p()
+                p = C.c_void_p(host + o)
+                if cu.cuStreamCreate(C.byref(stream), 1):
+                    raise RuntimeError("cuStreamCreate")
+                try:
+                    rc = cu.cuMemHostRegister_v2(p, C.c_size_t(m), READ_ONLY)
+                    if rc:
+                        raise RuntimeError(f"cuMemHostRegister: {rc}")
+                    if copy:
+                        rc = cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dev.data_ptr() + o), p, C.c_size_t(m), stream)
+                        rc = rc or cu.cuStreamSynchronize(stream)
+                    cu.cuMemHostUnregister(p)
+                    if rc:
+                        raise RuntimeError(f"cuMemcpyHtoDAsync: {rc}")
+                finally:
+                    cu.cuStreamDestroy_v2(stream)
+            if threads == 1 or n <= chunk:
+                piece(off, n)
+            else:
+                threaded(threads, n, chunk, lambda o, m: piece(off + o, m))
+        return one
+
+    def pread(threads, piece=8 << 20):
+        view = memoryview(plain)
+
+        def one(off, n):
+            def rd(o, m):
+                if os.preadv(fd, [view[off + o:off + o + m]], off + o) != m:
+                    raise RuntimeError("short pread")
+            threaded(threads, n, piece, rd)
+        return one
+
+    engines = {}
+    for k in a.knobs.split(","):
+        t, s = k.split("x")
+        engines[k] = engine(int(t), parse_size(s))
+    default = sluice.buffers._eng()
+
+    def checked(name, fn):
+        """One pass, its bytes checked; the contender is kept only if they match."""
         dev.zero_()
-        try:
-            fn()
-            check()
-        except Exception as e:
-            print(f"[pagecache] {name}: {e!r}", flush=True)
-    got = side_by_side(contenders, a.reps)
-    res = Results(a.out, bench="pagecache_dma", size=size)
-    res["passes"] = got
-    for name, r in got.items():
-        print(f"[pagecache] {name:32s} " + (f"{r['gb_s']:6.2f} GB/s" if "gb_s" in r else r.get("error", "")),
-              flush=True)
+        plain[:] = 0
+        r = fn()
+        n = r["bytes"]
+        got = int(plain[:n].view(np.int64).sum()) if name.startswith("host") else int(dev[:n].view(torch.int64).sum())
+        if got != (want if n == size else int(torch.from_file(a.file, size=n // 8, dtype=torch.int64).sum())):
+            raise RuntimeError(f"{name}: the bytes differ from the file")
+        return fn
+
+    res = Results(a.out, bench="pagecache_dma", size=size, span=span)
+    say = lambda m: print(f"[pagecache] {m}", flush=True)  # noqa: E731
+    # 1. By size: the link, the copy path (defaults), register+DMA at its best chunk and thread count of the
+    #    knob sweep below, one call of each size or a run of them.
+    for s_name in a.sizes.split(","):
+        n = parse_size(s_name)
+        if n > size:
+            continue
+        cont = {"link": calls(n, link), "copy path (defaults)": calls(n, copy_path(default, dev.data_ptr()))}
+        for chunk in sorted({min(n, 32 << 20), min(n, 128 << 20)}):
+            cont[f"register+DMA {chunk >> 10}K x8"] = calls(n, register(chunk, 8))
+        if n == size and a.sweep:
+            for chunk in (8 << 20, 32 << 20, 128 << 20):
+                for t in (1, 4, 8, 16):
+                    cont[f"register+DMA {chunk >> 20}M x{t}"] = calls(n, register(chunk, t))
+                    cont[f"register only {chunk >> 20}M x{t}"] = calls(n, register(chunk, t, copy=False))
+        for k, e in engines.items():
+            cont[f"copy path {k}"] = calls(n, copy_path(e, dev.data_ptr()))
+        if n == size:
+            for k, e in engines.items():
+                cont[f"host: sluice {k}"] = calls(n, copy_path(e, plain.ctypes.data))
+            cont["host: sluice (defaults)"] = calls(n, copy_path(default, plain.ctypes.data))
+            for t in (8, 16, 32):
+                cont[f"host: pread x{t}"] = calls(n, pread(t))
+        kept = {}
+        for name, fn in cont.items():
+            try:
+                kept[name] = fn if "only" in name else checked(name, fn)
+            except Exception as e:
+                res[f"{s_name} {name} error"] = repr(e)
+                say(f"{s_name} {name}: {e!r}")
+        got = side_by_side(kept, a.reps)
+        res[s_name] = got
+        for name, r in got.items():
+            say(f"{s_name:>5} {name:28s} " + (f"{r['gb_s']:6.2f} GB/s  (passes {min(r['passes']):.2f}-"
+                                              f"{max(r['passes']):.2f})" if "gb_s" in r else r.get("error", "")))
 
 
 if __name__ == "__main__":

@@ -136,8 +136,9 @@ def main():
             from s3torchconnector import S3IterableDataset, S3ClientConfig
 
             def one():
+                cfg = S3ClientConfig(force_path_style=True, unsigned=web is not None)  # nginx: anonymous
                 ds = S3IterableDataset.from_objects([f"s3://bench/{k}" for k in keys], region="us-east-1",
-                                                    endpoint=ep, s3client_config=S3ClientConfig(force_path_style=True))
+                                                    endpoint=ep, s3client_config=cfg)
                 return {r.key: r.read() for r in ds}
             if verify:
                 check(one())

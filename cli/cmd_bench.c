@@ -38,7 +38,7 @@ static int usage(FILE *f)
 		"                  (the previous pass's file is removed first, untimed)\n"
 		"  --size N        bytes per pass (default: the file's size; 1G for write)\n"
 		"  --io-size N     bytes per I/O (default 4M, as the engine; 1M for random)\n"
-		"  --threads N     worker threads (default min(cpus, 12))\n"
+		"  --threads N     worker threads (default min(cpus, 16))\n"
 		"  --queue-depth N I/Os in flight per thread (default 4)\n"
 		"  --duration S    repeat passes for at least S seconds\n"
 		"  --repeat N      passes to run; the median is reported (default 1)\n"

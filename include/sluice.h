@@ -200,7 +200,7 @@ SLUICE_API SLUICE_WUR int sluice_config_set_direct(struct sluice_config *cfg,
 /* SLUICE_STAGING=pinned|pageable */
 SLUICE_API SLUICE_WUR int sluice_config_set_staging(struct sluice_config *cfg,
 						    enum sluice_staging s);
-/* SLUICE_THREADS: worker threads, 1..256 (default: min(cpus, 12)) */
+/* SLUICE_THREADS: worker threads, 1..256 (default: min(cpus, 16)) */
 SLUICE_API SLUICE_WUR int sluice_config_set_threads(struct sluice_config *cfg,
 						    unsigned n);
 /*

@@ -50,7 +50,12 @@ void sl__config_defaults(struct sluice_config *cfg)
 	cfg->backend = SLUICE_BACKEND_AUTO;
 	cfg->direct = SLUICE_DIRECT_AUTO;
 	cfg->staging = SLUICE_STAGING_PINNED;
-	cfg->threads = cpus < 1 ? 1 : cpus > 12 ? 12 : (unsigned)cpus;
+	/*
+	 * A thread a CPU, up to 16: warm reads are CPU copies out of the page
+	 * cache, and on the 16-core H100 machine 16 threads into plain memory
+	 * kept level with 16 plain preads (12: 0.85x); cold reads gained too.
+	 */
+	cfg->threads = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
 	cfg->queue_depth = 4;
 	cfg->max_transfer_size = 4u << 20;
 	cfg->read_gap = 64u << 10;

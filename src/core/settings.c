@@ -111,7 +111,7 @@ const struct sl__setting_def sl__settings[] = {
 	{ "SLUICE_STAGING", SL_SET_WORD, E, 0, 0, 0, "pinned|pageable", "pinned",
 	  "how bytes cross between host and GPU", sl_set_staging, NULL },
 	{ "SLUICE_THREADS", SL_SET_UINT, E, 1, 256, 0, NULL, "",
-	  "worker threads (default: the CPUs, at most 12)", sl_set_threads, NULL },
+	  "worker threads (default: the CPUs, at most 16)", sl_set_threads, NULL },
 	{ "SLUICE_QUEUE_DEPTH", SL_SET_UINT, E, 1, 256, 0, NULL, "4", "bounce slots per worker", sl_set_qd, NULL },
 	{ "SLUICE_MAX_TRANSFER_SIZE", SL_SET_SIZE, E, KiB(4), GiB(1), KiB(4), NULL, "4M",
 	  "bytes of one storage I/O, and of a bounce slot", sl_set_mts, NULL },

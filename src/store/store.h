@@ -280,13 +280,16 @@ SL_HIDDEN void sl__sync_fini(struct sl__io_ctx *ctx);
 /*
  * local.c: what the stores of local files share.  A local file's handle
  * (struct sl__local) is its two descriptors (buffered, and O_DIRECT or -1
- * where the filesystem refuses it) and a read-only mapping to ask the page
- * cache what it holds.  Stores that extend a local file (gds) put a struct
- * sl__local first in their handle and use these as their own ops.
+ * where the filesystem refuses it), and how it asks the page cache what
+ * it holds: cachestat(2), or where the kernel lacks that (before 6.5) a
+ * read-only mapping sampled with mincore().  Stores that extend a local
+ * file (gds) put a struct sl__local first in their handle and use these as
+ * their own ops.
  */
 struct sl__local {
 	int fd, dfd;
-	void *map;
+	int cachestat;  /* the kernel answers cachestat(2) for this file */
+	void *map;      /* else this mapping */
 	size_t map_len;
 };
 SL_HIDDEN int sl__local_open(struct sl__sfile *sf, const char *path, int flags, const struct sl__open_env *env);
@@ -309,7 +312,7 @@ static inline int sl__local_fd(const struct sl__io *io)
 #define SL_LOCAL_FILE_OPS                                                                                   \
 	.open = sl__local_open, .close = sl__local_close, .stat = sl__local_stat, .truncate = sl__local_truncate, \
 	.sync = sl__local_sync, .route = sl__local_route
-/* Set by tests to simulate a filesystem that refuses O_DIRECT. */
-SL_HIDDEN extern int sl__test_refuse_direct;
+/* Set by tests to simulate a filesystem that refuses O_DIRECT, and a kernel without cachestat(2). */
+SL_HIDDEN extern int sl__test_refuse_direct, sl__test_no_cachestat;
 
 #endif

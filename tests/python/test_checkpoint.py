@@ -395,12 +395,13 @@ def test_tensors_side_by_side_in_gpu_memory_but_in_two_allocations(tmp_path):
 
 def test_neighbouring_tensors_are_one_read(tmp_path):
     """Whole tensors that follow one another in a file land as they lie there and are read together: 300 small
-    tensors of one file in one I/O; every other one of them, each in a place of its own, only their bytes."""
+    tensors of one file (299 KB) in the few I/Os of its shares among the engine's workers (128 KiB or more each)
+    rather than one each; every other one of them, each in a place of its own, only their bytes."""
     t = {f"t{i:03d}": np.full(100 + i, i, np.int32) for i in range(300)}
     sluice.save(t, str(tmp_path / "ck.safetensors"))
     rep = {}
     same(sluice.load(str(tmp_path / "ck.safetensors"), device="numpy", report=rep), t)
-    assert rep["ios"] == 1, rep
+    assert rep["ios"] <= 3, rep
     half = sluice.load(str(tmp_path / "ck.safetensors"), device="numpy", keys=[f"t{i:03d}" for i in range(0, 300, 2)],
                        report=rep)
     same(half, {k: t[k] for k in half})

@@ -45,7 +45,7 @@ static void t_config(void)
 
 	unsetenv("SLUICE_THREADS");
 	T_CHECK(sluice_config_new(&cfg) == 0);
-	T_CHECK(cfg->threads >= 1 && cfg->threads <= 12); /* the CPUs, at most 12 */
+	T_CHECK(cfg->threads >= 1 && cfg->threads <= 16); /* the CPUs, at most 16 */
 	T_CHECK(sluice_config_set_threads(cfg, 0) == SLUICE_EINVAL_CONFIG);
 	T_CHECK(sluice_config_set_threads(cfg, 3) == 0 && cfg->threads == 3);
 	T_CHECK(sluice_config_set_max_transfer_size(cfg, 1000) == SLUICE_EINVAL_CONFIG);

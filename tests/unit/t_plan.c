@@ -5,9 +5,13 @@
  * behaviour it checks; no I/O runs.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
+#include "store/store.h"
 #include "t_util.h"
 
 #define CHUNK (256u << 10) /* max_transfer_size here */
@@ -92,6 +96,63 @@ static void test_a_cached_file_reads_no_gap(const char *path)
 		sluice_file_close(f);
 		sluice_engine_close(e1);
 	}
+}
+
+/* Pages of path's first MiB in the page cache, by mincore on a mapping of it (-1: cannot tell). */
+static int cached_pages(const char *path)
+{
+	int fd = open(path, O_RDONLY), n = 0;
+	unsigned char v[256];
+	void *m = fd < 0 ? MAP_FAILED : mmap(NULL, 1 << 20, PROT_READ, MAP_SHARED, fd, 0);
+
+	if (m == MAP_FAILED || mincore(m, 1 << 20, v) < 0)
+		n = -1;
+	for (int i = 0; n >= 0 && i < 256; i++)
+		n += v[i] & 1;
+	if (m != MAP_FAILED)
+		munmap(m, 1 << 20);
+	if (fd >= 0)
+		close(fd);
+	return n;
+}
+
+/*
+ * SLUICE_DIRECT auto asks the page cache: a file out of it reads the gap
+ * (from the storage), the same file once cached does not; asked through
+ * cachestat, and through mincore as on kernels without it.
+ */
+static void test_the_page_cache_decides_the_gap(const char *path, int no_cachestat)
+{
+	struct sluice_config *cfg;
+	struct sluice_engine *e1;
+	struct sluice_file *f;
+	struct sl__job j;
+	struct sluice_range near[2];
+	char buf[1 << 16];
+	int fd = open(path, O_RDONLY);
+
+	T_CHECK(fd >= 0 && fdatasync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+	sl__test_no_cachestat = no_cachestat;
+	T_CHECK(sluice_config_new(&cfg) == 0 && sluice_config_set(cfg, "threads", "1") == 0 &&
+		sluice_config_set(cfg, "gpu", "0") == 0);
+	T_CHECK(sluice_engine_open(&e1, cfg) == 0 && sluice_file_open(&f, e1, path, SLUICE_RDONLY) == 0);
+	sluice_config_free(cfg);
+	near[0] = R(f, 0, 100, 0), near[1] = R(f, 100 + GAP, GAP, 1000);
+	if (!sluice_file_direct_ok(f) || cached_pages(path) != 0) {
+		printf("t_plan: the page cache's half skipped: %s\n",
+		       sluice_file_direct_ok(f) ? "the file stayed cached after POSIX_FADV_DONTNEED" : "no O_DIRECT here");
+	} else {
+		T_CHECK(sl__plan(e1, &j, SL_IO_READ, near, 2, 0) == 0 && j.nsegs == 1); /* out of the cache: one I/O */
+		sl__plan_free(&j);
+		while (read(fd, buf, sizeof(buf)) > 0)
+			;
+		T_CHECK(sl__plan(e1, &j, SL_IO_READ, near, 2, 0) == 0 && j.nsegs == 2); /* cached: only the bytes */
+		sl__plan_free(&j);
+	}
+	sluice_file_close(f);
+	sluice_engine_close(e1);
+	sl__test_no_cachestat = 0;
+	close(fd);
 }
 
 /* SLUICE_READ_GAP 0: only touching reads share an I/O; the setting's range is checked. */
@@ -187,6 +248,34 @@ static void test_bad_ranges_are_refused_with_their_reason(void)
 	T_CHECK(plan(&j, SL_IO_READ, NULL, 0) == 0 && j.nsegs == 0);
 }
 
+/*
+ * A read smaller than one I/O a worker is cut into a share for each worker
+ * (not below 128 KiB, and at 4 KiB bounds); a write is not, nor a read of
+ * a worker's I/O or more.
+ */
+static void test_a_small_read_is_shared_among_the_workers(const char *path)
+{
+	struct sluice_config *cfg;
+	struct sluice_engine *e3;
+	struct sluice_file *f;
+	struct sl__job j;
+	struct sluice_range whole = { NULL, 0, 1 << 20, mem }, small = { NULL, 0, 200 << 10, mem };
+
+	T_CHECK(sluice_config_new(&cfg) == 0 && sluice_config_set(cfg, "max_transfer_size", "1M") == 0 &&
+		sluice_config_set(cfg, "threads", "3") == 0 && sluice_config_set(cfg, "gpu", "0") == 0);
+	T_CHECK(sluice_engine_open(&e3, cfg) == 0 && sluice_file_open(&f, e3, path, SLUICE_RDONLY) == 0);
+	sluice_config_free(cfg);
+	whole.file = small.file = f;
+	T_CHECK(sl__plan(e3, &j, SL_IO_READ, &whole, 1, 0) == 0 && j.nsegs == 3);
+	for (size_t s = 0; s < j.nsegs; s++)
+		T_CHECK(j.segs[s].off == s * (344u << 10) && j.segs[s].len == (s < 2 ? 344u << 10 : 336u << 10));
+	sl__plan_free(&j);
+	T_CHECK(sl__plan(e3, &j, SL_IO_READ, &small, 1, 0) == 0 && j.nsegs == 2 && j.segs[0].len == 128u << 10);
+	sl__plan_free(&j);
+	sluice_file_close(f);
+	sluice_engine_close(e3);
+}
+
 int main(void)
 {
 	const char *dir = t_dir("t_plan");
@@ -213,6 +302,9 @@ int main(void)
 	test_reads_within_the_gap_share_one_io_and_further_ones_do_not();
 	test_a_read_gap_of_zero_reads_only_the_ranges(a);
 	test_a_cached_file_reads_no_gap(a);
+	test_a_small_read_is_shared_among_the_workers(a);
+	test_the_page_cache_decides_the_gap(a, 0);
+	test_the_page_cache_decides_the_gap(a, 1);
 	test_unaligned_edges_are_planned_as_asked();
 	test_no_segment_crosses_a_chunk_even_when_ranges_touch();
 	test_ranges_are_sorted_by_file_and_offset_and_keep_their_index();
