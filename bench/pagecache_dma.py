@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -125,30 +126,37 @@ def main():
             check(lib.sluice_read_to_gpu(eng, os.fsencode(a.file), off, n, C.c_void_p(dst + off), None))
         return one
 
+    streams = threading.local()  # a stream a thread, made once, outside every pass's time
+
+    def stream():
+        if not hasattr(streams, "s"):
+            cu.cuCtxSetCurrent(ctx)
+            streams.s = C.c_void_p()
+            if cu.cuStreamCreate(C.byref(streams.s), 1):
+                raise RuntimeError("cuStreamCreate")
+        return streams.s
+
     def register(chunk, threads, copy=True):
+        pool = ThreadPoolExecutor(threads)  # kept between passes, as its streams are
+
+        def piece(o, m):
+            s, p = stream(), C.c_void_p(host + o)
+            rc = cu.cuMemHostRegister_v2(p, C.c_size_t(m), READ_ONLY)
+            if rc:
+                raise RuntimeError(f"cuMemHostRegister: {rc}")
+            if copy:
+                rc = cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dev.data_ptr() + o), p, C.c_size_t(m), s)
+                rc = rc or cu.cuStreamSynchronize(s)
+            cu.cuMemHostUnregister(p)
+            if rc:
+                raise RuntimeError(f"cuMemcpyHtoDAsync: {rc}")
+
         def one(off, n):
-            def piece(o, m):
-                cu.cuCtxSetCurrent(ctx)
-                stream = C.c_void_p()
-                p = C.c_void_p(host + o)
-                if cu.cuStreamCreate(C.byref(stream), 1):
-                    raise RuntimeError("cuStreamCreate")
-                try:
-                    rc = cu.cuMemHostRegister_v2(p, C.c_size_t(m), READ_ONLY)
-                    if rc:
-                        raise RuntimeError(f"cuMemHostRegister: {rc}")
-                    if copy:
-                        rc = cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dev.data_ptr() + o), p, C.c_size_t(m), stream)
-                        rc = rc or cu.cuStreamSynchronize(stream)
-                    cu.cuMemHostUnregister(p)
-                    if rc:
-                        raise RuntimeError(f"cuMemcpyHtoDAsync: {rc}")
-                finally:
-                    cu.cuStreamDestroy_v2(stream)
-            if threads == 1 or n <= chunk:
-                piece(off, n)
+            pieces = [(o, min(chunk, off + n - o)) for o in range(off, off + n, chunk)]
+            if len(pieces) == 1:
+                piece(*pieces[0])
             else:
-                threaded(threads, n, chunk, lambda o, m: piece(off + o, m))
+                list(pool.map(lambda om: piece(*om), pieces))
         return one
 
     def pread(threads, piece=8 << 20):

@@ -132,7 +132,7 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, char *all
 	 * asked for.  Tensor-parallel column slices (2-7 KiB of each 16-56 KiB
 	 * row) stay a read a row: read through, a rank read its whole tensor.
 	 */
-	const size_t gap = c->gap < (left > SL_ALIGN ? left : SL_ALIGN) ? c->gap : (left > SL_ALIGN ? left : SL_ALIGN);
+	const size_t cap = left > SL_ALIGN ? left : SL_ALIGN, gap = c->gap < cap ? c->gap : cap;
 
 	while (left) {
 		struct sl__seg *cur = c->cur;
@@ -169,7 +169,7 @@ static void sl_cut_range(struct sl_cut *c, const struct sl_ranged *rd, char *all
 /*
  * The bytes of a segment.  A read of local files smaller than one I/O a
  * worker is cut finer, so that every worker of the lane takes a share: one
- * worker copies out of the page cache at 3-4 GB/s (the H100 machine),
+ * worker copies out of the page cache at 4-8 GB/s (the H100 machine),
  * where all of them move 50, and a 1 MiB read went at one worker's rate.
  * Not below SL_SHARE_MIN, where a segment's own costs would outweigh its
  * copy; objects keep whole I/Os (a GET costs a request whatever its size).

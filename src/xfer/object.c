@@ -124,8 +124,6 @@ static void *sl_many_run(void *arg)
 			    : !o->key || (!o->buf && o->cap)
 				    ? sl__err(-EINVAL, "object %zu: want a key and a buffer", i)
 				    : sl__s3_get_object(m->c->s3, h, m->bucket, o->key, o->buf, o->cap, &o->size);
-		if (o->result >= 0)
-			o->size = (uint64_t)o->result;
 		sl__first_err_keep(&m->fail, o->result < 0 ? (int)o->result : 0);
 	}
 	sl_conn_give(m->c, h);
