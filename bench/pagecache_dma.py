@@ -6,7 +6,11 @@ Contenders, in one process, passes interleaved, medians, every one checked once 
 64-bit words; on the GPU for GPU memory):
 
   link                    the same bytes copied from pinned host memory (the warm ceiling)
-  copy path               sluice.read: page cache -> pinned slot -> GPU (engines of T threads and S-byte slots)
+  sluice (defaults)       sluice.read with the defaults (the default engine of the Python package)
+  page-cache DMA          sluice.read with page-cache DMA at every size of --dma-range (SLUICE_PAGECACHE_DMA_MIN
+                          and _MAX)
+  copy path               sluice.read: page cache -> pinned slot -> GPU (engines of T threads and S-byte slots;
+                          "copy path (defaults)": the defaults); SLUICE_PAGECACHE_DMA_MAX=0 for these
   register+DMA            the file mmapped, chunk by chunk registered read-only with cuMemHostRegister
                           (CU_MEMHOSTREGISTER_READ_ONLY) by T threads, each chunk copied with cuMemcpyHtoDAsync
                           once registered and unregistered once copied: registration, DMA and unregistration
@@ -15,7 +19,8 @@ Contenders, in one process, passes interleaved, medians, every one checked once 
   host: sluice            sluice.read into the same plain memory
 
 A size below the file's is read as consecutive calls of that size covering --span bytes (a call each, as a
-user reading 1 MiB records makes).
+user reading 1 MiB records makes): sluice_read_to_gpu(path, ...), which opens the file each call, or
+sluice_file_read on one handle ("one handle").
 
     python3 bench/pagecache_dma.py --size 8G --sizes 1M,16M,256M,4G,8G --reps 5 --sweep
 """
@@ -68,6 +73,7 @@ def main():
     ap.add_argument("--sizes", default="1M,16M,256M,4G,8G", help="bytes a call")
     ap.add_argument("--span", default="1G", help="bytes a pass covers at sizes below it")
     ap.add_argument("--knobs", default="12x4M,16x4M,12x1M,16x1M,16x2M", help="copy-path engines: THREADSxSLOT")
+    ap.add_argument("--dma-range", default="256K-16M", help="the page-cache DMA engine's MIN-MAX")
     ap.add_argument("--sweep", action="store_true", help="at the file's size, register+DMA's chunks and threads too")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="pagecache_dma.json")
@@ -96,12 +102,21 @@ def main():
     pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
     pinned.copy_(torch.from_file(a.file, size=size, dtype=torch.uint8))
 
-    def engine(threads, slot):
+    def engine(threads=None, slot=None, dma=(0, 0)):
+        """An engine (the defaults but for threads and slot given) doing page-cache DMA for calls of dma's
+        bytes (0, 0: never): the setting is read at the engine's open."""
         cfg, e = C.c_void_p(), C.c_void_p()
         check(lib.sluice_config_new(C.byref(cfg)))
-        check(lib.sluice_config_set_threads(cfg, threads))
-        check(lib.sluice_config_set_max_transfer_size(cfg, slot))
-        check(lib.sluice_engine_open(C.byref(e), cfg))
+        if threads:
+            check(lib.sluice_config_set_threads(cfg, threads))
+        if slot:
+            check(lib.sluice_config_set_max_transfer_size(cfg, slot))
+        os.environ.update(SLUICE_PAGECACHE_DMA_MIN=str(max(dma[0], 4096)), SLUICE_PAGECACHE_DMA_MAX=str(dma[1]))
+        try:
+            check(lib.sluice_engine_open(C.byref(e), cfg))
+        finally:
+            for k in ("SLUICE_PAGECACHE_DMA_MIN", "SLUICE_PAGECACHE_DMA_MAX"):
+                os.environ.pop(k, None)
         lib.sluice_config_free(cfg)
         return e
 
@@ -124,6 +139,18 @@ def main():
     def copy_path(eng, dst):
         def one(off, n):
             check(lib.sluice_read_to_gpu(eng, os.fsencode(a.file), off, n, C.c_void_p(dst + off), None))
+        return one
+
+    lib.sluice_file_read.restype = C.c_ssize_t
+    lib.sluice_file_read.argtypes = [C.c_void_p, C.c_uint64, C.c_size_t, C.c_void_p, C.c_void_p]
+
+    def handle_path(eng, dst):
+        """sluice_file_read on one handle kept open (its mapping, for page-cache DMA, made once)."""
+        f = C.c_void_p()
+        check(lib.sluice_file_open(C.byref(f), eng, os.fsencode(a.file), 0))
+
+        def one(off, n):
+            check(lib.sluice_file_read(f, off, n, C.c_void_p(dst + off), None))
         return one
 
     streams = threading.local()  # a stream a thread, made once, outside every pass's time
@@ -174,6 +201,7 @@ def main():
         t, s = k.split("x")
         engines[k] = engine(int(t), parse_size(s))
     default = sluice.buffers._eng()
+    copy_only, dma = engine(), engine(dma=tuple(parse_size(x) for x in a.dma_range.split("-")))
 
     def checked(name, fn):
         """One pass, its bytes checked; the contender is kept only if they match."""
@@ -194,7 +222,11 @@ def main():
         n = parse_size(s_name)
         if n > size:
             continue
-        cont = {"link": calls(n, link), "copy path (defaults)": calls(n, copy_path(default, dev.data_ptr()))}
+        cont = {"link": calls(n, link), "sluice (defaults)": calls(n, copy_path(default, dev.data_ptr())),
+                "copy path (defaults)": calls(n, copy_path(copy_only, dev.data_ptr())),
+                f"page-cache DMA {a.dma_range}": calls(n, copy_path(dma, dev.data_ptr())),
+                "copy path, one handle": calls(n, handle_path(copy_only, dev.data_ptr())),
+                "page-cache DMA, one handle": calls(n, handle_path(dma, dev.data_ptr()))}
         for chunk in sorted({min(n, 32 << 20), min(n, 128 << 20)}):
             cont[f"register+DMA {chunk >> 10}K x8"] = calls(n, register(chunk, 8))
         if n == size and a.sweep:

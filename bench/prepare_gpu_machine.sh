@@ -62,7 +62,7 @@ for g in $WHEELS; do
 	case $g in
 	engine) pyget kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 rapids-logger==0.3.0 ;;
 	datasets) pyget webdataset==1.0.2 braceexpand==0.1.7 ;;
-	loaders) pyget mosaicml-streaming==0.13.0 brotli python-snappy cramjam zstd catalogue litdata==0.2.76 \
+	loaders) pyget mosaicml-streaming==0.13.0 brotli python-snappy cramjam zstd catalogue litdata==0.2.76 obstore==0.12.1 \
 		boto3 botocore s3transfer==0.19.3 jmespath==1.1.0 ;;
 	# The S3 test server (tests/remote/s3server.py) beside what the image has (werkzeug, jinja2, click, ...);
 	# boto3, botocore, s3transfer and jmespath come with the loaders group.

@@ -9,17 +9,90 @@ root), a server whose own time a request is not the limit (alocals3 takes about 
 Contenders, passes interleaved, medians, each given the list of keys: sluice (sluice.ObjectFolder's loop:
 batches of 256 read by Client.get_many, the next batch in flight meanwhile; GETs in flight swept); boto3's get_object from a thread pool (threads swept,
 one client shared, as boto3's documentation allows); s3torchconnector's S3IterableDataset.from_objects (each
-object's reader read whole; its own threads).  Objects/s and MB/s of the objects' bytes, and this process's CPU
-s/GB.  The objects are written once (untimed) by boto3 from a thread pool.
+object's reader read whole; its own threads).  With --nginx also MosaicML Streaming and LitData, each reading
+the same samples from its own converted format on the same server: MDSWriter shards and litdata.optimize chunks
+(their default shard sizes; the conversion timed and reported, not counted in a pass) written under nginx's
+root, then every pass a StreamingDataset over s3://bench/... into an empty local cache, in a DataLoader
+(workers swept), boto3 underneath with throwaway keys (nginx ignores the signature).  Objects/s and MB/s of the
+objects' bytes, and the CPU s/GB of this process and its loader workers.  The objects are written once
+(untimed) by boto3 from a thread pool, or as files under nginx's root.
 """
 import argparse
+import functools
 import os
+import shutil
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import Results, parse_size, side_by_side, timed  # noqa: E402
+
+_bodies_cache = {}
+
+
+def bodies_of(size, count):
+    """The count distinct random bodies of size bytes that the objects repeat (the same in every process)."""
+    if (size, count) not in _bodies_cache:
+        import numpy as np
+        rng = np.random.default_rng(size)
+        _bodies_cache[size, count] = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(count)]
+    return _bodies_cache[size, count]
+
+
+def lit_sample(size, count, i):
+    """Sample i for litdata.optimize (module level: its worker processes call it)."""
+    return {"i": i, "data": bodies_of(size, count)[i % count]}
+
+
+def as_rows(batch):
+    """A DataLoader's collate: the batch's (index, bytes) pairs (LitData gives a memoryview, which a loader
+    worker could not send)."""
+    return [(int(r["i"]), bytes(r["data"])) for r in batch]
+
+
+def allow_http(*_):
+    """LitData's chunk GETs go through obstore where it is installed, which refuses http:// unless told (LitData
+    has no option for it); in each loader worker too, as they may be spawned."""
+    try:
+        from litdata.streaming import downloader
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+    except (ImportError, AttributeError, TypeError):
+        pass
+
+
+def convert(kind, root, n, size, count):
+    """The n samples in the format of kind (streaming: MDS shards; litdata: optimize's chunks) under root."""
+    if kind == "streaming":
+        from streaming import MDSWriter
+        with MDSWriter(out=root, columns={"i": "int", "data": "bytes"}) as w:
+            for i in range(n):
+                w.write({"i": i, "data": bodies_of(size, count)[i % count]})
+    else:
+        import litdata
+        litdata.optimize(fn=functools.partial(lit_sample, size, count), inputs=list(range(n)), output_dir=root,
+                         chunk_bytes="64MB", mode="overwrite")
+
+
+def converted_pass(kind, remote, cache, workers, ep):
+    """Iterates kind's StreamingDataset over remote (s3://) into the empty directory cache: yields each batch's
+    (index, bytes) pairs."""
+    import torch
+    if kind == "streaming":
+        from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()
+        ds = StreamingDataset(remote=remote, local=cache, shuffle=False, batch_size=256)
+        dl = torch.utils.data.DataLoader(ds, batch_size=256, num_workers=workers, collate_fn=as_rows)
+    else:
+        import litdata
+        allow_http()
+        ds = litdata.StreamingDataset(remote, cache_dir=cache, storage_options={
+            "endpoint_url": ep, "aws_access_key_id": "nginx", "aws_secret_access_key": "nginx"})
+        dl = litdata.StreamingDataLoader(ds, batch_size=256, num_workers=workers, collate_fn=as_rows,
+                                         worker_init_fn=allow_http if workers else None)
+    yield from dl
 
 
 def main():
@@ -29,7 +102,8 @@ def main():
     ap.add_argument("--max-objects", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sweep", default="32,64,128", help="GETs in flight (sluice) and threads (boto3) tried")
-    ap.add_argument("--skip", default="", help="comma list of: boto3,s3torch")
+    ap.add_argument("--skip", default="", help="comma list of: boto3,s3torch,streaming,litdata")
+    ap.add_argument("--workers", default="0,8", help="DataLoader workers tried (Streaming, LitData)")
     ap.add_argument("--nginx", action="store_true", help="the objects as files served by nginx (anonymous)")
     ap.add_argument("--out", default="s3_small.json")
     a = ap.parse_args()
@@ -37,7 +111,6 @@ def main():
     import boto3
     import botocore
     import botocore.config
-    import numpy as np
     from botocore.parsers import ResponseParserError
     web = None
     if a.nginx:  # objects as files under nginx's root, read anonymously
@@ -86,8 +159,7 @@ def main():
         size = parse_size(size_s)
         n = max(16, min(a.max_objects, parse_size(a.bytes) // size))
         prefix = f"small{size_s}/"
-        rng = np.random.default_rng(size)
-        bodies = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(min(n, 64))]
+        bodies = bodies_of(size, min(n, 64))
         keys = [f"{prefix}c{i % 10}/{i:07d}.bin" for i in range(n)]
         with ThreadPoolExecutor(64) as pool:  # untimed: the objects, a class folder each tenth
             list(pool.map(put, enumerate(keys)))
@@ -96,7 +168,9 @@ def main():
         say(f"{n} objects of {size_s} ({total / 1e6:.0f} MB)")
 
         def check(got):
-            if len(got) != n or any(want[k] != v for k, v in got.items()):
+            if len(got) != n:
+                raise RuntimeError(f"{len(got)} distinct objects delivered, not {n}")
+            if any(want[k] != v for k, v in got.items()):
                 raise RuntimeError("the bytes read differ from the objects")
 
         cl = sluice.Client()
@@ -144,13 +218,50 @@ def main():
                 check(one())
             return lambda: timed(lambda: {"objects": len(one())}, total)
 
+        def converted(kind, workers, verify=False):
+            remote = f"s3://bench/{kind}{size_s}"
+
+            def one(collect):
+                cache = tempfile.mkdtemp(dir=tmp)
+                keys_env = {"AWS_ACCESS_KEY_ID": "nginx", "AWS_SECRET_ACCESS_KEY": "nginx", "S3_ENDPOINT_URL": ep}
+                os.environ.update(keys_env)  # their boto3 signs (nginx ignores it); sluice's client stays anonymous
+                try:
+                    got, count = {}, 0
+                    for rows in converted_pass(kind, remote, cache, workers, ep):
+                        if collect:
+                            got.update((keys[i], bytes(d)) for i, d in rows)
+                        count += len(rows)
+                    return got if collect else count
+                finally:
+                    for k in keys_env:
+                        os.environ.pop(k, None)
+                    shutil.rmtree(cache, ignore_errors=True)
+            if verify:
+                check(one(True))
+            return lambda: timed(lambda: {"objects": one(False)}, total, children=True)
+
         out = {}
+        for kind in ("streaming", "litdata") if web else ():  # their formats, written as files under nginx's root
+            if kind in skip:
+                continue
+            t0 = time.perf_counter()
+            try:
+                convert(kind, os.path.join(tmp, "www", "bench", f"{kind}{size_s}"), n, size, len(bodies))
+                out[f"{kind}_conversion_s"] = time.perf_counter() - t0
+                say(f"{size_s}: {kind} conversion {out[f'{kind}_conversion_s']:.1f} s")
+            except Exception as e:
+                out[f"{kind}_error"] = repr(e)
+                say(f"{kind} conversion: {e!r}")
         # Each contender's best in-flight count first (one pass each, checked), then the bests side by side.
         tries = {f"sluice x{c}": (lambda c=c: sluice_pass(c, True)) for c in sweep}
         if "boto3" not in skip:
             tries.update({f"boto3 x{c}": (lambda c=c: boto3_pass(c, True)) for c in sweep})
         if "s3torch" not in skip:
             tries["s3torchconnector"] = lambda: s3torch_pass(True)
+        for kind in ("streaming", "litdata"):
+            if f"{kind}_conversion_s" in out:
+                tries.update({f"{kind} w{w}": (lambda k=kind, w=int(w): converted(k, w, True))
+                              for w in a.workers.split(",")})
         fns = {}
         for name, make in tries.items():
             try:
@@ -161,7 +272,7 @@ def main():
         swept = side_by_side(fns, 1)
         out["sweep"] = swept
         best = {}
-        for who in ("sluice", "boto3"):
+        for who in ("sluice", "boto3", "streaming", "litdata"):
             cands = [k for k in swept if k.startswith(who) and "gb_s" in swept[k]]
             if cands:
                 best[who] = max(cands, key=lambda k: swept[k]["gb_s"])
@@ -175,12 +286,14 @@ def main():
                 say(f"{size_s}: {who} ({best[who]}) {r['objects_per_s']:.0f} objects/s, {r['gb_s'] * 1e3:.0f} MB/s, "
                     f"{r['cpu_s_per_gb']:.2f} CPU s/GB")
         out["read"] = got
-        if "sluice" in got and "boto3" in got and "gb_s" in got["boto3"]:
-            out["sluice_over_boto3"] = got["sluice"]["gb_s"] / got["boto3"]["gb_s"]
-            say(f"{size_s}: sluice / boto3 {out['sluice_over_boto3']:.1f}x")
+        for who in got:
+            if who != "sluice" and "gb_s" in got.get("sluice", {}) and "gb_s" in got[who]:
+                out[f"sluice_over_{who}"] = got["sluice"]["gb_s"] / got[who]["gb_s"]
+                say(f"{size_s}: sluice / {who} {out[f'sluice_over_{who}']:.1f}x")
         res[size_s] = dict(out, objects=n, size=size)
     if web:
         web.__exit__(None, None, None)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

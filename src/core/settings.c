@@ -129,6 +129,10 @@ const struct sl__setting_def sl__settings[] = {
 	/* Read where they are used, checked at the first sluice_config_new(). */
 	{ "SLUICE_LOG", SL_SET_WORD, P, 0, 0, 0, "error|warn|info|debug", "warn", "what sluice logs to stderr", NULL,
 	  NULL },
+	{ "SLUICE_PAGECACHE_DMA_MIN", SL_SET_SIZE, P, KiB(4), GiB(1), 0, NULL, "1M",
+	  "GPU reads of cached file bytes this long or longer copy by DMA from the page cache itself", NULL, NULL },
+	{ "SLUICE_PAGECACHE_DMA_MAX", SL_SET_SIZE, P, 0, GiB(1), 0, NULL, "0",
+	  "and this long or shorter (0: never, the default: it measured slower than the bounce slots)", NULL, NULL },
 	{ "SLUICE_S3_RETRIES", SL_SET_UINT, P, 0, 20, 0, NULL, "4", "more attempts of a failed S3 request", NULL, NULL },
 	{ "SLUICE_S3_PART_SIZE", SL_SET_SIZE, P, MiB(5), GiB(5), 0, NULL, "8M",
 	  "bytes of an upload's part, and of a download's chunk", NULL, NULL },

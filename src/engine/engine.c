@@ -114,6 +114,21 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 	return sl__host_alloc(NULL, eng->pool_len, (void **)&eng->pool, &(int){ 0 });
 }
 
+/* Which GPU reads copy by DMA from the page cache itself (SLUICE_PAGECACHE_DMA_MIN/MAX, worker.c). */
+static int sl_open_map_dma(struct sluice_engine *eng)
+{
+	uint64_t lo, hi;
+	int rc = sl__setting_u64("SLUICE_PAGECACHE_DMA_MIN", &lo);
+
+	if (!rc)
+		rc = sl__setting_u64("SLUICE_PAGECACHE_DMA_MAX", &hi);
+	if (!rc) {
+		eng->map_dma_min = (size_t)lo;
+		eng->map_dma_max = (size_t)hi;
+	}
+	return rc;
+}
+
 /* Phase 1: the struct, with the settings of cfg (NULL: the environment's and the file's). */
 static int sl_open_struct(struct sluice_engine **out, const struct sluice_config *cfg)
 {
@@ -137,6 +152,7 @@ static int sl_open_struct(struct sluice_engine **out, const struct sluice_config
 		eng->lane[0] = &eng->gpu;
 		for (unsigned l = 0; l < SLUICE_MAX_DEVICES; l++)
 			eng->numa_node[l] = -1;
+		rc = sl_open_map_dma(eng);
 	}
 	sluice_config_free(envcfg);
 	*out = eng;

@@ -129,8 +129,8 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 			continue;
 		if (!sl__stores[b])
 			continue;
-		if (k == SL_K_GDS) /* straight between storage and GPU memory */
-			snprintf(io, sizeof(io), "%s", sl__stores[b]->name);
+		if (k == SL_K_GDS) /* straight between storage (GPUDirect) or the page cache (DMA from it) and GPU memory */
+			snprintf(io, sizeof(io), d ? "%s" : "%s:pagecache", sl__stores[b]->name);
 		else
 			snprintf(io, sizeof(io), "%s:%s", sl__stores[b]->name, d ? "direct" : "buffered");
 		if (job->op == SL_IO_READ)

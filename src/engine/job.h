@@ -45,6 +45,7 @@ struct sl__job {
 	 */
 	int crc;
 	int copy_gaps;             /* reads may fill gaps under 8 bytes between pieces */
+	int map_dma;               /* reads: a call of the size whose cached GPU segments go by page-cache DMA */
 	struct sl__seg *segs;
 	struct sl__piece *pieces;
 	size_t nsegs, npieces;

@@ -56,6 +56,14 @@ struct sluice_engine {
 	unsigned nworkers;
 	struct sl__hist lat;
 	_Atomic uint64_t st_ios, st_bytes;
+	/*
+	 * GPU reads of cached local bytes whose call moves map_dma_min to
+	 * map_dma_max bytes: each segment's page-cache pages registered with
+	 * the driver and copied by DMA, no CPU copy (worker.c).  map_dma_off:
+	 * the driver refused once, the copy path from then on.
+	 */
+	size_t map_dma_min, map_dma_max;
+	_Atomic int map_dma_off;
 };
 
 /* worker.c */

@@ -52,6 +52,8 @@ struct sl__slot {
 	size_t arrived;     /* the I/O bytes progress last reported: fewer next time means it started over */
 	int early_dma;      /* some of them by DMA: wait for the event */
 	int early_err;
+	const char *map_src;  /* the route's mapping of the segment's cached bytes (route.map), or NULL */
+	void *mapped;       /* the pages of map_src registered with the driver while its DMA runs (sl_map_dma) */
 };
 
 /*
@@ -183,7 +185,7 @@ static void sl_worker_fini(struct sl__worker *w)
 static int sl_path(const struct sl__slot *sl)
 {
 	const struct sluice_engine *eng = sl->w->eng;
-	int k = sl->gpu_route ? SL_K_GDS
+	int k = sl->gpu_route || sl->mapped ? SL_K_GDS /* no CPU copy: GPUDirect, or DMA from the page cache */
 		: sl->zero_copy ? SL_K_HOST
 		: !sl->gpu_any ? SL_K_BOUNCE_HOST
 		: eng->cfg.staging == SLUICE_STAGING_PAGEABLE ? SL_K_PAGEABLE_GPU : SL_K_PINNED_GPU;
@@ -196,6 +198,10 @@ static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
 	struct sl__job *job = sl->job;
 	struct sl__seg *s = &job->segs[sl->seg];
 
+	if (sl->mapped) { /* its DMA is done (or failed) */
+		w->eng->gpu.cu->MemHostUnregister(sl->mapped);
+		sl->mapped = NULL;
+	}
 	if (!err) {
 		/* Payload only: a coalesced segment also reads the gaps between pieces. */
 		uint64_t bytes = 0;
@@ -403,8 +409,11 @@ static void sl_route(struct sl__worker *w, struct sl__slot *sl, int single_host)
 				   .local = eng->local };
 	struct sl__route r = { .store = sf->ops, .handle = sf->handle };
 
+	a.want_map = job->map_dma && a.gpu_whole && sl_one_piece(sl) && eng->cfg.staging != SLUICE_STAGING_PAGEABLE &&
+		     !atomic_load(&eng->map_dma_off);
 	if (sf->ops->route)
 		sf->ops->route(sf, &a, &r);
+	sl->map_src = r.map;
 	sl->ctx = &w->ctx[r.store->id];
 	sl->direct = r.direct;
 	sl->gpu_route = r.gpu;
@@ -432,6 +441,45 @@ static void sl_route(struct sl__worker *w, struct sl__slot *sl, int single_host)
 	}
 }
 
+/*
+ * A read of a local file's cached bytes into GPU memory by DMA from the
+ * page cache itself (SLUICE_PAGECACHE_DMA_MIN/MAX, off by default): the
+ * segment's pages, mapped (route.map), registered with the driver
+ * read-only and copied, no CPU copy; unregistered once the copy is done
+ * (sl_slot_finish).  On the H100 machine this ran at 0.4-0.8x the copy
+ * through the bounce slots at 1-16 MiB, though the same steps in
+ * bench/pagecache_dma.py beat it 1.3-1.8x at 2-4 MiB: what the engine adds
+ * is not yet found (docs/BENCHMARKS.md).  Returns 1 if the DMA is queued;
+ * 0 where the driver refused (the pages of a neighbouring segment
+ * registered at the moment, or no read-only registration: then never
+ * again), the copy path then; or an error.
+ */
+static int sl_map_dma(struct sl__worker *w, struct sl__slot *sl)
+{
+	struct sluice_engine *eng = w->eng;
+	const struct sl__cuda_api *cu = eng->gpu.cu;
+	const struct sl__seg *s = &sl->job->segs[sl->seg];
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a0 = (uintptr_t)sl->map_src & ~(pg - 1),
+		  a1 = ((uintptr_t)sl->map_src + s->len + pg - 1) & ~(pg - 1);
+	sl_CUresult r = cu->MemHostRegister((void *)a0, a1 - a0, SL_CU_MEMHOSTREGISTER_READ_ONLY);
+	int err;
+
+	if (r != SL_CUDA_SUCCESS) {
+		if (r != SL_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED && !atomic_exchange(&eng->map_dma_off, 1))
+			sl__info("gpu", "page-cache pages not registered (CUDA error %d): GPU reads copy through the bounce slots",
+				 r);
+		return 0;
+	}
+	sl->mapped = (void *)a0;
+	sl->path = sl_path(sl);
+	atomic_fetch_add(&sl->job->ios, 1);
+	err = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)sl->job->pieces[s->piece0].mem, sl->map_src, s->len,
+					w->stream), "cuMemcpyHtoDAsync");
+	if (!err && (err = SL_CU(cu->EventRecord(sl->ev, w->stream), "cuEventRecord")))
+		cu->StreamSynchronize(w->stream); /* the copy may be queued: not unregistered under it */
+	return err ? err : 1;
+}
+
 /* Starts segment seg of job in a free slot. */
 static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *job, size_t seg)
 {
@@ -456,6 +504,7 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->sent = sl->arrived = 0;
 	sl->early_dma = sl->early_err = 0;
 	sl->gpu_any = 0;
+	sl->mapped = NULL;
 	if (atomic_load(&job->err)) {
 		sl_slot_finish(w, sl, SLUICE_ECANCELED);
 		return;
@@ -468,7 +517,12 @@ static void sl_start(struct sl__worker *w, struct sl__slot *sl, struct sl__job *
 	sl->io.user = sl;
 	sl_route(w, sl, single_host);
 	sl->path = sl_path(sl);
-	if (job->op == SL_IO_READ) {
+	if (job->op == SL_IO_READ && sl->map_src && (err = sl_map_dma(w, sl))) {
+		if (err == 1) {
+			sl->state = SL_DMA;
+			return;
+		}
+	} else if (job->op == SL_IO_READ) {
 		sl->need = sl->head + s->len;
 		/* Bytes that arrive over the I/O's whole time (a GET's) move on as they come. */
 		if ((sf->ops->caps & SL_STORE_STREAM) && !sl->zero_copy && eng->cfg.staging != SLUICE_STAGING_PAGEABLE)

@@ -39,6 +39,23 @@ static int64_t sl_cachestat(int fd, uint64_t off, uint64_t len)
 #endif
 }
 
+/* The file's mapping (made by the first caller; NULL where it cannot be: empty, not regular, refused). */
+static const char *sl_local_map(struct sl__local *l)
+{
+	char *m = atomic_load(&l->map), *none = NULL;
+
+	if (m || !l->map_len)
+		return m;
+	m = mmap(NULL, l->map_len, PROT_READ, MAP_SHARED, l->fd, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	if (!atomic_compare_exchange_strong(&l->map, &none, m)) { /* another thread's came first */
+		munmap(m, l->map_len);
+		m = none;
+	}
+	return m;
+}
+
 int sl__local_open(struct sl__sfile *sf, const char *path, int flags, const struct sl__open_env *env)
 {
 	(void)env;
@@ -78,13 +95,9 @@ int sl__local_open_as(struct sl__sfile *sf, const char *path, int flags, size_t 
 		sl__info("io", "%s: O_DIRECT refused by the filesystem (%s); page cache only", path, strerror(errno));
 	sf->direct_ok = l->dfd >= 0;
 	l->cachestat = S_ISREG(st.st_mode) && !sl__test_no_cachestat && sl_cachestat(l->fd, 0, SL_ALIGN) >= 0;
-	if (!l->cachestat && S_ISREG(st.st_mode) && st.st_size > 0) {
-		l->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, l->fd, 0);
-		if (l->map == MAP_FAILED)
-			l->map = NULL;
-		else
-			l->map_len = (size_t)st.st_size;
-	}
+	l->map_len = S_ISREG(st.st_mode) ? (size_t)st.st_size : 0;
+	if (!l->cachestat)
+		sl_local_map(l);
 	return 0;
 }
 
@@ -94,8 +107,8 @@ void sl__local_close(struct sl__sfile *sf)
 
 	if (!l)
 		return;
-	if (l->map)
-		munmap(l->map, l->map_len);
+	if (atomic_load(&l->map))
+		munmap(atomic_load(&l->map), l->map_len);
 	if (l->dfd >= 0)
 		close(l->dfd);
 	if (l->fd >= 0)
@@ -166,16 +179,17 @@ static int sl_resident(const struct sl__local *l, uint64_t off, size_t len)
 	uint64_t first = off / SL_ALIGN, last = (off + len - 1) / SL_ALIGN;
 	uint64_t pages = last - first + 1, step = pages > 64 ? pages / 64 : 1, asked;
 	unsigned hit = 0, tot = 0;
+	const char *map = atomic_load(&l->map);
 	int64_t got;
 
 	if (l->cachestat && (got = sl_cached_sample(l, first, pages, &asked)) >= 0) /* counts the kernel's pages */
 		return (uint64_t)got * (uint64_t)sysconf(_SC_PAGESIZE) * 2 >= asked * SL_ALIGN;
-	if (!l->map || off + len > l->map_len)
+	if (!map || off + len > l->map_len)
 		return 0;
 	for (uint64_t p = first; p <= last; p += step) {
 		unsigned char v = 0;
 
-		if (mincore((char *)l->map + p * SL_ALIGN, SL_ALIGN, &v) == 0 && (v & 1))
+		if (mincore((char *)map + p * SL_ALIGN, SL_ALIGN, &v) == 0 && (v & 1))
 			hit++;
 		tot++;
 	}
@@ -184,7 +198,8 @@ static int sl_resident(const struct sl__local *l, uint64_t off, size_t len)
 
 void sl__local_route(const struct sl__sfile *sf, const struct sl__route_ask *a, struct sl__route *r)
 {
-	const struct sl__local *l = sf->handle;
+	struct sl__local *l = sf->handle;
+	const char *map;
 
 	r->store = sf->ops;
 	r->handle = sf->handle;
@@ -195,4 +210,7 @@ void sl__local_route(const struct sl__sfile *sf, const struct sl__route_ask *a, 
 		r->direct = !(a->off % SL_ALIGN || (a->len % SL_ALIGN && !a->pad_ok));
 	else
 		r->direct = a->cfg->direct == SLUICE_DIRECT_ALWAYS || !sl_resident(l, a->off, a->len);
+	if (a->want_map && a->op == SL_IO_READ && !r->direct && a->len <= l->map_len && a->off <= l->map_len - a->len &&
+	    (map = sl_local_map(l)))
+		r->map = map + a->off;
 }

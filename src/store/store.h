@@ -110,6 +110,7 @@ struct sl__route_ask {
 	size_t len;
 	int pad_ok;           /* a write may pad to 4 KiB past the end (truncated later) */
 	int gpu_whole;        /* one piece of GPU memory, no CRC asked: a store may move it straight there */
+	int want_map;         /* a read that would take its bytes from a mapping of the page cache (route.map) */
 	const struct sluice_config *cfg;
 	const struct sl__store *local; /* the engine's store of local files, for stores that hand host I/O on */
 };
@@ -120,6 +121,7 @@ struct sl__route {
 	void *handle;
 	int direct;           /* O_DIRECT: aligned, through a bounce slot unless memory is aligned too */
 	int gpu;              /* io->buf is the caller's GPU memory (store has SL_STORE_GPU_MEM) */
+	const char *map;      /* asked (want_map), of a read through the page cache: its bytes mapped, read-only */
 };
 
 struct sl__io_ctx;
@@ -289,8 +291,8 @@ SL_HIDDEN void sl__sync_fini(struct sl__io_ctx *ctx);
 struct sl__local {
 	int fd, dfd;
 	int cachestat;  /* the kernel answers cachestat(2) for this file */
-	void *map;      /* else this mapping */
-	size_t map_len;
+	_Atomic(char *) map; /* the file mapped read-only: at open without cachestat (mincore), else on first want_map */
+	size_t map_len; /* its bytes: the file's size at open */
 };
 SL_HIDDEN int sl__local_open(struct sl__sfile *sf, const char *path, int flags, const struct sl__open_env *env);
 /* The same with a handle of hsize bytes (>= sizeof(struct sl__local), zeroed past it), for stores that extend it. */

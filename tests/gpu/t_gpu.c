@@ -6,6 +6,7 @@
  * Skips (77) where no CUDA GPU is present.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -99,6 +100,66 @@ static void t_reads(struct sluice_engine *eng, const char *path, const char *wan
 	T_CHECK(sluice_file_read(f, n, 1, d, NULL) == SLUICE_ERANGE);
 	sluice_file_close(f);
 	sluice_gpu_free(eng, d);
+}
+
+/* One read of [off, off+len) into d+mis: its bytes, and whether its path says it took p. */
+static int t_read_path(struct sluice_file *f, char *d, size_t mis, uint64_t off, size_t len, const char *want,
+		       const char *p)
+{
+	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
+
+	poison(f->eng, d + mis, len);
+	T_CHECK(sluice_file_read(f, off, len, d + mis, &rep) == (ssize_t)len);
+	T_CHECK(dev_equals(f->eng, d + mis, want + off, len));
+	printf("  %zu bytes at %llu: %s\n", len, (unsigned long long)off, rep.path);
+	return strstr(rep.path, p) != NULL;
+}
+
+/*
+ * With SLUICE_PAGECACHE_DMA_MIN/MAX at 1M/4M, reads of cached bytes of 1-4
+ * MiB go by DMA from the page cache itself, odd offsets and addresses too;
+ * larger and smaller ones through the bounce slots, and none with the
+ * defaults (off).
+ */
+static void t_pagecache_dma(const char *path, const char *want, size_t n)
+{
+	struct sluice_engine *eng;
+	struct sluice_file *f;
+	char *d, *tmp = malloc(n);
+	int fd = open(path, O_RDONLY);
+
+	setenv("SLUICE_PAGECACHE_DMA_MIN", "1M", 1);
+	setenv("SLUICE_PAGECACHE_DMA_MAX", "4M", 1);
+	eng = engine(SLUICE_DIRECT_AUTO, SLUICE_STAGING_PINNED, SLUICE_BACKEND_AUTO, NULL);
+	unsetenv("SLUICE_PAGECACHE_DMA_MIN");
+	unsetenv("SLUICE_PAGECACHE_DMA_MAX");
+
+	T_CHECK(tmp && fd >= 0 && read(fd, tmp, n) == (ssize_t)n); /* in the page cache */
+	close(fd);
+	free(tmp);
+	T_CHECK(sluice_gpu_alloc(eng, 8u << 20, (void **)&d) == 0);
+	T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
+	T_CHECK(t_read_path(f, d, 0, 0, 2u << 20, want, ":pagecache>gpu"));
+	T_CHECK(t_read_path(f, d, 77, 12345, 3u << 20, want, ":pagecache>gpu"));
+	T_CHECK(t_read_path(f, d, 4096, n - (1u << 20) - 5, (1u << 20) + 5, want, ":pagecache>gpu")); /* to the end */
+	T_CHECK(!t_read_path(f, d, 0, 4096, 7u << 20, want, "pagecache"));
+	T_CHECK(!t_read_path(f, d, 0, 4096, 256u << 10, want, "pagecache"));
+	for (int i = 0; i < 20; i++) { /* their pages overlap now and then: those copy through the slots */
+		uint64_t off = rnd(n - (4u << 20));
+
+		t_read_path(f, d, (size_t)rnd(4000), off, (size_t)(1u << 20) + (size_t)rnd(3u << 20), want, "");
+	}
+	sluice_file_close(f);
+	sluice_gpu_free(eng, d);
+	sluice_engine_close(eng);
+
+	eng = engine(SLUICE_DIRECT_AUTO, SLUICE_STAGING_PINNED, SLUICE_BACKEND_AUTO, NULL);
+	T_CHECK(sluice_gpu_alloc(eng, 8u << 20, (void **)&d) == 0);
+	T_CHECK(sluice_file_open(&f, eng, path, SLUICE_RDONLY) == 0);
+	T_CHECK(!t_read_path(f, d, 0, 0, 2u << 20, want, "pagecache"));
+	sluice_file_close(f);
+	sluice_gpu_free(eng, d);
+	sluice_engine_close(eng);
 }
 
 static void t_writes(struct sluice_engine *eng, const char *src_host, size_t n)
@@ -278,6 +339,8 @@ int main(void)
 	printf("async done (%d failures)\n", t_failures);
 	t_dataset_batch(eng);
 	printf("dataset batch and loader to GPU done (%d failures)\n", t_failures);
+	t_pagecache_dma(path, want, n);
+	printf("page-cache DMA done (%d failures)\n", t_failures);
 	fflush(stdout);
 	rc = sluice_gpu_alloc(eng, (size_t)1 << 50, &p);
 	T_CHECK(rc == SLUICE_ECUDA && strstr(sluice_last_error_detail(), "out of memory"));
