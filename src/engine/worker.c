@@ -409,8 +409,8 @@ static void sl_route(struct sl__worker *w, struct sl__slot *sl, int single_host)
 				   .local = eng->local };
 	struct sl__route r = { .store = sf->ops, .handle = sf->handle };
 
-	a.want_map = job->map_dma && a.gpu_whole && sl_one_piece(sl) && eng->cfg.staging != SLUICE_STAGING_PAGEABLE &&
-		     !atomic_load(&eng->map_dma_off);
+	/* job->map_dma: the plan found the call fit (plan.c); the driver may have refused since. */
+	a.want_map = job->map_dma && a.gpu_whole && sl_one_piece(sl) && !atomic_load(&eng->map_dma_off);
 	if (sf->ops->route)
 		sf->ops->route(sf, &a, &r);
 	sl->map_src = r.map;
