@@ -73,6 +73,16 @@ def cpu_now(children=False):
     return sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime for w in who)
 
 
+def machine_cpu():
+    """(busy, all) jiffies of every CPU of the machine so far, from /proc/stat; (0, 0) where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            t = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(t) - t[3] - t[4], sum(t)  # idle and iowait are the 4th and 5th
+
+
 def make_file(path, size):
     """A file of size bytes of random data (each 256 MiB block differs), made once and reused."""
     if os.path.exists(path) and os.path.getsize(path) == size:
@@ -91,11 +101,15 @@ def make_file(path, size):
 
 
 def timed(fn, nbytes=None, children=False):
-    """One pass of fn(): {"seconds", "cpu_s"} plus "gb_s" and "cpu_s_per_gb" when nbytes is given; a dict
-    that fn returns is merged in (its own figures win)."""
-    c0, t0 = cpu_now(children), time.perf_counter()
+    """One pass of fn(): {"seconds", "cpu_s", "machine_busy"} plus "gb_s" and "cpu_s_per_gb" when nbytes is
+    given; a dict that fn returns is merged in (its own figures win).  machine_busy: the share of all the
+    machine's CPUs busy meanwhile (other processes too, a server on the loopback included)."""
+    m0, c0, t0 = machine_cpu(), cpu_now(children), time.perf_counter()
     got = fn()
     r = {"seconds": time.perf_counter() - t0, "cpu_s": cpu_now(children) - c0}
+    m1 = machine_cpu()
+    if m1[1] > m0[1]:
+        r["machine_busy"] = (m1[0] - m0[0]) / (m1[1] - m0[1])
     if nbytes:
         r["gb_s"] = nbytes / r["seconds"] / GB
         r["cpu_s_per_gb"] = r["cpu_s"] / (nbytes / GB)

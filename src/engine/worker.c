@@ -446,10 +446,11 @@ static void sl_route(struct sl__worker *w, struct sl__slot *sl, int single_host)
  * page cache itself (SLUICE_PAGECACHE_DMA_MIN/MAX, off by default): the
  * segment's pages, mapped (route.map), registered with the driver
  * read-only and copied, no CPU copy; unregistered once the copy is done
- * (sl_slot_finish).  On the H100 machine this ran at 0.4-0.8x the copy
- * through the bounce slots at 1-16 MiB, though the same steps in
- * bench/pagecache_dma.py beat it 1.3-1.8x at 2-4 MiB: what the engine adds
- * is not yet found (docs/BENCHMARKS.md).  Returns 1 if the DMA is queued;
+ * (sl_slot_finish).  On the H100 machine this ran at 0.2-0.8x the copy
+ * through the bounce slots at 1-16 MiB: a worker's registration took 2-3x
+ * the bench's own, and a call's segments on several workers registered one
+ * after another in the driver.  Done best, the steps still only tie the
+ * copy path (bench/pagecache_stages.py, docs/BENCHMARKS.md).  Returns 1 if the DMA is queued;
  * 0 where the driver refused (the pages of a neighbouring segment
  * registered at the moment, or no read-only registration: then never
  * again), the copy path then; or an error.
