@@ -10,7 +10,9 @@ JOBS ?= $(shell nproc)
 VENV ?= $(BUILD)/venv
 PYTHON ?= $(abspath $(VENV))/bin/python
 
-.PHONY: all deps venv demo test test-tsan test-python gpu-test fuzz clean
+WHEEL_DIR ?= $(BUILD)/wheelhouse
+
+.PHONY: all deps venv demo test test-tsan test-python wheel gpu-test fuzz clean
 
 all: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSLUICE_TESTS=ON -DSLUICE_SANITIZE=OFF -DSLUICE_TSAN=OFF >/dev/null
@@ -46,9 +48,14 @@ test-tsan: venv
 	cd $(TSAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader|t_s3_server'
 
 # The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
-test-python: all venv
+# The wheel too (tests/python/test_wheel.py): installed into an environment of its own, run from there.
+test-python: all venv wheel
 	SLUICE_CONFIG= SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python PYTHONNOUSERSITE=1 \
-		$(PYTHON) -m pytest -q -rs tests/python
+		SLUICE_WHEEL="$$(ls $(WHEEL_DIR)/sluice-*.whl)" $(PYTHON) -m pytest -q -rs tests/python
+
+# A manylinux wheel with the libraries it links inside (scripts/wheel.sh): pip install build/wheelhouse/sluice-*.whl
+wheel: venv
+	sh scripts/wheel.sh $(PYTHON) $(WHEEL_DIR)
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
 gpu-test: all

@@ -3,7 +3,11 @@
 # machine, which reaches no package registry.  Run from the repository root,
 # as root on Debian bookworm; every output folder is git-ignored:
 #
-#   .carry/deps  Debian's -dev and runtime packages sluice builds with
+#   build/wheelhouse  the wheel (make wheel): the package, the `sluice`
+#                command and every library they link; all that the Python
+#                benchmarks and tests need of sluice
+#   .carry/deps  Debian's -dev and runtime packages sluice builds with, for
+#                the C test binaries and a source build
 #                (liburing, isa-l, libarchive, jansson, zstd, curl, OpenSSL's libcrypto, expat, libmicrohttpd), unpacked
 #                with dpkg -x; bench/gpu_machine.sh points pkg-config at them
 #   .carry/fio   fio, built from Debian's source package without optional
@@ -12,8 +16,9 @@
 #                machine's python3), fetched with the device README's
 #                pip download command; WHEELS picks a subset by group
 #
-# Then: device run with carry [".carry", ".whl"] and a command that starts
-# with `. bench/gpu_machine.sh` (builds sluice, installs the wheels).
+# Then: device run with carry ["build/wheelhouse", ".whl"] (and ".carry" for
+# the C tests or fio) and a command that starts with `. bench/gpu_machine.sh`
+# (installs the wheels; builds from source where .carry/deps came too).
 set -e
 [ -f include/sluice.h ] || { echo "run from the repository root" >&2; exit 1; }
 WHEELS="${WHEELS:-engine datasets loaders s3 s3peers}"
@@ -21,6 +26,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p .carry .whl
 grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
+
+# 0. The wheel.
+make wheel >/dev/null
+echo "prepare: $(ls build/wheelhouse/sluice-*.whl) ($(du -sh build/wheelhouse | cut -f1))"
 
 # 1. The build's Debian packages.
 if [ ! -f .carry/deps/usr/include/openssl/hmac.h ]; then

@@ -14,10 +14,14 @@
 
 #include "cli.h"
 
-/* journey.py beside this program: in the source tree (build/../tools) or installed (bin/../share/sluice). */
+/*
+ * journey.py beside this program: in the source tree (build/../tools), installed (bin/../share/sluice), or in
+ * the Python package (sluice/_bin/../journey).
+ */
 static int journey_find(const char *dir, char *p, size_t cap)
 {
-	static const char *const where[] = { "%s/../tools/journey/journey.py", "%s/../share/sluice/journey/journey.py" };
+	static const char *const where[] = { "%s/../tools/journey/journey.py", "%s/../share/sluice/journey/journey.py",
+					     "%s/../journey/journey.py" };
 
 	for (size_t i = 0; i < sizeof(where) / sizeof(where[0]); i++) {
 		snprintf(p, cap, where[i], dir);

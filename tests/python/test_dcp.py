@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
+import sluice  # noqa: E402
 from sluice.dcp import StorageReader, StorageWriter  # noqa: E402
 from conftest import run_ranks  # noqa: E402
 
@@ -187,7 +188,8 @@ def test_killed_during_a_save_the_previous_checkpoint_loads(tmp_path, stage):
     """kill -9 while a save replaces a checkpoint: the old one loads whole (or, if the kill came after the
     rename, the new one); never a mix, never an error."""
     dcp.save(state(0), storage_writer=StorageWriter(tmp_path / "ck"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)) + "/../python",
+    # The child imports the sluice this test runs (the source tree's, or an installed wheel's).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(sluice.__file__)),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "ck"), "1", stage, os.path.dirname(__file__)],
                        env=env, capture_output=True, text=True, timeout=300)
