@@ -63,20 +63,18 @@ class Loader:
             self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
             self._opt.fields = C.cast(self._names, C.POINTER(C.c_char_p))
         self._types = {n: (t, s) for n, t, s in dataset.fields}
-        self._h = None
+        self._h = self._owner = None
         self._open(0)
         global _last_loader
         import weakref
         _last_loader = weakref.ref(self)
 
     def _open(self, position):
-        if self._h:
-            lib.sluice_loader_close(self._h)
-            self._h = None
+        self._h = self._owner = None  # the previous C loader closes once no batch of its is left
         self._opt.position = position
         h = C.c_void_p()
         check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
-        self._h, self._views, self._meta = h, {}, None
+        self._h, self._owner, self._views, self._meta = h, _Owner(h, self.dataset), {}, None
 
     def __len__(self):
         return lib.sluice_loader_batches(self._h)
@@ -127,12 +125,19 @@ class Loader:
         if a is not None:
             return a
         t = np.uint64 if dtype == "ids" else _NP[_NAMES.index(dtype)] or np.uint16
+        # Each view holds the C loader (its _Owner), so a batch kept after the loop, or after the Loader is gone,
+        # still points at the ring, not at freed memory.
         if self.device == "cpu" or host:
-            raw = np.ctypeslib.as_array((C.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.empty(0, np.uint8)
+            mem = (C.c_uint8 * nbytes).from_address(ptr) if nbytes else None
+            if mem is not None:
+                mem._owner = self._owner
+            raw = np.ctypeslib.as_array(mem) if nbytes else np.empty(0, np.uint8)
             a = raw.view(t).reshape(shape)
         else:
             import torch
-            a = torch.as_tensor(_CudaArray(ptr, shape, np.dtype(t).str), device=f"cuda:{self._gpu}")
+            cai = _CudaArray(ptr, shape, np.dtype(t).str)
+            cai._owner = self._owner
+            a = torch.as_tensor(cai, device=f"cuda:{self._gpu}")
         # The ring's buffers stay where they are while the loader is open, so a view made once serves every
         # batch that lands in the same slot with the same shape (making one costs more than the rest of next()).
         if len(self._views) >= 1024:
@@ -154,9 +159,23 @@ class Loader:
         return out
 
     def close(self):
-        if self._h:
-            lib.sluice_loader_close(self._h)
-            self._h = None
+        """Closes the C loader now: the arrays of its batches must not be used after."""
+        if self._owner:
+            self._owner.close()
+        self._h = self._owner = None
+
+
+class _Owner:
+    """A C loader and the dataset it reads: closed when the last of its Loader and the arrays of its batches
+    (views of its ring) is gone."""
+
+    def __init__(self, h, dataset):
+        self.h, self.dataset = h, dataset
+
+    def close(self):
+        if self.h:
+            lib.sluice_loader_close(self.h)
+            self.h = None
 
     def __del__(self):
         self.close()

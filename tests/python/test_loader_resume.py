@@ -102,3 +102,26 @@ def test_uninterrupted_epoch_is_the_same(tmp_path):
     order = _order(ds, 9)
     assert sorted(a + b) == sorted(order[:len(a + b)])
     assert len(straight) == len(set(straight))
+
+
+KEPT = """
+import gc, sys, numpy as np, sluice
+ds = sluice.Dataset(sys.argv[1])
+for batch in sluice.Loader(ds, 7, seed=3):
+    pass
+gc.collect()
+churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
+ids, n, pad = batch["ids"], batch["n"], batch["pad"]
+assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"][0]) for i in ids], (n, ids)
+assert bytes(pad[0][pad[1][0]:pad[1][1]]) == bytes(ds[int(ids[0])]["pad"])
+print("ok")
+"""
+
+
+def test_a_batch_kept_after_the_loop_stays_valid(tmp_path):
+    """The arrays of the last batch, used after the loop ended and its Loader was freed: still the ring's bytes
+    (they hold the C loader), not freed memory (a segfault, or wrong bytes, before)."""
+    import sys
+    ds = _dataset(tmp_path, 100, "64K")
+    r = subprocess.run([sys.executable, "-c", KEPT, ds.path], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
