@@ -128,10 +128,11 @@ class Loader:
         # Each view holds the C loader (its _Owner), so a batch kept after the loop, or after the Loader is gone,
         # still points at the ring, not at freed memory.
         if self.device == "cpu" or host:
-            mem = (C.c_uint8 * nbytes).from_address(ptr) if nbytes else None
-            if mem is not None:
+            raw = np.empty(0, np.uint8)
+            if nbytes:
+                mem = (C.c_uint8 * nbytes).from_address(ptr)
                 mem._owner = self._owner
-            raw = np.ctypeslib.as_array(mem) if nbytes else np.empty(0, np.uint8)
+                raw = np.ctypeslib.as_array(mem)
             a = raw.view(t).reshape(shape)
         else:
             import torch

@@ -198,9 +198,9 @@ static size_t sl_chunk_for(const struct sluice_engine *eng, const struct sluice_
  * Does the call go by DMA from the page cache (worker.c, sl_map_dma)?  A
  * read of map_dma_min to map_dma_max bytes in all, every range into GPU
  * memory from cached bytes its store can map.  Its segments are then not
- * shared among the workers: registering pages with the driver costs about
- * 100 us a call whatever its size, and calls from several threads wait for
- * each other (1 MiB in 8 shares: 0.54 GB/s, against 7.7 whole).
+ * shared among the workers: registrations of pages from several threads
+ * wait for each other in the driver (1 MiB in 8 shares: 0.54 GB/s, against
+ * 7.7 whole).
  */
 static int sl_map_dma_for(const struct sluice_engine *eng, const struct sluice_range *in, size_t n, int op, int crc)
 {
