@@ -74,10 +74,10 @@ def test_info_settings_lists_the_registry_and_where_each_value_came_from(tmp_pat
     assert r.returncode != 0 and 'SLUICE_STATS="never" (the environment)' in r.stderr
 
 
-def test_readme_lists_every_setting_of_the_registry():
-    """The README's Configuration section names exactly the settings the registry holds."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## Configuration"):text.index("## Layout")]
+def test_the_configuration_guide_lists_every_setting_of_the_registry():
+    """The configuration guide's list of the settings names exactly the settings the registry holds."""
+    text = open(os.path.join(ROOT, "docs", "guides", "configuration.md")).read()
+    section = text[text.index("## The settings"):]
     named = set(re.findall(r"`(SLUICE_[A-Z0-9_]+)`", section))
     rows = {s["name"] for s in json.loads(run(["info", "--settings", "--json"]).stdout)}
     assert named == rows, (sorted(rows - named), sorted(named - rows))
