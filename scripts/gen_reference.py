@@ -2,11 +2,14 @@
 
   docs/reference/c-api.md   include/sluice.h: its sections, each comment as text and each declaration as code
   docs/reference/command.md  `sluice --help` and every subcommand's `--help`, as the program prints them
+  docs/reference/python.md   the package's public names (sluice.__all__, and sluice.dcp): each signature and
+                             docstring, read from the sources with ast (nothing is imported: no library, no torch)
 
     python3 scripts/gen_reference.py [SLUICE_PROGRAM]     # default build/sluice; --check: compare, write nothing
 
 tests/python/test_docs.py runs it with --check: a header or a --help changed without the docs fails the tests.
 """
+import ast
 import os
 import re
 import subprocess
@@ -75,11 +78,98 @@ def command(program):
     return "".join(out).rstrip() + "\n"
 
 
+# The package's modules, in the order a reader meets them, under the names users know them by.
+PY_SECTIONS = [("Errors", "_lib"), ("Files and memory", "buffers"), ("Datasets", "dataset"),
+               ("The loader", "loader"), ("Packing", "packer"), ("Object storage", "s3"),
+               ("Checkpoints", "checkpoint"), ("Operating", "operate")]
+
+
+def python_api(pkg):
+    """Every name of sluice.__all__ where it is defined, then sluice.dcp's classes: signature and docstring."""
+    def tree(mod):
+        return ast.parse(open(os.path.join(pkg, mod + ".py")).read())
+
+    init = tree("__init__")
+    names = next(ast.literal_eval(n.value) for n in init.body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__")
+    where = {a.asname or a.name: n.module for n in init.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    out = [GENERATED.format(src="python/sluice"), "# The Python package (`import sluice`)\n\n",
+           _doc(ast.get_docstring(init)), "\n\n"]
+    for title, mod in PY_SECTIONS:
+        mine = [n for n in names if where.get(n) == mod]
+        assert mine, f"no public name from {mod}"
+        out.append(f"## {title}\n\n")
+        defs = {d.name: d for d in tree(mod).body if isinstance(d, (ast.FunctionDef, ast.ClassDef))}
+        aliases = {t.id: v.id for d in tree(mod).body if isinstance(d, ast.Assign) and isinstance(d.value, ast.Tuple)
+                   for t, v in zip(d.targets[0].elts, d.value.elts)}
+        for name in mine:
+            if name in aliases:
+                out.append(f"### `sluice.{name}`\n\nThe same function as `sluice.{aliases[name]}`.\n\n")
+            else:
+                out.append(_py_def(defs[name], "sluice."))
+        assert not set(where) - set(names) - {"lib"} - {n for n in where if n.startswith("_")}, \
+            f"imported into sluice but not in __all__: {set(where) - set(names)}"
+    out.append("## torch.distributed.checkpoint (`import sluice.dcp`, needs torch)\n\n")
+    dcp = tree("dcp")
+    out.append(_doc(ast.get_docstring(dcp)) + "\n\n")
+    for d in dcp.body:
+        if isinstance(d, ast.ClassDef) and not d.name.startswith("_"):
+            out.append(_py_def(d, "sluice.dcp."))
+    return "".join(out).rstrip() + "\n"
+
+
+def _py_def(d, prefix):
+    """A function, or a class with its constructor, public methods and properties. A method without a docstring is
+    an error, except in a class with a base of its own (DCP's storage classes), where it is the base's protocol."""
+    def sig(fn, drop_self):
+        args = ast.unparse(fn.args)
+        return re.sub(r"^self(, )?", "", args) if drop_self else args
+    if isinstance(d, ast.FunctionDef):
+        return f"### `{prefix}{d.name}({sig(d, False)})`\n\n{_doc(ast.get_docstring(d), d.name)}\n\n"
+    init = next((m for m in d.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+    bases = [ast.unparse(b) for b in d.bases]
+    out = [f"### `{prefix}{d.name}({sig(init, True) if init else ''})`\n\n"]
+    if bases:
+        out.append(f"Based on `{'`, `'.join(bases)}`.\n\n")
+    out.append(_doc(ast.get_docstring(d), d.name) + "\n\n")
+    for m in d.body:
+        if not isinstance(m, ast.FunctionDef) or m.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(m)
+        if doc is None and bases:
+            continue
+        prop = any(ast.unparse(x) == "property" for x in m.decorator_list)
+        head = f"{d.name}.{m.name}" if prop else f"{d.name}.{m.name}({sig(m, True)})"
+        out.append(f"#### `{head}`\n\n{_doc(doc, d.name + '.' + m.name)}\n\n")
+    return "".join(out)
+
+
+def _doc(text, name="the module"):
+    """A docstring as Markdown: its paragraphs as they are, a line that starts with `name:` (a parameter's
+    description) a paragraph of its own, an indented block as code."""
+    assert text, f"{name}: no docstring"
+    out, code = [], []
+    for ln in text.split("\n") + [""]:
+        if ln.startswith("    "):
+            code.append(ln[4:])
+            continue
+        if code:
+            while code and not code[-1].strip():
+                code.pop()
+            out += ["", "```python", *code, "```", ""]
+            code = []
+        if re.match(r"[a-z_]+(, [a-z_]+)*: ", ln):
+            out.append("")
+        out.append(ln)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--check"]
     program = args[0] if args else os.path.join(ROOT, "build", "sluice")
     docs = {os.path.join(ROOT, "docs", "reference", "c-api.md"): c_api(os.path.join(ROOT, "include", "sluice.h")),
-            os.path.join(ROOT, "docs", "reference", "command.md"): command(program)}
+            os.path.join(ROOT, "docs", "reference", "command.md"): command(program),
+            os.path.join(ROOT, "docs", "reference", "python.md"): python_api(os.path.join(ROOT, "python", "sluice"))}
     stale = []
     for path, want in docs.items():
         have = open(path).read() if os.path.exists(path) else None

@@ -15,8 +15,9 @@ from .dataset import Dataset  # noqa: F401
 from .loader import Loader, profile  # noqa: F401
 from .operate import checkpoint_process, metrics_text, serve_metrics  # noqa: F401
 from .packer import Packer, pack  # noqa: F401
-from .s3 import Client, ObjectFolder, copy, listdir  # noqa: F401
+from .s3 import Client, ObjectFolder, copy, listdir, remove  # noqa: F401
 from .checkpoint import load, save  # noqa: F401,E402
 
-__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "copy", "listdir", "pack", "Client", "ObjectFolder", "Dataset", "Loader", "Packer",
-           "gpu_count", "save", "load", "read_async", "write_async", "Future", "profile"]
+__all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "read_async", "write_async", "Future",
+           "read_broadcast", "gpu_count", "Dataset", "Loader", "profile", "pack", "Packer", "Client", "ObjectFolder",
+           "copy", "listdir", "remove", "save", "load", "metrics_text", "serve_metrics", "checkpoint_process"]

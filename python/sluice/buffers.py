@@ -41,6 +41,7 @@ def _eng():
 
 
 def gpu_count():
+    """The GPUs the CUDA driver shows this process (0 without a driver, or with SLUICE_GPU=0)."""
     return lib.sluice_gpu_count()
 
 
@@ -171,7 +172,8 @@ read_to_gpu, write_from_gpu = read, write
 
 
 class Future:
-    """An asynchronous transfer ordered on a CUDA stream (see sluice_read_async in sluice.h)."""
+    """An asynchronous transfer ordered on a CUDA stream (see sluice_read_async in sluice.h), as read_async,
+    write_async and Client.async_read/async_write return it."""
 
     def __init__(self, handle, file, keep):
         self._h, self._file, self._keep = handle, file, keep

@@ -79,6 +79,7 @@ class Dataset:
                 "decode_s": rep.decode_s, "decoder": rep.decoder.decode(), "why_not_gpu": rep.why_not_gpu.decode()}
 
     def close(self):
+        """Closes the dataset's files now (a Dataset also closes when it is collected)."""
         if self._h:
             lib.sluice_dataset_close(self._h)
             self._h = None

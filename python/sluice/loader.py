@@ -33,9 +33,14 @@ class Loader:
     """Shuffled, distributed, resumable batches of a Dataset (see docs/LOADER.md for the order).
 
     Iterating yields dicts: fixed-size fields as arrays of shape [batch, ...]; other fields as (data, offsets)
-    pairs.  device="cpu" gives numpy arrays, device="cuda" torch tensors (or, with cupy=True, CuPy arrays) in GPU
-    memory, ordered on the current stream.  A batch's arrays are views of the loader's ring: valid until the
-    next batch is taken; .copy()/.clone() what must outlive that.
+    pairs.  device="cpu" gives numpy arrays, device="cuda" (or "cuda:N", a GPU of the engine's
+    SLUICE_DEVICE_IDS) torch tensors in GPU memory, ordered on the current stream.  A batch's arrays are views
+    of the loader's ring: valid until the next batch is taken; .copy()/.clone() what must outlive that.
+    fields: the fields to deliver (default all).  rank, world_size: this rank's share (default: torch.distributed's
+    when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches.  drop_last: drop
+    the last partial global batch instead of filling it from the epoch's start.  prefetch: batches ready ahead
+    (0: by batch size).  window_bytes: the shuffle window (0: 64 MiB).  skip_corrupt: a record whose CRC fails
+    is left out (the batch is smaller) and counted, instead of failing the batch.
     """
 
     def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
@@ -80,19 +85,26 @@ class Loader:
         return lib.sluice_loader_batches(self._h)
 
     def set_epoch(self, epoch):
+        """Starts epoch `epoch` from its first batch: a new order, the same on every rank (seed and epoch)."""
         self._opt.epoch = epoch
         check(lib.sluice_loader_set_epoch(self._h, epoch))
 
     def state_dict(self):
+        """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint."""
         s, e, p = C.c_uint64(), C.c_uint64(), C.c_uint64()
         lib.sluice_loader_state(self._h, C.byref(s), C.byref(e), C.byref(p))
         return {"seed": s.value, "epoch": e.value, "position": p.value}
 
     def load_state_dict(self, state):
+        """Continues from a state_dict() taken by a loader with any world size and batch size: no record of the
+        epoch repeats and none is skipped."""
         self._opt.seed, self._opt.epoch = state["seed"], state["epoch"]
         self._open(state["position"])
 
     def stats(self):
+        """Where the time went since the loader opened: batches, records and bytes delivered, reads (bytes, I/Os,
+        sequential_fraction), each stage's histogram, gpu_wait_share, step_us, loader_us, h2d_us and the
+        verdict (compute-, loader- or transfer-bound), as a dict."""
         buf = C.create_string_buffer(8192)
         n = lib.sluice_loader_stats_json(self._h, buf, len(buf))
         if n >= len(buf):

@@ -73,6 +73,7 @@ class Packer:
                    "cu_seqlens": np.ctypeslib.as_array(r.cu_seqlens, shape=(r.ndocs + 1,)).copy()}
 
     def fill(self):
+        """The share of the rows' tokens that are documents' tokens, not padding, so far."""
         t, s = C.c_uint64(), C.c_uint64()
         lib.sluice_packer_stats(self._h, C.byref(t), C.byref(s))
         return t.value / s.value if s.value else 0.0

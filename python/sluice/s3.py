@@ -194,6 +194,7 @@ class ObjectFolder:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch):
+        """With shuffle, the order of the next iteration (seed and epoch)."""
         self.epoch = epoch
 
     def _batches(self):
