@@ -1,6 +1,7 @@
 """What users read says what the code does: the reference is the one generated from the header, each command's
---help and the Python package's docstrings (scripts/gen_reference.py), every example in the README and the guides runs (Python, shell and C, and the
-programs in examples/), and no issue numbers (the project's own bookkeeping) appear in them.
+--help and the Python package's docstrings (scripts/gen_reference.py); every example in the README and the guides
+runs (Python, shell and C, and the programs in examples/); and no issue numbers (the project's own bookkeeping)
+appear in them.
 
 An example that needs a GPU or PyTorch says so in the line before its fence, `<!-- needs: gpu -->` or
 `<!-- needs: torch -->`, and is skipped (reported as skipped) where there is none; everything else runs
