@@ -95,20 +95,21 @@ def python_api(pkg):
     where = {a.asname or a.name: n.module for n in init.body if isinstance(n, ast.ImportFrom) for a in n.names}
     out = [GENERATED.format(src="python/sluice"), "# The Python package (`import sluice`)\n\n",
            _doc(ast.get_docstring(init)), "\n\n"]
+    unlisted = {n for n in where if not n.startswith("_") and n != "lib"} - set(names)
+    assert not unlisted, f"imported into sluice but not in __all__: {sorted(unlisted)}"
     for title, mod in PY_SECTIONS:
         mine = [n for n in names if where.get(n) == mod]
         assert mine, f"no public name from {mod}"
         out.append(f"## {title}\n\n")
-        defs = {d.name: d for d in tree(mod).body if isinstance(d, (ast.FunctionDef, ast.ClassDef))}
-        aliases = {t.id: v.id for d in tree(mod).body if isinstance(d, ast.Assign) and isinstance(d.value, ast.Tuple)
+        body = tree(mod).body
+        defs = {d.name: d for d in body if isinstance(d, (ast.FunctionDef, ast.ClassDef))}
+        aliases = {t.id: v.id for d in body if isinstance(d, ast.Assign) and isinstance(d.value, ast.Tuple)
                    for t, v in zip(d.targets[0].elts, d.value.elts)}
         for name in mine:
             if name in aliases:
                 out.append(f"### `sluice.{name}`\n\nThe same function as `sluice.{aliases[name]}`.\n\n")
             else:
                 out.append(_py_def(defs[name], "sluice."))
-        assert not set(where) - set(names) - {"lib"} - {n for n in where if n.startswith("_")}, \
-            f"imported into sluice but not in __all__: {set(where) - set(names)}"
     out.append("## torch.distributed.checkpoint (`import sluice.dcp`, needs torch)\n\n")
     dcp = tree("dcp")
     out.append(_doc(ast.get_docstring(dcp)) + "\n\n")

@@ -62,21 +62,17 @@ def _needs(needs):
         pytest.importorskip("torch", reason="the example needs PyTorch")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def env(s3, tmp_path_factory):
     """The environment examples run in: the S3 test server's AWS_* variables (s3) and its bucket my-bucket; the
     sluice these tests run (the source tree's, or an installed wheel's) as `sluice`, and this interpreter as
     `python3`, first on PATH; no settings file."""
-    if "my-bucket" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-        s3.create_bucket(Bucket="my-bucket")
+    s3.create_bucket(Bucket="my-bucket")
     import sluice
-    bin_dir = tmp_path_factory.getbasetemp() / "doc-bin"
-    if not bin_dir.exists():
-        bin_dir.mkdir()
-        for name, target in (("sluice", os.path.abspath(SLUICE)), ("python3", sys.executable),
-                             ("python", sys.executable)):
-            (bin_dir / name).write_text(f'#!/bin/sh\nexec "{target}" "$@"\n')
-            (bin_dir / name).chmod(0o755)
+    bin_dir = tmp_path_factory.mktemp("doc-bin")
+    for name, target in (("sluice", os.path.abspath(SLUICE)), ("python3", sys.executable), ("python", sys.executable)):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{target}" "$@"\n')
+        (bin_dir / name).chmod(0o755)
     path = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(sluice.__file__))),
                             os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, SLUICE_CONFIG="", PYTHONPATH=path, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
