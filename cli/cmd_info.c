@@ -9,9 +9,12 @@ static int cli_settings(int json)
 {
 	struct sluice_setting s;
 	struct sluice_config *cfg;
-	int rc = sluice_config_new(&cfg); /* checks them all: a bad value is named, not listed */
+	int rc = sluice_config_new(&cfg); /* checks them all: a bad value is named */
+	char bad[1024];
 
-	if (rc)
+	/* The detail names the wrong one first ("SLUICE_X=..."); --json still lists them all, that one marked. */
+	snprintf(bad, sizeof(bad), "%s", rc ? sluice_last_error_detail() : "");
+	if (rc && !json)
 		return cli_error("info", "a setting is wrong", rc);
 	sluice_config_free(cfg);
 	if (json)
@@ -34,11 +37,15 @@ static int cli_settings(int json)
 		cli_json_str(s.value ? s.origin : "default");
 		printf(",\"help\":");
 		cli_json_str(s.help);
+		if (!strncmp(bad, s.name, strlen(s.name)) && bad[strlen(s.name)] == '=') {
+			printf(",\"error\":");
+			cli_json_str(bad);
+		}
 		printf("}");
 	}
 	if (json)
 		printf("]\n");
-	return 0;
+	return rc ? cli_error("info", "a setting is wrong", rc) : 0;
 }
 
 int cmd_info(int argc, char **argv)

@@ -84,16 +84,37 @@ int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, 
 	return rc ? cli_error(cmd, *path, rc) : 0;
 }
 
+/* Bytes of the UTF-8 sequence at s (1-4), or 0 where s holds none (a stray byte, an overlong or cut one). */
+static int cli_utf8_len(const unsigned char *s)
+{
+	int n = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
+									      : s[0] >= 0xf0 && s[0] < 0xf5 ? 4 : 0;
+
+	for (int i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((n == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (n == 3 && s[0] == 0xed && s[1] >= 0xa0) ||
+	    (n == 4 && s[0] == 0xf0 && s[1] < 0x90) || (n == 4 && s[0] == 0xf4 && s[1] >= 0x90))
+		return 0; /* overlong, a surrogate, past U+10FFFF */
+	return n;
+}
+
+/* A JSON string of s whatever its bytes: a byte that is not UTF-8 (a setting's value can be any) is U+FFFD. */
 void cli_json_str(const char *s)
 {
 	putchar('"');
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			printf("\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			printf("\\u%04x", (unsigned char)*s);
+	for (const unsigned char *u = (const unsigned char *)s; *u;) {
+		int n = cli_utf8_len(u);
+
+		if (*u == '"' || *u == '\\')
+			printf("\\%c", *u);
+		else if (*u < 0x20 || *u == 0x7f)
+			printf("\\u%04x", *u);
+		else if (n)
+			fwrite(u, 1, (size_t)n, stdout);
 		else
-			putchar(*s);
+			fputs("\\ufffd", stdout);
+		u += n ? n : 1;
 	}
 	putchar('"');
 }

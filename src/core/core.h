@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "sluice.h"
@@ -84,6 +85,16 @@ SL_HIDDEN void sl__report_copy(void *theirs, const void *mine, size_t full);
 SL_HIDDEN int sl__reserve(void *pp, size_t *cap, size_t n);
 /* mkdir -p: path and every missing parent (path is changed while it runs, restored after); 0 or -errno. */
 SL_HIDDEN int sl__mkdirs(char *path);
+/*
+ * open(2) of a path from outside (a file, a shard, an index, a settings
+ * file) that MUST NOT block or stream forever: opened O_NONBLOCK (a FIFO
+ * with no writer would hold a plain open), then refused unless a regular
+ * file or a block device (a directory: -EISDIR; a FIFO, character device
+ * or socket: -EINVAL, named in the detail), then O_NONBLOCK cleared.
+ * Returns the descriptor (O_CLOEXEC), or -errno with a detail naming the
+ * path and the cause.
+ */
+SL_HIDDEN int sl__open_file(const char *path, int oflags, mode_t mode);
 /*
  * par.c: work shared by threads.  struct sl__first_err keeps the first
  * error among them with the detail of the thread that met it (details are

@@ -101,10 +101,14 @@ int sl__ini_file(const char *path, int (*fn)(const char *section, const char *ke
 	struct stat st;
 	char *buf;
 	ssize_t got;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+	int fd = sl__open_file(path, O_RDONLY, 0), rc;
 
+	if (fd == -ENOENT || fd == -ENOTDIR) {
+		sl__err_clear();
+		return 0;
+	}
 	if (fd < 0)
-		return errno == ENOENT || errno == ENOTDIR ? 0 : sl__err(-errno, "%s: %s", path, strerror(errno));
+		return fd;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > SL_INI_MAX) {
 		close(fd);
 		return sl__err(SLUICE_EINVAL_CONFIG, "%s: not a regular file of at most %u bytes", path, SL_INI_MAX);
@@ -178,12 +182,21 @@ int sl__ini_update(const char *path, const char *section, const char *const *key
 {
 	char tmp[4200], *old = NULL;
 	size_t len = 0, cap = 0;
-	FILE *in = fopen(path, "re"), *out;
+	FILE *in = NULL, *out;
 	struct sl_readback rb = { section, keys, vals, n, 0 };
-	int placed = 0, in_sec = 0, rc = 0;
+	int placed = 0, in_sec = 0, rc = 0, fd;
 
 	if (n > 16)
 		return sl__err(-EINVAL, "%s: at most 16 settings at once", path);
+	/* A file to update must be a regular one: a FIFO there would hold fgets forever. */
+	fd = sl__open_file(path, O_RDONLY, 0);
+	if (fd >= 0 && !(in = fdopen(fd, "r"))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	if (fd < 0 && fd != -ENOENT)
+		return fd;
+	sl__err_clear();
 	for (char buf[4096]; in && fgets(buf, sizeof(buf), in);) {
 		if (sl__reserve(&old, &cap, len + strlen(buf) + 1)) {
 			fclose(in);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -59,7 +60,7 @@ static int sl_set_devices(struct sluice_config *c, uint64_t u, const char *v)
 		char *end;
 		long id = strtol(p, &end, 10);
 
-		if (end == p || *p == '-' || *p == '+' || id > 1023 || n == SLUICE_MAX_DEVICES || (*end && *end != ','))
+		if (*p < '0' || *p > '9' || id > 1023 || n == SLUICE_MAX_DEVICES || (*end && *end != ','))
 			return sl__err(SLUICE_EINVAL_CONFIG, "not a list of GPU ordinals such as 0 or 0,1 (at most %d)",
 				       SLUICE_MAX_DEVICES);
 		ids[n++] = (int)id;
@@ -85,6 +86,43 @@ static int sl_check_trace(const char *v)
 static int sl_check_absolute(const char *v)
 {
 	return v[0] == '/' ? 0 : sl__err(SLUICE_EINVAL_CONFIG, "want an absolute path");
+}
+
+/*
+ * A directory sluice makes files in (and makes, with its parents, where
+ * missing): it is one now, or its nearest existing parent is a directory
+ * sluice can make it in.  "~/" is the home directory.
+ */
+static int sl_check_dir(const char *v)
+{
+	const char *home = getenv("HOME");
+	char p[4096];
+	struct stat st;
+	int n = v[0] == '~' && v[1] == '/' && home ? snprintf(p, sizeof(p), "%s%s", home, v + 1)
+						   : snprintf(p, sizeof(p), "%s", v);
+
+	if (n < 0 || (size_t)n >= sizeof(p))
+		return sl__err(SLUICE_EINVAL_CONFIG, "a path of at most %zu bytes", sizeof(p) - 1);
+	if (!stat(p, &st))
+		return S_ISDIR(st.st_mode) ? 0 : sl__err(SLUICE_EINVAL_CONFIG, "%s is not a directory", p);
+	for (char *slash; (slash = strrchr(p, '/'));) {
+		*(slash == p ? slash + 1 : slash) = 0;
+		if (!stat(p, &st)) {
+			if (!S_ISDIR(st.st_mode))
+				return sl__err(SLUICE_EINVAL_CONFIG, "cannot be made: %s is not a directory", p);
+			return access(p, W_OK | X_OK) ? sl__err(SLUICE_EINVAL_CONFIG, "cannot be made in %s: %s", p,
+								strerror(errno))
+						      : 0;
+		}
+		if (slash == p)
+			break;
+	}
+	return sl__err(SLUICE_EINVAL_CONFIG, "cannot be made: no parent of it exists");
+}
+
+static int sl_check_run_dir(const char *v)
+{
+	return sl_check_absolute(v) ? sl_check_absolute(v) : sl_check_dir(v);
 }
 
 /* A metrics port below 1024 is a system service's: 0 (any free port) or 1024-65535. */
@@ -144,7 +182,7 @@ const struct sl__setting_def sl__settings[] = {
 	{ "SLUICE_HTTP_RETRIES", SL_SET_UINT, P, 0, 20, 0, NULL, "4", "more attempts of a failed http(s) request",
 	  NULL, NULL },
 	{ "SLUICE_CACHE_DIR", SL_SET_PATH, P, 0, 0, 0, NULL, "~/.cache/sluice",
-	  "where s3:// datasets' files are cached", NULL, NULL },
+	  "where s3:// datasets' files are cached", NULL, sl_check_dir },
 	{ "SLUICE_CACHE_LIMIT", SL_SET_SIZE, P, 1, UINT64_MAX, 0, NULL, "",
 	  "bytes the cache may hold (default: half its file system)", NULL, NULL },
 	{ "SLUICE_STATS", SL_SET_SECONDS, P, 0, 86400, 0, NULL, "", "seconds between a loader's log lines (unset: none)",
@@ -155,7 +193,7 @@ const struct sl__setting_def sl__settings[] = {
 	  "serve /metrics for Prometheus on this port from the first engine (0: a free one; unset: none)", NULL,
 	  sl_check_port },
 	{ "SLUICE_RUN_DIR", SL_SET_PATH, P, 0, 0, 0, NULL, "/dev/shm",
-	  "where loaders publish their figures for sluice top", NULL, sl_check_absolute },
+	  "where loaders publish their figures for sluice top", NULL, sl_check_run_dir },
 	{ "SLUICE_DECODE", SL_SET_WORD, P, 0, 0, 0, "auto|gpu|cpu", "auto", "where whole zstd shards are decoded", NULL,
 	  NULL },
 	{ "SLUICE_NVCOMP_LIB", SL_SET_PATH, P, 0, 0, 0, NULL, "libnvcomp.so.6", "the nvCOMP library loaded", NULL,
@@ -295,7 +333,7 @@ static void sl_want(const struct sl__setting_def *d, char *out, size_t cap)
 				 (unsigned long long)(d->max >> 20), d->step ? ", a multiple of 4K" : "");
 		break;
 	case SL_SET_SECONDS:
-		snprintf(out, cap, "seconds, above 0 and at most %llu", (unsigned long long)d->max);
+		snprintf(out, cap, "seconds, 0.001 to %llu", (unsigned long long)d->max);
 		break;
 	default:
 		snprintf(out, cap, "%s", d->help);
@@ -328,7 +366,7 @@ static int sl_number(const struct sl__setting_def *d, const char *v, uint64_t *u
 	case SL_SET_SECONDS:
 		secs = strtod(v, &end);
 		*u = (uint64_t)(secs * 1e9);
-		return !*v || *end || !(secs > 0) || secs > (double)d->max ? -1 : 0;
+		return !*v || *end || !(secs >= 1e-3) || secs > (double)d->max ? -1 : 0;
 	default:
 		return 0;
 	}

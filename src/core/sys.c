@@ -12,6 +12,8 @@
 
 int sl__mkdirs(char *path)
 {
+	if (!*path)
+		return -ENOENT; /* as mkdir("") answers */
 	for (char *p = path + 1;; p++) {
 		if (*p != '/' && *p)
 			continue;
@@ -24,6 +26,29 @@ int sl__mkdirs(char *path)
 		if (rc || !c)
 			return rc;
 	}
+}
+
+int sl__open_file(const char *path, int oflags, mode_t mode)
+{
+	struct stat st;
+	int fd = open(path, oflags | O_NONBLOCK | O_CLOEXEC, mode), rc = 0;
+
+	if (fd < 0)
+		return sl__err(-errno, "%s: cannot open: %s", path, strerror(errno));
+	if (fstat(fd, &st) < 0)
+		rc = sl__err(-errno, "%s: fstat: %s", path, strerror(errno));
+	else if (S_ISDIR(st.st_mode))
+		rc = sl__err(-EISDIR, "%s: is a directory", path);
+	else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path,
+			     S_ISFIFO(st.st_mode) ? "FIFO" : S_ISCHR(st.st_mode) ? "character device" : "socket");
+	else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
+		rc = sl__err(-errno, "%s: fcntl: %s", path, strerror(errno));
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	return fd;
 }
 
 int sluice_drop_page_cache(void)

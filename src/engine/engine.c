@@ -96,6 +96,11 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 
 	/* Slack of one page each side lets O_DIRECT widen unaligned ranges. */
 	eng->slot_size = cfg->max_transfer_size + 2 * SL_ALIGN;
+	if (cfg->buffer_pool_size && cfg->buffer_pool_size < cfg->max_transfer_size)
+		return sl__err(SLUICE_EINVAL_CONFIG,
+			       "buffer_pool_size (SLUICE_BUFFER_POOL_SIZE) %zu bytes is less than one bounce slot "
+			       "(max_transfer_size, SLUICE_MAX_TRANSFER_SIZE: %zu bytes)",
+			       cfg->buffer_pool_size, cfg->max_transfer_size);
 	want = cfg->buffer_pool_size ? cfg->buffer_pool_size
 				     : (size_t)cfg->threads * cfg->queue_depth * eng->slot_size;
 	per = (unsigned)(want / ((size_t)cfg->threads * eng->slot_size));

@@ -74,13 +74,11 @@ int sl__local_open_as(struct sl__sfile *sf, const char *path, int flags, size_t 
 		return -ENOMEM;
 	l->dfd = -1;
 	sf->handle = l;
-	l->fd = open(path, oflags | O_CLOEXEC, 0666);
+	l->fd = sl__open_file(path, oflags, 0666);
 	if (l->fd < 0)
-		rc = sl__err(-errno, "%s: cannot open: %s", path, strerror(errno));
+		rc = l->fd;
 	else if (fstat(l->fd, &st) < 0)
 		rc = sl__err(-errno, "%s: fstat: %s", path, strerror(errno));
-	else if (S_ISDIR(st.st_mode))
-		rc = sl__err(-EISDIR, "%s: is a directory", path);
 	else
 		rc = 0;
 	if (rc) {

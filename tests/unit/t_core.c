@@ -1,7 +1,9 @@
 /* core: error names, size parsing, configuration from setters and environment, histogram. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -86,6 +88,10 @@ static void t_config(void)
 			{ "SLUICE_BUFFER_POOL_SIZE", "1P" }, { "SLUICE_LOG", "bogus" },  { "SLUICE_TRACE", "/nonexistent/x" },
 			{ "SLUICE_METRICS_PORT", "22" },     { "SLUICE_STATS", "soon" }, { "SLUICE_DECODE", "fast" },
 			{ "SLUICE_CACHE_LIMIT", "lots" },    { "SLUICE_RUN_DIR", "rel" }, { "SLUICE_METRICS_PORT", "99999" },
+			/* a space before an ordinal, a period that rounds to 0 ns, directories that cannot be */
+			{ "SLUICE_DEVICE_IDS", " 8" },       { "SLUICE_DEVICE_IDS", "0, 1" }, { "SLUICE_STATS", "1e-300" },
+			{ "SLUICE_STATS", "nan" },           { "SLUICE_CACHE_DIR", "/dev/null/x" },
+			{ "SLUICE_RUN_DIR", "/dev/null/x" }, { "SLUICE_RUN_DIR", "/dev/null" },
 		};
 		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 			setenv(bad[i][0], bad[i][1], 1);
@@ -241,8 +247,55 @@ static void t_growing_structs(void)
 	T_CHECK(strstr(sluice_last_error_detail(), "sluice_copy_report") != NULL);
 }
 
+/*
+ * Paths from outside that are not regular files: a FIFO with no writer
+ * must not hold an open (or a settings file's read) forever, and /dev/zero
+ * must not stream forever: both refused, naming the path; a block device or
+ * a regular file is taken.
+ */
+static void t_special_files(void)
+{
+	char fifo[512], conf[600];
+	struct sluice_engine *eng;
+	struct sluice_config *cfg;
+	struct sluice_file *f = NULL;
+	int fd;
+
+	snprintf(fifo, sizeof(fifo), "%s/fifo", t_dir("special"));
+	T_CHECK(mkfifo(fifo, 0600) == 0);
+	alarm(20); /* a regression blocks: SIGALRM fails the test rather than hanging CTest */
+	fd = sl__open_file(fifo, O_RDONLY, 0);
+	T_CHECK(fd == -EINVAL && strstr(sluice_last_error_detail(), "FIFO") && strstr(sluice_last_error_detail(), fifo));
+	T_CHECK(sl__open_file("/dev/zero", O_RDONLY, 0) == -EINVAL &&
+		strstr(sluice_last_error_detail(), "character device"));
+	T_CHECK(sl__open_file("/", O_RDONLY, 0) == -EISDIR);
+	T_CHECK((fd = sl__open_file("/proc/self/exe", O_RDONLY, 0)) >= 0 && !(fcntl(fd, F_GETFL) & O_NONBLOCK));
+	if (fd >= 0)
+		close(fd);
+	/* The store of local files refuses them too (every sluice_file_open of a path). */
+	T_CHECK(sluice_config_new(&cfg) == 0);
+	T_CHECK(sluice_config_set_gpu(cfg, 0) == 0);
+	T_CHECK(sluice_engine_open(&eng, cfg) == 0);
+	T_CHECK(sluice_file_open(&f, eng, fifo, 0) == -EINVAL && !f);
+	T_CHECK(sluice_file_open(&f, eng, "/dev/zero", 0) == -EINVAL && !f);
+	sluice_engine_close(eng);
+	/* A pool smaller than one bounce slot is refused, not silently grown. */
+	T_CHECK(sluice_config_set_buffer_pool_size(cfg, 4096) == 0);
+	T_CHECK(sluice_engine_open(&eng, cfg) == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "SLUICE_BUFFER_POOL_SIZE"));
+	sluice_config_free(cfg);
+	/* The settings file, written by `sluice tune`, as a FIFO. */
+	snprintf(conf, sizeof(conf), "%s", fifo);
+	T_CHECK(sl__ini_file(conf, NULL, NULL) == -EINVAL && strstr(sluice_last_error_detail(), fifo));
+	T_CHECK(sluice_settings_write(conf, (const char *[]){ "threads" }, (const char *[]){ "4" }, 1, "t") == -EINVAL);
+	alarm(0);
+	/* mkdir -p of an empty path is an error, not a read before it. */
+	T_CHECK(sl__mkdirs((char[]){ "" }) == -ENOENT);
+}
+
 int main(void)
 {
+	t_special_files();
 	t_growing_structs();
 	t_registry();
 	t_errors();
