@@ -240,7 +240,7 @@ int sluice_loaders_published(struct sluice_loader_figures *out, unsigned cap)
 			unlink(path); /* a loader whose process died without closing it */
 			continue;
 		}
-		fd = open(path, O_RDONLY | O_CLOEXEC);
+		fd = sl__open_file(path, O_RDONLY, 0); /* anyone can put a FIFO in a shared run directory */
 		if (fd < 0)
 			continue;
 		if (fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof(struct sl_page)) {

@@ -174,6 +174,14 @@ def test_top_shows_running_loaders(tmp_path, ds_path):
     assert not any(f.startswith("sluice-loader.") for f in os.listdir(tmp_path))
 
 
+def test_top_passes_over_a_fifo_in_the_run_directory(tmp_path):
+    """The run directory is shared (/dev/shm): a FIFO named as a live process's loader must not hold top."""
+    os.mkfifo(tmp_path / f"sluice-loader.{os.getpid()}.1")
+    r = run(["top", "--json", "--count", "1", "--interval", "0.05"], {"SLUICE_RUN_DIR": str(tmp_path)}, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["loaders"] == []
+
+
 def test_top_rejects_bad_options():
     assert run(["top", "--interval", "0"]).returncode == 2
     assert run(["top", "--count", "x"]).returncode == 2
