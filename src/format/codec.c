@@ -81,7 +81,8 @@ void sl__record_encode(unsigned char *out, unsigned nfields, const void *const *
 	memset(out, 0, off);
 	for (unsigned i = 0; i < nfields; i++) {
 		sl__put32(out + 4 * i, (uint32_t)lens[i]);
-		memcpy(out + off, vals[i], lens[i]);
+		if (lens[i]) /* an empty value may be NULL (sluice_writer_add allows it), and memcpy's may not */
+			memcpy(out + off, vals[i], lens[i]);
 		memset(out + off + lens[i], 0, sl_pad8(lens[i]) - lens[i]);
 		off += sl_pad8(lens[i]);
 	}
