@@ -299,6 +299,8 @@ static int sl_index_header(const unsigned char *p, size_t len, uint64_t file_siz
 	ix->meta_off = ix->groups_off + 4 * ix->ngroups;
 	ix->meta_len = 0;
 	if (ix->version >= 2) {
+		if (len < 84)
+			return sl__err(SLUICE_EFORMAT, "index header truncated (%zu bytes)", len);
 		if (SL_CRC_BAD(sl__le32(p + 80), sluice_crc32c(0, p + 72, 8)))
 			return sl__err(SLUICE_EFORMAT, "index header CRC mismatch (metadata length)");
 		ix->meta_len = sl__le64(p + 72);

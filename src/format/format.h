@@ -8,6 +8,7 @@
 #ifndef SL_FORMAT_H
 #define SL_FORMAT_H
 
+#include <stdio.h>
 #include <string.h>
 
 #include <pthread.h>
@@ -290,6 +291,25 @@ SL_HIDDEN int sl__record_decode(const struct sluice_field *f, unsigned nfields,
 SL_HIDDEN int sl__json_schema(const char *line, size_t len, const char *const *names, unsigned n,
 					     struct sluice_field *out);
 SL_HIDDEN int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len);
+/*
+ * Lines of a stream, each held whole but never one longer than max bytes
+ * (SLUICE_MAX_RECORD), so that a file without newlines (a JSON array,
+ * /dev/zero) cannot grow the process without end.  sl__lines_next: 1 and
+ * the next line (without its '\n', valid until the next call), 0 at the
+ * end, or an error: SLUICE_EFORMAT for a line longer than max, -ENOMEM,
+ * or the read's -errno (never taken for the end).  lineno is the number of
+ * the line returned, or of the one that failed; the caller names the file.  Free with sl__lines_free.
+ */
+struct sl__lines {
+	FILE *f;
+	size_t max;
+	char *buf;
+	size_t cap, start, scan, end; /* buf[start, end) unread; no '\n' in buf[start, scan) */
+	uint64_t lineno;
+	int eof;
+};
+SL_HIDDEN int sl__lines_next(struct sl__lines *r, const char **line, size_t *len);
+SL_HIDDEN void sl__lines_free(struct sl__lines *r);
 
 /*
  * Reads the header of a NumPy .npy file holding a one-dimensional,
