@@ -98,3 +98,46 @@ def test_a_read_error_is_an_error(tmp_path):
     d.mkdir()
     r, made = _pack_limited(tmp_path, d)
     assert r.returncode != 0 and not made and "adir" in r.stderr, r.stderr
+
+
+def test_integer_options_that_would_wrap_in_c_are_refused_by_name(tmp_path):
+    """Every integer handed to C through ctypes is range-checked first: 2**32 + 512 into an unsigned int field
+    would be 512 (pack_context packed rows of 512), -1 a huge count."""
+    import pytest
+    tok = tmp_path / "tok.npy"
+    np.save(tok, np.arange(2000, dtype=np.uint16))
+    lens = tmp_path / "lens.npy"
+    np.save(lens, np.full(20, 100, np.int64))
+    with pytest.raises(ValueError, match="pack_context=4294967808"):
+        sluice.pack(str(tmp_path / "rows"), tokens=str(tok), doc_lengths=str(lens), pack_context=2**32 + 512)
+    assert not (tmp_path / "rows").exists()
+    for kw in ({"threads": -1}, {"shard_size": 2**64}, {"zstd": 2**31}, {"block_size": -5}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            sluice.pack(str(tmp_path / "x"), tokens=str(tok), doc_lengths=str(lens), **kw)
+    with pytest.raises(ValueError, match="context"):
+        sluice.Packer(2**32 + 8)
+    with pytest.raises(ValueError, match="pad_id"):
+        sluice.Packer(8, pad_id=2**31)
+    with pytest.raises(TypeError, match="context"):
+        sluice.Packer(8.5)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"t": "x" * i}) + "\n" for i in range(10)))
+    sluice.pack(str(tmp_path / "ds"), jsonl=str(src), fields="t")
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    for kw in ({"batch_size": 2**32 + 2}, {"seed": -1}, {"rank": 2**32}, {"world_size": -2}, {"prefetch": 2**40},
+               {"window_bytes": 2**64}, {"epoch": -3}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            sluice.Loader(ds, **{"batch_size": 2, **kw})
+    ld = sluice.Loader(ds, 2)
+    with pytest.raises(ValueError, match="epoch"):
+        ld.set_epoch(-1)
+    with pytest.raises(ValueError, match="position"):
+        ld.load_state_dict({"seed": 0, "epoch": 0, "position": 2**64 + 4})
+    with pytest.raises(IndexError):
+        ds[2**64 + 3]
+    with pytest.raises(IndexError):
+        ds[-11]
+    assert bytes(ds[-1]["t"]) == b"x" * 9
+    assert [bytes(r["t"]) for r in ds] == [b"x" * i for i in range(10)]  # the sequence protocol ends at IndexError
+    with pytest.raises(ValueError, match="s=-1"):
+        ds.shard_bytes(-1)
