@@ -97,13 +97,20 @@ static void check_all(const char *open_as, uint64_t nrec, int shards)
 	if (!ds)
 		return;
 	T_CHECK(!strcmp(sluice_dataset_format(ds), "webdataset"));
-	T_CHECK(sluice_dataset_count(ds) == nrec && sluice_dataset_nfields(ds) == 3);
+	T_CHECK(sluice_dataset_count(ds) == nrec && sluice_dataset_nfields(ds) == 4);
 	T_CHECK(!strcmp(sluice_dataset_field(ds, 0)->name, "jpg") && !strcmp(sluice_dataset_field(ds, 2)->name, "seg.json"));
+	T_CHECK(!strcmp(sluice_dataset_field(ds, 3)->name, "__key__"));
 	for (int s = 0; s < shards; s++)
 		for (int j = 0; j < 10; j++) {
 			uint64_t i = (uint64_t)(s * 10 + j);
 
 			T_CHECK(sluice_dataset_read(ds, i, buf, sizeof(buf), &rec) > 0);
+			/* The sample's key, as webdataset's __key__. */
+			if (j == 5)
+				snprintf(want, sizeof(want), "train/%0150d/s%d_%02d", 7, s, j);
+			else
+				snprintf(want, sizeof(want), "train/s%d_%02d", s, j);
+			T_CHECK(rec.len[3] == strlen(want) && !memcmp(rec.data[3], want, rec.len[3]));
 			t_fill(want, (size_t)(100 + 97 * j + s), (uint64_t)(s * 100 + j));
 			T_CHECK(rec.len[0] == (size_t)(100 + 97 * j + s) && !memcmp(rec.data[0], want, rec.len[0]));
 			t_fill(want, 1 + (size_t)j % 3, (uint64_t)(s * 100 + j + 50));
@@ -279,18 +286,22 @@ int main(void)
 				{ "a.cls", 1, 4, 0 },      { "b.jpg", 8, 5, 0 },      { "__meta__/x.txt", 3, 6, 0 },
 				{ "d/.dot", 4, 7, 0 },     { "x.y/c.tar.gz", 9, 8, 0 } };
 
-	expect_read("dotdot.tar", dotdot, 2, 2, "jpg", 0);
-	expect_read("abs.tar", abs, 1, 1, "txt", 0);
-	expect_read("link.tar", link, 3, 2, "jpg", 1);
-	expect_read("nodot.tar", nodot, 1, 0, NULL, 1);
+	expect_read("dotdot.tar", dotdot, 2, 2, "jpg,__key__", 0);
+	expect_read("abs.tar", abs, 1, 1, "txt,__key__", 0);
+	expect_read("link.tar", link, 3, 2, "jpg,__key__", 1);
+	expect_read("nodot.tar", nodot, 1, 0, "__key__", 1);
 	/* a.JPG and b.jpg share the field jpg; "d/.dot" is key "d/", field "dot" (webdataset's split). */
-	expect_read("odd.tar", odd, 8, 4, "jpg,cls,dot,tar.gz", 3);
+	expect_read("odd.tar", odd, 8, 4, "jpg,cls,dot,tar.gz,__key__", 3);
 	/* Unsafe and malformed tars. */
 	struct member twice[] = { { "k1.jpg", 10, 1, 0 }, { "k1.jpg", 10, 2, 0 } };
 	struct member twice_case[] = { { "k1.jpg", 10, 1, 0 }, { "k1.JPG", 10, 2, 0 } };
 
 	expect_bad("twice.tar", twice, 2, "twice");
 	expect_bad("twice_case.tar", twice_case, 2, "twice");
+	/* A member whose field would be the key's own name: refused, as webdataset refuses it. */
+	struct member keyfield[] = { { "k1.jpg", 10, 1, 0 }, { "k1.__key__", 4, 2, 0 } };
+
+	expect_bad("keyfield.tar", keyfield, 2, "__key__");
 	t_sparse();
 	t_rewritten_in_place();
 	/* A member whose size runs past the end of a truncated tar. */
