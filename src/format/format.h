@@ -210,6 +210,14 @@ struct sl__mmidx {
 /* Checks a whole .idx held in p[0..len); SLUICE_EFORMAT naming what is wrong. */
 SL_HIDDEN int sl__mmidx_parse(const unsigned char *p, size_t len, struct sl__mmidx *ix);
 
+/*
+ * WebDataset's shard lists: pat's braces expanded as webdataset's
+ * braceexpand does ("{a,b}", "{000000..000004}" zero-padded to the wider
+ * bound, "{0..10..5}", "{a..e}"; a brace that is none of these is text),
+ * into *out (n malloc'd strings, in order; free each and the array).
+ * Returns 0, SLUICE_EINVAL_CONFIG past max names (naming pat), or -ENOMEM.
+ */
+SL_HIDDEN int sl__brace_expand(const char *pat, unsigned max, char ***out, unsigned *n);
 /* WebDataset: scan a tar held in memory into a sidecar image (fuzzing, tests). */
 SL_HIDDEN int sl__wds_scan_mem(const void *p, size_t len, unsigned char **out, size_t *out_len);
 /*

@@ -382,34 +382,218 @@ int sl__wds_parse(const unsigned char *p, size_t len, const struct sl__wds_stamp
 	return 0;
 }
 
+/* ---- shard lists: webdataset's brace patterns ---- */
+
+struct sl_brace {
+	char **v;
+	size_t cap;
+	unsigned n, max;
+	int rc;
+};
+
+/* The '}' that closes the '{' at p[i], or 0. */
+static size_t sl_brace_end(const char *p, size_t i)
+{
+	int depth = 0;
+
+	for (; p[i]; i++)
+		if (p[i] == '{')
+			depth++;
+		else if (p[i] == '}' && !--depth)
+			return i;
+	return 0;
+}
+
+/* A bound of a range: an integer (digits, an optional '-', at most 18 digits) or one character. */
+static int sl_brace_bound(const char *p, size_t len, long long *v, int *num, int *width)
+{
+	size_t k = len && p[0] == '-';
+
+	*width = (int)len;
+	if (len > k && len - k <= 18 && strspn(p + k, "0123456789") == len - k) {
+		*num = 1;
+		*v = strtoll(p, NULL, 10);
+		return 0;
+	}
+	*num = 0;
+	*v = (unsigned char)p[0];
+	return len == 1 ? 0 : -1;
+}
+
+/* inner (len bytes) as a range A..B or A..B..STEP: 0 and its parts, or -1. */
+static int sl_brace_range(const char *in, size_t len, long long *a, long long *z, long long *step, int *num, int *width)
+{
+	const char *d1 = memmem(in, len, "..", 2), *d2;
+	int na, nz, wa, wz, ns, ws;
+
+	if (!d1)
+		return -1;
+	d2 = memmem(d1 + 2, len - (size_t)(d1 + 2 - in), "..", 2);
+	*step = 1;
+	if (sl_brace_bound(in, (size_t)(d1 - in), a, &na, &wa) ||
+	    sl_brace_bound(d1 + 2, (size_t)((d2 ? d2 : in + len) - d1 - 2), z, &nz, &wz) || na != nz ||
+	    (d2 && (sl_brace_bound(d2 + 2, (size_t)(in + len - d2 - 2), step, &ns, &ws) || !ns)))
+		return -1;
+	*step = *step < 0 ? -*step : *step ? *step : 1;
+	*num = na;
+	/* Zero-padded to the wider bound when either is written with a leading zero, as braceexpand pads. */
+	*width = na && ((wa > 1 && in[in[0] == '-'] == '0') || (wz > 1 && d1[2 + (d1[2] == '-')] == '0'))
+			 ? (wa > wz ? wa : wz) : 0;
+	return 0;
+}
+
+static void sl_brace_walk(struct sl_brace *b, const char *s);
+
+/* prefix (plen bytes) + item (ilen) + suffix, expanded further. */
+static void sl_brace_join(struct sl_brace *b, const char *prefix, size_t plen, const char *item, size_t ilen,
+			  const char *suffix)
+{
+	char *t;
+
+	if (asprintf(&t, "%.*s%.*s%s", (int)plen, prefix, (int)ilen, item, suffix) < 0) {
+		b->rc = -ENOMEM;
+		return;
+	}
+	sl_brace_walk(b, t);
+	free(t);
+}
+
+/* s with its first brace expanded (and the rest, recursively); plain text is one name. */
+static void sl_brace_walk(struct sl_brace *b, const char *s)
+{
+	for (size_t i = 0; s[i] && !b->rc; i++) {
+		size_t e = s[i] == '{' ? sl_brace_end(s, i) : 0, from = i + 1, depth = 0, alts = 0;
+		long long a, z, step;
+		int num, width;
+
+		if (!e)
+			continue;
+		/* Alternatives: the top-level commas split them. */
+		for (size_t k = i + 1; k <= e && !b->rc; k++) {
+			depth += s[k] == '{';
+			depth -= s[k] == '}' && k < e;
+			if ((s[k] == ',' && !depth) || (k == e && alts)) {
+				sl_brace_join(b, s, i, s + from, k - from, s + e + 1);
+				from = k + 1;
+				alts++;
+			}
+		}
+		if (alts)
+			return;
+		if (sl_brace_range(s + i + 1, e - i - 1, &a, &z, &step, &num, &width))
+			continue; /* text, as "{a}" is */
+		for (long long v = a; !b->rc && (a <= z ? v <= z : v >= z); v += a <= z ? step : -step) {
+			char item[32];
+			int l = num ? snprintf(item, sizeof(item), "%0*lld", width, v) : snprintf(item, sizeof(item), "%c", (int)v);
+
+			sl_brace_join(b, s, i, item, (size_t)l, s + e + 1);
+		}
+		return;
+	}
+	if (b->rc)
+		return;
+	if (b->n == b->max) {
+		b->rc = SLUICE_EINVAL_CONFIG;
+		return;
+	}
+	if (sl_grow((void **)&b->v, &b->cap, b->n, sizeof(char *)) ||
+	    !(b->v[b->n] = strdup(s))) {
+		b->rc = -ENOMEM;
+		return;
+	}
+	b->n++;
+}
+
+int sl__brace_expand(const char *pat, unsigned max, char ***out, unsigned *n)
+{
+	struct sl_brace b = { .max = max };
+
+	sl_brace_walk(&b, pat);
+	if (b.rc) {
+		for (unsigned i = 0; i < b.n; i++)
+			free(b.v[i]);
+		free(b.v);
+		return b.rc == SLUICE_EINVAL_CONFIG ? sl__err(b.rc, "%s: names more than %u shards", pat, max) : b.rc;
+	}
+	*out = b.v;
+	*n = b.n;
+	return 0;
+}
+
 /* ---- the reader ---- */
+
+static int sl_ends(const char *n, const char *suffix)
+{
+	size_t l = strlen(n), k = strlen(suffix);
+
+	return l > k && !strcmp(n + l - k, suffix);
+}
+
+/* A compressed tar, by its name: webdataset reads them, sluice (which reads tars in place) refuses them by name. */
+static int sl_is_ztar(const char *n)
+{
+	static const char *const z[] = { ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4" };
+
+	for (size_t i = 0; i < sizeof(z) / sizeof(z[0]); i++)
+		if (sl_ends(n, z[i]))
+			return 1;
+	return 0;
+}
 
 static int sl_is_tar(const char *n)
 {
-	size_t l = strlen(n);
+	return sl_ends(n, ".tar") || sl_is_ztar(n);
+}
 
-	return l > 4 && !strcmp(n + l - 4, ".tar");
+static void sl_free_names(char **v, unsigned n)
+{
+	for (unsigned i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+/*
+ * The tars path names: itself (a file), those in it (a directory, in name
+ * order), or its brace pattern's names when no such file exists (as
+ * webdataset takes "train-{000000..000004}.tar").  0, -ENOENT if none.
+ */
+static int sl_wds_names(const char *path, char ***names, unsigned *n)
+{
+	struct stat st;
+	unsigned k = 0;
+	int rc;
+
+	*names = NULL;
+	*n = 0;
+	if (sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+		if (!(*names = malloc(sizeof(char *))) || !((*names)[0] = strdup(path)))
+			return -ENOMEM;
+		*n = 1;
+		return 0;
+	}
+	if (sl__fs_stat(path, &st) < 0 && strchr(path, '{'))
+		rc = sl__brace_expand(path, SL_MAX_SHARDS, names, n);
+	else
+		rc = sl__fs_list(path, 0, names, n);
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < *n; i++)
+		if (sl_is_tar((*names)[i]))
+			(*names)[k++] = (*names)[i];
+		else
+			free((*names)[i]);
+	*n = k;
+	return k ? 0 : -ENOENT;
 }
 
 static int sl_wds_probe(const char *path)
 {
-	struct stat st;
 	char **names;
 	unsigned n;
-	int tar = 0;
+	int rc = sl_wds_names(path, &names, &n);
 
-	if (sl__fs_stat(path, &st) < 0)
-		return 0;
-	if (S_ISREG(st.st_mode))
-		return sl_is_tar(path);
-	if (!S_ISDIR(st.st_mode) || sl__fs_list(path, 0, &names, &n))
-		return 0;
-	for (unsigned i = 0; i < n; i++) {
-		tar |= sl_is_tar(names[i]);
-		free(names[i]);
-	}
-	free(names);
-	return tar;
+	sl_free_names(names, n);
+	return !rc || rc == SLUICE_EINVAL_CONFIG; /* a pattern of too many names: this reader's error */
 }
 
 /* The tar's stamp (format.h): what its sidecar must have been built from. */
@@ -477,8 +661,13 @@ static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 		struct archive *a = archive_read_new();
 
 		archive_read_support_format_tar(a);
+		/* Compression is recognised only to be refused: a compressed member's bytes are not in place. */
+		archive_read_support_filter_all(a);
 		if (archive_read_open_filename(a, tar, 1 << 20) != ARCHIVE_OK)
 			rc = sl__err(SLUICE_EFORMAT, "%s: %s", tar, archive_error_string(a));
+		else if (archive_filter_code(a, 0) != ARCHIVE_FILTER_NONE)
+			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed tar (%s) under a .tar name; sluice reads a tar's "
+				     "samples in place: decompress it first", tar, archive_filter_name(a, 0));
 		else
 			rc = sl_wds_scan(a, tar, &st, &t->idx, &t->idx_len);
 		archive_read_free(a);
@@ -533,24 +722,16 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 	ds->priv = w;
 	if (!w)
 		return -ENOMEM;
-	if (sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-		names = malloc(sizeof(char *));
-		if (names && (names[0] = strdup(path)))
-			n = 1;
-	} else if (sl__fs_list(path, 0, &names, &n) == 0) {
-		unsigned k = 0;
-
-		for (unsigned i = 0; i < n; i++)
-			if (sl_is_tar(names[i]))
-				names[k++] = names[i];
-			else
-				free(names[i]);
-		n = k;
-	}
-	if (!n) {
-		free(names);
-		return sl__err(-ENOENT, "%s: no .tar shards", path);
-	}
+	if ((rc = sl_wds_names(path, &names, &n)))
+		return rc == -ENOENT ? sl__err(rc, "%s: no .tar shards", path) : rc;
+	for (unsigned i = 0; i < n; i++)
+		if (sl_is_ztar(names[i])) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed tar; sluice reads a tar's samples in place, so it "
+				     "cannot read inside a compressed one: decompress it into a .tar first (gzip -dk, "
+				     "zstd -d or xz -dk, as its suffix says)", names[i]);
+			sl_free_names(names, n);
+			return rc;
+		}
 	rc = sl__ds_files(ds, names, n);
 	w->tars = calloc(n, sizeof(*w->tars));
 	if (!rc && !w->tars)

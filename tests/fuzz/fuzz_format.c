@@ -118,6 +118,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		sl__lines_free(&lr);
 		fclose(mf);
 	}
+	/* As a shard list with braces: bounded however it nests, every name no longer than the pattern allows. */
+	if (size < 256) {
+		char pat[256], **names;
+		unsigned nn;
+
+		memcpy(pat, data, size);
+		pat[size] = 0;
+		if (sl__brace_expand(pat, 1000, &names, &nn) == 0) {
+			if (nn < 1 || nn > 1000)
+				abort();
+			for (unsigned i = 0; i < nn; i++)
+				free(names[i]);
+			free(names);
+		}
+	}
 	/* As JSON lines: the first line fixes a schema, the rest must convert or be refused. */
 	static const char *const names[3] = { "text", "label", "tokens" };
 	const uint8_t *nl = memchr(data, '\n', size);

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "format/format.h"
 #include "t_util.h"
 
 static const char *dir;
@@ -231,12 +232,51 @@ static void t_rewritten_in_place(void)
 	sluice_dataset_close(ds);
 }
 
+/* Brace patterns expand as webdataset's braceexpand: each pattern's names joined by spaces. */
+static void test_brace_patterns(void)
+{
+	static const char *const cases[][2] = {
+		{ "s-{000..002}.tar", "s-000.tar s-001.tar s-002.tar" },
+		{ "s-{8..10}.tar", "s-8.tar s-9.tar s-10.tar" },
+		{ "s-{08..10}.tar", "s-08.tar s-09.tar s-10.tar" },
+		{ "s-{3..1}", "s-3 s-2 s-1" },
+		{ "{0..10..5}", "0 5 10" },
+		{ "{a..c}{1,2}", "a1 a2 b1 b2 c1 c2" },
+		{ "x{a,{b,c}d}y", "xay xbdy xcdy" },
+		{ "{a}{,z}", "{a} {a}z" },
+		{ "open{1..2", "open{1..2" },
+		{ "{-1..1}", "-1 0 1" },
+		{ "{-01..1}", "-01 000 001" },
+		{ "{a..e..2}{1..3..0}", "a1 a2 a3 c1 c2 c3 e1 e2 e3" },
+		{ "{a..1}{}", "{a..1}{}" },
+	};
+	char **v, got[256];
+	unsigned n;
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		got[0] = 0;
+		T_CHECK(sl__brace_expand(cases[c][0], 100, &v, &n) == 0);
+		for (unsigned i = 0; i < n; i++) {
+			snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%s", i ? " " : "", v[i]);
+			free(v[i]);
+		}
+		free(v);
+		T_CHECK(!strcmp(got, cases[c][1]));
+		if (strcmp(got, cases[c][1]))
+			fprintf(stderr, "  %s: %s\n", cases[c][0], got);
+	}
+	T_CHECK(sl__brace_expand("{0..99999999999}", 1000, &v, &n) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sl__brace_expand("{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}", 1000, &v, &n) ==
+		SLUICE_EINVAL_CONFIG);
+}
+
 int main(void)
 {
 	char shards[600], p[700], side[760];
 	struct stat st1, st2;
 
 	dir = t_dir("t_wds");
+	test_brace_patterns();
 	snprintf(shards, sizeof(shards), "%s/shards", dir);
 	mkdir(shards, 0755);
 	for (int s = 0; s < 3; s++) {
