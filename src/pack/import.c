@@ -931,8 +931,8 @@ int sluice_pack(const char *out, const struct sluice_pack_options *opt, struct s
 	sl__err_clear();
 	if ((rc = SL_REPORT_IN(rep, pack_report)) || (rc = SL_SIZED_IN(&o, opt, pack_options)))
 		return rc;
-	if (!opt || !opt->from || !out)
-		return sl__err(-EINVAL, "sluice_pack: options, a source and OUT are needed");
+	if (!opt || !opt->from || !out || !*out)
+		return sl__err(-EINVAL, "sluice_pack: options, a source and OUT (not empty) are needed");
 	opt = &o;
 	if (opt->source < SLUICE_PACK_DATASET || opt->source > SLUICE_PACK_TOKENS)
 		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_pack: source %d is none of dataset, dir, jsonl, tokens",

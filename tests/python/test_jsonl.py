@@ -141,3 +141,14 @@ def test_integer_options_that_would_wrap_in_c_are_refused_by_name(tmp_path):
     assert [bytes(r["t"]) for r in ds] == [b"x" * i for i in range(10)]  # the sequence protocol ends at IndexError
     with pytest.raises(ValueError, match="s=-1"):
         ds.shard_bytes(-1)
+
+
+def test_an_empty_output_path_is_refused(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"t": "a"}\n')
+    import pytest
+    with pytest.raises(sluice.SluiceError, match="OUT"):
+        sluice.pack("", jsonl=str(src), fields="t")
+    r = subprocess.run([SLUICE, "pack", "--from-jsonl", str(src), "--fields", "t", "--quiet", ""], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "OUT" in r.stderr, r.stderr
