@@ -1070,12 +1070,19 @@ struct sluice_loader_options {
 };
 #define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
-/* One field of a batch: fixed-size fields dense [size, ...]; others (data, offsets). */
+/*
+ * One field of a batch: fixed-size fields dense [size, ...]; others (data,
+ * offsets), where offsets count ELEMENTS of dtype (bytes for a bytes field),
+ * as cu_seqlens do: record j is ((T *)data)[offsets[j], offsets[j + 1]) for
+ * the dtype's C type T, and the field holds offsets[size] elements.
+ * (They once counted bytes: code that divided them by the element size
+ * must no longer.)
+ */
 struct sluice_batch_field {
 	const char *name;
 	enum sluice_dtype dtype;
 	void *data;                /* host or GPU memory, as the loader's gpu option */
-	uint64_t *offsets;         /* variable-size fields: size + 1 byte offsets into data (same memory); else NULL */
+	uint64_t *offsets;         /* variable-size fields: size + 1 element offsets into data (same memory); else NULL */
 	uint64_t item_bytes;       /* fixed-size fields: bytes per record; else 0 */
 	const uint64_t *host_offsets; /* the offsets in host memory (the same array for host batches) */
 };

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ._lib import ShardReport, Record, RecordLoc, check, lib
+from ._lib import ShardReport, Record, RecordLoc, SluiceError, check, lib
 
 from .buffers import _buffer, _eng  # noqa: F401
 
@@ -13,6 +13,23 @@ from .buffers import _buffer, _eng  # noqa: F401
 _NP = [np.uint8, np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float16, None, np.float32, np.int8,
        np.int16, np.float64]
 _NAMES = ["bytes", "u8", "u16", "u32", "i32", "i64", "f16", "bf16", "f32", "i8", "i16", "f64"]
+
+
+def _int_option(where, name, value, lo, hi):
+    """value as an int for a C integer of range [lo, hi], or ValueError naming the option: ctypes would wrap
+    it silently (2**32 + 512 into an unsigned int is 512)."""
+    import operator
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{where}: {name}={value!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{where}: {name}={v} is out of range ({lo} to {hi})")
+    return v
+
+
+class _RecordRange(SluiceError, IndexError):
+    """A record number past the dataset: SLUICE_ERANGE, and an IndexError, so that `for r in ds` ends."""
 
 
 class Dataset:
@@ -45,8 +62,11 @@ class Dataset:
         return lib.sluice_dataset_count(self._h)
 
     def __getitem__(self, i):
+        n, i = len(self), _int_option("Dataset", "index", i, -float("inf"), float("inf"))
+        if not -n <= i < n:  # checked here, before ctypes could wrap it into range
+            raise _RecordRange(-100006, f"{self.path}: record {i} of {n}")
         if i < 0:
-            i += len(self)
+            i += n
         loc = RecordLoc()
         check(lib.sluice_dataset_locate(self._h, i, C.byref(loc)))
         if self._buf.size < loc.length:
@@ -63,7 +83,8 @@ class Dataset:
     def shard_bytes(self, s):
         """Shard s's records, and the bytes of its records back to back (uncompressed): what read_shard needs."""
         r, b = C.c_uint64(), C.c_uint64()
-        check(lib.sluice_dataset_shard_info(self._h, s, C.byref(r), C.byref(b)))
+        check(lib.sluice_dataset_shard_info(self._h, _int_option("Dataset.shard_bytes", "s", s, 0, (1 << 32) - 1),
+                                            C.byref(r), C.byref(b)))
         return r.value, max(b.value - 4096, 0)
 
     def read_shard(self, s, out, decoder="auto"):
@@ -73,6 +94,7 @@ class Dataset:
         _find_nvcomp()
         ptr, n, keep = _buffer(out, True)
         rep = ShardReport()
+        s = _int_option("Dataset.read_shard", "s", s, 0, (1 << 32) - 1)
         check(lib.sluice_dataset_read_shard(_eng(), self._h, s, ptr, n, {"auto": 0, "cpu": 1, "gpu": 2}[decoder],
                                             C.byref(rep)))
         return {"bytes": rep.bytes, "stored": rep.stored, "blocks": rep.blocks, "read_s": rep.read_s,

@@ -6,9 +6,17 @@ import sys
 
 import numpy as np
 
-from ._lib import Batch, LoaderOptions, check, lib
+from ._lib import Batch as _CBatch, LoaderOptions, check, lib
 from .buffers import _device, _eng
-from .dataset import _NAMES, _NP
+from .dataset import _NAMES, _NP, _int_option
+
+
+class _Batch(dict):
+    """One batch: its keys are the dataset's fields and nothing else, so no field name can hide what the loader
+    adds; .ids holds the records' ids (uint64, host memory).  For code written before .ids, the key "ids" also
+    gives them, where no field is named "ids"."""
+
+    ids = None
 
 
 class _CudaArray:
@@ -32,10 +40,12 @@ def _env_rank():
 class Loader:
     """Shuffled, distributed, resumable batches of a Dataset (see docs/LOADER.md for the order).
 
-    Iterating yields dicts: fixed-size fields as arrays of shape [batch, ...]; other fields as (data, offsets)
-    pairs.  device="cpu" gives numpy arrays, device="cuda" (or "cuda:N", a GPU of the engine's
+    Iterating yields dicts of the fields: fixed-size fields as arrays of shape [batch, ...]; other fields as
+    (data, offsets) pairs, offsets counting elements of data (data[offsets[j]:offsets[j + 1]] is record j, as with
+    cu_seqlens); the batch's .ids are its records' ids.  device="cpu" gives numpy arrays, device="cuda" (or "cuda:N", a GPU of the engine's
     SLUICE_DEVICE_IDS) torch tensors in GPU memory, ordered on the current stream.  A batch's arrays are views
-    of the loader's ring: valid until the next batch is taken; .copy()/.clone() what must outlive that.
+    of the loader's ring: valid until the next batch is taken (or, after close(), for as long as they live);
+    .copy()/.clone() what must outlive that.
     fields: the fields to deliver (default all).  rank, world_size: this rank's share (default: torch.distributed's
     when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches.  drop_last: drop
     the last partial global batch instead of filling it from the epoch's start.  prefetch: batches ready ahead
@@ -59,10 +69,16 @@ class Loader:
             if want not in ids:
                 raise ValueError(f"Loader(device={device!r}): the engine serves GPUs {ids} (SLUICE_DEVICE_IDS)")
             index, self._gpu = ids.index(want), want
-        self._opt = LoaderOptions(batch_size=batch_size, gpu=int(device != "cpu"), prefetch=prefetch, seed=seed,
-                                  epoch=epoch, rank=rank, world_size=world_size, drop_last=int(drop_last),
-                                  shuffle=int(shuffle), window_bytes=window_bytes, skip_corrupt=int(skip_corrupt),
-                                  device_index=index)
+        u32, u64 = (0, (1 << 32) - 1), (0, (1 << 64) - 1)
+        self._opt = LoaderOptions(batch_size=_int_option("Loader", "batch_size", batch_size, *u32),
+                                  gpu=int(device != "cpu"), prefetch=_int_option("Loader", "prefetch", prefetch, *u32),
+                                  seed=_int_option("Loader", "seed", seed, *u64),
+                                  epoch=_int_option("Loader", "epoch", epoch, *u64),
+                                  rank=_int_option("Loader", "rank", rank, *u32),
+                                  world_size=_int_option("Loader", "world_size", world_size, *u32),
+                                  drop_last=int(drop_last), shuffle=int(shuffle),
+                                  window_bytes=_int_option("Loader", "window_bytes", window_bytes, *u64),
+                                  skip_corrupt=int(skip_corrupt), device_index=index)
         self._names = None
         if fields is not None:
             self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
@@ -76,50 +92,60 @@ class Loader:
 
     def _open(self, position):
         self._h = self._owner = None  # the previous C loader closes once no batch of its is left
-        self._opt.position = position
+        self._opt.position = _int_option("Loader", "position", position, 0, (1 << 64) - 1)
         h = C.c_void_p()
         check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
         self._h, self._owner, self._views, self._meta = h, _Owner(h, self.dataset), {}, None
 
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("sluice.Loader: the loader is closed")
+        return self._h
+
     def __len__(self):
-        return lib.sluice_loader_batches(self._h)
+        return lib.sluice_loader_batches(self._handle())
 
     def set_epoch(self, epoch):
         """Starts epoch `epoch` from its first batch: a new order, the same on every rank (seed and epoch)."""
-        self._opt.epoch = epoch
-        check(lib.sluice_loader_set_epoch(self._h, epoch))
+        h = self._handle()
+        self._opt.epoch = _int_option("Loader.set_epoch", "epoch", epoch, 0, (1 << 64) - 1)
+        check(lib.sluice_loader_set_epoch(h, epoch))
 
     def state_dict(self):
         """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint."""
         s, e, p = C.c_uint64(), C.c_uint64(), C.c_uint64()
-        lib.sluice_loader_state(self._h, C.byref(s), C.byref(e), C.byref(p))
+        lib.sluice_loader_state(self._handle(), C.byref(s), C.byref(e), C.byref(p))
         return {"seed": s.value, "epoch": e.value, "position": p.value}
 
     def load_state_dict(self, state):
         """Continues from a state_dict() taken by a loader with any world size and batch size: no record of the
         epoch repeats and none is skipped."""
-        self._opt.seed, self._opt.epoch = state["seed"], state["epoch"]
+        self._handle()
+        self._opt.seed = _int_option("Loader.load_state_dict", "seed", state["seed"], 0, (1 << 64) - 1)
+        self._opt.epoch = _int_option("Loader.load_state_dict", "epoch", state["epoch"], 0, (1 << 64) - 1)
         self._open(state["position"])
 
     def stats(self):
         """Where the time went since the loader opened: batches, records and bytes delivered, reads (bytes, I/Os,
         sequential_fraction), each stage's histogram, gpu_wait_share, step_us, loader_us, h2d_us and the
         verdict (compute-, loader- or transfer-bound), as a dict."""
+        h = self._handle()
         buf = C.create_string_buffer(8192)
-        n = lib.sluice_loader_stats_json(self._h, buf, len(buf))
+        n = lib.sluice_loader_stats_json(h, buf, len(buf))
         if n >= len(buf):
             buf = C.create_string_buffer(n + 1)
-            lib.sluice_loader_stats_json(self._h, buf, len(buf))
+            lib.sluice_loader_stats_json(h, buf, len(buf))
         return json.loads(buf.value)
 
     def __iter__(self):
-        b = Batch()
+        self._handle()
+        b = _CBatch()
         stream = None
         if self.device != "cpu":
             import torch
             stream = C.c_void_p(torch.cuda.current_stream(self._gpu).cuda_stream)
         while True:
-            r = check(lib.sluice_loader_next(self._h, C.byref(b), stream))
+            r = check(lib.sluice_loader_next(self._handle(), C.byref(b), stream))
             if r == 0:
                 return
             if self._meta is None:  # per field of the batch: name, dtype, item shape, element size
@@ -159,23 +185,27 @@ class Loader:
         return a
 
     def _convert(self, b):
-        out = {"ids": self._array(b.ids, 8 * b.size, "ids", (b.size,), host=True).copy()}
+        out = _Batch()
+        out.ids = self._array(b.ids, 8 * b.size, "ids", (b.size,), host=True).copy()
+        if "ids" not in self._types:
+            out["ids"] = out.ids
         for k in range(b.nfields):
             f = b.field[k]
             name, dtype, shape, esize = self._meta[k]
             if f.item_bytes:
                 out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + shape)
             else:
+                # Offsets count elements of the field's dtype, so data[offs[j]:offs[j + 1]] is record j.
                 offs = self._array(f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
                 last = f.host_offsets[b.size]  # from host memory: no wait on the GPU
-                out[name] = (self._array(f.data, last, dtype, (last // esize,)), offs)
+                out[name] = (self._array(f.data, last * esize, dtype, (last,)), offs)
         return out
 
     def close(self):
-        """Closes the C loader now: the arrays of its batches must not be used after."""
-        if self._owner:
-            self._owner.close()
+        """Closes the loader: it yields no more batches and its methods raise.  The C loader and its ring are freed
+        now, or, while arrays of its batches are still alive, once the last of them goes (they stay valid)."""
         self._h = self._owner = None
+        self._views = {}  # the views kept for reuse hold the C loader too
 
 
 class _Owner:

@@ -6,6 +6,9 @@ import os
 import numpy as np
 
 from ._lib import PackedRow, PackerOptions, PackOptions, PackReport, PACK_PROGRESS, SluiceError, check, lib
+from .dataset import _int_option
+
+_U32, _U64, _I32 = (0, (1 << 32) - 1), (0, (1 << 64) - 1), (-(1 << 31), (1 << 31) - 1)
 
 
 _PACK_SOURCES = {"dataset": 1, "dir": 2, "jsonl": 3, "tokens": 4}
@@ -29,9 +32,13 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
     o.fields = fields.encode() if fields else None
     o.doc_lengths = os.fsencode(doc_lengths) if doc_lengths else None
     o.dtype = dtype.encode() if dtype else None
-    o.pack_context, o.greedy, o.all_files, o.follow_symlinks = pack_context, int(greedy), int(all_files), int(follow_symlinks)
-    o.threads = threads
-    o.writer.shard_size, o.writer.zstd_level, o.writer.block_size = shard_size, zstd, block_size
+    # Every integer range-checked here: ctypes would wrap it (pack_context=2**32 + 512 packed rows of 512).
+    o.pack_context = _int_option("sluice.pack", "pack_context", pack_context, *_U32)
+    o.greedy, o.all_files, o.follow_symlinks = int(greedy), int(all_files), int(follow_symlinks)
+    o.threads = _int_option("sluice.pack", "threads", threads, *_U32)
+    o.writer.shard_size = _int_option("sluice.pack", "shard_size", shard_size, *_U64)
+    o.writer.zstd_level = _int_option("sluice.pack", "zstd", zstd, *_I32)
+    o.writer.block_size = _int_option("sluice.pack", "block_size", block_size, *_U64)
     cb = PACK_PROGRESS((lambda done, total, nbytes, arg: progress(done, total, nbytes)) if progress else 0)
     o.progress = cb
     rep = PackReport()
@@ -45,8 +52,11 @@ class Packer:
     """Token packing into rows of `context` tokens (best-fit decreasing, or greedy); see docs/LOADER.md."""
 
     def __init__(self, context, greedy=False, window=0, pad_id=0, ignore_index=-100):
-        self._opt = PackerOptions(context=context, window=window, greedy=int(greedy), pad_id=pad_id,
-                                  ignore_index=ignore_index, ignore_index_set=1)
+        self._opt = PackerOptions(context=_int_option("Packer", "context", context, *_U32),
+                                  window=_int_option("Packer", "window", window, *_U32), greedy=int(greedy),
+                                  pad_id=_int_option("Packer", "pad_id", pad_id, *_I32),
+                                  ignore_index=_int_option("Packer", "ignore_index", ignore_index, *_I32),
+                                  ignore_index_set=1)
         h = C.c_void_p()
         check(lib.sluice_packer_new(C.byref(h), C.byref(self._opt)))
         self._h, self.context = h, context

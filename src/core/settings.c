@@ -199,6 +199,8 @@ const struct sl__setting_def sl__settings[] = {
 	{ "SLUICE_NVCOMP_LIB", SL_SET_PATH, P, 0, 0, 0, NULL, "libnvcomp.so.6", "the nvCOMP library loaded", NULL,
 	  NULL },
 	{ "SLUICE_PYTHON", SL_SET_PATH, P, 0, 0, 0, NULL, "python3", "the Python that sluice journey runs", NULL, NULL },
+	{ "SLUICE_MAX_RECORD", SL_SET_SIZE, P, KiB(1), GiB(2), 0, NULL, "64M",
+	  "the longest record an importer holds whole: a JSON line (sluice pack --from-jsonl)", NULL, NULL },
 	/* The environment's only. */
 	{ "SLUICE_CONFIG", SL_SET_PATH, V, 0, 0, 0, NULL, "~/.config/sluice/sluice.conf",
 	  "the settings file (\"\": none)", NULL, NULL },

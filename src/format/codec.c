@@ -81,7 +81,8 @@ void sl__record_encode(unsigned char *out, unsigned nfields, const void *const *
 	memset(out, 0, off);
 	for (unsigned i = 0; i < nfields; i++) {
 		sl__put32(out + 4 * i, (uint32_t)lens[i]);
-		memcpy(out + off, vals[i], lens[i]);
+		if (lens[i]) /* an empty value may be NULL (sluice_writer_add allows it), and memcpy's may not */
+			memcpy(out + off, vals[i], lens[i]);
 		memset(out + off + lens[i], 0, sl_pad8(lens[i]) - lens[i]);
 		off += sl_pad8(lens[i]);
 	}
@@ -298,6 +299,8 @@ static int sl_index_header(const unsigned char *p, size_t len, uint64_t file_siz
 	ix->meta_off = ix->groups_off + 4 * ix->ngroups;
 	ix->meta_len = 0;
 	if (ix->version >= 2) {
+		if (len < 84)
+			return sl__err(SLUICE_EFORMAT, "index header truncated (%zu bytes)", len);
 		if (SL_CRC_BAD(sl__le32(p + 80), sluice_crc32c(0, p + 72, 8)))
 			return sl__err(SLUICE_EFORMAT, "index header CRC mismatch (metadata length)");
 		ix->meta_len = sl__le64(p + 72);

@@ -8,6 +8,7 @@
 #ifndef SL_FORMAT_H
 #define SL_FORMAT_H
 
+#include <stdio.h>
 #include <string.h>
 
 #include <pthread.h>
@@ -209,6 +210,14 @@ struct sl__mmidx {
 /* Checks a whole .idx held in p[0..len); SLUICE_EFORMAT naming what is wrong. */
 SL_HIDDEN int sl__mmidx_parse(const unsigned char *p, size_t len, struct sl__mmidx *ix);
 
+/*
+ * WebDataset's shard lists: pat's braces expanded as webdataset's
+ * braceexpand does ("{a,b}", "{000000..000004}" zero-padded to the wider
+ * bound, "{0..10..5}", "{a..e}"; a brace that is none of these is text),
+ * into *out (n malloc'd strings, in order; free each and the array).
+ * Returns 0, SLUICE_EINVAL_CONFIG past max names (naming pat), or -ENOMEM.
+ */
+SL_HIDDEN int sl__brace_expand(const char *pat, unsigned max, char ***out, unsigned *n);
 /* WebDataset: scan a tar held in memory into a sidecar image (fuzzing, tests). */
 SL_HIDDEN int sl__wds_scan_mem(const void *p, size_t len, unsigned char **out, size_t *out_len);
 /*
@@ -290,6 +299,25 @@ SL_HIDDEN int sl__record_decode(const struct sluice_field *f, unsigned nfields,
 SL_HIDDEN int sl__json_schema(const char *line, size_t len, const char *const *names, unsigned n,
 					     struct sluice_field *out);
 SL_HIDDEN int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len);
+/*
+ * Lines of a stream, each held whole but never one longer than max bytes
+ * (SLUICE_MAX_RECORD), so that a file without newlines (a JSON array,
+ * /dev/zero) cannot grow the process without end.  sl__lines_next: 1 and
+ * the next line (without its '\n', valid until the next call), 0 at the
+ * end, or an error: SLUICE_EFORMAT for a line longer than max, -ENOMEM,
+ * or the read's -errno (never taken for the end).  lineno is the number of
+ * the line returned, or of the one that failed; the caller names the file.  Free with sl__lines_free.
+ */
+struct sl__lines {
+	FILE *f;
+	size_t max;
+	char *buf;
+	size_t cap, start, scan, end; /* buf[start, end) unread; no '\n' in buf[start, scan) */
+	uint64_t lineno;
+	int eof;
+};
+SL_HIDDEN int sl__lines_next(struct sl__lines *r, const char **line, size_t *len);
+SL_HIDDEN void sl__lines_free(struct sl__lines *r);
 
 /*
  * Reads the header of a NumPy .npy file holding a one-dimensional,

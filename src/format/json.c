@@ -10,6 +10,7 @@
  * arrays of integers.  Strings may hold NUL (\u0000).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <jansson.h>
@@ -283,4 +284,69 @@ int sl__json_values(const struct sluice_field *f, unsigned n, const char *line, 
 	for (unsigned i = 0; !rc && i < n; i++)
 		vals[i] = *scratch + offs[i];
 	return rc;
+}
+
+int sl__lines_next(struct sl__lines *r, const char **line, size_t *len)
+{
+	if (!r->buf) {
+		r->cap = r->max < (64u << 10) ? r->max + 1 : 64u << 10;
+		if (!(r->buf = malloc(r->cap)))
+			return sl__err(-ENOMEM, "no memory for a line buffer");
+	}
+	for (;;) {
+		char *nl = memchr(r->buf + r->scan, '\n', r->end - r->scan);
+		size_t n, want;
+
+		if (nl || (r->eof && r->end > r->start)) {
+			n = (nl ? (size_t)(nl - r->buf) : r->end) - r->start;
+			r->lineno++;
+			if (n > r->max)
+				break;
+			*line = r->buf + r->start;
+			*len = n;
+			r->start = r->scan = nl ? (size_t)(nl - r->buf) + 1 : r->end;
+			return 1;
+		}
+		if (r->eof)
+			return 0;
+		if (r->end - r->start > r->max) {
+			r->lineno++;
+			break;
+		}
+		/* Room for more: what is unread to the front, the buffer grown up to max + 1 bytes of one line. */
+		memmove(r->buf, r->buf + r->start, r->end - r->start);
+		r->end -= r->start;
+		r->scan = r->end;
+		r->start = 0;
+		want = 2 * r->cap;
+		if (want > r->max + 1)
+			want = r->max + 1;
+		if (r->end == r->cap && want > r->cap) {
+			char *t = realloc(r->buf, want);
+
+			if (!t) {
+				r->lineno++;
+				return sl__err(-ENOMEM, "no memory to hold %zu bytes of the line", want);
+			}
+			r->buf = t;
+			r->cap = want;
+		}
+		n = fread(r->buf + r->end, 1, r->cap - r->end, r->f);
+		if (!n && ferror(r->f)) {
+			int e = errno ? errno : EIO;
+
+			r->lineno++;
+			return sl__err(-e, "%s", strerror(e));
+		}
+		r->eof = !n;
+		r->end += n;
+	}
+	return sl__err(SLUICE_EFORMAT, "a line longer than %zu bytes (SLUICE_MAX_RECORD); a JSON lines file holds "
+		       "one record a line", r->max);
+}
+
+void sl__lines_free(struct sl__lines *r)
+{
+	free(r->buf);
+	r->buf = NULL;
 }

@@ -2,7 +2,9 @@
  * Reader of WebDataset tar shards, in place, reading what webdataset's own
  * reader reads.  A sample is the run of consecutive members whose names
  * share a key (the path up to the first dot of the last component); the
- * rest of the name, lowercased, is the field ("jpg", "cls", "seg.png").
+ * rest of the name, lowercased, is the field ("jpg", "cls", "seg.png"), and
+ * the key itself is the field "__key__" (bytes), last, as webdataset gives
+ * it (a member whose field would be named so is refused, as webdataset does).
  * Members webdataset skips are skipped and counted: links and other
  * non-regular members, names it cannot split into key.field (no dot in the
  * last component, a top-level dotfile), and metadata ("__index__", and
@@ -13,17 +15,19 @@
  * (NAME.tar.sluice-idx) built once and rebuilt when the tar changes (its
  * stamp: size, mtime, ctime, inode and a fingerprint of its ends):
  *
- *   char magic[8] "SLUICEWD"; u32 version 2; u32 nkeys K; u64 tar size;
+ *   char magic[8] "SLUICEWD"; u32 version 3; u32 nkeys K; u64 tar size;
  *   u64 tar mtime (ns); u64 nsamples N; u64 tar ctime (ns); u64 inode;
  *   u32 fingerprint; u32 members skipped; u32 CRC of bytes 72..end;
  *   u32 CRC of bytes 0..67;
  *   K x { u16 length, name bytes } padded to 8;
- *   N x { u64 span offset; u32 span length; K x { u32 offset in span; u32 length } }
+ *   N x { u64 span offset; u32 span length; u32 key offset; u32 key length;
+ *         K x { u32 offset in span; u32 length } };
+ *   the samples' keys back to back (each at its key offset from here)
  *
  * A field a sample lacks has offset 0xFFFFFFFF.  The span runs from the
  * first member's data to the last member's data end, so one read brings
- * the whole sample.  Version 1 sidecars (no ctime, inode or fingerprint)
- * are rebuilt.
+ * the whole sample.  Older sidecars (version 1: no ctime, inode or
+ * fingerprint; 2: no keys) are rebuilt.
  */
 #include <archive.h>
 #include <archive_entry.h>
@@ -42,6 +46,9 @@
 #define SL_WDS_HEADER 72
 #define SL_WDS_SUFFIX ".sluice-idx"
 #define SL_WDS_ABSENT 0xFFFFFFFFu
+#define SL_WDS_VERSION 3
+#define SL_WDS_ENTRY 20 /* bytes of an entry before its K field pairs */
+#define SL_WDS_KEY "__key__"
 
 /* One tar's parsed sidecar. */
 struct sl_wds_tar {
@@ -52,11 +59,13 @@ struct sl_wds_tar {
 	unsigned *field_of;  /* tar key k -> dataset field */
 	uint64_t nsamples, first;
 	size_t entries_off, stride;
+	size_t keys_off;     /* the samples' keys, to the end of idx */
 };
 
 struct sl_wds {
 	struct sl_wds_tar *tars;
 	unsigned ntars;
+	unsigned key_field;  /* the dataset's field "__key__" (the last) */
 };
 
 static size_t sl_pad8(size_t n)
@@ -75,6 +84,8 @@ struct sl_wds_sample {
 	uint32_t span_len;
 	uint32_t first;   /* index of its first member */
 	uint32_t n;       /* members */
+	uint32_t key_off; /* its key in the build's keys text */
+	uint32_t key_len;
 };
 
 struct sl_wds_member {
@@ -90,6 +101,8 @@ struct sl_wds_build {
 	size_t nsamples, samples_cap;
 	struct sl_wds_member *members;
 	size_t nmembers, members_cap;
+	char *text;       /* every sample's key, back to back */
+	size_t text_len, text_cap;
 	char cur[4096];   /* key of the open sample */
 	uint64_t seen;    /* fields the open sample has, by key index */
 	int open;
@@ -163,21 +176,30 @@ static int sl_wds_add(struct sl_wds_build *b, const char *name, const char *path
 	for (k = 0; dot[k]; k++)
 		field[k] = (char)((dot[k] >= 'A' && dot[k] <= 'Z') ? dot[k] - 'A' + 'a' : dot[k]);
 	field[k] = 0;
+	if (!strcmp(field, SL_WDS_KEY))
+		return sl__err(SLUICE_EFORMAT, "%s: member '%s': its field would be named %s, the name of the sample's key "
+			       "(webdataset refuses it too)", name, path, SL_WDS_KEY);
 	if (!b->open || strncmp(b->cur, path, keylen) || b->cur[keylen]) {
-		if (b->nsamples >= UINT32_MAX || (rc = sl_grow((void **)&b->samples, &b->samples_cap, b->nsamples,
-							       sizeof(*b->samples))))
-			return b->nsamples >= UINT32_MAX ? sl__err(SLUICE_EFORMAT, "%s: too many samples", name) : rc;
+		if (b->nsamples >= UINT32_MAX || b->text_len + keylen > UINT32_MAX ||
+		    (rc = sl_grow((void **)&b->samples, &b->samples_cap, b->nsamples, sizeof(*b->samples))))
+			return b->nsamples >= UINT32_MAX || b->text_len + keylen > UINT32_MAX ?
+				       sl__err(SLUICE_EFORMAT, "%s: too many samples", name) : rc;
+		if (b->text_len + keylen > b->text_cap && sl__reserve(&b->text, &b->text_cap, 2 * (b->text_len + keylen)))
+			return -ENOMEM;
 		memcpy(b->cur, path, keylen);
 		b->cur[keylen] = '\0';
 		b->open = 1;
 		b->seen = 0;
-		b->samples[b->nsamples++] = (struct sl_wds_sample){ data, 0, (uint32_t)b->nmembers, 0 };
+		b->samples[b->nsamples++] = (struct sl_wds_sample){ data, 0, (uint32_t)b->nmembers, 0,
+								    (uint32_t)b->text_len, (uint32_t)keylen };
+		memcpy(b->text + b->text_len, path, keylen);
+		b->text_len += keylen;
 	}
 	sm = &b->samples[b->nsamples - 1];
 	for (k = 0; k < b->nkeys && strcmp(b->keys[k], field); k++)
 		;
-	if (k == b->nkeys && b->nkeys == SLUICE_MAX_FIELDS)
-		return sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", name, SLUICE_MAX_FIELDS);
+	if (k == b->nkeys && b->nkeys == SLUICE_MAX_FIELDS - 1) /* and __key__ */
+		return sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", name, SLUICE_MAX_FIELDS - 1);
 	if (k == b->nkeys && !(b->keys[b->nkeys++] = strdup(field)))
 		return -ENOMEM;
 	if (b->seen & (1ull << k))
@@ -197,17 +219,18 @@ static int sl_wds_add(struct sl_wds_build *b, const char *name, const char *path
 static int sl_wds_image(const struct sl_wds_build *b, const struct sl__wds_stamp *stamp, uint32_t skipped,
 			unsigned char **out, size_t *out_len)
 {
-	size_t keys = 0, stride = 12 + 8 * (size_t)b->nkeys, off;
+	size_t keys = 0, stride = SL_WDS_ENTRY + 8 * (size_t)b->nkeys, off, end;
 	unsigned char *img, *q;
 
 	for (unsigned k = 0; k < b->nkeys; k++)
 		keys += 2 + strlen(b->keys[k]);
 	off = SL_WDS_HEADER + sl_pad8(keys);
-	if (!(img = calloc(1, off + stride * b->nsamples + 1)))
+	end = off + stride * b->nsamples + b->text_len;
+	if (!(img = calloc(1, end + 1)))
 		return -ENOMEM;
 	q = img + SL_WDS_HEADER;
 	memcpy(img, SL_WDS_MAGIC, 8);
-	sl__put32(img + 8, 2);
+	sl__put32(img + 8, SL_WDS_VERSION);
 	sl__put32(img + 12, b->nkeys);
 	sl__put64(img + 16, stamp->size);
 	sl__put64(img + 24, stamp->mtime_ns);
@@ -229,17 +252,21 @@ static int sl_wds_image(const struct sl_wds_build *b, const struct sl__wds_stamp
 
 		sl__put64(e, b->samples[i].span_off);
 		sl__put32(e + 8, b->samples[i].span_len);
+		sl__put32(e + 12, b->samples[i].key_off);
+		sl__put32(e + 16, b->samples[i].key_len);
 		for (unsigned k = 0; k < b->nkeys; k++)
-			sl__put32(e + 12 + 8 * k, SL_WDS_ABSENT);
+			sl__put32(e + SL_WDS_ENTRY + 8 * k, SL_WDS_ABSENT);
 		for (uint32_t m = b->samples[i].first; m < b->samples[i].first + b->samples[i].n; m++) {
-			sl__put32(e + 12 + 8 * b->members[m].key, b->members[m].off);
-			sl__put32(e + 16 + 8 * b->members[m].key, b->members[m].len);
+			sl__put32(e + SL_WDS_ENTRY + 8 * b->members[m].key, b->members[m].off);
+			sl__put32(e + SL_WDS_ENTRY + 4 + 8 * b->members[m].key, b->members[m].len);
 		}
 	}
-	sl__put32(img + 64, sluice_crc32c(0, img + SL_WDS_HEADER, off - SL_WDS_HEADER + stride * b->nsamples));
+	if (b->text_len)
+		memcpy(img + off + stride * b->nsamples, b->text, b->text_len);
+	sl__put32(img + 64, sluice_crc32c(0, img + SL_WDS_HEADER, end - SL_WDS_HEADER));
 	sl__put32(img + 68, sluice_crc32c(0, img, 68));
 	*out = img;
-	*out_len = off + stride * b->nsamples;
+	*out_len = end;
 	return 0;
 }
 
@@ -288,6 +315,7 @@ static int sl_wds_scan(struct archive *a, const char *name, const struct sl__wds
 		free(b.keys[k]);
 	free(b.samples);
 	free(b.members);
+	free(b.text);
 	return rc;
 }
 
@@ -315,9 +343,9 @@ int sl__wds_parse(const unsigned char *p, size_t len, const struct sl__wds_stamp
 	const unsigned char *q, *end = p + len;
 	size_t stride;
 
-	if (len >= 12 && !memcmp(p, SL_WDS_MAGIC, 8) && sl__le32(p + 8) == 1)
-		return 1; /* the first version's: not keyed on enough, rebuilt */
-	if (len < SL_WDS_HEADER || memcmp(p, SL_WDS_MAGIC, 8) || sl__le32(p + 8) != 2)
+	if (len >= 12 && !memcmp(p, SL_WDS_MAGIC, 8) && sl__le32(p + 8) >= 1 && sl__le32(p + 8) < SL_WDS_VERSION)
+		return 1; /* an older version's (not keyed on enough, no samples' keys): rebuilt */
+	if (len < SL_WDS_HEADER || memcmp(p, SL_WDS_MAGIC, 8) || sl__le32(p + 8) != SL_WDS_VERSION)
 		return sl__err(SLUICE_EFORMAT, "not a sluice WebDataset index");
 	if (SL_CRC_BAD(sl__le32(p + 68), sluice_crc32c(0, p, 68)))
 		return sl__err(SLUICE_EFORMAT, "index header CRC mismatch");
@@ -347,40 +375,225 @@ int sl__wds_parse(const unsigned char *p, size_t len, const struct sl__wds_stamp
 		q += 2 + l;
 	}
 	*entries_off = SL_WDS_HEADER + sl_pad8((size_t)(q - p - SL_WDS_HEADER));
-	stride = 12 + 8 * (size_t)*nkeys;
-	if (*entries_off > len || *nsamples > (len - *entries_off) / stride || *entries_off + stride * *nsamples != len)
+	stride = SL_WDS_ENTRY + 8 * (size_t)*nkeys;
+	/* The entries, then the keys' text to the end (each key checked where it is used). */
+	if (*entries_off > len || *nsamples > (len - *entries_off) / stride)
 		return sl__err(SLUICE_EFORMAT, "index size does not match %llu samples", (unsigned long long)*nsamples);
+	return 0;
+}
+
+/* ---- shard lists: webdataset's brace patterns ---- */
+
+struct sl_brace {
+	char **v;
+	size_t cap;
+	unsigned n, max;
+	int rc;
+};
+
+/* The '}' that closes the '{' at p[i], or 0. */
+static size_t sl_brace_end(const char *p, size_t i)
+{
+	int depth = 0;
+
+	for (; p[i]; i++)
+		if (p[i] == '{')
+			depth++;
+		else if (p[i] == '}' && !--depth)
+			return i;
+	return 0;
+}
+
+/* A bound of a range: an integer (digits, an optional '-', at most 18 digits) or one character. */
+static int sl_brace_bound(const char *p, size_t len, long long *v, int *num, int *width)
+{
+	size_t k = len && p[0] == '-';
+
+	*width = (int)len;
+	if (len > k && len - k <= 18 && strspn(p + k, "0123456789") == len - k) {
+		*num = 1;
+		*v = strtoll(p, NULL, 10);
+		return 0;
+	}
+	*num = 0;
+	*v = (unsigned char)p[0];
+	return len == 1 ? 0 : -1;
+}
+
+/* inner (len bytes) as a range A..B or A..B..STEP: 0 and its parts, or -1. */
+static int sl_brace_range(const char *in, size_t len, long long *a, long long *z, long long *step, int *num, int *width)
+{
+	const char *d1 = memmem(in, len, "..", 2), *d2;
+	int na, nz, wa, wz, ns, ws;
+
+	if (!d1)
+		return -1;
+	d2 = memmem(d1 + 2, len - (size_t)(d1 + 2 - in), "..", 2);
+	*step = 1;
+	if (sl_brace_bound(in, (size_t)(d1 - in), a, &na, &wa) ||
+	    sl_brace_bound(d1 + 2, (size_t)((d2 ? d2 : in + len) - d1 - 2), z, &nz, &wz) || na != nz ||
+	    (d2 && (sl_brace_bound(d2 + 2, (size_t)(in + len - d2 - 2), step, &ns, &ws) || !ns)))
+		return -1;
+	*step = *step < 0 ? -*step : *step ? *step : 1;
+	*num = na;
+	/* Zero-padded to the wider bound when either is written with a leading zero, as braceexpand pads. */
+	*width = na && ((wa > 1 && in[in[0] == '-'] == '0') || (wz > 1 && d1[2 + (d1[2] == '-')] == '0'))
+			 ? (wa > wz ? wa : wz) : 0;
+	return 0;
+}
+
+static void sl_brace_walk(struct sl_brace *b, const char *s);
+
+/* prefix (plen bytes) + item (ilen) + suffix, expanded further. */
+static void sl_brace_join(struct sl_brace *b, const char *prefix, size_t plen, const char *item, size_t ilen,
+			  const char *suffix)
+{
+	char *t;
+
+	if (asprintf(&t, "%.*s%.*s%s", (int)plen, prefix, (int)ilen, item, suffix) < 0) {
+		b->rc = -ENOMEM;
+		return;
+	}
+	sl_brace_walk(b, t);
+	free(t);
+}
+
+/* s with its first brace expanded (and the rest, recursively); plain text is one name. */
+static void sl_brace_walk(struct sl_brace *b, const char *s)
+{
+	for (size_t i = 0; s[i] && !b->rc; i++) {
+		size_t e = s[i] == '{' ? sl_brace_end(s, i) : 0, from = i + 1, depth = 0, alts = 0;
+		long long a, z, step;
+		int num, width;
+
+		if (!e)
+			continue;
+		/* Alternatives: the top-level commas split them. */
+		for (size_t k = i + 1; k <= e && !b->rc; k++) {
+			depth += s[k] == '{';
+			depth -= s[k] == '}' && k < e;
+			if ((s[k] == ',' && !depth) || (k == e && alts)) {
+				sl_brace_join(b, s, i, s + from, k - from, s + e + 1);
+				from = k + 1;
+				alts++;
+			}
+		}
+		if (alts)
+			return;
+		if (sl_brace_range(s + i + 1, e - i - 1, &a, &z, &step, &num, &width))
+			continue; /* text, as "{a}" is */
+		for (long long v = a; !b->rc && (a <= z ? v <= z : v >= z); v += a <= z ? step : -step) {
+			char item[32];
+			int l = num ? snprintf(item, sizeof(item), "%0*lld", width, v) : snprintf(item, sizeof(item), "%c", (int)v);
+
+			sl_brace_join(b, s, i, item, (size_t)l, s + e + 1);
+		}
+		return;
+	}
+	if (b->rc)
+		return;
+	if (b->n == b->max) {
+		b->rc = SLUICE_EINVAL_CONFIG;
+		return;
+	}
+	if (sl_grow((void **)&b->v, &b->cap, b->n, sizeof(char *)) ||
+	    !(b->v[b->n] = strdup(s))) {
+		b->rc = -ENOMEM;
+		return;
+	}
+	b->n++;
+}
+
+int sl__brace_expand(const char *pat, unsigned max, char ***out, unsigned *n)
+{
+	struct sl_brace b = { .max = max };
+
+	sl_brace_walk(&b, pat);
+	if (b.rc) {
+		for (unsigned i = 0; i < b.n; i++)
+			free(b.v[i]);
+		free(b.v);
+		return b.rc == SLUICE_EINVAL_CONFIG ? sl__err(b.rc, "%s: names more than %u shards", pat, max) : b.rc;
+	}
+	*out = b.v;
+	*n = b.n;
 	return 0;
 }
 
 /* ---- the reader ---- */
 
+static int sl_ends(const char *n, const char *suffix)
+{
+	size_t l = strlen(n), k = strlen(suffix);
+
+	return l > k && !strcmp(n + l - k, suffix);
+}
+
+/* A compressed tar, by its name: webdataset reads them, sluice (which reads tars in place) refuses them by name. */
+static int sl_is_ztar(const char *n)
+{
+	static const char *const z[] = { ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4" };
+
+	for (size_t i = 0; i < sizeof(z) / sizeof(z[0]); i++)
+		if (sl_ends(n, z[i]))
+			return 1;
+	return 0;
+}
+
 static int sl_is_tar(const char *n)
 {
-	size_t l = strlen(n);
+	return sl_ends(n, ".tar") || sl_is_ztar(n);
+}
 
-	return l > 4 && !strcmp(n + l - 4, ".tar");
+static void sl_free_names(char **v, unsigned n)
+{
+	for (unsigned i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+/*
+ * The tars path names: itself (a file), those in it (a directory, in name
+ * order), or its brace pattern's names when no such file exists (as
+ * webdataset takes "train-{000000..000004}.tar").  0, -ENOENT if none.
+ */
+static int sl_wds_names(const char *path, char ***names, unsigned *n)
+{
+	struct stat st;
+	unsigned k = 0;
+	int rc;
+
+	*names = NULL;
+	*n = 0;
+	if (sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+		if (!(*names = malloc(sizeof(char *))) || !((*names)[0] = strdup(path)))
+			return -ENOMEM;
+		*n = 1;
+		return 0;
+	}
+	if (sl__fs_stat(path, &st) < 0 && strchr(path, '{'))
+		rc = sl__brace_expand(path, SL_MAX_SHARDS, names, n);
+	else
+		rc = sl__fs_list(path, 0, names, n);
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < *n; i++)
+		if (sl_is_tar((*names)[i]))
+			(*names)[k++] = (*names)[i];
+		else
+			free((*names)[i]);
+	*n = k;
+	return k ? 0 : -ENOENT;
 }
 
 static int sl_wds_probe(const char *path)
 {
-	struct stat st;
 	char **names;
 	unsigned n;
-	int tar = 0;
+	int rc = sl_wds_names(path, &names, &n);
 
-	if (sl__fs_stat(path, &st) < 0)
-		return 0;
-	if (S_ISREG(st.st_mode))
-		return sl_is_tar(path);
-	if (!S_ISDIR(st.st_mode) || sl__fs_list(path, 0, &names, &n))
-		return 0;
-	for (unsigned i = 0; i < n; i++) {
-		tar |= sl_is_tar(names[i]);
-		free(names[i]);
-	}
-	free(names);
-	return tar;
+	sl_free_names(names, n);
+	return !rc || rc == SLUICE_EINVAL_CONFIG; /* a pattern of too many names: this reader's error */
 }
 
 /* The tar's stamp (format.h): what its sidecar must have been built from. */
@@ -448,8 +661,13 @@ static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 		struct archive *a = archive_read_new();
 
 		archive_read_support_format_tar(a);
+		/* Compression is recognised only to be refused: a compressed member's bytes are not in place. */
+		archive_read_support_filter_all(a);
 		if (archive_read_open_filename(a, tar, 1 << 20) != ARCHIVE_OK)
 			rc = sl__err(SLUICE_EFORMAT, "%s: %s", tar, archive_error_string(a));
+		else if (archive_filter_code(a, 0) != ARCHIVE_FILTER_NONE)
+			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed tar (%s) under a .tar name; sluice reads a tar's "
+				     "samples in place: decompress it first", tar, archive_filter_name(a, 0));
 		else
 			rc = sl_wds_scan(a, tar, &st, &t->idx, &t->idx_len);
 		archive_read_free(a);
@@ -504,24 +722,16 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 	ds->priv = w;
 	if (!w)
 		return -ENOMEM;
-	if (sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-		names = malloc(sizeof(char *));
-		if (names && (names[0] = strdup(path)))
-			n = 1;
-	} else if (sl__fs_list(path, 0, &names, &n) == 0) {
-		unsigned k = 0;
-
-		for (unsigned i = 0; i < n; i++)
-			if (sl_is_tar(names[i]))
-				names[k++] = names[i];
-			else
-				free(names[i]);
-		n = k;
-	}
-	if (!n) {
-		free(names);
-		return sl__err(-ENOENT, "%s: no .tar shards", path);
-	}
+	if ((rc = sl_wds_names(path, &names, &n)))
+		return rc == -ENOENT ? sl__err(rc, "%s: no .tar shards", path) : rc;
+	for (unsigned i = 0; i < n; i++)
+		if (sl_is_ztar(names[i])) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed tar; sluice reads a tar's samples in place, so it "
+				     "cannot read inside a compressed one: decompress it into a .tar first (gzip -dk, "
+				     "zstd -d or xz -dk, as its suffix says)", names[i]);
+			sl_free_names(names, n);
+			return rc;
+		}
 	rc = sl__ds_files(ds, names, n);
 	w->tars = calloc(n, sizeof(*w->tars));
 	if (!rc && !w->tars)
@@ -541,7 +751,8 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 			break;
 		if (stat(local, &st) == 0)
 			ds->file_bytes[t] = (uint64_t)st.st_size;
-		tt->stride = 12 + 8 * (size_t)tt->nkeys;
+		tt->stride = SL_WDS_ENTRY + 8 * (size_t)tt->nkeys;
+		tt->keys_off = tt->entries_off + tt->stride * tt->nsamples;
 		tt->first = ds->nrecords;
 		ds->nrecords += tt->nsamples;
 		tt->field_of = calloc(tt->nkeys ? tt->nkeys : 1, sizeof(unsigned));
@@ -556,8 +767,9 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 			for (f = 0; f < ds->nfields && strcmp(ds->names[f], keys[k]); f++)
 				;
 			if (f == ds->nfields) {
-				if (f == SLUICE_MAX_FIELDS) {
-					rc = sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", path, SLUICE_MAX_FIELDS);
+				if (f == SLUICE_MAX_FIELDS - 1) {
+					rc = sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", path,
+						     SLUICE_MAX_FIELDS - 1);
 					break;
 				}
 				memcpy(ds->names[f], keys[k], sizeof(ds->names[f]));
@@ -566,6 +778,12 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 			}
 			tt->field_of[k] = f;
 		}
+	}
+	/* And last, every sample's key, as webdataset's __key__. */
+	if (!rc) {
+		w->key_field = ds->nfields++;
+		snprintf(ds->names[w->key_field], sizeof(ds->names[w->key_field]), "%s", SL_WDS_KEY);
+		ds->fields[w->key_field] = (struct sluice_field){ ds->names[w->key_field], SLUICE_DTYPE_BYTES, 0, { 0 } };
 	}
 	ds->has_crc = 0;
 	return rc;
@@ -607,13 +825,23 @@ static int sl_wds_decode(const struct sluice_dataset *ds, uint64_t i, const unsi
 	const struct sl_wds_tar *tt;
 	const unsigned char *e;
 
+	uint32_t koff, klen;
+
 	tt = &w->tars[sl_wds_tar_of(w, i)];
 	e = tt->idx + tt->entries_off + (i - tt->first) * tt->stride;
-	if (rec)
+	koff = sl__le32(e + 12);
+	klen = sl__le32(e + 16);
+	if (koff > tt->idx_len - tt->keys_off || klen > tt->idx_len - tt->keys_off - koff)
+		return sl__err(SLUICE_EFORMAT, "the sample's key lies outside its index");
+	if (rec) {
 		for (unsigned f = 0; f < ds->nfields; f++)
 			rec->data[f] = p, rec->len[f] = 0;
+		/* The key lives in the index, not in the sample's bytes: valid while ds is open. */
+		rec->data[w->key_field] = tt->idx + tt->keys_off + koff;
+		rec->len[w->key_field] = klen;
+	}
 	for (unsigned k = 0; k < tt->nkeys; k++) {
-		uint32_t off = sl__le32(e + 12 + 8 * k), l = sl__le32(e + 16 + 8 * k);
+		uint32_t off = sl__le32(e + SL_WDS_ENTRY + 8 * k), l = sl__le32(e + SL_WDS_ENTRY + 4 + 8 * k);
 
 		if (off == SL_WDS_ABSENT)
 			continue;

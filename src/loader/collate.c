@@ -99,6 +99,9 @@ static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const s
 		unsigned fi = ld->fidx[f];
 		char *d = s->host + l->base[f];
 		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + l->offs[f]), at = 0;
+		/* Offsets count elements of the field's dtype (bytes for bytes), as cu_seqlens do: decode checked each
+		 * value is whole elements. */
+		const uint64_t es = sluice_dtype_size(ld->ds->fields[fi].dtype);
 
 		for (uint32_t j = 0; j < m; j++) {
 			if (ld->fixed[f] && rec[j].len[fi] != ld->fixed[f])
@@ -106,12 +109,12 @@ static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const s
 					       ld->ds->path, (unsigned long long)s->ids[j], ld->ds->fields[fi].name,
 					       rec[j].len[fi], ld->fixed[f]);
 			if (o)
-				o[j] = at;
+				o[j] = at / es;
 			memcpy(d + at, rec[j].data[fi], rec[j].len[fi]);
 			at += rec[j].len[fi];
 		}
 		if (o)
-			o[m] = at;
+			o[m] = at / es;
 	}
 	return 0;
 }

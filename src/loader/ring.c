@@ -91,7 +91,8 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		for (unsigned f = 0; f < s->b.nfields; f++) {
 			const struct sluice_batch_field *bf = &s->b.field[f];
 
-			ld->delivered_bytes += bf->host_offsets ? bf->host_offsets[s->b.size] : bf->item_bytes * s->b.size;
+			ld->delivered_bytes += bf->host_offsets ? bf->host_offsets[s->b.size] * sluice_dtype_size(bf->dtype)
+							       : bf->item_bytes * s->b.size;
 		}
 	} else {
 		s = NULL;

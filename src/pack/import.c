@@ -503,56 +503,61 @@ static int pack_dataset(struct job *j)
 	return rc ? fail(w, rc) : sluice_writer_close(w);
 }
 
-/* JSON lines, one record per non-empty line, fields chosen by key. */
+/*
+ * JSON lines, one record per non-empty line, fields chosen by key.  A line
+ * is held whole, so none may pass SLUICE_MAX_RECORD; that, a failed read
+ * or allocation is an error naming the line, never the end of the file.
+ */
 static int pack_jsonl(struct job *j)
 {
 	const char *from = j->opt->from;
 	struct sluice_writer *w = NULL;
 	struct sluice_field fields[SLUICE_MAX_FIELDS];
 	const char *names[SLUICE_MAX_FIELDS];
-	char *list = strdup(j->opt->fields ? j->opt->fields : ""), *save = NULL, *line = NULL;
+	char *list = strdup(j->opt->fields ? j->opt->fields : ""), *save = NULL;
+	struct sl__lines lr = { 0 };
+	const char *line;
+	uint64_t max = 0;
 	unsigned n = 0;
-	size_t cap = 0;
-	uint64_t lineno = 0;
-	ssize_t len;
-	int rc = 0;
-	FILE *f;
+	size_t len;
+	int rc = 0, got;
 
 	for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && n < SLUICE_MAX_FIELDS; t = strtok_r(NULL, ",", &save))
 		names[n++] = t;
 	if (!n)
 		rc = sl__err(SLUICE_EINVAL_CONFIG, "packing JSON lines needs fields (KEY[,KEY...])");
-	else if (!(f = fopen(from, "r")))
+	else if ((rc = sl__setting_u64("SLUICE_MAX_RECORD", &max)) >= 0 && !(lr.f = fopen(from, "r")))
 		rc = sl__err(-errno, "%s: %s", from, strerror(errno));
-	if (rc) {
+	if (rc < 0) {
 		free(list);
 		return rc;
 	}
-	while (!rc && (len = getline(&line, &cap, f)) >= 0) {
-		char *l = line;
+	lr.max = (size_t)max;
+	rc = 0;
+	while (!rc && (got = sl__lines_next(&lr, &line, &len)) == 1) {
+		const char *l = line;
 
-		lineno++;
 		/* A UTF-8 byte order mark before the first line, as editors on Windows write it. */
-		if (lineno == 1 && len >= 3 && !memcmp(l, "\xEF\xBB\xBF", 3))
+		if (lr.lineno == 1 && len >= 3 && !memcmp(l, "\xEF\xBB\xBF", 3))
 			l += 3, len -= 3;
-		while (len && (l[len - 1] == '\n' || l[len - 1] == '\r' || l[len - 1] == ' ' || l[len - 1] == '\t'))
+		while (len && (l[len - 1] == '\r' || l[len - 1] == ' ' || l[len - 1] == '\t'))
 			len--;
 		/* Blank lines (whitespace only) hold no record. */
-		if (!len || strspn(l, " \t") >= (size_t)len)
+		if (!len || strspn(l, " \t") >= len)
 			continue;
-		if (!w && (rc = sl__json_schema(l, (size_t)len, names, n, fields)) == 0)
+		if (!w && (rc = sl__json_schema(l, len, names, n, fields)) == 0)
 			rc = sluice_writer_open(&w, j->out, fields, n, &j->opt->writer);
 		if (!rc)
-			rc = sl__writer_add_json(w, l, (size_t)len);
+			rc = sl__writer_add_json(w, l, len);
 		if (rc)
-			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lineno, sluice_last_error_detail());
-		else if (lineno % 10000 == 0)
+			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
+		else if (lr.lineno % 10000 == 0)
 			progress(j, sluice_writer_count(w), 0);
 	}
-	if (!rc && ferror(f))
-		rc = sl__err(-EIO, "%s: %s", from, strerror(errno));
-	fclose(f);
-	free(line);
+	if (!rc && got < 0)
+		rc = sl__err(got, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
+	fclose(lr.f);
+	sl__lines_free(&lr);
 	free(list);
 	if (!rc && !w)
 		rc = sl__err(SLUICE_EFORMAT, "%s: no records (empty file)", from);
@@ -926,8 +931,8 @@ int sluice_pack(const char *out, const struct sluice_pack_options *opt, struct s
 	sl__err_clear();
 	if ((rc = SL_REPORT_IN(rep, pack_report)) || (rc = SL_SIZED_IN(&o, opt, pack_options)))
 		return rc;
-	if (!opt || !opt->from || !out)
-		return sl__err(-EINVAL, "sluice_pack: options, a source and OUT are needed");
+	if (!opt || !opt->from || !out || !*out)
+		return sl__err(-EINVAL, "sluice_pack: options, a source and OUT (not empty) are needed");
 	opt = &o;
 	if (opt->source < SLUICE_PACK_DATASET || opt->source > SLUICE_PACK_TOKENS)
 		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_pack: source %d is none of dataset, dir, jsonl, tokens",

@@ -1,13 +1,15 @@
 /*
  * libFuzzer target: every decoder of dataset files (docs/FORMAT.md).
  * The input is taken as an index file, a Megatron .idx, a WebDataset tar
- * a WebDataset sidecar index, JSON lines and a .npy header; if it parses, the bytes after the
+ * a WebDataset sidecar index, JSON lines (split into lines under a small
+ * SLUICE_MAX_RECORD, and the first two converted) and a .npy header; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header and as a record of a fixed schema.
  * Properties: no crash or sanitizer report; decoded fields lie inside
  * the input.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +99,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (sl__npy_parse(data, size, &nd, &ncount, &noff) == 0 && (noff > size || !sluice_dtype_name(nd)))
 		abort();
 
+	/* As a stream of lines under a small limit: every line whole, none longer, the end reached or refused. */
+	FILE *mf = size ? fmemopen((void *)data, size, "r") : NULL;
+
+	if (mf) {
+		struct sl__lines lr = { .f = mf, .max = 64 };
+		const char *ln;
+		size_t ll, total = 0;
+		int got;
+
+		while ((got = sl__lines_next(&lr, &ln, &ll)) == 1) {
+			if (ll > lr.max || ln < lr.buf || ln + ll > lr.buf + lr.cap || memchr(ln, '\n', ll))
+				abort();
+			total += ll + 1;
+		}
+		if ((got == 0 && total < size) || lr.cap > lr.max + 1)
+			abort();
+		sl__lines_free(&lr);
+		fclose(mf);
+	}
+	/* As a shard list with braces: bounded however it nests, every name no longer than the pattern allows. */
+	if (size < 256) {
+		char pat[256], **names;
+		unsigned nn;
+
+		memcpy(pat, data, size);
+		pat[size] = 0;
+		if (sl__brace_expand(pat, 1000, &names, &nn) == 0) {
+			if (nn < 1 || nn > 1000)
+				abort();
+			for (unsigned i = 0; i < nn; i++)
+				free(names[i]);
+			free(names);
+		}
+	}
 	/* As JSON lines: the first line fixes a schema, the rest must convert or be refused. */
 	static const char *const names[3] = { "text", "label", "tokens" };
 	const uint8_t *nl = memchr(data, '\n', size);

@@ -125,3 +125,96 @@ def test_a_batch_kept_after_the_loop_stays_valid(tmp_path):
     ds = _dataset(tmp_path, 100, "64K")
     r = subprocess.run([sys.executable, "-c", KEPT, ds.path], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def _megatron(prefix, seqs, dtype):
+    """A Megatron .bin/.idx pair as MMapIndexedDatasetBuilder writes it (one document a sequence)."""
+    import numpy as np
+    code = {np.uint16: 8, np.int32: 4, np.int64: 5}[dtype]
+    with open(f"{prefix}.bin", "wb") as f:
+        for s in seqs:
+            f.write(np.asarray(s, dtype).tobytes())
+    lens = np.array([len(s) for s in seqs], np.int32)
+    ptrs = np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64) * np.dtype(dtype).itemsize
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + np.uint64(1).tobytes() + bytes([code]) + np.uint64(len(seqs)).tobytes() +
+                np.uint64(len(seqs) + 1).tobytes() + lens.tobytes() + ptrs.tobytes() +
+                np.arange(len(seqs) + 1, dtype=np.int64).tobytes())
+
+
+def _each_record_by_offsets(ds, field, want, device="cpu"):
+    """Every record of an epoch sliced from its batch's (data, offsets) as data[offsets[j]:offsets[j + 1]]:
+    the source record, element for element."""
+    import numpy as np
+    seen = 0
+    for b in sluice.Loader(ds, 6, seed=2, rank=0, world_size=1, drop_last=True, device=device):
+        data, offs = b[field]
+        if device != "cpu":
+            data, offs = data.cpu().numpy(), offs.cpu().numpy()
+        assert offs[0] == 0 and offs[-1] == len(data)
+        for j, i in enumerate(b.ids):
+            assert np.array_equal(data[offs[j]:offs[j + 1]], want[int(i)]), (int(i), j)
+            seen += 1
+    assert seen == len(want) // 6 * 6
+
+
+SEQS = [[(i * 1000 + k) % 65000 for k in range(i % 13 + 1)] for i in range(97)]
+
+
+@pytest.mark.parametrize("dtype", ("u16", "i32"))
+def test_offsets_index_megatron_tokens(tmp_path, dtype):
+    import numpy as np
+    t = {"u16": np.uint16, "i32": np.int32}[dtype]
+    _megatron(tmp_path / "corpus", SEQS, t)
+    _each_record_by_offsets(sluice.Dataset(str(tmp_path / "corpus")), "tokens", [np.array(s, t) for s in SEQS])
+
+
+def _json_int_lists(tmp_path):
+    src = tmp_path / "lists.jsonl"
+    src.write_text("".join(json.dumps({"v": [s * 3 - 7 for s in seq]}) + "\n" for seq in SEQS))
+    sluice.pack(str(tmp_path / "lists"), jsonl=str(src), fields="v")
+    return sluice.Dataset(str(tmp_path / "lists"))
+
+
+def test_offsets_index_json_integer_lists(tmp_path):
+    import numpy as np
+    _each_record_by_offsets(_json_int_lists(tmp_path), "v", [np.array([s * 3 - 7 for s in q], np.int64) for q in SEQS])
+
+
+def test_offsets_index_json_integer_lists_on_the_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    import numpy as np
+    _each_record_by_offsets(_json_int_lists(tmp_path), "v", [np.array([s * 3 - 7 for s in q], np.int64) for q in SEQS],
+                            device="cuda")
+
+
+CLOSED = """
+import sys, numpy as np, sluice
+ds = sluice.Dataset(sys.argv[1])
+ld = sluice.Loader(ds, 7, seed=3)
+batch = next(iter(ld))
+ld.close()
+churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
+n, pad = batch["n"], batch["pad"]
+assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"][0]) for i in batch.ids], (n, batch.ids)
+assert bytes(pad[0][pad[1][0]:pad[1][1]]) == bytes(ds[int(batch.ids[0])]["pad"])
+for use in (lambda: next(iter(ld)), lambda: len(ld), ld.state_dict, lambda: ld.set_epoch(1)):
+    try:
+        use()
+        raise SystemExit("a closed Loader was used without an error")
+    except ValueError as e:
+        assert "closed" in str(e), e
+ld.close()  # twice: nothing
+print("ok")
+"""
+
+
+def test_a_batch_used_after_close_stays_valid(tmp_path):
+    """A batch's arrays used after Loader.close(): still the batch's bytes (close leaves the ring to the arrays
+    that use it; it segfaulted), and the closed Loader itself raises when used."""
+    import sys
+    ds = _dataset(tmp_path, 100, "64K")
+    r = subprocess.run([sys.executable, "-c", CLOSED, ds.path], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

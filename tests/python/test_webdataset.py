@@ -53,10 +53,13 @@ def _writer(path, seed):
 
 
 def _theirs(paths):
-    """Samples as webdataset yields them: {field: bytes} without its own __key__/__url__ entries."""
+    """Samples as webdataset yields them: {field: bytes} with the sample's __key__, without where it came from
+    (__url__, __local_path__)."""
     out = []
-    for s in wds.WebDataset([str(p) for p in paths], shardshuffle=False, empty_check=False):
-        out.append({k: bytes(v) for k, v in s.items() if not k.startswith("__")})
+    urls = paths if isinstance(paths, str) else [str(p) for p in paths]  # a string: webdataset expands its braces
+    for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        out.append({k: v.encode() if k == "__key__" else bytes(v) for k, v in s.items()
+                    if k == "__key__" or not k.startswith("__")})
     return out
 
 
@@ -91,3 +94,62 @@ def test_sparse_member_is_refused(tmp_path):
         pytest.skip("no GNU tar")
     with pytest.raises(sluice.SluiceError, match="sparse"):
         len(sluice.Dataset(str(tmp_path / "sp.tar")))
+
+
+def test_the_key_reaches_the_loader_and_a_packed_copy(tmp_path):
+    """__key__ is a field of every sample, through the loader and kept by pack, and a field named "ids" is the
+    tar's, while the loader's record ids stay batch.ids."""
+    p = tmp_path / "a.tar"
+    with tarfile.open(p, "w") as t:
+        for i in range(12):
+            _add(t, f"dir/k{i:03d}.ids", b"user %d" % i)
+            _add(t, f"dir/k{i:03d}.txt", b"x" * i)
+    keys = [f"dir/k{i:03d}".encode() for i in range(12)]
+    assert [bytes(s["__key__"]) for s in _ours_iter(p)] == keys == [s["__key__"] for s in _theirs([p])]
+    for src in (p, tmp_path / "packed"):
+        if src != p:
+            sluice.pack(str(src), dataset=str(p))
+        seen = {}
+        for b in sluice.Loader(sluice.Dataset(str(src)), 4, seed=1, rank=0, world_size=1):
+            kd, ko = b["__key__"]
+            idd, ido = b["ids"]
+            for j, i in enumerate(b.ids):
+                seen[int(i)] = (bytes(kd[ko[j]:ko[j + 1]]), bytes(idd[ido[j]:ido[j + 1]]))
+        assert seen == {i: (keys[i], b"user %d" % i) for i in range(12)}
+
+
+def _ours_iter(path):
+    ds = sluice.Dataset(str(path))
+    return [ds[i] for i in range(len(ds))]
+
+
+def test_brace_shard_names_expand_as_webdataset_expands_them(tmp_path):
+    for i in range(12):
+        _writer(tmp_path / f"train-{i:06d}.tar", i)
+    for pattern in ("train-{000000..000004}.tar", "train-{000009..000011}.tar", "train-{000001,000003}.tar",
+                    "train-0000{00..10..5}.tar"):
+        path = str(tmp_path / pattern)
+        assert _ours(path) == _theirs(path), pattern
+    ds = sluice.Dataset(str(tmp_path / "train-{000000..000004}.tar"))
+    assert len(ds) == 100 and len(list(sluice.Loader(ds, 10, rank=0, world_size=1))) == 10
+    with pytest.raises(sluice.SluiceError, match="train-000012.tar"):
+        sluice.Dataset(str(tmp_path / "train-{000010..000012}.tar"))
+    with pytest.raises(sluice.SluiceError, match="more than"):
+        sluice.Dataset(str(tmp_path / "train-{0..9999999}.tar"))
+
+
+def test_compressed_tars_are_refused_by_name_and_cause(tmp_path):
+    import gzip
+    _writer(tmp_path / "plain.tar", 0)
+    raw = (tmp_path / "plain.tar").read_bytes()
+    (tmp_path / "a.tar.gz").write_bytes(gzip.compress(raw))
+    with pytest.raises(sluice.SluiceError, match=r"a\.tar\.gz.*compressed.*decompress"):
+        sluice.Dataset(str(tmp_path / "a.tar.gz"))
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "b-000000.tar.gz").write_bytes(gzip.compress(raw))
+    with pytest.raises(sluice.SluiceError, match=r"b-000000\.tar\.gz.*compressed"):
+        sluice.Dataset(str(d))
+    (tmp_path / "c.tar").write_bytes(gzip.compress(raw))  # gzip under a .tar name
+    with pytest.raises(sluice.SluiceError, match=r"c\.tar.*compressed"):
+        sluice.Dataset(str(tmp_path / "c.tar"))

@@ -251,6 +251,27 @@ static void t_big_records(void)
 	free(back);
 }
 
+/* A record whose only field is empty, its value NULL as the writer allows: no memcpy from NULL (UBSan). */
+static void test_a_record_of_one_empty_field(void)
+{
+	static const struct sluice_field f[1] = { { "blob", SLUICE_DTYPE_BYTES, 0, { 0 } } };
+	const void *v[1] = { NULL };
+	const size_t zero = 0;
+	struct sluice_writer *w;
+	struct sluice_dataset *ds = NULL;
+	struct sluice_record rec;
+	char p[700], back[64];
+
+	snprintf(p, sizeof(p), "%s/one_empty", dir);
+	T_CHECK(sluice_writer_open(&w, p, f, 1, NULL) == 0);
+	T_CHECK(sluice_writer_add(w, v, &zero) == 0 && sluice_writer_add(w, v, &zero) == 0);
+	T_CHECK(sluice_writer_close(w) == 0);
+	T_CHECK(sluice_dataset_open(&ds, p) == 0 && sluice_dataset_count(ds) == 2);
+	T_CHECK(ds && sluice_dataset_read(ds, 1, back, sizeof(back), &rec) >= 0 && rec.len[0] == 0);
+	T_CHECK(ds && sluice_dataset_verify(ds, NULL, NULL) == 0);
+	sluice_dataset_close(ds);
+}
+
 static void t_crc(void)
 {
 	T_CHECK(sluice_crc32c(0, "123456789", 9) == 0xE3069283u);
@@ -401,5 +422,6 @@ int main(void)
 	t_corruption();
 	t_index_entries();
 	t_writer_errors();
+	test_a_record_of_one_empty_field();
 	return t_done("t_format");
 }

@@ -96,6 +96,39 @@ static void patch(const char *suffix, long off, const void *v, size_t n)
 	close(fd);
 }
 
+/*
+ * A batch's offsets count the tokens of its data, as cu_seqlens does: record
+ * j is ((uint16_t *)data)[offsets[j], offsets[j + 1]), equal to its sequence.
+ */
+static void test_loader_offsets_count_tokens(struct sluice_dataset *ds)
+{
+	struct sluice_engine *eng = t_engine();
+	struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 9, .seed = 5, .shuffle = 1 };
+	struct sluice_loader *ld = NULL;
+	struct sluice_batch b;
+	uint64_t batches = 0;
+	int rc = -1;
+
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+	while (ld && (rc = sluice_loader_next(ld, &b, NULL)) == 1) {
+		const struct sluice_batch_field *f = &b.field[0];
+		const uint16_t *tok = f->data;
+
+		T_CHECK(f->dtype == SLUICE_DTYPE_U16 && f->offsets[0] == 0);
+		for (uint32_t j = 0; j < b.size; j++) {
+			uint64_t i = b.ids[j], n = (i * 37) % 100 + 1;
+
+			T_CHECK(f->offsets[j + 1] - f->offsets[j] == n);
+			for (uint64_t k = 0; k < n && f->offsets[j] + k < f->offsets[b.size]; k++)
+				T_CHECK(tok[f->offsets[j] + k] == (uint16_t)(i * 1000 + k));
+		}
+		batches++;
+	}
+	T_CHECK(rc == 0 && batches == sluice_loader_batches(ld));
+	sluice_loader_close(ld);
+	sluice_engine_close(eng);
+}
+
 int main(void)
 {
 	char p[700];
@@ -115,6 +148,7 @@ int main(void)
 	/* Through the loader: shuffled batches of 7 from windows of about 30 sequences. */
 	T_CHECK(sluice_dataset_open(&ds, prefix) == 0);
 	t_loader_epoch(ds, 7, 3000);
+	test_loader_offsets_count_tokens(ds);
 	sluice_dataset_close(ds);
 
 	/* A pointer past the end of the .bin: a named error, and verify lists it. */

@@ -118,8 +118,9 @@ void t_loader_epoch(struct sluice_dataset *ds, uint32_t B, uint64_t window_bytes
 			once[id] = 1;
 			for (unsigned k = 0; k < b.nfields; k++) {
 				const struct sluice_batch_field *f = &b.field[k];
-				const char *p = (const char *)f->data + (f->item_bytes ? j * f->item_bytes : f->offsets[j]);
-				size_t len = f->item_bytes ? f->item_bytes : f->offsets[j + 1] - f->offsets[j];
+				size_t es = sluice_dtype_size(f->dtype); /* offsets count elements */
+				const char *p = (const char *)f->data + (f->item_bytes ? j * f->item_bytes : f->offsets[j] * es);
+				size_t len = f->item_bytes ? f->item_bytes : (f->offsets[j + 1] - f->offsets[j]) * es;
 				unsigned fi = 0;
 
 				while (fi + 1 < sluice_dataset_nfields(ds) && strcmp(sluice_dataset_field(ds, fi)->name, f->name))

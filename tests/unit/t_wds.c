@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "format/format.h"
 #include "t_util.h"
 
 static const char *dir;
@@ -97,13 +98,20 @@ static void check_all(const char *open_as, uint64_t nrec, int shards)
 	if (!ds)
 		return;
 	T_CHECK(!strcmp(sluice_dataset_format(ds), "webdataset"));
-	T_CHECK(sluice_dataset_count(ds) == nrec && sluice_dataset_nfields(ds) == 3);
+	T_CHECK(sluice_dataset_count(ds) == nrec && sluice_dataset_nfields(ds) == 4);
 	T_CHECK(!strcmp(sluice_dataset_field(ds, 0)->name, "jpg") && !strcmp(sluice_dataset_field(ds, 2)->name, "seg.json"));
+	T_CHECK(!strcmp(sluice_dataset_field(ds, 3)->name, "__key__"));
 	for (int s = 0; s < shards; s++)
 		for (int j = 0; j < 10; j++) {
 			uint64_t i = (uint64_t)(s * 10 + j);
 
 			T_CHECK(sluice_dataset_read(ds, i, buf, sizeof(buf), &rec) > 0);
+			/* The sample's key, as webdataset's __key__. */
+			if (j == 5)
+				snprintf(want, sizeof(want), "train/%0150d/s%d_%02d", 7, s, j);
+			else
+				snprintf(want, sizeof(want), "train/s%d_%02d", s, j);
+			T_CHECK(rec.len[3] == strlen(want) && !memcmp(rec.data[3], want, rec.len[3]));
 			t_fill(want, (size_t)(100 + 97 * j + s), (uint64_t)(s * 100 + j));
 			T_CHECK(rec.len[0] == (size_t)(100 + 97 * j + s) && !memcmp(rec.data[0], want, rec.len[0]));
 			t_fill(want, 1 + (size_t)j % 3, (uint64_t)(s * 100 + j + 50));
@@ -224,12 +232,51 @@ static void t_rewritten_in_place(void)
 	sluice_dataset_close(ds);
 }
 
+/* Brace patterns expand as webdataset's braceexpand: each pattern's names joined by spaces. */
+static void test_brace_patterns(void)
+{
+	static const char *const cases[][2] = {
+		{ "s-{000..002}.tar", "s-000.tar s-001.tar s-002.tar" },
+		{ "s-{8..10}.tar", "s-8.tar s-9.tar s-10.tar" },
+		{ "s-{08..10}.tar", "s-08.tar s-09.tar s-10.tar" },
+		{ "s-{3..1}", "s-3 s-2 s-1" },
+		{ "{0..10..5}", "0 5 10" },
+		{ "{a..c}{1,2}", "a1 a2 b1 b2 c1 c2" },
+		{ "x{a,{b,c}d}y", "xay xbdy xcdy" },
+		{ "{a}{,z}", "{a} {a}z" },
+		{ "open{1..2", "open{1..2" },
+		{ "{-1..1}", "-1 0 1" },
+		{ "{-01..1}", "-01 000 001" },
+		{ "{a..e..2}{1..3..0}", "a1 a2 a3 c1 c2 c3 e1 e2 e3" },
+		{ "{a..1}{}", "{a..1}{}" },
+	};
+	char **v, got[256];
+	unsigned n;
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		got[0] = 0;
+		T_CHECK(sl__brace_expand(cases[c][0], 100, &v, &n) == 0);
+		for (unsigned i = 0; i < n; i++) {
+			snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%s", i ? " " : "", v[i]);
+			free(v[i]);
+		}
+		free(v);
+		T_CHECK(!strcmp(got, cases[c][1]));
+		if (strcmp(got, cases[c][1]))
+			fprintf(stderr, "  %s: %s\n", cases[c][0], got);
+	}
+	T_CHECK(sl__brace_expand("{0..99999999999}", 1000, &v, &n) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(sl__brace_expand("{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}", 1000, &v, &n) ==
+		SLUICE_EINVAL_CONFIG);
+}
+
 int main(void)
 {
 	char shards[600], p[700], side[760];
 	struct stat st1, st2;
 
 	dir = t_dir("t_wds");
+	test_brace_patterns();
 	snprintf(shards, sizeof(shards), "%s/shards", dir);
 	mkdir(shards, 0755);
 	for (int s = 0; s < 3; s++) {
@@ -279,18 +326,22 @@ int main(void)
 				{ "a.cls", 1, 4, 0 },      { "b.jpg", 8, 5, 0 },      { "__meta__/x.txt", 3, 6, 0 },
 				{ "d/.dot", 4, 7, 0 },     { "x.y/c.tar.gz", 9, 8, 0 } };
 
-	expect_read("dotdot.tar", dotdot, 2, 2, "jpg", 0);
-	expect_read("abs.tar", abs, 1, 1, "txt", 0);
-	expect_read("link.tar", link, 3, 2, "jpg", 1);
-	expect_read("nodot.tar", nodot, 1, 0, NULL, 1);
+	expect_read("dotdot.tar", dotdot, 2, 2, "jpg,__key__", 0);
+	expect_read("abs.tar", abs, 1, 1, "txt,__key__", 0);
+	expect_read("link.tar", link, 3, 2, "jpg,__key__", 1);
+	expect_read("nodot.tar", nodot, 1, 0, "__key__", 1);
 	/* a.JPG and b.jpg share the field jpg; "d/.dot" is key "d/", field "dot" (webdataset's split). */
-	expect_read("odd.tar", odd, 8, 4, "jpg,cls,dot,tar.gz", 3);
+	expect_read("odd.tar", odd, 8, 4, "jpg,cls,dot,tar.gz,__key__", 3);
 	/* Unsafe and malformed tars. */
 	struct member twice[] = { { "k1.jpg", 10, 1, 0 }, { "k1.jpg", 10, 2, 0 } };
 	struct member twice_case[] = { { "k1.jpg", 10, 1, 0 }, { "k1.JPG", 10, 2, 0 } };
 
 	expect_bad("twice.tar", twice, 2, "twice");
 	expect_bad("twice_case.tar", twice_case, 2, "twice");
+	/* A member whose field would be the key's own name: refused, as webdataset refuses it. */
+	struct member keyfield[] = { { "k1.jpg", 10, 1, 0 }, { "k1.__key__", 4, 2, 0 } };
+
+	expect_bad("keyfield.tar", keyfield, 2, "__key__");
 	t_sparse();
 	t_rewritten_in_place();
 	/* A member whose size runs past the end of a truncated tar. */
