@@ -28,10 +28,10 @@ int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int eno
 	if ((rc = sl__fs_local(path, local, sizeof(local))))
 		return rc == -ENOENT && enoent_hint ? sl__err(rc, "%s (not a dataset sluice reads, or its writer did not finish)",
 							      sluice_last_error_detail()) : rc;
-	fd = open(local, O_RDONLY | O_CLOEXEC);
+	fd = sl__open_file(local, O_RDONLY, 0);
 	if (fd < 0)
-		return sl__err(-errno, "%s: %s%s", path, strerror(errno),
-			       errno == ENOENT && enoent_hint ? " (not a dataset sluice reads, or its writer did not finish)" : "");
+		return fd == -ENOENT && enoent_hint ? sl__err(fd, "%s (not a dataset sluice reads, or its writer did not finish)",
+							      sluice_last_error_detail()) : fd;
 	if (fstat(fd, &st) < 0)
 		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
 	else if (st.st_size == 0)
@@ -236,9 +236,9 @@ int sl__ds_fd(struct sluice_dataset *ds, unsigned f)
 		return fd;
 	if ((rc = sl__ds_path(ds, f, path, sizeof(path))))
 		return rc;
-	mine = open(path, O_RDONLY | O_CLOEXEC);
+	mine = sl__open_file(path, O_RDONLY, 0); /* a shard an index names: a FIFO there must not hold the read */
 	if (mine < 0)
-		return sl__err(-errno, "%s: %s", ds->files[f], strerror(errno));
+		return mine;
 	if (!atomic_compare_exchange_strong(&ds->fds[f], &none, mine)) {
 		close(mine); /* another thread won the race */
 		return none;

@@ -94,10 +94,10 @@ int sl__npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count, 
 {
 	unsigned char buf[4096 + 12];
 	ssize_t got;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+	int fd = sl__open_file(path, O_RDONLY, 0), rc;
 
 	if (fd < 0)
-		return sl__err(-errno, "%s: %s", path, strerror(errno));
+		return fd;
 	got = pread(fd, buf, sizeof(buf), 0);
 	close(fd);
 	if (got < 0)

@@ -602,9 +602,11 @@ static int sl_wds_stamp(const char *tar, struct sl__wds_stamp *s)
 	unsigned char head[4096], tail[4096];
 	struct stat st;
 	ssize_t h = 0, t = 0;
-	int fd = open(tar, O_RDONLY | O_CLOEXEC), rc = 0;
+	int fd = sl__open_file(tar, O_RDONLY, 0), rc = 0;
 
-	if (fd < 0 || fstat(fd, &st) < 0) {
+	if (fd < 0) {
+		rc = fd;
+	} else if (fstat(fd, &st) < 0) {
 		rc = sl__err(-errno, "%s: %s", tar, strerror(errno));
 	} else {
 		s->size = (uint64_t)st.st_size;
@@ -635,7 +637,8 @@ static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 		return rc;
 	if (asprintf(&side, "%s%s", tar, SL_WDS_SUFFIX) < 0)
 		return -ENOMEM;
-	fd = open(side, O_RDONLY | O_CLOEXEC);
+	fd = sl__open_file(side, O_RDONLY, 0); /* absent or not a regular file: made again */
+	sl__err_clear();
 	if (fd >= 0) {
 		struct stat ss;
 

@@ -402,8 +402,10 @@ static void *reader(void *arg)
 		if (asprintf(&p, "%s/%s", pk->root, pk->items->v[i].rel) < 0)
 			err = ENOMEM;
 		else {
-			fd = open(p, O_RDONLY | O_CLOEXEC);
-			if (fd < 0 || fstat(fd, &st) < 0)
+			fd = sl__open_file(p, O_RDONLY, 0);
+			if (fd < 0)
+				err = -fd;
+			else if (fstat(fd, &st) < 0)
 				err = errno;
 			else if (!(data = malloc((size_t)st.st_size + 1)))
 				err = ENOMEM;
@@ -575,8 +577,15 @@ static int array_header(const char *path, enum sluice_dtype bin_dtype, enum slui
 
 	if (l > 4 && !strcmp(path + l - 4, ".npy"))
 		return sl__npy_header(path, dt, count, off);
-	if (stat(path, &st) < 0)
+	int fd = sl__open_file(path, O_RDONLY, 0); /* a regular file, never a FIFO read forever */
+
+	if (fd < 0)
+		return fd;
+	if (fstat(fd, &st) < 0) {
+		close(fd);
 		return sl__err(-errno, "%s: %s", path, strerror(errno));
+	}
+	close(fd);
 	*dt = bin_dtype;
 	*off = 0;
 	*count = (uint64_t)st.st_size / sluice_dtype_size(bin_dtype);
