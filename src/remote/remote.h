@@ -101,6 +101,16 @@ struct sl__http_req {
 	void (*describe)(const char *body, size_t len, char *out, size_t cap);
 	/* Optional: the status the answer means (S3 reports some failures in a 200's body). */
 	long (*status_of)(const struct sl__http_req *q, const struct sl__http_resp *k);
+	/*
+	 * A ranged GET of an open file: what the resource was at open.  An
+	 * answer with another ETag or Last-Modified (NULL or "": not compared),
+	 * or (total_known) another total size (a 206's Content-Range "/N", a
+	 * 200's length) is -ESTALE naming the resource, whether or not the
+	 * server honoured If-Match: never bytes of another version.
+	 */
+	const char *seen_etag, *seen_modified;
+	uint64_t total;
+	int total_known;
 };
 
 /*
@@ -222,13 +232,16 @@ SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char 
 SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			     uint64_t off, size_t len, void *dst, const char *if_match);
 /*
- * The same, calling progress(arg, bytes in dst so far) as the body arrives
- * (0 again when a retry starts over), and with sum_kind (core.h's SL_CRC32C
- * or SL_CRC32; 0: none) the CRC of the bytes returned into *sum, summed as
- * each piece arrives, while it is still in cache.
+ * The same, pinned to the object pin describes (NULL: none): its ETag sent
+ * as If-Match, and every answer's ETag and total size (Content-Range's
+ * "/N") checked against it (-ESTALE once it changed, whether or not the
+ * server honours If-Match); calling progress(arg, bytes in dst so far) as
+ * the body arrives (0 again when a retry starts over), and with sum_kind
+ * (core.h's SL_CRC32C or SL_CRC32; 0: none) the CRC of the bytes returned
+ * into *sum, summed as each piece arrives, while it is still in cache.
  */
 SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
-				      uint64_t off, size_t len, void *dst, const char *if_match,
+				      uint64_t off, size_t len, void *dst, const struct sl__s3_meta *pin,
 				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum);
 /*
  * The whole object bucket/key into dst (cap bytes) in one GET with no

@@ -217,6 +217,7 @@ struct sl_req {
 	size_t len;
 	void *buf;
 	const char *if_match;
+	const struct sl__s3_meta *pin; /* GET: the object as its HEAD said (ETag, size): answers are checked against it */
 	const char *hdr[4];         /* more request headers ("Name: value"), up to the first NULL */
 	unsigned min_retries;       /* at least this many more attempts, whatever SLUICE_S3_RETRIES says */
 };
@@ -252,6 +253,11 @@ static int sl_request(struct sl__s3 *s, struct sl__http_conn *c, const struct sl
 
 	if ((rc = sl_url(s, q->bucket, q->key, url, sizeof(url) - 4096)))
 		return rc;
+	if (q->pin) {
+		h.if_match = h.seen_etag = q->pin->etag;
+		h.total = q->pin->size;
+		h.total_known = 1;
+	}
 	if (q->query && *q->query)
 		snprintf(url + strlen(url), sizeof(url) - strlen(url), "%s", q->query);
 	snprintf(name, sizeof(name), "s3://%s/%s", q->bucket, q->key);
@@ -322,15 +328,20 @@ int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, c
 ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, uint64_t off,
 		   size_t len, void *dst, const char *if_match)
 {
-	return sl__s3_get_progress(s, c, bucket, key, off, len, dst, if_match, NULL, NULL, 0, NULL);
+	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
+			    .if_match = if_match };
+	struct sl__http_resp k = { .cap = len };
+	int rc = len ? sl_request(s, c, &q, &k) : 0;
+
+	return rc ? rc : (ssize_t)k.got;
 }
 
 ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
-			    uint64_t off, size_t len, void *dst, const char *if_match,
+			    uint64_t off, size_t len, void *dst, const struct sl__s3_meta *pin,
 			    void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum)
 {
 	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
-			    .if_match = if_match };
+			    .pin = pin };
 	struct sl__http_resp k = { .cap = len, .progress = progress, .progress_arg = arg, .sum_kind = sum_kind };
 	int rc;
 

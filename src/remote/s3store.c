@@ -102,7 +102,7 @@ static int sl_s3s_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	else if (!c)
 		io->res = sl__err(-ENOMEM, "s3://%s/%s: no connection", o->bucket, o->key);
 	else
-		io->res = sl__s3_get_progress(o->s3, c, o->bucket, o->key, io->offset, io->len, io->buf, o->meta.etag,
+		io->res = sl__s3_get_progress(o->s3, c, o->bucket, o->key, io->offset, io->len, io->buf, &o->meta,
 					      io->progress ? sl_s3s_progress : NULL, io, io->sum_kind, &io->sum);
 	/* The request ran on this thread: its error's detail is this thread's last one. */
 	snprintf(io->detail, sizeof(io->detail), "%s", io->res < 0 ? sluice_last_error_detail() : "");
