@@ -86,6 +86,32 @@ static const char *sl_base(const char *p)
 	return b ? b + 1 : p;
 }
 
+/*
+ * 1 where a key's name below the source prefix (rel) would not name a file
+ * below the destination directory: a ".." segment (outside it), or "."
+ * or empty segments and an absolute name (somewhere other than its name
+ * says, or two keys onto one file).  S3 allows all of them in keys; the
+ * AWS CLI refuses them too.
+ */
+static int sl_rel_escapes(const char *rel)
+{
+	for (const char *s = rel;; s++) {
+		size_t n = strcspn(s, "/");
+
+		if (!n || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+			return 1;
+		s += n;
+		if (!*s)
+			return 0;
+	}
+}
+
+static int sl_refuse_escape(const char *src, const char *dst)
+{
+	return sl__err(-EINVAL, "%s: its name would put its copy outside %s (a '..', '.' or empty segment, or an "
+		       "absolute name); nothing was copied", src, dst);
+}
+
 static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, unsigned flags)
 {
 	struct stat st;
@@ -106,13 +132,20 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 			return rc;
 		if (!n)
 			rc = sl__err(-ENOENT, "%s: no files below it", src);
-		/* names are src, maybe a '/', then the name relative to src. */
+		/*
+		 * names are src, a '/' where src has none at its end, then the name
+		 * relative to src: a local file's (readdir's: one segment at a time)
+		 * or a key's rest, checked before anything is copied.
+		 */
 		for (unsigned i = 0; i < n; i++) {
 			const char *rel = names[i] + sl;
 
-			while (*rel == '/')
+			if (c->upload)
+				rel += strspn(rel, "/");
+			else if (sl && src[sl - 1] != '/' && *rel == '/')
 				rel++;
-
+			if (!rc && !c->upload && sl_rel_escapes(rel))
+				rc = sl_refuse_escape(names[i], dst);
 			if (!rc)
 				rc = sl_copy_add(c, names[i], dst, sep, rel);
 			free(names[i]);
@@ -133,7 +166,9 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 	if (!S_ISREG(st.st_mode))
 		return sl__err(-EISDIR, "%s: a prefix, not an object (a tree needs --recursive)", src);
 	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode))
-		return sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/", sl_base(src));
+		return sl_rel_escapes(sl_base(src)) ? sl_refuse_escape(src, dst)
+						    : sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/",
+								  sl_base(src));
 	return sl_copy_add(c, src, dst, "", "");
 }
 
