@@ -9,10 +9,12 @@ from .buffers import Future, _buffer, _eng
 
 def copy(src, dst, recursive=False):
     """Copies between a local path and s3:// either way, as `sluice cp` does (a file, or with recursive a
-    whole directory or prefix); returns {"files", "bytes", "seconds"}."""
+    whole directory or prefix); returns {"files", "bytes", "seconds", "files_verified", "checksum"}: the
+    downloads matched against their object's checksum, and which algorithm (or why none was)."""
     rep = CopyReport()
     check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
-    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified}
+    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified,
+            "checksum": rep.checksum.decode(errors="replace")}
 
 
 def listdir(path, recursive=False):

@@ -213,7 +213,20 @@ int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const
 		return -ENOMEM;
 	/* A mismatch is downloaded once more (a byte flipped on the way), then is an error. */
 	for (int pass = 0; pass < 2; pass++) {
-		if ((rc = sl_download_once(&d)) || !d.sum_kind)
+		if ((rc = sl_download_once(&d)))
+			break;
+		if (m->osum_kind) {
+			/* A one-pass checksum (sum.c): the copy read back in order, from the page cache mostly. */
+			char name[1200];
+
+			snprintf(name, sizeof(name), "s3://%s/%s", bucket, key);
+			if ((rc = sl__osum_check_fd(m, fd, name)) != SLUICE_EVERIFY)
+				break;
+			sl__err(rc, "%s%s", sluice_last_error_detail(), pass ? " (downloaded twice)" : "");
+			sl__warn("s3", "%s", sluice_last_error_detail());
+			continue;
+		}
+		if (!d.sum_kind)
 			break;
 		sum = nchunks ? d.crc[0] : 0;
 		for (uint64_t i = 1; i < nchunks; i++)
@@ -227,8 +240,10 @@ int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const
 		sl__warn("s3", "%s", sluice_last_error_detail());
 	}
 	free(d.crc);
+	if (rc > 0)
+		rc = 0; /* sl__osum_check_fd's "matched" */
 	if (!rc && verified)
-		*verified = d.sum_kind != SL_CRC_NONE;
+		*verified = d.sum_kind != SL_CRC_NONE || m->osum_kind;
 	return rc;
 }
 
