@@ -598,3 +598,14 @@ def test_copy_refuses_keys_that_leave_the_destination(s3, tmp_path, how):
     s3.put_object(Bucket="pytest", Key="esc-ok/c..d.txt", Body=b"c")
     sluice.copy("s3://pytest/esc-ok/", str(tmp_path / "ok"), recursive=True)
     assert (tmp_path / "ok" / "a" / "b.txt").read_bytes() == b"b" and (tmp_path / "ok" / "c..d.txt").read_bytes() == b"c"
+
+
+def test_get_many_bounds_what_the_server_claims(s3):
+    """get_many reads an object larger than max_size again at the size the server says, but only up to
+    size_limit: past it, an error naming the object, with nothing allocated for the claim."""
+    s3.put_object(Bucket="pytest", Key="many/big.bin", Body=b"z" * 50000)
+    c = sluice.Client()
+    assert c.get_many("pytest", ["many/big.bin"], max_size=4096)[0].tobytes() == b"z" * 50000
+    with pytest.raises(sluice.SluiceError) as e:
+        c.get_many("pytest", ["many/big.bin"], max_size=4096, size_limit=10000)
+    assert e.value.code == -errno.EFBIG and "s3://pytest/many/big.bin" in str(e.value) and "50000" in str(e.value)
