@@ -609,3 +609,17 @@ def test_get_many_bounds_what_the_server_claims(s3):
     with pytest.raises(sluice.SluiceError) as e:
         c.get_many("pytest", ["many/big.bin"], max_size=4096, size_limit=10000)
     assert e.value.code == -errno.EFBIG and "s3://pytest/many/big.bin" in str(e.value) and "50000" in str(e.value)
+
+
+def test_cache_too_small_for_a_shard_is_one_line(s3, cache, tmp_path):
+    """A cache smaller than each shard: `sluice verify` says so once per shard (naming the cache and
+    SLUICE_CACHE_LIMIT), not once per record of it."""
+    _tree(tmp_path / "src", n=24, seed=9)
+    assert _pack(tmp_path / "src", "s3://pytest/small-cache").returncode == 0
+    r = subprocess.run([_sluice_bin(), "verify", "s3://pytest/small-cache"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, SLUICE_CACHE_LIMIT="10K"))
+    shards = len([o for o in s3.list_objects_v2(Bucket="pytest", Prefix="small-cache/")["Contents"]
+                  if o["Key"].endswith(".sls")])
+    bad = [line for line in r.stdout.splitlines() if line.startswith("BAD")]
+    assert r.returncode == 1 and 1 < shards < 24 and len(bad) == shards, r.stdout
+    assert all(line.startswith("BAD shard") and "SLUICE_CACHE_LIMIT" in line for line in bad), bad
