@@ -361,3 +361,22 @@ def test_trickling_body_is_a_stall_not_a_hang(s3, obj, tmp_path, receive):
     err = r.stderr.decode()
     assert r.returncode == 3 and "s3://pytest/faults/obj.bin" in err and "2 attempts" in err, err[-800:]
     assert f"ERROR {-errno.ETIMEDOUT}" in err, err[-800:]
+
+
+def test_gpu_reads_say_which_checksums_they_verified(s3, tmp_path):
+    """Into GPU memory: CRC32C and CRC32 are folded from the pieces' CRCs and verified; a one-pass checksum
+    (SHA-256 here) cannot be checked there, and the report says so instead of claiming it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU (torch with CUDA)")
+    data = np.random.default_rng(41).integers(0, 256, size=SUM_SIZE, dtype=np.uint8).tobytes()
+    for algorithm, verified in (("CRC32", True), ("SHA256", False)):
+        key = f"faults/gpu-{algorithm}.bin"
+        _put_with(s3, key, data, algorithm)
+        out, rep = torch.zeros(SUM_SIZE, dtype=torch.uint8, device="cuda"), {}
+        assert sluice.read(f"s3://pytest/{key}", out, report=rep) == SUM_SIZE
+        assert out.cpu().numpy().tobytes() == data
+        if verified:
+            assert rep["bytes_verified"] == SUM_SIZE and rep["checksum"] == algorithm.lower(), rep
+        else:
+            assert rep["bytes_verified"] == 0 and rep["checksum"] == "sha256 (not verified: in GPU memory)", rep
