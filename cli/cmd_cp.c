@@ -49,17 +49,20 @@ int cmd_cp(int argc, char **argv)
 		cli_json_str(src);
 		printf(",\"dst\":");
 		cli_json_str(dst);
-		printf(",\"files\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gbps\":%.4f,\"files_verified\":%llu}\n",
+		printf(",\"files\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gbps\":%.4f,\"files_verified\":%llu,\"checksum\":",
 		       (unsigned long long)rep.files, (unsigned long long)rep.bytes, rep.seconds,
 		       rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0, (unsigned long long)rep.files_verified);
+		cli_json_str(rep.checksum);
+		printf("}\n");
 	} else {
 		printf("copied %llu file%s, %.1f MB, %s -> %s in %.2f s (%.2f GB/s)\n", (unsigned long long)rep.files,
 		       rep.files == 1 ? "" : "s", (double)rep.bytes / 1e6, src, dst, rep.seconds,
 		       rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0);
 		/* Uploads carry a CRC32C the server checks; a download is checked here where its object has one. */
 		if (strncmp(dst, "s3://", 5))
-			printf("checksum: %llu of %llu file%s checked against the object's CRC\n",
-			       (unsigned long long)rep.files_verified, (unsigned long long)rep.files, rep.files == 1 ? "" : "s");
+			printf("checksum: %llu of %llu file%s checked against the object's checksum: %s\n",
+			       (unsigned long long)rep.files_verified, (unsigned long long)rep.files, rep.files == 1 ? "" : "s",
+			       rep.checksum);
 		else
 			printf("checksum: sent with each request (CRC32C), checked by the server\n");
 	}

@@ -453,9 +453,10 @@ struct sluice_xfer_report {
 	char path[96];
 	/*
 	 * Bytes checked end to end: reads of whole s3:// objects that carry a
-	 * full-object CRC32C or CRC32, matched against it (a mismatch is read
-	 * once more, then fails with SLUICE_EVERIFY).  Ranges of an object
-	 * have no checksum in S3 to match.
+	 * full-object CRC32C, CRC32, CRC64NVME, SHA-1 or SHA-256, matched
+	 * against it (a mismatch is read once more, then fails with
+	 * SLUICE_EVERIFY); CRC64NVME, SHA-1 and SHA-256 only where read into
+	 * host memory.  Ranges of an object have no checksum in S3 to match.
 	 */
 	uint64_t bytes_verified;
 	/*
@@ -465,8 +466,19 @@ struct sluice_xfer_report {
 	 * written only when size covers it.
 	 */
 	uint64_t bytes_storage;
+	/*
+	 * Reads of s3:// and http(s):// files: what their bytes were checked
+	 * with end to end, the algorithm ("crc32c", "crc32", "crc64nvme",
+	 * "sha1", "sha256"), or why they were not ("none (no checksum)",
+	 * "none (a part; its crc32c covers the whole)", "sha256 composite (not
+	 * verified)", "sha256 (not verified: in GPU memory)", "none (web
+	 * servers send no checksum)"); of the first such range where there are
+	 * several.  "" for local files.  Added after the struct's first
+	 * release: written only when size covers it.
+	 */
+	char checksum[64];
 };
-#define SLUICE_XFER_REPORT_INIT { sizeof(struct sluice_xfer_report), 0, 0, 0, 0, 0.0, "", 0, 0 }
+#define SLUICE_XFER_REPORT_INIT { sizeof(struct sluice_xfer_report), 0, 0, 0, 0, 0.0, "", 0, 0, "" }
 
 /*
  * One piece of a batched transfer: len bytes at offset of file to or from
@@ -711,12 +723,21 @@ struct sluice_copy_report {
 	uint64_t files, bytes;
 	double seconds;
 	/*
-	 * Downloads whose bytes matched their object's full-object CRC32C or
-	 * CRC32 (uploads always carry a CRC32C, which the server checks).
+	 * Downloads whose bytes matched their object's full-object CRC32C,
+	 * CRC32, CRC64NVME, SHA-1 or SHA-256 (uploads always carry a CRC32C,
+	 * which the server checks).
 	 */
 	uint64_t files_verified;
+	/*
+	 * Which: the algorithms of the downloads verified ("crc32c", "crc64nvme,
+	 * sha256") where all were, else why the first one that was not was not
+	 * ("none (no checksum)", "sha256 composite (not verified)"); uploads:
+	 * "crc32c (checked by the server)".  Added after the struct's first
+	 * release: written only when size covers it.
+	 */
+	char checksum[64];
 };
-#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0 }
+#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0, "" }
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);
 /*

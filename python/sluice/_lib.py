@@ -104,14 +104,14 @@ class PackedRow(C.Structure):
 
 class CopyReport(_Sized):
     _fields_ = [("size", C.c_size_t), ("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
-                ("files_verified", C.c_uint64)]
+                ("files_verified", C.c_uint64), ("checksum", C.c_char * 64)]
 
 
 class XferReport(_Sized):
     """struct sluice_xfer_report."""
     _fields_ = [("size", C.c_size_t), ("bytes", C.c_uint64), ("bytes_direct", C.c_uint64), ("bytes_buffered", C.c_uint64),
                 ("ios", C.c_uint64), ("seconds", C.c_double), ("path", C.c_char * 96),
-                ("bytes_verified", C.c_uint64), ("bytes_storage", C.c_uint64)]
+                ("bytes_verified", C.c_uint64), ("bytes_storage", C.c_uint64), ("checksum", C.c_char * 64)]
 
 
 class S3Object(C.Structure):

@@ -142,13 +142,14 @@ def _buffer(a, writable, ordered=True):
 def read(path, out, offset=0, report=None):
     """Reads len(out) bytes of path at offset into out (GPU or host array); returns the bytes read.  report (a
     dict, or None) receives what the call did: bytes, seconds, the path taken, bytes_verified (a whole s3://
-    object matched against its checksum) and bytes_storage (what the storage I/Os spanned)."""
+    object matched against its checksum), checksum (which algorithm, or why none) and bytes_storage (what the
+    storage I/Os spanned)."""
     ptr, n, keep = _buffer(out, True)
     rep = XferReport()
     got = check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, C.byref(rep)))
     if report is not None:
         report.update(bytes=rep.bytes, seconds=rep.seconds, path=rep.path.decode(), bytes_verified=rep.bytes_verified,
-                      bytes_storage=rep.bytes_storage)
+                      bytes_storage=rep.bytes_storage, checksum=rep.checksum.decode(errors="replace"))
     return got
 
 

@@ -9,10 +9,12 @@ from .buffers import Future, _buffer, _eng
 
 def copy(src, dst, recursive=False):
     """Copies between a local path and s3:// either way, as `sluice cp` does (a file, or with recursive a
-    whole directory or prefix); returns {"files", "bytes", "seconds"}."""
+    whole directory or prefix); returns {"files", "bytes", "seconds", "files_verified", "checksum"}: the
+    downloads matched against their object's checksum, and which algorithm (or why none was)."""
     rep = CopyReport()
     check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
-    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified}
+    return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified,
+            "checksum": rep.checksum.decode(errors="replace")}
 
 
 def listdir(path, recursive=False):
@@ -113,11 +115,13 @@ class Client:
         ptr, n, keep = _buffer(buffer, False)
         return check(lib.sluice_s3_write_from_gpu(self._h, bucket.encode(), key.encode(), ptr, n, None))
 
-    def get_many(self, bucket, keys, max_size=1 << 20, in_flight=64):
+    def get_many(self, bucket, keys, max_size=1 << 20, in_flight=64, size_limit=1 << 30):
         """Whole objects of bucket, many GETs in flight on kept-alive connections (for a sample an object):
         their bytes as numpy uint8 arrays, in the order of keys, each checked against its length and the
-        full-object CRC32C or CRC32 the server sends.  max_size: the bytes set aside for each; a larger object is
-        read again at its own size.  Raises SluiceError naming the first object that failed."""
+        full-object checksum the server sends.  max_size: the bytes set aside for each; a larger object is read
+        again at the size the server says, up to size_limit (default 1 GiB): past it, SluiceError (-EFBIG)
+        naming the object, before anything is allocated for it.  Raises SluiceError naming the first object
+        that failed."""
         import numpy as np
         n = len(keys)
         enc = [k.encode() for k in keys]
@@ -133,6 +137,11 @@ class Client:
         if bad:
             i = bad[0]
             raise SluiceError(objs[i].result, detail if keys[i] in detail else f"s3://{bucket}/{keys[i]}: {detail}")
+        huge = [i for i in big if objs[i].size > size_limit]
+        if huge:  # the size is the server's word: bounded before it becomes an allocation
+            i = huge[0]
+            raise SluiceError(-errno.EFBIG, f"s3://{bucket}/{keys[i]}: the server says {objs[i].size} bytes, over "
+                                            f"get_many's size_limit of {size_limit}")
         out = [buf[i * max_size:i * max_size + max(0, objs[i].result)] for i in range(n)]
         for i in big:  # larger than max_size: once more, at its size
             out[i] = np.empty(objs[i].size, np.uint8)

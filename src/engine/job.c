@@ -165,13 +165,24 @@ static int sl_whole_object(int op, const struct sluice_range *r)
 	return op == SL_IO_READ && sf->sum_kind && r->offset == 0 && r->len == atomic_load(&sf->size);
 }
 
+/* A whole read of a file whose checksum only its store checks, in one pass over its bytes (store.h's verify). */
+static int sl_whole_verify(int op, const struct sluice_range *r)
+{
+	const struct sl__sfile *sf = &r->file->s;
+
+	return op == SL_IO_READ && !sf->sum_kind && sf->ops->verify && r->offset == 0 && r->len == atomic_load(&sf->size);
+}
+
 /*
  * The ranges of a finished job that read whole objects, their pieces'
  * CRCs folded in order (a range's pieces are consecutive and in file
- * order) and matched; the bytes verified, or SLUICE_EVERIFY naming the
- * first object that did not match.
+ * order) and matched, or their bytes checked by their store where they
+ * are in host memory; the bytes verified, or SLUICE_EVERIFY naming the
+ * first object that did not match.  what (cap bytes): what the first
+ * range of a file with a checksum name (sum_name) was checked with, or
+ * why it was not.
  */
-static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_range *r)
+static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_range *r, char *what, size_t cap)
 {
 	int64_t verified = 0;
 
@@ -179,16 +190,31 @@ static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_rang
 		const uint32_t k = job->pieces[p].range;
 		const struct sl__sfile *sf = &r[k].file->s;
 		uint32_t crc = job->pieces[p].crc;
+		int gpu = job->pieces[p].gpu, rc = 0;
 
-		for (p++; p < job->npieces && job->pieces[p].range == k; p++)
+		for (p++; p < job->npieces && job->pieces[p].range == k; p++) {
+			gpu |= job->pieces[p].gpu;
 			if (sl_whole_object(job->op, &r[k]))
 				crc = sl__crc_combine(sf->sum_kind, crc, job->pieces[p].crc, job->pieces[p].len);
-		if (!sl_whole_object(job->op, &r[k]))
+		}
+		if (sl_whole_object(job->op, &r[k])) {
+			if (crc != sf->sum)
+				return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %08x, the object's is %08x",
+					       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, crc, sf->sum);
+			rc = 1;
+		} else if (sl_whole_verify(job->op, &r[k]) && !gpu && (rc = sf->ops->verify(sf, r[k].buf, r[k].len)) < 0) {
+			return rc;
+		}
+		if (rc == 1)
+			verified += (int64_t)r[k].len;
+		if (what[0] || !sf->sum_name[0])
 			continue;
-		if (crc != sf->sum)
-			return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %08x, the object's is %08x",
-				       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, crc, sf->sum);
-		verified += (int64_t)r[k].len;
+		if (rc == 1 || !strncmp(sf->sum_name, "none", 4) || strchr(sf->sum_name, '('))
+			snprintf(what, cap, "%s", sf->sum_name);
+		else if (r[k].offset || r[k].len != atomic_load(&sf->size))
+			snprintf(what, cap, "none (a part; its %.10s covers the whole)", sf->sum_name);
+		else
+			snprintf(what, cap, "%.10s (not verified: in GPU memory)", sf->sum_name);
 	}
 	return verified;
 }
@@ -199,14 +225,17 @@ ssize_t sl__transfer(struct sluice_engine *eng, int op, const struct sluice_rang
 	struct sl__job job;
 	ssize_t rc;
 	int64_t verified = 0;
-	int sums = 0;
+	int sums = 0, check = 0;
+	char what[64] = "";
 	uint64_t t0 = sl__now_ns();
 
 	sl__err_clear();
 	if ((rc = SL_REPORT_IN(rep, xfer_report)))
 		return rc;
-	for (size_t k = 0; k < n && !sums; k++)
-		sums = sl_whole_object(op, &r[k]);
+	for (size_t k = 0; k < n; k++) {
+		sums |= sl_whole_object(op, &r[k]);
+		check |= op == SL_IO_READ && r[k].file->s.sum_name[0];
+	}
 	/* A mismatch (bytes damaged on the way) is read once more, then is an error. */
 	for (int pass = 0; pass < 2; pass++) {
 		rc = sl__plan(eng, &job, op, r, n, sums ? SL_JOB_OBJECT_SUM : 0);
@@ -219,8 +248,9 @@ ssize_t sl__transfer(struct sluice_engine *eng, int op, const struct sluice_rang
 		}
 		sl__job_submit(eng, &job);
 		rc = sl__job_wait(eng, &job, rep);
-		if (rc >= 0 && sums)
-			verified = sl_match_sums(&job, r);
+		what[0] = 0;
+		if (rc >= 0 && check)
+			verified = sl_match_sums(&job, r, what, sizeof(what));
 		sl__plan_free(&job);
 		if (rc < 0 || verified >= 0)
 			break;
@@ -229,5 +259,7 @@ ssize_t sl__transfer(struct sluice_engine *eng, int op, const struct sluice_rang
 	}
 	if (rep && rc >= 0)
 		rep->bytes_verified = (uint64_t)verified;
+	if (rep && rc >= 0 && SL_COVERS(rep, checksum))
+		snprintf(rep->checksum, sizeof(rep->checksum), "%s", what);
 	return rc;
 }

@@ -321,10 +321,13 @@ ssize_t sluice_dataset_read(struct sluice_dataset *ds, uint64_t i, void *buf, si
 int64_t sluice_dataset_verify(struct sluice_dataset *ds, void (*bad)(const struct sluice_bad *, void *),
 			      void *user)
 {
-	unsigned char *buf = NULL;
+	unsigned char *buf = NULL, *told = calloc(ds->nfiles ? ds->nfiles : 1, 1);
 	size_t cap = 0;
-	int64_t problems = ds->ops->check ? ds->ops->check(ds, bad, user) : 0;
+	int64_t problems = !told ? -ENOMEM : ds->ops->check ? ds->ops->check(ds, bad, user) : 0;
 
+	/* Shards whose fetch failed in the check were reported there. */
+	for (unsigned f = 0; told && f < ds->nfiles; f++)
+		told[f] = ds->fetch_rc[f] != 0;
 	for (uint64_t i = 0; problems >= 0 && i < ds->nrecords; i++) {
 		struct sluice_record_loc loc;
 		ssize_t r;
@@ -336,14 +339,20 @@ int64_t sluice_dataset_verify(struct sluice_dataset *ds, void (*bad)(const struc
 		}
 		r = sluice_dataset_read(ds, i, buf, cap, NULL);
 		if (r < 0) {
-			struct sluice_bad b = { i, loc.shard, loc.offset, (int)r, sluice_last_error_detail() };
+			/* A shard that could not be fetched (a cache too small for it) is one problem, not one per record. */
+			int shard = loc.shard < ds->nfiles && ds->fetch_rc[loc.shard];
+			struct sluice_bad b = { shard ? UINT64_MAX : i, loc.shard, shard ? 0 : loc.offset, (int)r,
+						sluice_last_error_detail() };
 
+			if (shard && told[loc.shard]++)
+				continue;
 			if (bad)
 				bad(&b, user);
 			problems++;
 		}
 	}
 	free(buf);
+	free(told);
 	return problems;
 }
 

@@ -233,6 +233,18 @@ static int sl_file_crc(const char *path, int kind, uint32_t *crc)
 	return rc;
 }
 
+/* The copy at path against m's one-pass checksum (sum.c): 1 matched, else 0 or an error. */
+static int sl_file_osum(const char *path, const struct sl__s3_meta *m, const char *url)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+
+	if (fd < 0)
+		return -errno;
+	rc = sl__osum_check_fd(m, fd, url);
+	close(fd);
+	return rc;
+}
+
 /* Writes the .meta at p for the copy at local of url (m: the object as its HEAD said). */
 static int sl_meta_write(const char *p, const char *local, const char *url, const char *endpoint,
 			 const struct sl__s3_meta *m)
@@ -279,9 +291,10 @@ static int sl_copy_good(const char *p, const char *local, const char *url, const
 	if (have.ino == (unsigned long long)st.st_ino &&
 	    have.ctime_ns == (unsigned long long)st.st_ctim.tv_sec * 1000000000ull + (unsigned long long)st.st_ctim.tv_nsec)
 		return 1;
-	if (!m->sum_kind || sl_file_crc(local, m->sum_kind, &crc) || crc != m->sum) {
+	if (m->osum_kind ? sl_file_osum(local, m, url) != 1
+			 : !m->sum_kind || sl_file_crc(local, m->sum_kind, &crc) || crc != m->sum) {
 		sl__warn("cache", "%s: the cached copy %s was changed on disk%s; downloading it again", url, local,
-			 m->sum_kind ? " and no longer matches the object's checksum" : "");
+			 m->sum_kind || m->osum_kind ? " and no longer matches the object's checksum" : "");
 		return 0;
 	}
 	return sl_meta_write(p, local, url, endpoint, m) == 0;
@@ -333,7 +346,7 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		goto out;
 	}
 	snprintf(part, sizeof(part), "%s/%s.part.%d", c.dir, name, (int)getpid());
-	fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for a one-pass checksum */
 	if (fd < 0) {
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 		goto out;

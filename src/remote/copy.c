@@ -23,8 +23,25 @@ struct sl_copy {
 	int upload;
 	_Atomic size_t next;
 	_Atomic uint64_t verified;  /* downloads checked against their object's checksum */
+	pthread_mutex_t lock;       /* over what: */
+	char what[64];              /* the algorithms verified, joined by ", " */
+	char why_not[48];           /* why the first download not verified was not ("" none) */
 	struct sl__first_err fail;
 };
+
+/* One download's checksum (its name, and whether it was matched) into c's summary. */
+static void sl_copy_note(struct sl_copy *c, int ok, const char *name)
+{
+	size_t l;
+
+	pthread_mutex_lock(&c->lock);
+	l = strlen(c->what);
+	if (!ok && !c->why_not[0])
+		snprintf(c->why_not, sizeof(c->why_not), "%s", name);
+	else if (ok && !strstr(c->what, name) && l + strlen(name) + 3 < sizeof(c->what))
+		snprintf(c->what + l, sizeof(c->what) - l, "%s%s", l ? ", " : "", name);
+	pthread_mutex_unlock(&c->lock);
+}
 
 static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, const char *sep, const char *rel)
 {
@@ -69,9 +86,13 @@ static void *sl_copy_run(void *arg)
 		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q->dst);
 
 		int ok = 0;
+		char name[48] = "";
 
-		if (!rc && !c->upload && !(rc = sl__fs_download(q->src, q->dst, &ok)) && ok)
-			atomic_fetch_add(&c->verified, 1);
+		if (!rc && !c->upload && !(rc = sl__fs_download(q->src, q->dst, &ok, name))) {
+			if (ok)
+				atomic_fetch_add(&c->verified, 1);
+			sl_copy_note(c, ok, name);
+		}
 
 		if (rc)
 			sl__first_err_keep(&c->fail, rc);
@@ -84,6 +105,32 @@ static const char *sl_base(const char *p)
 	const char *b = strrchr(p, '/');
 
 	return b ? b + 1 : p;
+}
+
+/*
+ * 1 where a key's name below the source prefix (rel) would not name a file
+ * below the destination directory: a ".." segment (outside it), or "."
+ * or empty segments and an absolute name (somewhere other than its name
+ * says, or two keys onto one file).  S3 allows all of them in keys; the
+ * AWS CLI refuses them too.
+ */
+static int sl_rel_escapes(const char *rel)
+{
+	for (const char *s = rel;; s++) {
+		size_t n = strcspn(s, "/");
+
+		if (!n || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+			return 1;
+		s += n;
+		if (!*s)
+			return 0;
+	}
+}
+
+static int sl_refuse_escape(const char *src, const char *dst)
+{
+	return sl__err(-EINVAL, "%s: its name would put its copy outside %s (a '..', '.' or empty segment, or an "
+		       "absolute name); nothing was copied", src, dst);
 }
 
 static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, unsigned flags)
@@ -106,13 +153,20 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 			return rc;
 		if (!n)
 			rc = sl__err(-ENOENT, "%s: no files below it", src);
-		/* names are src, maybe a '/', then the name relative to src. */
+		/*
+		 * names are src, a '/' where src has none at its end, then the name
+		 * relative to src: a local file's (readdir's: one segment at a time)
+		 * or a key's rest, checked before anything is copied.
+		 */
 		for (unsigned i = 0; i < n; i++) {
 			const char *rel = names[i] + sl;
 
-			while (*rel == '/')
+			if (c->upload)
+				rel += strspn(rel, "/");
+			else if (sl && src[sl - 1] != '/' && *rel == '/')
 				rel++;
-
+			if (!rc && !c->upload && sl_rel_escapes(rel))
+				rc = sl_refuse_escape(names[i], dst);
 			if (!rc)
 				rc = sl_copy_add(c, names[i], dst, sep, rel);
 			free(names[i]);
@@ -133,7 +187,9 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 	if (!S_ISREG(st.st_mode))
 		return sl__err(-EISDIR, "%s: a prefix, not an object (a tree needs --recursive)", src);
 	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode))
-		return sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/", sl_base(src));
+		return sl_rel_escapes(sl_base(src)) ? sl_refuse_escape(src, dst)
+						    : sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/",
+								  sl_base(src));
 	return sl_copy_add(c, src, dst, "", "");
 }
 
@@ -150,6 +206,7 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 	if (!src || !dst || !*src || !*dst)
 		return sl__err(-EINVAL, "copy: a source and a destination are needed");
 	sl__first_err_init(&c.fail);
+	pthread_mutex_init(&c.lock, NULL);
 	rc = sl_copy_plan(&c, src, dst, flags);
 	if (!rc && c.n)
 		sl__fanout(c.n < SL_FILES_AT_ONCE ? (unsigned)c.n : SL_FILES_AT_ONCE, sl_copy_run, &c);
@@ -158,6 +215,9 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 	if (rep && !rc) {
 		rep->files = c.n;
 		rep->files_verified = c.upload ? 0 : atomic_load(&c.verified);
+		if (SL_COVERS(rep, checksum))
+			snprintf(rep->checksum, sizeof(rep->checksum), "%s",
+				 c.upload ? "crc32c (checked by the server)" : c.why_not[0] ? c.why_not : c.what);
 		/* The local side's sizes: the bytes moved. */
 		for (size_t i = 0; i < c.n; i++)
 			if (stat(c.upload ? c.p[i].src : c.p[i].dst, &st) == 0)
@@ -169,6 +229,7 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 		free(c.p[i].dst);
 	}
 	free(c.p);
+	pthread_mutex_destroy(&c.lock);
 	sl__first_err_fini(&c.fail);
 	return rc;
 }

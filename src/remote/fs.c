@@ -182,7 +182,7 @@ int sl__fs_upload(const char *local, const char *url)
 	return rc;
 }
 
-int sl__fs_download(const char *url, const char *local, int *verified)
+int sl__fs_download(const char *url, const char *local, int *verified, char sum_name[48])
 {
 	char bucket[64], key[1025], *tmp = NULL;
 	struct sl__s3 *s3;
@@ -196,9 +196,11 @@ int sl__fs_download(const char *url, const char *local, int *verified)
 		return -ENOMEM;
 	if ((rc = sl__s3_head(s3, c, bucket, key, &m)))
 		return rc;
+	if (sum_name)
+		snprintf(sum_name, 48, "%s", m.sum_name[0] ? m.sum_name : "none (no checksum)");
 	if (asprintf(&tmp, "%s.sluice-part.%d", local, (int)getpid()) < 0)
 		return -ENOMEM;
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for a one-pass checksum */
 	if (fd < 0) {
 		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
 		free(tmp);

@@ -10,7 +10,8 @@
  * server's own words where the caller can read them (req->describe), mapped
  * to errno: 404 -ENOENT, 403 -EACCES, 412 -ESTALE (the resource changed),
  * 416 -ERANGE, transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED or
- * -ECONNRESET.
+ * -ECONNRESET; a server's certificate refused -EKEYREJECTED (never tried
+ * again), a ranged GET answered with a whole file -EOPNOTSUPP.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -31,7 +32,13 @@ struct sl__http_conn {
 	CURL *raw;             /* the direct receive's connection (CURLOPT_CONNECT_ONLY), NULL: none open */
 	char raw_origin[300];  /* scheme://host:port it is connected to */
 	uint64_t recv_min;     /* SLUICE_HTTP_RECV_MIN: GETs this long go the direct way (0: none) */
+	uint64_t stall_s;      /* SLUICE_HTTP_STALL_TIME: seconds under SL_LOW_SPEED bytes/s that are a stall */
+	uint64_t win_t0;       /* the direct receive's speed window: its start (sl__now_ns) */
+	uint64_t win_bytes;    /* and the bytes received in it */
 };
+
+/* The low-speed rule of both receive paths: under this many bytes a second for stall_s seconds is a stall. */
+enum { SL_LOW_SPEED = 1024 };
 
 static pthread_once_t sl_curl_once = PTHREAD_ONCE_INIT;
 static int sl_curl_ok;
@@ -62,7 +69,8 @@ int sl__http_conn_open(struct sl__http_conn **out)
 		free(c);
 		return sl__err(-ENOMEM, "curl_easy_init failed");
 	}
-	if ((rc = sl__setting_u64("SLUICE_HTTP_RECV_MIN", &c->recv_min))) {
+	if ((rc = sl__setting_u64("SLUICE_HTTP_RECV_MIN", &c->recv_min)) ||
+	    (rc = sl__setting_u64("SLUICE_HTTP_STALL_TIME", &c->stall_s))) {
 		sl__http_conn_close(c);
 		return rc;
 	}
@@ -257,11 +265,19 @@ static int sl_errno_of_curl(CURLcode cc)
 	}
 }
 
+/* The server's certificate did not verify, or what it is checked against could not be read. */
+static int sl_cert_refused(CURLcode cc)
+{
+	return cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE || cc == CURLE_SSL_CERTPROBLEM ||
+	       cc == CURLE_SSL_ISSUER_ERROR || cc == CURLE_SSL_CRL_BADFILE || cc == CURLE_SSL_PINNEDPUBKEYNOTMATCH;
+}
+
 /*
  * A ranged GET's answer against its request: 206 with the range asked for
  * (cut only at the resource's end) and as many body bytes, or 200 (the
- * Range ignored: the whole resource) to a range from byte 0.  0 or -EIO,
- * which sl__http_request tries again.
+ * Range ignored: the whole resource) where the range was all of it
+ * (sl_answer refuses any other 200).  0 or -EIO, which sl__http_request
+ * tries again.
  */
 static int sl_check_range(const struct sl__http_req *q, const struct sl__http_resp *k)
 {
@@ -276,9 +292,7 @@ static int sl_check_range(const struct sl__http_req *q, const struct sl__http_re
 		else if (k->got != k->r_last - k->r_first + 1)
 			why = "a body of another length";
 	} else if (k->status == 200) {
-		if (q->off)
-			why = "the whole object";
-		else if (k->have_size && k->got != k->size)
+		if (k->have_size && k->got != k->size)
 			why = "a body of another length";
 	} else {
 		why = "an unexpected status";
@@ -287,6 +301,30 @@ static int sl_check_range(const struct sl__http_req *q, const struct sl__http_re
 		return 0;
 	return sl__err(-EIO, "%s: asked for bytes %llu-%llu, got %s (HTTP %ld, Content-Range '%s', %zu bytes)", q->name,
 		       (unsigned long long)q->off, (unsigned long long)last, why, k->status, k->range, k->got);
+}
+
+/*
+ * A ranged GET's answer against what the resource was at open (q->seen_*,
+ * q->total): 0, or -ESTALE naming what changed.  Checked by the client
+ * because a server may ignore If-Match and If-Unmodified-Since, and one
+ * without validators has only the size to tell two versions apart.
+ */
+static int sl_check_seen(const struct sl__http_req *q, const struct sl__http_resp *k)
+{
+	const uint64_t total = k->status == 206 ? k->r_total : k->size;
+	const int have_total = k->status == 206 ? k->have_range : k->have_size;
+	char why[400] = "";
+
+	if (q->seen_etag && *q->seen_etag && k->etag[0] && strcmp(k->etag, q->seen_etag))
+		snprintf(why, sizeof(why), "ETag %.120s then, %.120s now", q->seen_etag, k->etag);
+	else if (q->seen_modified && *q->seen_modified && k->last_modified[0] && strcmp(k->last_modified, q->seen_modified))
+		snprintf(why, sizeof(why), "Last-Modified %.60s then, %.60s now", q->seen_modified, k->last_modified);
+	else if (q->total_known && have_total && total != q->total)
+		snprintf(why, sizeof(why), "%llu bytes then, %llu now (%s)", (unsigned long long)q->total,
+			 (unsigned long long)total, k->status == 206 ? "its Content-Range's total" : "its Content-Length");
+	if (!why[0])
+		return 0;
+	return sl__err(-ESTALE, "%s: changed on the server since it was opened (%s)", q->name, why);
 }
 
 /* The request's headers, curl's list of them. */
@@ -334,13 +372,15 @@ static void sl_setopts(CURL *h, struct sl__http_conn *c, const struct sl__http_r
 	curl_easy_reset(h);
 	k->h = h;
 	curl_easy_setopt(h, CURLOPT_URL, q->url);
+	/* Dot segments are sent as they are: "p/../k" names an S3 object of its own, and is what was signed. */
+	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
 	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, c->errbuf);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
 	sl_ca(h);
-	/* A stalled transfer (under 1 KiB/s for 30 s) is a timeout, not a hang. */
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
+	/* A stalled transfer (under 1 KiB/s for SLUICE_HTTP_STALL_TIME) is a timeout, not a hang. */
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, (long)SL_LOW_SPEED);
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)c->stall_s);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sl_body);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, k);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, sl_header);
@@ -392,7 +432,28 @@ static void sl_raw_drop(struct sl__http_conn *c)
 	c->raw_origin[0] = 0;
 }
 
-/* Waits until the connection can be read (out 0) or written (1); -ETIMEDOUT after 30 s, as curl's stall limit. */
+/*
+ * curl's low-speed rule (CURLOPT_LOW_SPEED_LIMIT and _TIME) for the direct
+ * receive: n more bytes came; -ETIMEDOUT where a whole window of stall_s
+ * seconds brought fewer than SL_LOW_SPEED bytes a second, so that a peer
+ * that trickles a byte now and then cannot hold a read forever.  The
+ * window starts with each request (sl_raw_exchange).
+ */
+static int sl_raw_speed(struct sl__http_conn *c, size_t n)
+{
+	const uint64_t now = sl__now_ns();
+
+	c->win_bytes += n;
+	if (now - c->win_t0 < c->stall_s * 1000000000ull)
+		return 0;
+	if (c->win_bytes < SL_LOW_SPEED * c->stall_s)
+		return -ETIMEDOUT;
+	c->win_t0 = now;
+	c->win_bytes = 0;
+	return 0;
+}
+
+/* Waits until the connection can be read (out 0) or written (1); -ETIMEDOUT on a stall (sl_raw_speed). */
 static int sl_raw_wait(struct sl__http_conn *c, int out)
 {
 	curl_socket_t fd = CURL_SOCKET_BAD;
@@ -402,9 +463,19 @@ static int sl_raw_wait(struct sl__http_conn *c, int out)
 	if (curl_easy_getinfo(c->raw, CURLINFO_ACTIVESOCKET, &fd) != CURLE_OK || fd == CURL_SOCKET_BAD)
 		return -ECONNRESET;
 	p = (struct pollfd){ .fd = fd, .events = out ? POLLOUT : POLLIN };
-	while ((n = poll(&p, 1, 30000)) < 0 && errno == EINTR)
-		;
-	return n > 0 ? 0 : n == 0 ? -ETIMEDOUT : -errno;
+	for (;;) {
+		/* Until the window's end at most: then the rule decides. */
+		uint64_t now = sl__now_ns(), end = c->win_t0 + c->stall_s * 1000000000ull;
+		int ms = now >= end ? 0 : (int)((end - now + 999999) / 1000000), rc;
+
+		n = poll(&p, 1, ms);
+		if (n > 0)
+			return 0;
+		if (n < 0 && errno != EINTR)
+			return -errno;
+		if (n == 0 && (rc = sl_raw_speed(c, 0)))
+			return rc;
+	}
 }
 
 /* Up to cap bytes into p: how many (0: the server closed), or an error. */
@@ -416,7 +487,7 @@ static ssize_t sl_raw_recv(struct sl__http_conn *c, char *p, size_t cap)
 		int rc;
 
 		if (cc == CURLE_OK)
-			return (ssize_t)n;
+			return n && (rc = sl_raw_speed(c, n)) ? rc : (ssize_t)n;
 		if (cc != CURLE_AGAIN)
 			return sl_errno_of_curl(cc == CURLE_UNSUPPORTED_PROTOCOL ? CURLE_RECV_ERROR : cc);
 		if ((rc = sl_raw_wait(c, 0)))
@@ -548,6 +619,15 @@ int sl__http_head_parse(const char *buf, size_t len, struct sl__http_resp *k, si
 	return 0;
 }
 
+/* A failed receive's error, naming the resource, where it was (at) and why (a stall: the rule). */
+static int sl_raw_fail(const struct sl__http_conn *c, const struct sl__http_req *q, int rc, const char *at)
+{
+	if (rc == -ETIMEDOUT)
+		return sl__err(rc, "%s: stalled %s (under %d bytes/s for %llu s: SLUICE_HTTP_STALL_TIME)", q->name, at,
+			       SL_LOW_SPEED, (unsigned long long)c->stall_s);
+	return sl__err(rc, "%s: the connection failed %s (%s)", q->name, at, strerror(-rc));
+}
+
 /* The answer's head into head[0..*hl) (NUL after), parsed; *end past its blank line.  SL_DECLINED: curl's path. */
 static int sl_raw_head(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k, char *head,
 		       size_t *hl, size_t *end, int *keep)
@@ -561,7 +641,8 @@ static int sl_raw_head(struct sl__http_conn *c, const struct sl__http_req *q, st
 		if (*hl == SL_HEAD_MAX)
 			return SL_DECLINED;
 		if ((n = sl_raw_recv(c, head + *hl, SL_HEAD_MAX - *hl)) <= 0)
-			return n ? (int)n : sl__err(-ECONNRESET, "%s: the server closed the connection", q->name);
+			return n ? sl_raw_fail(c, q, (int)n, "waiting for the answer")
+				 : sl__err(-ECONNRESET, "%s: the server closed the connection", q->name);
 		*hl += (size_t)n;
 		head[*hl] = 0;
 	}
@@ -605,6 +686,8 @@ static int sl_raw_exchange(struct sl__http_conn *c, const struct sl__http_req *q
 		if ((rc = sl_raw_connect(c, origin)))
 			return rc;
 		*hl = 0;
+		c->win_t0 = sl__now_ns();
+		c->win_bytes = 0;
 		rc = sl_raw_send(c, req, len);
 		if (!rc)
 			rc = sl_raw_head(c, q, k, head, hl, end, keep);
@@ -648,11 +731,12 @@ static int sl_raw_body(struct sl__http_conn *c, const struct sl__http_req *q, st
 		ssize_t n = sl_raw_recv(c, k->dst + k->got, want);
 
 		if (n <= 0) {
+			char at[64];
+
 			sl_raw_drop(c);
-			return n ? sl__err((int)n, "%s: the body stopped at %zu of %llu bytes (%s)", q->name, k->got,
-					   (unsigned long long)k->size, strerror((int)-n))
-				 : sl__err(-ECONNRESET, "%s: the server closed the connection at %zu of %llu bytes", q->name,
-					   k->got, (unsigned long long)k->size);
+			snprintf(at, sizeof(at), "at %zu of %llu bytes", k->got, (unsigned long long)k->size);
+			return n ? sl_raw_fail(c, q, (int)n, at)
+				 : sl__err(-ECONNRESET, "%s: the server closed the connection %s", q->name, at);
 		}
 		sl_took(k, (size_t)n);
 	}
@@ -663,18 +747,21 @@ static int sl_raw_body(struct sl__http_conn *c, const struct sl__http_req *q, st
 /* One ranged GET the direct way: 0, an error, or SL_DECLINED (nothing delivered: curl's path takes it). */
 static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
 {
-	char *scheme = NULL, *hostn = NULL, *port = NULL, *eport = NULL, *path = NULL, *query = NULL;
+	char *scheme = NULL, *hostn = NULL, *port = NULL, *eport = NULL, *path = NULL, *query = NULL, *user = NULL;
 	char origin[sizeof(c->raw_origin)], host[300], req[8192], head[SL_HEAD_MAX + 1];
 	size_t len = 0, hl = 0, end = 0;
 	int rc = SL_DECLINED, keep = 0;
 	CURLU *u = curl_url();
 
-	if (!u || curl_url_set(u, CURLUPART_URL, q->url, 0) || curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) ||
+	/* The path as given, dot segments and all (an S3 key "p/../k" is not "k"), as curl's path sends it. */
+	if (!u || curl_url_set(u, CURLUPART_URL, q->url, CURLU_PATH_AS_IS) || curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) ||
 	    curl_url_get(u, CURLUPART_HOST, &hostn, 0) || curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) ||
 	    curl_url_get(u, CURLUPART_PATH, &path, 0))
 		goto out;
 	(void)curl_url_get(u, CURLUPART_PORT, &eport, 0);   /* only where the URL names it: Host carries it then */
 	(void)curl_url_get(u, CURLUPART_QUERY, &query, 0);
+	if (curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK)
+		goto out; /* credentials in the URL: curl's path sends them as it should */
 	snprintf(origin, sizeof(origin), "%s://%s:%s/", scheme, hostn, port);
 	snprintf(host, sizeof(host), "%s%s%s", hostn, eport ? ":" : "", eport ? eport : "");
 	if ((rc = sl_raw_request(q, path, query, host, req, sizeof(req), &len)) ||
@@ -695,6 +782,7 @@ out:
 	curl_free(eport);
 	curl_free(path);
 	curl_free(query);
+	curl_free(user);
 	curl_url_cleanup(u);
 	return rc;
 }
@@ -702,6 +790,8 @@ out:
 /* What an answer comes to, by either path (cc: curl's result, CURLE_OK for the direct receive's). */
 static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k, CURLcode cc)
 {
+	int rc;
+
 	k->err[k->errlen] = 0;
 	if (q->status_of)
 		k->status = q->status_of(q, k);
@@ -712,10 +802,21 @@ static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, stru
 			q->describe(k->err, k->errlen, said, sizeof(said));
 		return sl__err(sl_errno_of_status(k->status), "%s: HTTP %ld%s", q->name, k->status, said);
 	}
+	if (q->method == SL_HTTP_GET && q->len && (k->status == 200 || k->status == 206) && (rc = sl_check_seen(q, k)))
+		return rc;
+	/* The whole resource to a ranged GET: right only where the range was the whole of it. */
+	if (q->method == SL_HTTP_GET && q->len && k->status == 200 && (q->off || !k->have_size || k->size != q->len))
+		return sl__err(-EOPNOTSUPP, "%s: the server does not serve byte ranges (it answered bytes %llu-%llu with "
+			       "the whole file, HTTP 200%s)", q->name, (unsigned long long)q->off,
+			       (unsigned long long)(q->off + q->len - 1), k->have_size ? "" : " without a Content-Length");
 	if (k->overflow && !q->len) /* a whole resource larger than its buffer: no retry makes it fit */
 		return sl__err(-EFBIG, "%s: larger than the %zu bytes of its buffer", q->name, k->cap);
 	if (k->overflow)
 		return sl__err(-EIO, "%s: the server sent more than the %zu bytes asked for", q->name, k->cap);
+	if (sl_cert_refused(cc)) /* no retry makes it trusted */
+		return sl__err(-EKEYREJECTED, "%s: the server's certificate was refused: %s (curl %d); to trust a private "
+			       "CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle", q->name,
+			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc);
 	if (cc != CURLE_OK)
 		return sl__err(sl_errno_of_curl(cc), "%s: %s (curl %d: %s)", q->name,
 			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc, curl_easy_strerror(cc));

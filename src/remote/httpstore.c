@@ -24,12 +24,36 @@ struct sl_http_file {
 	char name[512];     /* the URL without its query, for messages */
 	char etag[128];     /* strong ETag, sent as If-Match; "" if none */
 	char pin[128];      /* else "If-Unmodified-Since: <Last-Modified>"; "" if none */
+	char seen_etag[128], seen_modified[64];  /* as the HEAD gave them (weak ETags too): answers must match */
+	uint64_t size;      /* as the HEAD gave it: every answer's total must be it */
 	unsigned retries;
 };
 
 static int sl_http_match(const char *path)
 {
 	return !strncasecmp(path, "http://", 7) || !strncasecmp(path, "https://", 8);
+}
+
+/*
+ * How messages name url (into out): without its query and fragment (a
+ * presigned URL's query is a credential) and without a password in its
+ * userinfo (https://user:PASSWORD@host/...), which curl still sends.
+ */
+static void sl_http_name(const char *url, char *out, size_t cap)
+{
+	const size_t end = strcspn(url, "?#"), scheme = strstr(url, "://") ? (size_t)(strstr(url, "://") - url) + 3 : 0;
+	const size_t auth = scheme + strcspn(url + scheme, "/?#"); /* the authority: [userinfo@]host[:port] */
+	const char *at = memchr(url + scheme, '@', auth - scheme), *colon;
+
+	/* The last '@' of the authority ends the userinfo; its first ':' starts the password. */
+	while (at && memchr(at + 1, '@', (size_t)(url + auth - at - 1)))
+		at = memchr(at + 1, '@', (size_t)(url + auth - at - 1));
+	colon = at ? memchr(url + scheme, ':', (size_t)(at - url - (ptrdiff_t)scheme)) : NULL;
+	if (colon)
+		snprintf(out, cap, "%.*s:***%.*s%s", (int)(colon - url), url, (int)(end - (size_t)(at - url)), at,
+			 url[end] ? "?..." : "");
+	else
+		snprintf(out, cap, "%.*s%s", (int)end, url, url[end] ? "?..." : "");
 }
 
 static int sl_http_probe(const struct sluice_config *cfg, char *why, size_t n)
@@ -73,8 +97,9 @@ static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const
 	(void)flags, (void)env;
 	if (!h)
 		return -ENOMEM;
+	sl_http_name(path, h->name, sizeof(h->name));
 	if (strlen(path) >= sizeof(h->url))
-		rc = sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", path, sizeof(h->url) - 1);
+		rc = sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
 	else if (!c)
 		rc = sl__err(-ENOMEM, "%s: no connection", path);
 	else
@@ -84,7 +109,6 @@ static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const
 		return rc;
 	}
 	snprintf(h->url, sizeof(h->url), "%s", path);
-	snprintf(h->name, sizeof(h->name), "%.*s%s", (int)strcspn(path, "?#"), path, path[strcspn(path, "?#")] ? "?..." : "");
 	sl_http_req(h, &q, SL_HTTP_HEAD);
 	rc = sl__http_request(c, &q, &k);
 	if (!rc && !k.have_size)
@@ -99,8 +123,15 @@ static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const
 		snprintf(h->etag, sizeof(h->etag), "%s", k.etag);
 	else if (k.last_modified[0])
 		snprintf(h->pin, sizeof(h->pin), "If-Unmodified-Since: %s", k.last_modified);
+	snprintf(h->seen_etag, sizeof(h->seen_etag), "%s", k.etag);
+	snprintf(h->seen_modified, sizeof(h->seen_modified), "%s", k.last_modified);
+	h->size = k.size;
+	if (!k.etag[0] && !k.last_modified[0])
+		sl__debug("http", "%s: no ETag and no Last-Modified: only a change of size can be seen while it is read",
+			  h->name);
 	sf->handle = h;
 	sf->shown = h->name;
+	snprintf(sf->sum_name, sizeof(sf->sum_name), "none (web servers send no checksum)");
 	atomic_store(&sf->size, k.size);
 	return 0;
 }
@@ -133,14 +164,19 @@ static int sl_http_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	q.buf = io->buf;
 	q.if_match = h->etag;
 	q.hdr[0] = h->pin[0] ? h->pin : NULL;
+	q.seen_etag = h->seen_etag;
+	q.seen_modified = h->seen_modified;
+	q.total = h->size;
+	q.total_known = 1;
 	if (io->op != SL_IO_READ)
 		rc = sl__err(-EROFS, "%s: http files are read-only", h->name);
 	else if (!c)
 		rc = sl__err(-ENOMEM, "%s: no connection", h->name);
 	else if (!io->len)
 		rc = 0;
-	else if ((rc = sl__http_request(c, &q, &k)) == -ESTALE)
-		rc = sl__err(-ESTALE, "%s: changed on the server since it was opened", h->name);
+	else if ((rc = sl__http_request(c, &q, &k)) == -ESTALE && !strstr(sluice_last_error_detail(), "since it was opened"))
+		rc = sl__err(-ESTALE, "%s: changed on the server since it was opened (%s)", h->name,
+			     sluice_last_error_detail());
 	io->res = rc ? rc : (ssize_t)k.got;
 	io->sum = k.sum;
 	snprintf(io->detail, sizeof(io->detail), "%s", rc ? sluice_last_error_detail() : "");

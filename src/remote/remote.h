@@ -101,6 +101,16 @@ struct sl__http_req {
 	void (*describe)(const char *body, size_t len, char *out, size_t cap);
 	/* Optional: the status the answer means (S3 reports some failures in a 200's body). */
 	long (*status_of)(const struct sl__http_req *q, const struct sl__http_resp *k);
+	/*
+	 * A ranged GET of an open file: what the resource was at open.  An
+	 * answer with another ETag or Last-Modified (NULL or "": not compared),
+	 * or (total_known) another total size (a 206's Content-Range "/N", a
+	 * 200's length) is -ESTALE naming the resource, whether or not the
+	 * server honoured If-Match: never bytes of another version.
+	 */
+	const char *seen_etag, *seen_modified;
+	uint64_t total;
+	int total_known;
 };
 
 /*
@@ -192,21 +202,40 @@ SL_HIDDEN void sl__s3_close(struct sl__s3 *s);
 SL_HIDDEN const struct sl__s3_conf *sl__s3_conf(const struct sl__s3 *s);
 /*
  * What a HEAD says of an object: its size, its ETag (quotes kept, as the
- * server sends it) and its end-to-end checksum.  sum_kind is SL_CRC32C or
- * SL_CRC32 (core.h) where the object carries a full-object checksum of
- * that kind, which a whole read is checked against; SL_CRC_NONE otherwise
- * (none, another algorithm, or a composite one: a checksum of the parts'
+ * server sends it) and its end-to-end checksum, which a whole read is
+ * checked against.  sum_kind is SL_CRC32C or SL_CRC32 (core.h) where the
+ * object carries a full-object checksum of that kind (the engine folds
+ * its pieces' CRCs into it); osum_kind (SL_OSUM_*) where it carries a
+ * CRC64NVME, SHA-1 or SHA-256, checked in one pass over the whole object
+ * in order (sum.c), its bytes in osum.  Neither for none, an algorithm
+ * sluice does not know, or a composite checksum (a checksum of the parts'
  * checksums, which a reader cannot recompute without the part sizes).
- * sum_name says which, for reports: "crc32c", "crc32", "crc64nvme
- * (not verified)", "crc32c composite (not verified)" or "".
+ * sum_name says which, for reports: "crc32c", "crc32", "crc64nvme",
+ * "sha1", "sha256", "sha256 composite (not verified)", "xxhash3 (not
+ * verified)", or "" (none).
  */
+enum { SL_OSUM_NONE = 0, SL_OSUM_CRC64NVME = 1, SL_OSUM_SHA1 = 2, SL_OSUM_SHA256 = 3 };
 struct sl__s3_meta {
 	uint64_t size;
 	char etag[128];
 	int sum_kind;
 	uint32_t sum;
 	char sum_name[48];
+	int osum_kind;
+	unsigned char osum[32];
 };
+
+/*
+ * sum.c: CRC-64/NVME of n bytes continuing from crc (0 to start); the
+ * length of an SL_OSUM_* checksum; and n bytes at p, or the first m->size
+ * bytes of the file fd, checked against m's one-pass checksum: 1 matched,
+ * 0 m has none, SLUICE_EVERIFY naming name, the algorithm and both
+ * values, or an error.
+ */
+SL_HIDDEN uint64_t sl__crc64nvme(uint64_t crc, const void *p, size_t n);
+SL_HIDDEN unsigned sl__osum_len(int kind);
+SL_HIDDEN int sl__osum_check(const struct sl__s3_meta *m, const void *p, size_t n, const char *name);
+SL_HIDDEN int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name);
 /* m->size, etag and checksum of bucket/key. */
 SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			  struct sl__s3_meta *m);
@@ -222,13 +251,16 @@ SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char 
 SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			     uint64_t off, size_t len, void *dst, const char *if_match);
 /*
- * The same, calling progress(arg, bytes in dst so far) as the body arrives
- * (0 again when a retry starts over), and with sum_kind (core.h's SL_CRC32C
- * or SL_CRC32; 0: none) the CRC of the bytes returned into *sum, summed as
- * each piece arrives, while it is still in cache.
+ * The same, pinned to the object pin describes (NULL: none): its ETag sent
+ * as If-Match, and every answer's ETag and total size (Content-Range's
+ * "/N") checked against it (-ESTALE once it changed, whether or not the
+ * server honours If-Match); calling progress(arg, bytes in dst so far) as
+ * the body arrives (0 again when a retry starts over), and with sum_kind
+ * (core.h's SL_CRC32C or SL_CRC32; 0: none) the CRC of the bytes returned
+ * into *sum, summed as each piece arrives, while it is still in cache.
  */
 SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
-				      uint64_t off, size_t len, void *dst, const char *if_match,
+				      uint64_t off, size_t len, void *dst, const struct sl__s3_meta *pin,
 				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum);
 /*
  * The whole object bucket/key into dst (cap bytes) in one GET with no
@@ -384,13 +416,14 @@ SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
  * process's client (parallel parts both ways).  sl__fs_upload: the file as
  * the object url.  sl__fs_download: the object as the file local, written
  * under a temporary name and renamed: it appears whole or not at all;
- * *verified (or NULL): checked against the object's checksum.
+ * *verified (or NULL): checked against the object's checksum, sum_name
+ * (or NULL): which (remote.h's sl__s3_meta), or "none (no checksum)".
  * sl__fs_remove: unlink(2) or DELETE.  sl__fs_staging: a new empty
  * directory in the cache's directory (on the fast local disk), for files
  * on their way to a URL.
  */
 SL_HIDDEN int sl__fs_upload(const char *local, const char *url);
-SL_HIDDEN int sl__fs_download(const char *url, const char *local, int *verified);
+SL_HIDDEN int sl__fs_download(const char *url, const char *local, int *verified, char sum_name[48]);
 SL_HIDDEN int sl__fs_remove(const char *path);
 SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
 

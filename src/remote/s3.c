@@ -20,6 +20,7 @@
 #include <strings.h>
 #include <time.h>
 #include <unistd.h>
+#include <openssl/evp.h>
 
 #include "remote/remote.h"
 
@@ -217,6 +218,7 @@ struct sl_req {
 	size_t len;
 	void *buf;
 	const char *if_match;
+	const struct sl__s3_meta *pin; /* GET: the object as its HEAD said (ETag, size): answers are checked against it */
 	const char *hdr[4];         /* more request headers ("Name: value"), up to the first NULL */
 	unsigned min_retries;       /* at least this many more attempts, whatever SLUICE_S3_RETRIES says */
 };
@@ -252,6 +254,11 @@ static int sl_request(struct sl__s3 *s, struct sl__http_conn *c, const struct sl
 
 	if ((rc = sl_url(s, q->bucket, q->key, url, sizeof(url) - 4096)))
 		return rc;
+	if (q->pin) {
+		h.if_match = h.seen_etag = q->pin->etag;
+		h.total = q->pin->size;
+		h.total_known = 1;
+	}
 	if (q->query && *q->query)
 		snprintf(url + strlen(url), sizeof(url) - strlen(url), "%s", q->query);
 	snprintf(name, sizeof(name), "s3://%s/%s", q->bucket, q->key);
@@ -271,22 +278,43 @@ static int sl_request(struct sl__s3 *s, struct sl__http_conn *c, const struct sl
 	return sl__http_request(c, &h, k);
 }
 
+/* n bytes in canonical base64 (s, padded) into out; 0 or -1. */
+static int sl_b64_bytes(const char *s, unsigned char *out, unsigned n)
+{
+	unsigned char buf[48];
+	const size_t len = strlen(s), want = 4 * ((n + 2) / 3), pad = want / 4 * 3 - n;
+
+	if (len != want || want / 4 * 3 > sizeof(buf) || strspn(s, sl_b64) != len - pad ||
+	    strspn(s + len - pad, "=") != pad || EVP_DecodeBlock(buf, (const unsigned char *)s, (int)len) != (int)(want / 4 * 3))
+		return -1;
+	memcpy(out, buf, n);
+	return 0;
+}
+
 /*
  * The checksum an answer's headers give (remote.h's struct sl__s3_meta):
- * a full-object CRC32C or CRC32 is one a reader can check.  A composite
- * one says so by its type, or by "-N" (its part count) after the value.
+ * a full-object CRC32C, CRC32, CRC64NVME, SHA-1 or SHA-256 is one a
+ * reader checks.  A composite one says so by its type, or by "-N" (its
+ * part count) after the value.
  */
 static int sl_meta_sum(const struct sl__http_resp *k, struct sl__s3_meta *m, const char *bucket, const char *key)
 {
-	const char *c32c = sl__http_kept(k, "crc32c"), *c32 = sl__http_kept(k, "crc32"), *type = sl__http_kept(k, "type");
-	const char *v = c32c[0] ? c32c : c32, *name = c32c[0] ? "crc32c" : "crc32", *other = "";
+	static const struct {
+		const char *name;
+		int kind, osum;
+	} alg[] = { { "crc32c", SL_CRC32C, 0 }, { "crc32", SL_CRC32, 0 }, { "crc64nvme", 0, SL_OSUM_CRC64NVME },
+		    { "sha256", 0, SL_OSUM_SHA256 }, { "sha1", 0, SL_OSUM_SHA1 } };
+	const char *type = sl__http_kept(k, "type"), *v = "", *other = "";
+	unsigned a = 0;
 
+	for (; a < sizeof(alg) / sizeof(alg[0]) && !(v = sl__http_kept(k, alg[a].name))[0]; a++)
+		;
 	for (unsigned i = 0; i < k->nkept && !other[0]; i++)
-		if (strcasecmp(k->kept[i].name, "crc32c") && strcasecmp(k->kept[i].name, "crc32") &&
-		    strcasecmp(k->kept[i].name, "type"))
+		if (strcasecmp(k->kept[i].name, "type"))
 			other = k->kept[i].name;
 
 	m->sum_kind = SL_CRC_NONE;
+	m->osum_kind = SL_OSUM_NONE;
 	m->sum_name[0] = 0;
 	if (!v[0]) {
 		if (other[0])
@@ -294,13 +322,14 @@ static int sl_meta_sum(const struct sl__http_resp *k, struct sl__s3_meta *m, con
 		return 0;
 	}
 	if (!strcasecmp(type, "COMPOSITE") || strchr(v, '-')) {
-		snprintf(m->sum_name, sizeof(m->sum_name), "%s composite (not verified)", name);
+		snprintf(m->sum_name, sizeof(m->sum_name), "%s composite (not verified)", alg[a].name);
 		return 0;
 	}
-	if (sl_b64_u32(v, &m->sum))
-		return sl__err(-EIO, "s3://%s/%s: an unreadable x-amz-checksum-%s '%.40s'", bucket, key, name, v);
-	m->sum_kind = c32c[0] ? SL_CRC32C : SL_CRC32;
-	snprintf(m->sum_name, sizeof(m->sum_name), "%s", name);
+	if (alg[a].kind ? sl_b64_u32(v, &m->sum) : sl_b64_bytes(v, m->osum, sl__osum_len(alg[a].osum)))
+		return sl__err(-EIO, "s3://%s/%s: an unreadable x-amz-checksum-%s '%.60s'", bucket, key, alg[a].name, v);
+	m->sum_kind = alg[a].kind;
+	m->osum_kind = alg[a].osum;
+	snprintf(m->sum_name, sizeof(m->sum_name), "%s", alg[a].name);
 	return 0;
 }
 
@@ -322,15 +351,20 @@ int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, c
 ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key, uint64_t off,
 		   size_t len, void *dst, const char *if_match)
 {
-	return sl__s3_get_progress(s, c, bucket, key, off, len, dst, if_match, NULL, NULL, 0, NULL);
+	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
+			    .if_match = if_match };
+	struct sl__http_resp k = { .cap = len };
+	int rc = len ? sl_request(s, c, &q, &k) : 0;
+
+	return rc ? rc : (ssize_t)k.got;
 }
 
 ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
-			    uint64_t off, size_t len, void *dst, const char *if_match,
+			    uint64_t off, size_t len, void *dst, const struct sl__s3_meta *pin,
 			    void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum)
 {
 	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
-			    .if_match = if_match };
+			    .pin = pin };
 	struct sl__http_resp k = { .cap = len, .progress = progress, .progress_arg = arg, .sum_kind = sum_kind };
 	int rc;
 
@@ -364,6 +398,17 @@ ssize_t sl__s3_get_object(struct sl__s3 *s, struct sl__http_conn *c, const char 
 				       k.got, k.have_size ? "another length" : "none");
 		if ((rc = sl_meta_sum(&k, &m, bucket, key)))
 			return rc;
+		if (m.osum_kind) {
+			char name[1200];
+
+			snprintf(name, sizeof(name), "s3://%s/%s", bucket, key);
+			if ((rc = sl__osum_check(&m, dst, k.got, name)) >= 0)
+				return (ssize_t)k.got;
+			if (rc != SLUICE_EVERIFY)
+				return rc;
+			sl__err(rc, "%s (read twice)", sluice_last_error_detail());
+			continue;
+		}
 		if (!m.sum_kind || (got = sl__crc(m.sum_kind, 0, dst, k.got)) == m.sum)
 			return (ssize_t)k.got;
 		rc = sl__err(SLUICE_EVERIFY, "s3://%s/%s: its %s is %08x, the bytes read give %08x (read twice)", bucket,

@@ -54,8 +54,18 @@ static int sl_s3s_open(struct sl__sfile *sf, const char *path, int flags, const 
 	atomic_store(&sf->size, size);
 	sf->sum_kind = o->meta.sum_kind;
 	sf->sum = o->meta.sum;
-	snprintf(sf->sum_name, sizeof(sf->sum_name), "%s", o->meta.sum_name);
+	snprintf(sf->sum_name, sizeof(sf->sum_name), "%s", o->meta.sum_name[0] ? o->meta.sum_name : "none (no checksum)");
 	return 0;
+}
+
+/* A whole read in host memory against the object's CRC64NVME, SHA-1 or SHA-256 (sum.c). */
+static int sl_s3s_verify(const struct sl__sfile *sf, const void *buf, size_t n)
+{
+	const struct sl__s3_obj *o = sf->handle;
+	char name[1200];
+
+	snprintf(name, sizeof(name), "s3://%s/%s", o->bucket, o->key);
+	return sl__osum_check(&o->meta, buf, n, name);
 }
 
 static int sl_s3s_put(const char *path, const void *src, size_t len,
@@ -102,7 +112,7 @@ static int sl_s3s_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	else if (!c)
 		io->res = sl__err(-ENOMEM, "s3://%s/%s: no connection", o->bucket, o->key);
 	else
-		io->res = sl__s3_get_progress(o->s3, c, o->bucket, o->key, io->offset, io->len, io->buf, o->meta.etag,
+		io->res = sl__s3_get_progress(o->s3, c, o->bucket, o->key, io->offset, io->len, io->buf, &o->meta,
 					      io->progress ? sl_s3s_progress : NULL, io, io->sum_kind, &io->sum);
 	/* The request ran on this thread: its error's detail is this thread's last one. */
 	snprintf(io->detail, sizeof(io->detail), "%s", io->res < 0 ? sluice_last_error_detail() : "");
@@ -127,4 +137,5 @@ const struct sl__store sl__store_s3 = {
 	.reap = sl__sync_reap,
 	.fini = sl__sync_fini,
 	.settings = sl_s3s_settings,
+	.verify = sl_s3s_verify,
 };

@@ -126,7 +126,8 @@ int sl__s3_upload(struct sl__s3 *s, const char *bucket, const char *key, const v
 
 struct sl_download {
 	struct sl__s3 *s;
-	const char *bucket, *key, *etag;
+	const char *bucket, *key;
+	const struct sl__s3_meta *m; /* the object as its HEAD said: every GET is pinned to it */
 	uint64_t size;
 	int fd;
 	int sum_kind;               /* the object's checksum's kind, SL_CRC_NONE: none to check */
@@ -154,7 +155,7 @@ static void *sl_download_chunks(void *arg)
 			rc = sl__err(-ECANCELED, "s3://%s/%s: download cancelled", d->bucket, d->key);
 			break;
 		}
-		got = sl__s3_get_progress(d->s, c, d->bucket, d->key, off, n, buf, d->etag, NULL, NULL, d->sum_kind,
+		got = sl__s3_get_progress(d->s, c, d->bucket, d->key, off, n, buf, d->m, NULL, NULL, d->sum_kind,
 					  d->sum_kind ? &d->crc[i] : NULL);
 		if (got >= 0 && (size_t)got != n)
 			got = sl__err(-EIO, "s3://%s/%s: %zd bytes at offset %llu, %zu expected (the object is shorter)",
@@ -197,7 +198,7 @@ static int sl_download_once(struct sl_download *d)
 int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const struct sl__s3_meta *m, int fd,
 		    const _Atomic int *cancel, int *verified)
 {
-	struct sl_download d = { .s = s, .bucket = bucket, .key = key, .etag = m->etag, .size = m->size, .fd = fd,
+	struct sl_download d = { .s = s, .bucket = bucket, .key = key, .m = m, .size = m->size, .fd = fd,
 				 .sum_kind = m->sum_kind, .cancel = cancel };
 	const uint64_t nchunks = (m->size + sl__s3_part_size(s) - 1) / sl__s3_part_size(s);
 	uint32_t sum = 0;
@@ -212,7 +213,20 @@ int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const
 		return -ENOMEM;
 	/* A mismatch is downloaded once more (a byte flipped on the way), then is an error. */
 	for (int pass = 0; pass < 2; pass++) {
-		if ((rc = sl_download_once(&d)) || !d.sum_kind)
+		if ((rc = sl_download_once(&d)))
+			break;
+		if (m->osum_kind) {
+			/* A one-pass checksum (sum.c): the copy read back in order, from the page cache mostly. */
+			char name[1200];
+
+			snprintf(name, sizeof(name), "s3://%s/%s", bucket, key);
+			if ((rc = sl__osum_check_fd(m, fd, name)) != SLUICE_EVERIFY)
+				break;
+			sl__err(rc, "%s%s", sluice_last_error_detail(), pass ? " (downloaded twice)" : "");
+			sl__warn("s3", "%s", sluice_last_error_detail());
+			continue;
+		}
+		if (!d.sum_kind)
 			break;
 		sum = nchunks ? d.crc[0] : 0;
 		for (uint64_t i = 1; i < nchunks; i++)
@@ -226,8 +240,10 @@ int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *key, const
 		sl__warn("s3", "%s", sluice_last_error_detail());
 	}
 	free(d.crc);
+	if (rc > 0)
+		rc = 0; /* sl__osum_check_fd's "matched" */
 	if (!rc && verified)
-		*verified = d.sum_kind != SL_CRC_NONE;
+		*verified = d.sum_kind != SL_CRC_NONE || m->osum_kind;
 	return rc;
 }
 

@@ -199,6 +199,14 @@ struct sl__store {
 	void (*fini)(struct sl__io_ctx *ctx);
 	/* The SLUICE_* settings the store reads, NULL-terminated (for `sluice info --settings`); NULL: none. */
 	const char *const *settings;
+	/*
+	 * verify: optional.  A whole read's bytes (n, in host memory, in order)
+	 * checked against a checksum the file has that the engine cannot fold
+	 * from its pieces' CRCs (sum_kind 0; an object's SHA-256, say): 1
+	 * matched, 0 the file has none, SLUICE_EVERIFY naming the file on a
+	 * mismatch.  Called after the read, on the caller's thread.
+	 */
+	int (*verify)(const struct sl__sfile *sf, const void *buf, size_t n);
 };
 
 struct sl__io_ctx {

@@ -10,6 +10,8 @@ recovered by a retry.  A write leaves the object as it was or whole and new.
 Each case runs in a child process (sluice's S3 client is made once per process, from the environment), with
 few retries so that the persistent faults end quickly."""
 import base64
+import errno
+import json
 import os
 import subprocess
 import sys
@@ -238,3 +240,143 @@ def test_writes_through_faults(s3, fault, size, tmp_path):
             assert every and fault != "stall", r.stderr
             assert body == b"the old object", "a failed write changed the object"
             assert f"s3://pytest/{key}" in r.stderr, r.stderr
+
+
+# ---- Every checksum algorithm S3 keeps, verified on whole-object reads; a flipped byte is an error ----
+
+ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
+SUM_SIZE = (2 << 20) + 77  # three engine segments of 1 MiB, one download chunk
+
+
+def _crc64nvme(data):
+    """CRC-64/NVME, the reference way (RevEng's catalogue: check value 0xae8b14860a799888), for uploads where
+    awscrt (which boto3 and moto need to compute it) is absent."""
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x9A6C9329AC4BC9B5 if c & 1 else c >> 1
+        table.append(c)
+    crc = (1 << 64) - 1
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ ((1 << 64) - 1)
+
+
+def test_crc64nvme_reference():
+    assert _crc64nvme(b"123456789") == 0xAE8B14860A799888
+
+
+def _put_with(s3, key, data, algorithm):
+    """Uploads data with boto3's own checksum of the algorithm; where boto3 needs awscrt for it (CRC32C,
+    CRC64NVME) and awscrt is absent, with the value computed here (crc32c's package, the reference above)."""
+    try:
+        s3.put_object(Bucket="pytest", Key=key, Body=data, ChecksumAlgorithm=algorithm)
+    except (ImportError, botocore.exceptions.MissingDependencyException):
+        value = crc32c.crc32c(data).to_bytes(4, "big") if algorithm == "CRC32C" else _crc64nvme(data).to_bytes(8, "big")
+        s3.put_object(Bucket="pytest", Key=key, Body=data, ChecksumAlgorithm=algorithm,
+                      **{"Checksum" + algorithm: base64.b64encode(value).decode()})
+    head = s3.head_object(Bucket="pytest", Key=key, ChecksumMode="ENABLED")
+    assert head.get("Checksum" + algorithm), (algorithm, head)
+
+
+READ_REPORT = """
+import json, sys, numpy as np, sluice
+out = np.zeros(int(sys.argv[2]), dtype=np.uint8)
+rep = {}
+try:
+    sluice.read(sys.argv[1], out, report=rep)
+except sluice.SluiceError as e:
+    print("ERROR", e.code, e, file=sys.stderr)
+    sys.exit(3)
+print(json.dumps(rep))
+sys.stdout.flush()
+sys.stdout.buffer.write(out.tobytes())
+"""
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_each_checksum_algorithm_is_verified(s3, algorithm, tmp_path):
+    """An object uploaded by boto3 with each ChecksumAlgorithm: a whole read (sluice.read into host memory,
+    sluice cp, get_many) matches its bytes against it and says which algorithm it used; through a proxy that
+    flips a byte of every answer, each of them fails with SLUICE_EVERIFY naming the object and the algorithm
+    (boto3 raises there too), on both receive paths."""
+    data = np.random.default_rng(len(algorithm)).integers(0, 256, size=SUM_SIZE, dtype=np.uint8).tobytes()
+    key = f"faults/sum-{algorithm}.bin"
+    url = f"s3://pytest/{key}"
+    _put_with(s3, key, data, algorithm)
+    for endpoint, flipped in ((s3.sluice_server.endpoint, False), (_proxy(s3, "flip", every=True).endpoint, True)):
+        env = _env(s3, endpoint, tmp_path)
+        r = subprocess.run([sys.executable, "-c", READ_REPORT, url, str(SUM_SIZE)], env=env, capture_output=True,
+                           timeout=120)
+        cp = _cp(env, url, str(tmp_path / "copy.bin"))
+        many = subprocess.run([sys.executable, "-c", GET_MANY.replace("faults/obj.bin", key), str(SUM_SIZE)],
+                              env=env, capture_output=True, timeout=120)
+        if not flipped:
+            assert r.returncode == 0, r.stderr.decode()[-800:]
+            head, body = r.stdout.split(b"\n", 1)
+            rep = json.loads(head)
+            assert body == data and rep["bytes_verified"] == SUM_SIZE and rep["checksum"] == algorithm.lower(), rep
+            assert cp.returncode == 0 and '"files_verified":1' in cp.stdout, cp.stdout + cp.stderr
+            assert f'"checksum":"{algorithm.lower()}"' in cp.stdout, cp.stdout
+            assert open(tmp_path / "copy.bin", "rb").read() == data
+            assert many.returncode == 0 and many.stdout == data + data, many.stderr.decode()[-800:]
+            os.unlink(tmp_path / "copy.bin")
+        else:
+            for what, p, err in (("read", r, r.stderr.decode()), ("cp", cp, cp.stderr),
+                                 ("get_many", many, many.stderr.decode())):
+                assert p.returncode != 0, f"{algorithm}, {what}: a flipped byte returned as success"
+                assert url in err and algorithm.lower() in err, f"{algorithm}, {what}: {err[-800:]}"
+            assert f"ERROR {sluice.EVERIFY if hasattr(sluice, 'EVERIFY') else -100008}" in r.stderr.decode()
+            assert not os.path.exists(tmp_path / "copy.bin"), "a failed copy left a file behind"
+    # A part of the object has no checksum to match: the report says so.
+    out, rep = np.zeros(1000, dtype=np.uint8), {}
+    sluice.read(url, out, offset=10, report=rep)
+    assert rep["bytes_verified"] == 0 and rep["checksum"].startswith("none (a part"), rep
+
+
+def test_composite_checksum_says_it_is_not_verified(s3, tmp_path):
+    """A multipart upload's composite checksum (a checksum of the parts' checksums, "-N" after it) cannot be
+    recomputed without the part sizes: reads succeed and say so, never claim a verification."""
+    from boto3.s3.transfer import TransferConfig
+    import io
+    data = np.random.default_rng(31).integers(0, 256, size=(11 << 20) + 5, dtype=np.uint8).tobytes()
+    s3.upload_fileobj(io.BytesIO(data), "pytest", "faults/composite.bin", ExtraArgs={"ChecksumAlgorithm": "SHA256"},
+                      Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+    out, rep = np.zeros(len(data), dtype=np.uint8), {}
+    assert sluice.read("s3://pytest/faults/composite.bin", out, report=rep) == len(data)
+    assert out.tobytes() == data and rep["bytes_verified"] == 0, rep
+    assert rep["checksum"] == "sha256 composite (not verified)", rep
+    r = _cp(_env(s3, s3.sluice_server.endpoint, tmp_path), "s3://pytest/faults/composite.bin", str(tmp_path / "c"))
+    assert r.returncode == 0 and '"files_verified":0' in r.stdout and "composite (not verified)" in r.stdout, r.stdout
+
+
+def test_trickling_body_is_a_stall_not_a_hang(s3, obj, tmp_path, receive):
+    """A GET whose body trickles (a byte every 0.3 s) is a stall after SLUICE_HTTP_STALL_TIME (1 s here) under
+    1 KiB/s, on both receive paths: tried again, then an error naming the object; never a read held forever."""
+    p = _proxy(s3, "trickle", every=True)
+    env = dict(_env(s3, p.endpoint, tmp_path), SLUICE_HTTP_STALL_TIME="1", SLUICE_S3_RETRIES="1")
+    r = subprocess.run([sys.executable, "-c", READ, "1000", "300000", "s3://pytest/faults/obj.bin", "host"], env=env,
+                       capture_output=True, timeout=40)
+    err = r.stderr.decode()
+    assert r.returncode == 3 and "s3://pytest/faults/obj.bin" in err and "2 attempts" in err, err[-800:]
+    assert f"ERROR {-errno.ETIMEDOUT}" in err, err[-800:]
+
+
+def test_gpu_reads_say_which_checksums_they_verified(s3, tmp_path):
+    """Into GPU memory: CRC32C and CRC32 are folded from the pieces' CRCs and verified; a one-pass checksum
+    (SHA-256 here) cannot be checked there, and the report says so instead of claiming it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU (torch with CUDA)")
+    data = np.random.default_rng(41).integers(0, 256, size=SUM_SIZE, dtype=np.uint8).tobytes()
+    for algorithm, verified in (("CRC32", True), ("SHA256", False)):
+        key = f"faults/gpu-{algorithm}.bin"
+        _put_with(s3, key, data, algorithm)
+        out, rep = torch.zeros(SUM_SIZE, dtype=torch.uint8, device="cuda"), {}
+        assert sluice.read(f"s3://pytest/{key}", out, report=rep) == SUM_SIZE
+        assert out.cpu().numpy().tobytes() == data
+        if verified:
+            assert rep["bytes_verified"] == SUM_SIZE and rep["checksum"] == algorithm.lower(), rep
+        else:
+            assert rep["bytes_verified"] == 0 and rep["checksum"] == "sha256 (not verified: in GPU memory)", rep

@@ -65,10 +65,11 @@ def _gpu():
         return False
 
 
-def _read(url, off, n, env=None, target="host"):
-    env = dict(os.environ, SLUICE_HTTP_RETRIES="3", SLUICE_MAX_TRANSFER_SIZE="1M", SLUICE_LOG="error", **(env or {}))
+def _read(url, off, n, env=None, target="host", timeout=120):
+    env = dict(os.environ, **dict(dict(SLUICE_HTTP_RETRIES="3", SLUICE_MAX_TRANSFER_SIZE="1M", SLUICE_LOG="error"),
+                                  **(env or {})))
     return subprocess.run([sys.executable, "-c", READ, str(off), str(n), url, target], env=env,
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=timeout)
 
 
 def test_reads_whole_files_and_ranges(web):
@@ -209,3 +210,155 @@ def test_https_with_a_private_certificate(tls_web, receive):
     r = subprocess.run([sys.executable, "-c", READ, "0", "1000", url, "host"], env=env, capture_output=True,
                        timeout=120)
     assert r.returncode == 3 and not r.stdout and url in r.stderr.decode(), r.stderr.decode()[-800:]
+
+
+# ---- Servers nginx will not play: tests/remote/webserver.py's PlainServer (Python; no nginx needed) ----
+
+def _plain_file(tmp_path, name="p.bin", data=None):
+    root = tmp_path / "www"
+    root.mkdir(exist_ok=True)
+    data = data if data is not None else np.random.default_rng(25).integers(0, 256, size=SIZE, dtype=np.uint8).tobytes()
+    (root / name).write_bytes(data)
+    return root, data
+
+
+def _replacing(path, new, on_get):
+    """A before_get hook that replaces path with new just before the on_get-th GET (1: the first)."""
+    seen = []
+
+    def hook(_):
+        seen.append(1)
+        if len(seen) == on_get:
+            tmp = str(path) + ".new"
+            with open(tmp, "wb") as f:
+                f.write(new)
+            st = os.stat(path)
+            os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))  # another second: another version
+            os.replace(tmp, path)
+    return hook
+
+
+def _stale_or_old(r, old, url, what):
+    """A read through a replacement: -ESTALE naming the URL, or the old bytes whole; never a mix."""
+    err = r.stderr.decode()
+    if r.returncode == 0:
+        assert r.stdout == old, f"{what}: a MIX of two versions returned as success"
+        return "old"
+    assert r.returncode == 3 and f"ERROR {-errno.ESTALE}" in err and url in err, f"{what}: {err[-800:]}"
+    assert "changed on the server since it was opened" in err, err[-800:]
+    return "stale"
+
+
+@pytest.mark.parametrize("change", ("longer", "shorter", "same-size"))
+@pytest.mark.parametrize("kind", ("no-validators", "ignores-if-match", "honours-if-match"))
+def test_file_replaced_mid_read_is_stale_never_a_mix(tmp_path, kind, change):
+    """One open, then its ranged GETs: the file is replaced before the third. Every answer is checked against
+    what the open saw (its ETag and Last-Modified where the server sends them, and always the size: a 206's
+    Content-Range total, a 200's length), so the read fails with -ESTALE naming the URL whether or not the
+    server honours If-Match, on both receive paths.  Without validators, only a change of size can be seen: a
+    same-size rewrite there is what no client can detect (docs/guides/object-storage.md), so it is left out."""
+    if kind == "no-validators" and change == "same-size":
+        pytest.skip("a same-size rewrite without validators is undetectable by any client (documented)")
+    root, old = _plain_file(tmp_path)
+    # Bytes shifted: a mix of the two versions would show.
+    new = {"longer": b"x" * 3000 + old, "shorter": old[3000:], "same-size": bytes(b ^ 0x5A for b in old)}[change]
+    with webserver.PlainServer(root, validators=kind != "no-validators",
+                               conditional=kind == "honours-if-match") as w:
+        p = s3server.FaultProxy(w.server_address, faults=(), before_get=_replacing(root / "p.bin", new, 3)).start()
+        try:
+            url = f"{p.endpoint}/p.bin"
+            r = _read(url, 0, SIZE, env={"SLUICE_THREADS": "1"})
+            assert _stale_or_old(r, old, url, f"{kind}, {change}") == "stale"
+        finally:
+            p.shutdown()
+
+
+def test_size_checked_on_every_answer_without_validators(tmp_path):
+    """No ETag, no Last-Modified, and a file that grows between the open's HEAD and the first GET: the 206's
+    Content-Range total differs from the size seen at open, so even a range wholly inside both versions fails
+    -ESTALE (its bytes may be the new version's at the old offsets)."""
+    root, old = _plain_file(tmp_path)
+    with webserver.PlainServer(root, validators=False) as w:
+        p = s3server.FaultProxy(w.server_address, faults=(),
+                                before_get=_replacing(root / "p.bin", b"\0" * 100 + old, 1)).start()
+        try:
+            url = f"{p.endpoint}/p.bin"
+            r = _read(url, 1000, 5000)
+            assert r.returncode == 3 and f"ERROR {-errno.ESTALE}" in r.stderr.decode(), r.stderr.decode()[-800:]
+            assert "then" in r.stderr.decode() and "Content-Range" in r.stderr.decode()
+        finally:
+            p.shutdown()
+
+
+def test_server_without_ranges(tmp_path):
+    """A server that answers a ranged GET with 200 and the whole file: a read of the whole file (one GET) gives
+    its bytes; a part of it is a clear error naming the URL, at once (no retries), never the wrong bytes."""
+    root, data = _plain_file(tmp_path, data=bytes(range(256)) * 16)
+    with webserver.PlainServer(root, ranges=False) as w:
+        r = _read(w.url("p.bin"), 0, len(data))
+        assert r.returncode == 0 and r.stdout == data, r.stderr.decode()[-800:]
+        before = w.gets
+        r = _read(w.url("p.bin"), 100, 1000)
+        err = r.stderr.decode()
+        assert r.returncode == 3 and not r.stdout, "a part of a file read from a server without ranges"
+        assert "does not serve byte ranges" in err and w.url("p.bin") in err and "attempts" not in err, err[-800:]
+        assert w.gets - before == 1, "tried again where no retry can help"
+
+
+def test_trickling_body_is_a_stall_not_a_hang(tmp_path, receive):
+    """A body that comes a byte at a time (every 0.3 s) never ends a read: under 1 KiB/s for
+    SLUICE_HTTP_STALL_TIME (1 s here) is a timeout, on both receive paths; retried, then an error naming
+    the URL."""
+    root, data = _plain_file(tmp_path)
+    with webserver.PlainServer(root) as w:
+        p = s3server.FaultProxy(w.server_address, faults=("trickle",), every=True, stall_s=0.3).start()
+        try:
+            url = f"{p.endpoint}/p.bin"
+            # Two attempts of about a second each: far inside the limit (curl's default rule would take 60 s).
+            r = _read(url, 0, 200_000, env={"SLUICE_HTTP_STALL_TIME": "1", "SLUICE_HTTP_RETRIES": "1"}, timeout=30)
+            err = r.stderr.decode()
+            assert r.returncode == 3 and f"ERROR {-errno.ETIMEDOUT}" in err and url in err, err[-800:]
+            assert "2 attempts" in err, err[-800:]
+        finally:
+            p.shutdown()
+        # Only the first attempt trickling: the retry reads the bytes.
+        p = s3server.FaultProxy(w.server_address, faults=("trickle",), every=False, stall_s=0.3).start()
+        try:
+            r = _read(f"{p.endpoint}/p.bin", 0, 200_000, env={"SLUICE_HTTP_STALL_TIME": "1"})
+            assert r.returncode == 0 and r.stdout == data[:200_000], r.stderr.decode()[-800:]
+        finally:
+            p.shutdown()
+
+
+def test_password_in_url_is_hidden(tmp_path):
+    """https://user:PASSWORD@host/...: the password never reaches a message (as a query does not); the user
+    does, and the bytes are read with it."""
+    root, data = _plain_file(tmp_path)
+    with webserver.PlainServer(root) as w:
+        port = w.server_address[1]
+        ok = f"http://alice:s3cr3t-pw@127.0.0.1:{port}/p.bin"
+        r = _read(ok, 10, 3000)
+        assert r.returncode == 0 and r.stdout == data[10:3010], r.stderr.decode()[-800:]
+        for url in (f"http://alice:s3cr3t-pw@127.0.0.1:{port}/absent.bin",
+                    f"http://alice:s3cr3t-pw@127.0.0.1:{port}/p.bin?sig=qs3cr3t"):
+            r = _read(url, 0, SIZE + 1)
+            err = r.stderr.decode()
+            assert r.returncode == 3 and "s3cr3t" not in err, err[-800:]
+            assert f"http://alice:***@127.0.0.1:{port}/" in err, err[-800:]
+
+
+def test_certificate_refused_once_not_retried(tmp_path):
+    """A server whose certificate is not trusted: one attempt, and an error naming the URL that says the
+    certificate was refused and how to trust a private CA; never a retry (none can make it trusted)."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to make the server's certificate")
+    root, data = _plain_file(tmp_path)
+    with webserver.PlainServer(root, tls=True) as w:
+        env = {"AWS_CA_BUNDLE": "", "SSL_CERT_FILE": "", "SLUICE_HTTP_RETRIES": "4"}
+        r = _read(w.url("p.bin"), 0, 1000, env=env)
+        err = r.stderr.decode()
+        assert r.returncode == 3 and not r.stdout and w.url("p.bin") in err, err[-800:]
+        assert f"ERROR {-errno.EKEYREJECTED}" in err and "certificate" in err and "SSL_CERT_FILE" in err, err[-800:]
+        assert "attempts" not in err, err[-800:]
+        r = _read(w.url("p.bin"), 0, 1000, env=dict(env, SSL_CERT_FILE=w.cert))
+        assert r.returncode == 0 and r.stdout == data[:1000], r.stderr.decode()[-800:]

@@ -538,3 +538,88 @@ def test_many_small_objects_as_an_object_folder(s3):
         cl.get_many("pytest", ["folder/cat/000.jpg", "folder/cat/none"])
     with pytest.raises(ValueError, match="s3:// prefix"):
         sluice.ObjectFolder("/tmp/x")
+
+
+DOT_KEYS = ("dots/p/../k", "dots/k", "dots/p/./x", "dots/p/x", "dots/p/..", "dots/a//b")
+
+
+@pytest.mark.parametrize("recv_min", ["1", "0"])
+def test_dot_segment_keys_are_sent_byte_exact(s3, recv_min):
+    """S3 keys are names, not paths: "p/../k" is an object of its own, not "k".  Each key is sent as it is
+    (no dot-segment removal) and signed as sent, on both receive paths: each read gives its own object's
+    bytes (a whole read and a range), and its size."""
+    for k in DOT_KEYS:
+        s3.put_object(Bucket="pytest", Key=k, Body=(k.encode() + b"|") * 4000)
+    code = ("import numpy as np, sys, sluice\n"
+            "for url in sys.argv[1:]:\n"
+            "    out = np.zeros(sluice.Client().size('pytest', url[len('s3://pytest/'):]), np.uint8)\n"
+            "    assert sluice.read(url, out) == out.size\n"
+            "    part = np.zeros(100, np.uint8)\n"
+            "    sluice.read(url, part, offset=out.size - 100)\n"
+            "    sys.stdout.buffer.write(out.tobytes()[:40] + b'#' + part.tobytes()[-20:] + b'\\n')\n")
+    env = dict(os.environ, SLUICE_HTTP_RECV_MIN=recv_min)
+    r = subprocess.run([sys.executable, "-c", code] + [f"s3://pytest/{k}" for k in DOT_KEYS], env=env,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()[-800:]
+    for k, line in zip(DOT_KEYS, r.stdout.split(b"\n")):
+        body = (k.encode() + b"|") * 4000
+        assert line == body[:40] + b"#" + body[-20:], (k, line)
+
+
+@pytest.mark.parametrize("how", ["cli", "python"])
+def test_copy_refuses_keys_that_leave_the_destination(s3, tmp_path, how):
+    """A key below the prefix whose name would leave the destination directory ("..", an absolute name, an
+    empty segment) is refused by name, as the AWS CLI refuses it, before anything is written: nothing lands
+    outside the destination, nor inside it."""
+    for bad in ("../../escaped.txt", "/abs.txt", "a//b.txt", "x/../../../escaped2.txt", "./dot.txt"):
+        prefix = f"esc-{abs(hash(bad)) % 10**8}/"
+        s3.put_object(Bucket="pytest", Key=prefix + "fine.txt", Body=b"fine")
+        s3.put_object(Bucket="pytest", Key=prefix + bad, Body=b"EVIL")
+        dst = tmp_path / how / prefix / "d1" / "d2" / "dst"
+        dst.mkdir(parents=True)
+        if how == "cli":
+            r = subprocess.run([_sluice_bin(), "cp", "-r", f"s3://pytest/{prefix}", str(dst)], capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode != 0 and prefix + bad in r.stderr and "outside" in r.stderr, (bad, r.stderr)
+        else:
+            with pytest.raises(sluice.SluiceError) as e:
+                sluice.copy(f"s3://pytest/{prefix}", str(dst), recursive=True)
+            assert prefix + bad in str(e.value) and "outside" in str(e.value), (bad, str(e.value))
+        written = [p for p in (tmp_path / how).rglob("*") if p.is_file()]
+        assert written == [], (bad, written)
+    # One object into a directory, under its last name: ".." is refused too.
+    s3.put_object(Bucket="pytest", Key="esc-one/p/..", Body=b"EVIL")
+    (tmp_path / "one" / "in").mkdir(parents=True)
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.copy("s3://pytest/esc-one/p/..", str(tmp_path / "one" / "in"))
+    assert "esc-one/p/.." in str(e.value) and not [p for p in (tmp_path / "one").rglob("*") if p.is_file()]
+    # A clean tree still copies.
+    s3.put_object(Bucket="pytest", Key="esc-ok/a/b.txt", Body=b"b")
+    s3.put_object(Bucket="pytest", Key="esc-ok/c..d.txt", Body=b"c")
+    sluice.copy("s3://pytest/esc-ok/", str(tmp_path / "ok"), recursive=True)
+    assert (tmp_path / "ok" / "a" / "b.txt").read_bytes() == b"b" and (tmp_path / "ok" / "c..d.txt").read_bytes() == b"c"
+
+
+def test_get_many_bounds_what_the_server_claims(s3):
+    """get_many reads an object larger than max_size again at the size the server says, but only up to
+    size_limit: past it, an error naming the object, with nothing allocated for the claim."""
+    s3.put_object(Bucket="pytest", Key="many/big.bin", Body=b"z" * 50000)
+    c = sluice.Client()
+    assert c.get_many("pytest", ["many/big.bin"], max_size=4096)[0].tobytes() == b"z" * 50000
+    with pytest.raises(sluice.SluiceError) as e:
+        c.get_many("pytest", ["many/big.bin"], max_size=4096, size_limit=10000)
+    assert e.value.code == -errno.EFBIG and "s3://pytest/many/big.bin" in str(e.value) and "50000" in str(e.value)
+
+
+def test_cache_too_small_for_a_shard_is_one_line(s3, cache, tmp_path):
+    """A cache smaller than each shard: `sluice verify` says so once per shard (naming the cache and
+    SLUICE_CACHE_LIMIT), not once per record of it."""
+    _tree(tmp_path / "src", n=24, seed=9)
+    assert _pack(tmp_path / "src", "s3://pytest/small-cache").returncode == 0
+    r = subprocess.run([_sluice_bin(), "verify", "s3://pytest/small-cache"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, SLUICE_CACHE_LIMIT="10K"))
+    shards = len([o for o in s3.list_objects_v2(Bucket="pytest", Prefix="small-cache/")["Contents"]
+                  if o["Key"].endswith(".sls")])
+    bad = [line for line in r.stdout.splitlines() if line.startswith("BAD")]
+    assert r.returncode == 1 and 1 < shards < 24 and len(bad) == shards, r.stdout
+    assert all(line.startswith("BAD shard") and "SLUICE_CACHE_LIMIT" in line for line in bad), bad

@@ -143,9 +143,10 @@ def iam(endpoint, **params):
 # The faults a FaultProxy can put between a client and the server.  The first three break the request
 # (any method); the others break a GET's answer (other requests pass): its connection reset or its body cut
 # under a full Content-Length, another range than asked (Content-Range and body both), a Content-Range no
-# client can read, one byte of the body flipped.
-FAULTS = ("503", "429", "stall", "reset", "truncate", "shift", "garble", "flip")
-ANSWER_FAULTS = ("reset", "truncate", "shift", "garble", "flip")
+# client can read, one byte of the body flipped, the body trickled (a byte every stall_s seconds: a peer
+# that never quite stops).
+FAULTS = ("503", "429", "stall", "reset", "truncate", "shift", "garble", "flip", "trickle")
+ANSWER_FAULTS = ("reset", "truncate", "shift", "garble", "flip", "trickle")
 
 
 class FaultProxy(http.server.ThreadingHTTPServer):
@@ -265,6 +266,15 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
                 _reset(self.connection)
             return
         self.end_headers()
+        if fault == "trickle":
+            try:
+                for i in range(len(data)):  # until the client gives up (a broken pipe) or it is all sent
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(srv.stall_s)
+            except OSError:
+                self.close_connection = True
+            return
         if self.command != "HEAD":
             self.wfile.write(data)
 

@@ -66,6 +66,39 @@ static void test_sigv4_matches_awss_published_example(void)
 	T_CHECK(sl__sigv4(&in, auth, sizeof(auth)) == -EINVAL);
 }
 
+/* The one-pass object checksums (remote/sum.c) against their published check values. */
+static void test_object_checksums_match_their_check_values(void)
+{
+	static const char nine[] = "123456789";
+	/* SHA-256("abc") and SHA-1("abc") (FIPS 180-2's examples), CRC-64/NVME("123456789") (RevEng's catalogue). */
+	static const unsigned char sha256_abc[32] = { 0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+						      0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+						      0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad };
+	static const unsigned char sha1_abc[20] = { 0xa9, 0x99, 0x3e, 0x36, 0x47, 0x06, 0x81, 0x6a, 0xba, 0x3e,
+						    0x25, 0x71, 0x78, 0x50, 0xc2, 0x6c, 0x9c, 0xd0, 0xd8, 0x9d };
+	struct sl__s3_meta m = { .size = 9, .osum_kind = SL_OSUM_CRC64NVME, .sum_name = "crc64nvme" };
+	unsigned char big[1000];
+
+	T_CHECK(sl__crc64nvme(0, nine, 9) == 0xae8b14860a799888ull);
+	T_CHECK(sl__crc64nvme(sl__crc64nvme(0, nine, 4), nine + 4, 5) == 0xae8b14860a799888ull);
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (unsigned char)(i * 7);
+	T_CHECK(sl__crc64nvme(sl__crc64nvme(0, big, 333), big + 333, sizeof(big) - 333) == sl__crc64nvme(0, big, sizeof(big)));
+	for (int i = 0; i < 8; i++)
+		m.osum[i] = (unsigned char)(0xae8b14860a799888ull >> (56 - 8 * i));
+	T_CHECK(sl__osum_check(&m, nine, 9, "s3://b/nine") == 1);
+	T_CHECK(sl__osum_check(&m, "123456780", 9, "s3://b/nine") == SLUICE_EVERIFY);
+	T_CHECK(strstr(sluice_last_error_detail(), "s3://b/nine") && strstr(sluice_last_error_detail(), "crc64nvme"));
+	m = (struct sl__s3_meta){ .size = 3, .osum_kind = SL_OSUM_SHA256, .sum_name = "sha256" };
+	memcpy(m.osum, sha256_abc, 32);
+	T_CHECK(sl__osum_check(&m, "abc", 3, "s3://b/abc") == 1 && sl__osum_check(&m, "abd", 3, "s3://b/abc") == SLUICE_EVERIFY);
+	m = (struct sl__s3_meta){ .size = 3, .osum_kind = SL_OSUM_SHA1, .sum_name = "sha1" };
+	memcpy(m.osum, sha1_abc, 20);
+	T_CHECK(sl__osum_check(&m, "abc", 3, "s3://b/abc") == 1 && sl__osum_check(&m, "abd", 3, "s3://b/abc") == SLUICE_EVERIFY);
+	m.osum_kind = SL_OSUM_NONE;
+	T_CHECK(sl__osum_check(&m, "abc", 3, "s3://b/abc") == 0);
+}
+
 int main(void)
 {
 	const char *d = t_dir("t_s3conf");
@@ -191,5 +224,6 @@ int main(void)
 	T_CHECK(sl__s3_parse_url("http://abc/k", bucket, sizeof(bucket), key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
 	T_CHECK(sl__s3_parse_url("s3://abc/k", bucket, 3, key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
 	test_sigv4_matches_awss_published_example();
+	test_object_checksums_match_their_check_values();
 	return t_done("t_s3conf");
 }

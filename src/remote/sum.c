@@ -1,0 +1,174 @@
+/*
+ * The object checksums S3 keeps that a reader checks in one pass over the
+ * whole object, in order (remote.h): CRC64NVME (CRC-64/NVME: polynomial
+ * 0xad93d23594c93659 reflected, initial value and final xor all ones, as
+ * S3, boto3 and awscrt compute it), SHA-1 and SHA-256 (libcrypto).  CRC32C
+ * and CRC32 are core's: the engine folds their pieces' CRCs together.
+ *
+ * isa-l 2.31 has CRC-64/NVME (crc64_rocksoft_refl); the isa-l of the
+ * distributions sluice builds on (2.30) does not, so it is computed here
+ * with slice-by-8 tables.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "remote/remote.h"
+
+static uint64_t sl_crc64_table[8][256];
+static pthread_once_t sl_crc64_once = PTHREAD_ONCE_INIT;
+
+static void sl_crc64_init(void)
+{
+	const uint64_t poly = 0x9a6c9329ac4bc9b5ull; /* 0xad93d23594c93659 reflected */
+
+	for (unsigned i = 0; i < 256; i++) {
+		uint64_t c = i;
+
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ poly : c >> 1;
+		sl_crc64_table[0][i] = c;
+	}
+	for (unsigned i = 0; i < 256; i++)
+		for (int t = 1; t < 8; t++)
+			sl_crc64_table[t][i] = (sl_crc64_table[t - 1][i] >> 8) ^
+					       sl_crc64_table[0][sl_crc64_table[t - 1][i] & 0xff];
+}
+
+uint64_t sl__crc64nvme(uint64_t crc, const void *p, size_t n)
+{
+	const uint64_t(*t)[256] = sl_crc64_table;
+	const unsigned char *b = p;
+	uint64_t c = ~crc;
+
+	pthread_once(&sl_crc64_once, sl_crc64_init);
+	for (; n >= 8; b += 8, n -= 8) {
+		/* The next 8 bytes as a little-endian word (one load where the CPU is little-endian). */
+		c ^= (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24 |
+		     (uint64_t)b[4] << 32 | (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 | (uint64_t)b[7] << 56;
+		c = t[7][c & 0xff] ^ t[6][(c >> 8) & 0xff] ^ t[5][(c >> 16) & 0xff] ^ t[4][(c >> 24) & 0xff] ^
+		    t[3][(c >> 32) & 0xff] ^ t[2][(c >> 40) & 0xff] ^ t[1][(c >> 48) & 0xff] ^ t[0][c >> 56];
+	}
+	while (n--)
+		c = (c >> 8) ^ t[0][(c ^ *b++) & 0xff];
+	return ~c;
+}
+
+/* An object's one-pass checksum in progress. */
+struct sl_osum {
+	int kind;
+	uint64_t crc;
+	EVP_MD_CTX *md;
+};
+
+static int sl_osum_begin(struct sl_osum *d, int kind)
+{
+	*d = (struct sl_osum){ .kind = kind };
+	if (kind == SL_OSUM_CRC64NVME)
+		return 0;
+	if (!(d->md = EVP_MD_CTX_new()) ||
+	    !EVP_DigestInit_ex(d->md, kind == SL_OSUM_SHA1 ? EVP_sha1() : EVP_sha256(), NULL)) {
+		EVP_MD_CTX_free(d->md);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void sl_osum_add(struct sl_osum *d, const void *p, size_t n)
+{
+	if (d->kind == SL_OSUM_CRC64NVME)
+		d->crc = sl__crc64nvme(d->crc, p, n);
+	else
+		EVP_DigestUpdate(d->md, p, n);
+}
+
+/* The checksum as S3 gives it (big-endian bytes) into out; its length. */
+static unsigned sl_osum_end(struct sl_osum *d, unsigned char out[32])
+{
+	unsigned len = 0;
+
+	if (d->kind == SL_OSUM_CRC64NVME) {
+		for (int i = 0; i < 8; i++)
+			out[i] = (unsigned char)(d->crc >> (56 - 8 * i));
+		return 8;
+	}
+	EVP_DigestFinal_ex(d->md, out, &len);
+	EVP_MD_CTX_free(d->md);
+	return len;
+}
+
+unsigned sl__osum_len(int kind)
+{
+	return kind == SL_OSUM_CRC64NVME ? 8 : kind == SL_OSUM_SHA1 ? 20 : kind == SL_OSUM_SHA256 ? 32 : 0;
+}
+
+/* 1 where the bytes' checksum d matches m's, else SLUICE_EVERIFY naming what (name) and both values. */
+static int sl_osum_match(struct sl_osum *d, const struct sl__s3_meta *m, const char *name)
+{
+	unsigned char got[32];
+	char want_hex[65], got_hex[65];
+	unsigned len = sl_osum_end(d, got);
+
+	if (len == sl__osum_len(m->osum_kind) && !memcmp(got, m->osum, len))
+		return 1;
+	for (unsigned i = 0; i < len && i < 32; i++) {
+		snprintf(want_hex + 2 * i, 3, "%02x", m->osum[i]);
+		snprintf(got_hex + 2 * i, 3, "%02x", got[i]);
+	}
+	return sl__err(SLUICE_EVERIFY, "%s: its %s is %.*s, the bytes read give %.*s", name, m->sum_name, (int)len * 2,
+		       want_hex, (int)len * 2, got_hex);
+}
+
+int sl__osum_check(const struct sl__s3_meta *m, const void *p, size_t n, const char *name)
+{
+	struct sl_osum d;
+
+	if (!m->osum_kind)
+		return 0;
+	if (sl_osum_begin(&d, m->osum_kind))
+		return -ENOMEM;
+	sl_osum_add(&d, p, n);
+	return sl_osum_match(&d, m, name);
+}
+
+int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
+{
+	enum { CHUNK = 4 << 20 };
+	char *buf;
+	struct sl_osum d;
+	uint64_t off = 0;
+	int rc = 0;
+
+	if (!m->osum_kind)
+		return 0;
+	if (!(buf = malloc(CHUNK)) || sl_osum_begin(&d, m->osum_kind)) {
+		free(buf);
+		return -ENOMEM;
+	}
+	for (ssize_t n; off < m->size; off += (uint64_t)n) {
+		n = pread(fd, buf, CHUNK, (off_t)off);
+		if (n < 0 && errno == EINTR) {
+			n = 0;
+			continue;
+		}
+		if (n <= 0) {
+			rc = sl__err(n ? -errno : SLUICE_ESHORT, "%s: reading its copy to check its %s: %s", name,
+				     m->sum_name, n ? strerror(errno) : "shorter than the object");
+			break;
+		}
+		sl_osum_add(&d, buf, (size_t)n);
+	}
+	free(buf);
+	if (rc) {
+		unsigned char skip[32];
+
+		sl_osum_end(&d, skip); /* frees the context */
+		return rc;
+	}
+	return sl_osum_match(&d, m, name);
+}
