@@ -44,7 +44,7 @@ env SLUICE_THREADS="$(printf '\377\376"\\\001')" "$S" info --settings --json > "
 if [ $rc -ne 0 ] && "$PYTHON" -c 'import json, sys; d = json.load(open(sys.argv[1]))
 assert [s["name"] for s in d if "error" in s] == ["SLUICE_THREADS"]' "$D/out"; then echo "ok   settings json with a wrong value"
 else echo "FAIL settings json with a wrong value (exit $rc): $(cat "$D/out" "$D/err")"; fails=$((fails + 1)); fi
-bad "pack to an empty path" "empty" "$S" pack --from-jsonl "$D/f.bin" ""
+bad "pack to an empty path" "empty" "$S" pack --from-jsonl "$D/f.bin" --fields a ""
 ok "read host json verify" "$S" bench "$D/f.bin" --target host --json --verify --io-size 1M
 has "read json has gb_s" '"gb_s":'
 has "read verified" '"verified":true'
