@@ -51,6 +51,28 @@ int sl__open_file(const char *path, int oflags, mode_t mode)
 	return fd;
 }
 
+/* A password in the userinfo is hidden, though curl still sends it. */
+void sl__url_name(const char *url, char *out, size_t cap)
+{
+	const size_t end = strcspn(url, "?#"), scheme = strstr(url, "://") ? (size_t)(strstr(url, "://") - url) + 3 : 0;
+	const size_t auth = scheme + strcspn(url + scheme, "/?#"); /* the authority: [userinfo@]host[:port] */
+	const char *at = memchr(url + scheme, '@', auth - scheme), *colon;
+
+	/* The last '@' of the authority ends the userinfo; its first ':' starts the password. */
+	while (at && memchr(at + 1, '@', (size_t)(url + auth - at - 1)))
+		at = memchr(at + 1, '@', (size_t)(url + auth - at - 1));
+	if (!scheme) { /* a path: '?' and '#' are its own */
+		snprintf(out, cap, "%s", url);
+		return;
+	}
+	colon = at ? memchr(url + scheme, ':', (size_t)(at - url - (ptrdiff_t)scheme)) : NULL;
+	if (colon)
+		snprintf(out, cap, "%.*s:***%.*s%s", (int)(colon - url), url, (int)(end - (size_t)(at - url)), at,
+			 url[end] ? "?..." : "");
+	else
+		snprintf(out, cap, "%.*s%s", (int)end, url, url[end] ? "?..." : "");
+}
+
 int sluice_drop_page_cache(void)
 {
 	int fd, ok;

@@ -92,12 +92,16 @@ static int sl_meta_read(const char *path, const char *endpoint, const char *url,
 	uint64_t *size = &m->size;
 	char *etag = m->etag;
 	size_t cap = sizeof(m->etag);
-	int have = 0;
-	FILE *f = fopen(path, "re");
+	int have = 0, fd = sl__open_file(path, O_RDONLY, 0);
+	FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
 
 	memset(m, 0, sizeof(*m));
-	if (!f)
+	if (!f) {
+		if (fd >= 0)
+			close(fd);
+		sl__err_clear(); /* absent or not a file: no copy to trust */
 		return -1;
+	}
 	snprintf(want_url, sizeof(want_url), "url %s\n", url);
 	snprintf(want_ep, sizeof(want_ep), "endpoint %s\n", endpoint);
 	while (fgets(line, sizeof(line), f)) {
@@ -215,12 +219,12 @@ static int sl_file_crc(const char *path, int kind, uint32_t *crc)
 {
 	enum { CHUNK = 4 << 20 };
 	char *buf = malloc(CHUNK);
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+	int fd = sl__open_file(path, O_RDONLY, 0), rc = 0;
 	ssize_t n;
 
 	*crc = 0;
 	if (fd < 0 || !buf)
-		rc = fd < 0 ? -errno : -ENOMEM;
+		rc = fd < 0 ? fd : -ENOMEM;
 	while (!rc && (n = read(fd, buf, CHUNK)) != 0) {
 		if (n < 0 && errno != EINTR)
 			rc = -errno;
@@ -236,10 +240,10 @@ static int sl_file_crc(const char *path, int kind, uint32_t *crc)
 /* The copy at path against m's one-pass checksum (sum.c): 1 matched, else 0 or an error. */
 static int sl_file_osum(const char *path, const struct sl__s3_meta *m, const char *url)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+	int fd = sl__open_file(path, O_RDONLY, 0), rc;
 
 	if (fd < 0)
-		return -errno;
+		return fd;
 	rc = sl__osum_check_fd(m, fd, url);
 	close(fd);
 	return rc;

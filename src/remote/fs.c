@@ -165,8 +165,8 @@ int sl__fs_upload(const char *local, const char *url)
 		return rc;
 	if (!key[0] || key[strlen(key) - 1] == '/')
 		return sl__err(-EISDIR, "%s: names a prefix, not an object", url);
-	if ((fd = open(local, O_RDONLY | O_CLOEXEC)) < 0)
-		return sl__err(-errno, "%s: %s", local, strerror(errno));
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0)
+		return fd;
 	if (fstat(fd, &st) < 0)
 		rc = sl__err(-errno, "%s: %s", local, strerror(errno));
 	else if (st.st_size && (m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)

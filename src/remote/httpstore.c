@@ -34,28 +34,6 @@ static int sl_http_match(const char *path)
 	return !strncasecmp(path, "http://", 7) || !strncasecmp(path, "https://", 8);
 }
 
-/*
- * How messages name url (into out): without its query and fragment (a
- * presigned URL's query is a credential) and without a password in its
- * userinfo (https://user:PASSWORD@host/...), which curl still sends.
- */
-static void sl_http_name(const char *url, char *out, size_t cap)
-{
-	const size_t end = strcspn(url, "?#"), scheme = strstr(url, "://") ? (size_t)(strstr(url, "://") - url) + 3 : 0;
-	const size_t auth = scheme + strcspn(url + scheme, "/?#"); /* the authority: [userinfo@]host[:port] */
-	const char *at = memchr(url + scheme, '@', auth - scheme), *colon;
-
-	/* The last '@' of the authority ends the userinfo; its first ':' starts the password. */
-	while (at && memchr(at + 1, '@', (size_t)(url + auth - at - 1)))
-		at = memchr(at + 1, '@', (size_t)(url + auth - at - 1));
-	colon = at ? memchr(url + scheme, ':', (size_t)(at - url - (ptrdiff_t)scheme)) : NULL;
-	if (colon)
-		snprintf(out, cap, "%.*s:***%.*s%s", (int)(colon - url), url, (int)(end - (size_t)(at - url)), at,
-			 url[end] ? "?..." : "");
-	else
-		snprintf(out, cap, "%.*s%s", (int)end, url, url[end] ? "?..." : "");
-}
-
 static int sl_http_probe(const struct sluice_config *cfg, char *why, size_t n)
 {
 	(void)cfg;
@@ -97,7 +75,7 @@ static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const
 	(void)flags, (void)env;
 	if (!h)
 		return -ENOMEM;
-	sl_http_name(path, h->name, sizeof(h->name));
+	sl__url_name(path, h->name, sizeof(h->name));
 	if (strlen(path) >= sizeof(h->url))
 		rc = sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
 	else if (!c)

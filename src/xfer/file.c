@@ -22,6 +22,15 @@ int sluice_file_open(struct sluice_file **out, struct sluice_engine *eng, const 
 	return sl__file_open(out, eng, NULL, path, flags);
 }
 
+/* -EROFS naming the path (any credential in it hidden) and its store. */
+static int sl_refuse_write(const char *path, const struct sl__store *st)
+{
+	char name[512];
+
+	sl__url_name(path, name, sizeof(name));
+	return sl__err(-EROFS, "%s: the %s store does not write (its files open read-only)", name, st->name);
+}
+
 int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, void *arg, const char *path, int flags)
 {
 	const struct sl__store *st;
@@ -34,7 +43,7 @@ int sl__file_open(struct sluice_file **out, struct sluice_engine *eng, void *arg
 	if ((rc = sl__store_for(eng, path, &st)))
 		return rc;
 	if ((flags & SLUICE_RDWR) && (st->caps & SL_STORE_READONLY))
-		return sl__err(-EROFS, "%s: %s files open read-only; they are written whole", path, st->name);
+		return sl_refuse_write(path, st);
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
@@ -161,7 +170,7 @@ ssize_t sl__write_whole(struct sluice_engine *eng, void *arg, const char *path, 
 	if (rc)
 		return rc;
 	if (!st->put)
-		return sl__err(-EROFS, "%s: the %s store does not write", path, st->name);
+		return sl_refuse_write(path, st);
 	sl__open_env(eng, st, arg, &env);
 	rc = st->put(path, src, len, gpu ? sl_copy_from_gpu : NULL, eng, &env);
 	if (rc)

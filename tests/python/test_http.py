@@ -347,6 +347,13 @@ def test_password_in_url_is_hidden(tmp_path):
             assert f"http://alice:***@127.0.0.1:{port}/" in err, err[-800:]
 
 
+def test_password_in_url_is_hidden_when_written_to():
+    """An http(s) URL opened for writing is refused before any request; that message hides the password too."""
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.write("http://alice:s3cr3t-pw@127.0.0.1:9/w.bin", np.zeros(8, np.uint8))
+    assert "s3cr3t" not in str(e.value) and "alice:***@127.0.0.1:9/w.bin" in str(e.value), str(e.value)
+
+
 def test_certificate_refused_once_not_retried(tmp_path):
     """A server whose certificate is not trusted: one attempt, and an error naming the URL that says the
     certificate was refused and how to trust a private CA; never a retry (none can make it trusted)."""
