@@ -189,7 +189,7 @@ static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_rang
 	for (size_t p = 0; p < job->npieces;) {
 		const uint32_t k = job->pieces[p].range;
 		const struct sl__sfile *sf = &r[k].file->s;
-		uint32_t crc = job->pieces[p].crc;
+		uint64_t crc = job->pieces[p].crc;
 		int gpu = job->pieces[p].gpu, rc = 0;
 
 		for (p++; p < job->npieces && job->pieces[p].range == k; p++) {
@@ -198,9 +198,12 @@ static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_rang
 				crc = sl__crc_combine(sf->sum_kind, crc, job->pieces[p].crc, job->pieces[p].len);
 		}
 		if (sl_whole_object(job->op, &r[k])) {
+			const int digits = sf->sum_kind == SL_CRC64NVME ? 16 : 8;
+
 			if (crc != sf->sum)
-				return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %08x, the object's is %08x",
-					       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, crc, sf->sum);
+				return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %0*llx, the object's is %0*llx",
+					       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, digits,
+					       (unsigned long long)crc, digits, (unsigned long long)sf->sum);
 			rc = 1;
 		} else if (sl_whole_verify(job->op, &r[k]) && !gpu && (rc = sf->ops->verify(sf, r[k].buf, r[k].len)) < 0) {
 			return rc;
