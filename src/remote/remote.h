@@ -227,12 +227,17 @@ struct sl__s3_meta {
 
 /*
  * sum.c: the length of an SL_OSUM_* checksum; and n bytes at p, or the
- * first m->size bytes of the file fd, checked against m's one-pass
- * checksum: 1 matched, 0 m has none, SLUICE_EVERIFY naming name, the
- * algorithm and both values, or an error.
+ * first m->size bytes of the file fd, or n bytes copy brings into host
+ * memory in order (copy(ctx, dst, off, len): len bytes at off into dst, 0
+ * or an error with its detail; called with at most 4 MiB at a time),
+ * checked against m's one-pass checksum: 1 matched, 0 m has none,
+ * SLUICE_EVERIFY naming name, the algorithm and both values, or an error.
  */
 SL_HIDDEN unsigned sl__osum_len(int kind);
 SL_HIDDEN int sl__osum_check(const struct sl__s3_meta *m, const void *p, size_t n, const char *name);
+SL_HIDDEN int sl__osum_check_copy(const struct sl__s3_meta *m, uint64_t n,
+				  int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx,
+				  const char *name);
 SL_HIDDEN int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name);
 /* m->size, etag and checksum of bucket/key. */
 SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,

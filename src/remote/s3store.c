@@ -65,14 +65,15 @@ static int sl_s3s_open(struct sl__sfile *sf, const char *path, int flags, const 
 	return 0;
 }
 
-/* A whole read in host memory against the object's SHA-1 or SHA-256 (sum.c). */
-static int sl_s3s_verify(const struct sl__sfile *sf, const void *buf, size_t n)
+/* A whole read against the object's SHA-1 or SHA-256 (sum.c): in host memory, or brought there by copy. */
+static int sl_s3s_verify(const struct sl__sfile *sf, const void *buf, size_t n,
+			 int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx)
 {
 	const struct sl__s3_obj *o = sf->handle;
 	char name[1200];
 
 	snprintf(name, sizeof(name), "s3://%s/%s", o->bucket, o->key);
-	return sl__osum_check(&o->meta, buf, n, name);
+	return buf ? sl__osum_check(&o->meta, buf, n, name) : sl__osum_check_copy(&o->meta, n, copy, ctx, name);
 }
 
 static int sl_s3s_put(const char *path, const void *src, size_t len,

@@ -93,12 +93,12 @@ int sl__osum_check(const struct sl__s3_meta *m, const void *p, size_t n, const c
 	return sl_osum_match(&d, m, name);
 }
 
-int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
+int sl__osum_check_copy(const struct sl__s3_meta *m, uint64_t n,
+			int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx, const char *name)
 {
 	enum { CHUNK = 4 << 20 };
 	char *buf;
 	struct sl_osum d;
-	uint64_t off = 0;
 	int rc = 0;
 
 	if (!m->osum_kind)
@@ -107,18 +107,13 @@ int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
 		free(buf);
 		return -ENOMEM;
 	}
-	for (ssize_t n; off < m->size; off += (uint64_t)n) {
-		n = pread(fd, buf, CHUNK, (off_t)off);
-		if (n < 0 && errno == EINTR) {
-			n = 0;
-			continue;
-		}
-		if (n <= 0) {
-			rc = sl__err(n ? -errno : SLUICE_ESHORT, "%s: reading its copy to check its %s: %s", name,
-				     m->sum_name, n ? strerror(errno) : "shorter than the object");
-			break;
-		}
-		sl_osum_add(&d, buf, (size_t)n);
+	for (uint64_t off = 0, len; off < n && !rc; off += len) {
+		len = n - off < CHUNK ? n - off : CHUNK;
+		if ((rc = copy(ctx, buf, off, (size_t)len)))
+			rc = sl__err(rc, "%s: reading it back to check its %s: %s", name, m->sum_name,
+				     sluice_last_error_detail());
+		else
+			sl_osum_add(&d, buf, (size_t)len);
 	}
 	free(buf);
 	if (rc) {
@@ -128,4 +123,27 @@ int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
 		return rc;
 	}
 	return sl_osum_match(&d, m, name);
+}
+
+/* sl__osum_check_copy's copy from a file (ctx: its descriptor): exactly len bytes at off. */
+static int sl_pread_all(void *ctx, void *dst, uint64_t off, size_t len)
+{
+	const int fd = *(const int *)ctx;
+
+	for (size_t got = 0; got < len;) {
+		ssize_t k = pread(fd, (char *)dst + got, len - got, (off_t)(off + got));
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k ? sl__err(-errno, "its copy: %s", strerror(errno))
+				 : sl__err(SLUICE_ESHORT, "its copy is shorter than the object");
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
+{
+	return sl__osum_check_copy(m, m->size, sl_pread_all, &fd, name);
 }

@@ -203,13 +203,17 @@ struct sl__store {
 	/* The SLUICE_* settings the store reads, NULL-terminated (for `sluice info --settings`); NULL: none. */
 	const char *const *settings;
 	/*
-	 * verify: optional.  A whole read's bytes (n, in host memory, in order)
-	 * checked against a checksum the file has that the engine cannot fold
-	 * from its pieces' CRCs (sum_kind 0; an object's SHA-256, say): 1
-	 * matched, 0 the file has none, SLUICE_EVERIFY naming the file on a
-	 * mismatch.  Called after the read, on the caller's thread.
+	 * verify: optional.  A whole read's n bytes, in order, checked against
+	 * a checksum the file has that the engine cannot fold from its pieces'
+	 * CRCs (sum_kind 0; an object's SHA-256, say): 1 matched, 0 the file
+	 * has none, SLUICE_EVERIFY naming the file on a mismatch, or an error.
+	 * buf: the bytes in host memory; NULL where they are not (GPU memory):
+	 * copy(ctx, dst, off, len) then brings len of them at off into host
+	 * memory dst, 0 or an error.  Called after the read, on the caller's
+	 * thread.
 	 */
-	int (*verify)(const struct sl__sfile *sf, const void *buf, size_t n);
+	int (*verify)(const struct sl__sfile *sf, const void *buf, size_t n,
+		      int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx);
 };
 
 struct sl__io_ctx {
