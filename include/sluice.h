@@ -455,8 +455,9 @@ struct sluice_xfer_report {
 	 * Bytes checked end to end: reads of whole s3:// objects that carry a
 	 * full-object CRC32C, CRC32, CRC64NVME, SHA-1 or SHA-256, matched
 	 * against it (a mismatch is read once more, then fails with
-	 * SLUICE_EVERIFY); CRC64NVME, SHA-1 and SHA-256 only where read into
-	 * host memory.  Ranges of an object have no checksum in S3 to match.
+	 * SLUICE_EVERIFY), into host or GPU memory (a SHA-1 or SHA-256 there
+	 * by reading the object back from it, one device-to-host pass).
+	 * Ranges of an object have no checksum in S3 to match.
 	 */
 	uint64_t bytes_verified;
 	/*
@@ -469,10 +470,10 @@ struct sluice_xfer_report {
 	/*
 	 * Reads of s3:// and http(s):// files: what their bytes were checked
 	 * with end to end, the algorithm ("crc32c", "crc32", "crc64nvme",
-	 * "sha1", "sha256"), or why they were not ("none (no checksum)",
-	 * "none (a part; its crc32c covers the whole)", "sha256 composite (not
-	 * verified)", "sha256 (not verified: in GPU memory)", "none (web
-	 * servers send no checksum)"); of the first such range where there are
+	 * "sha1", "sha256", "sha256 (verified: read back from GPU memory)"),
+	 * or why they were not ("none (no checksum)", "none (a part; its
+	 * crc32c covers the whole)", "sha256 composite (not verified)", "none
+	 * (web servers send no checksum)"); of the first such range where there are
 	 * several.  "" for local files.  Added after the struct's first
 	 * release: written only when size covers it.
 	 */

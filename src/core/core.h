@@ -136,11 +136,18 @@ SL_HIDDEN int sl__memlock(uint64_t *soft, int *unlimited, int *ipc_lock);
 
 /* crc(A||B) from crc(A), crc(B) and len(B), for CRC32C. */
 SL_HIDDEN uint32_t sl__crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
-/* The checksums S3 objects carry end to end (and sluice's records: CRC32C). */
-enum { SL_CRC_NONE = 0, SL_CRC32C = 1, SL_CRC32 = 2 };
+/*
+ * The CRCs S3 objects carry end to end (and sluice's records: CRC32C),
+ * which a whole read's pieces' CRCs fold into.  SL_CRC64NVME is
+ * CRC-64/NVME (S3's CRC64NVME); the 32-bit kinds' values have the upper
+ * 32 bits zero.
+ */
+enum { SL_CRC_NONE = 0, SL_CRC32C = 1, SL_CRC32 = 2, SL_CRC64NVME = 3 };
 /* CRC of kind over n bytes, continuing from crc (0 to start), and the combine of two. */
-SL_HIDDEN uint32_t sl__crc(int kind, uint32_t crc, const void *p, size_t n);
-SL_HIDDEN uint32_t sl__crc_combine(int kind, uint32_t crc1, uint32_t crc2, uint64_t len2);
+SL_HIDDEN uint64_t sl__crc(int kind, uint64_t crc, const void *p, size_t n);
+SL_HIDDEN uint64_t sl__crc_combine(int kind, uint64_t crc1, uint64_t crc2, uint64_t len2);
+/* CRC-64/NVME of n bytes continuing from crc (0 to start): sl__crc(SL_CRC64NVME, ...). */
+SL_HIDDEN uint64_t sl__crc64nvme(uint64_t crc, const void *p, size_t n);
 
 /*
  * SLUICE_TRACE: spans of work (name, start and end in sl__now_ns, the thread's

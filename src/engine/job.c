@@ -173,23 +173,39 @@ static int sl_whole_verify(int op, const struct sluice_range *r)
 	return op == SL_IO_READ && !sf->sum_kind && sf->ops->verify && r->offset == 0 && r->len == atomic_load(&sf->size);
 }
 
+/* A range read into GPU memory, read back by a store's verify. */
+struct sl_readback {
+	struct sluice_engine *eng;
+	const char *dev;
+};
+
+/* len bytes at off of the range into host memory dst (the finished job's copies to it have landed). */
+static int sl_readback(void *ctx, void *dst, uint64_t off, size_t len)
+{
+	const struct sl_readback *b = ctx;
+
+	return sluice_gpu_copy(b->eng, dst, b->dev + off, len);
+}
+
 /*
  * The ranges of a finished job that read whole objects, their pieces'
  * CRCs folded in order (a range's pieces are consecutive and in file
- * order) and matched, or their bytes checked by their store where they
- * are in host memory; the bytes verified, or SLUICE_EVERIFY naming the
- * first object that did not match.  what (cap bytes): what the first
- * range of a file with a checksum name (sum_name) was checked with, or
- * why it was not.
+ * order) and matched, or their bytes checked by their store (store.h's
+ * verify) in host memory, or read back from GPU memory in order (one
+ * device-to-host pass: a SHA cannot be folded from pieces); the bytes
+ * verified, or SLUICE_EVERIFY naming the first object that did not match.
+ * what (cap bytes): what the first range of a file with a checksum name
+ * (sum_name) was checked with, or why it was not.
  */
-static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_range *r, char *what, size_t cap)
+static int64_t sl_match_sums(struct sluice_engine *eng, const struct sl__job *job, const struct sluice_range *r,
+			     char *what, size_t cap)
 {
 	int64_t verified = 0;
 
 	for (size_t p = 0; p < job->npieces;) {
 		const uint32_t k = job->pieces[p].range;
 		const struct sl__sfile *sf = &r[k].file->s;
-		uint32_t crc = job->pieces[p].crc;
+		uint64_t crc = job->pieces[p].crc;
 		int gpu = job->pieces[p].gpu, rc = 0;
 
 		for (p++; p < job->npieces && job->pieces[p].range == k; p++) {
@@ -198,23 +214,33 @@ static int64_t sl_match_sums(const struct sl__job *job, const struct sluice_rang
 				crc = sl__crc_combine(sf->sum_kind, crc, job->pieces[p].crc, job->pieces[p].len);
 		}
 		if (sl_whole_object(job->op, &r[k])) {
+			const int digits = sf->sum_kind == SL_CRC64NVME ? 16 : 8;
+
 			if (crc != sf->sum)
-				return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %08x, the object's is %08x",
-					       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, crc, sf->sum);
+				return sl__err(SLUICE_EVERIFY, "%s: the %s of the %llu bytes read is %0*llx, the object's is %0*llx",
+					       r[k].file->path, sf->sum_name, (unsigned long long)r[k].len, digits,
+					       (unsigned long long)crc, digits, (unsigned long long)sf->sum);
 			rc = 1;
-		} else if (sl_whole_verify(job->op, &r[k]) && !gpu && (rc = sf->ops->verify(sf, r[k].buf, r[k].len)) < 0) {
-			return rc;
+		} else if (sl_whole_verify(job->op, &r[k])) {
+			struct sl_readback back = { eng, r[k].buf };
+
+			rc = gpu ? sf->ops->verify(sf, NULL, r[k].len, sl_readback, &back)
+				 : sf->ops->verify(sf, r[k].buf, r[k].len, NULL, NULL);
+			if (rc < 0)
+				return rc;
 		}
 		if (rc == 1)
 			verified += (int64_t)r[k].len;
 		if (what[0] || !sf->sum_name[0])
 			continue;
-		if (rc == 1 || !strncmp(sf->sum_name, "none", 4) || strchr(sf->sum_name, '('))
+		if (rc == 1 && gpu && !sl_whole_object(job->op, &r[k]))
+			snprintf(what, cap, "%.10s (verified: read back from GPU memory)", sf->sum_name);
+		else if (rc == 1 || !strncmp(sf->sum_name, "none", 4) || strchr(sf->sum_name, '('))
 			snprintf(what, cap, "%s", sf->sum_name);
 		else if (r[k].offset || r[k].len != atomic_load(&sf->size))
 			snprintf(what, cap, "none (a part; its %.10s covers the whole)", sf->sum_name);
 		else
-			snprintf(what, cap, "%.10s (not verified: in GPU memory)", sf->sum_name);
+			snprintf(what, cap, "%.10s (not verified)", sf->sum_name);
 	}
 	return verified;
 }
@@ -250,11 +276,12 @@ ssize_t sl__transfer(struct sluice_engine *eng, int op, const struct sluice_rang
 		rc = sl__job_wait(eng, &job, rep);
 		what[0] = 0;
 		if (rc >= 0 && check)
-			verified = sl_match_sums(&job, r, what, sizeof(what));
+			verified = sl_match_sums(eng, &job, r, what, sizeof(what));
 		sl__plan_free(&job);
 		if (rc < 0 || verified >= 0)
 			break;
-		rc = verified;
+		if ((rc = verified) != SLUICE_EVERIFY)
+			break; /* not a mismatch (no memory, a failed read back from the GPU): no reason to read again */
 		sl__warn("s3", "%s%s", sluice_last_error_detail(), pass ? " (read twice)" : "; reading it again");
 	}
 	if (rep && rc >= 0)

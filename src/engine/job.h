@@ -25,7 +25,7 @@ struct sl__piece {
 	int gpu;        /* mem is device memory */
 	char *alloc;    /* GPU memory: where its allocation starts (one copy never spans two) */
 	uint32_t range; /* index of the caller's range it belongs to */
-	uint32_t crc;   /* CRC32C of its bytes, when the job asks (job->crc) */
+	uint64_t crc;   /* CRC of its bytes, when the job asks (job->crc): CRC32C, or its file's sum_kind */
 };
 
 struct sl__seg {

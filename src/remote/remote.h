@@ -116,9 +116,9 @@ struct sl__http_req {
 /*
  * An answer.  The caller sets cap (GET: the bytes buf holds), and may set
  * progress (called with the bytes in buf so far as the body arrives, 0
- * again when a retry starts over), sum_kind (core.h's SL_CRC32C or
- * SL_CRC32: the CRC of the body into sum as each piece arrives, while it
- * is in cache) and keep (a header prefix whose headers are kept: name
+ * again when a retry starts over), sum_kind (core.h's SL_CRC32C, SL_CRC32
+ * or SL_CRC64NVME: the CRC of the body into sum as each piece arrives,
+ * while it is in cache) and keep (a header prefix whose headers are kept: name
  * past the prefix and value).
  */
 struct sl__http_resp {
@@ -126,7 +126,7 @@ struct sl__http_resp {
 	void (*progress)(void *arg, size_t bytes);
 	void *progress_arg;
 	int sum_kind;
-	uint32_t sum;
+	uint64_t sum;
 	const char *keep;
 	/* what came back */
 	long status;
@@ -226,15 +226,18 @@ struct sl__s3_meta {
 };
 
 /*
- * sum.c: CRC-64/NVME of n bytes continuing from crc (0 to start); the
- * length of an SL_OSUM_* checksum; and n bytes at p, or the first m->size
- * bytes of the file fd, checked against m's one-pass checksum: 1 matched,
- * 0 m has none, SLUICE_EVERIFY naming name, the algorithm and both
- * values, or an error.
+ * sum.c: the length of an SL_OSUM_* checksum; and n bytes at p, or the
+ * first m->size bytes of the file fd, or n bytes copy brings into host
+ * memory in order (copy(ctx, dst, off, len): len bytes at off into dst, 0
+ * or an error with its detail; called with at most 4 MiB at a time),
+ * checked against m's one-pass checksum: 1 matched, 0 m has none,
+ * SLUICE_EVERIFY naming name, the algorithm and both values, or an error.
  */
-SL_HIDDEN uint64_t sl__crc64nvme(uint64_t crc, const void *p, size_t n);
 SL_HIDDEN unsigned sl__osum_len(int kind);
 SL_HIDDEN int sl__osum_check(const struct sl__s3_meta *m, const void *p, size_t n, const char *name);
+SL_HIDDEN int sl__osum_check_copy(const struct sl__s3_meta *m, uint64_t n,
+				  int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx,
+				  const char *name);
 SL_HIDDEN int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name);
 /* m->size, etag and checksum of bucket/key. */
 SL_HIDDEN int sl__s3_head(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
@@ -256,12 +259,12 @@ SL_HIDDEN ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const ch
  * "/N") checked against it (-ESTALE once it changed, whether or not the
  * server honours If-Match); calling progress(arg, bytes in dst so far) as
  * the body arrives (0 again when a retry starts over), and with sum_kind
- * (core.h's SL_CRC32C or SL_CRC32; 0: none) the CRC of the bytes returned
+ * (core.h's SL_CRC32C, SL_CRC32 or SL_CRC64NVME; 0: none) the CRC of the bytes returned
  * into *sum, summed as each piece arrives, while it is still in cache.
  */
 SL_HIDDEN ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 				      uint64_t off, size_t len, void *dst, const struct sl__s3_meta *pin,
-				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum);
+				      void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint64_t *sum);
 /*
  * The whole object bucket/key into dst (cap bytes) in one GET with no
  * Range, its length checked and, where the server sends one, its

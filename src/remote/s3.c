@@ -361,7 +361,7 @@ ssize_t sl__s3_get(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket
 
 ssize_t sl__s3_get_progress(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 			    uint64_t off, size_t len, void *dst, const struct sl__s3_meta *pin,
-			    void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint32_t *sum)
+			    void (*progress)(void *arg, size_t bytes), void *arg, int sum_kind, uint64_t *sum)
 {
 	struct sl_req q = { .method = SL_GET, .bucket = bucket, .key = key, .off = off, .len = len, .buf = dst,
 			    .pin = pin };

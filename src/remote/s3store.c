@@ -54,18 +54,26 @@ static int sl_s3s_open(struct sl__sfile *sf, const char *path, int flags, const 
 	atomic_store(&sf->size, size);
 	sf->sum_kind = o->meta.sum_kind;
 	sf->sum = o->meta.sum;
+	if (o->meta.osum_kind == SL_OSUM_CRC64NVME) {
+		/* A CRC the engine folds from its pieces' CRCs, as it does a CRC32C: into GPU memory too. */
+		sf->sum_kind = SL_CRC64NVME;
+		sf->sum = 0;
+		for (int i = 0; i < 8; i++)
+			sf->sum = sf->sum << 8 | o->meta.osum[i]; /* S3 gives it big-endian */
+	}
 	snprintf(sf->sum_name, sizeof(sf->sum_name), "%s", o->meta.sum_name[0] ? o->meta.sum_name : "none (no checksum)");
 	return 0;
 }
 
-/* A whole read in host memory against the object's CRC64NVME, SHA-1 or SHA-256 (sum.c). */
-static int sl_s3s_verify(const struct sl__sfile *sf, const void *buf, size_t n)
+/* A whole read against the object's SHA-1 or SHA-256 (sum.c): in host memory, or brought there by copy. */
+static int sl_s3s_verify(const struct sl__sfile *sf, const void *buf, size_t n,
+			 int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx)
 {
 	const struct sl__s3_obj *o = sf->handle;
 	char name[1200];
 
 	snprintf(name, sizeof(name), "s3://%s/%s", o->bucket, o->key);
-	return sl__osum_check(&o->meta, buf, n, name);
+	return buf ? sl__osum_check(&o->meta, buf, n, name) : sl__osum_check_copy(&o->meta, n, copy, ctx, name);
 }
 
 static int sl_s3s_put(const char *path, const void *src, size_t len,

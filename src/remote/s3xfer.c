@@ -131,7 +131,7 @@ struct sl_download {
 	uint64_t size;
 	int fd;
 	int sum_kind;               /* the object's checksum's kind, SL_CRC_NONE: none to check */
-	uint32_t *crc;              /* each chunk's CRC of that kind, by chunk */
+	uint64_t *crc;              /* each chunk's CRC of that kind, by chunk */
 	const _Atomic int *cancel;
 	_Atomic uint64_t next;      /* chunk */
 	struct sl__first_err fail;

@@ -1,63 +1,20 @@
 /*
  * The object checksums S3 keeps that a reader checks in one pass over the
- * whole object, in order (remote.h): CRC64NVME (CRC-64/NVME: polynomial
- * 0xad93d23594c93659 reflected, initial value and final xor all ones, as
- * S3, boto3 and awscrt compute it), SHA-1 and SHA-256 (libcrypto).  CRC32C
- * and CRC32 are core's: the engine folds their pieces' CRCs together.
- *
- * isa-l 2.31 has CRC-64/NVME (crc64_rocksoft_refl); the isa-l of the
- * distributions sluice builds on (2.30) does not, so it is computed here
- * with slice-by-8 tables.
+ * whole object, in order (remote.h): CRC64NVME (core's sl__crc64nvme),
+ * SHA-1 and SHA-256 (libcrypto).  The engine folds its pieces' CRCs into
+ * an object's CRC32C, CRC32 or CRC64NVME instead (core's crc.c); these
+ * serve the whole-object paths that read in order (a download, the cache,
+ * get_object) and the SHAs everywhere.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "remote/remote.h"
-
-static uint64_t sl_crc64_table[8][256];
-static pthread_once_t sl_crc64_once = PTHREAD_ONCE_INIT;
-
-static void sl_crc64_init(void)
-{
-	const uint64_t poly = 0x9a6c9329ac4bc9b5ull; /* 0xad93d23594c93659 reflected */
-
-	for (unsigned i = 0; i < 256; i++) {
-		uint64_t c = i;
-
-		for (int k = 0; k < 8; k++)
-			c = c & 1 ? (c >> 1) ^ poly : c >> 1;
-		sl_crc64_table[0][i] = c;
-	}
-	for (unsigned i = 0; i < 256; i++)
-		for (int t = 1; t < 8; t++)
-			sl_crc64_table[t][i] = (sl_crc64_table[t - 1][i] >> 8) ^
-					       sl_crc64_table[0][sl_crc64_table[t - 1][i] & 0xff];
-}
-
-uint64_t sl__crc64nvme(uint64_t crc, const void *p, size_t n)
-{
-	const uint64_t(*t)[256] = sl_crc64_table;
-	const unsigned char *b = p;
-	uint64_t c = ~crc;
-
-	pthread_once(&sl_crc64_once, sl_crc64_init);
-	for (; n >= 8; b += 8, n -= 8) {
-		/* The next 8 bytes as a little-endian word (one load where the CPU is little-endian). */
-		c ^= (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24 |
-		     (uint64_t)b[4] << 32 | (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 | (uint64_t)b[7] << 56;
-		c = t[7][c & 0xff] ^ t[6][(c >> 8) & 0xff] ^ t[5][(c >> 16) & 0xff] ^ t[4][(c >> 24) & 0xff] ^
-		    t[3][(c >> 32) & 0xff] ^ t[2][(c >> 40) & 0xff] ^ t[1][(c >> 48) & 0xff] ^ t[0][c >> 56];
-	}
-	while (n--)
-		c = (c >> 8) ^ t[0][(c ^ *b++) & 0xff];
-	return ~c;
-}
 
 /* An object's one-pass checksum in progress. */
 struct sl_osum {
@@ -136,12 +93,12 @@ int sl__osum_check(const struct sl__s3_meta *m, const void *p, size_t n, const c
 	return sl_osum_match(&d, m, name);
 }
 
-int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
+int sl__osum_check_copy(const struct sl__s3_meta *m, uint64_t n,
+			int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx, const char *name)
 {
 	enum { CHUNK = 4 << 20 };
 	char *buf;
 	struct sl_osum d;
-	uint64_t off = 0;
 	int rc = 0;
 
 	if (!m->osum_kind)
@@ -150,18 +107,13 @@ int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
 		free(buf);
 		return -ENOMEM;
 	}
-	for (ssize_t n; off < m->size; off += (uint64_t)n) {
-		n = pread(fd, buf, CHUNK, (off_t)off);
-		if (n < 0 && errno == EINTR) {
-			n = 0;
-			continue;
-		}
-		if (n <= 0) {
-			rc = sl__err(n ? -errno : SLUICE_ESHORT, "%s: reading its copy to check its %s: %s", name,
-				     m->sum_name, n ? strerror(errno) : "shorter than the object");
-			break;
-		}
-		sl_osum_add(&d, buf, (size_t)n);
+	for (uint64_t off = 0, len; off < n && !rc; off += len) {
+		len = n - off < CHUNK ? n - off : CHUNK;
+		if ((rc = copy(ctx, buf, off, (size_t)len)))
+			rc = sl__err(rc, "%s: reading it back to check its %s: %s", name, m->sum_name,
+				     sluice_last_error_detail());
+		else
+			sl_osum_add(&d, buf, (size_t)len);
 	}
 	free(buf);
 	if (rc) {
@@ -171,4 +123,27 @@ int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
 		return rc;
 	}
 	return sl_osum_match(&d, m, name);
+}
+
+/* sl__osum_check_copy's copy from a file (ctx: its descriptor): exactly len bytes at off. */
+static int sl_pread_all(void *ctx, void *dst, uint64_t off, size_t len)
+{
+	const int fd = *(const int *)ctx;
+
+	for (size_t got = 0; got < len;) {
+		ssize_t k = pread(fd, (char *)dst + got, len - got, (off_t)(off + got));
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k ? sl__err(-errno, "its copy: %s", strerror(errno))
+				 : sl__err(SLUICE_ESHORT, "its copy is shorter than the object");
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+int sl__osum_check_fd(const struct sl__s3_meta *m, int fd, const char *name)
+{
+	return sl__osum_check_copy(m, m->size, sl_pread_all, &fd, name);
 }

@@ -60,12 +60,13 @@ struct sl__io {
 	 */
 	char detail[256];
 	/*
-	 * Optional, reads of SL_STORE_SUMS stores: sum_kind (SL_CRC32C or
-	 * SL_CRC32, 0 none) asks for the CRC of the bytes delivered, taken as
-	 * they arrive; the store sets sum, over res bytes, with res.
+	 * Optional, reads of SL_STORE_SUMS stores: sum_kind (SL_CRC32C,
+	 * SL_CRC32 or SL_CRC64NVME, 0 none) asks for the CRC of the bytes
+	 * delivered, taken as they arrive; the store sets sum, over res
+	 * bytes, with res.
 	 */
 	int sum_kind;
-	uint32_t sum;
+	uint64_t sum;
 };
 
 /*
@@ -80,12 +81,14 @@ struct sl__sfile {
 	const char *shown;    /* how messages name it where not by its path (a URL's query is a credential); NULL: the path */
 	/*
 	 * The whole file's end-to-end checksum where the store learnt one at
-	 * open (an object's x-amz-checksum-crc32c): sum_kind SL_CRC32C or
-	 * SL_CRC32, 0 none; sum_name names it for reports ("" none, or why it
-	 * is not checked).  A whole read is matched against it.
+	 * open (an object's x-amz-checksum-crc32c): sum_kind SL_CRC32C,
+	 * SL_CRC32 or SL_CRC64NVME, 0 none; sum_name names it for reports (""
+	 * none, or why it is not checked).  A whole read is matched against
+	 * it, its pieces' CRCs folded in file order (job.c), wherever they
+	 * land, GPU memory included.
 	 */
 	int sum_kind;
-	uint32_t sum;
+	uint64_t sum;
 	char sum_name[48];
 };
 
@@ -200,13 +203,17 @@ struct sl__store {
 	/* The SLUICE_* settings the store reads, NULL-terminated (for `sluice info --settings`); NULL: none. */
 	const char *const *settings;
 	/*
-	 * verify: optional.  A whole read's bytes (n, in host memory, in order)
-	 * checked against a checksum the file has that the engine cannot fold
-	 * from its pieces' CRCs (sum_kind 0; an object's SHA-256, say): 1
-	 * matched, 0 the file has none, SLUICE_EVERIFY naming the file on a
-	 * mismatch.  Called after the read, on the caller's thread.
+	 * verify: optional.  A whole read's n bytes, in order, checked against
+	 * a checksum the file has that the engine cannot fold from its pieces'
+	 * CRCs (sum_kind 0; an object's SHA-256, say): 1 matched, 0 the file
+	 * has none, SLUICE_EVERIFY naming the file on a mismatch, or an error.
+	 * buf: the bytes in host memory; NULL where they are not (GPU memory):
+	 * copy(ctx, dst, off, len) then brings len of them at off into host
+	 * memory dst, 0 or an error.  Called after the read, on the caller's
+	 * thread.
 	 */
-	int (*verify)(const struct sl__sfile *sf, const void *buf, size_t n);
+	int (*verify)(const struct sl__sfile *sf, const void *buf, size_t n,
+		      int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx);
 };
 
 struct sl__io_ctx {

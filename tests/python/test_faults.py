@@ -363,20 +363,42 @@ def test_trickling_body_is_a_stall_not_a_hang(s3, obj, tmp_path, receive):
     assert f"ERROR {-errno.ETIMEDOUT}" in err, err[-800:]
 
 
+GPU_SUMS = {"CRC32": "crc32", "CRC32C": "crc32c", "CRC64NVME": "crc64nvme",
+            "SHA1": "sha1 (verified: read back from GPU memory)",
+            "SHA256": "sha256 (verified: read back from GPU memory)"}
+
+
 def test_gpu_reads_say_which_checksums_they_verified(s3, tmp_path):
-    """Into GPU memory: CRC32C and CRC32 are folded from the pieces' CRCs and verified; a one-pass checksum
-    (SHA-256 here) cannot be checked there, and the report says so instead of claiming it."""
+    """Into GPU memory: CRC32C, CRC32 and CRC64NVME are folded from the pieces' CRCs and verified; a SHA
+    cannot be folded from pieces, so the object is read back from GPU memory in order and hashed (one
+    device-to-host pass), and the report says so."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no GPU (torch with CUDA)")
     data = np.random.default_rng(41).integers(0, 256, size=SUM_SIZE, dtype=np.uint8).tobytes()
-    for algorithm, verified in (("CRC32", True), ("SHA256", False)):
+    for algorithm, said in GPU_SUMS.items():
         key = f"faults/gpu-{algorithm}.bin"
         _put_with(s3, key, data, algorithm)
         out, rep = torch.zeros(SUM_SIZE, dtype=torch.uint8, device="cuda"), {}
         assert sluice.read(f"s3://pytest/{key}", out, report=rep) == SUM_SIZE
         assert out.cpu().numpy().tobytes() == data
-        if verified:
-            assert rep["bytes_verified"] == SUM_SIZE and rep["checksum"] == algorithm.lower(), rep
-        else:
-            assert rep["bytes_verified"] == 0 and rep["checksum"] == "sha256 (not verified: in GPU memory)", rep
+        assert rep["bytes_verified"] == SUM_SIZE and rep["checksum"] == said, (algorithm, rep)
+
+
+def test_gpu_reads_of_a_flipped_byte_are_an_error(s3, tmp_path):
+    """Into GPU memory, through a proxy that flips a byte of every answer: a whole read of an object with each
+    checksum fails with SLUICE_EVERIFY naming the object and the algorithm (read once more first), never the
+    damaged bytes returned as success."""
+    if not _gpu():
+        pytest.skip("no GPU (torch with CUDA)")
+    data = np.random.default_rng(43).integers(0, 256, size=SUM_SIZE, dtype=np.uint8).tobytes()
+    env = _env(s3, _proxy(s3, "flip", every=True).endpoint, tmp_path)
+    for algorithm in GPU_SUMS:
+        key = f"faults/gpu-flip-{algorithm}.bin"
+        url = f"s3://pytest/{key}"
+        _put_with(s3, key, data, algorithm)
+        r = subprocess.run([sys.executable, "-c", READ, "0", str(SUM_SIZE), url, "gpu"], env=env,
+                           capture_output=True, timeout=120)
+        err = r.stderr.decode()
+        assert r.returncode == 3, f"{algorithm}: a flipped byte into GPU memory returned as success: {err[-800:]}"
+        assert url in err and algorithm.lower() in err and "ERROR -100008" in err, f"{algorithm}: {err[-800:]}"

@@ -7,8 +7,11 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include <openssl/evp.h>
 
 #include "remote/remote.h"
 #include "t_util.h"
@@ -97,6 +100,63 @@ static void test_object_checksums_match_their_check_values(void)
 	T_CHECK(sl__osum_check(&m, "abc", 3, "s3://b/abc") == 1 && sl__osum_check(&m, "abd", 3, "s3://b/abc") == SLUICE_EVERIFY);
 	m.osum_kind = SL_OSUM_NONE;
 	T_CHECK(sl__osum_check(&m, "abc", 3, "s3://b/abc") == 0);
+}
+
+/* A read back (from GPU memory, in the engine) stood in for by host bytes; fails at fail_at where set. */
+struct t_back {
+	const unsigned char *p;
+	uint64_t fail_at, calls;
+};
+
+static int t_copy_back(void *ctx, void *dst, uint64_t off, size_t len)
+{
+	struct t_back *b = ctx;
+
+	b->calls++;
+	if (b->fail_at && off + len > b->fail_at)
+		return sl__err(SLUICE_ECUDA, "cuMemcpyDtoH: CUDA_ERROR_ILLEGAL_ADDRESS (700)");
+	memcpy(dst, b->p + off, len);
+	return 0;
+}
+
+/*
+ * An object's SHA checked over bytes brought back in chunks, in order (the
+ * engine's read back from GPU memory): the same answer as over them in
+ * one piece, a flipped byte a mismatch, and a failed copy that error
+ * (never a match, never a mismatch).
+ */
+static void test_object_checksums_over_bytes_read_back(void)
+{
+	const size_t n = (9u << 20) + 3;
+	unsigned char *data = malloc(n), sha[32];
+	struct sl__s3_meta m = { .size = n, .osum_kind = SL_OSUM_SHA256, .sum_name = "sha256" };
+	struct t_back b;
+	unsigned len = 0;
+
+	T_CHECK(data != NULL);
+	if (!data)
+		return;
+	for (size_t i = 0; i < n; i++)
+		data[i] = (unsigned char)(i * 131 + (i >> 12));
+	EVP_Digest(data, n, sha, &len, EVP_sha256(), NULL);
+	memcpy(m.osum, sha, 32);
+	b = (struct t_back){ .p = data };
+	T_CHECK(sl__osum_check_copy(&m, n, t_copy_back, &b, "s3://b/big") == 1 && b.calls == 3);
+	T_CHECK(sl__osum_check(&m, data, n, "s3://b/big") == 1);
+	data[n - 1] ^= 1;
+	b = (struct t_back){ .p = data };
+	T_CHECK(sl__osum_check_copy(&m, n, t_copy_back, &b, "s3://b/big") == SLUICE_EVERIFY);
+	T_CHECK(strstr(sluice_last_error_detail(), "s3://b/big") && strstr(sluice_last_error_detail(), "sha256"));
+	data[n - 1] ^= 1;
+	b = (struct t_back){ .p = data, .fail_at = 5u << 20 };
+	T_CHECK(sl__osum_check_copy(&m, n, t_copy_back, &b, "s3://b/big") == SLUICE_ECUDA);
+	T_CHECK(strstr(sluice_last_error_detail(), "s3://b/big") && strstr(sluice_last_error_detail(), "CUDA_ERROR_ILLEGAL"));
+	T_CHECK(b.calls == 2);
+	/* The empty object: nothing to copy, and SHA-256 of nothing. */
+	EVP_Digest("", 0, m.osum, &len, EVP_sha256(), NULL);
+	b = (struct t_back){ .p = data };
+	T_CHECK(sl__osum_check_copy(&m, 0, t_copy_back, &b, "s3://b/empty") == 1 && b.calls == 0);
+	free(data);
 }
 
 int main(void)
@@ -225,5 +285,6 @@ int main(void)
 	T_CHECK(sl__s3_parse_url("s3://abc/k", bucket, 3, key, sizeof(key)) == SLUICE_EINVAL_CONFIG);
 	test_sigv4_matches_awss_published_example();
 	test_object_checksums_match_their_check_values();
+	test_object_checksums_over_bytes_read_back();
 	return t_done("t_s3conf");
 }
