@@ -309,6 +309,35 @@ def test_into_a_callers_tensors(tmp_path):
             sluice.load(str(tmp_path / "ck"), into=wrong, strict=strict)
 
 
+def test_into_a_model_with_tied_weights(tmp_path):
+    """A model whose output layer shares the embedding's weight (GPT-2, Llama with tie_word_embeddings), from a
+    checkpoint holding the embedding only, as transformers saves it: filled once, nothing missing; a key the
+    model lacks is named (strict), or reported (strict=False)."""
+    torch = pytest.importorskip("torch")
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.lm_head = torch.nn.Linear(4, 10, bias=False)
+            self.lm_head.weight = self.embed.weight
+    torch.manual_seed(3)
+    src, dst = Tied(), Tied()
+    with torch.no_grad():
+        dst.embed.weight.zero_()
+    sluice.save({"embed.weight": src.embed.weight.detach().contiguous()}, str(tmp_path / "ck.safetensors"))
+    got = sluice.load(str(tmp_path / "ck.safetensors"), into=dst.state_dict())
+    assert set(got) == {"embed.weight", "lm_head.weight"}
+    assert torch.equal(dst.lm_head.weight, src.embed.weight) and torch.equal(dst.embed.weight, src.embed.weight)
+    sluice.save({"embed.weight": src.embed.weight.detach().contiguous(), "extra": torch.zeros(2)},
+                str(tmp_path / "more.safetensors"))
+    with pytest.raises(ValueError, match="unexpected keys.*'extra'"):
+        sluice.load(str(tmp_path / "more.safetensors"), into=dst.state_dict())
+    rep = {}
+    sluice.load(str(tmp_path / "more.safetensors"), into=dst.state_dict(), strict=False, report=rep)
+    assert rep["unexpected_keys"] == ["extra"] and rep["missing_keys"] == []
+
+
 def test_unaligned_tensors_across_files_land_aligned(tmp_path):
     """Tensors at offsets that do not suit their dtype (another writer's files), in several files, come back
     right and aligned, each read into its own place (no copy of a file)."""
