@@ -6,27 +6,29 @@ from outside, and the header written.  A sharded checkpoint adds model.safetenso
 """
 import ctypes as C
 import json
+import errno
 import os
+import stat
 import struct
 
 import numpy as np
 
-from ._lib import SluiceError, check, lib
-from .buffers import _eng, read
+from ._lib import Range, SluiceError, check, lib
+from .buffers import _eng
 
 # Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
 # and its torch dtype's name (None: none; raw bytes).  F4 packs two elements a byte (torch's float4_e2m1fn_x2,
 # whose last dimension is half the file's); F6 types have no torch dtype.
 BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
          "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
-         "I64": 64, "U64": 64}
+         "I64": 64, "U64": 64, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8}
 DT = {"F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np.float16, "float16"),
        "BF16": (None, "bfloat16"), "I64": (np.int64, "int64"), "I32": (np.int32, "int32"),
        "I16": (np.int16, "int16"), "I8": (np.int8, "int8"), "U8": (np.uint8, "uint8"), "BOOL": (np.bool_, "bool"),
        "U16": (np.uint16, "uint16"), "U32": (np.uint32, "uint32"), "U64": (np.uint64, "uint64"),
        "C64": (np.complex64, "complex64"), "F8_E4M3": (None, "float8_e4m3fn"), "F8_E5M2": (None, "float8_e5m2"),
        "F8_E8M0": (None, "float8_e8m0fnu"), "F4": (None, "float4_e2m1fn_x2"), "F6_E2M3": (None, None),
-       "F6_E3M2": (None, None)}
+       "F6_E3M2": (None, None), "F8_E4M3FNUZ": (None, "float8_e4m3fnuz"), "F8_E5M2FNUZ": (None, "float8_e5m2fnuz")}
 SIZE = {k: max(1, b // 8) for k, b in BITS.items()}  # bytes an element's view needs aligned
 HEADER_MAX = 100 << 20
 
@@ -57,40 +59,98 @@ def open_file(path, flags):
     return f
 
 
-def head(path, n):
-    """Up to n bytes at the start of path (a file or an s3:// object) and its size."""
-    if is_url(path):
-        f = open_file(path, 0)
-        try:
-            size = lib.sluice_file_size(f)
-        finally:
-            lib.sluice_file_close(f)
-        buf = np.empty(min(n, size), np.uint8)
-        if buf.size:
-            read(path, buf)
-        return buf.tobytes(), size
-    with open(path, "rb") as h:
-        return h.read(n), os.path.getsize(path)
+def pread(f, off, n):
+    """n bytes at off of the open handle f, read through the engine (so an s3:// or http(s):// handle's reads
+    carry the validator pinned at its open)."""
+    buf = np.empty(n, np.uint8)
+    if n:
+        check(lib.sluice_read_batch(_eng(), (Range * 1)(Range(f, off, n, buf.ctypes.data)), 1, None))
+    return buf.tobytes()
 
 
 def bad(path, why):
     return SluiceError(-100011, f"{path}: {why}")
 
 
-def read_header(path):
-    """(header dict, data start) of a safetensors file, checked as strictly as safetensors checks it: a JSON
+SMALL_MAX = 256 << 20  # the most an index or a DCP checkpoint's metadata may hold
+
+
+def read_small(path):
+    """The whole of a small file or object (an index, a DCP checkpoint's metadata), as bytes: a regular file
+    (a FIFO or a device is refused before it is read) of at most SMALL_MAX bytes, whatever its size or a
+    server claims it to be, read through one open."""
+    if is_url(path):
+        f = open_file(path, 0)
+        try:
+            size = lib.sluice_file_size(f)
+            if size > SMALL_MAX:
+                raise bad(path, f"is {size} bytes, more than the {SMALL_MAX} an index or a metadata file may hold")
+            return pread(f, 0, size)
+        finally:
+            lib.sluice_file_close(f)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise SluiceError(-(e.errno or errno.EIO), f"{path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad(path, "not a regular file")
+        if st.st_size > SMALL_MAX:
+            raise bad(path, f"is {st.st_size} bytes, more than the {SMALL_MAX} an index or a metadata file may hold")
+        parts, left = [], SMALL_MAX + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            parts.append(b)
+            left -= len(b)
+        if left <= 0:
+            raise bad(path, f"grew past {SMALL_MAX} bytes while it was read")
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _not_safetensors(raw):
+    """What a file that is not safetensors is, where its first bytes say: torch.save's two formats."""
+    if raw.startswith(b"PK\x03\x04"):
+        kind = "a torch.save file (a zip archive)"
+    elif raw[:1] == b"\x80" and raw[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        kind = "a pickle (a torch.save file of torch's legacy format, or pickle.dump's)"
+    else:
+        return None
+    return (f"{kind}, not safetensors: read it with torch.load(path, weights_only=True), then sluice.save the "
+            f"state dict to load it with sluice")
+
+
+_FIRST = 64 << 10  # the first read of a file: its header length and, mostly, the whole header
+
+
+def read_header(path, f=None):
+    """(header dict, data start) of a safetensors file, read through the open handle f (path's; opened and closed
+    here if None), checked as strictly as safetensors checks it: a JSON
     object of tensors {dtype, shape, data_offsets} and an optional __metadata__ of strings; every dtype one of
     the specification's; shapes of non-negative integers whose element count fits 64 bits and fills whole
     bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the file
     (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
-    raw, size = head(path, 8)
+    if f is None:
+        f = open_file(path, 0)
+        try:
+            return read_header(path, f)
+        finally:
+            lib.sluice_file_close(f)
+    size = lib.sluice_file_size(f)
+    raw = pread(f, 0, min(size, _FIRST))
     if len(raw) < 8:
-        raise bad(path, "not a safetensors file (shorter than 8 bytes)")
-    (n,) = struct.unpack("<Q", raw)
+        raise bad(path, _not_safetensors(raw) or "not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", raw[:8])
     if n > HEADER_MAX or 8 + n > size:
-        raise bad(path, f"header of {n} bytes does not fit the file ({size} bytes)")
+        raise bad(path, _not_safetensors(raw) or f"header of {n} bytes does not fit the file ({size} bytes)")
+    if 8 + n > len(raw):
+        raw += pread(f, len(raw), 8 + n - len(raw))
     try:
-        header = json.loads(head(path, 8 + n)[0][8:].decode("utf-8"))
+        header = json.loads(raw[8:8 + n].decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(path, f"header is not JSON ({e})") from None
     if not isinstance(header, dict):

@@ -5,17 +5,25 @@ a directory, an index, a list of files; local, s3:// or http(s)://) planned as o
 tensor asked for, whole or one rank's slice, into new tensors or straight into a model's own.
 """
 import ctypes as C
+import errno
 import fnmatch
+import itertools
 import json
 import os
+import re
+import socket
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from urllib.parse import unquote
 
 import numpy as np
 
 from ._lib import Range, SluiceError, XferReport, check, lib
-from ._safetensors import BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, st_dtype
-from .buffers import _buffer, _eng, _ready, read, write
-from .s3 import listdir
+from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, read_small,
+                           st_dtype)
+from .buffers import _buffer, _eng, _ready, write
+from .s3 import listdir, remove
 
 INDEX = "model.safetensors.index.json"
 _ALIGN = 64  # where load places each tensor in a buffer of its own making
@@ -58,6 +66,51 @@ def _fsync_dir(d):
         os.close(dfd)
 
 
+# A durable write's temporary is ".BASE.sluice-tmp-HOST-PID-N" beside its target, as sluice.write's (src/xfer/
+# file.c): those of this host whose writer is gone (killed before its rename) are removed by the next save there.
+_TMP = re.compile(r"^\.(?P<base>.+)\.sluice-tmp-(?P<host>[^-]*)-(?P<pid>\d+)-\d+$")
+_seq = itertools.count()
+
+
+def _host():
+    return (socket.gethostname()[:63] or "host").replace("/", "_").replace("-", "_")
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    return False
+
+
+def _reclaim(d, which):
+    """Removes the temporaries in directory d of targets which(base) names whose writer (of this host) is gone."""
+    host = _host()
+    for n in os.listdir(d):
+        m = _TMP.match(n)
+        if m and m["host"] == host and which(m["base"]) and _gone(int(m["pid"])):
+            try:
+                os.unlink(os.path.join(d, n))
+            except FileNotFoundError:
+                pass
+
+
+def _tmp_for(path):
+    """(temporary file name, its open descriptor) of a durable write of path, made beside it (O_EXCL), the
+    temporaries of killed writes of path removed first."""
+    d, base = os.path.split(os.path.abspath(path))
+    _reclaim(d, lambda b: b == base)
+    while True:
+        tmp = os.path.join(d, f".{base}.sluice-tmp-{_host()}-{os.getpid()}-{next(_seq)}")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+
+
 def _save_file(tensors, path, metadata):
     """One safetensors file, durably and atomically (see save); returns {name: (file offset, bytes)}."""
     header, items, size = _layout(tensors, metadata)
@@ -72,10 +125,10 @@ def _save_file(tensors, path, metadata):
         write(path, whole)
         return _placed(header, base)
     d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.sluice-tmp-{os.getpid()}")
+    tmp, fd = _tmp_for(path)
     f = None
     try:
-        with open(tmp, "wb") as h:
+        with open(fd, "wb") as h:
             h.write(head)
         _ready([t for t, _, _ in items])  # the kernels that made GPU tensors are done before the engine reads them
         f = open_file(tmp, 1)
@@ -112,17 +165,34 @@ def _write_whole(path, data):
     if is_url(path):
         write(path, np.frombuffer(data, np.uint8))
         return
-    tmp = f"{path}.sluice-tmp-{os.getpid()}"
-    with open(tmp, "wb") as h:
-        h.write(data)
-        h.flush()
-        os.fsync(h.fileno())
-    os.replace(tmp, path)
+    tmp, fd = _tmp_for(path)
+    try:
+        with open(fd, "wb") as h:
+            h.write(data)
+            h.flush()
+            os.fsync(h.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+# The shards of a sharded save: Hugging Face's model-0000K-of-0000N, and the save's own mark (12 hex digits, new
+# for every save), so a save never overwrites a shard of the checkpoint it replaces.
+_SHARD = re.compile(r"^model-\d{5,}-of-\d{5,}-[0-9a-f]{12}\.safetensors$")
+
+
+def _join(base, name):
+    return f"{base.rstrip('/')}/{name}" if is_url(base) else os.path.join(base, name)
+
+
 def _save_sharded(tensors, directory, metadata, max_shard_size):
-    """Shards of at most max_shard_size data bytes (a larger tensor alone in its own), then the index."""
+    """Shards of at most max_shard_size data bytes (a larger tensor alone in its own), under names new for this
+    save, then the index (the one rename that replaces the old checkpoint by the new), then the files of the old
+    checkpoint (those its index named), of killed saves (shards of our names no index names, temporaries of
+    writers that are gone) removed."""
     shards, cur, cur_bytes = [], {}, 0
     for name in sorted(tensors):
         n = nbytes(tensors[name], st_dtype(tensors[name]))
@@ -134,26 +204,43 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
     shards.append(cur)
     if not is_url(directory):
         os.makedirs(directory, exist_ok=True)
+    index_path = _join(directory, INDEX)
+    try:  # the old checkpoint's shards, to remove once the new index has replaced it
+        old = set(_index(index_path, read_small(index_path)).values())
+    except SluiceError:
+        old = set()
+    mark = uuid.uuid4().hex[:12]
     weight_map, total = {}, 0
     for i, part in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        _save_file(part, f"{directory.rstrip('/')}/{fname}", metadata)
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}-{mark}.safetensors"
+        _save_file(part, _join(directory, fname), metadata)
         total += sum(nbytes(t, st_dtype(t)) for t in part.values())
         weight_map.update({name: fname for name in part})
     index = {"metadata": {"total_size": total, **({str(k): str(v) for k, v in metadata.items()} if metadata else {})},
              "weight_map": dict(sorted(weight_map.items()))}
-    _write_whole(f"{directory.rstrip('/')}/{INDEX}", json.dumps(index, indent=2).encode())
+    _write_whole(index_path, json.dumps(index, indent=2).encode())
+    keep = set(weight_map.values())
+    for f in listdir(directory):
+        base = f.rsplit("/", 1)[-1]
+        if base not in keep and (_SHARD.match(base) or (base in old and base.endswith(".safetensors"))):
+            remove(f)
+    if not is_url(directory):
+        _reclaim(directory, lambda b: b == INDEX or _SHARD.match(b) is not None)
 
 
 def save(tensors, path, metadata=None, max_shard_size=None):
-    """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) in the safetensors layout.
+    """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) in the safetensors layout, with
+    {"format": "pt"} in the file's __metadata__ as transformers writes it (unless metadata gives a format).
     Without max_shard_size, to the file path, durably and atomically: a temporary file beside it, the data
     straight from each tensor's memory, fdatasync, rename, directory fsync; a crash leaves the previous file or
-    the whole new one.  With max_shard_size (bytes), path is a directory: files model-0000K-of-0000N.safetensors
-    of at most that many data bytes each (a larger tensor alone in one) and model.safetensors.index.json
-    written last, the layout Hugging Face tools read; each file is written as above, so a crash leaves every
-    file whole, old or new.  An s3:// path is written as objects (each one multipart upload that appears whole
-    or not at all)."""
+    the whole new one (and the next save there removes the temporary of a killed one).  With max_shard_size
+    (bytes), path is a directory: files model-0000K-of-0000N-MARK.safetensors (MARK: 12 hex digits new for
+    every save) of at most that many data bytes each (a larger tensor alone in one), then
+    model.safetensors.index.json naming them, the layout Hugging Face tools read; then the files of the
+    checkpoint it replaced are removed.  The index's rename is the one step that replaces the old checkpoint by
+    the new, so a crash leaves the old checkpoint or the new one, whole.  An s3:// path is written as objects
+    (each one multipart upload that appears whole or not at all)."""
+    metadata = {"format": "pt", **(metadata or {})}
     if max_shard_size is None:
         _save_file(tensors, path, metadata)
     elif int(max_shard_size) <= 0:
@@ -162,34 +249,30 @@ def save(tensors, path, metadata=None, max_shard_size=None):
         _save_sharded(tensors, path, metadata, int(max_shard_size))
 
 
-def _read_whole(path):
-    """The whole of a small file or object (an index, a DCP checkpoint's metadata), as bytes."""
-    if not is_url(path):
-        with open(path, "rb") as h:
-            return h.read()
-    f = open_file(path, 0)
-    try:
-        size = lib.sluice_file_size(f)
-    finally:
-        lib.sluice_file_close(f)
-    buf = np.empty(size, np.uint8)
-    if size:
-        read(path, buf)
-    return buf.tobytes()
+def _plain(name):
+    """Whether an index's file name is a plain file name beside it, as given and percent-decoded (a web
+    server decodes it): no separator, no dot segment, nothing that makes a URL's query or fragment."""
+    return all(n not in ("", ".", "..") and not any(c in n for c in "/\\?#") and min(map(ord, n)) >= 32
+               for n in (name, unquote(name)))
 
 
-def _from_index(path):
-    """The files an index names, in order, beside it."""
+def _index(path, raw):
+    """The weight_map {tensor: file} of an index's bytes, checked: every file a plain name beside it."""
     try:
-        wm = json.loads(_read_whole(path).decode())["weight_map"]
-        files = sorted(set(wm.values()))
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise bad(path, f"not a safetensors index: {e!r}") from None
-    base = path.rsplit("/", 1)[0] if "/" in path else "."
-    for f in files:
-        if not isinstance(f, str) or "/" in f or f in ("", ".", ".."):
-            raise bad(path, f"weight_map names {f!r}, not a file beside the index")
-    return [f"{base}/{f}" for f in files]
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(path, f"not a safetensors index: not JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise bad(path, "not a safetensors index: no weight_map object")
+    if not isinstance(doc.get("metadata", {}), (dict, type(None))):
+        raise bad(path, "not a safetensors index: its metadata is not an object")
+    wm = doc["weight_map"]
+    if not wm:
+        raise bad(path, "names no tensor (its weight_map is empty)")
+    for name, f in wm.items():
+        if not isinstance(f, str) or not _plain(f):
+            raise bad(path, f"weight_map names {f!r} for tensor '{name}', not a file beside the index")
+    return wm
 
 
 def _url_exists(path):
@@ -200,76 +283,195 @@ def _url_exists(path):
         return False
 
 
-def _sources(source):
+class _Source:
+    """The files of a checkpoint, in order; with an index, its path and its weight_map {tensor: file index}."""
+
+    def __init__(self, files, index=None, wm=None):
+        self.files, self.index, self.wm = files, index, wm
+
+
+def _from_index(path):
+    wm = _index(path, read_small(path))
+    names = sorted(set(wm.values()))
+    at = {n: i for i, n in enumerate(names)}
+    base = path.rsplit("/", 1)[0] if "/" in path else "."
+    return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()})
+
+
+_INDEX_NAME = re.compile(r"^.+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json$")
+_FILE_NAME = re.compile(r"^[^.]+\.(?P<v>[^.]+?)(?:-\d+-of-\d+)?\.safetensors$")
+_PART = re.compile(r"^(?P<pre>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<post>[^.]*)\.safetensors$")
+
+
+def _variant(name):
+    """(is an index, variant) of a checkpoint file's name as transformers names variants: model.safetensors and
+    model.safetensors.index.json (None), model.fp16.safetensors, model.fp16-00001-of-00002.safetensors and
+    model.safetensors.index.fp16.json ("fp16"); None where the name is no checkpoint file."""
+    m = _INDEX_NAME.match(name)
+    if m:
+        return True, m["v"]
+    if name.endswith(".safetensors"):
+        m = _FILE_NAME.match(name)
+        return False, m["v"] if m else None
+    return None
+
+
+def _from_listing(where, names, variant):
+    """The checkpoint in a directory or prefix of files names: its index, else its .safetensors; of one variant
+    (the only one there, or variant's)."""
+    kinds = {}
+    for n in sorted(names):
+        v = _variant(n)
+        if v is not None:
+            kinds.setdefault(v[1], []).append((v[0], n))
+    if variant is None and len(kinds) > 1:
+        listed = "; ".join(", ".join(n for _, n in kinds[v]) for v in sorted(kinds, key=lambda v: v or ""))
+        other = sorted(v for v in kinds if v)[0]
+        raise bad(where, f"holds {len(kinds)} variants of a checkpoint ({listed}): name the one to load by its "
+                         f"file or index path, or pass variant='{other}'")
+    v = variant if variant is not None else next(iter(kinds), None)
+    if v not in kinds:
+        raise SluiceError(-errno.ENOENT, f"{where}: " + (f"no variant '{variant}' (model.{variant}.safetensors or "
+                                                         f"model.safetensors.index.{variant}.json)"
+                                                         if variant else "no .safetensors files and no index"))
+    indexes = [n for is_index, n in kinds[v] if is_index]
+    if len(indexes) > 1:
+        raise bad(where, f"several indexes ({', '.join(indexes)}): name the one to load")
+    if indexes:
+        return _join(where, indexes[0]), None
+    files = [n for _, n in kinds[v]]
+    # Without an index, shards of a save (K of N) are a checkpoint only all together, and of one save.
+    parts = {}
+    for n in files:
+        m = _PART.match(n)
+        if m:
+            parts.setdefault((m["pre"], int(m["n"]), m["post"]), set()).add(int(m["k"]))
+    for (pre, total, post), ks in parts.items():
+        if ks != set(range(1, total + 1)) or len(parts) > 1:
+            raise bad(where, f"holds no index and shards {pre}-K-of-{total}{post} of {len(ks)} of {total} files"
+                             f"{' beside shards of other saves' if len(parts) > 1 else ''}: an unfinished save, not "
+                             f"a checkpoint (name its files to load them anyway)")
+    return None, [_join(where, n) for n in files]
+
+
+def _sources(source, variant=None):
     """The safetensors files of a checkpoint given as a file, a directory or prefix ending in / (its index, else
-    its *.safetensors; an http(s):// one, which cannot be listed, its model.safetensors), an index, or a list
-    of files."""
+    its *.safetensors; an http(s):// one, which cannot be listed, its model.safetensors.index.json or
+    model.safetensors), an index, or a list of files, as a _Source."""
     if isinstance(source, (list, tuple)):
         if not source:
             raise ValueError("sluice.load: an empty list of files")
-        return [os.fspath(s) for s in source]
+        return _Source([os.fspath(s) for s in source])
     source = os.fspath(source)
-    if source.endswith(".index.json"):
+    if _INDEX_NAME.match(source.rsplit("/", 1)[-1]):
         return _from_index(source)
+    if is_url(source) and not source.endswith("/"):
+        return _Source([source])
+    if is_url(source) and not source.startswith("s3://"):  # a web server's directory cannot be listed
+        v = f".{variant}" if variant else ""
+        for name in (f"model.safetensors.index{v}.json", f"model{v}.safetensors"):
+            if _url_exists(source + name):
+                return _from_index(source + name) if name.endswith(".json") else _Source([source + name])
+        raise SluiceError(-errno.ENOENT, f"{source}: no model.safetensors.index{v}.json and no model{v}.safetensors")
     if is_url(source):
-        if not source.endswith("/"):
-            return [source]
-        if _url_exists(source + INDEX):
-            return _from_index(source + INDEX)
-        if source.startswith("s3://"):  # a prefix lists its objects; a web server's directory cannot be listed
-            files = [f for f in listdir(source) if f.endswith(".safetensors")]
-        else:
-            files = [source + "model.safetensors"] if _url_exists(source + "model.safetensors") else []
-        if not files:
-            raise SluiceError(-2, f"{source}: no {INDEX} and no .safetensors there")
-        return files
-    if not os.path.isdir(source):
-        return [source]
-    idx = sorted(n for n in os.listdir(source) if n.endswith(".safetensors.index.json"))
-    if len(idx) > 1:
-        raise bad(source, f"several indexes ({', '.join(idx)}): name the one to load")
-    if idx:
-        return _from_index(os.path.join(source, idx[0]))
-    files = sorted(os.path.join(source, n) for n in os.listdir(source) if n.endswith(".safetensors"))
-    if not files:
-        raise SluiceError(-2, f"{source}: no .safetensors files and no index")
-    return files
+        names = [f.rsplit("/", 1)[-1] for f in listdir(source)]
+    elif os.path.isdir(source):
+        names = os.listdir(source)
+    else:
+        return _Source([source])
+    index, files = _from_listing(source.rstrip("/") if is_url(source) else source, names, variant)
+    return _from_index(index) if index else _Source(files)
 
 
-def _tensors(files):
-    """{name: (file index, entry, data start)} of every tensor of the files (headers read in parallel); a name
-    in two files is an error naming both."""
+def _tensors(src, handles):
+    """{name: (file index, entry, data start)} of every tensor of the files (headers read in parallel, each
+    through its handle, the one the data is read through); a name in two files is an error naming both; with an
+    index, exactly the tensors it names, each from the file it names (one it names and that file lacks is an
+    error naming it)."""
+    files = src.files
+    read = lambda i: read_header(files[i], handles[i])  # noqa: E731
     if len(files) > 4 or any(is_url(f) for f in files):  # round trips worth overlapping
         with ThreadPoolExecutor(min(16, len(files))) as ex:
-            headers = list(ex.map(read_header, files))
+            headers = list(ex.map(read, range(len(files))))
     else:
-        headers = [read_header(f) for f in files]
+        headers = [read(i) for i in range(len(files))]
     table = {}
     for i, (header, start) in enumerate(headers):
         for name, v in header.items():
-            if name == "__metadata__":
+            if name == "__metadata__" or (src.wm is not None and src.wm.get(name) != i):
                 continue
             if name in table:
                 raise bad(files[i], f"tensor '{name}' is also in {files[table[name][0]]}")
             table[name] = (i, v, start)
+    if src.wm is not None and len(table) < len(src.wm):
+        missing = [n for n in src.wm if n not in table]
+        raise bad(src.index, f"names {len(missing)} tensors its files do not hold: " + ", ".join(
+            f"'{n}' ({files[src.wm[n]]})" for n in missing[:5]) + (f" and {len(missing) - 5} more"
+                                                                    if len(missing) > 5 else ""))
     return table
 
 
-def _select(table, keys, into, source):
-    """The names to load, in the checkpoint's order: keys (names or globs), else into's, else all."""
-    if keys is None and into is not None:
-        keys = list(into)
+def _listed(names, n=5):
+    return ", ".join(repr(m) for m in names[:n]) + (f" (and {len(names) - n} more)" if len(names) > n else "")
+
+
+def _select(table, keys, source):
+    """The names to load, in the checkpoint's order: keys (names or globs), else all."""
     if keys is None:
         return list(table)
     if isinstance(keys, str):
         keys = [keys]
     missing = [k for k in keys if not any(c in k for c in "*?[") and k not in table]
     if missing:
-        raise KeyError(f"sluice.load: {source} has no tensor {', '.join(repr(m) for m in missing[:5])}"
-                       f"{f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''}")
+        raise KeyError(f"sluice.load: {source} has no tensor {_listed(missing)}")
     pats = [k for k in keys if any(c in k for c in "*?[")]
     want = set(k for k in keys if k in table)
     return [n for n in table if n in want or any(fnmatch.fnmatchcase(n, p) for p in pats)]
+
+
+def _ties(into):
+    """into's names grouped by the memory they share (tied weights: one tensor under several names)."""
+    groups = {}
+    for name, t in into.items():
+        if hasattr(t, "data_ptr"):
+            n = t.numel() * t.element_size()
+            key = (t.data_ptr(), n, str(t.dtype), tuple(t.shape), str(getattr(t, "device", "")))
+        else:
+            n = t.nbytes
+            key = (t.__array_interface__["data"][0], n, str(t.dtype), tuple(t.shape), "")
+        groups.setdefault(key if n else ("empty", name), []).append(name)
+    return list(groups.values())
+
+
+def _select_into(table, keys, into, strict, source):
+    """(names to read, names filled, missing, unexpected) of a load into into, as load_state_dict counts them:
+    missing are into's names the checkpoint lacks, unexpected the checkpoint's names into lacks (with keys,
+    only of the tensors keys picks); a group of tied names is filled once, from the first of its names the
+    checkpoint holds, and none of them is missing if the checkpoint holds one."""
+    names = list(into)
+    if keys is not None:
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        absent = [k for k in keys if not any(c in k for c in "*?[") and k not in into]
+        if absent:
+            raise ValueError(f"sluice.load: keys {_listed(absent)} are not in into=")
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, k) for k in keys)]
+    chosen = set(names)
+    read, filled, missing = [], [], []
+    for group in _ties({n: into[n] for n in names}):
+        held = [n for n in group if n in table]
+        if held:
+            read.append(held[0])
+            filled += group
+        else:
+            missing += group
+    unexpected = [n for n in table if n not in into] if keys is None else []
+    if strict and (missing or unexpected):
+        raise ValueError(f"sluice.load: into= does not match {source}: " + "; ".join(
+            w for w in ((f"missing keys (in into=, not in the checkpoint): {_listed(missing, 20)}" if missing else ""),
+                        (f"unexpected keys (in the checkpoint, not in into=): {_listed(unexpected, 20)}"
+                         if unexpected else "")) if w) + " (strict=False loads the tensors both hold)")
+    order = {n: i for i, n in enumerate(table)}
+    return sorted(read, key=order.get), [n for n in names if n in set(filled) and n in chosen], missing, unexpected
 
 
 def _slice_of(shard, name, shape):
@@ -500,37 +702,55 @@ class _Group:
         return got
 
 
-def _read_ranges(files, ranges_of, after=None):
-    """Opens the files, reads the ranges ranges_of(handles) gives (struct sluice_range entries; or a list of
-    such batches, read one after another, after(k) called when batch k has landed); returns the transfer's
-    report, the batches' figures added."""
+@contextmanager
+def _opened(files):
+    """The files open for reading: one handle each, through which their headers and their data are both read
+    (a local file replaced in between stays the file opened; an s3:// or http(s):// one is read at the ETag
+    its open saw, or the read fails with -ESTALE)."""
     handles = []
     try:
-        handles = [open_file(f, 0) for f in files]
-        batches = ranges_of([h.value for h in handles])
-        total = XferReport()
-        for k, ranges in enumerate(batches if isinstance(batches, list) else [batches]):
-            rep = XferReport()
-            if len(ranges):
-                check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
-                for f in ("bytes", "bytes_direct", "bytes_buffered", "ios", "seconds", "bytes_verified", "bytes_storage"):
-                    setattr(total, f, getattr(total, f) + getattr(rep, f))
-                total.path = rep.path
-            if after:
-                after(k)
-        return total
+        for f in files:
+            handles.append(open_file(f, 0))
+        yield [h.value for h in handles]
     finally:
         for h in handles:
             lib.sluice_file_close(h)
 
 
-def load(source, device="cpu", keys=None, into=None, shard=None, report=None, process_group=None):
+def _read_ranges(handles, batches, after=None):
+    """Reads the ranges (struct sluice_range entries; or a list of such batches, read one after another,
+    after(k) called when batch k has landed); returns the transfer's report, the batches' figures added."""
+    total = XferReport()
+    for k, ranges in enumerate(batches if isinstance(batches, list) else [batches]):
+        rep = XferReport()
+        if len(ranges):
+            check(lib.sluice_read_batch(_eng(), ranges.ctypes.data_as(C.POINTER(Range)), len(ranges), C.byref(rep)))
+            for f in ("bytes", "bytes_direct", "bytes_buffered", "ios", "seconds", "bytes_verified", "bytes_storage"):
+                setattr(total, f, getattr(total, f) + getattr(rep, f))
+            total.path = rep.path
+        if after:
+            after(k)
+    return total
+
+
+_ATTEMPTS = 4  # loads of a checkpoint that changes while it is read, before the error
+
+
+def load(source, device="cpu", keys=None, into=None, shard=None, report=None, process_group=None, strict=True,
+         variant=None):
     """Reads a checkpoint in the safetensors layout into a dict of name -> tensor.
 
     source: a .safetensors file; a directory (its *.safetensors.index.json, else its *.safetensors); an index;
     a list of files; or s3:// and http(s):// URLs of any of these (a prefix ends in /; an http(s):// one holds
-    model.safetensors.index.json or model.safetensors).  Every tensor asked for, from every file, is planned as
-    one batched read: the engine reads the files together and coalesces neighbouring tensors.
+    model.safetensors.index.json or model.safetensors).  With an index, exactly the tensors it names are read,
+    each from the file it names (one its file lacks is an error naming it); without one, a directory's shards
+    K-of-N are read only if all N are there.  Every tensor asked for, from every file, is planned as one batched
+    read: the engine reads the files together and coalesces neighbouring tensors.  Each file's header and data
+    are read through one open: a file replaced while it is loaded gives its old version whole (a local file) or
+    starts the load again (s3://, http(s)://: its ETag changed), a few times, then fails naming it.
+    variant: which of a directory's variants to load ("fp16": model.fp16.safetensors or
+    model.safetensors.index.fp16.json, as transformers names them); a directory of several is an error
+    listing them.
     keys: names and globs ("model.layers.0.*") of the tensors to read; only theirs are delivered (the engine
     reads through a gap under SLUICE_READ_GAP, no longer than the tensor after it, where the file is not read
     from the page cache: the report's bytes_storage says what the I/Os spanned).
@@ -539,6 +759,11 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     is one range, of a later dim one range per outer index).  Slices are cut as torch.chunk cuts.
     into: a dict of name -> tensor (a module's state_dict()) to load straight into: no other buffer, so GPU
     memory stays the model's; dtype and shape (of the slice, with shard) must match; returns those tensors.
+    strict (with into, as torch's load_state_dict): True, a ValueError naming every missing key (into's, not the
+    checkpoint's) and unexpected key (the checkpoint's, not into's) before anything is read; False, the tensors
+    both hold are loaded and report receives missing_keys and unexpected_keys.  Tied tensors (one memory under
+    several names, as lm_head.weight and embed_tokens.weight) are filled once, and none of their names is
+    missing where the checkpoint holds one.
     device: where new tensors go: torch tensors on "cpu", "cuda" or "cuda:N", or numpy arrays for "numpy" (and
     "cpu" without torch).  They are views of one buffer, each at an aligned place whatever its offset in the file.
     A list of devices (["cuda:0", "cuda:1"]) replicates: storage is read once, into the first, and the buffer
@@ -547,7 +772,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     shard), each onto its own device: the group reads each whole tensor's bytes once, each rank an equal part,
     and all-gathers the parts (NCCL in place on GPUs; any backend works), or with into= each tensor's owner
     reads it into place and broadcasts it; a rank's slices it reads itself.  Use
-    a group of one node's ranks where the nodes' links are slower than their storage.
+    a group of one node's ranks where the nodes' links are slower than their storage.  (A checkpoint that
+    changes during a group's load fails it rather than starting again: the ranks would disagree.)
     report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
     the I/Os spanned, gaps read through included), ios, seconds, path; with process_group, this rank's read and
     bytes_exchanged (received from the others)."""
@@ -556,47 +782,67 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
         raise ValueError("sluice.load: a list of devices needs at least one, and no into= (load into each instead)")
     if process_group is not None and (devices is not None or device == "numpy"):
         raise ValueError("sluice.load: process_group= loads onto one torch device a rank (not a list, not numpy)")
-    files = _sources(source)
-    table = _tensors(files)
-    names = _select(table, keys, into, source)
-    plans = []
-    for name in names:
-        fi, v, start = table[name]
-        sl = None if shard is None else _slice_of(shard, name, v["shape"])
-        shape, offs, lens, n = _plan(v, start, sl, name)
-        if into is not None:
-            _check_into(name, into[name], v["dtype"], shape)
-        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
-    grp = _Group(process_group) if process_group is not None else None
-    torch = None
-    if into is None:
-        total, runs = grp.place(plans) if grp else _place(plans, True)
-        buf, base, torch = _alloc(total, devices[0] if devices else device)
-        if grp and torch is None:
-            raise ValueError("sluice.load: process_group= needs torch")
-    else:
-        base, runs = 0, []
-        if grp:
-            grp.assign(plans)
-        _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
-        for p in plans:
-            p.dst = _buffer(into[p.name], True, ordered=False)[0]
+    for attempt in range(1, _ATTEMPTS + 1):
+        src = _sources(source, variant)
+        try:
+            return _load(src, source, device, devices, keys, into, shard, report, process_group, strict)
+        except SluiceError as e:
+            # Changed while read: an object's ETag (-ESTALE), a file cut short, or a shard an index named gone
+            # (a save replaced the checkpoint).  Loaded again from the start, its index included.
+            changed = e.code in (-errno.ESTALE, -100007) or (e.code == -errno.ENOENT and src.index is not None)
+            if not changed or process_group is not None:
+                raise
+            if attempt == _ATTEMPTS:
+                raise SluiceError(e.code, f"{source}: changed during each of {_ATTEMPTS} loads, the last: "
+                                          f"{e.detail}") from None
 
-    def ranges_of(handles):
+
+def _load(src, source, device, devices, keys, into, shard, report, process_group, strict):
+    with _opened(src.files) as handles:
+        table = _tensors(src, handles)
+        if into is None:
+            names, filled = _select(table, keys, source), None
+        else:
+            names, filled, missing, unexpected = _select_into(table, keys, into, strict, source)
+            if report is not None:
+                report.update(missing_keys=missing, unexpected_keys=unexpected)
+        plans = []
+        for name in names:
+            fi, v, start = table[name]
+            sl = None if shard is None else _slice_of(shard, name, v["shape"])
+            shape, offs, lens, n = _plan(v, start, sl, name)
+            if into is not None:
+                _check_into(name, into[name], v["dtype"], shape)
+            plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
+        grp = _Group(process_group) if process_group is not None else None
+        torch = None
+        if into is None:
+            total, runs = grp.place(plans) if grp else _place(plans, True)
+            buf, base, torch = _alloc(total, devices[0] if devices else device)
+            if grp and torch is None:
+                raise ValueError("sluice.load: process_group= needs torch")
+        else:
+            base, runs = 0, []
+            if grp:
+                grp.assign(plans)
+            _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
+            for p in plans:
+                p.dst = _buffer(into[p.name], True, ordered=False)[0]
         if grp and into is not None:
-            return _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
-        r = _ranges(plans, runs, handles, base)
-        return grp.mine(r, base) if grp else r
-    rep = _read_ranges(files, ranges_of, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
+            batches = _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
+        else:
+            batches = _ranges(plans, runs, handles, base)
+            batches = grp.mine(batches, base) if grp else batches
+        rep = _read_ranges(handles, batches, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
     if report is not None:
-        report.update(files=len(files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
+        report.update(files=len(src.files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
                       ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
     if grp:
         got = grp.exchange() if into is None else grp.broadcast(plans, into)
         if report is not None:
             report["bytes_exchanged"] = got
     if into is not None:
-        return {name: into[name] for name in names}
+        return {name: into[name] for name in filled}
     if devices is None:
         return {p.name: _view(buf, torch, p.dst, p.n, p.dt, p.shape) for p in plans}
     if torch is None:

@@ -8,46 +8,48 @@ paths and s3:// prefixes, with sharded (FSDP-style, DTensor) state dicts on any 
 
 Layout: each rank's items in one safetensors file, __RANK_SAVE.safetensors (SAVE: 12 hex digits new for every
 save), written by sluice.save (straight from GPU memory, fdatasync, rename), and DCP's metadata in .metadata,
-written last the same way.  A save into a directory that holds a checkpoint writes files of new names, so until
-its .metadata replaces the old one (one rename) the old checkpoint is whole and loadable; then the files the new
-one does not name are removed.  A kill at any moment leaves the old checkpoint or the new one.  Loads read every
+written last the same way, as data (JSON, see _dcpmeta: sluice never unpickles it; torch's own FileSystemReader
+stops on it with a message saying to use this module's StorageReader).  A save into a directory that holds a
+checkpoint writes files of new names, so until its .metadata replaces the old one (one rename) the old
+checkpoint is whole and loadable; then the files the new one does not name are removed.  A kill at any moment leaves the old checkpoint or the new one.  Loads read every
 item of a rank as one batched read straight into the state dict's tensors (GPU memory included) where the saved
 chunk and the tensor agree in dtype and the part asked for is one range; other parts (another sharding, another
-dtype) are read whole and copied.  Needs torch; `import sluice` does not import this module.
+dtype) are read whole and copied.  Each item's place is checked against the safetensors header of its file,
+read through the same open as its bytes.  Needs torch; `import sluice` does not import this module.
 """
 import dataclasses
 import errno
 import io
 import os
-import pickle
-import re
 import uuid
 
 import numpy as np
 import torch
 from torch.distributed.checkpoint import storage
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
+from ._dcpmeta import DATA as _DATA, MAGIC, ST_OF, MetadataUnpickler, check_item, decode, encode
 from ._lib import SluiceError, lib
-from ._safetensors import is_url, open_file
+from ._safetensors import is_url, open_file, read_header, read_small
 from .buffers import _ready
-from .checkpoint import _RANGE, _read_ranges, _read_whole, _save_file, _write_whole
+from .checkpoint import _RANGE, _join, _opened, _read_ranges, _reclaim, _save_file, _write_whole
 from .s3 import listdir, remove
 
 METADATA = ".metadata"
-_DATA = re.compile(r"^__\d+_[0-9a-f]{12}\.safetensors$")  # a rank's file of one save
-# The files a save writes, and the temporary ones a killed save leaves.
-_OURS = re.compile(r"^(\.?__\d+_[0-9a-f]{12}\.safetensors(\.sluice-tmp-\d+)?|\.metadata\.sluice-tmp-\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Stored:
-    """Where one item's bytes are: a file of the checkpoint, an offset and a length."""
+    """Where one item's bytes are: a file of the checkpoint, an offset and a length, and the item's name in the
+    file's safetensors header (None in checkpoints older sluice versions wrote)."""
     relative_path: str
     offset: int
     length: int
+    name: str = None
 
 
 @dataclasses.dataclass
@@ -55,26 +57,58 @@ class _Prefix:
     prefix: str
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's metadata is a pickle, and unpickling runs whatever callables it names: this one builds only what a
-    checkpoint's metadata holds (DCP's metadata classes, where each item is, torch's dtypes, layouts, memory
-    formats and sizes, plain containers) and refuses any other name, so a .metadata from storage one does not
-    control cannot run code."""
-    _BUILTINS = {"set", "frozenset", "slice", "complex", "bytearray", "range"}
+def _to_doc(md):
+    """The metadata document (see _dcpmeta.decode) of DCP's Metadata as StorageWriter makes it."""
+    tensors, blobs = {}, []
+    for fqn, m in md.state_dict_metadata.items():
+        if isinstance(m, BytesStorageMetadata):
+            blobs.append(fqn)
+            continue
+        p = m.properties
+        tensors[fqn] = {"dtype": str(p.dtype).replace("torch.", ""), "size": list(m.size),
+                        "requires_grad": bool(p.requires_grad), "layout": str(p.layout).replace("torch.", ""),
+                        "memory_format": str(p.memory_format).replace("torch.", ""),
+                        "pin_memory": bool(p.pin_memory),
+                        "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in m.chunks]}
+    items = [{"fqn": i.fqn, "offset": None if i.offset is None else list(i.offset), "index": i.index,
+              "file": st.relative_path, "name": st.name, "at": st.offset, "length": st.length}
+             for i, st in md.storage_data.items()]
+    pd = md.planner_data
+    if pd is not None and not (isinstance(pd, dict) and all(
+            isinstance(k, str) and isinstance(v, (tuple, list)) and all(type(x) in (str, int) for x in v)
+            for k, v in pd.items())):
+        raise ValueError(f"sluice.dcp: the planner's data ({type(pd).__name__}) is not the key paths of DCP's "
+                         f"default planners: StorageWriter stores metadata as data and cannot keep it")
+    sm = md.storage_meta
+    return {"tensors": tensors, "bytes": blobs, "items": items,
+            "planner_data": None if pd is None else {k: list(v) for k, v in pd.items()},
+            "storage_meta": None if sm is None else {"checkpoint_id": None if sm.checkpoint_id is None
+                                                     else str(sm.checkpoint_id), "save_id": sm.save_id}}
 
-    def find_class(self, module, name):
-        if module == "torch.distributed.checkpoint.metadata" or (module, name) in (
-                ("sluice.dcp", "_Stored"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
-                ("collections", "OrderedDict")) or (module == "builtins" and name in self._BUILTINS):
-            return super().find_class(module, name)
-        obj = getattr(torch, name, None) if module == "torch" else None
-        if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-            return obj
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+def _torch(path, name):
+    """torch's dtype, layout or memory format of that name (a checked one: this torch may lack a newer one)."""
+    if not hasattr(torch, name):
+        raise ValueError(f"sluice.dcp: {path}: holds {name}, which this torch ({torch.__version__}) lacks")
+    return getattr(torch, name)
 
 
-def _join(base, name):
-    return f"{base.rstrip('/')}/{name}" if is_url(base) else os.path.join(base, name)
+def _from_doc(doc, path):
+    """DCP's Metadata of a checked metadata document."""
+    sd = {fqn: BytesStorageMetadata() for fqn in doc["bytes"]}
+    for fqn, t in doc["tensors"].items():
+        props = TensorProperties(dtype=_torch(path, t["dtype"]), layout=_torch(path, t["layout"]),
+                                 requires_grad=t["requires_grad"], memory_format=_torch(path, t["memory_format"]),
+                                 pin_memory=t["pin_memory"])
+        sd[fqn] = TensorStorageMetadata(properties=props, size=torch.Size(t["size"]), chunks=[
+            ChunkStorageMetadata(offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"])) for c in t["chunks"]])
+    storage_data = {MetadataIndex(it["fqn"], None if it.get("offset") is None else torch.Size(it["offset"]),
+                                  it.get("index")): _Stored(it["file"], it["at"], it["length"], it["name"])
+                    for it in doc["items"]}
+    pd, sm = doc.get("planner_data"), doc.get("storage_meta")
+    return Metadata(state_dict_metadata=sd, planner_data=None if pd is None else {k: tuple(v) for k, v in pd.items()},
+                    storage_data=storage_data, storage_meta=None if sm is None else StorageMeta(
+                        checkpoint_id=sm.get("checkpoint_id"), save_id=sm.get("save_id")))
 
 
 def _key(index):
@@ -140,7 +174,7 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
         placed = _save_file({k: d for k, (_, d) in items.items()}, _join(self.path, name), None)
         for k, (item, data) in items.items():
             off, n = placed[k]
-            out.append(storage.WriteResult(index=item.index, size_in_bytes=n, storage_data=_Stored(name, off, n)))
+            out.append(storage.WriteResult(index=item.index, size_in_bytes=n, storage_data=_Stored(name, off, n, k)))
         fut = torch.futures.Future()
         fut.set_result(out)
         return fut
@@ -148,12 +182,14 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
     def finish(self, metadata, results):
         metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
         metadata.storage_meta = self.storage_meta()
-        _write_whole(_join(self.path, METADATA), pickle.dumps(metadata))
+        _write_whole(_join(self.path, METADATA), encode(_to_doc(metadata)))
         keep = {s.relative_path for s in metadata.storage_data.values()}
         for f in listdir(self.path):  # the files of the checkpoint it replaced, and of saves killed midway
             base = f.rsplit("/", 1)[-1]
-            if _OURS.match(base) and base not in keep:
+            if _DATA.match(base) and base not in keep:
                 remove(f)
+        if not is_url(self.path):  # temporaries of writers that are gone
+            _reclaim(self.path, lambda b: b == METADATA or _DATA.match(b) is not None)
 
     def storage_meta(self):
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
@@ -177,11 +213,14 @@ def _span(sizes, offsets, lengths):
 
 
 class StorageReader(storage.StorageReader):
-    """Reads a DCP checkpoint that StorageWriter wrote at path (a directory, or an s3:// prefix)."""
+    """Reads a DCP checkpoint that StorageWriter wrote at path (a directory, or an s3:// prefix).  Its metadata
+    is data, read without unpickling.  allow_pickle=True also reads the pickled metadata of a checkpoint an
+    older sluice version wrote: unpickling can run code, so only for a checkpoint you trust (and even then only
+    the classes DCP's metadata holds are built, each allowed by exact name)."""
 
-    def __init__(self, path):
+    def __init__(self, path, allow_pickle=False):
         super().__init__()
-        self.path = os.fspath(path)
+        self.path, self.allow_pickle = os.fspath(path), allow_pickle
         self.storage_data, self.chunks = {}, {}
 
     def reset(self, checkpoint_id=None):
@@ -191,8 +230,16 @@ class StorageReader(storage.StorageReader):
 
     def read_metadata(self, *args, **kwargs):
         path = _join(self.path, METADATA)
+        raw = read_small(path)
+        if raw.startswith(MAGIC):
+            return _from_doc(decode(raw, path), path)
+        if not self.allow_pickle:
+            raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter wrote "
+                             f"(a pickle, as torch's own DCP writer and older sluice versions write it?): unpickling "
+                             f"can run code, so StorageReader reads one only with allow_pickle=True, for a "
+                             f"checkpoint you trust")
         try:
-            md = _MetadataUnpickler(io.BytesIO(_read_whole(path))).load()
+            md = MetadataUnpickler(io.BytesIO(raw)).load()
         except Exception as e:  # whatever a damaged pickle makes the classes it names raise
             raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter "
                              f"wrote ({e})") from None
@@ -207,7 +254,7 @@ class StorageReader(storage.StorageReader):
         try:
             for k, st in self.storage_data.items():  # only files a save of ours names, beside the metadata
                 if not (_DATA.match(str(st.relative_path)) and type(st.offset) is int and type(st.length) is int
-                        and st.offset >= 0 and st.length >= 0):
+                        and st.offset >= 0 and st.length >= 0 and (st.name is None or isinstance(st.name, str))):
                     raise ValueError(f"'{_key(k)}' stored as {st}")
             for fqn, md in metadata.state_dict_metadata.items():
                 for c in getattr(md, "chunks", ()):
@@ -224,11 +271,14 @@ class StorageReader(storage.StorageReader):
     def prepare_global_plan(self, plans):
         return plans
 
-    def _item(self, req, planner, files, reads, after):
-        """Plans one item: its reads (file, offset, bytes, destination) and what follows them."""
+    def _item(self, req, planner, files, headers, reads, after):
+        """Plans one item, its place checked against its file's header: its reads (file, offset, bytes,
+        destination) and what follows them."""
         st = self.storage_data[req.storage_index]
-        f = files.setdefault(st.relative_path, len(files))
+        f = files[st.relative_path]
+        path = _join(self.path, st.relative_path)
         if req.type == LoadItemType.BYTE_IO:
+            check_item(path, *headers[f], st.offset, st.length, st.name, "U8", [st.length])
             buf = np.empty(st.length, np.uint8)
             reads.append((f, st.offset, st.length, buf.ctypes.data, buf))
             after.append(lambda: planner.load_bytes(req, io.BytesIO(buf.tobytes())))
@@ -239,6 +289,8 @@ class StorageReader(storage.StorageReader):
         if st.length != int(np.prod(sizes, dtype=np.int64)) * item:
             raise ValueError(f"sluice.dcp: {self.path}: '{_key(req.storage_index)}' is {st.length} bytes, its "
                              f"shape {list(sizes)} of {dtype} makes {int(np.prod(sizes)) * item}")
+        check_item(path, *headers[f], st.offset, st.length, st.name, ST_OF.get(str(dtype).replace("torch.", "")),
+                   list(sizes))
         span = _span(sizes, req.storage_offsets, req.lengths)
         if span and target.dtype == dtype and target.is_contiguous() and target.numel() == span[1]:
             reads.append((f, st.offset + span[0] * item, span[1] * item, target.data_ptr(), target))
@@ -249,15 +301,20 @@ class StorageReader(storage.StorageReader):
         after.append(lambda: planner.commit_tensor(req, target))
 
     def read_data(self, plan, planner):
-        files, reads, after = {}, [], []
+        files = {}
         for req in plan.items:
-            self._item(req, planner, files, reads, after)
-        # Kernels still using the state dict's tensors (or memory the allocator hands out again) finish first.
-        _ready([obj for *_, obj in reads if isinstance(obj, torch.Tensor)])
-        def ranges_of(handles):
+            files.setdefault(self.storage_data[req.storage_index].relative_path, len(files))
+        paths = [_join(self.path, p) for p in files]
+        reads, after = [], []
+        # Each file's header and its items' bytes through one open: the places checked are the places read.
+        with _opened(paths) as handles:
+            headers = [read_header(p, h) for p, h in zip(paths, handles)]
+            for req in plan.items:
+                self._item(req, planner, files, headers, reads, after)
+            # Kernels still using the state dict's tensors (or memory the allocator hands out again) finish first.
+            _ready([obj for *_, obj in reads if isinstance(obj, torch.Tensor)])
             r = np.array([(handles[f], off, n, dst) for f, off, n, dst, _ in reads], _RANGE)
-            return r[r["len"] > 0]
-        _read_ranges([_join(self.path, p) for p in files], ranges_of)
+            _read_ranges(handles, r[r["len"] > 0])
         for step in after:
             step()
         fut = torch.futures.Future()

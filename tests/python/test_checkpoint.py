@@ -172,14 +172,16 @@ def same(a, b):
 
 
 def test_sharded_save_writes_what_hugging_face_reads(tmp_path):
-    """max_shard_size: files model-0000K-of-0000N holding at most that many data bytes (a larger tensor alone),
-    and the index naming each tensor's file with the total size; each file a valid safetensors file."""
+    """max_shard_size: files model-0000K-of-0000N-MARK (MARK the save's own) holding at most that many data
+    bytes (a larger tensor alone), and the index naming each tensor's file with the total size; each file a
+    valid safetensors file."""
     t = model()
     sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
     idx = json.loads((tmp_path / "ck" / "model.safetensors.index.json").read_text())
     files = sorted(p.name for p in (tmp_path / "ck").glob("*.safetensors"))
     n = len(files)
-    assert n > 3 and files == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    mark = files[0][-len("0123456789ab.safetensors"):-len(".safetensors")]
+    assert n > 3 and files == [f"model-{k:05d}-of-{n:05d}-{mark}.safetensors" for k in range(1, n + 1)]
     assert set(idx["weight_map"]) == set(t) and set(idx["weight_map"].values()) == set(files)
     assert idx["metadata"]["total_size"] == sum(a.nbytes for a in t.values())
     for f in files:
@@ -288,22 +290,52 @@ def test_slices_chosen_per_tensor(tmp_path):
 
 
 def test_into_a_callers_tensors(tmp_path):
-    """into: the checkpoint lands in the caller's own arrays (no other buffer), which come back; a shape or
-    dtype that differs is an error naming the tensor, before anything is read."""
+    """into: the checkpoint lands in the caller's own arrays (no other buffer), which come back (strict=False:
+    some of the checkpoint's); a shape or dtype that differs is an error naming the tensor, before anything is
+    read."""
     t = model()
     sluice.save(t, str(tmp_path / "ck"), max_shard_size=3000)
     into = {k: np.zeros_like(v) for k, v in t.items() if k.startswith("layers.2.")}
-    got = sluice.load(str(tmp_path / "ck"), into=into)
+    got = sluice.load(str(tmp_path / "ck"), into=into, strict=False)
     assert all(got[k] is into[k] for k in into) and set(got) == set(into)
     same(into, {k: t[k] for k in into})
     rows = {"layers.0.qkv.weight": np.zeros((12, 16), np.float32)}  # rank 3 of 4's rows
-    sluice.load(str(tmp_path / "ck"), into=rows, shard=(0, 3, 4))
+    sluice.load(str(tmp_path / "ck"), into=rows, shard=(0, 3, 4), strict=False)
     assert np.array_equal(rows["layers.0.qkv.weight"], t["layers.0.qkv.weight"][36:])
-    for wrong, what in (({"norm.weight": np.zeros(16, np.float32)}, "float32"),
-                        ({"norm.weight": np.zeros(15, np.float16)}, "shape"),
-                        ({"nope": np.zeros(1, np.float16)}, "'nope'")):
+    for wrong, what, strict in (({"norm.weight": np.zeros(16, np.float32)}, "float32", False),
+                                ({"norm.weight": np.zeros(15, np.float16)}, "shape", False),
+                                ({"nope": np.zeros(1, np.float16)}, "'nope'", True)):
         with pytest.raises((ValueError, KeyError), match=what):
-            sluice.load(str(tmp_path / "ck"), into=wrong)
+            sluice.load(str(tmp_path / "ck"), into=wrong, strict=strict)
+
+
+def test_into_a_model_with_tied_weights(tmp_path):
+    """A model whose output layer shares the embedding's weight (GPT-2, Llama with tie_word_embeddings), from a
+    checkpoint holding the embedding only, as transformers saves it: filled once, nothing missing; a key the
+    model lacks is named (strict), or reported (strict=False)."""
+    torch = pytest.importorskip("torch")
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.lm_head = torch.nn.Linear(4, 10, bias=False)
+            self.lm_head.weight = self.embed.weight
+    torch.manual_seed(3)
+    src, dst = Tied(), Tied()
+    with torch.no_grad():
+        dst.embed.weight.zero_()
+    sluice.save({"embed.weight": src.embed.weight.detach().contiguous()}, str(tmp_path / "ck.safetensors"))
+    got = sluice.load(str(tmp_path / "ck.safetensors"), into=dst.state_dict())
+    assert set(got) == {"embed.weight", "lm_head.weight"}
+    assert torch.equal(dst.lm_head.weight, src.embed.weight) and torch.equal(dst.embed.weight, src.embed.weight)
+    sluice.save({"embed.weight": src.embed.weight.detach().contiguous(), "extra": torch.zeros(2)},
+                str(tmp_path / "more.safetensors"))
+    with pytest.raises(ValueError, match="unexpected keys.*'extra'"):
+        sluice.load(str(tmp_path / "more.safetensors"), into=dst.state_dict())
+    rep = {}
+    sluice.load(str(tmp_path / "more.safetensors"), into=dst.state_dict(), strict=False, report=rep)
+    assert rep["unexpected_keys"] == ["extra"] and rep["missing_keys"] == []
 
 
 def test_unaligned_tensors_across_files_land_aligned(tmp_path):

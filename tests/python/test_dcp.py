@@ -106,20 +106,29 @@ def test_a_foreign_or_damaged_checkpoint_is_refused(tmp_path):
 
 
 def test_metadata_that_would_run_code_is_refused(tmp_path):
-    """A .metadata is a pickle: one naming anything but what DCP's metadata holds (here os.system) is refused
-    before it runs, naming the file; one whose items lie in a file outside the checkpoint (../) is refused; a cut
-    one too."""
+    """.metadata is data (JSON) that sluice reads without unpickling.  A pickle there (here one running
+    os.system, by name and by a dotted name through DCP's metadata module) is refused unless the caller opts in
+    with allow_pickle=True, and then refused too before it runs, naming the file; metadata naming a file
+    outside the checkpoint (../) is refused; a cut one too."""
     import pickle
 
     class Evil:
         def __reduce__(self):
             return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    def dotted(module, name, arg):  # protocol 4's STACK_GLOBAL, which resolves a dotted name attribute by attribute
+        enc = lambda x: b"\x8c" + bytes([len(x.encode())]) + x.encode()  # noqa: E731
+        return b"\x80\x04" + enc(module) + enc(name) + b"\x93" + enc(arg) + b"\x85R."
     dcp.save({"w": torch.ones(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
     good = (tmp_path / "ck" / ".metadata").read_bytes()
-    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(Evil()))
-    with pytest.raises(ValueError, match=r"\.metadata: not the metadata of a checkpoint .*system"):
-        StorageReader(tmp_path / "ck").read_metadata()
-    assert not (tmp_path / "ran").exists()
+    for hostile in (pickle.dumps(Evil()),
+                    dotted("torch.distributed.checkpoint.metadata", "os.system", f"touch {tmp_path / 'ran'}")):
+        (tmp_path / "ck" / ".metadata").write_bytes(hostile)
+        with pytest.raises(ValueError, match=r"\.metadata: not the metadata of a checkpoint .*allow_pickle=True"):
+            StorageReader(tmp_path / "ck").read_metadata()
+        with pytest.raises(ValueError, match=r"\.metadata: not the metadata of a checkpoint .*system"):
+            StorageReader(tmp_path / "ck", allow_pickle=True).read_metadata()
+        assert not (tmp_path / "ran").exists()
     # Metadata naming a file outside the checkpoint (../) is refused, not followed.
     from sluice.dcp import _Stored
     (tmp_path / "ck" / ".metadata").write_bytes(good)
@@ -128,29 +137,71 @@ def test_metadata_that_would_run_code_is_refused(tmp_path):
     md.storage_data = {k: _Stored("../../etc/passwd", 0, 12) for k in md.storage_data}
     with pytest.raises(ValueError, match="damaged metadata.*etc/passwd"):
         r.set_up_storage_reader(md, True)
-    (tmp_path / "ck" / ".metadata").write_bytes(good[:len(good) // 2])
-    with pytest.raises(ValueError, match="not the metadata of a checkpoint"):
+    (tmp_path / "ck" / ".metadata").write_bytes(good[:len(good) - 40])
+    with pytest.raises(ValueError, match=r"\.metadata: damaged metadata"):
         StorageReader(tmp_path / "ck").read_metadata()
+
+
+def test_pickled_metadata_of_older_versions_with_allow_pickle(tmp_path):
+    """A checkpoint whose .metadata is the pickle older sluice versions wrote loads with allow_pickle=True (its
+    items checked against their files' headers by place), and is refused without."""
+    import pickle
+    sd = state(3)
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    from sluice.dcp import _Stored
+    md = StorageReader(tmp_path / "ck").read_metadata()
+    md.storage_data = {k: _Stored(v.relative_path, v.offset, v.length) for k, v in md.storage_data.items()}
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(md))
+    got = zeros_like(sd)
+    got.update(lr=None, name=None)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        StorageReader(tmp_path / "ck").read_metadata()
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "ck", allow_pickle=True))
+    same(got, sd)
+
+
+def test_torchs_own_reader_says_it_is_a_sluice_checkpoint(tmp_path):
+    """torch's FileSystemReader on a checkpoint StorageWriter wrote: an error naming sluice and its reader (the
+    first opcode of .metadata), not a pickle's puzzle, and nothing run."""
+    dcp.save({"w": torch.ones(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
+    with pytest.raises(BaseException, match=r"checkpoint of sluice.*StorageReader"):
+        dcp.FileSystemReader(str(tmp_path / "ck")).read_metadata()
+    with pytest.raises(BaseException, match=r"checkpoint of sluice"):
+        dcp.load({"w": torch.zeros(3)}, storage_reader=dcp.FileSystemReader(str(tmp_path / "ck")))
+
+
+@pytest.mark.parametrize("field,delta", [("at", 4), ("at", -4), ("length", -4), ("name", None)])
+def test_metadata_with_damaged_places_loads_no_other_bytes(tmp_path, field, delta):
+    """An item's place in the JSON metadata moved, cut or renamed: refused against the header of its file,
+    naming the file; the state dict is not filled with other bytes."""
+    import json
+    from sluice import _dcpmeta as dm
+    sd = {"a": torch.arange(16, dtype=torch.float32), "b": torch.arange(16, 32, dtype=torch.float32)}
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    raw = (tmp_path / "ck" / ".metadata").read_bytes()
+    doc = json.loads(raw[len(dm.MAGIC):])
+    it = next(i for i in doc["items"] if i["fqn"] == "b")
+    if field == "name":
+        it["name"] = next(i for i in doc["items"] if i["fqn"] == "a")["name"]
+    else:
+        it[field] += delta
+        if field == "length":  # the chunk's size too, so the document itself is consistent
+            t = doc["tensors"]["b"]
+            t["size"], t["chunks"][0]["sizes"] = [15], [15]
+    (tmp_path / "ck" / ".metadata").write_bytes(dm.MAGIC + json.dumps(doc).encode())
+    got = {"a": torch.zeros(16), "b": torch.zeros(16 if field != "length" else 15)}
+    with pytest.raises(BaseException, match=r"__0_[0-9a-f]{12}\.safetensors: holds no tensor"):
+        dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    assert not got["b"].any()
 
 
 def test_damaged_metadata_gives_a_clear_error(tmp_path):
     """300 damaged copies of a real .metadata (bytes flipped, cut, repeated; seeded): each loads as metadata or
     is refused with ValueError naming the file; nothing else escapes, nothing hangs."""
-    import random
+    from test_checkpoint_dcp_metadata import damaged
     dcp.save(state(), storage_writer=StorageWriter(tmp_path / "ck"))
     good = (tmp_path / "ck" / ".metadata").read_bytes()
-    rng = random.Random(24)
-    for _ in range(300):
-        b = bytearray(good)
-        kind = rng.randrange(3)
-        if kind == 0:
-            for _ in range(rng.randint(1, 8)):
-                b[rng.randrange(len(b))] = rng.randrange(256)
-        elif kind == 1:
-            b = b[:rng.randrange(len(b))]
-        else:
-            i = rng.randrange(len(b))
-            b = b[:i] + b[i:i + rng.randint(1, 64)] * 2 + b[i:]
+    for b in damaged(good, 24, 300):
         (tmp_path / "ck" / ".metadata").write_bytes(bytes(b))
         r = StorageReader(tmp_path / "ck")
         try:

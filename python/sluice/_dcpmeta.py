@@ -1,0 +1,149 @@
+"""The metadata of a DCP checkpoint sluice.dcp writes, as data: JSON that sluice reads without unpickling, its
+checks, and the check of each item against the safetensors header of the file that holds it.  No torch here
+(sluice.dcp converts to and from torch's Metadata classes), so all of it is tested without torch.
+
+.metadata is MAGIC, then the JSON.  MAGIC is a pickle's first opcode, GLOBAL, naming a module whose name is a
+sentence no module has: torch's own FileSystemReader, which unpickles .metadata, stops there with
+"No module named 'this is a checkpoint of sluice ...'" rather than a puzzle, and without running anything.
+
+DCP's own metadata (and that of checkpoints older sluice versions wrote) is a pickle, which can run code when
+read: sluice unpickles it only where the caller opts in, and then with MetadataUnpickler's exact allow-list.
+"""
+import json
+import pickle
+import re
+
+from ._safetensors import BITS, DT
+
+NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose metadata is JSON, not a pickle: "
+          "load it with StorageReader from the dcp module of sluice")
+MAGIC = b"c" + NOTICE.encode() + b"\nStorageReader\n"
+FORMAT, VERSION = "sluice-dcp", 1
+DATA = re.compile(r"^__\d+_[0-9a-f]{12}\.safetensors$")  # a rank's file of one save
+# torch's dtype names (those a safetensors dtype has) -> safetensors dtype
+ST_OF = {t: k for k, (_, t) in DT.items() if t is not None}
+LAYOUTS = ("strided",)
+MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+
+
+class Damaged(ValueError):
+    pass
+
+
+def _ints(v, n=None):
+    return isinstance(v, list) and (n is None or len(v) == n) and all(type(x) is int and x >= 0 for x in v)
+
+
+def encode(doc):
+    """.metadata's bytes of a metadata document (see decode)."""
+    return MAGIC + json.dumps({"format": FORMAT, "version": VERSION, **doc}, separators=(",", ":")).encode()
+
+
+def decode(raw, path):
+    """The metadata document of .metadata's bytes, checked whole; a Damaged error naming path otherwise.
+    {"tensors": {fqn: {"dtype", "size", "requires_grad", "layout", "memory_format", "pin_memory",
+                       "chunks": [{"offsets", "sizes"}]}},
+     "bytes": [fqn],
+     "items": [{"fqn", "offset" (a chunk's offsets, or null for bytes), "index", "file", "name", "at", "length"}],
+     "planner_data": {fqn: [key, ...]} or null, "storage_meta": {"checkpoint_id", "save_id"} or null}"""
+    def fail(why):
+        return Damaged(f"sluice.dcp: {path}: damaged metadata ({why})")
+    if not raw.startswith(MAGIC):
+        raise fail("not the metadata sluice.dcp.StorageWriter writes")
+    try:
+        doc = json.loads(raw[len(MAGIC):].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise fail(f"not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise fail(f"not {FORMAT} version {VERSION}")
+    tensors, blobs, items = doc.get("tensors"), doc.get("bytes"), doc.get("items")
+    if not isinstance(tensors, dict) or not isinstance(blobs, list) or not isinstance(items, list):
+        raise fail("tensors, bytes or items missing")
+    if not all(isinstance(b, str) for b in blobs) or set(blobs) & set(tensors):
+        raise fail("bytes is not a list of names apart from the tensors'")
+    chunks = {}
+    for fqn, t in tensors.items():
+        if not isinstance(t, dict) or t.get("dtype") not in ST_OF or not _ints(t.get("size")) or \
+                t.get("layout") not in LAYOUTS or t.get("memory_format") not in MEMORY_FORMATS or \
+                type(t.get("requires_grad")) is not bool or type(t.get("pin_memory")) is not bool or \
+                not isinstance(t.get("chunks"), list):
+            raise fail(f"tensor '{fqn}': {str(t)[:200]}")
+        size = t["size"]
+        for c in t["chunks"]:
+            if not (isinstance(c, dict) and _ints(c.get("offsets"), len(size)) and _ints(c.get("sizes"), len(size))
+                    and all(o + n <= s for o, n, s in zip(c["offsets"], c["sizes"], size))):
+                raise fail(f"tensor '{fqn}' of size {size}: chunk {str(c)[:200]}")
+            chunks[(fqn, tuple(c["offsets"]))] = (t["dtype"], c["sizes"])
+    seen = set()
+    for it in items:
+        if not isinstance(it, dict) or not isinstance(it.get("fqn"), str) or not isinstance(it.get("name"), str) or \
+                not isinstance(it.get("file"), str) or not DATA.match(it["file"]) or \
+                type(it.get("at")) is not int or type(it.get("length")) is not int or it["at"] < 0 or \
+                it["length"] < 0 or not (it.get("index") is None or type(it["index"]) is int):
+            raise fail(f"item {str(it)[:200]}")
+        key = (it["fqn"], None if it.get("offset") is None else tuple(it["offset"]) if _ints(it["offset"]) else "bad")
+        if key in seen:
+            raise fail(f"item '{it['fqn']}' stored twice")
+        seen.add(key)
+        if key[1] is None:
+            if it["fqn"] not in blobs:
+                raise fail(f"item '{it['fqn']}': not one of the checkpoint's tensors or bytes")
+            continue
+        if key not in chunks:
+            raise fail(f"item '{it['fqn']}' at {it.get('offset')}: no such chunk of a tensor")
+        dtype, sizes = chunks[key]
+        n = BITS[ST_OF[dtype]] // 8
+        for s in sizes:
+            n *= s
+        if it["length"] != n:
+            raise fail(f"item '{it['fqn']}' at {it['offset']}: {it['length']} bytes, its chunk {sizes} of {dtype} "
+                       f"makes {n}")
+    missing = set(chunks) - seen | {(b, None) for b in blobs} - seen
+    if missing:
+        raise fail(f"no item stores {sorted(str(m[0]) for m in missing)[:5]}")
+    pd = doc.get("planner_data")
+    if pd is not None and not (isinstance(pd, dict) and all(
+            isinstance(v, list) and all(type(x) in (str, int) for x in v) for v in pd.values())):
+        raise fail("planner_data is not an object of key paths")
+    sm = doc.get("storage_meta")
+    if sm is not None and not (isinstance(sm, dict) and all(v is None or isinstance(v, str) for v in sm.values())):
+        raise fail("storage_meta is not an object of strings")
+    return doc
+
+
+def check_item(path, header, start, at, length, name=None, dtype=None, shape=None):
+    """An item stored at [at, at + length) of the safetensors file path (its header and data start) must be one
+    tensor of that header, exactly (and the one named name, of dtype and shape, where they are given): damaged
+    metadata must not load other bytes as a tensor.  A Damaged error naming the file otherwise."""
+    if name is not None:
+        v = header.get(name) if name != "__metadata__" else None
+        found = [(name, v)] if isinstance(v, dict) else []
+    else:
+        found = [(k, v) for k, v in header.items() if k != "__metadata__" and start + v["data_offsets"][0] == at]
+    for k, v in found:
+        b, e = v["data_offsets"]
+        if start + b == at and e - b == length and (dtype is None or v["dtype"] == dtype) and \
+                (shape is None or list(v["shape"]) == list(shape)):
+            return
+    want = f"'{name}' " if name is not None else ""
+    raise Damaged(f"sluice.dcp: {path}: holds no tensor {want}of {length} bytes at {at}"
+                  f"{f' ({dtype} of {list(shape)})' if dtype is not None else ''}, where the checkpoint's metadata "
+                  f"puts one: damaged metadata, or a file of another checkpoint")
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """DCP's pickled metadata, opted into: builds only what a checkpoint's metadata holds, each name allowed
+    exactly as (module, name) (no dotted names, which protocol 4 resolves through a module's imports: a name of
+    DCP's metadata module such as "os.system" would reach os)."""
+    ALLOWED = frozenset(
+        [("torch.distributed.checkpoint.metadata", n) for n in (
+            "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+            "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")]
+        + [("sluice.dcp", "_Stored"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+           ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")]
+        + [("torch", n) for n in (*ST_OF, *LAYOUTS, *MEMORY_FORMATS)])
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        return super().find_class(module, name)

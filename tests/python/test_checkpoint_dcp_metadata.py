@@ -1,0 +1,154 @@
+"""sluice.dcp's metadata without torch (sluice._dcpmeta): the JSON sluice reads instead of a pickle and its
+checks, the check of each item against its file's safetensors header, the exact allow-list of the pickle read
+only where the caller opts in, and what torch's own reader makes of the .metadata sluice writes."""
+import io
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+import sluice
+from sluice import _dcpmeta as dm
+from sluice._safetensors import read_header
+
+
+def doc():
+    """The metadata of a checkpoint of two chunks of a float32 tensor and one blob, in one rank's file."""
+    f = "__0_0123456789ab.safetensors"
+    return {"tensors": {"w": {"dtype": "float32", "size": [4, 3], "requires_grad": False, "layout": "strided",
+                              "memory_format": "contiguous_format", "pin_memory": False,
+                              "chunks": [{"offsets": [0, 0], "sizes": [2, 3]}, {"offsets": [2, 0], "sizes": [2, 3]}]}},
+            "bytes": ["lr"],
+            "items": [{"fqn": "w", "offset": [0, 0], "index": 0, "file": f, "name": "w@0,0", "at": 4096, "length": 24},
+                      {"fqn": "w", "offset": [2, 0], "index": 1, "file": f, "name": "w@2,0", "at": 4120, "length": 24},
+                      {"fqn": "lr", "offset": None, "index": None, "file": f, "name": "lr", "at": 4144, "length": 5}],
+            "planner_data": {"w": ["w"], "lr": ["lr"]}, "storage_meta": {"checkpoint_id": "/ck", "save_id": "x"}}
+
+
+def test_metadata_round_trip():
+    raw = dm.encode(doc())
+    got = dm.decode(raw, "/ck/.metadata")
+    assert {k: got[k] for k in doc()} == doc()
+
+
+def test_torchs_reader_stops_on_sluices_metadata_with_a_clear_message():
+    """torch's FileSystemReader.read_metadata is pickle.load of .metadata: it stops at the first opcode, naming
+    sluice and its StorageReader, and runs nothing."""
+    raw = dm.encode(doc())
+    for load in (pickle.load, lambda f: pickle._Unpickler(f).load()):  # C and Python unpicklers
+        with pytest.raises(ModuleNotFoundError, match=r"checkpoint of sluice.*StorageReader"):
+            load(io.BytesIO(raw))
+
+
+def _damaged(mutate):
+    d = doc()
+    mutate(d)
+    return dm.encode(d)
+
+
+@pytest.mark.parametrize("case,mutate", [
+    ("file elsewhere", lambda d: d["items"][0].update(file="../../etc/passwd")),
+    ("negative offset", lambda d: d["items"][0].update(at=-1)),
+    ("length not the chunk's", lambda d: d["items"][0].update(length=23)),
+    ("chunk past the tensor", lambda d: d["tensors"]["w"]["chunks"][1].update(offsets=[3, 0])),
+    ("unknown dtype", lambda d: d["tensors"]["w"].update(dtype="object")),
+    ("a chunk no item stores", lambda d: d["items"].pop(1)),
+    ("an item of no chunk", lambda d: d["items"][0].update(offset=[1, 0])),
+    ("an item twice", lambda d: d["items"].append(dict(d["items"][0]))),
+    ("bytes of no name", lambda d: d["items"][2].update(fqn="nope")),
+    ("float offset", lambda d: d["items"][0].update(at=4096.0)),
+    ("planner data", lambda d: d.update(planner_data={"w": [{"a": 1}]})),
+    ("version", lambda d: d.update(version=9)),
+])
+def test_damaged_metadata_is_refused_naming_the_file(case, mutate):
+    with pytest.raises(dm.Damaged, match=r"/ck/\.metadata: damaged metadata"):
+        dm.decode(_damaged(mutate), "/ck/.metadata")
+
+
+def damaged(good, seed, n, start=0):
+    """n damaged copies of good (bytes flipped past start, cut, a stretch repeated), seeded."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        b = bytearray(good)
+        kind = rng.randrange(3)
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(start, len(b))] = rng.randrange(256)
+        elif kind == 1:
+            b = b[:rng.randrange(len(b))]
+        else:
+            i = rng.randrange(len(b))
+            b = b[:i] + b[i:i + rng.randint(1, 64)] * 2 + b[i:]
+        yield bytes(b)
+
+
+def test_fuzzed_metadata_is_loaded_or_refused():
+    """1000 damaged copies: each decodes or is refused with Damaged naming the file; nothing else escapes."""
+    for b in damaged(dm.encode(doc()), 37, 1000, len(dm.MAGIC)):
+        try:
+            dm.decode(b, "/ck/.metadata")
+        except dm.Damaged as e:
+            assert "/ck/.metadata" in str(e)
+
+
+def test_items_are_checked_against_their_files_header(tmp_path):
+    """Stored offsets and lengths that are not exactly a tensor of the file's header (damaged metadata, or a file
+    of another save) are refused, naming the file: never other bytes loaded as a tensor."""
+    p = str(tmp_path / "__0_0123456789ab.safetensors")
+    sluice.save({"w@0,0": np.zeros((2, 3), np.float32), "w@2,0": np.ones((2, 3), np.float32),
+                 "lr": np.frombuffer(b"hello", np.uint8)}, p)
+    header, start = read_header(p)
+    at = {k: start + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+    dm.check_item(p, header, start, at["w@2,0"], 24, "w@2,0", "F32", [2, 3])
+    dm.check_item(p, header, start, at["lr"], 5, "lr", "U8", [5])
+    dm.check_item(p, header, start, at["w@0,0"], 24)  # pickled metadata of older versions: no name
+    for bad in ((at["w@2,0"] + 4, 24, "w@2,0", "F32", [2, 3]),   # shifted
+                (at["w@2,0"], 20, "w@2,0", "F32", [2, 3]),       # cut
+                (at["w@0,0"], 24, "w@2,0", "F32", [2, 3]),       # another tensor's place
+                (at["w@2,0"], 24, "w@2,0", "I32", [2, 3]),       # another dtype
+                (at["w@2,0"], 24, "w@2,0", "F32", [3, 2]),       # another shape
+                (at["w@2,0"], 24, "nope", "F32", [2, 3]),        # no such tensor
+                (at["w@0,0"] + 8, 8, None, None, None)):         # inside a tensor
+        with pytest.raises(dm.Damaged, match="__0_0123456789ab.safetensors: holds no tensor"):
+            dm.check_item(p, header, start, *bad)
+
+
+def _stack_global(module, name, arg):
+    """A protocol-4 pickle calling module's name (STACK_GLOBAL: a dotted name resolves attribute by attribute)
+    with one string argument."""
+    def s(x):
+        b = x.encode()
+        return b"\x8c" + bytes([len(b)]) + b
+    return b"\x80\x04" + s(module) + s(name) + b"\x93" + s(arg) + b"\x85R."
+
+
+@pytest.mark.parametrize("module,name", [("torch.distributed.checkpoint.metadata", "os.system"),
+                                         ("sluice.dcp", "os.system"), ("torch", "os.system"),
+                                         ("os", "system"), ("builtins", "eval"), ("builtins", "getattr"),
+                                         ("torch", "load"), ("torch.serialization", "load")])
+def test_pickled_metadata_naming_anything_else_is_refused_before_it_runs(tmp_path, module, name):
+    """The pickle read only where the caller opts in: each (module, name) allowed exactly, so neither a dotted
+    name through an allowed module nor any other callable is built, and nothing runs."""
+    ran = tmp_path / "ran"
+    raw = _stack_global(module, name, f"touch {ran}")
+    with pytest.raises(pickle.UnpicklingError, match="not part of a checkpoint's metadata"):
+        dm.MetadataUnpickler(io.BytesIO(raw)).load()
+    assert not ran.exists()
+    with pytest.raises(pickle.UnpicklingError):  # the same by the GLOBAL opcode of older protocols
+        dm.MetadataUnpickler(io.BytesIO(b"c" + module.encode() + b"\n" + name.encode() + b"\n.")).load()
+    assert ("torch.distributed.checkpoint.metadata", "Metadata") in dm.MetadataUnpickler.ALLOWED
+    assert not [n for _, n in dm.MetadataUnpickler.ALLOWED if "." in n]
+
+
+def test_a_metadata_file_that_is_a_fifo_or_huge_is_refused(tmp_path):
+    from sluice._safetensors import read_small
+    os.mkfifo(tmp_path / ".metadata")
+    with pytest.raises(sluice.SluiceError, match="not a regular file"):
+        read_small(str(tmp_path / ".metadata"))
+    os.unlink(tmp_path / ".metadata")
+    with open(tmp_path / ".metadata", "wb") as h:
+        h.truncate(1 << 40)
+    with pytest.raises(sluice.SluiceError, match=r"\.metadata: is 1099511627776 bytes"):
+        read_small(str(tmp_path / ".metadata"))
