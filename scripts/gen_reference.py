@@ -104,7 +104,8 @@ def python_api(pkg):
         body = tree(mod).body
         defs = {d.name: d for d in body if isinstance(d, (ast.FunctionDef, ast.ClassDef))}
         aliases = {t.id: v.id for d in body if isinstance(d, ast.Assign) and isinstance(d.value, ast.Tuple)
-                   for t, v in zip(d.targets[0].elts, d.value.elts)}
+                   for t, v in zip(d.targets[0].elts, d.value.elts)
+                   if isinstance(t, ast.Name) and isinstance(v, ast.Name)}
         for name in mine:
             if name in aliases:
                 out.append(f"### `sluice.{name}`\n\nThe same function as `sluice.{aliases[name]}`.\n\n")
