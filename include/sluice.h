@@ -96,6 +96,15 @@ SLUICE_API const char *sluice_strerror(int code);
  */
 SLUICE_API const char *sluice_last_error_detail(void);
 
+/*
+ * Writes into out (cap bytes, always terminated) a path or URL as every
+ * message of sluice names it: a URL without its query and fragment (a
+ * presigned URL's query is a credential) and with the password of its
+ * userinfo hidden (https://user:***@host/...); a path as it is.  For
+ * callers' own messages, so they leak no more than sluice's do.
+ */
+SLUICE_API void sluice_url_redact(const char *url, char *out, size_t cap);
+
 /* ================================================================
  * Configuration
  * ================================================================ */

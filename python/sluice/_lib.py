@@ -34,6 +34,13 @@ class SluiceError(RuntimeError):
         return SluiceError, (self.code, self.detail)
 
 
+def shown(url):
+    """A path or URL as sluice's messages name it (sluice_url_redact): no query, no password."""
+    out = C.create_string_buffer(4096)
+    lib.sluice_url_redact(os.fsencode(url), out, len(out))
+    return out.value.decode(errors="replace")
+
+
 def check(rc):
     """Raises SluiceError for a negative return code; returns rc otherwise."""
     if rc < 0:
@@ -178,6 +185,7 @@ _protos = {
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_strerror": (C.c_char_p, [C.c_int]),
+    "sluice_url_redact": (None, [C.c_char_p, C.c_char_p, C.c_size_t]),
     "sluice_version": (C.c_char_p, []),
     "sluice_last_error_detail": (C.c_char_p, []),
     "sluice_config_new": (C.c_int, [C.POINTER(P)]),

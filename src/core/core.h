@@ -96,12 +96,6 @@ SL_HIDDEN int sl__mkdirs(char *path);
  */
 SL_HIDDEN int sl__open_file(const char *path, int oflags, mode_t mode);
 /*
- * How messages name a path or URL (into out, cap bytes): a URL without its
- * query and fragment (a presigned URL's query is a credential) and without
- * the password of its userinfo (user:***@host); a path as it is.
- */
-SL_HIDDEN void sl__url_name(const char *url, char *out, size_t cap);
-/*
  * par.c: work shared by threads.  struct sl__first_err keeps the first
  * error among them with the detail of the thread that met it (details are
  * thread-local); err may be read without the lock.  sl__first_err_raise

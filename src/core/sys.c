@@ -52,7 +52,7 @@ int sl__open_file(const char *path, int oflags, mode_t mode)
 }
 
 /* A password in the userinfo is hidden, though curl still sends it. */
-void sl__url_name(const char *url, char *out, size_t cap)
+void sluice_url_redact(const char *url, char *out, size_t cap)
 {
 	const size_t end = strcspn(url, "?#"), scheme = strstr(url, "://") ? (size_t)(strstr(url, "://") - url) + 3 : 0;
 	const size_t auth = scheme + strcspn(url + scheme, "/?#"); /* the authority: [userinfo@]host[:port] */

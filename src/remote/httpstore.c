@@ -75,7 +75,7 @@ static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const
 	(void)flags, (void)env;
 	if (!h)
 		return -ENOMEM;
-	sl__url_name(path, h->name, sizeof(h->name));
+	sluice_url_redact(path, h->name, sizeof(h->name));
 	if (strlen(path) >= sizeof(h->url))
 		rc = sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
 	else if (!c)

@@ -27,7 +27,7 @@ static int sl_refuse_write(const char *path, const struct sl__store *st)
 {
 	char name[512];
 
-	sl__url_name(path, name, sizeof(name));
+	sluice_url_redact(path, name, sizeof(name));
 	return sl__err(-EROFS, "%s: the %s store does not write (its files open read-only)", name, st->name);
 }
 
