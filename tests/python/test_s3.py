@@ -425,12 +425,12 @@ def test_sharded_checkpoint_on_s3(s3):
     part = sluice.load("s3://pytest/sharded/model.safetensors.index.json", device="numpy", keys=["l[02].w"],
                        shard=(0, 1, 4))
     assert set(part) == {"l0.w", "l2.w"} and all(np.array_equal(part[k], t[k][16:32]) for k in part)
-    with pytest.raises(sluice.SluiceError, match="no model.safetensors.index.json and no .safetensors"):
+    with pytest.raises(sluice.SluiceError, match="no .safetensors files and no index"):
         sluice.load("s3://pytest/nothing-here/", device="numpy")
     # Without an index: the prefix's .safetensors objects, listed.
     s3.delete_object(Bucket="pytest", Key="sharded/model.safetensors.index.json")
-    assert sluice.listdir("s3://pytest/sharded/") == [f"s3://pytest/sharded/model-0000{k}-of-00003.safetensors"
-                                                       for k in (1, 2, 3)]
+    names = sluice.listdir("s3://pytest/sharded/")
+    assert [n.rsplit("-", 1)[0] for n in names] == [f"s3://pytest/sharded/model-0000{k}-of-00003" for k in (1, 2, 3)]
     back = sluice.load("s3://pytest/sharded/", device="numpy")
     assert set(back) == set(t) and all(np.array_equal(back[k], t[k]) for k in t)
 
