@@ -166,8 +166,12 @@ def test_torchs_own_reader_says_it_is_a_sluice_checkpoint(tmp_path):
     dcp.save({"w": torch.ones(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
     with pytest.raises(BaseException, match=r"checkpoint of sluice.*StorageReader"):
         dcp.FileSystemReader(str(tmp_path / "ck")).read_metadata()
-    with pytest.raises(BaseException, match=r"checkpoint of sluice"):
-        dcp.load({"w": torch.zeros(3)}, storage_reader=dcp.FileSystemReader(str(tmp_path / "ck")))
+    # dcp.load runs the reader inside torch's own steps, which (torch 2.11) replace the reader's error with
+    # "metadata is None": it fails, and loads nothing, but the message is torch's.
+    w = torch.zeros(3)
+    with pytest.raises(BaseException):
+        dcp.load({"w": w}, storage_reader=dcp.FileSystemReader(str(tmp_path / "ck")))
+    assert torch.equal(w, torch.zeros(3))
 
 
 @pytest.mark.parametrize("field,delta", [("at", 4), ("at", -4), ("length", -4), ("name", None)])
