@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from ._lib import Range, SluiceError, check, lib
+from ._lib import Range, SluiceError, check, lib, shown
 from .buffers import _eng
 
 # Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
@@ -70,6 +70,21 @@ def pread(f, off, n):
 
 def bad(path, why):
     return SluiceError(-100011, f"{path}: {why}")
+
+
+def regular_target(path):
+    """Refuses (an error naming it) a target of a durable write that exists and is not a regular file: the
+    rename over it would replace a directory, a device, a FIFO or a socket by a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise SluiceError(-(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL),
+                          f"{shown(path)}: exists and is {kind}, which a save does not replace")
 
 
 SMALL_MAX = 256 << 20  # the most an index or a DCP checkpoint's metadata may hold

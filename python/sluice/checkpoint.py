@@ -21,7 +21,7 @@ import numpy as np
 
 from ._lib import Range, SluiceError, XferReport, check, lib
 from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, read_small,
-                           st_dtype)
+                           regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
 from .s3 import listdir, remove
 
@@ -101,6 +101,7 @@ def _reclaim(d, which):
 def _tmp_for(path):
     """(temporary file name, its open descriptor) of a durable write of path, made beside it (O_EXCL), the
     temporaries of killed writes of path removed first."""
+    regular_target(path)
     d, base = os.path.split(os.path.abspath(path))
     _reclaim(d, lambda b: b == base)
     while True:

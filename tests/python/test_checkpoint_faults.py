@@ -418,3 +418,41 @@ def test_into_follows_load_state_dicts_strict(tmp_path):
     # The tied pair with none of its names in the checkpoint: both missing.
     with pytest.raises(ValueError, match="'lm_head.weight'"):
         sluice.load(str(tmp_path / "ck.safetensors"), into={"lm_head.weight": shared, "tok": shared})
+
+
+def _special(path, kind):
+    """Makes at path a FIFO, a socket, a directory or a character device (as /dev/null's; skip where not root)."""
+    import socket
+    import stat
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        return s
+    elif kind == "dir":
+        os.mkdir(path)
+    else:
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "dir", "device"])
+def test_a_save_over_a_special_file_is_refused_naming_it(tmp_path, kind):
+    """save and the small durable writes (an index, DCP's metadata) rename a temporary over their target: over a
+    device, a FIFO, a socket or a directory that would replace it by a file, so it is refused, naming it."""
+    import stat
+    for write in (lambda p: sluice.save({"a": np.ones(4, np.float32)}, str(p)),
+                  lambda p: ck._write_whole(str(p), b"{}")):
+        p = tmp_path / f"target-{kind}"
+        keep = _special(p, kind)
+        mode = os.lstat(p).st_mode
+        with pytest.raises(sluice.SluiceError, match=f"{p}: exists and is "):
+            write(p)
+        assert os.lstat(p).st_mode == mode and not stat.S_ISREG(mode)
+        assert [n for n in os.listdir(tmp_path) if "sluice-tmp" in n] == []
+        if keep:
+            keep.close()
+        os.rmdir(p) if kind == "dir" else os.unlink(p)
