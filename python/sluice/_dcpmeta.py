@@ -13,7 +13,7 @@ import json
 import pickle
 import re
 
-from ._safetensors import BITS, DT
+from ._safetensors import BITS, DT, parse_json
 
 NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose metadata is JSON, not a pickle: "
           "load it with StorageReader from the dcp module of sluice")
@@ -51,8 +51,8 @@ def decode(raw, path):
     if not raw.startswith(MAGIC):
         raise fail("not the metadata sluice.dcp.StorageWriter writes")
     try:
-        doc = json.loads(raw[len(MAGIC):].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = parse_json(raw[len(MAGIC):])
+    except ValueError as e:
         raise fail(f"not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise fail(f"not {FORMAT} version {VERSION}")

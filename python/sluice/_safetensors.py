@@ -72,6 +72,15 @@ def bad(path, why):
     return SluiceError(-100011, f"{path}: {why}")
 
 
+def parse_json(raw):
+    """The JSON document of bytes from outside; a ValueError for anything else (not UTF-8, not JSON, nested
+    deeper than Python's parser goes), which callers turn into the error naming the file."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def regular_target(path):
     """Refuses (an error naming it) a target of a durable write that exists and is not a regular file: the
     rename over it would replace a directory, a device, a FIFO or a socket by a file."""
@@ -165,8 +174,8 @@ def read_header(path, f=None):
     if 8 + n > len(raw):
         raw += pread(f, len(raw), 8 + n - len(raw))
     try:
-        header = json.loads(raw[8:8 + n].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        header = parse_json(raw[8:8 + n])
+    except ValueError as e:
         raise bad(path, f"header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise bad(path, "header is not a JSON object")

@@ -20,8 +20,8 @@ from urllib.parse import unquote
 import numpy as np
 
 from ._lib import Range, SluiceError, XferReport, check, lib
-from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, read_small,
-                           regular_target, st_dtype)
+from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, parse_json, read_header,
+                           read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
 from .s3 import listdir, remove
 
@@ -260,8 +260,8 @@ def _plain(name):
 def _index(path, raw):
     """The weight_map {tensor: file} of an index's bytes, checked: every file a plain name beside it."""
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = parse_json(raw)
+    except ValueError as e:
         raise bad(path, f"not a safetensors index: not JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise bad(path, "not a safetensors index: no weight_map object")

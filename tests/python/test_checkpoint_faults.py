@@ -456,3 +456,23 @@ def test_a_save_over_a_special_file_is_refused_naming_it(tmp_path, kind):
         if keep:
             keep.close()
         os.rmdir(p) if kind == "dir" else os.unlink(p)
+
+
+def test_json_nested_too_deeply_is_the_error_naming_the_file(tmp_path):
+    """JSON nested deeper than Python's parser goes (a header, an index, DCP's metadata) is the usual error naming
+    the file, not a bare RecursionError; and a sharded save over such an index still replaces it."""
+    import struct
+    deep = b'{"a":' + b"[" * 200000 + b"]" * 200000 + b"}"
+    (tmp_path / "deep.safetensors").write_bytes(struct.pack("<Q", len(deep)) + deep)
+    with pytest.raises(sluice.SluiceError, match="deep.safetensors: header is not JSON"):
+        sluice.load(str(tmp_path / "deep.safetensors"), device="numpy")
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / ck.INDEX).write_bytes(b'{"weight_map": {"w": "x.safetensors"}, "metadata":' + deep[5:])
+    with pytest.raises(sluice.SluiceError, match="index.json: not a safetensors index: not JSON"):
+        sluice.load(str(d), device="numpy")
+    sluice.save(OLD, str(d), max_shard_size=1 << 20)
+    same(sluice.load(str(d), device="numpy"), OLD)
+    from sluice import _dcpmeta as dm
+    with pytest.raises(dm.Damaged, match="ck/.metadata: damaged metadata"):
+        dm.decode(dm.MAGIC + deep, "ck/.metadata")
