@@ -19,7 +19,7 @@ NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose me
           "load it with StorageReader from the dcp module of sluice")
 MAGIC = b"c" + NOTICE.encode() + b"\nStorageReader\n"
 FORMAT, VERSION = "sluice-dcp", 1
-DATA = re.compile(r"^__\d+_[0-9a-f]{12}\.safetensors$")  # a rank's file of one save
+DATA = re.compile(r"__\d+_[0-9a-f]{12}\.safetensors\Z")  # a rank's file of one save
 # torch's dtype names (those a safetensors dtype has) -> safetensors dtype
 ST_OF = {t: k for k, (_, t) in DT.items() if t is not None}
 LAYOUTS = ("strided",)

@@ -68,7 +68,7 @@ def _fsync_dir(d):
 
 # A durable write's temporary is ".BASE.sluice-tmp-HOST-PID-N" beside its target, as sluice.write's (src/xfer/
 # file.c): those of this host whose writer is gone (killed before its rename) are removed by the next save there.
-_TMP = re.compile(r"^\.(?P<base>.+)\.sluice-tmp-(?P<host>[^-]*)-(?P<pid>\d+)-\d+$")
+_TMP = re.compile(r"\.(?P<base>.+)\.sluice-tmp-(?P<host>[^-]*)-(?P<pid>\d+)-\d+\Z", re.S)
 _seq = itertools.count()
 
 
@@ -182,7 +182,7 @@ def _write_whole(path, data):
 
 # The shards of a sharded save: Hugging Face's model-0000K-of-0000N, and the save's own mark (12 hex digits, new
 # for every save), so a save never overwrites a shard of the checkpoint it replaces.
-_SHARD = re.compile(r"^model-\d{5,}-of-\d{5,}-[0-9a-f]{12}\.safetensors$")
+_SHARD = re.compile(r"model-\d{5,}-of-\d{5,}-[0-9a-f]{12}\.safetensors\Z")
 
 
 def _join(base, name):
@@ -299,9 +299,9 @@ def _from_index(path):
     return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()})
 
 
-_INDEX_NAME = re.compile(r"^.+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json$")
-_FILE_NAME = re.compile(r"^[^.]+\.(?P<v>[^.]+?)(?:-\d+-of-\d+)?\.safetensors$")
-_PART = re.compile(r"^(?P<pre>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<post>[^.]*)\.safetensors$")
+_INDEX_NAME = re.compile(r".+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json\Z", re.S)
+_FILE_NAME = re.compile(r"[^.]+\.(?P<v>[^.]+?)(?:-\d+-of-\d+)?\.safetensors\Z")
+_PART = re.compile(r"(?P<pre>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<post>[^.]*)\.safetensors\Z", re.S)
 
 
 def _variant(name):

@@ -476,3 +476,20 @@ def test_json_nested_too_deeply_is_the_error_naming_the_file(tmp_path):
     from sluice import _dcpmeta as dm
     with pytest.raises(dm.Damaged, match="ck/.metadata: damaged metadata"):
         dm.decode(dm.MAGIC + deep, "ck/.metadata")
+
+
+def test_names_ending_in_a_newline_are_not_a_saves_files(tmp_path):
+    """A name is a save's shard, temporary or DCP data file only as a whole ('$' also matches before a trailing
+    newline): a user's file named so plus a newline survives the next save, and metadata naming one is damaged."""
+    from sluice import _dcpmeta as dm
+    shard = "model-00001-of-00001-0123456789ab.safetensors\n"
+    tmp = f".{ck.INDEX}.sluice-tmp-{ck._host()}-999999999-0\n"
+    for n in (shard, tmp):
+        (tmp_path / n).write_bytes(b"a user's file")
+    sluice.save(OLD, str(tmp_path), max_shard_size=1 << 20)
+    assert (tmp_path / shard).read_bytes() == (tmp_path / tmp).read_bytes() == b"a user's file"
+    d = {"tensors": {}, "bytes": ["b"], "items": [{"fqn": "b", "offset": None, "index": 0,
+                                                   "file": "__0_0123456789ab.safetensors\n", "name": "b", "at": 0,
+                                                   "length": 1}], "planner_data": None, "storage_meta": None}
+    with pytest.raises(dm.Damaged, match="damaged metadata"):
+        dm.decode(dm.encode(d), "ck/.metadata")
