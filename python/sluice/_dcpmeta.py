@@ -13,7 +13,7 @@ import json
 import pickle
 import re
 
-from ._safetensors import BITS, DT, parse_json
+from ._safetensors import DT, SIZE, parse_json
 
 NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose metadata is JSON, not a pickle: "
           "load it with StorageReader from the dcp module of sluice")
@@ -92,7 +92,7 @@ def decode(raw, path):
         if key not in chunks:
             raise fail(f"item '{it['fqn']}' at {it.get('offset')}: no such chunk of a tensor")
         dtype, sizes = chunks[key]
-        n = BITS[ST_OF[dtype]] // 8
+        n = SIZE[ST_OF[dtype]]  # bytes of one of torch's elements (float4_e2m1fn_x2: two values, one byte)
         for s in sizes:
             n *= s
         if it["length"] != n:
