@@ -61,6 +61,7 @@ def decode(raw, path):
         raise fail("tensors, bytes or items missing")
     if not all(isinstance(b, str) for b in blobs) or set(blobs) & set(tensors):
         raise fail("bytes is not a list of names apart from the tensors'")
+    blobs = set(blobs)  # looked up once an item: a list made the check quadratic
     chunks = {}
     for fqn, t in tensors.items():
         if not isinstance(t, dict) or t.get("dtype") not in ST_OF or not _ints(t.get("size")) or \
