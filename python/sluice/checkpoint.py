@@ -229,9 +229,25 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
         _reclaim(directory, lambda b: b == INDEX or _SHARD.match(b) is not None)
 
 
+def _check_names(tensors, metadata):
+    """save's names, as the format holds them: tensor names, metadata keys and values all str (nothing turned
+    into one silently), no tensor named __metadata__ (the header's metadata)."""
+    for name in tensors:
+        if not isinstance(name, str):
+            raise TypeError(f"sluice.save: tensor name {name!r} is not a str")
+        if name == "__metadata__":
+            raise ValueError("sluice.save: a tensor named '__metadata__', the name of the file's metadata")
+    for k, v in metadata.items():
+        if not isinstance(k, str):
+            raise TypeError(f"sluice.save: metadata key {k!r} is not a str")
+        if not isinstance(v, str):
+            raise TypeError(f"sluice.save: metadata {k!r}: {v!r} is not a str (safetensors metadata holds strings)")
+
+
 def save(tensors, path, metadata=None, max_shard_size=None):
     """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) in the safetensors layout, with
     {"format": "pt"} in the file's __metadata__ as transformers writes it (unless metadata gives a format).
+    Names and metadata (keys and values) are str, as the format holds them; no tensor is named __metadata__.
     Without max_shard_size, to the file path, durably and atomically: a temporary file beside it, the data
     straight from each tensor's memory, fdatasync, rename, directory fsync; a crash leaves the previous file or
     the whole new one (and the next save there removes the temporary of a killed one).  With max_shard_size
@@ -241,6 +257,7 @@ def save(tensors, path, metadata=None, max_shard_size=None):
     checkpoint it replaced are removed.  The index's rename is the one step that replaces the old checkpoint by
     the new, so a crash leaves the old checkpoint or the new one, whole.  An s3:// path is written as objects
     (each one multipart upload that appears whole or not at all)."""
+    _check_names(tensors, metadata or {})
     metadata = {"format": "pt", **(metadata or {})}
     if max_shard_size is None:
         _save_file(tensors, path, metadata)

@@ -493,3 +493,19 @@ def test_names_ending_in_a_newline_are_not_a_saves_files(tmp_path):
                                                    "length": 1}], "planner_data": None, "storage_meta": None}
     with pytest.raises(dm.Damaged, match="damaged metadata"):
         dm.decode(dm.encode(d), "ck/.metadata")
+
+
+@pytest.mark.parametrize("tensors, metadata, error, match", [
+    ({"__metadata__": np.ones(2, np.float32), "x": np.ones(2, np.float32)}, None, ValueError, "'__metadata__'"),
+    ({1: np.ones(2, np.float32)}, None, TypeError, "tensor name 1 "),
+    ({"x": np.ones(2, np.float32)}, {"format": None}, TypeError, "metadata 'format': None "),
+    ({"x": np.ones(2, np.float32)}, {3: "a"}, TypeError, "metadata key 3 "),
+    ({"x": np.ones(2, np.float32)}, {"a": [1]}, TypeError, r"metadata 'a': \[1\] "),
+])
+def test_save_refuses_names_and_metadata_the_format_cannot_hold(tmp_path, tensors, metadata, error, match):
+    """A tensor named __metadata__ would be the file's metadata (a corrupt file); a name or a metadata key or
+    value that is not a str was silently turned into one: each is refused, naming it, and nothing written."""
+    for shard in (None, 1 << 20):
+        with pytest.raises(error, match=match):
+            sluice.save(tensors, str(tmp_path / "ck"), metadata=metadata, max_shard_size=shard)
+        assert not (tmp_path / "ck").exists() or os.listdir(tmp_path / "ck") == []
