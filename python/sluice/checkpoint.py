@@ -183,6 +183,9 @@ def _write_whole(path, data):
 # The shards of a sharded save: Hugging Face's model-0000K-of-0000N, and the save's own mark (12 hex digits, new
 # for every save), so a save never overwrites a shard of the checkpoint it replaces.
 _SHARD = re.compile(r"model-\d{5,}-of-\d{5,}-[0-9a-f]{12}\.safetensors\Z")
+# A checkpoint of the same (default) variant the index replaces, as transformers' save_pretrained removes them
+# after a save: model.safetensors, and shards of Hugging Face's names.
+_STALE = re.compile(r"model(?:-\d{5}-of-\d{5})?\.safetensors\Z")
 
 
 def _join(base, name):
@@ -192,8 +195,8 @@ def _join(base, name):
 def _save_sharded(tensors, directory, metadata, max_shard_size):
     """Shards of at most max_shard_size data bytes (a larger tensor alone in its own), under names new for this
     save, then the index (the one rename that replaces the old checkpoint by the new), then the files of the old
-    checkpoint (those its index named), of killed saves (shards of our names no index names, temporaries of
-    writers that are gone) removed."""
+    checkpoint (those its index named, and a model.safetensors of the same variant), of killed saves (shards of
+    our names no index names, temporaries of writers that are gone) removed."""
     shards, cur, cur_bytes = [], {}, 0
     for name in sorted(tensors):
         n = nbytes(tensors[name], st_dtype(tensors[name]))
@@ -223,7 +226,8 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
     keep = set(weight_map.values())
     for f in listdir(directory):
         base = f.rsplit("/", 1)[-1]
-        if base not in keep and (_SHARD.match(base) or (base in old and base.endswith(".safetensors"))):
+        if base not in keep and (_SHARD.match(base) or _STALE.match(base) or
+                                 (base in old and base.endswith(".safetensors"))):
             remove(f)
     if not is_url(directory):
         _reclaim(directory, lambda b: b == INDEX or _SHARD.match(b) is not None)
@@ -255,7 +259,8 @@ def save(tensors, path, metadata=None, max_shard_size=None):
     every save) of at most that many data bytes each (a larger tensor alone in one), then
     model.safetensors.index.json naming them, the layout Hugging Face tools read; then the files of the
     checkpoint it replaced are removed.  The index's rename is the one step that replaces the old checkpoint by
-    the new, so a crash leaves the old checkpoint or the new one, whole.  An s3:// path is written as objects
+    the new, so a crash leaves the old checkpoint or the new one, whole (a directory of new shards beside an old
+    model.safetensors and no index is refused by load; a finished save removes that model.safetensors).  An s3:// path is written as objects
     (each one multipart upload that appears whole or not at all)."""
     _check_names(tensors, metadata or {})
     metadata = {"format": "pt", **(metadata or {})}
@@ -364,7 +369,12 @@ def _from_listing(where, names, variant):
         m = _PART.match(n)
         if m:
             parts.setdefault((m["pre"], int(m["n"]), m["post"]), set()).add(int(m["k"]))
+    others = [n for n in files if not _PART.match(n)]
     for (pre, total, post), ks in parts.items():
+        if others:  # a save of shards killed before its index, over a single-file checkpoint: old and new
+            raise bad(where, f"holds no index, shards {pre}-K-of-{total}{post} and {', '.join(others[:3])}: an "
+                             f"unfinished save over another checkpoint, not a checkpoint (name its files to load "
+                             f"them anyway)")
         if ks != set(range(1, total + 1)) or len(parts) > 1:
             raise bad(where, f"holds no index and shards {pre}-K-of-{total}{post} of {len(ks)} of {total} files"
                              f"{' beside shards of other saves' if len(parts) > 1 else ''}: an unfinished save, not "

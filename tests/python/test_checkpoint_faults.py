@@ -509,3 +509,26 @@ def test_save_refuses_names_and_metadata_the_format_cannot_hold(tmp_path, tensor
         with pytest.raises(error, match=match):
             sluice.save(tensors, str(tmp_path / "ck"), metadata=metadata, max_shard_size=shard)
         assert not (tmp_path / "ck").exists() or os.listdir(tmp_path / "ck") == []
+
+
+def test_a_sharded_save_over_a_single_file_is_old_or_new(tmp_path, monkeypatch):
+    """A sharded save that dies before its index, in a directory holding a single-file model.safetensors, left
+    the old file and a whole set of new shards without an index: loaded together, a mix.  Such a directory is
+    refused; and a finished sharded save removes the old model.safetensors (as transformers' save_pretrained
+    removes stale weight files), so no tool reads the old weights beside the new."""
+    sluice.save(OLD, str(tmp_path / "model.safetensors"))
+
+    def killed(*a):
+        raise KeyboardInterrupt("killed before the index")
+    with monkeypatch.context() as m:
+        m.setattr(ck, "_write_whole", killed)
+        with pytest.raises(KeyboardInterrupt):
+            sluice.save({"c": np.ones(300, np.float32), "d": np.ones(300, np.float32)}, str(tmp_path),
+                        max_shard_size=1000)
+    with pytest.raises(sluice.SluiceError, match="model.safetensors.*unfinished save"):
+        sluice.load(str(tmp_path), device="numpy")
+    sluice.save(NEW, str(tmp_path), max_shard_size=1000)
+    assert not (tmp_path / "model.safetensors").exists()
+    same(sluice.load(str(tmp_path), device="numpy"), NEW)
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".safetensors")) == sorted(
+        set(json.loads((tmp_path / ck.INDEX).read_text())["weight_map"].values()))
