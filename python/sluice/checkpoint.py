@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from ._lib import Range, SluiceError, XferReport, check, lib
+from ._lib import Range, SluiceError, XferReport, check, lib, shown
 from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, parse_json, read_header,
                            read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
@@ -307,18 +307,26 @@ def _url_exists(path):
 
 
 class _Source:
-    """The files of a checkpoint, in order; with an index, its path and its weight_map {tensor: file index}."""
+    """The files of a checkpoint, in order; with an index, its path, its weight_map {tensor: file index} and its
+    bytes (to tell whether it changed)."""
 
-    def __init__(self, files, index=None, wm=None):
-        self.files, self.index, self.wm = files, index, wm
+    def __init__(self, files, index=None, wm=None, raw=None):
+        self.files, self.index, self.wm, self.raw = files, index, wm, raw
+
+    def index_changed(self):
+        try:
+            return read_small(self.index) != self.raw
+        except SluiceError:
+            return True
 
 
 def _from_index(path):
-    wm = _index(path, read_small(path))
+    raw = read_small(path)
+    wm = _index(path, raw)
     names = sorted(set(wm.values()))
     at = {n: i for i, n in enumerate(names)}
     base = path.rsplit("/", 1)[0] if "/" in path else "."
-    return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()})
+    return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()}, raw)
 
 
 _INDEX_NAME = re.compile(r".+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json\Z", re.S)
@@ -816,8 +824,11 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             return _load(src, source, device, devices, keys, into, shard, report, process_group, strict)
         except SluiceError as e:
             # Changed while read: an object's ETag (-ESTALE), a file cut short, or a shard an index named gone
-            # (a save replaced the checkpoint).  Loaded again from the start, its index included.
-            changed = e.code in (-errno.ESTALE, -100007) or (e.code == -errno.ENOENT and src.index is not None)
+            # and the index changed (a save replaced the checkpoint).  Loaded again from the start, index included.
+            gone = e.code == -errno.ENOENT and src.index is not None
+            if gone and not src.index_changed():
+                raise SluiceError(e.code, f"{shown(src.index)}: names a file that is not there: {e.detail}") from None
+            changed = e.code in (-errno.ESTALE, -100007) or gone
             if not changed or process_group is not None:
                 raise
             if attempt == _ATTEMPTS:

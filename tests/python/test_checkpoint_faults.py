@@ -2,6 +2,7 @@
 the data of one load (local, S3, http), kill -9 during a sharded save, indexes that promise what the shards do
 not hold or name files elsewhere, small files whose server claims a terabyte, temporaries of killed saves, and
 the errors and conventions a user trips on (torch.save files, variants, tied weights, strict).  No torch."""
+import errno
 import json
 import os
 import random
@@ -532,3 +533,18 @@ def test_a_sharded_save_over_a_single_file_is_old_or_new(tmp_path, monkeypatch):
     same(sluice.load(str(tmp_path), device="numpy"), NEW)
     assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".safetensors")) == sorted(
         set(json.loads((tmp_path / ck.INDEX).read_text())["weight_map"].values()))
+
+
+def test_an_index_naming_a_missing_file_says_so_once(tmp_path, monkeypatch):
+    """An index naming a shard that is not there (a typo, a partial download) is that error, naming the index and
+    the file, after one load: a load starts again only where the index itself changed (a save replaced it)."""
+    sluice.save({"w": np.ones(4, np.float32)}, str(tmp_path / "a.safetensors"))
+    (tmp_path / ck.INDEX).write_text(json.dumps({"weight_map": {"w": "a.safetensors",
+                                                                "v": "model-00002-of-00002.safetensors"}}))
+    loads, real = [], ck._load
+    monkeypatch.setattr(ck, "_load", lambda *a: loads.append(1) or real(*a))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.load(str(tmp_path), device="numpy")
+    assert e.value.code == -errno.ENOENT and len(loads) == 1
+    assert f"{tmp_path / ck.INDEX}: names a file that is not there" in str(e.value)
+    assert "model-00002-of-00002.safetensors" in str(e.value) and "changed" not in str(e.value)
