@@ -13,6 +13,7 @@ import json
 import pickle
 import re
 
+from ._lib import shown
 from ._safetensors import DT, SIZE, parse_json
 
 NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose metadata is JSON, not a pickle: "
@@ -47,7 +48,7 @@ def decode(raw, path):
      "items": [{"fqn", "offset" (a chunk's offsets, or null for bytes), "index", "file", "name", "at", "length"}],
      "planner_data": {fqn: [key, ...]} or null, "storage_meta": {"checkpoint_id", "save_id"} or null}"""
     def fail(why):
-        return Damaged(f"sluice.dcp: {path}: damaged metadata ({why})")
+        return Damaged(f"sluice.dcp: {shown(path)}: damaged metadata ({why})")
     if not raw.startswith(MAGIC):
         raise fail("not the metadata sluice.dcp.StorageWriter writes")
     try:
@@ -127,7 +128,7 @@ def check_item(path, header, start, at, length, name=None, dtype=None, shape=Non
                 (shape is None or list(v["shape"]) == list(shape)):
             return
     want = f"'{name}' " if name is not None else ""
-    raise Damaged(f"sluice.dcp: {path}: holds no tensor {want}of {length} bytes at {at}"
+    raise Damaged(f"sluice.dcp: {shown(path)}: holds no tensor {want}of {length} bytes at {at}"
                   f"{f' ({dtype} of {list(shape)})' if dtype is not None else ''}, where the checkpoint's metadata "
                   f"puts one: damaged metadata, or a file of another checkpoint")
 

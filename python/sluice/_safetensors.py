@@ -69,7 +69,8 @@ def pread(f, off, n):
 
 
 def bad(path, why):
-    return SluiceError(-100011, f"{path}: {why}")
+    """The error of a malformed file or object, named as sluice's messages name it (no query, no password)."""
+    return SluiceError(-100011, f"{shown(path)}: {why}")
 
 
 def parse_json(raw):
@@ -115,7 +116,7 @@ def read_small(path):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise SluiceError(-(e.errno or errno.EIO), f"{path}: {e.strerror}") from None
+        raise SluiceError(-(e.errno or errno.EIO), f"{shown(path)}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

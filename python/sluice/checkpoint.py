@@ -362,7 +362,7 @@ def _from_listing(where, names, variant):
                          f"file or index path, or pass variant='{other}'")
     v = variant if variant is not None else next(iter(kinds), None)
     if v not in kinds:
-        raise SluiceError(-errno.ENOENT, f"{where}: " + (f"no variant '{variant}' (model.{variant}.safetensors or "
+        raise SluiceError(-errno.ENOENT, f"{shown(where)}: " + (f"no variant '{variant}' (model.{variant}.safetensors or "
                                                          f"model.safetensors.index.{variant}.json)"
                                                          if variant else "no .safetensors files and no index"))
     indexes = [n for is_index, n in kinds[v] if is_index]
@@ -408,7 +408,7 @@ def _sources(source, variant=None):
         for name in (f"model.safetensors.index{v}.json", f"model{v}.safetensors"):
             if _url_exists(source + name):
                 return _from_index(source + name) if name.endswith(".json") else _Source([source + name])
-        raise SluiceError(-errno.ENOENT, f"{source}: no model.safetensors.index{v}.json and no model{v}.safetensors")
+        raise SluiceError(-errno.ENOENT, f"{shown(source)}: no model.safetensors.index{v}.json and no model{v}.safetensors")
     if is_url(source):
         names = [f.rsplit("/", 1)[-1] for f in listdir(source)]
     elif os.path.isdir(source):
@@ -437,14 +437,19 @@ def _tensors(src, handles):
             if name == "__metadata__" or (src.wm is not None and src.wm.get(name) != i):
                 continue
             if name in table:
-                raise bad(files[i], f"tensor '{name}' is also in {files[table[name][0]]}")
+                raise bad(files[i], f"tensor '{name}' is also in {shown(files[table[name][0]])}")
             table[name] = (i, v, start)
     if src.wm is not None and len(table) < len(src.wm):
         missing = [n for n in src.wm if n not in table]
         raise bad(src.index, f"names {len(missing)} tensors its files do not hold: " + ", ".join(
-            f"'{n}' ({files[src.wm[n]]})" for n in missing[:5]) + (f" and {len(missing) - 5} more"
+            f"'{n}' ({shown(files[src.wm[n]])})" for n in missing[:5]) + (f" and {len(missing) - 5} more"
                                                                     if len(missing) > 5 else ""))
     return table
+
+
+def _named(source):
+    """load's source (a path, a URL or a list of them) as messages name it (no query, no password)."""
+    return ", ".join(map(shown, source)) if isinstance(source, (list, tuple)) else shown(source)
 
 
 def _listed(names, n=5):
@@ -459,7 +464,7 @@ def _select(table, keys, source):
         keys = [keys]
     missing = [k for k in keys if not any(c in k for c in "*?[") and k not in table]
     if missing:
-        raise KeyError(f"sluice.load: {source} has no tensor {_listed(missing)}")
+        raise KeyError(f"sluice.load: {_named(source)} has no tensor {_listed(missing)}")
     pats = [k for k in keys if any(c in k for c in "*?[")]
     want = set(k for k in keys if k in table)
     return [n for n in table if n in want or any(fnmatch.fnmatchcase(n, p) for p in pats)]
@@ -502,7 +507,7 @@ def _select_into(table, keys, into, strict, source):
             missing += group
     unexpected = [n for n in table if n not in into] if keys is None else []
     if strict and (missing or unexpected):
-        raise ValueError(f"sluice.load: into= does not match {source}: " + "; ".join(
+        raise ValueError(f"sluice.load: into= does not match {_named(source)}: " + "; ".join(
             w for w in ((f"missing keys (in into=, not in the checkpoint): {_listed(missing, 20)}" if missing else ""),
                         (f"unexpected keys (in the checkpoint, not in into=): {_listed(unexpected, 20)}"
                          if unexpected else "")) if w) + " (strict=False loads the tensors both hold)")
@@ -832,7 +837,7 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             if not changed or process_group is not None:
                 raise
             if attempt == _ATTEMPTS:
-                raise SluiceError(e.code, f"{source}: changed during each of {_ATTEMPTS} loads, the last: "
+                raise SluiceError(e.code, f"{_named(source)}: changed during each of {_ATTEMPTS} loads, the last: "
                                           f"{e.detail}") from None
 
 
