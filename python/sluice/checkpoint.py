@@ -9,11 +9,13 @@ import errno
 import fnmatch
 import itertools
 import json
+import numbers
 import os
 import re
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from contextlib import contextmanager
 from urllib.parse import unquote
 
@@ -515,6 +517,22 @@ def _select_into(table, keys, into, strict, source):
     return sorted(read, key=order.get), [n for n in names if n in set(filled) and n in chosen], missing, unexpected
 
 
+def _is_shard(spec):
+    return isinstance(spec, (tuple, list)) and len(spec) == 3 and all(
+        isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) for x in spec)
+
+
+def _check_args(keys, into, shard):
+    """load's arguments of the wrong type, named (rather than numpy's or ctypes' error, or a bool as a dim)."""
+    for k in ([keys] if isinstance(keys, str) else keys or ()):
+        if not isinstance(k, str):
+            raise TypeError(f"sluice.load: keys= holds {k!r}, not a str (a tensor name or glob)")
+    if into is not None and not isinstance(into, Mapping):
+        raise TypeError(f"sluice.load: into= is a {type(into).__name__}, not a dict of name -> tensor")
+    if shard is not None and not callable(shard) and not _is_shard(shard):
+        raise TypeError(f"sluice.load: shard={shard!r} is not (dim, rank, world) integers, a callable or None")
+
+
 def _slice_of(shard, name, shape):
     """(dim, lo, hi) of one rank's part of a tensor, or None for the whole: shard is (dim, rank, world) for every
     tensor with that dim, or a callable(name, shape) giving that or None.  Parts are as torch.chunk cuts them:
@@ -522,7 +540,9 @@ def _slice_of(shard, name, shape):
     spec = shard(name, tuple(shape)) if callable(shard) else shard
     if spec is None:
         return None
-    dim, rank, world = spec
+    if not _is_shard(spec):
+        raise TypeError(f"sluice.load: shard= gives {spec!r} for tensor '{name}', not (dim, rank, world) integers")
+    dim, rank, world = (int(x) for x in spec)
     if dim < 0:
         dim += len(shape)
     if not 0 <= dim < len(shape):
@@ -576,7 +596,8 @@ def _alloc(total, device):
             import torch
         except ImportError:
             if device != "cpu":
-                raise
+                raise ValueError(f"sluice.load: device={device!r} needs torch (without it: 'cpu' or 'numpy')") \
+                    from None
         else:
             buf = torch.empty(max(1, total), dtype=torch.uint8, device=device)
             _ready([buf])  # memory the caching allocator hands out again may still be in use by queued kernels
@@ -818,6 +839,7 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
     the I/Os spanned, gaps read through included), ios, seconds, path; with process_group, this rank's read and
     bytes_exchanged (received from the others)."""
+    _check_args(keys, into, shard)
     devices = list(device) if isinstance(device, (list, tuple)) else None
     if devices is not None and (not devices or into is not None):
         raise ValueError("sluice.load: a list of devices needs at least one, and no into= (load into each instead)")

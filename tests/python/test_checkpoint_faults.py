@@ -548,3 +548,30 @@ def test_an_index_naming_a_missing_file_says_so_once(tmp_path, monkeypatch):
     assert e.value.code == -errno.ENOENT and len(loads) == 1
     assert f"{tmp_path / ck.INDEX}: names a file that is not there" in str(e.value)
     assert "model-00002-of-00002.safetensors" in str(e.value) and "changed" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    ({"shard": (0, 1.5, 2)}, TypeError, r"shard=\(0, 1.5, 2\)"),
+    ({"shard": (True, 0, 2)}, TypeError, r"shard=\(True, 0, 2\)"),
+    ({"shard": (0, 0)}, TypeError, r"shard=\(0, 0\)"),
+    ({"shard": lambda name, shape: (0, "1", 2)}, TypeError, "shard= gives"),
+    ({"keys": [None]}, TypeError, "keys= holds None"),
+    ({"keys": [b"x"]}, TypeError, "keys= holds b'x'"),
+    ({"into": [np.zeros(4, np.float32)]}, TypeError, "into= is a list"),
+])
+def test_loads_arguments_of_the_wrong_type_are_named(tmp_path, kw, error, match):
+    """An argument of the wrong type is an error naming it, not numpy's or ctypes' (or a bool taken as a dim)."""
+    sluice.save({"x": np.ones((4, 4), np.float32)}, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(error, match=match):
+        sluice.load(str(tmp_path / "ck.safetensors"), device="numpy" if "into" not in kw else "cpu", **kw)
+
+
+def test_a_device_that_needs_torch_says_so(tmp_path):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is here: it judges the device itself")
+    except ImportError:
+        pass
+    sluice.save({"x": np.ones(4, np.float32)}, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(ValueError, match="device='tpu' needs torch"):
+        sluice.load(str(tmp_path / "ck.safetensors"), device="tpu")
