@@ -13,13 +13,14 @@ import json
 import pickle
 import re
 
-from ._safetensors import BITS, DT
+from ._lib import shown
+from ._safetensors import DT, SIZE, parse_json
 
 NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose metadata is JSON, not a pickle: "
           "load it with StorageReader from the dcp module of sluice")
 MAGIC = b"c" + NOTICE.encode() + b"\nStorageReader\n"
 FORMAT, VERSION = "sluice-dcp", 1
-DATA = re.compile(r"^__\d+_[0-9a-f]{12}\.safetensors$")  # a rank's file of one save
+DATA = re.compile(r"__\d+_[0-9a-f]{12}\.safetensors\Z")  # a rank's file of one save
 # torch's dtype names (those a safetensors dtype has) -> safetensors dtype
 ST_OF = {t: k for k, (_, t) in DT.items() if t is not None}
 LAYOUTS = ("strided",)
@@ -47,12 +48,12 @@ def decode(raw, path):
      "items": [{"fqn", "offset" (a chunk's offsets, or null for bytes), "index", "file", "name", "at", "length"}],
      "planner_data": {fqn: [key, ...]} or null, "storage_meta": {"checkpoint_id", "save_id"} or null}"""
     def fail(why):
-        return Damaged(f"sluice.dcp: {path}: damaged metadata ({why})")
+        return Damaged(f"sluice.dcp: {shown(path)}: damaged metadata ({why})")
     if not raw.startswith(MAGIC):
         raise fail("not the metadata sluice.dcp.StorageWriter writes")
     try:
-        doc = json.loads(raw[len(MAGIC):].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = parse_json(raw[len(MAGIC):])
+    except ValueError as e:
         raise fail(f"not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise fail(f"not {FORMAT} version {VERSION}")
@@ -61,6 +62,7 @@ def decode(raw, path):
         raise fail("tensors, bytes or items missing")
     if not all(isinstance(b, str) for b in blobs) or set(blobs) & set(tensors):
         raise fail("bytes is not a list of names apart from the tensors'")
+    blobs = set(blobs)  # looked up once an item: a list made the check quadratic
     chunks = {}
     for fqn, t in tensors.items():
         if not isinstance(t, dict) or t.get("dtype") not in ST_OF or not _ints(t.get("size")) or \
@@ -92,7 +94,7 @@ def decode(raw, path):
         if key not in chunks:
             raise fail(f"item '{it['fqn']}' at {it.get('offset')}: no such chunk of a tensor")
         dtype, sizes = chunks[key]
-        n = BITS[ST_OF[dtype]] // 8
+        n = SIZE[ST_OF[dtype]]  # bytes of one of torch's elements (float4_e2m1fn_x2: two values, one byte)
         for s in sizes:
             n *= s
         if it["length"] != n:
@@ -126,7 +128,7 @@ def check_item(path, header, start, at, length, name=None, dtype=None, shape=Non
                 (shape is None or list(v["shape"]) == list(shape)):
             return
     want = f"'{name}' " if name is not None else ""
-    raise Damaged(f"sluice.dcp: {path}: holds no tensor {want}of {length} bytes at {at}"
+    raise Damaged(f"sluice.dcp: {shown(path)}: holds no tensor {want}of {length} bytes at {at}"
                   f"{f' ({dtype} of {list(shape)})' if dtype is not None else ''}, where the checkpoint's metadata "
                   f"puts one: damaged metadata, or a file of another checkpoint")
 

@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from ._lib import Range, SluiceError, check, lib
+from ._lib import Range, SluiceError, check, lib, shown
 from .buffers import _eng
 
 # Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
@@ -69,7 +69,32 @@ def pread(f, off, n):
 
 
 def bad(path, why):
-    return SluiceError(-100011, f"{path}: {why}")
+    """The error of a malformed file or object, named as sluice's messages name it (no query, no password)."""
+    return SluiceError(-100011, f"{shown(path)}: {why}")
+
+
+def parse_json(raw):
+    """The JSON document of bytes from outside; a ValueError for anything else (not UTF-8, not JSON, nested
+    deeper than Python's parser goes), which callers turn into the error naming the file."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def regular_target(path):
+    """Refuses (an error naming it) a target of a durable write that exists and is not a regular file: the
+    rename over it would replace a directory, a device, a FIFO or a socket by a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise SluiceError(-(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL),
+                          f"{shown(path)}: exists and is {kind}, which a save does not replace")
 
 
 SMALL_MAX = 256 << 20  # the most an index or a DCP checkpoint's metadata may hold
@@ -91,7 +116,7 @@ def read_small(path):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise SluiceError(-(e.errno or errno.EIO), f"{path}: {e.strerror}") from None
+        raise SluiceError(-(e.errno or errno.EIO), f"{shown(path)}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -150,8 +175,8 @@ def read_header(path, f=None):
     if 8 + n > len(raw):
         raw += pread(f, len(raw), 8 + n - len(raw))
     try:
-        header = json.loads(raw[8:8 + n].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        header = parse_json(raw[8:8 + n])
+    except ValueError as e:
         raise bad(path, f"header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise bad(path, "header is not a JSON object")

@@ -9,19 +9,21 @@ import errno
 import fnmatch
 import itertools
 import json
+import numbers
 import os
 import re
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from contextlib import contextmanager
 from urllib.parse import unquote
 
 import numpy as np
 
-from ._lib import Range, SluiceError, XferReport, check, lib
-from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, read_header, read_small,
-                           st_dtype)
+from ._lib import Range, SluiceError, XferReport, check, lib, shown
+from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, parse_json, read_header,
+                           read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
 from .s3 import listdir, remove
 
@@ -68,7 +70,7 @@ def _fsync_dir(d):
 
 # A durable write's temporary is ".BASE.sluice-tmp-HOST-PID-N" beside its target, as sluice.write's (src/xfer/
 # file.c): those of this host whose writer is gone (killed before its rename) are removed by the next save there.
-_TMP = re.compile(r"^\.(?P<base>.+)\.sluice-tmp-(?P<host>[^-]*)-(?P<pid>\d+)-\d+$")
+_TMP = re.compile(r"\.(?P<base>.+)\.sluice-tmp-(?P<host>[^-]*)-(?P<pid>\d+)-\d+\Z", re.S)
 _seq = itertools.count()
 
 
@@ -101,6 +103,7 @@ def _reclaim(d, which):
 def _tmp_for(path):
     """(temporary file name, its open descriptor) of a durable write of path, made beside it (O_EXCL), the
     temporaries of killed writes of path removed first."""
+    regular_target(path)
     d, base = os.path.split(os.path.abspath(path))
     _reclaim(d, lambda b: b == base)
     while True:
@@ -181,7 +184,10 @@ def _write_whole(path, data):
 
 # The shards of a sharded save: Hugging Face's model-0000K-of-0000N, and the save's own mark (12 hex digits, new
 # for every save), so a save never overwrites a shard of the checkpoint it replaces.
-_SHARD = re.compile(r"^model-\d{5,}-of-\d{5,}-[0-9a-f]{12}\.safetensors$")
+_SHARD = re.compile(r"model-\d{5,}-of-\d{5,}-[0-9a-f]{12}\.safetensors\Z")
+# A checkpoint of the same (default) variant the index replaces, as transformers' save_pretrained removes them
+# after a save: model.safetensors, and shards of Hugging Face's names.
+_STALE = re.compile(r"model(?:-\d{5}-of-\d{5})?\.safetensors\Z")
 
 
 def _join(base, name):
@@ -191,8 +197,8 @@ def _join(base, name):
 def _save_sharded(tensors, directory, metadata, max_shard_size):
     """Shards of at most max_shard_size data bytes (a larger tensor alone in its own), under names new for this
     save, then the index (the one rename that replaces the old checkpoint by the new), then the files of the old
-    checkpoint (those its index named), of killed saves (shards of our names no index names, temporaries of
-    writers that are gone) removed."""
+    checkpoint (those its index named, and a model.safetensors of the same variant), of killed saves (shards of
+    our names no index names, temporaries of writers that are gone) removed."""
     shards, cur, cur_bytes = [], {}, 0
     for name in sorted(tensors):
         n = nbytes(tensors[name], st_dtype(tensors[name]))
@@ -222,15 +228,32 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
     keep = set(weight_map.values())
     for f in listdir(directory):
         base = f.rsplit("/", 1)[-1]
-        if base not in keep and (_SHARD.match(base) or (base in old and base.endswith(".safetensors"))):
+        if base not in keep and (_SHARD.match(base) or _STALE.match(base) or
+                                 (base in old and base.endswith(".safetensors"))):
             remove(f)
     if not is_url(directory):
         _reclaim(directory, lambda b: b == INDEX or _SHARD.match(b) is not None)
 
 
+def _check_names(tensors, metadata):
+    """save's names, as the format holds them: tensor names, metadata keys and values all str (nothing turned
+    into one silently), no tensor named __metadata__ (the header's metadata)."""
+    for name in tensors:
+        if not isinstance(name, str):
+            raise TypeError(f"sluice.save: tensor name {name!r} is not a str")
+        if name == "__metadata__":
+            raise ValueError("sluice.save: a tensor named '__metadata__', the name of the file's metadata")
+    for k, v in metadata.items():
+        if not isinstance(k, str):
+            raise TypeError(f"sluice.save: metadata key {k!r} is not a str")
+        if not isinstance(v, str):
+            raise TypeError(f"sluice.save: metadata {k!r}: {v!r} is not a str (safetensors metadata holds strings)")
+
+
 def save(tensors, path, metadata=None, max_shard_size=None):
     """Writes a dict of name -> tensor (numpy, or torch on CPU or GPU) in the safetensors layout, with
     {"format": "pt"} in the file's __metadata__ as transformers writes it (unless metadata gives a format).
+    Names and metadata (keys and values) are str, as the format holds them; no tensor is named __metadata__.
     Without max_shard_size, to the file path, durably and atomically: a temporary file beside it, the data
     straight from each tensor's memory, fdatasync, rename, directory fsync; a crash leaves the previous file or
     the whole new one (and the next save there removes the temporary of a killed one).  With max_shard_size
@@ -238,8 +261,10 @@ def save(tensors, path, metadata=None, max_shard_size=None):
     every save) of at most that many data bytes each (a larger tensor alone in one), then
     model.safetensors.index.json naming them, the layout Hugging Face tools read; then the files of the
     checkpoint it replaced are removed.  The index's rename is the one step that replaces the old checkpoint by
-    the new, so a crash leaves the old checkpoint or the new one, whole.  An s3:// path is written as objects
+    the new, so a crash leaves the old checkpoint or the new one, whole (a directory of new shards beside an old
+    model.safetensors and no index is refused by load; a finished save removes that model.safetensors).  An s3:// path is written as objects
     (each one multipart upload that appears whole or not at all)."""
+    _check_names(tensors, metadata or {})
     metadata = {"format": "pt", **(metadata or {})}
     if max_shard_size is None:
         _save_file(tensors, path, metadata)
@@ -259,8 +284,8 @@ def _plain(name):
 def _index(path, raw):
     """The weight_map {tensor: file} of an index's bytes, checked: every file a plain name beside it."""
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = parse_json(raw)
+    except ValueError as e:
         raise bad(path, f"not a safetensors index: not JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise bad(path, "not a safetensors index: no weight_map object")
@@ -284,23 +309,31 @@ def _url_exists(path):
 
 
 class _Source:
-    """The files of a checkpoint, in order; with an index, its path and its weight_map {tensor: file index}."""
+    """The files of a checkpoint, in order; with an index, its path, its weight_map {tensor: file index} and its
+    bytes (to tell whether it changed)."""
 
-    def __init__(self, files, index=None, wm=None):
-        self.files, self.index, self.wm = files, index, wm
+    def __init__(self, files, index=None, wm=None, raw=None):
+        self.files, self.index, self.wm, self.raw = files, index, wm, raw
+
+    def index_changed(self):
+        try:
+            return read_small(self.index) != self.raw
+        except SluiceError:
+            return True
 
 
 def _from_index(path):
-    wm = _index(path, read_small(path))
+    raw = read_small(path)
+    wm = _index(path, raw)
     names = sorted(set(wm.values()))
     at = {n: i for i, n in enumerate(names)}
     base = path.rsplit("/", 1)[0] if "/" in path else "."
-    return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()})
+    return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()}, raw)
 
 
-_INDEX_NAME = re.compile(r"^.+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json$")
-_FILE_NAME = re.compile(r"^[^.]+\.(?P<v>[^.]+?)(?:-\d+-of-\d+)?\.safetensors$")
-_PART = re.compile(r"^(?P<pre>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<post>[^.]*)\.safetensors$")
+_INDEX_NAME = re.compile(r".+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json\Z", re.S)
+_FILE_NAME = re.compile(r"[^.]+\.(?P<v>[^.]+?)(?:-\d+-of-\d+)?\.safetensors\Z")
+_PART = re.compile(r"(?P<pre>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<post>[^.]*)\.safetensors\Z", re.S)
 
 
 def _variant(name):
@@ -331,7 +364,7 @@ def _from_listing(where, names, variant):
                          f"file or index path, or pass variant='{other}'")
     v = variant if variant is not None else next(iter(kinds), None)
     if v not in kinds:
-        raise SluiceError(-errno.ENOENT, f"{where}: " + (f"no variant '{variant}' (model.{variant}.safetensors or "
+        raise SluiceError(-errno.ENOENT, f"{shown(where)}: " + (f"no variant '{variant}' (model.{variant}.safetensors or "
                                                          f"model.safetensors.index.{variant}.json)"
                                                          if variant else "no .safetensors files and no index"))
     indexes = [n for is_index, n in kinds[v] if is_index]
@@ -346,7 +379,12 @@ def _from_listing(where, names, variant):
         m = _PART.match(n)
         if m:
             parts.setdefault((m["pre"], int(m["n"]), m["post"]), set()).add(int(m["k"]))
+    others = [n for n in files if not _PART.match(n)]
     for (pre, total, post), ks in parts.items():
+        if others:  # a save of shards killed before its index, over a single-file checkpoint: old and new
+            raise bad(where, f"holds no index, shards {pre}-K-of-{total}{post} and {', '.join(others[:3])}: an "
+                             f"unfinished save over another checkpoint, not a checkpoint (name its files to load "
+                             f"them anyway)")
         if ks != set(range(1, total + 1)) or len(parts) > 1:
             raise bad(where, f"holds no index and shards {pre}-K-of-{total}{post} of {len(ks)} of {total} files"
                              f"{' beside shards of other saves' if len(parts) > 1 else ''}: an unfinished save, not "
@@ -372,7 +410,7 @@ def _sources(source, variant=None):
         for name in (f"model.safetensors.index{v}.json", f"model{v}.safetensors"):
             if _url_exists(source + name):
                 return _from_index(source + name) if name.endswith(".json") else _Source([source + name])
-        raise SluiceError(-errno.ENOENT, f"{source}: no model.safetensors.index{v}.json and no model{v}.safetensors")
+        raise SluiceError(-errno.ENOENT, f"{shown(source)}: no model.safetensors.index{v}.json and no model{v}.safetensors")
     if is_url(source):
         names = [f.rsplit("/", 1)[-1] for f in listdir(source)]
     elif os.path.isdir(source):
@@ -401,14 +439,19 @@ def _tensors(src, handles):
             if name == "__metadata__" or (src.wm is not None and src.wm.get(name) != i):
                 continue
             if name in table:
-                raise bad(files[i], f"tensor '{name}' is also in {files[table[name][0]]}")
+                raise bad(files[i], f"tensor '{name}' is also in {shown(files[table[name][0]])}")
             table[name] = (i, v, start)
     if src.wm is not None and len(table) < len(src.wm):
         missing = [n for n in src.wm if n not in table]
         raise bad(src.index, f"names {len(missing)} tensors its files do not hold: " + ", ".join(
-            f"'{n}' ({files[src.wm[n]]})" for n in missing[:5]) + (f" and {len(missing) - 5} more"
+            f"'{n}' ({shown(files[src.wm[n]])})" for n in missing[:5]) + (f" and {len(missing) - 5} more"
                                                                     if len(missing) > 5 else ""))
     return table
+
+
+def _named(source):
+    """load's source (a path, a URL or a list of them) as messages name it (no query, no password)."""
+    return ", ".join(map(shown, source)) if isinstance(source, (list, tuple)) else shown(source)
 
 
 def _listed(names, n=5):
@@ -423,7 +466,7 @@ def _select(table, keys, source):
         keys = [keys]
     missing = [k for k in keys if not any(c in k for c in "*?[") and k not in table]
     if missing:
-        raise KeyError(f"sluice.load: {source} has no tensor {_listed(missing)}")
+        raise KeyError(f"sluice.load: {_named(source)} has no tensor {_listed(missing)}")
     pats = [k for k in keys if any(c in k for c in "*?[")]
     want = set(k for k in keys if k in table)
     return [n for n in table if n in want or any(fnmatch.fnmatchcase(n, p) for p in pats)]
@@ -466,12 +509,28 @@ def _select_into(table, keys, into, strict, source):
             missing += group
     unexpected = [n for n in table if n not in into] if keys is None else []
     if strict and (missing or unexpected):
-        raise ValueError(f"sluice.load: into= does not match {source}: " + "; ".join(
+        raise ValueError(f"sluice.load: into= does not match {_named(source)}: " + "; ".join(
             w for w in ((f"missing keys (in into=, not in the checkpoint): {_listed(missing, 20)}" if missing else ""),
                         (f"unexpected keys (in the checkpoint, not in into=): {_listed(unexpected, 20)}"
                          if unexpected else "")) if w) + " (strict=False loads the tensors both hold)")
     order = {n: i for i, n in enumerate(table)}
     return sorted(read, key=order.get), [n for n in names if n in set(filled) and n in chosen], missing, unexpected
+
+
+def _is_shard(spec):
+    return isinstance(spec, (tuple, list)) and len(spec) == 3 and all(
+        isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) for x in spec)
+
+
+def _check_args(keys, into, shard):
+    """load's arguments of the wrong type, named (rather than numpy's or ctypes' error, or a bool as a dim)."""
+    for k in ([keys] if isinstance(keys, str) else keys or ()):
+        if not isinstance(k, str):
+            raise TypeError(f"sluice.load: keys= holds {k!r}, not a str (a tensor name or glob)")
+    if into is not None and not isinstance(into, Mapping):
+        raise TypeError(f"sluice.load: into= is a {type(into).__name__}, not a dict of name -> tensor")
+    if shard is not None and not callable(shard) and not _is_shard(shard):
+        raise TypeError(f"sluice.load: shard={shard!r} is not (dim, rank, world) integers, a callable or None")
 
 
 def _slice_of(shard, name, shape):
@@ -481,7 +540,9 @@ def _slice_of(shard, name, shape):
     spec = shard(name, tuple(shape)) if callable(shard) else shard
     if spec is None:
         return None
-    dim, rank, world = spec
+    if not _is_shard(spec):
+        raise TypeError(f"sluice.load: shard= gives {spec!r} for tensor '{name}', not (dim, rank, world) integers")
+    dim, rank, world = (int(x) for x in spec)
     if dim < 0:
         dim += len(shape)
     if not 0 <= dim < len(shape):
@@ -535,7 +596,8 @@ def _alloc(total, device):
             import torch
         except ImportError:
             if device != "cpu":
-                raise
+                raise ValueError(f"sluice.load: device={device!r} needs torch (without it: 'cpu' or 'numpy')") \
+                    from None
         else:
             buf = torch.empty(max(1, total), dtype=torch.uint8, device=device)
             _ready([buf])  # memory the caching allocator hands out again may still be in use by queued kernels
@@ -777,6 +839,7 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     report (a dict, or None) receives the read's figures: files, tensors, bytes (payload), bytes_storage (what
     the I/Os spanned, gaps read through included), ios, seconds, path; with process_group, this rank's read and
     bytes_exchanged (received from the others)."""
+    _check_args(keys, into, shard)
     devices = list(device) if isinstance(device, (list, tuple)) else None
     if devices is not None and (not devices or into is not None):
         raise ValueError("sluice.load: a list of devices needs at least one, and no into= (load into each instead)")
@@ -788,12 +851,15 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             return _load(src, source, device, devices, keys, into, shard, report, process_group, strict)
         except SluiceError as e:
             # Changed while read: an object's ETag (-ESTALE), a file cut short, or a shard an index named gone
-            # (a save replaced the checkpoint).  Loaded again from the start, its index included.
-            changed = e.code in (-errno.ESTALE, -100007) or (e.code == -errno.ENOENT and src.index is not None)
+            # and the index changed (a save replaced the checkpoint).  Loaded again from the start, index included.
+            gone = e.code == -errno.ENOENT and src.index is not None
+            if gone and not src.index_changed():
+                raise SluiceError(e.code, f"{shown(src.index)}: names a file that is not there: {e.detail}") from None
+            changed = e.code in (-errno.ESTALE, -100007) or gone
             if not changed or process_group is not None:
                 raise
             if attempt == _ATTEMPTS:
-                raise SluiceError(e.code, f"{source}: changed during each of {_ATTEMPTS} loads, the last: "
+                raise SluiceError(e.code, f"{_named(source)}: changed during each of {_ATTEMPTS} loads, the last: "
                                           f"{e.detail}") from None
 
 

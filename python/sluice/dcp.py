@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
 from ._dcpmeta import DATA as _DATA, MAGIC, ST_OF, MetadataUnpickler, check_item, decode, encode
-from ._lib import SluiceError, lib
+from ._lib import SluiceError, lib, shown
 from ._safetensors import is_url, open_file, read_header, read_small
 from .buffers import _ready
 from .checkpoint import _RANGE, _join, _opened, _read_ranges, _reclaim, _save_file, _write_whole
@@ -89,7 +89,7 @@ def _to_doc(md):
 def _torch(path, name):
     """torch's dtype, layout or memory format of that name (a checked one: this torch may lack a newer one)."""
     if not hasattr(torch, name):
-        raise ValueError(f"sluice.dcp: {path}: holds {name}, which this torch ({torch.__version__}) lacks")
+        raise ValueError(f"sluice.dcp: {shown(path)}: holds {name}, which this torch ({torch.__version__}) lacks")
     return getattr(torch, name)
 
 
@@ -154,7 +154,7 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
         if not is_url(self.path):
             os.makedirs(self.path, exist_ok=True)
         if not self.overwrite and self._exists():
-            raise RuntimeError(f"sluice.dcp: {self.path} holds a checkpoint and overwrite=False")
+            raise RuntimeError(f"sluice.dcp: {shown(self.path)} holds a checkpoint and overwrite=False")
         return plan
 
     def prepare_global_plan(self, plans):
@@ -234,18 +234,18 @@ class StorageReader(storage.StorageReader):
         if raw.startswith(MAGIC):
             return _from_doc(decode(raw, path), path)
         if not self.allow_pickle:
-            raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter wrote "
+            raise ValueError(f"sluice.dcp: {shown(path)}: not the metadata of a checkpoint sluice.dcp.StorageWriter wrote "
                              f"(a pickle, as torch's own DCP writer and older sluice versions write it?): unpickling "
                              f"can run code, so StorageReader reads one only with allow_pickle=True, for a "
                              f"checkpoint you trust")
         try:
             md = MetadataUnpickler(io.BytesIO(raw)).load()
         except Exception as e:  # whatever a damaged pickle makes the classes it names raise
-            raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter "
+            raise ValueError(f"sluice.dcp: {shown(path)}: not the metadata of a checkpoint sluice.dcp.StorageWriter "
                              f"wrote ({e})") from None
         if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict) or \
                 not all(isinstance(v, _Stored) for v in md.storage_data.values()):
-            raise ValueError(f"sluice.dcp: {path}: not the metadata of a checkpoint sluice.dcp.StorageWriter wrote")
+            raise ValueError(f"sluice.dcp: {shown(path)}: not the metadata of a checkpoint sluice.dcp.StorageWriter wrote")
         return md
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
@@ -263,7 +263,7 @@ class StorageReader(storage.StorageReader):
                         raise ValueError(f"tensor '{fqn}': {md.properties.dtype} of {list(sizes)}")
                     self.chunks[MetadataIndex(fqn, c.offsets)] = (sizes, md.properties.dtype)
         except Exception as e:
-            raise ValueError(f"sluice.dcp: {_join(self.path, METADATA)}: damaged metadata ({e})") from None
+            raise ValueError(f"sluice.dcp: {shown(_join(self.path, METADATA))}: damaged metadata ({e})") from None
 
     def prepare_local_plan(self, plan):
         return plan
@@ -287,7 +287,7 @@ class StorageReader(storage.StorageReader):
         sizes, dtype = self.chunks[req.storage_index]
         item = torch.empty((), dtype=dtype).element_size()
         if st.length != int(np.prod(sizes, dtype=np.int64)) * item:
-            raise ValueError(f"sluice.dcp: {self.path}: '{_key(req.storage_index)}' is {st.length} bytes, its "
+            raise ValueError(f"sluice.dcp: {shown(self.path)}: '{_key(req.storage_index)}' is {st.length} bytes, its "
                              f"shape {list(sizes)} of {dtype} makes {int(np.prod(sizes)) * item}")
         check_item(path, *headers[f], st.offset, st.length, st.name, ST_OF.get(str(dtype).replace("torch.", "")),
                    list(sizes))

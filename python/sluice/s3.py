@@ -3,7 +3,7 @@ import ctypes as C
 import errno
 import os
 
-from ._lib import CopyReport, S3Object, SluiceError, check, lib
+from ._lib import CopyReport, S3Object, SluiceError, check, lib, shown
 from .buffers import Future, _buffer, _eng
 
 
@@ -184,7 +184,7 @@ class ObjectFolder:
     def __init__(self, url, batch_size=64, shuffle=False, seed=0, drop_last=False, in_flight=64, max_size=1 << 20,
                  client=None):
         if not url.startswith("s3://"):
-            raise ValueError(f"sluice.ObjectFolder: {url!r} is not an s3:// prefix")
+            raise ValueError(f"sluice.ObjectFolder: {shown(url)!r} is not an s3:// prefix")
         self.bucket, _, prefix = url[5:].partition("/")
         prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         base = f"s3://{self.bucket}/"
@@ -193,7 +193,7 @@ class ObjectFolder:
         index = {c: i for i, c in enumerate(self.classes)}
         self.samples = [(prefix + r, index[r.split("/", 1)[0]]) for r in rels if "/" in r]
         if not self.samples:
-            raise ValueError(f"sluice.ObjectFolder: no objects in class folders under {url}")
+            raise ValueError(f"sluice.ObjectFolder: no objects in class folders under {shown(url)}")
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.in_flight, self.max_size, self.epoch = in_flight, max_size, 0
         self.client = client or Client()

@@ -152,3 +152,32 @@ def test_a_metadata_file_that_is_a_fifo_or_huge_is_refused(tmp_path):
         h.truncate(1 << 40)
     with pytest.raises(sluice.SluiceError, match=r"\.metadata: is 1099511627776 bytes"):
         read_small(str(tmp_path / ".metadata"))
+
+
+def test_float4_chunks_count_torchs_bytes():
+    """float4_e2m1fn_x2 holds two values in each of torch's elements, one byte: a [4, 4] chunk is 16 bytes (as
+    the writer stores it), not 0."""
+    d = {"tensors": {"q": {"dtype": "float4_e2m1fn_x2", "size": [4, 4], "requires_grad": False, "layout": "strided",
+                           "memory_format": "contiguous_format", "pin_memory": False,
+                           "chunks": [{"offsets": [0, 0], "sizes": [4, 4]}]}},
+         "bytes": [], "planner_data": None, "storage_meta": None}
+    item = {"fqn": "q", "offset": [0, 0], "index": 0, "file": "__0_0123456789ab.safetensors", "name": "q", "at": 4096}
+    dm.decode(dm.encode({**d, "items": [{**item, "length": 16}]}), "ck/.metadata")
+    with pytest.raises(dm.Damaged, match="0 bytes, its chunk"):
+        dm.decode(dm.encode({**d, "items": [{**item, "length": 0}]}), "ck/.metadata")
+
+
+def test_metadata_check_is_linear_in_its_items(monkeypatch):
+    """Each item is looked up in a set, never searched for in the list of blobs (quadratic: 40000 items took
+    seconds, and metadata may hold 256 MB): the list here refuses a search."""
+    class NoSearch(list):
+        def __contains__(self, x):
+            raise AssertionError("a linear search of the blobs")
+    n = 1000
+    blobs = [f"b{i}" for i in range(n)]
+    d = {"tensors": {}, "bytes": blobs, "planner_data": None, "storage_meta": None,
+         "items": [{"fqn": b, "offset": None, "index": 0, "file": "__0_0123456789ab.safetensors", "name": b,
+                    "at": 0, "length": 1} for b in blobs]}
+    real = dm.parse_json
+    monkeypatch.setattr(dm, "parse_json", lambda raw: {**real(raw), "bytes": NoSearch(blobs)})
+    assert len(dm.decode(dm.encode(d), "ck/.metadata")["items"]) == n

@@ -2,6 +2,7 @@
 the data of one load (local, S3, http), kill -9 during a sharded save, indexes that promise what the shards do
 not hold or name files elsewhere, small files whose server claims a terabyte, temporaries of killed saves, and
 the errors and conventions a user trips on (torch.save files, variants, tied weights, strict).  No torch."""
+import errno
 import json
 import os
 import random
@@ -418,3 +419,159 @@ def test_into_follows_load_state_dicts_strict(tmp_path):
     # The tied pair with none of its names in the checkpoint: both missing.
     with pytest.raises(ValueError, match="'lm_head.weight'"):
         sluice.load(str(tmp_path / "ck.safetensors"), into={"lm_head.weight": shared, "tok": shared})
+
+
+def _special(path, kind):
+    """Makes at path a FIFO, a socket, a directory or a character device (as /dev/null's; skip where not root)."""
+    import socket
+    import stat
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        return s
+    elif kind == "dir":
+        os.mkdir(path)
+    else:
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "dir", "device"])
+def test_a_save_over_a_special_file_is_refused_naming_it(tmp_path, kind):
+    """save and the small durable writes (an index, DCP's metadata) rename a temporary over their target: over a
+    device, a FIFO, a socket or a directory that would replace it by a file, so it is refused, naming it."""
+    import stat
+    for write in (lambda p: sluice.save({"a": np.ones(4, np.float32)}, str(p)),
+                  lambda p: ck._write_whole(str(p), b"{}")):
+        p = tmp_path / f"target-{kind}"
+        keep = _special(p, kind)
+        mode = os.lstat(p).st_mode
+        with pytest.raises(sluice.SluiceError, match=f"{p}: exists and is "):
+            write(p)
+        assert os.lstat(p).st_mode == mode and not stat.S_ISREG(mode)
+        assert [n for n in os.listdir(tmp_path) if "sluice-tmp" in n] == []
+        if keep:
+            keep.close()
+        os.rmdir(p) if kind == "dir" else os.unlink(p)
+
+
+def test_json_nested_too_deeply_is_the_error_naming_the_file(tmp_path):
+    """JSON nested deeper than Python's parser goes (a header, an index, DCP's metadata) is the usual error naming
+    the file, not a bare RecursionError; and a sharded save over such an index still replaces it."""
+    import struct
+    deep = b'{"a":' + b"[" * 200000 + b"]" * 200000 + b"}"
+    (tmp_path / "deep.safetensors").write_bytes(struct.pack("<Q", len(deep)) + deep)
+    with pytest.raises(sluice.SluiceError, match="deep.safetensors: header is not JSON"):
+        sluice.load(str(tmp_path / "deep.safetensors"), device="numpy")
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / ck.INDEX).write_bytes(b'{"weight_map": {"w": "x.safetensors"}, "metadata":' + deep[5:])
+    with pytest.raises(sluice.SluiceError, match="index.json: not a safetensors index: not JSON"):
+        sluice.load(str(d), device="numpy")
+    sluice.save(OLD, str(d), max_shard_size=1 << 20)
+    same(sluice.load(str(d), device="numpy"), OLD)
+    from sluice import _dcpmeta as dm
+    with pytest.raises(dm.Damaged, match="ck/.metadata: damaged metadata"):
+        dm.decode(dm.MAGIC + deep, "ck/.metadata")
+
+
+def test_names_ending_in_a_newline_are_not_a_saves_files(tmp_path):
+    """A name is a save's shard, temporary or DCP data file only as a whole ('$' also matches before a trailing
+    newline): a user's file named so plus a newline survives the next save, and metadata naming one is damaged."""
+    from sluice import _dcpmeta as dm
+    shard = "model-00001-of-00001-0123456789ab.safetensors\n"
+    tmp = f".{ck.INDEX}.sluice-tmp-{ck._host()}-999999999-0\n"
+    for n in (shard, tmp):
+        (tmp_path / n).write_bytes(b"a user's file")
+    sluice.save(OLD, str(tmp_path), max_shard_size=1 << 20)
+    assert (tmp_path / shard).read_bytes() == (tmp_path / tmp).read_bytes() == b"a user's file"
+    d = {"tensors": {}, "bytes": ["b"], "items": [{"fqn": "b", "offset": None, "index": 0,
+                                                   "file": "__0_0123456789ab.safetensors\n", "name": "b", "at": 0,
+                                                   "length": 1}], "planner_data": None, "storage_meta": None}
+    with pytest.raises(dm.Damaged, match="damaged metadata"):
+        dm.decode(dm.encode(d), "ck/.metadata")
+
+
+@pytest.mark.parametrize("tensors, metadata, error, match", [
+    ({"__metadata__": np.ones(2, np.float32), "x": np.ones(2, np.float32)}, None, ValueError, "'__metadata__'"),
+    ({1: np.ones(2, np.float32)}, None, TypeError, "tensor name 1 "),
+    ({"x": np.ones(2, np.float32)}, {"format": None}, TypeError, "metadata 'format': None "),
+    ({"x": np.ones(2, np.float32)}, {3: "a"}, TypeError, "metadata key 3 "),
+    ({"x": np.ones(2, np.float32)}, {"a": [1]}, TypeError, r"metadata 'a': \[1\] "),
+])
+def test_save_refuses_names_and_metadata_the_format_cannot_hold(tmp_path, tensors, metadata, error, match):
+    """A tensor named __metadata__ would be the file's metadata (a corrupt file); a name or a metadata key or
+    value that is not a str was silently turned into one: each is refused, naming it, and nothing written."""
+    for shard in (None, 1 << 20):
+        with pytest.raises(error, match=match):
+            sluice.save(tensors, str(tmp_path / "ck"), metadata=metadata, max_shard_size=shard)
+        assert not (tmp_path / "ck").exists() or os.listdir(tmp_path / "ck") == []
+
+
+def test_a_sharded_save_over_a_single_file_is_old_or_new(tmp_path, monkeypatch):
+    """A sharded save that dies before its index, in a directory holding a single-file model.safetensors, left
+    the old file and a whole set of new shards without an index: loaded together, a mix.  Such a directory is
+    refused; and a finished sharded save removes the old model.safetensors (as transformers' save_pretrained
+    removes stale weight files), so no tool reads the old weights beside the new."""
+    sluice.save(OLD, str(tmp_path / "model.safetensors"))
+
+    def killed(*a):
+        raise KeyboardInterrupt("killed before the index")
+    with monkeypatch.context() as m:
+        m.setattr(ck, "_write_whole", killed)
+        with pytest.raises(KeyboardInterrupt):
+            sluice.save({"c": np.ones(300, np.float32), "d": np.ones(300, np.float32)}, str(tmp_path),
+                        max_shard_size=1000)
+    with pytest.raises(sluice.SluiceError, match="model.safetensors.*unfinished save"):
+        sluice.load(str(tmp_path), device="numpy")
+    sluice.save(NEW, str(tmp_path), max_shard_size=1000)
+    assert not (tmp_path / "model.safetensors").exists()
+    same(sluice.load(str(tmp_path), device="numpy"), NEW)
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".safetensors")) == sorted(
+        set(json.loads((tmp_path / ck.INDEX).read_text())["weight_map"].values()))
+
+
+def test_an_index_naming_a_missing_file_says_so_once(tmp_path, monkeypatch):
+    """An index naming a shard that is not there (a typo, a partial download) is that error, naming the index and
+    the file, after one load: a load starts again only where the index itself changed (a save replaced it)."""
+    sluice.save({"w": np.ones(4, np.float32)}, str(tmp_path / "a.safetensors"))
+    (tmp_path / ck.INDEX).write_text(json.dumps({"weight_map": {"w": "a.safetensors",
+                                                                "v": "model-00002-of-00002.safetensors"}}))
+    loads, real = [], ck._load
+    monkeypatch.setattr(ck, "_load", lambda *a: loads.append(1) or real(*a))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.load(str(tmp_path), device="numpy")
+    assert e.value.code == -errno.ENOENT and len(loads) == 1
+    assert f"{tmp_path / ck.INDEX}: names a file that is not there" in str(e.value)
+    assert "model-00002-of-00002.safetensors" in str(e.value) and "changed" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    ({"shard": (0, 1.5, 2)}, TypeError, r"shard=\(0, 1.5, 2\)"),
+    ({"shard": (True, 0, 2)}, TypeError, r"shard=\(True, 0, 2\)"),
+    ({"shard": (0, 0)}, TypeError, r"shard=\(0, 0\)"),
+    ({"shard": lambda name, shape: (0, "1", 2)}, TypeError, "shard= gives"),
+    ({"keys": [None]}, TypeError, "keys= holds None"),
+    ({"keys": [b"x"]}, TypeError, "keys= holds b'x'"),
+    ({"into": [np.zeros(4, np.float32)]}, TypeError, "into= is a list"),
+])
+def test_loads_arguments_of_the_wrong_type_are_named(tmp_path, kw, error, match):
+    """An argument of the wrong type is an error naming it, not numpy's or ctypes' (or a bool taken as a dim)."""
+    sluice.save({"x": np.ones((4, 4), np.float32)}, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(error, match=match):
+        sluice.load(str(tmp_path / "ck.safetensors"), device="numpy" if "into" not in kw else "cpu", **kw)
+
+
+def test_a_device_that_needs_torch_says_so(tmp_path):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is here: it judges the device itself")
+    except ImportError:
+        pass
+    sluice.save({"x": np.ones(4, np.float32)}, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(ValueError, match="device='tpu' needs torch"):
+        sluice.load(str(tmp_path / "ck.safetensors"), device="tpu")

@@ -369,3 +369,27 @@ def test_certificate_refused_once_not_retried(tmp_path):
         assert "attempts" not in err, err[-800:]
         r = _read(w.url("p.bin"), 0, 1000, env=dict(env, SSL_CERT_FILE=w.cert))
         assert r.returncode == 0 and r.stdout == data[:1000], r.stderr.decode()[-800:]
+
+
+def test_credentials_never_reach_the_packages_own_messages(tmp_path):
+    """The messages the package raises itself (a checkpoint's header or index at fault, a directory without a
+    checkpoint, keys or into= that do not match, DCP metadata, a record out of range) name a URL as the
+    library's do: no password, no query (a presigned URL's signature)."""
+    import struct
+    from sluice import _dcpmeta
+    sluice.save({"w": np.ones(4, np.float32)}, str(tmp_path / "good.safetensors"))
+    (tmp_path / "bad.safetensors").write_bytes(struct.pack("<Q", 8) + b"not json")
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"w": "../x.safetensors"}}')
+    (tmp_path / "sub").mkdir()
+    with webserver.PlainServer(tmp_path) as w:
+        base = w.url("").replace("http://", "http://alice:s3cr3t-pw@")
+        q = "?X-Amz-Signature=s3cr3t-sig"
+        for fn in (lambda: sluice.load(base + "bad.safetensors" + q, device="numpy"),
+                   lambda: sluice.load(base + "model.safetensors.index.json", device="numpy"),
+                   lambda: sluice.load(base + "sub/", device="numpy"),
+                   lambda: sluice.load(base + "good.safetensors" + q, device="numpy", keys=["zz"]),
+                   lambda: sluice.load([base + "good.safetensors" + q], into={"q": np.ones(4, np.float32)}),
+                   lambda: _dcpmeta.decode(b"x", base + "ck/.metadata" + q)):
+            with pytest.raises(Exception) as e:
+                fn()
+            assert "s3cr3t" not in str(e.value) and "alice:***@127.0.0.1" in str(e.value), str(e.value)

@@ -405,7 +405,7 @@ def test_copy_both_ways(s3, tmp_path):
 def test_checkpoint_save_load_s3(s3):
     """sluice.save / sluice.load with an s3:// path: one object in the safetensors layout."""
     t = {"w": np.arange(3000, dtype=np.float32).reshape(30, 100), "b": np.arange(7, dtype=np.int64)}
-    sluice.save(t, "s3://pytest/ck/model.safetensors", metadata={"step": 5})
+    sluice.save(t, "s3://pytest/ck/model.safetensors", metadata={"step": "5"})
     raw = s3.get_object(Bucket="pytest", Key="ck/model.safetensors")["Body"].read()
     assert int.from_bytes(raw[:8], "little") < len(raw)
     back = sluice.load("s3://pytest/ck/model.safetensors", device="numpy")
