@@ -95,6 +95,15 @@ SL_HIDDEN int sl__mkdirs(char *path);
  * path and the cause.
  */
 SL_HIDDEN int sl__open_file(const char *path, int oflags, mode_t mode);
+/* What st_mode says a file is, in words ("FIFO", "directory"), for messages. */
+SL_HIDDEN const char *sl__file_kind(mode_t mode);
+/*
+ * Whether a write may replace path by renaming a temporary over it: 0 if
+ * path is absent or (through symlinks) a regular file; else an error
+ * naming it (-EISDIR; -EINVAL for a device, FIFO or socket, which a rename
+ * would turn into a regular file).  Called before the temporary is made.
+ */
+SL_HIDDEN int sl__replaceable(const char *path);
 /*
  * par.c: work shared by threads.  struct sl__first_err keeps the first
  * error among them with the detail of the thread that met it (details are

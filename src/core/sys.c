@@ -28,6 +28,25 @@ int sl__mkdirs(char *path)
 	}
 }
 
+const char *sl__file_kind(mode_t mode)
+{
+	return S_ISREG(mode) ? "regular file" : S_ISDIR(mode) ? "directory" : S_ISFIFO(mode) ? "FIFO" :
+	       S_ISCHR(mode) ? "character device" : S_ISBLK(mode) ? "block device" : S_ISSOCK(mode) ? "socket" :
+	       S_ISLNK(mode) ? "symbolic link" : "special file";
+}
+
+int sl__replaceable(const char *path)
+{
+	struct stat st;
+
+	if (stat(path, &st) < 0)
+		return errno == ENOENT ? 0 : sl__err(-errno, "%s: %s", path, strerror(errno));
+	if (S_ISREG(st.st_mode))
+		return 0;
+	return sl__err(S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, "%s: exists and is not a regular file (a %s): not replaced",
+		       path, sl__file_kind(st.st_mode));
+}
+
 int sl__open_file(const char *path, int oflags, mode_t mode)
 {
 	struct stat st;
@@ -40,8 +59,7 @@ int sl__open_file(const char *path, int oflags, mode_t mode)
 	else if (S_ISDIR(st.st_mode))
 		rc = sl__err(-EISDIR, "%s: is a directory", path);
 	else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
-		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path,
-			     S_ISFIFO(st.st_mode) ? "FIFO" : S_ISCHR(st.st_mode) ? "character device" : "socket");
+		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path, sl__file_kind(st.st_mode));
 	else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
 		rc = sl__err(-errno, "%s: fcntl: %s", path, strerror(errno));
 	if (rc) {
