@@ -105,6 +105,13 @@ SL_HIDDEN const char *sl__file_kind(mode_t mode);
  */
 SL_HIDDEN int sl__replaceable(const char *path);
 /*
+ * Rewrites, in place, every URL (scheme://..., up to white space) in the
+ * message s (of at most cap bytes, cap <= 1024) as sluice_url_redact()
+ * names it, so that no message leaks a password or a query whoever wrote
+ * it.  sl__err() and the log pass every line through it.
+ */
+SL_HIDDEN void sl__redact_urls(char *s, size_t cap);
+/*
  * par.c: work shared by threads.  struct sl__first_err keeps the first
  * error among them with the detail of the thread that met it (details are
  * thread-local); err may be read without the lock.  sl__first_err_raise

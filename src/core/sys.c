@@ -1,4 +1,5 @@
 /* Small system helpers. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -89,6 +90,44 @@ void sluice_url_redact(const char *url, char *out, size_t cap)
 			 url[end] ? "?..." : "");
 	else
 		snprintf(out, cap, "%.*s%s", (int)end, url, url[end] ? "?..." : "");
+}
+
+void sl__redact_urls(char *s, size_t cap)
+{
+	char out[1024], *o = out;
+	const char *p = s, *sep;
+
+	if (!strstr(s, "://") || cap > sizeof(out))
+		return;
+	while ((sep = strstr(p, "://"))) {
+		const char *start = sep, *end = sep + 3 + strcspn(sep + 3, " \t\n");
+		char url[1024];
+
+		while (start > p && (isalnum((unsigned char)start[-1]) || strchr("+.-", start[-1])))
+			start--;
+		while (start < sep && !isalpha((unsigned char)*start))
+			start++;
+		/* Punctuation that closes the sentence is not the URL's. */
+		while (end > sep + 3 && strchr(":,;)]'\"", end[-1]))
+			end--;
+		if (start == sep) { /* "://" with no scheme: not a URL */
+			end = sep + 3;
+			start = end;
+		}
+		snprintf(url, sizeof(url), "%.*s", (int)(end - start), start);
+		snprintf(o, (size_t)(out + cap - o), "%.*s", (int)(start - p), p);
+		o += strlen(o);
+		if (o >= out + cap - 1)
+			break;
+		if (*url)
+			sluice_url_redact(url, o, (size_t)(out + cap - o));
+		o += strlen(o);
+		p = end;
+	}
+	if (o < out + cap - 1)
+		snprintf(o, (size_t)(out + cap - o), "%s", p);
+	memcpy(s, out, cap);
+	s[cap - 1] = '\0';
 }
 
 int sluice_drop_page_cache(void)
