@@ -27,6 +27,12 @@ int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsig
 /* Prints sluice's error with its detail. */
 int cli_error(const char *cmd, const char *what, long code);
 /*
+ * A path or URL as messages name it (sluice_url_redact: no password, no
+ * query), in one of a few static buffers reused in turn: valid for the
+ * next three calls (enough for one message).  Not thread-safe.
+ */
+const char *cli_shown(const char *path);
+/*
  * Parses "[--json] [OPT VALUE] DATASET" and opens the dataset.  opt (may be
  * NULL) names one optional valued option, whose value lands in *opt_val.
  * Returns 0 with *ds open; -1 after --help (usage printed); otherwise the

@@ -217,7 +217,7 @@ static int list_files(const struct opts *o, char ***names, unsigned *n)
 	/* A URL (s3://, http(s)://): one "file", read with ranged GETs (no listing of prefixes yet). */
 	if (strstr(o->path, "://")) {
 		if (o->verify)
-			return cli_fail(CMD, "--verify compares with the kernel's read of the file; %s is a URL", o->path);
+			return cli_fail(CMD, "--verify compares with the kernel's read of the file; %s is a URL", cli_shown(o->path));
 		(*names)[(*n)++] = strdup(o->path);
 		return 0;
 	}

@@ -44,11 +44,12 @@ int cmd_cp(int argc, char **argv)
 	rc = sluice_copy(src, dst, flags, &rep);
 	if (rc)
 		return cli_error(CMD, src, rc);
+	/* Named as every message of sluice names them: a URL's query or password is a credential. */
 	if (json) {
 		printf("{\"src\":");
-		cli_json_str(src);
+		cli_json_str(cli_shown(src));
 		printf(",\"dst\":");
-		cli_json_str(dst);
+		cli_json_str(cli_shown(dst));
 		printf(",\"files\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gbps\":%.4f,\"files_verified\":%llu,\"checksum\":",
 		       (unsigned long long)rep.files, (unsigned long long)rep.bytes, rep.seconds,
 		       rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0, (unsigned long long)rep.files_verified);
@@ -56,7 +57,7 @@ int cmd_cp(int argc, char **argv)
 		printf("}\n");
 	} else {
 		printf("copied %llu file%s, %.1f MB, %s -> %s in %.2f s (%.2f GB/s)\n", (unsigned long long)rep.files,
-		       rep.files == 1 ? "" : "s", (double)rep.bytes / 1e6, src, dst, rep.seconds,
+		       rep.files == 1 ? "" : "s", (double)rep.bytes / 1e6, cli_shown(src), cli_shown(dst), rep.seconds,
 		       rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0);
 		/* Uploads carry a CRC32C the server checks; a download is checked here where its object has one. */
 		if (strncmp(dst, "s3://", 5))

@@ -102,7 +102,7 @@ int cmd_inspect(int argc, char **argv)
 
 	if (json) {
 		printf("{\"path\":");
-		cli_json_str(path);
+		cli_json_str(cli_shown(path));
 		printf(",\"format\":\"%s\",\"records\":%llu,\"shards\":%u,\"stored_bytes\":%llu,"
 		       "\"record_bytes\":{\"min\":%llu,\"avg\":%.1f,\"max\":%llu,\"sampled\":%llu},"
 		       "\"data_bytes\":%llu,\"compression\":\"%s\",\"compression_ratio\":%.3f,\"fields\":[",
@@ -110,7 +110,7 @@ int cmd_inspect(int argc, char **argv)
 		       (unsigned long long)minl, sampled ? (double)ssum / (double)sampled : 0.0, (unsigned long long)maxl,
 		       (unsigned long long)sampled, (unsigned long long)total, codec, ratio);
 	} else {
-		printf("%s: %s format, %llu records in %u file(s), %.1f MB stored\n", path, sluice_dataset_format(ds),
+		printf("%s: %s format, %llu records in %u file(s), %.1f MB stored\n", cli_shown(path), sluice_dataset_format(ds),
 		       (unsigned long long)n, sluice_dataset_shards(ds), (double)stored / 1e6);
 		printf("record bytes (%s %llu records): min %llu, avg %.1f, max %llu; compression %s (ratio %.2f)\nfields:\n",
 		       sampled == n ? "all" : "a sample of", (unsigned long long)sampled, (unsigned long long)minl,

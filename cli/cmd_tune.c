@@ -158,7 +158,7 @@ static double cli_trial(struct cli_tune *t, const struct cli_knobs *k, int cold,
 		gbs = cli_num(out, "gb_s");
 	}
 	if (rc || gbs <= 0) {
-		fprintf(stderr, "sluice tune: a trial failed (%s %s, %s): %s", t->s3 ? "cp" : "bench", t->path,
+		fprintf(stderr, "sluice tune: a trial failed (%s %s, %s): %s", t->s3 ? "cp" : "bench", cli_shown(t->path),
 			rc ? "its exit status" : "no result", out);
 		return -1;
 	}
@@ -382,7 +382,7 @@ static int cli_trials(struct cli_tune *t, struct cli_found *f)
 
 	f->cand = f->def;
 	if (!t->json)
-		fprintf(stderr, "sluice tune %s: trials (%s)\n", t->path, t->s3 ? "downloads" : "cold reads");
+		fprintf(stderr, "sluice tune %s: trials (%s)\n", cli_shown(t->path), t->s3 ? "downloads" : "cold reads");
 	if ((best = cli_measure(t, &f->def, 1)) < 0)
 		return 1;
 	if (!t->json)
@@ -414,7 +414,7 @@ static int cli_trials(struct cli_tune *t, struct cli_found *f)
 static void cli_print_json(const struct cli_tune *t, const struct cli_found *f, const char *conf, int written)
 {
 	printf("{\"path\":");
-	cli_json_str(t->path);
+	cli_json_str(cli_shown(t->path));
 	if (t->s3)
 		printf(",\"kind\":\"object\",\"defaults\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
 		       "\"candidate\":{\"s3_concurrency\":%u,\"s3_part_size\":%llu,\"gb_s\":%.4f},"
@@ -469,7 +469,7 @@ static int cli_keep(const struct cli_tune *t, const struct cli_found *f, const c
 	snprintf(vals[0], sizeof(vals[0]), "%u", f->pick.a);
 	snprintf(vals[1], sizeof(vals[1]), "%llu", (unsigned long long)(t->s3 ? f->pick.size : f->pick.b));
 	snprintf(vals[2], sizeof(vals[2]), "%llu", (unsigned long long)f->pick.size);
-	snprintf(note, sizeof(note), "sluice tune %s, %s: %.2f GB/s with these against %.2f with the defaults%s", t->path,
+	snprintf(note, sizeof(note), "sluice tune %s, %s: %.2f GB/s with these against %.2f with the defaults%s", cli_shown(t->path),
 		 day, f->cp, f->cd, t->s3 ? "" : " (cold)");
 	if (!dry && conf)
 		wrc = cli_write(conf, t->s3 ? okeys : fkeys, vals, t->s3 ? 2 : 3, note);

@@ -49,18 +49,18 @@ int cmd_verify(int argc, char **argv)
 		return rc < 0 ? 0 : rc;
 	if (c.json) {
 		printf("{\"path\":");
-		cli_json_str(path);
+		cli_json_str(cli_shown(path));
 		printf(",\"records\":%llu,\"bad\":[", (unsigned long long)sluice_dataset_count(ds));
 	}
 	r = sluice_dataset_verify(ds, on_bad, &c);
 	if (c.json)
 		printf("],\"problems\":%lld,\"ok\":%s}\n", (long long)(r < 0 ? c.n : r), r == 0 ? "true" : "false");
 	else if (r == 0)
-		printf("%s: %llu records, %s\n", path, (unsigned long long)sluice_dataset_count(ds),
+		printf("%s: %llu records, %s\n", cli_shown(path), (unsigned long long)sluice_dataset_count(ds),
 		       sluice_dataset_has_crc(ds) ? "every CRC and bound checks out"
 						  : "every bound checks out (the format has no CRCs to check)");
 	else if (r > 0)
-		printf("%s: %lld problem(s) in %llu records\n", path, (long long)r, (unsigned long long)sluice_dataset_count(ds));
+		printf("%s: %lld problem(s) in %llu records\n", cli_shown(path), (long long)r, (unsigned long long)sluice_dataset_count(ds));
 	sluice_dataset_close(ds);
 	if (r < 0)
 		return cli_error(CMD, path, (long)r);

@@ -45,11 +45,26 @@ int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsig
 	return 0;
 }
 
+const char *cli_shown(const char *path)
+{
+	static char buf[4][1024];
+	static unsigned next;
+	char *b = buf[next++ % 4];
+
+	sluice_url_redact(path, b, sizeof(buf[0]));
+	return b;
+}
+
 int cli_error(const char *cmd, const char *what, long code)
 {
 	const char *d = sluice_last_error_detail();
+	const char *shown = cli_shown(what);
 
-	fprintf(stderr, "sluice %s: %s: %s%s%s\n", cmd, what, sluice_strerror((int)code), *d ? ": " : "", d);
+	/* Named as the library's messages name it (no password, no query), and once: the detail may name it already. */
+	if (*d && strstr(d, shown))
+		fprintf(stderr, "sluice %s: %s: %s\n", cmd, sluice_strerror((int)code), d);
+	else
+		fprintf(stderr, "sluice %s: %s: %s%s%s\n", cmd, shown, sluice_strerror((int)code), *d ? ": " : "", d);
 	return 1;
 }
 

@@ -95,6 +95,22 @@ SL_HIDDEN int sl__mkdirs(char *path);
  * path and the cause.
  */
 SL_HIDDEN int sl__open_file(const char *path, int oflags, mode_t mode);
+/* What st_mode says a file is, in words ("FIFO", "directory"), for messages. */
+SL_HIDDEN const char *sl__file_kind(mode_t mode);
+/*
+ * Whether a write may replace path by renaming a temporary over it: 0 if
+ * path is absent or (through symlinks) a regular file; else an error
+ * naming it (-EISDIR; -EINVAL for a device, FIFO or socket, which a rename
+ * would turn into a regular file).  Called before the temporary is made.
+ */
+SL_HIDDEN int sl__replaceable(const char *path);
+/*
+ * Rewrites, in place, every URL (scheme://..., up to white space) in the
+ * message s (of at most cap bytes, cap <= 1024) as sluice_url_redact()
+ * names it, so that no message leaks a password or a query whoever wrote
+ * it.  sl__err() and the log pass every line through it.
+ */
+SL_HIDDEN void sl__redact_urls(char *s, size_t cap);
 /*
  * par.c: work shared by threads.  struct sl__first_err keeps the first
  * error among them with the detail of the thread that met it (details are

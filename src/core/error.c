@@ -16,6 +16,7 @@ int sl__err(int code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(tmp, sizeof(tmp), fmt, ap);
 	va_end(ap);
+	sl__redact_urls(tmp, sizeof(tmp));
 	memcpy(sl_detail, tmp, sizeof(sl_detail));
 	sl__debug("core", "error %d (%s): %s", code, sluice_strerror(code), sl_detail);
 	return code;

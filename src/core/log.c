@@ -41,6 +41,7 @@ void sl__log(int level, const char *tag, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	sl__redact_urls(line, sizeof(line));
 	/* One fprintf per line so lines from threads do not interleave. */
 	if (level < 0)
 		fprintf(stderr, "sluice[%s] %s\n", tag, line);

@@ -1,4 +1,5 @@
 /* Small system helpers. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -28,6 +29,25 @@ int sl__mkdirs(char *path)
 	}
 }
 
+const char *sl__file_kind(mode_t mode)
+{
+	return S_ISREG(mode) ? "regular file" : S_ISDIR(mode) ? "directory" : S_ISFIFO(mode) ? "FIFO" :
+	       S_ISCHR(mode) ? "character device" : S_ISBLK(mode) ? "block device" : S_ISSOCK(mode) ? "socket" :
+	       S_ISLNK(mode) ? "symbolic link" : "special file";
+}
+
+int sl__replaceable(const char *path)
+{
+	struct stat st;
+
+	if (stat(path, &st) < 0)
+		return errno == ENOENT ? 0 : sl__err(-errno, "%s: %s", path, strerror(errno));
+	if (S_ISREG(st.st_mode))
+		return 0;
+	return sl__err(S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, "%s: exists and is not a regular file (a %s): not replaced",
+		       path, sl__file_kind(st.st_mode));
+}
+
 int sl__open_file(const char *path, int oflags, mode_t mode)
 {
 	struct stat st;
@@ -40,8 +60,7 @@ int sl__open_file(const char *path, int oflags, mode_t mode)
 	else if (S_ISDIR(st.st_mode))
 		rc = sl__err(-EISDIR, "%s: is a directory", path);
 	else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
-		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path,
-			     S_ISFIFO(st.st_mode) ? "FIFO" : S_ISCHR(st.st_mode) ? "character device" : "socket");
+		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path, sl__file_kind(st.st_mode));
 	else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
 		rc = sl__err(-errno, "%s: fcntl: %s", path, strerror(errno));
 	if (rc) {
@@ -71,6 +90,44 @@ void sluice_url_redact(const char *url, char *out, size_t cap)
 			 url[end] ? "?..." : "");
 	else
 		snprintf(out, cap, "%.*s%s", (int)end, url, url[end] ? "?..." : "");
+}
+
+void sl__redact_urls(char *s, size_t cap)
+{
+	char out[1024], *o = out;
+	const char *p = s, *sep;
+
+	if (!strstr(s, "://") || cap > sizeof(out))
+		return;
+	while ((sep = strstr(p, "://"))) {
+		const char *start = sep, *end = sep + 3 + strcspn(sep + 3, " \t\n");
+		char url[1024];
+
+		while (start > p && (isalnum((unsigned char)start[-1]) || strchr("+.-", start[-1])))
+			start--;
+		while (start < sep && !isalpha((unsigned char)*start))
+			start++;
+		/* Punctuation that closes the sentence is not the URL's. */
+		while (end > sep + 3 && strchr(":,;)]'\"", end[-1]))
+			end--;
+		if (start == sep) { /* "://" with no scheme: not a URL */
+			end = sep + 3;
+			start = end;
+		}
+		snprintf(url, sizeof(url), "%.*s", (int)(end - start), start);
+		snprintf(o, (size_t)(out + cap - o), "%.*s", (int)(start - p), p);
+		o += strlen(o);
+		if (o >= out + cap - 1)
+			break;
+		if (*url)
+			sluice_url_redact(url, o, (size_t)(out + cap - o));
+		o += strlen(o);
+		p = end;
+	}
+	if (o < out + cap - 1)
+		snprintf(o, (size_t)(out + cap - o), "%s", p);
+	memcpy(s, out, cap);
+	s[cap - 1] = '\0';
 }
 
 int sluice_drop_page_cache(void)

@@ -277,9 +277,17 @@ static int sl_start_shard(struct sluice_writer *w)
 {
 	char *tmp;
 	unsigned char zero[SL_HDR_SIZE] = { 0 };
+	int rc;
 
 	if (w->shard >= SL_MAX_SHARDS)
 		return sl__err(-EFBIG, "%s: more than %u shards; raise the shard size", w->dir, SL_MAX_SHARDS);
+	/* The shard is renamed over its name when sealed: refuse now a name held by a directory, FIFO or device. */
+	if (!(tmp = sl_path(w->dir, "shard-%06u.sls", w->shard)))
+		return -ENOMEM;
+	rc = sl__replaceable(tmp);
+	free(tmp);
+	if (rc)
+		return rc;
 	tmp = sl_path(w->dir, ".shard-%06u.sls.tmp", w->shard);
 	if (!tmp)
 		return -ENOMEM;
@@ -538,6 +546,8 @@ int sluice_writer_close(struct sluice_writer *w)
 		rc = -ENOMEM;
 		goto out;
 	}
+	if ((rc = sl__replaceable(fin)))
+		goto out;
 	ifd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (ifd < 0) {
 		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
@@ -598,11 +608,16 @@ void sluice_writer_abort(struct sluice_writer *w)
 	if (w->efd >= 0)
 		close(w->efd);
 	if (w->dir) {
-		/* Remove what this writer made: shards so far, temporaries. */
+		/*
+		 * Remove what this writer made: shards so far, temporaries.  The
+		 * current shard's name may hold what it refused to replace (a
+		 * FIFO, a directory): only a regular file there is its own.
+		 */
 		for (unsigned s = 0; s <= w->shard; s++) {
 			char *a = sl_path(w->dir, "shard-%06u.sls", s), *b = sl_path(w->dir, ".shard-%06u.sls.tmp", s);
+			struct stat st;
 
-			if (a)
+			if (a && (s < w->shard || (lstat(a, &st) == 0 && S_ISREG(st.st_mode))))
 				unlink(a);
 			if (b)
 				unlink(b);

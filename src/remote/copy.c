@@ -3,11 +3,13 @@
  * one or a whole tree, several files at once and each in parallel parts.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "remote/remote.h"
 
@@ -15,6 +17,7 @@ enum { SL_FILES_AT_ONCE = 4 };
 
 struct sl_pair {
 	char *src, *dst;
+	size_t below; /* dst[below..]: the name from the source (a key's rest), no link followed in it */
 };
 
 struct sl_copy {
@@ -51,6 +54,7 @@ static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, 
 		return -ENOMEM;
 	q = &c->p[c->n];
 	q->src = strdup(src);
+	q->below = strlen(dst_dir) + strlen(sep);
 	if (!q->src || asprintf(&q->dst, "%s%s%s", dst_dir, sep, rel) < 0) {
 		free(q->src);
 		return -ENOMEM;
@@ -59,20 +63,56 @@ static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, 
 	return 0;
 }
 
-/* mkdir -p of path's parent directory. */
-static int sl_parents(const char *path)
+/*
+ * mkdir -p of a download's parent directory.  Below the destination the
+ * user named (q->below), each directory is made and entered with openat
+ * O_NOFOLLOW: a symbolic link there (already in the destination, or put
+ * there while the copy runs) would send the copy outside it, so it is
+ * refused, naming the key and the link.  The last name may be a link to a
+ * file: the download's rename replaces the link, not what it leads to.
+ */
+static int sl_parents(const struct sl_pair *q)
 {
-	char *d = strdup(path), *p;
-	int rc = 0;
+	char *d = strdup(q->dst), *p;
+	/* Names from the source have segments only in a tree's copy, where dst[below - 1] is a '/'. */
+	const int walk = strchr(q->dst + q->below, '/') != NULL;
+	int rc = 0, dfd = -1;
 
 	if (!d)
 		return -ENOMEM;
-	for (p = d + 1; !rc && (p = strchr(p, '/')); p++) {
+	for (p = d + 1; !rc && (p = strchr(p, '/')) && (!walk || (size_t)(p - d) < q->below); p++) {
 		*p = 0;
 		if (mkdir(d, 0755) < 0 && errno != EEXIST)
 			rc = sl__err(-errno, "%s: %s", d, strerror(errno));
 		*p = '/';
 	}
+	if (!rc && walk) {
+		d[q->below - 1] = 0;
+		if ((dfd = open(*d ? d : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+			rc = sl__err(-errno, "%s: %s", d, strerror(errno));
+		d[q->below - 1] = '/';
+	}
+	for (char *seg = d + q->below; !rc && dfd >= 0 && (p = strchr(seg, '/')); seg = p + 1) {
+		int nfd;
+
+		*p = 0;
+		if (mkdirat(dfd, seg, 0755) < 0 && errno != EEXIST)
+			rc = sl__err(-errno, "%s: %s", d, strerror(errno));
+		else if ((nfd = openat(dfd, seg, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+			struct stat st;
+			int e = errno, link = fstatat(dfd, seg, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+
+			rc = link ? sl__err(-ELOOP, "%s: not copied: %s is a symbolic link, and a copy never writes through "
+					    "one inside its destination", q->src, d)
+				  : sl__err(-e, "%s: not copied: %s: %s", q->src, d, strerror(e));
+		} else {
+			close(dfd);
+			dfd = nfd;
+		}
+		*p = '/';
+	}
+	if (dfd >= 0)
+		close(dfd);
 	free(d);
 	return rc;
 }
@@ -83,7 +123,7 @@ static void *sl_copy_run(void *arg)
 
 	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !atomic_load(&c->fail.err);) {
 		struct sl_pair *q = &c->p[i];
-		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q->dst);
+		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q);
 
 		int ok = 0;
 		char name[48] = "";

@@ -198,6 +198,8 @@ int sl__fs_download(const char *url, const char *local, int *verified, char sum_
 		return rc;
 	if (sum_name)
 		snprintf(sum_name, 48, "%s", m.sum_name[0] ? m.sum_name : "none (no checksum)");
+	if ((rc = sl__replaceable(local)))
+		return rc;
 	if (asprintf(&tmp, "%s.sluice-part.%d", local, (int)getpid()) < 0)
 		return -ENOMEM;
 	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for a one-pass checksum */

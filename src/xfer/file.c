@@ -255,9 +255,11 @@ static int sl_make_tmp(const char *dir, const char *base, char **tmp)
 static int sl_open_tmp(const char *path, const char *dir, const char *base, size_t len, char **tmp)
 {
 	struct stat st;
-	int keep_mode = stat(path, &st) == 0, fd = sl_make_tmp(dir, base, tmp), e;
+	int keep_mode = stat(path, &st) == 0, fd, e;
 
-	if (fd < 0)
+	if ((e = sl__replaceable(path)))
+		return e;
+	if ((fd = sl_make_tmp(dir, base, tmp)) < 0)
 		return sl__err(fd, "%s: cannot create temporary file in %s: %s", path, dir, strerror(-fd));
 	if (keep_mode && fchmod(fd, st.st_mode & 07777) < 0)
 		e = sl__err(-errno, "%s: fchmod: %s", *tmp, strerror(errno));

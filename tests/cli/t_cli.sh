@@ -242,5 +242,15 @@ PY
 	bad "tokens without lengths" "needs --doc-lengths" "$S" pack --from-tokens "$D/tok.npy" "$D/tk6"
 fi
 
+# A URL with credentials (a password in the userinfo, a presigned query) is named once, without them.
+U='http://alice:PASSW0RD@127.0.0.1:1/sub/x?X-Amz-Signature=SIGSECRET'
+for c in "cp $U $D/never" "inspect $U" "verify $U"; do
+	# shellcheck disable=SC2086
+	"$S" $c > "$D/out" 2> "$D/err"; rc=$?
+	if [ $rc -ne 0 ] && ! grep -q 'PASSW0RD\|SIGSECRET' "$D/out" "$D/err" && grep -q 'alice:\*\*\*@127.0.0.1:1/sub/x' "$D/err" &&
+	   [ "$(grep -o 'alice:\*\*\*@' "$D/err" | wc -l)" -eq 1 ]; then echo "ok   ${c%% *} names a URL once, without its credentials"
+	else echo "FAIL ${c%% *} with a URL with credentials (exit $rc): $(cat "$D/err" "$D/out")"; fails=$((fails + 1)); fi
+done
+
 echo "t_cli: $fails failure(s)"
 [ $fails -eq 0 ]

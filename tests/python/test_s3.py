@@ -623,3 +623,25 @@ def test_cache_too_small_for_a_shard_is_one_line(s3, cache, tmp_path):
     bad = [line for line in r.stdout.splitlines() if line.startswith("BAD")]
     assert r.returncode == 1 and 1 < shards < 24 and len(bad) == shards, r.stdout
     assert all(line.startswith("BAD shard") and "SLUICE_CACHE_LIMIT" in line for line in bad), bad
+
+
+def test_copy_never_writes_through_a_symlinked_directory_in_the_destination(s3, tmp_path):
+    """`sluice cp -r` into a directory holding a symbolic link to a directory elsewhere: a key below the link's
+    name is refused, naming the key and the link, and nothing is written where the link leads; a symlinked FILE
+    at a key's name is replaced by the copy (the file it led to untouched)."""
+    dst, outside = tmp_path / "dst", tmp_path / "outside"
+    dst.mkdir()
+    outside.mkdir()
+    (dst / "link").symlink_to(outside)
+    for k in ("sym/link/evil", "sym/ok"):
+        s3.put_object(Bucket="pytest", Key=k, Body=b"EVIL")
+    r = subprocess.run([_sluice_bin(), "cp", "-r", "s3://pytest/sym/", str(dst)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "s3://pytest/sym/link/evil" in r.stderr and str(dst / "link") in r.stderr
+    assert "symbolic link" in r.stderr and os.listdir(outside) == []
+    dst2, victim = tmp_path / "dst2", tmp_path / "victim"
+    dst2.mkdir()
+    victim.write_bytes(b"VICTIM")
+    (dst2 / "ok").symlink_to(victim)
+    assert sluice.copy("s3://pytest/sym/ok", str(dst2 / "ok"))["files"] == 1
+    assert (dst2 / "ok").read_bytes() == b"EVIL" and not (dst2 / "ok").is_symlink() and victim.read_bytes() == b"VICTIM"

@@ -9,7 +9,10 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -161,6 +164,57 @@ static void t_kill(void)
 	free(neu);
 }
 
+/*
+ * A target that exists and is not a regular file (FIFO, socket, directory,
+ * device) is refused, naming it, before any temporary is made: a rename
+ * would replace the node (as root, /dev/null) with a regular file.
+ */
+static void t_special_target(struct sluice_engine *eng)
+{
+	static const char *const kinds[] = { "fifo", "sock", "dir", "chr" };
+	char src[16] = "0123456789abcdef";
+
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		char path[600];
+		struct stat st;
+		int made, s = -1;
+
+		snprintf(path, sizeof(path), "%s/special-%s", dir, kinds[i]);
+		if (i == 0) {
+			made = mkfifo(path, 0600) == 0;
+		} else if (i == 1) {
+			struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+			s = socket(AF_UNIX, SOCK_STREAM, 0);
+			made = s >= 0 && strlen(path) < sizeof(a.sun_path);
+			if (made)
+				memcpy(a.sun_path, path, strlen(path) + 1);
+			made = made && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
+		} else if (i == 2) {
+			made = mkdir(path, 0700) == 0;
+		} else {
+			made = mknod(path, S_IFCHR | 0600, makedev(1, 3)) == 0; /* root only: /dev/null's numbers */
+		}
+		if (!made) {
+			printf("special target %s: cannot be made here, not tried\n", kinds[i]);
+			if (s >= 0)
+				close(s);
+			continue;
+		}
+		T_CHECK(sluice_write_from_gpu(eng, path, src, sizeof(src), NULL) < 0);
+		T_CHECK(strstr(sluice_last_error_detail(), path) != NULL &&
+			strstr(sluice_last_error_detail(), "not a regular file") != NULL);
+		T_CHECK(lstat(path, &st) == 0 && !S_ISREG(st.st_mode));
+		T_CHECK(count_temps(0) == 0);
+		if (s >= 0)
+			close(s);
+		if (i == 2)
+			rmdir(path);
+		else
+			unlink(path);
+	}
+}
+
 int main(void)
 {
 	struct sluice_engine *eng;
@@ -180,6 +234,7 @@ int main(void)
 	}
 	t_basic(eng);
 	t_no_space(eng);
+	t_special_target(eng);
 	sluice_engine_close(eng);
 	return t_done("t_checkpoint");
 }

@@ -24,6 +24,28 @@ static void t_errors(void)
 	T_CHECK(!strcmp(sluice_last_error_detail(), "outer: file x.bin"));
 }
 
+/*
+ * Every error detail names a URL as sluice_url_redact() does, whichever
+ * message put it there: no password of the userinfo, no query.
+ */
+static void t_details_hide_credentials(void)
+{
+	const char *url = "http://alice:PASSW0RD@h:8080/d/x?X-Amz-Signature=SIGSECRET";
+	struct sluice_copy_report rep = SLUICE_COPY_REPORT_INIT;
+	const char *d;
+
+	sl__err(-ENOENT, "%s/index.sli: cannot open, and s3://b/k?sig=SIGSECRET, (https://u:PASSW0RD@x/y)", url);
+	d = sluice_last_error_detail();
+	T_CHECK(!strstr(d, "PASSW0RD") && !strstr(d, "SIGSECRET"));
+	T_CHECK(!strcmp(d, "http://alice:***@h:8080/d/x?...: cannot open, and s3://b/k?..., (https://u:***@x/y)"));
+	/* A path's '?' is its own; a message without a URL is as formatted. */
+	sl__err(-ENOENT, "/tmp/a?b: no");
+	T_CHECK(!strcmp(sluice_last_error_detail(), "/tmp/a?b: no"));
+	T_CHECK(sluice_copy(url, "/tmp/t_core-never", 0, &rep) < 0);
+	d = sluice_last_error_detail();
+	T_CHECK(*d && !strstr(d, "PASSW0RD") && !strstr(d, "SIGSECRET") && strstr(d, "alice:***@h:8080"));
+}
+
 static void t_sizes(void)
 {
 	uint64_t v;
@@ -340,6 +362,7 @@ int main(void)
 	t_growing_structs();
 	t_registry();
 	t_errors();
+	t_details_hide_credentials();
 	t_crc_combine();
 	t_crc64_combine();
 	t_sizes();

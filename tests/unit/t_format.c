@@ -412,6 +412,25 @@ static void t_index_entries(void)
 	read_ds(p, 9000, 7);
 }
 
+/* A shard name held by a FIFO in the output directory is refused, named, and left as it was (not renamed over). */
+static void t_writer_special_target(void)
+{
+	struct sluice_writer *w = NULL;
+	char p[700], shard[800];
+	struct stat st;
+	int rc;
+
+	snprintf(p, sizeof(p), "%s/fifo-out", dir);
+	snprintf(shard, sizeof(shard), "%s/shard-000000.sls", p);
+	T_CHECK(mkdir(p, 0755) == 0 && mkfifo(shard, 0600) == 0);
+	rc = sluice_writer_open(&w, p, fields, 3, NULL);
+	if (rc == 0)
+		rc = sluice_writer_close(w);
+	T_CHECK(rc == -EINVAL);
+	T_CHECK(strstr(sluice_last_error_detail(), shard) && strstr(sluice_last_error_detail(), "not a regular file"));
+	T_CHECK(lstat(shard, &st) == 0 && S_ISFIFO(st.st_mode));
+}
+
 int main(void)
 {
 	dir = t_dir("t_format");
@@ -422,6 +441,7 @@ int main(void)
 	t_corruption();
 	t_index_entries();
 	t_writer_errors();
+	t_writer_special_target();
 	test_a_record_of_one_empty_field();
 	return t_done("t_format");
 }
