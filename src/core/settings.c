@@ -376,9 +376,19 @@ static int sl_number(const struct sl__setting_def *d, const char *v, uint64_t *u
 	}
 }
 
+/* v as an error quotes it: a byte that is not printable ASCII as \xNN (no escape sequence reaches a terminal). */
+static void sl_quoted(const char *v, char *out, size_t cap)
+{
+	size_t n = 0;
+
+	for (const unsigned char *c = (const unsigned char *)v; *c && n + 5 < cap; c++)
+		n += (size_t)snprintf(out + n, cap - n, *c >= 0x20 && *c < 0x7f ? "%c" : "\\x%02x", *c);
+	out[n] = 0;
+}
+
 int sl__setting_parse(const struct sl__setting_def *d, const char *v, const char *from, uint64_t *u)
 {
-	char want[160];
+	char want[160], shown[256];
 
 	int ok;
 
@@ -386,10 +396,11 @@ int sl__setting_parse(const struct sl__setting_def *d, const char *v, const char
 	ok = sl_number(d, v, u) == 0;
 	if (ok && (!d->check || d->check(v) == 0))
 		return 0;
+	sl_quoted(v, shown, sizeof(shown));
 	if (ok) /* the check said why */
-		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): %s", d->name, v, from, sluice_last_error_detail());
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): %s", d->name, shown, from, sluice_last_error_detail());
 	sl_want(d, want, sizeof(want));
-	return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): want %s", d->name, v, from, want);
+	return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): want %s", d->name, shown, from, want);
 }
 
 int sl__setting_num(const char *name, const char *v, const char *from, uint64_t *out)
@@ -444,8 +455,41 @@ static const char *sl_from(const char *name, void *ctx)
 	return sl__setting_from(name);
 }
 
+extern char **environ;
+
+/*
+ * Once a process, at its first configuration: what would otherwise be
+ * dropped without a word.  A SLUICE_* variable the registry does not know
+ * (a typo, SLUICE_THREAD=4) is named, but for those of sluice's own tests,
+ * benchmarks and scripts; a settings file SLUICE_CONFIG names that is not
+ * there reads as none (sluice tune makes it), so that is said too.
+ */
+static void sl_warn_unread(void)
+{
+	static const char *const tools[] = { "SLUICE_TEST_", "SLUICE_BENCH_", "SLUICE_DEMO_", "SLUICE_WHEEL=" };
+	const char *conf = getenv("SLUICE_CONFIG");
+
+	for (char **e = environ; e && *e; e++) {
+		char name[128];
+		int known = 0;
+
+		if (strncmp(*e, "SLUICE_", 7))
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)strcspn(*e, "="), *e);
+		for (size_t t = 0; t < sizeof(tools) / sizeof(tools[0]); t++)
+			known |= !strncmp(*e, tools[t], strlen(tools[t]));
+		if (!known && sl_index(name) < 0)
+			sl__warn("config", "%s is not a setting of sluice (sluice info --settings lists them): ignored",
+				 name);
+	}
+	if (conf && *conf && access(conf, F_OK) < 0 && errno == ENOENT)
+		sl__warn("config", "SLUICE_CONFIG names %s, which is not there: no settings file read", conf);
+}
+
 int sluice_config_new(struct sluice_config **out)
 {
+	static pthread_once_t warned = PTHREAD_ONCE_INIT;
+
 	struct sluice_config *cfg = malloc(sizeof(*cfg));
 	int rc;
 
@@ -453,6 +497,7 @@ int sluice_config_new(struct sluice_config **out)
 	if (!cfg)
 		return -ENOMEM;
 	sl__config_defaults(cfg);
+	pthread_once(&warned, sl_warn_unread);
 	rc = sl__settings_check();
 	if (!rc)
 		rc = sl__settings_apply(cfg, &(struct sl__env){ sl_getenv, NULL, sl_from });

@@ -44,6 +44,12 @@ env SLUICE_THREADS="$(printf '\377\376"\\\001')" "$S" info --settings --json > "
 if [ $rc -ne 0 ] && "$PYTHON" -c 'import json, sys; d = json.load(open(sys.argv[1]))
 assert [s["name"] for s in d if "error" in s] == ["SLUICE_THREADS"]' "$D/out"; then echo "ok   settings json with a wrong value"
 else echo "FAIL settings json with a wrong value (exit $rc): $(cat "$D/out" "$D/err")"; fails=$((fails + 1)); fi
+# What would be dropped without a word is said once: a SLUICE_* name that is no setting, a settings file not there.
+env SLUICE_THREAD=4 SLUICE_CONFIG=/nonexistent/sluice.conf "$S" info > "$D/out" 2> "$D/err"
+if [ "$(grep -c 'SLUICE_THREAD is not a setting' "$D/err")" = 1 ] && grep -q 'SLUICE_CONFIG names /nonexistent/sluice.conf, which is not there' "$D/err"
+then echo "ok   unknown setting and absent settings file named"; else echo "FAIL unknown setting, absent file: $(cat "$D/err")"; fails=$((fails + 1)); fi
+bad "a wrong value's control bytes escaped" 'de\\x01bug' env SLUICE_LOG="$(printf 'de\001bug')" "$S" info
+if grep -q "$(printf '\001')" "$D/err"; then echo "FAIL a control byte reached stderr"; fails=$((fails + 1)); fi
 bad "pack to an empty path" "empty" "$S" pack --from-jsonl "$D/f.bin" --fields a ""
 ok "read host json verify" "$S" bench "$D/f.bin" --target host --json --verify --io-size 1M
 has "read json has gb_s" '"gb_s":'
