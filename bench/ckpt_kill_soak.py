@@ -9,6 +9,9 @@ Two cases, `--trials` times each:
   first    a child's first save into an empty directory is killed at its K-th rename (K random, 1 to 13: the
            12 shards, then the index); the directory must be refused (an unfinished save) or, past the index,
            load whole, never load as a checkpoint of fewer tensors.
+  single   the same first save, into a directory holding a single-file model.safetensors (7 other tensors):
+           the directory must load as that file's checkpoint whole, be refused (an unfinished save over
+           another checkpoint) or, past the index, load as the new one whole; never a mix of the two.
 Then one more save must leave exactly the files its index names.  It prints, per case, the trials, how each
 ended and the failures (any mix, partial load or unexpected error), as JSON; the exit status is 1 on any
 failure.  tests/python/test_checkpoint_faults.py runs a few trials of each in `make test`.
@@ -45,17 +48,22 @@ def replace_case(d, trials, rng):
     return ends, failures
 
 
-def first_case(base, trials, rng):
+def first_case(base, trials, rng, over_single=False):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
     ends, failures = {}, []
+    old = {f"old.{i}": v for i, v in enumerate(model(1, n=7).values())}
     for t in range(trials):
-        d, k = os.path.join(base, f"first{t}"), rng.randint(1, 13)
+        d, k = os.path.join(base, f"{'single' if over_single else 'first'}{t}"), rng.randint(1, 13)
+        if over_single:
+            os.makedirs(d)
+            sluice.save(old, os.path.join(d, "model.safetensors"))
         subprocess.run([sys.executable, "-c", KILLED_AT, d, str(k)], env=env, capture_output=True, timeout=120)
         try:
             got = sluice.load(d, device="numpy")
-            end = "whole" if len(got) == 12 else "partial"
+            end = "whole" if len(got) == 12 and not set(got) & set(old) else \
+                "old" if over_single and set(got) == set(old) else "partial"
             if end == "partial":
-                failures.append(f"trial {t} (killed at rename {k}): loaded {len(got)} of 12 tensors")
+                failures.append(f"trial {t} (killed at rename {k}): loaded {len(got)} tensors: {sorted(got)[:4]}")
         except sluice.SluiceError as e:
             end = "refused"
             if "unfinished save" not in str(e) and "No such file" not in str(e):
@@ -73,7 +81,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = {}
         for name, run in (("replace", lambda: replace_case(os.path.join(tmp, "ck"), a.trials, rng)),
-                          ("first", lambda: first_case(tmp, a.trials, rng))):
+                          ("first", lambda: first_case(tmp, a.trials, rng)),
+                          ("single", lambda: first_case(tmp, a.trials, rng, over_single=True))):
             ends, failures = run()
             out[name] = {"trials": a.trials, "ends": ends, "failures": failures}
     print(json.dumps(out, indent=2))
