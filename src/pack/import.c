@@ -547,13 +547,14 @@ static int pack_jsonl(struct job *j)
 		/* Blank lines (whitespace only) hold no record. */
 		if (!len || strspn(l, " \t") >= len)
 			continue;
-		if (!w && (rc = sl__json_schema(l, len, names, n, fields)) == 0)
+		/* A line's fault names the line; the writer's (the output's) names the output alone. */
+		if (!w && (rc = sl__json_schema(l, len, names, n, fields)))
+			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
+		else if (!w)
 			rc = sluice_writer_open(&w, j->out, fields, n, &j->opt->writer);
 		if (!rc)
-			rc = sl__writer_add_json(w, l, len);
-		if (rc)
-			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
-		else if (lr.lineno % 10000 == 0)
+			rc = sl__writer_add_json(w, l, len, from, lr.lineno);
+		if (!rc && lr.lineno % 10000 == 0)
 			progress(j, sluice_writer_count(w), 0);
 	}
 	if (!rc && got < 0)

@@ -165,3 +165,10 @@ def test_a_list_element_out_of_f32_range_is_refused_as_a_scalar_is(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ds[0]["v"][0] == np.finfo(np.float32).max
 
+
+def test_packing_over_a_dataset_names_the_output_not_the_input_line(tmp_path):
+    r, _ = _pack(tmp_path, b'{"x": 1}\n', "x")
+    assert r.returncode == 0, r.stderr
+    r, _ = _pack(tmp_path, b'{"x": 1}\n', "x")
+    assert r.returncode != 0
+    assert "in.jsonl" not in r.stderr and str(tmp_path / "ds") in r.stderr and "already holds" in r.stderr, r.stderr
