@@ -159,8 +159,9 @@ int cmd_pack(int argc, char **argv)
 						     .block_size = (size_t)block_size };
 	opt.progress = quiet || json ? NULL : show_progress;
 	rc = sluice_pack(out, &opt, &rep);
+	/* A fault of the output (one is there already, a full disk) is named by the output, not the input. */
 	if (rc)
-		return cli_error(CMD, opt.from, rc);
+		return cli_error(CMD, strstr(sluice_last_error_detail(), cli_shown(out)) ? out : opt.from, rc);
 	print_report(&opt, &rep, out, json);
 	return 0;
 }

@@ -292,13 +292,16 @@ SL_HIDDEN int sl__record_decode(const struct sluice_field *f, unsigned nfields,
  * points to names[i]): string -> bytes, integer -> i64, real -> f64,
  * boolean -> u8, array of integers -> i64[*], array of numbers -> f32[*],
  * anything else -> bytes holding its JSON text.  sl__writer_add_json()
- * adds one line as a record of w's schema.  Both return 0 or SLUICE_EFORMAT
- * naming the field (invalid JSON, a missing or null key, a type that
- * differs from the schema).
+ * adds one line (line lineno of the file from) as a record of w's schema.
+ * Both return 0 or SLUICE_EFORMAT naming the field (invalid JSON, a missing
+ * or null key, a type that differs from the schema, a number past its
+ * type's range), sl__writer_add_json() naming from:lineno too; or, from
+ * sl__writer_add_json(), the writer's error, naming the output.
  */
 SL_HIDDEN int sl__json_schema(const char *line, size_t len, const char *const *names, unsigned n,
 					     struct sluice_field *out);
-SL_HIDDEN int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len);
+SL_HIDDEN int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len, const char *from,
+				  uint64_t lineno);
 /*
  * Lines of a stream, each held whole but never one longer than max bytes
  * (SLUICE_MAX_RECORD), so that a file without newlines (a JSON array,

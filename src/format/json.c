@@ -7,9 +7,13 @@
  * The first line fixes the schema; later lines must agree, except that a
  * bytes field takes any value (non-strings as their JSON text, kept as
  * written: 0.1 stays 0.1), an f64 field takes integers and an f32[*] field
- * arrays of integers.  Strings may hold NUL (\u0000).
+ * arrays of integers.  A number past its type's range (float64 for a
+ * scalar, float32 for an f32[*] element) is refused, never stored as inf.
+ * Strings may hold NUL (\u0000).
  */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -201,6 +205,18 @@ static int sl_json_fits(const struct sluice_field *f, json_t *v)
 		return sl__err(SLUICE_EFORMAT, "field '%s' is %s%s here, %s%s on the first line", f->name,
 			       sluice_dtype_name(got.dtype), got.ndim ? "[]" : "", sluice_dtype_name(f->dtype),
 			       f->ndim ? "[]" : "");
+	/*
+	 * A number must keep its magnitude in the field's type, as jansson
+	 * refuses one past float64's for a scalar: an f32[*] element past
+	 * float32's range would be stored as inf.
+	 */
+	for (size_t k = 0; f->dtype == SLUICE_DTYPE_F32 && k < json_array_size(v); k++) {
+		double d = json_number_value(json_array_get(v, k));
+
+		if (isinf((float)d))
+			return sl__err(SLUICE_EFORMAT, "field '%s' element %zu: %g is past float32's range (+-%g)",
+				       f->name, k, d, (double)FLT_MAX);
+	}
 	return 0;
 }
 

@@ -508,14 +508,15 @@ int sluice_writer_add(struct sluice_writer *w, const void *const *vals, const si
 	return 0;
 }
 
-int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len)
+int sl__writer_add_json(struct sluice_writer *w, const char *line, size_t len, const char *from, uint64_t lineno)
 {
 	const void *vals[SLUICE_MAX_FIELDS];
 	size_t lens[SLUICE_MAX_FIELDS];
 	int rc = sl__json_values(w->fields, w->nfields, line, len, &w->json, &w->json_cap, vals, lens);
 
 	if (rc)
-		return sl__err(rc, "record %llu: %s", (unsigned long long)w->nrecords, sluice_last_error_detail());
+		return sl__err(rc, "%s:%llu: record %llu: %s", from, (unsigned long long)lineno,
+			       (unsigned long long)w->nrecords, sluice_last_error_detail());
 	return sluice_writer_add(w, vals, lens);
 }
 

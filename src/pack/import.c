@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "core/core.h"
 #include "format/format.h"
 
@@ -91,9 +93,10 @@ static int image_name(const char *name)
 
 /*
  * stat(2) of path as the walk may use it: 1 to use it, 0 to skip it (a
- * dangling link, one leading out of DIR: warned), -1 on another error.
+ * dangling link, one leading out of DIR: warned and counted where warn,
+ * the first of the walk's two looks at an entry), -1 on another error.
  */
-static int walk_stat(struct walker *wk, const char *path, struct stat *st)
+static int walk_stat(struct walker *wk, const char *path, struct stat *st, int warn)
 {
 	struct stat ls;
 	char real[4096];
@@ -106,14 +109,14 @@ static int walk_stat(struct walker *wk, const char *path, struct stat *st)
 		return 1;
 	}
 	if (stat(path, st) < 0 || !realpath(path, real)) {
-		sl__warn("pack", "%s: a dangling link, skipped", path);
-		wk->skipped++;
+		if (warn)
+			sl__warn("pack", "%s: a dangling link, skipped", path), wk->skipped++;
 		return 0;
 	}
 	if (!wk->follow && !(strncmp(real, wk->real, rl) == 0 && (real[rl] == '/' || !real[rl]))) {
-		sl__warn("pack", "%s: links out of %s (to %s), skipped (--follow-symlinks "
-			"takes it)", path, wk->root, real);
-		wk->skipped++;
+		if (warn)
+			sl__warn("pack", "%s: links out of %s (to %s), skipped (--follow-symlinks "
+				"takes it)", path, wk->root, real), wk->skipped++;
 		return 0;
 	}
 	return 1;
@@ -201,7 +204,7 @@ static int walk_dirs(struct walker *wk, const char *rel, struct st_list *dirs)
 
 		if (asprintf(&r, "%s/%s", rel, names[i]) < 0 || asprintf(&p, "%s/%s", wk->root, r) < 0)
 			rc = sl__err(-ENOMEM, "out of memory");
-		else if ((use = walk_stat(wk, p, &st)) < 0)
+		else if ((use = walk_stat(wk, p, &st, 1)) < 0)
 			rc = sl__err(-errno, "%s: %s", p, strerror(errno));
 		else if (use && S_ISDIR(st.st_mode))
 			rc = walk_dirs(wk, r, dirs);
@@ -240,7 +243,7 @@ static int walk_class(struct walker *wk, const char *rel, int64_t label, struct 
 			if (asprintf(&r, "%s%s%s", dirs.v[d], *dirs.v[d] ? "/" : "", names[i]) < 0 ||
 			    asprintf(&p, "%s/%s", wk->root, r) < 0) {
 				rc = sl__err(-ENOMEM, "out of memory");
-			} else if ((use = walk_stat(wk, p, &st)) < 0) {
+			} else if ((use = walk_stat(wk, p, &st, 0)) < 0) { /* walk_dirs or walk_imagefolder warned */
 				rc = sl__err(-errno, "%s: %s", p, strerror(errno));
 			} else if (use && S_ISREG(st.st_mode) && (wk->all_files || image_name(names[i]))) {
 				if (add_item(l, r, label))
@@ -258,92 +261,87 @@ static int walk_class(struct walker *wk, const char *rel, int64_t label, struct 
 	return rc;
 }
 
-/* A JSON string of s appended to *j (l bytes used, cap). */
-static int json_append(char **j, size_t *l, size_t *cap, const char *s, int quote)
+/* s in buf for a message: a byte that is not printable ASCII as \xHH, so that a name of any bytes shows. */
+static const char *shown_bytes(const char *s, char *buf, size_t cap)
 {
-	for (const char *p = s;; p++) {
-		char e[8];
-		size_t k = 0;
+	size_t k = 0;
 
-		if (*l + 8 >= *cap) {
-			char *t = realloc(*j, *cap = *cap ? 2 * *cap : 4096);
-
-			if (!t)
-				return -1;
-			*j = t;
-		}
-		if (!*p)
-			break;
-		if (!quote)
-			e[k++] = *p;
-		else if (*p == '"' || *p == '\\')
-			e[k++] = '\\', e[k++] = *p;
-		else if ((unsigned char)*p < 0x20)
-			k = (size_t)snprintf(e, sizeof(e), "\\u%04x", (unsigned char)*p);
-		else
-			e[k++] = *p;
-		memcpy(*j + *l, e, k);
-		*l += k;
-	}
-	(*j)[*l] = 0;
-	return 0;
+	for (const unsigned char *u = (const unsigned char *)s; *u && k + 5 < cap; u++)
+		k += (size_t)(*u < 0x20 || *u >= 0x7f ? snprintf(buf + k, cap - k, "\\x%02x", *u)
+						   : snprintf(buf + k, cap - k, "%c", *u));
+	buf[k] = 0;
+	return buf;
 }
 
 /*
  * The ImageFolder at wk->root into l; *labelled when it has classes, and
- * then *meta is {"class_to_idx": {...}} (malloc'd) for the dataset.
+ * then *meta is {"class_to_idx": {...}} (malloc'd) for the dataset.  The
+ * metadata is JSON, whose strings are UTF-8: a class folder whose name is
+ * not is refused, named, before any file is read.
  */
 static int walk_imagefolder(struct walker *wk, struct list *l, int *labelled, char **meta)
 {
-	size_t n, ml = 0, mcap = 0, ncls = 0;
+	size_t n, ncls = 0;
 	char **names = dir_names(wk->root, &n), **cls;
+	json_t *c2i = json_object(), *m;
 	int rc = 0;
 
 	*labelled = 0;
 	*meta = NULL;
-	if (!names)
+	if (!names) {
+		json_decref(c2i);
 		return sl__err(-errno, "%s: %s", wk->root, strerror(errno));
+	}
 	if (!realpath(wk->root, wk->real)) {
 		free_names(names, n);
+		json_decref(c2i);
 		return sl__err(-errno, "%s: %s", wk->root, strerror(errno));
 	}
 	cls = calloc(n + 1, sizeof(char *));
-	for (size_t i = 0; cls && i < n && !rc; i++) {
-		char *p;
+	for (size_t i = 0; cls && c2i && i < n && !rc; i++) {
+		char *p, shown[1024];
 		struct stat st;
+		json_t *name;
 		int use;
 
 		if (asprintf(&p, "%s/%s", wk->root, names[i]) < 0) {
 			rc = sl__err(-ENOMEM, "out of memory");
 			break;
 		}
-		use = walk_stat(wk, p, &st);
+		use = walk_stat(wk, p, &st, 1);
 		if (use < 0)
 			rc = sl__err(-errno, "%s: %s", p, strerror(errno));
+		else if (use && S_ISDIR(st.st_mode) && !(name = json_string(names[i])))
+			rc = sl__err(SLUICE_EINVAL_CONFIG, "%s: a class folder whose name is not UTF-8: the class "
+				     "names are kept as JSON, which holds UTF-8 alone; rename it",
+				     shown_bytes(p, shown, sizeof(shown)));
 		else if (use && S_ISDIR(st.st_mode))
-			cls[ncls++] = names[i];
+			json_decref(name), cls[ncls++] = names[i];
 		free(p);
 	}
-	if (!cls)
+	if (!cls || !c2i)
 		rc = sl__err(-ENOMEM, "out of memory");
 	*labelled = ncls > 0;
 	if (!rc && !ncls)
 		rc = walk_class(wk, "", 0, l);
-	if (!rc && ncls && json_append(meta, &ml, &mcap, "{\"class_to_idx\": {", 0))
-		rc = sl__err(-ENOMEM, "out of memory");
 	for (size_t c = 0; c < ncls && !rc; c++) {
 		size_t before = l->n;
-		char idx[32];
 
 		rc = walk_class(wk, cls[c], (int64_t)c, l);
 		if (!rc && l->n == before)
 			sl__warn("pack", "class '%s' (label %zu) has no %sfiles", cls[c], c,
 				wk->all_files ? "" : "image ");
-		snprintf(idx, sizeof(idx), "\": %zu%s", c, c + 1 < ncls ? ", " : "}}");
-		if (!rc && (json_append(meta, &ml, &mcap, "\"", 0) || json_append(meta, &ml, &mcap, cls[c], 1) ||
-			    json_append(meta, &ml, &mcap, idx, 0)))
+		if (!rc && json_object_set_new(c2i, cls[c], json_integer((json_int_t)c)))
 			rc = sl__err(-ENOMEM, "out of memory");
 	}
+	/* Keys in insertion order (jansson >= 2.8), the labels' order. */
+	m = !rc && ncls ? json_pack("{s:O}", "class_to_idx", c2i) : NULL;
+	if (m && !(*meta = json_dumps(m, 0)))
+		rc = sl__err(-ENOMEM, "out of memory");
+	else if (!rc && ncls && !m)
+		rc = sl__err(-ENOMEM, "out of memory");
+	json_decref(m);
+	json_decref(c2i);
 	if (wk->skipped)
 		sl__warn("pack", "%u links skipped (see above)", wk->skipped);
 	free(cls);
@@ -547,13 +545,14 @@ static int pack_jsonl(struct job *j)
 		/* Blank lines (whitespace only) hold no record. */
 		if (!len || strspn(l, " \t") >= len)
 			continue;
-		if (!w && (rc = sl__json_schema(l, len, names, n, fields)) == 0)
+		/* A line's fault names the line; the writer's (the output's) names the output alone. */
+		if (!w && (rc = sl__json_schema(l, len, names, n, fields)))
+			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
+		else if (!w)
 			rc = sluice_writer_open(&w, j->out, fields, n, &j->opt->writer);
 		if (!rc)
-			rc = sl__writer_add_json(w, l, len);
-		if (rc)
-			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
-		else if (lr.lineno % 10000 == 0)
+			rc = sl__writer_add_json(w, l, len, from, lr.lineno);
+		if (!rc && lr.lineno % 10000 == 0)
 			progress(j, sluice_writer_count(w), 0);
 	}
 	if (!rc && got < 0)

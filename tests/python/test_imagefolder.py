@@ -96,3 +96,35 @@ def test_all_files_and_hidden(tmp_path):
     assert "a/notes.txt" not in [k for k, _ in img] and "a/notes.txt" in [k for k, _ in every]
     assert "a/.h.jpg" in [k for k, _ in img]  # hidden files are samples, as torchvision has them
     assert "c/readme" in [k for k, _ in every]
+
+
+def test_a_class_folder_name_that_is_not_utf8_is_refused_by_name(tmp_path):
+    """The class map is JSON, which holds UTF-8 names only: such a folder is refused, named, with the cause."""
+    src = tmp_path / "src"
+    (src / "dog").mkdir(parents=True)
+    (src / "dog" / "b.jpg").write_bytes(b"img")
+    bad = os.path.join(os.fsencode(src), b"cl\xffass")
+    os.mkdir(bad)
+    with open(os.path.join(bad, b"a.jpg"), "wb") as f:
+        f.write(b"img")
+    r = _pack(src, tmp_path / "ds")
+    assert r.returncode != 0
+    assert "cl\\xffass" in r.stderr and "UTF-8" in r.stderr, r.stderr
+    assert not (tmp_path / "ds" / "index.sli").exists()
+
+
+def test_one_skipped_link_is_warned_about_and_counted_once(tmp_path):
+    src = tmp_path / "src"
+    (src / "cat").mkdir(parents=True)
+    (src / "cat" / "ok.jpg").write_bytes(b"img")
+    os.symlink("/dev/zero", src / "cat" / "zero.jpg")
+    flat = tmp_path / "flat"  # no classes: the files of DIR itself
+    flat.mkdir()
+    (flat / "ok.jpg").write_bytes(b"img")
+    os.symlink("/dev/zero", flat / "zero.jpg")
+    for tree, out in ((src, "ds"), (flat, "ds2")):
+        r = subprocess.run([SLUICE, "pack", "--from-dir", str(tree), str(tmp_path / out)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("zero.jpg: links out of") == 1, r.stderr
+        assert "1 links skipped" in r.stderr, r.stderr

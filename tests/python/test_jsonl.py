@@ -152,3 +152,23 @@ def test_an_empty_output_path_is_refused(tmp_path):
     r = subprocess.run([SLUICE, "pack", "--from-jsonl", str(src), "--fields", "t", "--quiet", ""], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 0 and "OUT" in r.stderr, r.stderr
+
+
+def test_a_list_element_out_of_f32_range_is_refused_as_a_scalar_is(tmp_path):
+    """An f32[*] element past float32's range would become inf: refused naming file:line and field, as a
+    scalar past float64's range is."""
+    for text in (b'{"v": [1.5]}\n{"v": [1e39]}\n', b'{"v": [-1e39, 2.5]}\n', b'{"v": [1.5]}\n{"v": [1, -3.5e38]}\n'):
+        r, _ = _pack(tmp_path, text, "v")
+        line = text.count(b"\n")
+        assert r.returncode != 0 and f"in.jsonl:{line}" in r.stderr and "'v'" in r.stderr, (text, r.stderr)
+    r, ds = _pack(tmp_path, b'{"v": [3.4028234e38, 1e-50]}\n', "v")  # the largest float32; tiny ones round to 0
+    assert r.returncode == 0, r.stderr
+    assert ds[0]["v"][0] == np.finfo(np.float32).max
+
+
+def test_packing_over_a_dataset_names_the_output_not_the_input_line(tmp_path):
+    r, _ = _pack(tmp_path, b'{"x": 1}\n', "x")
+    assert r.returncode == 0, r.stderr
+    r, _ = _pack(tmp_path, b'{"x": 1}\n', "x")
+    assert r.returncode != 0
+    assert "in.jsonl" not in r.stderr and str(tmp_path / "ds") in r.stderr and "already holds" in r.stderr, r.stderr
