@@ -104,6 +104,8 @@ SL_HIDDEN const char *sl__file_kind(mode_t mode);
  * would turn into a regular file).  Called before the temporary is made.
  */
 SL_HIDDEN int sl__replaceable(const char *path);
+/* The same of name in the directory dirfd (AT_FDCWD: the working one), shown as shown in the error. */
+SL_HIDDEN int sl__replaceable_at(int dirfd, const char *name, const char *shown);
 /*
  * Rewrites, in place, every URL (scheme://..., up to white space) in the
  * message s (of at most cap bytes, cap <= 1024) as sluice_url_redact()

@@ -36,16 +36,21 @@ const char *sl__file_kind(mode_t mode)
 	       S_ISLNK(mode) ? "symbolic link" : "special file";
 }
 
-int sl__replaceable(const char *path)
+int sl__replaceable_at(int dirfd, const char *name, const char *shown)
 {
 	struct stat st;
 
-	if (stat(path, &st) < 0)
-		return errno == ENOENT ? 0 : sl__err(-errno, "%s: %s", path, strerror(errno));
+	if (fstatat(dirfd, name, &st, 0) < 0)
+		return errno == ENOENT ? 0 : sl__err(-errno, "%s: %s", shown, strerror(errno));
 	if (S_ISREG(st.st_mode))
 		return 0;
 	return sl__err(S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, "%s: exists and is not a regular file (a %s): not replaced",
-		       path, sl__file_kind(st.st_mode));
+		       shown, sl__file_kind(st.st_mode));
+}
+
+int sl__replaceable(const char *path)
+{
+	return sl__replaceable_at(AT_FDCWD, path, path);
 }
 
 int sl__open_file(const char *path, int oflags, mode_t mode)

@@ -70,8 +70,11 @@ static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, 
  * there while the copy runs) would send the copy outside it, so it is
  * refused, naming the key and the link.  The last name may be a link to a
  * file: the download's rename replaces the link, not what it leads to.
+ * *dirfd and *name: where the download goes, the last directory entered
+ * (so the file is written through it, not by a path that a link swapped
+ * in meanwhile could redirect), or AT_FDCWD and the whole path.
  */
-static int sl_parents(const struct sl_pair *q)
+static int sl_parents(const struct sl_pair *q, int *dirfd, const char **name)
 {
 	char *d = strdup(q->dst), *p;
 	/* Names from the source have segments only in a tree's copy, where dst[below - 1] is a '/'. */
@@ -111,8 +114,14 @@ static int sl_parents(const struct sl_pair *q)
 		}
 		*p = '/';
 	}
-	if (dfd >= 0)
+	*dirfd = AT_FDCWD;
+	*name = q->dst;
+	if (!rc && dfd >= 0) {
+		*dirfd = dfd;
+		*name = strrchr(q->dst, '/') + 1;
+	} else if (dfd >= 0) {
 		close(dfd);
+	}
 	free(d);
 	return rc;
 }
@@ -123,16 +132,18 @@ static void *sl_copy_run(void *arg)
 
 	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !atomic_load(&c->fail.err);) {
 		struct sl_pair *q = &c->p[i];
-		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q);
-
-		int ok = 0;
+		int dirfd = AT_FDCWD, ok = 0;
+		const char *file = q->dst;
+		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q, &dirfd, &file);
 		char name[48] = "";
 
-		if (!rc && !c->upload && !(rc = sl__fs_download(q->src, q->dst, &ok, name))) {
+		if (!rc && !c->upload && !(rc = sl__fs_download(q->src, dirfd, file, q->dst, &ok, name))) {
 			if (ok)
 				atomic_fetch_add(&c->verified, 1);
 			sl_copy_note(c, ok, name);
 		}
+		if (dirfd != AT_FDCWD)
+			close(dirfd);
 
 		if (rc)
 			sl__first_err_keep(&c->fail, rc);

@@ -182,7 +182,7 @@ int sl__fs_upload(const char *local, const char *url)
 	return rc;
 }
 
-int sl__fs_download(const char *url, const char *local, int *verified, char sum_name[48])
+int sl__fs_download(const char *url, int dirfd, const char *name, const char *shown, int *verified, char sum_name[48])
 {
 	char bucket[64], key[1025], *tmp = NULL;
 	struct sl__s3 *s3;
@@ -198,23 +198,24 @@ int sl__fs_download(const char *url, const char *local, int *verified, char sum_
 		return rc;
 	if (sum_name)
 		snprintf(sum_name, 48, "%s", m.sum_name[0] ? m.sum_name : "none (no checksum)");
-	if ((rc = sl__replaceable(local)))
+	if ((rc = sl__replaceable_at(dirfd, name, shown)))
 		return rc;
-	if (asprintf(&tmp, "%s.sluice-part.%d", local, (int)getpid()) < 0)
+	if (asprintf(&tmp, "%s.sluice-part.%d", name, (int)getpid()) < 0)
 		return -ENOMEM;
-	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for a one-pass checksum */
+	/* Read back for a one-pass checksum; O_NOFOLLOW: never a link planted at the temporary's name. */
+	fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (fd < 0) {
-		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
+		rc = sl__err(-errno, "%s.sluice-part.%d: %s", shown, (int)getpid(), strerror(errno));
 		free(tmp);
 		return rc;
 	}
 	rc = sl__s3_download(s3, bucket, key, &m, fd, NULL, verified);
 	if (close(fd) < 0 && !rc)
-		rc = sl__err(-errno, "%s: %s", tmp, strerror(errno));
-	if (!rc && rename(tmp, local) < 0)
-		rc = sl__err(-errno, "%s: %s", local, strerror(errno));
+		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
+	if (!rc && renameat(dirfd, tmp, dirfd, name) < 0)
+		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
 	if (rc)
-		unlink(tmp);
+		unlinkat(dirfd, tmp, 0);
 	free(tmp);
 	return rc;
 }

@@ -417,8 +417,11 @@ SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
 /*
  * Whole files between a local path and an s3:// URL, through the
  * process's client (parallel parts both ways).  sl__fs_upload: the file as
- * the object url.  sl__fs_download: the object as the file local, written
- * under a temporary name and renamed: it appears whole or not at all;
+ * the object url.  sl__fs_download: the object as the file name in the
+ * directory dirfd (AT_FDCWD: a path; shown: how errors name it), written
+ * under a temporary name beside it and renamed there, both through dirfd
+ * (a link swapped in above it afterwards changes nothing): it appears
+ * whole or not at all;
  * *verified (or NULL): checked against the object's checksum, sum_name
  * (or NULL): which (remote.h's sl__s3_meta), or "none (no checksum)".
  * sl__fs_remove: unlink(2) or DELETE.  sl__fs_staging: a new empty
@@ -426,7 +429,8 @@ SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
  * on their way to a URL.
  */
 SL_HIDDEN int sl__fs_upload(const char *local, const char *url);
-SL_HIDDEN int sl__fs_download(const char *url, const char *local, int *verified, char sum_name[48]);
+SL_HIDDEN int sl__fs_download(const char *url, int dirfd, const char *name, const char *shown, int *verified,
+			       char sum_name[48]);
 SL_HIDDEN int sl__fs_remove(const char *path);
 SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
 

@@ -645,3 +645,36 @@ def test_copy_never_writes_through_a_symlinked_directory_in_the_destination(s3, 
     (dst2 / "ok").symlink_to(victim)
     assert sluice.copy("s3://pytest/sym/ok", str(dst2 / "ok"))["files"] == 1
     assert (dst2 / "ok").read_bytes() == b"EVIL" and not (dst2 / "ok").is_symlink() and victim.read_bytes() == b"VICTIM"
+
+
+def test_copy_never_writes_outside_while_a_link_is_swapped_in(s3, tmp_path):
+    """A process swapping a directory of the destination for a link elsewhere, over and over, while `sluice cp
+    -r` writes into it: each file is written through the directory's descriptor the copy entered, so none lands
+    where the link leads (the copy may fail naming the link, or finish)."""
+    import threading
+    dst, outside = tmp_path / "dst", tmp_path / "outside"
+    (dst / "a").mkdir(parents=True)
+    outside.mkdir()
+    for i in range(60):
+        s3.put_object(Bucket="pytest", Key=f"swap/a/f{i:03d}", Body=b"x" * 1000)
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            try:
+                os.rename(dst / "a", dst / "real")
+                os.symlink(outside, dst / "a")
+                os.unlink(dst / "a")
+                os.rename(dst / "real", dst / "a")
+            except OSError:
+                pass
+    t = threading.Thread(target=swap)
+    t.start()
+    try:
+        for _ in range(6):
+            subprocess.run([_sluice_bin(), "cp", "-r", "s3://pytest/swap/", str(dst)], capture_output=True,
+                           timeout=120)
+    finally:
+        stop.set()
+        t.join()
+    assert os.listdir(outside) == []
