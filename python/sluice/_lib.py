@@ -22,6 +22,10 @@ def _load():
 lib = _load()
 
 
+# sluice.h's own codes the package raises or tells apart.
+ERANGE, ESHORT, EFORMAT = -100006, -100007, -100011
+
+
 class SluiceError(RuntimeError):
     """An error from libsluice: .code is its negative code, the message carries the C detail."""
 

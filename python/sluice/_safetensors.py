@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from ._lib import Range, SluiceError, check, lib, shown
+from ._lib import EFORMAT, Range, SluiceError, check, lib, shown
 from .buffers import _eng
 
 # Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
@@ -70,7 +70,7 @@ def pread(f, off, n):
 
 def bad(path, why):
     """The error of a malformed file or object, named as sluice's messages name it (no query, no password)."""
-    return SluiceError(-100011, f"{shown(path)}: {why}")
+    return SluiceError(EFORMAT, f"{shown(path)}: {why}")
 
 
 def parse_json(raw):

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from ._lib import Range, SluiceError, XferReport, check, lib, shown
+from ._lib import ESHORT, Range, SluiceError, XferReport, check, lib, shown
 from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, parse_json, read_header,
                            read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
@@ -855,7 +855,7 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
             gone = e.code == -errno.ENOENT and src.index is not None
             if gone and not src.index_changed():
                 raise SluiceError(e.code, f"{shown(src.index)}: names a file that is not there: {e.detail}") from None
-            changed = e.code in (-errno.ESTALE, -100007) or gone
+            changed = e.code in (-errno.ESTALE, ESHORT) or gone
             if not changed or process_group is not None:
                 raise
             if attempt == _ATTEMPTS:

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ._lib import ShardReport, Record, RecordLoc, SluiceError, check, lib, shown
+from ._lib import ERANGE, ShardReport, Record, RecordLoc, SluiceError, check, lib, shown
 
 from .buffers import _buffer, _eng  # noqa: F401
 
@@ -64,7 +64,7 @@ class Dataset:
     def __getitem__(self, i):
         n, i = len(self), _int_option("Dataset", "index", i, -float("inf"), float("inf"))
         if not -n <= i < n:  # checked here, before ctypes could wrap it into range
-            raise _RecordRange(-100006, f"{shown(self.path)}: record {i} of {n}")
+            raise _RecordRange(ERANGE, f"{shown(self.path)}: record {i} of {n}")
         if i < 0:
             i += n
         loc = RecordLoc()
