@@ -97,11 +97,13 @@ SLUICE_API const char *sluice_strerror(int code);
 SLUICE_API const char *sluice_last_error_detail(void);
 
 /*
- * Writes into out (cap bytes, always terminated) a path or URL as every
- * message of sluice names it: a URL without its query and fragment (a
- * presigned URL's query is a credential) and with the password of its
- * userinfo hidden (https://user:***@host/...); a path as it is.  For
- * callers' own messages, so they leak no more than sluice's do.
+ * Writes into out (cap bytes, cut and terminated there; nothing where cap
+ * is 0) url as every message of sluice names it: a URL (a text holding
+ * "://") without its query and fragment (a presigned URL's query is a
+ * credential) and with the password of its userinfo hidden
+ * (https://user:***@host/...); a path as it is.  For callers' own
+ * messages, so they leak no more than sluice's do.  url MUST NOT be NULL.
+ * Thread-safe: it keeps no state.
  */
 SLUICE_API void sluice_url_redact(const char *url, char *out, size_t cap);
 
@@ -908,7 +910,9 @@ SLUICE_API SLUICE_WUR int sluice_dataset_locate(const struct sluice_dataset *ds,
 
 /*
  * A decoded record: the value of field f is data[f], len[f] bytes; the
- * pointers point into the buffer given to sluice_dataset_read().
+ * pointers point into the buffer given to sluice_dataset_read(), but for a
+ * WebDataset sample's __key__, which points into the dataset's index and
+ * stays valid while the dataset is open.
  */
 struct sluice_record {
 	const void *data[SLUICE_MAX_FIELDS];

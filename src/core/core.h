@@ -108,11 +108,17 @@ SL_HIDDEN int sl__replaceable(const char *path);
 SL_HIDDEN int sl__replaceable_at(int dirfd, const char *name, const char *shown);
 /*
  * Rewrites, in place, every URL (scheme://..., up to white space) in the
- * message s (of at most cap bytes, cap <= 1024) as sluice_url_redact()
+ * message s (of cap bytes; past 4096 it is cut there) as sluice_url_redact()
  * names it, so that no message leaks a password or a query whoever wrote
  * it.  sl__err() and the log pass every line through it.
  */
 SL_HIDDEN void sl__redact_urls(char *s, size_t cap);
+/*
+ * s into buf (cap bytes, cut there) for a message: a byte that is not
+ * printable ASCII as \xHH, so a name or value of any bytes shows, and no
+ * escape sequence reaches a terminal.  Returns buf.
+ */
+SL_HIDDEN const char *sl__printable(const char *s, char *buf, size_t cap);
 /*
  * par.c: work shared by threads.  struct sl__first_err keeps the first
  * error among them with the detail of the thread that met it (details are

@@ -9,15 +9,22 @@ static _Thread_local char sl_detail[512];
 
 int sl__err(int code, const char *fmt, ...)
 {
-	char tmp[sizeof(sl_detail)];
+	char tmp[4096];
 	va_list ap;
+	size_t n;
 
-	/* Format apart first: callers often wrap the previous detail. */
+	/*
+	 * Format apart first: callers often wrap the previous detail.  Whole,
+	 * then redacted, then cut to the detail's size: cut first, a URL's
+	 * password could lose the '@' that marks it as one.
+	 */
 	va_start(ap, fmt);
 	vsnprintf(tmp, sizeof(tmp), fmt, ap);
 	va_end(ap);
 	sl__redact_urls(tmp, sizeof(tmp));
-	memcpy(sl_detail, tmp, sizeof(sl_detail));
+	n = strnlen(tmp, sizeof(sl_detail) - 1); /* cut to the detail's size */
+	memcpy(sl_detail, tmp, n);
+	sl_detail[n] = '\0';
 	sl__debug("core", "error %d (%s): %s", code, sluice_strerror(code), sl_detail);
 	return code;
 }

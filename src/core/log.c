@@ -33,7 +33,7 @@ void sluice_set_log_level(enum sluice_log_level level)
 
 void sl__log(int level, const char *tag, const char *fmt, ...)
 {
-	char line[1024];
+	char line[4096]; /* whole, then redacted (error.c says why) */
 	va_list ap;
 
 	if (level > sl__log_level)

@@ -105,8 +105,11 @@ static int sl_check_dir(const char *v)
 		return sl__err(SLUICE_EINVAL_CONFIG, "a path of at most %zu bytes", sizeof(p) - 1);
 	if (!stat(p, &st))
 		return S_ISDIR(st.st_mode) ? 0 : sl__err(SLUICE_EINVAL_CONFIG, "%s is not a directory", p);
-	for (char *slash; (slash = strrchr(p, '/'));) {
-		*(slash == p ? slash + 1 : slash) = 0;
+	for (char *slash;;) {
+		if ((slash = strrchr(p, '/')))
+			*(slash == p ? slash + 1 : slash) = 0;
+		else
+			snprintf(p, sizeof(p), "."); /* a relative path's first name: made in the working directory */
 		if (!stat(p, &st)) {
 			if (!S_ISDIR(st.st_mode))
 				return sl__err(SLUICE_EINVAL_CONFIG, "cannot be made: %s is not a directory", p);
@@ -114,7 +117,7 @@ static int sl_check_dir(const char *v)
 								strerror(errno))
 						      : 0;
 		}
-		if (slash == p)
+		if (!slash || slash == p)
 			break;
 	}
 	return sl__err(SLUICE_EINVAL_CONFIG, "cannot be made: no parent of it exists");
@@ -122,7 +125,9 @@ static int sl_check_dir(const char *v)
 
 static int sl_check_run_dir(const char *v)
 {
-	return sl_check_absolute(v) ? sl_check_absolute(v) : sl_check_dir(v);
+	int rc = sl_check_absolute(v);
+
+	return rc ? rc : sl_check_dir(v);
 }
 
 /* A metrics port below 1024 is a system service's: 0 (any free port) or 1024-65535. */
@@ -369,21 +374,13 @@ static int sl_number(const struct sl__setting_def *d, const char *v, uint64_t *u
 		return sluice_parse_size(v, u) || *u < d->min || *u > d->max || (d->step && *u % d->step) ? -1 : 0;
 	case SL_SET_SECONDS:
 		secs = strtod(v, &end);
+		if (!*v || *end || !(secs >= 1e-3) || secs > (double)d->max) /* NaN fails too, before any cast */
+			return -1;
 		*u = (uint64_t)(secs * 1e9);
-		return !*v || *end || !(secs >= 1e-3) || secs > (double)d->max ? -1 : 0;
+		return 0;
 	default:
 		return 0;
 	}
-}
-
-/* v as an error quotes it: a byte that is not printable ASCII as \xNN (no escape sequence reaches a terminal). */
-static void sl_quoted(const char *v, char *out, size_t cap)
-{
-	size_t n = 0;
-
-	for (const unsigned char *c = (const unsigned char *)v; *c && n + 5 < cap; c++)
-		n += (size_t)snprintf(out + n, cap - n, *c >= 0x20 && *c < 0x7f ? "%c" : "\\x%02x", *c);
-	out[n] = 0;
 }
 
 int sl__setting_parse(const struct sl__setting_def *d, const char *v, const char *from, uint64_t *u)
@@ -396,7 +393,7 @@ int sl__setting_parse(const struct sl__setting_def *d, const char *v, const char
 	ok = sl_number(d, v, u) == 0;
 	if (ok && (!d->check || d->check(v) == 0))
 		return 0;
-	sl_quoted(v, shown, sizeof(shown));
+	sl__printable(v, shown, sizeof(shown));
 	if (ok) /* the check said why */
 		return sl__err(SLUICE_EINVAL_CONFIG, "%s=\"%s\" (%s): %s", d->name, shown, from, sluice_last_error_detail());
 	sl_want(d, want, sizeof(want));

@@ -36,6 +36,16 @@ const char *sl__file_kind(mode_t mode)
 	       S_ISLNK(mode) ? "symbolic link" : "special file";
 }
 
+const char *sl__printable(const char *s, char *buf, size_t cap)
+{
+	size_t k = 0;
+
+	for (const unsigned char *u = (const unsigned char *)s; *u && k + 5 < cap; u++)
+		k += (size_t)snprintf(buf + k, cap - k, *u >= 0x20 && *u < 0x7f ? "%c" : "\\x%02x", *u);
+	buf[k] = 0;
+	return buf;
+}
+
 int sl__replaceable_at(int dirfd, const char *name, const char *shown)
 {
 	struct stat st;
@@ -56,7 +66,7 @@ int sl__replaceable(const char *path)
 int sl__open_file(const char *path, int oflags, mode_t mode)
 {
 	struct stat st;
-	int fd = open(path, oflags | O_NONBLOCK | O_CLOEXEC, mode), rc = 0;
+	int fd = open(path, oflags | O_NONBLOCK | O_CLOEXEC, mode), rc = 0, fl;
 
 	if (fd < 0)
 		return sl__err(-errno, "%s: cannot open: %s", path, strerror(errno));
@@ -66,7 +76,7 @@ int sl__open_file(const char *path, int oflags, mode_t mode)
 		rc = sl__err(-EISDIR, "%s: is a directory", path);
 	else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
 		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path, sl__file_kind(st.st_mode));
-	else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
+	else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
 		rc = sl__err(-errno, "%s: fcntl: %s", path, strerror(errno));
 	if (rc) {
 		close(fd);
@@ -99,14 +109,16 @@ void sluice_url_redact(const char *url, char *out, size_t cap)
 
 void sl__redact_urls(char *s, size_t cap)
 {
-	char out[1024], *o = out;
+	char out[4096], *o = out;
 	const char *p = s, *sep;
 
-	if (!strstr(s, "://") || cap > sizeof(out))
+	if (!strstr(s, "://"))
 		return;
+	if (cap > sizeof(out)) /* never left unredacted: a longer text is cut */
+		cap = sizeof(out);
 	while ((sep = strstr(p, "://"))) {
 		const char *start = sep, *end = sep + 3 + strcspn(sep + 3, " \t\n");
-		char url[1024];
+		char url[4096];
 
 		while (start > p && (isalnum((unsigned char)start[-1]) || strchr("+.-", start[-1])))
 			start--;

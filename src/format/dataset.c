@@ -344,8 +344,10 @@ int64_t sluice_dataset_verify(struct sluice_dataset *ds, void (*bad)(const struc
 			struct sluice_bad b = { shard ? UINT64_MAX : i, loc.shard, shard ? 0 : loc.offset, (int)r,
 						sluice_last_error_detail() };
 
-			if (shard && told[loc.shard]++)
+			if (shard && told[loc.shard])
 				continue;
+			if (shard)
+				told[loc.shard] = 1;
 			if (bad)
 				bad(&b, user);
 			problems++;

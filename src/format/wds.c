@@ -566,6 +566,8 @@ static int sl_wds_names(const char *path, char ***names, unsigned *n)
 	*names = NULL;
 	*n = 0;
 	if (sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+		if (!sl_is_tar(path)) /* another format's file: its reader says what it is */
+			return -ENOENT;
 		if (!(*names = malloc(sizeof(char *))) || !((*names)[0] = strdup(path)))
 			return -ENOMEM;
 		*n = 1;

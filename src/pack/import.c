@@ -261,18 +261,6 @@ static int walk_class(struct walker *wk, const char *rel, int64_t label, struct 
 	return rc;
 }
 
-/* s in buf for a message: a byte that is not printable ASCII as \xHH, so that a name of any bytes shows. */
-static const char *shown_bytes(const char *s, char *buf, size_t cap)
-{
-	size_t k = 0;
-
-	for (const unsigned char *u = (const unsigned char *)s; *u && k + 5 < cap; u++)
-		k += (size_t)(*u < 0x20 || *u >= 0x7f ? snprintf(buf + k, cap - k, "\\x%02x", *u)
-						   : snprintf(buf + k, cap - k, "%c", *u));
-	buf[k] = 0;
-	return buf;
-}
-
 /*
  * The ImageFolder at wk->root into l; *labelled when it has classes, and
  * then *meta is {"class_to_idx": {...}} (malloc'd) for the dataset.  The
@@ -314,7 +302,7 @@ static int walk_imagefolder(struct walker *wk, struct list *l, int *labelled, ch
 		else if (use && S_ISDIR(st.st_mode) && !(name = json_string(names[i])))
 			rc = sl__err(SLUICE_EINVAL_CONFIG, "%s: a class folder whose name is not UTF-8: the class "
 				     "names are kept as JSON, which holds UTF-8 alone; rename it",
-				     shown_bytes(p, shown, sizeof(shown)));
+				     sl__printable(p, shown, sizeof(shown)));
 		else if (use && S_ISDIR(st.st_mode))
 			json_decref(name), cls[ncls++] = names[i];
 		free(p);
@@ -526,6 +514,7 @@ static int pack_jsonl(struct job *j)
 		names[n++] = t;
 	if (!n)
 		rc = sl__err(SLUICE_EINVAL_CONFIG, "packing JSON lines needs fields (KEY[,KEY...])");
+	/* fopen, not sl__open_file: JSON lines may come from a pipe (--from-jsonl /dev/stdin); lines are bounded. */
 	else if ((rc = sl__setting_u64("SLUICE_MAX_RECORD", &max)) >= 0 && !(lr.f = fopen(from, "r")))
 		rc = sl__err(-errno, "%s: %s", from, strerror(errno));
 	if (rc < 0) {
@@ -542,8 +531,8 @@ static int pack_jsonl(struct job *j)
 			l += 3, len -= 3;
 		while (len && (l[len - 1] == '\r' || l[len - 1] == ' ' || l[len - 1] == '\t'))
 			len--;
-		/* Blank lines (whitespace only) hold no record. */
-		if (!len || strspn(l, " \t") >= len)
+		/* Blank lines (whitespace only, all trimmed above) hold no record. */
+		if (!len)
 			continue;
 		/* A line's fault names the line; the writer's (the output's) names the output alone. */
 		if (!w && (rc = sl__json_schema(l, len, names, n, fields)))

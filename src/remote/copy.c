@@ -33,6 +33,17 @@ struct sl_copy {
 };
 
 /* One download's checksum (its name, and whether it was matched) into c's summary. */
+/* Whether the list "a, b, c" holds name as one of its entries (not inside another: crc32 in crc32c). */
+static int sl_listed(const char *list, const char *name)
+{
+	const size_t n = strlen(name);
+
+	for (const char *p = list; (p = strstr(p, name)); p += n)
+		if ((p == list || p[-1] == ' ') && (!p[n] || p[n] == ','))
+			return 1;
+	return 0;
+}
+
 static void sl_copy_note(struct sl_copy *c, int ok, const char *name)
 {
 	size_t l;
@@ -41,7 +52,7 @@ static void sl_copy_note(struct sl_copy *c, int ok, const char *name)
 	l = strlen(c->what);
 	if (!ok && !c->why_not[0])
 		snprintf(c->why_not, sizeof(c->why_not), "%s", name);
-	else if (ok && !strstr(c->what, name) && l + strlen(name) + 3 < sizeof(c->what))
+	else if (ok && !sl_listed(c->what, name) && l + strlen(name) + 3 < sizeof(c->what))
 		snprintf(c->what + l, sizeof(c->what) - l, "%s%s", l ? ", " : "", name);
 	pthread_mutex_unlock(&c->lock);
 }

@@ -202,8 +202,9 @@ int sl__fs_download(const char *url, int dirfd, const char *name, const char *sh
 		return rc;
 	if (asprintf(&tmp, "%s.sluice-part.%d", name, (int)getpid()) < 0)
 		return -ENOMEM;
-	/* Read back for a one-pass checksum; O_NOFOLLOW: never a link planted at the temporary's name. */
-	fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	/* Read back for a one-pass checksum; O_EXCL: a file of our own, never one linked (hard or soft) there. */
+	unlinkat(dirfd, tmp, 0); /* a killed download's of this pid, or a name planted there: made anew */
+	fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		rc = sl__err(-errno, "%s.sluice-part.%d: %s", shown, (int)getpid(), strerror(errno));
 		free(tmp);

@@ -402,3 +402,14 @@ def test_gpu_reads_of_a_flipped_byte_are_an_error(s3, tmp_path):
         err = r.stderr.decode()
         assert r.returncode == 3, f"{algorithm}: a flipped byte into GPU memory returned as success: {err[-800:]}"
         assert url in err and algorithm.lower() in err and "ERROR -100008" in err, f"{algorithm}: {err[-800:]}"
+
+
+def test_a_copy_of_several_algorithms_names_each(s3, tmp_path):
+    """A tree whose objects carry CRC32C and CRC32 (one name inside the other): the copy's report names both,
+    whichever download finished first."""
+    data = b"several algorithms" * 100
+    _put_with(s3, "algs/a.bin", data, "CRC32C")
+    _put_with(s3, "algs/b.bin", data, "CRC32")
+    for order in range(2):
+        rep = sluice.copy("s3://pytest/algs/", str(tmp_path / f"out{order}"), recursive=True)
+        assert rep["files_verified"] == 2 and sorted(rep["checksum"].split(", ")) == ["crc32", "crc32c"], rep

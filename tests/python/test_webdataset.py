@@ -153,3 +153,12 @@ def test_compressed_tars_are_refused_by_name_and_cause(tmp_path):
     (tmp_path / "c.tar").write_bytes(gzip.compress(raw))  # gzip under a .tar name
     with pytest.raises(sluice.SluiceError, match=r"c\.tar.*compressed"):
         sluice.Dataset(str(tmp_path / "c.tar"))
+
+
+def test_a_file_of_another_format_is_not_taken_for_a_tar(tmp_path):
+    """A regular file that is no tar (a JSON lines file given as a dataset) is left to the native reader, whose
+    message names the dataset it looked for, not libarchive's 'Unrecognized archive format'."""
+    (tmp_path / "data.jsonl").write_text('{"a": 1}\n')
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.Dataset(str(tmp_path / "data.jsonl"))
+    assert "archive" not in str(e.value) and "index.sli" in str(e.value), str(e.value)
