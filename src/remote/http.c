@@ -800,6 +800,8 @@ static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, stru
 
 		if (q->describe)
 			q->describe(k->err, k->errlen, said, sizeof(said));
+		if (k->status == 412) /* If-Match or If-Unmodified-Since failed: one message with the client's checks */
+			return sl__err(-ESTALE, "%s: changed on the server since it was opened (HTTP 412%s)", q->name, said);
 		return sl__err(sl_errno_of_status(k->status), "%s: HTTP %ld%s", q->name, k->status, said);
 	}
 	if (q->method == SL_HTTP_GET && q->len && (k->status == 200 || k->status == 206) && (rc = sl_check_seen(q, k)))

@@ -152,9 +152,8 @@ static int sl_http_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 		rc = sl__err(-ENOMEM, "%s: no connection", h->name);
 	else if (!io->len)
 		rc = 0;
-	else if ((rc = sl__http_request(c, &q, &k)) == -ESTALE && !strstr(sluice_last_error_detail(), "since it was opened"))
-		rc = sl__err(-ESTALE, "%s: changed on the server since it was opened (%s)", h->name,
-			     sluice_last_error_detail());
+	else
+		rc = sl__http_request(c, &q, &k); /* a change is -ESTALE, named by http.c */
 	io->res = rc ? rc : (ssize_t)k.got;
 	io->sum = k.sum;
 	snprintf(io->detail, sizeof(io->detail), "%s", rc ? sluice_last_error_detail() : "");

@@ -142,24 +142,32 @@ static int sl_url(const struct sl__s3 *s, const char *bucket, const char *key, c
 
 static const char sl_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
+/*
+ * n bytes (at most 32: a checksum) in canonical base64 (s, padded) into
+ * out; 0 or -1.  Canonical: s is what encoding the bytes gives back, so
+ * stray characters, wrong padding and non-zero padding bits are refused.
+ */
+static int sl_b64_bytes(const char *s, unsigned char *out, unsigned n)
+{
+	unsigned char buf[48], again[68];
+	const size_t len = strlen(s), want = 4 * ((n + 2) / 3);
+
+	if (len != want || want / 4 * 3 > sizeof(buf) ||
+	    EVP_DecodeBlock(buf, (const unsigned char *)s, (int)len) != (int)(want / 4 * 3) ||
+	    EVP_EncodeBlock(again, buf, (int)n) != (int)len || memcmp(again, s, len))
+		return -1;
+	memcpy(out, buf, n);
+	return 0;
+}
+
 /* The 4 bytes a checksum header carries, base64 ("AAAAAA=="), big-endian; 0 or -1. */
 static int sl_b64_u32(const char *s, uint32_t *out)
 {
-	const char *a = sl_b64;
-	uint64_t v = 0;
+	unsigned char b[4];
 
-	if (strlen(s) != 8 || strcmp(s + 6, "=="))
+	if (sl_b64_bytes(s, b, 4))
 		return -1;
-	for (int i = 0; i < 6; i++) {
-		const char *c = strchr(a, s[i]);
-
-		if (!c || !*c)
-			return -1;
-		v = v << 6 | (uint64_t)(c - a);
-	}
-	if (v & 0xf)
-		return -1; /* the padding bits of a canonical encoding are zero */
-	*out = (uint32_t)(v >> 4);
+	*out = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
 	return 0;
 }
 
@@ -276,19 +284,6 @@ static int sl_request(struct sl__s3 *s, struct sl__http_conn *c, const struct sl
 		h.hdr[n++] = q->hdr[i];
 	k->keep = "x-amz-checksum-";
 	return sl__http_request(c, &h, k);
-}
-
-/* n bytes in canonical base64 (s, padded) into out; 0 or -1. */
-static int sl_b64_bytes(const char *s, unsigned char *out, unsigned n)
-{
-	unsigned char buf[48];
-	const size_t len = strlen(s), want = 4 * ((n + 2) / 3), pad = want / 4 * 3 - n;
-
-	if (len != want || want / 4 * 3 > sizeof(buf) || strspn(s, sl_b64) != len - pad ||
-	    strspn(s + len - pad, "=") != pad || EVP_DecodeBlock(buf, (const unsigned char *)s, (int)len) != (int)(want / 4 * 3))
-		return -1;
-	memcpy(out, buf, n);
-	return 0;
 }
 
 /*
