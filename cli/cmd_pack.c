@@ -159,9 +159,17 @@ int cmd_pack(int argc, char **argv)
 						     .block_size = (size_t)block_size };
 	opt.progress = quiet || json ? NULL : show_progress;
 	rc = sluice_pack(out, &opt, &rep);
-	/* A fault of the output (one is there already, a full disk) is named by the output, not the input. */
-	if (rc)
-		return cli_error(CMD, strstr(sluice_last_error_detail(), cli_shown(out)) ? out : opt.from, rc);
+	/*
+	 * The detail names the input (FILE:LINE) or the output (one is there
+	 * already, a full disk): cli_error then adds no name of its own; the
+	 * input is looked for first, as the output's name may lie inside it.
+	 */
+	if (rc) {
+		const char *d = sluice_last_error_detail();
+		int input = opt.from && strstr(d, cli_shown(opt.from));
+
+		return cli_error(CMD, input || !strstr(d, cli_shown(out)) ? opt.from : out, rc);
+	}
 	print_report(&opt, &rep, out, json);
 	return 0;
 }
