@@ -101,40 +101,17 @@ SMALL_MAX = 256 << 20  # the most an index or a DCP checkpoint's metadata may ho
 
 
 def read_small(path):
-    """The whole of a small file or object (an index, a DCP checkpoint's metadata), as bytes: a regular file
-    (a FIFO or a device is refused before it is read) of at most SMALL_MAX bytes, whatever its size or a
-    server claims it to be, read through one open."""
-    if is_url(path):
-        f = open_file(path, 0)
-        try:
-            size = lib.sluice_file_size(f)
-            if size > SMALL_MAX:
-                raise bad(path, f"is {size} bytes, more than the {SMALL_MAX} an index or a metadata file may hold")
-            return pread(f, 0, size)
-        finally:
-            lib.sluice_file_close(f)
+    """The whole of a small file or object (an index, a DCP checkpoint's metadata), as bytes: through the engine's
+    one open (a local path must be a regular file: a FIFO or a device is refused by it before any read), at most
+    SMALL_MAX bytes, whatever its size or a server claims it to be."""
+    f = open_file(path, 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise SluiceError(-(e.errno or errno.EIO), f"{shown(path)}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise bad(path, "not a regular file")
-        if st.st_size > SMALL_MAX:
-            raise bad(path, f"is {st.st_size} bytes, more than the {SMALL_MAX} an index or a metadata file may hold")
-        parts, left = [], SMALL_MAX + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            parts.append(b)
-            left -= len(b)
-        if left <= 0:
-            raise bad(path, f"grew past {SMALL_MAX} bytes while it was read")
-        return b"".join(parts)
+        size = lib.sluice_file_size(f)
+        if size > SMALL_MAX:
+            raise bad(path, f"is {size} bytes, more than the {SMALL_MAX} an index or a metadata file may hold")
+        return pread(f, 0, size)
     finally:
-        os.close(fd)
+        lib.sluice_file_close(f)
 
 
 def _not_safetensors(raw):

@@ -498,13 +498,12 @@ def _select_into(table, keys, into, strict, source):
         if absent:
             raise ValueError(f"sluice.load: keys {_listed(absent)} are not in into=")
         names = [n for n in names if any(fnmatch.fnmatchcase(n, k) for k in keys)]
-    chosen = set(names)
-    read, filled, missing = [], [], []
+    read, filled, missing = [], set(), []
     for group in _ties({n: into[n] for n in names}):
         held = [n for n in group if n in table]
         if held:
             read.append(held[0])
-            filled += group
+            filled.update(group)
         else:
             missing += group
     unexpected = [n for n in table if n not in into] if keys is None else []
@@ -514,7 +513,7 @@ def _select_into(table, keys, into, strict, source):
                         (f"unexpected keys (in the checkpoint, not in into=): {_listed(unexpected, 20)}"
                          if unexpected else "")) if w) + " (strict=False loads the tensors both hold)")
     order = {n: i for i, n in enumerate(table)}
-    return sorted(read, key=order.get), [n for n in names if n in set(filled) and n in chosen], missing, unexpected
+    return sorted(read, key=order.get), [n for n in names if n in filled], missing, unexpected
 
 
 def _is_shard(spec):
