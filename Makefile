@@ -68,7 +68,7 @@ clean:
 # Runs each fuzz target (config, format) for FUZZ_SECONDS (default 600),
 # growing a corpus under build-fuzz from the seeds in tests/fuzz.
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS ?= config format remote
+FUZZ_TARGETS ?= config format remote image
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DSLUICE_FUZZ=ON -DSLUICE_SANITIZE=ON >/dev/null
 	for t in $(FUZZ_TARGETS); do \

@@ -32,17 +32,19 @@ make wheel >/dev/null
 echo "prepare: $(ls build/wheelhouse/sluice-*.whl) ($(du -sh build/wheelhouse | cut -f1))"
 
 # 1. The build's Debian packages.
-if [ ! -f .carry/deps/usr/include/openssl/hmac.h ]; then
+if [ ! -f .carry/deps/usr/include/webp/decode.h ]; then
 	rm -rf .carry/deps
 	(cd "$tmp" && apt-get download -q liburing-dev liburing2 libisal-dev libisal2 libarchive-dev libarchive13 \
 		libjansson-dev libjansson4 libzstd-dev libzstd1 libcurl4-openssl-dev libcurl4 libexpat1-dev libexpat1 \
 		libmicrohttpd-dev libmicrohttpd12 libssl-dev libssl3 \
+		libjpeg62-turbo-dev libjpeg62-turbo libpng-dev libpng16-16 libwebp-dev libwebp7 libwebpmux3 libwebpdemux2 \
 		libssh2-1 libldap-2.5-0 libsasl2-2 libsasl2-modules-db >/dev/null)
 	for f in "$tmp"/*.deb; do dpkg -x "$f" .carry/deps; done
 	# Shared libraries only (sluice links them so), and no docs: the carry holds 64 MiB in all.
 	find .carry/deps -name "*.a" -delete && rm -rf .carry/deps/usr/share/doc .carry/deps/usr/share/man
 	# Linked dynamically: libmicrohttpd's gnutls is the machine's own, and pkg-config would want gnutls.pc.
 	sed -i '/^Requires.private:/d' .carry/deps/usr/lib/x86_64-linux-gnu/pkgconfig/libmicrohttpd.pc
+	sed -i '/^Requires.private:/d' .carry/deps/usr/lib/x86_64-linux-gnu/pkgconfig/libpng16.pc # zlib: linked dynamically
 	rm -f "$tmp"/*.deb
 	echo "prepare: .carry/deps ($(du -sh .carry/deps | cut -f1))"
 fi

@@ -1086,6 +1086,64 @@ SLUICE_API SLUICE_WUR int sluice_pack(const char *out, const struct sluice_pack_
 
 struct sluice_loader;
 
+/*
+ * Images decoded and augmented inside the loader: one field's encoded
+ * images (JPEG, PNG, WebP) arrive as one dense tensor [B, 3, height, width]
+ * (channels_last: [B, height, width, 3]) of dtype, as a torchvision
+ * pipeline would give them: mode RANDOM_RESIZED_CROP samples as
+ * RandomResizedCrop(size, scale, ratio) does, CENTER_CROP is
+ * Resize(resize) then CenterCrop(size), RESIZE resizes the whole image; the
+ * resize is bilinear with antialiasing (torchvision's default); flip is
+ * RandomHorizontalFlip's probability; floats are the pixels / 255, then
+ * (x - mean) / std where std is set.  Crops and flips are a function of
+ * (seed, epoch, record id) alone.  With a GPU loader, JPEGs are decoded by
+ * nvJPEG in batches (the hardware decoders where the GPU has them) and the
+ * augmentation is one kernel launch a batch (NVRTC, compiled once and
+ * cached); PNG, WebP, progressive and CMYK JPEGs are decoded by a few CPU
+ * threads (libjpeg-turbo, libpng, libwebp) and augmented beside them.  A
+ * record that is not a whole image of at most SLUICE_MAX_IMAGE_PIXELS
+ * fails its batch naming the dataset and record, or with the loader's
+ * skip_corrupt is left out and counted (stats: "skipped").
+ */
+enum sluice_image_mode {
+	SLUICE_IMAGE_RANDOM_RESIZED_CROP = 0,
+	SLUICE_IMAGE_CENTER_CROP = 1,
+	SLUICE_IMAGE_RESIZE = 2,
+};
+enum sluice_image_decode {
+	SLUICE_IMAGE_DECODE_AUTO = 0, /* the GPU's (nvJPEG) with a GPU loader where it loads, else the CPU's */
+	SLUICE_IMAGE_DECODE_GPU = 1,  /* nvJPEG, or the loader fails to open */
+	SLUICE_IMAGE_DECODE_CPU = 2,
+};
+struct sluice_image_options {
+	size_t size;                /* sizeof(struct sluice_image_options) */
+	const char *field;          /* the field of encoded images (required) */
+	uint32_t height, width;     /* the output's (required) */
+	int mode;                   /* enum sluice_image_mode */
+	float scale[2], ratio[2];   /* RANDOM_RESIZED_CROP's; 0: (0.08, 1) and (3/4, 4/3) */
+	float flip;                 /* probability of a horizontal flip */
+	float mean[3], std[3];      /* of the [0, 1] pixels; std all 0: not normalised */
+	enum sluice_dtype dtype;    /* U8, F16, BF16 or F32 (0: F32) */
+	int channels_last;
+	int decode;                 /* enum sluice_image_decode */
+	uint32_t resize;            /* CENTER_CROP: the shorter side first resized to this (0: height * 8 / 7) */
+};
+/*
+ * What the loader does to one image (width x height) of record id in an
+ * epoch: the region [x, x + w) x [y, y + h) of the image is resized to
+ * resized_w x resized_h, of which the output is the window at (offset_x,
+ * offset_y), then mirrored if flip.  For a crop's bounding boxes, or a
+ * check against another pipeline.  0, or SLUICE_EINVAL_CONFIG naming the
+ * option.
+ */
+struct sluice_image_box {
+	int x, y, w, h, resized_w, resized_h, offset_x, offset_y, flip;
+};
+SLUICE_API SLUICE_WUR int sluice_image_plan(const struct sluice_image_options *opt, uint64_t seed, uint64_t epoch,
+					    uint64_t id, uint32_t width, uint32_t height, struct sluice_image_box *box);
+#define SLUICE_IMAGE_OPTIONS_INIT { sizeof(struct sluice_image_options), NULL, 0, 0, 0, { 0, 0 }, { 0, 0 }, 0, \
+				    { 0, 0, 0 }, { 0, 0, 0 }, 0, 0, 0, 0 }
+
 struct sluice_loader_options {
 	size_t size; /* sizeof(struct sluice_loader_options) */
 	uint32_t batch_size;       /* records per batch per rank (required) */
@@ -1102,8 +1160,9 @@ struct sluice_loader_options {
 	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted */
 	unsigned device_index;     /* with gpu: which of the engine's device ids (SLUICE_DEVICE_IDS) batches land
 				      in, 0: the first */
+	const struct sluice_image_options *image; /* NULL, or one field's encoded images decoded and augmented */
 };
-#define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL }
 
 /*
  * One field of a batch: fixed-size fields dense [size, ...]; others (data,
@@ -1120,6 +1179,15 @@ struct sluice_batch_field {
 	uint64_t *offsets;         /* variable-size fields: size + 1 element offsets into data (same memory); else NULL */
 	uint64_t item_bytes;       /* fixed-size fields: bytes per record; else 0 */
 	const uint64_t *host_offsets; /* the offsets in host memory (the same array for host batches) */
+	/*
+	 * What data holds, batch dimension first: ndim dimensions of shape,
+	 * strides in elements (fixed-size fields: [size, item...] dense; an
+	 * image field: [size, 3, h, w] or channels last [size, h, w, 3] of
+	 * the image options' dtype); variable-size fields: ndim 1, the
+	 * elements of all records.
+	 */
+	int ndim;
+	int64_t shape[SLUICE_MAX_NDIM + 1], strides[SLUICE_MAX_NDIM + 1];
 };
 
 struct sluice_batch {

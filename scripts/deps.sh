@@ -15,6 +15,9 @@ pkg-config --exists libcurl 2>/dev/null || need="$need libcurl4-openssl-dev"
 pkg-config --exists libcrypto 2>/dev/null || need="$need libssl-dev"
 pkg-config --exists expat 2>/dev/null || need="$need libexpat1-dev"
 pkg-config --exists libmicrohttpd 2>/dev/null || need="$need libmicrohttpd-dev"
+pkg-config --exists libjpeg 2>/dev/null || need="$need libjpeg62-turbo-dev"
+pkg-config --exists libpng 2>/dev/null || need="$need libpng-dev"
+pkg-config --exists libwebp 2>/dev/null || need="$need libwebp-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
 # `deps.sh test`: what only the tests need too (a headless browser opens sluice journey's report,
 # a web server serves the http store's ranges).

@@ -85,16 +85,29 @@ class RecordLoc(C.Structure):
     _fields_ = [("shard", C.c_uint), ("offset", C.c_uint64), ("length", C.c_uint32), ("crc", C.c_uint32)]
 
 
+class ImageOptions(_Sized):
+    _fields_ = [("size", C.c_size_t), ("field", C.c_char_p), ("height", C.c_uint32), ("width", C.c_uint32),
+                ("mode", C.c_int), ("scale", C.c_float * 2), ("ratio", C.c_float * 2), ("flip", C.c_float),
+                ("mean", C.c_float * 3), ("std", C.c_float * 3), ("dtype", C.c_int), ("channels_last", C.c_int),
+                ("decode", C.c_int), ("resize", C.c_uint32)]
+
+
+class ImageBox(C.Structure):
+    _fields_ = [(k, C.c_int) for k in ("x", "y", "w", "h", "resized_w", "resized_h", "offset_x", "offset_y", "flip")]
+
+
 class LoaderOptions(_Sized):
     _fields_ = [("size", C.c_size_t), ("batch_size", C.c_uint32), ("fields", C.POINTER(C.c_char_p)), ("gpu", C.c_int),
                 ("prefetch", C.c_uint), ("seed", C.c_uint64), ("epoch", C.c_uint64), ("position", C.c_uint64),
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
-                ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint)]
+                ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint),
+                ("image", C.POINTER(ImageOptions))]
 
 
 class BatchField(C.Structure):
     _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("data", C.c_void_p), ("offsets", C.c_void_p),
-                ("item_bytes", C.c_uint64), ("host_offsets", C.POINTER(C.c_uint64))]
+                ("item_bytes", C.c_uint64), ("host_offsets", C.POINTER(C.c_uint64)), ("ndim", C.c_int),
+                ("shape", C.c_int64 * (MAX_NDIM + 1)), ("strides", C.c_int64 * (MAX_NDIM + 1))]
 
 
 class Batch(C.Structure):
@@ -223,6 +236,8 @@ _protos = {
     "sluice_loader_set_epoch": (C.c_int, [P, C.c_uint64]),
     "sluice_loader_stats_json": (C.c_size_t, [P, C.c_char_p, C.c_size_t]),
     "sluice_loader_close": (None, [P]),
+    "sluice_image_plan": (C.c_int, [C.POINTER(ImageOptions), C.c_uint64, C.c_uint64, C.c_uint64, C.c_uint32,
+                                    C.c_uint32, C.POINTER(ImageBox)]),
     "sluice_packer_new": (C.c_int, [C.POINTER(P), C.POINTER(PackerOptions)]),
     "sluice_packer_add": (C.c_int, [P, C.POINTER(C.c_int32), C.c_size_t]),
     "sluice_packer_row": (C.c_int, [P, C.POINTER(PackedRow), C.c_int]),

@@ -51,10 +51,13 @@ class Loader:
     the last partial global batch instead of filling it from the epoch's start.  prefetch: batches ready ahead
     (0: by batch size).  window_bytes: the shuffle window (0: 64 MiB).  skip_corrupt: a record whose CRC fails
     is left out (the batch is smaller) and counted, instead of failing the batch.
+    images: a sluice.Images, which decodes and augments one field's encoded images inside the loader (on the GPU with
+    device="cuda"): that field arrives as one tensor [B, 3, H, W] ready for the model.
     """
 
     def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
-                 drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False):
+                 drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False,
+                 images=None):
         if rank is None or world_size is None:
             r, w = _env_rank()
             rank = r if rank is None else rank
@@ -79,6 +82,9 @@ class Loader:
                                   drop_last=int(drop_last), shuffle=int(shuffle),
                                   window_bytes=_int_option("Loader", "window_bytes", window_bytes, *u64),
                                   skip_corrupt=int(skip_corrupt), device_index=index)
+        self.images = images
+        if images is not None:
+            self._opt.image = images._pointer()
         self._names = None
         if fields is not None:
             self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
@@ -157,8 +163,8 @@ class Loader:
                                        np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize))
             yield self._convert(b)
 
-    def _array(self, ptr, nbytes, dtype, shape, host=False):
-        key = (ptr, dtype, shape)
+    def _array(self, ptr, nbytes, dtype, shape, host=False, channels_last=False):
+        key = (ptr, dtype, shape, channels_last)
         a = self._views.get(key)
         if a is not None:
             return a
@@ -172,11 +178,17 @@ class Loader:
                 mem._owner = self._owner
                 raw = np.ctypeslib.as_array(mem)
             a = raw.view(t).reshape(shape)
+            if channels_last:
+                a = a.transpose(0, 3, 1, 2)
         else:
             import torch
             cai = _CudaArray(ptr, shape, np.dtype(t).str)
             cai._owner = self._owner
             a = torch.as_tensor(cai, device=f"cuda:{self._gpu}")
+            if dtype == "bf16":  # no typestr names bfloat16: its bits, viewed
+                a = a.view(torch.bfloat16)
+            if channels_last:  # [B, H, W, 3] in memory: the model's [B, 3, H, W] in channels_last
+                a = a.permute(0, 3, 1, 2)
         # The ring's buffers stay where they are while the loader is open, so a view made once serves every
         # batch that lands in the same slot with the same shape (making one costs more than the rest of next()).
         if len(self._views) >= 1024:
@@ -192,7 +204,11 @@ class Loader:
         for k in range(b.nfields):
             f = b.field[k]
             name, dtype, shape, esize = self._meta[k]
-            if f.item_bytes:
+            if self.images is not None and name == self.images.field:
+                shp = tuple(f.shape[d] for d in range(f.ndim))
+                out[name] = self._array(f.data, b.size * f.item_bytes, self.images.dtype, shp,
+                                        channels_last=self.images.channels_last)
+            elif f.item_bytes:
                 out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + shape)
             else:
                 # Offsets count elements of the field's dtype, so data[offs[j]:offs[j + 1]] is record j.

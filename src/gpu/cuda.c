@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -40,6 +41,28 @@ void *sl__dl_load(const char *lib, const struct sl__sym *syms, size_t n, const c
 	return h;
 }
 
+void *sl__dl_load_cuda(const char *setting, const char *soname, const struct sl__sym *syms, size_t n, const char *missing,
+		       const char *old, char *why, size_t cap)
+{
+	const char *named = sl__setting(setting), *roots[] = { getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda" };
+	char path[4096];
+	void *h;
+
+	if (named && *named && strcmp(named, soname))
+		return sl__dl_load(named, syms, n, missing, old, why, cap);
+	if ((h = sl__dl_load(soname, syms, n, missing, old, why, cap)))
+		return h;
+	for (size_t i = 0; i < sizeof(roots) / sizeof(roots[0]); i++) {
+		char other[512];
+
+		if (!roots[i] || !*roots[i] || snprintf(path, sizeof(path), "%s/lib64/%s", roots[i], soname) >= (int)sizeof(path))
+			continue;
+		if ((h = sl__dl_load(path, syms, n, missing, old, other, sizeof(other))))
+			return h;
+	}
+	return NULL; /* why: the loader's own answer for soname */
+}
+
 static void sl_cuda_load(void)
 {
 	void *h;
@@ -52,6 +75,8 @@ static void sl_cuda_load(void)
 		{ (void **)&sl_cu.DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2" },
 		{ (void **)&sl_cu.CtxSetCurrent, "cuCtxSetCurrent" },
 		{ (void **)&sl_cu.StreamCreate, "cuStreamCreate" },
+		{ (void **)&sl_cu.StreamCreateWithPriority, "cuStreamCreateWithPriority" },
+		{ (void **)&sl_cu.CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange" },
 		{ (void **)&sl_cu.StreamDestroy, "cuStreamDestroy_v2" },
 		{ (void **)&sl_cu.StreamSynchronize, "cuStreamSynchronize" },
 		{ (void **)&sl_cu.StreamWaitEvent, "cuStreamWaitEvent" },
@@ -74,6 +99,11 @@ static void sl_cuda_load(void)
 		{ (void **)&sl_cu.MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2" },
 		{ (void **)&sl_cu.StreamWaitValue32, "cuStreamWaitValue32_v2" },
 		{ (void **)&sl_cu.GetErrorName, "cuGetErrorName" },
+		{ (void **)&sl_cu.DeviceGetAttribute, "cuDeviceGetAttribute" },
+		{ (void **)&sl_cu.ModuleLoadData, "cuModuleLoadData" },
+		{ (void **)&sl_cu.ModuleUnload, "cuModuleUnload" },
+		{ (void **)&sl_cu.ModuleGetFunction, "cuModuleGetFunction" },
+		{ (void **)&sl_cu.LaunchKernel, "cuLaunchKernel" },
 	};
 	sl_CUresult r;
 

@@ -18,6 +18,8 @@ typedef struct CUctx_st *sl_CUcontext;
 typedef struct CUstream_st *sl_CUstream;
 typedef struct CUevent_st *sl_CUevent;
 typedef void (*sl_CUhostFn)(void *user);
+typedef struct CUmod_st *sl_CUmodule;
+typedef struct CUfunc_st *sl_CUfunction;
 
 #define SL_CUDA_SUCCESS 0
 #define SL_CUDA_ERROR_INVALID_CONTEXT 201
@@ -34,6 +36,8 @@ typedef void (*sl_CUhostFn)(void *user);
 #define SL_CU_STREAM_NON_BLOCKING 1
 #define SL_CU_EVENT_DISABLE_TIMING 2
 #define SL_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
+#define SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 
 /* cuFile (libcufile.so.0). */
 #define SL_CU_FILE_HANDLE_TYPE_OPAQUE_FD 1

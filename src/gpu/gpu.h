@@ -23,6 +23,8 @@ struct sl__cuda_api {
 	sl_CUresult (*DevicePrimaryCtxRelease)(sl_CUdevice d);
 	sl_CUresult (*CtxSetCurrent)(sl_CUcontext ctx);
 	sl_CUresult (*StreamCreate)(sl_CUstream *s, unsigned flags);
+	sl_CUresult (*StreamCreateWithPriority)(sl_CUstream *s, unsigned flags, int priority);
+	sl_CUresult (*CtxGetStreamPriorityRange)(int *least, int *greatest);
 	sl_CUresult (*StreamDestroy)(sl_CUstream s);
 	sl_CUresult (*StreamSynchronize)(sl_CUstream s);
 	sl_CUresult (*StreamWaitEvent)(sl_CUstream s, sl_CUevent e, unsigned flags);
@@ -45,6 +47,13 @@ struct sl__cuda_api {
 	sl_CUresult (*MemHostGetDevicePointer)(sl_CUdeviceptr *d, void *p, unsigned flags);
 	sl_CUresult (*StreamWaitValue32)(sl_CUstream s, sl_CUdeviceptr addr, uint32_t value, unsigned flags);
 	sl_CUresult (*GetErrorName)(sl_CUresult r, const char **name);
+	/* Kernels (image/gpu.c): modules NVRTC compiled. */
+	sl_CUresult (*DeviceGetAttribute)(int *v, int attr, sl_CUdevice d);
+	sl_CUresult (*ModuleLoadData)(sl_CUmodule *m, const void *image);
+	sl_CUresult (*ModuleUnload)(sl_CUmodule m);
+	sl_CUresult (*ModuleGetFunction)(sl_CUfunction *f, sl_CUmodule m, const char *name);
+	sl_CUresult (*LaunchKernel)(sl_CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+				    unsigned bz, unsigned shared, sl_CUstream s, void **params, void **extra);
 	/*
 	 * Optional (NULL when the driver lacks them, before r550): the process
 	 * checkpoint functions, each args struct 64 bytes of which only the lock's
@@ -82,6 +91,48 @@ struct sl__sym {
  */
 SL_HIDDEN void *sl__dl_load(const char *lib, const struct sl__sym *syms, size_t n, const char *missing,
 			    const char *old, char *why, size_t cap);
+
+/*
+ * sl__dl_load of a CUDA toolkit library: the file the setting names when
+ * set, else soname as the dynamic loader finds it, else under $CUDA_HOME,
+ * $CUDA_PATH and /usr/local/cuda (lib64/), where the toolkit keeps it off
+ * the loader's path.
+ */
+SL_HIDDEN void *sl__dl_load_cuda(const char *setting, const char *soname, const struct sl__sym *syms, size_t n,
+				 const char *missing, const char *old, char *why, size_t cap);
+
+/* nvJPEG (nvjpeg.c): batched decode, the hardware engines' backend included.  Our declarations of nvjpeg.h's. */
+typedef struct sl_nvjpeg_handle *sl_nvjpegHandle_t;
+typedef struct sl_nvjpeg_state *sl_nvjpegJpegState_t;
+typedef struct sl_nvjpeg_stream *sl_nvjpegJpegStream_t;
+struct sl_nvjpegImage {
+	unsigned char *channel[4];
+	size_t pitch[4];
+};
+#define SL_NVJPEG_BACKEND_DEFAULT 0
+#define SL_NVJPEG_BACKEND_HARDWARE 3
+#define SL_NVJPEG_OUTPUT_RGBI 5
+#define SL_NVJPEG_STATUS_ARCH_MISMATCH 7
+struct sl__nvjpeg_api {
+	int (*CreateEx)(int backend, void *dev_alloc, void *pinned_alloc, unsigned flags, sl_nvjpegHandle_t *h);
+	int (*Destroy)(sl_nvjpegHandle_t h);
+	int (*JpegStateCreate)(sl_nvjpegHandle_t h, sl_nvjpegJpegState_t *st);
+	int (*JpegStateDestroy)(sl_nvjpegJpegState_t st);
+	int (*DecodeBatchedInitialize)(sl_nvjpegHandle_t h, sl_nvjpegJpegState_t st, int batch, int max_cpu_threads,
+				       int output_format);
+	int (*DecodeBatched)(sl_nvjpegHandle_t h, sl_nvjpegJpegState_t st, const unsigned char *const *data,
+			     const size_t *lengths, struct sl_nvjpegImage *dest, sl_CUstream s);
+	int (*JpegStreamCreate)(sl_nvjpegHandle_t h, sl_nvjpegJpegStream_t *js);
+	int (*JpegStreamDestroy)(sl_nvjpegJpegStream_t js);
+	int (*JpegStreamParseHeader)(sl_nvjpegHandle_t h, const unsigned char *data, size_t len, sl_nvjpegJpegStream_t js);
+	int (*DecodeBatchedSupported)(sl_nvjpegHandle_t h, sl_nvjpegJpegStream_t js, int *unsupported);
+};
+/* The loaded table, or NULL with the reason in *why. */
+SL_HIDDEN const struct sl__nvjpeg_api *sl__nvjpeg(const char **why);
+
+struct sl__gpu;
+/* NVRTC (nvrtc.c): a CUDA C++ source compiled for g's architecture, once a process and source, into *fn. */
+SL_HIDDEN int sl__nvrtc_kernel(const struct sl__gpu *g, const char *src, const char *name, sl_CUfunction *fn);
 
 /* nvCOMP (nvcomp.c): the batched zstd decoder of libnvcomp.so.6. */
 struct sl__nvcomp_opts {

@@ -45,10 +45,33 @@ int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t 
 	return 0;
 }
 
-/* A batch's layout: per field, its data then (variable size) B + 1 offsets, each 256-byte aligned. */
+/*
+ * A batch's layout: the image field (decoded, of fixed size) first, then
+ * per field its data and, for variable size, B + 1 offsets, each 256-byte
+ * aligned.  host_from: where the bytes the host collates start (past the
+ * images a GPU pipeline writes in place).
+ */
 struct sl_layout {
-	uint64_t base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size;
+	uint64_t base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size, host_from;
 };
+
+static void sl_lay_out(const struct sluice_loader *ld, uint32_t m, const uint64_t *var, struct sl_layout *l)
+{
+	l->size = 0;
+	if (ld->img_f >= 0) {
+		l->base[ld->img_f] = 0;
+		l->size = sl__align_up(ld->img.out_bytes * m, 256);
+	}
+	for (unsigned f = 0; f < ld->nf; f++) {
+		if ((int)f == ld->img_f)
+			continue;
+		l->base[f] = l->size;
+		l->size = sl__align_up(l->size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
+		l->offs[f] = l->size;
+		if (!ld->fixed[f])
+			l->size = sl__align_up(l->size + 8 * ((uint64_t)m + 1), 256);
+	}
+}
 
 /*
  * The records of batch g, found in its windows and decoded into rec; *m
@@ -98,6 +121,10 @@ static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const s
 	for (unsigned f = 0; f < ld->nf; f++) {
 		unsigned fi = ld->fidx[f];
 		char *d = s->host + l->base[f];
+
+		if ((int)f == ld->img_f)
+			continue;
+		{
 		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + l->offs[f]), at = 0;
 		/* Offsets count elements of the field's dtype (bytes for bytes), as cu_seqlens do: decode checked each
 		 * value is whole elements. */
@@ -115,6 +142,7 @@ static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const s
 		}
 		if (o)
 			o[m] = at / es;
+		}
 	}
 	return 0;
 }
@@ -138,19 +166,20 @@ static int sl_wait_buf(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 }
 
 /* The batch's bytes to the GPU on the loader's copy stream, once the consumer is done with the buffer's last. */
-static int sl_send(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size, uint64_t g, uint64_t waited)
+static int sl_send(struct sl__producer *p, struct sl__batch_buf *s, const struct sl_layout *l, uint64_t g,
+		   uint64_t waited)
 {
+	struct sluice_loader *ld = p->ld;
 	const struct sl__cuda_api *cu = ld->gpu->cu;
 	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
-	int rc = sl__gpu_bind(ld->gpu);
+	int rc = 0;
 
-	if (!rc && s->release_set)
-		rc = SL_CU(cu->StreamWaitEvent(ld->copy, s->release, 0), "cuStreamWaitEvent");
-	if (!rc)
-		rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)s->dev, s->host, size, ld->copy),
+	if (l->size > l->host_from)
+		rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)(s->dev + l->host_from), s->host + l->host_from,
+					       l->size - l->host_from, p->stream),
 			   "cuMemcpyHtoDAsync");
 	if (!rc)
-		rc = SL_CU(cu->EventRecord(s->ready, ld->copy), "cuEventRecord");
+		rc = SL_CU(cu->EventRecord(s->ready, p->stream), "cuEventRecord");
 	if (rc)
 		return rc;
 	/* The H2D stage: the wait for the buffer's previous copy, and queueing this one. */
@@ -172,21 +201,105 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 	s->b.event = ld->opt.gpu ? (void *)s->ready : NULL;
 	for (unsigned f = 0; f < ld->nf; f++) {
 		struct sluice_batch_field *bf = &s->b.field[f];
+		const struct sluice_field *df = &ld->ds->fields[ld->fidx[f]];
 
-		bf->name = ld->ds->fields[ld->fidx[f]].name;
-		bf->dtype = ld->ds->fields[ld->fidx[f]].dtype;
+		bf->name = df->name;
+		bf->dtype = df->dtype;
 		bf->data = mem + l->base[f];
 		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + l->offs[f]);
 		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + l->offs[f]);
 		bf->item_bytes = ld->fixed[f];
+		if ((int)f == ld->img_f) {
+			const struct sl__img_opts *o = &ld->img;
+			const int64_t h = o->oh, w = o->ow, nhwc = o->aug.nhwc;
+
+			bf->dtype = (enum sluice_dtype)o->aug.dtype;
+			bf->offsets = NULL;
+			bf->host_offsets = NULL;
+			bf->item_bytes = o->out_bytes;
+			bf->ndim = 4;
+			memcpy(bf->shape, nhwc ? (int64_t[]){ m, h, w, 3 } : (int64_t[]){ m, 3, h, w }, 4 * sizeof(int64_t));
+			memcpy(bf->strides, nhwc ? (int64_t[]){ 3 * h * w, 3 * w, 3, 1 } : (int64_t[]){ 3 * h * w, h * w, w, 1 },
+			       4 * sizeof(int64_t));
+		} else if (ld->fixed[f]) {
+			const int64_t es = (int64_t)sluice_dtype_size(df->dtype), n = (int64_t)ld->fixed[f] / es;
+			int64_t st = 1;
+
+			bf->ndim = 1;
+			bf->shape[0] = m;
+			for (int d = 0; d < df->ndim; d++)
+				bf->shape[bf->ndim++] = df->shape[d];
+			if (df->ndim <= 0 && n != 1) /* fixed-size bytes: their elements */
+				bf->shape[bf->ndim++] = n;
+			for (int d = bf->ndim - 1; d >= 0; d--) {
+				bf->strides[d] = st;
+				st *= bf->shape[d];
+			}
+		} else {
+			bf->ndim = 1;
+			bf->shape[0] = (int64_t)bf->host_offsets[m];
+			bf->strides[0] = 1;
+		}
 	}
 	atomic_fetch_add(&ld->bytes, l->size);
 	atomic_fetch_add(&ld->records, m);
 }
 
-/* Batch g into buffer s: ids, collation into pinned staging, and the copy to the GPU. */
-static int sl_build(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t g)
+/*
+ * Batch g's images, decoded and augmented into their place (GPU memory by
+ * the producer's pipeline, else host staging), before the other fields are
+ * collated: a record that is not a whole image fails the batch, naming it,
+ * or with skip_corrupt is left out of every field (rec and ids closed up).
+ */
+static int sl_images(struct sl__producer *p, struct sl__batch_buf *s, struct sluice_record *rec, uint32_t *m,
+		     const struct sl_layout *l)
 {
+	struct sluice_loader *ld = p->ld;
+	const unsigned fi = ld->fidx[ld->img_f];
+	struct sl__img_rec *ir = malloc(*m * sizeof(*ir) + 1);
+	uint8_t *bad = calloc(*m + 1, 1);
+	struct sl__img_batch b = { .o = &ld->img, .seed = ld->opt.seed, .epoch = ld->opt.epoch, .m = *m, .rec = ir,
+				   .bad = bad };
+	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld), ng = 0, nc = 0, ng0 = 0, nc0 = 0;
+	int rc = ir && bad ? 0 : -ENOMEM;
+
+	for (uint32_t j = 0; j < *m && !rc; j++)
+		ir[j] = (struct sl__img_rec){ (const unsigned char *)rec[j].data[fi], rec[j].len[fi], s->ids[j] };
+	if (!rc && p->img) {
+		sl__img_gpu_counts(p->img, &ng0, &nc0);
+		rc = sl__img_run_gpu(p->img, &b, s->dev + l->base[ld->img_f], p->stream);
+		sl__img_gpu_counts(p->img, &ng, &nc);
+	} else if (!rc) {
+		rc = sl__img_run_cpu(&b, s->host + l->base[ld->img_f]);
+		nc0 = 0;
+		nc = b.m - (uint32_t)b.nbad;
+	}
+	atomic_fetch_add(&ld->img_gpu, ng - ng0);
+	atomic_fetch_add(&ld->img_cpu, nc - nc0);
+	if (!rc && b.nbad && !ld->opt.skip_corrupt)
+		rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s': %s", ld->ds->path, (unsigned long long)b.why_id,
+			     ld->ds->fields[fi].name, b.why);
+	if (!rc && b.nbad) {
+		uint32_t k = 0;
+
+		atomic_fetch_add(&ld->skipped, (uint64_t)b.nbad);
+		for (uint32_t j = 0; j < *m; j++)
+			if (!bad[j]) {
+				rec[k] = rec[j];
+				s->ids[k++] = s->ids[j];
+			}
+		*m = k;
+	}
+	free(ir);
+	free(bad);
+	sl__ld_span(ld, "images", t0, cpu0, s->g);
+	return rc;
+}
+
+/* Batch g into buffer s: ids, images, collation into pinned staging, and the copy to the GPU. */
+static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
+{
+	struct sluice_loader *ld = p->ld;
 	struct sluice_record *rec = malloc(ld->opt.batch_size * sizeof(*rec));
 	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, t0, cpu0, waited = 0;
 	struct sl_layout l = { .size = 0 };
@@ -195,17 +308,18 @@ static int sl_build(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t 
 
 	t0 = sl__now_ns();
 	cpu0 = sl__ld_cpu(ld);
-	for (unsigned f = 0; !rc && f < ld->nf; f++) {
-		l.base[f] = l.size;
-		l.size = sl__align_up(l.size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
-		l.offs[f] = l.size;
-		if (!ld->fixed[f])
-			l.size = sl__align_up(l.size + 8 * ((uint64_t)m + 1), 256);
-	}
+	/* Laid out for every record gathered: images left out later only shorten what the host collates. */
+	sl_lay_out(ld, m, var, &l);
+	l.host_from = ld->img_f >= 0 && p->img ? sl__align_up(ld->img.out_bytes * m, 256) : 0;
 	if (!rc && ld->opt.gpu)
 		rc = sl_wait_buf(ld, s, &waited);
 	if (!rc)
 		rc = sl__buf_reserve(ld, s, l.size);
+	/* The consumer's stream must be done with the buffer's last batch before anything writes its GPU copy. */
+	if (!rc && ld->opt.gpu && s->release_set)
+		rc = SL_CU(ld->gpu->cu->StreamWaitEvent(p->stream, s->release, 0), "cuStreamWaitEvent");
+	if (!rc && ld->img_f >= 0)
+		rc = sl_images(p, s, rec, &m, &l);
 	if (!rc)
 		rc = sl_collate(ld, s, rec, m, &l);
 	free(rec);
@@ -213,7 +327,7 @@ static int sl_build(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t 
 		return rc;
 	sl__hist_add(&ld->h_collate, sl__now_ns() - t0);
 	sl__ld_span(ld, "collate", t0, cpu0, g);
-	if (ld->opt.gpu && (rc = sl_send(ld, s, l.size, g, waited)))
+	if (ld->opt.gpu && (rc = sl_send(p, s, &l, g, waited)))
 		return rc;
 	sl_publish(ld, s, g, m, &l);
 	return 0;
@@ -235,10 +349,11 @@ static void sl_set_low(struct sluice_loader *ld)
 	pthread_cond_broadcast(&ld->cv);
 }
 
-/* SL_PRODUCERS of these take batches in order, each building its own in its buffer. */
+/* ld->nprod of these take batches in order, each building its own in its buffer. */
 void *sl__produce(void *arg)
 {
-	struct sluice_loader *ld = arg;
+	struct sl__producer *p = arg;
+	struct sluice_loader *ld = p->ld;
 
 	if (ld->opt.gpu)
 		sl__gpu_bind(ld->gpu);
@@ -265,7 +380,7 @@ void *sl__produce(void *arg)
 			pthread_cond_signal(&ld->buf_cv);
 		sl_set_low(ld);
 		pthread_mutex_unlock(&ld->lock);
-		rc = sl_build(ld, s, g);
+		rc = sl_build(p, s, g);
 		pthread_mutex_lock(&ld->lock);
 		if (rc) {
 			s->state = SL_B_FREE;

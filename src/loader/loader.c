@@ -104,8 +104,9 @@ static int sl_start(struct sluice_loader *ld)
 		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl__read_ahead, ld);
 	if (rc)
 		ld->readers_running--;
-	for (; !rc && ld->producers_running < SL_PRODUCERS; ld->producers_running++)
-		rc = pthread_create(&ld->producer[ld->producers_running], NULL, sl__produce, ld);
+	for (; !rc && ld->producers_running < ld->nprod; ld->producers_running++)
+		rc = pthread_create(&ld->producer[ld->producers_running], NULL, sl__produce,
+				    &ld->prod[ld->producers_running]);
 	if (rc && ld->producers_running)
 		ld->producers_running--;
 	if (rc) {
@@ -220,17 +221,29 @@ static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
 	}
 	if (nvar_loaded && avg > fixed)
 		guess += (avg - fixed) * B / nvar * nvar_loaded;
+	if (ld->img_f >= 0) /* decoded images, beside their encoded bytes (a bound) */
+		guess += sl__align_up(ld->img.out_bytes * B, 256);
 	return guess;
 }
 
-/* The copy stream and the buffers' events of a GPU loader. */
+/* The producers' streams and the buffers' events of a GPU loader. */
 static int sl_open_stream(struct sluice_loader *ld)
 {
 	const struct sl__cuda_api *cu = ld->gpu->cu;
 	int rc = sl__gpu_bind(ld->gpu);
 
+	int least = 0, greatest = 0;
+
+	/*
+	 * The highest priority the GPU has: a producer's small kernels (nvJPEG's,
+	 * the augmentation) then run between the blocks of the model's large ones
+	 * instead of after them, and the batch is ready sooner.
+	 */
 	if (!rc)
-		rc = SL_CU(cu->StreamCreate(&ld->copy, SL_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+		rc = SL_CU(cu->CtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
+	for (unsigned p = 0; p < ld->nprod && !rc; p++)
+		rc = SL_CU(cu->StreamCreateWithPriority(&ld->prod[p].stream, SL_CU_STREAM_NON_BLOCKING, greatest),
+			   "cuStreamCreateWithPriority");
 	for (unsigned i = 0; i < ld->nbufs && !rc; i++) {
 		rc = SL_CU(cu->EventCreate(&ld->bufs[i].ready, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 		if (!rc)
@@ -252,7 +265,7 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 	int rc = 0;
 
 	/* A batch may span several windows; keep them all, one more for each further producer's batch, and for each reader one loading and one ready. */
-	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + SL_PRODUCERS - 1 + 2 * SL_READERS);
+	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + ld->nprod - 1 + 2 * SL_READERS);
 	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
 	ld->nbufs = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
@@ -299,11 +312,18 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->opt = *opt;
 	ld->opt.world_size = opt->world_size ? opt->world_size : 1;
 	ld->opt.fields = NULL;
+	ld->opt.image = NULL;
+	ld->img_f = -1;
+	ld->nprod = SL_PRODUCERS;
+	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
+		ld->prod[p].ld = ld;
 	pthread_mutex_init(&ld->lock, NULL);
 	pthread_cond_init(&ld->cv, NULL);
 	pthread_cond_init(&ld->buf_cv, NULL);
 	pthread_cond_init(&ld->batch_cv, NULL);
 	if ((rc = sl_pick_fields(ld, opt->fields)) || (rc = sl_count_shards(ld, &bytes)))
+		goto fail;
+	if ((rc = sl__loader_codecs_open(ld, opt->image)))
 		goto fail;
 	sl_size_window(ld, bytes, opt->window_bytes);
 	if ((rc = sl__setting_u64("SLUICE_STATS", &ld->stats_every)) < 0 ||
@@ -344,8 +364,10 @@ void sluice_loader_close(struct sluice_loader *ld)
 	if (!ld)
 		return;
 	sl_stop(ld);
-	if (ld->opt.gpu && ld->gpu->ctx && sl__gpu_bind(ld->gpu) == 0 && ld->copy)
-		ld->gpu->cu->StreamSynchronize(ld->copy);
+	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
+		if (ld->opt.gpu && ld->gpu->ctx && sl__gpu_bind(ld->gpu) == 0 && ld->prod[p].stream)
+			ld->gpu->cu->StreamSynchronize(ld->prod[p].stream);
+	sl__loader_codecs_close(ld);
 	for (unsigned i = 0; ld->bufs && i < ld->nbufs; i++) {
 		struct sl__batch_buf *s = &ld->bufs[i];
 
@@ -363,8 +385,9 @@ void sluice_loader_close(struct sluice_loader *ld)
 		free(ld->win[i].len);
 		sl__host_free(NULL, ld->win[i].buf, ld->win[i].cap, 0);
 	}
-	if (ld->copy)
-		ld->gpu->cu->StreamDestroy(ld->copy);
+	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
+		if (ld->prod[p].stream)
+			ld->gpu->cu->StreamDestroy(ld->prod[p].stream);
 	sl__order_free(&ld->order);
 	sl__order_free(&ld->next_order);
 	free(ld->seq);

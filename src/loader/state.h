@@ -39,6 +39,7 @@ SL_HIDDEN uint64_t sl__order_at(const struct sl__order *o, uint64_t p);
 #include <pthread.h>
 
 #include "gpu/gpu.h"
+#include "image/image.h"
 
 enum { SL_B_FREE = 0, SL_B_BUILDING, SL_B_READY, SL_B_OUT };
 
@@ -60,6 +61,12 @@ enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
 #define SL_PRODUCERS 2 /* threads collating batches, each its own, into their buffers */
+/*
+ * With images decoded on the GPU: nvJPEG's hardware path waits on each
+ * image's small steps, so more batches are kept in flight
+ * (SLUICE_IMAGE_PRODUCERS, at most this).
+ */
+#define SL_PRODUCERS_MAX 8
 #define SL_CHUNKS 16           /* chunks a shuffle window is made of (order.c) */
 #define SL_CHUNK_MIN (1 << 20) /* bytes of a chunk at least */
 
@@ -74,6 +81,13 @@ struct sl__window {
 	size_t n;
 	char *buf;
 	size_t cap;
+};
+
+/* A producer thread's own: its stream (GPU loaders) and its image pipeline on the GPU. */
+struct sl__producer {
+	struct sluice_loader *ld;
+	sl_CUstream stream;
+	struct sl__img_gpu *img;    /* NULL: images (if any) decoded and augmented by the CPU */
 };
 
 struct sluice_loader {
@@ -122,8 +136,12 @@ struct sluice_loader {
 	pthread_t reader[SL_READERS]; /* read windows ahead of the producer */
 	unsigned readers_running;
 	uint64_t read_next;         /* next place in seq a reader takes */
-	sl_CUstream copy;
-	pthread_t producer[SL_PRODUCERS];
+	struct sl__producer prod[SL_PRODUCERS_MAX];
+	unsigned nprod;             /* producers: SL_PRODUCERS, or SL_PRODUCERS_MAX for images on the GPU */
+	int img_f;                  /* the image field's place among the loaded ones, or -1 */
+	struct sl__img_opts img;
+	int img_decode;             /* enum sluice_image_decode */
+	pthread_t producer[SL_PRODUCERS_MAX];
 	unsigned producers_running;
 	int running;
 	pthread_mutex_t lock;
@@ -141,6 +159,7 @@ struct sluice_loader {
 	struct sl__hist h_read, h_swait, h_collate, h_h2d, h_wait; /* h_swait: producers waiting for windows */
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
 	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
+	_Atomic uint64_t img_gpu, img_cpu; /* images decoded by nvJPEG, by the CPU */
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	/*
 	 * The consumer's wait for the first batch after each (re)start: the
@@ -184,9 +203,12 @@ SL_HIDDEN const char *sl__window_lookup(struct sl__window *const *wins, uint64_t
 					size_t *len, int *rc);
 SL_HIDDEN void *sl__read_ahead(void *arg);
 SL_HIDDEN int sl__plan_windows(struct sluice_loader *ld);
+/* codec.c: the decoders a field may go through, and the image options checked into ld->img. */
+SL_HIDDEN int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_image_options *img);
+SL_HIDDEN void sl__loader_codecs_close(struct sluice_loader *ld);
 /* collate.c */
 SL_HIDDEN int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size);
-SL_HIDDEN void *sl__produce(void *arg);
+SL_HIDDEN void *sl__produce(void *arg); /* arg: its struct sl__producer */
 /* ring.c */
 SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);
 /* stats.c */

@@ -13,8 +13,14 @@
 #ifdef SL_HAVE_CUFILE_H
 #include <cufile.h>
 #endif
+#ifdef SL_HAVE_NVJPEG_H
+#include <nvjpeg.h>
+#endif
 
 #include "gpu/cuda_decls.h"
+#ifdef SL_HAVE_NVJPEG_H
+#include "gpu/gpu.h"
+#endif
 
 #define SAME(a, b) _Static_assert((long long)(a) == (long long)(b), #a " != " #b)
 
@@ -30,6 +36,16 @@ SAME(SL_CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP);
 SAME(SL_CU_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WAIT_VALUE_GEQ);
 SAME(SL_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
 SAME(SL_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+SAME(SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+SAME(SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+#ifdef SL_HAVE_NVJPEG_H
+SAME(SL_NVJPEG_BACKEND_DEFAULT, NVJPEG_BACKEND_DEFAULT);
+SAME(SL_NVJPEG_BACKEND_HARDWARE, NVJPEG_BACKEND_HARDWARE);
+SAME(SL_NVJPEG_OUTPUT_RGBI, NVJPEG_OUTPUT_RGBI);
+SAME(SL_NVJPEG_STATUS_ARCH_MISMATCH, NVJPEG_STATUS_ARCH_MISMATCH);
+SAME(sizeof(struct sl_nvjpegImage), sizeof(nvjpegImage_t));
+SAME(offsetof(struct sl_nvjpegImage, pitch), offsetof(nvjpegImage_t, pitch));
+#endif
 SAME(sizeof(sl_CUresult), sizeof(CUresult));
 SAME(sizeof(sl_CUdevice), sizeof(CUdevice));
 SAME(sizeof(sl_CUdeviceptr), sizeof(CUdeviceptr));
@@ -78,6 +94,9 @@ int main(void)
 			fprintf(stderr, "cuda.h maps to %s, sluice loads %s\n", pairs[i][0], pairs[i][1]);
 			bad = 1;
 		}
+#ifdef SL_HAVE_NVJPEG_H
+	printf("t_cuda_decls: nvjpeg.h matches\n");
+#endif
 #ifdef SL_HAVE_CUFILE_H
 	printf("t_cuda_decls: cuda.h and cufile.h match\n");
 #else

@@ -1,0 +1,234 @@
+"""Images end to end (issue #38): a ResNet trained on JPEGs, fed by each pipeline side by side in one run.
+
+Data: IMAGES JPEGs of 500x375 (quality 90, textured so they weigh what ImageNet's do, ~90 KB), 100 classes, as an
+ImageFolder tree and packed by `sluice pack --from-dir`; made once and reused.
+
+Contenders, each a training step (bf16 autocast, channels_last, SGD) on batches of BATCH after WARM batches:
+  ceiling      the model on one constant batch already on the GPU (no data at all)
+  dl8, dl16    torch DataLoader, ImageFolder + PIL + torchvision.transforms.v2 (RandomResizedCrop(224), flip,
+               ToDtype, Normalize), 8 and 16 workers, pinned memory
+  tv_gpu       torchvision's batched GPU decode (decode_jpeg(list, device="cuda")), its v2 transforms on the
+               GPU per image, stacked
+  sluice       sluice.Loader(device="cuda", images=sluice.Images(224, flip, mean/std, bf16, channels_last))
+Also, decode alone: torchvision's batched GPU decode of a batch's files against sluice's loader with no model
+(decoding and augmenting), images/s.
+
+Figures: images/s (median of REPS interleaved passes), and CPU cores used: the busy share of the machine's CPUs
+over the pass (workers included) times its CPU count, and this process's CPU seconds over wall time.
+
+    python3 bench/e2e_images.py --images 20000 --reps 3 --models resnet50,resnet18 --out e2e.json
+"""
+import argparse
+import io
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import Results, side_by_side, timed  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _write_images(args):
+    import numpy as np
+    from PIL import Image
+    d, start, n = args
+    rng = np.random.default_rng(start)
+    for i in range(start, start + n):
+        # Smooth colour fields under noise: a photograph's mix of low frequencies and texture.
+        base = rng.integers(0, 256, size=(12, 16, 3)).astype(np.float32)
+        img = np.asarray(Image.fromarray(base.astype(np.uint8)).resize((500, 375), Image.BICUBIC), np.float32)
+        img += rng.normal(0, 22, size=img.shape)
+        c = f"{d}/imgs/{i % 100:03d}"
+        os.makedirs(c, exist_ok=True)
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(f"{c}/{i:06d}.jpg", quality=90)
+
+
+def make_data(d, n, sluice_bin):
+    if not os.path.exists(f"{d}/ds/index.sli"):
+        step = 250
+        with ProcessPoolExecutor(os.cpu_count()) as ex:
+            list(ex.map(_write_images, [(d, s, min(step, n - s)) for s in range(0, n, step)]))
+        subprocess.run([sluice_bin, "pack", "--from-dir", f"{d}/imgs", "--quiet", f"{d}/ds"], check=True)
+    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(f"{d}/imgs") for f in fs)
+    return f"{d}/ds", files
+
+
+class Trainer:
+    def __init__(self, name, batch):
+        import torch
+        import torchvision
+        self.torch = torch
+        self.model = getattr(torchvision.models, name)(num_classes=100).cuda().to(memory_format=torch.channels_last)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.batch = batch
+
+    def step(self, x, y):
+        torch = self.torch
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+
+def run_steps(batches, trainer, warm, steps):
+    """WARM batches, then STEPS timed; returns images/s."""
+    torch = trainer.torch if trainer else __import__("torch")
+    it = batches
+    for _ in range(warm):
+        x, y = next(it)
+        if trainer:
+            trainer.step(x, y)
+    torch.cuda.synchronize()
+    t0, n = time.perf_counter(), 0
+    for _ in range(steps):
+        x, y = next(it)
+        if trainer:
+            trainer.step(x, y)
+        n += x.shape[0]
+    torch.cuda.synchronize()
+    r = {"images_s": n / (time.perf_counter() - t0)}
+    it.close()  # a pipeline's generator records its figures as it closes
+    return r
+
+
+def measured(fn):
+    """images/s of fn() with the CPU it took: cores of the machine busy, and this process's."""
+    r = timed(fn, children=True)
+    r["cores_machine"] = r.get("machine_busy", 0) * os.cpu_count()
+    r["cores_process"] = r["cpu_s"] / r["seconds"]
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/var/tmp/sluice-e2e")
+    ap.add_argument("--sluice", default=os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice")))
+    ap.add_argument("--images", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--warm", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--models", default="resnet50,resnet18")
+    ap.add_argument("--only", default="", help="contenders to run (default: all)")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--profile", action="store_true", help="only: the GPU kernels of sluice's batches (torch.profiler)")
+    a = ap.parse_args()
+
+    import torch
+    import torchvision
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms import v2
+
+    import sluice
+
+    torchvision.disable_beta_transforms_warning() if hasattr(torchvision, "disable_beta_transforms_warning") else None
+    res = Results(a.out, images=a.images, batch=a.batch, steps=a.steps, reps=a.reps, cpus=os.cpu_count(),
+                  torch=torch.__version__, torchvision=torchvision.__version__)
+    t0 = time.perf_counter()
+    ds_path, files = make_data(a.dir, a.images, a.sluice)
+    res["data"] = {"files": len(files), "mean_kb": sum(os.path.getsize(f) for f in files) / len(files) / 1e3,
+                   "made_s": time.perf_counter() - t0}
+    need = (a.warm + a.steps) * a.batch
+    assert len(files) >= need, f"--images {a.images} is fewer than a pass's {need}"
+    ds = sluice.Dataset(ds_path)
+    cpu_tf = v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                         v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    gpu_tf = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                         v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    images = sluice.Images("data", size=224, flip=0.5, mean=MEAN, std=STD, dtype="bf16", channels_last=True)
+    only = set(a.only.split(",")) if a.only else None
+
+    def dataloader(workers):
+        folder = torchvision.datasets.ImageFolder(f"{a.dir}/imgs", transform=cpu_tf)
+        dl = torch.utils.data.DataLoader(folder, batch_size=a.batch, shuffle=True, num_workers=workers,
+                                         pin_memory=True, drop_last=True, prefetch_factor=4, persistent_workers=False)
+        for x, y in dl:
+            yield (x.cuda(non_blocking=True).to(memory_format=torch.channels_last),
+                   y.cuda(non_blocking=True))
+
+    def tv_gpu(transform=True):
+        order = torch.randperm(len(files)).tolist()
+        for s in range(0, len(order) - a.batch + 1, a.batch):
+            datas = [torchvision.io.read_file(files[i]) for i in order[s:s + a.batch]]
+            imgs = decode_jpeg(datas, device="cuda")
+            if transform:
+                x = torch.stack([gpu_tf(im) for im in imgs]).to(memory_format=torch.channels_last)
+            else:
+                x = imgs[0].new_empty((len(imgs), 1))
+            yield x, torch.zeros(len(imgs), dtype=torch.long, device="cuda")
+
+    def sluice_batches(key="sluice_stats"):
+        ld = sluice.Loader(ds, batch_size=a.batch, device="cuda", images=images, fields=["data", "label"],
+                           drop_last=True, seed=int(time.time()))
+        try:
+            for b in ld:
+                yield b["data"], b["label"].long()
+        finally:
+            st = ld.stats()
+            res[key] = {k: st.get(k) for k in ("gpu_wait_share", "step_us", "loader_us", "verdict", "images_gpu",
+                                               "images_cpu", "skipped")}
+
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        it = sluice_batches()
+        for _ in range(a.warm):
+            next(it)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.steps):
+                next(it)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
+        return
+
+    for name in a.models.split(","):
+        tr = Trainer(name, a.batch)
+        const = torch.randn(a.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+        ys = torch.zeros(a.batch, dtype=torch.long, device="cuda")
+
+        def constant():
+            while True:
+                yield const, ys
+
+        contenders = {
+            "ceiling": lambda: measured(lambda: run_steps(constant(), tr, a.warm, a.steps)),
+            "dl8": lambda: measured(lambda: run_steps(dataloader(8), tr, a.warm, a.steps)),
+            "dl16": lambda: measured(lambda: run_steps(dataloader(16), tr, a.warm, a.steps)),
+            "tv_gpu": lambda: measured(lambda: run_steps(tv_gpu(), tr, a.warm, a.steps)),
+            "sluice": lambda: measured(lambda: run_steps(sluice_batches(f"sluice_stats_{name}"), tr, a.warm, a.steps)),
+        }
+        if only:
+            contenders = {k: v for k, v in contenders.items() if k in only}
+        r = side_by_side(contenders, a.reps, key="images_s")
+        ceiling = r.get("ceiling", {}).get("images_s")
+        best_dl = max([r[k].get("images_s", 0) for k in ("dl8", "dl16") if k in r] or [0])
+        r["ratios"] = {
+            "sluice_over_ceiling": (r["sluice"]["images_s"] / ceiling) if ceiling and "images_s" in r.get("sluice", {}) else None,
+            "sluice_over_best_dataloader": (r["sluice"]["images_s"] / best_dl) if best_dl and "images_s" in r.get("sluice", {}) else None,
+        }
+        res[name] = r
+        print(name, {k: (round(v.get("images_s", 0)), round(v.get("cores_machine", 0), 1)) for k, v in r.items()
+                     if isinstance(v, dict) and "images_s" in v}, r["ratios"], res.get(f"sluice_stats_{name}"), flush=True)
+        del tr
+
+    # Decode alone: a batch's files decoded on the GPU by torchvision, against sluice's loader with no model.
+    if not only or "decode" in only:
+        r = side_by_side({
+            "tv_decode": lambda: measured(lambda: run_steps(tv_gpu(transform=False), None, a.warm, a.steps)),
+            "sluice_decode": lambda: measured(lambda: run_steps(sluice_batches(), None, a.warm, a.steps)),
+        }, a.reps, key="images_s")
+        t, s = r["tv_decode"].get("images_s"), r["sluice_decode"].get("images_s")
+        r["ratio"] = s / t if s and t else None
+        res["decode"] = r
+        print("decode", {k: round(v.get("images_s", 0)) for k, v in r.items() if isinstance(v, dict)}, r["ratio"],
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+/*
+ * image: encoded images (JPEG, PNG, WebP) into the batched, augmented
+ * tensors a model takes.  probe.c reads a header (kind, size, what a
+ * decoder must support) and checks the bytes are whole; crop.c decides
+ * each image's crop and flip from (seed, epoch, record) alone, as
+ * torchvision's RandomResizedCrop samples them; cpu.c decodes with
+ * libjpeg-turbo, libpng and libwebp and runs augment.h's pixel on the CPU;
+ * gpu.c decodes batches with nvJPEG (its hardware engines where the GPU
+ * has them) and runs augment.h compiled by NVRTC, one launch a batch.
+ * Depends on core and gpu.
+ */
+#ifndef SL_IMAGE_H
+#define SL_IMAGE_H
+
+#include "core/core.h"
+#include "image/augment.h"
+
+enum { SL_IMG_JPEG = 1, SL_IMG_PNG, SL_IMG_WEBP };
+
+struct sl__img_info {
+	int kind;            /* SL_IMG_* */
+	uint32_t w, h;
+	int ncomp;           /* JPEG: components (1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK) */
+	int baseline;        /* JPEG: baseline sequential (SOF0/SOF1), which nvJPEG's hardware engines decode */
+	int adobe;           /* JPEG: an Adobe APP14 marker (CMYK stored inverted) */
+};
+
+/*
+ * The header of an encoded image of n bytes: 0 and *info, or
+ * SLUICE_EFORMAT with why (cap bytes) saying what is wrong: not an image
+ * sluice decodes, a size of 0 or over max_pixels, a JPEG without its end
+ * (truncated), components or precision no decoder here takes.
+ */
+SL_HIDDEN int sl__img_probe(const unsigned char *p, size_t n, uint64_t max_pixels, struct sl__img_info *info, char *why,
+			    size_t cap);
+
+/* The pipeline's choices, from struct sluice_image_options, checked. */
+struct sl__img_opts {
+	int ow, oh;
+	int mode;            /* SLUICE_IMAGE_RANDOM_RESIZED_CROP, _CENTER_CROP, _RESIZE */
+	double scale[2], ratio[2];
+	double flip;
+	uint32_t resize;     /* center crop: the shorter side resized to this first */
+	struct sl_aug_params aug;
+	size_t out_bytes;    /* one image's output */
+	uint64_t max_pixels;
+};
+
+/* The user's options checked into o: 0 or SLUICE_EINVAL_CONFIG naming the option. */
+struct sluice_image_options;
+SL_HIDDEN int sl__img_opts_set(struct sl__img_opts *o, const struct sluice_image_options *in);
+
+/*
+ * Image (w x h) of record id: its region, resize and flip into *im (src,
+ * pitch and row are left to the caller), from (seed, epoch, id) alone.
+ */
+SL_HIDDEN void sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, uint64_t id, uint32_t w,
+			    uint32_t h, struct sl_aug_img *im);
+/* RandomResizedCrop's box for a w x h image and 10 tries' uniforms u[20]: *x, *y, *cw, *ch. */
+SL_HIDDEN void sl__img_rrc_box(const double scale[2], const double ratio[2], uint32_t w, uint32_t h, const double *u,
+			       uint32_t *x, uint32_t *y, uint32_t *cw, uint32_t *ch);
+
+/* Decodes the image (probed as info) into rgb (w * h * 3 bytes, interleaved RGB): 0 or SLUICE_EFORMAT with why. */
+SL_HIDDEN int sl__img_decode_cpu(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb,
+				 char *why, size_t cap);
+/* augment.h's pixels of image im for every output pixel, on this thread. */
+SL_HIDDEN void sl__img_augment_cpu(const unsigned char *scratch, const struct sl_aug_img *im,
+				   const struct sl_aug_params *p, void *out);
+
+
+/* ---- a batch of images (run.c) ---- */
+
+struct sl__img_rec {
+	const unsigned char *p;
+	size_t n;
+	uint64_t id;
+};
+
+/*
+ * m records' images into one batch: the kept ones (not bad) fill output
+ * rows 0, 1, ... in order.  A record that is not a whole image gets
+ * bad[j] = 1 and, the first of them, why and why_id; what then happens
+ * (an error, a skip) is the caller's choice.  Errors returned are the
+ * machine's (memory, CUDA), never an image's.
+ */
+struct sl__img_batch {
+	const struct sl__img_opts *o;
+	uint64_t seed, epoch;
+	uint32_t m;
+	const struct sl__img_rec *rec;
+	uint8_t *bad;
+	uint32_t kept;
+	char why[256];
+	uint64_t why_id;
+	int nbad;
+};
+
+/* A batch on the CPU's threads into out (host memory), rows kept dense. */
+SL_HIDDEN int sl__img_run_cpu(struct sl__img_batch *b, void *out);
+
+/* One producer's GPU pipeline: nvJPEG's state, the scratch, the kernel. */
+struct sl__img_gpu;
+struct sl__gpu;
+/* nvjpeg 0: every image decoded by the CPU's threads, augmented on the GPU. */
+SL_HIDDEN int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjpeg);
+SL_HIDDEN void sl__img_gpu_close(struct sl__img_gpu *ig);
+/* A batch into out (GPU memory) on stream s: decoded by nvJPEG (the CPU for what it cannot), one launch. */
+SL_HIDDEN int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, void *stream);
+/* Images the GPU (nvJPEG) and the CPU decoded through ig since it opened. */
+SL_HIDDEN void sl__img_gpu_counts(const struct sl__img_gpu *ig, uint64_t *gpu, uint64_t *cpu);
+
+#endif

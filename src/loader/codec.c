@@ -1,0 +1,83 @@
+/*
+ * The loader's codecs: what turns a field's stored bytes into what the
+ * batch holds.  Today one, the images (image/): one field's encoded images
+ * become a dense tensor of the options' size, dtype and layout, decoded
+ * and augmented by each producer on the GPU (nvJPEG and one kernel launch
+ * a batch, on the producer's stream) or by the CPU's threads.  This file
+ * checks the options and opens each producer's pipeline; collate.c runs it.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "loader/state.h"
+
+/* The image options checked into ld->img (the field among those loaded: ld->img_f). */
+static int sl_image_options(struct sluice_loader *ld, const struct sluice_image_options *in)
+{
+	struct sluice_image_options io;
+	int rc;
+
+	if ((rc = SL_SIZED_IN(&io, in, image_options)) || (rc = sl__img_opts_set(&ld->img, &io)))
+		return rc;
+	for (unsigned f = 0; f < ld->nf; f++)
+		if (!strcmp(ld->ds->fields[ld->fidx[f]].name, io.field))
+			ld->img_f = (int)f;
+	if (ld->img_f < 0)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: image options: %s has no loaded field '%s'", ld->ds->path,
+			       io.field);
+	if (ld->ds->fields[ld->fidx[ld->img_f]].dtype != SLUICE_DTYPE_BYTES || ld->fixed[ld->img_f])
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: image options: field '%s' is not of variable-size bytes "
+			       "(encoded images)", io.field);
+	ld->img_decode = io.decode;
+	return 0;
+}
+
+int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_image_options *img)
+{
+	int rc;
+
+	ld->img_f = -1;
+	if (!img)
+		return 0;
+	if ((rc = sl_image_options(ld, img)))
+		return rc;
+	/* The GPU's pipeline for a GPU loader: nvJPEG unless decode is CPU (AUTO: without it where it does not load). */
+	if (ld->opt.gpu) {
+		uint64_t n = 4;
+
+		if ((rc = sl__setting_u64("SLUICE_IMAGE_PRODUCERS", &n)) < 0)
+			return rc;
+		ld->nprod = (unsigned)n;
+	}
+	for (unsigned p = 0; p < ld->nprod && ld->opt.gpu; p++) {
+		int nvjpeg = ld->img_decode != SLUICE_IMAGE_DECODE_CPU;
+		const char *why = NULL;
+
+		if (nvjpeg && ld->img_decode == SLUICE_IMAGE_DECODE_AUTO && !sl__nvjpeg(&why)) {
+			if (p == 0)
+				sl__info("loader", "images decoded by the CPU: %s", why);
+			nvjpeg = 0;
+		}
+		rc = sl__img_gpu_open(&ld->prod[p].img, ld->gpu, nvjpeg);
+		if (rc && ld->img_decode == SLUICE_IMAGE_DECODE_AUTO && rc != -ENOMEM) {
+			/* No NVRTC (or no nvJPEG state): the CPU does it all, and the batch is copied up. */
+			sl__info("loader", "images decoded and augmented by the CPU: %s", sluice_last_error_detail());
+			sl__loader_codecs_close(ld);
+			ld->nprod = SL_PRODUCERS;
+			return 0;
+		}
+		if (rc)
+			return sl__err(rc, "loader: images on the GPU: %s", sluice_last_error_detail());
+	}
+	return 0;
+}
+
+void sl__loader_codecs_close(struct sluice_loader *ld)
+{
+	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++) {
+		sl__img_gpu_close(ld->prod[p].img);
+		ld->prod[p].img = NULL;
+	}
+}

@@ -1,0 +1,374 @@
+"""Images decoded and augmented inside the loader (sluice.Images): pixels against PIL and a port of torchvision's
+antialiased resize, crops' distribution against RandomResizedCrop's, exact flips and normalisation, determinism
+and resume, every hostile image ending in the chosen policy; on a GPU, nvJPEG's and the kernel's batches against the
+CPU's and against torchvision."""
+import io
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import sluice
+
+BIN = os.environ.get("SLUICE_BIN", "build/sluice")
+
+
+def _has_gpu():
+    try:
+        import torch
+        return torch.cuda.is_available() and sluice.gpu_count() > 0
+    except ImportError:
+        return False
+
+
+gpu = pytest.mark.skipif(not _has_gpu(), reason="needs a GPU and torch")
+
+
+def _image(h, w, seed):
+    """A picture with edges and gradients (a JPEG of noise would say little about resizing)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    a = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x // 7 + y // 5) % 2) * 200 + 20], -1)
+    a = a + rng.integers(0, 30, size=a.shape)
+    return np.clip(a, 0, 255).astype(np.uint8)
+
+
+def _encode(a, fmt="JPEG", **kw):
+    b = io.BytesIO()
+    Image.fromarray(a).save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def _pack(tmp_path, files, name="ds"):
+    """files: {relative path: bytes} under an ImageFolder tree; returns the opened dataset."""
+    root = tmp_path / f"{name}-src"
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    subprocess.run([BIN, "pack", "--from-dir", str(root), "--all-files", "--quiet", str(tmp_path / name)], check=True)
+    return sluice.Dataset(str(tmp_path / name))
+
+
+def _photos(tmp, subsampling):
+    rng = np.random.default_rng(1)
+    files = {}
+    for i in range(40):
+        h, w = int(rng.integers(20, 300)), int(rng.integers(20, 300))
+        files[f"{i % 2}/{i:03d}.jpg"] = _encode(_image(h, w, i), quality=92, subsampling=subsampling)
+    return _pack(tmp, files), files
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """40 JPEGs of assorted sizes (some smaller than the output), two classes; chroma subsampled 4:2:0."""
+    return _photos(tmp_path_factory.mktemp("photos"), 2)
+
+
+@pytest.fixture(scope="module")
+def photos444(tmp_path_factory):
+    """The same at 4:4:4: no chroma upsampling, so decoders differ by their IDCT's rounding alone."""
+    return _photos(tmp_path_factory.mktemp("photos444"), 0)
+
+
+def _aa_matrix(n_in, n_out):
+    """PyTorch's _upsample_bilinear2d_aa weights (align_corners=False) as a matrix [n_out, n_in]."""
+    scale = n_in / n_out
+    support = scale if scale >= 1 else 1.0
+    inv = 1 / scale if scale >= 1 else 1.0
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        w = np.array([max(0.0, 1 - abs((k - center + 0.5) * inv)) for k in range(lo, hi)])
+        m[i, lo:hi] = w / w.sum()
+    return m
+
+
+def _reference(rgb, box, out_h, out_w):
+    """The loader's image from its plan: the region resized, the window taken, mirrored; floats of 0..255."""
+    region = rgb[box["y"]:box["y"] + box["h"], box["x"]:box["x"] + box["w"]].astype(np.float64)
+    wy, wx = _aa_matrix(box["h"], box["resized_h"]), _aa_matrix(box["w"], box["resized_w"])
+    res = np.einsum("ywc,xw->cyx", np.einsum("yh,hwc->ywc", wy, region), wx)
+    res = res[:, box["offset_y"]:box["offset_y"] + out_h, box["offset_x"]:box["offset_x"] + out_w]
+    return res[:, :, ::-1] if box["flip"] else res
+
+
+def _decoded(data):
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def _by_id(ds):
+    """record id -> its encoded bytes, read through the dataset."""
+    return {i: bytes(ds[i]["data"]) for i in range(len(ds))}
+
+
+@pytest.mark.parametrize("mode", ["random_resized_crop", "center_crop", "resize"])
+def test_pixels_match_pil_and_torchvision_resize(photos, mode):
+    ds, _ = photos
+    enc = _by_id(ds)
+    im = sluice.Images("data", size=(48, 40), mode=mode, flip=0.5, dtype="f32")
+    ld = sluice.Loader(ds, batch_size=16, seed=7, epoch=2, images=im)
+    worst = 0.0
+    for b in ld:
+        x = b["data"]
+        assert x.shape == (len(b.ids), 3, 48, 40) and x.dtype == np.float32
+        for row, rid in enumerate(b.ids):
+            rgb = _decoded(enc[int(rid)])
+            box = im.plan(rgb.shape[1], rgb.shape[0], int(rid), seed=7, epoch=2)
+            ref = _reference(rgb, box, 48, 40) / 255
+            worst = max(worst, float(np.abs(x[row] - ref).max()))
+    # libjpeg-turbo here and PIL's own build decode alike up to IDCT rounding: a level or two at most.
+    assert worst < 2.5 / 255, worst
+
+
+def test_flip_and_normalisation_are_exact(photos):
+    ds, _ = photos
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+    def first(**kw):
+        ld = sluice.Loader(ds, batch_size=8, shuffle=False, images=sluice.Images("data", size=32, mode="resize", **kw))
+        return next(iter(ld))["data"].copy()
+
+    plain, flipped = first(flip=0.0), first(flip=1.0)
+    assert np.array_equal(flipped, plain[:, :, :, ::-1])
+    norm = first(mean=mean, std=std)
+    want = (plain - np.array(mean, np.float32)[:, None, None]) * (1 / np.array(std, np.float32))[:, None, None]
+    assert np.abs(norm - want).max() < 1e-5
+    u8 = first(dtype="u8")
+    assert u8.dtype == np.uint8 and np.array_equal(u8, np.clip(np.floor(plain * 255 + 0.5), 0, 255).astype(np.uint8))
+    for dt, tol in (("f16", 1e-3), ("bf16", 8e-3)):
+        y = first(dtype=dt).astype(np.float32) if dt == "f16" else \
+            (first(dtype=dt).astype(np.uint32) << 16).view(np.float32)
+        assert np.abs(y - plain).max() < tol, dt
+    last = first(channels_last=True)
+    assert last.shape == plain.shape and np.array_equal(last, plain)
+
+
+def _torchvision_get_params(rng, h, w, scale, ratio):
+    """RandomResizedCrop.get_params, line for line, on numpy's generator (where torchvision is missing)."""
+    area = h * w
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect_ratio = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        cw = int(round(math.sqrt(target_area * aspect_ratio)))
+        ch = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
+    in_ratio = w / h
+    if in_ratio < min(ratio):
+        cw, ch = w, int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        ch, cw = h, int(round(h * max(ratio)))
+    else:
+        cw, ch = w, h
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def _ks(a, b):
+    """Two-sample Kolmogorov-Smirnov statistic."""
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return float(np.abs(np.searchsorted(a, grid, "right") / len(a) - np.searchsorted(b, grid, "right") / len(b)).max())
+
+
+@pytest.mark.parametrize("size,scale,ratio", [((375, 500), (0.08, 1.0), (3 / 4, 4 / 3)),
+                                              ((100, 400), (0.5, 1.0), (0.9, 1.1)),
+                                              ((64, 64), (0.2, 0.4), (1 / 3, 3.0))])
+def test_crop_distribution_matches_random_resized_crop(size, scale, ratio):
+    """The crops' top, left, height and width, over 20,000 records, against get_params' (torchvision's own where
+    installed): a two-sample KS test at a level a correct sampler fails once in a thousand runs; fixed seeds."""
+    h, w = size
+    im = sluice.Images("data", size=224, scale=scale, ratio=ratio)
+    n = 20000
+    ours = np.array([[b["y"], b["x"], b["h"], b["w"]] for b in (im.plan(w, h, i, seed=3) for i in range(n))], float)
+    try:
+        import torch
+        from torchvision.transforms import v2
+        torch.manual_seed(0)
+        img = torch.empty(3, h, w)
+        theirs = np.array([v2.RandomResizedCrop.get_params(img, list(scale), list(ratio)) for _ in range(n)], float)
+    except ImportError:
+        rng = np.random.default_rng(0)
+        theirs = np.array([_torchvision_get_params(rng, h, w, scale, ratio) for _ in range(n)], float)
+    bound = 1.95 * math.sqrt(2 / n)  # alpha = 0.001
+    for k, name in enumerate(["top", "left", "height", "width"]):
+        d = _ks(ours[:, k], theirs[:, k])
+        assert d < bound, (name, d, bound)
+    # and the crop's area fraction, which the scale parameter shapes
+    assert _ks(ours[:, 2] * ours[:, 3], theirs[:, 2] * theirs[:, 3]) < bound
+
+
+def test_same_seed_same_batches_and_resume_mid_epoch(photos):
+    ds, _ = photos
+
+    def batches(ld, k=None):
+        out = []
+        for b in ld:
+            out.append((b.ids.copy(), b["data"].copy(), b["label"].copy()))
+            if len(out) == k:
+                break
+        return out
+
+    im = sluice.Images("data", size=24, flip=0.5)
+    a = batches(sluice.Loader(ds, batch_size=6, seed=11, epoch=1, images=im))
+    b = batches(sluice.Loader(ds, batch_size=6, seed=11, epoch=1, images=im))
+    assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+    ld = sluice.Loader(ds, batch_size=6, seed=11, epoch=1, images=im)
+    batches(ld, 3)
+    state = ld.state_dict()
+    resumed = sluice.Loader(ds, batch_size=6, seed=0, images=im)
+    resumed.load_state_dict(state)
+    rest = batches(resumed)
+    assert len(rest) == len(a) - 3
+    for x, y in zip(a[3:], rest):
+        assert np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) and np.array_equal(x[2], y[2])
+    # another world size sees the same images for the same records
+    r0 = sluice.Loader(ds, batch_size=3, seed=11, epoch=1, rank=0, world_size=2, images=im)
+    for b in r0:
+        for row, rid in enumerate(b.ids):
+            for ids, data, _ in a:
+                hit = np.nonzero(ids == rid)[0]
+                if len(hit):
+                    assert np.array_equal(data[hit[0]], b["data"][row])
+        break
+
+
+def _hostile():
+    good = _image(60, 80, 5)
+    jpeg = _encode(good, quality=90)
+    cmyk = io.BytesIO()
+    Image.fromarray(good).convert("CMYK").save(cmyk, "JPEG", quality=95)
+    big = bytearray(_encode(_image(16, 16, 1), quality=90))
+    i = big.index(b"\xff\xc0")
+    big[i + 5:i + 9] = (20000).to_bytes(2, "big") + (20000).to_bytes(2, "big")
+    return {
+        "truncated": (jpeg[: len(jpeg) // 2], False),
+        "zero-size": (b"", False),
+        "garbage": (b"not an image at all", False),
+        "lying-20000x20000": (bytes(big), False),
+        "header-only": (jpeg[:200], False),
+        "png-truncated": (_encode(good, "PNG")[:-30], False),
+        "one-pixel": (_encode(np.full((1, 1, 3), 200, np.uint8), quality=90), True),
+        "cmyk": (cmyk.getvalue(), True),
+        "grey": (_encode(good[:, :, 0], quality=90), True),
+        "progressive": (_encode(good, quality=90, progressive=True), True),
+        "png": (_encode(good, "PNG"), True),
+        "png-alpha": (_encode(np.dstack([good, np.full(good.shape[:2], 255, np.uint8)]), "PNG"), True),
+        "webp": (_encode(good, "WEBP", lossless=True), True),
+        "restart-markers": (_encode(good, quality=90, restart_marker_blocks=2) if "restart_marker_blocks" in
+                            Image.SAVE.__repr__() else jpeg, True),
+    }
+
+
+@pytest.mark.parametrize("decode", ["cpu", pytest.param("gpu", marks=gpu), pytest.param("auto", marks=gpu)])
+def test_hostile_images_end_in_the_chosen_policy(tmp_path, decode):
+    cases = _hostile()
+    files = {f"0/{name}.img": data for name, (data, _) in cases.items()}
+    ds = _pack(tmp_path, files)
+    names = [bytes(ds[i]["key"]).decode() for i in range(len(ds))]
+    device = "cpu" if decode == "cpu" else "cuda"
+    im = sluice.Images("data", size=16, decode=decode, dtype="f32")
+    # Alone, each bad record fails its batch, naming the dataset, the record and what is wrong.
+    for rid, name in enumerate(names):
+        ok = cases[name.split("/")[-1].rsplit(".", 1)[0]][1]
+        one = sluice.Loader(ds, batch_size=len(ds), shuffle=False, device=device, images=im)
+        if ok:
+            continue
+        with pytest.raises(sluice.SluiceError) as e:
+            for _ in one:
+                pass
+        assert "record" in str(e.value) and str(tmp_path) in str(e.value), str(e.value)
+        break
+    # skip_corrupt: the bad ones left out and counted, every good one decoded as PIL decodes it.
+    ld = sluice.Loader(ds, batch_size=len(ds), shuffle=False, device=device, images=im, skip_corrupt=True)
+    b = next(iter(ld))
+    bad = sum(not ok for _, ok in cases.values())
+    assert len(b.ids) == len(ds) - bad
+    assert ld.stats()["skipped"] == bad
+    x = b["data"].cpu().numpy() if device != "cpu" else b["data"]
+    for row, rid in enumerate(b.ids):
+        name = names[int(rid)].split("/")[-1].rsplit(".", 1)[0]
+        assert cases[name][1], name
+        rgb = _decoded(cases[name][0])
+        if device != "cpu" and name in ("one-pixel", "grey", "restart-markers"):
+            # Baseline JPEGs, which nvJPEG decodes: against nvJPEG's decode as torchvision has it (its chroma
+            # upsampling is not libjpeg's, which the CPU's images are held to)
+            import torch
+            from torchvision.io import ImageReadMode, decode_jpeg
+            t = torch.frombuffer(bytearray(cases[name][0]), dtype=torch.uint8)
+            rgb = decode_jpeg(t, mode=ImageReadMode.RGB, device="cuda").permute(1, 2, 0).cpu().numpy()
+        box = im.plan(rgb.shape[1], rgb.shape[0], int(rid))
+        ref = _reference(rgb, box, 16, 16) / 255
+        # CMYK: PIL's conversion and sluice's agree to a few levels; the rest as any decode
+        assert np.abs(x[row] - ref).max() < (12 if name == "cmyk" else 3) / 255, name
+
+
+def test_bad_options_name_the_option(photos):
+    ds, _ = photos
+    for kw, word in [({"size": 0}, "height"), ({"scale": (0.5, 0.1)}, "scale"), ({"ratio": (0, 1)}, "ratio"),
+                     ({"flip": 2.0}, "flip"), ({"dtype": "u8", "mean": (0, 0, 0), "std": (1, 1, 1)}, "normalised"),
+                     ({"mode": "center_crop", "resize": 10}, "resize")]:
+        with pytest.raises(sluice.SluiceError, match=word):
+            sluice.Loader(ds, batch_size=4, images=sluice.Images("data", **kw))
+    with pytest.raises(sluice.SluiceError, match="no loaded field"):
+        sluice.Loader(ds, batch_size=4, images=sluice.Images("pixels"))
+    with pytest.raises(sluice.SluiceError, match="not of variable-size bytes"):
+        sluice.Loader(ds, batch_size=4, images=sluice.Images("label"))
+
+
+@gpu
+@pytest.mark.parametrize("dtype,channels_last", [("f32", False), ("bf16", True), ("u8", False)])
+def test_gpu_batches_match_the_cpu(photos444, dtype, channels_last):
+    """nvJPEG (its hardware decoders on A100/H100/H200) and the NVRTC kernel against the CPU's pipeline, within IDCT
+    rounding: at 4:4:4, since at 4:2:0 nvJPEG's chroma upsampling is not libjpeg's (colour edges differ by tens of
+    levels; test_gpu_against_torchvision holds those to nvJPEG's own decode)."""
+    import torch
+    ds, _ = photos444
+    kw = dict(size=(56, 48), flip=0.5, dtype=dtype, channels_last=channels_last,
+              mean=None if dtype == "u8" else sluice.IMAGENET_MEAN, std=None if dtype == "u8" else sluice.IMAGENET_STD)
+    g = sluice.Loader(ds, batch_size=16, seed=5, device="cuda", images=sluice.Images("data", decode="gpu", **kw))
+    c = sluice.Loader(ds, batch_size=16, seed=5, device="cpu", images=sluice.Images("data", decode="cpu", **kw))
+    n = 0
+    for bg, bc in zip(g, c):
+        assert np.array_equal(bg.ids, bc.ids)
+        xg = bg["data"]
+        assert xg.is_cuda and xg.shape == (len(bc.ids), 3, 56, 48)
+        assert xg.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        xg = xg.float().cpu().numpy()
+        xc = bc["data"].astype(np.float32) if dtype != "bf16" else \
+            (bc["data"].astype(np.uint32) << 16).view(np.float32)
+        scale = 1.0 if dtype == "u8" else 1 / 255 / 0.224
+        # IDCTs differ by a level or two; bf16 adds its rounding
+        d = np.abs(xg - xc)
+        assert d.max() <= (3 * scale if dtype != "bf16" else 3 * scale + 0.02), (dtype, d.max() / scale)
+        n += 1
+    assert n == len(g)
+    st = g.stats()
+    assert st["images_gpu"] > 0, st
+
+
+@gpu
+def test_gpu_against_torchvision(photos):
+    """The same crop through torchvision: decode_jpeg on the GPU, v2.functional.resized_crop (antialias), flip,
+    normalise, against the loader's batch."""
+    import torch
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+    ds, _ = photos
+    enc = _by_id(ds)
+    im = sluice.Images("data", size=64, flip=0.5, mean=sluice.IMAGENET_MEAN, std=sluice.IMAGENET_STD)
+    b = next(iter(sluice.Loader(ds, batch_size=16, seed=9, device="cuda", images=im)))
+    for row, rid in enumerate(b.ids):
+        data = torch.frombuffer(bytearray(enc[int(rid)]), dtype=torch.uint8)
+        img = decode_jpeg(data, device="cuda").float()
+        box = im.plan(img.shape[2], img.shape[1], int(rid), seed=9)
+        ref = F.resized_crop(img, box["y"], box["x"], box["h"], box["w"], [64, 64], antialias=True)
+        if box["flip"]:
+            ref = F.horizontal_flip(ref)
+        ref = F.normalize(ref / 255, list(sluice.IMAGENET_MEAN), list(sluice.IMAGENET_STD))
+        assert (b["data"][row] - ref).abs().max().item() < 3 / 255 / 0.224, int(rid)

@@ -1,0 +1,156 @@
+/*
+ * Images on the CPU (image/): every file of tests/unit/images through one
+ * batch, the bad-* ones marked bad with a reason and the ok-* ones kept in
+ * order; the crop planner's boxes inside their image; the half and
+ * bfloat16 conversions against the compiler's; the probe's edges.  Run
+ * under ASan+UBSan by make test, which is where hostile images meet it.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image/image.h"
+#include "t_util.h"
+
+#define T_MAX 64
+
+static void t_batch(void)
+{
+	char dir[4096], path[8192], *names[T_MAX];
+	struct sl__img_rec rec[T_MAX];
+	uint8_t bad[T_MAX] = { 0 };
+	struct sl__img_opts o = { .ow = 12, .oh = 10, .mode = SLUICE_IMAGE_RANDOM_RESIZED_CROP, .scale = { 0.08, 1 },
+				  .ratio = { 0.75, 4.0 / 3 }, .flip = 0.5, .max_pixels = 89478485 };
+	struct sl__img_batch b = { .o = &o, .seed = 1, .epoch = 0, .rec = rec, .bad = bad };
+	uint32_t m = 0, nok = 0;
+	DIR *d;
+	struct dirent *e;
+	float *out;
+
+	o.aug = (struct sl_aug_params){ .ow = 12, .oh = 10, .dtype = SL_AUG_F32 };
+	o.out_bytes = 12 * 10 * 3 * sizeof(float);
+	snprintf(dir, sizeof(dir), "%s/images", T_SRC_DIR);
+	T_CHECK((d = opendir(dir)) != NULL);
+	while (d && (e = readdir(d)) && m < T_MAX) {
+		size_t n = 0;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		names[m] = strdup(e->d_name);
+		rec[m] = (struct sl__img_rec){ (const unsigned char *)t_slurp(path, &n), n, m };
+		nok += !strncmp(e->d_name, "ok-", 3);
+		m++;
+	}
+	if (d)
+		closedir(d);
+	T_CHECK(m >= 15);
+	b.m = m;
+	out = malloc(o.out_bytes * m);
+	T_CHECK(sl__img_run_cpu(&b, out) == 0);
+	T_CHECK(b.kept == nok);
+	T_CHECK(b.nbad == (int)(m - nok) && b.why[0]);
+	for (uint32_t j = 0; j < m; j++) {
+		if (bad[j] != !!strncmp(names[j], "ok-", 3))
+			fprintf(stderr, "t_image: %s %s\n", names[j], bad[j] ? "refused" : "accepted");
+		T_CHECK(bad[j] == !!strncmp(names[j], "ok-", 3));
+	}
+	for (uint32_t k = 0; k < b.kept * o.out_bytes / sizeof(float); k++)
+		T_CHECK(out[k] >= 0.0f && out[k] <= 1.0f);
+	for (uint32_t j = 0; j < m; j++) {
+		free((void *)rec[j].p);
+		free(names[j]);
+	}
+	free(out);
+}
+
+static void t_boxes(void)
+{
+	struct sl__img_opts o = { .ow = 224, .oh = 224, .mode = SLUICE_IMAGE_RANDOM_RESIZED_CROP, .scale = { 0.08, 1 },
+				  .ratio = { 0.75, 4.0 / 3 }, .flip = 0.5 };
+	const uint32_t sizes[][2] = { { 1, 1 }, { 1, 5000 }, { 5000, 1 }, { 500, 375 }, { 3, 2 }, { 65535, 65535 } };
+	uint64_t flips = 0;
+
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+		for (uint64_t id = 0; id < 2000; id++) {
+			struct sl_aug_img im, again;
+			uint32_t w = sizes[s][0], h = sizes[s][1];
+
+			sl__img_plan(&o, 42, 3, id, w, h, &im);
+			sl__img_plan(&o, 42, 3, id, w, h, &again);
+			T_CHECK(!memcmp(&im, &again, sizeof(im)));
+			T_CHECK(im.x0 >= 0 && im.y0 >= 0 && im.rw >= 1 && im.rh >= 1);
+			T_CHECK((uint32_t)(im.x0 + im.rw) <= w && (uint32_t)(im.y0 + im.rh) <= h);
+			flips += (uint64_t)im.flip;
+		}
+	/* p = 0.5 over 12,000 draws: within 5 sigma */
+	T_CHECK(flips > 6000 - 5 * 55 && flips < 6000 + 5 * 55);
+	o.mode = SLUICE_IMAGE_CENTER_CROP;
+	o.resize = 256;
+	{
+		struct sl_aug_img im;
+
+		sl__img_plan(&o, 0, 0, 0, 500, 375, &im);
+		T_CHECK(im.rsh == 256 && im.rsw == 341 && im.offx == 58 && im.offy == 16);
+	}
+}
+
+static void t_conversions(void)
+{
+	const float v[] = { 0.0f, -0.0f, 1.0f, -2.1179039f, 2.64f, 0.1f, 1e-5f, 6.1e-5f, 65504.0f, 3.0e-8f, 0.33333334f };
+
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		_Float16 h = (_Float16)v[i];
+		unsigned short hb, bb;
+		float back;
+
+		memcpy(&hb, &h, 2);
+		T_CHECK(sl_aug_f16(v[i]) == hb);
+		bb = sl_aug_bf16(v[i]);
+		{
+			unsigned u = (unsigned)bb << 16;
+
+			memcpy(&back, &u, 4);
+		}
+		T_CHECK(fabsf(back - v[i]) <= fabsf(v[i]) / 256.0f);
+	}
+	for (unsigned u = 0; u < 0x7f800000u; u += 0x1003u) { /* every magnitude, rounding ties included */
+		float f;
+		_Float16 h;
+		unsigned short hb;
+
+		memcpy(&f, &u, 4);
+		if (f > 65519.0f)
+			break;
+		h = (_Float16)f;
+		memcpy(&hb, &h, 2);
+		if (sl_aug_f16(f) != hb) {
+			fprintf(stderr, "t_image: f16 of %a: %04x, not %04x\n", f, sl_aug_f16(f), hb);
+			T_CHECK(0);
+			break;
+		}
+	}
+}
+
+static void t_probe_edges(void)
+{
+	struct sl__img_info info;
+	char why[256];
+	const unsigned char soi_only[] = { 0xff, 0xd8, 0xff };
+	const unsigned char fill[] = { 0xff, 0xd8, 0xff, 0xff, 0xff, 0xff };
+
+	T_CHECK(sl__img_probe(soi_only, sizeof(soi_only), 100, &info, why, sizeof(why)) == SLUICE_EFORMAT);
+	T_CHECK(sl__img_probe(fill, sizeof(fill), 100, &info, why, sizeof(why)) == SLUICE_EFORMAT);
+	T_CHECK(sl__img_probe((const unsigned char *)"", 0, 100, &info, why, sizeof(why)) == SLUICE_EFORMAT);
+	T_CHECK(strstr(why, "0 bytes") != NULL);
+}
+
+int main(void)
+{
+	t_batch();
+	t_boxes();
+	t_conversions();
+	t_probe_edges();
+	return t_done("t_image");
+}
