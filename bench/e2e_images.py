@@ -76,6 +76,9 @@ class Trainer:
         self.opt.step()
 
 
+PIN = False
+
+
 def run_steps(batches, trainer, warm, steps):
     """WARM batches, then STEPS timed; returns images/s."""
     torch = trainer.torch if trainer else __import__("torch")
@@ -85,6 +88,9 @@ def run_steps(batches, trainer, warm, steps):
         if trainer:
             trainer.step(x, y)
     torch.cuda.synchronize()
+    mask = os.sched_getaffinity(0)
+    if PIN:  # threads made so far (the pipeline's, autograd's) keep the rest; this one takes CPU 0
+        os.sched_setaffinity(0, {0})
     t0, n = time.perf_counter(), 0
     for _ in range(steps):
         x, y = next(it)
@@ -93,6 +99,7 @@ def run_steps(batches, trainer, warm, steps):
         n += x.shape[0]
     torch.cuda.synchronize()
     r = {"images_s": n / (time.perf_counter() - t0)}
+    os.sched_setaffinity(0, mask)
     it.close()  # a pipeline's generator records its figures as it closes
     return r
 
@@ -117,6 +124,11 @@ def main():
     ap.add_argument("--models", default="resnet50,resnet18")
     ap.add_argument("--only", default="", help="contenders to run (default: all)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--side-stream", action="store_true",
+                    help="train on a stream of torch's pool, not the legacy default stream (which other libraries' "
+                         "blocking streams synchronise with)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the training thread alone on CPU 0 (every other thread, the loaders' included, kept off it)")
     ap.add_argument("--profile", action="store_true", help="only: the GPU kernels of sluice's batches (torch.profiler)")
     a = ap.parse_args()
 
@@ -187,6 +199,14 @@ def main():
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
         return
 
+    if a.side_stream:
+        torch.cuda.set_stream(torch.cuda.Stream())
+    if a.pin:
+        global PIN
+        PIN = True
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - {0})
+    res["pin"] = a.pin
+    res["side_stream"] = a.side_stream
     for name in a.models.split(","):
         tr = Trainer(name, a.batch)
         const = torch.randn(a.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)

@@ -111,6 +111,7 @@ struct sl_nvjpegImage {
 };
 #define SL_NVJPEG_BACKEND_DEFAULT 0
 #define SL_NVJPEG_BACKEND_HARDWARE 3
+#define SL_NVJPEG_OUTPUT_UNCHANGED 0
 #define SL_NVJPEG_OUTPUT_RGBI 5
 #define SL_NVJPEG_STATUS_ARCH_MISMATCH 7
 struct sl__nvjpeg_api {
@@ -126,9 +127,12 @@ struct sl__nvjpeg_api {
 	int (*JpegStreamDestroy)(sl_nvjpegJpegStream_t js);
 	int (*JpegStreamParseHeader)(sl_nvjpegHandle_t h, const unsigned char *data, size_t len, sl_nvjpegJpegStream_t js);
 	int (*DecodeBatchedSupported)(sl_nvjpegHandle_t h, sl_nvjpegJpegStream_t js, int *unsupported);
+	int (*GetImageInfo)(sl_nvjpegHandle_t h, const unsigned char *data, size_t len, int *ncomp, int *subsampling,
+			    int *widths, int *heights);
 };
 /* The loaded table, or NULL with the reason in *why. */
 SL_HIDDEN const struct sl__nvjpeg_api *sl__nvjpeg(const char **why);
+
 
 struct sl__gpu;
 /* NVRTC (nvrtc.c): a CUDA C++ source compiled for g's architecture, once a process and source, into *fn. */

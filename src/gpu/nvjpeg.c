@@ -27,6 +27,7 @@ static void sl_nvjpeg_load(void)
 		{ (void **)&sl_nj.JpegStreamDestroy, "nvjpegJpegStreamDestroy" },
 		{ (void **)&sl_nj.JpegStreamParseHeader, "nvjpegJpegStreamParseHeader" },
 		{ (void **)&sl_nj.DecodeBatchedSupported, "nvjpegDecodeBatchedSupported" },
+		{ (void **)&sl_nj.GetImageInfo, "nvjpegGetImageInfo" },
 	};
 
 	if (sl__dl_load_cuda("SLUICE_NVJPEG_LIB", "libnvjpeg.so.13", syms, sizeof(syms) / sizeof(syms[0]),
@@ -42,3 +43,4 @@ const struct sl__nvjpeg_api *sl__nvjpeg(const char **why)
 		*why = sl_nj_why;
 	return sl_nj_ok;
 }
+

@@ -9,7 +9,10 @@
  * in the output's dtype and layout.  Nothing is rounded between the steps.
  *
  * Keep it to what both C11 and NVRTC's C++ take: no includes (but math.h
- * for C), no library calls but floorf.
+ * for C), no library calls but floorf.  The pixels come decoded as RGB (the
+ * CPU's decoders) or as JPEG's YCbCr planes (nvJPEG's hardware engines,
+ * which write those with copies alone: converting them here, in the one
+ * launch, keeps a kernel an image off the GPU the model is using).
  */
 #ifndef SL_IMAGE_AUGMENT_H
 #define SL_IMAGE_AUGMENT_H
@@ -29,15 +32,22 @@ typedef unsigned long long sl_aug_u64;
 #define SL_AUG_BF16 7
 #define SL_AUG_F32 8
 
+/* How a decoded image lies in the scratch. */
+#define SL_AUG_RGB 0   /* interleaved R, G, B bytes, pitch a row (the CPU's decoders) */
+#define SL_AUG_YCC 1   /* JPEG's planes as nvJPEG's hardware writes them: Y, then Cb and Cr of cw x ch (subsampled) */
+#define SL_AUG_GREY 2  /* Y alone */
+
 /*
- * One image: its decoded pixels (interleaved RGB, pitch bytes a row) at
- * src in the scratch, the region [x0, x0 + rw) x [y0, y0 + rh) that is
- * resized to rsw x rsh, of which the output takes the window at (offx,
- * offy), flipped or not, into output row `row`.
+ * One image: its decoded pixels at src in the scratch (fmt, pitch; for
+ * YCC the chroma planes follow Y, each cw x ch with pitch cw), the region
+ * [x0, x0 + rw) x [y0, y0 + rh) that is resized to rsw x rsh, of which the
+ * output takes the window at (offx, offy), flipped or not, into output
+ * row `row`.
  */
 struct sl_aug_img {
 	sl_aug_u64 src;
 	int pitch, x0, y0, rw, rh, rsw, rsh, offx, offy, flip, row;
+	int fmt, w, h, cw, ch;
 };
 
 /* The batch's shared parameters. */
@@ -124,6 +134,66 @@ SL_AUG_FN unsigned short sl_aug_f16(float f)
 	return (unsigned short)(sign | r);
 }
 
+/* A byte of a plane, its coordinates clamped to the plane (JPEG's edges replicate). */
+SL_AUG_FN float sl_aug_at(const unsigned char *plane, int pitch, int w, int h, int x, int y)
+{
+	x = x < 0 ? 0 : x >= w ? w - 1 : x;
+	y = y < 0 ? 0 : y >= h ? h - 1 : y;
+	return (float)plane[(sl_aug_u64)y * (sl_aug_u64)pitch + (sl_aug_u64)x];
+}
+
+/*
+ * Pixel (x, y) of the image as R, G, B of 0..255, rounded as a decoder's
+ * bytes are.  YCC: chroma upsampled as libjpeg's "fancy" upsampling does
+ * (linear between the samples' centres, edges replicated), then JFIF's
+ * YCbCr to RGB.
+ */
+SL_AUG_FN void sl_aug_rgb(const unsigned char *src, const struct sl_aug_img *im, int x, int y, float *rgb)
+{
+	const unsigned char *cb, *cr;
+	float fx, fy, ax, ay, b, r, yy;
+	int x0, y0, c;
+
+	if (im->fmt == SL_AUG_RGB) {
+		const unsigned char *p = src + (sl_aug_u64)y * (sl_aug_u64)im->pitch + 3 * (sl_aug_u64)x;
+
+		rgb[0] = (float)p[0];
+		rgb[1] = (float)p[1];
+		rgb[2] = (float)p[2];
+		return;
+	}
+	yy = (float)src[(sl_aug_u64)y * (sl_aug_u64)im->pitch + (sl_aug_u64)x];
+	if (im->fmt == SL_AUG_GREY) {
+		rgb[0] = rgb[1] = rgb[2] = yy;
+		return;
+	}
+	cb = src + (sl_aug_u64)im->pitch * (sl_aug_u64)im->h;
+	cr = cb + (sl_aug_u64)im->cw * (sl_aug_u64)im->ch;
+	/* The sampling factors (1, 2, ...): the planes cover whole MCUs, so cw is w / factor rounded up. */
+	fx = ((float)x + 0.5f) / (float)((im->w + im->cw - 1) / im->cw) - 0.5f;
+	fy = ((float)y + 0.5f) / (float)((im->h + im->ch - 1) / im->ch) - 0.5f;
+	x0 = (int)floorf(fx);
+	y0 = (int)floorf(fy);
+	ax = fx - (float)x0;
+	ay = fy - (float)y0;
+	b = (1.0f - ay) * ((1.0f - ax) * sl_aug_at(cb, im->cw, im->cw, im->ch, x0, y0) +
+			   ax * sl_aug_at(cb, im->cw, im->cw, im->ch, x0 + 1, y0)) +
+	    ay * ((1.0f - ax) * sl_aug_at(cb, im->cw, im->cw, im->ch, x0, y0 + 1) +
+		  ax * sl_aug_at(cb, im->cw, im->cw, im->ch, x0 + 1, y0 + 1)) - 128.0f;
+	r = (1.0f - ay) * ((1.0f - ax) * sl_aug_at(cr, im->cw, im->cw, im->ch, x0, y0) +
+			   ax * sl_aug_at(cr, im->cw, im->cw, im->ch, x0 + 1, y0)) +
+	    ay * ((1.0f - ax) * sl_aug_at(cr, im->cw, im->cw, im->ch, x0, y0 + 1) +
+		  ax * sl_aug_at(cr, im->cw, im->cw, im->ch, x0 + 1, y0 + 1)) - 128.0f;
+	rgb[0] = yy + 1.402f * r;
+	rgb[1] = yy - 0.344136f * b - 0.714136f * r;
+	rgb[2] = yy + 1.772f * b;
+	for (c = 0; c < 3; c++) {
+		float v = floorf(rgb[c] + 0.5f);
+
+		rgb[c] = v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v;
+	}
+}
+
 /* Output pixel (ox, oy) of image im into out. */
 SL_AUG_FN void sl_aug_pixel(const unsigned char *scratch, const struct sl_aug_img *im, const struct sl_aug_params *p,
 			    int ox, int oy, void *out)
@@ -137,15 +207,14 @@ SL_AUG_FN void sl_aug_pixel(const unsigned char *scratch, const struct sl_aug_im
 	sl_aug_axis_at(&ax, (im->flip ? p->ow - 1 - ox : ox) + im->offx, im->rw, im->rsw);
 	sl_aug_axis_at(&ay, oy + im->offy, im->rh, im->rsh);
 	for (y = 0; y < ay.n; y++) {
-		const unsigned char *row = src + (sl_aug_u64)(im->y0 + ay.first + y) * (sl_aug_u64)im->pitch +
-					   3 * (sl_aug_u64)(im->x0 + ax.first);
-		float h[3] = { 0.0f, 0.0f, 0.0f }, wy = sl_aug_w(&ay, y) / ay.total;
+		float h[3] = { 0.0f, 0.0f, 0.0f }, wy = sl_aug_w(&ay, y) / ay.total, px[3];
 
 		for (x = 0; x < ax.n; x++) {
 			float wx = sl_aug_w(&ax, x);
 
+			sl_aug_rgb(src, im, im->x0 + ax.first + x, im->y0 + ay.first + y, px);
 			for (c = 0; c < 3; c++)
-				h[c] += wx * (float)row[3 * x + c];
+				h[c] += wx * px[c];
 		}
 		for (c = 0; c < 3; c++)
 			acc[c] += wy * h[c] / ax.total;

@@ -21,7 +21,7 @@ struct sl__img_gpu {
 	sl_nvjpegHandle_t h;
 	sl_nvjpegJpegState_t st;
 	sl_nvjpegJpegStream_t js;
-	int hw;                              /* the hardware backend */
+	int hw;                              /* a hardware backend */
 	int inited;                          /* the batch size nvJPEG's state was initialised for (0: none) */
 	sl_CUfunction fn;
 	sl_CUevent done;
@@ -147,19 +147,41 @@ static int sl_dev_room(const struct sl__gpu *g, void **p, size_t *cap, size_t n)
 	return 0;
 }
 
-/* 1 if nvJPEG's batch takes record j (a JPEG its backend decodes whole). */
-static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, const struct sl__img_info *info)
+/*
+ * 1 if nvJPEG's batch takes record j (a JPEG its backend decodes whole),
+ * its image then planned as the planes nvJPEG writes: with the hardware
+ * backend JPEG's own (Y, Cb, Cr as sampled), which it writes with copies
+ * alone, no kernel of its own an image (bench/nvjpeg_formats.py); the
+ * kernel converts them.
+ */
+static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, const struct sl__img_info *info,
+			   struct sl_aug_img *im)
 {
-	int unsupported = 1;
+	int unsupported = 1, nc = 0, sub = 0, w[4] = { 0 }, h[4] = { 0 };
 
 	if (!ig->nj || info->kind != SL_IMG_JPEG || info->ncomp == 4)
 		return 0;
 	if (!ig->hw)
 		return 1;
 	if (!info->baseline || ig->nj->JpegStreamParseHeader(ig->h, r->p, r->n, ig->js) ||
-	    ig->nj->DecodeBatchedSupported(ig->h, ig->js, &unsupported))
+	    ig->nj->DecodeBatchedSupported(ig->h, ig->js, &unsupported) || unsupported ||
+	    ig->nj->GetImageInfo(ig->h, r->p, r->n, &nc, &sub, w, h))
 		return 0;
-	return unsupported == 0;
+	if (nc != info->ncomp || (uint32_t)w[0] != info->w || (uint32_t)h[0] != info->h ||
+	    (nc == 3 && (w[1] < 1 || h[1] < 1 || w[1] > w[0] || h[1] > h[0] || w[2] != w[1] || h[2] != h[1])))
+		return 0; /* nvJPEG reads the header otherwise than sluice: the CPU decodes it */
+	im->fmt = nc == 1 ? SL_AUG_GREY : SL_AUG_YCC;
+	im->pitch = w[0];
+	im->cw = nc == 1 ? 0 : w[1];
+	im->ch = nc == 1 ? 0 : h[1];
+	return 1;
+}
+
+/* Image j back to RGB from the CPU's decoder (nvJPEG refused its batch). */
+static void sl_as_rgb(struct sl__img_item *it)
+{
+	it->im.fmt = SL_AUG_RGB;
+	it->im.pitch = (int)it->info.w * 3;
 }
 
 /* The JPEGs nvJPEG takes (jpeg[j]) decoded into the scratch in one batch; 0, or nonzero when the batch failed. */
@@ -181,13 +203,18 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			data[k] = ig->bits + at;
 			len[k] = b->rec[j].n;
 			at += b->rec[j].n;
-			dst[k].channel[0] = ig->scratch + it[j].im.src;
-			dst[k].pitch[0] = (size_t)it[j].im.pitch;
+			for (int c = 0; c < (it[j].im.fmt == SL_AUG_YCC ? 3 : 1); c++) {
+				size_t y = (size_t)it[j].im.pitch * (size_t)it[j].im.h, cc = (size_t)it[j].im.cw * it[j].im.ch;
+
+				dst[k].channel[c] = ig->scratch + it[j].im.src + (c ? y + (size_t)(c - 1) * cc : 0);
+				dst[k].pitch[c] = (size_t)(c ? it[j].im.cw : it[j].im.pitch);
+			}
 			k++;
 		}
 		st = 0;
 		if (ig->inited != (int)n) {
-			st = ig->nj->DecodeBatchedInitialize(ig->h, ig->st, (int)n, 1, SL_NVJPEG_OUTPUT_RGBI);
+			st = ig->nj->DecodeBatchedInitialize(ig->h, ig->st, (int)n, 1,
+							     ig->hw ? SL_NVJPEG_OUTPUT_UNCHANGED : SL_NVJPEG_OUTPUT_RGBI);
 			ig->inited = st ? 0 : (int)n;
 		}
 		if (!st)
@@ -220,7 +247,7 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	for (uint32_t j = 0; j < b->m; j++) {
 		if (b->bad[j])
 			continue;
-		jpeg[j] = (uint8_t)sl_nvjpeg_takes(ig, &b->rec[j], &it[j].info);
+		jpeg[j] = (uint8_t)sl_nvjpeg_takes(ig, &b->rec[j], &it[j].info, &it[j].im);
 		cpu[j] = !jpeg[j];
 		njpeg += jpeg[j];
 		ncpu += cpu[j];
@@ -238,6 +265,7 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 		rc = SL_CU(cu->StreamSynchronize(s), "cuStreamSynchronize");
 		for (uint32_t j = 0; j < b->m && !rc; j++)
 			if (jpeg[j]) {
+				sl_as_rgb(&it[j]);
 				cpu[j] = 1;
 				ncpu++;
 				cpu_bytes = it[j].im.src + (size_t)it[j].info.h * (size_t)it[j].im.pitch > cpu_bytes

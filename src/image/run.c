@@ -35,8 +35,11 @@ size_t sl__img_layout(struct sl__img_batch *b, struct sl__img_item *it)
 			continue;
 		}
 		sl__img_plan(b->o, b->seed, b->epoch, b->rec[j].id, it[j].info.w, it[j].info.h, &it[j].im);
+		it[j].im.fmt = SL_AUG_RGB;
+		it[j].im.w = (int)it[j].info.w;
+		it[j].im.h = (int)it[j].info.h;
 		it[j].im.pitch = (int)it[j].info.w * 3;
-		it[j].im.src = at;
+		it[j].im.src = at; /* room for RGB: nvJPEG's planes take no more */
 		at = sl__align_up(at + (size_t)it[j].info.h * (size_t)it[j].im.pitch, 256);
 	}
 	return at;

@@ -235,9 +235,9 @@ static int sl_open_stream(struct sluice_loader *ld)
 	int least = 0, greatest = 0;
 
 	/*
-	 * The highest priority the GPU has: a producer's small kernels (nvJPEG's,
-	 * the augmentation) then run between the blocks of the model's large ones
-	 * instead of after them, and the batch is ready sooner.
+	 * The highest priority the GPU has: a producer's work (its copies,
+	 * nvJPEG's, the image kernel) is scheduled ahead of the model's, so that
+	 * the batch is ready before the step that needs it.
 	 */
 	if (!rc)
 		rc = SL_CU(cu->CtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");

@@ -295,13 +295,6 @@ def test_hostile_images_end_in_the_chosen_policy(tmp_path, decode):
         name = names[int(rid)].split("/")[-1].rsplit(".", 1)[0]
         assert cases[name][1], name
         rgb = _decoded(cases[name][0])
-        if device != "cpu" and name in ("one-pixel", "grey", "restart-markers"):
-            # Baseline JPEGs, which nvJPEG decodes: against nvJPEG's decode as torchvision has it (its chroma
-            # upsampling is not libjpeg's, which the CPU's images are held to)
-            import torch
-            from torchvision.io import ImageReadMode, decode_jpeg
-            t = torch.frombuffer(bytearray(cases[name][0]), dtype=torch.uint8)
-            rgb = decode_jpeg(t, mode=ImageReadMode.RGB, device="cuda").permute(1, 2, 0).cpu().numpy()
         box = im.plan(rgb.shape[1], rgb.shape[0], int(rid))
         ref = _reference(rgb, box, 16, 16) / 255
         # CMYK: PIL's conversion and sluice's agree to a few levels; the rest as any decode
@@ -322,13 +315,14 @@ def test_bad_options_name_the_option(photos):
 
 
 @gpu
-@pytest.mark.parametrize("dtype,channels_last", [("f32", False), ("bf16", True), ("u8", False)])
-def test_gpu_batches_match_the_cpu(photos444, dtype, channels_last):
-    """nvJPEG (its hardware decoders on A100/H100/H200) and the NVRTC kernel against the CPU's pipeline, within IDCT
-    rounding: at 4:4:4, since at 4:2:0 nvJPEG's chroma upsampling is not libjpeg's (colour edges differ by tens of
-    levels; test_gpu_against_torchvision holds those to nvJPEG's own decode)."""
+@pytest.mark.parametrize("dtype,channels_last,sub", [("f32", False, 0), ("bf16", True, 0), ("u8", False, 0),
+                                                     ("f32", False, 2), ("u8", True, 2)])
+def test_gpu_batches_match_the_cpu(photos, photos444, dtype, channels_last, sub):
+    """nvJPEG (its hardware decoders on A100/H100/H200, which write JPEG's planes) and the NVRTC kernel (which upsamples
+    the chroma as libjpeg's "fancy" upsampling does and converts to RGB) against the CPU's pipeline (libjpeg-turbo),
+    within IDCT rounding, at 4:4:4 and 4:2:0."""
     import torch
-    ds, _ = photos444
+    ds, _ = photos444 if sub == 0 else photos
     kw = dict(size=(56, 48), flip=0.5, dtype=dtype, channels_last=channels_last,
               mean=None if dtype == "u8" else sluice.IMAGENET_MEAN, std=None if dtype == "u8" else sluice.IMAGENET_STD)
     g = sluice.Loader(ds, batch_size=16, seed=5, device="cuda", images=sluice.Images("data", decode="gpu", **kw))
@@ -353,13 +347,14 @@ def test_gpu_batches_match_the_cpu(photos444, dtype, channels_last):
 
 
 @gpu
-def test_gpu_against_torchvision(photos):
+def test_gpu_against_torchvision(photos444):
     """The same crop through torchvision: decode_jpeg on the GPU, v2.functional.resized_crop (antialias), flip,
-    normalise, against the loader's batch."""
+    normalise, against the loader's batch (at 4:4:4: at 4:2:0 torchvision's nvJPEG upsamples chroma otherwise than
+    libjpeg, which sluice follows)."""
     import torch
     from torchvision.io import decode_jpeg
     from torchvision.transforms.v2 import functional as F
-    ds, _ = photos
+    ds, _ = photos444
     enc = _by_id(ds)
     im = sluice.Images("data", size=64, flip=0.5, mean=sluice.IMAGENET_MEAN, std=sluice.IMAGENET_STD)
     b = next(iter(sluice.Loader(ds, batch_size=16, seed=9, device="cuda", images=im)))
