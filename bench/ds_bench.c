@@ -455,7 +455,7 @@ int main(int argc, char **argv)
 		struct sluice_dataset *ds;
 		struct sluice_engine *eng;
 		struct sluice_loader *ld;
-		struct sluice_batch b;
+		struct sluice_batch b = SLUICE_BATCH_INIT;
 		struct rusage r0, r1;
 		int gpu = !strcmp(argv[3], "gpu"), rc = 0;
 		struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = (uint32_t)strtoul(argv[4], NULL, 10), .gpu = gpu,

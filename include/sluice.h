@@ -1191,6 +1191,9 @@ struct sluice_batch_field {
 };
 
 struct sluice_batch {
+	size_t struct_size;        /* sizeof(struct sluice_batch), set by the caller (SLUICE_BATCH_INIT):
+				      sluice_loader_next fills no more than that, so a newer library's larger
+				      batch never writes past an older caller's */
 	uint64_t index;            /* this rank's batch number in the epoch */
 	uint32_t size;             /* records: batch_size, less any skipped as corrupt */
 	unsigned nfields;
@@ -1198,6 +1201,7 @@ struct sluice_batch {
 	const uint64_t *ids;       /* record ids, host memory */
 	void *event;               /* GPU batches: a CUevent; work on any stream that waits for it sees the batch */
 };
+#define SLUICE_BATCH_INIT { sizeof(struct sluice_batch), 0, 0, 0, { { NULL, SLUICE_DTYPE_BYTES, NULL, NULL, 0, NULL, 0, { 0 }, { 0 } } }, NULL, NULL }
 
 /*
  * Opens a loader over ds using eng's workers (and GPU, with gpu set).
@@ -1219,7 +1223,8 @@ SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct 
 					     struct sluice_dataset *ds, const struct sluice_loader_options *opt);
 /*
  * The next batch of the epoch: 1 and *b filled, 0 at the epoch's end, or an
- * error naming the record (CRC, format, I/O).  b's buffers stay valid until
+ * error naming the record (CRC, format, I/O); b->struct_size must be set
+ * (SLUICE_BATCH_INIT), else SLUICE_EINVAL_CONFIG.  b's buffers stay valid until
  * the next call of sluice_loader_next() or sluice_loader_close(); with a
  * GPU loader, pass the stream that uses the batch: it is made to wait for
  * the batch's copy (batch.event), and GPU work queued on it before that

@@ -111,7 +111,7 @@ class BatchField(C.Structure):
 
 
 class Batch(C.Structure):
-    _fields_ = [("index", C.c_uint64), ("size", C.c_uint32), ("nfields", C.c_uint),
+    _fields_ = [("struct_size", C.c_size_t), ("index", C.c_uint64), ("size", C.c_uint32), ("nfields", C.c_uint),
                 ("field", BatchField * MAX_FIELDS), ("ids", C.c_void_p), ("event", C.c_void_p)]
 
 

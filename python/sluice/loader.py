@@ -146,6 +146,7 @@ class Loader:
     def __iter__(self):
         self._handle()
         b = _CBatch()
+        b.struct_size = C.sizeof(b)
         stream = None
         if self.device != "cpu":
             import torch

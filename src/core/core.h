@@ -71,6 +71,7 @@ SL_HIDDEN void sl__report_copy(void *theirs, const void *mine, size_t full);
 #define SL_V1_stats SL_V1(sluice_stats, lat_max_us)
 #define SL_V1_pack_report SL_V1(sluice_pack_report, dtype)
 #define SL_V1_loader_options SL_V1(sluice_loader_options, device_index)
+#define SL_V1_batch SL_V1(sluice_batch, event)
 #define SL_V1_packer_options SL_V1(sluice_packer_options, ignore_index_set)
 #define SL_V1_writer_options SL_V1(sluice_writer_options, metadata)
 #define SL_V1_pack_options SL_V1(sluice_pack_options, progress_arg)

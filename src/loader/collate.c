@@ -194,6 +194,7 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 	char *mem = ld->opt.gpu ? s->dev : s->host;
 
 	memset(&s->b, 0, sizeof(s->b));
+	s->b.struct_size = sizeof(s->b);
 	s->b.index = g;
 	s->b.size = m;
 	s->b.nfields = ld->nf;

@@ -65,6 +65,8 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	int rc = 0, wake;
 
 	sl__err_clear();
+	if ((rc = SL_REPORT_IN(b, batch)))
+		return rc;
 	s = sl_release(ld, stream);
 	pthread_mutex_lock(&ld->lock);
 	wake = sl_free_buf(s);
@@ -84,7 +86,7 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
 		s->state = SL_B_OUT;
 		ld->held = s;
-		*b = s->b;
+		sl__report_copy(b, &s->b, sizeof(s->b));
 		ld->next_g++;
 		ld->delivered++;
 		ld->delivered_records += s->b.size;

@@ -278,7 +278,7 @@ static void t_dataset_batch(struct sluice_engine *eng)
 	/* The loader into GPU memory: every batch's bytes equal the records it names. */
 	struct sluice_loader_options lo = { .size = sizeof(struct sluice_loader_options), .batch_size = 10, .gpu = 1, .seed = 3, .shuffle = 1, .prefetch = 2 };
 	struct sluice_loader *ld;
-	struct sluice_batch b;
+	struct sluice_batch b = SLUICE_BATCH_INIT;
 	const struct sl__cuda_api *cu = sl__cuda(NULL);
 	sl_CUstream s;
 	int rc = -1, nb = 0;

@@ -193,7 +193,7 @@ static struct sluice_loader *open_loader(struct sluice_engine *eng, struct sluic
 /* Every batch of ld from where it stands: records checked field by field, ids appended to out. */
 static uint64_t drain(struct sluice_loader *ld, uint64_t *out, uint64_t max_batches)
 {
-	struct sluice_batch b;
+	struct sluice_batch b = SLUICE_BATCH_INIT;
 	uint64_t got = 0, nb = 0;
 	char want[600];
 	int rc;
@@ -256,7 +256,7 @@ static void test_windows_read_neighbours_in_id_order(void)
 		 * time): the loader is what it waited for.
 		 */
 		struct sluice_loader *l1 = open_loader(eng, ds, 48, 0, 1, 0, 0);
-		struct sluice_batch b;
+		struct sluice_batch b = SLUICE_BATCH_INIT;
 
 		while (sluice_loader_next(l1, &b, NULL) == 1)
 			;
@@ -357,7 +357,7 @@ static void test_a_slow_consumer_hardly_waits(void)
 	 * loader's threads, descheduled for a few milliseconds when tests run in parallel on two cores, still
 	 * keep ahead (at 5 ms one such stall in 21 steps passed the 5% mark). */
 	{
-		struct sluice_batch b;
+		struct sluice_batch b = SLUICE_BATCH_INIT;
 
 		ld = open_loader(eng, ds, 48, 0, 1, 0, 0);
 		while (sluice_loader_next(ld, &b, NULL) == 1)
@@ -464,7 +464,7 @@ static void test_a_corrupt_record_fails_its_batch_naming_it(void)
 	/* A corrupt record: the batch that holds it fails naming it, and close does not hang. */
 	{
 		struct sluice_record_loc loc;
-		struct sluice_batch b;
+		struct sluice_batch b = SLUICE_BATCH_INIT;
 		char shard[700], c;
 		int fd, rc = 1;
 		uint64_t bad = ref[100];
@@ -550,7 +550,7 @@ static void test_a_dataset_changed_on_disk_is_an_error_not_a_hang(void)
 	 */
 	{
 		struct sluice_record_loc loc;
-		struct sluice_batch b;
+		struct sluice_batch b = SLUICE_BATCH_INIT;
 		struct stat st;
 		char shard[700];
 		int rc = 1, k = 0;
@@ -566,6 +566,27 @@ static void test_a_dataset_changed_on_disk_is_an_error_not_a_hang(void)
 		sluice_loader_close(ld);
 		T_CHECK(truncate(shard, st.st_size) == 0);
 	}
+}
+
+/* A batch's leading size: unset is refused, and a newer caller's larger struct gets nothing past what this library knows. */
+static void test_a_batch_fills_no_more_than_its_size(void)
+{
+	struct sluice_loader *l = open_loader(eng, ds, 7, 0, 1, 0, 0);
+	struct {
+		struct sluice_batch b;
+		unsigned char newer[64];
+	} big;
+	struct sluice_batch zero = { 0 };
+
+	T_CHECK(sluice_loader_next(l, &zero, NULL) == SLUICE_EINVAL_CONFIG);
+	T_CHECK(strstr(sluice_last_error_detail(), "sluice_batch") != NULL);
+	memset(&big, 0xa5, sizeof(big));
+	big.b.struct_size = sizeof(big);
+	T_CHECK(sluice_loader_next(l, &big.b, NULL) == 1);
+	T_CHECK(big.b.struct_size == sizeof(big) && big.b.size == 7 && big.b.ids != NULL);
+	for (size_t i = 0; i < sizeof(big.newer); i++)
+		T_CHECK(big.newer[i] == 0xa5);
+	sluice_loader_close(l);
 }
 
 int main(void)
@@ -590,6 +611,7 @@ int main(void)
 	test_trace_writes_a_span_per_stage_and_names_a_bad_path();
 	test_drop_last_keeps_only_whole_global_batches();
 	test_bad_options_are_named();
+	test_a_batch_fills_no_more_than_its_size();
 	test_a_corrupt_record_fails_its_batch_naming_it();
 	test_zstd_windows_decode_each_block_once();
 	test_a_dataset_changed_on_disk_is_an_error_not_a_hang();

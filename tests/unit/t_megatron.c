@@ -105,7 +105,7 @@ static void test_loader_offsets_count_tokens(struct sluice_dataset *ds)
 	struct sluice_engine *eng = t_engine();
 	struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 9, .seed = 5, .shuffle = 1 };
 	struct sluice_loader *ld = NULL;
-	struct sluice_batch b;
+	struct sluice_batch b = SLUICE_BATCH_INIT;
 	uint64_t batches = 0;
 	int rc = -1;
 

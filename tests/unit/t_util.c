@@ -97,7 +97,7 @@ void t_loader_epoch(struct sluice_dataset *ds, uint32_t B, uint64_t window_bytes
 	struct sluice_engine *eng = t_engine();
 	struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = B, .seed = 3, .shuffle = 1, .window_bytes = window_bytes };
 	struct sluice_loader *ld = NULL;
-	struct sluice_batch b;
+	struct sluice_batch b = SLUICE_BATCH_INIT;
 	struct sluice_record rec;
 	const uint64_t n = sluice_dataset_count(ds);
 	const size_t cap = 1 << 20;
