@@ -1,12 +1,13 @@
 /*
  * loader: batches of dataset records for a training loop.  order.c: which
  * records; window.c: reading them; collate.c: batches into the ring;
- * ring.c: the consumer; stats.c: where the time goes; loader.c: open,
- * start, stop and close.  This header is the loader's state, which the
- * stages share; the stages call one way (loader.c -> collate.c ->
- * window.c), never back into loader.c.  Depends on engine/, format/, gpu/
- * (batches land in GPU memory) and diag/ (the figures it publishes); it
- * reads records through dsread's public calls.
+ * ring.c: the consumer; stats.c: where the time goes; codec.c: what a
+ * field is decoded into (images); loader.c: open, start, stop and close.
+ * This header is the loader's state, which the stages share; the stages
+ * call one way (loader.c -> collate.c -> window.c), never back into
+ * loader.c.  Depends on engine/, format/, gpu/ (batches land in GPU
+ * memory), image/ (images decoded and augmented) and diag/ (the figures
+ * it publishes); it reads records through dsread's public calls.
  */
 #ifndef SL_LOADER_STATE_H
 #define SL_LOADER_STATE_H
