@@ -17,7 +17,8 @@ ALLOWED = {
     "format": {"core", "remote"},
     "xfer": {"core", "engine", "remote"},
     "dsread": {"core", "engine", "format"},
-    "loader": {"core", "engine", "format", "gpu", "diag"},
+    "image": {"core", "gpu"},
+    "loader": {"core", "engine", "format", "gpu", "image", "diag"},
     "pack": {"core", "format"},
 }
 
