@@ -3,7 +3,7 @@ import ctypes as C
 import math
 
 from ._lib import ImageBox, ImageOptions, check, lib
-from .dataset import _NAMES
+from .dataset import _NAMES, _int_option
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -36,6 +36,8 @@ class Images:
                  ratio=(3.0 / 4.0, 4.0 / 3.0), flip=0.0, mean=None, std=None, dtype="f32", channels_last=False,
                  decode="auto", resize=None):
         h, w = (size, size) if isinstance(size, int) else tuple(size)
+        h, w = _int_option("Images", "size", h, 1, 16384), _int_option("Images", "size", w, 1, 16384)
+        resize = _int_option("Images", "resize", resize or 0, 0, 16384)
         if mode not in _MODES:
             raise ValueError(f"Images(mode={mode!r}): one of {sorted(_MODES)}")
         if decode not in _DECODE:
@@ -45,13 +47,15 @@ class Images:
         if (mean is None) != (std is None):
             raise ValueError("Images: mean and std go together (both, or neither)")
         for name, v in (("scale", scale), ("ratio", ratio)):
-            if len(v) != 2 or not all(math.isfinite(x) for x in v):
-                raise ValueError(f"Images({name}={v!r}): two finite numbers")
+            if len(v) != 2 or not all(math.isfinite(x) and x > 0 for x in v):
+                raise ValueError(f"Images({name}={v!r}): two finite numbers above 0")
+        if not 0 <= flip <= 1:
+            raise ValueError(f"Images(flip={flip!r}): a probability, 0 to 1")
         self.field, self.size, self.dtype, self.channels_last = field, (h, w), _DTYPES[dtype], bool(channels_last)
         self._field = field.encode()
         o = ImageOptions(field=self._field, height=h, width=w, mode=_MODES[mode], flip=flip,
                          dtype=_NAMES.index(self.dtype), channels_last=int(bool(channels_last)),
-                         decode=_DECODE[decode], resize=resize or 0)
+                         decode=_DECODE[decode], resize=resize)
         o.scale[:] = scale
         o.ratio[:] = ratio
         if mean is not None:

@@ -5,6 +5,7 @@
  * a corrupt Huffman code) is an error here: a decoder that warns fills
  * what it could not decode, and that image would be wrong.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,18 +38,16 @@ static void sl_jerr_emit(j_common_ptr c, int level)
 		sl_jerr_exit(c);
 }
 
-/* CMYK (Adobe's, stored inverted, or plain) to RGB as PIL converts it: each of R, G, B is 255 less C, M, Y scaled by K. */
-static void sl_cmyk_row(const unsigned char *in, unsigned char *out, uint32_t w, int inverted)
+/*
+ * CMYK to RGB as PIL converts it: each of R, G, B is C, M, Y scaled by K,
+ * the samples taken as Adobe stores them (inverted, 255 = no ink), which PIL
+ * assumes of every 4-component JPEG whether its APP14 marker says so or not.
+ */
+static void sl_cmyk_row(const unsigned char *in, unsigned char *out, uint32_t w)
 {
-	for (uint32_t x = 0; x < w; x++) {
-		unsigned k = inverted ? in[4 * x + 3] : 255u - in[4 * x + 3];
-
-		for (int c = 0; c < 3; c++) {
-			unsigned v = inverted ? in[4 * x + c] : 255u - in[4 * x + c];
-
-			out[3 * x + c] = (unsigned char)((v * k + 127) / 255);
-		}
-	}
+	for (uint32_t x = 0; x < w; x++)
+		for (int c = 0; c < 3; c++)
+			out[3 * x + c] = (unsigned char)(((unsigned)in[4 * x + c] * in[4 * x + 3] + 127) / 255);
 }
 
 static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb, char *why,
@@ -87,7 +86,7 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 
 		jpeg_read_scanlines(&d, &r, 1);
 		if (cmyk)
-			sl_cmyk_row(cmyk, row, info->w, info->adobe);
+			sl_cmyk_row(cmyk, row, info->w);
 	}
 	jpeg_finish_decompress(&d);
 	jpeg_destroy_decompress(&d);
@@ -95,21 +94,89 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 	return 0;
 }
 
+struct sl_pngerr {
+	jmp_buf jump;
+	char msg[160];
+};
+
+static void sl_png_error(png_structp png, png_const_charp msg)
+{
+	struct sl_pngerr *e = png_get_error_ptr(png);
+
+	snprintf(e->msg, sizeof(e->msg), "%s", msg);
+	longjmp(e->jump, 1);
+}
+
+/* Warnings (a bad CRC in an ancillary chunk, say) are errors: the image might not be what was stored. */
+static void sl_png_warning(png_structp png, png_const_charp msg)
+{
+	sl_png_error(png, msg);
+}
+
+struct sl_pngsrc {
+	const unsigned char *p;
+	size_t n, at;
+};
+
+static void sl_png_read(png_structp png, png_bytep out, size_t n)
+{
+	struct sl_pngsrc *src = png_get_io_ptr(png);
+
+	if (n > src->n - src->at)
+		png_error(png, "the data ends early");
+	memcpy(out, src->p + src->at, n);
+	src->at += n;
+}
+
+/*
+ * The stored RGB, as PIL's convert("RGB") and torchvision give it: palettes
+ * and low-bit grey expanded, grey copied to R, G and B, 16-bit samples
+ * taken by their high byte (PIL's), alpha and transparency dropped (not
+ * composited), and gAMA, cHRM, sRGB and iCCP ignored: libpng's simplified
+ * API would composite alpha in linear light and re-encode 16-bit and
+ * gamma-tagged images, which no training pipeline does.
+ */
 static int sl_decode_png(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb, char *why,
 			 size_t cap)
 {
-	png_image im;
+	struct sl_pngerr e = { .msg = "" };
+	struct sl_pngsrc src = { p, n, 0 };
+	png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &e, sl_png_error, sl_png_warning);
+	png_infop pi = png ? png_create_info_struct(png) : NULL;
+	png_bytep *volatile rows = NULL;
 
-	memset(&im, 0, sizeof(im));
-	im.version = PNG_IMAGE_VERSION;
-	if (png_image_begin_read_from_memory(&im, p, n)) {
-		im.format = PNG_FORMAT_RGB; /* alpha composited over black, as PIL's convert("RGB") drops it */
-		if (im.width == info->w && im.height == info->h && png_image_finish_read(&im, NULL, rgb, 0, NULL))
-			return 0;
+	if (!pi) {
+		png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
+		return snprintf(why, cap, "PNG: out of memory"), -ENOMEM;
 	}
-	snprintf(why, cap, "PNG does not decode: %s", im.warning_or_error ? im.message : "its size changed");
-	png_image_free(&im);
-	return SLUICE_EFORMAT;
+	if (setjmp(e.jump)) {
+		snprintf(why, cap, "PNG does not decode: %s", e.msg);
+		png_destroy_read_struct(&png, &pi, NULL);
+		free(rows);
+		return SLUICE_EFORMAT;
+	}
+	png_set_read_fn(png, &src, sl_png_read);
+	png_set_user_limits(png, info->w, info->h);
+	png_read_info(png, pi);
+	if (png_get_image_width(png, pi) != info->w || png_get_image_height(png, pi) != info->h)
+		png_error(png, "its size changed between header reads");
+	png_set_expand(png);         /* palette to RGB, grey below 8 bits to 8, tRNS to an alpha that is then dropped */
+	png_set_strip_16(png);
+	png_set_strip_alpha(png);
+	png_set_gray_to_rgb(png);
+	png_set_interlace_handling(png);
+	png_read_update_info(png, pi);
+	if (png_get_rowbytes(png, pi) != (size_t)info->w * 3)
+		png_error(png, "not 3 bytes a pixel after expansion");
+	if (!(rows = malloc(info->h * sizeof(*rows))))
+		png_error(png, "out of memory");
+	for (uint32_t y = 0; y < info->h; y++)
+		rows[y] = rgb + (size_t)y * info->w * 3;
+	png_read_image(png, rows);
+	png_read_end(png, NULL);
+	png_destroy_read_struct(&png, &pi, NULL);
+	free(rows);
+	return 0;
 }
 
 int sl__img_decode_cpu(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb, char *why,

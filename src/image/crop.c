@@ -61,14 +61,19 @@ void sl__img_rrc_box(const double scale[2], const double ratio[2], uint32_t w, u
 	*x = (w - *cw) / 2;
 }
 
-void sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, uint64_t id, uint32_t w, uint32_t h,
-		  struct sl_aug_img *im)
+int sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, uint64_t id, uint32_t w, uint32_t h,
+		 struct sl_aug_img *im)
 {
 	const uint64_t key = sl_mix(sl_mix(seed, epoch), id);
+	uint64_t rw, rh;
 	double u[41];
 
 	for (int i = 0; i < 41; i++)
 		u[i] = sl_unit(key, (uint64_t)i);
+	im->fmt = SL_AUG_RGB; /* decoded as RGB unless its decoder says otherwise (gpu.c) */
+	im->w = (int)w;
+	im->h = (int)h;
+	im->cw = im->ch = 0;
 	im->offx = im->offy = 0;
 	im->flip = o->flip > 0 && u[40] < o->flip;
 	if (o->mode == SLUICE_IMAGE_RANDOM_RESIZED_CROP) {
@@ -81,7 +86,7 @@ void sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, u
 		im->rh = (int)ch;
 		im->rsw = o->ow;
 		im->rsh = o->oh;
-		return;
+		return 0;
 	}
 	im->x0 = im->y0 = 0;
 	im->rw = (int)w;
@@ -89,17 +94,17 @@ void sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, u
 	if (o->mode == SLUICE_IMAGE_RESIZE) {
 		im->rsw = o->ow;
 		im->rsh = o->oh;
-		return;
+		return 0;
 	}
 	/* Resize(resize): the shorter side to resize, the longer in proportion (truncated, as torchvision); then
 	 * CenterCrop: offsets rounded as torchvision's int(round((size - crop) / 2)). */
-	if (w <= h) {
-		im->rsw = (int)o->resize;
-		im->rsh = (int)((uint64_t)o->resize * h / w);
-	} else {
-		im->rsh = (int)o->resize;
-		im->rsw = (int)((uint64_t)o->resize * w / h);
-	}
+	rw = w <= h ? o->resize : (uint64_t)o->resize * w / h;
+	rh = w <= h ? (uint64_t)o->resize * h / w : o->resize;
+	if (rw > SL_IMG_MAX_RESIZED || rh > SL_IMG_MAX_RESIZED)
+		return -1; /* the kernel's coordinates are floats: past this they lose the half pixel */
+	im->rsw = (int)rw;
+	im->rsh = (int)rh;
 	im->offx = (int)nearbyint((im->rsw - o->ow) / 2.0);
 	im->offy = (int)nearbyint((im->rsh - o->oh) / 2.0);
+	return 0;
 }

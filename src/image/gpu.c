@@ -280,7 +280,7 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	}
 	if (ncpu) {
 		/* The CPU's images decode into the pinned buffer at their scratch places, then go up. */
-		sl__img_decode_many(b, it, ig->host, cpu, NULL);
+		rc = sl__img_decode_many(b, it, ig->host, cpu, NULL);
 		for (uint32_t j = 0; j < b->m && !rc; j++)
 			if (cpu[j] && !b->bad[j])
 				rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)(ig->scratch + it[j].im.src),

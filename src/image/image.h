@@ -22,14 +22,14 @@ struct sl__img_info {
 	uint32_t w, h;
 	int ncomp;           /* JPEG: components (1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK) */
 	int baseline;        /* JPEG: baseline sequential (SOF0/SOF1), which nvJPEG's hardware engines decode */
-	int adobe;           /* JPEG: an Adobe APP14 marker (CMYK stored inverted) */
 };
 
 /*
  * The header of an encoded image of n bytes: 0 and *info, or
  * SLUICE_EFORMAT with why (cap bytes) saying what is wrong: not an image
  * sluice decodes, a size of 0 or over max_pixels, a JPEG without its end
- * (truncated), components or precision no decoder here takes.
+ * (truncated), components or precision no decoder here takes, a side over
+ * 65535 pixels (JPEG's most; the kernel's float coordinates stay exact).
  */
 SL_HIDDEN int sl__img_probe(const unsigned char *p, size_t n, uint64_t max_pixels, struct sl__img_info *info, char *why,
 			    size_t cap);
@@ -51,10 +51,14 @@ struct sluice_image_options;
 SL_HIDDEN int sl__img_opts_set(struct sl__img_opts *o, const struct sluice_image_options *in);
 
 /*
- * Image (w x h) of record id: its region, resize and flip into *im (src,
- * pitch and row are left to the caller), from (seed, epoch, id) alone.
+ * Image (w x h) of record id: its region, resize and flip into *im, its
+ * pixels taken as RGB (src, pitch and row are left to the caller, and a
+ * decoder that writes planes says so), from (seed, epoch, id) alone.
+ * Returns 0, or -1 when a centre crop's resize of so long and thin an
+ * image passes SL_IMG_MAX_RESIZED a side.
  */
-SL_HIDDEN void sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, uint64_t id, uint32_t w,
+#define SL_IMG_MAX_RESIZED (1u << 22)
+SL_HIDDEN int sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t epoch, uint64_t id, uint32_t w,
 			    uint32_t h, struct sl_aug_img *im);
 /* RandomResizedCrop's box for a w x h image and 10 tries' uniforms u[20]: *x, *y, *cw, *ch. */
 SL_HIDDEN void sl__img_rrc_box(const double scale[2], const double ratio[2], uint32_t w, uint32_t h, const double *u,
@@ -91,7 +95,8 @@ struct sl__img_batch {
 	uint8_t *bad;
 	uint32_t kept;
 	char why[256];
-	uint64_t why_id;
+	uint64_t why_id;        /* the first bad record in the batch's order (whichever thread met it) */
+	uint32_t why_j;
 	int nbad;
 };
 

@@ -42,8 +42,9 @@ int sl__img_opts_set(struct sl__img_opts *o, const struct sluice_image_options *
 	if (!(io.flip >= 0 && io.flip <= 1))
 		return SL_BAD("flip is a probability, 0..1 (got %g)", io.flip);
 	for (int c = 0; c < 3; c++) {
-		if (!isfinite(io.mean[c]) || !isfinite(io.std[c]) || io.std[c] < 0)
-			return SL_BAD("mean and std must be finite, std >= 0 (channel %d: %g, %g)", c, io.mean[c], io.std[c]);
+		if (!isfinite(io.mean[c]) || !isfinite(io.std[c]) || io.std[c] < 0 || (io.std[c] && !isfinite(1.0f / io.std[c])))
+			return SL_BAD("mean and std must be finite, std >= 0 and its inverse finite (channel %d: %g, %g)", c,
+				      io.mean[c], io.std[c]);
 		norm |= io.std[c] != 0;
 	}
 	for (int c = 0; c < 3 && norm; c++)
@@ -51,7 +52,9 @@ int sl__img_opts_set(struct sl__img_opts *o, const struct sluice_image_options *
 			return SL_BAD("std must be set for every channel, or none (channel %d is 0)", c);
 	if (norm && io.dtype == SLUICE_DTYPE_U8)
 		return SL_BAD("u8 images cannot be normalised (mean, std): ask for f16, bf16 or f32");
-	o->resize = io.resize ? io.resize : (uint32_t)((uint64_t)io.height * 8 / 7);
+	if (io.resize > 16384)
+		return SL_BAD("resize must be at most 16384 (got %u)", io.resize);
+	o->resize = io.resize ? io.resize : (uint32_t)((uint64_t)(io.height > io.width ? io.height : io.width) * 8 / 7);
 	if (io.mode == SLUICE_IMAGE_CENTER_CROP && (o->resize < io.height || o->resize < io.width))
 		return SL_BAD("resize %u is smaller than the %u x %u crop", o->resize, io.width, io.height);
 	if ((rc = sl__setting_u64("SLUICE_MAX_IMAGE_PIXELS", &maxpix)) < 0)
@@ -83,9 +86,12 @@ int sluice_image_plan(const struct sluice_image_options *opt, uint64_t seed, uin
 	sl__err_clear();
 	if ((rc = SL_SIZED_IN(&io, opt, image_options)) || (rc = sl__img_opts_set(&o, &io)))
 		return rc;
-	if (!width || !height)
-		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_image_plan: an image of %u x %u pixels", width, height);
-	sl__img_plan(&o, seed, epoch, id, width, height, &im);
+	if (!width || !height || width > 65535 || height > 65535)
+		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_image_plan: an image of %u x %u pixels (1 to 65535 a side)",
+			       width, height);
+	if (sl__img_plan(&o, seed, epoch, id, width, height, &im))
+		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_image_plan: %u x %u resized so its shorter side is %u passes %u a side",
+			       width, height, o.resize, SL_IMG_MAX_RESIZED);
 	*box = (struct sluice_image_box){ im.x0, im.y0, im.rw, im.rh, im.rsw, im.rsh, im.offx, im.offy, im.flip };
 	return 0;
 }

@@ -57,8 +57,6 @@ static int sl_probe_jpeg(const unsigned char *p, size_t n, struct sl__img_info *
 			return SL_WHY("JPEG ends before its first scan");
 		if (at + 2 > n || (len = sl_be16(p + at)) < 2 || at + len > n)
 			return SL_WHY("JPEG segment 0x%02x at byte %zu runs past the end (%zu bytes)", m, at - 2, n);
-		if (m == 0xee && len >= 7 && !memcmp(p + at + 2, "Adobe", 5))
-			info->adobe = 1;
 		if ((m >= 0xc0 && m <= 0xcf) && m != 0xc4 && m != 0xc8 && m != 0xcc) {
 			if (len < 8)
 				return SL_WHY("JPEG frame header too short (%u bytes)", len);
@@ -131,8 +129,8 @@ int sl__img_probe(const unsigned char *p, size_t n, uint64_t max_pixels, struct 
 			      n > 0 ? p[0] : 0, n > 1 ? p[1] : 0);
 	if (rc)
 		return rc;
-	if (!info->w || !info->h)
-		return SL_WHY("image of %u x %u pixels", info->w, info->h);
+	if (!info->w || !info->h || info->w > 65535 || info->h > 65535)
+		return SL_WHY("image of %u x %u pixels (1 to 65535 a side)", info->w, info->h);
 	if ((uint64_t)info->w * info->h > max_pixels)
 		return SL_WHY("image of %u x %u pixels, over SLUICE_MAX_IMAGE_PIXELS (%llu)", info->w, info->h,
 			      (unsigned long long)max_pixels);

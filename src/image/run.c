@@ -14,9 +14,12 @@
 
 void sl__img_mark_bad(struct sl__img_batch *b, uint32_t j, const char *why)
 {
-	if (!b->bad[j] && !b->nbad++) {
+	if (b->bad[j])
+		return;
+	if (!b->nbad++ || j < b->why_j) {
 		snprintf(b->why, sizeof(b->why), "%s", why);
 		b->why_id = b->rec[j].id;
+		b->why_j = j;
 	}
 	b->bad[j] = 1;
 }
@@ -34,10 +37,12 @@ size_t sl__img_layout(struct sl__img_batch *b, struct sl__img_item *it)
 			sl__img_mark_bad(b, j, why);
 			continue;
 		}
-		sl__img_plan(b->o, b->seed, b->epoch, b->rec[j].id, it[j].info.w, it[j].info.h, &it[j].im);
-		it[j].im.fmt = SL_AUG_RGB;
-		it[j].im.w = (int)it[j].info.w;
-		it[j].im.h = (int)it[j].info.h;
+		if (sl__img_plan(b->o, b->seed, b->epoch, b->rec[j].id, it[j].info.w, it[j].info.h, &it[j].im)) {
+			snprintf(why, sizeof(why), "image of %u x %u pixels: resized so its shorter side is %u, a side passes %u",
+				 it[j].info.w, it[j].info.h, b->o->resize, SL_IMG_MAX_RESIZED);
+			sl__img_mark_bad(b, j, why);
+			continue;
+		}
 		it[j].im.pitch = (int)it[j].info.w * 3;
 		it[j].im.src = at; /* room for RGB: nvJPEG's planes take no more */
 		at = sl__align_up(at + (size_t)it[j].info.h * (size_t)it[j].im.pitch, 256);
@@ -62,69 +67,90 @@ unsigned sl__img_threads(void)
 	return n < 1 ? 1 : n > 8 ? 8 : (unsigned)n;
 }
 
-/* The CPU's threads: each takes the next image, decodes it into scratch at its place (and augments it). */
+/*
+ * The CPU's threads: each takes the next image and decodes it, into the
+ * scratch at its place (for a copy to the GPU), or, augmenting into out,
+ * into a buffer of the thread's own, so that memory holds one decoded image
+ * a thread, not the batch's.
+ */
 struct sl_cpu_work {
 	struct sl__img_batch *b;
 	struct sl__img_item *it;
-	unsigned char *scratch;
+	unsigned char *scratch; /* with out NULL */
 	void *out;              /* NULL: decode only */
 	const uint8_t *mine;    /* NULL: every kept image; else those with mine[j] */
 	_Atomic uint32_t next;
-	pthread_mutex_t lock;   /* b's bad marks */
+	pthread_mutex_t lock;   /* b's bad marks, err */
+	_Atomic int err;        /* the machine's (memory), not an image's */
 };
 
 static void *sl_cpu_worker(void *arg)
 {
 	struct sl_cpu_work *w = arg;
+	unsigned char *own = NULL;
+	size_t own_cap = 0;
 
-	for (uint32_t j; (j = atomic_fetch_add(&w->next, 1)) < w->b->m;) {
+	for (uint32_t j; !w->err && (j = atomic_fetch_add(&w->next, 1)) < w->b->m;) {
 		struct sl__img_item *it = &w->it[j];
+		struct sl_aug_img im = it->im;
+		size_t need = (size_t)it->info.h * it->info.w * 3;
+		unsigned char *dst = w->scratch ? w->scratch + it->im.src : NULL;
 		char why[256];
 
 		if (w->b->bad[j] || (w->mine && !w->mine[j]))
 			continue;
-		if (sl__img_decode_cpu(w->b->rec[j].p, w->b->rec[j].n, &it->info, w->scratch + it->im.src, why,
-				       sizeof(why))) {
+		if (!dst) {
+			if (need > own_cap) {
+				free(own);
+				own_cap = 0;
+				if (!(own = malloc(need))) {
+					pthread_mutex_lock(&w->lock);
+					w->err = sl__err(-ENOMEM, "images: %zu bytes for a decoded image", need);
+					pthread_mutex_unlock(&w->lock);
+					break;
+				}
+				own_cap = need;
+			}
+			dst = own;
+			im.src = 0;
+		}
+		if (sl__img_decode_cpu(w->b->rec[j].p, w->b->rec[j].n, &it->info, dst, why, sizeof(why))) {
 			pthread_mutex_lock(&w->lock);
 			sl__img_mark_bad(w->b, j, why);
 			pthread_mutex_unlock(&w->lock);
 			continue;
 		}
 		if (w->out)
-			sl__img_augment_cpu(w->scratch, &it->im, &w->b->o->aug, w->out);
+			sl__img_augment_cpu(w->scratch ? w->scratch : own, &im, &w->b->o->aug, w->out);
 	}
+	free(own);
 	return NULL;
 }
 
-void sl__img_decode_many(struct sl__img_batch *b, struct sl__img_item *it, unsigned char *scratch, const uint8_t *mine,
-			 void *out)
+int sl__img_decode_many(struct sl__img_batch *b, struct sl__img_item *it, unsigned char *scratch, const uint8_t *mine,
+			void *out)
 {
 	struct sl_cpu_work w = { .b = b, .it = it, .scratch = scratch, .out = out, .mine = mine };
 
 	pthread_mutex_init(&w.lock, NULL);
 	sl__fanout(sl__img_threads(), sl_cpu_worker, &w);
 	pthread_mutex_destroy(&w.lock);
+	return w.err;
 }
 
 int sl__img_run_cpu(struct sl__img_batch *b, void *out)
 {
 	struct sl__img_item *it = calloc(b->m ? b->m : 1, sizeof(*it));
-	unsigned char *scratch = NULL;
-	size_t total;
-	uint32_t k;
+	uint32_t k = 0;
+	int rc;
 
 	if (!it)
 		return -ENOMEM;
-	total = sl__img_layout(b, it);
-	if (!(scratch = malloc(total ? total : 1))) {
-		free(it);
-		return -ENOMEM;
-	}
+	sl__img_layout(b, it);
 	/* Rows as if every probed image decodes; one that does not leaves a hole, closed below. */
 	sl__img_rows(b, it);
-	sl__img_decode_many(b, it, scratch, NULL, out);
-	k = 0;
-	for (uint32_t j = 0; j < b->m; j++) {
+	rc = sl__img_decode_many(b, it, NULL, NULL, out);
+	for (uint32_t j = 0; j < b->m && !rc; j++) {
 		if (b->bad[j])
 			continue;
 		if ((uint32_t)it[j].im.row != k) /* a hole before it (a failed decode): the image moves up */
@@ -133,7 +159,6 @@ int sl__img_run_cpu(struct sl__img_batch *b, void *out)
 		k++;
 	}
 	b->kept = k;
-	free(scratch);
 	free(it);
-	return 0;
+	return rc;
 }

@@ -17,8 +17,13 @@ SL_HIDDEN void sl__img_mark_bad(struct sl__img_batch *b, uint32_t j, const char 
 SL_HIDDEN size_t sl__img_layout(struct sl__img_batch *b, struct sl__img_item *it);
 /* Output rows for the records not bad, in order; returns how many. */
 SL_HIDDEN uint32_t sl__img_rows(struct sl__img_batch *b, struct sl__img_item *it);
-/* The images (those of mine[], or all kept) decoded by the CPU's threads into scratch; augmented into out if set. */
-SL_HIDDEN void sl__img_decode_many(struct sl__img_batch *b, struct sl__img_item *it, unsigned char *scratch,
+/*
+ * The images (those of mine[], or all kept) decoded by the CPU's threads:
+ * into scratch at their places, or (scratch NULL) each into its thread's
+ * buffer; augmented into out if set.  0, or -ENOMEM (an image's failure
+ * marks it bad instead).
+ */
+SL_HIDDEN int sl__img_decode_many(struct sl__img_batch *b, struct sl__img_item *it, unsigned char *scratch,
 				   const uint8_t *mine, void *out);
 /* Threads the CPU's decoding uses: the CPUs, at most 8. */
 SL_HIDDEN unsigned sl__img_threads(void);

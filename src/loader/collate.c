@@ -375,6 +375,7 @@ void *sl__produce(void *arg)
 		g = ld->produce_g++;
 		s = &ld->bufs[g % ld->nbufs];
 		s->g = g;
+		s->err = 0;
 		s->state = SL_B_BUILDING;
 		/* The next buffer may be free already: the other producer takes it. */
 		if (ld->produce_g < ld->nbatches && ld->bufs[ld->produce_g % ld->nbufs].state == SL_B_FREE)
@@ -385,6 +386,8 @@ void *sl__produce(void *arg)
 		pthread_mutex_lock(&ld->lock);
 		if (rc) {
 			s->state = SL_B_FREE;
+			s->err = rc;
+			snprintf(s->detail, sizeof(s->detail), "%s", sluice_last_error_detail());
 			sl__loader_fail(ld, rc);
 		} else {
 			s->state = SL_B_READY;

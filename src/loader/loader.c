@@ -94,8 +94,10 @@ static int sl_start(struct sluice_loader *ld)
 	ld->preloaded += keep;
 	ld->low = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] : 0;
 	for (unsigned i = 0; i < ld->nbufs; i++)
-		if (ld->bufs[i].state != SL_B_OUT)
+		if (ld->bufs[i].state != SL_B_OUT) {
 			ld->bufs[i].state = SL_B_FREE;
+			ld->bufs[i].err = 0;
+		}
 	ld->produce_g = ld->next_g;
 	ld->filling = 1;
 	ld->err = 0;
@@ -151,6 +153,9 @@ static int sl_pick_fields(struct sluice_loader *ld, const char *const *names)
 			f++;
 		if (f == sluice_dataset_nfields(ds) || ld->nf == SLUICE_MAX_FIELDS)
 			return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s has no field '%s'", ds->path, *name);
+		for (unsigned k = 0; k < ld->nf; k++)
+			if (ld->fidx[k] == f)
+				return sl__err(SLUICE_EINVAL_CONFIG, "loader: field '%s' is named twice", *name);
 		ld->fidx[ld->nf++] = f;
 	}
 	if (!ld->nf)

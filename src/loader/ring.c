@@ -81,7 +81,13 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
 		wake = 0;
 	}
-	while (!(s->state == SL_B_READY && s->g == ld->next_g) && !ld->err)
+	/*
+	 * A batch being built when another fails is still waited for: the
+	 * batches before a bad record arrive, and the error with the batch that
+	 * holds it, whichever producer met it first.
+	 */
+	while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
+	       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
 		pthread_cond_wait(&ld->batch_cv, &ld->lock);
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
 		s->state = SL_B_OUT;
@@ -97,8 +103,9 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 							       : bf->item_bytes * s->b.size;
 		}
 	} else {
+		/* The batch's own error where it failed; else the first the loader met, which stopped it. */
+		rc = s->err && s->g == ld->next_g ? sl__err(s->err, "%s", s->detail) : sl__err(ld->err, "%s", ld->detail);
 		s = NULL;
-		rc = sl__err(ld->err, "%s", ld->detail);
 	}
 	pthread_mutex_unlock(&ld->lock);
 	if (wake)

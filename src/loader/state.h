@@ -56,6 +56,8 @@ struct sl__batch_buf {
 	int release_set;
 	uint64_t *ids;
 	struct sluice_batch b;
+	int err;                    /* building batch g failed: its own error, which the consumer reports for it */
+	char detail[384];
 };
 
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };

@@ -303,10 +303,10 @@ def test_hostile_images_end_in_the_chosen_policy(tmp_path, decode):
 
 def test_bad_options_name_the_option(photos):
     ds, _ = photos
-    for kw, word in [({"size": 0}, "height"), ({"scale": (0.5, 0.1)}, "scale"), ({"ratio": (0, 1)}, "ratio"),
+    for kw, word in [({"size": 0}, "size"), ({"scale": (0.5, 0.1)}, "scale"), ({"ratio": (0, 1)}, "ratio"),
                      ({"flip": 2.0}, "flip"), ({"dtype": "u8", "mean": (0, 0, 0), "std": (1, 1, 1)}, "normalised"),
                      ({"mode": "center_crop", "resize": 10}, "resize")]:
-        with pytest.raises(sluice.SluiceError, match=word):
+        with pytest.raises((ValueError, sluice.SluiceError), match=word):  # Python's checks, or the library's
             sluice.Loader(ds, batch_size=4, images=sluice.Images("data", **kw))
     with pytest.raises(sluice.SluiceError, match="no loaded field"):
         sluice.Loader(ds, batch_size=4, images=sluice.Images("pixels"))
@@ -367,3 +367,93 @@ def test_gpu_against_torchvision(photos444):
             ref = F.horizontal_flip(ref)
         ref = F.normalize(ref / 255, list(sluice.IMAGENET_MEAN), list(sluice.IMAGENET_STD))
         assert (b["data"][row] - ref).abs().max().item() < 3 / 255 / 0.224, int(rid)
+
+
+def _png_chunk(kind, data):
+    import zlib
+    return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+
+def _with_gama(png, gamma):
+    """The PNG with a gAMA chunk after IHDR (PIL does not write one)."""
+    at = 8 + 25
+    return png[:at] + _png_chunk(b"gAMA", int(gamma * 100000).to_bytes(4, "big")) + png[at:]
+
+
+def _stored_rgb_cases():
+    """Images whose stored RGB PIL's convert("RGB") gives as it is: no compositing, no gamma, 16-bit by its high byte."""
+    g = _image(24, 32, 3)
+    alpha = np.dstack([g, np.full(g.shape[:2], 64, np.uint8)])
+    pal = Image.fromarray(g).convert("P", palette=Image.ADAPTIVE, colors=16)
+    pal.info["transparency"] = 0
+    b = io.BytesIO()
+    pal.save(b, "PNG", transparency=0)
+    rgb16 = io.BytesIO()
+    import zlib
+    raw = b"".join(b"\0" + (g[y].astype(">u2") * 257 + 77).tobytes() for y in range(24))
+    ihdr = (32).to_bytes(4, "big") + (24).to_bytes(4, "big") + bytes([16, 2, 0, 0, 0])
+    rgb16.write(b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(raw)) +
+                _png_chunk(b"IEND", b""))
+    cmyk = io.BytesIO()
+    Image.fromarray(g).convert("CMYK").save(cmyk, "JPEG", quality=95)
+    c = cmyk.getvalue()
+    i = c.find(b"\xff\xee")  # Adobe's APP14 out: PIL takes the samples as inverted all the same
+    no_adobe = c[:i] + c[i + 2 + int.from_bytes(c[i + 2:i + 4], "big"):] if i > 0 else c
+    return {"rgba-alpha64": _encode(alpha, "PNG"), "palette-trns": b.getvalue(), "rgb16": rgb16.getvalue(),
+            "gama-1.0": _with_gama(_encode(g, "PNG"), 1.0), "gama-0.55": _with_gama(_encode(g, "PNG"), 1 / 1.8),
+            "cmyk-no-adobe": no_adobe, "cmyk": c}
+
+
+def test_stored_colours_are_kept_as_pil_keeps_them(tmp_path):
+    """PNG alpha dropped (not composited), 16-bit by its high byte, gAMA ignored; CMYK JPEGs inverted with or
+    without Adobe's marker: what PIL's convert("RGB") gives, to the level (identity resize, u8)."""
+    cases = _stored_rgb_cases()
+    ds = _pack(tmp_path, {f"0/{k}.img": v for k, v in cases.items()})
+    names = [bytes(ds[i]["key"]).decode().split("/")[-1].rsplit(".", 1)[0] for i in range(len(ds))]
+    ld = sluice.Loader(ds, batch_size=len(ds), shuffle=False,
+                       images=sluice.Images("data", size=(24, 32), mode="resize", dtype="u8", decode="cpu"))
+    b = next(iter(ld))
+    assert len(b.ids) == len(cases)
+    for row, rid in enumerate(b.ids):
+        name = names[int(rid)]
+        want = _decoded(cases[name]).transpose(2, 0, 1).astype(int)
+        d = np.abs(b["data"][row].astype(int) - want).max()
+        assert d <= (1 if name.startswith("cmyk") else 0), (name, d)
+
+
+def test_the_error_names_the_first_bad_record_and_earlier_batches_arrive(tmp_path):
+    """skip_corrupt=False with records 1 and 2 bad, batches of 1 built by several producers at once: batch 0 arrives,
+    then the error names record 1, every time (it once named whichever producer failed first)."""
+    good = _encode(_image(20, 20, 0), quality=90)
+    files = {"0/a.jpg": good, "0/b.jpg": b"junk", "0/c.jpg": good[:-300] + b"\xff\xd9"}
+    files.update({f"0/z{i:02d}.jpg": good for i in range(10)})
+    ds = _pack(tmp_path, files)
+    for _ in range(20):
+        ld = sluice.Loader(ds, batch_size=1, shuffle=False, images=sluice.Images("data", size=8, decode="cpu"))
+        got = 0
+        with pytest.raises(sluice.SluiceError, match=r"record 1: field 'data'"):
+            for _ in ld:
+                got += 1
+        assert got == 1
+
+
+def test_long_thin_images_and_wrapping_options_are_refused(tmp_path):
+    import zlib
+    raw = b"".join(b"\0" + bytes([y % 256] * 3) for y in range(60000))
+    ihdr = (1).to_bytes(4, "big") + (60000).to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    tall = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(raw)) +
+            _png_chunk(b"IEND", b""))
+    ds = _pack(tmp_path, {"0/tall.png": tall})
+    ld = sluice.Loader(ds, batch_size=1, images=sluice.Images("data", size=64, mode="center_crop", resize=256))
+    with pytest.raises(sluice.SluiceError, match="passes"):
+        next(iter(ld))
+    with pytest.raises(sluice.SluiceError, match="passes"):
+        sluice.Images("data", size=64, mode="center_crop", resize=256).plan(1, 60000, 0)
+    for kw in ({"size": 2 ** 32 + 8}, {"size": 0}, {"resize": -5}, {"resize": 2 ** 31 + 7}, {"scale": (0, 0)},
+               {"ratio": (0, 0)}, {"flip": float("nan")}):
+        with pytest.raises(ValueError):
+            sluice.Images("data", **kw)
+    with pytest.raises(sluice.SluiceError, match="inverse"):
+        sluice.Loader(ds, batch_size=1, images=sluice.Images("data", mean=(0, 0, 0), std=(1e-40, 1, 1)))
+    with pytest.raises(sluice.SluiceError, match="named twice"):
+        sluice.Loader(ds, batch_size=1, fields=["data", "data"], images=sluice.Images("data"))

@@ -70,6 +70,7 @@ static void t_boxes(void)
 	struct sl__img_opts o = { .ow = 224, .oh = 224, .mode = SLUICE_IMAGE_RANDOM_RESIZED_CROP, .scale = { 0.08, 1 },
 				  .ratio = { 0.75, 4.0 / 3 }, .flip = 0.5 };
 	const uint32_t sizes[][2] = { { 1, 1 }, { 1, 5000 }, { 5000, 1 }, { 500, 375 }, { 3, 2 }, { 65535, 65535 } };
+
 	uint64_t flips = 0;
 
 	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
@@ -77,8 +78,8 @@ static void t_boxes(void)
 			struct sl_aug_img im, again;
 			uint32_t w = sizes[s][0], h = sizes[s][1];
 
-			sl__img_plan(&o, 42, 3, id, w, h, &im);
-			sl__img_plan(&o, 42, 3, id, w, h, &again);
+			T_CHECK(sl__img_plan(&o, 42, 3, id, w, h, &im) == 0);
+			T_CHECK(sl__img_plan(&o, 42, 3, id, w, h, &again) == 0);
 			T_CHECK(!memcmp(&im, &again, sizeof(im)));
 			T_CHECK(im.x0 >= 0 && im.y0 >= 0 && im.rw >= 1 && im.rh >= 1);
 			T_CHECK((uint32_t)(im.x0 + im.rw) <= w && (uint32_t)(im.y0 + im.rh) <= h);
@@ -91,8 +92,11 @@ static void t_boxes(void)
 	{
 		struct sl_aug_img im;
 
-		sl__img_plan(&o, 0, 0, 0, 500, 375, &im);
+		T_CHECK(sl__img_plan(&o, 0, 0, 0, 500, 375, &im) == 0);
 		T_CHECK(im.rsh == 256 && im.rsw == 341 && im.offx == 58 && im.offy == 16);
+		/* 1 x 65535 resized to a shorter side of 256 would be 16.7M tall: refused, not wrapped */
+		T_CHECK(sl__img_plan(&o, 0, 0, 0, 1, 65535, &im) == -1);
+		T_CHECK(sl__img_plan(&o, 0, 0, 0, 1, 16384, &im) == 0 && im.rsh == 256 * 16384);
 	}
 }
 
