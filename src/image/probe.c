@@ -105,8 +105,14 @@ static int sl_probe_webp(const unsigned char *p, size_t n, struct sl__img_info *
 	info->kind = SL_IMG_WEBP;
 	if ((uint64_t)((uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24) + 8 > n)
 		return SL_WHY("WebP truncated: its RIFF header says more bytes than the %zu there", n);
-	if (!WebPGetInfo(p, n, &w, &h))
+	WebPBitstreamFeatures f;
+
+	if (WebPGetFeatures(p, n, &f) != VP8_STATUS_OK)
 		return SL_WHY("WebP header not understood (%zu bytes)", n);
+	if (f.has_animation)
+		return SL_WHY("animated WebP is not decoded (a still image is)");
+	w = f.width;
+	h = f.height;
 	info->w = (uint32_t)w;
 	info->h = (uint32_t)h;
 	info->ncomp = 3;
