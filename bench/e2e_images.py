@@ -105,10 +105,27 @@ def run_steps(batches, trainer, warm, steps):
 
 
 def measured(fn):
-    """images/s of fn() with the CPU it took: cores of the machine busy, and this process's."""
+    """images/s of fn() with the CPU it took (cores of the machine busy, and this process's) and, sampled by
+    nvidia-smi every 200 ms meanwhile, the GPU's median SM clock (MHz), power (W) and utilisation (%): a step that
+    runs slower beside the decoding may be a clock the power limit lowered, not work in its way."""
+    import statistics
+    import subprocess
+    try:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu",
+                                "--format=csv,noheader,nounits", "-lms", "200"], stdout=subprocess.PIPE, text=True)
+    except OSError:
+        smi = None
     r = timed(fn, children=True)
     r["cores_machine"] = r.get("machine_busy", 0) * os.cpu_count()
     r["cores_process"] = r["cpu_s"] / r["seconds"]
+    if smi:
+        smi.terminate()
+        rows = [line.split(",") for line in smi.communicate()[0].splitlines() if line.count(",") == 2]
+        for k, name in enumerate(("sm_mhz", "power_w", "gpu_util")):
+            try:
+                r[name] = statistics.median(float(x[k]) for x in rows)
+            except (ValueError, statistics.StatisticsError):
+                pass
     return r
 
 
@@ -233,7 +250,8 @@ def main():
             "sluice_over_best_dataloader": (r["sluice"]["images_s"] / best_dl) if best_dl and "images_s" in r.get("sluice", {}) else None,
         }
         res[name] = r
-        print(name, {k: (round(v.get("images_s", 0)), round(v.get("cores_machine", 0), 1)) for k, v in r.items()
+        print(name, {k: (round(v.get("images_s", 0)), round(v.get("cores_machine", 0), 1), v.get("sm_mhz"),
+                         v.get("power_w")) for k, v in r.items()
                      if isinstance(v, dict) and "images_s" in v}, r["ratios"], res.get(f"sluice_stats_{name}"), flush=True)
         del tr
 

@@ -1085,6 +1085,7 @@ SLUICE_API SLUICE_WUR int sluice_pack(const char *out, const struct sluice_pack_
  * ================================================================ */
 
 struct sluice_loader;
+struct sluice_batch;
 
 /*
  * Images decoded and augmented inside the loader: one field's encoded
@@ -1161,8 +1162,22 @@ struct sluice_loader_options {
 	unsigned device_index;     /* with gpu: which of the engine's device ids (SLUICE_DEVICE_IDS) batches land
 				      in, 0: the first */
 	const struct sluice_image_options *image; /* NULL, or one field's encoded images decoded and augmented */
+	/*
+	 * Optional: the caller's own work on each batch, after sluice's
+	 * (images decoded, fields collated and copied), by the producer thread
+	 * that built the batch, before the consumer can take it.  With a GPU
+	 * loader, stream is the CUstream the batch was made on: queue GPU work
+	 * on it, and the batch is ready once that work is done; with a host
+	 * loader, NULL.  It may change the batch's data in place, not its
+	 * layout.  Called from the loader's threads, several batches at once.
+	 * Returns 0, or an error that fails the batch (sluice_loader_next
+	 * returns it, naming the batch).
+	 */
+	int (*transform)(struct sluice_batch *b, void *stream, void *arg);
+	void *transform_arg;
 };
-#define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL }
+#define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+				     NULL, NULL, NULL }
 
 /*
  * One field of a batch: fixed-size fields dense [size, ...]; others (data,

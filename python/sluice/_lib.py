@@ -101,7 +101,7 @@ class LoaderOptions(_Sized):
                 ("prefetch", C.c_uint), ("seed", C.c_uint64), ("epoch", C.c_uint64), ("position", C.c_uint64),
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
                 ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint),
-                ("image", C.POINTER(ImageOptions))]
+                ("image", C.POINTER(ImageOptions)), ("transform", C.c_void_p), ("transform_arg", C.c_void_p)]
 
 
 class BatchField(C.Structure):

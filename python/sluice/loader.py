@@ -1,14 +1,18 @@
 """The loader: batches of a dataset for a training loop, on host memory or a GPU, and where its time goes."""
 import ctypes as C
+import errno
 import json
 import os
 import sys
 
 import numpy as np
 
-from ._lib import Batch as _CBatch, LoaderOptions, check, lib
+from ._lib import Batch as _CBatch, LoaderOptions, SluiceError, check, lib
 from .buffers import _device, _eng
 from .dataset import _NAMES, _NP, _int_option
+
+
+_TRANSFORM = C.CFUNCTYPE(C.c_int, C.POINTER(_CBatch), C.c_void_p, C.c_void_p)
 
 
 class _Batch(dict):
@@ -53,11 +57,16 @@ class Loader:
     is left out (the batch is smaller) and counted, instead of failing the batch.
     images: a sluice.Images, which decodes and augments one field's encoded images inside the loader (on the GPU with
     device="cuda"): that field arrives as one tensor [B, 3, H, W] ready for the model.
+    transform: your own function of each batch (the dict the loop gets), run by the loader's threads after its own
+    stages and before the batch is handed out, several batches at once; with device="cuda" inside
+    torch.cuda.stream() of the stream the batch was made on, so its GPU work is done before the loop sees the
+    batch.  It changes the batch's arrays in place (their shapes stay); an exception it raises is raised by the
+    loop, at that batch.
     """
 
     def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
                  drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False,
-                 images=None):
+                 images=None, transform=None):
         if rank is None or world_size is None:
             r, w = _env_rank()
             rank = r if rank is None else rank
@@ -85,6 +94,10 @@ class Loader:
         self.images = images
         if images is not None:
             self._opt.image = images._pointer()
+        self._transform, self._transform_error, self._cb = transform, None, None
+        if transform is not None:
+            self._cb = _TRANSFORM(self._run_transform)
+            self._opt.transform = C.cast(self._cb, C.c_void_p)
         self._names = None
         if fields is not None:
             self._names = (C.c_char_p * (len(fields) + 1))(*[f.encode() for f in fields], None)
@@ -102,6 +115,22 @@ class Loader:
         h = C.c_void_p()
         check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
         self._h, self._owner, self._views, self._meta = h, _Owner(h, self.dataset), {}, None
+        self._owner.transform = self._cb  # the loader's threads call it for as long as the C loader lives
+
+    def _run_transform(self, bp, stream, arg):
+        """The loader's threads call this for each batch: the user's transform on the batch's arrays."""
+        try:
+            batch = self._convert(bp.contents)
+            if stream:
+                import torch
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=f"cuda:{self._gpu}")):
+                    self._transform(batch)
+            else:
+                self._transform(batch)
+            return 0
+        except BaseException as e:  # noqa: B902 - it cannot cross into C; the loop raises it at this batch
+            self._transform_error = e
+            return -errno.ECANCELED
 
     def _handle(self):
         if self._h is None:
@@ -152,16 +181,14 @@ class Loader:
             import torch
             stream = C.c_void_p(torch.cuda.current_stream(self._gpu).cuda_stream)
         while True:
-            r = check(lib.sluice_loader_next(self._handle(), C.byref(b), stream))
+            try:
+                r = check(lib.sluice_loader_next(self._handle(), C.byref(b), stream))
+            except SluiceError as e:
+                if self._transform_error is not None and "transform" in str(e):
+                    raise self._transform_error from e
+                raise
             if r == 0:
                 return
-            if self._meta is None:  # per field of the batch: name, dtype, item shape, element size
-                self._meta = []
-                for k in range(b.nfields):
-                    name = b.field[k].name.decode()
-                    dtype, shape = self._types[name]
-                    self._meta.append((name, dtype, tuple(shape),
-                                       np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize))
             yield self._convert(b)
 
     def _array(self, ptr, nbytes, dtype, shape, host=False, channels_last=False):
@@ -197,7 +224,19 @@ class Loader:
         self._views[key] = a
         return a
 
+    def _fields_meta(self, b):
+        """Per field of the batch: name, dtype, item shape, element size (made once)."""
+        if self._meta is None:
+            meta = []
+            for k in range(b.nfields):
+                name = b.field[k].name.decode()
+                dtype, shape = self._types[name]
+                meta.append((name, dtype, tuple(shape), np.dtype(_NP[_NAMES.index(dtype)] or np.uint16).itemsize))
+            self._meta = meta
+        return self._meta
+
     def _convert(self, b):
+        self._fields_meta(b)
         out = _Batch()
         out.ids = self._array(b.ids, 8 * b.size, "ids", (b.size,), host=True).copy()
         if "ids" not in self._types:

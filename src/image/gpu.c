@@ -238,7 +238,14 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	uint32_t njpeg = 0, ncpu = 0;
 	int rc = it && jpeg && cpu ? sl__gpu_bind(ig->g) : -ENOMEM;
 
-	/* The host buffers are this producer's: the stream must be past their last batch. */
+	/*
+	 * The stream must be past this producer's last batch before anything of
+	 * its is written: the host buffers, and the scratch, which nvJPEG's
+	 * hardware backend writes when nvjpegDecodeBatched is called, not in the
+	 * stream's order (measured by torchcodec's and torchvision's maintainers
+	 * on H100, nvJPEG 12.3 to 13.2): only a wait on the host orders it after
+	 * the last batch's kernel, which reads the scratch.
+	 */
 	if (!rc && ig->done_set)
 		rc = SL_CU(cu->EventSynchronize(ig->done), "cuEventSynchronize");
 	if (rc)
@@ -302,8 +309,13 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 		unsigned blocks = (unsigned)(((uint64_t)p.ow * p.oh + 255) / 256);
 
 		rc = SL_CU(cu->MemcpyHtoDAsync(ip, ig->imgs, b->kept * sizeof(*ig->imgs), s), "cuMemcpyHtoDAsync");
-		if (!rc)
-			rc = SL_CU(cu->LaunchKernel(ig->fn, blocks, b->kept, 1, 256, 1, 1, 0, s, args, NULL), "cuLaunchKernel");
+		/* One launch a batch; a grid's y is at most 65535 images, so a larger batch takes more. */
+		for (uint32_t at = 0; at < b->kept && !rc; at += 65535) {
+			unsigned n = b->kept - at < 65535 ? b->kept - at : 65535;
+
+			ip = (sl_CUdeviceptr)(uintptr_t)(ig->imgs_dev + at);
+			rc = SL_CU(cu->LaunchKernel(ig->fn, blocks, n, 1, 256, 1, 1, 0, s, args, NULL), "cuLaunchKernel");
+		}
 	}
 	if (!rc)
 		rc = SL_CU(cu->EventRecord(ig->done, s), "cuEventRecord");

@@ -165,7 +165,7 @@ static int sl_wait_buf(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 	return rc;
 }
 
-/* The batch's bytes to the GPU on the loader's copy stream, once the consumer is done with the buffer's last. */
+/* The batch's host-collated bytes to the GPU on the producer's stream (the consumer is done with the buffer's last). */
 static int sl_send(struct sl__producer *p, struct sl__batch_buf *s, const struct sl_layout *l, uint64_t g,
 		   uint64_t waited)
 {
@@ -178,8 +178,6 @@ static int sl_send(struct sl__producer *p, struct sl__batch_buf *s, const struct
 		rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)(s->dev + l->host_from), s->host + l->host_from,
 					       l->size - l->host_from, p->stream),
 			   "cuMemcpyHtoDAsync");
-	if (!rc)
-		rc = SL_CU(cu->EventRecord(s->ready, p->stream), "cuEventRecord");
 	if (rc)
 		return rc;
 	/* The H2D stage: the wait for the buffer's previous copy, and queueing this one. */
@@ -331,6 +329,13 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 	if (ld->opt.gpu && (rc = sl_send(p, s, &l, g, waited)))
 		return rc;
 	sl_publish(ld, s, g, m, &l);
+	/* The caller's own work, after sluice's, on the same stream; the batch is ready once it is done. */
+	if (ld->opt.transform && (rc = ld->opt.transform(&s->b, ld->opt.gpu ? (void *)p->stream : NULL,
+							 ld->opt.transform_arg)))
+		return sl__err(rc, "%s: batch %llu: the loader's transform returned %d (%s)", ld->ds->path,
+			       (unsigned long long)g, rc, sluice_strerror(rc));
+	if (ld->opt.gpu)
+		return SL_CU(ld->gpu->cu->EventRecord(s->ready, p->stream), "cuEventRecord");
 	return 0;
 }
 

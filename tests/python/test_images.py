@@ -457,3 +457,46 @@ def test_long_thin_images_and_wrapping_options_are_refused(tmp_path):
         sluice.Loader(ds, batch_size=1, images=sluice.Images("data", mean=(0, 0, 0), std=(1e-40, 1, 1)))
     with pytest.raises(sluice.SluiceError, match="named twice"):
         sluice.Loader(ds, batch_size=1, fields=["data", "data"], images=sluice.Images("data"))
+
+
+def test_a_transform_of_ours_runs_on_each_batch_before_the_loop(photos):
+    """Loader(transform=f): f sees each batch (images already decoded) and changes it in place before the loop does;
+    an exception it raises is raised by the loop."""
+    ds, _ = photos
+    seen = []
+
+    def shift(batch):
+        batch["label"] += 1000
+        batch["data"] *= 0  # the images are there to change, decoded
+        seen.append(len(batch.ids))
+
+    ld = sluice.Loader(ds, batch_size=8, images=sluice.Images("data", size=16), transform=shift)
+    n = 0
+    for b in ld:
+        assert (b["label"] >= 1000).all() and not b["data"].any()
+        n += len(b.ids)
+    assert n == len(ds) and sum(seen) >= n
+
+    def fails(batch):
+        if 3 in batch.ids:
+            raise KeyError("record 3 is not wanted")
+
+    ld = sluice.Loader(ds, batch_size=8, shuffle=False, transform=fails)
+    with pytest.raises(KeyError, match="record 3"):
+        for _ in ld:
+            pass
+
+
+@gpu
+def test_a_transform_on_the_gpu_is_done_before_the_loop_sees_the_batch(photos):
+    """On the GPU the transform's work is queued on the batch's own stream: the loop's stream sees it done."""
+    import torch
+    ds, _ = photos
+
+    def scale(batch):
+        torch.cuda._sleep(2_000_000)  # long enough that a batch not waited for would show the old values
+        batch["data"].mul_(0).add_(7)
+
+    ld = sluice.Loader(ds, batch_size=8, device="cuda", images=sluice.Images("data", size=16), transform=scale)
+    for b in ld:
+        assert (b["data"] == 7).all().item()

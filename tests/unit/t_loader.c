@@ -7,6 +7,7 @@
  * behaviour it checks, run in order over one dataset.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <math.h>
 #include <string.h>
@@ -568,6 +569,45 @@ static void test_a_dataset_changed_on_disk_is_an_error_not_a_hang(void)
 	}
 }
 
+/* The caller's transform: adds 1000 to every x (a fixed i64 field, the record's id); the 3rd batch's call fails. */
+static int t_add_1000(struct sluice_batch *b, void *stream, void *arg)
+{
+	_Atomic int *calls = arg;
+
+	if (stream || atomic_fetch_add(calls, 1) == 2 + 100)
+		return -EPROTO;
+	for (uint32_t j = 0; j < b->size; j++)
+		((int64_t *)b->field[0].data)[j] += 1000;
+	return 0;
+}
+
+/* A transform runs on every batch before the consumer sees it; its error fails the batch, naming it. */
+static void test_a_transform_runs_before_the_consumer(void)
+{
+	struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 16, .seed = 1, .shuffle = 1,
+					   .transform = t_add_1000 };
+	struct sluice_batch b = SLUICE_BATCH_INIT;
+	struct sluice_loader *l = NULL;
+	_Atomic int calls = 0;
+	int rc, nb = 0;
+
+	o.transform_arg = &calls;
+	T_CHECK(sluice_loader_open(&l, eng, ds, &o) == 0);
+	while (l && (rc = sluice_loader_next(l, &b, NULL)) == 1) {
+		for (uint32_t j = 0; j < b.size; j++)
+			T_CHECK(((int64_t *)b.field[0].data)[j] == (int64_t)b.ids[j] + 1000);
+		nb++;
+	}
+	T_CHECK(rc == 0 && nb > 0 && (uint64_t)nb == sluice_loader_batches(l));
+	sluice_loader_close(l);
+	calls = 100; /* the 3rd call from here fails */
+	T_CHECK(sluice_loader_open(&l, eng, ds, &o) == 0);
+	for (nb = 0; l && (rc = sluice_loader_next(l, &b, NULL)) == 1;)
+		nb++;
+	T_CHECK(rc == -EPROTO && strstr(sluice_last_error_detail(), "transform") != NULL);
+	sluice_loader_close(l);
+}
+
 /* A batch's leading size: unset is refused, and a newer caller's larger struct gets nothing past what this library knows. */
 static void test_a_batch_fills_no_more_than_its_size(void)
 {
@@ -612,6 +652,7 @@ int main(void)
 	test_drop_last_keeps_only_whole_global_batches();
 	test_bad_options_are_named();
 	test_a_batch_fills_no_more_than_its_size();
+	test_a_transform_runs_before_the_consumer();
 	test_a_corrupt_record_fails_its_batch_naming_it();
 	test_zstd_windows_decode_each_block_once();
 	test_a_dataset_changed_on_disk_is_an_error_not_a_hang();
