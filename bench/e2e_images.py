@@ -129,6 +129,38 @@ def measured(fn):
     return r
 
 
+def trace_training(a, torch, tr, batches):
+    """STEPS steps under torch.profiler: the Chrome trace to a.trace, and per CUDA stream the GPU time of its
+    kernels and copies, with the gaps between the model's kernels (the time its stream had nothing running)."""
+    import collections
+    import json
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(a.warm):
+        tr.step(*next(batches))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(a.steps):
+            tr.step(*next(batches))
+        torch.cuda.synchronize()
+    batches.close()
+    prof.export_chrome_trace(a.trace)
+    with open(a.trace) as f:
+        events = json.load(f)["traceEvents"]
+    per = collections.defaultdict(lambda: [0.0, 0, set(), []])
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            k = (e.get("args", {}).get("stream"), e["cat"])
+            per[k][0] += e["dur"]
+            per[k][1] += 1
+            per[k][2].add(e["name"][:40])
+            per[k][3].append((e["ts"], e["ts"] + e["dur"]))
+    for (stream, cat), (us, n, names, spans) in sorted(per.items(), key=lambda x: -x[1][0]):
+        spans.sort()
+        gaps = sum(max(0.0, b[0] - a_[1]) for a_, b in zip(spans, spans[1:]))
+        print(f"stream {stream} {cat}: {n} ops, {us / 1e3:.1f} ms busy, {gaps / 1e3:.1f} ms of gaps between them; "
+              f"{sorted(names)[:4]}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/var/tmp/sluice-e2e")
@@ -147,6 +179,8 @@ def main():
     ap.add_argument("--pin", action="store_true",
                     help="the training thread alone on CPU 0 (every other thread, the loaders' included, kept off it)")
     ap.add_argument("--profile", action="store_true", help="only: the GPU kernels of sluice's batches (torch.profiler)")
+    ap.add_argument("--trace", default="", help="only: STEPS training steps of the first model fed by sluice under "
+                    "torch.profiler, the Chrome trace written here and each stream's GPU time printed")
     a = ap.parse_args()
 
     import torch
@@ -216,6 +250,9 @@ def main():
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
         return
 
+    if a.trace:
+        trace_training(a, torch, Trainer(a.models.split(",")[0], a.batch), sluice_batches())
+        return
     if a.side_stream:
         torch.cuda.set_stream(torch.cuda.Stream())
     if a.pin:
