@@ -159,7 +159,8 @@ static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, 
 {
 	int unsupported = 1, nc = 0, sub = 0, w[4] = { 0 }, h[4] = { 0 };
 
-	if (!ig->nj || info->kind != SL_IMG_JPEG || info->ncomp == 4)
+	/* CMYK, and RGB stored as such, which nvJPEG would take for YCbCr: the CPU's libjpeg knows them. */
+	if (!ig->nj || info->kind != SL_IMG_JPEG || info->ncomp == 4 || info->rgb)
 		return 0;
 	if (!ig->hw)
 		return 1;

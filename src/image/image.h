@@ -22,6 +22,7 @@ struct sl__img_info {
 	uint32_t w, h;
 	int ncomp;           /* JPEG: components (1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK) */
 	int baseline;        /* JPEG: baseline sequential (SOF0/SOF1), which nvJPEG's hardware engines decode */
+	int rgb;             /* JPEG: 3 components stored as RGB, not YCbCr (Adobe's transform 0, or ids R, G, B) */
 };
 
 /*

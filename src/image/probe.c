@@ -37,7 +37,7 @@ static int sl_has_eoi(const unsigned char *p, size_t from, size_t n)
 static int sl_probe_jpeg(const unsigned char *p, size_t n, struct sl__img_info *info, char *why, size_t cap)
 {
 	size_t at = 2;
-	int sof = 0;
+	int sof = 0, jfif = 0, adobe = -1, ids_rgb = 0;
 
 	info->kind = SL_IMG_JPEG;
 	for (;;) {
@@ -57,6 +57,10 @@ static int sl_probe_jpeg(const unsigned char *p, size_t n, struct sl__img_info *
 			return SL_WHY("JPEG ends before its first scan");
 		if (at + 2 > n || (len = sl_be16(p + at)) < 2 || at + len > n)
 			return SL_WHY("JPEG segment 0x%02x at byte %zu runs past the end (%zu bytes)", m, at - 2, n);
+		if (m == 0xe0 && len >= 7 && !memcmp(p + at + 2, "JFIF", 5))
+			jfif = 1;
+		if (m == 0xee && len >= 14 && !memcmp(p + at + 2, "Adobe", 5))
+			adobe = p[at + 13]; /* its colour transform: 0 none (RGB, CMYK), 1 YCbCr, 2 YCCK */
 		if ((m >= 0xc0 && m <= 0xcf) && m != 0xc4 && m != 0xc8 && m != 0xcc) {
 			if (len < 8)
 				return SL_WHY("JPEG frame header too short (%u bytes)", len);
@@ -72,6 +76,7 @@ static int sl_probe_jpeg(const unsigned char *p, size_t n, struct sl__img_info *
 				return SL_WHY("JPEG of %d components is not decoded (1, 3 or 4)", info->ncomp);
 			if (len < 8u + 3u * (unsigned)info->ncomp)
 				return SL_WHY("JPEG frame header too short for %d components", info->ncomp);
+			ids_rgb = info->ncomp == 3 && p[at + 8] == 'R' && p[at + 11] == 'G' && p[at + 14] == 'B';
 			sof = 1;
 		}
 		if (m == 0xda) {
@@ -79,6 +84,8 @@ static int sl_probe_jpeg(const unsigned char *p, size_t n, struct sl__img_info *
 				return SL_WHY("JPEG scan before its frame header");
 			if (!sl_has_eoi(p, at + len, n))
 				return SL_WHY("JPEG truncated: no end-of-image marker after its scan (%zu bytes)", n);
+			/* Three components stored as R, G, B rather than YCbCr, as libjpeg decides it. */
+			info->rgb = info->ncomp == 3 && !jfif && (adobe == 0 || (adobe < 0 && ids_rgb));
 			return 0;
 		}
 		at += len;

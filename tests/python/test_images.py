@@ -260,6 +260,7 @@ def _hostile():
         "png": (_encode(good, "PNG"), True),
         "png-alpha": (_encode(np.dstack([good, np.full(good.shape[:2], 255, np.uint8)]), "PNG"), True),
         "webp": (_encode(good, "WEBP", lossless=True), True),
+        "rgb-colorspace": (_encode(good, quality=95, keep_rgb=True), True),
         "restart-markers": (_encode(good, quality=90, restart_marker_blocks=2) if "restart_marker_blocks" in
                             Image.SAVE.__repr__() else jpeg, True),
     }

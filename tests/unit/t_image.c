@@ -148,6 +148,21 @@ static void t_probe_edges(void)
 	T_CHECK(sl__img_probe(fill, sizeof(fill), 100, &info, why, sizeof(why)) == SLUICE_EFORMAT);
 	T_CHECK(sl__img_probe((const unsigned char *)"", 0, 100, &info, why, sizeof(why)) == SLUICE_EFORMAT);
 	T_CHECK(strstr(why, "0 bytes") != NULL);
+	/* RGB stored as RGB (Adobe's transform 0, ids R G B) is told from YCbCr: nvJPEG would convert it as YCbCr. */
+	{
+		const char *names[] = { "ok-rgb-colorspace.jpg", "ok-baseline.jpg" };
+
+		for (int i = 0; i < 2; i++) {
+			char path[4096];
+			size_t n = 0;
+			unsigned char *p;
+
+			snprintf(path, sizeof(path), "%s/images/%s", T_SRC_DIR, names[i]);
+			p = (unsigned char *)t_slurp(path, &n);
+			T_CHECK(p && sl__img_probe(p, n, 1u << 20, &info, why, sizeof(why)) == 0 && info.rgb == (i == 0));
+			free(p);
+		}
+	}
 }
 
 int main(void)
