@@ -321,6 +321,8 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	if (!rc)
 		rc = SL_CU(cu->EventRecord(ig->done, s), "cuEventRecord");
 	ig->done_set = !rc;
+	if (rc && it && jpeg && cpu)
+		cu->StreamSynchronize(s); /* what was queued reads the host buffers the next batch would write */
 out:
 	free(it);
 	free(jpeg);
