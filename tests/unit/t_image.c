@@ -75,7 +75,7 @@ static void t_boxes(void)
 
 	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
 		for (uint64_t id = 0; id < 2000; id++) {
-			struct sl_aug_img im, again;
+			struct sl_aug_img im = { 0 }, again = { 0 };
 			uint32_t w = sizes[s][0], h = sizes[s][1];
 
 			T_CHECK(sl__img_plan(&o, 42, 3, id, w, h, &im) == 0);
