@@ -50,8 +50,8 @@ static void sl_cmyk_row(const unsigned char *in, unsigned char *out, uint32_t w)
 			out[3 * x + c] = (unsigned char)(((unsigned)in[4 * x + c] * in[4 * x + 3] + 127) / 255);
 }
 
-static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb, char *why,
-			  size_t cap)
+static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img_info *info, uint32_t row0, uint32_t rows,
+			  unsigned char *rgb, char *why, size_t cap)
 {
 	struct jpeg_decompress_struct d;
 	struct sl_jerr e;
@@ -80,15 +80,24 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 		snprintf(e.msg, sizeof(e.msg), "out of memory");
 		longjmp(e.jump, 1);
 	}
-	while (d.output_scanline < d.output_height) {
-		unsigned char *row = rgb + (size_t)d.output_scanline * info->w * 3;
+	/*
+	 * Only the rows the crop reads: libjpeg-turbo skips the others' IDCT and
+	 * colour conversion, and stops at the last.  Rows skipped so are the
+	 * same bytes as a whole decode's (columns cropped are not, at 4:2:0:
+	 * the upsampling's context at their edges differs), checked by t_image.
+	 */
+	if (row0)
+		jpeg_skip_scanlines(&d, row0);
+	while (d.output_scanline < row0 + rows) {
+		unsigned char *row = rgb + (size_t)(d.output_scanline - row0) * info->w * 3;
 		JSAMPROW r = cmyk ? cmyk : row;
 
 		jpeg_read_scanlines(&d, &r, 1);
 		if (cmyk)
 			sl_cmyk_row(cmyk, row, info->w);
 	}
-	jpeg_finish_decompress(&d);
+	if (d.output_scanline == d.output_height)
+		jpeg_finish_decompress(&d);
 	jpeg_destroy_decompress(&d);
 	free(cmyk);
 	return 0;
@@ -179,13 +188,13 @@ static int sl_decode_png(const unsigned char *p, size_t n, const struct sl__img_
 	return 0;
 }
 
-int sl__img_decode_cpu(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb, char *why,
-		       size_t cap)
+int sl__img_decode_cpu(const unsigned char *p, size_t n, const struct sl__img_info *info, uint32_t row0, uint32_t rows,
+		       unsigned char *rgb, char *why, size_t cap)
 {
 	size_t out = (size_t)info->w * info->h * 3;
 
 	if (info->kind == SL_IMG_JPEG)
-		return sl_decode_jpeg(p, n, info, rgb, why, cap);
+		return sl_decode_jpeg(p, n, info, rows ? row0 : 0, rows ? rows : info->h, rgb, why, cap);
 	if (info->kind == SL_IMG_PNG)
 		return sl_decode_png(p, n, info, rgb, why, cap);
 	if (!WebPDecodeRGBInto(p, n, rgb, out, (int)info->w * 3))

@@ -65,9 +65,13 @@ SL_HIDDEN int sl__img_plan(const struct sl__img_opts *o, uint64_t seed, uint64_t
 SL_HIDDEN void sl__img_rrc_box(const double scale[2], const double ratio[2], uint32_t w, uint32_t h, const double *u,
 			       uint32_t *x, uint32_t *y, uint32_t *cw, uint32_t *ch);
 
-/* Decodes the image (probed as info) into rgb (w * h * 3 bytes, interleaved RGB): 0 or SLUICE_EFORMAT with why. */
-SL_HIDDEN int sl__img_decode_cpu(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb,
-				 char *why, size_t cap);
+/*
+ * Decodes the image (probed as info) into rgb (w * h * 3 bytes, interleaved
+ * RGB): 0 or SLUICE_EFORMAT with why.  A JPEG's rows [row0, row0 + rows)
+ * alone when rows is not 0, from rgb's start (the other kinds decode whole).
+ */
+SL_HIDDEN int sl__img_decode_cpu(const unsigned char *p, size_t n, const struct sl__img_info *info, uint32_t row0,
+				 uint32_t rows, unsigned char *rgb, char *why, size_t cap);
 /* augment.h's pixels of image im for every output pixel, on this thread. */
 SL_HIDDEN void sl__img_augment_cpu(const unsigned char *scratch, const struct sl_aug_img *im,
 				   const struct sl_aug_params *p, void *out);

@@ -95,6 +95,7 @@ static void *sl_cpu_worker(void *arg)
 		struct sl_aug_img im = it->im;
 		size_t need = (size_t)it->info.h * it->info.w * 3;
 		unsigned char *dst = w->scratch ? w->scratch + it->im.src : NULL;
+		uint32_t row0 = 0, rows = 0;
 		char why[256];
 
 		if (w->b->bad[j] || (w->mine && !w->mine[j]))
@@ -114,7 +115,13 @@ static void *sl_cpu_worker(void *arg)
 			dst = own;
 			im.src = 0;
 		}
-		if (sl__img_decode_cpu(w->b->rec[j].p, w->b->rec[j].n, &it->info, dst, why, sizeof(why))) {
+		/* Into the thread's buffer, a JPEG's rows the crop reads alone: its region starts at the buffer's. */
+		if (!w->scratch && it->info.kind == SL_IMG_JPEG) {
+			row0 = (uint32_t)im.y0;
+			rows = (uint32_t)im.rh;
+			im.y0 = 0;
+		}
+		if (sl__img_decode_cpu(w->b->rec[j].p, w->b->rec[j].n, &it->info, row0, rows, dst, why, sizeof(why))) {
 			pthread_mutex_lock(&w->lock);
 			sl__img_mark_bad(w->b, j, why);
 			pthread_mutex_unlock(&w->lock);

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		float *out = malloc(o.out_bytes);
 		struct sl_aug_img im;
 
-		if (rgb && out && !sl__img_decode_cpu(data, size, &info, rgb, why, sizeof(why)) &&
+		if (rgb && out && !sl__img_decode_cpu(data, size, &info, 0, 0, rgb, why, sizeof(why)) &&
 		    !sl__img_plan(&o, 1, 2, size, info.w, info.h, &im)) {
 			im.src = 0;
 			im.pitch = (int)info.w * 3;

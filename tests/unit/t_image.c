@@ -165,11 +165,47 @@ static void t_probe_edges(void)
 	}
 }
 
+/* A JPEG's rows decoded alone are the same bytes as a whole decode's rows (4:2:0, 4:2:2, progressive, grey, CMYK). */
+static void t_rows(void)
+{
+	const char *names[] = { "ok-baseline.jpg", "ok-420.jpg", "ok-progressive.jpg", "ok-grey.jpg", "ok-cmyk.jpg" };
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		char path[4096], why[256];
+		struct sl__img_info info;
+		size_t n = 0;
+		unsigned char *p, *whole, *part;
+
+		snprintf(path, sizeof(path), "%s/images/%s", T_SRC_DIR, names[i]);
+		p = (unsigned char *)t_slurp(path, &n);
+		T_CHECK(p && sl__img_probe(p, n, 1u << 20, &info, why, sizeof(why)) == 0);
+		if (!p)
+			continue;
+		whole = malloc((size_t)info.w * info.h * 3);
+		part = malloc((size_t)info.w * info.h * 3);
+		T_CHECK(sl__img_decode_cpu(p, n, &info, 0, 0, whole, why, sizeof(why)) == 0);
+		for (uint32_t r0 = 0; r0 < info.h; r0 += 3)
+			for (uint32_t rows = 1; r0 + rows <= info.h; rows += 5) {
+				T_CHECK(sl__img_decode_cpu(p, n, &info, r0, rows, part, why, sizeof(why)) == 0);
+				if (memcmp(part, whole + (size_t)r0 * info.w * 3, (size_t)rows * info.w * 3)) {
+					fprintf(stderr, "t_image: %s rows %u+%u differ from a whole decode's\n", names[i], r0, rows);
+					T_CHECK(0);
+					r0 = info.h;
+					break;
+				}
+			}
+		free(whole);
+		free(part);
+		free(p);
+	}
+}
+
 int main(void)
 {
 	t_batch();
 	t_boxes();
 	t_conversions();
 	t_probe_edges();
+	t_rows();
 	return t_done("t_image");
 }
