@@ -1097,14 +1097,18 @@ struct sluice_batch;
  * resize is bilinear with antialiasing (torchvision's default); flip is
  * RandomHorizontalFlip's probability; floats are the pixels / 255, then
  * (x - mean) / std where std is set.  Crops and flips are a function of
- * (seed, epoch, record id) alone.  With a GPU loader, JPEGs are decoded by
- * nvJPEG in batches (the hardware decoders where the GPU has them) and the
- * augmentation is one kernel launch a batch (NVRTC, compiled once and
- * cached); PNG, WebP, progressive and CMYK JPEGs are decoded by a few CPU
- * threads (libjpeg-turbo, libpng, libwebp) and augmented beside them.  A
- * record that is not a whole image of at most SLUICE_MAX_IMAGE_PIXELS
+ * (seed, epoch, record id) alone.  Pixels are what PIL's convert("RGB")
+ * gives (PNG alpha dropped, 16-bit samples by their high byte, no gamma;
+ * CMYK as Adobe stores it), chroma upsampled as libjpeg does.  With a GPU
+ * loader, baseline JPEGs are decoded by nvJPEG in batches (the hardware
+ * decoders where the GPU has them) and the augmentation is one kernel
+ * launch a batch (NVRTC, compiled once a process); PNG, WebP, progressive,
+ * CMYK and RGB-stored JPEGs are decoded by a few CPU threads
+ * (libjpeg-turbo, libpng, libwebp) and augmented beside them.  A record
+ * that is not a whole image (a JPEG without its end marker; a decoder's
+ * warning), or of more than SLUICE_MAX_IMAGE_PIXELS or 65535 pixels a side,
  * fails its batch naming the dataset and record, or with the loader's
- * skip_corrupt is left out and counted (stats: "skipped").
+ * skip_corrupt is left out of every field and counted (stats: "skipped").
  */
 enum sluice_image_mode {
 	SLUICE_IMAGE_RANDOM_RESIZED_CROP = 0,
@@ -1121,13 +1125,14 @@ struct sluice_image_options {
 	const char *field;          /* the field of encoded images (required) */
 	uint32_t height, width;     /* the output's (required) */
 	int mode;                   /* enum sluice_image_mode */
-	float scale[2], ratio[2];   /* RANDOM_RESIZED_CROP's; 0: (0.08, 1) and (3/4, 4/3) */
+	float scale[2], ratio[2];   /* RANDOM_RESIZED_CROP's; both 0: (0.08, 1) and (3/4, 4/3) */
 	float flip;                 /* probability of a horizontal flip */
 	float mean[3], std[3];      /* of the [0, 1] pixels; std all 0: not normalised */
 	enum sluice_dtype dtype;    /* U8, F16, BF16 or F32 (0: F32) */
 	int channels_last;
 	int decode;                 /* enum sluice_image_decode */
-	uint32_t resize;            /* CENTER_CROP: the shorter side first resized to this (0: height * 8 / 7) */
+	uint32_t resize;            /* CENTER_CROP: the shorter side first resized to this, at most 16384
+				       (0: the larger of height and width * 8 / 7) */
 };
 /*
  * What the loader does to one image (width x height) of record id in an

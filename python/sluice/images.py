@@ -24,10 +24,12 @@ class Images:
     is, per image, torchvision's RandomResizedCrop(224, scale, ratio) (the same sampling), RandomHorizontalFlip(0.5),
     ToDtype(scale=True) and Normalize(mean, std), with the resize bilinear and antialiased, as torchvision's; the
     batch's field is then a tensor [B, 3, size, size] (channels_last: the same shape in channels-last memory).
-    mode "center_crop" is Resize(resize) then CenterCrop(size), for evaluation (resize: default size * 8 / 7);
+    mode "center_crop" is Resize(resize) then CenterCrop(size), for evaluation (resize: default the larger side of
+    size * 8 / 7, at most 16384);
     "resize" resizes whole images to size.  size: an int or (height, width).  dtype: "u8" (not normalised), "f16",
     "bf16" or "f32".  decode: "auto" (nvJPEG with a GPU loader, its hardware decoders where the GPU has them; the CPU's
-    threads for what it cannot decode and where it is missing), "gpu" (nvJPEG, or fail), "cpu".  Crops and flips
+    threads for PNG, WebP, progressive, CMYK and RGB-stored JPEGs, and where it is missing), "gpu" (nvJPEG, or fail),
+    "cpu".  Pixels are what PIL's convert("RGB") gives (PNG alpha dropped, 16-bit by the high byte, no gamma).  Crops and flips
     are a function of the loader's seed, the epoch and the record alone.  A record that is not a whole image fails
     its batch naming the record, or with the loader's skip_corrupt is left out and counted.
     """
