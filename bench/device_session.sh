@@ -11,6 +11,8 @@
 #   chapter7 the Data Journey report's chapter 7 loop (bench/chapter7_bench.py; CH7_ARGS)
 #   s3     object storage: t_s3 and tests/python/test_s3.py against the S3 test server, then
 #          bench/s3_bench.py (S3_ARGS, S3_SECONDS) and bench/s3_loader_bench.py (S3L_ARGS, S3L_SECONDS)
+#   images images in the loader (issue #38; not in the default STEPS): its GPU tests, an image loader under
+#          compute-sanitizer, a trace of training steps fed by it, and bench/e2e_images.py (E2E_ARGS)
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
@@ -152,4 +154,27 @@ if has s3; then
 			--sluice build/sluice --out "$OUT/s3_loader_bench.json" ${S3L_ARGS} 2>&1 | grep -v "HTTP/1.1" |
 			tee "$OUT/s3_loader.log" | tail -25
 	fi
+fi
+
+if has images; then
+	export SLUICE_LIB=$PWD/build/libsluice.so SLUICE_BIN=$PWD/build/sluice SLUICE_CONFIG= PYTHONUNBUFFERED=1
+	export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+	(cd build && timeout 120 ctest -R "t_gpu|t_image|t_cuda_decls|t_loader" 2>&1) | grep -E "tests passed|Failed"
+	timeout 300 python3 -m pytest -q -rs -p no:logging tests/python/test_images.py tests/python/test_gpu.py \
+		tests/python/test_loader_resume.py 2>&1 | tail -5
+	timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 -c "
+import sluice, subprocess, tempfile, numpy as np
+from PIL import Image
+d = tempfile.mkdtemp()
+for i in range(64):
+    import os; os.makedirs(f'{d}/i/{i % 2}', exist_ok=True)
+    Image.fromarray(np.random.default_rng(i).integers(0, 256, (90, 120, 3), np.uint8)).save(f'{d}/i/{i % 2}/{i}.jpg')
+subprocess.run(['$PWD/build/sluice', 'pack', '--from-dir', f'{d}/i', '--quiet', f'{d}/ds'], check=True)
+ld = sluice.Loader(sluice.Dataset(f'{d}/ds'), batch_size=16, device='cuda', images=sluice.Images('data', size=32))
+print(sum(len(b.ids) for b in ld), 'images through compute-sanitizer')" > "$OUT/images_memcheck.log" 2>&1
+	echo "image loader memcheck rc=$?"; grep -E "ERROR SUMMARY|images through" "$OUT/images_memcheck.log" | tail -3
+	timeout 150 python3 bench/e2e_images.py --images 8000 --steps 12 --models resnet18 --trace "$OUT/trace.json" 2>&1 |
+		grep -E "^stream" | head -12
+	timeout "${E2E_SECONDS:-330}" python3 bench/e2e_images.py --out "$OUT/e2e.json" ${E2E_ARGS:---images 12000 --reps 3 --steps 24} \
+		2>&1 | grep -E "^resnet|^decode|Error"
 fi
