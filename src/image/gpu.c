@@ -15,6 +15,13 @@
 #include "image/run.h"
 #include "image_augment_src.h" /* sl_augment_src: augment.h as text, made by CMake */
 
+/* A buffer grown as batches need: pinned host memory, or GPU memory. */
+struct sl_buf {
+	void *p;
+	size_t cap;
+	int pinned;
+};
+
 struct sl__img_gpu {
 	const struct sl__gpu *g;
 	const struct sl__nvjpeg_api *nj;     /* NULL: the CPU decodes every image */
@@ -26,18 +33,10 @@ struct sl__img_gpu {
 	sl_CUfunction fn;
 	sl_CUevent done;
 	int done_set;
-	unsigned char *scratch;              /* decoded images (device) */
-	size_t scratch_cap;
-	struct sl_aug_img *imgs, *imgs_dev;  /* the kernel's per-image table: pinned host, device */
-	size_t imgs_cap, imgs_dev_cap;
-	int imgs_pinned;
-	unsigned char *bits;                 /* pinned: the batch's JPEGs, as nvJPEG reads them */
-	size_t bits_cap;
-	int bits_pinned;
-	unsigned char *host;                 /* pinned: the CPU's decoded images, before their copy */
-	size_t host_cap;
-	int host_pinned;
-	uint64_t n_gpu, n_cpu;
+	struct sl_buf scratch;               /* GPU: the decoded images */
+	struct sl_buf imgs, imgs_dev;        /* the kernel's per-image table (struct sl_aug_img): pinned host, GPU */
+	struct sl_buf bits;                  /* pinned: the batch's JPEGs, as nvJPEG reads them */
+	struct sl_buf host;                  /* pinned: the CPU's decoded images, before their copy */
 };
 
 #define SL_NJ(call, what) sl_nj_err((call), what)
@@ -99,52 +98,40 @@ void sl__img_gpu_close(struct sl__img_gpu *ig)
 		ig->nj->JpegStateDestroy(ig->st);
 	if (ig->h)
 		ig->nj->Destroy(ig->h);
-	sl__gpu_free(ig->g, ig->scratch);
-	sl__gpu_free(ig->g, ig->imgs_dev);
-	sl__host_free(ig->g, ig->imgs, ig->imgs_cap, ig->imgs_pinned);
-	sl__host_free(ig->g, ig->host, ig->host_cap, ig->host_pinned);
-	sl__host_free(ig->g, ig->bits, ig->bits_cap, ig->bits_pinned);
+	sl__gpu_free(ig->g, ig->scratch.p);
+	sl__gpu_free(ig->g, ig->imgs_dev.p);
+	sl__host_free(ig->g, ig->imgs.p, ig->imgs.cap, ig->imgs.pinned);
+	sl__host_free(ig->g, ig->host.p, ig->host.cap, ig->host.pinned);
+	sl__host_free(ig->g, ig->bits.p, ig->bits.cap, ig->bits.pinned);
 	free(ig);
 }
 
-void sl__img_gpu_counts(const struct sl__img_gpu *ig, uint64_t *gpu, uint64_t *cpu)
-{
-	*gpu = ig->n_gpu;
-	*cpu = ig->n_cpu;
-}
-
-/* Room for n bytes in pinned host memory *p of *cap (grown by a quarter). */
-static int sl_host_room(const struct sl__gpu *g, void **p, size_t *cap, int *pinned, size_t n)
+/* Room for n bytes in b, GPU memory (dev) or pinned host memory, grown by a quarter: the old contents go. */
+static int sl_room(const struct sl__gpu *g, struct sl_buf *b, size_t n, int dev)
 {
 	size_t c;
+	int rc;
 
-	if (n <= *cap)
+	if (n <= b->cap)
 		return 0;
 	c = sl__align_up(n + n / 4, 1u << 21);
-	sl__host_free(g, *p, *cap, *pinned);
-	*p = NULL;
-	*cap = 0;
-	if (sl__host_alloc(g, c, p, pinned))
-		return -ENOMEM;
-	*cap = c;
-	return 0;
-}
-
-static int sl_dev_room(const struct sl__gpu *g, void **p, size_t *cap, size_t n)
-{
-	size_t c;
-
-	if (n <= *cap)
-		return 0;
-	c = sl__align_up(n + n / 4, 1u << 21);
-	sl__gpu_free(g, *p);
-	*p = NULL;
-	*cap = 0;
-	if (sl__gpu_alloc(g, c, p))
-		return sl__err(SLUICE_ECUDA, "images: GPU memory for %zu bytes of decoded images: %s", c,
+	if (dev)
+		sl__gpu_free(g, b->p);
+	else
+		sl__host_free(g, b->p, b->cap, b->pinned);
+	*b = (struct sl_buf){ NULL, 0, 0 };
+	rc = dev ? sl__gpu_alloc(g, c, &b->p) : sl__host_alloc(g, c, &b->p, &b->pinned);
+	if (rc)
+		return sl__err(rc, "images: %s memory for %zu bytes: %s", dev ? "GPU" : "pinned", c,
 			       sluice_last_error_detail());
-	*cap = c;
+	b->cap = c;
 	return 0;
+}
+
+/* Where image j's decoded pixels end in the scratch (and in the host buffer at the same places). */
+static size_t sl_end(const struct sl__img_item *it)
+{
+	return it->im.src + (size_t)it->info.h * (size_t)it->im.pitch;
 }
 
 /*
@@ -200,14 +187,14 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			if (!jpeg[j])
 				continue;
 			/* From pinned memory, held until the stream is past this batch: nvJPEG may read it later. */
-			memcpy(ig->bits + at, b->rec[j].p, b->rec[j].n);
-			data[k] = ig->bits + at;
+			memcpy((unsigned char *)ig->bits.p + at, b->rec[j].p, b->rec[j].n);
+			data[k] = (unsigned char *)ig->bits.p + at;
 			len[k] = b->rec[j].n;
 			at += b->rec[j].n;
 			for (int c = 0; c < (it[j].im.fmt == SL_AUG_YCC ? 3 : 1); c++) {
 				size_t y = (size_t)it[j].im.pitch * (size_t)it[j].im.h, cc = (size_t)it[j].im.cw * it[j].im.ch;
 
-				dst[k].channel[c] = ig->scratch + it[j].im.src + (c ? y + (size_t)(c - 1) * cc : 0);
+				dst[k].channel[c] = (unsigned char *)ig->scratch.p + it[j].im.src + (c ? y + (size_t)(c - 1) * cc : 0);
 				dst[k].pitch[c] = (size_t)(c ? it[j].im.cw : it[j].im.pitch);
 			}
 			k++;
@@ -229,14 +216,108 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 	return st;
 }
 
+/*
+ * Which of the batch's images nvJPEG takes (jpeg[j]) and which the CPU
+ * decodes (cpu[j]), and room for them all: the scratch, the JPEGs for
+ * nvJPEG, the CPU's decoded images, the kernel's table.
+ */
+static int sl_route(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__img_item *it, uint8_t *jpeg, uint8_t *cpu)
+{
+	size_t total = sl__img_layout(b, it), bits = 0, cpu_bytes = 0;
+	int rc;
+
+	for (uint32_t j = 0; j < b->m; j++) {
+		if (b->bad[j])
+			continue;
+		jpeg[j] = (uint8_t)sl_nvjpeg_takes(ig, &b->rec[j], &it[j].info, &it[j].im);
+		cpu[j] = !jpeg[j];
+		bits += jpeg[j] ? b->rec[j].n : 0;
+		cpu_bytes = cpu[j] ? sl_end(&it[j]) : cpu_bytes;
+	}
+	if (!(rc = sl_room(ig->g, &ig->scratch, total + 1, 1)) && !(rc = sl_room(ig->g, &ig->bits, bits + 1, 0)) &&
+	    !(rc = sl_room(ig->g, &ig->host, cpu_bytes + 1, 0)) &&
+	    !(rc = sl_room(ig->g, &ig->imgs, b->m * sizeof(struct sl_aug_img) + 1, 0)))
+		rc = sl_room(ig->g, &ig->imgs_dev, b->m * sizeof(struct sl_aug_img) + 1, 1);
+	return rc;
+}
+
+/*
+ * nvJPEG refused the batch of jpeg[]: the CPU decodes those images too, and
+ * finds any that are not whole, once the stream is past what nvJPEG queued.
+ */
+static int sl_to_cpu(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__img_item *it, uint8_t *jpeg,
+		     uint8_t *cpu, sl_CUstream s)
+{
+	size_t cpu_bytes = 0;
+	int rc = SL_CU(ig->g->cu->StreamSynchronize(s), "cuStreamSynchronize");
+
+	for (uint32_t j = 0; j < b->m; j++) {
+		if (jpeg[j]) {
+			sl_as_rgb(&it[j]);
+			cpu[j] = 1;
+			jpeg[j] = 0;
+		}
+		cpu_bytes = cpu[j] && sl_end(&it[j]) > cpu_bytes ? sl_end(&it[j]) : cpu_bytes;
+	}
+	return rc ? rc : sl_room(ig->g, &ig->host, cpu_bytes + 1, 0);
+}
+
+/* The CPU's images decoded into the pinned buffer at their scratch places, then copied up beside nvJPEG's. */
+static int sl_cpu_images(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__img_item *it, const uint8_t *cpu,
+			 sl_CUstream s)
+{
+	unsigned char *host = ig->host.p, *scratch = ig->scratch.p;
+	int rc = 0, any = 0;
+
+	for (uint32_t j = 0; j < b->m; j++)
+		any |= cpu[j];
+	if (any)
+		rc = sl__img_decode_many(b, it, host, cpu, NULL);
+
+	for (uint32_t j = 0; j < b->m && !rc; j++)
+		if (cpu[j] && !b->bad[j])
+			rc = SL_CU(ig->g->cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)(scratch + it[j].im.src),
+							      host + it[j].im.src, sl_end(&it[j]) - it[j].im.src, s),
+				   "cuMemcpyHtoDAsync");
+	return rc;
+}
+
+/* The kept images' table up, and the kernel over them into out: one launch (a grid's y holds 65535 images). */
+static int sl_augment(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__img_item *it, void *out,
+		      sl_CUstream s)
+{
+	const struct sl__cuda_api *cu = ig->g->cu;
+	struct sl_aug_img *imgs = ig->imgs.p;
+	sl_CUdeviceptr sp = (sl_CUdeviceptr)(uintptr_t)ig->scratch.p, ip = (sl_CUdeviceptr)(uintptr_t)ig->imgs_dev.p,
+		       op = (sl_CUdeviceptr)(uintptr_t)out;
+	struct sl_aug_params p = b->o->aug;
+	void *args[] = { &sp, &ip, &p, &op };
+	const unsigned blocks = (unsigned)(((uint64_t)p.ow * p.oh + 255) / 256);
+	int rc;
+
+	sl__img_rows(b, it);
+	for (uint32_t j = 0, k = 0; j < b->m; j++)
+		if (!b->bad[j])
+			imgs[k++] = it[j].im;
+	if (!b->kept)
+		return 0;
+	rc = SL_CU(cu->MemcpyHtoDAsync(ip, imgs, b->kept * sizeof(*imgs), s), "cuMemcpyHtoDAsync");
+	for (uint32_t at = 0; at < b->kept && !rc; at += 65535) {
+		unsigned n = b->kept - at < 65535 ? b->kept - at : 65535;
+
+		ip = (sl_CUdeviceptr)(uintptr_t)((struct sl_aug_img *)ig->imgs_dev.p + at);
+		rc = SL_CU(cu->LaunchKernel(ig->fn, blocks, n, 1, 256, 1, 1, 0, s, args, NULL), "cuLaunchKernel");
+	}
+	return rc;
+}
+
 int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, void *stream)
 {
 	const struct sl__cuda_api *cu = ig->g->cu;
 	sl_CUstream s = stream;
 	struct sl__img_item *it = calloc(b->m ? b->m : 1, sizeof(*it));
 	uint8_t *jpeg = calloc(b->m ? b->m : 1, 1), *cpu = calloc(b->m ? b->m : 1, 1);
-	size_t total, bits = 0, cpu_bytes = 0;
-	uint32_t njpeg = 0, ncpu = 0;
+	uint32_t njpeg = 0;
 	int rc = it && jpeg && cpu ? sl__gpu_bind(ig->g) : -ENOMEM;
 
 	/*
@@ -249,81 +330,25 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	 */
 	if (!rc && ig->done_set)
 		rc = SL_CU(cu->EventSynchronize(ig->done), "cuEventSynchronize");
-	if (rc)
-		goto out;
-	total = sl__img_layout(b, it);
-	for (uint32_t j = 0; j < b->m; j++) {
-		if (b->bad[j])
-			continue;
-		jpeg[j] = (uint8_t)sl_nvjpeg_takes(ig, &b->rec[j], &it[j].info, &it[j].im);
-		cpu[j] = !jpeg[j];
+	if (!rc)
+		rc = sl_route(ig, b, it, jpeg, cpu);
+	for (uint32_t j = 0; j < b->m && !rc; j++)
 		njpeg += jpeg[j];
-		ncpu += cpu[j];
-		bits += jpeg[j] ? b->rec[j].n : 0;
-		cpu_bytes = cpu[j] ? it[j].im.src + (size_t)it[j].info.h * (size_t)it[j].im.pitch : cpu_bytes;
-	}
-	if ((rc = sl_dev_room(ig->g, (void **)&ig->scratch, &ig->scratch_cap, total ? total : 1)) ||
-	    (rc = sl_host_room(ig->g, (void **)&ig->bits, &ig->bits_cap, &ig->bits_pinned, bits + 1)) ||
-	    (rc = sl_host_room(ig->g, (void **)&ig->host, &ig->host_cap, &ig->host_pinned, cpu_bytes + 1)) ||
-	    (rc = sl_host_room(ig->g, (void **)&ig->imgs, &ig->imgs_cap, &ig->imgs_pinned, b->m * sizeof(*ig->imgs) + 1)) ||
-	    (rc = sl_dev_room(ig->g, (void **)&ig->imgs_dev, &ig->imgs_dev_cap, b->m * sizeof(*ig->imgs) + 1)))
-		goto out;
-	if (njpeg && sl_nvjpeg_batch(ig, b, it, jpeg, njpeg, s)) {
-		/* nvJPEG refused the batch: the CPU decodes its images, and finds those that are not whole. */
-		rc = SL_CU(cu->StreamSynchronize(s), "cuStreamSynchronize");
-		for (uint32_t j = 0; j < b->m && !rc; j++)
-			if (jpeg[j]) {
-				sl_as_rgb(&it[j]);
-				cpu[j] = 1;
-				ncpu++;
-				cpu_bytes = it[j].im.src + (size_t)it[j].info.h * (size_t)it[j].im.pitch > cpu_bytes
-						    ? it[j].im.src + (size_t)it[j].info.h * (size_t)it[j].im.pitch
-						    : cpu_bytes;
-			}
-		njpeg = 0;
-		if (!rc)
-			rc = sl_host_room(ig->g, (void **)&ig->host, &ig->host_cap, &ig->host_pinned, cpu_bytes + 1);
-		if (rc)
-			goto out;
-	}
-	if (ncpu) {
-		/* The CPU's images decode into the pinned buffer at their scratch places, then go up. */
-		rc = sl__img_decode_many(b, it, ig->host, cpu, NULL);
-		for (uint32_t j = 0; j < b->m && !rc; j++)
-			if (cpu[j] && !b->bad[j])
-				rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)(ig->scratch + it[j].im.src),
-							       ig->host + it[j].im.src,
-							       (size_t)it[j].info.h * (size_t)it[j].im.pitch, s),
-					   "cuMemcpyHtoDAsync");
-	}
-	ig->n_gpu += njpeg;
-	ig->n_cpu += ncpu;
-	sl__img_rows(b, it);
-	for (uint32_t j = 0, k = 0; j < b->m; j++)
-		if (!b->bad[j])
-			ig->imgs[k++] = it[j].im;
-	if (!rc && b->kept) {
-		sl_CUdeviceptr sp = (sl_CUdeviceptr)(uintptr_t)ig->scratch, ip = (sl_CUdeviceptr)(uintptr_t)ig->imgs_dev,
-			       op = (sl_CUdeviceptr)(uintptr_t)out;
-		struct sl_aug_params p = b->o->aug;
-		void *args[] = { &sp, &ip, &p, &op };
-		unsigned blocks = (unsigned)(((uint64_t)p.ow * p.oh + 255) / 256);
-
-		rc = SL_CU(cu->MemcpyHtoDAsync(ip, ig->imgs, b->kept * sizeof(*ig->imgs), s), "cuMemcpyHtoDAsync");
-		/* One launch a batch; a grid's y is at most 65535 images, so a larger batch takes more. */
-		for (uint32_t at = 0; at < b->kept && !rc; at += 65535) {
-			unsigned n = b->kept - at < 65535 ? b->kept - at : 65535;
-
-			ip = (sl_CUdeviceptr)(uintptr_t)(ig->imgs_dev + at);
-			rc = SL_CU(cu->LaunchKernel(ig->fn, blocks, n, 1, 256, 1, 1, 0, s, args, NULL), "cuLaunchKernel");
-		}
-	}
+	if (!rc && njpeg && sl_nvjpeg_batch(ig, b, it, jpeg, njpeg, s))
+		rc = sl_to_cpu(ig, b, it, jpeg, cpu, s);
+	if (!rc)
+		rc = sl_cpu_images(ig, b, it, cpu, s);
+	if (!rc)
+		rc = sl_augment(ig, b, it, out, s);
 	if (!rc)
 		rc = SL_CU(cu->EventRecord(ig->done, s), "cuEventRecord");
 	ig->done_set = !rc;
 	if (rc && it && jpeg && cpu)
 		cu->StreamSynchronize(s); /* what was queued reads the host buffers the next batch would write */
-out:
+	for (uint32_t j = 0; j < b->m && !rc; j++) {
+		b->n_gpu += jpeg[j] && !b->bad[j];
+		b->n_cpu += cpu[j] && !b->bad[j];
+	}
 	free(it);
 	free(jpeg);
 	free(cpu);

@@ -103,6 +103,7 @@ struct sl__img_batch {
 	uint64_t why_id;        /* the first bad record in the batch's order (whichever thread met it) */
 	uint32_t why_j;
 	int nbad;
+	uint32_t n_gpu, n_cpu;  /* the kept images nvJPEG decoded, and the CPU */
 };
 
 /* A batch on the CPU's threads into out (host memory), rows kept dense. */
@@ -116,7 +117,5 @@ SL_HIDDEN int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g
 SL_HIDDEN void sl__img_gpu_close(struct sl__img_gpu *ig);
 /* A batch into out (GPU memory) on stream s: decoded by nvJPEG (the CPU for what it cannot), one launch. */
 SL_HIDDEN int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, void *stream);
-/* Images the GPU (nvJPEG) and the CPU decoded through ig since it opened. */
-SL_HIDDEN void sl__img_gpu_counts(const struct sl__img_gpu *ig, uint64_t *gpu, uint64_t *cpu);
 
 #endif

@@ -166,6 +166,7 @@ int sl__img_run_cpu(struct sl__img_batch *b, void *out)
 		k++;
 	}
 	b->kept = k;
+	b->n_cpu = k;
 	free(it);
 	return rc;
 }

@@ -259,22 +259,16 @@ static int sl_images(struct sl__producer *p, struct sl__batch_buf *s, struct slu
 	uint8_t *bad = calloc(*m + 1, 1);
 	struct sl__img_batch b = { .o = &ld->img, .seed = ld->opt.seed, .epoch = ld->opt.epoch, .m = *m, .rec = ir,
 				   .bad = bad };
-	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld), ng = 0, nc = 0, ng0 = 0, nc0 = 0;
+	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	int rc = ir && bad ? 0 : -ENOMEM;
 
 	for (uint32_t j = 0; j < *m && !rc; j++)
 		ir[j] = (struct sl__img_rec){ (const unsigned char *)rec[j].data[fi], rec[j].len[fi], s->ids[j] };
-	if (!rc && p->img) {
-		sl__img_gpu_counts(p->img, &ng0, &nc0);
-		rc = sl__img_run_gpu(p->img, &b, s->dev + l->base[ld->img_f], p->stream);
-		sl__img_gpu_counts(p->img, &ng, &nc);
-	} else if (!rc) {
-		rc = sl__img_run_cpu(&b, s->host + l->base[ld->img_f]);
-		nc0 = 0;
-		nc = b.m - (uint32_t)b.nbad;
-	}
-	atomic_fetch_add(&ld->img_gpu, ng - ng0);
-	atomic_fetch_add(&ld->img_cpu, nc - nc0);
+	if (!rc)
+		rc = p->img ? sl__img_run_gpu(p->img, &b, s->dev + l->base[ld->img_f], p->stream)
+			    : sl__img_run_cpu(&b, s->host + l->base[ld->img_f]);
+	atomic_fetch_add(&ld->img_gpu, b.n_gpu);
+	atomic_fetch_add(&ld->img_cpu, b.n_cpu);
 	if (!rc && b.nbad && !ld->opt.skip_corrupt)
 		rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s': %s", ld->ds->path, (unsigned long long)b.why_id,
 			     ld->ds->fields[fi].name, b.why);
