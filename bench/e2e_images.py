@@ -192,7 +192,8 @@ def main():
 
     torchvision.disable_beta_transforms_warning() if hasattr(torchvision, "disable_beta_transforms_warning") else None
     res = Results(a.out, images=a.images, batch=a.batch, steps=a.steps, reps=a.reps, cpus=os.cpu_count(),
-                  torch=torch.__version__, torchvision=torchvision.__version__)
+                  torch=torch.__version__, torchvision=torchvision.__version__,
+                  cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
     t0 = time.perf_counter()
     ds_path, files = make_data(a.dir, a.images, a.sluice)
     res["data"] = {"files": len(files), "mean_kb": sum(os.path.getsize(f) for f in files) / len(files) / 1e3,

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "format/format.h"
@@ -32,6 +33,26 @@ static int sl_image_options(struct sluice_loader *ld, const struct sluice_image_
 			       "(encoded images)", io.field);
 	ld->img_decode = io.decode;
 	return 0;
+}
+
+/*
+ * nvJPEG's hardware backend drives each decoder through a dozen streams of
+ * its own.  CUDA maps a context's streams onto CUDA_DEVICE_MAX_CONNECTIONS
+ * hardware queues (8 unless set before CUDA starts), so with the default
+ * the model's stream shares a queue with streams that wait on the JPEG
+ * engines, and its kernels wait behind them: on an H100, ResNet-18's
+ * training step, 21.5 ms alone, took 27-28 ms beside the decoding with 8
+ * queues and 25-26 with 32 (docs/BENCHMARKS.md).  The Python package sets 32
+ * where the variable is unset; C programs are told here.
+ */
+static void sl_connections_check(void)
+{
+	const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+
+	if (!v || atoi(v) < 16)
+		sl__warn("loader", "images on the GPU: CUDA_DEVICE_MAX_CONNECTIONS is %s: set it to 32 before CUDA "
+			 "starts, or nvJPEG's streams share hardware queues with the model's and stall its kernels "
+			 "(docs/guides/images.md)", v ? v : "unset (8)");
 }
 
 int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_image_options *img)
@@ -60,6 +81,8 @@ int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_image_o
 				sl__info("loader", "images decoded by the CPU: %s", why);
 			nvjpeg = 0;
 		}
+		if (nvjpeg && p == 0)
+			sl_connections_check();
 		rc = sl__img_gpu_open(&ld->prod[p].img, ld->gpu, nvjpeg);
 		if (rc && ld->img_decode == SLUICE_IMAGE_DECODE_AUTO && rc != -ENOMEM) {
 			/* No NVRTC (or no nvJPEG state): the CPU does it all, and the batch is copied up. */

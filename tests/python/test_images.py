@@ -501,3 +501,16 @@ def test_a_transform_on_the_gpu_is_done_before_the_loop_sees_the_batch(photos):
     ld = sluice.Loader(ds, batch_size=8, device="cuda", images=sluice.Images("data", size=16), transform=scale)
     for b in ld:
         assert (b["data"] == 7).all().item()
+
+
+@pytest.mark.parametrize("given", [None, "1", "8"])
+def test_import_gives_cuda_32_hardware_queues_unless_the_user_chose(given):
+    """nvJPEG's streams must not share CUDA's hardware queues with the model's: `import sluice` sets
+    CUDA_DEVICE_MAX_CONNECTIONS to 32 for CUDA to read when it starts, and keeps a value the user set."""
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    if given is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = given
+    out = subprocess.run([sys.executable, "-c", "import os, sluice; print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'])"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == (given or "32")
