@@ -7,15 +7,148 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zstd.h>
 
 #include "format/format.h"
 #include "dsread/dsread.h"
 
+/* The engine's handle of shard f's file, opened the first time (files: one slot a shard, closed by the caller). */
+static int sl_file_of(struct sluice_engine *eng, struct sluice_dataset *ds, struct sluice_file **files, unsigned f)
+{
+	char path[4096];
+	int rc;
+
+	if (files[f])
+		return 0;
+	if ((rc = sl__ds_path(ds, f, path, sizeof(path))))
+		return rc;
+	return sluice_file_open(&files[f], eng, path, SLUICE_RDONLY);
+}
+
+/* The n ranges read as one engine job (pieces' CRCs computed where crc): the job is the caller's to free. */
+static ssize_t sl_read_job(struct sluice_engine *eng, struct sl__job *job, struct sluice_range *r, size_t n, int crc,
+			   struct sluice_xfer_report *rep)
+{
+	ssize_t rc = sl__plan(eng, job, SL_IO_READ, r, n, crc);
+
+	if (rc)
+		return rc;
+	/* The padding between ranges in the destination is ours: neighbours move in one copy. */
+	job->copy_gaps = 1;
+	sl__job_submit(eng, job);
+	return sl__job_wait(eng, job, rep);
+}
+
 /*
- * zstd datasets: the blocks the records lie in, each decoded once on the
- * CPU (the engine's thread count in parallel, each block read with one
- * pread), then every record copied out and its CRC checked, into host
- * memory, then copied to dst in one go.
+ * Each of the n ranges' CRC32C from a job read with crc on: a range's
+ * pieces are consecutive and in file order, its first piece's CRC taken
+ * as it is (a combine costs a few microseconds, once a record adds up).
+ */
+static void sl_range_crcs(const struct sl__job *job, uint32_t *crc, size_t n)
+{
+	memset(crc, 0, n * sizeof(*crc));
+	for (size_t p = 0; p < job->npieces; p++) {
+		const struct sl__piece *q = &job->pieces[p];
+
+		crc[q->range] = p && q[-1].range == q->range ? sl__crc32c_combine(crc[q->range], q->crc, q->len) : q->crc;
+	}
+}
+
+int sl__read_blocks(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb, uint64_t n,
+		    void *const *to, struct sluice_xfer_report *rep)
+{
+	struct sluice_file **files = calloc(ds->nfiles ? ds->nfiles : 1, sizeof(*files));
+	struct sluice_range *r = malloc((n ? n : 1) * sizeof(*r));
+	uint32_t *crc = malloc((n ? n : 1) * sizeof(*crc));
+	struct sl__job job = { 0 };
+	ssize_t rc = files && r && crc ? 0 : -ENOMEM;
+
+	for (uint64_t k = 0; k < n && !rc; k++) {
+		if (!zb[k].b->has_crc)
+			rc = sl__err(-EINVAL, "%s: zstd block %llu has no CRC", ds->files[zb[k].shard],
+				     (unsigned long long)zb[k].index);
+		else if (!(rc = sl_file_of(eng, ds, files, zb[k].shard)))
+			r[k] = (struct sluice_range){ files[zb[k].shard], zb[k].b->file, zb[k].b->stored, to[k] };
+	}
+	if (!rc)
+		rc = sl_read_job(eng, &job, r, n, 1, rep);
+	if (rc >= 0) {
+		rc = 0;
+		sl_range_crcs(&job, crc, n);
+	}
+	for (uint64_t k = 0; k < n && !rc; k++)
+		if (SL_CRC_BAD(zb[k].b->crc, crc[k]))
+			rc = sl__err(SLUICE_ECRC, "%s: zstd block %llu: CRC mismatch of its stored bytes",
+				     ds->files[zb[k].shard], (unsigned long long)zb[k].index);
+	sl__plan_free(&job);
+	for (unsigned f = 0; files && f < ds->nfiles; f++)
+		sluice_file_close(files[f]);
+	free(files);
+	free(r);
+	free(crc);
+	return (int)rc;
+}
+
+/*
+ * On the GPU (z): the blocks' stored bytes read through the engine into
+ * pinned memory, each checked by its CRC and to be one zstd frame of its
+ * table entry's sizes (nvCOMP trusts its input: corrupt input may never
+ * finish decoding), up to the GPU, decoded there in one call, and the
+ * decoded blocks back in pinned memory (*dec): the records' CRCs are
+ * checked on the host after, as for the CPU's.
+ */
+static int sl_zdecode_gpu(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
+			  uint64_t nb, uint64_t declen, struct sl__zgpu *z, struct sluice_xfer_report *rep, char **dec)
+{
+	void **to = malloc((nb ? nb : 1) * sizeof(*to));
+	struct sl__zgpu_item *it = malloc((nb ? nb : 1) * sizeof(*it));
+	const struct sl__cuda_api *cu = z->g->cu;
+	uint64_t inlen = 0, bad;
+	int rc = to && it ? 0 : -ENOMEM;
+
+	for (uint64_t k = 0; k < nb && !rc; k++) {
+		it[k] = (struct sl__zgpu_item){ inlen, zb[k].out_off, zb[k].b->stored, zb[k].b->len };
+		inlen += sl__align_up(zb[k].b->stored, SL_ZGPU_ALIGN);
+	}
+	if (!rc && !(rc = sl__gbuf_room(z->g, &z->in, inlen + 1, 0, "zstd blocks")) &&
+	    !(rc = sl__gbuf_room(z->g, &z->in_dev, inlen + 1, 1, "zstd blocks")) &&
+	    !(rc = sl__gbuf_room(z->g, &z->out_dev, declen + 1, 1, "zstd blocks")))
+		rc = sl__gbuf_room(z->g, &z->out, declen + 1, 0, "zstd blocks");
+	for (uint64_t k = 0; k < nb && !rc; k++)
+		to[k] = (char *)z->in.p + it[k].in;
+	if (!rc)
+		rc = sl__read_blocks(eng, ds, zb, nb, to, rep);
+	/* Checked by their CRCs, and each one zstd frame of its table entry's sizes. */
+	for (uint64_t k = 0; k < nb && !rc; k++) {
+		const struct sl__block *b = zb[k].b;
+
+		if (ZSTD_getFrameContentSize(to[k], b->stored) != b->len ||
+		    ZSTD_findFrameCompressedSize(to[k], b->stored) != b->stored)
+			rc = sl__err(SLUICE_EFORMAT, "%s: zstd block %llu: not one zstd frame of %u bytes decoding to %u",
+				     ds->files[zb[k].shard], (unsigned long long)zb[k].index, b->stored, b->len);
+		it[k].in += (uint64_t)(uintptr_t)z->in_dev.p;
+		it[k].out += (uint64_t)(uintptr_t)z->out_dev.p;
+	}
+	if (!rc && !(rc = sl__gpu_bind(z->g)))
+		rc = SL_CU(cu->MemcpyHtoDAsync((sl_CUdeviceptr)(uintptr_t)z->in_dev.p, z->in.p, inlen, z->st),
+			   "cuMemcpyHtoDAsync (zstd blocks)");
+	if (!rc && (rc = sl__zgpu_run(z, it, nb, &bad)) == SLUICE_EFORMAT)
+		rc = sl__err(rc, "%s: zstd block %llu: %s", ds->files[zb[bad].shard], (unsigned long long)zb[bad].index,
+			     sluice_last_error_detail());
+	if (!rc && !(rc = SL_CU(cu->MemcpyDtoHAsync(z->out.p, (sl_CUdeviceptr)(uintptr_t)z->out_dev.p, declen, z->st),
+				"cuMemcpyDtoHAsync (decoded blocks)")))
+		rc = SL_CU(cu->StreamSynchronize(z->st), "cuStreamSynchronize (decoded blocks)");
+	*dec = z->out.p;
+	free(to);
+	free(it);
+	return rc;
+}
+
+/*
+ * zstd datasets: the blocks the records lie in, each decoded once, on the
+ * GPU (z) or the CPU (the engine's thread count in parallel, each block
+ * read with one pread), then every record copied out and its CRC checked,
+ * into host memory, then copied to dst in one go.
  */
 struct sl_zrec {
 	unsigned shard;
@@ -35,10 +168,10 @@ static int sl_zrec_cmp(const void *a, const void *b)
 
 static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 				  size_t n, const struct sluice_record_loc *loc, const struct sluice_range *r,
-				  void *dst, uint64_t pos)
+				  void *dst, uint64_t pos, struct sl__zgpu *z, struct sluice_xfer_report *rep, uint64_t *blocks)
 {
 	int gpu = sluice_is_gpu_ptr(eng, dst);
-	char *host = gpu ? malloc(pos ? pos : 1) : dst, *dec = NULL;
+	char *host = gpu ? malloc(pos ? pos : 1) : dst, *dec = NULL, *gdec = NULL;
 	struct sl_zrec *zr = malloc((n ? n : 1) * sizeof(*zr));
 	struct sl__zblock *zb = malloc((n ? n : 1) * sizeof(*zb));
 	uint64_t nb = 0, declen = 0;
@@ -75,20 +208,29 @@ static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_datas
 	for (size_t k = 0; k < n; k++) {
 		if (!nb || zr[k].shard != zb[nb - 1].shard || zr[k].block != zb[nb - 1].index) {
 			zb[nb++] = (struct sl__zblock){ zr[k].b, zr[k].shard, zr[k].block, declen };
-			declen += zr[k].b->len;
+			declen += z ? sl__align_up(zr[k].b->len, SL_ZGPU_ALIGN) : zr[k].b->len;
 		}
 		zr[k].block = nb - 1; /* from here on: the index into zb */
 	}
-	if (!(dec = malloc(declen ? declen : 1))) {
+	/* nvCOMP only where every block's stored bytes can be checked first (packs since block CRCs). */
+	for (uint64_t k = 0; z && k < nb; k++)
+		if (!zb[k].b->has_crc)
+			z = NULL;
+	if (blocks)
+		blocks[!z] += nb;
+	if (z) {
+		if ((rc = sl_zdecode_gpu(eng, ds, zb, nb, declen, z, rep, &gdec)))
+			goto out;
+	} else if (!(dec = malloc(declen ? declen : 1))) {
 		rc = -ENOMEM;
 		goto out;
-	}
-	if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec)))
+	} else if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec))) {
 		goto out;
+	}
 	for (size_t q = 0; q < n; q++) {
 		size_t k = zr[q].k;
-		const struct sl__zblock *z = &zb[zr[q].block];
-		const char *src = dec + z->out_off + (loc[k].offset - z->b->logical);
+		const struct sl__zblock *b = &zb[zr[q].block];
+		const char *src = (z ? gdec : dec) + b->out_off + (loc[k].offset - b->b->logical);
 
 		if (ds->has_crc && sluice_crc32c(0, src, loc[k].length) != loc[k].crc) {
 			rc = sl__err(SLUICE_ECRC, "%s: record %llu at logical offset %llu: CRC mismatch",
@@ -111,6 +253,13 @@ out:
 ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 				  size_t n, void *dst, size_t cap, uint64_t *offsets,
 				  struct sluice_xfer_report *rep)
+{
+	return sl__dataset_read_batch(eng, ds, idx, n, dst, cap, offsets, rep, NULL, NULL);
+}
+
+ssize_t sl__dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx, size_t n,
+			       void *dst, size_t cap, uint64_t *offsets, struct sluice_xfer_report *rep,
+			       struct sl__zgpu *z, uint64_t *blocks)
 {
 	struct sluice_file **files = calloc(ds->nfiles ? ds->nfiles : 1, sizeof(*files));
 	struct sluice_record_loc *loc = malloc((n ? n : 1) * sizeof(*loc));
@@ -145,37 +294,31 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 		goto out;
 	}
 	if (ds->compressed) {
-		rc = sl_read_compressed(eng, ds, idx, n, loc, r, dst, pos);
+		rc = sl_read_compressed(eng, ds, idx, n, loc, r, dst, pos, z, rep, blocks);
 		if (rc >= 0)
 			rc = (ssize_t)pos;
 		goto out;
 	}
 	/* The engine's handles of the data files this batch touches. */
 	for (size_t k = 0; k < n; k++) {
-		unsigned f = loc[k].shard;
-		char path[4096];
-
-		if (!files[f] && ((rc = sl__ds_path(ds, f, path, sizeof(path))) ||
-				  (rc = sluice_file_open(&files[f], eng, path, SLUICE_RDONLY))))
+		if ((rc = sl_file_of(eng, ds, files, loc[k].shard)))
 			goto out;
-		r[k].file = files[f];
+		r[k].file = files[loc[k].shard];
 	}
-	rc = sl__plan(eng, &job, SL_IO_READ, r, n, ds->has_crc);
-	if (rc)
-		goto out;
-	/* The padding between records in dst is ours: neighbours move in one copy. */
-	job.copy_gaps = 1;
-	sl__job_submit(eng, &job);
-	rc = sl__job_wait(eng, &job, rep);
-	/* A record's pieces are consecutive and in file order: fold their CRCs. */
-	for (size_t p = 0; rc >= 0 && ds->has_crc && p < job.npieces;) {
-		uint32_t k = job.pieces[p].range, crc = job.pieces[p].crc;
+	memset(&job, 0, sizeof(job));
+	rc = sl_read_job(eng, &job, r, n, ds->has_crc, rep);
+	if (rc >= 0 && ds->has_crc) {
+		uint32_t *crc = malloc((n ? n : 1) * sizeof(*crc));
 
-		for (p++; p < job.npieces && job.pieces[p].range == k; p++)
-			crc = sl__crc32c_combine(crc, job.pieces[p].crc, job.pieces[p].len);
-		if (crc != loc[k].crc)
-			rc = sl__err(SLUICE_ECRC, "%s: record %llu at offset %llu: CRC mismatch", ds->files[loc[k].shard],
-				     (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
+		if (crc)
+			sl_range_crcs(&job, crc, n);
+		for (size_t k = 0; rc >= 0 && k < n; k++)
+			if (!crc || crc[k] != loc[k].crc)
+				rc = crc ? sl__err(SLUICE_ECRC, "%s: record %llu at offset %llu: CRC mismatch",
+						   ds->files[loc[k].shard], (unsigned long long)idx[k],
+						   (unsigned long long)loc[k].offset)
+					 : -ENOMEM;
+		free(crc);
 	}
 	sl__plan_free(&job);
 	if (rc >= 0)

@@ -24,4 +24,49 @@ struct sl__zblock {
  */
 SL_HIDDEN int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
 			  uint64_t n, const void *in, uint64_t base, void *out);
+
+/*
+ * The n blocks' stored bytes read by one engine job, block k to to[k]
+ * (host or GPU memory), each checked against its CRC: 0, SLUICE_ECRC
+ * naming the file and block, -EINVAL for a block without one.
+ */
+SL_HIDDEN int sl__read_blocks(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
+			      uint64_t n, void *const *to, struct sluice_xfer_report *rep);
+/*
+ * nvCOMP's batched zstd decoder with its stream and buffers kept from call
+ * to call (zgpu.c).  Pointers and sizes SL_ZGPU_ALIGN-aligned suit it.
+ */
+#define SL_ZGPU_ALIGN 256
+struct sl__zgpu {
+	const struct sl__gpu *g;
+	const struct sl__nvcomp_api *nc;
+	struct sl__nvcomp_opts opts;
+	struct sl__nvcomp_align al;           /* what nvCOMP wants, each at most SL_ZGPU_ALIGN */
+	sl_CUstream st;
+	struct sl__gbuf args, args_dev, temp; /* nvCOMP's arguments (pinned, GPU) and temporary */
+	struct sl__gbuf in, in_dev;           /* callers': stored bytes, pinned and on the GPU */
+	struct sl__gbuf out_dev, out;         /* callers': decoded bytes on the GPU, pinned */
+};
+/* One block: stored bytes at device address in, decoded to out (len bytes). */
+struct sl__zgpu_item {
+	uint64_t in, out;
+	uint32_t stored, len;
+};
+SL_HIDDEN int sl__zgpu_open(struct sl__zgpu **out, const struct sl__gpu *g, const struct sl__nvcomp_api *nc);
+SL_HIDDEN void sl__zgpu_close(struct sl__zgpu *z);
+/*
+ * The n blocks decoded by one batched call on z's stream, after the work
+ * already queued there, and waited for: 0, or SLUICE_EFORMAT with *bad the
+ * first block whose status or decoded size is wrong, or SLUICE_ECUDA.
+ */
+SL_HIDDEN int sl__zgpu_run(struct sl__zgpu *z, const struct sl__zgpu_item *it, uint64_t n, uint64_t *bad);
+/*
+ * sluice_dataset_read_batch with z non-NULL: a zstd dataset's blocks are
+ * decoded by nvCOMP (z's) where they all carry CRCs, the records then
+ * checked and copied out on the host as the CPU's are.  blocks (if
+ * non-NULL): the blocks nvCOMP decoded added to [0], the CPU's to [1].
+ */
+SL_HIDDEN ssize_t sl__dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
+					 size_t n, void *dst, size_t cap, uint64_t *offsets,
+					 struct sluice_xfer_report *rep, struct sl__zgpu *z, uint64_t *blocks);
 #endif

@@ -74,119 +74,41 @@ int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, const stru
 }
 
 /*
- * The batch's shape for nvCOMP: the largest and the total decoded bytes,
- * the scratch that outputs need where any lands misaligned for nvCOMP
- * (*misaligned), each block's output padded to 256 bytes there.
+ * nvCOMP (zgpu.c): every block decoded by one batched call into its place
+ * in dst, or through a scratch when any place is misaligned for nvCOMP.
  */
-static int sl_nv_shape(const struct sl__nvcomp_api *nc, struct sl__nvcomp_opts opts, const struct sl__block *blk,
-		       uint64_t n, uint64_t base, const char *dst, uint64_t *max, uint64_t *total, uint64_t *scratch_len,
-		       int *misaligned)
-{
-	struct sl__nvcomp_align al;
-	int rc = nc->ZstdGetRequiredAlignments(opts, &al);
-
-	if (rc)
-		return sl__err(SLUICE_ECUDA, "nvcompBatchedZstdDecompressGetRequiredAlignments: status %d", rc);
-	*max = *total = *scratch_len = 0;
-	*misaligned = 0;
-	for (uint64_t k = 0; k < n; k++) {
-		*max = blk[k].len > *max ? blk[k].len : *max;
-		*total += blk[k].len;
-		*misaligned |= al.output > 1 && (uintptr_t)(dst + (blk[k].logical - SL_ALIGN)) % al.output;
-		*misaligned |= al.input > 1 && (blk[k].file - base) % al.input;
-		*scratch_len += sl__align_up(blk[k].len, 256);
-	}
-	return 0;
-}
-
-/*
- * What nvCOMP said of each block (h as sl_decode_gpu lays it out): its
- * status and decoded size checked; outputs decoded into the scratch copied
- * to their places in dst.
- */
-static int sl_nv_results(const struct sl__cuda_api *cu, const uint64_t *h, const struct sl__block *blk, uint64_t n,
-			 const char *file, char *dst, sl_CUdeviceptr d_scratch)
-{
-	int rc = 0;
-
-	for (uint64_t k = 0; k < n; k++) {
-		int status = ((const int *)(h + 5 * n))[k];
-
-		if (status || h[3 * n + k] != blk[k].len)
-			return sl__err(SLUICE_EFORMAT, "%s: block %llu: nvCOMP status %d, %llu bytes decoded of %u", file,
-				       (unsigned long long)k, status, (unsigned long long)h[3 * n + k], blk[k].len);
-	}
-	for (uint64_t k = 0, sc = 0; d_scratch && k < n && !rc; k++) {
-		rc = SL_CU(cu->Memcpy((sl_CUdeviceptr)(uintptr_t)(dst + (blk[k].logical - SL_ALIGN)), d_scratch + sc,
-				      blk[k].len), "cuMemcpy (nvCOMP output)");
-		sc += sl__align_up(blk[k].len, 256);
-	}
-	return rc;
-}
-
-/* nvCOMP: every block decoded by one batched call into its place in dst (or a scratch, when misaligned). */
 static int sl_decode_gpu(struct sluice_engine *eng, const struct sl__nvcomp_api *nc, const struct sl__block *blk,
 			 uint64_t n, uint64_t base, const char *file, char *dst, sl_CUdeviceptr in)
 {
 	const struct sl__cuda_api *cu = sl__eng_gpu(eng)->cu;
-	struct sl__nvcomp_opts opts;
-	uint64_t max = 0, total = 0, scratch_len = 0;
-	size_t temp = 0, arr = n * (5 * sizeof(uint64_t) + sizeof(int));
-	uint64_t *h = calloc(1, arr + 1);
-	sl_CUdeviceptr d_arr = 0, d_temp = 0, d_scratch = 0;
-	sl_CUstream st = NULL;
-	int rc, misaligned = 0;
+	struct sl__zgpu_item *it = malloc((n ? n : 1) * sizeof(*it));
+	struct sl__zgpu *z = NULL;
+	uint64_t sc = 0, bad;
+	int misaligned = 0, rc = it ? sl__zgpu_open(&z, sl__eng_gpu(eng), nc) : -ENOMEM;
 
-	memset(&opts, 0, sizeof(opts));
-	if (!h)
-		return -ENOMEM;
-	if ((rc = sl_nv_shape(nc, opts, blk, n, base, dst, &max, &total, &scratch_len, &misaligned)))
-		goto out;
-	if ((rc = sl__gpu_bind(sl__eng_gpu(eng))) || (rc = SL_CU(cu->StreamCreate(&st, 1), "cuStreamCreate")) ||
-	    (rc = SL_CU(cu->MemAlloc(&d_arr, arr), "cuMemAlloc (nvCOMP arguments)")))
-		goto out;
-	if (misaligned && (rc = SL_CU(cu->MemAlloc(&d_scratch, scratch_len), "cuMemAlloc (nvCOMP output)")))
-		goto out;
-	/* h: in pointers, in sizes, out capacities, out sizes (filled by nvCOMP), out pointers, statuses. */
-	for (uint64_t k = 0, sc = 0; k < n; k++) {
-		h[k] = in + (blk[k].file - base);
-		h[n + k] = blk[k].stored;
-		h[2 * n + k] = blk[k].len;
-		h[4 * n + k] = misaligned ? d_scratch + sc : (uint64_t)(uintptr_t)(dst + (blk[k].logical - SL_ALIGN));
-		sc += sl__align_up(blk[k].len, 256);
+	for (uint64_t k = 0; !rc && k < n; k++) {
+		misaligned |= z->al.output > 1 && (uintptr_t)(dst + (blk[k].logical - SL_ALIGN)) % z->al.output;
+		misaligned |= z->al.input > 1 && (blk[k].file - base) % z->al.input;
+		sc += sl__align_up(blk[k].len, SL_ZGPU_ALIGN);
 	}
-	if ((rc = nc->ZstdGetTempSize(n, max, opts, &temp, total, st))) {
-		rc = sl__err(SLUICE_ECUDA, "nvcompBatchedZstdDecompressGetTempSize: status %d", rc);
-		goto out;
-	}
-	if ((temp && (rc = SL_CU(cu->MemAlloc(&d_temp, temp), "cuMemAlloc (nvCOMP temporary)"))) ||
-	    (rc = SL_CU(cu->MemcpyHtoD(d_arr, h, arr), "cuMemcpyHtoD (nvCOMP arguments)")))
-		goto out;
-	{
-		const uint64_t A = d_arr;
+	if (!rc && misaligned)
+		rc = sl__gbuf_room(z->g, &z->out_dev, sc + 1, 1, "nvCOMP output");
+	sc = 0;
+	for (uint64_t k = 0; !rc && k < n; k++) {
+		char *place = dst + (blk[k].logical - SL_ALIGN);
 
-		rc = nc->ZstdDecompressAsync((const void *const *)(uintptr_t)A, (const size_t *)(uintptr_t)(A + 8 * n),
-					     (const size_t *)(uintptr_t)(A + 16 * n), (size_t *)(uintptr_t)(A + 24 * n), n,
-					     (void *)(uintptr_t)d_temp, temp, (void *const *)(uintptr_t)(A + 32 * n), opts,
-					     (int *)(uintptr_t)(A + 40 * n), st);
+		it[k] = (struct sl__zgpu_item){ in + (blk[k].file - base),
+						misaligned ? (uint64_t)(uintptr_t)z->out_dev.p + sc : (uint64_t)(uintptr_t)place,
+						blk[k].stored, blk[k].len };
+		sc += sl__align_up(blk[k].len, SL_ZGPU_ALIGN);
 	}
-	if (rc) {
-		rc = sl__err(SLUICE_ECUDA, "nvcompBatchedZstdDecompressAsync: status %d", rc);
-		goto out;
-	}
-	if (!(rc = SL_CU(cu->StreamSynchronize(st), "cuStreamSynchronize (nvCOMP)")) &&
-	    !(rc = SL_CU(cu->MemcpyDtoH(h, d_arr, arr), "cuMemcpyDtoH (nvCOMP results)")))
-		rc = sl_nv_results(cu, h, blk, n, file, dst, misaligned ? d_scratch : 0);
-out:
-	if (d_temp)
-		cu->MemFree(d_temp);
-	if (d_scratch)
-		cu->MemFree(d_scratch);
-	if (d_arr)
-		cu->MemFree(d_arr);
-	if (st)
-		cu->StreamDestroy(st);
-	free(h);
+	if (!rc && (rc = sl__zgpu_run(z, it, n, &bad)) == SLUICE_EFORMAT)
+		rc = sl__err(rc, "%s: block %llu: %s", file, (unsigned long long)bad, sluice_last_error_detail());
+	for (uint64_t k = 0; !rc && misaligned && k < n; k++)
+		rc = SL_CU(cu->Memcpy((sl_CUdeviceptr)(uintptr_t)(dst + (blk[k].logical - SL_ALIGN)), it[k].out,
+				      blk[k].len), "cuMemcpy (nvCOMP output)");
+	sl__zgpu_close(z);
+	free(it);
 	return rc;
 }
 
@@ -197,13 +119,21 @@ out:
  * asked for and cannot be.
  */
 static int sl_pick_decoder(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard, const void *dst,
-			   int decoder, struct sluice_shard_report *rep, const struct sl__nvcomp_api **nc)
+			   const struct sl__block *blk, uint64_t nb, int decoder, struct sluice_shard_report *rep,
+			   const struct sl__nvcomp_api **nc)
 {
 	static const int by_word[] = { SLUICE_DECODE_AUTO, SLUICE_DECODE_GPU, SLUICE_DECODE_CPU };
 	int gpu = sluice_is_gpu_ptr(eng, dst);
 	const char *why = "";
 	uint64_t w;
 	int rc;
+
+	/* nvCOMP trusts its input: only blocks whose stored bytes can be checked first go to it. */
+	for (uint64_t k = 0; k < nb && gpu; k++)
+		if (!blk[k].has_crc) {
+			gpu = 0;
+			why = "its zstd blocks carry no CRC of their stored bytes (packed by an older sluice: pack it again)";
+		}
 
 	*nc = NULL;
 	if (decoder == SLUICE_DECODE_AUTO) {
@@ -213,7 +143,7 @@ static int sl_pick_decoder(struct sluice_engine *eng, struct sluice_dataset *ds,
 	}
 	if (decoder != SLUICE_DECODE_CPU) {
 		*nc = gpu ? sl__nvcomp(&why) : NULL;
-		if (!gpu)
+		if (!gpu && !*why)
 			why = "the destination is host memory";
 		if (!*nc && decoder == SLUICE_DECODE_GPU)
 			return sl__err(SLUICE_ENOGPU, "%s: shard %u: GPU decoding asked for, but %s", ds->path, shard, why);
@@ -223,23 +153,34 @@ static int sl_pick_decoder(struct sluice_engine *eng, struct sluice_dataset *ds,
 	return 0;
 }
 
-/* A zstd shard's stored bytes read into GPU memory, then decoded there by nvCOMP; *t0 restarts for the decode. */
-static int sl_shard_gpu(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard, const char *path,
+/*
+ * A zstd shard's stored bytes read into GPU memory, each block checked by
+ * its CRC on the way, then decoded there by nvCOMP; *t0 restarts for the
+ * decode.
+ */
+static int sl_shard_gpu(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard,
 			const struct sl__block *blk, uint64_t nb, const struct sl__nvcomp_api *nc, void *dst,
 			struct sluice_shard_report *rep, uint64_t *t0)
 {
+	struct sl__zblock *zb = malloc(nb * sizeof(*zb));
+	void **to = malloc(nb * sizeof(*to));
 	uint64_t base = blk[0].file;
-	void *in = NULL;
-	ssize_t got;
-	int rc;
+	char *in = NULL;
+	int rc = zb && to ? sluice_gpu_alloc(eng, rep->stored, (void **)&in) : -ENOMEM;
 
-	if ((rc = sluice_gpu_alloc(eng, rep->stored, &in)))
-		return rc;
-	got = sluice_read_to_gpu(eng, path, base, rep->stored, in, NULL);
+	for (uint64_t k = 0; k < nb && !rc; k++) {
+		zb[k] = (struct sl__zblock){ &blk[k], shard, k, 0 };
+		to[k] = in + (blk[k].file - base);
+	}
+	if (!rc)
+		rc = sl__read_blocks(eng, ds, zb, nb, to, NULL);
 	rep->read_s = (double)(sl__now_ns() - *t0) / 1e9;
 	*t0 = sl__now_ns();
-	rc = got < 0 ? (int)got : sl_decode_gpu(eng, nc, blk, nb, base, ds->files[shard], dst, (sl_CUdeviceptr)(uintptr_t)in);
+	if (!rc)
+		rc = sl_decode_gpu(eng, nc, blk, nb, base, ds->files[shard], dst, (sl_CUdeviceptr)(uintptr_t)in);
 	sluice_gpu_free(eng, in);
+	free(zb);
+	free(to);
 	return rc;
 }
 
@@ -319,9 +260,9 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 		return 0;
 	rep->blocks = (unsigned)nb;
 	rep->stored = blk[nb - 1].file + blk[nb - 1].stored - blk[0].file;
-	if ((rc = sl_pick_decoder(eng, ds, shard, dst, decoder, rep, &nc)))
+	if ((rc = sl_pick_decoder(eng, ds, shard, dst, blk, nb, decoder, rep, &nc)))
 		return rc;
-	rc = nc ? sl_shard_gpu(eng, ds, shard, path, blk, nb, nc, dst, rep, &t0)
+	rc = nc ? sl_shard_gpu(eng, ds, shard, blk, nb, nc, dst, rep, &t0)
 		: sl_shard_cpu(eng, ds, shard, path, blk, nb, logical, dst, rep, &t0);
 	rep->decode_s = (double)(sl__now_ns() - t0) / 1e9;
 	return rc ? rc : (ssize_t)logical;

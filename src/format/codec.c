@@ -151,7 +151,7 @@ int sl__shard_header_parse(const unsigned char *h, size_t len, struct sl__shard_
 	sh->nrecords = sl__le64(h + 16);
 	sh->data_len = sl__le64(h + 24);
 	sh->flags = sl__le32(h + 36);
-	if (sh->flags & ~SL_FLAG_ZSTD)
+	if (sh->flags & ~(SL_FLAG_ZSTD | SL_FLAG_BLOCK_CRC) || sh->flags == SL_FLAG_BLOCK_CRC)
 		return sl__err(SLUICE_EFORMAT, "shard flags 0x%x unknown to this sluice", sh->flags);
 	if (!sh->flags)
 		return 0;
@@ -171,10 +171,12 @@ int sl__blocks_parse(const unsigned char *p, size_t len, const struct sl__shard_
 {
 	uint64_t logical = SL_HDR_SIZE, file = SL_HDR_SIZE;
 
-	if (sh->nblocks > len / SL_BLOCK_ENTRY)
+	const int crcs = !!(sh->flags & SL_FLAG_BLOCK_CRC);
+
+	if (sh->nblocks > len / (SL_BLOCK_ENTRY + 4u * crcs))
 		return sl__err(SLUICE_EFORMAT, "block table truncated: %llu blocks in %zu bytes",
 			       (unsigned long long)sh->nblocks, len);
-	if (SL_CRC_BAD(sh->table_crc, sluice_crc32c(0, p, SL_BLOCK_ENTRY * sh->nblocks)))
+	if (SL_CRC_BAD(sh->table_crc, sluice_crc32c(0, p, sl__block_table_len(sh))))
 		return sl__err(SLUICE_EFORMAT, "block table CRC mismatch");
 	for (uint64_t k = 0; k < sh->nblocks; k++) {
 		const unsigned char *e = p + SL_BLOCK_ENTRY * k;
@@ -183,6 +185,8 @@ int sl__blocks_parse(const unsigned char *p, size_t len, const struct sl__shard_
 		b[k].file = sl__le64(e + 8);
 		b[k].stored = sl__le32(e + 16);
 		b[k].len = sl__le32(e + 20);
+		b[k].crc = crcs ? sl__le32(p + SL_BLOCK_ENTRY * sh->nblocks + 4 * k) : 0;
+		b[k].has_crc = (uint32_t)crcs;
 		/* Blocks tile the logical data in order, and lie in order between header and table. */
 		if (b[k].logical != logical || !b[k].len || b[k].len > sh->data_len + SL_HDR_SIZE - logical ||
 		    b[k].file < file || b[k].file % SL_ALIGN || !b[k].stored || b[k].stored > sh->table_off ||

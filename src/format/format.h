@@ -26,7 +26,8 @@
 #define SL_EGROUP 4096u /* entries per CRC of the index's entry table (version 2) */
 #define SL_MAX_SHARD_BYTES ((1ull << 35) - SL_HDR_SIZE) /* offsets / 8 fit in u32 */
 #define SL_FLAG_ZSTD 1u      /* index and shard flag: data in zstd blocks */
-#define SL_BLOCK_ENTRY 24u   /* bytes per block table entry */
+#define SL_FLAG_BLOCK_CRC 2u /* shard flag: the block table ends in a CRC32C of each block's stored bytes */
+#define SL_BLOCK_ENTRY 24u   /* bytes per block table entry (and 4 more for its CRC with SL_FLAG_BLOCK_CRC) */
 #define SL_MIN_BLOCK (1u << 20)
 
 /*
@@ -115,11 +116,20 @@ struct sl__shard_hdr {
 	uint64_t table_off, nblocks; /* the block table: file offset, entries */
 	uint32_t table_crc;
 };
-/* One compressed block: logical bytes [logical, logical + len) stored at file offset file. */
+/*
+ * One compressed block: logical bytes [logical, logical + len) stored at
+ * file offset file; crc: the CRC32C of its stored bytes, where has_crc.
+ */
 struct sl__block {
 	uint64_t logical, file;
 	uint32_t stored, len;
+	uint32_t crc, has_crc;
 };
+/* The block table's bytes in the file. */
+static inline uint64_t sl__block_table_len(const struct sl__shard_hdr *sh)
+{
+	return (SL_BLOCK_ENTRY + (sh->flags & SL_FLAG_BLOCK_CRC ? 4u : 0u)) * sh->nblocks;
+}
 /* Shard header: encode into 4096 bytes; parse and check. */
 SL_HIDDEN void sl__shard_header(unsigned char *h, const struct sl__shard_hdr *sh);
 SL_HIDDEN int sl__shard_header_parse(const unsigned char *h, size_t len, struct sl__shard_hdr *sh);

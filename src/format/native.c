@@ -253,14 +253,14 @@ static int sl_blocks(struct sluice_dataset *ds, unsigned s)
 		return rc;
 	if (sh.nblocks > (1u << 30) / SL_BLOCK_ENTRY)
 		return sl__err(SLUICE_EFORMAT, "%s: %llu blocks", ds->files[s], (unsigned long long)sh.nblocks);
-	t = malloc(SL_BLOCK_ENTRY * sh.nblocks + 1);
+	t = malloc(sl__block_table_len(&sh) + 1);
 	b = malloc(sizeof(*b) * sh.nblocks + 1);
 	if (!t || !b)
 		rc = -ENOMEM;
-	else if (pread(sl__ds_fd(ds, s), t, SL_BLOCK_ENTRY * sh.nblocks, (off_t)sh.table_off) !=
-		 (ssize_t)(SL_BLOCK_ENTRY * sh.nblocks))
+	else if (pread(sl__ds_fd(ds, s), t, sl__block_table_len(&sh), (off_t)sh.table_off) !=
+		 (ssize_t)sl__block_table_len(&sh))
 		rc = sl__err(SLUICE_EFORMAT, "%s: block table unreadable (file truncated?)", ds->files[s]);
-	else if ((rc = sl__blocks_parse(t, SL_BLOCK_ENTRY * sh.nblocks, &sh, b)))
+	else if ((rc = sl__blocks_parse(t, sl__block_table_len(&sh), &sh, b)))
 		rc = sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail());
 	free(t);
 	if (rc) {
@@ -286,6 +286,9 @@ int sl__zblock_decode(struct sluice_dataset *ds, struct ZSTD_DCtx_s *dc, unsigne
 			return rc;
 		src = *scratch;
 	}
+	if (b->has_crc && SL_CRC_BAD(b->crc, sluice_crc32c(0, src, b->stored)))
+		return sl__err(SLUICE_ECRC, "%s: block %llu: CRC mismatch of its stored bytes", ds->files[shard],
+			       (unsigned long long)k);
 	t0 = sl__now_ns();
 	n = ZSTD_decompressDCtx(dc, dst, b->len, src, b->stored);
 	sl__hist_add(&ds->h_decompress, sl__now_ns() - t0);
@@ -454,7 +457,7 @@ static int64_t sl_native_check(struct sluice_dataset *ds, void (*bad)(const stru
 		struct sl__shard_hdr sh;
 		struct stat st;
 		int rc = sl_shard_header(ds, s, &sh);
-		uint64_t want = sh.flags ? sh.table_off + SL_BLOCK_ENTRY * sh.nblocks : SL_HDR_SIZE + sh.data_len;
+		uint64_t want = sh.flags ? sh.table_off + sl__block_table_len(&sh) : SL_HDR_SIZE + sh.data_len;
 
 		next[s] = SL_HDR_SIZE;
 		if (!rc && (fstat(sl__ds_fd(ds, s), &st) < 0 || (uint64_t)st.st_size != want))

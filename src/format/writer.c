@@ -174,7 +174,8 @@ static int sl_seal_block(struct sluice_writer *w)
 	padded = sl__align_up(z, SL_ALIGN);
 	memset(w->zbuf + z, 0, padded - z);
 	b = &w->blocks[w->nblocks];
-	*b = (struct sl__block){ SL_HDR_SIZE + w->blk_start, w->file_off + w->buf_len, (uint32_t)z, (uint32_t)w->blk_len };
+	*b = (struct sl__block){ SL_HDR_SIZE + w->blk_start, w->file_off + w->buf_len, (uint32_t)z, (uint32_t)w->blk_len,
+				 sluice_crc32c(0, w->zbuf, z), 1 };
 	rc = sl_append(w, w->zbuf, padded);
 	if (rc)
 		return rc;
@@ -191,7 +192,7 @@ static int sl_block_table(struct sluice_writer *w, struct sl__shard_hdr *sh)
 	uint32_t crc = 0;
 	int rc = 0;
 
-	sh->flags = SL_FLAG_ZSTD;
+	sh->flags = SL_FLAG_ZSTD | SL_FLAG_BLOCK_CRC;
 	sh->table_off = w->file_off + w->buf_len;
 	sh->nblocks = w->nblocks;
 	for (uint64_t k = 0; !rc && k < w->nblocks; k++) {
@@ -201,6 +202,12 @@ static int sl_block_table(struct sluice_writer *w, struct sl__shard_hdr *sh)
 		sl__put32(e + 20, w->blocks[k].len);
 		crc = sluice_crc32c(crc, e, sizeof(e));
 		rc = sl_append(w, e, sizeof(e));
+	}
+	/* Then each block's stored bytes' CRC: what a reader checks before trusting a decoder with them. */
+	for (uint64_t k = 0; !rc && k < w->nblocks; k++) {
+		sl__put32(e, w->blocks[k].crc);
+		crc = sluice_crc32c(crc, e, 4);
+		rc = sl_append(w, e, 4);
 	}
 	sh->table_crc = crc;
 	return rc;

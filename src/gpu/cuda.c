@@ -297,3 +297,30 @@ void sl__gpu_free(const struct sl__gpu *g, void *p)
 	if (p && g->ctx && sl__gpu_bind(g) == 0)
 		g->cu->MemFree((sl_CUdeviceptr)(uintptr_t)p);
 }
+
+void sl__gbuf_free(const struct sl__gpu *g, struct sl__gbuf *b)
+{
+	if (b->dev)
+		sl__gpu_free(g, b->p);
+	else
+		sl__host_free(g, b->p, b->cap, b->pinned);
+	*b = (struct sl__gbuf){ .dev = b->dev };
+}
+
+int sl__gbuf_room(const struct sl__gpu *g, struct sl__gbuf *b, size_t n, int dev, const char *what)
+{
+	size_t c;
+	int rc;
+
+	if (n <= b->cap)
+		return 0;
+	c = sl__align_up(n + n / 4, 1u << 21);
+	sl__gbuf_free(g, b);
+	b->dev = dev;
+	rc = dev ? sl__gpu_alloc(g, c, &b->p) : sl__host_alloc(g, c, &b->p, &b->pinned);
+	if (rc)
+		return sl__err(rc, "%s: %s memory for %zu bytes: %s", what, dev ? "GPU" : "pinned", c,
+			       sluice_last_error_detail());
+	b->cap = c;
+	return 0;
+}

@@ -185,6 +185,15 @@ SL_HIDDEN void sl__gpu_close(struct sl__gpu *g);
 /* Device memory on g (its context bound); 0, SLUICE_ENOGPU or SLUICE_ECUDA.  Free with sl__gpu_free. */
 SL_HIDDEN int sl__gpu_alloc(const struct sl__gpu *g, size_t n, void **out);
 SL_HIDDEN void sl__gpu_free(const struct sl__gpu *g, void *p);
+/* A buffer grown as work needs: GPU memory (dev) or pinned host memory. */
+struct sl__gbuf {
+	void *p;
+	size_t cap;
+	int pinned, dev;
+};
+/* Room for n bytes in b (its kind set at first use), grown by a quarter: the old contents go.  0, or an error naming what. */
+SL_HIDDEN int sl__gbuf_room(const struct sl__gpu *g, struct sl__gbuf *b, size_t n, int dev, const char *what);
+SL_HIDDEN void sl__gbuf_free(const struct sl__gpu *g, struct sl__gbuf *b);
 /* Makes g's context current on the calling thread. */
 SL_HIDDEN int sl__gpu_bind(const struct sl__gpu *g);
 /* 1 if p is device memory (of any GPU), 0 otherwise (or without CUDA). */

@@ -15,13 +15,6 @@
 #include "image/run.h"
 #include "image_augment_src.h" /* sl_augment_src: augment.h as text, made by CMake */
 
-/* A buffer grown as batches need: pinned host memory, or GPU memory. */
-struct sl_buf {
-	void *p;
-	size_t cap;
-	int pinned;
-};
-
 struct sl__img_gpu {
 	const struct sl__gpu *g;
 	const struct sl__nvjpeg_api *nj;     /* NULL: the CPU decodes every image */
@@ -33,10 +26,10 @@ struct sl__img_gpu {
 	sl_CUfunction fn;
 	sl_CUevent done;
 	int done_set;
-	struct sl_buf scratch;               /* GPU: the decoded images */
-	struct sl_buf imgs, imgs_dev;        /* the kernel's per-image table (struct sl_aug_img): pinned host, GPU */
-	struct sl_buf bits;                  /* pinned: the batch's JPEGs, as nvJPEG reads them */
-	struct sl_buf host;                  /* pinned: the CPU's decoded images, before their copy */
+	struct sl__gbuf scratch;               /* GPU: the decoded images */
+	struct sl__gbuf imgs, imgs_dev;        /* the kernel's per-image table (struct sl_aug_img): pinned host, GPU */
+	struct sl__gbuf bits;                  /* pinned: the batch's JPEGs, as nvJPEG reads them */
+	struct sl__gbuf host;                  /* pinned: the CPU's decoded images, before their copy */
 };
 
 #define SL_NJ(call, what) sl_nj_err((call), what)
@@ -98,34 +91,12 @@ void sl__img_gpu_close(struct sl__img_gpu *ig)
 		ig->nj->JpegStateDestroy(ig->st);
 	if (ig->h)
 		ig->nj->Destroy(ig->h);
-	sl__gpu_free(ig->g, ig->scratch.p);
-	sl__gpu_free(ig->g, ig->imgs_dev.p);
-	sl__host_free(ig->g, ig->imgs.p, ig->imgs.cap, ig->imgs.pinned);
-	sl__host_free(ig->g, ig->host.p, ig->host.cap, ig->host.pinned);
-	sl__host_free(ig->g, ig->bits.p, ig->bits.cap, ig->bits.pinned);
+	sl__gbuf_free(ig->g, &ig->scratch);
+	sl__gbuf_free(ig->g, &ig->imgs_dev);
+	sl__gbuf_free(ig->g, &ig->imgs);
+	sl__gbuf_free(ig->g, &ig->host);
+	sl__gbuf_free(ig->g, &ig->bits);
 	free(ig);
-}
-
-/* Room for n bytes in b, GPU memory (dev) or pinned host memory, grown by a quarter: the old contents go. */
-static int sl_room(const struct sl__gpu *g, struct sl_buf *b, size_t n, int dev)
-{
-	size_t c;
-	int rc;
-
-	if (n <= b->cap)
-		return 0;
-	c = sl__align_up(n + n / 4, 1u << 21);
-	if (dev)
-		sl__gpu_free(g, b->p);
-	else
-		sl__host_free(g, b->p, b->cap, b->pinned);
-	*b = (struct sl_buf){ NULL, 0, 0 };
-	rc = dev ? sl__gpu_alloc(g, c, &b->p) : sl__host_alloc(g, c, &b->p, &b->pinned);
-	if (rc)
-		return sl__err(rc, "images: %s memory for %zu bytes: %s", dev ? "GPU" : "pinned", c,
-			       sluice_last_error_detail());
-	b->cap = c;
-	return 0;
 }
 
 /* Where image j's decoded pixels end in the scratch (and in the host buffer at the same places). */
@@ -224,6 +195,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 static int sl_route(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__img_item *it, uint8_t *jpeg, uint8_t *cpu)
 {
 	size_t total = sl__img_layout(b, it), bits = 0, cpu_bytes = 0;
+	const char *what = "images";
 	int rc;
 
 	for (uint32_t j = 0; j < b->m; j++) {
@@ -234,10 +206,11 @@ static int sl_route(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__
 		bits += jpeg[j] ? b->rec[j].n : 0;
 		cpu_bytes = cpu[j] ? sl_end(&it[j]) : cpu_bytes;
 	}
-	if (!(rc = sl_room(ig->g, &ig->scratch, total + 1, 1)) && !(rc = sl_room(ig->g, &ig->bits, bits + 1, 0)) &&
-	    !(rc = sl_room(ig->g, &ig->host, cpu_bytes + 1, 0)) &&
-	    !(rc = sl_room(ig->g, &ig->imgs, b->m * sizeof(struct sl_aug_img) + 1, 0)))
-		rc = sl_room(ig->g, &ig->imgs_dev, b->m * sizeof(struct sl_aug_img) + 1, 1);
+	if (!(rc = sl__gbuf_room(ig->g, &ig->scratch, total + 1, 1, what)) &&
+	    !(rc = sl__gbuf_room(ig->g, &ig->bits, bits + 1, 0, what)) &&
+	    !(rc = sl__gbuf_room(ig->g, &ig->host, cpu_bytes + 1, 0, what)) &&
+	    !(rc = sl__gbuf_room(ig->g, &ig->imgs, b->m * sizeof(struct sl_aug_img) + 1, 0, what)))
+		rc = sl__gbuf_room(ig->g, &ig->imgs_dev, b->m * sizeof(struct sl_aug_img) + 1, 1, what);
 	return rc;
 }
 
@@ -259,7 +232,7 @@ static int sl_to_cpu(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl_
 		}
 		cpu_bytes = cpu[j] && sl_end(&it[j]) > cpu_bytes ? sl_end(&it[j]) : cpu_bytes;
 	}
-	return rc ? rc : sl_room(ig->g, &ig->host, cpu_bytes + 1, 0);
+	return rc ? rc : sl__gbuf_room(ig->g, &ig->host, cpu_bytes + 1, 0, "images");
 }
 
 /* The CPU's images decoded into the pinned buffer at their scratch places, then copied up beside nvJPEG's. */

@@ -1,6 +1,7 @@
 /*
- * The loader's codecs: what turns a field's stored bytes into what the
- * batch holds.  Today one, the images (image/): one field's encoded images
+ * The loader's codecs: what turns stored bytes into what the batch holds.
+ * zstd blocks, decoded where the windows are read (by nvCOMP for GPU
+ * loaders, dsread/zgpu.c, or the CPU); and the images (image/): one field's encoded images
  * become a dense tensor of the options' size, dtype and layout, decoded
  * and augmented by each producer on the GPU (nvJPEG and one kernel launch
  * a batch, on the producer's stream) or by the CPU's threads.  This file
@@ -55,11 +56,42 @@ static void sl_connections_check(void)
 			 "(docs/guides/images.md)", v ? v : "unset (8)");
 }
 
+/*
+ * A GPU loader over a zstd dataset: its windows' blocks decoded by nvCOMP
+ * as SLUICE_DECODE says (auto: where it loads; gpu: an error where it does
+ * not; cpu: never).  The records' CRCs check nvCOMP's output, so a dataset
+ * without them is decoded by the CPU, whose zstd checks each block's own
+ * checksum.
+ */
+static int sl_zstd_decoder(struct sluice_loader *ld)
+{
+	const char *why = "the dataset has no record CRCs to check nvCOMP's output with";
+	uint64_t w = 0;
+	int rc;
+
+	ld->znc = NULL;
+	if (!ld->ds->compressed || !ld->opt.gpu)
+		return 0;
+	if ((rc = sl__setting_u64("SLUICE_DECODE", &w)) < 0)
+		return rc;
+	if (w == 2) /* cpu */
+		return 0;
+	if (ld->ds->has_crc)
+		ld->znc = sl__nvcomp(&why);
+	if (!ld->znc && w == 1)
+		return sl__err(SLUICE_ENOGPU, "loader: %s: SLUICE_DECODE=gpu, but %s", ld->ds->path, why);
+	if (!ld->znc)
+		sl__info("loader", "%s: zstd blocks decoded by the CPU: %s", ld->ds->path, why);
+	return 0;
+}
+
 int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_image_options *img)
 {
 	int rc;
 
 	ld->img_f = -1;
+	if ((rc = sl_zstd_decoder(ld)))
+		return rc;
 	if (!img)
 		return 0;
 	if ((rc = sl_image_options(ld, img)))

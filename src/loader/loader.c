@@ -102,7 +102,7 @@ static int sl_start(struct sluice_loader *ld)
 	ld->filling = 1;
 	ld->err = 0;
 	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] + keep : ld->nseq;
-	for (rc = 0; !rc && ld->readers_running < SL_READERS; ld->readers_running++)
+	for (rc = 0; !rc && ld->readers_running < ld->nreaders; ld->readers_running++)
 		rc = pthread_create(&ld->reader[ld->readers_running], NULL, sl__read_ahead, ld);
 	if (rc)
 		ld->readers_running--;
@@ -270,7 +270,8 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 	int rc = 0;
 
 	/* A batch may span several windows; keep them all, one more for each further producer's batch, and for each reader one loading and one ready. */
-	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + ld->nprod - 1 + 2 * SL_READERS);
+	ld->nreaders = ld->znc ? SL_READERS_GPU_ZSTD : SL_READERS;
+	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + ld->nprod - 1 + 2 * ld->nreaders);
 	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
 	ld->nbufs = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));

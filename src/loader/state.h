@@ -63,6 +63,7 @@ struct sl__batch_buf {
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
+#define SL_READERS_GPU_ZSTD 4 /* with nvCOMP decoding: a window's read, decode and copies are serial in its reader */
 #define SL_PRODUCERS 2 /* threads collating batches, each its own, into their buffers */
 /*
  * With images decoded on the GPU: nvJPEG's hardware path waits on each
@@ -136,14 +137,15 @@ struct sluice_loader {
 	 */
 	uint64_t *seq, nseq, *bfirst, *blast;
 	uint64_t low;               /* the batches being built need seq places >= low */
-	pthread_t reader[SL_READERS]; /* read windows ahead of the producer */
-	unsigned readers_running;
+	pthread_t reader[SL_READERS_GPU_ZSTD]; /* read windows ahead of the producer */
+	unsigned nreaders, readers_running;
 	uint64_t read_next;         /* next place in seq a reader takes */
 	struct sl__producer prod[SL_PRODUCERS_MAX];
 	unsigned nprod;             /* producers: SL_PRODUCERS, or SL_PRODUCERS_MAX for images on the GPU */
 	int img_f;                  /* the image field's place among the loaded ones, or -1 */
 	struct sl__img_opts img;
 	int img_decode;             /* enum sluice_image_decode */
+	const struct sl__nvcomp_api *znc; /* zstd blocks of the windows decoded by nvCOMP (each reader its own), or NULL */
 	pthread_t producer[SL_PRODUCERS_MAX];
 	unsigned producers_running;
 	int running;
@@ -163,6 +165,7 @@ struct sluice_loader {
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
 	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
 	_Atomic uint64_t img_gpu, img_cpu; /* images decoded by nvJPEG, by the CPU */
+	_Atomic uint64_t zblocks_gpu, zblocks_cpu; /* zstd blocks of the windows decoded by nvCOMP, by the CPU */
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	/*
 	 * The consumer's wait for the first batch after each (re)start: the

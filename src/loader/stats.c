@@ -96,12 +96,14 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
 	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
-	       "\"images_gpu\":%llu,\"images_cpu\":%llu,\"windows_read_ahead\":%llu,\"stages\":{",
+	       "\"images_gpu\":%llu,\"images_cpu\":%llu,\"zstd_blocks_gpu\":%llu,\"zstd_blocks_cpu\":%llu,"
+	       "\"windows_read_ahead\":%llu,\"stages\":{",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
 	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
 	       (unsigned long long)atomic_load(&ld->img_gpu), (unsigned long long)atomic_load(&ld->img_cpu),
+	       (unsigned long long)atomic_load(&ld->zblocks_gpu), (unsigned long long)atomic_load(&ld->zblocks_cpu),
 	       (unsigned long long)ld->preloaded);
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],

@@ -15,6 +15,7 @@
 
 #include "format/format.h"
 #include "loader/state.h"
+#include "dsread/dsread.h"
 #include "engine/engine.h"
 
 /* The record at position q of the epoch whose order is o. */
@@ -171,9 +172,15 @@ static int sl_window_layout(struct sluice_loader *ld, struct sl__window *win, si
 }
 
 /* The window's records read in one batch; with skip_corrupt, a batch that fails a check is read one by one and its bad records marked. */
-static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, size_t k, struct sluice_xfer_report *rep)
+static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, size_t k, struct sluice_xfer_report *rep,
+			      struct sl__zgpu *z)
 {
-	ssize_t rc = k ? sluice_dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, rep) : 0;
+	uint64_t blocks[2] = { 0, 0 };
+	ssize_t rc = k ? sl__dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, rep, z,
+						blocks) : 0;
+
+	atomic_fetch_add(&ld->zblocks_gpu, blocks[0]);
+	atomic_fetch_add(&ld->zblocks_cpu, blocks[1]);
 
 	if ((rc != SLUICE_ECRC && rc != SLUICE_EFORMAT) || !ld->opt.skip_corrupt)
 		return rc;
@@ -189,7 +196,8 @@ static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, 
 	return rc;
 }
 
-static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w)
+static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w,
+			  struct sl__zgpu *z)
 {
 	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
 	uint64_t need = 0, seq = 0, all = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
@@ -208,7 +216,7 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 		return (int)k;
 	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) || (rc = sl__window_reserve(win, need)))
 		return (int)rc;
-	if ((rc = sl_window_read(ld, win, (size_t)k, &rep)) < 0)
+	if ((rc = sl_window_read(ld, win, (size_t)k, &rep, z)) < 0)
 		return (int)rc;
 	atomic_fetch_add(&ld->seq_bytes, seq);
 	atomic_fetch_add(&ld->record_bytes, all);
@@ -291,8 +299,9 @@ static struct sl__window *sl_free_window(struct sluice_loader *ld)
  * there are buffers (an epoch's start needs its windows faster than the
  * middle: its batches come from the ring, full, while the windows behind
  * them are read).
- * SL_READERS of these run, each with its own window in flight, so that
- * storage sees more than one window's I/O at a time.
+ * ld->nreaders of these run (SL_READERS, or SL_READERS_GPU_ZSTD where
+ * nvCOMP decodes), each with its own window in flight, so that storage
+ * sees more than one window's I/O at a time.
  */
 void *sl__read_ahead(void *arg)
 {
@@ -303,8 +312,12 @@ void *sl__read_ahead(void *arg)
 	 * epoch's start at 0.
 	 */
 	const uint64_t npre = ld->origin ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
+	struct sl__zgpu *z = NULL; /* this reader's nvCOMP decoder (GPU loaders over zstd datasets) */
+	int zrc = ld->znc ? sl__zgpu_open(&z, ld->gpu, ld->znc) : 0;
 
 	pthread_mutex_lock(&ld->lock);
+	if (zrc)
+		sl__loader_fail(ld, sl__err(zrc, "loader: nvCOMP for the zstd blocks: %s", sluice_last_error_detail()));
 	for (;;) {
 		struct sl__window *win = NULL;
 		int pre = 0, rc;
@@ -328,7 +341,7 @@ void *sl__read_ahead(void *arg)
 		win->w = ld->seq[i];
 		win->epoch = ld->opt.epoch + (uint64_t)pre;
 		pthread_mutex_unlock(&ld->lock);
-		rc = sl_window_load(ld, pre ? &ld->next_order : &ld->order, win, ld->seq[i]);
+		rc = sl_window_load(ld, pre ? &ld->next_order : &ld->order, win, ld->seq[i], z);
 		pthread_mutex_lock(&ld->lock);
 		if (rc && pre) {
 			win->state = SL_W_EMPTY; /* the next epoch reads it again, and meets the error then */
@@ -341,6 +354,7 @@ void *sl__read_ahead(void *arg)
 		}
 	}
 	pthread_mutex_unlock(&ld->lock);
+	sl__zgpu_close(z);
 	return NULL;
 }
 

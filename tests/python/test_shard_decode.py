@@ -109,3 +109,118 @@ def test_zstd_shards_decode_on_the_gpu(packs):
                 pytest.skip(f"nvCOMP unusable here: {rep['why_not_gpu']}")
             assert rep["decoder"] == ("gpu" if dec == "auto" else "cpu")
             assert np.array_equal(t.cpu().numpy(), host)
+
+
+def _crc32c(b):
+    f = sluice.lib.sluice_crc32c
+    f.restype, f.argtypes = ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t]
+    return f(0, bytes(b), len(b))
+
+
+def _without_block_crcs(src, dst):
+    """A copy of a zstd pack as sluice wrote it before block CRCs: each shard's flags 1, its block table without
+    the stored bytes' CRCs (and the header's and table's CRCs made again)."""
+    shutil.copytree(src, dst)
+    for name in os.listdir(dst):
+        if name == "index.sli":
+            continue
+        with open(dst / name, "r+b") as f:
+            h = bytearray(f.read(4096))
+            assert int.from_bytes(h[36:40], "little") == 3
+            off, nb = int.from_bytes(h[40:48], "little"), int.from_bytes(h[48:56], "little")
+            f.seek(off)
+            table = f.read(24 * nb)
+            h[36:40] = (1).to_bytes(4, "little")
+            h[56:60] = _crc32c(table).to_bytes(4, "little")
+            h[60:64] = _crc32c(h[36:60]).to_bytes(4, "little")
+            f.seek(0)
+            f.write(h)
+            f.truncate(off + 24 * nb)
+    return dst
+
+
+def test_packs_written_before_block_crcs_still_read(packs, tmp_path):
+    """Shards whose block tables carry no CRCs of the stored bytes (flags 1) read as before, by the CPU."""
+    old, p = sluice.Dataset(_without_block_crcs(packs / "zstd", tmp_path / "old")), sluice.Dataset(packs / "plain")
+    for i in range(0, len(p), 97):
+        assert bytes(old[i]["text"]) == bytes(p[i]["text"])
+    recs, nbytes = old.shard_bytes(0)
+    host = np.zeros(nbytes, np.uint8)
+    assert old.read_shard(0, host)["decoder"] == "cpu"
+
+
+def _cuda_or_skip():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or sluice.gpu_count() == 0:
+        pytest.skip("no CUDA GPU")
+    return torch
+
+
+def _epoch(ld):
+    """Every batch of one epoch as host copies: ids, text's bytes and its offsets."""
+    def host(x):
+        return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+    out = []
+    for b in ld:
+        data, offs = b["text"]
+        out.append((np.array(b["ids"]), bytes(host(data)), host(offs).copy()))
+    return out
+
+
+def test_a_gpu_loader_decodes_zstd_blocks_with_nvcomp(packs, monkeypatch):
+    """A GPU loader over a zstd dataset decodes its windows' blocks with nvCOMP: the same batches as the CPU
+    loader over the plain pack, the stats count the blocks, and SLUICE_DECODE=cpu keeps nvCOMP out."""
+    torch = _cuda_or_skip()
+    z, p = sluice.Dataset(packs / "zstd"), sluice.Dataset(packs / "plain")
+    if z.read_shard(0, torch.zeros(z.shard_bytes(0)[1], dtype=torch.uint8, device="cuda"))["decoder"] != "gpu":
+        pytest.skip("nvCOMP unusable here")
+    want = _epoch(sluice.Loader(p, batch_size=64, seed=4, fields=["text"]))
+    ld = sluice.Loader(z, batch_size=64, seed=4, fields=["text"], device="cuda")
+    got = _epoch(ld)
+    assert len(got) == len(want) > 10
+    for (gi, gd, go), (wi, wd, wo) in zip(got, want):
+        assert np.array_equal(gi, wi) and np.array_equal(go, wo) and gd == wd
+    st = ld.stats()
+    assert st["zstd_blocks_gpu"] > 0 and st["zstd_blocks_cpu"] == 0
+    old = sluice.Dataset(_without_block_crcs(packs / "zstd", packs.parent / (packs.name + "-old")))
+    rep = old.read_shard(0, torch.zeros(old.shard_bytes(0)[1], dtype=torch.uint8, device="cuda"))
+    assert rep["decoder"] == "cpu" and "CRC" in rep["why_not_gpu"]
+    ld = sluice.Loader(old, batch_size=64, seed=4, fields=["text"], device="cuda")
+    assert [g[0].tolist() for g in _epoch(ld)] == [w[0].tolist() for w in want]
+    st = ld.stats()
+    assert st["zstd_blocks_gpu"] == 0 and st["zstd_blocks_cpu"] > 0
+    monkeypatch.setenv("SLUICE_DECODE", "cpu")
+    ld = sluice.Loader(z, batch_size=64, seed=4, fields=["text"], device="cuda")
+    assert [g[0].tolist() for g in _epoch(ld)] == [w[0].tolist() for w in want]
+    st = ld.stats()
+    assert st["zstd_blocks_gpu"] == 0 and st["zstd_blocks_cpu"] > 0
+
+
+@pytest.mark.parametrize("where", ["frame", "data"])
+def test_a_gpu_loader_over_a_corrupt_zstd_block_names_it_or_skips_its_records(packs, tmp_path, where):
+    """Bytes flipped in a stored block (its frame header, or its compressed data) never come out as records: the
+    GPU loader fails naming the shard file, or with skip_corrupt the block's records are skipped and counted."""
+    torch = _cuda_or_skip()
+    bad = tmp_path / "bad"
+    shutil.copytree(packs / "zstd", bad)
+    shard = sorted(f for f in os.listdir(bad) if f != "index.sli")[0]
+    with open(bad / shard, "r+b") as f:
+        at = 4096 + (0 if where == "frame" else 3000)
+        f.seek(at)
+        b = f.read(64)
+        f.seek(at)
+        f.write(bytes(x ^ 0x5A for x in b))
+    ds = sluice.Dataset(bad)
+    if ds.read_shard(1, torch.zeros(ds.shard_bytes(1)[1], dtype=torch.uint8, device="cuda"))["decoder"] != "gpu":
+        pytest.skip("nvCOMP unusable here")
+    with pytest.raises(sluice.SluiceError, match=shard):
+        _epoch(sluice.Loader(ds, batch_size=64, seed=4, fields=["text"], device="cuda"))
+    plain = sluice.Dataset(packs / "plain")
+    clean = sum(len(g[0]) for g in _epoch(sluice.Loader(plain, batch_size=64, seed=4, fields=["text"])))
+    ld = sluice.Loader(ds, batch_size=64, seed=4, fields=["text"], device="cuda", skip_corrupt=True)
+    got = _epoch(ld)
+    skipped = ld.stats()["skipped"]
+    assert skipped > 0 and sum(len(g[0]) for g in got) + skipped == clean
+    for ids, data, offs in got:  # every record that came is the plain pack's
+        for j, i in enumerate(ids):
+            assert data[offs[j]:offs[j + 1]] == bytes(plain[int(i)]["text"]), int(i)

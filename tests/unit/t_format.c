@@ -298,13 +298,14 @@ static void t_zstd(void)
 	T_CHECK(sluice_dataset_open(&ds, path) == 0);
 	T_CHECK(!strcmp(sluice_dataset_compression(ds, &ratio), "zstd") && ratio > 1.0);
 
-	/* A flipped byte inside a block: the block fails its checksum, and verify names its records. */
+	/* A flipped byte inside a block: the block fails its stored bytes' CRC, and verify names its records. */
 	T_CHECK(sluice_dataset_locate(ds, 5, &loc) == 0);
 	snprintf(shard, sizeof(shard), "%s/shard-%06u.sls", path, loc.shard);
 	flip_byte(shard, 4096 + 2000);
-	T_CHECK(sluice_dataset_read(ds, 5, buf, sizeof(buf), NULL) == SLUICE_EFORMAT);
-	T_CHECK(strstr(sluice_last_error_detail(), "block 0") && strstr(sluice_last_error_detail(), "shard-000000"));
-	T_CHECK(sluice_dataset_verify(ds, on_bad, &log) > 0 && log.rec[0] == 0 && log.code[0] == SLUICE_EFORMAT);
+	T_CHECK(sluice_dataset_read(ds, 5, buf, sizeof(buf), NULL) == SLUICE_ECRC);
+	T_CHECK(strstr(sluice_last_error_detail(), "block 0: CRC mismatch of its stored bytes") &&
+		strstr(sluice_last_error_detail(), "shard-000000"));
+	T_CHECK(sluice_dataset_verify(ds, on_bad, &log) > 0 && log.rec[0] == 0 && log.code[0] == SLUICE_ECRC);
 	flip_byte(shard, 4096 + 2000);
 	sluice_dataset_close(ds);
 
