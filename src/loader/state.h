@@ -1,13 +1,15 @@
 /*
  * loader: batches of dataset records for a training loop.  order.c: which
  * records; window.c: reading them; collate.c: batches into the ring;
- * ring.c: the consumer; stats.c: where the time goes; codec.c: what a
- * field is decoded into (images); loader.c: open, start, stop and close.
+ * ring.c: the consumer; stats.c: where the time goes; codec.c: what
+ * stored bytes are decoded into (zstd blocks, images); loader.c: open,
+ * start, stop and close.
  * This header is the loader's state, which the stages share; the stages
  * call one way (loader.c -> collate.c -> window.c), never back into
  * loader.c.  Depends on engine/, format/, gpu/ (batches land in GPU
- * memory), image/ (images decoded and augmented) and diag/ (the figures
- * it publishes); it reads records through dsread's public calls.
+ * memory), image/ (images decoded and augmented), diag/ (the figures
+ * it publishes) and dsread/ (windows read, their zstd blocks decoded by
+ * nvCOMP on the GPU or the CPU).
  */
 #ifndef SL_LOADER_STATE_H
 #define SL_LOADER_STATE_H

@@ -18,7 +18,7 @@ ALLOWED = {
     "xfer": {"core", "engine", "remote"},
     "dsread": {"core", "engine", "format"},
     "image": {"core", "gpu"},
-    "loader": {"core", "engine", "format", "gpu", "image", "diag"},
+    "loader": {"core", "engine", "format", "gpu", "image", "diag", "dsread"},
     "pack": {"core", "format"},
 }
 

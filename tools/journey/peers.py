@@ -11,10 +11,8 @@ step. Needs torch (and torchvision for images); a peer whose package is missing 
 import glob
 import io
 import os
-import queue
 import statistics
 import tarfile
-import threading
 import time
 
 import numpy as np
@@ -205,64 +203,21 @@ def loader(kind, folder, workers, fn=decode_image):
 
 
 def sluice_batches(ds_path):
-    """sluice's loader, JPEGs decoded on the GPU. nvJPEG reads the compressed bytes from host memory: the
-    loader delivers them there (its reads and CRC checks stay off this thread). A thread decodes each batch
-    (torchvision.io.decode_jpeg, then the same normalize) on a CUDA stream of its own, up to two batches ahead
-    of the step, as DALI's pipeline does; the step's stream waits on the batch's event. A decode not finished
-    when the step asks for its batch counts as data wait."""
-    import torchvision
-    ld = sluice.Loader(sluice.Dataset(ds_path), batch_size=B, device="cpu", fields=["data", "label"],
-                       drop_last=True, seed=0)
-    mean, std = MEAN.to(DEV), STD.to(DEV)
-    ready, stop = queue.Queue(maxsize=2), threading.Event()
-
-    def decode_ahead():
-        side = torch.cuda.Stream() if DEV == "cuda" else None
-        epoch = 0
-        try:
-            while not stop.is_set():
-                for b in ld:
-                    data, offs = b["data"]
-                    t = torch.from_numpy(data)
-                    jpegs = [t[offs[k]:offs[k + 1]] for k in range(len(offs) - 1)]
-                    y = torch.from_numpy(b["label"].astype(np.int64))
-                    with torch.cuda.stream(side) if side else torch.autograd.no_grad():
-                        x = torch.stack(torchvision.io.decode_jpeg(jpegs, device=DEV)).float().div_(255)
-                        x = (x - mean) / std
-                        y = y.to(DEV)
-                        ev = None
-                        if side:
-                            ev = torch.cuda.Event()
-                            ev.record(side)
-                    ready.put((x, y, ev))
-                    if stop.is_set():
-                        return
-                epoch += 1
-                ld.set_epoch(epoch)
-        except BaseException as e:  # the step's thread raises it
-            ready.put(e)
-
-    th = threading.Thread(target=decode_ahead, daemon=True)
-    th.start()
+    """sluice's loader doing the report's light transform itself (sluice.Images: resize to SIZE, normalize): on
+    the GPU nvJPEG decodes each batch and one kernel resizes and normalises it, so the batch arrives as a
+    [B, 3, SIZE, SIZE] float tensor in GPU memory, with no worker processes and no decoding thread of ours."""
+    images = sluice.Images("data", size=SIZE, mode="resize", mean=MEAN.flatten().tolist(),
+                           std=STD.flatten().tolist(), dtype="f32")
+    ld = sluice.Loader(sluice.Dataset(ds_path), batch_size=B, device=DEV, fields=["data", "label"],
+                       drop_last=True, seed=0, images=images)
+    epoch = 0
     try:
         while True:
-            item = ready.get()
-            if isinstance(item, BaseException):
-                raise item
-            x, y, ev = item
-            if ev is not None:
-                cur = torch.cuda.current_stream()
-                cur.wait_event(ev)
-                x.record_stream(cur)
-                y.record_stream(cur)
-            yield x, y
+            for b in ld:
+                yield torch.as_tensor(b["data"]), torch.as_tensor(b["label"]).long()
+            epoch += 1
+            ld.set_epoch(epoch)
     finally:
-        stop.set()
-        while th.is_alive():  # a decode blocked on the full queue ends
-            try:
-                ready.get(timeout=0.1)
-            except queue.Empty:
-                pass
         ld.close()
 
 
