@@ -182,6 +182,8 @@ def main():
     ap.add_argument("--trace", default="", help="only: STEPS training steps of the first model fed by sluice under "
                     "torch.profiler, the Chrome trace written here and each stream's GPU time printed")
     a = ap.parse_args()
+    # What docs/guides/images.md asks of a user of GPU image loaders, before CUDA starts (a value set is kept).
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
     import torch
     import torchvision

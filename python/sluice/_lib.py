@@ -2,11 +2,6 @@
 import ctypes as C
 import os
 
-# nvJPEG's hardware decoders run through a dozen CUDA streams each: with CUDA's default of 8 hardware queues they
-# share queues with the model's stream and stall its kernels (docs/guides/images.md). CUDA reads the variable
-# when it starts, which in a usual script comes after `import sluice`; a value already set is kept.
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-
 MAX_FIELDS = 64
 MAX_NDIM = 4
 

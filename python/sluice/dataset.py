@@ -91,11 +91,14 @@ class Dataset:
         """Shard s whole into out (numpy array or GPU tensor of at least shard_bytes(s)[1] bytes): its records
         back to back, zstd blocks decoded on the GPU by nvCOMP or on the CPU (decoder auto|gpu|cpu).  Returns
         {"bytes", "stored", "blocks", "read_s", "decode_s", "decoder", "why_not_gpu"}."""
+        decoders = {"auto": 0, "cpu": 1, "gpu": 2}
+        if decoder not in decoders:
+            raise ValueError(f"Dataset.read_shard(decoder={decoder!r}): one of auto, gpu, cpu")
         _find_nvcomp()
         ptr, n, keep = _buffer(out, True)
         rep = ShardReport()
         s = _int_option("Dataset.read_shard", "s", s, 0, (1 << 32) - 1)
-        check(lib.sluice_dataset_read_shard(_eng(), self._h, s, ptr, n, {"auto": 0, "cpu": 1, "gpu": 2}[decoder],
+        check(lib.sluice_dataset_read_shard(_eng(), self._h, s, ptr, n, decoders[decoder],
                                             C.byref(rep)))
         return {"bytes": rep.bytes, "stored": rep.stored, "blocks": rep.blocks, "read_s": rep.read_s,
                 "decode_s": rep.decode_s, "decoder": rep.decoder.decode(), "why_not_gpu": rep.why_not_gpu.decode()}

@@ -89,6 +89,65 @@ int sl__read_blocks(struct sluice_engine *eng, struct sluice_dataset *ds, const 
 	return (int)rc;
 }
 
+int sl__read_shard_records(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard, char *dst,
+			   uint64_t logical, struct sluice_xfer_report *rep)
+{
+	struct sluice_file **files = calloc(ds->nfiles ? ds->nfiles : 1, sizeof(*files));
+	uint64_t first = 0, n = 0, at = SL_ALIGN, nr = 0, recs, bytes;
+	struct sluice_range *r = NULL;
+	struct sluice_record_loc *loc = NULL;
+	uint32_t *crc = NULL;
+	struct sl__job job = { 0 };
+	ssize_t rc = files ? 0 : -ENOMEM;
+
+	for (unsigned s = 0; s < shard && !rc; s++)
+		if (!(rc = sluice_dataset_shard_info(ds, s, &recs, &bytes)))
+			first += recs;
+	if (!rc && !(rc = sluice_dataset_shard_info(ds, shard, &n, &bytes)) &&
+	    (!(r = malloc((2 * n + 1) * sizeof(*r))) || !(loc = malloc((n + 1) * sizeof(*loc))) ||
+	     !(crc = malloc((2 * n + 1) * sizeof(*crc)))))
+		rc = -ENOMEM;
+	if (!rc)
+		rc = sl_file_of(eng, ds, files, shard);
+	/* Each record a range of its own (its CRC checked), and the padding between them one too. */
+	for (uint64_t k = 0; k < n && !rc; k++) {
+		if ((rc = sluice_dataset_locate(ds, first + k, &loc[k])) || (rc = sl__ds_loc_check(ds, first + k, &loc[k])))
+			break;
+		if (loc[k].shard != shard || loc[k].offset < at || loc[k].offset + loc[k].length > SL_ALIGN + logical) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: record %llu at %llu out of place in its shard", ds->files[shard],
+				     (unsigned long long)(first + k), (unsigned long long)loc[k].offset);
+			break;
+		}
+		if (loc[k].offset > at)
+			r[nr++] = (struct sluice_range){ files[shard], at, loc[k].offset - at, dst + (at - SL_ALIGN) };
+		r[nr++] = (struct sluice_range){ files[shard], loc[k].offset, loc[k].length, dst + (loc[k].offset - SL_ALIGN) };
+		at = loc[k].offset + loc[k].length;
+	}
+	if (!rc && at < SL_ALIGN + logical)
+		r[nr++] = (struct sluice_range){ files[shard], at, SL_ALIGN + logical - at, dst + (at - SL_ALIGN) };
+	if (!rc)
+		rc = sl_read_job(eng, &job, r, nr, ds->has_crc, rep);
+	if (rc >= 0) {
+		rc = 0;
+		if (ds->has_crc)
+			sl_range_crcs(&job, crc, nr);
+	}
+	for (uint64_t k = 0, q = 0; ds->has_crc && k < n && !rc; k++, q++) {
+		q += r[q].offset != loc[k].offset; /* past the padding before it */
+		if (crc[q] != loc[k].crc)
+			rc = sl__err(SLUICE_ECRC, "%s: record %llu at offset %llu: CRC mismatch", ds->files[shard],
+				     (unsigned long long)(first + k), (unsigned long long)loc[k].offset);
+	}
+	sl__plan_free(&job);
+	if (files[shard])
+		sluice_file_close(files[shard]);
+	free(files);
+	free(r);
+	free(loc);
+	free(crc);
+	return (int)rc;
+}
+
 /*
  * On the GPU (z): the blocks' stored bytes read through the engine into
  * pinned memory, each checked by its CRC and to be one zstd frame of its

@@ -33,6 +33,14 @@ SL_HIDDEN int sl__zdecode(struct sluice_engine *eng, struct sluice_dataset *ds, 
 SL_HIDDEN int sl__read_blocks(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
 			      uint64_t n, void *const *to, struct sluice_xfer_report *rep);
 /*
+ * An uncompressed shard's records, and the padding between them, to dst
+ * (host or GPU memory; logical bytes from the shard's offset 4096) by one
+ * engine job, each record's CRC checked: 0, or SLUICE_ECRC / SLUICE_EFORMAT
+ * naming the file and record.
+ */
+SL_HIDDEN int sl__read_shard_records(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard, char *dst,
+				     uint64_t logical, struct sluice_xfer_report *rep);
+/*
  * nvCOMP's batched zstd decoder with its stream and buffers kept from call
  * to call (zgpu.c).  Pointers and sizes SL_ZGPU_ALIGN-aligned suit it.
  */

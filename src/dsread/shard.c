@@ -247,12 +247,11 @@ ssize_t sluice_dataset_read_shard(struct sluice_engine *eng, struct sluice_datas
 	rep->bytes = logical;
 	t0 = sl__now_ns();
 	if (!ds->compressed) {
-		ssize_t got = logical ? sluice_read_to_gpu(eng, path, SL_ALIGN, logical, dst, NULL) : 0;
-
+		rc = logical ? sl__read_shard_records(eng, ds, shard, dst, logical, NULL) : 0;
 		rep->read_s = (double)(sl__now_ns() - t0) / 1e9;
 		rep->stored = logical;
 		snprintf(rep->decoder, sizeof(rep->decoder), "none");
-		return got < 0 ? got : (ssize_t)logical;
+		return rc ? rc : (ssize_t)logical;
 	}
 	if ((rc = ds->ops->blocks(ds, shard, &blk, &nb)))
 		return rc;

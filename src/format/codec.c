@@ -142,8 +142,9 @@ int sl__shard_header_parse(const unsigned char *h, size_t len, struct sl__shard_
 		return sl__err(SLUICE_EFORMAT, "shard header truncated (%zu bytes)", len);
 	if (memcmp(h, SL_SHARD_MAGIC, 8))
 		return sl__err(SLUICE_EFORMAT, "not a sluice shard (bad magic)");
-	if (sl__le32(h + 8) != SL_FORMAT_VERSION)
-		return sl__err(SLUICE_EFORMAT, "shard version %u, this sluice reads %u", sl__le32(h + 8),
+	/* Shards are the same in versions 1 and 2 (version 2 changed the index); writers before it wrote 1. */
+	if (sl__le32(h + 8) < 1 || sl__le32(h + 8) > SL_FORMAT_VERSION)
+		return sl__err(SLUICE_EFORMAT, "shard version %u, this sluice reads 1 to %u", sl__le32(h + 8),
 			       SL_FORMAT_VERSION);
 	if (SL_CRC_BAD(sl__le32(h + 32), sluice_crc32c(0, h, 32)))
 		return sl__err(SLUICE_EFORMAT, "shard header CRC mismatch");

@@ -454,7 +454,7 @@ static int64_t sl_native_check(struct sluice_dataset *ds, void (*bad)(const stru
 		return -ENOMEM;
 	}
 	for (unsigned s = 0; s < S; s++) {
-		struct sl__shard_hdr sh;
+		struct sl__shard_hdr sh = { 0 };
 		struct stat st;
 		int rc = sl_shard_header(ds, s, &sh);
 		uint64_t want = sh.flags ? sh.table_off + sl__block_table_len(&sh) : SL_HDR_SIZE + sh.data_len;

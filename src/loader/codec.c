@@ -43,8 +43,8 @@ static int sl_image_options(struct sluice_loader *ld, const struct sluice_image_
  * the model's stream shares a queue with streams that wait on the JPEG
  * engines, and its kernels wait behind them: on an H100, ResNet-18's
  * training step, 21.5 ms alone, took 27-28 ms beside the decoding with 8
- * queues and 25-26 with 32 (docs/BENCHMARKS.md).  The Python package sets 32
- * where the variable is unset; C programs are told here.
+ * queues and 25-26 with 32 (docs/BENCHMARKS.md).  The variable is the
+ * user's (some recipes want 1), so it is only asked for here.
  */
 static void sl_connections_check(void)
 {

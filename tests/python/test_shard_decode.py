@@ -91,6 +91,8 @@ def test_read_shard_refusals(packs, tmp_path, monkeypatch):
         f.write(bytes(x ^ 0x5A for x in b))
     with pytest.raises(sluice.SluiceError, match=f"{shard}: block 0"):
         sluice.Dataset(bad).read_shard(0, np.zeros(nbytes, np.uint8), decoder="cpu")
+    with pytest.raises(ValueError, match="decoder='CPU'.*one of auto, gpu, cpu"):
+        z.read_shard(0, np.zeros(nbytes, np.uint8), decoder="CPU")
 
 
 def test_zstd_shards_decode_on_the_gpu(packs):
@@ -130,6 +132,8 @@ def _without_block_crcs(src, dst):
             off, nb = int.from_bytes(h[40:48], "little"), int.from_bytes(h[48:56], "little")
             f.seek(off)
             table = f.read(24 * nb)
+            h[8:12] = (1).to_bytes(4, "little")  # they were version 1 shards too
+            h[32:36] = _crc32c(h[:32]).to_bytes(4, "little")
             h[36:40] = (1).to_bytes(4, "little")
             h[56:60] = _crc32c(table).to_bytes(4, "little")
             h[60:64] = _crc32c(h[36:60]).to_bytes(4, "little")
@@ -147,6 +151,50 @@ def test_packs_written_before_block_crcs_still_read(packs, tmp_path):
     recs, nbytes = old.shard_bytes(0)
     host = np.zeros(nbytes, np.uint8)
     assert old.read_shard(0, host)["decoder"] == "cpu"
+
+
+def test_an_uncompressed_shard_read_whole_has_its_records_checked(packs, tmp_path):
+    """read_shard of a plain pack: every record's CRC checked (a flipped byte is an error naming the file and the
+    record, never returned), the padding between records read too, the same bytes as each record read alone."""
+    p = sluice.Dataset(packs / "plain")
+    recs, nbytes = p.shard_bytes(0)
+    out = np.full(nbytes, 0xEE, np.uint8)
+    assert p.read_shard(0, out)["decoder"] == "none"
+    assert records_of(p, 0, out) == recs
+    loc = sluice._lib.RecordLoc()
+    sluice._lib.check(sluice.lib.sluice_dataset_locate(p._h, 7, ctypes.byref(loc)))
+    bad = tmp_path / "bad"
+    shutil.copytree(packs / "plain", bad)
+    shard = sorted(f for f in os.listdir(bad) if f != "index.sli")[loc.shard]
+    with open(bad / shard, "r+b") as f:
+        f.seek(loc.offset + loc.length // 2)
+        b = f.read(1)
+        f.seek(loc.offset + loc.length // 2)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(sluice.SluiceError, match=f"{shard}: record 7 .*CRC mismatch"):
+        sluice.Dataset(bad).read_shard(loc.shard, np.zeros(nbytes, np.uint8))
+
+
+def test_shards_of_version_1_still_read(packs, tmp_path):
+    """Shards written before the index's version 2 say version 1 in their header: they read as before."""
+    d = tmp_path / "v1"
+    shutil.copytree(packs / "plain", d)
+    for name in os.listdir(d):
+        if name != "index.sli":
+            with open(d / name, "r+b") as f:
+                h = bytearray(f.read(36))
+                h[8:12] = (1).to_bytes(4, "little")
+                h[32:36] = _crc32c(h[:32]).to_bytes(4, "little")
+                f.seek(0)
+                f.write(h)
+    v1, p = sluice.Dataset(d), sluice.Dataset(packs / "plain")
+    for i in range(0, len(p), 101):
+        assert bytes(v1[i]["text"]) == bytes(p[i]["text"])
+    out = np.zeros(v1.shard_bytes(0)[1], np.uint8)
+    v1.read_shard(0, out)
+    assert records_of(v1, 0, out) == v1.shard_bytes(0)[0]
+    check = subprocess.run([SLUICE, "verify", str(d)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def _cuda_or_skip():
