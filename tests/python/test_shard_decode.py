@@ -175,6 +175,19 @@ def test_an_uncompressed_shard_read_whole_has_its_records_checked(packs, tmp_pat
         sluice.Dataset(bad).read_shard(loc.shard, np.zeros(nbytes, np.uint8))
 
 
+def test_an_uncompressed_shard_read_whole_into_gpu_memory(packs):
+    """The same record-checked read of a plain shard into GPU memory: the host read's bytes."""
+    torch = _cuda_or_skip()
+    p = sluice.Dataset(packs / "plain")
+    for s in range(sluice.lib.sluice_dataset_shards(p._h)):
+        recs, nbytes = p.shard_bytes(s)
+        host = np.zeros(nbytes, np.uint8)
+        p.read_shard(s, host)
+        t = torch.full((nbytes,), 0xEE, dtype=torch.uint8, device="cuda")
+        assert p.read_shard(s, t)["decoder"] == "none"
+        assert np.array_equal(t.cpu().numpy(), host)
+
+
 def test_shards_of_version_1_still_read(packs, tmp_path):
     """Shards written before the index's version 2 say version 1 in their header: they read as before."""
     d = tmp_path / "v1"
