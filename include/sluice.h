@@ -1163,7 +1163,8 @@ struct sluice_loader_options {
 	int drop_last;             /* 1: drop the last partial global batch; 0: fill it from the epoch's start */
 	int shuffle;               /* 0: dataset order */
 	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
-	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted */
+	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted;
+				      a batch left with no record is not delivered */
 	unsigned device_index;     /* with gpu: which of the engine's device ids (SLUICE_DEVICE_IDS) batches land
 				      in, 0: the first */
 	const struct sluice_image_options *image; /* NULL, or one field's encoded images decoded and augmented */

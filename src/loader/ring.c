@@ -70,25 +70,33 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	s = sl_release(ld, stream);
 	pthread_mutex_lock(&ld->lock);
 	wake = sl_free_buf(s);
-	if (ld->next_g >= ld->nbatches) {
-		pthread_mutex_unlock(&ld->lock);
-		if (wake)
-			pthread_cond_signal(&ld->buf_cv);
-		return 0;
+	for (;;) {
+		if (ld->next_g >= ld->nbatches) {
+			pthread_mutex_unlock(&ld->lock);
+			if (wake)
+				pthread_cond_signal(&ld->buf_cv);
+			return 0;
+		}
+		s = &ld->bufs[ld->next_g % ld->nbufs];
+		if (wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
+			pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
+			wake = 0;
+		}
+		/*
+		 * A batch being built when another fails is still waited for: the
+		 * batches before a bad record arrive, and the error with the batch
+		 * that holds it, whichever producer met it first.
+		 */
+		while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
+		       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
+			pthread_cond_wait(&ld->batch_cv, &ld->lock);
+		/* Every record of the batch skipped (skip_corrupt): nothing to hand over, and no empty step. */
+		if (!(s->state == SL_B_READY && s->g == ld->next_g && s->b.size == 0))
+			break;
+		s->state = SL_B_FREE;
+		ld->next_g++;
+		wake = 1;
 	}
-	s = &ld->bufs[ld->next_g % ld->nbufs];
-	if (wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
-		pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
-		wake = 0;
-	}
-	/*
-	 * A batch being built when another fails is still waited for: the
-	 * batches before a bad record arrive, and the error with the batch that
-	 * holds it, whichever producer met it first.
-	 */
-	while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
-	       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
-		pthread_cond_wait(&ld->batch_cv, &ld->lock);
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
 		s->state = SL_B_OUT;
 		ld->held = s;

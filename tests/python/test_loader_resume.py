@@ -4,8 +4,10 @@ every rank gets the same number of batches, with fewer shards than ranks and sam
 and no rank waits for another (each rank runs here as its own loader, one after another, so a loader that
 needed its peers would hang the test)."""
 import json
+import os
 import subprocess
 
+import numpy as np
 import pytest
 
 import sluice
@@ -218,3 +220,29 @@ def test_a_batch_used_after_close_stays_valid(tmp_path):
     ds = _dataset(tmp_path, 100, "64K")
     r = subprocess.run([sys.executable, "-c", CLOSED, ds.path], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path):
+    """skip_corrupt: a batch whose every record fails its CRC is skipped whole (a model's step on an empty batch
+    fails), its records counted; the batches around it arrive whole, in order."""
+    import ctypes
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(320)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(rows), "--fields", "t", "--quiet", str(tmp_path / "ds")],
+                   check=True, capture_output=True)
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    for i in range(64, 128):  # the second batch of 64, in dataset order
+        loc = sluice._lib.RecordLoc()
+        sluice._lib.check(sluice.lib.sluice_dataset_locate(ds._h, i, ctypes.byref(loc)))
+        name = sorted(f for f in os.listdir(tmp_path / "ds") if f != "index.sli")[loc.shard]
+        with open(tmp_path / "ds" / name, "r+b") as f:
+            f.seek(loc.offset)
+            b = f.read(1)
+            f.seek(loc.offset)
+            f.write(bytes([b[0] ^ 0xFF]))
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    ld = sluice.Loader(ds, batch_size=64, shuffle=False, skip_corrupt=True)
+    got = [np.array(b["ids"]) for b in ld]
+    assert [len(g) for g in got] == [64, 64, 64, 64]
+    assert np.array_equal(np.concatenate(got), np.r_[0:64, 128:320])
+    assert ld.stats()["skipped"] == 64
