@@ -361,7 +361,7 @@ int64_t sluice_dataset_verify(struct sluice_dataset *ds, void (*bad)(const struc
 int sluice_dataset_shard_info(const struct sluice_dataset *ds, unsigned s, uint64_t *records, uint64_t *bytes)
 {
 	if (s >= ds->nfiles)
-		return sl__err(SLUICE_ERANGE, "%s: file %u of %u", ds->path, s, ds->nfiles);
+		return sl__err(SLUICE_ERANGE, "%s: no shard %u (the dataset has %u)", ds->path, s, ds->nfiles);
 	*records = ds->file_records ? ds->file_records[s] : UINT64_MAX;
 	*bytes = ds->file_bytes[s];
 	return 0;

@@ -375,10 +375,12 @@ static int sl_writer_place(struct sluice_writer *w, const char *dir)
 /* zstd shards: the level and block size checked, the compression context made. */
 static int sl_writer_zstd(struct sluice_writer *w, const struct sluice_writer_options *opt)
 {
-	if (opt->zstd_level < 1 || opt->zstd_level > ZSTD_maxCLevel() ||
-	    (opt->block_size && (opt->block_size < SL_MIN_BLOCK || opt->block_size > (1u << 30))))
-		return sl__err(SLUICE_EINVAL_CONFIG, "zstd level %d (1..%d) or block size %zu (1 MiB..1 GiB) out of range",
-			       opt->zstd_level, ZSTD_maxCLevel(), opt->block_size);
+	if (opt->zstd_level < 1 || opt->zstd_level > ZSTD_maxCLevel())
+		return sl__err(SLUICE_EINVAL_CONFIG, "zstd level %d out of range (1..%d)", opt->zstd_level,
+			       ZSTD_maxCLevel());
+	if (opt->block_size && (opt->block_size < SL_MIN_BLOCK || opt->block_size > (1u << 30)))
+		return sl__err(SLUICE_EINVAL_CONFIG, "zstd block size %zu bytes out of range (1 MiB..1 GiB; 0: 1 MiB)",
+			       opt->block_size);
 	w->zstd_level = opt->zstd_level;
 	w->block_size = opt->block_size ? opt->block_size : 1u << 20; /* GPU decoders want many blocks; a shuffle run spans fewer (BENCHMARKS) */
 	w->cctx = ZSTD_createCCtx();

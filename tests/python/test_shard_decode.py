@@ -93,6 +93,14 @@ def test_read_shard_refusals(packs, tmp_path, monkeypatch):
         sluice.Dataset(bad).read_shard(0, np.zeros(nbytes, np.uint8), decoder="cpu")
     with pytest.raises(ValueError, match="decoder='CPU'.*one of auto, gpu, cpu"):
         z.read_shard(0, np.zeros(nbytes, np.uint8), decoder="CPU")
+    n = sluice.lib.sluice_dataset_shards(z._h)
+    with pytest.raises(sluice.SluiceError, match=f"no shard {n + 5} \\(the dataset has {n}\\)"):
+        z.read_shard(n + 5, np.zeros(nbytes, np.uint8))
+    bad_block = subprocess.run([SLUICE, "pack", "--from-jsonl", str(packs / "in.jsonl"), "--fields", "text,n",
+                                "--zstd", "3", "--block-size", "1K", "--quiet", str(tmp_path / "small")],
+                               capture_output=True, text=True)
+    assert bad_block.returncode != 0 and "zstd block size 1024 bytes out of range" in bad_block.stderr
+    assert "level" not in bad_block.stderr
 
 
 def test_zstd_shards_decode_on_the_gpu(packs):
