@@ -185,14 +185,21 @@ static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, 
 	if ((rc != SLUICE_ECRC && rc != SLUICE_EFORMAT) || !ld->opt.skip_corrupt)
 		return rc;
 	rc = 0;
+	/* The first bad record named, the rest of the window's counted: a bad block is one line, not one a record. */
+	size_t bad = 0;
+
 	for (size_t i = 0; i < k && rc >= 0; i++) {
 		rc = sluice_dataset_read(ld->ds, win->ids[i], win->buf + win->off[i], win->len[i], NULL);
 		if (rc == SLUICE_ECRC || rc == SLUICE_EFORMAT) {
-			sl__warn("loader", "skipping: %s", sluice_last_error_detail());
+			if (!bad++)
+				sl__warn("loader", "skipping: %s", sluice_last_error_detail());
 			win->len[i] = UINT32_MAX;
 			rc = 0;
 		}
 	}
+	if (bad > 1)
+		sl__warn("loader", "skipping %zu more records of window %llu, each failing its check", bad - 1,
+			 (unsigned long long)win->w);
 	return rc;
 }
 

@@ -222,9 +222,10 @@ def test_a_batch_used_after_close_stays_valid(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 
-def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path):
+def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
     """skip_corrupt: a batch whose every record fails its CRC is skipped whole (a model's step on an empty batch
-    fails), its records counted; the batches around it arrive whole, in order."""
+    fails), its records counted; the batches around it arrive whole, in order; the warnings name the first bad
+    record of a window read and count the rest (not a line a record)."""
     import ctypes
     rows = tmp_path / "in.jsonl"
     rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(320)))
@@ -246,3 +247,6 @@ def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path):
     assert [len(g) for g in got] == [64, 64, 64, 64]
     assert np.array_equal(np.concatenate(got), np.r_[0:64, 128:320])
     assert ld.stats()["skipped"] == 64
+    err = capfd.readouterr().err
+    assert "skipping: " in err and "record 64" in err and "skipping 63 more records of window" in err
+    assert err.count("skipping") <= 2 * ld.stats()["stages"]["read"]["count"]
