@@ -137,6 +137,8 @@ SL_HIDDEN const struct sl__nvjpeg_api *sl__nvjpeg(const char **why);
 struct sl__gpu;
 /* NVRTC (nvrtc.c): a CUDA C++ source compiled for g's architecture, once a process and source, into *fn. */
 SL_HIDDEN int sl__nvrtc_kernel(const struct sl__gpu *g, const char *src, const char *name, sl_CUfunction *fn);
+/* src compiled by NVRTC for sm_<major><minor> into a cubin (*out, malloc'ed, *n bytes); no GPU needed. */
+SL_HIDDEN int sl__nvrtc_compile(const char *src, const char *name, int major, int minor, char **out, size_t *n);
 
 /* nvCOMP (nvcomp.c): the batched zstd decoder of libnvcomp.so.6. */
 struct sl__nvcomp_opts {

@@ -58,21 +58,16 @@ static void sl_nvrtc_load(void)
 				    "NVRTC of CUDA 11.1 or later wanted", sl_rt_why, sizeof(sl_rt_why)) != NULL;
 }
 
-/* src compiled for g's architecture into a cubin (*out, malloc'ed, *n bytes). */
-static int sl_compile(const struct sl__gpu *g, const char *src, const char *name, char **out, size_t *n)
+int sl__nvrtc_compile(const char *src, const char *name, int major, int minor, char **out, size_t *n)
 {
-	int major = 0, minor = 0, rc;
 	char arch[48];
 	const char *opts[] = { arch, "--std=c++17", "-default-device" };
 	sl_nvrtcProgram p = NULL;
+	int rc;
 
-	rc = SL_CU(g->cu->DeviceGetAttribute(&major, SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, g->dev),
-		   "cuDeviceGetAttribute");
-	if (!rc)
-		rc = SL_CU(g->cu->DeviceGetAttribute(&minor, SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, g->dev),
-			   "cuDeviceGetAttribute");
-	if (rc)
-		return rc;
+	pthread_once(&sl_rt_once, sl_nvrtc_load);
+	if (!sl_rt_ok)
+		return sl__err(SLUICE_ENOGPU, "%s", sl_rt_why);
 	snprintf(arch, sizeof(arch), "--gpu-architecture=sm_%d%d", major, minor);
 	if ((rc = sl_rt.CreateProgram(&p, src, name, 0, NULL, NULL)))
 		return sl__err(SLUICE_ECUDA, "nvrtcCreateProgram: %s", sl_rt.GetErrorString(rc));
@@ -95,6 +90,19 @@ static int sl_compile(const struct sl__gpu *g, const char *src, const char *name
 		free(*out);
 	sl_rt.DestroyProgram(&p);
 	return rc ? sl__err(SLUICE_ECUDA, "NVRTC: the cubin of %s could not be had", name) : 0;
+}
+
+/* src compiled for g's architecture into a cubin (*out, malloc'ed, *n bytes). */
+static int sl_compile(const struct sl__gpu *g, const char *src, const char *name, char **out, size_t *n)
+{
+	int major = 0, minor = 0;
+	int rc = SL_CU(g->cu->DeviceGetAttribute(&major, SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, g->dev),
+		       "cuDeviceGetAttribute");
+
+	if (!rc)
+		rc = SL_CU(g->cu->DeviceGetAttribute(&minor, SL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, g->dev),
+			   "cuDeviceGetAttribute");
+	return rc ? rc : sl__nvrtc_compile(src, name, major, minor, out, n);
 }
 
 int sl__nvrtc_kernel(const struct sl__gpu *g, const char *src, const char *name, sl_CUfunction *fn)
