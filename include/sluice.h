@@ -1164,7 +1164,8 @@ struct sluice_loader_options {
 	int shuffle;               /* 0: dataset order */
 	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
 	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted;
-				      a batch left with no record is not delivered */
+				      a batch left with no record is not delivered, but with world_size > 1 (every rank
+				      takes the same number of steps) */
 	unsigned device_index;     /* with gpu: which of the engine's device ids (SLUICE_DEVICE_IDS) batches land
 				      in, 0: the first */
 	const struct sluice_image_options *image; /* NULL, or one field's encoded images decoded and augmented */

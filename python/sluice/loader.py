@@ -54,8 +54,8 @@ class Loader:
     when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches.  drop_last: drop
     the last partial global batch instead of filling it from the epoch's start.  prefetch: batches ready ahead
     (0: by batch size).  window_bytes: the shuffle window (0: 64 MiB).  skip_corrupt: a record whose CRC fails
-    is left out (the batch is smaller; one left with no record is not delivered) and counted, instead of failing
-    the batch.
+    is left out (the batch is smaller; one left with no record is not delivered, but with several ranks, which
+    must all take the same number of steps) and counted, instead of failing the batch.
     images: a sluice.Images, which decodes and augments one field's encoded images inside the loader (on the GPU with
     device="cuda"): that field arrives as one tensor [B, 3, H, W] ready for the model.
     transform: your own function of each batch (the dict the loop gets), run by the loader's threads after its own

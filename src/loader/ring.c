@@ -90,8 +90,12 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
 		       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
 			pthread_cond_wait(&ld->batch_cv, &ld->lock);
-		/* Every record of the batch skipped (skip_corrupt): nothing to hand over, and no empty step. */
-		if (!(s->state == SL_B_READY && s->g == ld->next_g && s->b.size == 0))
+		/*
+		 * Every record of the batch skipped (skip_corrupt): nothing to hand
+		 * over, and no empty step.  Not with several ranks: each must take
+		 * as many steps as the others, or their collectives wait forever.
+		 */
+		if (!(s->state == SL_B_READY && s->g == ld->next_g && s->b.size == 0 && ld->opt.world_size <= 1))
 			break;
 		s->state = SL_B_FREE;
 		ld->next_g++;

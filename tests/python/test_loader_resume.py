@@ -225,7 +225,8 @@ def test_a_batch_used_after_close_stays_valid(tmp_path):
 def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
     """skip_corrupt: a batch whose every record fails its CRC is skipped whole (a model's step on an empty batch
     fails), its records counted; the batches around it arrive whole, in order; the warnings name the first bad
-    record of a window read and count the rest (not a line a record)."""
+    record of a window read and count the rest (not a line a record). With two ranks the emptied batch is still
+    delivered: every rank must take the same number of steps."""
     import ctypes
     rows = tmp_path / "in.jsonl"
     rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(320)))
@@ -250,3 +251,10 @@ def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "skipping: " in err and "record 64" in err and "skipping 63 more records of window" in err
     assert err.count("skipping") <= 2 * ld.stats()["stages"]["read"]["count"]
+    # With two ranks each takes the same number of steps, an emptied batch included (a collective would wait).
+    steps = []
+    for rank in range(2):
+        ranked = sluice.Loader(ds, batch_size=32, shuffle=False, skip_corrupt=True, rank=rank, world_size=2)
+        steps.append([len(b["ids"]) for b in ranked])
+    assert len(steps[0]) == len(steps[1]) == len(ranked)
+    assert 0 in steps[0] + steps[1] and sum(steps[0]) + sum(steps[1]) == 320 - 64
