@@ -1,11 +1,12 @@
 /*
  * The loader's codecs: what turns stored bytes into what the batch holds.
  * zstd blocks, decoded where the windows are read (by nvCOMP for GPU
- * loaders, dsread/zgpu.c, or the CPU); and the images (image/): one field's encoded images
- * become a dense tensor of the options' size, dtype and layout, decoded
- * and augmented by each producer on the GPU (nvJPEG and one kernel launch
- * a batch, on the producer's stream) or by the CPU's threads.  This file
- * checks the options and opens each producer's pipeline; collate.c runs it.
+ * loaders, dsread/zgpu.c, or the CPU); and the images (image/): one
+ * field's encoded images become a dense tensor of the options' size,
+ * dtype and layout, decoded and augmented by each producer on the GPU
+ * (nvJPEG and one kernel launch a batch, on the producer's stream) or by
+ * the CPU's threads.  This file picks the zstd decoder, checks the image
+ * options and opens each producer's pipeline; collate.c runs it.
  */
 #include <errno.h>
 #include <stdio.h>
