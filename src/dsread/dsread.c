@@ -5,6 +5,7 @@
  * and the pieces' CRCs are combined per record and compared here.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -285,6 +286,11 @@ static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_datas
 		goto out;
 	} else if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec))) {
 		goto out;
+	} else if (rep) { /* the CPU's decoders read each block with one pread of its own */
+		for (uint64_t k = 0; k < nb; k++)
+			rep->bytes += zb[k].b->stored, rep->bytes_buffered += zb[k].b->stored;
+		rep->ios += nb;
+		snprintf(rep->path, sizeof(rep->path), "psync:buffered>host");
 	}
 	for (size_t q = 0; q < n; q++) {
 		size_t k = zr[q].k;

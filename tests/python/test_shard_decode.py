@@ -196,6 +196,19 @@ def test_an_uncompressed_shard_read_whole_into_gpu_memory(packs):
         assert np.array_equal(t.cpu().numpy(), host)
 
 
+def test_a_loader_over_zstd_counts_what_it_read(packs):
+    """The loader's stats over a zstd pack decoded by the CPU: the blocks' stored bytes and reads counted (they were
+    0), at most the pack's stored bytes a window read, and fewer than the records' decoded bytes."""
+    z = sluice.Dataset(packs / "zstd")
+    ld = sluice.Loader(z, batch_size=64, seed=4, fields=["text"])
+    n = sum(len(b["ids"]) for b in ld)
+    st = ld.stats()
+    stored = sum(os.path.getsize(packs / "zstd" / f) for f in os.listdir(packs / "zstd") if f != "index.sli")
+    assert n > 0 and st["zstd_blocks_cpu"] > 0 and st["zstd_blocks_gpu"] == 0
+    assert 0 < st["read_ios"] and 0 < st["read_bytes"] <= stored * st["stages"]["read"]["count"]
+    assert st["read_bytes"] < st["bytes"]
+
+
 def test_shards_of_version_1_still_read(packs, tmp_path):
     """Shards written before the index's version 2 say version 1 in their header: they read as before."""
     d = tmp_path / "v1"
