@@ -11,8 +11,9 @@
 #   chapter7 the Data Journey report's chapter 7 loop (bench/chapter7_bench.py; CH7_ARGS)
 #   s3     object storage: t_s3 and tests/python/test_s3.py against the S3 test server, then
 #          bench/s3_bench.py (S3_ARGS, S3_SECONDS) and bench/s3_loader_bench.py (S3L_ARGS, S3L_SECONDS)
-#   images images in the loader (issue #38; not in the default STEPS): its GPU tests, an image loader under
-#          compute-sanitizer, a trace of training steps fed by it, and bench/e2e_images.py (E2E_ARGS)
+#   images images in the loader (issue #38; not in the default STEPS): its GPU tests (test_shard_decode.py's
+#          nvCOMP ones need the nvidia-libnvcomp-cu13 wheel in .whl), examples/train_images.py, an image loader
+#          under compute-sanitizer, a trace of training steps fed by it, and bench/e2e_images.py (E2E_ARGS)
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
@@ -161,7 +162,8 @@ if has images; then
 	export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 	(cd build && timeout 120 ctest -R "t_gpu|t_image|t_cuda_decls|t_loader" 2>&1) | grep -E "tests passed|Failed"
 	timeout 300 python3 -m pytest -q -rs -p no:logging tests/python/test_images.py tests/python/test_gpu.py \
-		tests/python/test_loader_resume.py 2>&1 | tail -5
+		tests/python/test_loader_resume.py tests/python/test_shard_decode.py 2>&1 | tail -5
+	CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 90 python3 examples/train_images.py --sluice build/sluice 2>&1 | tail -4
 	timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 -c "
 import sluice, subprocess, tempfile, numpy as np
 from PIL import Image
