@@ -17,11 +17,16 @@ import tempfile
 import time
 
 import numpy as np
-import torch
-import torch.nn as nn
-from PIL import Image
 
-import sluice
+# Before CUDA starts: nvJPEG's streams then get hardware queues of their own, apart from the model's
+# (docs/guides/images.md). A value already set in the environment is kept.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import sluice  # noqa: E402
 
 
 def make_data(d, sluice_bin, per_class=500):
