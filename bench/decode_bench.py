@@ -96,7 +96,9 @@ def main():
             st = ld.stats()
             return {"records": n, "zstd_blocks_gpu": st["zstd_blocks_gpu"], "zstd_blocks_cpu": st["zstd_blocks_cpu"],
                     "window_read_p50_us": st["stages"]["read"]["p50_us"], "windows": st["stages"]["read"]["count"],
-                    "verdict": st["verdict"], "consumer_wait_p50_us": st["stages"]["consumer_wait"]["p50_us"]}
+                    "verdict": st["verdict"], "consumer_wait_p50_us": st["stages"]["consumer_wait"]["p50_us"],
+                    "zstd_window_read_p50_us": st["stages"]["zstd_window_read"]["p50_us"],
+                    "zstd_window_decode_p50_us": st["stages"]["zstd_window_decode"]["p50_us"]}
         r = timed(one)
         r["records_s"] = r["records"] / r["seconds"]
         return r
@@ -108,7 +110,9 @@ def main():
     for k, v in r.items():
         print(f"[decode] loader cold {k}: {v.get('records_s', 0):.0f} records/s, cpu {v.get('cpu_s', 0):.1f} s, "
               f"blocks gpu/cpu {v.get('zstd_blocks_gpu')}/{v.get('zstd_blocks_cpu')}, {v.get('windows')} windows read in "
-              f"{v.get('window_read_p50_us', 0) / 1e3:.1f} ms (p50), consumer wait p50 "
+              f"{v.get('window_read_p50_us', 0) / 1e3:.1f} ms (p50; its blocks read "
+              f"{v.get('zstd_window_read_p50_us', 0) / 1e3:.1f}, decoded {v.get('zstd_window_decode_p50_us', 0) / 1e3:.1f}), "
+              f"consumer wait p50 "
               f"{v.get('consumer_wait_p50_us', 0) / 1e3:.2f} ms, {v.get('verdict')} {v.get('error', '')}", flush=True)
     print(f"[decode] GPU / CPU decoding: warm {res['warm_gpu_over_cpu']}, cold {res['cold_gpu_over_cpu']}; "
           f"loader zstd / plain (cold): {res['loader_zstd_over_plain']} (CPU decoding: {res['loader_zstd_cpu_over_plain']}); ratio {res['compression_ratio']:.2f}", flush=True)

@@ -158,8 +158,10 @@ int sl__read_shard_records(struct sluice_engine *eng, struct sluice_dataset *ds,
  * checked on the host after, as for the CPU's.
  */
 static int sl_zdecode_gpu(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
-			  uint64_t nb, uint64_t declen, struct sl__zgpu *z, struct sluice_xfer_report *rep, char **dec)
+			  uint64_t nb, uint64_t declen, struct sl__zgpu *z, struct sluice_xfer_report *rep, char **dec,
+			  struct sl__zreport *zr)
 {
+	uint64_t t0 = sl__now_ns(), t1;
 	void **to = malloc((nb ? nb : 1) * sizeof(*to));
 	struct sl__zgpu_item *it = malloc((nb ? nb : 1) * sizeof(*it));
 	const struct sl__cuda_api *cu = z->g->cu;
@@ -178,6 +180,7 @@ static int sl_zdecode_gpu(struct sluice_engine *eng, struct sluice_dataset *ds, 
 		to[k] = (char *)z->in.p + it[k].in;
 	if (!rc)
 		rc = sl__read_blocks(eng, ds, zb, nb, to, rep);
+	t1 = sl__now_ns();
 	/* Checked by their CRCs, and each one zstd frame of its table entry's sizes. */
 	for (uint64_t k = 0; k < nb && !rc; k++) {
 		const struct sl__block *b = zb[k].b;
@@ -199,6 +202,10 @@ static int sl_zdecode_gpu(struct sluice_engine *eng, struct sluice_dataset *ds, 
 				"cuMemcpyDtoHAsync (decoded blocks)")))
 		rc = SL_CU(cu->StreamSynchronize(z->st), "cuStreamSynchronize (decoded blocks)");
 	*dec = z->out.p;
+	if (zr) {
+		zr->read_ns += t1 - t0;
+		zr->decode_ns += sl__now_ns() - t1;
+	}
 	free(to);
 	free(it);
 	return rc;
@@ -228,7 +235,8 @@ static int sl_zrec_cmp(const void *a, const void *b)
 
 static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 				  size_t n, const struct sluice_record_loc *loc, const struct sluice_range *r,
-				  void *dst, uint64_t pos, struct sl__zgpu *z, struct sluice_xfer_report *rep, uint64_t *blocks)
+				  void *dst, uint64_t pos, struct sl__zgpu *z, struct sluice_xfer_report *rep,
+				  struct sl__zreport *zrep)
 {
 	int gpu = sluice_is_gpu_ptr(eng, dst);
 	char *host = gpu ? malloc(pos ? pos : 1) : dst, *dec = NULL, *gdec = NULL;
@@ -276,21 +284,30 @@ static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_datas
 	for (uint64_t k = 0; z && k < nb; k++)
 		if (!zb[k].b->has_crc)
 			z = NULL;
-	if (blocks)
-		blocks[!z] += nb;
+	if (zrep)
+		*(z ? &zrep->blocks_gpu : &zrep->blocks_cpu) += nb;
 	if (z) {
-		if ((rc = sl_zdecode_gpu(eng, ds, zb, nb, declen, z, rep, &gdec)))
+		if ((rc = sl_zdecode_gpu(eng, ds, zb, nb, declen, z, rep, &gdec, zrep)))
 			goto out;
-	} else if (!(dec = malloc(declen ? declen : 1))) {
-		rc = -ENOMEM;
-		goto out;
-	} else if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec))) {
-		goto out;
-	} else if (rep) { /* the CPU's decoders read each block with one pread of its own */
-		for (uint64_t k = 0; k < nb; k++)
-			rep->bytes += zb[k].b->stored, rep->bytes_buffered += zb[k].b->stored;
-		rep->ios += nb;
-		snprintf(rep->path, sizeof(rep->path), "psync:buffered>host");
+	} else {
+		uint64_t t0 = sl__now_ns();
+
+		if (!(dec = malloc(declen ? declen : 1))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec)))
+			goto out;
+		if (zrep)
+			zrep->decode_ns += sl__now_ns() - t0;
+		/* The CPU's decoders read each block with one pread of its own. */
+		for (uint64_t k = 0; rep && k < nb; k++) {
+			rep->bytes += zb[k].b->stored;
+			rep->bytes_buffered += zb[k].b->stored;
+			rep->ios++;
+		}
+		if (rep)
+			snprintf(rep->path, sizeof(rep->path), "psync:buffered>host");
 	}
 	for (size_t q = 0; q < n; q++) {
 		size_t k = zr[q].k;
@@ -324,7 +341,7 @@ ssize_t sluice_dataset_read_batch(struct sluice_engine *eng, struct sluice_datas
 
 ssize_t sl__dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx, size_t n,
 			       void *dst, size_t cap, uint64_t *offsets, struct sluice_xfer_report *rep,
-			       struct sl__zgpu *z, uint64_t *blocks)
+			       struct sl__zgpu *z, struct sl__zreport *zr)
 {
 	struct sluice_file **files = calloc(ds->nfiles ? ds->nfiles : 1, sizeof(*files));
 	struct sluice_record_loc *loc = malloc((n ? n : 1) * sizeof(*loc));
@@ -359,7 +376,7 @@ ssize_t sl__dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset 
 		goto out;
 	}
 	if (ds->compressed) {
-		rc = sl_read_compressed(eng, ds, idx, n, loc, r, dst, pos, z, rep, blocks);
+		rc = sl_read_compressed(eng, ds, idx, n, loc, r, dst, pos, z, rep, zr);
 		if (rc >= 0)
 			rc = (ssize_t)pos;
 		goto out;

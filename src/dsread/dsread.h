@@ -71,10 +71,15 @@ SL_HIDDEN int sl__zgpu_run(struct sl__zgpu *z, const struct sl__zgpu_item *it, u
 /*
  * sluice_dataset_read_batch with z non-NULL: a zstd dataset's blocks are
  * decoded by nvCOMP (z's) where they all carry CRCs, the records then
- * checked and copied out on the host as the CPU's are.  blocks (if
- * non-NULL): the blocks nvCOMP decoded added to [0], the CPU's to [1].
+ * checked and copied out on the host as the CPU's are.  zr (if non-NULL)
+ * gets what the zstd path did added to it.
  */
+struct sl__zreport {
+	uint64_t blocks_gpu, blocks_cpu; /* blocks decoded by nvCOMP, by the CPU */
+	uint64_t read_ns;                /* nvCOMP's: the blocks' stored bytes read and their CRCs checked */
+	uint64_t decode_ns;              /* nvCOMP's: up, decoded, back; the CPU's: read and decoded by its threads */
+};
 SL_HIDDEN ssize_t sl__dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 					 size_t n, void *dst, size_t cap, uint64_t *offsets,
-					 struct sluice_xfer_report *rep, struct sl__zgpu *z, uint64_t *blocks);
+					 struct sluice_xfer_report *rep, struct sl__zgpu *z, struct sl__zreport *zr);
 #endif

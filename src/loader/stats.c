@@ -86,9 +86,10 @@ void sl__loader_publish(struct sluice_loader *ld)
 
 size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 {
-	const struct sl__hist *h[] = { &ld->h_read, &ld->ds->h_decompress, &ld->h_swait, &ld->h_collate, &ld->h_h2d,
-				       &ld->h_wait };
-	static const char *const name[] = { "read", "decompress", "storage_wait", "collate", "h2d", "consumer_wait" };
+	const struct sl__hist *h[] = { &ld->h_read, &ld->ds->h_decompress, &ld->h_zread, &ld->h_zdecode, &ld->h_swait,
+				       &ld->h_collate, &ld->h_h2d, &ld->h_wait };
+	static const char *const name[] = { "read", "decompress", "zstd_window_read", "zstd_window_decode",
+					    "storage_wait", "collate", "h2d", "consumer_wait" };
 	size_t l = 0;
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))

@@ -175,12 +175,16 @@ static int sl_window_layout(struct sluice_loader *ld, struct sl__window *win, si
 static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, size_t k, struct sluice_xfer_report *rep,
 			      struct sl__zgpu *z)
 {
-	uint64_t blocks[2] = { 0, 0 };
+	struct sl__zreport zr = { 0 };
 	ssize_t rc = k ? sl__dataset_read_batch(ld->eng, ld->ds, win->ids, k, win->buf, win->cap, win->off, rep, z,
-						blocks) : 0;
+						&zr) : 0;
 
-	atomic_fetch_add(&ld->zblocks_gpu, blocks[0]);
-	atomic_fetch_add(&ld->zblocks_cpu, blocks[1]);
+	atomic_fetch_add(&ld->zblocks_gpu, zr.blocks_gpu);
+	atomic_fetch_add(&ld->zblocks_cpu, zr.blocks_cpu);
+	if (zr.blocks_gpu)
+		sl__hist_add(&ld->h_zread, zr.read_ns);
+	if (zr.blocks_gpu || zr.blocks_cpu)
+		sl__hist_add(&ld->h_zdecode, zr.decode_ns);
 
 	if ((rc != SLUICE_ECRC && rc != SLUICE_EFORMAT) || !ld->opt.skip_corrupt)
 		return rc;

@@ -207,6 +207,8 @@ def test_a_loader_over_zstd_counts_what_it_read(packs):
     assert n > 0 and st["zstd_blocks_cpu"] > 0 and st["zstd_blocks_gpu"] == 0
     assert 0 < st["read_ios"] and 0 < st["read_bytes"] <= stored * st["stages"]["read"]["count"]
     assert st["read_bytes"] < st["bytes"]
+    assert st["stages"]["zstd_window_decode"]["count"] == st["stages"]["read"]["count"]  # each window, timed
+    assert st["stages"]["zstd_window_read"]["count"] == 0  # nvCOMP's phase
 
 
 def test_shards_of_version_1_still_read(packs, tmp_path):
@@ -264,6 +266,7 @@ def test_a_gpu_loader_decodes_zstd_blocks_with_nvcomp(packs, monkeypatch):
         assert np.array_equal(gi, wi) and np.array_equal(go, wo) and gd == wd
     st = ld.stats()
     assert st["zstd_blocks_gpu"] > 0 and st["zstd_blocks_cpu"] == 0
+    assert st["stages"]["zstd_window_read"]["count"] == st["stages"]["zstd_window_decode"]["count"] > 0
     old = sluice.Dataset(_without_block_crcs(packs / "zstd", packs.parent / (packs.name + "-old")))
     rep = old.read_shard(0, torch.zeros(old.shard_bytes(0)[1], dtype=torch.uint8, device="cuda"))
     assert rep["decoder"] == "cpu" and "CRC" in rep["why_not_gpu"]
