@@ -233,6 +233,72 @@ static int sl_zrec_cmp(const void *a, const void *b)
 	return x->block < y->block ? -1 : x->block > y->block;
 }
 
+/*
+ * Each record's block (the last one starting at or before it) into zr, and
+ * the distinct blocks into zb (*nb), each with its place in the decoded
+ * bytes (*declen in all, each block's place aligned to align); zr[].block
+ * becomes the index into zb.
+ */
+static int sl_zblocks_of(struct sluice_dataset *ds, const uint64_t *idx, size_t n, const struct sluice_record_loc *loc,
+			 uint64_t align, struct sl_zrec *zr, struct sl__zblock *zb, uint64_t *nb, uint64_t *declen)
+{
+	int rc;
+
+	for (size_t k = 0; k < n; k++) {
+		const struct sl__block *b;
+		uint64_t nblk, lo = 0, hi;
+
+		if ((rc = ds->ops->blocks(ds, loc[k].shard, &b, &nblk)))
+			return rc;
+		for (hi = nblk; hi - lo > 1;) {
+			uint64_t mid = lo + (hi - lo) / 2;
+
+			if (b[mid].logical <= loc[k].offset)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		if (!nblk || loc[k].offset < b[lo].logical || loc[k].offset + loc[k].length > b[lo].logical + b[lo].len)
+			return sl__err(SLUICE_EFORMAT, "%s: record %llu at logical offset %llu lies in no block",
+				       ds->files[loc[k].shard], (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
+		zr[k] = (struct sl_zrec){ loc[k].shard, lo, &b[lo], k };
+	}
+	qsort(zr, n, sizeof(*zr), sl_zrec_cmp);
+	*nb = *declen = 0;
+	for (size_t k = 0; k < n; k++) {
+		if (!*nb || zr[k].shard != zb[*nb - 1].shard || zr[k].block != zb[*nb - 1].index) {
+			zb[(*nb)++] = (struct sl__zblock){ zr[k].b, zr[k].shard, zr[k].block, *declen };
+			*declen += sl__align_up(zr[k].b->len, align);
+		}
+		zr[k].block = *nb - 1;
+	}
+	return 0;
+}
+
+/* On the CPU: the nb blocks read (a pread each, counted in rep) and decoded by the engine's threads into *dec. */
+static int sl_zdecode_cpu(struct sluice_engine *eng, struct sluice_dataset *ds, const struct sl__zblock *zb,
+			  uint64_t nb, uint64_t declen, struct sluice_xfer_report *rep, char **dec,
+			  struct sl__zreport *zr)
+{
+	uint64_t t0 = sl__now_ns();
+	int rc;
+
+	if (!(*dec = malloc(declen ? declen : 1)))
+		return -ENOMEM;
+	if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, *dec)))
+		return rc;
+	if (zr)
+		zr->decode_ns += sl__now_ns() - t0;
+	for (uint64_t k = 0; rep && k < nb; k++) {
+		rep->bytes += zb[k].b->stored;
+		rep->bytes_buffered += zb[k].b->stored;
+		rep->ios++;
+	}
+	if (rep)
+		snprintf(rep->path, sizeof(rep->path), "psync:buffered>host");
+	return 0;
+}
+
 static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_dataset *ds, const uint64_t *idx,
 				  size_t n, const struct sluice_record_loc *loc, const struct sluice_range *r,
 				  void *dst, uint64_t pos, struct sl__zgpu *z, struct sluice_xfer_report *rep,
@@ -243,87 +309,33 @@ static ssize_t sl_read_compressed(struct sluice_engine *eng, struct sluice_datas
 	struct sl_zrec *zr = malloc((n ? n : 1) * sizeof(*zr));
 	struct sl__zblock *zb = malloc((n ? n : 1) * sizeof(*zb));
 	uint64_t nb = 0, declen = 0;
-	ssize_t rc = 0;
+	ssize_t rc = host && zr && zb ? 0 : -ENOMEM;
 
-	if (!host || !zr || !zb) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	/* Each record's block: the last one starting at or before it. */
-	for (size_t k = 0; k < n; k++) {
-		const struct sl__block *b;
-		uint64_t nblk, lo = 0, hi;
-
-		if ((rc = ds->ops->blocks(ds, loc[k].shard, &b, &nblk)))
-			goto out;
-		for (hi = nblk; hi - lo > 1;) {
-			uint64_t mid = lo + (hi - lo) / 2;
-
-			if (b[mid].logical <= loc[k].offset)
-				lo = mid;
-			else
-				hi = mid;
-		}
-		if (!nblk || loc[k].offset < b[lo].logical || loc[k].offset + loc[k].length > b[lo].logical + b[lo].len) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: record %llu at logical offset %llu lies in no block",
-				     ds->files[loc[k].shard], (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
-			goto out;
-		}
-		zr[k] = (struct sl_zrec){ loc[k].shard, lo, &b[lo], k };
-	}
-	/* The distinct blocks, each with its place in dec. */
-	qsort(zr, n, sizeof(*zr), sl_zrec_cmp);
-	for (size_t k = 0; k < n; k++) {
-		if (!nb || zr[k].shard != zb[nb - 1].shard || zr[k].block != zb[nb - 1].index) {
-			zb[nb++] = (struct sl__zblock){ zr[k].b, zr[k].shard, zr[k].block, declen };
-			declen += z ? sl__align_up(zr[k].b->len, SL_ZGPU_ALIGN) : zr[k].b->len;
-		}
-		zr[k].block = nb - 1; /* from here on: the index into zb */
-	}
+	if (!rc)
+		rc = sl_zblocks_of(ds, idx, n, loc, z ? SL_ZGPU_ALIGN : 1, zr, zb, &nb, &declen);
 	/* nvCOMP only where every block's stored bytes can be checked first (packs since block CRCs). */
-	for (uint64_t k = 0; z && k < nb; k++)
+	for (uint64_t k = 0; !rc && z && k < nb; k++)
 		if (!zb[k].b->has_crc)
 			z = NULL;
-	if (zrep)
+	if (!rc && zrep)
 		*(z ? &zrep->blocks_gpu : &zrep->blocks_cpu) += nb;
-	if (z) {
-		if ((rc = sl_zdecode_gpu(eng, ds, zb, nb, declen, z, rep, &gdec, zrep)))
-			goto out;
-	} else {
-		uint64_t t0 = sl__now_ns();
-
-		if (!(dec = malloc(declen ? declen : 1))) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		if ((rc = sl__zdecode(eng, ds, zb, nb, NULL, 0, dec)))
-			goto out;
-		if (zrep)
-			zrep->decode_ns += sl__now_ns() - t0;
-		/* The CPU's decoders read each block with one pread of its own. */
-		for (uint64_t k = 0; rep && k < nb; k++) {
-			rep->bytes += zb[k].b->stored;
-			rep->bytes_buffered += zb[k].b->stored;
-			rep->ios++;
-		}
-		if (rep)
-			snprintf(rep->path, sizeof(rep->path), "psync:buffered>host");
-	}
-	for (size_t q = 0; q < n; q++) {
+	if (!rc)
+		rc = z ? sl_zdecode_gpu(eng, ds, zb, nb, declen, z, rep, &gdec, zrep)
+		       : sl_zdecode_cpu(eng, ds, zb, nb, declen, rep, &dec, zrep);
+	/* Every record copied out of its decoded block, its CRC checked. */
+	for (size_t q = 0; !rc && q < n; q++) {
 		size_t k = zr[q].k;
 		const struct sl__zblock *b = &zb[zr[q].block];
 		const char *src = (z ? gdec : dec) + b->out_off + (loc[k].offset - b->b->logical);
 
-		if (ds->has_crc && sluice_crc32c(0, src, loc[k].length) != loc[k].crc) {
+		if (ds->has_crc && sluice_crc32c(0, src, loc[k].length) != loc[k].crc)
 			rc = sl__err(SLUICE_ECRC, "%s: record %llu at logical offset %llu: CRC mismatch",
 				     ds->files[loc[k].shard], (unsigned long long)idx[k], (unsigned long long)loc[k].offset);
-			goto out;
-		}
-		memcpy(host + ((char *)r[k].buf - (char *)dst), src, loc[k].length);
+		else
+			memcpy(host + ((char *)r[k].buf - (char *)dst), src, loc[k].length);
 	}
-	if (gpu && pos)
+	if (!rc && gpu && pos)
 		rc = sluice_gpu_copy(eng, dst, host, pos);
-out:
 	if (gpu)
 		free(host);
 	free(dec);

@@ -58,6 +58,56 @@ void sl__give_back(struct sluice_loader *ld, void *stream)
 		pthread_cond_signal(&ld->buf_cv);
 }
 
+/*
+ * Under ld->lock: the buffer of batch next_g once it is ready or failed, or
+ * NULL at the epoch's end; *wake as sl_free_buf's.  A batch being built
+ * when another fails is still waited for: the batches before a bad record
+ * arrive, and the error with the batch that holds it, whichever producer
+ * met it first.  A batch whose every record was skipped (skip_corrupt) is
+ * moved past, with one rank: nothing to hand over, and no empty step.  Not
+ * with several ranks: each must take as many steps as the others, or their
+ * collectives wait forever.
+ */
+static struct sl__batch_buf *sl_await(struct sluice_loader *ld, int *wake)
+{
+	for (;;) {
+		struct sl__batch_buf *s;
+
+		if (ld->next_g >= ld->nbatches)
+			return NULL;
+		s = &ld->bufs[ld->next_g % ld->nbufs];
+		if (*wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
+			pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
+			*wake = 0;
+		}
+		while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
+		       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
+			pthread_cond_wait(&ld->batch_cv, &ld->lock);
+		if (!(s->state == SL_B_READY && s->g == ld->next_g && s->b.size == 0 && ld->opt.world_size <= 1))
+			return s;
+		s->state = SL_B_FREE;
+		ld->next_g++;
+		*wake = 1;
+	}
+}
+
+/* Under ld->lock: ready buffer s handed to the consumer as b, and counted. */
+static void sl_hand_over(struct sluice_loader *ld, struct sl__batch_buf *s, struct sluice_batch *b)
+{
+	s->state = SL_B_OUT;
+	ld->held = s;
+	sl__report_copy(b, &s->b, sizeof(s->b));
+	ld->next_g++;
+	ld->delivered++;
+	ld->delivered_records += s->b.size;
+	for (unsigned f = 0; f < s->b.nfields; f++) {
+		const struct sluice_batch_field *bf = &s->b.field[f];
+
+		ld->delivered_bytes += bf->host_offsets ? bf->host_offsets[s->b.size] * sluice_dtype_size(bf->dtype)
+						       : bf->item_bytes * s->b.size;
+	}
+}
+
 int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
 {
 	struct sl__batch_buf *s;
@@ -70,50 +120,14 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	s = sl_release(ld, stream);
 	pthread_mutex_lock(&ld->lock);
 	wake = sl_free_buf(s);
-	for (;;) {
-		if (ld->next_g >= ld->nbatches) {
-			pthread_mutex_unlock(&ld->lock);
-			if (wake)
-				pthread_cond_signal(&ld->buf_cv);
-			return 0;
-		}
-		s = &ld->bufs[ld->next_g % ld->nbufs];
-		if (wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
-			pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
-			wake = 0;
-		}
-		/*
-		 * A batch being built when another fails is still waited for: the
-		 * batches before a bad record arrive, and the error with the batch
-		 * that holds it, whichever producer met it first.
-		 */
-		while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
-		       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
-			pthread_cond_wait(&ld->batch_cv, &ld->lock);
-		/*
-		 * Every record of the batch skipped (skip_corrupt): nothing to hand
-		 * over, and no empty step.  Not with several ranks: each must take
-		 * as many steps as the others, or their collectives wait forever.
-		 */
-		if (!(s->state == SL_B_READY && s->g == ld->next_g && s->b.size == 0 && ld->opt.world_size <= 1))
-			break;
-		s->state = SL_B_FREE;
-		ld->next_g++;
-		wake = 1;
+	if (!(s = sl_await(ld, &wake))) {
+		pthread_mutex_unlock(&ld->lock);
+		if (wake)
+			pthread_cond_signal(&ld->buf_cv);
+		return 0;
 	}
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
-		s->state = SL_B_OUT;
-		ld->held = s;
-		sl__report_copy(b, &s->b, sizeof(s->b));
-		ld->next_g++;
-		ld->delivered++;
-		ld->delivered_records += s->b.size;
-		for (unsigned f = 0; f < s->b.nfields; f++) {
-			const struct sluice_batch_field *bf = &s->b.field[f];
-
-			ld->delivered_bytes += bf->host_offsets ? bf->host_offsets[s->b.size] * sluice_dtype_size(bf->dtype)
-							       : bf->item_bytes * s->b.size;
-		}
+		sl_hand_over(ld, s, b);
 	} else {
 		/* The batch's own error where it failed; else the first the loader met, which stopped it. */
 		rc = s->err && s->g == ld->next_g ? sl__err(s->err, "%s", s->detail) : sl__err(ld->err, "%s", ld->detail);
