@@ -9,7 +9,7 @@ import numpy as np
 
 from ._lib import Batch as _CBatch, LoaderOptions, SluiceError, check, lib
 from .buffers import _device, _eng
-from .dataset import _NAMES, _NP, _int_option
+from .dataset import _NAMES, _NP, _find_nvcomp, _int_option
 
 
 _TRANSFORM = C.CFUNCTYPE(C.c_int, C.POINTER(_CBatch), C.c_void_p, C.c_void_p)
@@ -114,6 +114,8 @@ class Loader:
         self._h = self._owner = None  # the previous C loader closes once no batch of its is left
         self._opt.position = _int_option("Loader", "position", position, 0, (1 << 64) - 1)
         h = C.c_void_p()
+        if self._opt.gpu:  # a GPU loader decodes a zstd dataset's blocks with nvCOMP where it is found
+            _find_nvcomp()
         check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
         self._h, self._owner, self._views, self._meta = h, _Owner(h, self.dataset), {}, None
         self._owner.transform = self._cb  # the loader's threads call it for as long as the C loader lives

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -279,6 +280,23 @@ def test_a_gpu_loader_decodes_zstd_blocks_with_nvcomp(packs, monkeypatch):
     assert [g[0].tolist() for g in _epoch(ld)] == [w[0].tolist() for w in want]
     st = ld.stats()
     assert st["zstd_blocks_gpu"] == 0 and st["zstd_blocks_cpu"] > 0
+
+
+def test_a_gpu_loader_finds_the_nvcomp_wheel_by_itself(packs):
+    """A process whose first use of nvCOMP is a GPU loader (no read_shard before it, SLUICE_NVCOMP_LIB unset)
+    still finds the nvidia-libnvcomp wheel's library: the loader's blocks are decoded by nvCOMP."""
+    _cuda_or_skip()
+    pytest.importorskip("nvidia.libnvcomp")
+    env = {k: v for k, v in os.environ.items() if k != "SLUICE_NVCOMP_LIB"}
+    code = ("import sys, sluice\n"
+            "ld = sluice.Loader(sluice.Dataset(sys.argv[1]), batch_size=64, fields=['text'], device='cuda')\n"
+            "n = sum(1 for _ in ld)\n"
+            "st = ld.stats()\n"
+            "print(n, st['zstd_blocks_gpu'], st['zstd_blocks_cpu'])\n")
+    out = subprocess.run([sys.executable, "-c", code, str(packs / "zstd")], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    n, gpu, cpu = map(int, out.stdout.split())
+    assert n > 10 and gpu > 0 and cpu == 0, out.stdout
 
 
 @pytest.mark.parametrize("where", ["frame", "data"])
