@@ -13,7 +13,8 @@
 #          bench/s3_bench.py (S3_ARGS, S3_SECONDS) and bench/s3_loader_bench.py (S3L_ARGS, S3L_SECONDS)
 #   images images in the loader (issue #38; not in the default STEPS): its GPU tests (test_shard_decode.py's
 #          nvCOMP ones need the nvidia-libnvcomp-cu13 wheel in .whl), examples/train_images.py, an image loader
-#          under compute-sanitizer, a trace of training steps fed by it, and bench/e2e_images.py (E2E_ARGS)
+#          under compute-sanitizer, a trace of training steps fed by it, bench/driver_contention.py, and
+#          bench/e2e_images.py (E2E_ARGS)
 # memcheck ignores failed API calls: sluice asks cuPointerGetAttribute about host pointers on
 # purpose, and cuFileDriverOpen frees a null pointer inside libcufile.
 # Every step has its own time limit so a hang cannot eat the session's device time.
@@ -176,7 +177,8 @@ ld = sluice.Loader(sluice.Dataset(f'{d}/ds'), batch_size=16, device='cuda', imag
 print(sum(len(b.ids) for b in ld), 'images through compute-sanitizer')" > "$OUT/images_memcheck.log" 2>&1
 	echo "image loader memcheck rc=$?"; grep -E "ERROR SUMMARY|images through" "$OUT/images_memcheck.log" | tail -3
 	timeout 150 python3 bench/e2e_images.py --images 8000 --steps 12 --models resnet18 --trace "$OUT/trace.json" 2>&1 |
-		grep -E "^stream" | head -12
+		grep -E "^stream|^model stream" | head -12
+	timeout 200 python3 bench/driver_contention.py --data /var/tmp/sluice-e2e/ds --out "$OUT/contention.json" 2>&1 | tail -16
 	timeout "${E2E_SECONDS:-330}" python3 bench/e2e_images.py --out "$OUT/e2e.json" ${E2E_ARGS:---images 12000 --reps 3 --steps 24} \
 		2>&1 | grep -E "^resnet|^decode|Error"
 fi

@@ -159,6 +159,24 @@ def trace_training(a, torch, tr, batches):
         gaps = sum(max(0.0, b[0] - a_[1]) for a_, b in zip(spans, spans[1:]))
         print(f"stream {stream} {cat}: {n} ops, {us / 1e3:.1f} ms busy, {gaps / 1e3:.1f} ms of gaps between them; "
               f"{sorted(names)[:4]}", flush=True)
+    # The model's stream (the most kernels): each gap before a kernel launched only after the one before it ended
+    # is the CPU's (the launch came late); the rest waited on the GPU with the kernel already queued.
+    launch = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X" and
+              e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    model = max((k for k in per if k[1] == "kernel"), key=lambda k: per[k][1])
+    ks = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and
+                 e.get("args", {}).get("stream") == model[0]), key=lambda e: e["ts"])
+    late = queued = 0.0
+    for a_, b in zip(ks, ks[1:]):
+        end, gap = a_["ts"] + a_["dur"], b["ts"] - (a_["ts"] + a_["dur"])
+        if gap > 0:
+            ln = launch.get(b.get("args", {}).get("correlation"))
+            if ln and ln["ts"] + ln["dur"] > end:
+                late += gap
+            else:
+                queued += gap
+    print(f"model stream {model[0]}: gaps {late / 1e3:.1f} ms with the next kernel launched late (the CPU's), "
+          f"{queued / 1e3:.1f} ms with it already queued (the GPU's)", flush=True)
 
 
 def main():
