@@ -46,10 +46,10 @@ int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t 
 }
 
 /*
- * A batch's layout: the image field (decoded, of fixed size) first, then
- * per field its data and, for variable size, B + 1 offsets, each 256-byte
- * aligned.  host_from: where the bytes the host collates start (past the
- * images a GPU pipeline writes in place).
+ * A batch's layout: the field codec's field (decoded: its bound) first,
+ * then per field its data and, for variable size, B + 1 offsets, each
+ * 256-byte aligned.  host_from: where the bytes the host collates start
+ * (past a field the codec writes in GPU memory itself).
  */
 struct sl_layout {
 	uint64_t base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size, host_from;
@@ -58,12 +58,12 @@ struct sl_layout {
 static void sl_lay_out(const struct sluice_loader *ld, uint32_t m, const uint64_t *var, struct sl_layout *l)
 {
 	l->size = 0;
-	if (ld->img_f >= 0) {
-		l->base[ld->img_f] = 0;
-		l->size = sl__align_up(ld->img.out_bytes * m, 256);
+	if (ld->fcodec) {
+		l->base[ld->codec_f] = 0;
+		l->size = sl__align_up(ld->fcodec->bound(ld, m), 256);
 	}
 	for (unsigned f = 0; f < ld->nf; f++) {
-		if ((int)f == ld->img_f)
+		if ((int)f == ld->codec_f)
 			continue;
 		l->base[f] = l->size;
 		l->size = sl__align_up(l->size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
@@ -122,7 +122,7 @@ static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const s
 		unsigned fi = ld->fidx[f];
 		char *d = s->host + l->base[f];
 
-		if ((int)f == ld->img_f)
+		if ((int)f == ld->codec_f)
 			continue;
 		{
 		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + l->offs[f]), at = 0;
@@ -208,18 +208,8 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + l->offs[f]);
 		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + l->offs[f]);
 		bf->item_bytes = ld->fixed[f];
-		if ((int)f == ld->img_f) {
-			const struct sl__img_opts *o = &ld->img;
-			const int64_t h = o->oh, w = o->ow, nhwc = o->aug.nhwc;
-
-			bf->dtype = (enum sluice_dtype)o->aug.dtype;
-			bf->offsets = NULL;
-			bf->host_offsets = NULL;
-			bf->item_bytes = o->out_bytes;
-			bf->ndim = 4;
-			memcpy(bf->shape, nhwc ? (int64_t[]){ m, h, w, 3 } : (int64_t[]){ m, 3, h, w }, 4 * sizeof(int64_t));
-			memcpy(bf->strides, nhwc ? (int64_t[]){ 3 * h * w, 3 * w, 3, 1 } : (int64_t[]){ 3 * h * w, h * w, w, 1 },
-			       4 * sizeof(int64_t));
+		if ((int)f == ld->codec_f) {
+			ld->fcodec->describe(ld, m, bf);
 		} else if (ld->fixed[f]) {
 			const int64_t es = (int64_t)sluice_dtype_size(df->dtype), n = (int64_t)ld->fixed[f] / es;
 			int64_t st = 1;
@@ -244,52 +234,7 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 	atomic_fetch_add(&ld->records, m);
 }
 
-/*
- * Batch g's images, decoded and augmented into their place (GPU memory by
- * the producer's pipeline, else host staging), before the other fields are
- * collated: a record that is not a whole image fails the batch, naming it,
- * or with skip_corrupt is left out of every field (rec and ids closed up).
- */
-static int sl_images(struct sl__producer *p, struct sl__batch_buf *s, struct sluice_record *rec, uint32_t *m,
-		     const struct sl_layout *l)
-{
-	struct sluice_loader *ld = p->ld;
-	const unsigned fi = ld->fidx[ld->img_f];
-	struct sl__img_rec *ir = malloc(*m * sizeof(*ir) + 1);
-	uint8_t *bad = calloc(*m + 1, 1);
-	struct sl__img_batch b = { .o = &ld->img, .seed = ld->opt.seed, .epoch = ld->opt.epoch, .m = *m, .rec = ir,
-				   .bad = bad };
-	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
-	int rc = ir && bad ? 0 : -ENOMEM;
-
-	for (uint32_t j = 0; j < *m && !rc; j++)
-		ir[j] = (struct sl__img_rec){ (const unsigned char *)rec[j].data[fi], rec[j].len[fi], s->ids[j] };
-	if (!rc)
-		rc = p->img ? sl__img_run_gpu(p->img, &b, s->dev + l->base[ld->img_f], p->stream)
-			    : sl__img_run_cpu(&b, s->host + l->base[ld->img_f]);
-	atomic_fetch_add(&ld->img_gpu, b.n_gpu);
-	atomic_fetch_add(&ld->img_cpu, b.n_cpu);
-	if (!rc && b.nbad && !ld->opt.skip_corrupt)
-		rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s': %s", ld->ds->path, (unsigned long long)b.why_id,
-			     ld->ds->fields[fi].name, b.why);
-	if (!rc && b.nbad) {
-		uint32_t k = 0;
-
-		atomic_fetch_add(&ld->skipped, (uint64_t)b.nbad);
-		for (uint32_t j = 0; j < *m; j++)
-			if (!bad[j]) {
-				rec[k] = rec[j];
-				s->ids[k++] = s->ids[j];
-			}
-		*m = k;
-	}
-	free(ir);
-	free(bad);
-	sl__ld_span(ld, "images", t0, cpu0, s->g);
-	return rc;
-}
-
-/* Batch g into buffer s: ids, images, collation into pinned staging, and the copy to the GPU. */
+/* Batch g into buffer s: ids, the field codec's field, collation into pinned staging, and the copy to the GPU. */
 static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 {
 	struct sluice_loader *ld = p->ld;
@@ -301,9 +246,9 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 
 	t0 = sl__now_ns();
 	cpu0 = sl__ld_cpu(ld);
-	/* Laid out for every record gathered: images left out later only shorten what the host collates. */
+	/* Laid out for every record gathered: records the codec leaves out later only shorten what the host collates. */
 	sl_lay_out(ld, m, var, &l);
-	l.host_from = ld->img_f >= 0 && p->img ? sl__align_up(ld->img.out_bytes * m, 256) : 0;
+	l.host_from = ld->fcodec && ld->fcodec->on_gpu(p) ? sl__align_up(ld->fcodec->bound(ld, m), 256) : 0;
 	if (!rc && ld->opt.gpu)
 		rc = sl_wait_buf(ld, s, &waited);
 	if (!rc)
@@ -311,8 +256,8 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 	/* The consumer's stream must be done with the buffer's last batch before anything writes its GPU copy. */
 	if (!rc && ld->opt.gpu && s->release_set)
 		rc = SL_CU(ld->gpu->cu->StreamWaitEvent(p->stream, s->release, 0), "cuStreamWaitEvent");
-	if (!rc && ld->img_f >= 0)
-		rc = sl_images(p, s, rec, &m, &l);
+	if (!rc && ld->fcodec)
+		rc = ld->fcodec->decode(p, s, rec, &m, l.base[ld->codec_f]);
 	if (!rc)
 		rc = sl_collate(ld, s, rec, m, &l);
 	free(rec);

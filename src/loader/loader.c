@@ -226,8 +226,8 @@ static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
 	}
 	if (nvar_loaded && avg > fixed)
 		guess += (avg - fixed) * B / nvar * nvar_loaded;
-	if (ld->img_f >= 0) /* decoded images, beside their encoded bytes (a bound) */
-		guess += sl__align_up(ld->img.out_bytes * B, 256);
+	if (ld->fcodec) /* the decoded field, beside its stored bytes (the codec's bound) */
+		guess += sl__align_up(ld->fcodec->bound(ld, B), 256);
 	return guess;
 }
 
@@ -319,7 +319,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->opt.world_size = opt->world_size ? opt->world_size : 1;
 	ld->opt.fields = NULL;
 	ld->opt.image = NULL;
-	ld->img_f = -1;
+	ld->codec_f = -1;
 	ld->nprod = SL_PRODUCERS;
 	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
 		ld->prod[p].ld = ld;
@@ -329,7 +329,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	pthread_cond_init(&ld->batch_cv, NULL);
 	if ((rc = sl_pick_fields(ld, opt->fields)) || (rc = sl_count_shards(ld, &bytes)))
 		goto fail;
-	if ((rc = sl__loader_codecs_open(ld, opt->image)))
+	if ((rc = sl__loader_codecs_open(ld, opt)))
 		goto fail;
 	sl_size_window(ld, bytes, opt->window_bytes);
 	if ((rc = sl__setting_u64("SLUICE_STATS", &ld->stats_every)) < 0 ||

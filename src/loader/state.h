@@ -89,11 +89,45 @@ struct sl__window {
 	size_t cap;
 };
 
-/* A producer thread's own: its stream (GPU loaders) and its image pipeline on the GPU. */
+/* A producer thread's own: its stream (GPU loaders) and its field codec's state (images: the GPU's pipeline). */
 struct sl__producer {
 	struct sluice_loader *ld;
 	sl_CUstream stream;
-	struct sl__img_gpu *img;    /* NULL: images (if any) decoded and augmented by the CPU */
+	void *codec;                /* the field codec's, NULL where it has none (images: the CPU decodes them) */
+};
+
+/*
+ * A codec (codec.c): what turns stored bytes into what a batch holds, a
+ * table of them as the stores and the dataset readers have.  Each is
+ * opened for a loader whose dataset or options call for it.  A window
+ * codec decodes a window's stored blocks where a reader reads them (zstd:
+ * nvCOMP or the CPU), with a state of each reader's own; a field codec
+ * turns one field of a batch's records into a dense array at the head of
+ * the batch buffer, in each producer (images: nvJPEG and a kernel, or the
+ * CPU), and says what the field now holds.
+ */
+struct sl__codec {
+	const char *name;
+	int field;                  /* 1: a field codec; 0: a window codec */
+	/* 1 where the loader needs it (set up in ld), 0 where not, or an error. */
+	int (*open)(struct sluice_loader *ld, const struct sluice_loader_options *opt);
+	void (*close)(struct sluice_loader *ld);
+	/* A window codec: a reader's state, passed to the dataset's reads (NULL: none needed). */
+	int (*reader_open)(struct sluice_loader *ld, void **state);
+	void (*reader_close)(void *state);
+	/* A field codec: bytes the decoded field of m records takes (a bound, known before decoding). */
+	uint64_t (*bound)(const struct sluice_loader *ld, uint64_t m);
+	/* 1 if producer p writes the field in GPU memory itself (nothing to copy up). */
+	int (*on_gpu)(const struct sl__producer *p);
+	/*
+	 * Buffer s's field at byte at (GPU memory where on_gpu, else host
+	 * staging) from the m records; records it refuses fail the batch, or
+	 * under skip_corrupt are left out (rec and s->ids closed up, *m less).
+	 */
+	int (*decode)(struct sl__producer *p, struct sl__batch_buf *s, struct sluice_record *rec, uint32_t *m,
+		      uint64_t at);
+	/* The field's dtype, shape and strides in a batch of m. */
+	void (*describe)(const struct sluice_loader *ld, uint64_t m, struct sluice_batch_field *bf);
 };
 
 struct sluice_loader {
@@ -144,8 +178,10 @@ struct sluice_loader {
 	uint64_t read_next;         /* next place in seq a reader takes */
 	struct sl__producer prod[SL_PRODUCERS_MAX];
 	unsigned nprod;             /* producers: SL_PRODUCERS, or SL_PRODUCERS_MAX for images on the GPU */
-	int img_f;                  /* the image field's place among the loaded ones, or -1 */
-	struct sl__img_opts img;
+	const struct sl__codec *wcodec; /* the window codec, or NULL (windows as stored) */
+	const struct sl__codec *fcodec; /* the field codec, or NULL (fields collated as stored) */
+	int codec_f;                /* the field fcodec decodes: its place among the loaded ones, or -1 */
+	struct sl__img_opts img;    /* the image codec's options */
 	int img_decode;             /* enum sluice_image_decode */
 	const struct sl__nvcomp_api *znc; /* zstd blocks of the windows decoded by nvCOMP (each reader its own), or NULL */
 	pthread_t producer[SL_PRODUCERS_MAX];
@@ -212,8 +248,8 @@ SL_HIDDEN const char *sl__window_lookup(struct sl__window *const *wins, uint64_t
 					size_t *len, int *rc);
 SL_HIDDEN void *sl__read_ahead(void *arg);
 SL_HIDDEN int sl__plan_windows(struct sluice_loader *ld);
-/* codec.c: the decoders a field may go through, and the image options checked into ld->img. */
-SL_HIDDEN int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_image_options *img);
+/* codec.c: the codecs the loader's dataset and options call for, opened into ld->wcodec and ld->fcodec. */
+SL_HIDDEN int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_loader_options *opt);
 SL_HIDDEN void sl__loader_codecs_close(struct sluice_loader *ld);
 /* collate.c */
 SL_HIDDEN int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size);

@@ -323,12 +323,12 @@ void *sl__read_ahead(void *arg)
 	 * epoch's start at 0.
 	 */
 	const uint64_t npre = ld->origin ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
-	struct sl__zgpu *z = NULL; /* this reader's nvCOMP decoder (GPU loaders over zstd datasets) */
-	int zrc = ld->znc ? sl__zgpu_open(&z, ld->gpu, ld->znc) : 0;
+	void *z = NULL; /* this reader's state of the window codec (zstd: its nvCOMP decoder) */
+	int zrc = ld->wcodec && ld->wcodec->reader_open ? ld->wcodec->reader_open(ld, &z) : 0;
 
 	pthread_mutex_lock(&ld->lock);
 	if (zrc)
-		sl__loader_fail(ld, sl__err(zrc, "loader: nvCOMP for the zstd blocks: %s", sluice_last_error_detail()));
+		sl__loader_fail(ld, zrc);
 	for (;;) {
 		struct sl__window *win = NULL;
 		int pre = 0, rc;
@@ -365,7 +365,8 @@ void *sl__read_ahead(void *arg)
 		}
 	}
 	pthread_mutex_unlock(&ld->lock);
-	sl__zgpu_close(z);
+	if (ld->wcodec && ld->wcodec->reader_close)
+		ld->wcodec->reader_close(z);
 	return NULL;
 }
 

@@ -34,6 +34,8 @@ def _parser():
 # Run as a program (sluice journey does), the arguments are read before numpy and the library are imported:
 # --help and a bad option need neither.
 _ARGS = _parser().parse_args() if __name__ == "__main__" else None
+if _ARGS:  # section 7 decodes JPEGs on the GPU beside a training loop: docs/guides/images.md asks for 32 queues
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 import numpy as np  # noqa: E402
 
