@@ -250,7 +250,9 @@ def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
     assert ld.stats()["skipped"] == 64
     err = capfd.readouterr().err
     assert "skipping: " in err and "record 64" in err and "skipping 63 more records of window" in err
-    assert err.count("skipping") <= 2 * ld.stats()["stages"]["read"]["count"]
+    # Two lines a window read; the next epoch's first window may be being read ahead (its lines printed, its read
+    # not counted yet).
+    assert err.count("skipping") <= 2 * (ld.stats()["stages"]["read"]["count"] + 1)
     # With two ranks each takes the same number of steps, an emptied batch included (a collective would wait).
     steps = []
     for rank in range(2):
