@@ -1,8 +1,9 @@
 /*
- * sluice top: a live view, each interval, of the disks (/proc/diskstats),
- * the GPUs (NVML: utilisation, memory, PCIe throughput) and every running
- * sluice loader on the machine (the figures loaders publish: rates, GPU
- * wait, where the time goes).  Works with no GPU and with no loader.
+ * sluice top: a live view, each interval, of the CPUs, memory and page
+ * cache, disks and network interfaces (sluice_machine_sample), the GPUs
+ * (NVML: utilisation, memory, PCIe throughput) and every running sluice
+ * loader on the machine (the figures loaders publish: rates, GPU wait,
+ * where the time goes).  Works with no GPU and with no loader.
  */
 #include <errno.h>
 #include <math.h>
@@ -15,78 +16,23 @@
 
 #include "cli.h"
 
-#define CLI_MAX_DISKS 64
 #define CLI_MAX_LOADERS 64
 #define CLI_MAX_GPUS 16
 
-struct cli_disk {
-	char name[32];
-	unsigned long long rd, rsec, wr, wsec, io_ms;
-};
-
 struct cli_snap {
-	double t;
-	struct cli_disk disk[CLI_MAX_DISKS];
-	unsigned ndisks;
+	struct sluice_machine_sample m; /* t: when it was taken */
 	struct sluice_loader_figures ld[CLI_MAX_LOADERS];
 	unsigned nld;
 };
 
-static double cli_now(void)
+static void cli_snap_take(struct cli_snap *s)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Whole disks only (those under /sys/block), loop and ram devices left out. */
-static int cli_whole_disk(const char *root, const char *name)
-{
-	char p[4096];
-	struct stat st;
-
-	if (!strncmp(name, "loop", 4) || !strncmp(name, "ram", 3) || !strncmp(name, "zram", 4))
-		return 0;
-	snprintf(p, sizeof(p), "%s/sys/block", root);
-	if (stat(p, &st))
-		return 1; /* no sysfs to tell: all of them */
-	snprintf(p, sizeof(p), "%s/sys/block/%s", root, name);
-	return !stat(p, &st);
-}
-
-static void cli_snap_take(struct cli_snap *s, const char *root)
-{
-	char p[4096], line[512];
-	FILE *f;
 	int n;
 
-	s->ndisks = 0;
-	snprintf(p, sizeof(p), "%s/proc/diskstats", root);
-	if ((f = fopen(p, "re"))) {
-		while (fgets(line, sizeof(line), f) && s->ndisks < CLI_MAX_DISKS) {
-			struct cli_disk *d = &s->disk[s->ndisks];
-			unsigned long long skip;
-
-			/* major minor name reads merged sectors ms writes merged sectors ms in_flight io_ms ... */
-			if (sscanf(line, "%*u %*u %31s %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", d->name, &d->rd, &skip,
-				   &d->rsec, &skip, &d->wr, &skip, &d->wsec, &skip, &skip, &d->io_ms) == 11 &&
-			    cli_whole_disk(root, d->name))
-				s->ndisks++;
-		}
-		fclose(f);
-	}
+	s->m.struct_size = sizeof(s->m);
+	(void)sluice_machine_sample(&s->m, -1); /* what /proc gives (a faked one may lack /proc/stat) */
 	n = sluice_loaders_published(s->ld, CLI_MAX_LOADERS);
 	s->nld = n < 0 ? 0 : n > CLI_MAX_LOADERS ? CLI_MAX_LOADERS : (unsigned)n;
-	s->t = cli_now();
-}
-
-static const struct cli_disk *cli_disk_in(const struct cli_snap *s, const char *name)
-{
-	for (unsigned i = 0; i < s->ndisks; i++)
-		if (!strcmp(s->disk[i].name, name))
-			return &s->disk[i];
-	return NULL;
 }
 
 static const struct sluice_loader_figures *cli_ld_in(const struct cli_snap *s, int pid, unsigned id)
@@ -97,23 +43,66 @@ static const struct sluice_loader_figures *cli_ld_in(const struct cli_snap *s, i
 	return NULL;
 }
 
-/* Prints the sample cur against prev (dt seconds apart). */
+/* Busy and iowait shares of a CPU (or all) between two samples, in %; -1 where nothing was counted. */
+static void cli_cpu_pct(const struct sluice_cpu_times *p, const struct sluice_cpu_times *c, double *busy, double *io)
+{
+	double b = c->busy_s - p->busy_s, w = c->iowait_s - p->iowait_s, t = b + w + (c->idle_s - p->idle_s);
+
+	*busy = t > 0 ? 100 * b / t : -1;
+	*io = t > 0 ? 100 * w / t : -1;
+}
+
+/* The CPUs (all, and each) and host memory with the page cache. */
+static void cli_show_cpu_mem(const struct cli_snap *prev, const struct cli_snap *cur, int json)
+{
+	const struct sluice_machine_sample *p = &prev->m, *c = &cur->m;
+	double busy, io, b, w;
+
+	cli_cpu_pct(&p->all, &c->all, &busy, &io);
+	if (json) {
+		printf("\"cpu\":{\"cpus\":%u,\"busy_pct\":%.1f,\"iowait_pct\":%.1f,\"per_cpu_busy_pct\":[", c->ncpus, busy,
+		       io);
+		for (unsigned i = 0; i < c->ncpus && i < p->ncpus; i++) {
+			cli_cpu_pct(&p->cpu[i], &c->cpu[i], &b, &w);
+			printf("%s%.1f", i ? "," : "", b);
+		}
+		printf("]},\"memory\":{\"total\":%llu,\"available\":%llu,\"page_cache\":%llu,\"dirty\":%llu,\"mlocked\":%llu},",
+		       (unsigned long long)c->mem_total, (unsigned long long)c->mem_available,
+		       (unsigned long long)c->page_cache, (unsigned long long)c->dirty, (unsigned long long)c->mlocked);
+		return;
+	}
+	printf("CPU   %5.1f%% busy of %u CPUs, %4.1f%% iowait;  each:", busy, c->ncpus, io);
+	for (unsigned i = 0; i < c->ncpus && i < p->ncpus; i++) {
+		cli_cpu_pct(&p->cpu[i], &c->cpu[i], &b, &w);
+		printf(" %3.0f", b);
+	}
+	printf("\nMEM   %.1f GB of %.1f GB available; page cache %.1f GB, dirty %.1f MB, locked %.1f MB\n\n",
+	       (double)c->mem_available / 1e9, (double)c->mem_total / 1e9, (double)c->page_cache / 1e9,
+	       (double)c->dirty / 1e6, (double)c->mlocked / 1e6);
+}
+
 /* Each disk's rates between the two snapshots. */
 static void cli_show_disks(const struct cli_snap *prev, const struct cli_snap *cur, double dt, int json)
 {
 	unsigned shown = 0;
 
-	for (unsigned i = 0; i < cur->ndisks; i++) {
-		const struct cli_disk *c = &cur->disk[i], *p = cli_disk_in(prev, c->name);
+	if (json)
+		printf("\"disks\":[");
+	else
+		printf("%-10s %10s %10s %9s %9s %6s\n", "DISK", "READ MB/s", "WRITE MB/s", "READ IOPS", "WRITE IOPS", "UTIL%");
+	for (unsigned i = 0; i < cur->m.ndisks; i++) {
+		const struct sluice_disk_counters *c = &cur->m.disk[i], *p = NULL;
 		double rb, wb, ri, wi, ut;
 
+		for (unsigned j = 0; j < prev->m.ndisks && !p; j++)
+			p = strcmp(prev->m.disk[j].name, c->name) ? NULL : &prev->m.disk[j];
 		if (!p)
 			continue;
-		rb = (double)(c->rsec - p->rsec) * 512 / dt;
-		wb = (double)(c->wsec - p->wsec) * 512 / dt;
-		ri = (double)(c->rd - p->rd) / dt;
-		wi = (double)(c->wr - p->wr) / dt;
-		ut = fmin(100, (double)(c->io_ms - p->io_ms) / (dt * 10));
+		rb = (double)(c->read_bytes - p->read_bytes) / dt;
+		wb = (double)(c->write_bytes - p->write_bytes) / dt;
+		ri = (double)(c->reads - p->reads) / dt;
+		wi = (double)(c->writes - p->writes) / dt;
+		ut = fmin(100, 100 * (c->busy_s - p->busy_s) / dt);
 		if (json) {
 			printf("%s{\"name\":", shown++ ? "," : "");
 			cli_json_str(c->name);
@@ -123,6 +112,37 @@ static void cli_show_disks(const struct cli_snap *prev, const struct cli_snap *c
 			printf("%-10s %10.1f %10.1f %9.0f %9.0f %6.1f\n", c->name, rb / 1e6, wb / 1e6, ri, wi, ut);
 		}
 	}
+	printf(json ? "]," : "\n");
+}
+
+/* Each network interface's MB/s between the two snapshots. */
+static void cli_show_nics(const struct cli_snap *prev, const struct cli_snap *cur, double dt, int json)
+{
+	unsigned shown = 0;
+
+	if (json)
+		printf("\"nics\":[");
+	else
+		printf("%-10s %10s %10s\n", "NIC", "IN MB/s", "OUT MB/s");
+	for (unsigned i = 0; i < cur->m.nnics; i++) {
+		const struct sluice_nic_counters *c = &cur->m.nic[i], *p = NULL;
+
+		for (unsigned j = 0; j < prev->m.nnics && !p; j++)
+			p = strcmp(prev->m.nic[j].name, c->name) ? NULL : &prev->m.nic[j];
+		if (!p)
+			continue;
+		if (json) {
+			printf("%s{\"name\":", shown++ ? "," : "");
+			cli_json_str(c->name);
+			printf(",\"rx_bytes_per_s\":%.1f,\"tx_bytes_per_s\":%.1f}", (double)(c->rx_bytes - p->rx_bytes) / dt,
+			       (double)(c->tx_bytes - p->tx_bytes) / dt);
+		} else {
+			printf("%-10s %10.1f %10.1f\n", c->name, (double)(c->rx_bytes - p->rx_bytes) / dt / 1e6,
+			       (double)(c->tx_bytes - p->tx_bytes) / dt / 1e6);
+		}
+	}
+	if (json)
+		printf("],\"gpus\":[");
 }
 
 /* The GPUs NVML samples now (or why none). */
@@ -135,7 +155,6 @@ static void cli_show_gpus(int json)
 	if (ng > CLI_MAX_GPUS)
 		ng = CLI_MAX_GPUS;
 	if (json) {
-		printf("],\"gpus\":[");
 		for (int i = 0; i < ng; i++) {
 			printf("%s{\"index\":%u,\"name\":", i ? "," : "", g[i].index);
 			cli_json_str(g[i].name);
@@ -188,14 +207,15 @@ static void cli_show_loader(const struct sluice_loader_figures *c, const struct 
 
 static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, int json, int tty)
 {
-	double dt = cur->t - prev->t;
+	double dt = cur->m.t - prev->m.t;
 
 	if (json)
-		printf("{\"time\":%.3f,\"interval_s\":%.6f,\"disks\":[", (double)time(NULL), dt);
+		printf("{\"time\":%.3f,\"interval_s\":%.6f,", (double)time(NULL), dt);
 	else
-		printf("%ssluice top: every %.1f s (Ctrl-C quits)\n\n%-10s %10s %10s %9s %9s %6s\n",
-		       tty ? "\033[H\033[2J" : "", dt, "DISK", "READ MB/s", "WRITE MB/s", "READ IOPS", "WRITE IOPS", "UTIL%");
+		printf("%ssluice top: every %.1f s (Ctrl-C quits)\n\n", tty ? "\033[H\033[2J" : "", dt);
+	cli_show_cpu_mem(prev, cur, json);
 	cli_show_disks(prev, cur, dt, json);
+	cli_show_nics(prev, cur, dt, json);
 	cli_show_gpus(json);
 	if (json) {
 		printf(",\"loaders\":[");
@@ -214,7 +234,6 @@ static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, in
 int cmd_top(int argc, char **argv)
 {
 	static struct cli_snap a, b;
-	const char *root = sluice_setting("SLUICE_SYSROOT");
 	double interval = 1;
 	unsigned count = 0;
 	int json = 0;
@@ -233,28 +252,28 @@ int cmd_top(int argc, char **argv)
 				return 2;
 		} else if (!strcmp(argv[i], "--help")) {
 			printf("usage: sluice top [--interval S] [--count N] [--json]\n\n"
-			       "Each interval (default 1 s): every disk's read and write MB/s, IOPS and utilisation\n"
-			       "(/proc/diskstats), each GPU's utilisation, memory and PCIe MB/s (NVML), and every\n"
-			       "running sluice loader's batches, records and bytes a second, GPU wait and stage\n"
-			       "seconds.  --count N stops after N samples; --json prints one object per sample.\n");
+			       "Each interval (default 1 s): the CPUs' busy and iowait shares (all and each), host\n"
+			       "memory and the page cache, every disk's read and write MB/s, IOPS and utilisation,\n"
+			       "each network interface's MB/s (/proc), each GPU's utilisation, memory and PCIe MB/s\n"
+			       "(NVML), and every running sluice loader's batches, records and bytes a second, GPU\n"
+			       "wait and stage seconds.  --count N stops after N samples; --json prints one object\n"
+			       "per sample.\n");
 			return 0;
 		} else
 			return cli_fail("top", "unknown option '%s'", argv[i]);
 	}
-	if (!root || !strcmp(root, "/"))
-		root = "";
 	{
 		/* NVML's first use takes a second or more: before the first sample, not inside an interval. */
 		struct sluice_gpu_sample g[CLI_MAX_GPUS];
 
 		(void)sluice_gpu_sample(g, CLI_MAX_GPUS);
 	}
-	cli_snap_take(&a, root);
+	cli_snap_take(&a);
 	for (unsigned n = 0; !count || n < count; n++) {
 		struct cli_snap *prev = n % 2 ? &b : &a, *cur = n % 2 ? &a : &b;
 
 		usleep((useconds_t)(interval * 1e6));
-		cli_snap_take(cur, root);
+		cli_snap_take(cur);
 		cli_show(prev, cur, json, !json && isatty(1));
 	}
 	return 0;

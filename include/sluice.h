@@ -1446,6 +1446,64 @@ struct sluice_gpu_sample {
 SLUICE_API int sluice_gpu_sample(struct sluice_gpu_sample *out, unsigned cap);
 
 /*
+ * The machine's counters now, as a pipeline's monitoring watches them: CPU
+ * time (all CPUs and each), host memory and the page cache, each whole
+ * disk's and network interface's counters, and one process tree's CPU
+ * time, memory and reads (a training script and its DataLoader workers).
+ * Counters since boot (or the process's start): a rate is the difference
+ * of two samples over their t.  Read from /proc (under SLUICE_SYSROOT).
+ */
+#define SLUICE_SAMPLE_CPUS 256
+#define SLUICE_SAMPLE_DISKS 32
+#define SLUICE_SAMPLE_NICS 16
+#define SLUICE_SAMPLE_PROCS 256
+struct sluice_cpu_times {
+	double busy_s;         /* user, nice, system, irq, softirq, steal */
+	double idle_s, iowait_s;
+};
+struct sluice_disk_counters {
+	char name[32];
+	uint64_t reads, read_bytes, writes, write_bytes;
+	double read_wait_s;    /* summed over reads: their time queued and served */
+	double busy_s;         /* time with I/O in flight */
+};
+struct sluice_nic_counters {
+	char name[32];
+	uint64_t rx_bytes, tx_bytes;
+};
+struct sluice_proc_counters {
+	int pid, ppid;
+	char name[32];         /* its command name (comm) */
+	double cpu_s;          /* user and system, its threads' */
+	uint64_t rss;          /* resident bytes */
+	uint64_t read_bytes;   /* fetched from storage (not the page cache); 0 where /proc hides it */
+	uint64_t rchar;        /* asked of read(2) and the like, cache hits included */
+};
+struct sluice_machine_sample {
+	size_t struct_size;    /* sizeof(struct sluice_machine_sample), set by the caller */
+	double t;              /* CLOCK_MONOTONIC seconds */
+	unsigned ncpus;        /* entries of cpu[] filled (the machine's CPUs, up to SLUICE_SAMPLE_CPUS) */
+	struct sluice_cpu_times all;
+	struct sluice_cpu_times cpu[SLUICE_SAMPLE_CPUS];
+	uint64_t mem_total, mem_available, page_cache, dirty, mlocked; /* bytes (/proc/meminfo) */
+	unsigned ndisks;       /* whole disks (under /sys/block; no loop or ram devices) */
+	struct sluice_disk_counters disk[SLUICE_SAMPLE_DISKS];
+	unsigned nnics;        /* network interfaces, loopback left out */
+	struct sluice_nic_counters nic[SLUICE_SAMPLE_NICS];
+	unsigned nprocs;       /* the tree's processes: the root first, then its descendants */
+	struct sluice_proc_counters proc[SLUICE_SAMPLE_PROCS];
+	unsigned procs_left_out; /* descendants past SLUICE_SAMPLE_PROCS */
+};
+
+/*
+ * Samples the machine, and the process tree of pid (0: this process; -1:
+ * none) into *s (its struct_size set).  0, or a negative code where
+ * /proc/stat cannot be read (the detail names it; what else could be read
+ * is filled all the same).
+ */
+SLUICE_API int sluice_machine_sample(struct sluice_machine_sample *s, int pid);
+
+/*
  * Prometheus text exposition (format 0.0.4) of this process's figures:
  * engine bytes, calls, errors and segment latency, and each open loader's
  * counts and stage seconds.  Writes at most cap bytes (NUL-terminated when

@@ -12,7 +12,8 @@ from ._lib import SluiceError, lib  # noqa: F401
 from .buffers import (Future, _buffer, _eng, gpu_count, read, read_async, read_broadcast, read_to_gpu,  # noqa: F401
                       write, write_async, write_from_gpu)
 from .dataset import Dataset  # noqa: F401
-from .loader import Loader, profile  # noqa: F401
+from .loader import Loader  # noqa: F401
+from .profiler import profile  # noqa: F401
 from .images import IMAGENET_MEAN, IMAGENET_STD, Images  # noqa: F401
 from .operate import checkpoint_process, metrics_text, serve_metrics  # noqa: F401
 from .packer import Packer, pack  # noqa: F401

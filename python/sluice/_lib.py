@@ -68,6 +68,38 @@ class ShardReport(_Sized):
                 ("decode_s", C.c_double), ("decoder", C.c_char * 8), ("why_not_gpu", C.c_char * 256)]
 
 
+class CpuTimes(C.Structure):
+    _fields_ = [("busy_s", C.c_double), ("idle_s", C.c_double), ("iowait_s", C.c_double)]
+
+
+class DiskCounters(C.Structure):
+    _fields_ = [("name", C.c_char * 32), ("reads", C.c_uint64), ("read_bytes", C.c_uint64), ("writes", C.c_uint64),
+                ("write_bytes", C.c_uint64), ("read_wait_s", C.c_double), ("busy_s", C.c_double)]
+
+
+class NicCounters(C.Structure):
+    _fields_ = [("name", C.c_char * 32), ("rx_bytes", C.c_uint64), ("tx_bytes", C.c_uint64)]
+
+
+class ProcCounters(C.Structure):
+    _fields_ = [("pid", C.c_int), ("ppid", C.c_int), ("name", C.c_char * 32), ("cpu_s", C.c_double),
+                ("rss", C.c_uint64), ("read_bytes", C.c_uint64), ("rchar", C.c_uint64)]
+
+
+class MachineSample(_Sized):
+    _fields_ = [("size", C.c_size_t), ("t", C.c_double), ("ncpus", C.c_uint), ("all", CpuTimes),
+                ("cpu", CpuTimes * 256), ("mem_total", C.c_uint64), ("mem_available", C.c_uint64),
+                ("page_cache", C.c_uint64), ("dirty", C.c_uint64), ("mlocked", C.c_uint64), ("ndisks", C.c_uint),
+                ("disk", DiskCounters * 32), ("nnics", C.c_uint), ("nic", NicCounters * 16), ("nprocs", C.c_uint),
+                ("proc", ProcCounters * 256), ("procs_left_out", C.c_uint)]
+
+
+class GpuSample(C.Structure):
+    _fields_ = [("index", C.c_uint), ("name", C.c_char * 96), ("util_pct", C.c_int), ("mem_util_pct", C.c_int),
+                ("mem_used", C.c_uint64), ("mem_total", C.c_uint64), ("pcie_rx_mb_s", C.c_double),
+                ("pcie_tx_mb_s", C.c_double)]
+
+
 class CheckpointReport(_Sized):
     _fields_ = [("size", C.c_size_t), ("lock_s", C.c_double), ("checkpoint_s", C.c_double), ("restore_s", C.c_double),
                 ("unlock_s", C.c_double), ("gpu_bytes", C.c_uint64), ("state", C.c_int)]
@@ -245,6 +277,8 @@ _protos = {
     "sluice_packer_free": (None, [P]),
     "sluice_pack": (C.c_int, [C.c_char_p, C.POINTER(PackOptions), C.POINTER(PackReport)]),
     "sluice_sizeof": (C.c_size_t, [C.c_char_p]),
+    "sluice_machine_sample": (C.c_int, [C.POINTER(MachineSample), C.c_int]),
+    "sluice_gpu_sample": (C.c_int, [C.POINTER(GpuSample), C.c_uint]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)

@@ -3,7 +3,6 @@ import ctypes as C
 import errno
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -284,32 +283,3 @@ class _Owner:
 
 
 _last_loader = None
-
-
-class profile:
-    """Context manager: what the loader's consumer waited for while the block ran.
-
-        with sluice.profile() as p:      # the last Loader created, or profile(loader)
-            for batch in loader: step(batch)
-        p.report -> {"gpu_wait_share", "step_us", "loader_us", "h2d_us", "verdict", ...}
-
-    A one-line summary goes to `file` (stderr by default; None for silence) on exit.
-    """
-
-    def __init__(self, loader=None, file=...):
-        self.loader, self.file, self.report = loader, file, None
-
-    def __enter__(self):
-        self.loader = self.loader or (_last_loader() if _last_loader else None)
-        if self.loader is None:
-            raise RuntimeError("sluice.profile: no Loader to watch")
-        return self
-
-    def __exit__(self, *exc):
-        self.report = self.loader.stats()
-        r = self.report
-        if self.file is not None:
-            print(f"sluice: {r['batches']} batches, GPU waited {100 * r['gpu_wait_share']:.1f}% of the time; "
-                  f"step {r['step_us']:.0f} us, loader {r['loader_us']:.0f} us a batch: {r['verdict']}",
-                  file=sys.stderr if self.file is ... else self.file)
-        return False

@@ -76,6 +76,7 @@ SL_HIDDEN void sl__report_copy(void *theirs, const void *mine, size_t full);
 #define SL_V1_writer_options SL_V1(sluice_writer_options, metadata)
 #define SL_V1_pack_options SL_V1(sluice_pack_options, progress_arg)
 #define SL_V1_image_options SL_V1(sluice_image_options, resize)
+#define SL_V1_machine_sample SL_V1(sluice_machine_sample, procs_left_out)
 /* A field added to a caller's struct after SL_V1: 1 when the caller's size covers it. */
 #define SL_COVERS(s, field) ((s)->size >= offsetof(__typeof__(*(s)), field) + sizeof((s)->field))
 /* The checks of a caller's report or options of the struct sluice_NAME. */

@@ -101,6 +101,11 @@ size_t sluice_sizeof(const char *name)
 		SL_SIZE(sluice_check),
 		SL_SIZE(sluice_loader_figures),
 		SL_SIZE(sluice_gpu_sample),
+		SL_SIZE(sluice_machine_sample),
+		SL_SIZE(sluice_cpu_times),
+		SL_SIZE(sluice_disk_counters),
+		SL_SIZE(sluice_nic_counters),
+		SL_SIZE(sluice_proc_counters),
 	};
 #undef SL_SIZE
 

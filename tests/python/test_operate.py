@@ -124,6 +124,40 @@ def test_top_disk_rates_from_diskstats(tmp_path):
         assert "libnvidia-ml" in s["gpu_error"] or "nvml" in s["gpu_error"].lower()
 
 
+def test_top_cpu_memory_and_network_from_proc(tmp_path):
+    """The CPUs' busy and iowait shares (all and each), memory and the page cache, and each interface's rates but
+    the loopback's, from a faked /proc whose counters move between two samples."""
+    root = tmp_path / "root"
+    (root / "proc/net").mkdir(parents=True)
+    stat, net = root / "proc/stat", root / "proc/net/dev"
+    (root / "proc/meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 600 kB\nCached: 300 kB\nDirty: 2 kB\n"
+                                       "Mlocked: 1 kB\n")
+
+    def counters(busy0, busy1, io, rx):  # each CPU 1000 ticks more than the last time, busy0 + io of them not idle
+        idle0, idle1 = 1000 - busy0 - io + (1000 if rx > 1000 else 0), 1000 - busy1 + (1000 if rx > 1000 else 0)
+        stat.write_text(f"cpu  {busy0 + busy1} 0 0 {idle0 + idle1} {io} 0 0 0\n"
+                        f"cpu0 {busy0} 0 0 {idle0} {io} 0 0 0\ncpu1 {busy1} 0 0 {idle1} 0 0 0 0\n")
+        net.write_text("h1\nh2\n    lo: 5 0 0 0 0 0 0 0 5 0 0 0 0 0 0 0\n"
+                       f"  eth0: {rx} 0 0 0 0 0 0 0 {2 * rx} 0 0 0 0 0 0 0\n")
+    counters(0, 0, 0, 1000)
+    p = subprocess.Popen([SLUICE, "top", "--json", "--count", "2", "--interval", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, SLUICE_SYSROOT=str(root), SLUICE_RUN_DIR=str(tmp_path)))
+    json.loads(p.stdout.readline())
+    counters(500, 100, 100, 1000 + 4_000_000)  # cpu0: 500 busy and 100 iowait of 1000 more ticks; cpu1: 100 busy
+    s = json.loads(p.stdout.readline())
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+    c = s["cpu"]
+    assert c["cpus"] == 2 and c["per_cpu_busy_pct"] == [50.0, 10.0]
+    assert c["busy_pct"] == pytest.approx(30.0) and c["iowait_pct"] == pytest.approx(5.0)
+    assert s["memory"] == {"total": 1000 << 10, "available": 600 << 10, "page_cache": 300 << 10, "dirty": 2 << 10,
+                           "mlocked": 1 << 10}
+    dt = s["interval_s"]
+    assert [n["name"] for n in s["nics"]] == ["eth0"]
+    assert s["nics"][0]["rx_bytes_per_s"] == pytest.approx(4_000_000 / dt, rel=1e-3)
+    assert s["nics"][0]["tx_bytes_per_s"] == pytest.approx(8_000_000 / dt, rel=1e-3)
+
+
 LOADER_SCRIPT = r"""
 import sys, sluice
 ds = sluice.Dataset(sys.argv[1])

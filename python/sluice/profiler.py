@@ -1,0 +1,404 @@
+"""sluice.profile: where a training loop's time goes, for any iterable of batches (a torch DataLoader with any
+number of workers, a Hugging Face dataset, a WebDataset pipeline, a generator, sluice's own Loader).
+
+It times the wait for each batch and the loop's work between batches (with CUDA events on the current stream
+where torch has started CUDA), and samples the machine while it runs (sluice_machine_sample: CPU time of the
+loop's process and each of its workers, bytes read from storage against bytes read through the page cache,
+disks, network, memory; sluice_gpu_sample: GPU utilisation and memory).  Its verdict names the evidence and the
+fix the evidence supports; no verdict without a measurement behind it.
+"""
+import ctypes as C
+import os
+import statistics
+import sys
+import threading
+import time
+
+from ._lib import MachineSample, lib
+
+# The loop waited for data less than this share of its time: the pipeline keeps up.
+WAIT_OK = 0.05
+# A loading process counts as CPU-bound from this share of one core busy.
+BUSY = 0.7
+
+
+def _nbytes(batch, depth=0):
+    """Bytes of the arrays in a batch (tensors, numpy arrays, bytes, nested in tuples, lists and dicts), and
+    whether every torch tensor among them is in pinned memory (None: no CPU tensor) or on a GPU."""
+    if depth > 3:
+        return 0, None, False
+    if isinstance(batch, (bytes, bytearray, memoryview)):
+        return len(batch), None, False
+    n = getattr(batch, "nbytes", None)
+    if isinstance(n, int):
+        is_cuda = bool(getattr(batch, "is_cuda", False))
+        pinned = None
+        if hasattr(batch, "is_pinned") and not is_cuda:
+            try:
+                pinned = bool(batch.is_pinned())
+            except Exception:  # torch without CUDA cannot say
+                pinned = None
+        return n, pinned, is_cuda
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    total, pinned, cuda = 0, None, False
+    for x in items:
+        b, p, c = _nbytes(x, depth + 1)
+        total += b
+        cuda = cuda or c
+        if p is not None:
+            pinned = p if pinned is None else pinned and p
+    return total, pinned, cuda
+
+
+def _cuda():
+    """torch, when it is imported and has started CUDA in this process (profile never starts it)."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch if torch is not None and torch.cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
+class _Sampler(threading.Thread):
+    """sluice_machine_sample (and the GPUs') every `interval` seconds while the loop runs; the C call releases
+    the GIL, so the loop is not held up."""
+
+    def __init__(self, interval):
+        super().__init__(name="sluice-profile", daemon=True)
+        self.interval, self.samples, self.stop = interval, [], threading.Event()
+
+    @staticmethod
+    def take():
+        s = MachineSample()
+        if lib.sluice_machine_sample(C.byref(s), 0) < 0:
+            return None
+        procs = {p.pid: (p.name.decode(errors="replace"), p.cpu_s, p.rss, p.read_bytes, p.rchar, p.ppid)
+                 for p in s.proc[:s.nprocs]}
+        disks = [(d.name.decode(), d.reads, d.read_bytes, d.read_wait_s, d.busy_s) for d in s.disk[:s.ndisks]]
+        return {"t": s.t, "ncpus": s.ncpus, "busy_s": s.all.busy_s, "idle_s": s.all.idle_s,
+                "iowait_s": s.all.iowait_s, "cpu": [c.busy_s for c in s.cpu[:s.ncpus]],
+                "mem_available": s.mem_available, "page_cache": s.page_cache, "mlocked": s.mlocked,
+                "disks": disks, "rx": sum(n.rx_bytes for n in s.nic[:s.nnics]),
+                "tx": sum(n.tx_bytes for n in s.nic[:s.nnics]), "procs": procs, "gpu": _gpus()}
+
+    def run(self):
+        while not self.stop.wait(self.interval):
+            s = self.take()
+            if s:
+                self.samples.append(s)
+
+
+def _gpus():
+    from ._lib import GpuSample
+    g = (GpuSample * 8)()
+    n = lib.sluice_gpu_sample(g, 8)
+    return [(x.util_pct, x.mem_used) for x in g[:max(0, min(n, 8))]]
+
+
+class profile:
+    """Where the loop's time goes, and why.
+
+        for batch in sluice.profile(dataloader):     # any iterable: each batch's wait is timed
+            step(batch)
+
+        with sluice.profile(loader) as p:            # or around a loop over it (a DataLoader, a sluice.Loader)
+            for batch in loader:
+                step(batch)
+        p.report -> {"verdict", "evidence", "fix", "expected", "wait_share", "batches", ...}
+
+    With no argument inside `with`, the last sluice.Loader created.  A one-line verdict goes to `file` (stderr by
+    default; None for silence) at the end.  The verdict is one of compute-bound (the loop's own work is the limit:
+    the pipeline keeps up), cpu-bound (loading processes busy decoding or transforming), storage-bound (waiting
+    on reads from storage), startup-bound (workers starting at each epoch), ipc-bound (loading neither busy nor
+    reading, the batches slow to arrive all the same), transfer-bound (copies of pageable batches to the GPU),
+    and for a sluice.Loader its own loader-bound; each with the figures behind it.
+    """
+
+    def __init__(self, source=None, file=..., interval=0.2):
+        self.source, self.file, self.interval, self.report = source, file, interval, None
+        self._waits, self._steps, self._firsts, self._thread_cpu = [], [], [], 0.0
+        self._events, self._bytes, self._pinned, self._on_gpu = [], 0, None, False
+        self._swapped, self._last, self._sampler, self._t0 = None, None, None, None
+
+    # Timing a batch's wait, wherever the loop takes its batches from.
+    def _wrap(self, make):
+        """Times make() (the iterable's __iter__: a DataLoader starts its workers there) with the first batch's
+        wait, then each batch's."""
+        first, t_iter, c_iter = True, time.perf_counter(), time.thread_time()
+        it = make()
+        while True:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            if first:
+                t0, c0 = t_iter, c_iter
+            if self._last is not None:
+                self._steps.append(t0 - self._last)
+            try:
+                b = next(it)
+            except StopIteration:
+                self._last = None
+                return
+            t1 = time.perf_counter()
+            self._thread_cpu += time.thread_time() - c0
+            self._waits.append(t1 - t0)
+            if first:
+                self._firsts.append(len(self._waits) - 1)
+                first = False
+            if len(self._waits) <= 4 or len(self._waits) % 16 == 0:  # the batch's size, now and then
+                n, pinned, cuda = _nbytes(b)
+                self._bytes, self._on_gpu = n, self._on_gpu or cuda
+                self._pinned = pinned if self._pinned is None else self._pinned if pinned is None else self._pinned and pinned
+            torch = _cuda()
+            if torch is not None:
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                self._events.append(e)
+            self._last = time.perf_counter()
+            yield b
+
+    def __iter__(self):
+        if self.source is None:
+            raise TypeError("sluice.profile(): iterate over profile(iterable), or use `with profile(loader):`")
+        started = self._t0 is None
+        if started:
+            self._start()
+        try:
+            yield from self._wrap(lambda: iter(self.source))
+        finally:
+            if started:
+                self._finish()
+
+    def __enter__(self):
+        if self.source is None:
+            from . import loader as _ld
+            self.source = _ld._last_loader() if _ld._last_loader else None
+            if self.source is None:
+                raise RuntimeError("sluice.profile: no Loader to watch (give it the iterable: profile(dataloader))")
+        cls, me = type(self.source), self
+
+        # The loop iterates the source itself: its class becomes a subclass whose __iter__ is timed, for the block.
+        try:
+            class Profiled(cls):
+                def __iter__(self_):
+                    return me._wrap(lambda: cls.__iter__(self_))
+            Profiled.__name__ = Profiled.__qualname__ = cls.__name__
+            self.source.__class__ = Profiled
+            self._swapped = cls
+        except TypeError:
+            raise TypeError(f"sluice.profile: cannot watch a {cls.__name__} from outside; iterate through the "
+                            "profiler instead: `for batch in sluice.profile(it):`") from None
+        self._start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._swapped is not None:
+            self.source.__class__ = self._swapped
+            self._swapped = None
+        self._finish()
+        return False
+
+    def _start(self):
+        self._sampler = _Sampler(self.interval)
+        self._first_sample = _Sampler.take()
+        self._t0 = time.perf_counter()
+        self._sampler.start()
+
+    def _finish(self):
+        end = time.perf_counter()
+        if self._last is not None:  # the last batch's step: to the end of the block
+            self._steps.append(end - self._last)
+            self._last = None
+        self._sampler.stop.set()
+        self._sampler.join()
+        last = _Sampler.take()
+        samples = [s for s in [self._first_sample] + self._sampler.samples + [last] if s]
+        self.report = _report(self, end - self._t0, samples)
+        if self.file is not None:
+            r = self.report
+            print(f"sluice: {r['batches']} batches, the loop waited {100 * r['wait_share']:.1f}% of its time for data: "
+                  f"{r['verdict']}. {' '.join(r['evidence'][:2])} {r['fix']}",
+                  file=sys.stderr if self.file is ... else self.file)
+
+
+def _median_ms(v):
+    return 1e3 * statistics.median(v) if v else 0.0
+
+
+def _report(p, wall, samples):
+    """The figures, the verdict, its evidence and the fix, from a finished profile's timings and samples."""
+    n = len(p._waits)
+    wait, firsts = sum(p._waits), sum(p._waits[i] for i in p._firsts)
+    r = {"batches": n, "seconds": wall, "wait_s": wait, "wait_share": wait / wall if wall > 0 else 0.0,
+         "first_batch_wait_s": firsts, "epochs": len(p._firsts), "wait_ms_p50": _median_ms(p._waits),
+         "wait_ms_p90": 1e3 * sorted(p._waits)[int(0.9 * (n - 1))] if n else 0.0, "step_ms_p50": _median_ms(p._steps),
+         "batch_bytes": p._bytes, "pinned": p._pinned, "on_gpu": p._on_gpu, "wait_thread_cpu_s": p._thread_cpu}
+    torch = _cuda()
+    if torch is not None and len(p._events) > 1:
+        p._events[-1].synchronize()
+        r["gpu_step_ms_p50"] = statistics.median(a.elapsed_time(b) for a, b in zip(p._events, p._events[1:]))
+    r.update(_machine(samples, n))
+    if getattr(p.source, "stats", None) is not None and type(p.source).__module__.startswith("sluice"):
+        st = p.source.stats()
+        r["loader"] = st
+        for k in ("gpu_wait_share", "step_us", "loader_us", "h2d_us"):
+            r[k] = st.get(k)
+    r.update(_verdict(r))
+    return r
+
+
+def _machine(samples, batches):
+    """What the samples say over the run: each process's CPU, the machine's, storage, memory, network, GPUs."""
+    if len(samples) < 2:
+        return {"processes": [], "cpu": None, "storage": None}
+    a, b = samples[0], samples[-1]
+    dt = max(b["t"] - a["t"], 1e-9)
+    root = next(iter(b["procs"]), None)
+    procs = []
+    for pid, (name, cpu, rss, rb, rc, ppid) in b["procs"].items():
+        prev = a["procs"].get(pid)
+        cpu0, rb0, rc0 = (prev[1], prev[3], prev[4]) if prev else (0.0, 0, 0)
+        rss_max = max((s["procs"][pid][2] for s in samples if pid in s["procs"]), default=rss)
+        procs.append({"pid": pid, "name": name, "role": "main" if pid == root else "worker",
+                      "cpu_s": cpu - cpu0, "busy_share": (cpu - cpu0) / dt, "read_bytes": rb - rb0,
+                      "rchar": rc - rc0, "rss_max": rss_max})
+    ncpus = b["ncpus"] or os.cpu_count() or 1
+    busy = b["busy_s"] - a["busy_s"]
+    total = busy + (b["idle_s"] - a["idle_s"]) + (b["iowait_s"] - a["iowait_s"])
+    per_core = [(y - x) / dt for x, y in zip(a["cpu"], b["cpu"])]
+    disks = {d[0]: d for d in a["disks"]}
+    reads = rbytes = rwait = 0
+    busy_disk = 0.0
+    for name, rd, rby, rw, bs in b["disks"]:
+        if name in disks:
+            _, rd0, rby0, rw0, bs0 = disks[name]
+            reads, rbytes, rwait = reads + rd - rd0, rbytes + rby - rby0, rwait + rw - rw0
+            busy_disk = max(busy_disk, (bs - bs0) / dt)
+    tree_read = sum(x["read_bytes"] for x in procs)
+    tree_rchar = sum(x["rchar"] for x in procs)
+    gpu = None
+    if any(s["gpu"] for s in samples):
+        utils = [u for s in samples for u, _ in s["gpu"] if u >= 0]
+        gpu = {"util_pct_p50": statistics.median(utils) if utils else None,
+               "mem_used_max": max((m for s in samples for _, m in s["gpu"]), default=0)}
+    return {
+        "processes": procs,
+        "cpu": {"cores": ncpus, "busy_cores": (busy / total * ncpus) if total > 0 else 0.0,
+                "iowait_cores": ((b["iowait_s"] - a["iowait_s"]) / total * ncpus) if total > 0 else 0.0,
+                "per_core_busy": per_core},
+        "storage": {"read_bytes": tree_read, "rchar": tree_rchar,
+                    "page_cache_share": (1 - tree_read / tree_rchar) if tree_rchar > tree_read else 0.0,
+                    "disk_read_bytes_s": rbytes / dt, "disk_reads_s": reads / dt, "disk_busy_share": min(busy_disk, 1.0),
+                    "read_latency_ms": 1e3 * rwait / reads if reads else None,
+                    "read_kb_avg": rbytes / reads / 1e3 if reads else None},
+        "memory": {"page_cache": b["page_cache"], "available": b["mem_available"], "mlocked": b["mlocked"],
+                   "rss_max": sum(x["rss_max"] for x in procs)},
+        "network": {"rx_bytes_s": (b["rx"] - a["rx"]) / dt, "tx_bytes_s": (b["tx"] - a["tx"]) / dt},
+        "gpu": gpu,
+    }
+
+
+def _verdict(r):
+    """The verdict, the evidence (its numbers, as sentences) and the fix the evidence supports."""
+    n, ev = r["batches"], []
+    if not n:
+        return {"verdict": "no batches yet", "evidence": ["no batch was taken inside the block"], "fix": "",
+                "expected": None}
+    share, step, wait = r["wait_share"], r["step_ms_p50"], r["wait_ms_p50"]
+    rate = n / r["seconds"] if r["seconds"] > 0 else 0.0
+    ev.append(f"the loop waited {100 * share:.1f}% of {r['seconds']:.1f} s for its {n} batches "
+              f"(wait p50 {wait:.1f} ms, its own work p50 {step:.1f} ms a batch, {rate:.1f} batches/s)")
+    loader = r.get("loader")
+    if loader is not None and loader.get("verdict") in ("loader-bound", "transfer-bound") and share >= WAIT_OK:
+        ev.append(f"sluice's loader: {loader.get('loader_us', 0) / 1e3:.1f} ms of its own a batch against "
+                  f"{loader.get('step_us', 0) / 1e3:.1f} ms of step; copies {loader.get('h2d_us', 0) / 1e3:.1f} ms")
+        fix = ("the copies to the GPU are the limit: larger batches, or fewer bytes a batch"
+               if loader["verdict"] == "transfer-bound" else
+               "the loader's reads or collation are the limit: loader.stats() names the stage")
+        return {"verdict": loader["verdict"], "evidence": ev, "fix": fix, "expected": None}
+    copy = _copy_share(r)
+    if copy is not None and copy["share"] >= 0.25:
+        ev.append(f"each batch is {r['batch_bytes'] / 1e6:.1f} MB of pageable memory: a copy to the GPU takes "
+                  f"{copy['pageable_ms']:.1f} ms from it against {copy['pinned_ms']:.1f} ms pinned (measured now), "
+                  f"{100 * copy['share']:.0f}% of the loop's work a batch")
+        return {"verdict": "transfer-bound", "evidence": ev,
+                "fix": "pin_memory=True in the DataLoader and .to('cuda', non_blocking=True)",
+                "expected": {"step_ms": max(step - copy["pageable_ms"] + copy["pinned_ms"], 0.0)}}
+    if share < WAIT_OK:
+        gpu = r.get("gpu") or {}
+        if gpu.get("util_pct_p50") is not None:
+            ev.append(f"GPU busy {gpu['util_pct_p50']:.0f}% (NVML, p50)")
+        return {"verdict": "compute-bound", "evidence": ev,
+                "fix": "the pipeline keeps up: faster loading will not speed this loop up", "expected": None}
+    if r["epochs"] and r["first_batch_wait_s"] >= 0.5 * r["wait_s"] and n > r["epochs"]:
+        ev.append(f"the first batch of each of {r['epochs']} epochs waited {r['first_batch_wait_s']:.2f} s of the "
+                  f"{r['wait_s']:.2f} s waited in all (workers starting)")
+        return {"verdict": "startup-bound", "evidence": ev,
+                "fix": "persistent_workers=True (DataLoader) keeps the workers from one epoch to the next",
+                "expected": {"seconds": r["seconds"] - r["first_batch_wait_s"] + r["epochs"] * wait / 1e3}}
+    procs, cpu, sto = r.get("processes") or [], r.get("cpu") or {}, r.get("storage") or {}
+    workers = [x for x in procs if x["role"] == "worker" and x["cpu_s"] > 0.05 * r["seconds"]]
+    cores = cpu.get("cores") or os.cpu_count() or 1
+    idle = max(cores - cpu.get("busy_cores", 0.0), 0.0)
+    if workers:
+        load_cpu = sum(x["cpu_s"] for x in workers)
+        busy = load_cpu / (len(workers) * r["seconds"])
+        who = f"{len(workers)} worker processes busy {100 * busy:.0f}% of a core each"
+    else:
+        load_cpu = r["wait_thread_cpu_s"]
+        busy = load_cpu / r["wait_s"] if r["wait_s"] > 0 else 0.0
+        who = f"the loop's own thread busy {100 * busy:.0f}% of its wait (no workers)"
+    per_batch = load_cpu / n
+    ev.append(f"{who}; {1e3 * per_batch:.1f} ms of loading CPU a batch; {cpu.get('busy_cores', 0):.1f} of "
+              f"{cores} cores busy")
+    stored, rchar = sto.get("read_bytes", 0), sto.get("rchar", 0)
+    # Busy loading, or busy enough while the machine has no core left idle.
+    if busy >= BUSY or (busy >= BUSY / 2 and idle < 0.5):
+        have = max(len(workers), 1)
+        more = int(have + idle) if idle >= 1 else have
+        expected = None
+        if more > have and per_batch > 0:
+            ceiling = 1e3 / step if step > 0 else float("inf")
+            pred = min(more / per_batch, ceiling)
+            expected = {"workers": more, "batches_s": pred, "speedup": pred / rate if rate else None}
+            fix = (f"more workers while cores are idle: {more} should give about {pred:.1f} batches/s "
+                   f"({pred / rate:.2f}x), or move decoding to the GPU (sluice.Images)")
+        else:
+            fix = "every core is busy: move decoding and augmentation to the GPU (sluice.Images), or lighter transforms"
+        return {"verdict": "cpu-bound", "evidence": ev, "fix": fix, "expected": expected}
+    if stored > 0.5 * max(rchar, 1) or sto.get("disk_busy_share", 0) > 0.5 or cpu.get("iowait_cores", 0) > 0.5:
+        lat = sto.get("read_latency_ms")
+        ev.append(f"{stored / 1e6:.1f} MB read from storage of {rchar / 1e6:.1f} MB asked for "
+                  f"({100 * sto.get('page_cache_share', 0):.0f}% from the page cache); disk busy "
+                  f"{100 * sto.get('disk_busy_share', 0):.0f}%, {sto.get('disk_reads_s', 0):.0f} reads/s"
+                  + (f" of {sto['read_kb_avg']:.0f} KB, {lat:.2f} ms each" if lat is not None else ""))
+        return {"verdict": "storage-bound", "evidence": ev,
+                "fix": "pack small files into shards read sequentially (sluice pack), or more workers to keep more "
+                       "reads in flight", "expected": None}
+    ev.append(f"{stored / 1e6:.1f} MB read from storage of {rchar / 1e6:.1f} MB asked for; disk busy "
+              f"{100 * sto.get('disk_busy_share', 0):.0f}%")
+    return {"verdict": "ipc-bound", "evidence": ev,
+            "fix": "the loading is neither busy nor reading: batches wait in hand-over (larger batches, fewer Python "
+                   "objects a batch, persistent_workers, a higher prefetch_factor)", "expected": None}
+
+
+def _copy_share(r):
+    """For CPU batches headed to a GPU (torch with CUDA started, batches not pinned): a pageable and a pinned
+    copy of one batch's size, timed now, and the pageable one's share of the loop's work a batch."""
+    torch = _cuda()
+    if torch is None or r["on_gpu"] or r["pinned"] is not False or r["batch_bytes"] < (8 << 20):
+        return None
+    n = r["batch_bytes"]
+    host = torch.empty(n, dtype=torch.uint8)
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+
+    def timed(src):
+        dev.copy_(src)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(3):
+            dev.copy_(src, non_blocking=src.is_pinned())
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / 3 * 1e3
+    pageable_ms, pinned_ms = timed(host), timed(pinned)
+    step = r["step_ms_p50"]
+    return {"pageable_ms": pageable_ms, "pinned_ms": pinned_ms, "share": pageable_ms / step if step > 0 else 0.0}

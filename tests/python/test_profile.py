@@ -1,0 +1,170 @@
+"""sluice.profile over pipelines built from real situations (no mocks, no timed assertions): the verdict of each,
+and that the evidence it gives agrees with it.  GPU situations (pageable copies, a model's step) are in
+test_gpu.py's profile tests."""
+import hashlib
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+
+import sluice
+
+
+def _burn(seconds):
+    """CPU work (hashing) for about `seconds` of this thread's CPU time: a decode or a transform's worth."""
+    t = time.thread_time()
+    x = np.arange(4096, dtype=np.uint8).tobytes()
+    while time.thread_time() - t < seconds:
+        x = hashlib.sha256(x).digest() * 128
+
+
+def _decode(i):
+    _burn(0.03)
+    return np.full((64, 64), i, np.uint8)
+
+
+def test_a_cpu_heavy_transform_in_the_loop_is_cpu_bound():
+    """No workers, a transform of 30 ms of CPU a batch, a step of 2: the loop's own thread is busy loading."""
+    def batches():
+        for i in range(30):
+            yield _decode(i)
+    p = sluice.profile(batches(), file=None)
+    for _ in p:
+        time.sleep(0.002)
+    r = p.report
+    assert r["batches"] == 30 and r["verdict"] == "cpu-bound", r["evidence"]
+    assert r["wait_thread_cpu_s"] >= 0.7 * r["wait_s"]
+    assert any("busy" in e for e in r["evidence"]) and "ms of loading CPU a batch" in r["evidence"][1]
+    if r["expected"]:  # idle cores: more workers, a rate above today's that the loop's own work still allows
+        assert r["expected"]["workers"] > 1 and r["expected"]["speedup"] > 1
+
+
+def test_worker_processes_busy_decoding_are_cpu_bound_and_counted():
+    """A pool of 2 worker processes decoding (a DataLoader's shape): their CPU is read from /proc, per process."""
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        p = sluice.profile(pool.imap(_decode, range(40)), file=None)
+        for _ in p:
+            pass
+    r = p.report
+    workers = [x for x in r["processes"] if x["role"] == "worker"]
+    assert len(workers) >= 2 and sum(x["cpu_s"] for x in workers) >= 0.5 * 40 * 0.03
+    assert r["verdict"] == "cpu-bound", r["evidence"]
+    assert "worker processes busy" in r["evidence"][1]
+
+
+def test_cannot_watch_a_generator_from_outside():
+    with pytest.raises(TypeError, match="iterate through the profiler"):
+        with sluice.profile(x for x in range(3)):
+            pass
+
+
+def test_a_step_much_longer_than_the_data_is_compute_bound():
+    p = sluice.profile(range(20), file=None)
+    for _ in p:
+        time.sleep(0.02)
+    r = p.report
+    assert r["verdict"] == "compute-bound" and r["wait_share"] < 0.05 and r["expected"] is None
+    assert "keeps up" in r["fix"]
+
+
+class Restarting:
+    """An iterable whose every iteration starts slowly (half a second, like worker processes starting), then
+    hands out its batches at once."""
+
+    def __iter__(self):
+        time.sleep(0.5)
+        return iter(range(10))
+
+
+def test_workers_starting_every_epoch_are_startup_bound():
+    src = Restarting()
+    with sluice.profile(src, file=None) as p:
+        for epoch in range(3):
+            for _ in src:
+                time.sleep(0.005)
+    r = p.report
+    assert r["epochs"] == 3 and r["verdict"] == "startup-bound", r["evidence"]
+    assert r["first_batch_wait_s"] >= 0.5 * r["wait_s"] and "persistent_workers" in r["fix"]
+    assert isinstance(src, Restarting) and type(src) is Restarting  # the class is given back
+
+
+def test_batches_slow_to_arrive_with_nothing_busy_are_ipc_bound():
+    """Batches that take 20 ms to arrive with no CPU and no reads behind them (a hand-over that waits)."""
+    def handed():
+        for i in range(25):
+            time.sleep(0.02)
+            yield i
+    p = sluice.profile(handed(), file=None)
+    for _ in p:
+        pass
+    r = p.report
+    assert r["verdict"] == "ipc-bound", r["evidence"]
+    assert r["wait_thread_cpu_s"] < 0.5 * r["wait_s"]
+
+
+def _evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_cold_folder_of_small_files_read_one_by_one(tmp_path):
+    """400 files of 64 KiB, dropped from the page cache, read in shuffled order with no workers: storage- or
+    CPU-bound, whichever this machine shows, and the evidence says so."""
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(400):
+        f = tmp_path / f"{i:04d}.bin"
+        f.write_bytes(rng.integers(0, 256, 65536, np.uint8).tobytes())
+        files.append(f)
+    for f in files:
+        _evict(f)
+    order = rng.permutation(len(files))
+
+    def samples():
+        for i in order:
+            with open(files[i], "rb") as fh:
+                yield np.frombuffer(fh.read(), np.uint8)
+    p = sluice.profile(samples(), file=None)
+    for _ in p:
+        pass
+    r = p.report
+    assert r["batches"] == 400 and r["verdict"] in ("storage-bound", "cpu-bound", "compute-bound"), r["evidence"]
+    st = r["storage"]
+    assert st["rchar"] >= 400 * 65536
+    if r["verdict"] == "storage-bound":
+        assert st["read_bytes"] > 0.5 * st["rchar"] or st["disk_busy_share"] > 0.5
+        assert "read from storage" in r["evidence"][-1] and "sluice pack" in r["fix"]
+    elif r["verdict"] == "cpu-bound":
+        assert r["wait_thread_cpu_s"] >= 0.7 * r["wait_s"]
+
+
+def test_sluice_loader_through_the_profiler(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"a": {i}}}\n' for i in range(2000)))
+    sluice.pack(str(tmp_path / "ds"), jsonl=str(rows), fields="a")
+    ld = sluice.Loader(sluice.Dataset(str(tmp_path / "ds")), batch_size=64)
+    with sluice.profile(ld, file=None) as p:
+        for _ in ld:
+            time.sleep(0.01)
+    r = p.report
+    assert r["batches"] == len(ld) and r["loader"]["batches"] == len(ld)
+    assert r["verdict"] == "compute-bound" and r["gpu_wait_share"] == r["loader"]["gpu_wait_share"]
+    assert type(ld) is sluice.Loader
+
+
+def test_the_machine_sample_sees_this_process_and_its_children():
+    from sluice._lib import MachineSample, lib
+    import ctypes
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_burn, [0.05, 0.05])
+        s = MachineSample()
+        assert lib.sluice_machine_sample(ctypes.byref(s), 0) == 0
+        pids = [s.proc[i].pid for i in range(s.nprocs)]
+    assert pids[0] == os.getpid() and len(pids) >= 3
+    assert s.ncpus >= 1 and s.mem_total > 0 and s.all.busy_s > 0
