@@ -12,6 +12,7 @@ int cmd_cp(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_journey(int argc, char **argv);
+int cmd_diagnose(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
@@ -42,5 +43,11 @@ int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, 
 		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds);
 /* Writes s as a JSON string literal. */
 void cli_json_str(const char *s);
+/*
+ * For the commands Python runs (journey, diagnose): SLUICE_BIN, SLUICE_LIB and, from a build tree, PYTHONPATH
+ * set for this program's build; its directory into dir; returns the Python to run (SLUICE_PYTHON, else
+ * python3), or NULL with the error printed.
+ */
+const char *cli_python_env(const char *cmd, char *dir, size_t cap);
 
 #endif

@@ -33,31 +33,17 @@ static int journey_find(const char *dir, char *p, size_t cap)
 
 int cmd_journey(int argc, char **argv)
 {
-	char exe[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 64], pp[2 * PATH_MAX + 64];
-	const char *py = sluice_setting("SLUICE_PYTHON"), *old = getenv("PYTHONPATH");
+	char dir[PATH_MAX], p[PATH_MAX + 64];
 	char **args = calloc((size_t)argc + 3, sizeof(*args));
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	const char *py;
 
-	if (!args || n <= 0)
-		return cli_fail("journey", "cannot find its own program (/proc/self/exe)");
-	exe[n] = 0;
-	snprintf(dir, sizeof(dir), "%s", exe);
-	*strrchr(dir, '/') = 0;
-	setenv("SLUICE_BIN", exe, 0);
-	snprintf(p, sizeof(p), "%s/libsluice.so", dir);
-	if (!access(p, R_OK))
-		setenv("SLUICE_LIB", p, 0);
-	/* From a build tree, the package beside it; installed, the one pip put on the Python's path. */
-	snprintf(p, sizeof(p), "%s/../python/sluice/__init__.py", dir);
-	if (!access(p, R_OK)) {
-		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
-		setenv("PYTHONPATH", pp, 1);
-	}
+	if (!args || !(py = cli_python_env("journey", dir, sizeof(dir))))
+		return 1;
 	if (journey_find(dir, p, sizeof(p)))
 		return cli_fail("journey", "its experiments (tools/journey/journey.py) are neither in %s/../tools nor in "
 				"%s/../share/sluice", dir, dir);
 	/* Run as a file: the package (and numpy) load after the arguments are read. */
-	args[0] = (char *)(py && *py ? py : "python3");
+	args[0] = (char *)py;
 	args[1] = p;
 	for (int i = 1; i < argc; i++)
 		args[i + 1] = argv[i];

@@ -17,6 +17,7 @@ static const struct {
 	{ "info", cmd_info, "show the engine's backend, GPU and why other paths are unusable" },
 	{ "inspect", cmd_inspect, "records, fields, sizes and shards of a dataset" },
 	{ "journey", cmd_journey, "run the Data Journey's experiments here, as an HTML report" },
+	{ "diagnose", cmd_diagnose, "run a training script unchanged and report where its pipeline loses time" },
 	{ "pack", cmd_pack, "turn a tree of files into a sharded dataset" },
 	{ "top", cmd_top, "live view of disks, GPUs and running loaders" },
 	{ "tune", cmd_tune, "measure this machine and write the best threads, I/O size, queue depth" },

@@ -114,8 +114,9 @@ class profile:
     and for a sluice.Loader its own loader-bound; each with the figures behind it.
     """
 
-    def __init__(self, source=None, file=..., interval=0.2):
-        self.source, self.file, self.interval, self.report = source, file, interval, None
+    def __init__(self, source=None, file=..., interval=0.2, nvtx=False):
+        self.source, self.file, self.interval, self.report, self.nvtx = source, file, interval, None, nvtx
+        self._spans = []  # (wait start, batch in hand) of each batch, perf_counter seconds
         self._waits, self._steps, self._firsts, self._thread_cpu = [], [], [], 0.0
         self._events, self._bytes, self._pinned, self._on_gpu = [], 0, None, False
         self._swapped, self._last, self._sampler, self._t0 = None, None, None, None
@@ -132,14 +133,22 @@ class profile:
                 t0, c0 = t_iter, c_iter
             if self._last is not None:
                 self._steps.append(t0 - self._last)
+            torch = _cuda() if self.nvtx else None
+            if torch is not None:
+                torch.cuda.nvtx.range_push("sluice: waiting for a batch")
             try:
                 b = next(it)
             except StopIteration:
                 self._last = None
                 return
+            finally:
+                if torch is not None:
+                    torch.cuda.nvtx.range_pop()
             t1 = time.perf_counter()
             self._thread_cpu += time.thread_time() - c0
             self._waits.append(t1 - t0)
+            if len(self._spans) < (1 << 20):
+                self._spans.append((t0, t1))
             if first:
                 self._firsts.append(len(self._waits) - 1)
                 first = False
@@ -212,11 +221,35 @@ class profile:
         last = _Sampler.take()
         samples = [s for s in [self._first_sample] + self._sampler.samples + [last] if s]
         self.report = _report(self, end - self._t0, samples)
+        self.report["timeline"] = _timeline(self, samples)
         if self.file is not None:
             r = self.report
             print(f"sluice: {r['batches']} batches, the loop waited {100 * r['wait_share']:.1f}% of its time for data: "
                   f"{r['verdict']}. {' '.join(r['evidence'][:2])} {r['fix']}",
                   file=sys.stderr if self.file is ... else self.file)
+
+
+def _timeline(p, samples):
+    """Over the run, for charts and traces: each batch's wait and the loop's work after it (ms, from the start),
+    and between samples the cores busy (the machine's, and each process's), disk reads, the page cache and the
+    GPUs' utilisation."""
+    t0 = p._t0
+    batches = [{"t": a - t0, "wait_ms": 1e3 * (b - a), "step_ms": 1e3 * s}
+               for (a, b), s in zip(p._spans, p._steps + [0.0] * (len(p._spans) - len(p._steps)))]
+    out = []
+    for a, b in zip(samples, samples[1:]):
+        dt = b["t"] - a["t"]
+        if dt <= 0:
+            continue
+        total = sum(b[k] - a[k] for k in ("busy_s", "idle_s", "iowait_s"))
+        procs = {str(pid): (v[1] - a["procs"][pid][1]) / dt for pid, v in b["procs"].items() if pid in a["procs"]}
+        reads = sum(d[2] for d in b["disks"]) - sum(d[2] for d in a["disks"] if any(d[0] == x[0] for x in b["disks"]))
+        out.append({"t": b["t"] - samples[0]["t"],
+                    "busy_cores": (b["busy_s"] - a["busy_s"]) / total * b["ncpus"] if total > 0 else 0.0,
+                    "procs": procs, "disk_read_mb_s": max(reads, 0) / dt / 1e6, "page_cache_gb": b["page_cache"] / 1e9,
+                    "gpu_util": [u for u, _ in b["gpu"]]})
+    names = {str(pid): v[0] for s in samples for pid, v in s["procs"].items()}
+    return {"batches": batches, "samples": out, "process_names": names}
 
 
 def _median_ms(v):

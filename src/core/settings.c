@@ -225,6 +225,13 @@ const struct sl__setting_def sl__settings[] = {
 	  sl_check_absolute },
 	{ "SLUICE_LIB", SL_SET_PATH, V, 0, 0, 0, NULL, "", "the libsluice.so the Python package loads", NULL, NULL },
 	{ "SLUICE_BIN", SL_SET_PATH, V, 0, 0, 0, NULL, "", "the sluice command the Python package runs", NULL, NULL },
+	/* What sluice diagnose tells the script it runs (sluice/diagnose.py). */
+	{ "SLUICE_DIAGNOSE_OUT", SL_SET_PATH, V, 0, 0, 0, NULL, "", "sluice diagnose: where the script's report goes",
+	  NULL, NULL },
+	{ "SLUICE_DIAGNOSE_WORKERS", SL_SET_UINT, V, 0, 1024, 0, NULL, "",
+	  "sluice diagnose --sweep-workers: the DataLoaders' worker count for this run", NULL, NULL },
+	{ "SLUICE_DIAGNOSE_STEPS", SL_SET_UINT, V, 0, UINT64_MAX, 0, NULL, "",
+	  "sluice diagnose --sweep-workers: batches the script takes before it stops", NULL, NULL },
 	{ 0 },
 };
 #define SL_NSETTINGS (sizeof(sl__settings) / sizeof(sl__settings[0]) - 1)

@@ -140,8 +140,9 @@ def test_a_cold_folder_of_small_files_read_one_by_one(tmp_path):
     if r["verdict"] == "storage-bound":
         assert st["read_bytes"] > 0.5 * st["rchar"] or st["disk_busy_share"] > 0.5
         assert "read from storage" in r["evidence"][-1] and "sluice pack" in r["fix"]
-    elif r["verdict"] == "cpu-bound":
-        assert r["wait_thread_cpu_s"] >= 0.7 * r["wait_s"]
+    elif r["verdict"] == "cpu-bound":  # the loop's thread busy, or half busy on a machine with no core idle
+        busy, cpu = r["wait_thread_cpu_s"] / r["wait_s"], r["cpu"]
+        assert busy >= 0.7 or (busy >= 0.35 and cpu["cores"] - cpu["busy_cores"] < 0.5), (busy, cpu)
 
 
 def test_sluice_loader_through_the_profiler(tmp_path):

@@ -1,0 +1,368 @@
+"""sluice diagnose: runs an unchanged training script and says where its pipeline loses time.
+
+    sluice diagnose [--html R.html] [--json R.json] [--trace T.json] [--sweep-workers 0,4,8 [--steps N]] -- python train.py ARGS
+
+The script runs as it is, in a child process whose Python loads a hook first (a sitecustomize of sluice's, ahead
+of the PYTHONPATH, which then runs the one it hides): every torch DataLoader and sluice.Loader the script
+iterates is watched by sluice.profile, with NVTX ranges around each wait for a batch (for Nsight Systems).  At
+the script's end the report is written: the verdict with its evidence and fix for each watched loader, charts of
+its run (the wait for data against the loop's own work, batch by batch; CPU cores of the loop's process and of
+each worker; disk reads and the page cache; GPU utilisation), its figures as JSON, and a Chrome trace of the
+waits and steps (Perfetto, chrome://tracing).  --sweep-workers runs the script's first --steps batches again at
+each DataLoader worker count and charts the batches a second each gave, beside what the first run predicted.
+"""
+import argparse
+import html
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ENV_OUT, ENV_WORKERS, ENV_STEPS = "SLUICE_DIAGNOSE_OUT", "SLUICE_DIAGNOSE_WORKERS", "SLUICE_DIAGNOSE_STEPS"
+
+# ---- the child: the hook its sitecustomize installs
+
+_SITECUSTOMIZE = '''"""sluice diagnose's hook (sluice/diagnose.py), then the sitecustomize it hides, if any."""
+import importlib.machinery, importlib.util, os, sys
+try:
+    from sluice import diagnose as _d
+    _d._install()
+except Exception as e:  # the script runs all the same
+    print(f"sluice diagnose: the hook did not install: {type(e).__name__}: {e}", file=sys.stderr)
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+if _spec and _spec.loader:
+    _m = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_m)
+'''
+
+_watched = []  # (label, profile) of every loader iterated, in the order first seen
+_limit = {"steps": 0, "seen": 0}
+
+
+def _profile_for(obj, label):
+    from .profiler import profile
+    for o, p in _watched:
+        if o is obj:
+            return p
+    p = profile(obj, file=None, nvtx=True)
+    p._start()
+    _watched.append((obj, p))
+    p.label = label
+    return p
+
+
+def _watch(cls, label):
+    """cls.__iter__ timed by the profile of each instance (started at its first iteration)."""
+    orig = cls.__iter__
+    if getattr(orig, "_sluice_diagnose", False):
+        return
+
+    def __iter__(self):
+        p = _profile_for(self, f"{label} #{sum(1 for o, _ in _watched if type(o) is type(self)) + 1}")
+        for b in p._wrap(lambda: orig(self)):
+            yield b
+            _limit["seen"] += 1
+            if _limit["steps"] and _limit["seen"] >= _limit["steps"]:
+                raise SystemExit(0)  # --steps: the script ends here, its atexit (the report) runs
+    __iter__._sluice_diagnose = True
+    cls.__iter__ = __iter__
+
+
+def _patch_dataloader(mod):
+    cls = mod.DataLoader
+    _watch(cls, "DataLoader")
+    workers = os.environ.get(ENV_WORKERS)
+    if workers is None or getattr(cls.__init__, "_sluice_diagnose", False):
+        return
+    orig_init, w = cls.__init__, int(workers)
+
+    def __init__(self, *args, **kw):
+        import inspect
+        bound = inspect.signature(orig_init).bind(self, *args, **kw)
+        bound.arguments["num_workers"] = w
+        if w == 0:  # what a DataLoader refuses without workers
+            bound.arguments.pop("prefetch_factor", None)
+            bound.arguments["persistent_workers"] = False
+        orig_init(*bound.args, **bound.kwargs)
+    __init__._sluice_diagnose = True
+    cls.__init__ = __init__
+
+
+class _Finder:
+    """Patches torch.utils.data.dataloader once the script imports it (torch itself is never imported here)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch.utils.data.dataloader":
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch_dataloader(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install():
+    import atexit
+    _limit["steps"] = int(os.environ.get(ENV_STEPS) or 0)
+    sys.meta_path.insert(0, _Finder())
+    if "torch.utils.data.dataloader" in sys.modules:
+        _patch_dataloader(sys.modules["torch.utils.data.dataloader"])
+    from . import loader
+    _watch(loader.Loader, "sluice.Loader")
+    atexit.register(_write)
+
+
+def _write():
+    out = os.environ.get(ENV_OUT)
+    reports = []
+    for _, p in _watched:
+        if p.report is None and p._t0 is not None:
+            p._finish()
+        if p.report is not None:
+            p.report["label"] = p.label
+            reports.append(p.report)
+    if out:
+        with open(out, "w") as f:
+            json.dump({"argv": sys.argv, "loaders": reports}, f, default=str)
+
+
+# ---- the parent: run, then report
+
+def _run(cmd, env_extra, out):
+    hook = tempfile.mkdtemp(prefix="sluice-diagnose-")
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+        f.write(_SITECUSTOMIZE)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, **env_extra)
+    env["PYTHONPATH"] = os.pathsep.join([hook, pkg] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[ENV_OUT] = out
+    t = time.perf_counter()
+    rc = subprocess.call(cmd, env=env)
+    wall = time.perf_counter() - t
+    try:
+        with open(out) as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        rep = {"loaders": []}
+    rep["returncode"], rep["wall_s"] = rc, wall
+    return rep
+
+
+def _main_loader(rep):
+    return max(rep["loaders"], key=lambda r: r["batches"], default=None)
+
+
+def _rate(r, skip=5):
+    """Batches a second after the first `skip` (the start-up left out) of a run's main loader."""
+    b = r["timeline"]["batches"]
+    if len(b) <= skip + 1:
+        return r["batches"] / r["seconds"] if r["seconds"] else 0.0
+    t0 = b[skip]["t"]
+    t1 = b[-1]["t"] + (b[-1]["wait_ms"] + b[-1]["step_ms"]) / 1e3
+    return (len(b) - skip) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def _sweep(cmd, workers, steps, tmp):
+    out = []
+    for w in workers:
+        rep = _run(cmd, {ENV_WORKERS: str(w), ENV_STEPS: str(steps)}, os.path.join(tmp, f"sweep-{w}.json"))
+        m = _main_loader(rep)
+        out.append({"workers": w, "batches_s": _rate(m) if m else None, "returncode": rep["returncode"],
+                    "verdict": m["verdict"] if m else None})
+        print(f"sluice diagnose: {w} workers: {out[-1]['batches_s'] or 0:.2f} batches/s ({out[-1]['verdict']})",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def trace_events(rep):
+    """A Chrome trace (Perfetto, chrome://tracing) of each watched loader's waits and steps."""
+    ev = []
+    for i, r in enumerate(rep["loaders"]):
+        ev.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": r.get("label", f"loader {i}")}})
+        for k, b in enumerate(r["timeline"]["batches"]):
+            ts = 1e6 * b["t"]
+            ev.append({"ph": "X", "name": "waiting for a batch", "cat": "data", "pid": 1, "tid": i, "ts": ts,
+                       "dur": 1e3 * b["wait_ms"], "args": {"batch": k}})
+            if b["step_ms"]:
+                ev.append({"ph": "X", "name": "the loop's work", "cat": "step", "pid": 1, "tid": i,
+                           "ts": ts + 1e3 * b["wait_ms"], "dur": 1e3 * b["step_ms"], "args": {"batch": k}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+_COLOURS = ("#e07b39", "#2b7bb9", "#3a9a5b", "#8e5cc2", "#c2455c", "#7a7a7a", "#c7a42e", "#2aa1a1")
+
+
+def _lines(title, unit, series, w=860, h=240):
+    """An SVG line chart: series is [(label, [(x, y), ...]), ...]."""
+    pts = [p for _, s in series for p in s]
+    if not pts:
+        return f"<p>{html.escape(title)}: nothing sampled.</p>"
+    x1 = max(x for x, _ in pts) or 1
+    y1 = max(y for _, y in pts) or 1
+    left, top, bottom = 60, 20, 40
+    sx = (w - left - 20) / x1
+    sy = (h - top - bottom) / y1
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h + 18 * len(series)}" '
+           f'role="img" aria-label="{html.escape(title)}">',
+           f'<text x="{left}" y="14" font-size="13">{html.escape(title)}</text>',
+           f'<line x1="{left}" y1="{h - bottom}" x2="{w - 20}" y2="{h - bottom}" stroke="#999"/>',
+           f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" font-size="11">{y1:,.3g}</text>',
+           f'<text x="{left - 6}" y="{h - bottom}" text-anchor="end" font-size="11">0</text>',
+           f'<text x="{w - 20}" y="{h - bottom + 14}" text-anchor="end" font-size="11">{x1:,.3g} s</text>',
+           f'<text x="{left}" y="{h - bottom + 14}" font-size="11" fill="#555">{html.escape(unit)}</text>']
+    for i, (label, s) in enumerate(series):
+        c = _COLOURS[i % len(_COLOURS)]
+        path = " ".join(f"{left + x * sx:.1f},{h - bottom - y * sy:.1f}" for x, y in s)
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{path}"/>')
+        out.append(f'<rect x="{left}" y="{h + 18 * i - 4}" width="12" height="12" fill="{c}"/>'
+                   f'<text x="{left + 18}" y="{h + 18 * i + 6}" font-size="12">{html.escape(label)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _bars(title, rows):
+    top = max((v for _, v in rows), default=0) or 1
+    w, bar, gap, left = 860, 22, 10, 260
+    h = len(rows) * (bar + gap) + 24
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h}" role="img" '
+           f'aria-label="{html.escape(title)}">']
+    for i, (label, v) in enumerate(rows):
+        y = 6 + i * (bar + gap)
+        bw = max(2, (w - left - 90) * v / top)
+        out.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.0f}" text-anchor="end" font-size="13">{html.escape(label)}</text>'
+                   f'<rect x="{left}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{_COLOURS[i % 2]}"/>'
+                   f'<text x="{left + bw + 6:.1f}" y="{y + bar * 0.7:.0f}" font-size="13">{v:,.2f}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def report_html(rep):
+    cmd = " ".join(rep.get("command", []))
+    parts = [f"""<!doctype html><html><head><meta charset="utf-8"><title>sluice diagnose</title>
+<style>body{{font-family:sans-serif;max-width:920px;margin:2em auto;color:#222}} th,td{{text-align:left;padding-right:1em}}
+.verdict{{font-weight:bold;font-size:1.1em}} section{{margin:2em 0;border-top:1px solid #ccc}}</style></head><body>
+<h1>Where the pipeline loses time</h1>
+<p><code>{html.escape(cmd)}</code>: {rep['wall_s']:.1f} s, exit status {rep['returncode']},
+{time.strftime('%Y-%m-%d %H:%M')}.</p>"""]
+    if not rep["loaders"]:
+        parts.append("<p class=\"verdict\">No DataLoader or sluice.Loader was iterated: nothing to say.</p>")
+    for r in rep["loaders"]:
+        tl = r["timeline"]
+        parts.append(f'<section><h2>{html.escape(r.get("label", "loader"))}: {r["batches"]} batches</h2>'
+                     f'<p class="verdict">{html.escape(r["verdict"])}</p><ul>'
+                     + "".join(f"<li>{html.escape(e)}</li>" for e in r["evidence"])
+                     + f'</ul><p><b>Fix:</b> {html.escape(r["fix"])}</p>')
+        b = tl["batches"]
+        parts.append(_lines("Each batch: the wait for it, and the loop's own work after it", "ms a batch, over the run",
+                            [("waiting for the batch", [(x["t"], x["wait_ms"]) for x in b]),
+                             ("the loop's work (the step)", [(x["t"], x["step_ms"]) for x in b])]))
+        names, samples = tl["process_names"], tl["samples"]
+        pids = sorted({pid for s in samples for pid in s["procs"]},
+                      key=lambda pid: -sum(s["procs"].get(pid, 0) for s in samples))[:8]
+        parts.append(_lines("CPU cores busy: the machine, the loop's process and each worker", "cores",
+                            [("the machine", [(s["t"], s["busy_cores"]) for s in samples])] +
+                            [(f"{names.get(pid, pid)} ({pid})", [(s["t"], s["procs"].get(pid, 0)) for s in samples])
+                             for pid in pids]))
+        parts.append(_lines("Storage: disk reads and the page cache", "MB/s read from the disks; GB in the page cache",
+                            [("disk reads, MB/s", [(s["t"], s["disk_read_mb_s"]) for s in samples]),
+                             ("page cache, GB", [(s["t"], s["page_cache_gb"]) for s in samples])]))
+        if any(s["gpu_util"] for s in samples):
+            parts.append(_lines("GPU utilisation (NVML)", "%", [(f"GPU {g}", [(s["t"], s["gpu_util"][g]) for s in samples
+                                                                              if len(s["gpu_util"]) > g])
+                                                               for g in range(max(len(s["gpu_util"]) for s in samples))]))
+        figs = {k: r.get(k) for k in ("wait_share", "wait_ms_p50", "wait_ms_p90", "step_ms_p50", "batch_bytes",
+                                      "first_batch_wait_s", "epochs")}
+        parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{v:,.4g}</td></tr>" if
+                                         isinstance(v, float) else
+                                         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                                         for k, v in figs.items()) + "</table></section>")
+    if rep.get("sweep"):
+        rows = [(f"{s['workers']} workers, measured", s["batches_s"] or 0.0) for s in rep["sweep"]]
+        rows += [(f"{s['workers']} workers, predicted", s["predicted_batches_s"]) for s in rep["sweep"]
+                 if s.get("predicted_batches_s")]
+        parts.append('<section><h2>Worker counts, tried</h2>' + _bars("batches a second", rows) +
+                     f"<p>The script's first {rep['sweep_steps']} batches at each count (its first 5 left out of the "
+                     "rate).</p></section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _predicted(main, workers):
+    """What the first run's figures predict for `workers` workers (cpu-bound loading: its CPU a batch over the
+    workers, no faster than the loop's own work), or None where they predict nothing."""
+    if not main or main["verdict"] not in ("cpu-bound", "compute-bound") or not main["batches"]:
+        return None
+    step = main["step_ms_p50"] / 1e3
+    procs = [p for p in main.get("processes") or [] if p["role"] == "worker" and p["cpu_s"] > 0.05 * main["seconds"]]
+    load = sum(p["cpu_s"] for p in procs) if procs else main["wait_thread_cpu_s"]
+    per_batch = load / main["batches"]
+    if per_batch <= 0:
+        return None
+    if workers == 0:
+        return 1 / (per_batch + step)
+    return min(workers / per_batch, 1 / step if step > 0 else float("inf"))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("usage: sluice diagnose [--html R.html] [--json R.json] [--trace T.json] [--sweep-workers 0,4,8 "
+              "[--steps N]] -- python train.py ARGS", file=sys.stderr)
+        return 2
+    k = argv.index("--")
+    ap = argparse.ArgumentParser(prog="sluice diagnose", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--html", default="sluice-diagnose.html", help="the report (default ./sluice-diagnose.html)")
+    ap.add_argument("--json", help="the figures as JSON too")
+    ap.add_argument("--trace", help="a Chrome trace of each loader's waits and steps")
+    ap.add_argument("--sweep-workers", help="DataLoader worker counts to try, as 0,4,8,16")
+    ap.add_argument("--steps", type=int, default=50, help="batches each --sweep-workers run takes (default 50)")
+    a = ap.parse_args(argv[:k])
+    cmd = argv[k + 1:]
+    if not cmd:
+        ap.error("no command after --")
+    workers = []
+    if a.sweep_workers:
+        try:
+            workers = [int(x) for x in a.sweep_workers.split(",")]
+            if any(w < 0 or w > 1024 for w in workers):
+                raise ValueError
+        except ValueError:
+            ap.error(f"--sweep-workers '{a.sweep_workers}': worker counts from 0 to 1024, as 0,4,8")
+    if a.steps < 6:
+        ap.error("--steps: at least 6 (the first 5 are left out of the rate)")
+    tmp = tempfile.mkdtemp(prefix="sluice-diagnose-")
+    rep = _run(cmd, {}, os.path.join(tmp, "run.json"))
+    rep["command"] = cmd
+    main_r = _main_loader(rep)
+    if workers:
+        rep["sweep"], rep["sweep_steps"] = _sweep(cmd, workers, a.steps, tmp), a.steps
+        for s in rep["sweep"]:
+            s["predicted_batches_s"] = _predicted(main_r, s["workers"])
+    with open(a.html, "w") as f:
+        f.write(report_html(rep))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=1, default=str)
+    if a.trace:
+        with open(a.trace, "w") as f:
+            json.dump(trace_events(rep), f)
+    for r in rep["loaders"]:
+        print(f"sluice diagnose: {r.get('label')}: {r['batches']} batches, waited {100 * r['wait_share']:.1f}% of the "
+              f"time: {r['verdict']}. {r['fix']}", file=sys.stderr)
+    if not rep["loaders"]:
+        print("sluice diagnose: the script iterated no DataLoader or sluice.Loader", file=sys.stderr)
+    print(f"sluice diagnose: report {a.html}", file=sys.stderr)
+    return rep["returncode"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""sluice diagnose: an unchanged script run under the hook, its report (HTML, JSON, trace), the worker sweep, and
+what it must leave alone (the script's exit status, a sitecustomize of the user's).  DataLoader situations need
+torch and run where it is installed (the GPU machine)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sluice
+
+SLUICE = os.path.abspath(os.environ.get("SLUICE_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "sluice")))
+
+TRAIN = r"""
+import hashlib, sys, time
+import sluice
+ld = sluice.Loader(sluice.Dataset(sys.argv[1]), batch_size=32)
+for epoch in range(2):
+    ld.set_epoch(epoch)
+    for b in ld:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.005:   # a step's worth of CPU
+            hashlib.sha256(b"x" * 4096).digest()
+if len(sys.argv) > 2:
+    raise RuntimeError("the script fails after training")
+print("trained", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("diag")
+    rows = d / "rows.jsonl"
+    rows.write_text("".join(f'{{"a": {i}}}\n' for i in range(2000)))
+    sluice.pack(str(d / "ds"), jsonl=str(rows), fields="a")
+    (d / "train.py").write_text(TRAIN)
+    return d
+
+
+def diagnose(args, cwd, env=None, timeout=300):
+    return subprocess.run([SLUICE, "diagnose"] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, SLUICE_PYTHON=sys.executable, **(env or {})))
+
+
+def test_an_unchanged_script_gets_a_report(ds, tmp_path):
+    r = diagnose(["--json", "r.json", "--trace", "t.json", "--html", "r.html", "--", sys.executable,
+                  str(ds / "train.py"), str(ds / "ds")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "trained" in r.stdout and "compute-bound" in r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    (ld,) = rep["loaders"]
+    assert ld["label"] == "sluice.Loader #1" and ld["batches"] == 2 * (2000 // 32 + 1) and ld["epochs"] == 2
+    assert ld["verdict"] == "compute-bound" and ld["loader"]["batches"] == ld["batches"]
+    assert len(ld["timeline"]["batches"]) == ld["batches"] and ld["timeline"]["samples"]
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert sum(e["name"] == "waiting for a batch" for e in trace) == ld["batches"]
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 3 and "compute-bound" in page
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched to view it
+
+
+def test_the_scripts_failure_is_its_exit_status_and_the_report_still_comes(ds, tmp_path):
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(ds / "train.py"), str(ds / "ds"), "fail"], tmp_path)
+    assert r.returncode == 1 and "the script fails after training" in r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["returncode"] == 1 and rep["loaders"][0]["batches"] > 0
+
+
+def test_the_users_own_sitecustomize_still_runs(ds, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text("import os\nopen(os.environ['MARK'], 'w').write('ran')\n")
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(ds / "train.py"), str(ds / "ds")], tmp_path,
+                 env={"PYTHONPATH": f"{mine}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                      "MARK": str(tmp_path / "mark")})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "mark").read_text() == "ran"
+    assert json.loads((tmp_path / "r.json").read_text())["loaders"][0]["batches"] > 0
+
+
+def test_sweep_runs_the_first_steps_at_each_count(ds, tmp_path):
+    r = diagnose(["--json", "r.json", "--sweep-workers", "0,2", "--steps", "20", "--", sys.executable,
+                  str(ds / "train.py"), str(ds / "ds")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert [s["workers"] for s in rep["sweep"]] == [0, 2] and rep["sweep_steps"] == 20
+    for s in rep["sweep"]:  # each run stopped after its 20 batches, cleanly
+        assert s["returncode"] == 0 and s["batches_s"] > 0
+    assert "Worker counts, tried" in (tmp_path / "sluice-diagnose.html").read_text()
+
+
+def test_bad_arguments_are_named(tmp_path):
+    r = diagnose(["python3", "x.py"], tmp_path)
+    assert r.returncode == 2 and "usage: sluice diagnose" in r.stderr
+    r = diagnose(["--sweep-workers", "4,x", "--", "python3", "x.py"], tmp_path)
+    assert r.returncode == 2 and "--sweep-workers '4,x'" in r.stderr
+    r = diagnose(["--"], tmp_path)
+    assert r.returncode == 2 and "no command after --" in r.stderr
+
+
+def test_the_report_in_a_browser(ds, tmp_path):
+    """The report opened in a real headless browser (Debian's chromium): its line charts are drawn."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("no chromium (scripts/deps.sh test installs it)")
+    Image = pytest.importorskip("PIL.Image")
+    r = diagnose(["--", sys.executable, str(ds / "train.py"), str(ds / "ds")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    shot = tmp_path / "shot.png"
+    b = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--screenshot={shot}", "--window-size=1000,1600",
+                        (tmp_path / "sluice-diagnose.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert shot.exists(), b.stderr
+    px = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int16)
+
+    def count(r, g, b):
+        return int((np.abs(px - np.array([r, g, b])) < 12).all(axis=2).sum())
+    assert count(0xe0, 0x7b, 0x39) > 500 and count(0x2b, 0x7b, 0xb9) > 500  # the orange and blue lines
+
+
+DL_TRAIN = r"""
+import hashlib, sys, time
+import numpy as np, torch
+
+class Decoded(torch.utils.data.Dataset):        # a decode's worth of CPU an item
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.002:
+            hashlib.sha256(b"x" * 4096).digest()
+        return torch.full((64,), i, dtype=torch.float32)
+
+dl = torch.utils.data.DataLoader(Decoded(), batch_size=16, num_workers=int(sys.argv[1]))
+for b in dl:
+    time.sleep(0.002)
+"""
+
+
+def test_a_dataloader_with_no_workers_and_a_heavy_decode(tmp_path):
+    """A torch DataLoader found without edits: with no workers and 32 ms of CPU a batch it is cpu-bound, and the
+    sweep's measured rate with 2 workers is beside the first run's prediction."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(DL_TRAIN)
+    r = diagnose(["--json", "r.json", "--sweep-workers", "0,2", "--steps", "60", "--", sys.executable,
+                  str(tmp_path / "train.py"), "0"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    (ld,) = rep["loaders"]
+    assert ld["label"] == "DataLoader #1" and ld["verdict"] == "cpu-bound", ld["evidence"]
+    assert [s["workers"] for s in rep["sweep"]] == [0, 2] and all(s["batches_s"] > 0 for s in rep["sweep"])
+    assert all(s["predicted_batches_s"] for s in rep["sweep"])
