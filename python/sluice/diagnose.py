@@ -229,19 +229,20 @@ def _lines(title, unit, series, w=860, h=240):
     return "".join(out)
 
 
-def _bars(title, rows):
+def bars_svg(title, rows, unit="", w=860, bar=22, gap=10, left=260):
+    """A horizontal bar chart of rows [(label, value), ...] as inline SVG, bars orange and blue in turn (the
+    journey's report draws its charts with it too)."""
     top = max((v for _, v in rows), default=0) or 1
-    w, bar, gap, left = 860, 22, 10, 260
-    h = len(rows) * (bar + gap) + 24
+    h = len(rows) * (bar + gap) + 30
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h}" role="img" '
            f'aria-label="{html.escape(title)}">']
     for i, (label, v) in enumerate(rows):
-        y = 6 + i * (bar + gap)
+        y = 10 + i * (bar + gap)
         bw = max(2, (w - left - 90) * v / top)
-        out.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.0f}" text-anchor="end" font-size="13">{html.escape(label)}</text>'
-                   f'<rect x="{left}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{_COLOURS[i % 2]}"/>'
-                   f'<text x="{left + bw + 6:.1f}" y="{y + bar * 0.7:.0f}" font-size="13">{v:,.2f}</text>')
-    out.append("</svg>")
+        out.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.0f}" text-anchor="end" font-size="13">{html.escape(label)}</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{_COLOURS[1] if i % 2 else _COLOURS[0]}"/>')
+        out.append(f'<text x="{left + bw + 6:.1f}" y="{y + bar * 0.7:.0f}" font-size="13">{v:,.2f}</text>')
+    out.append(f'<text x="{left}" y="{h - 4}" font-size="11" fill="#555">{html.escape(unit)}</text></svg>')
     return "".join(out)
 
 
@@ -289,7 +290,7 @@ def report_html(rep):
         rows = [(f"{s['workers']} workers, measured", s["batches_s"] or 0.0) for s in rep["sweep"]]
         rows += [(f"{s['workers']} workers, predicted", s["predicted_batches_s"]) for s in rep["sweep"]
                  if s.get("predicted_batches_s")]
-        parts.append('<section><h2>Worker counts, tried</h2>' + _bars("batches a second", rows) +
+        parts.append('<section><h2>Worker counts, tried</h2>' + bars_svg("batches a second", rows, "batches a second") +
                      f"<p>The script's first {rep['sweep_steps']} batches at each count (its first 5 left out of the "
                      "rate).</p></section>")
     parts.append("</body></html>")

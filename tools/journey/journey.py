@@ -550,20 +550,8 @@ def machine():
 
 def _svg(exp):
     """A horizontal bar chart of the experiment's series, as inline SVG."""
-    rows = exp["series"]
-    top = max(v for _, v in rows) or 1
-    w, bar, gap, left = 720, 26, 12, 330
-    h = len(rows) * (bar + gap) + 30
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h}" role="img" '
-           f'aria-label="{html.escape(exp["title"])}">']
-    for i, (label, v) in enumerate(rows):
-        y = 10 + i * (bar + gap)
-        bw = max(2, (w - left - 90) * v / top)
-        out.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.0f}" text-anchor="end" font-size="13">{html.escape(label)}</text>')
-        out.append(f'<rect x="{left}" y="{y}" width="{bw:.1f}" height="{bar}" fill="{"#2b7bb9" if i % 2 else "#e07b39"}"/>')
-        out.append(f'<text x="{left + bw + 6:.1f}" y="{y + bar * 0.7:.0f}" font-size="13">{v:,.2f}</text>')
-    out.append(f'<text x="{left}" y="{h - 4}" font-size="11" fill="#555">{html.escape(exp["unit"])}</text></svg>')
-    return "".join(out)
+    from sluice.diagnose import bars_svg
+    return bars_svg(exp["title"], exp["series"], exp["unit"], w=720, bar=26, gap=12, left=330)
 
 
 def report_html(rep):
