@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from .profiler import predict_rate
+
 ENV_OUT, ENV_WORKERS, ENV_STEPS = "SLUICE_DIAGNOSE_OUT", "SLUICE_DIAGNOSE_WORKERS", "SLUICE_DIAGNOSE_STEPS"
 
 # ---- the child: the hook its sitecustomize installs
@@ -297,22 +299,6 @@ def report_html(rep):
     return "\n".join(parts)
 
 
-def _predicted(main, workers):
-    """What the first run's figures predict for `workers` workers (cpu-bound loading: its CPU a batch over the
-    workers, no faster than the loop's own work), or None where they predict nothing."""
-    if not main or main["verdict"] not in ("cpu-bound", "compute-bound") or not main["batches"]:
-        return None
-    step = main["step_ms_p50"] / 1e3
-    procs = [p for p in main.get("processes") or [] if p["role"] == "worker" and p["cpu_s"] > 0.05 * main["seconds"]]
-    load = sum(p["cpu_s"] for p in procs) if procs else main["wait_thread_cpu_s"]
-    per_batch = load / main["batches"]
-    if per_batch <= 0:
-        return None
-    if workers == 0:
-        return 1 / (per_batch + step)
-    return min(workers / per_batch, 1 / step if step > 0 else float("inf"))
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -347,7 +333,9 @@ def main(argv=None):
     if workers:
         rep["sweep"], rep["sweep_steps"] = _sweep(cmd, workers, a.steps, tmp), a.steps
         for s in rep["sweep"]:
-            s["predicted_batches_s"] = _predicted(main_r, s["workers"])
+            # A worker count's effect is predicted where the loading's CPU was the limit.
+            cpu_bound = main_r is not None and main_r["verdict"] == "cpu-bound"
+            s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if cpu_bound else None
     with open(a.html, "w") as f:
         f.write(report_html(rep))
     if a.json:

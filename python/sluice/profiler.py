@@ -388,9 +388,8 @@ def _verdict(r):
         have = max(len(workers), 1)
         more = int(have + idle) if idle >= 1 else have
         expected = None
-        if more > have and per_batch > 0:
-            ceiling = 1e3 / step if step > 0 else float("inf")
-            pred = min(more / per_batch, ceiling)
+        pred = predict_rate(r, more) if more > have else None
+        if pred:
             expected = {"workers": more, "batches_s": pred, "speedup": pred / rate if rate else None}
             fix = (f"more workers while cores are idle: {more} should give about {pred:.1f} batches/s "
                    f"({pred / rate:.2f}x), or move decoding to the GPU (sluice.Images)")
@@ -411,6 +410,34 @@ def _verdict(r):
     return {"verdict": "ipc-bound", "evidence": ev,
             "fix": "the loading is neither busy nor reading: batches wait in hand-over (larger batches, fewer Python "
                    "objects a batch, persistent_workers, a higher prefetch_factor)", "expected": None}
+
+
+def _loading_cpu(r):
+    """CPU seconds the loading took a batch: its worker processes', or without any the loop's thread's in its
+    waits."""
+    workers = [x for x in r.get("processes") or [] if x["role"] == "worker" and x["cpu_s"] > 0.05 * r["seconds"]]
+    load = sum(x["cpu_s"] for x in workers) if workers else r["wait_thread_cpu_s"]
+    return load / r["batches"] if r["batches"] else 0.0
+
+
+def predict_rate(r, workers):
+    """Batches a second a CPU-bound loop should reach with `workers` loading processes (0: the loop's own thread),
+    from a profile report's figures: the loading CPU a batch spread over the workers (no more of them than the
+    cores the loop's own process leaves), no faster than the loop's own work (on the host, and on the GPU: its
+    busy share of the run, NVML's, a batch).  None where the figures say nothing."""
+    per = _loading_cpu(r)
+    if per <= 0 or not r["batches"]:
+        return None
+    step = r["step_ms_p50"] / 1e3
+    gpu = (r.get("gpu") or {}).get("util_pct_p50")
+    if gpu:
+        step = max(step, gpu / 100 * r["seconds"] / r["batches"])
+    if workers == 0:
+        return 1 / (per + step)
+    cores = (r.get("cpu") or {}).get("cores") or os.cpu_count() or 1
+    main = next((x["busy_share"] for x in r.get("processes") or [] if x["role"] == "main"), 1.0)
+    w = min(workers, max(cores - main, 1))
+    return min(w / per, 1 / step if step > 0 else float("inf"))
 
 
 def _copy_share(r):

@@ -169,3 +169,39 @@ def test_the_machine_sample_sees_this_process_and_its_children():
         pids = [s.proc[i].pid for i in range(s.nprocs)]
     assert pids[0] == os.getpid() and len(pids) >= 3
     assert s.ncpus >= 1 and s.mem_total > 0 and s.all.busy_s > 0
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    return torch
+
+
+def test_pageable_copies_of_large_batches_are_transfer_bound():
+    """GPU: 64 MB batches in pageable memory copied up in the loop (as without pin_memory): the copy is the loop's
+    work, measured against a pinned one of the same size."""
+    torch = _torch_cuda()
+    torch.cuda.init()
+    batches = [torch.randint(0, 255, (64 << 20,), dtype=torch.uint8) for _ in range(2)]
+    p = sluice.profile((batches[i % 2] for i in range(30)), file=None)
+    for b in p:
+        x = b.cuda()
+        x.add_(1)
+    torch.cuda.synchronize()
+    r = p.report
+    assert r["verdict"] == "transfer-bound", r["evidence"]
+    assert r["pinned"] is False and r["batch_bytes"] == 64 << 20 and "pin_memory=True" in r["fix"]
+    assert r["expected"]["step_ms"] < r["step_ms_p50"]
+
+
+def test_a_gpu_step_much_longer_than_the_data_is_compute_bound():
+    torch = _torch_cuda()
+    x = torch.zeros(1, device="cuda")
+    p = sluice.profile(range(20), file=None)
+    for _ in p:
+        torch.cuda._sleep(20_000_000)  # ~10 ms of a kernel
+        x.add_(1).item()
+    r = p.report
+    assert r["verdict"] == "compute-bound", r["evidence"]
+    assert r["gpu_step_ms_p50"] > 1 and r["wait_share"] < 0.05
