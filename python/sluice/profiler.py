@@ -284,15 +284,25 @@ def _machine(samples, batches):
         return {"processes": [], "cpu": None, "storage": None}
     a, b = samples[0], samples[-1]
     dt = max(b["t"] - a["t"], 1e-9)
-    root = next(iter(b["procs"]), None)
+    root = next(iter(a["procs"]), None)
+    # Every process seen in any sample (a DataLoader without persistent workers starts new ones each epoch, and
+    # they are gone by the last sample): its counters from its first sample (from 0 when it started during the
+    # run) to its last, and how long it was seen alive.
+    seen = {}
+    for i, smp in enumerate(samples):
+        for pid, v in smp["procs"].items():
+            first = seen.setdefault(pid, {"first": v if i else None, "t0": smp["t"], "rss_max": 0})
+            first["last"], first["t1"] = v, smp["t"]
+            first["rss_max"] = max(first["rss_max"], v[2])
     procs = []
-    for pid, (name, cpu, rss, rb, rc, ppid) in b["procs"].items():
-        prev = a["procs"].get(pid)
-        cpu0, rb0, rc0 = (prev[1], prev[3], prev[4]) if prev else (0.0, 0, 0)
-        rss_max = max((s["procs"][pid][2] for s in samples if pid in s["procs"]), default=rss)
-        procs.append({"pid": pid, "name": name, "role": "main" if pid == root else "worker",
-                      "cpu_s": cpu - cpu0, "busy_share": (cpu - cpu0) / dt, "read_bytes": rb - rb0,
-                      "rchar": rc - rc0, "rss_max": rss_max})
+    for pid, x in seen.items():
+        v0, v1 = x["first"], x["last"]
+        cpu0, rb0, rc0 = (v0[1], v0[3], v0[4]) if v0 is not None and x["t0"] == a["t"] else (0.0, 0, 0)
+        alive = max(x["t1"] - x["t0"], 1e-9) if x["t0"] > a["t"] else max(x["t1"] - a["t"], 1e-9)
+        procs.append({"pid": pid, "name": v1[0], "role": "main" if pid == root else "worker",
+                      "cpu_s": v1[1] - cpu0, "alive_s": alive, "busy_share": (v1[1] - cpu0) / alive,
+                      "read_bytes": v1[3] - rb0, "rchar": v1[4] - rc0, "rss_max": x["rss_max"]})
+    workers_max = max((sum(1 for pid in smp["procs"] if pid != root) for smp in samples), default=0)
     ncpus = b["ncpus"] or os.cpu_count() or 1
     busy = b["busy_s"] - a["busy_s"]
     total = busy + (b["idle_s"] - a["idle_s"]) + (b["iowait_s"] - a["iowait_s"])
@@ -313,7 +323,7 @@ def _machine(samples, batches):
         gpu = {"util_pct_p50": statistics.median(utils) if utils else None,
                "mem_used_max": max((m for s in samples for _, m in s["gpu"]), default=0)}
     return {
-        "processes": procs,
+        "processes": procs, "workers_max": workers_max,
         "cpu": {"cores": ncpus, "busy_cores": (busy / total * ncpus) if total > 0 else 0.0,
                 "iowait_cores": ((b["iowait_s"] - a["iowait_s"]) / total * ncpus) if total > 0 else 0.0,
                 "per_core_busy": per_core},
@@ -368,13 +378,15 @@ def _verdict(r):
                 "fix": "persistent_workers=True (DataLoader) keeps the workers from one epoch to the next",
                 "expected": {"seconds": r["seconds"] - r["first_batch_wait_s"] + r["epochs"] * wait / 1e3}}
     procs, cpu, sto = r.get("processes") or [], r.get("cpu") or {}, r.get("storage") or {}
-    workers = [x for x in procs if x["role"] == "worker" and x["cpu_s"] > 0.05 * r["seconds"]]
+    workers = _workers(r)
     cores = cpu.get("cores") or os.cpu_count() or 1
     idle = max(cores - cpu.get("busy_cores", 0.0), 0.0)
     if workers:
         load_cpu = sum(x["cpu_s"] for x in workers)
-        busy = load_cpu / (len(workers) * r["seconds"])
-        who = f"{len(workers)} worker processes busy {100 * busy:.0f}% of a core each"
+        busy = load_cpu / sum(x["alive_s"] for x in workers)
+        at_once = max(r.get("workers_max") or len(workers), 1)
+        who = (f"{at_once} worker processes busy {100 * busy:.0f}% of a core each"
+               + (f" ({len(workers)} over the run)" if len(workers) > at_once else ""))
     else:
         load_cpu = r["wait_thread_cpu_s"]
         busy = load_cpu / r["wait_s"] if r["wait_s"] > 0 else 0.0
@@ -385,7 +397,7 @@ def _verdict(r):
     stored, rchar = sto.get("read_bytes", 0), sto.get("rchar", 0)
     # Busy loading, or busy enough while the machine has no core left idle.
     if busy >= BUSY or (busy >= BUSY / 2 and idle < 0.5):
-        have = max(len(workers), 1)
+        have = max(r.get("workers_max") or len(workers), 1)
         more = int(have + idle) if idle >= 1 else have
         expected = None
         pred = predict_rate(r, more) if more > have else None
@@ -412,10 +424,15 @@ def _verdict(r):
                    "objects a batch, persistent_workers, a higher prefetch_factor)", "expected": None}
 
 
+def _workers(r):
+    """The loading processes: the loop's process's descendants that did work (5% of their time busy)."""
+    return [x for x in r.get("processes") or [] if x["role"] == "worker" and x["cpu_s"] > 0.05 * x["alive_s"]]
+
+
 def _loading_cpu(r):
     """CPU seconds the loading took a batch: its worker processes', or without any the loop's thread's in its
     waits."""
-    workers = [x for x in r.get("processes") or [] if x["role"] == "worker" and x["cpu_s"] > 0.05 * r["seconds"]]
+    workers = _workers(r)
     load = sum(x["cpu_s"] for x in workers) if workers else r["wait_thread_cpu_s"]
     return load / r["batches"] if r["batches"] else 0.0
 
