@@ -267,11 +267,26 @@ static int sl_open_stream(struct sluice_loader *ld)
 static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t bytes)
 {
 	const uint64_t world = ld->opt.world_size;
+	/*
+	 * The most windows one batch can draw on: each rank reads its share of
+	 * every window its *global* batch overlaps (sl__plan_windows), so a
+	 * window's worth of positions each, one more where they start inside a
+	 * window, and one more at each wrap past the epoch's end (a batch larger
+	 * than what is left starts again at window 0; the last window may be
+	 * short).  A producer waits for all of its batch's windows at once: with
+	 * fewer, it would wait forever.
+	 */
+	const uint64_t span = (ld->per_global + ld->window - 1) / ld->window + 1 + (ld->per_global + ld->n - 1) / ld->n;
 	int rc = 0;
 
-	/* A batch may span several windows; keep them all, one more for each further producer's batch, and for each reader one loading and one ready. */
+	if (span > SL_WINDOWS_MAX)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s: a batch of %llu records on %u ranks spans up to %llu windows "
+			       "of %llu records (at most %d): raise window_bytes", ld->ds->path,
+			       (unsigned long long)ld->opt.batch_size, ld->opt.world_size, (unsigned long long)span,
+			       (unsigned long long)ld->window, SL_WINDOWS_MAX);
+	/* Those windows, one more for each further producer's batch, and for each reader one loading and one ready. */
 	ld->nreaders = ld->znc ? SL_READERS_GPU_ZSTD : SL_READERS;
-	ld->nwin = (unsigned)((ld->opt.batch_size + ld->window - 1) / ld->window + ld->nprod - 1 + 2 * ld->nreaders);
+	ld->nwin = (unsigned)(span + ld->nprod - 1 + 2 * ld->nreaders);
 	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
 	ld->nbufs = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));

@@ -65,6 +65,7 @@ struct sl__batch_buf {
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
+#define SL_WINDOWS_MAX 4096 /* windows one batch may draw on (its global batch over window_bytes) */
 #define SL_READERS_GPU_ZSTD 4 /* with nvCOMP decoding: a window's read, decode and copies are serial in its reader */
 #define SL_PRODUCERS 2 /* threads collating batches, each its own, into their buffers */
 /*

@@ -6,6 +6,7 @@ needed its peers would hang the test)."""
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -260,3 +261,43 @@ def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
         steps.append([len(b["ids"]) for b in ranked])
     assert len(steps[0]) == len(steps[1]) == len(ranked)
     assert 0 in steps[0] + steps[1] and sum(steps[0]) + sum(steps[1]) == 320 - 64
+
+
+WINDOWS_SCRIPT = r"""
+import sys, sluice
+ds = sluice.Dataset(sys.argv[1])
+bs, ws, wb, drop = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+seen = []
+for r in range(ws):
+    ld = sluice.Loader(ds, batch_size=bs, rank=r, world_size=ws, window_bytes=wb, drop_last=drop, seed=1)
+    got = [list(map(int, b["ids"])) for b in ld]
+    assert len(got) == len(ld), (r, len(got), len(ld))
+    seen += [i for b in got for i in b]
+print(len(seen), len(set(seen)))
+"""
+
+
+@pytest.mark.parametrize("bs,ws,wb,drop", [(16, 8, 8000, 1), (16, 4, 8000, 1), (10, 2, 1, 0), (3000, 1, 307672, 0)])
+def test_a_batch_drawing_on_more_windows_than_its_rank_size_suggests(tmp_path, bs, ws, wb, drop):
+    """Each rank reads its share of every window its global batch overlaps, and a batch larger than the dataset
+    wraps (one more window each pass): the loader keeps room for all of them instead of waiting forever (found by
+    a stranger: 8 ranks of batch 16 over 8-record windows hung at 0% CPU). 300 records of about 1 KB."""
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"text": "x" * 1000, "i": i}) + "\n" for i in range(300)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(rows), "--fields", "text,i", "--quiet", str(tmp_path / "ds")],
+                   check=True, capture_output=True)
+    r = subprocess.run([sys.executable, "-c", WINDOWS_SCRIPT, str(tmp_path / "ds"), str(bs), str(ws), str(wb),
+                        str(drop)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    total, distinct = map(int, r.stdout.split())
+    per_global = bs * ws
+    assert distinct == (300 // per_global * per_global if drop else 300) and total >= distinct
+
+
+def test_a_batch_spanning_too_many_windows_is_refused(tmp_path):
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"t": "x" * 100}) + "\n" for i in range(5000)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(rows), "--fields", "t", "--quiet", str(tmp_path / "ds")],
+                   check=True, capture_output=True)
+    with pytest.raises(sluice.SluiceError, match="raise window_bytes"):
+        sluice.Loader(sluice.Dataset(str(tmp_path / "ds")), batch_size=5000, window_bytes=1)
