@@ -55,7 +55,7 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 {
 	struct jpeg_decompress_struct d;
 	struct sl_jerr e;
-	unsigned char *volatile cmyk = NULL;
+	unsigned char *volatile cmyk = NULL, *volatile last = NULL;
 
 	memset(&d, 0, sizeof(d));
 	d.err = jpeg_std_error(&e.mgr);
@@ -65,6 +65,7 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 		snprintf(why, cap, "JPEG does not decode: %s", e.msg);
 		jpeg_destroy_decompress(&d);
 		free(cmyk);
+		free(last);
 		return SLUICE_EFORMAT;
 	}
 	jpeg_create_decompress(&d);
@@ -82,9 +83,14 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 	}
 	/*
 	 * Only the rows the crop reads: libjpeg-turbo skips the others' IDCT and
-	 * colour conversion, and stops at the last.  Rows skipped so are the
-	 * same bytes as a whole decode's (columns cropped are not, at 4:2:0:
-	 * the upsampling's context at their edges differs), checked by t_image.
+	 * colour conversion.  Rows skipped so are the same bytes as a whole
+	 * decode's (columns cropped are not, at 4:2:0: the upsampling's context
+	 * at their edges differs), checked by t_image.  The rows below the crop
+	 * are skipped too, not left: damage that desynchronises the entropy
+	 * coding often shows only at the scan's end ("extraneous bytes before
+	 * marker"), and an image whose decode would fail there is not used,
+	 * whatever rows the crop took (a stranger found crops above the damage
+	 * delivered wrong pixels without an error).
 	 */
 	if (row0)
 		jpeg_skip_scanlines(&d, row0);
@@ -96,10 +102,22 @@ static int sl_decode_jpeg(const unsigned char *p, size_t n, const struct sl__img
 		if (cmyk)
 			sl_cmyk_row(cmyk, row, info->w);
 	}
-	if (d.output_scanline == d.output_height)
-		jpeg_finish_decompress(&d);
+	/* Skipped to the last row, which is read: libjpeg-turbo skips a skip to the very end without decoding. */
+	if (d.output_scanline + 1 < d.output_height)
+		jpeg_skip_scanlines(&d, d.output_height - 1 - d.output_scanline);
+	if (d.output_scanline < d.output_height) {
+		JSAMPROW r = cmyk ? cmyk : (last = malloc((size_t)info->w * 3));
+
+		if (!r) {
+			snprintf(e.msg, sizeof(e.msg), "out of memory");
+			longjmp(e.jump, 1);
+		}
+		jpeg_read_scanlines(&d, &r, 1);
+	}
+	jpeg_finish_decompress(&d);
 	jpeg_destroy_decompress(&d);
 	free(cmyk);
+	free(last);
 	return 0;
 }
 

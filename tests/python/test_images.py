@@ -243,6 +243,12 @@ def _hostile():
     jpeg = _encode(good, quality=90)
     cmyk = io.BytesIO()
     Image.fromarray(good).convert("CMYK").save(cmyk, "JPEG", quality=95)
+    # Entropy data damaged a third of the way in, the end marker kept (bit rot): libjpeg notices only at the
+    # scan's end, so a crop above the damage must not be taken for a good image.
+    noise = np.random.default_rng(3).integers(0, 256, (400, 300, 3), dtype=np.uint8)
+    damaged = bytearray(_encode(noise, quality=90))
+    for off in range(len(damaged) * 3 // 10, len(damaged) * 3 // 10 + 20):
+        damaged[off] = 0 if damaged[off] != 0xFF else 0xFF
     big = bytearray(_encode(_image(16, 16, 1), quality=90))
     i = big.index(b"\xff\xc0")
     big[i + 5:i + 9] = (20000).to_bytes(2, "big") + (20000).to_bytes(2, "big")
@@ -252,6 +258,7 @@ def _hostile():
         "garbage": (b"not an image at all", False),
         "lying-20000x20000": (bytes(big), False),
         "header-only": (jpeg[:200], False),
+        "damaged-scan": (bytes(damaged), False),
         "png-truncated": (_encode(good, "PNG")[:-30], False),
         "one-pixel": (_encode(np.full((1, 1, 3), 200, np.uint8), quality=90), True),
         "cmyk": (cmyk.getvalue(), True),
