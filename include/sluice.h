@@ -78,7 +78,7 @@ enum sluice_error {
 	SLUICE_ENOTGPU = -100009,       /* pointer is not GPU memory */
 	SLUICE_ECANCELED = -100010,     /* transfer abandoned after an error */
 	SLUICE_EFORMAT = -100011,       /* malformed or inconsistent data file */
-	SLUICE_ECRC = -100012,          /* record checksum mismatch */
+	SLUICE_ECRC = -100012,          /* checksum mismatch: a record, a block or a file */
 	SLUICE_ELAST = -100013,
 };
 

@@ -37,6 +37,10 @@ class Images:
     def __init__(self, field="data", size=224, mode="random_resized_crop", scale=(0.08, 1.0),
                  ratio=(3.0 / 4.0, 4.0 / 3.0), flip=0.0, mean=None, std=None, dtype="f32", channels_last=False,
                  decode="auto", resize=None):
+        if not isinstance(field, str) or not field or "\0" in field:
+            raise TypeError(f"Images(field={field!r}): the name of a bytes field, a non-empty str")
+        if isinstance(size, bool) or not isinstance(size, (int, tuple, list)):
+            raise TypeError(f"Images(size={size!r}): an int or (height, width)")
         h, w = (size, size) if isinstance(size, int) else tuple(size)
         h, w = _int_option("Images", "size", h, 1, 16384), _int_option("Images", "size", w, 1, 16384)
         resize = _int_option("Images", "resize", resize or 0, 0, 16384)
@@ -54,6 +58,7 @@ class Images:
         if not 0 <= flip <= 1:
             raise ValueError(f"Images(flip={flip!r}): a probability, 0 to 1")
         self.field, self.size, self.dtype, self.channels_last = field, (h, w), _DTYPES[dtype], bool(channels_last)
+        self.decode = decode
         self._field = field.encode()
         o = ImageOptions(field=self._field, height=h, width=w, mode=_MODES[mode], flip=flip,
                          dtype=_NAMES.index(self.dtype), channels_last=int(bool(channels_last)),
@@ -63,6 +68,8 @@ class Images:
         if mean is not None:
             if len(mean) != 3 or len(std) != 3:
                 raise ValueError("Images: mean and std take 3 values (R, G, B)")
+            if not all(math.isfinite(x) for x in mean) or not all(math.isfinite(x) and x > 0 for x in std):
+                raise ValueError(f"Images(mean={mean!r}, std={std!r}): finite numbers, each std above 0")
             o.mean[:] = mean
             o.std[:] = std
         self._opt = o
@@ -72,7 +79,12 @@ class Images:
         region resized (x, y, w, h), the size it is resized to (resized_w, resized_h), the window taken of that
         (offset_x, offset_y) and flip."""
         box = ImageBox()
-        check(lib.sluice_image_plan(C.byref(self._opt), seed, epoch, record, width, height, C.byref(box)))
+        u32, u64 = (1, (1 << 32) - 1), (0, (1 << 64) - 1)
+        check(lib.sluice_image_plan(C.byref(self._opt), _int_option("Images.plan", "seed", seed, *u64),
+                                    _int_option("Images.plan", "epoch", epoch, *u64),
+                                    _int_option("Images.plan", "record", record, *u64),
+                                    _int_option("Images.plan", "width", width, *u32),
+                                    _int_option("Images.plan", "height", height, *u32), C.byref(box)))
         return {k: getattr(box, k) for k, _ in ImageBox._fields_}
 
     def _pointer(self):

@@ -3,6 +3,7 @@ import ctypes as C
 import errno
 import json
 import os
+import re
 
 import numpy as np
 
@@ -71,6 +72,14 @@ class Loader:
             r, w = _env_rank()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
+        device = str(device)  # a torch.device too
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+            raise ValueError(f"Loader(device={device!r}): 'cpu', 'cuda' or 'cuda:N'")
+        if images is not None and not hasattr(images, "_pointer"):
+            raise TypeError(f"Loader(images={images!r}): a sluice.Images")
+        if images is not None and images.decode == "gpu" and device == "cpu":
+            raise ValueError("Loader: Images(decode='gpu') needs a GPU loader (device='cuda'); decode='cpu' or "
+                             "'auto' decode on the CPU")
         self.dataset, self.device = dataset, device
         index, self._gpu = 0, None
         if device != "cpu":

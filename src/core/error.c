@@ -51,7 +51,7 @@ static const char *const sl_own[] = {
 	[SLUICE_EBASE - SLUICE_ENOTGPU] = "pointer is not GPU memory",
 	[SLUICE_EBASE - SLUICE_ECANCELED] = "transfer abandoned after an earlier error",
 	[SLUICE_EBASE - SLUICE_EFORMAT] = "malformed or inconsistent data file",
-	[SLUICE_EBASE - SLUICE_ECRC] = "record checksum mismatch",
+	[SLUICE_EBASE - SLUICE_ECRC] = "checksum mismatch (a record, a block or a file)",
 };
 
 const char *sluice_strerror(int code)

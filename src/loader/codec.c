@@ -119,6 +119,9 @@ static int sl_image_open(struct sluice_loader *ld, const struct sluice_loader_op
 		return 0;
 	if ((rc = sl_image_options(ld, opt->image)))
 		return rc;
+	if (ld->img_decode == SLUICE_IMAGE_DECODE_GPU && !ld->opt.gpu)
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: image options: decode GPU needs a GPU loader (gpu = 1); "
+			       "CPU or AUTO decode on the CPU");
 	/* The GPU's pipeline for a GPU loader: nvJPEG unless decode is CPU (AUTO: without it where it does not load). */
 	if (ld->opt.gpu) {
 		uint64_t n = 4;

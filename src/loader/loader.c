@@ -99,6 +99,8 @@ static int sl_start(struct sluice_loader *ld)
 			ld->bufs[i].err = 0;
 		}
 	ld->produce_g = ld->next_g;
+	ld->epoch_records = 0;
+	ld->epoch_skipped0 = atomic_load(&ld->skipped);
 	ld->filling = 1;
 	ld->err = 0;
 	ld->read_next = ld->next_g < ld->nbatches ? ld->bfirst[ld->next_g] + keep : ld->nseq;

@@ -100,6 +100,7 @@ static void sl_hand_over(struct sluice_loader *ld, struct sl__batch_buf *s, stru
 	ld->next_g++;
 	ld->delivered++;
 	ld->delivered_records += s->b.size;
+	ld->epoch_records += s->b.size;
 	for (unsigned f = 0; f < s->b.nfields; f++) {
 		const struct sluice_batch_field *bf = &s->b.field[f];
 
@@ -121,10 +122,17 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	pthread_mutex_lock(&ld->lock);
 	wake = sl_free_buf(s);
 	if (!(s = sl_await(ld, &wake))) {
+		uint64_t skipped = atomic_load(&ld->skipped) - ld->epoch_skipped0;
+
+		/* skip_corrupt: an epoch with nothing but bad records is an unreadable dataset, not an empty epoch. */
+		if (ld->nbatches && !ld->epoch_records && skipped)
+			rc = sl__err(SLUICE_EFORMAT, "%s: every record of epoch %llu this rank read failed its check "
+				     "(%llu skipped under skip_corrupt)", ld->ds->path, (unsigned long long)ld->opt.epoch,
+				     (unsigned long long)skipped);
 		pthread_mutex_unlock(&ld->lock);
 		if (wake)
 			pthread_cond_signal(&ld->buf_cv);
-		return 0;
+		return rc;
 	}
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
 		sl_hand_over(ld, s, b);

@@ -163,6 +163,7 @@ struct sluice_loader {
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */
+	uint64_t epoch_records, epoch_skipped0; /* records handed over since the epoch (re)started; skipped then */
 	struct sl__batch_buf *bufs;
 	unsigned nbufs;
 	struct sl__window *win;

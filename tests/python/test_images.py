@@ -320,6 +320,26 @@ def test_bad_options_name_the_option(photos):
         sluice.Loader(ds, batch_size=4, images=sluice.Images("pixels"))
     with pytest.raises(sluice.SluiceError, match="not of variable-size bytes"):
         sluice.Loader(ds, batch_size=4, images=sluice.Images("label"))
+    # A stranger's: options that wrapped on their way into C, or were dropped without a word.
+    with pytest.raises(ValueError, match="std above 0"):
+        sluice.Images("data", mean=(0.5, 0.5, 0.5), std=(0, 0, 0))
+    for field in (b"data", None, "", "da\0ta"):
+        with pytest.raises(TypeError, match="field="):
+            sluice.Images(field)
+    with pytest.raises(TypeError, match="size="):
+        sluice.Images("data", size=True)
+    with pytest.raises(TypeError, match="a sluice.Images"):
+        sluice.Loader(ds, batch_size=4, images="data")
+    with pytest.raises(ValueError, match="needs a GPU loader"):
+        sluice.Loader(ds, batch_size=4, images=sluice.Images("data", decode="gpu"))
+    for device in ("CPU", "cpu:0", "gpu", "cuda:x"):
+        with pytest.raises(ValueError, match="'cpu', 'cuda' or 'cuda:N'"):
+            sluice.Loader(ds, batch_size=4, device=device)
+    im = sluice.Images("data", size=64)
+    for kw in ({"width": 2 ** 32 + 10}, {"record": -1}, {"seed": 2 ** 64}, {"height": 0}):
+        args = {"width": 300, "height": 400, "record": 0, **kw}
+        with pytest.raises(ValueError, match="out of range"):
+            im.plan(args["width"], args["height"], args["record"], kw.get("seed", 0))
 
 
 @gpu

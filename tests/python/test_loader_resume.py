@@ -301,3 +301,28 @@ def test_a_batch_spanning_too_many_windows_is_refused(tmp_path):
                    check=True, capture_output=True)
     with pytest.raises(sluice.SluiceError, match="raise window_bytes"):
         sluice.Loader(sluice.Dataset(str(tmp_path / "ds")), batch_size=5000, window_bytes=1)
+
+
+def test_an_epoch_of_nothing_but_bad_records_is_an_error_under_skip_corrupt(tmp_path):
+    """skip_corrupt leaves bad records out, but an epoch in which every record failed its check is an unreadable
+    dataset, not an empty epoch that a training job would take for done (found by a stranger)."""
+    import ctypes
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(100)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(rows), "--fields", "t", "--quiet", str(tmp_path / "ds")],
+                   check=True, capture_output=True)
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    for i in range(100):
+        loc = sluice._lib.RecordLoc()
+        sluice._lib.check(sluice.lib.sluice_dataset_locate(ds._h, i, ctypes.byref(loc)))
+        name = sorted(f for f in os.listdir(tmp_path / "ds") if f != "index.sli")[loc.shard]
+        with open(tmp_path / "ds" / name, "r+b") as f:
+            f.seek(loc.offset)
+            b = f.read(1)
+            f.seek(loc.offset)
+            f.write(bytes([b[0] ^ 0xFF]))
+    ld = sluice.Loader(sluice.Dataset(str(tmp_path / "ds")), batch_size=16, skip_corrupt=True)
+    with pytest.raises(sluice.SluiceError, match="every record of epoch 0 this rank read failed its check"):
+        for _ in ld:
+            pass
+    assert ld.stats()["skipped"] >= 100
