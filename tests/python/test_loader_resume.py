@@ -223,18 +223,15 @@ def test_a_batch_used_after_close_stays_valid(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 
-def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
-    """skip_corrupt: a batch whose every record fails its CRC is skipped whole (a model's step on an empty batch
-    fails), its records counted; the batches around it arrive whole, in order; the warnings name the first bad
-    record of a window read and count the rest (not a line a record). With two ranks the emptied batch is still
-    delivered: every rank must take the same number of steps."""
+def _rows_with_bad_records(tmp_path, n, bad):
+    """A pack of n JSON rows whose records in `bad` have their first byte flipped (their CRCs fail)."""
     import ctypes
     rows = tmp_path / "in.jsonl"
-    rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(320)))
+    rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(n)))
     subprocess.run([SLUICE, "pack", "--from-jsonl", str(rows), "--fields", "t", "--quiet", str(tmp_path / "ds")],
                    check=True, capture_output=True)
     ds = sluice.Dataset(str(tmp_path / "ds"))
-    for i in range(64, 128):  # the second batch of 64, in dataset order
+    for i in bad:
         loc = sluice._lib.RecordLoc()
         sluice._lib.check(sluice.lib.sluice_dataset_locate(ds._h, i, ctypes.byref(loc)))
         name = sorted(f for f in os.listdir(tmp_path / "ds") if f != "index.sli")[loc.shard]
@@ -243,7 +240,15 @@ def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
             b = f.read(1)
             f.seek(loc.offset)
             f.write(bytes([b[0] ^ 0xFF]))
-    ds = sluice.Dataset(str(tmp_path / "ds"))
+    return sluice.Dataset(str(tmp_path / "ds"))
+
+
+def test_a_batch_of_nothing_but_bad_records_is_not_delivered(tmp_path, capfd):
+    """skip_corrupt: a batch whose every record fails its CRC is skipped whole (a model's step on an empty batch
+    fails), its records counted; the batches around it arrive whole, in order; the warnings name the first bad
+    record of a window read and count the rest (not a line a record). With two ranks the emptied batch is still
+    delivered: every rank must take the same number of steps."""
+    ds = _rows_with_bad_records(tmp_path, 320, range(64, 128))  # the second batch of 64, in dataset order
     ld = sluice.Loader(ds, batch_size=64, shuffle=False, skip_corrupt=True)
     got = [np.array(b["ids"]) for b in ld]
     assert [len(g) for g in got] == [64, 64, 64, 64]
@@ -306,22 +311,7 @@ def test_a_batch_spanning_too_many_windows_is_refused(tmp_path):
 def test_an_epoch_of_nothing_but_bad_records_is_an_error_under_skip_corrupt(tmp_path):
     """skip_corrupt leaves bad records out, but an epoch in which every record failed its check is an unreadable
     dataset, not an empty epoch that a training job would take for done (found by a stranger)."""
-    import ctypes
-    rows = tmp_path / "in.jsonl"
-    rows.write_text("".join(json.dumps({"t": "row %d " % i * 5}) + "\n" for i in range(100)))
-    subprocess.run([SLUICE, "pack", "--from-jsonl", str(rows), "--fields", "t", "--quiet", str(tmp_path / "ds")],
-                   check=True, capture_output=True)
-    ds = sluice.Dataset(str(tmp_path / "ds"))
-    for i in range(100):
-        loc = sluice._lib.RecordLoc()
-        sluice._lib.check(sluice.lib.sluice_dataset_locate(ds._h, i, ctypes.byref(loc)))
-        name = sorted(f for f in os.listdir(tmp_path / "ds") if f != "index.sli")[loc.shard]
-        with open(tmp_path / "ds" / name, "r+b") as f:
-            f.seek(loc.offset)
-            b = f.read(1)
-            f.seek(loc.offset)
-            f.write(bytes([b[0] ^ 0xFF]))
-    ld = sluice.Loader(sluice.Dataset(str(tmp_path / "ds")), batch_size=16, skip_corrupt=True)
+    ld = sluice.Loader(_rows_with_bad_records(tmp_path, 100, range(100)), batch_size=16, skip_corrupt=True)
     with pytest.raises(sluice.SluiceError, match="every record of epoch 0 this rank read failed its check"):
         for _ in ld:
             pass
