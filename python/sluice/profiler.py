@@ -291,13 +291,13 @@ def _machine(samples, batches):
     seen = {}
     for i, smp in enumerate(samples):
         for pid, v in smp["procs"].items():
-            first = seen.setdefault(pid, {"first": v if i else None, "t0": smp["t"], "rss_max": 0})
+            first = seen.setdefault(pid, {"first": v, "t0": smp["t"], "rss_max": 0})
             first["last"], first["t1"] = v, smp["t"]
             first["rss_max"] = max(first["rss_max"], v[2])
     procs = []
     for pid, x in seen.items():
         v0, v1 = x["first"], x["last"]
-        cpu0, rb0, rc0 = (v0[1], v0[3], v0[4]) if v0 is not None and x["t0"] == a["t"] else (0.0, 0, 0)
+        cpu0, rb0, rc0 = (v0[1], v0[3], v0[4]) if x["t0"] == a["t"] else (0.0, 0, 0)
         alive = max(x["t1"] - x["t0"], 1e-9) if x["t0"] > a["t"] else max(x["t1"] - a["t"], 1e-9)
         procs.append({"pid": pid, "name": v1[0], "role": "main" if pid == root else "worker",
                       "cpu_s": v1[1] - cpu0, "alive_s": alive, "busy_share": (v1[1] - cpu0) / alive,

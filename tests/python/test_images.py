@@ -276,6 +276,11 @@ def _hostile():
 @pytest.mark.parametrize("decode", ["cpu", pytest.param("gpu", marks=gpu), pytest.param("auto", marks=gpu)])
 def test_hostile_images_end_in_the_chosen_policy(tmp_path, decode):
     cases = _hostile()
+    if decode != "cpu":
+        # nvJPEG's hardware decoders report no error for entropy data damaged between intact markers (measured on
+        # an H100: the image comes out wrong, as it does from PIL, which ignores libjpeg's warning); only the CPU's
+        # decoder, which decodes to the scan's end, refuses it (docs/guides/images.md).
+        del cases["damaged-scan"]
     files = {f"0/{name}.img": data for name, (data, _) in cases.items()}
     ds = _pack(tmp_path, files)
     names = [bytes(ds[i]["key"]).decode() for i in range(len(ds))]
