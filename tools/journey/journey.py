@@ -129,22 +129,28 @@ def random_vs_sequential(d, quick):
                 f.read(sample)
         return size / (time.perf_counter() - t0) / 1e6
 
+    how = {}  # each sluice arm's settings, as sluice bench reports them
+
     def sl_read(args, direct=True):  # MB/s of sluice bench, cold (direct: O_DIRECT; else the page cache dropped)
         if not direct and cold:
             _drop_caches()
-        return _bench(args + ["--target", "host", "--repeat", "1"] + (["--cold"] if cold and direct else []) +
-                      [path])["gb_s"] * 1e3
+        r = _bench(args + ["--target", "host", "--repeat", "1"] + (["--cold"] if cold and direct else []) + [path])
+        how[" ".join(args)] = (f"sluice bench {' '.join(args)}: {r['path']}, {r['io_size'] >> 10} KiB I/Os, "
+                               f"{r['threads']} threads x {r['queue_depth']} in flight")
+        return r["gb_s"] * 1e3
 
     # Each figure the median of PASSES cold passes (one pass of a small file is a few tens of ms, and varies).
     # sluice reads a file in order as it always does (4 MiB I/Os): 16 KiB direct reads would have no readahead,
     # which Python's buffered 16 KB reads ride (the kernel reads ahead read_ahead_kb at a time).
-    runs = {"Python, sequential 16 KB reads": lambda: py_read(range(n)),
-            "Python, random 16 KB reads": lambda: py_read(order),
-            "sluice, sequential (io_uring, 4 MiB reads)": lambda: sl_read(["--rw", "read"]),
-            "sluice, random 16 KB (io_uring, queue depth)": lambda: sl_read(["--rw", "randread", "--io-size", "16K"])}
+    arms = {"Python, sequential 16 KB reads": (lambda: py_read(range(n)), "open(buffering=0), read(16 KB) in order"),
+            "Python, random 16 KB reads": (lambda: py_read(order), "seek + read(16 KB), shuffled order, one at a time"),
+            "sluice, sequential (io_uring, 4 MiB reads)": (lambda: sl_read(["--rw", "read"]), "--rw read"),
+            "sluice, random 16 KB (io_uring, queue depth)": (lambda: sl_read(["--rw", "randread", "--io-size", "16K"]),
+                                                             "--rw randread --io-size 16K")}
     if cold:  # sluice reads a file not in the page cache with O_DIRECT; the same read through the cache, cold
-        runs["sluice, sequential through the page cache"] = lambda: sl_read(["--rw", "read", "--path", "pagecache"],
-                                                                            direct=False)
+        arms["sluice, sequential through the page cache"] = (
+            lambda: sl_read(["--rw", "read", "--path", "pagecache"], direct=False), "--rw read --path pagecache")
+    runs = {k: fn for k, (fn, _) in arms.items()}
     got = {k: [] for k in runs}
     for _ in range(PASSES):
         for k, fn in runs.items():
@@ -160,11 +166,15 @@ def random_vs_sequential(d, quick):
         why += (f". This disk serves reads through the page cache faster than direct ones ({pc:,.0f} against "
                f"{s_seq:,.0f} MB/s): a virtual disk whose host caches it can; sluice reads a file that is not "
                f"cached with O_DIRECT unless SLUICE_DIRECT=never")
+    settings = [how.get(h, h) for _, h in arms.values()]
     return {
         "title": f"Random against sequential reads, {_state(cold)}",
         "section": 2,
         "unit": f"MB/s, medians of {PASSES} passes",
         "series": series,
+        "tables": [{"title": f"Each arm reads the same {size >> 20} MiB file ({sample >> 10} KiB samples)",
+                    "columns": ["", "MB/s", "how"],
+                    "rows": [[k, v[k], h] for k, h in zip(runs, settings)]}],
         "ratios": {"python_sequential_over_random": seq / rnd, "sluice_random_over_python_random": s_rnd / rnd},
         "passes": PASSES, "passes_mb_s": got,
         "cold": cold,
