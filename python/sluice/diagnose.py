@@ -164,13 +164,16 @@ def _main_loader(rep):
 
 
 def _rate(r, skip=5):
-    """Batches a second after the first `skip` (the start-up left out) of a run's main loader."""
-    b = r["timeline"]["batches"]
-    if len(b) <= skip + 1:
+    """Batches a second of a run's main loader in its steady state: each batch's wait and the loop's work after
+    it, the first `skip` batches of each epoch (workers starting, the pipeline filling) left out."""
+    b, kept, since = r["timeline"]["batches"], [], skip
+    for x in b:
+        since = 0 if x.get("epoch_start") else since + 1
+        if since >= skip and x["step_ms"]:
+            kept.append(x["wait_ms"] + x["step_ms"])
+    if not kept:
         return r["batches"] / r["seconds"] if r["seconds"] else 0.0
-    t0 = b[skip]["t"]
-    t1 = b[-1]["t"] + (b[-1]["wait_ms"] + b[-1]["step_ms"]) / 1e3
-    return (len(b) - skip) / (t1 - t0) if t1 > t0 else 0.0
+    return len(kept) / (sum(kept) / 1e3)
 
 
 def _sweep(cmd, workers, steps, tmp):
@@ -293,8 +296,8 @@ def report_html(rep):
         rows += [(f"{s['workers']} workers, predicted", s["predicted_batches_s"]) for s in rep["sweep"]
                  if s.get("predicted_batches_s")]
         parts.append('<section><h2>Worker counts, tried</h2>' + bars_svg("batches a second", rows, "batches a second") +
-                     f"<p>The script's first {rep['sweep_steps']} batches at each count (its first 5 left out of the "
-                     "rate).</p></section>")
+                     f"<p>The script's first {rep['sweep_steps']} batches at each count (the first 5 of each epoch left "
+                     "out of the rate).</p></section>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

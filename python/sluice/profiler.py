@@ -234,8 +234,9 @@ def _timeline(p, samples):
     and between samples the cores busy (the machine's, and each process's), disk reads, the page cache and the
     GPUs' utilisation."""
     t0 = p._t0
-    batches = [{"t": a - t0, "wait_ms": 1e3 * (b - a), "step_ms": 1e3 * s}
-               for (a, b), s in zip(p._spans, p._steps + [0.0] * (len(p._spans) - len(p._steps)))]
+    starts = set(p._firsts)
+    batches = [{"t": a - t0, "wait_ms": 1e3 * (b - a), "step_ms": 1e3 * s, "epoch_start": i in starts}
+               for i, ((a, b), s) in enumerate(zip(p._spans, p._steps + [0.0] * (len(p._spans) - len(p._steps))))]
     out = []
     for a, b in zip(samples, samples[1:]):
         dt = b["t"] - a["t"]
