@@ -182,6 +182,10 @@ static void cli_show_loader(const struct sluice_loader_figures *c, const struct 
 {
 	double bps = p ? (double)(c->batches - p->batches) / dt : 0, rps = p ? (double)(c->records - p->records) / dt : 0;
 	double byps = p ? (double)(c->bytes - p->bytes) / dt : 0;
+	/* Since the loader opened: its reads' share through the page cache, and its process's object-cache hits. */
+	double pc = c->read_bytes ? 100.0 * (double)c->read_bytes_cached / (double)c->read_bytes : -1;
+	uint64_t looked = c->object_cache_hits + c->object_cache_misses;
+	double oc = looked ? 100.0 * (double)c->object_cache_hits / (double)looked : -1;
 	char who[32];
 	size_t dl = strlen(c->dataset);
 
@@ -189,9 +193,12 @@ static void cli_show_loader(const struct sluice_loader_figures *c, const struct 
 		printf("%s{\"pid\":%d,\"id\":%u,\"dataset\":", first ? "" : ",", c->pid, c->id);
 		cli_json_str(c->dataset);
 		printf(",\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"read_bytes\":%llu,\"batches_per_s\":%.2f,"
-		       "\"records_per_s\":%.1f,\"bytes_per_s\":%.1f,\"gpu_wait_share\":%.4f,\"verdict\":",
+		       "\"records_per_s\":%.1f,\"bytes_per_s\":%.1f,\"gpu_wait_share\":%.4f,\"read_bytes_cached\":%llu,"
+		       "\"object_cache_hits\":%llu,\"object_cache_misses\":%llu,\"verdict\":",
 		       (unsigned long long)c->batches, (unsigned long long)c->records, (unsigned long long)c->bytes,
-		       (unsigned long long)c->read_bytes, bps, rps, byps, c->gpu_wait_share);
+		       (unsigned long long)c->read_bytes, bps, rps, byps, c->gpu_wait_share,
+		       (unsigned long long)c->read_bytes_cached, (unsigned long long)c->object_cache_hits,
+		       (unsigned long long)c->object_cache_misses);
 		cli_json_str(c->verdict);
 		printf(",\"stage_seconds\":{\"read\":%.6f,\"decompress\":%.6f,\"storage_wait\":%.6f,\"collate\":%.6f,"
 		       "\"h2d\":%.6f,\"consumer_wait\":%.6f},\"wall_s\":%.6f,\"age_s\":%.3f}",
@@ -200,9 +207,9 @@ static void cli_show_loader(const struct sluice_loader_figures *c, const struct 
 		return;
 	}
 	snprintf(who, sizeof(who), "%d.%u", c->pid, c->id);
-	printf("%-14s %-28s %9.1f %10.0f %9.1f %6.1f%% %-16s %.1f/%.1f/%.1f/%.1f/%.1f\n", who,
+	printf("%-14s %-28s %9.1f %10.0f %9.1f %6.1f%% %-16s %5.0f%% %5.0f%%  %.1f/%.1f/%.1f/%.1f/%.1f\n", who,
 	       dl > 28 ? c->dataset + dl - 28 : c->dataset, bps, rps, byps / 1e6, 100 * c->gpu_wait_share, c->verdict,
-	       c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s);
+	       pc, oc, c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s);
 }
 
 static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, int json, int tty)
@@ -220,8 +227,8 @@ static void cli_show(const struct cli_snap *prev, const struct cli_snap *cur, in
 	if (json) {
 		printf(",\"loaders\":[");
 	} else {
-		printf("\n%-14s %-28s %9s %10s %9s %7s %-16s %s\n", "LOADER", "DATASET", "BATCH/s", "RECORDS/s", "MB/s",
-		       "GPU WAIT", "VERDICT", "STAGE SECONDS read/decomp/swait/collate/h2d");
+		printf("\n%-14s %-28s %9s %10s %9s %7s %-16s %6s %6s  %s\n", "LOADER", "DATASET", "BATCH/s", "RECORDS/s",
+		       "MB/s", "GPU WAIT", "VERDICT", "PCACHE", "OBJHIT", "STAGE SECONDS read/decomp/swait/collate/h2d");
 		if (!cur->nld)
 			printf("  none running (loaders publish under SLUICE_RUN_DIR, default /dev/shm)\n");
 	}
@@ -256,8 +263,9 @@ int cmd_top(int argc, char **argv)
 			       "memory and the page cache, every disk's read and write MB/s, IOPS and utilisation,\n"
 			       "each network interface's MB/s (/proc), each GPU's utilisation, memory and PCIe MB/s\n"
 			       "(NVML), and every running sluice loader's batches, records and bytes a second, GPU\n"
-			       "wait and stage seconds.  --count N stops after N samples; --json prints one object\n"
-			       "per sample.\n");
+			       "wait, stage seconds, the share of its reads through the page cache (PCACHE) and its\n"
+			       "process's object-cache hits (OBJHIT).  --count N stops after N samples; --json prints\n"
+			       "one object per sample.\n");
 			return 0;
 		} else
 			return cli_fail("top", "unknown option '%s'", argv[i]);

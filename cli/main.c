@@ -19,7 +19,7 @@ static const struct {
 	{ "journey", cmd_journey, "run the Data Journey's experiments here, as an HTML report" },
 	{ "diagnose", cmd_diagnose, "run a training script unchanged and report where its pipeline loses time" },
 	{ "pack", cmd_pack, "turn a tree of files into a sharded dataset" },
-	{ "top", cmd_top, "live view of disks, GPUs and running loaders" },
+	{ "top", cmd_top, "live view of CPUs, memory, disks, network, GPUs and running loaders" },
 	{ "tune", cmd_tune, "measure this machine and write the best threads, I/O size, queue depth" },
 	{ "verify", cmd_verify, "check every record's CRC and every bound of a dataset" },
 };

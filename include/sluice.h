@@ -1419,6 +1419,9 @@ struct sluice_loader_figures {
 	double gpu_wait_share; /* the consumer's share of wall time spent waiting (the GPU idle) */
 	char verdict[32];      /* compute-bound, loader-bound, transfer-bound, no batches yet */
 	double age_s;          /* (filled by the reader) seconds since the last update */
+	uint64_t read_bytes_cached; /* of read_bytes, read through the page cache: the engine found the pages there
+				       (its mincore sample), or O_DIRECT is off (SLUICE_DIRECT=never) */
+	uint64_t object_cache_hits, object_cache_misses; /* the process's (sluice_object_cache_counts) */
 };
 
 /*
@@ -1428,6 +1431,12 @@ struct sluice_loader_figures {
  * files of processes that have ended are skipped (and removed if allowed).
  */
 SLUICE_API int sluice_loaders_published(struct sluice_loader_figures *out, unsigned cap);
+
+/*
+ * This process's lookups in the cache of remote objects (SLUICE_CACHE_DIR) so far: copies found there and
+ * good (hits), and objects downloaded into it (misses).
+ */
+SLUICE_API void sluice_object_cache_counts(uint64_t *hits, uint64_t *misses);
 
 /* One GPU's figures now, from NVML (libnvidia-ml.so.1, loaded at run time). */
 struct sluice_gpu_sample {

@@ -204,6 +204,7 @@ struct sluice_loader {
 	struct sl__hist h_read, h_swait, h_collate, h_h2d, h_wait; /* h_swait: producers waiting for windows */
 	struct sl__hist h_zread, h_zdecode; /* a zstd window's: blocks read and checked (nvCOMP's), decoded */
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
+	_Atomic uint64_t read_cached; /* of read_bytes, through the page cache */
 	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
 	_Atomic uint64_t img_gpu, img_cpu; /* images decoded by nvJPEG, by the CPU */
 	_Atomic uint64_t zblocks_gpu, zblocks_cpu; /* zstd blocks of the windows decoded by nvCOMP, by the CPU */

@@ -72,6 +72,8 @@ void sl__loader_publish(struct sluice_loader *ld)
 	f.bytes = ld->delivered_bytes;
 	f.read_bytes = atomic_load(&ld->read_bytes);
 	f.read_ios = atomic_load(&ld->read_ios);
+	f.read_bytes_cached = atomic_load(&ld->read_cached);
+	sluice_object_cache_counts(&f.object_cache_hits, &f.object_cache_misses);
 	f.wall_s = (double)(ld->t_last - ld->t_first) / 1e9;
 	f.read_s = (double)atomic_load(&ld->h_read.sum) / 1e9;
 	f.decompress_s = (double)atomic_load(&ld->ds->h_decompress.sum) / 1e9;
@@ -93,15 +95,19 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	size_t l = 0;
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
-	uint64_t all = atomic_load(&ld->record_bytes);
+	uint64_t all = atomic_load(&ld->record_bytes), hits, misses;
+
+	sluice_object_cache_counts(&hits, &misses);
 
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
-	       "\"read_bytes\":%llu,\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
+	       "\"read_bytes\":%llu,\"read_bytes_cached\":%llu,\"object_cache_hits\":%llu,\"object_cache_misses\":%llu,"
+	       "\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
 	       "\"images_gpu\":%llu,\"images_cpu\":%llu,\"zstd_blocks_gpu\":%llu,\"zstd_blocks_cpu\":%llu,"
 	       "\"windows_read_ahead\":%llu,\"stages\":{",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
-	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_ios),
+	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_cached),
+	       (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)atomic_load(&ld->read_ios),
 	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
 	       (unsigned long long)atomic_load(&ld->img_gpu), (unsigned long long)atomic_load(&ld->img_cpu),
 	       (unsigned long long)atomic_load(&ld->zblocks_gpu), (unsigned long long)atomic_load(&ld->zblocks_cpu),

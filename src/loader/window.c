@@ -232,6 +232,7 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 	atomic_fetch_add(&ld->seq_bytes, seq);
 	atomic_fetch_add(&ld->record_bytes, all);
 	atomic_fetch_add(&ld->read_bytes, rep.bytes);
+	atomic_fetch_add(&ld->read_cached, rep.bytes_buffered);
 	atomic_fetch_add(&ld->read_ios, rep.ios);
 	win->n = (size_t)k;
 	sl__hist_add(&ld->h_read, sl__now_ns() - t0);

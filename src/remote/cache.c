@@ -34,6 +34,15 @@ struct sl_cache {
 	uint64_t limit;
 };
 
+/* This process's object-cache lookups: copies found good, and objects downloaded (sluice.h). */
+static _Atomic uint64_t sl_hits, sl_misses;
+
+void sluice_object_cache_counts(uint64_t *hits, uint64_t *misses)
+{
+	*hits = atomic_load(&sl_hits);
+	*misses = atomic_load(&sl_misses);
+}
+
 static int sl_cache_conf(struct sl_cache *c)
 {
 	const char *d = sl__setting("SLUICE_CACHE_DIR");
@@ -337,6 +346,7 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 	snprintf(p, sizeof(p), "%s/%s.meta", c.dir, name);
 	if (sl_copy_good(p, local, url, ep, &m)) {
 		utimensat(AT_FDCWD, p, NULL, 0); /* used now */
+		atomic_fetch_add(&sl_hits, 1);
 		sl__debug("cache", "%s: cached as %s", url, local);
 		goto out;
 	}
@@ -379,6 +389,7 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		goto out;
 	}
 	rc = sl_meta_write(p, local, url, ep, &m);
+	atomic_fetch_add(&sl_misses, 1);
 	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", url, local, (unsigned long long)m.size);
 out:
 	close(lock);

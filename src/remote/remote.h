@@ -393,6 +393,7 @@ SL_HIDDEN int sl__s3_default(struct sl__s3 **out);
  * sl__cache_fetch: the local path of url's copy into local (cap bytes).
  */
 SL_HIDDEN int sl__cache_fetch(const char *url, char *local, size_t cap);
+
 /*
  * Fetches urls[0..n) in order on a thread of its own, so that readers
  * find them there; only when all of them fit in the cache's limit beside

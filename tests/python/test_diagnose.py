@@ -42,7 +42,7 @@ def ds(tmp_path_factory):
 
 def diagnose(args, cwd, env=None, timeout=300):
     return subprocess.run([SLUICE, "diagnose"] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, SLUICE_PYTHON=sys.executable, **(env or {})))
+                          env={**os.environ, "SLUICE_PYTHON": sys.executable, **(env or {})})
 
 
 def test_an_unchanged_script_gets_a_report(ds, tmp_path):
@@ -91,6 +91,11 @@ def test_sweep_runs_the_first_steps_at_each_count(ds, tmp_path):
     for s in rep["sweep"]:  # each run stopped after its 20 batches, cleanly
         assert s["returncode"] == 0 and s["batches_s"] > 0
     assert "Worker counts, tried" in (tmp_path / "sluice-diagnose.html").read_text()
+
+
+def test_help_needs_no_python(tmp_path):
+    r = diagnose(["--help"], tmp_path, env={"SLUICE_PYTHON": "/nonexistent/python"})
+    assert r.returncode == 0 and "usage: sluice diagnose" in r.stdout and "--sweep-workers" in r.stdout
 
 
 def test_bad_arguments_are_named(tmp_path):

@@ -216,6 +216,27 @@ def test_top_passes_over_a_fifo_in_the_run_directory(tmp_path):
     assert json.loads(r.stdout)["loaders"] == []
 
 
+def test_a_loaders_reads_through_the_page_cache_are_counted(ds_path):
+    """A dataset whose pages are in the page cache is read through it (the engine's mincore sample), and counted
+    as such; with O_DIRECT forced none of it is."""
+    code = ("import json, sys, sluice\n"
+            "ld = sluice.Loader(sluice.Dataset(sys.argv[1]), batch_size=16)\n"
+            "sum(1 for _ in ld)\n"
+            "st = ld.stats()\n"
+            "print(json.dumps([st['read_bytes'], st['read_bytes_cached']]))\n")
+    for f in os.listdir(ds_path):  # its pages in the page cache
+        with open(os.path.join(ds_path, f), "rb") as fh:
+            fh.read()
+    got = {}
+    for direct in ("auto", "always"):
+        r = subprocess.run([sys.executable, "-c", code, ds_path], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, SLUICE_DIRECT=direct))
+        assert r.returncode == 0, r.stderr
+        got[direct] = json.loads(r.stdout)
+    assert got["auto"][0] > 0 and got["auto"][1] == got["auto"][0]
+    assert got["always"][0] > 0 and got["always"][1] == 0
+
+
 def test_top_rejects_bad_options():
     assert run(["top", "--interval", "0"]).returncode == 2
     assert run(["top", "--count", "x"]).returncode == 2

@@ -227,10 +227,14 @@ def test_dataset_packed_to_s3_reads_like_the_local_one(s3, cache, tmp_path):
                                      text=True, timeout=60).stdout)
     assert info["records"] == 24
     seen = []
-    for b in sluice.Loader(remote, batch_size=4, seed=1, drop_last=True, rank=0, world_size=1):
+    ld = sluice.Loader(remote, batch_size=4, seed=1, drop_last=True, rank=0, world_size=1)
+    for b in ld:
         data, offs = b["key"]
         seen += [bytes(data[offs[j]:offs[j + 1]]) for j in range(len(offs) - 1)]
     assert sorted(seen) == sorted(r[0] for r in _records(local))
+    # The shards were downloaded once (misses) and found in the cache since (hits): the process's counts.
+    st = ld.stats()
+    assert st["object_cache_misses"] > 3 and st["object_cache_hits"] > 3
 
 
 def test_cache_follows_the_etag(s3, cache, tmp_path):
