@@ -205,3 +205,22 @@ def test_a_gpu_step_much_longer_than_the_data_is_compute_bound():
     r = p.report
     assert r["verdict"] == "compute-bound", r["evidence"]
     assert r["gpu_step_ms_p50"] > 1 and r["wait_share"] < 0.05
+
+
+def test_a_webdataset_pipeline_watched_from_outside(tmp_path):
+    """A WebDataset pipeline, iterated as its users do, inside `with sluice.profile(pipeline)`."""
+    wds = pytest.importorskip("webdataset")
+    import tarfile
+    import io
+    with tarfile.open(tmp_path / "shard-0.tar", "w") as t:
+        for i in range(50):
+            data = bytes([i]) * 1000
+            info = tarfile.TarInfo(f"{i:04d}.bin")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    pipeline = wds.WebDataset(str(tmp_path / "shard-0.tar"), shardshuffle=False)
+    cls = type(pipeline)
+    with sluice.profile(pipeline, file=None) as p:
+        got = [s["bin"][0] for s in pipeline]
+    assert got == list(range(50)) and p.report["batches"] == 50 and type(pipeline) is cls
+    assert len(p.report["timeline"]["batches"]) == 50 and p.report["batch_bytes"] == 1000  # a sample's bytes
