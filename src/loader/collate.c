@@ -314,7 +314,7 @@ void *sl__produce(void *arg)
 		       ld->bufs[ld->produce_g % ld->nbufs].state != SL_B_FREE)
 			pthread_cond_wait(&ld->buf_cv, &ld->lock);
 		sl__ld_span(ld, "buffer wait", t0, cpu0, ld->produce_g);
-		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches)
+		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches || ld->produce_g >= ld->fail_g)
 			break;
 		g = ld->produce_g++;
 		s = &ld->bufs[g % ld->nbufs];
@@ -332,7 +332,13 @@ void *sl__produce(void *arg)
 			s->state = SL_B_FREE;
 			s->err = rc;
 			snprintf(s->detail, sizeof(s->detail), "%s", sluice_last_error_detail());
-			sl__loader_fail(ld, rc);
+			/* The earliest failed batch is the consumer's error; the ones before it are still made. */
+			if (g < ld->fail_g) {
+				ld->fail_g = g;
+				ld->fail_rc = rc;
+				snprintf(ld->fail_detail, sizeof(ld->fail_detail), "%s", s->detail);
+			}
+			sl__loader_wake_all(ld);
 		} else {
 			s->state = SL_B_READY;
 			if (g == ld->next_g)

@@ -100,6 +100,7 @@ static int sl_start(struct sluice_loader *ld)
 		}
 	ld->produce_g = ld->next_g;
 	ld->epoch_records = 0;
+	ld->fail_g = UINT64_MAX;
 	ld->epoch_skipped0 = atomic_load(&ld->skipped);
 	ld->filling = 1;
 	ld->err = 0;

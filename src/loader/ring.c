@@ -60,10 +60,10 @@ void sl__give_back(struct sluice_loader *ld, void *stream)
 
 /*
  * Under ld->lock: the buffer of batch next_g once it is ready or failed, or
- * NULL at the epoch's end; *wake as sl_free_buf's.  A batch being built
- * when another fails is still waited for: the batches before a bad record
- * arrive, and the error with the batch that holds it, whichever producer
- * met it first.  A batch whose every record was skipped (skip_corrupt) is
+ * NULL at the epoch's end; *wake as sl_free_buf's.  The batches before the
+ * first one that failed (ld->fail_g: a bad record, a window whose read
+ * failed, a transform's error) are all made and handed out, the same every
+ * run, and the error comes with that batch.  A batch whose every record was skipped (skip_corrupt) is
  * moved past, with one rank: nothing to hand over, and no empty step.  Not
  * with several ranks: each must take as many steps as the others, or their
  * collectives wait forever.
@@ -80,7 +80,7 @@ static struct sl__batch_buf *sl_await(struct sluice_loader *ld, int *wake)
 			pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
 			*wake = 0;
 		}
-		while (!(s->state == SL_B_READY && s->g == ld->next_g) &&
+		while (!(s->state == SL_B_READY && s->g == ld->next_g) && ld->next_g != ld->fail_g &&
 		       (!ld->err || (s->state == SL_B_BUILDING && s->g == ld->next_g)))
 			pthread_cond_wait(&ld->batch_cv, &ld->lock);
 		if (!(s->state == SL_B_READY && s->g == ld->next_g && s->b.size == 0 && ld->opt.world_size <= 1))
@@ -137,8 +137,8 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
 		sl_hand_over(ld, s, b);
 	} else {
-		/* The batch's own error where it failed; else the first the loader met, which stopped it. */
-		rc = s->err && s->g == ld->next_g ? sl__err(s->err, "%s", s->detail) : sl__err(ld->err, "%s", ld->detail);
+		/* The first failed batch's own error; else the one that stopped the loader. */
+		rc = ld->next_g == ld->fail_g ? sl__err(ld->fail_rc, "%s", ld->fail_detail) : sl__err(ld->err, "%s", ld->detail);
 		s = NULL;
 	}
 	pthread_mutex_unlock(&ld->lock);

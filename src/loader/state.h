@@ -62,7 +62,7 @@ struct sl__batch_buf {
 	char detail[384];
 };
 
-enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
+enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY, SL_W_FAILED }; /* FAILED: its read's error kept in it */
 
 #define SL_READERS 2   /* reader threads, each with one window's I/O in flight */
 #define SL_WINDOWS_MAX 4096 /* windows one batch may draw on (its global batch over window_bytes) */
@@ -79,6 +79,8 @@ enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY };
 
 struct sl__window {
 	int state;
+	int err;                    /* SL_W_FAILED: the read's error, and its detail */
+	char detail[256];
 	uint64_t idx;               /* place in the epoch's window sequence (ld->seq) */
 	uint64_t epoch;             /* the epoch it was read for: this one, or the next (read ahead) */
 	uint64_t w;                 /* window number */
@@ -201,6 +203,14 @@ struct sluice_loader {
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
+	/*
+	 * The first batch that failed (UINT64_MAX: none), its error and
+	 * detail: the batches before it are still built and handed out, the
+	 * error comes with it, and none after it is built.
+	 */
+	uint64_t fail_g;
+	int fail_rc;
+	char fail_detail[384];
 	struct sl__hist h_read, h_swait, h_collate, h_h2d, h_wait; /* h_swait: producers waiting for windows */
 	struct sl__hist h_zread, h_zdecode; /* a zstd window's: blocks read and checked (nvCOMP's), decoded */
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;

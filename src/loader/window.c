@@ -255,17 +255,23 @@ int sl__batch_windows(struct sluice_loader *ld, uint64_t g, struct sl__window **
 		got = 0;
 		for (uint64_t p = 0; p < need; p++) {
 			wins[p] = NULL;
-			for (unsigned i = 0; i < ld->nwin && !wins[p]; i++)
-				if (ld->win[i].state == SL_W_READY && ld->win[i].idx == first + p &&
-				    ld->win[i].epoch == ld->opt.epoch)
-					wins[p] = &ld->win[i];
+			for (unsigned i = 0; i < ld->nwin && !wins[p]; i++) {
+				struct sl__window *win = &ld->win[i];
+
+				if (win->idx != first + p || win->epoch != ld->opt.epoch)
+					continue;
+				if (win->state == SL_W_READY)
+					wins[p] = win;
+				else if (win->state == SL_W_FAILED && !rc) /* the batch fails with the window's error */
+					rc = sl__err(win->err, "%s", win->detail);
+			}
 			got += wins[p] != NULL;
 		}
-		if (got == need || ld->err || ld->stop)
+		if (got == need || rc || ld->err || ld->stop)
 			break;
 		pthread_cond_wait(&ld->cv, &ld->lock);
 	}
-	if (got < need)
+	if (got < need && !rc)
 		rc = ld->err ? sl__err(ld->err, "%s", ld->detail) : -ECANCELED;
 	pthread_mutex_unlock(&ld->lock);
 	return rc;
@@ -299,7 +305,8 @@ static struct sl__window *sl_free_window(struct sluice_loader *ld)
 		struct sl__window *win = &ld->win[k];
 
 		if (win->state == SL_W_EMPTY ||
-		    (win->state == SL_W_READY && win->epoch == ld->opt.epoch && win->idx < ld->low))
+		    ((win->state == SL_W_READY || win->state == SL_W_FAILED) && win->epoch == ld->opt.epoch &&
+		     win->idx < ld->low))
 			return win;
 	}
 	return NULL;
@@ -358,8 +365,11 @@ void *sl__read_ahead(void *arg)
 		if (rc && pre) {
 			win->state = SL_W_EMPTY; /* the next epoch reads it again, and meets the error then */
 		} else if (rc) {
-			win->state = SL_W_EMPTY;
-			sl__loader_fail(ld, rc);
+			/* The first batch drawing on it fails with this (sl__batch_windows); those before it arrive. */
+			win->state = SL_W_FAILED;
+			win->err = rc;
+			snprintf(win->detail, sizeof(win->detail), "%s", sluice_last_error_detail());
+			pthread_cond_broadcast(&ld->cv);
 		} else {
 			win->state = SL_W_READY;
 			pthread_cond_broadcast(&ld->cv);
