@@ -43,10 +43,33 @@ static const struct sluice_loader_figures *cli_ld_in(const struct cli_snap *s, i
 	return NULL;
 }
 
+/* b - a of a counter, 0 where it went backwards (a counter reset, a faked /proc): never a huge rate. */
+static double cli_delta(uint64_t a, uint64_t b)
+{
+	return b > a ? (double)(b - a) : 0.0;
+}
+
+static double cli_fdelta(double a, double b)
+{
+	return b > a ? b - a : 0.0;
+}
+
+/* s for a terminal: control characters (a published loader's page is anyone's to write) shown as '?'. */
+static const char *cli_plain(const char *s, char *out, size_t cap)
+{
+	size_t i = 0;
+
+	for (; s[i] && i + 1 < cap; i++)
+		out[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+	out[i] = 0;
+	return out;
+}
+
 /* Busy and iowait shares of a CPU (or all) between two samples, in %; -1 where nothing was counted. */
 static void cli_cpu_pct(const struct sluice_cpu_times *p, const struct sluice_cpu_times *c, double *busy, double *io)
 {
-	double b = c->busy_s - p->busy_s, w = c->iowait_s - p->iowait_s, t = b + w + (c->idle_s - p->idle_s);
+	double b = cli_fdelta(p->busy_s, c->busy_s), w = cli_fdelta(p->iowait_s, c->iowait_s);
+	double t = b + w + cli_fdelta(p->idle_s, c->idle_s);
 
 	*busy = t > 0 ? 100 * b / t : -1;
 	*io = t > 0 ? 100 * w / t : -1;
@@ -98,18 +121,21 @@ static void cli_show_disks(const struct cli_snap *prev, const struct cli_snap *c
 			p = strcmp(prev->m.disk[j].name, c->name) ? NULL : &prev->m.disk[j];
 		if (!p)
 			continue;
-		rb = (double)(c->read_bytes - p->read_bytes) / dt;
-		wb = (double)(c->write_bytes - p->write_bytes) / dt;
-		ri = (double)(c->reads - p->reads) / dt;
-		wi = (double)(c->writes - p->writes) / dt;
-		ut = fmin(100, 100 * (c->busy_s - p->busy_s) / dt);
+		rb = cli_delta(p->read_bytes, c->read_bytes) / dt;
+		wb = cli_delta(p->write_bytes, c->write_bytes) / dt;
+		ri = cli_delta(p->reads, c->reads) / dt;
+		wi = cli_delta(p->writes, c->writes) / dt;
+		ut = fmin(100, 100 * cli_fdelta(p->busy_s, c->busy_s) / dt);
 		if (json) {
 			printf("%s{\"name\":", shown++ ? "," : "");
 			cli_json_str(c->name);
 			printf(",\"read_bytes_per_s\":%.1f,\"write_bytes_per_s\":%.1f,\"read_iops\":%.1f,\"write_iops\":%.1f,"
 			       "\"util_pct\":%.1f}", rb, wb, ri, wi, ut);
 		} else {
-			printf("%-10s %10.1f %10.1f %9.0f %9.0f %6.1f\n", c->name, rb / 1e6, wb / 1e6, ri, wi, ut);
+			char nm[32];
+
+			printf("%-10s %10.1f %10.1f %9.0f %9.0f %6.1f\n", cli_plain(c->name, nm, sizeof(nm)), rb / 1e6, wb / 1e6, ri,
+			       wi, ut);
 		}
 	}
 	printf(json ? "]," : "\n");
@@ -134,11 +160,13 @@ static void cli_show_nics(const struct cli_snap *prev, const struct cli_snap *cu
 		if (json) {
 			printf("%s{\"name\":", shown++ ? "," : "");
 			cli_json_str(c->name);
-			printf(",\"rx_bytes_per_s\":%.1f,\"tx_bytes_per_s\":%.1f}", (double)(c->rx_bytes - p->rx_bytes) / dt,
-			       (double)(c->tx_bytes - p->tx_bytes) / dt);
+			printf(",\"rx_bytes_per_s\":%.1f,\"tx_bytes_per_s\":%.1f}", cli_delta(p->rx_bytes, c->rx_bytes) / dt,
+			       cli_delta(p->tx_bytes, c->tx_bytes) / dt);
 		} else {
-			printf("%-10s %10.1f %10.1f\n", c->name, (double)(c->rx_bytes - p->rx_bytes) / dt / 1e6,
-			       (double)(c->tx_bytes - p->tx_bytes) / dt / 1e6);
+			char nm[32];
+
+			printf("%-10s %10.1f %10.1f\n", cli_plain(c->name, nm, sizeof(nm)), cli_delta(p->rx_bytes, c->rx_bytes) / dt / 1e6,
+			       cli_delta(p->tx_bytes, c->tx_bytes) / dt / 1e6);
 		}
 	}
 	if (json)
@@ -180,13 +208,14 @@ static void cli_show_gpus(int json)
 static void cli_show_loader(const struct sluice_loader_figures *c, const struct sluice_loader_figures *p, double dt,
 			    int json, int first)
 {
-	double bps = p ? (double)(c->batches - p->batches) / dt : 0, rps = p ? (double)(c->records - p->records) / dt : 0;
-	double byps = p ? (double)(c->bytes - p->bytes) / dt : 0;
+	double bps = p ? cli_delta(p->batches, c->batches) / dt : 0, rps = p ? cli_delta(p->records, c->records) / dt : 0;
+	double byps = p ? cli_delta(p->bytes, c->bytes) / dt : 0;
 	/* Since the loader opened: its reads' share through the page cache, and its process's object-cache hits. */
-	double pc = c->read_bytes ? 100.0 * (double)c->read_bytes_cached / (double)c->read_bytes : -1;
-	uint64_t looked = c->object_cache_hits + c->object_cache_misses;
-	double oc = looked ? 100.0 * (double)c->object_cache_hits / (double)looked : -1;
-	char who[32];
+	double pc = c->read_bytes && c->read_bytes_cached <= c->read_bytes
+			    ? 100.0 * (double)c->read_bytes_cached / (double)c->read_bytes : -1;
+	double looked = (double)c->object_cache_hits + (double)c->object_cache_misses;
+	double oc = looked > 0 ? 100.0 * (double)c->object_cache_hits / looked : -1;
+	char who[32], ds[32], vd[32];
 	size_t dl = strlen(c->dataset);
 
 	if (json) {
@@ -208,7 +237,8 @@ static void cli_show_loader(const struct sluice_loader_figures *c, const struct 
 	}
 	snprintf(who, sizeof(who), "%d.%u", c->pid, c->id);
 	printf("%-14s %-28s %9.1f %10.0f %9.1f %6.1f%% %-16s %5.0f%% %5.0f%%  %.1f/%.1f/%.1f/%.1f/%.1f\n", who,
-	       dl > 28 ? c->dataset + dl - 28 : c->dataset, bps, rps, byps / 1e6, 100 * c->gpu_wait_share, c->verdict,
+	       cli_plain(dl > 28 ? c->dataset + dl - 28 : c->dataset, ds, sizeof(ds)), bps, rps, byps / 1e6,
+	       100 * c->gpu_wait_share, cli_plain(c->verdict, vd, sizeof(vd)),
 	       pc, oc, c->read_s, c->decompress_s, c->storage_wait_s, c->collate_s, c->h2d_s);
 }
 

@@ -31,7 +31,8 @@ static char *sl_slurp(const char *rel)
 	int fd;
 
 	snprintf(p, sizeof(p), "%s%s", sl__sysroot(), rel);
-	if (!buf || (fd = open(p, O_RDONLY | O_CLOEXEC)) < 0) {
+	/* O_NONBLOCK: a FIFO (under a faked root) reads as empty instead of holding the sample. */
+	if (!buf || (fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0) {
 		free(buf);
 		return NULL;
 	}
@@ -48,7 +49,7 @@ static char *sl_slurp(const char *rel)
 		}
 		got = read(fd, buf + n, cap - 1 - n);
 		if (got < 0 && errno == EINTR)
-			continue;
+			continue; /* EAGAIN (a FIFO with a writer) ends it like EOF */
 		if (got <= 0)
 			break;
 		n += (size_t)got;
@@ -221,7 +222,7 @@ static int sl_proc_stat(int pid, struct sluice_proc_counters *p, double tck, lon
 		p->ppid = ppid;
 		memcpy(p->name, lp + 1, n < sizeof(p->name) - 1 ? n : sizeof(p->name) - 1);
 		p->cpu_s = (double)(ut + st) / tck;
-		p->rss = rss > 0 ? (uint64_t)rss * (uint64_t)page : 0;
+		p->rss = rss > 0 && (uint64_t)rss <= UINT64_MAX / (uint64_t)page ? (uint64_t)rss * (uint64_t)page : 0;
 		rc = 0;
 	}
 	free(text);
@@ -281,35 +282,84 @@ static size_t sl_all_procs(struct sl_pp **out)
 	return n;
 }
 
+/*
+ * pid's children from /proc/PID/task/TID/children (each thread's: a
+ * child is listed under the thread that forked it) into kids (*n of cap);
+ * -1 where the kernel keeps no such files (the whole /proc is scanned
+ * then).  Reading them costs the tree's size, not the machine's process
+ * count.
+ */
+static int sl_children(int pid, int *kids, size_t *n, size_t cap)
+{
+	char p[4096];
+	DIR *d;
+	struct dirent *e;
+	int found = 0;
+
+	snprintf(p, sizeof(p), "%s/proc/%d/task", sl__sysroot(), pid);
+	if (!(d = opendir(p)))
+		return -1;
+	while ((e = readdir(d))) {
+		char rel[96], *text, *at, *end;
+
+		if (!isdigit((unsigned char)e->d_name[0]))
+			continue;
+		snprintf(rel, sizeof(rel), "/proc/%d/task/%.16s/children", pid, e->d_name);
+		if (!(text = sl_slurp(rel)))
+			continue;
+		found = 1;
+		for (at = text;; at = end) {
+			long k = strtol(at, &end, 10);
+
+			if (end == at)
+				break;
+			if (k > 0 && k <= 0x7fffffff && *n < cap)
+				kids[(*n)++] = (int)k;
+		}
+		free(text);
+	}
+	closedir(d);
+	return found ? 0 : -1;
+}
+
 /* The tree of root: root first, then its descendants, breadth first. */
 static void sl_tree(struct sluice_machine_sample *s, int root, double tck)
 {
 	struct sl_pp *all = NULL;
-	size_t n = sl_all_procs(&all);
+	size_t n = 0;
+	int scanned = 0;
 	long page = sysconf(_SC_PAGESIZE);
-	int queue[SLUICE_SAMPLE_PROCS];
+	int queue[SLUICE_SAMPLE_PROCS], kids[4096];
 	unsigned head = 0, tail = 0;
 
 	queue[tail++] = root;
 	while (head < tail) {
 		int pid = queue[head++];
 		struct sluice_proc_counters *p = &s->proc[s->nprocs];
+		size_t nk = 0;
 
 		if (sl_proc_stat(pid, p, tck, page > 0 ? page : 4096))
 			continue; /* it ended meanwhile */
 		sl_proc_io(p);
 		s->nprocs++;
-		for (size_t i = 0; i < n; i++) {
+		if (sl_children(pid, kids, &nk, sizeof(kids) / sizeof(kids[0]))) {
+			if (!scanned) { /* no children files: every process's parent, once */
+				n = sl_all_procs(&all);
+				scanned = 1;
+			}
+			for (size_t i = 0; i < n && nk < sizeof(kids) / sizeof(kids[0]); i++)
+				if (all[i].ppid == pid)
+					kids[nk++] = all[i].pid;
+		}
+		for (size_t i = 0; i < nk; i++) {
 			unsigned seen = 0;
 
-			if (all[i].ppid != pid)
-				continue;
-			while (seen < tail && queue[seen] != all[i].pid) /* a loop of parents is walked once */
+			while (seen < tail && queue[seen] != kids[i]) /* a loop of parents is walked once */
 				seen++;
 			if (seen < tail)
 				continue;
 			if (tail < SLUICE_SAMPLE_PROCS)
-				queue[tail++] = all[i].pid;
+				queue[tail++] = kids[i];
 			else
 				s->procs_left_out++;
 		}

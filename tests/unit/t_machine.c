@@ -94,7 +94,19 @@ int main(void)
 	T_CHECK(s->proc[0].cpu_s == (double)400 / tck && s->proc[0].rss == 1000ull * (uint64_t)page &&
 		s->proc[0].read_bytes == 4096 && s->proc[0].rchar == 4 * 4096 && !s->procs_left_out);
 
+	/* The same tree from the kernel's children files (a thread's own list), no scan of every process. */
+	put("/proc/100/task/100/children", "");
+	put("/proc/100/task/7/children", "101 ");
+	put("/proc/101/task/101/children", "102 x 999999999999 -4");
+	T_CHECK(sluice_machine_sample(s, 100) == 0);
+	T_CHECK(s->nprocs == 3 && s->proc[1].pid == 101 && s->proc[2].pid == 102);
+	put("/proc/100/task/100/children", "200 ");
+	T_CHECK(sluice_machine_sample(s, 100) == 0); /* the stranger now a child: found only through the file */
+	T_CHECK(s->nprocs == 4 && s->proc[1].pid == 200);
+
 	/* Hostile text: each line that does not parse is skipped; nothing is made up. */
+	put("/proc/100/task/100/children", "");
+	put("/proc/100/task/7/children", "");
 	memset(big, '9', sizeof(big) - 1);
 	big[sizeof(big) - 1] = 0;
 	put("/proc/stat", "cpu  1 2\ncpu0 x y z w\ncpuX 1 1 1 1 1\ncpu 10 0 0 10 0 0 0 0\n");
