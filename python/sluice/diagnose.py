@@ -15,6 +15,7 @@ import argparse
 import html
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,21 +38,28 @@ _here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
 if _spec and _spec.loader:
     _m = importlib.util.module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _m  # importable by its name, as without the hook
     _spec.loader.exec_module(_m)
 '''
 
-_watched = []  # (label, profile) of every loader iterated, in the order first seen
-_limit = {"steps": 0, "seen": 0}
+_watched = []  # (a weak reference to the loader, its profile), in the order first seen
+_limit = {"steps": 0, "seen": 0, "workers_applied": False}
+_shared = []  # the one sampler every watched loader's profile reads
 
 
 def _profile_for(obj, label):
-    from .profiler import profile
-    for o, p in _watched:
-        if o is obj:
+    import weakref
+    from .profiler import _Sampler, profile
+    for ref, p in _watched:
+        if ref() is obj:
             return p
-    p = profile(obj, file=None, nvtx=True)
+    if not _shared:
+        _shared.append(_Sampler(0.2))
+        _shared[0].start()
+    p = profile(None, file=None, nvtx=True, sampler=_shared[0])
+    p._stats_from = weakref.ref(obj)  # the loader's own stats, without keeping it alive
     p._start()
-    _watched.append((obj, p))
+    _watched.append((weakref.ref(obj), p))
     p.label = label
     return p
 
@@ -63,7 +71,7 @@ def _watch(cls, label):
         return
 
     def __iter__(self):
-        p = _profile_for(self, f"{label} #{sum(1 for o, _ in _watched if type(o) is type(self)) + 1}")
+        p = _profile_for(self, f"{label} #{sum(1 for _, q in _watched if q.label.startswith(label)) + 1}")
         for b in p._wrap(lambda: orig(self)):
             yield b
             _limit["seen"] += 1
@@ -79,6 +87,9 @@ def _patch_dataloader(mod):
     workers = os.environ.get(ENV_WORKERS)
     if workers is None or getattr(cls.__init__, "_sluice_diagnose", False):
         return
+    if not workers.isdigit() or int(workers) > 1024:
+        print(f"sluice diagnose: {ENV_WORKERS}={workers!r} is not a worker count: left alone", file=sys.stderr)
+        return
     orig_init, w = cls.__init__, int(workers)
 
     def __init__(self, *args, **kw):
@@ -89,6 +100,7 @@ def _patch_dataloader(mod):
             bound.arguments.pop("prefetch_factor", None)
             bound.arguments["persistent_workers"] = False
         orig_init(*bound.args, **bound.kwargs)
+        _limit["workers_applied"] = True
     __init__._sluice_diagnose = True
     cls.__init__ = __init__
 
@@ -114,7 +126,8 @@ class _Finder:
 
 def _install():
     import atexit
-    _limit["steps"] = int(os.environ.get(ENV_STEPS) or 0)
+    steps = os.environ.get(ENV_STEPS) or "0"
+    _limit["steps"] = int(steps) if steps.isdigit() else 0
     sys.meta_path.insert(0, _Finder())
     if "torch.utils.data.dataloader" in sys.modules:
         _patch_dataloader(sys.modules["torch.utils.data.dataloader"])
@@ -130,31 +143,37 @@ def _write():
         if p.report is None and p._t0 is not None:
             p._finish()
         if p.report is not None:
-            p.report["label"] = p.label
+            p.report["label"], p.report["t0"] = p.label, p._t0
             reports.append(p.report)
     if out:
         with open(out, "w") as f:
-            json.dump({"argv": sys.argv, "loaders": reports}, f, default=str)
+            json.dump({"argv": sys.argv, "loaders": reports, "workers_applied": _limit["workers_applied"]}, f,
+                      default=str)
 
 
 # ---- the parent: run, then report
 
-def _run(cmd, env_extra, out):
-    hook = tempfile.mkdtemp(prefix="sluice-diagnose-")
-    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
-        f.write(_SITECUSTOMIZE)
+def _run(cmd, env_extra, out, hook):
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, **env_extra)
-    env["PYTHONPATH"] = os.pathsep.join([hook, pkg] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_OUT, ENV_WORKERS, ENV_STEPS)}
+    env.update(env_extra)
+    # The hook first; the user's own paths ahead of sluice's, which comes last (its package is found there only
+    # where nothing of the user's provides it).
+    env["PYTHONPATH"] = os.pathsep.join([hook] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []) + [pkg])
     env[ENV_OUT] = out
     t = time.perf_counter()
-    rc = subprocess.call(cmd, env=env)
+    try:
+        rc = subprocess.call(cmd, env=env)
+    except OSError as e:
+        raise SystemExit(f"sluice diagnose: cannot run {cmd[0]}: {e.strerror}") from None
+    rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
     wall = time.perf_counter() - t
     try:
         with open(out) as f:
             rep = json.load(f)
+        rep["reported"] = True
     except (OSError, ValueError):
-        rep = {"loaders": []}
+        rep = {"loaders": [], "reported": False}
     rep["returncode"], rep["wall_s"] = rc, wall
     return rep
 
@@ -176,15 +195,21 @@ def _rate(r, skip=5):
     return len(kept) / (sum(kept) / 1e3)
 
 
-def _sweep(cmd, workers, steps, tmp):
+def _sweep(cmd, workers, steps, tmp, hook):
     out = []
     for w in workers:
-        rep = _run(cmd, {ENV_WORKERS: str(w), ENV_STEPS: str(steps)}, os.path.join(tmp, f"sweep-{w}.json"))
+        rep = _run(cmd, {ENV_WORKERS: str(w), ENV_STEPS: str(steps)}, os.path.join(tmp, f"sweep-{w}.json"), hook)
         m = _main_loader(rep)
+        if not rep.get("workers_applied"):  # no DataLoader took the count: nothing was swept
+            out.append({"workers": w, "batches_s": None, "returncode": rep["returncode"], "verdict": None,
+                        "applied": False})
+            print(f"sluice diagnose: {w} workers: not applied (the script made no torch DataLoader)",
+                  file=sys.stderr, flush=True)
+            continue
         # The batches made while the workers started come in a burst (each worker makes prefetch_factor, 2 by
         # default, ahead): left out of each epoch too.
         out.append({"workers": w, "batches_s": _rate(m, max(5, 2 * w)) if m else None, "returncode": rep["returncode"],
-                    "verdict": m["verdict"] if m else None})
+                    "verdict": m["verdict"] if m else None, "applied": True})
         print(f"sluice diagnose: {w} workers: {out[-1]['batches_s'] or 0:.2f} batches/s ({out[-1]['verdict']})",
               file=sys.stderr, flush=True)
     return out
@@ -193,10 +218,12 @@ def _sweep(cmd, workers, steps, tmp):
 def trace_events(rep):
     """A Chrome trace (Perfetto, chrome://tracing) of each watched loader's waits and steps."""
     ev = []
+    origin = min((r.get("t0", 0) for r in rep["loaders"]), default=0)
     for i, r in enumerate(rep["loaders"]):
+        shift = 1e6 * (r.get("t0", origin) - origin)  # every loader on the run's one clock
         ev.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": r.get("label", f"loader {i}")}})
         for k, b in enumerate(r["timeline"]["batches"]):
-            ts = 1e6 * b["t"]
+            ts = shift + 1e6 * b["t"]
             ev.append({"ph": "X", "name": "waiting for a batch", "cat": "data", "pid": 1, "tid": i, "ts": ts,
                        "dur": 1e3 * b["wait_ms"], "args": {"batch": k}})
             if b["step_ms"]:
@@ -331,12 +358,47 @@ def main(argv=None):
             ap.error(f"--sweep-workers '{a.sweep_workers}': worker counts from 0 to 1024, as 0,4,8")
     if a.steps < 6:
         ap.error("--steps: at least 6 (the first 5 are left out of the rate)")
+    why = _outputs_bad([x for x in (a.html, a.json, a.trace) if x], cmd)
+    if why:
+        ap.error(why)
     tmp = tempfile.mkdtemp(prefix="sluice-diagnose-")
-    rep = _run(cmd, {}, os.path.join(tmp, "run.json"))
+    try:
+        hook = os.path.join(tmp, "hook")
+        os.mkdir(hook)
+        with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+            f.write(_SITECUSTOMIZE)
+        return _main(a, cmd, workers, tmp, hook)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _outputs_bad(paths, cmd):
+    """Why the report's files cannot be written as asked, checked before the script runs (or None)."""
+    script = {os.path.realpath(x) for x in cmd if os.path.isfile(x)}
+    seen = set()
+    for p in paths:
+        real = os.path.realpath(p)
+        if real in seen:
+            return f"{p}: named for two of --html, --json and --trace"
+        seen.add(real)
+        if real in script:
+            return f"{p}: that is a file the command runs; the report would overwrite it"
+        if os.path.exists(p) and not os.path.isfile(p):
+            return f"{p}: not a regular file (a directory, a FIFO or a device)"
+        d = os.path.dirname(os.path.abspath(p))
+        if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
+            return f"{p}: its directory {d} is not there or not writable"
+        if os.path.exists(p) and not os.access(p, os.W_OK):
+            return f"{p}: not writable"
+    return None
+
+
+def _main(a, cmd, workers, tmp, hook):
+    rep = _run(cmd, {}, os.path.join(tmp, "run.json"), hook)
     rep["command"] = cmd
     main_r = _main_loader(rep)
     if workers:
-        rep["sweep"], rep["sweep_steps"] = _sweep(cmd, workers, a.steps, tmp), a.steps
+        rep["sweep"], rep["sweep_steps"] = _sweep(cmd, workers, a.steps, tmp, hook), a.steps
         for s in rep["sweep"]:
             # A worker count's effect is predicted where the loading's CPU was the limit.
             cpu_bound = main_r is not None and main_r["verdict"] == "cpu-bound"
@@ -352,7 +414,10 @@ def main(argv=None):
     for r in rep["loaders"]:
         print(f"sluice diagnose: {r.get('label')}: {r['batches']} batches, waited {100 * r['wait_share']:.1f}% of the "
               f"time: {r['verdict']}. {r['fix']}", file=sys.stderr)
-    if not rep["loaders"]:
+    if not rep["reported"]:
+        print(f"sluice diagnose: the script ended (status {rep['returncode']}) before its report was written: "
+              "os._exit, a signal, or a Python started with -I or -S (which skips the hook)", file=sys.stderr)
+    elif not rep["loaders"]:
         print("sluice diagnose: the script iterated no DataLoader or sluice.Loader", file=sys.stderr)
     print(f"sluice diagnose: report {a.html}", file=sys.stderr)
     return rep["returncode"]

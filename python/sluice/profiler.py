@@ -8,6 +8,7 @@ disks, network, memory; sluice_gpu_sample: GPU utilisation and memory).  Its ver
 fix the evidence supports; no verdict without a measurement behind it.
 """
 import ctypes as C
+import math
 import os
 import statistics
 import sys
@@ -86,6 +87,9 @@ class _Sampler(threading.Thread):
             s = self.take()
             if s:
                 self.samples.append(s)
+                if len(self.samples) > 20000:  # a long run: every other sample dropped, and half the rate
+                    del self.samples[1::2]
+                    self.interval *= 2
 
 
 def _gpus():
@@ -114,8 +118,12 @@ class profile:
     and for a sluice.Loader its own loader-bound; each with the figures behind it.
     """
 
-    def __init__(self, source=None, file=..., interval=0.2, nvtx=False):
+    def __init__(self, source=None, file=..., interval=0.2, nvtx=False, sampler=None):
+        if not (isinstance(interval, (int, float)) and math.isfinite(interval) and 0.01 <= interval <= 60):
+            raise ValueError(f"sluice.profile(interval={interval!r}): seconds between samples, 0.01 to 60")
         self.source, self.file, self.interval, self.report, self.nvtx = source, file, interval, None, nvtx
+        self._shared = sampler        # a sampler of someone else's (sluice diagnose's, for every loader)
+        self._stats, self._stats_from, self._iter_end = None, None, None
         self._spans = []  # (wait start, batch in hand) of each batch, perf_counter seconds
         self._waits, self._steps, self._firsts, self._thread_cpu = [], [], [], 0.0
         self._events, self._bytes, self._pinned, self._on_gpu = [], 0, None, False
@@ -127,6 +135,22 @@ class profile:
         wait, then each batch's."""
         first, t_iter, c_iter = True, time.perf_counter(), time.thread_time()
         it = make()
+        try:
+            yield from self._timed(it, first, t_iter, c_iter)
+        finally:  # the loop is over (its end asked for, or left): the time after it is not the pipeline's
+            self._iter_end = time.perf_counter()
+            self._snapshot()
+
+    def _snapshot(self):
+        """A sluice.Loader's own stats, taken while it is open (a loader closed later has none)."""
+        src = self.source if self.source is not None else self._stats_from() if self._stats_from else None
+        if src is not None and type(src).__module__.startswith("sluice") and hasattr(src, "stats"):
+            try:
+                self._stats = src.stats()
+            except Exception:  # closed: the last snapshot stays
+                pass
+
+    def _timed(self, it, first, t_iter, c_iter):
         while True:
             t0, c0 = time.perf_counter(), time.thread_time()
             if first:
@@ -167,6 +191,8 @@ class profile:
     def __iter__(self):
         if self.source is None:
             raise TypeError("sluice.profile(): iterate over profile(iterable), or use `with profile(loader):`")
+        if self.report is not None:
+            raise RuntimeError("sluice.profile: this one has reported; make another to profile again")
         started = self._t0 is None
         if started:
             self._start()
@@ -182,16 +208,29 @@ class profile:
             self.source = _ld._last_loader() if _ld._last_loader else None
             if self.source is None:
                 raise RuntimeError("sluice.profile: no Loader to watch (give it the iterable: profile(dataloader))")
+        if self._t0 is not None:
+            raise RuntimeError("sluice.profile: a profile runs once; make another to profile again")
         cls, me = type(self.source), self
+
+        def items(obj):  # an object iterable through __getitem__ alone (the sequence protocol)
+            i = 0
+            while True:
+                try:
+                    yield cls.__getitem__(obj, i)
+                except IndexError:
+                    return
+                i += 1
 
         # The loop iterates the source itself: its class becomes a subclass whose __iter__ is timed, for the block.
         try:
             class Profiled(cls):
+                _sluice_profiled, _sluice_closed = True, False
+
                 def __iter__(self_):
-                    return me._wrap(lambda: cls.__iter__(self_))
+                    return me._wrap(lambda: cls.__iter__(self_) if hasattr(cls, "__iter__") else items(self_))
             Profiled.__name__ = Profiled.__qualname__ = cls.__name__
             self.source.__class__ = Profiled
-            self._swapped = cls
+            self._swapped, self._profiled = cls, Profiled
         except TypeError:
             raise TypeError(f"sluice.profile: cannot watch a {cls.__name__} from outside; iterate through the "
                             "profiler instead: `for batch in sluice.profile(it):`") from None
@@ -200,26 +239,41 @@ class profile:
 
     def __exit__(self, *exc):
         if self._swapped is not None:
-            self.source.__class__ = self._swapped
+            # Its own subclass off, and any left by profiles that ended out of order.
+            self._profiled._sluice_closed = True
+            while getattr(type(self.source), "_sluice_profiled", False) and type(self.source)._sluice_closed:
+                self.source.__class__ = type(self.source).__bases__[0]
             self._swapped = None
+        self._snapshot()
         self._finish()
         return False
 
     def _start(self):
-        self._sampler = _Sampler(self.interval)
+        if self._t0 is not None:
+            raise RuntimeError("sluice.profile: a profile runs once; make another to profile again")
+        self._sampler = self._shared or _Sampler(self.interval)
         self._first_sample = _Sampler.take()
-        self._t0 = time.perf_counter()
-        self._sampler.start()
+        self._t0, self._m0, self._thread0 = time.perf_counter(), time.monotonic(), time.thread_time()
+        if not self._shared:
+            self._sampler.start()
 
     def _finish(self):
-        end = time.perf_counter()
-        if self._last is not None:  # the last batch's step: to the end of the block
-            self._steps.append(end - self._last)
+        now = time.perf_counter()
+        end = min(self._iter_end, now) if self._iter_end else now
+        if self._last is not None:  # the last batch's step: to the loop's end
+            self._steps.append(max(end - self._last, 0.0))
             self._last = None
-        self._sampler.stop.set()
-        self._sampler.join()
+        self._loop_thread_cpu = time.thread_time() - self._thread0
+        if not self._shared:
+            self._sampler.stop.set()
+            self._sampler.join()
         last = _Sampler.take()
-        samples = [s for s in [self._first_sample] + self._sampler.samples + [last] if s]
+        # The samples of the loop's time alone (the monotonic clocks of the C sample and of Python agree).
+        end_m = self._m0 + (end - self._t0) + self._sampler.interval
+        between = [s for s in list(self._sampler.samples) if self._m0 <= s["t"] <= end_m]
+        samples = [s for s in [self._first_sample] + between + ([last] if last and last["t"] <= end_m else []) if s]
+        if len(samples) < 2 and between:
+            samples = [s for s in [self._first_sample, between[-1]] if s]
         self.report = _report(self, end - self._t0, samples)
         self.report["timeline"] = _timeline(self, samples)
         if self.file is not None:
@@ -269,9 +323,12 @@ def _report(p, wall, samples):
     if torch is not None and len(p._events) > 1:
         p._events[-1].synchronize()
         r["gpu_step_ms_p50"] = statistics.median(a.elapsed_time(b) for a, b in zip(p._events, p._events[1:]))
-    r.update(_machine(samples, n))
-    if getattr(p.source, "stats", None) is not None and type(p.source).__module__.startswith("sluice"):
-        st = p.source.stats()
+    r["loop_thread_cpu_s"] = getattr(p, "_loop_thread_cpu", 0.0)
+    r.update(_machine(samples, n, p.interval))
+    if p._stats is None:
+        p._snapshot()
+    if p._stats is not None:
+        st = p._stats
         r["loader"] = st
         for k in ("gpu_wait_share", "step_us", "loader_us", "h2d_us"):
             r[k] = st.get(k)
@@ -279,7 +336,7 @@ def _report(p, wall, samples):
     return r
 
 
-def _machine(samples, batches):
+def _machine(samples, batches, interval=0.2):
     """What the samples say over the run: each process's CPU, the machine's, storage, memory, network, GPUs."""
     if len(samples) < 2:
         return {"processes": [], "cpu": None, "storage": None}
@@ -299,7 +356,8 @@ def _machine(samples, batches):
     for pid, x in seen.items():
         v0, v1 = x["first"], x["last"]
         cpu0, rb0, rc0 = (v0[1], v0[3], v0[4]) if x["t0"] == a["t"] else (0.0, 0, 0)
-        alive = max(x["t1"] - x["t0"], 1e-9) if x["t0"] > a["t"] else max(x["t1"] - a["t"], 1e-9)
+        # Seen once or twice: alive for at least one interval (a short-lived child is not busy 3e7 cores).
+        alive = max(x["t1"] - (x["t0"] if x["t0"] > a["t"] else a["t"]), interval)
         procs.append({"pid": pid, "name": v1[0], "role": "main" if pid == root else "worker",
                       "cpu_s": v1[1] - cpu0, "alive_s": alive, "busy_share": (v1[1] - cpu0) / alive,
                       "read_bytes": v1[3] - rb0, "rchar": v1[4] - rc0, "rss_max": x["rss_max"]})
@@ -331,7 +389,7 @@ def _machine(samples, batches):
         "storage": {"read_bytes": tree_read, "rchar": tree_rchar,
                     "page_cache_share": (1 - tree_read / tree_rchar) if tree_rchar > tree_read else 0.0,
                     "disk_read_bytes_s": rbytes / dt, "disk_reads_s": reads / dt, "disk_busy_share": min(busy_disk, 1.0),
-                    "read_latency_ms": 1e3 * rwait / reads if reads else None,
+                    "read_latency_ms": 1e3 * rwait / reads if reads else None, "read_wait_s": rwait,
                     "read_kb_avg": rbytes / reads / 1e3 if reads else None},
         "memory": {"page_cache": b["page_cache"], "available": b["mem_available"], "mlocked": b["mlocked"],
                    "rss_max": sum(x["rss_max"] for x in procs)},
@@ -351,7 +409,13 @@ def _verdict(r):
     ev.append(f"the loop waited {100 * share:.1f}% of {r['seconds']:.1f} s for its {n} batches "
               f"(wait p50 {wait:.1f} ms, its own work p50 {step:.1f} ms a batch, {rate:.1f} batches/s)")
     loader = r.get("loader")
-    if loader is not None and loader.get("verdict") in ("loader-bound", "transfer-bound") and share >= WAIT_OK:
+    # sluice.Loader's own verdict, where its figures bear it out: its time a batch (or its copies') above the step's
+    # (or no step to speak of: under 0.1 ms).
+    step_us = loader.get("step_us", 0) if loader is not None else 0
+    own = loader is not None and (
+        (loader.get("verdict") == "loader-bound" and (loader.get("loader_us", 0) > step_us or step_us < 100)) or
+        (loader.get("verdict") == "transfer-bound" and (loader.get("h2d_us", 0) > step_us or step_us < 100)))
+    if own and share >= WAIT_OK:
         ev.append(f"sluice's loader: {loader.get('loader_us', 0) / 1e3:.1f} ms of its own a batch against "
                   f"{loader.get('step_us', 0) / 1e3:.1f} ms of step; copies {loader.get('h2d_us', 0) / 1e3:.1f} ms")
         fix = ("the copies to the GPU are the limit: larger batches, or fewer bytes a batch"
@@ -382,12 +446,18 @@ def _verdict(r):
     workers = _workers(r)
     cores = cpu.get("cores") or os.cpu_count() or 1
     idle = max(cores - cpu.get("busy_cores", 0.0), 0.0)
+    main = next((x for x in procs if x["role"] == "main"), None)
+    # The loop's process's other threads (a prefetching thread, a pin-memory thread): its CPU less the loop's.
+    threads = max((main["cpu_s"] if main else 0.0) - r.get("loop_thread_cpu_s", 0.0), 0.0)
     if workers:
         load_cpu = sum(x["cpu_s"] for x in workers)
         busy = load_cpu / sum(x["alive_s"] for x in workers)
         at_once = max(r.get("workers_max") or len(workers), 1)
         who = (f"{at_once} worker processes busy {100 * busy:.0f}% of a core each"
                + (f" ({len(workers)} over the run)" if len(workers) > at_once else ""))
+    elif threads >= BUSY * r["seconds"]:
+        load_cpu, busy = threads, threads / r["seconds"]
+        who = f"other threads of the loop's process busy {busy:.2f} cores (no worker processes)"
     else:
         load_cpu = r["wait_thread_cpu_s"]
         busy = load_cpu / r["wait_s"] if r["wait_s"] > 0 else 0.0
@@ -409,7 +479,10 @@ def _verdict(r):
         else:
             fix = "every core is busy: move decoding and augmentation to the GPU (sluice.Images), or lighter transforms"
         return {"verdict": "cpu-bound", "evidence": ev, "fix": fix, "expected": expected}
-    if stored > 0.5 * max(rchar, 1) or sto.get("disk_busy_share", 0) > 0.5 or cpu.get("iowait_cores", 0) > 0.5:
+    # Storage, where its reads' time could explain the wait: the disks' read time (its share of the wait), the
+    # disks busy, or cores in iowait.
+    if (stored > 0.5 * max(rchar, 1) and sto.get("read_wait_s", 0) >= 0.3 * r["wait_s"]) or \
+            sto.get("disk_busy_share", 0) > 0.5 or cpu.get("iowait_cores", 0) > 0.5:
         lat = sto.get("read_latency_ms")
         ev.append(f"{stored / 1e6:.1f} MB read from storage of {rchar / 1e6:.1f} MB asked for "
                   f"({100 * sto.get('page_cache_share', 0):.0f}% from the page cache); disk busy "

@@ -82,15 +82,37 @@ def test_the_users_own_sitecustomize_still_runs(ds, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["loaders"][0]["batches"] > 0
 
 
-def test_sweep_runs_the_first_steps_at_each_count(ds, tmp_path):
+def test_a_sweep_without_a_dataloader_says_nothing_was_applied(ds, tmp_path):
+    """A script of sluice.Loader alone has no DataLoader worker count to sweep: each run stops after --steps, and
+    the sweep says it applied nothing rather than measuring the same thing three times (found by a stranger)."""
     r = diagnose(["--json", "r.json", "--sweep-workers", "0,2", "--steps", "20", "--", sys.executable,
                   str(ds / "train.py"), str(ds / "ds")], tmp_path)
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "r.json").read_text())
     assert [s["workers"] for s in rep["sweep"]] == [0, 2] and rep["sweep_steps"] == 20
-    for s in rep["sweep"]:  # each run stopped after its 20 batches, cleanly
-        assert s["returncode"] == 0 and s["batches_s"] > 0
-    assert "Worker counts, tried" in (tmp_path / "sluice-diagnose.html").read_text()
+    for s in rep["sweep"]:
+        assert s["returncode"] == 0 and s["applied"] is False and s["batches_s"] is None
+    assert "not applied (the script made no torch DataLoader)" in r.stderr
+
+
+def test_outputs_are_checked_before_the_script_runs(ds, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    (tmp_path / "adir").mkdir()
+    for args, word in ((["--html", str(script)], "overwrite it"), (["--json", "adir"], "not a regular file"),
+                       (["--html", "x.json", "--json", "x.json"], "named for two"),
+                       (["--trace", "/nonexistent/t.json"], "not there or not writable")):
+        r = diagnose(args + ["--", sys.executable, str(script), str(ds / "ds")], tmp_path)
+        assert r.returncode == 2 and word in r.stderr and "trained" not in r.stdout, (args, r.stderr)
+    assert script.read_text() == TRAIN
+
+
+def test_a_script_that_ends_without_its_report_is_said_so(tmp_path):
+    (tmp_path / "quits.py").write_text("import os\nos._exit(3)\n")
+    r = diagnose(["--", sys.executable, str(tmp_path / "quits.py")], tmp_path)
+    assert r.returncode == 3 and "before its report was written" in r.stderr
+    r = diagnose(["--", str(tmp_path / "no-such-python")], tmp_path)
+    assert r.returncode != 0 and "cannot run" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_help_needs_no_python(tmp_path):

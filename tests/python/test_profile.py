@@ -145,11 +145,16 @@ def test_a_cold_folder_of_small_files_read_one_by_one(tmp_path):
         assert busy >= 0.7 or (busy >= 0.35 and cpu["cores"] - cpu["busy_cores"] < 0.5), (busy, cpu)
 
 
-def test_sluice_loader_through_the_profiler(tmp_path):
+def _tiny(tmp_path, n):
+    """A dataset of n rows {"a": i}."""
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(f'{{"a": {i}}}\n' for i in range(2000)))
+    rows.write_text("".join(f'{{"a": {i}}}\n' for i in range(n)))
     sluice.pack(str(tmp_path / "ds"), jsonl=str(rows), fields="a")
-    ld = sluice.Loader(sluice.Dataset(str(tmp_path / "ds")), batch_size=64)
+    return sluice.Dataset(str(tmp_path / "ds"))
+
+
+def test_sluice_loader_through_the_profiler(tmp_path):
+    ld = sluice.Loader(_tiny(tmp_path, 2000), batch_size=64)
     with sluice.profile(ld, file=None) as p:
         for _ in ld:
             time.sleep(0.01)
@@ -224,3 +229,86 @@ def test_a_webdataset_pipeline_watched_from_outside(tmp_path):
         got = [s["bin"][0] for s in pipeline]
     assert got == list(range(50)) and p.report["batches"] == 50 and type(pipeline) is cls
     assert len(p.report["timeline"]["batches"]) == 50 and p.report["batch_bytes"] == 1000  # a sample's bytes
+
+
+class Slow:
+    """Batches 20 ms apart, nothing busy behind them."""
+
+    def __iter__(self):
+        for i in range(15):
+            time.sleep(0.02)
+            yield i
+
+
+def test_time_after_the_loop_is_not_the_pipelines():
+    """Work after the loop (a validation, a save) does not dilute the loop's wait (a stranger saw 90% become 4%)."""
+    src = Slow()
+    with sluice.profile(src, file=None) as p:
+        for _ in src:
+            pass
+        time.sleep(1.0)
+    assert p.report["wait_share"] > 0.8 and p.report["seconds"] < 0.8, p.report["evidence"]
+
+
+def test_a_profile_runs_once_and_gives_the_class_back_in_any_order():
+    src = Slow()
+    p = sluice.profile(src, file=None)
+    list(p)
+    with pytest.raises(RuntimeError, match="make another"):
+        list(p)
+    a, b = sluice.profile(src, file=None), sluice.profile(src, file=None)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # out of order
+    b.__exit__(None, None, None)
+    assert type(src) is Slow
+    with pytest.raises(ValueError, match="interval"):
+        sluice.profile(src, interval=0)
+
+
+class Indexed:
+    """Iterable through __getitem__ alone, as a map-style dataset."""
+
+    def __getitem__(self, i):
+        if i >= 5:
+            raise IndexError(i)
+        return i
+
+
+def test_an_object_iterable_by_index_is_watched_from_outside():
+    src = Indexed()
+    with sluice.profile(src, file=None) as p:
+        got = list(src)
+    assert got == [0, 1, 2, 3, 4] and p.report["batches"] == 5 and type(src) is Indexed
+
+
+def test_a_loader_closed_inside_the_block_still_reports(tmp_path):
+    ld = sluice.Loader(_tiny(tmp_path, 200), batch_size=32)
+    with sluice.profile(ld, file=None) as p:
+        for _ in ld:
+            pass
+        ld.close()
+    assert p.report["batches"] == 7 and p.report["loader"]["batches"] == 7
+
+
+def test_loading_in_a_thread_of_the_loop_is_cpu_bound():
+    """Batches made by a thread of the loop's process (a prefetcher) busy decoding: its CPU counts as the loading's
+    (a stranger saw it called ipc-bound with 0 ms of loading CPU)."""
+    import queue
+    import threading
+    q = queue.Queue(maxsize=2)
+
+    def make():
+        for i in range(25):
+            q.put(_decode(i))
+        q.put(None)
+    threading.Thread(target=make, daemon=True).start()
+
+    def batches():
+        while (b := q.get()) is not None:
+            yield b
+    p = sluice.profile(batches(), file=None)
+    for _ in p:
+        pass
+    assert p.report["verdict"] == "cpu-bound", p.report["evidence"]
+    assert "other threads of the loop's process" in p.report["evidence"][1]
