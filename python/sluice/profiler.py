@@ -21,6 +21,9 @@ from ._lib import MachineSample, lib
 WAIT_OK = 0.05
 # A loading process counts as CPU-bound from this share of one core busy.
 BUSY = 0.7
+# CUDA events kept (one a batch, for the GPU's time between batches): each holds a driver event, so a long run
+# times its first batches only.
+_EVENTS = 4096
 
 
 def _nbytes(batch, depth=0):
@@ -124,8 +127,8 @@ class profile:
         self.source, self.file, self.interval, self.report, self.nvtx = source, file, interval, None, nvtx
         self._shared = sampler        # a sampler of someone else's (sluice diagnose's, for every loader)
         self._stats, self._stats_from, self._iter_end = None, None, None
-        self._spans = []  # (wait start, batch in hand) of each batch, perf_counter seconds
-        self._waits, self._steps, self._firsts, self._thread_cpu = [], [], [], 0.0
+        self._spans = []  # (wait start, batch in hand) of each batch, perf_counter seconds: its wait is their gap
+        self._steps, self._firsts, self._thread_cpu = [], [], 0.0
         self._events, self._bytes, self._pinned, self._on_gpu = [], 0, None, False
         self._swapped, self._last, self._sampler, self._t0 = None, None, None, None
 
@@ -170,18 +173,16 @@ class profile:
                     torch.cuda.nvtx.range_pop()
             t1 = time.perf_counter()
             self._thread_cpu += time.thread_time() - c0
-            self._waits.append(t1 - t0)
-            if len(self._spans) < (1 << 20):
-                self._spans.append((t0, t1))
+            self._spans.append((t0, t1))
             if first:
-                self._firsts.append(len(self._waits) - 1)
+                self._firsts.append(len(self._spans) - 1)
                 first = False
-            if len(self._waits) <= 4 or len(self._waits) % 16 == 0:  # the batch's size, now and then
+            if len(self._spans) <= 4 or len(self._spans) % 16 == 0:  # the batch's size, now and then
                 n, pinned, cuda = _nbytes(b)
                 self._bytes, self._on_gpu = n, self._on_gpu or cuda
                 self._pinned = pinned if self._pinned is None else self._pinned if pinned is None else self._pinned and pinned
             torch = _cuda()
-            if torch is not None:
+            if torch is not None and len(self._events) < _EVENTS:
                 e = torch.cuda.Event(enable_timing=True)
                 e.record()
                 self._events.append(e)
@@ -272,8 +273,6 @@ class profile:
         end_m = self._m0 + (end - self._t0) + self._sampler.interval
         between = [s for s in list(self._sampler.samples) if self._m0 <= s["t"] <= end_m]
         samples = [s for s in [self._first_sample] + between + ([last] if last and last["t"] <= end_m else []) if s]
-        if len(samples) < 2 and between:
-            samples = [s for s in [self._first_sample, between[-1]] if s]
         self.report = _report(self, end - self._t0, samples)
         self.report["timeline"] = _timeline(self, samples)
         if self.file is not None:
@@ -313,11 +312,12 @@ def _median_ms(v):
 
 def _report(p, wall, samples):
     """The figures, the verdict, its evidence and the fix, from a finished profile's timings and samples."""
-    n = len(p._waits)
-    wait, firsts = sum(p._waits), sum(p._waits[i] for i in p._firsts)
+    waits = [b - a for a, b in p._spans]
+    n = len(waits)
+    wait, firsts = sum(waits), sum(waits[i] for i in p._firsts)
     r = {"batches": n, "seconds": wall, "wait_s": wait, "wait_share": wait / wall if wall > 0 else 0.0,
-         "first_batch_wait_s": firsts, "epochs": len(p._firsts), "wait_ms_p50": _median_ms(p._waits),
-         "wait_ms_p90": 1e3 * sorted(p._waits)[int(0.9 * (n - 1))] if n else 0.0, "step_ms_p50": _median_ms(p._steps),
+         "first_batch_wait_s": firsts, "epochs": len(p._firsts), "wait_ms_p50": _median_ms(waits),
+         "wait_ms_p90": 1e3 * sorted(waits)[int(0.9 * (n - 1))] if n else 0.0, "step_ms_p50": _median_ms(p._steps),
          "batch_bytes": p._bytes, "pinned": p._pinned, "on_gpu": p._on_gpu, "wait_thread_cpu_s": p._thread_cpu}
     torch = _cuda()
     if torch is not None and len(p._events) > 1:

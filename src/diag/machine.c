@@ -252,7 +252,7 @@ struct sl_pp {
 	int pid, ppid;
 };
 
-static size_t sl_all_procs(struct sl_pp **out)
+static size_t sl_all_procs(struct sl_pp **out, double tck, long page)
 {
 	char p[4096];
 	DIR *d;
@@ -264,18 +264,14 @@ static size_t sl_all_procs(struct sl_pp **out)
 	if (!(d = opendir(p)))
 		return 0;
 	while ((e = readdir(d))) {
-		char rel[64], *text, *rp;
-		int pid, ppid;
+		struct sluice_proc_counters pc;
+		int pid;
 
 		if (!isdigit((unsigned char)e->d_name[0]) || (pid = atoi(e->d_name)) <= 0)
 			continue;
-		snprintf(rel, sizeof(rel), "/proc/%d/stat", pid);
-		if (!(text = sl_slurp(rel)))
-			continue; /* it ended meanwhile */
-		rp = strrchr(text, ')');
-		if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && !sl__reserve(&v, &cap, (n + 1) * sizeof(*v)))
-			v[n++] = (struct sl_pp){ pid, ppid };
-		free(text);
+		/* One parser of /proc/N/stat; a process that ended meanwhile is passed over. */
+		if (!sl_proc_stat(pid, &pc, tck, page) && !sl__reserve(&v, &cap, (n + 1) * sizeof(*v)))
+			v[n++] = (struct sl_pp){ pid, pc.ppid };
 	}
 	closedir(d);
 	*out = v;
@@ -344,7 +340,7 @@ static void sl_tree(struct sluice_machine_sample *s, int root, double tck)
 		s->nprocs++;
 		if (sl_children(pid, kids, &nk, sizeof(kids) / sizeof(kids[0]))) {
 			if (!scanned) { /* no children files: every process's parent, once */
-				n = sl_all_procs(&all);
+				n = sl_all_procs(&all, tck, page > 0 ? page : 4096);
 				scanned = 1;
 			}
 			for (size_t i = 0; i < n && nk < sizeof(kids) / sizeof(kids[0]); i++)
