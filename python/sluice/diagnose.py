@@ -403,14 +403,13 @@ def _main(a, cmd, workers, tmp, hook):
             # A worker count's effect is predicted where the loading's CPU was the limit.
             cpu_bound = main_r is not None and main_r["verdict"] == "cpu-bound"
             s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if cpu_bound else None
-    with open(a.html, "w") as f:
-        f.write(report_html(rep))
+    # Each written whole or not at all (a kill mid-write leaves the last report, not half of this one).
+    from .checkpoint import _write_whole
+    _write_whole(a.html, report_html(rep).encode())
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rep, f, indent=1, default=str)
+        _write_whole(a.json, json.dumps(rep, indent=1, default=str).encode())
     if a.trace:
-        with open(a.trace, "w") as f:
-            json.dump(trace_events(rep), f)
+        _write_whole(a.trace, json.dumps(trace_events(rep)).encode())
     for r in rep["loaders"]:
         print(f"sluice diagnose: {r.get('label')}: {r['batches']} batches, waited {100 * r['wait_share']:.1f}% of the "
               f"time: {r['verdict']}. {r['fix']}", file=sys.stderr)
