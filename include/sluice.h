@@ -341,8 +341,9 @@ struct sluice_engine_info {
 	unsigned queue_depth;
 	size_t max_transfer_size;
 	size_t buffer_pool_size;  /* bytes actually allocated */
-	int pool_pinned;          /* 1 with a GPU: each slot is registered with the CUDA
-				     driver on its first GPU copy, and none was refused */
+	int pool_pinned;          /* 1 with a GPU and SLUICE_STAGING=pinned: each slot
+				     is registered with the CUDA driver on its first
+				     GPU copy, and none was refused */
 	int uring_fixed_buffers;  /* 1 if registered with io_uring */
 	/*
 	 * One line per backend that was probed and found unusable, saying

@@ -115,7 +115,7 @@ static int sl_pool_alloc(struct sluice_engine *eng)
 	eng->slots_per_worker = per;
 	/* Mapped here; each slot is pinned by its worker on its first GPU copy (worker.c, sl_slot_pin). */
 	eng->pool_len = (size_t)cfg->threads * per * eng->slot_size;
-	eng->pool_pinned = eng->gpu.ctx != NULL;
+	eng->pool_pinned = eng->gpu.ctx && cfg->staging == SLUICE_STAGING_PINNED;
 	return sl__host_alloc(NULL, eng->pool_len, (void **)&eng->pool, &(int){ 0 });
 }
 
@@ -226,6 +226,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 	sl__err_clear();
 	if ((rc = sl_open_struct(&eng, cfg)))
 		return rc;
+	eng->opened_ns = t[0];
 	for (int i = 0; i < 4 && !rc; i++) {
 		rc = phase[i](eng);
 		t[i + 1] = sl__now_ns();
@@ -235,7 +236,7 @@ int sluice_engine_open(struct sluice_engine **out, const struct sluice_config *c
 		return rc;
 	}
 	t[4] = sl__now_ns();
-	sl__info("xfer", "engine: stores %s%s, %u threads x %u slots of %zu bytes (pinned on first use), GPU %d %s",
+	sl__info("xfer", "engine: stores %s%s, %u threads x %u slots of %zu bytes, GPU %d %s",
 		 eng->local->name, eng->gds ? "+gds" : "", eng->nworkers, eng->slots_per_worker,
 		 eng->cfg.max_transfer_size, eng->gpu.ordinal, eng->gpu.name);
 	sl__info("xfer", "engine open %.1f ms: CUDA %.1f, stores %.1f, pool %.1f, workers %.1f",

@@ -32,6 +32,7 @@ struct sluice_engine {
 	char *pool;                /* all slots of all workers */
 	size_t pool_len;
 	int pool_pinned;           /* with a GPU: no slot's pinning was refused (slots pin on first use) */
+	uint64_t opened_ns;        /* sl__now_ns() when the engine's open began */
 	size_t slot_size;
 	unsigned slots_per_worker;
 	int fixed_bufs;

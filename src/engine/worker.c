@@ -131,6 +131,7 @@ static void sl_worker_prepare(struct sl__worker *w)
 {
 	struct sluice_engine *eng = w->eng;
 	void *bufs[256];
+	uint64_t t0 = sl__now_ns();
 
 	for (unsigned i = 0; i < w->nslots; i++)
 		bufs[i] = w->slots[i].buf;
@@ -139,18 +140,23 @@ static void sl_worker_prepare(struct sl__worker *w)
 	pthread_mutex_lock(&eng->lock);
 	if (w->id == 0)
 		eng->fixed_bufs = w->ctx[eng->local->id].fixed;
-	eng->prepared++;
+	if (++eng->prepared == eng->nworkers)
+		sl__info("xfer", "workers ready %.1f ms after the engine's open (the last registered its buffers in %.1f ms)",
+			 (double)(sl__now_ns() - eng->opened_ns) / 1e6, (double)(sl__now_ns() - t0) / 1e6);
 	pthread_cond_broadcast(&eng->done_cv);
 	pthread_mutex_unlock(&eng->lock);
 }
 
 /*
  * A slot is registered with CUDA (pinned for DMA) on its first copy to or
- * from the GPU, not at open: the driver pins one region at a time, 40 ms
- * for the whole 216 MiB pool on the H100 machine, which a one-shot call
- * paid before its first byte moved.  A warm read uses two slots a worker,
- * so it pins half of that, spread over its first copies.  Refused, the
- * slot stays pageable: its copies are slower, and the info says so.
+ * from the GPU, not at open: the driver pins one region at a time, and a
+ * warm read uses two slots a worker, so it pins half the pool, spread over
+ * its first copies.  Pinning every slot while the workers were idle made a
+ * fresh process's first checkpoint load slower, not faster, on the H100
+ * machine (10.8 GB: 223-236 ms against 222-224): the pins' hold on the
+ * process's memory map stalled the caller's own work (its headers, its
+ * plan).  Refused, the slot stays pageable: its copies are slower, and the
+ * info says so.
  */
 static void sl_slot_pin(struct sl__worker *w, struct sl__slot *sl)
 {
@@ -293,7 +299,7 @@ static int sl_copy_range(struct sl__worker *w, struct sl__slot *sl, size_t from,
 				memcpy(b, m, len);
 			continue;
 		}
-		if (!sl->pinned)
+		if (!sl->pinned && !sync)
 			sl_slot_pin(w, sl);
 		if (job->op == SL_IO_READ)
 			err = sync ? SL_CU(cu->MemcpyHtoD(d, b, len), "cuMemcpyHtoD")
