@@ -12,6 +12,7 @@ int cmd_cp(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_journey(int argc, char **argv);
+int cmd_load(int argc, char **argv);
 int cmd_diagnose(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -18,6 +18,7 @@ static const struct {
 	{ "inspect", cmd_inspect, "records, fields, sizes and shards of a dataset" },
 	{ "journey", cmd_journey, "run the Data Journey's experiments here, as an HTML report" },
 	{ "diagnose", cmd_diagnose, "run a training script unchanged and report where its pipeline loses time" },
+	{ "load", cmd_load, "load a model checkpoint's tensors into GPU memory; --bench: beside a plain read" },
 	{ "pack", cmd_pack, "turn a tree of files into a sharded dataset" },
 	{ "top", cmd_top, "live view of CPUs, memory, disks, network, GPUs and running loaders" },
 	{ "tune", cmd_tune, "measure this machine and write the best threads, I/O size, queue depth" },

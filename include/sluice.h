@@ -546,6 +546,53 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_batch(struct sluice_engine *eng,
 						 size_t n, struct sluice_xfer_report *rep);
 
 /*
+ * Model checkpoints: the tensors of safetensors files (one file, a
+ * directory's model.safetensors.index.json or else its *.safetensors, an
+ * index) or of a checkpoint sluice.dcp wrote (a directory with its
+ * .metadata), from their headers, checked as safetensors checks them; and
+ * all of them loaded as one batched read into one buffer, host or GPU
+ * memory.  Readers are a table, one per layout (xfer/ckpt.c).  Each file
+ * stays open from sluice_ckpt_open to sluice_ckpt_close: its header and its
+ * data are read through one open (a local file replaced meanwhile stays
+ * the file opened; an s3:// or http(s):// one is read at the ETag its open
+ * saw, or the load fails with -ESTALE).  URLs name a file or an index.
+ */
+struct sluice_ckpt;
+struct sluice_ckpt_tensor {
+	const char *name;       /* DCP: the fully qualified name of the tensor the chunk is of */
+	const char *dtype;      /* safetensors' name: "BF16", "F32", "F8_E4M3", ... */
+	const char *torch_dtype; /* torch's name ("bfloat16"), or NULL where torch has none */
+	unsigned ndim;
+	const uint64_t *shape;  /* this entry's (DCP: the chunk's) */
+	const uint64_t *chunk;  /* DCP: the chunk's offsets in its tensor; NULL: a whole tensor */
+	unsigned file;          /* sluice_ckpt_file(ck, file) holds its bytes */
+	uint64_t offset, bytes; /* where in that file */
+	uint64_t at;            /* where sluice_ckpt_load puts it in its buffer (aligned to its element) */
+};
+/* Opens the checkpoint at path through eng: 0, or an error whose detail names the file and what is wrong. */
+SLUICE_API SLUICE_WUR int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const char *path);
+SLUICE_API void sluice_ckpt_close(struct sluice_ckpt *ck);
+/* "safetensors" or "sluice-dcp". */
+SLUICE_API const char *sluice_ckpt_format(const struct sluice_ckpt *ck);
+/* The tensors (DCP: stored chunks), in file and offset order; i < sluice_ckpt_count(). */
+SLUICE_API size_t sluice_ckpt_count(const struct sluice_ckpt *ck);
+SLUICE_API const struct sluice_ckpt_tensor *sluice_ckpt_tensor(const struct sluice_ckpt *ck, size_t i);
+SLUICE_API unsigned sluice_ckpt_files(const struct sluice_ckpt *ck);
+SLUICE_API const char *sluice_ckpt_file(const struct sluice_ckpt *ck, unsigned i);
+/* Bytes of the tensors; bytes of the buffer sluice_ckpt_load fills (alignment padding included). */
+SLUICE_API uint64_t sluice_ckpt_bytes(const struct sluice_ckpt *ck);
+SLUICE_API uint64_t sluice_ckpt_load_size(const struct sluice_ckpt *ck);
+/*
+ * Reads every tensor into buf (len >= sluice_ckpt_load_size(), host or GPU
+ * memory), tensor i at sluice_ckpt_tensor(ck, i)->at: one batched read, in
+ * which tensors that follow one another in a file and stay aligned land
+ * as one range.  Returns 0 or an error as sluice_read_batch (SLUICE_ESHORT:
+ * a file cut short since its open).
+ */
+SLUICE_API SLUICE_WUR int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len,
+					   struct sluice_xfer_report *rep);
+
+/*
  * The object store API shape: whole-object helpers.
  *
  * sluice_read_to_gpu() reads len bytes at offset of path into dst.

@@ -341,4 +341,38 @@ SL_HIDDEN void sl__lines_free(struct sl__lines *r);
 SL_HIDDEN int sl__npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count,
 					    uint64_t *data_offset);
 
+
+/*
+ * A safetensors file's header (safetensors.c): its tensors in offset
+ * order, each [begin, end) relative to the data, which starts at
+ * data_start.  sl__st_parse checks head (the file's first len bytes; the
+ * whole header must be in them) against the file's size; SLUICE_EFORMAT
+ * naming path and what is wrong.
+ */
+#define SL_ST_HEADER_MAX (100ull << 20)
+#define SL_ST_MAX_DIMS 64
+struct sl__st_dtype {
+	const char *name; /* safetensors' */
+	unsigned bits;    /* per element */
+	const char *torch; /* torch's dtype name, or NULL: none */
+};
+SL_HIDDEN extern const struct sl__st_dtype sl__st_dtypes[];
+/* The index in sl__st_dtypes of a safetensors dtype name (or, with torch_name, a torch one), or -1. */
+SL_HIDDEN int sl__st_dtype_find(const char *name, int torch_name);
+struct sl__st_tensor {
+	char *name;
+	int dtype; /* index in sl__st_dtypes */
+	unsigned ndim;
+	uint64_t *shape;
+	uint64_t begin, end;
+};
+struct sl__st_header {
+	struct sl__st_tensor *t;
+	size_t n;
+	uint64_t data_start;
+};
+SL_HIDDEN int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *path,
+			   struct sl__st_header *out);
+SL_HIDDEN void sl__st_free(struct sl__st_header *h);
+
 #endif

@@ -4,7 +4,8 @@
  * a WebDataset sidecar index, JSON lines (split into lines under a small
  * SLUICE_MAX_RECORD, and the first two converted) and a .npy header; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
- * also parsed as a shard header and as a record of a fixed schema.
+ * also parsed as a shard header, as a record of a fixed schema and as a
+ * safetensors file (its header).
  * Properties: no crash or sanitizer report; decoded fields lie inside
  * the input.
  */
@@ -34,6 +35,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	};
 	struct sl__index ix;
 	struct sl__shard_hdr sh;
+	struct sl__st_header st;
+
+	/* As a safetensors file: every tensor it accepts lies inside the file's data, in order, without overlap. */
+	if (sl__st_parse((const char *)data, size, size, "fuzz", &st) == 0) {
+		uint64_t at = 0;
+
+		for (size_t i = 0; i < st.n; i++) {
+			if (st.t[i].begin != at || st.t[i].end < st.t[i].begin || st.data_start + st.t[i].end > size)
+				abort();
+			at = st.t[i].end;
+		}
+		sl__st_free(&st);
+	}
 
 	if (sl__index_parse(data, size, size, &ix) == 0) {
 		if (ix.entries_off > size || ix.nfields > SLUICE_MAX_FIELDS)

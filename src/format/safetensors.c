@@ -1,0 +1,177 @@
+/*
+ * The safetensors header (8 bytes of JSON length, then a JSON object of
+ * tensors), checked as strictly as safetensors checks it and as
+ * python/sluice/_safetensors.py's read_header does: every dtype one of the
+ * specification's; shapes of non-negative integers whose bit count fits
+ * 64 bits and fills whole bytes; data_offsets that hold exactly that; the
+ * tensors, in offset order, tiling the data from its start to the file's
+ * end (no overlap, no gap, no trailing byte); an optional __metadata__ of
+ * strings; no name twice.  Bytes from outside: fuzzed (tests/fuzz).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "format.h"
+
+const struct sl__st_dtype sl__st_dtypes[] = {
+	{ "BOOL", 8, "bool" },	       { "F4", 4, "float4_e2m1fn_x2" }, { "F6_E2M3", 6, NULL },
+	{ "F6_E3M2", 6, NULL },	       { "U8", 8, "uint8" },		{ "I8", 8, "int8" },
+	{ "F8_E5M2", 8, "float8_e5m2" }, { "F8_E4M3", 8, "float8_e4m3fn" }, { "F8_E8M0", 8, "float8_e8m0fnu" },
+	{ "I16", 16, "int16" },	       { "U16", 16, "uint16" },		{ "F16", 16, "float16" },
+	{ "BF16", 16, "bfloat16" },    { "I32", 32, "int32" },		{ "U32", 32, "uint32" },
+	{ "F32", 32, "float32" },      { "C64", 64, "complex64" },	{ "F64", 64, "float64" },
+	{ "I64", 64, "int64" },	       { "U64", 64, "uint64" },		{ "F8_E4M3FNUZ", 8, "float8_e4m3fnuz" },
+	{ "F8_E5M2FNUZ", 8, "float8_e5m2fnuz" },
+	{ NULL, 0, NULL },
+};
+
+int sl__st_dtype_find(const char *name, int torch_name)
+{
+	for (int i = 0; sl__st_dtypes[i].name; i++)
+		if (torch_name ? sl__st_dtypes[i].torch && !strcmp(sl__st_dtypes[i].torch, name)
+			       : !strcmp(sl__st_dtypes[i].name, name))
+			return i;
+	return -1;
+}
+
+void sl__st_free(struct sl__st_header *h)
+{
+	for (size_t i = 0; h->t && i < h->n; i++) {
+		free(h->t[i].name);
+		free(h->t[i].shape);
+	}
+	free(h->t);
+	memset(h, 0, sizeof(*h));
+}
+
+static int sl_by_begin(const void *a, const void *b)
+{
+	const struct sl__st_tensor *x = a, *y = b;
+
+	return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* One tensor's entry; 0, or SLUICE_EFORMAT naming path and the tensor. */
+static int sl_entry(const char *path, const char *name, json_t *v, struct sl__st_tensor *t)
+{
+	json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+	       *offs = json_object_get(v, "data_offsets"), *d;
+	unsigned __int128 bits;
+	size_t i;
+
+	if (!json_is_object(v) || !dt || !shape || !offs)
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' lacks dtype, shape or data_offsets", path, name);
+	if (!json_is_string(dt) || (t->dtype = sl__st_dtype_find(json_string_value(dt), 0)) < 0)
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' has a dtype unknown to the safetensors specification", path,
+			       name);
+	if (!json_is_array(shape) || json_array_size(shape) > SL_ST_MAX_DIMS)
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': shape is not a list of at most %d integers", path, name,
+			       SL_ST_MAX_DIMS);
+	t->ndim = (unsigned)json_array_size(shape);
+	if (!(t->shape = calloc(t->ndim ? t->ndim : 1, sizeof(uint64_t))))
+		return -ENOMEM;
+	bits = sl__st_dtypes[t->dtype].bits;
+	json_array_foreach(shape, i, d) {
+		if (!json_is_integer(d) || json_integer_value(d) < 0)
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': shape is not a list of non-negative integers", path,
+				       name);
+		t->shape[i] = (uint64_t)json_integer_value(d);
+		bits *= t->shape[i];
+		if (bits >> 64)
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': its size overflows 64 bits", path, name);
+	}
+	if (bits % 8)
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' does not fill whole bytes", path, name);
+	if (!json_is_array(offs) || json_array_size(offs) != 2 || !json_is_integer(json_array_get(offs, 0)) ||
+	    !json_is_integer(json_array_get(offs, 1)) || json_integer_value(json_array_get(offs, 0)) < 0 ||
+	    json_integer_value(json_array_get(offs, 1)) < 0)
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': data_offsets is not two non-negative integers", path,
+			       name);
+	t->begin = (uint64_t)json_integer_value(json_array_get(offs, 0));
+	t->end = (uint64_t)json_integer_value(json_array_get(offs, 1));
+	if (t->end < t->begin || t->end - t->begin != (uint64_t)(bits / 8))
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] do not hold its %llu bytes",
+			       path, name, (unsigned long long)t->begin, (unsigned long long)t->end,
+			       (unsigned long long)(bits / 8));
+	return 0;
+}
+
+int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *path, struct sl__st_header *out)
+{
+	json_error_t jerr;
+	json_t *root, *v, *meta;
+	const char *name;
+	uint64_t n, data, at = 0;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (len < 8 || file_size < 8)
+		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors file (shorter than 8 bytes)", path);
+	n = sl__le64(head);
+	if (n > SL_ST_HEADER_MAX || n > file_size - 8)
+		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors file (a header of %llu bytes in a file of %llu)", path,
+			       (unsigned long long)n, (unsigned long long)file_size);
+	if (len < 8 + n)
+		return sl__err(SLUICE_EFORMAT, "%s: header cut short (%zu of %llu bytes)", path, len - 8,
+			       (unsigned long long)n);
+	root = json_loadb(head + 8, n, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return sl__err(SLUICE_EFORMAT, "%s: header is not JSON (%s, at byte %d)", path, jerr.text, jerr.position);
+	if (!json_is_object(root)) {
+		json_decref(root);
+		return sl__err(SLUICE_EFORMAT, "%s: header is not a JSON object", path);
+	}
+	meta = json_object_get(root, "__metadata__");
+	if (meta) {
+		json_t *s;
+		const char *k;
+
+		if (!json_is_object(meta))
+			rc = sl__err(SLUICE_EFORMAT, "%s: __metadata__ is not an object of strings", path);
+		json_object_foreach(meta, k, s)
+			if (!rc && !json_is_string(s))
+				rc = sl__err(SLUICE_EFORMAT, "%s: __metadata__ is not an object of strings", path);
+	}
+	out->t = calloc(json_object_size(root) + 1, sizeof(*out->t));
+	if (!rc && !out->t)
+		rc = -ENOMEM;
+	json_object_foreach(root, name, v) {
+		if (rc)
+			break;
+		if (!strcmp(name, "__metadata__"))
+			continue;
+		if (!(out->t[out->n].name = strdup(name)))
+			rc = -ENOMEM;
+		else
+			rc = sl_entry(path, name, v, &out->t[out->n]);
+		out->n++;
+	}
+	json_decref(root);
+	out->data_start = 8 + n;
+	data = file_size - 8 - n;
+	if (!rc)
+		qsort(out->t, out->n, sizeof(*out->t), sl_by_begin);
+	for (size_t i = 0; !rc && i < out->n; i++) {
+		const struct sl__st_tensor *t = &out->t[i];
+
+		if (t->begin != at)
+			rc = t->begin < at ? sl__err(SLUICE_EFORMAT, "%s: tensor '%s' starts at %llu: it overlaps the one before",
+						     path, t->name, (unsigned long long)t->begin)
+					   : sl__err(SLUICE_EFORMAT, "%s: tensor '%s' starts at %llu: a gap of %llu bytes before it",
+						     path, t->name, (unsigned long long)t->begin,
+						     (unsigned long long)(t->begin - at));
+		else if (t->end > data)
+			rc = sl__err(SLUICE_EFORMAT, "%s: tensor '%s' ends at %llu, past the %llu data bytes in the file", path,
+				     t->name, (unsigned long long)t->end, (unsigned long long)data);
+		at = t->end;
+	}
+	if (!rc && at != data)
+		rc = sl__err(SLUICE_EFORMAT, "%s: the tensors end at %llu of %llu data bytes (trailing bytes)", path,
+			     (unsigned long long)at, (unsigned long long)data);
+	if (rc)
+		sl__st_free(out);
+	return rc;
+}

@@ -1,0 +1,726 @@
+/*
+ * Model checkpoints (sluice_ckpt_*): a table of readers, one per layout,
+ * each turning a path into open files and a table of tensors; then one
+ * plan for all of them (runs of tensors that lie back to back in a file
+ * and stay aligned land as one range) and one batched read.  The headers
+ * are parsed by format/safetensors.c; every file stays open, so its header
+ * and its data are read through one open.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "format/format.h"
+#include "xfer.h"
+
+#define SL_CKPT_FILES_MAX 65536u
+#define SL_CKPT_SMALL_MAX (64ull << 20) /* an index or a DCP .metadata */
+#define SL_CKPT_FIRST (64u << 10)       /* a header's first read */
+#define SL_CKPT_ALIGN 256u              /* where a run starts in the load buffer (as sluice.load) */
+
+struct sl_cfile {
+	struct sluice_file *f;
+	char *path;
+	struct sl__st_header h;
+};
+
+struct sluice_ckpt {
+	struct sluice_engine *eng;
+	const char *format;
+	struct sl_cfile *files;
+	unsigned nfiles;
+	struct sluice_ckpt_tensor *t;
+	size_t n;
+	json_t *doc;       /* a DCP checkpoint's metadata: the table's names point into it */
+	char **own;        /* arrays the table points at, beside the headers' */
+	size_t nown;
+	struct sluice_range *runs;
+	size_t nruns;
+	uint64_t bytes, load_size;
+};
+
+struct sl_ckpt_reader {
+	const char *name;
+	/* 1 if this reader reads path (a directory or file it recognises by name), 0 if not, or an error. */
+	int (*probe)(const char *path);
+	/* Opens the files and fills ck->t; an error naming the file. */
+	int (*open)(struct sluice_ckpt *ck, const char *path);
+};
+
+static int sl_keep(struct sluice_ckpt *ck, void *p)
+{
+	char **o;
+
+	if (!p)
+		return -ENOMEM;
+	if (!(o = realloc(ck->own, (ck->nown + 1) * sizeof(*o)))) {
+		free(p);
+		return -ENOMEM;
+	}
+	ck->own = o;
+	ck->own[ck->nown++] = p;
+	return 0;
+}
+
+static int sl_is_url(const char *p)
+{
+	return !strncmp(p, "s3://", 5) || !strncmp(p, "http://", 7) || !strncmp(p, "https://", 8);
+}
+
+static int sl_ends(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* The whole of a small file (an index, a .metadata) through the engine, NUL-terminated. */
+static int sl_read_small(struct sluice_engine *eng, const char *path, char **out, size_t *len)
+{
+	struct sluice_file *f;
+	uint64_t size;
+	ssize_t got;
+	int rc;
+
+	*out = NULL;
+	if ((rc = sluice_file_open(&f, eng, path, 0)))
+		return rc;
+	size = sluice_file_size(f);
+	if (size > SL_CKPT_SMALL_MAX) {
+		sluice_file_close(f);
+		return sl__err(SLUICE_EFORMAT, "%s: %llu bytes, more than an index or metadata file holds", path,
+			       (unsigned long long)size);
+	}
+	if (!(*out = malloc(size + 1))) {
+		sluice_file_close(f);
+		return -ENOMEM;
+	}
+	got = size ? sluice_file_read(f, 0, size, *out, NULL) : 0;
+	sluice_file_close(f);
+	if (got < 0) {
+		free(*out);
+		*out = NULL;
+		return (int)got;
+	}
+	(*out)[size] = 0;
+	*len = size;
+	return 0;
+}
+
+/* Opens path as file i of ck and reads its safetensors header through that open. */
+static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
+{
+	struct sl_cfile *cf = &ck->files[i];
+	uint64_t size, n;
+	size_t want;
+	char *head;
+	ssize_t got;
+	int rc;
+
+	if (!(cf->path = strdup(path)))
+		return -ENOMEM;
+	if ((rc = sluice_file_open(&cf->f, ck->eng, path, 0)))
+		return rc;
+	size = sluice_file_size(cf->f);
+	want = size < SL_CKPT_FIRST ? (size_t)size : SL_CKPT_FIRST;
+	if (!(head = malloc(want ? want : 1)))
+		return -ENOMEM;
+	got = want ? sluice_file_read(cf->f, 0, want, head, NULL) : 0;
+	if (got >= 8 && (n = sl__le64(head)) <= SL_ST_HEADER_MAX && n <= size - 8 && 8 + n > want) {
+		char *more = realloc(head, 8 + n);
+
+		if (!more) {
+			free(head);
+			return -ENOMEM;
+		}
+		head = more;
+		got = sluice_file_read(cf->f, want, 8 + n - want, head + want, NULL);
+		got = got < 0 ? got : (ssize_t)(8 + n);
+	}
+	rc = got < 0 ? (int)got : sl__st_parse(head, (size_t)got, size, cf->path, &cf->h);
+	free(head);
+	return rc;
+}
+
+static int sl_alloc_files(struct sluice_ckpt *ck, size_t n, const char *where)
+{
+	if (n == 0)
+		return sl__err(-ENOENT, "%s: no .safetensors files and no index", where);
+	if (n > SL_CKPT_FILES_MAX)
+		return sl__err(SLUICE_EFORMAT, "%s: %zu files, more than %u", where, n, SL_CKPT_FILES_MAX);
+	ck->files = calloc(n, sizeof(*ck->files));
+	return ck->files ? 0 : -ENOMEM;
+}
+
+/* Every tensor of file i as an entry of the table, or those wm (an index's weight_map) places in it. */
+static int sl_add_file(struct sluice_ckpt *ck, unsigned i, json_t *wm, const char *base)
+{
+	const struct sl__st_header *h = &ck->files[i].h;
+	struct sluice_ckpt_tensor *t = realloc(ck->t, (ck->n + h->n + 1) * sizeof(*t));
+
+	if (!t)
+		return -ENOMEM;
+	ck->t = t;
+	for (size_t k = 0; k < h->n; k++) {
+		const struct sl__st_tensor *s = &h->t[k];
+		json_t *f = wm ? json_object_get(wm, s->name) : NULL;
+
+		if (wm && (!f || strcmp(json_string_value(f), base)))
+			continue;
+		t = &ck->t[ck->n++];
+		memset(t, 0, sizeof(*t));
+		t->name = s->name;
+		t->dtype = sl__st_dtypes[s->dtype].name;
+		t->torch_dtype = sl__st_dtypes[s->dtype].torch;
+		t->ndim = s->ndim;
+		t->shape = s->shape;
+		t->file = i;
+		t->offset = h->data_start + s->begin;
+		t->bytes = s->end - s->begin;
+	}
+	return 0;
+}
+
+/* A name an index may give for a file beside it: no separator, no dot segment, no control character. */
+static int sl_plain(const char *n)
+{
+	if (!*n || !strcmp(n, ".") || !strcmp(n, "..") || strpbrk(n, "/\\?#%"))
+		return 0;
+	for (; *n; n++)
+		if ((unsigned char)*n < 32)
+			return 0;
+	return 1;
+}
+
+static int sl_by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The files of an index: its weight_map's, each a plain name beside it; every tensor it names found there. */
+static int sl_open_index(struct sluice_ckpt *ck, const char *path)
+{
+	char *raw, **names = NULL, *slash;
+	size_t len, nn = 0, dirlen;
+	json_error_t jerr;
+	json_t *doc, *wm, *f;
+	const char *k;
+	int rc;
+
+	if ((rc = sl_read_small(ck->eng, path, &raw, &len)))
+		return rc;
+	doc = json_loadb(raw, len, JSON_REJECT_DUPLICATES, &jerr);
+	free(raw);
+	if (!doc)
+		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: not JSON (%s)", path, jerr.text);
+	wm = json_object_get(doc, "weight_map");
+	if (!json_is_object(wm) || !json_object_size(wm))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: no weight_map object naming tensors", path);
+	else if (!(names = calloc(json_object_size(wm), sizeof(*names))))
+		rc = -ENOMEM;
+	json_object_foreach(wm, k, f) {
+		if (rc)
+			break;
+		if (!json_is_string(f) || !sl_plain(json_string_value(f)))
+			rc = sl__err(SLUICE_EFORMAT, "%s: weight_map names no plain file beside the index for tensor '%s'",
+				     path, k);
+		else
+			names[nn++] = (char *)json_string_value(f);
+	}
+	if (!rc) {
+		size_t u = 0;
+
+		qsort(names, nn, sizeof(*names), sl_by_name);
+		for (size_t i = 0; i < nn; i++)
+			if (!u || strcmp(names[u - 1], names[i]))
+				names[u++] = names[i];
+		nn = u;
+		rc = sl_alloc_files(ck, nn, path);
+	}
+	slash = strrchr(path, '/');
+	dirlen = slash ? (size_t)(slash - path) : 1;
+	for (size_t i = 0; !rc && i < nn; i++) {
+		char *full = malloc(dirlen + strlen(names[i]) + 2);
+
+		if (!full) {
+			rc = -ENOMEM;
+			break;
+		}
+		sprintf(full, "%.*s/%s", (int)dirlen, slash ? path : ".", names[i]);
+		ck->nfiles = (unsigned)i + 1;
+		rc = sl_open_st(ck, (unsigned)i, full);
+		free(full);
+		if (!rc)
+			rc = sl_add_file(ck, (unsigned)i, wm, names[i]);
+	}
+	if (!rc && ck->n != json_object_size(wm)) {
+		/* A name the index gives that its file lacks (or holds twice: the files parse apart). */
+		json_object_foreach(wm, k, f) {
+			size_t i;
+
+			for (i = 0; i < ck->n && strcmp(ck->t[i].name, k); i++)
+				;
+			if (i == ck->n) {
+				rc = sl__err(SLUICE_EFORMAT, "%s: names tensor '%s' in %s, which does not hold it", path, k,
+					     json_string_value(f));
+				break;
+			}
+		}
+		if (!rc)
+			rc = sl__err(SLUICE_EFORMAT, "%s: its files hold %zu of its %zu tensors", path, ck->n,
+				     json_object_size(wm));
+	}
+	free(names);
+	json_decref(doc);
+	return rc;
+}
+
+/* K of N ("-00001-of-00003"), or 0 where the name is no shard's. */
+static int sl_part(const char *n, unsigned *k, unsigned *of)
+{
+	const char *p = strstr(n, "-of-");
+
+	while (p) {
+		const char *a = p;
+		int d = 0;
+
+		while (a > n && a[-1] >= '0' && a[-1] <= '9')
+			a--, d++;
+		if (d && a > n && a[-1] == '-' && sscanf(a, "%u-of-%u", k, of) == 2)
+			return 1;
+		p = strstr(p + 1, "-of-");
+	}
+	return 0;
+}
+
+static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char **names = NULL, *index = NULL;
+	size_t n = 0, cap = 0, nindex = 0;
+	unsigned k, of, total = 0, parts = 0;
+	int rc = 0;
+
+	if (!d)
+		return sl__err(-errno, "%s: %s", dir, strerror(errno));
+	while (!rc && (e = readdir(d))) {
+		if (strstr(e->d_name, ".safetensors.index") && sl_ends(e->d_name, ".json")) {
+			nindex++;
+			free(index);
+			index = strdup(e->d_name);
+			rc = index ? 0 : -ENOMEM;
+		} else if (sl_ends(e->d_name, ".safetensors")) {
+			if (n == cap && !(names = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof(*names)))) {
+				rc = -ENOMEM;
+				break;
+			}
+			if (!(names[n++] = strdup(e->d_name)))
+				rc = -ENOMEM;
+		}
+	}
+	closedir(d);
+	if (!rc && nindex > 1)
+		rc = sl__err(SLUICE_EFORMAT, "%s: holds %zu indexes (variants of a checkpoint): name the one to load",
+			     dir, nindex);
+	if (!rc && nindex == 1) {
+		char *p = malloc(strlen(dir) + strlen(index) + 2);
+
+		if (!p)
+			rc = -ENOMEM;
+		else {
+			sprintf(p, "%s/%s", dir, index);
+			rc = sl_open_index(ck, p);
+			free(p);
+		}
+	} else if (!rc) {
+		/* Without an index, shards K of N are a checkpoint only all together, and nothing beside them. */
+		qsort(names, n, sizeof(*names), sl_by_name);
+		for (size_t i = 0; i < n; i++)
+			if (sl_part(names[i], &k, &of)) {
+				if (!total)
+					total = of;
+				parts += of == total && k >= 1 && k <= of;
+			}
+		if (total && (parts != n || n != total))
+			rc = sl__err(SLUICE_EFORMAT,
+				     "%s: holds no index and %zu .safetensors files that are not shards 1 to %u of one save: "
+				     "an unfinished save, not a checkpoint (name a file to load it)", dir, n, total);
+		if (!rc)
+			rc = sl_alloc_files(ck, n, dir);
+		for (size_t i = 0; !rc && i < n; i++) {
+			char *p = malloc(strlen(dir) + strlen(names[i]) + 2);
+
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			sprintf(p, "%s/%s", dir, names[i]);
+			ck->nfiles = (unsigned)i + 1;
+			rc = sl_open_st(ck, (unsigned)i, p);
+			free(p);
+			if (!rc)
+				rc = sl_add_file(ck, (unsigned)i, NULL, NULL);
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	free(index);
+	return rc;
+}
+
+static int sl_st_probe(const char *path)
+{
+	struct stat st;
+	char *p;
+	int has;
+
+	if (sl_is_url(path))
+		return !sl_ends(path, "/");
+	if (stat(path, &st) || !S_ISDIR(st.st_mode))
+		return 1;
+	if (!(p = malloc(strlen(path) + sizeof("/.metadata"))))
+		return -ENOMEM;
+	sprintf(p, "%s/.metadata", path);
+	has = !access(p, F_OK);
+	free(p);
+	return !has;
+}
+
+static int sl_st_open(struct sluice_ckpt *ck, const char *path)
+{
+	struct stat st;
+	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	int rc;
+
+	if (!sl_is_url(path) && !stat(path, &st) && S_ISDIR(st.st_mode))
+		return sl_open_st_dir(ck, path);
+	if (strstr(base, ".safetensors.index") && sl_ends(base, ".json"))
+		return sl_open_index(ck, path);
+	if ((rc = sl_alloc_files(ck, 1, path)))
+		return rc;
+	ck->nfiles = 1;
+	return (rc = sl_open_st(ck, 0, path)) ? rc : sl_add_file(ck, 0, NULL, NULL);
+}
+
+/* ---- sluice.dcp's layout: .metadata (a notice for torch's unpickler, then JSON), a safetensors file a rank ---- */
+
+#define SL_DCP_MAGIC_HEAD "cthis is a checkpoint of sluice"
+#define SL_DCP_MAGIC_TAIL "\nStorageReader\n"
+
+static int sl_dcp_probe(const char *path)
+{
+	return !sl_st_probe(path);
+}
+
+/* A rank's file name as sluice.dcp writes it: __RANK_SAVE.safetensors (SAVE: 12 hex digits). */
+static int sl_dcp_data_name(const char *n)
+{
+	size_t len = strlen(n), i = 2;
+
+	if (len < 2 + 1 + 1 + 12 + 12 || strncmp(n, "__", 2) || !sl_ends(n, ".safetensors"))
+		return 0;
+	while (n[i] >= '0' && n[i] <= '9')
+		i++;
+	if (i == 2 || n[i] != '_' || len - i - 1 != 12 + 12)
+		return 0;
+	for (size_t j = i + 1; j < i + 13; j++)
+		if (!strchr("0123456789abcdef", n[j]))
+			return 0;
+	return 1;
+}
+
+/* Item it of the metadata, a chunk of tensor fqn: checked against its file's header entry and added. */
+static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors, json_t *it, unsigned fi)
+{
+	const char *fqn = json_string_value(json_object_get(it, "fqn")), *name;
+	json_t *off = json_object_get(it, "offset"), *t, *c = NULL, *chunks;
+	const struct sl__st_header *h = &ck->files[fi].h;
+	const struct sl__st_tensor *s = NULL;
+	json_int_t at = json_integer_value(json_object_get(it, "at")),
+		   length = json_integer_value(json_object_get(it, "length"));
+	struct sluice_ckpt_tensor *e;
+	uint64_t *chunk;
+	size_t i, j;
+	int dt, rc;
+
+	name = json_string_value(json_object_get(it, "name"));
+	t = json_object_get(tensors, fqn);
+	if (!json_is_object(t) || !json_is_array(off) || !name)
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s')", meta, fqn);
+	dt = json_is_string(json_object_get(t, "dtype")) ? sl__st_dtype_find(json_string_value(json_object_get(t, "dtype")), 1)
+							  : -1;
+	chunks = json_object_get(t, "chunks");
+	json_array_foreach(chunks, i, c) {
+		if (json_equal(json_object_get(c, "offsets"), off))
+			break;
+	}
+	if (dt < 0 || !json_is_array(chunks) || i == json_array_size(chunks))
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no such chunk of a tensor)", meta, fqn);
+	for (j = 0; j < h->n && strcmp(h->t[j].name, name); j++)
+		;
+	if (j < h->n)
+		s = &h->t[j];
+	/* The item must be exactly one tensor of its file: the one it names, of its chunk's dtype and shape. */
+	if (!s || (json_int_t)(h->data_start + s->begin) != at || (json_int_t)(s->end - s->begin) != length ||
+	    s->dtype != dt || json_array_size(off) != s->ndim ||
+	    json_array_size(json_object_get(c, "sizes")) != s->ndim)
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata: item '%s' is not tensor '%s' of %s", meta, fqn, name,
+			       ck->files[fi].path);
+	for (j = 0; j < s->ndim; j++)
+		if ((json_int_t)s->shape[j] != json_integer_value(json_array_get(json_object_get(c, "sizes"), j)))
+			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata: item '%s' is not tensor '%s' of %s", meta,
+				       fqn, name, ck->files[fi].path);
+	if (!(chunk = calloc(s->ndim ? s->ndim : 1, sizeof(*chunk))) || (rc = sl_keep(ck, chunk)))
+		return -ENOMEM;
+	for (j = 0; j < s->ndim; j++) {
+		json_t *o = json_array_get(off, j);
+
+		if (!json_is_integer(o) || json_integer_value(o) < 0)
+			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': offsets)", meta, fqn);
+		chunk[j] = (uint64_t)json_integer_value(o);
+	}
+	e = &ck->t[ck->n++];
+	memset(e, 0, sizeof(*e));
+	e->name = fqn; /* in ck->doc */
+	e->dtype = sl__st_dtypes[s->dtype].name;
+	e->torch_dtype = sl__st_dtypes[s->dtype].torch;
+	e->ndim = s->ndim;
+	e->shape = s->shape;
+	e->chunk = chunk;
+	e->file = fi;
+	e->offset = h->data_start + s->begin;
+	e->bytes = s->end - s->begin;
+	return 0;
+}
+
+static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
+{
+	char *meta = malloc(strlen(dir) + sizeof("/.metadata")), *raw = NULL, *json, *end;
+	json_t *doc = NULL, *items, *tensors, *it;
+	json_error_t jerr;
+	size_t len, i, nitems = 0;
+	int rc;
+
+	if (!meta)
+		return -ENOMEM;
+	sprintf(meta, "%s/.metadata", dir);
+	if ((rc = sl_keep(ck, meta)) || (rc = sl_read_small(ck->eng, meta, &raw, &len)))
+		return rc;
+	json = !strncmp(raw, SL_DCP_MAGIC_HEAD, strlen(SL_DCP_MAGIC_HEAD)) ? strstr(raw, SL_DCP_MAGIC_TAIL) : NULL;
+	if (!json || (size_t)(json - raw) > 4096) {
+		free(raw);
+		return sl__err(SLUICE_EFORMAT, "%s: not the metadata sluice.dcp's StorageWriter writes (a DCP checkpoint of "
+					       "torch's own pickles it: sluice reads it only through sluice.dcp)", meta);
+	}
+	json += strlen(SL_DCP_MAGIC_TAIL);
+	end = raw + len;
+	doc = json_loadb(json, (size_t)(end - json), JSON_REJECT_DUPLICATES, &jerr);
+	free(raw);
+	if (!doc)
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not JSON: %s)", meta, jerr.text);
+	ck->doc = doc; /* the table's names point into it: kept until sluice_ckpt_close */
+	items = json_object_get(doc, "items");
+	tensors = json_object_get(doc, "tensors");
+	if (strcmp(json_string_value(json_object_get(doc, "format")) ? json_string_value(json_object_get(doc, "format"))
+								     : "", "sluice-dcp") ||
+	    json_integer_value(json_object_get(doc, "version")) != 1 || !json_is_array(items) || !json_is_object(tensors))
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not sluice-dcp version 1 with tensors and items)",
+			       meta);
+	/* The rank files, in the order items first name them; each opened and its header read once. */
+	if ((rc = sl_alloc_files(ck, json_array_size(items) ? json_array_size(items) : 1, meta)))
+		return rc;
+	if (!(ck->t = calloc(json_array_size(items) + 1, sizeof(*ck->t))))
+		return -ENOMEM;
+	json_array_foreach(items, i, it) {
+		const char *file = json_string_value(json_object_get(it, "file"));
+		unsigned fi;
+
+		if (!json_is_object(it) || !file || !sl_dcp_data_name(file) ||
+		    !json_is_string(json_object_get(it, "fqn")) || !json_is_integer(json_object_get(it, "at")) ||
+		    !json_is_integer(json_object_get(it, "length")))
+			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item %zu)", meta, i);
+		if (json_is_null(json_object_get(it, "offset")) || !json_object_get(it, "offset"))
+			continue; /* bytes (a pickled object), not a tensor */
+		for (fi = 0; fi < ck->nfiles && strcmp(strrchr(ck->files[fi].path, '/') + 1, file); fi++)
+			;
+		if (fi == ck->nfiles) {
+			char *p = malloc(strlen(dir) + strlen(file) + 2);
+
+			if (!p)
+				return -ENOMEM;
+			sprintf(p, "%s/%s", dir, file);
+			ck->nfiles++;
+			rc = sl_open_st(ck, fi, p);
+			free(p);
+			if (rc)
+				return rc;
+		}
+		if ((rc = sl_dcp_item(ck, meta, tensors, it, fi)))
+			return rc;
+		nitems++;
+	}
+	return nitems ? 0 : sl__err(-ENOENT, "%s: the checkpoint holds no tensor", meta);
+}
+
+static const struct sl_ckpt_reader sl_readers[] = {
+	{ "sluice-dcp", sl_dcp_probe, sl_dcp_open },
+	{ "safetensors", sl_st_probe, sl_st_open },
+};
+
+static int sl_by_place(const void *a, const void *b)
+{
+	const struct sluice_ckpt_tensor *x = a, *y = b;
+
+	return x->file != y->file ? (x->file < y->file ? -1 : 1) : x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Each tensor's place in the load buffer, and the runs: tensors back to back in a file, each aligned. */
+static int sl_plan(struct sluice_ckpt *ck)
+{
+	struct sluice_range *r = NULL;
+	uint64_t at = 0;
+
+	qsort(ck->t, ck->n, sizeof(*ck->t), sl_by_place);
+	if (ck->n && !(r = ck->runs = calloc(ck->n, sizeof(*r))))
+		return -ENOMEM;
+	for (size_t i = 0; i < ck->n; i++) {
+		struct sluice_ckpt_tensor *t = &ck->t[i];
+		unsigned el = sl__st_dtypes[sl__st_dtype_find(t->dtype, 0)].bits / 8;
+		struct sluice_range *run = ck->nruns ? &r[ck->nruns - 1] : NULL;
+
+		el = el ? el : 1;
+		ck->bytes += t->bytes;
+		if (run && run->file == ck->files[t->file].f && t->offset == run->offset + run->len &&
+		    (t->offset - run->offset) % el == 0) {
+			t->at = (uint64_t)(uintptr_t)run->buf + run->len;
+			run->len += t->bytes;
+			at = t->at + t->bytes;
+			continue;
+		}
+		at = (at + SL_CKPT_ALIGN - 1) / SL_CKPT_ALIGN * SL_CKPT_ALIGN;
+		t->at = at;
+		r[ck->nruns++] = (struct sluice_range){ ck->files[t->file].f, t->offset, t->bytes, (void *)(uintptr_t)at };
+		at += t->bytes;
+	}
+	ck->load_size = at;
+	return 0;
+}
+
+int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const char *path)
+{
+	struct sluice_ckpt *ck;
+	int rc = 0;
+	size_t i;
+
+	*out = NULL;
+	sl__err_clear();
+	if (!eng || !path)
+		return sl__err(-EINVAL, "sluice_ckpt_open: no engine or no path");
+	if (!(ck = calloc(1, sizeof(*ck))))
+		return -ENOMEM;
+	ck->eng = eng;
+	for (i = 0; i < sizeof(sl_readers) / sizeof(sl_readers[0]); i++)
+		if ((rc = sl_readers[i].probe(path)) != 0)
+			break;
+	if (rc > 0) {
+		ck->format = sl_readers[i].name;
+		rc = sl_readers[i].open(ck, path);
+	} else if (!rc) {
+		rc = sl__err(SLUICE_EFORMAT, "%s: not a checkpoint sluice reads", path);
+	}
+	if (!rc)
+		rc = sl_plan(ck);
+	if (rc) {
+		sluice_ckpt_close(ck);
+		return rc;
+	}
+	*out = ck;
+	return 0;
+}
+
+void sluice_ckpt_close(struct sluice_ckpt *ck)
+{
+	if (!ck)
+		return;
+	for (unsigned i = 0; ck->files && i < ck->nfiles; i++) {
+		sluice_file_close(ck->files[i].f);
+		sl__st_free(&ck->files[i].h);
+		free(ck->files[i].path);
+	}
+	for (size_t i = 0; i < ck->nown; i++)
+		free(ck->own[i]);
+	json_decref(ck->doc);
+	free(ck->own);
+	free(ck->files);
+	free(ck->t);
+	free(ck->runs);
+	free(ck);
+}
+
+const char *sluice_ckpt_format(const struct sluice_ckpt *ck)
+{
+	return ck->format;
+}
+
+size_t sluice_ckpt_count(const struct sluice_ckpt *ck)
+{
+	return ck->n;
+}
+
+const struct sluice_ckpt_tensor *sluice_ckpt_tensor(const struct sluice_ckpt *ck, size_t i)
+{
+	return i < ck->n ? &ck->t[i] : NULL;
+}
+
+unsigned sluice_ckpt_files(const struct sluice_ckpt *ck)
+{
+	return ck->nfiles;
+}
+
+const char *sluice_ckpt_file(const struct sluice_ckpt *ck, unsigned i)
+{
+	return i < ck->nfiles ? ck->files[i].path : NULL;
+}
+
+uint64_t sluice_ckpt_bytes(const struct sluice_ckpt *ck)
+{
+	return ck->bytes;
+}
+
+uint64_t sluice_ckpt_load_size(const struct sluice_ckpt *ck)
+{
+	return ck->load_size;
+}
+
+int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluice_xfer_report *rep)
+{
+	struct sluice_range *r;
+	ssize_t got;
+
+	sl__err_clear();
+	if (!buf || len < ck->load_size)
+		return sl__err(-EINVAL, "sluice_ckpt_load: a buffer of %zu bytes for a load of %llu", buf ? len : 0,
+			       (unsigned long long)ck->load_size);
+	if (!ck->nruns)
+		return 0;
+	if (!(r = malloc(ck->nruns * sizeof(*r))))
+		return -ENOMEM;
+	for (size_t i = 0; i < ck->nruns; i++) {
+		r[i] = ck->runs[i];
+		r[i].buf = (char *)buf + (uintptr_t)ck->runs[i].buf;
+	}
+	got = sluice_read_batch(ck->eng, r, ck->nruns, rep);
+	free(r);
+	if (got < 0)
+		return (int)got;
+	return (uint64_t)got == ck->bytes ? 0 : sl__err(SLUICE_ESHORT, "sluice_ckpt_load: %zd of %llu bytes", got,
+							 (unsigned long long)ck->bytes);
+}

@@ -1,0 +1,320 @@
+/*
+ * sluice_ckpt_*: safetensors files written here byte by byte (one file, a
+ * sharded directory with and without its index, sluice.dcp's layout), their
+ * tables and every loaded byte checked; an unaligned tensor placed aligned;
+ * a file replaced after the open still loads its old bytes, one cut short
+ * fails; and hostile headers, indexes and metadata each refused naming the
+ * file.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "t_util.h"
+
+static const char *dir;
+
+/* Writes a safetensors file: the header JSON, padded with spaces to a multiple of 8, then data; returns where the
+ * data starts. */
+static int st_write(const char *path, const char *json, const void *data, size_t n)
+{
+	size_t hl = strlen(json), pad = (8 - hl % 8) % 8;
+	uint64_t len = hl + pad;
+	FILE *f = fopen(path, "wb");
+
+	T_CHECK(f != NULL);
+	if (!f)
+		return 0;
+	fwrite(&len, 8, 1, f);
+	fwrite(json, 1, hl, f);
+	for (size_t i = 0; i < pad; i++)
+		fputc(' ', f);
+	if (n)
+		fwrite(data, 1, n, f);
+	fclose(f);
+	return (int)(8 + len);
+}
+
+static void put(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "wb");
+
+	T_CHECK(f != NULL);
+	if (f) {
+		fputs(text, f);
+		fclose(f);
+	}
+}
+
+static const char *at(const char *name)
+{
+	static char p[4][1024];
+	static int k;
+
+	k = (k + 1) % 4;
+	snprintf(p[k], sizeof(p[k]), "%s/%s", dir, name);
+	return p[k];
+}
+
+static const struct sluice_ckpt_tensor *find(struct sluice_ckpt *ck, const char *name)
+{
+	for (size_t i = 0; i < sluice_ckpt_count(ck); i++)
+		if (!strcmp(sluice_ckpt_tensor(ck, i)->name, name))
+			return sluice_ckpt_tensor(ck, i);
+	return NULL;
+}
+
+/* Loads ck into host memory; returns the buffer (caller frees) or NULL on error (rc set). */
+static char *load(struct sluice_ckpt *ck, int *rc)
+{
+	size_t n = sluice_ckpt_load_size(ck) + 1;
+	char *buf = malloc(n);
+
+	memset(buf, 0xEE, n);
+	*rc = sluice_ckpt_load(ck, buf, n, NULL);
+	if (*rc) {
+		free(buf);
+		return NULL;
+	}
+	return buf;
+}
+
+static void one_file(struct sluice_engine *eng)
+{
+	/* u8 "a" of 3 bytes, then f32 "b" of 4 elements at data offset 3: b cannot land where it lies. */
+	unsigned char data[3 + 16 + 8];
+	struct sluice_ckpt *ck;
+	const struct sluice_ckpt_tensor *a, *b, *c;
+	char *buf;
+	int rc;
+
+	t_fill(data, sizeof(data), 7);
+	st_write(at("one.safetensors"),
+		 "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[3,19]},"
+		 "\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]},"
+		 "\"c\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[19,27]}}",
+		 data, sizeof(data));
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("one.safetensors")) == 0);
+	if (!ck)
+		return;
+	T_CHECK(!strcmp(sluice_ckpt_format(ck), "safetensors"));
+	T_CHECK(sluice_ckpt_count(ck) == 3 && sluice_ckpt_files(ck) == 1 && sluice_ckpt_bytes(ck) == sizeof(data));
+	a = find(ck, "a"), b = find(ck, "b"), c = find(ck, "c");
+	T_CHECK(a && b && c);
+	if (!a || !b || !c)
+		return;
+	T_CHECK(b->ndim == 2 && b->shape[0] == 2 && b->shape[1] == 2 && !strcmp(b->dtype, "F32") &&
+		!strcmp(b->torch_dtype, "float32") && b->bytes == 16 && b->chunk == NULL);
+	T_CHECK(b->at % 4 == 0 && c->at % 2 == 0);
+	/* c follows b in the file and stays aligned: the same run. */
+	T_CHECK(c->at == b->at + 16);
+	buf = load(ck, &rc);
+	T_CHECK(rc == 0);
+	if (buf) {
+		T_CHECK(!memcmp(buf + a->at, data, 3) && !memcmp(buf + b->at, data + 3, 16) &&
+			!memcmp(buf + c->at, data + 19, 8));
+		free(buf);
+	}
+	/* A buffer too small is refused before any read. */
+	T_CHECK(sluice_ckpt_load(ck, &rc, 1, NULL) == -EINVAL);
+	sluice_ckpt_close(ck);
+}
+
+/* The file replaced after the open loads its old bytes; cut short after the open, the load fails. */
+static void changed(struct sluice_engine *eng)
+{
+	unsigned char d1[64], d2[64];
+	const char *json = "{\"w\":{\"dtype\":\"I64\",\"shape\":[8],\"data_offsets\":[0,64]}}";
+	struct sluice_ckpt *ck;
+	char *buf;
+	int rc;
+
+	t_fill(d1, sizeof(d1), 1);
+	t_fill(d2, sizeof(d2), 2);
+	st_write(at("swap.safetensors"), json, d1, sizeof(d1));
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("swap.safetensors")) == 0);
+	st_write(at("swap.new"), json, d2, sizeof(d2));
+	T_CHECK(rename(at("swap.new"), at("swap.safetensors")) == 0);
+	buf = ck ? load(ck, &rc) : NULL;
+	T_CHECK(buf && !memcmp(buf + find(ck, "w")->at, d1, 64));
+	free(buf);
+	sluice_ckpt_close(ck);
+
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("swap.safetensors")) == 0);
+	T_CHECK(truncate(at("swap.safetensors"), 40) == 0);
+	buf = ck ? load(ck, &rc) : NULL;
+	T_CHECK(buf == NULL && rc != 0);
+	free(buf);
+	sluice_ckpt_close(ck);
+}
+
+static void sharded(struct sluice_engine *eng)
+{
+	unsigned char d[3][32];
+	char sub[1024];
+	struct sluice_ckpt *ck;
+	char *buf;
+	int rc;
+
+	snprintf(sub, sizeof(sub), "%s/sharded", dir);
+	mkdir(sub, 0755);
+	for (int i = 0; i < 3; i++) {
+		char name[64], json[256];
+
+		t_fill(d[i], 32, 10 + (uint64_t)i);
+		snprintf(name, sizeof(name), "sharded/model-%05d-of-00003.safetensors", i + 1);
+		snprintf(json, sizeof(json), "{\"t%d\":{\"dtype\":\"F16\",\"shape\":[16],\"data_offsets\":[0,32]}}", i);
+		st_write(at(name), json, d[i], 32);
+	}
+	/* Without an index: all three shards. */
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == 0);
+	T_CHECK(ck && sluice_ckpt_count(ck) == 3 && sluice_ckpt_files(ck) == 3);
+	buf = ck ? load(ck, &rc) : NULL;
+	for (int i = 0; buf && i < 3; i++) {
+		char name[8];
+
+		snprintf(name, sizeof(name), "t%d", i);
+		T_CHECK(!memcmp(buf + find(ck, name)->at, d[i], 32));
+	}
+	free(buf);
+	sluice_ckpt_close(ck);
+	/* A shard gone: an unfinished save, not a checkpoint. */
+	T_CHECK(rename(at("sharded/model-00002-of-00003.safetensors"), at("sharded/gone")) == 0);
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT && ck == NULL);
+	T_CHECK(strstr(sluice_last_error_detail(), "unfinished save") != NULL);
+	T_CHECK(rename(at("sharded/gone"), at("sharded/model-00002-of-00003.safetensors")) == 0);
+	/* With an index: exactly what it names, from the file it names. */
+	put(at("sharded/model.safetensors.index.json"),
+	    "{\"metadata\":{},\"weight_map\":{\"t0\":\"model-00001-of-00003.safetensors\","
+	    "\"t2\":\"model-00003-of-00003.safetensors\"}}");
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == 0);
+	T_CHECK(ck && sluice_ckpt_count(ck) == 2 && sluice_ckpt_files(ck) == 2 && find(ck, "t1") == NULL);
+	buf = ck ? load(ck, &rc) : NULL;
+	T_CHECK(buf && !memcmp(buf + find(ck, "t2")->at, d[2], 32));
+	free(buf);
+	sluice_ckpt_close(ck);
+	/* An index naming a tensor its file lacks, or a file outside its directory. */
+	put(at("sharded/model.safetensors.index.json"),
+	    "{\"weight_map\":{\"t0\":\"model-00002-of-00003.safetensors\"}}");
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+	T_CHECK(strstr(sluice_last_error_detail(), "'t0'") != NULL);
+	put(at("sharded/model.safetensors.index.json"), "{\"weight_map\":{\"t0\":\"../one.safetensors\"}}");
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+	put(at("sharded/model.safetensors.index.json"), "{\"weight_map\":{\"t0\":\"a\",\"t0\":\"b\"}}");
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+	put(at("sharded/model.safetensors.index.fp16.json"), "{}");
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+	T_CHECK(strstr(sluice_last_error_detail(), "indexes") != NULL);
+}
+
+#define DCP_MAGIC "cthis is a checkpoint of sluice (a test's notice)\nStorageReader\n"
+
+static void dcp(struct sluice_engine *eng)
+{
+	unsigned char d[48];
+	char sub[1024], meta[2048];
+	const char *rank = "__0_0123456789ab.safetensors";
+	struct sluice_ckpt *ck;
+	const struct sluice_ckpt_tensor *t;
+	char *buf;
+	int rc, ds;
+
+	snprintf(sub, sizeof(sub), "%s/dcp", dir);
+	mkdir(sub, 0755);
+	t_fill(d, sizeof(d), 5);
+	ds = st_write(at("dcp/__0_0123456789ab.safetensors"),
+		 "{\"w.0\":{\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[0,32]},"
+		 "\"b.0\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[32,48]}}", d, sizeof(d));
+	snprintf(meta, sizeof(meta),
+		 DCP_MAGIC "{\"format\":\"sluice-dcp\",\"version\":1,\"bytes\":[\"step\"],"
+		 "\"tensors\":{\"w\":{\"dtype\":\"float32\",\"size\":[4,4],\"chunks\":[{\"offsets\":[2,0],\"sizes\":[2,4]}]},"
+		 "\"b\":{\"dtype\":\"float32\",\"size\":[4],\"chunks\":[{\"offsets\":[0],\"sizes\":[4]}]}},"
+		 "\"items\":[{\"fqn\":\"w\",\"offset\":[2,0],\"index\":0,\"file\":\"%s\",\"name\":\"w.0\",\"at\":%d,\"length\":32},"
+		 "{\"fqn\":\"b\",\"offset\":[0],\"index\":0,\"file\":\"%s\",\"name\":\"b.0\",\"at\":%d,\"length\":16},"
+		 "{\"fqn\":\"step\",\"offset\":null,\"index\":null,\"file\":\"%s\",\"name\":\"x\",\"at\":0,\"length\":0}]}",
+		 rank, ds, rank, ds + 32, rank);
+	put(at("dcp/.metadata"), meta);
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == 0);
+	if (!ck)
+		return;
+	T_CHECK(!strcmp(sluice_ckpt_format(ck), "sluice-dcp") && sluice_ckpt_count(ck) == 2);
+	t = find(ck, "w");
+	T_CHECK(t && t->chunk && t->chunk[0] == 2 && t->chunk[1] == 0 && t->shape[0] == 2);
+	buf = load(ck, &rc);
+	T_CHECK(buf && !memcmp(buf + t->at, d, 32) && !memcmp(buf + find(ck, "b")->at, d + 32, 16));
+	free(buf);
+	sluice_ckpt_close(ck);
+	/* Damaged: an item that is not the tensor it names (its bytes are b's), and a pickle. */
+	{
+		char *w = strstr(meta, "\"name\":\"w.0\",\"at\":");
+
+		snprintf(w, sizeof(meta) - (size_t)(w - meta), "\"name\":\"w.0\",\"at\":%d,\"length\":32}]}", ds + 32);
+	}
+	put(at("dcp/.metadata"), meta);
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+	T_CHECK(strstr(sluice_last_error_detail(), "damaged metadata") != NULL);
+	put(at("dcp/.metadata"), "\x80\x04\x95 a pickle");
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+}
+
+static void hostile(struct sluice_engine *eng)
+{
+	static const struct {
+		const char *json;
+		size_t data;
+	} bad[] = {
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 9 },  /* trailing byte */
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12 }, /* a gap */
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+		  "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8 },  /* overlap */
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4 },   /* past the end */
+		{ "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8 },
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8 },
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8 },
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8 },
+		{ "{\"a\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", 2 },   /* half a byte */
+		{ "{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8 },
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+		  "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8 }, /* a name twice */
+		{ "{\"__metadata__\":{\"k\":1}}", 0 },
+		{ "[1,2]", 0 },
+		{ "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8 },
+		{ "{\"a\":", 8 },
+	};
+	unsigned char data[16] = { 0 };
+	struct sluice_ckpt *ck;
+	FILE *f;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		st_write(at("bad.safetensors"), bad[i].json, data, bad[i].data);
+		T_CHECK(sluice_ckpt_open(&ck, eng, at("bad.safetensors")) == SLUICE_EFORMAT && ck == NULL);
+		T_CHECK(strstr(sluice_last_error_detail(), "bad.safetensors") != NULL);
+		if (ck)
+			fprintf(stderr, "accepted: %s\n", bad[i].json);
+	}
+	/* A header length past the file, and a file of 3 bytes. */
+	f = fopen(at("bad.safetensors"), "wb");
+	fwrite("\xff\xff\xff\x00\x00\x00\x00\x00{}", 1, 10, f);
+	fclose(f);
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("bad.safetensors")) == SLUICE_EFORMAT);
+	put(at("bad.safetensors"), "abc");
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("bad.safetensors")) == SLUICE_EFORMAT);
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("absent.safetensors")) == -ENOENT);
+}
+
+int main(void)
+{
+	struct sluice_engine *eng = t_engine();
+
+	dir = t_dir("ckpt");
+	one_file(eng);
+	changed(eng);
+	sharded(eng);
+	dcp(eng);
+	hostile(eng);
+	sluice_engine_close(eng);
+	return t_done("t_ckpt");
+}
