@@ -80,6 +80,17 @@ static int sl_ends(const char *s, const char *suffix)
 	return a >= b && !strcmp(s + a - b, suffix);
 }
 
+/* "dir/name" (dirlen bytes of dir), malloc'd; NULL when out of memory. */
+static char *sl_join(const char *dir, size_t dirlen, const char *name)
+{
+	size_t n = dirlen + strlen(name) + 2;
+	char *p = malloc(n);
+
+	if (p)
+		snprintf(p, n, "%.*s/%s", (int)dirlen, dir, name);
+	return p;
+}
+
 /* The whole of a small file (an index, a .metadata) through the engine, NUL-terminated. */
 static int sl_read_small(struct sluice_engine *eng, const char *path, char **out, size_t *len)
 {
@@ -246,13 +257,12 @@ static int sl_open_index(struct sluice_ckpt *ck, const char *path)
 	slash = strrchr(path, '/');
 	dirlen = slash ? (size_t)(slash - path) : 1;
 	for (size_t i = 0; !rc && i < nn; i++) {
-		char *full = malloc(dirlen + strlen(names[i]) + 2);
+		char *full = sl_join(slash ? path : ".", dirlen, names[i]);
 
 		if (!full) {
 			rc = -ENOMEM;
 			break;
 		}
-		sprintf(full, "%.*s/%s", (int)dirlen, slash ? path : ".", names[i]);
 		ck->nfiles = (unsigned)i + 1;
 		rc = sl_open_st(ck, (unsigned)i, full);
 		free(full);
@@ -330,12 +340,11 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 		rc = sl__err(SLUICE_EFORMAT, "%s: holds %zu indexes (variants of a checkpoint): name the one to load",
 			     dir, nindex);
 	if (!rc && nindex == 1) {
-		char *p = malloc(strlen(dir) + strlen(index) + 2);
+		char *p = sl_join(dir, strlen(dir), index);
 
 		if (!p)
 			rc = -ENOMEM;
 		else {
-			sprintf(p, "%s/%s", dir, index);
 			rc = sl_open_index(ck, p);
 			free(p);
 		}
@@ -355,13 +364,12 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 		if (!rc)
 			rc = sl_alloc_files(ck, n, dir);
 		for (size_t i = 0; !rc && i < n; i++) {
-			char *p = malloc(strlen(dir) + strlen(names[i]) + 2);
+			char *p = sl_join(dir, strlen(dir), names[i]);
 
 			if (!p) {
 				rc = -ENOMEM;
 				break;
 			}
-			sprintf(p, "%s/%s", dir, names[i]);
 			ck->nfiles = (unsigned)i + 1;
 			rc = sl_open_st(ck, (unsigned)i, p);
 			free(p);
@@ -386,9 +394,8 @@ static int sl_st_probe(const char *path)
 		return !sl_ends(path, "/");
 	if (stat(path, &st) || !S_ISDIR(st.st_mode))
 		return 1;
-	if (!(p = malloc(strlen(path) + sizeof("/.metadata"))))
+	if (!(p = sl_join(path, strlen(path), ".metadata")))
 		return -ENOMEM;
-	sprintf(p, "%s/.metadata", path);
 	has = !access(p, F_OK);
 	free(p);
 	return !has;
@@ -503,7 +510,7 @@ static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors
 
 static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 {
-	char *meta = malloc(strlen(dir) + sizeof("/.metadata")), *raw = NULL, *json, *end;
+	char *meta = sl_join(dir, strlen(dir), ".metadata"), *raw = NULL, *json, *end;
 	json_t *doc = NULL, *items, *tensors, *it;
 	json_error_t jerr;
 	size_t len, i, nitems = 0;
@@ -511,7 +518,6 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 
 	if (!meta)
 		return -ENOMEM;
-	sprintf(meta, "%s/.metadata", dir);
 	if ((rc = sl_keep(ck, meta)) || (rc = sl_read_small(ck->eng, meta, &raw, &len)))
 		return rc;
 	json = !strncmp(raw, SL_DCP_MAGIC_HEAD, strlen(SL_DCP_MAGIC_HEAD)) ? strstr(raw, SL_DCP_MAGIC_TAIL) : NULL;
@@ -552,11 +558,10 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 		for (fi = 0; fi < ck->nfiles && strcmp(strrchr(ck->files[fi].path, '/') + 1, file); fi++)
 			;
 		if (fi == ck->nfiles) {
-			char *p = malloc(strlen(dir) + strlen(file) + 2);
+			char *p = sl_join(dir, strlen(dir), file);
 
 			if (!p)
 				return -ENOMEM;
-			sprintf(p, "%s/%s", dir, file);
 			ck->nfiles++;
 			rc = sl_open_st(ck, fi, p);
 			free(p);
