@@ -86,6 +86,18 @@ static struct sluice_range *plain_ranges(struct sluice_engine *eng, struct sluic
 	return r;
 }
 
+/* A name from the file, for the terminal: control characters shown as '?'. */
+static const char *shown_name(const char *n)
+{
+	static char out[512];
+	size_t i;
+
+	for (i = 0; n[i] && i + 1 < sizeof(out); i++)
+		out[i] = (unsigned char)n[i] < 32 || n[i] == 127 ? '?' : n[i];
+	out[i] = 0;
+	return out;
+}
+
 int cmd_load(int argc, char **argv)
 {
 	int json = 0, list = 0, host = 0, bench = 0, cold = 0, reps_given = 0, rc, gpu;
@@ -219,7 +231,7 @@ int cmd_load(int argc, char **argv)
 			for (size_t i = 0; list && i < sluice_ckpt_count(ck); i++) {
 				const struct sluice_ckpt_tensor *t = sluice_ckpt_tensor(ck, i);
 
-				printf("%-48s %-8s [", t->name, t->dtype);
+				printf("%-48s %-8s [", shown_name(t->name), t->dtype);
 				for (unsigned d = 0; d < t->ndim; d++)
 					printf("%s%llu", d ? ", " : "", (unsigned long long)t->shape[d]);
 				printf("]  file %u, %llu bytes\n", t->file, (unsigned long long)t->bytes);

@@ -555,7 +555,10 @@ SLUICE_API SLUICE_WUR ssize_t sluice_write_batch(struct sluice_engine *eng,
  * stays open from sluice_ckpt_open to sluice_ckpt_close: its header and its
  * data are read through one open (a local file replaced meanwhile stays
  * the file opened; an s3:// or http(s):// one is read at the ETag its open
- * saw, or the load fails with -ESTALE).  URLs name a file or an index.
+ * saw, or the load fails with -ESTALE; a local file rewritten in place,
+ * its size or times changed, fails the load with -ESTALE).  URLs name a
+ * file or an index.  A directory holds one variant, and without an index
+ * shards 1 to N of one save, each once; no tensor is stored twice.
  */
 struct sluice_ckpt;
 struct sluice_ckpt_tensor {

@@ -28,6 +28,8 @@ struct sl_cfile {
 	struct sluice_file *f;
 	char *path;
 	struct sl__st_header h;
+	struct stat st; /* a local file's, at its open: a rewrite in place since fails the load (sl_unchanged) */
+	int local;
 };
 
 struct sluice_ckpt {
@@ -138,6 +140,7 @@ static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
 		return -ENOMEM;
 	if ((rc = sluice_file_open(&cf->f, ck->eng, path, 0)))
 		return rc;
+	cf->local = !sl_is_url(path) && stat(path, &cf->st) == 0;
 	size = sluice_file_size(cf->f);
 	want = size < SL_CKPT_FIRST ? (size_t)size : SL_CKPT_FIRST;
 	if (!(head = malloc(want ? want : 1)))
@@ -291,8 +294,11 @@ static int sl_open_index(struct sluice_ckpt *ck, const char *path)
 	return rc;
 }
 
-/* K of N ("-00001-of-00003"), or 0 where the name is no shard's. */
-static int sl_part(const char *n, unsigned *k, unsigned *of)
+/*
+ * K of N ("-00001-of-00003") and the name without them, or 0 where the name is no shard's; the variant is what
+ * lies between the name's first dot and its shard part or ".safetensors" (transformers' model.fp16.safetensors).
+ */
+static int sl_part(const char *n, unsigned *k, unsigned *of, size_t *stem)
 {
 	const char *p = strstr(n, "-of-");
 
@@ -302,11 +308,60 @@ static int sl_part(const char *n, unsigned *k, unsigned *of)
 
 		while (a > n && a[-1] >= '0' && a[-1] <= '9')
 			a--, d++;
-		if (d && a > n && a[-1] == '-' && sscanf(a, "%u-of-%u", k, of) == 2)
+		if (d && a > n && a[-1] == '-' && sscanf(a, "%u-of-%u", k, of) == 2) {
+			*stem = (size_t)(a - 1 - n);
 			return 1;
+		}
 		p = strstr(p + 1, "-of-");
 	}
 	return 0;
+}
+
+static void sl_variant(const char *n, const char **v, size_t *len)
+{
+	const char *dot = strchr(n, '.'), *end = n + strlen(n) - strlen(".safetensors");
+	unsigned k, of;
+	size_t stem;
+
+	if (sl_part(n, &k, &of, &stem) && n + stem < end)
+		end = n + stem;
+	*v = dot && dot < end ? dot + 1 : end;
+	*len = (size_t)(end - *v);
+}
+
+/* Files of a directory without an index: one variant, and shards K of N only all together, each once. */
+static int sl_check_listing(const char *dir, char **names, size_t n)
+{
+	unsigned k, of, total = 0;
+	size_t stem, stem0 = 0, vlen0, vlen;
+	const char *v0, *v;
+	unsigned char *seen = NULL;
+	int parts = 0, rc = 0;
+
+	for (size_t i = 0; i < n && !rc; i++) {
+		sl_variant(names[i], &v, &vlen);
+		if (!i)
+			v0 = v, vlen0 = vlen;
+		else if (vlen != vlen0 || strncmp(v, v0, vlen))
+			rc = sl__err(SLUICE_EFORMAT, "%s: holds several variants of a checkpoint (%s and %s): name the one "
+						     "to load by its file or index", dir, names[0], names[i]);
+		if (sl_part(names[i], &k, &of, &stem)) {
+			if (!parts++) {
+				total = of, stem0 = stem;
+				seen = calloc((size_t)of + 1, 1);
+				if (!seen)
+					return -ENOMEM;
+			}
+			if (of != total || stem != stem0 || strncmp(names[i], names[0], stem) || !k || k > total || seen[k]++)
+				parts = -1000000;
+		}
+	}
+	if (!rc && parts && (parts != (int)n || (size_t)total != n))
+		rc = sl__err(SLUICE_EFORMAT,
+			     "%s: holds no index and %zu .safetensors files that are not shards 1 to %u of one save, each "
+			     "once: an unfinished save, not a checkpoint (name a file to load it)", dir, n, total);
+	free(seen);
+	return rc;
 }
 
 static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
@@ -315,7 +370,6 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 	struct dirent *e;
 	char **names = NULL, *index = NULL;
 	size_t n = 0, cap = 0, nindex = 0;
-	unsigned k, of, total = 0, parts = 0;
 	int rc = 0;
 
 	if (!d)
@@ -349,18 +403,8 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 			free(p);
 		}
 	} else if (!rc) {
-		/* Without an index, shards K of N are a checkpoint only all together, and nothing beside them. */
 		qsort(names, n, sizeof(*names), sl_by_name);
-		for (size_t i = 0; i < n; i++)
-			if (sl_part(names[i], &k, &of)) {
-				if (!total)
-					total = of;
-				parts += of == total && k >= 1 && k <= of;
-			}
-		if (total && (parts != n || n != total))
-			rc = sl__err(SLUICE_EFORMAT,
-				     "%s: holds no index and %zu .safetensors files that are not shards 1 to %u of one save: "
-				     "an unfinished save, not a checkpoint (name a file to load it)", dir, n, total);
+		rc = sl_check_listing(dir, names, n);
 		if (!rc)
 			rc = sl_alloc_files(ck, n, dir);
 		for (size_t i = 0; !rc && i < n; i++) {
@@ -471,6 +515,21 @@ static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors
 	}
 	if (dt < 0 || !json_is_array(chunks) || i == json_array_size(chunks))
 		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no such chunk of a tensor)", meta, fqn);
+	{
+		json_t *size = json_object_get(t, "size"), *sizes = json_object_get(c, "sizes");
+
+		if (!json_is_array(size) || json_array_size(size) != json_array_size(off) ||
+		    json_array_size(sizes) != json_array_size(off))
+			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (tensor '%s': a chunk of another rank)", meta, fqn);
+		for (j = 0; j < json_array_size(off); j++) {
+			json_int_t o = json_integer_value(json_array_get(off, j)), z = json_integer_value(json_array_get(sizes, j)),
+				   full = json_integer_value(json_array_get(size, j));
+
+			if (o < 0 || z < 0 || full < 0 || o > full || z > full - o)
+				return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (tensor '%s': a chunk outside its size)",
+					       meta, fqn);
+		}
+	}
 	for (j = 0; j < h->n && strcmp(h->t[j].name, name); j++)
 		;
 	if (j < h->n)
@@ -541,7 +600,8 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not sluice-dcp version 1 with tensors and items)",
 			       meta);
 	/* The rank files, in the order items first name them; each opened and its header read once. */
-	if ((rc = sl_alloc_files(ck, json_array_size(items) ? json_array_size(items) : 1, meta)))
+	if ((rc = sl_alloc_files(ck, json_array_size(items) < SL_CKPT_FILES_MAX ? json_array_size(items) + 1
+									       : SL_CKPT_FILES_MAX, meta)))
 		return rc;
 	if (!(ck->t = calloc(json_array_size(items) + 1, sizeof(*ck->t))))
 		return -ENOMEM;
@@ -553,10 +613,22 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 		    !json_is_string(json_object_get(it, "fqn")) || !json_is_integer(json_object_get(it, "at")) ||
 		    !json_is_integer(json_object_get(it, "length")))
 			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item %zu)", meta, i);
-		if (json_is_null(json_object_get(it, "offset")) || !json_object_get(it, "offset"))
+		if (json_is_null(json_object_get(it, "offset")) || !json_object_get(it, "offset")) {
+			json_t *b;
+			size_t q;
+
+			json_array_foreach(json_object_get(doc, "bytes"), q, b)
+				if (json_is_string(b) && !strcmp(json_string_value(b), json_string_value(json_object_get(it, "fqn"))))
+					break;
+			if (!json_is_array(json_object_get(doc, "bytes")) || q == json_array_size(json_object_get(doc, "bytes")))
+				return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no chunk offsets, and not bytes)",
+					       meta, json_string_value(json_object_get(it, "fqn")));
 			continue; /* bytes (a pickled object), not a tensor */
+		}
 		for (fi = 0; fi < ck->nfiles && strcmp(strrchr(ck->files[fi].path, '/') + 1, file); fi++)
 			;
+		if (fi == ck->nfiles && fi == SL_CKPT_FILES_MAX)
+			return sl__err(SLUICE_EFORMAT, "%s: more than %u files", meta, SL_CKPT_FILES_MAX);
 		if (fi == ck->nfiles) {
 			char *p = sl_join(dir, strlen(dir), file);
 
@@ -572,6 +644,18 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 			return rc;
 		nitems++;
 	}
+	{
+		size_t chunks = 0;
+		const char *k;
+		json_t *t;
+
+		json_object_foreach(tensors, k, t)
+			chunks += json_array_size(json_object_get(t, "chunks"));
+		/* Items are unique (sl_unique) and each is a chunk: as many as the chunks, every chunk is stored. */
+		if (chunks != nitems)
+			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (%zu chunks, %zu items store them)", meta, chunks,
+				       nitems);
+	}
 	return nitems ? 0 : sl__err(-ENOENT, "%s: the checkpoint holds no tensor", meta);
 }
 
@@ -585,6 +669,27 @@ static int sl_by_place(const void *a, const void *b)
 	const struct sluice_ckpt_tensor *x = a, *y = b;
 
 	return x->file != y->file ? (x->file < y->file ? -1 : 1) : x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static int sl_by_key(const void *a, const void *b)
+{
+	const struct sluice_ckpt_tensor *x = a, *y = b;
+	int c = strcmp(x->name, y->name);
+
+	if (c || !x->chunk || !y->chunk || x->ndim != y->ndim)
+		return c ? c : (x->chunk != NULL) - (y->chunk != NULL);
+	return memcmp(x->chunk, y->chunk, x->ndim * sizeof(uint64_t));
+}
+
+/* No tensor (DCP: no chunk of a tensor) twice: a name in two files of a directory is ambiguous. */
+static int sl_unique(struct sluice_ckpt *ck, const char *path)
+{
+	qsort(ck->t, ck->n, sizeof(*ck->t), sl_by_key);
+	for (size_t i = 1; i < ck->n; i++)
+		if (!sl_by_key(&ck->t[i - 1], &ck->t[i]))
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' is stored twice (%s and %s)", path, ck->t[i].name,
+				       ck->files[ck->t[i - 1].file].path, ck->files[ck->t[i].file].path);
+	return 0;
 }
 
 /* Each tensor's place in the load buffer, and the runs: tensors back to back in a file, each aligned. */
@@ -641,6 +746,8 @@ int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const 
 	} else if (!rc) {
 		rc = sl__err(SLUICE_EFORMAT, "%s: not a checkpoint sluice reads", path);
 	}
+	if (!rc)
+		rc = sl_unique(ck, path);
 	if (!rc)
 		rc = sl_plan(ck);
 	if (rc) {
@@ -705,12 +812,37 @@ uint64_t sluice_ckpt_load_size(const struct sluice_ckpt *ck)
 	return ck->load_size;
 }
 
+/*
+ * A local file rewritten in place (the same inode, its size or times changed) since its open: its header no
+ * longer says where its tensors are.  (Replaced by a rename, the open still reads the old file whole; an object
+ * is read at the ETag its open saw.)  -ESTALE naming it, or 0.
+ */
+static int sl_unchanged(const struct sluice_ckpt *ck)
+{
+	for (unsigned i = 0; i < ck->nfiles; i++) {
+		const struct sl_cfile *cf = &ck->files[i];
+		struct stat now;
+
+		if (!cf->local || stat(cf->path, &now) || now.st_ino != cf->st.st_ino || now.st_dev != cf->st.st_dev)
+			continue;
+		if (now.st_size != cf->st.st_size || now.st_mtim.tv_sec != cf->st.st_mtim.tv_sec ||
+		    now.st_mtim.tv_nsec != cf->st.st_mtim.tv_nsec || now.st_ctim.tv_sec != cf->st.st_ctim.tv_sec ||
+		    now.st_ctim.tv_nsec != cf->st.st_ctim.tv_nsec)
+			return sl__err(-ESTALE, "%s: rewritten in place since the checkpoint was opened (its header may no "
+						"longer match its data): open it again", cf->path);
+	}
+	return 0;
+}
+
 int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluice_xfer_report *rep)
 {
 	struct sluice_range *r;
 	ssize_t got;
+	int rc;
 
 	sl__err_clear();
+	if ((rc = sl_unchanged(ck)))
+		return rc;
 	if (!buf || len < ck->load_size)
 		return sl__err(-EINVAL, "sluice_ckpt_load: a buffer of %zu bytes for a load of %llu", buf ? len : 0,
 			       (unsigned long long)ck->load_size);
@@ -726,6 +858,8 @@ int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluic
 	free(r);
 	if (got < 0)
 		return (int)got;
+	if ((rc = sl_unchanged(ck)))
+		return rc;
 	return (uint64_t)got == ck->bytes ? 0 : sl__err(SLUICE_ESHORT, "sluice_ckpt_load: %zd of %llu bytes", got,
 							 (unsigned long long)ck->bytes);
 }

@@ -143,6 +143,21 @@ static void changed(struct sluice_engine *eng)
 	free(buf);
 	sluice_ckpt_close(ck);
 
+	/* Rewritten in place (the same inode), the same size: the header no longer says where the bytes are. */
+	T_CHECK(sluice_ckpt_open(&ck, eng, at("swap.safetensors")) == 0);
+	usleep(20000);
+	{
+		FILE *f = fopen(at("swap.safetensors"), "r+b");
+
+		T_CHECK(f && fseek(f, -8, SEEK_END) == 0 && fwrite("XXXXXXXX", 1, 8, f) == 8);
+		if (f)
+			fclose(f);
+	}
+	buf = ck ? load(ck, &rc) : NULL;
+	T_CHECK(buf == NULL && rc == -ESTALE);
+	free(buf);
+	sluice_ckpt_close(ck);
+
 	T_CHECK(sluice_ckpt_open(&ck, eng, at("swap.safetensors")) == 0);
 	T_CHECK(truncate(at("swap.safetensors"), 40) == 0);
 	buf = ck ? load(ck, &rc) : NULL;
@@ -186,6 +201,30 @@ static void sharded(struct sluice_engine *eng)
 	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT && ck == NULL);
 	T_CHECK(strstr(sluice_last_error_detail(), "unfinished save") != NULL);
 	T_CHECK(rename(at("sharded/gone"), at("sharded/model-00002-of-00003.safetensors")) == 0);
+	/* Shard 2 twice under another save's name, and shard 3 gone: counted, not a checkpoint. */
+	T_CHECK(rename(at("sharded/model-00003-of-00003.safetensors"), at("sharded/gone")) == 0);
+	st_write(at("sharded/other-00002-of-00003.safetensors"),
+		 "{\"t1\":{\"dtype\":\"F16\",\"shape\":[16],\"data_offsets\":[0,32]}}", d[1], 32);
+	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT && ck == NULL);
+	T_CHECK(unlink(at("sharded/other-00002-of-00003.safetensors")) == 0);
+	T_CHECK(rename(at("sharded/gone"), at("sharded/model-00003-of-00003.safetensors")) == 0);
+	{
+		char one[1024];
+
+		/* A name in two files of a directory; two variants in one directory. */
+		snprintf(one, sizeof(one), "%s/dup", dir);
+		mkdir(one, 0755);
+		st_write(at("dup/a.safetensors"), "{\"w\":{\"dtype\":\"F16\",\"shape\":[16],\"data_offsets\":[0,32]}}",
+			 d[0], 32);
+		st_write(at("dup/b.safetensors"), "{\"w\":{\"dtype\":\"F16\",\"shape\":[16],\"data_offsets\":[0,32]}}",
+			 d[1], 32);
+		T_CHECK(sluice_ckpt_open(&ck, eng, one) == SLUICE_EFORMAT && ck == NULL);
+		T_CHECK(strstr(sluice_last_error_detail(), "twice") != NULL);
+		T_CHECK(rename(at("dup/a.safetensors"), at("dup/model.safetensors")) == 0);
+		T_CHECK(rename(at("dup/b.safetensors"), at("dup/model.fp16.safetensors")) == 0);
+		T_CHECK(sluice_ckpt_open(&ck, eng, one) == SLUICE_EFORMAT && ck == NULL);
+		T_CHECK(strstr(sluice_last_error_detail(), "variants") != NULL);
+	}
 	/* With an index: exactly what it names, from the file it names. */
 	put(at("sharded/model.safetensors.index.json"),
 	    "{\"metadata\":{},\"weight_map\":{\"t0\":\"model-00001-of-00003.safetensors\","
@@ -215,7 +254,7 @@ static void sharded(struct sluice_engine *eng)
 static void dcp(struct sluice_engine *eng)
 {
 	unsigned char d[48];
-	char sub[1024], meta[2048];
+	char sub[1024], meta[2048], good[2048];
 	const char *rank = "__0_0123456789ab.safetensors";
 	struct sluice_ckpt *ck;
 	const struct sluice_ckpt_tensor *t;
@@ -237,6 +276,7 @@ static void dcp(struct sluice_engine *eng)
 		 "{\"fqn\":\"step\",\"offset\":null,\"index\":null,\"file\":\"%s\",\"name\":\"x\",\"at\":0,\"length\":0}]}",
 		 rank, ds, rank, ds + 32, rank);
 	put(at("dcp/.metadata"), meta);
+	snprintf(good, sizeof(good), "%s", meta);
 	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == 0);
 	if (!ck)
 		return;
@@ -256,6 +296,20 @@ static void dcp(struct sluice_engine *eng)
 	put(at("dcp/.metadata"), meta);
 	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
 	T_CHECK(strstr(sluice_last_error_detail(), "damaged metadata") != NULL);
+	/* A chunk outside its tensor's size; a chunk no item stores (half of w unread). */
+	{
+		char bad[2048];
+		const char *k = strstr(good, "\"size\":[4,4]"), *c = strstr(good, "\"sizes\":[2,4]}]");
+
+		snprintf(bad, sizeof(bad), "%.*s\"size\":[3,4]%s", (int)(k - good), good, k + strlen("\"size\":[4,4]"));
+		put(at("dcp/.metadata"), bad);
+		T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+		snprintf(bad, sizeof(bad), "%.*s\"sizes\":[2,4]},{\"offsets\":[0,0],\"sizes\":[2,4]}]%s",
+			 (int)(c - good), good, c + strlen("\"sizes\":[2,4]}]"));
+		put(at("dcp/.metadata"), bad);
+		T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+		T_CHECK(strstr(sluice_last_error_detail(), "chunks") != NULL);
+	}
 	put(at("dcp/.metadata"), "\x80\x04\x95 a pickle");
 	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
 }
