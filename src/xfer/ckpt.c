@@ -346,6 +346,10 @@ static int sl_check_listing(const char *dir, char **names, size_t n)
 			rc = sl__err(SLUICE_EFORMAT, "%s: holds several variants of a checkpoint (%s and %s): name the one "
 						     "to load by its file or index", dir, names[0], names[i]);
 		if (sl_part(names[i], &k, &of, &stem)) {
+			if (of > n) { /* more shards than files: not all there (and no table of 4 billion) */
+				parts = -1000000;
+				continue;
+			}
 			if (!parts++) {
 				total = of, stem0 = stem;
 				seen = calloc((size_t)of + 1, 1);
