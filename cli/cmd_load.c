@@ -98,72 +98,174 @@ static const char *shown_name(const char *n)
 	return out;
 }
 
-int cmd_load(int argc, char **argv)
+struct opts {
+	int json, list, host, bench, cold, reps_given;
+	unsigned reps;
+	const char *path;
+};
+
+/* The options into o: 0, -1 after --help, or the exit code of a usage error. */
+static int parse(int argc, char **argv, struct opts *o)
 {
-	int json = 0, list = 0, host = 0, bench = 0, cold = 0, reps_given = 0, rc, gpu;
-	unsigned reps = 3;
-	const char *path = NULL;
-	struct sluice_engine *eng = NULL;
-	struct sluice_ckpt *ck = NULL;
-	struct sluice_engine_info info;
-	struct sluice_range *plain = NULL;
-	size_t nplain = 0;
-	double ts[REPS_MAX], tp[REPS_MAX], t0;
-	void *buf = NULL;
-	uint64_t size;
+	int rc;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			fputs(usage, stdout);
-			return 0;
+			return -1;
 		} else if (!strcmp(a, "--json")) {
-			json = 1;
+			o->json = 1;
 		} else if (!strcmp(a, "--list")) {
-			list = 1;
+			o->list = 1;
 		} else if (!strcmp(a, "--host")) {
-			host = 1;
+			o->host = 1;
 		} else if (!strcmp(a, "--bench")) {
-			bench = 1;
+			o->bench = 1;
 		} else if (!strcmp(a, "--cold")) {
-			cold = 1;
+			o->cold = 1;
 		} else if (!strcmp(a, "--reps")) {
 			if (i + 1 >= argc)
 				return cli_fail(CMD, "--reps needs a value");
-			if ((rc = cli_uint(CMD, "--reps", argv[++i], 1, REPS_MAX, &reps)))
+			if ((rc = cli_uint(CMD, "--reps", argv[++i], 1, REPS_MAX, &o->reps)))
 				return rc;
-			reps_given = 1;
+			o->reps_given = 1;
 		} else if (a[0] == '-' && a[1]) {
 			return cli_fail(CMD, "unknown option '%s' (see --help)", a);
-		} else if (path) {
-			return cli_fail(CMD, "one checkpoint, not '%s' and '%s'", cli_shown(path), cli_shown(a));
+		} else if (o->path) {
+			return cli_fail(CMD, "one checkpoint, not '%s' and '%s'", cli_shown(o->path), cli_shown(a));
 		} else {
-			path = a;
+			o->path = a;
 		}
 	}
-	if (!path)
+	if (!o->path)
 		return cli_fail(CMD, "no checkpoint given (see --help)");
-	if (!bench && (cold || reps_given))
+	if (!o->bench && (o->cold || o->reps_given))
 		return cli_fail(CMD, "--reps and --cold go with --bench");
+	return 0;
+}
+
+/* What the passes measured: each load's and each plain read's seconds; whether the page cache was dropped. */
+struct passes {
+	double load[REPS_MAX], plain[REPS_MAX];
+	unsigned n;
+	int dropped; /* --cold: 1 dropped, 2 not permitted */
+};
+
+/* The loads (with --bench each beside a plain read of plain's ranges), timed into r; 0 or an error. */
+static int run(const struct opts *o, struct sluice_engine *eng, struct sluice_ckpt *ck, void *buf, uint64_t size,
+	       const struct sluice_range *plain, size_t nplain, struct passes *r)
+{
+	int rc = 0;
+
+	r->n = o->bench ? o->reps : 1;
+	for (unsigned k = 0; !rc && k < r->n; k++) {
+		double t0;
+
+		if (o->cold)
+			r->dropped = sluice_drop_page_cache() ? 1 : 2;
+		t0 = now_s();
+		rc = sluice_ckpt_load(ck, buf, size, NULL);
+		r->load[k] = now_s() - t0;
+		if (!rc && o->bench) {
+			ssize_t got;
+
+			if (o->cold)
+				sluice_drop_page_cache();
+			t0 = now_s();
+			got = sluice_read_batch(eng, plain, nplain, NULL);
+			r->plain[k] = now_s() - t0;
+			rc = got < 0 ? (int)got : 0;
+		}
+	}
+	return rc;
+}
+
+static void print_json(const struct opts *o, struct sluice_ckpt *ck, int gpu, double s, double p, const char *mode)
+{
+	double gb = (double)sluice_ckpt_bytes(ck) / 1e9;
+
+	printf("{\"path\":");
+	cli_json_str(cli_shown(o->path));
+	printf(",\"format\":\"%s\",\"files\":%u,\"tensors\":%zu,\"bytes\":%llu,\"memory\":\"%s\",\"seconds\":%.6f,"
+	       "\"gb_s\":%.3f", sluice_ckpt_format(ck), sluice_ckpt_files(ck), sluice_ckpt_count(ck),
+	       (unsigned long long)sluice_ckpt_bytes(ck), gpu ? "gpu" : "host", s, gb / s);
+	if (o->bench)
+		printf(",\"bench\":{\"reps\":%u,\"pages\":\"%s\",\"plain_seconds\":%.6f,\"plain_gb_s\":%.3f,"
+		       "\"ratio\":%.3f}", o->reps, mode, p, gb / p, p / s);
+	if (o->list) {
+		printf(",\"list\":[");
+		for (size_t i = 0; i < sluice_ckpt_count(ck); i++) {
+			const struct sluice_ckpt_tensor *t = sluice_ckpt_tensor(ck, i);
+
+			printf("%s{\"name\":", i ? "," : "");
+			cli_json_str(t->name);
+			printf(",\"dtype\":\"%s\",\"shape\":[", t->dtype);
+			for (unsigned d = 0; d < t->ndim; d++)
+				printf("%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
+			printf("],\"file\":%u,\"offset\":%llu,\"bytes\":%llu}", t->file, (unsigned long long)t->offset,
+			       (unsigned long long)t->bytes);
+		}
+		printf("]");
+	}
+	printf("}\n");
+}
+
+static void print_text(const struct opts *o, struct sluice_ckpt *ck, int gpu, double s, double p, const char *mode,
+		       int dropped)
+{
+	double gb = (double)sluice_ckpt_bytes(ck) / 1e9;
+
+	for (size_t i = 0; o->list && i < sluice_ckpt_count(ck); i++) {
+		const struct sluice_ckpt_tensor *t = sluice_ckpt_tensor(ck, i);
+
+		printf("%-48s %-8s [", shown_name(t->name), t->dtype);
+		for (unsigned d = 0; d < t->ndim; d++)
+			printf("%s%llu", d ? ", " : "", (unsigned long long)t->shape[d]);
+		printf("]  file %u, %llu bytes\n", t->file, (unsigned long long)t->bytes);
+	}
+	printf("%s: %s, %zu tensors in %u files, %.2f GB into %s memory in %.3f s (%.2f GB/s%s%s)\n", cli_shown(o->path),
+	       sluice_ckpt_format(ck), sluice_ckpt_count(ck), sluice_ckpt_files(ck), gb, gpu ? "GPU" : "host", s, gb / s,
+	       o->bench ? ", median, " : "", mode);
+	if (o->bench)
+		printf("plain read of the same bytes: %.3f s (%.2f GB/s); the load at %.2fx its speed%s\n", p, gb / p, p / s,
+		       dropped == 2 ? " (the page cache could not be dropped: not root)" : "");
+}
+
+int cmd_load(int argc, char **argv)
+{
+	struct opts o = { .reps = 3 };
+	struct sluice_engine *eng = NULL;
+	struct sluice_ckpt *ck = NULL;
+	struct sluice_engine_info info;
+	struct sluice_range *plain = NULL;
+	struct passes r = { .n = 0 };
+	size_t nplain = 0;
+	void *buf = NULL;
+	uint64_t size;
+	int rc = parse(argc, argv, &o), gpu;
+
+	if (rc)
+		return rc < 0 ? 0 : rc;
 	memset(&info, 0, sizeof(info));
 	info.size = sizeof(info);
 	if ((rc = sluice_engine_open(&eng, NULL)) || (rc = sluice_engine_get_info(eng, &info))) {
 		sluice_engine_close(eng);
 		return cli_error(CMD, "cannot open engine", rc);
 	}
-	if ((rc = sluice_ckpt_open(&ck, eng, path))) {
+	if ((rc = sluice_ckpt_open(&ck, eng, o.path))) {
 		sluice_engine_close(eng);
-		return cli_error(CMD, path, rc);
+		return cli_error(CMD, o.path, rc);
 	}
 	size = sluice_ckpt_load_size(ck);
-	if (bench) {
+	if (o.bench) {
 		uint64_t total;
 
 		free(plain_ranges(eng, ck, NULL, &nplain, &total));
 		size = total > size ? total : size;
 	}
-	gpu = !host && info.gpu >= 0;
+	gpu = !o.host && info.gpu >= 0;
 	rc = gpu ? sluice_gpu_alloc(eng, size ? size : 1, &buf)
 		 : ((buf = aligned_alloc(4096, (size + 4095) / 4096 * 4096 + 4096)) ? 0 : -ENOMEM);
 	if (rc) {
@@ -171,78 +273,20 @@ int cmd_load(int argc, char **argv)
 		sluice_engine_close(eng);
 		return cli_error(CMD, gpu ? "GPU memory for the load" : "host memory for the load", rc);
 	}
-	if (bench && !(plain = plain_ranges(eng, ck, buf, &nplain, &(uint64_t){ 0 })))
+	if (o.bench && !(plain = plain_ranges(eng, ck, buf, &nplain, &(uint64_t){ 0 })))
 		rc = -ENOMEM;
-	for (unsigned k = 0; !rc && k < (bench ? reps : 1); k++) {
-		struct sluice_xfer_report rep;
-
-		memset(&rep, 0, sizeof(rep));
-		rep.size = sizeof(rep);
-
-		if (cold)
-			cold = sluice_drop_page_cache() ? 1 : 2;
-		t0 = now_s();
-		rc = sluice_ckpt_load(ck, buf, size, &rep);
-		ts[k] = now_s() - t0;
-		if (!rc && bench) {
-			ssize_t got;
-
-			if (cold)
-				sluice_drop_page_cache();
-			t0 = now_s();
-			got = sluice_read_batch(eng, plain, nplain, NULL);
-			tp[k] = now_s() - t0;
-			rc = got < 0 ? (int)got : 0;
-		}
-	}
+	if (!rc)
+		rc = run(&o, eng, ck, buf, size, plain, nplain, &r);
 	if (rc) {
-		cli_error(CMD, path, rc);
+		cli_error(CMD, o.path, rc);
 	} else {
-		double gb = (double)sluice_ckpt_bytes(ck) / 1e9, s = median(ts, bench ? reps : 1),
-		       p = bench ? median(tp, reps) : 0;
-		const char *mode = !bench ? "" : cold == 1 ? "cold" : "warm";
+		double s = median(r.load, r.n), p = o.bench ? median(r.plain, r.n) : 0;
+		const char *mode = !o.bench ? "" : r.dropped == 1 ? "cold" : "warm";
 
-		if (json) {
-			printf("{\"path\":");
-			cli_json_str(cli_shown(path));
-			printf(",\"format\":\"%s\",\"files\":%u,\"tensors\":%zu,\"bytes\":%llu,\"memory\":\"%s\",\"seconds\":%.6f,"
-			       "\"gb_s\":%.3f", sluice_ckpt_format(ck), sluice_ckpt_files(ck), sluice_ckpt_count(ck),
-			       (unsigned long long)sluice_ckpt_bytes(ck), gpu ? "gpu" : "host", s, gb / s);
-			if (bench)
-				printf(",\"bench\":{\"reps\":%u,\"pages\":\"%s\",\"plain_seconds\":%.6f,\"plain_gb_s\":%.3f,"
-				       "\"ratio\":%.3f}", reps, mode, p, gb / p, p / s);
-			if (list) {
-				printf(",\"list\":[");
-				for (size_t i = 0; i < sluice_ckpt_count(ck); i++) {
-					const struct sluice_ckpt_tensor *t = sluice_ckpt_tensor(ck, i);
-
-					printf("%s{\"name\":", i ? "," : "");
-					cli_json_str(t->name);
-					printf(",\"dtype\":\"%s\",\"shape\":[", t->dtype);
-					for (unsigned d = 0; d < t->ndim; d++)
-						printf("%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
-					printf("],\"file\":%u,\"offset\":%llu,\"bytes\":%llu}", t->file,
-					       (unsigned long long)t->offset, (unsigned long long)t->bytes);
-				}
-				printf("]");
-			}
-			printf("}\n");
-		} else {
-			for (size_t i = 0; list && i < sluice_ckpt_count(ck); i++) {
-				const struct sluice_ckpt_tensor *t = sluice_ckpt_tensor(ck, i);
-
-				printf("%-48s %-8s [", shown_name(t->name), t->dtype);
-				for (unsigned d = 0; d < t->ndim; d++)
-					printf("%s%llu", d ? ", " : "", (unsigned long long)t->shape[d]);
-				printf("]  file %u, %llu bytes\n", t->file, (unsigned long long)t->bytes);
-			}
-			printf("%s: %s, %zu tensors in %u files, %.2f GB into %s memory in %.3f s (%.2f GB/s%s%s)\n",
-			       cli_shown(path), sluice_ckpt_format(ck), sluice_ckpt_count(ck), sluice_ckpt_files(ck), gb,
-			       gpu ? "GPU" : "host", s, gb / s, bench ? ", median, " : "", mode);
-			if (bench)
-				printf("plain read of the same bytes: %.3f s (%.2f GB/s); the load at %.2fx its speed%s\n", p,
-				       gb / p, p / s, cold == 2 ? " (the page cache could not be dropped: not root)" : "");
-		}
+		if (o.json)
+			print_json(&o, ck, gpu, s, p, mode);
+		else
+			print_text(&o, ck, gpu, s, p, mode, r.dropped);
 	}
 	for (size_t i = 0; i < nplain; i++)
 		sluice_file_close(plain[i].file);

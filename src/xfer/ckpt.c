@@ -162,6 +162,20 @@ static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
 	return rc;
 }
 
+/* Opens dir/name (dirlen bytes of dir) as file i of ck, the checkpoint's files then 0 to i. */
+static int sl_open_named(struct sluice_ckpt *ck, unsigned i, const char *dir, size_t dirlen, const char *name)
+{
+	char *p = sl_join(dir, dirlen, name);
+	int rc;
+
+	if (!p)
+		return -ENOMEM;
+	ck->nfiles = i + 1;
+	rc = sl_open_st(ck, i, p);
+	free(p);
+	return rc;
+}
+
 static int sl_alloc_files(struct sluice_ckpt *ck, size_t n, const char *where)
 {
 	if (n == 0)
@@ -259,19 +273,9 @@ static int sl_open_index(struct sluice_ckpt *ck, const char *path)
 	}
 	slash = strrchr(path, '/');
 	dirlen = slash ? (size_t)(slash - path) : 1;
-	for (size_t i = 0; !rc && i < nn; i++) {
-		char *full = sl_join(slash ? path : ".", dirlen, names[i]);
-
-		if (!full) {
-			rc = -ENOMEM;
-			break;
-		}
-		ck->nfiles = (unsigned)i + 1;
-		rc = sl_open_st(ck, (unsigned)i, full);
-		free(full);
-		if (!rc)
+	for (size_t i = 0; !rc && i < nn; i++)
+		if (!(rc = sl_open_named(ck, (unsigned)i, slash ? path : ".", dirlen, names[i])))
 			rc = sl_add_file(ck, (unsigned)i, wm, names[i]);
-	}
 	if (!rc && ck->n != json_object_size(wm)) {
 		/* A name the index gives that its file lacks (or holds twice: the files parse apart). */
 		json_object_foreach(wm, k, f) {
@@ -336,7 +340,7 @@ static int sl_check_listing(const char *dir, char **names, size_t n)
 	size_t stem, stem0 = 0, vlen0, vlen;
 	const char *v0, *v;
 	unsigned char *seen = NULL;
-	int parts = 0, rc = 0;
+	int parts = 0, bad = 0, rc = 0;
 
 	for (size_t i = 0; i < n && !rc; i++) {
 		sl_variant(names[i], &v, &vlen);
@@ -346,21 +350,22 @@ static int sl_check_listing(const char *dir, char **names, size_t n)
 			rc = sl__err(SLUICE_EFORMAT, "%s: holds several variants of a checkpoint (%s and %s): name the one "
 						     "to load by its file or index", dir, names[0], names[i]);
 		if (sl_part(names[i], &k, &of, &stem)) {
+			parts++;
 			if (of > n) { /* more shards than files: not all there (and no table of 4 billion) */
-				parts = -1000000;
+				bad = 1;
 				continue;
 			}
-			if (!parts++) {
+			if (!seen) {
 				total = of, stem0 = stem;
 				seen = calloc((size_t)of + 1, 1);
 				if (!seen)
 					return -ENOMEM;
 			}
 			if (of != total || stem != stem0 || strncmp(names[i], names[0], stem) || !k || k > total || seen[k]++)
-				parts = -1000000;
+				bad = 1;
 		}
 	}
-	if (!rc && parts && (parts != (int)n || (size_t)total != n))
+	if (!rc && parts && (bad || parts != (int)n || (size_t)total != n))
 		rc = sl__err(SLUICE_EFORMAT,
 			     "%s: holds no index and %zu .safetensors files that are not shards 1 to %u of one save, each "
 			     "once: an unfinished save, not a checkpoint (name a file to load it)", dir, n, total);
@@ -411,19 +416,9 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 		rc = sl_check_listing(dir, names, n);
 		if (!rc)
 			rc = sl_alloc_files(ck, n, dir);
-		for (size_t i = 0; !rc && i < n; i++) {
-			char *p = sl_join(dir, strlen(dir), names[i]);
-
-			if (!p) {
-				rc = -ENOMEM;
-				break;
-			}
-			ck->nfiles = (unsigned)i + 1;
-			rc = sl_open_st(ck, (unsigned)i, p);
-			free(p);
-			if (!rc)
+		for (size_t i = 0; !rc && i < n; i++)
+			if (!(rc = sl_open_named(ck, (unsigned)i, dir, strlen(dir), names[i])))
 				rc = sl_add_file(ck, (unsigned)i, NULL, NULL);
-		}
 	}
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -571,17 +566,15 @@ static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors
 	return 0;
 }
 
-static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
+/* .metadata's document, its notice and format checked; kept in ck->doc (the table's names point into it). */
+static int sl_dcp_doc(struct sluice_ckpt *ck, const char *meta)
 {
-	char *meta = sl_join(dir, strlen(dir), ".metadata"), *raw = NULL, *json, *end;
-	json_t *doc = NULL, *items, *tensors, *it;
+	char *raw, *json;
 	json_error_t jerr;
-	size_t len, i, nitems = 0;
+	size_t len;
 	int rc;
 
-	if (!meta)
-		return -ENOMEM;
-	if ((rc = sl_keep(ck, meta)) || (rc = sl_read_small(ck->eng, meta, &raw, &len)))
+	if ((rc = sl_read_small(ck->eng, meta, &raw, &len)))
 		return rc;
 	json = !strncmp(raw, SL_DCP_MAGIC_HEAD, strlen(SL_DCP_MAGIC_HEAD)) ? strstr(raw, SL_DCP_MAGIC_TAIL) : NULL;
 	if (!json || (size_t)(json - raw) > 4096) {
@@ -590,19 +583,56 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 					       "torch's own pickles it: sluice reads it only through sluice.dcp)", meta);
 	}
 	json += strlen(SL_DCP_MAGIC_TAIL);
-	end = raw + len;
-	doc = json_loadb(json, (size_t)(end - json), JSON_REJECT_DUPLICATES, &jerr);
+	ck->doc = json_loadb(json, (size_t)(raw + len - json), JSON_REJECT_DUPLICATES, &jerr);
 	free(raw);
-	if (!doc)
+	if (!ck->doc)
 		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not JSON: %s)", meta, jerr.text);
-	ck->doc = doc; /* the table's names point into it: kept until sluice_ckpt_close */
-	items = json_object_get(doc, "items");
-	tensors = json_object_get(doc, "tensors");
-	if (strcmp(json_string_value(json_object_get(doc, "format")) ? json_string_value(json_object_get(doc, "format"))
-								     : "", "sluice-dcp") ||
-	    json_integer_value(json_object_get(doc, "version")) != 1 || !json_is_array(items) || !json_is_object(tensors))
+	if (!json_is_string(json_object_get(ck->doc, "format")) ||
+	    strcmp(json_string_value(json_object_get(ck->doc, "format")), "sluice-dcp") ||
+	    json_integer_value(json_object_get(ck->doc, "version")) != 1 ||
+	    !json_is_array(json_object_get(ck->doc, "items")) || !json_is_object(json_object_get(ck->doc, "tensors")))
 		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not sluice-dcp version 1 with tensors and items)",
 			       meta);
+	return 0;
+}
+
+/* 1 if fqn is one of the document's bytes items (a pickled object, not a tensor). */
+static int sl_dcp_is_bytes(json_t *doc, const char *fqn)
+{
+	json_t *b;
+	size_t q;
+
+	json_array_foreach(json_object_get(doc, "bytes"), q, b)
+		if (json_is_string(b) && !strcmp(json_string_value(b), fqn))
+			return 1;
+	return 0;
+}
+
+/* The index in ck->files of the rank file named file, opened (and its header read) the first time. */
+static int sl_dcp_file(struct sluice_ckpt *ck, const char *dir, const char *meta, const char *file, unsigned *fi)
+{
+	for (*fi = 0; *fi < ck->nfiles; (*fi)++)
+		if (!strcmp(strrchr(ck->files[*fi].path, '/') + 1, file))
+			return 0;
+	if (*fi == SL_CKPT_FILES_MAX)
+		return sl__err(SLUICE_EFORMAT, "%s: more than %u files", meta, SL_CKPT_FILES_MAX);
+	return sl_open_named(ck, *fi, dir, strlen(dir), file);
+}
+
+static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
+{
+	char *meta = sl_join(dir, strlen(dir), ".metadata");
+	json_t *items, *tensors, *it, *t;
+	size_t i, nitems = 0, chunks = 0;
+	const char *k;
+	int rc;
+
+	if (!meta)
+		return -ENOMEM;
+	if ((rc = sl_keep(ck, meta)) || (rc = sl_dcp_doc(ck, meta)))
+		return rc;
+	items = json_object_get(ck->doc, "items");
+	tensors = json_object_get(ck->doc, "tensors");
 	/* The rank files, in the order items first name them; each opened and its header read once. */
 	if ((rc = sl_alloc_files(ck, json_array_size(items) < SL_CKPT_FILES_MAX ? json_array_size(items) + 1
 									       : SL_CKPT_FILES_MAX, meta)))
@@ -610,56 +640,28 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 	if (!(ck->t = calloc(json_array_size(items) + 1, sizeof(*ck->t))))
 		return -ENOMEM;
 	json_array_foreach(items, i, it) {
-		const char *file = json_string_value(json_object_get(it, "file"));
+		const char *file = json_string_value(json_object_get(it, "file")),
+			   *fqn = json_string_value(json_object_get(it, "fqn"));
 		unsigned fi;
 
-		if (!json_is_object(it) || !file || !sl_dcp_data_name(file) ||
-		    !json_is_string(json_object_get(it, "fqn")) || !json_is_integer(json_object_get(it, "at")) ||
-		    !json_is_integer(json_object_get(it, "length")))
+		if (!json_is_object(it) || !file || !sl_dcp_data_name(file) || !fqn ||
+		    !json_is_integer(json_object_get(it, "at")) || !json_is_integer(json_object_get(it, "length")))
 			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item %zu)", meta, i);
 		if (json_is_null(json_object_get(it, "offset")) || !json_object_get(it, "offset")) {
-			json_t *b;
-			size_t q;
-
-			json_array_foreach(json_object_get(doc, "bytes"), q, b)
-				if (json_is_string(b) && !strcmp(json_string_value(b), json_string_value(json_object_get(it, "fqn"))))
-					break;
-			if (!json_is_array(json_object_get(doc, "bytes")) || q == json_array_size(json_object_get(doc, "bytes")))
+			if (!sl_dcp_is_bytes(ck->doc, fqn))
 				return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no chunk offsets, and not bytes)",
-					       meta, json_string_value(json_object_get(it, "fqn")));
+					       meta, fqn);
 			continue; /* bytes (a pickled object), not a tensor */
 		}
-		for (fi = 0; fi < ck->nfiles && strcmp(strrchr(ck->files[fi].path, '/') + 1, file); fi++)
-			;
-		if (fi == ck->nfiles && fi == SL_CKPT_FILES_MAX)
-			return sl__err(SLUICE_EFORMAT, "%s: more than %u files", meta, SL_CKPT_FILES_MAX);
-		if (fi == ck->nfiles) {
-			char *p = sl_join(dir, strlen(dir), file);
-
-			if (!p)
-				return -ENOMEM;
-			ck->nfiles++;
-			rc = sl_open_st(ck, fi, p);
-			free(p);
-			if (rc)
-				return rc;
-		}
-		if ((rc = sl_dcp_item(ck, meta, tensors, it, fi)))
+		if ((rc = sl_dcp_file(ck, dir, meta, file, &fi)) || (rc = sl_dcp_item(ck, meta, tensors, it, fi)))
 			return rc;
 		nitems++;
 	}
-	{
-		size_t chunks = 0;
-		const char *k;
-		json_t *t;
-
-		json_object_foreach(tensors, k, t)
-			chunks += json_array_size(json_object_get(t, "chunks"));
-		/* Items are unique (sl_unique) and each is a chunk: as many as the chunks, every chunk is stored. */
-		if (chunks != nitems)
-			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (%zu chunks, %zu items store them)", meta, chunks,
-				       nitems);
-	}
+	/* Items are unique (sl_unique) and each is a chunk: as many as the chunks, every chunk is stored. */
+	json_object_foreach(tensors, k, t)
+		chunks += json_array_size(json_object_get(t, "chunks"));
+	if (chunks != nitems)
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (%zu chunks, %zu items store them)", meta, chunks, nitems);
 	return nitems ? 0 : sl__err(-ENOENT, "%s: the checkpoint holds no tensor", meta);
 }
 
