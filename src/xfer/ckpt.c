@@ -102,6 +102,7 @@ static int sl_read_small(struct sluice_engine *eng, const char *path, char **out
 	int rc;
 
 	*out = NULL;
+	*len = 0;
 	if ((rc = sluice_file_open(&f, eng, path, 0)))
 		return rc;
 	size = sluice_file_size(f);

@@ -1,9 +1,11 @@
 /*
  * xfer: the public transfer calls: files and their reads and writes
  * (file.c), async transfers and futures (async.c), one read for many
- * buffers (bcast.c), and the object client (object.c: bucket and key apart, credentials of its own).
+ * buffers (bcast.c), the object client (object.c: bucket and key apart, credentials of its own), and
+ * model checkpoints (ckpt.c: its readers' table and one batched load).
  * Each keeps its own state; the pipeline under them is engine/.  Depends on
- * engine/ and remote/ (the object client's connection).
+ * engine/, remote/ (the object client's connection) and format/ (the
+ * safetensors header's parser).
  */
 #ifndef SL_XFER_H
 #define SL_XFER_H

@@ -15,7 +15,7 @@ ALLOWED = {
     "diag": {"core", "store"},
     "engine": {"core", "store", "gpu", "remote", "diag"},
     "format": {"core", "remote"},
-    "xfer": {"core", "engine", "remote"},
+    "xfer": {"core", "engine", "remote", "format"},
     "dsread": {"core", "engine", "format"},
     "image": {"core", "gpu"},
     "loader": {"core", "engine", "format", "gpu", "image", "diag", "dsread"},
