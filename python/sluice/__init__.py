@@ -1,7 +1,7 @@
 """sluice: files and datasets into GPU (or host) memory at the speed of the hardware.
 
 The package's modules, re-exported here: buffers (the engine, memory, read/write and their async forms), dataset,
-loader, images (Images: decoding and augmentation in the loader), s3 (Client, copy), packer (pack, Packer), checkpoint (save, load), operate (metrics, process checkpoints).
+loader, images (Images: decoding and augmentation in the loader), s3 (Client, copy), packer (pack, Packer), checkpoint (save, load), models (from_pretrained, load_model, empty_weights), operate (metrics, process checkpoints).
 The Data Journey's experiments and the peers they run (torch, Streaming, WebDataset) are a tool beside the package
 (tools/journey), run by `sluice journey`: nothing here imports them.
 
@@ -19,7 +19,8 @@ from .operate import checkpoint_process, metrics_text, serve_metrics  # noqa: F4
 from .packer import Packer, pack  # noqa: F401
 from .s3 import Client, ObjectFolder, copy, listdir, remove  # noqa: F401
 from .checkpoint import load, save  # noqa: F401,E402
+from .models import empty_weights, from_pretrained, load_model  # noqa: F401,E402
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "read_async", "write_async", "Future",
            "read_broadcast", "gpu_count", "Dataset", "Loader", "Images", "IMAGENET_MEAN", "IMAGENET_STD", "profile", "pack", "Packer", "Client", "ObjectFolder",
-           "copy", "listdir", "remove", "save", "load", "metrics_text", "serve_metrics", "checkpoint_process"]
+           "copy", "listdir", "remove", "save", "load", "from_pretrained", "load_model", "empty_weights", "metrics_text", "serve_metrics", "checkpoint_process"]

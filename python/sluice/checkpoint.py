@@ -449,6 +449,14 @@ def _tensors(src, handles):
     return table
 
 
+def _listing(source, variant=None):
+    """{name: (dtype, shape)} of every tensor load would read of source (the same files, the same checks),
+    without reading their bytes."""
+    src = _sources(source, variant)
+    with _opened(src.files) as handles:
+        return {n: (v["dtype"], tuple(v["shape"])) for n, (_, v, _) in _tensors(src, handles).items()}
+
+
 def _named(source):
     """load's source (a path, a URL or a list of them) as messages name it (no query, no password)."""
     return ", ".join(map(shown, source)) if isinstance(source, (list, tuple)) else shown(source)
