@@ -1,7 +1,9 @@
 """Checkpoint loaders side by side (issue #24): safetensors, fastsafetensors, the Run:ai Model Streamer,
 InstantTensor and sluice load the same sharded safetensors checkpoint into one GPU, each at its defaults and at
 the settings its documentation offers for speed; passes interleaved, cold (page cache dropped) and warm; fio
-reads the same files (O_DIRECT) as the storage's own rate.  Each pass is a fresh process that starts CUDA
+reads the same files (O_DIRECT) as the storage's own rate.  --modes save: the checkpoint loaded onto the GPU
+(before the clock) and saved again as 5 GB shards, durable, by sluice.save and safetensors' save_file (and
+fsync), beside fio writing as many bytes in as many files (O_DIRECT, synced at the end).  Each pass is a fresh process that starts CUDA
 first, then times from the load call until every tensor's sum is computed on the GPU: a loader that returns
 before its bytes land is timed to the end of its work, and the sums, checked against the writer's, fail one
 that is fast and wrong.
@@ -313,6 +315,73 @@ print(sum(t.numel() for t in host), time.perf_counter() - t0)
 """
 
 
+# Saves: the checkpoint, loaded onto the GPU before the clock, saved again to OUT as 5 GB shards, durable (on
+# the disk when the call returns: sluice.save syncs; safetensors' files are synced after it, in the clock).
+SAVE = """
+import json, os, sys, time
+import torch, sluice
+DIR, OUT = sys.argv[1], sys.argv[2]
+state = sluice.load(DIR, device="cuda:0")
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+%s
+secs = time.perf_counter() - t0
+print(json.dumps({"seconds": secs, "bytes": sum(t.numel() * t.element_size() for t in state.values())}))
+"""
+SAVERS = {
+    "sluice.save": "sluice.save(state, OUT, max_shard_size=5 * 10**9)",
+    "safetensors save_file + fsync": """
+from safetensors.torch import save_file
+os.makedirs(OUT, exist_ok=True)
+shard, size, k = {}, 0, 0
+for name in list(state) + [None]:
+    if name is None or (shard and size + state[name].nbytes > 5 * 10**9):
+        path = os.path.join(OUT, f"model-{k:05d}.safetensors")
+        save_file(shard, path)
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        shard, size, k = {}, 0, k + 1
+    if name is not None:
+        shard[name], size = state[name], size + state[name].nbytes
+fd = os.open(OUT, os.O_RDONLY)
+os.fsync(fd)
+os.close(fd)
+""",
+}
+
+
+def save_pass(d, saver):
+    """One save in a fresh process, into an empty directory beside the checkpoint."""
+    out = os.path.join(os.path.dirname(d), "save-out")
+    subprocess.run(["rm", "-rf", out], check=True)
+    r = subprocess.run([sys.executable, "-c", SAVE % SAVERS[saver], d, out], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got["gb_s"] = got["bytes"] / got["seconds"] / GB
+    return got
+
+
+def fio_write_pass(fio, d, bs="4M"):
+    """fio writing as many bytes in as many files as the checkpoint's, O_DIRECT, io_uring at depth 32, each file
+    synced at its end (--end_fsync): the disk's durable sequential write rate."""
+    out = os.path.join(os.path.dirname(d), "save-out")
+    subprocess.run(["rm", "-rf", out], check=True)
+    os.makedirs(out)
+    files = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
+    args = [fio, "--output-format=json", "--ioengine=io_uring", "--direct=1", "--rw=write", f"--bs={bs}",
+            "--iodepth=32", "--end_fsync=1", "--group_reporting"]
+    for i, f in enumerate(files):
+        size = os.path.getsize(f) // (4 << 20) * (4 << 20)
+        args += [f"--name=w{i}", f"--filename={os.path.join(out, f'f{i}')}", f"--size={size}"]
+    t0 = time.perf_counter()
+    res = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    secs = time.perf_counter() - t0
+    j = json.loads(res[res.index("{"):])["jobs"][0]
+    return {"gb_s": j["write"]["io_bytes"] / secs / GB, "bytes": j["write"]["io_bytes"], "seconds": secs}
+
+
 def link_pass(d):
     """The host-to-GPU link's rate on the same bytes: the files already in pinned memory, copied to the GPU
     (no loader delivers a warm checkpoint faster)."""
@@ -373,6 +442,10 @@ def main():
              and (a.ranks > 1 or not VARIANTS[v][1].get("group"))]
     for mode in a.modes.split(","):
         contenders = {v: (lambda v=v: one_pass(d, v, a.tp, a.ranks)) for v in names}
+        if mode == "save":
+            contenders = {v: (lambda v=v: save_pass(d, v)) for v in SAVERS if not a.only or v in a.only.split(",")}
+            if a.fio:
+                contenders["fio write"] = lambda: fio_write_pass(a.fio, d)
         if mode == "cold" and a.fio:
             for bs in a.fio_bs.split(","):
                 for k in (int(x) for x in a.fio_regions.split(",")):
@@ -382,7 +455,7 @@ def main():
             contenders["link: pinned host to GPU"] = lambda: link_pass(d)
         if mode == "cold" and a.fio and a.fio_buffered:
             contenders["fio buffered 16M"] = lambda: fio_pass(a.fio, d, 0, "16M")
-        got = side_by_side(contenders, a.reps, before=drop_caches if mode == "cold" else (lambda: warm(d)))
+        got = side_by_side(contenders, a.reps, before=drop_caches if mode in ("cold", "save") else (lambda: warm(d)))
         res[mode] = got
         for name, r in got.items():
             print(f"[ckpt] {mode:4s} {name:32s} " + (f"{r['gb_s']:6.2f} GB/s ({min(r['passes']):.2f}-"

@@ -87,7 +87,8 @@ def _put(model, names, value, param):
         (mod._parameters if param is not None else mod._buffers)[leaf] = value
 
 
-def load_model(model, source, device="cuda", dtype=None, strict=True, variant=None, report=None):
+def load_model(model, source, device="cuda", dtype=None, strict=True, variant=None, report=None,
+               process_group=None):
     """Loads a safetensors checkpoint (any source sluice.load takes) into a torch module and returns the module,
     its parameters and buffers on device.
 
@@ -106,6 +107,8 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
     strict: True, a ValueError naming every parameter (and every buffer on the meta device) the checkpoint lacks,
     before anything is read; False, those become zeros on device.  Tensors of the checkpoint the module has no
     place for are not read either way (report['unexpected_keys']).
+    process_group: a torch.distributed group whose ranks all load the same model, each onto its own device: the
+    group reads each byte once and all-gathers it (see sluice.load).
     report (a dict, or None) receives sluice.load's figures and missing_keys, unexpected_keys, untied."""
     import torch
     dtype = _torch_dtype(torch, dtype, "dtype")
@@ -143,7 +146,7 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
                          f"sluice.empty_weights() or accelerate's init_empty_weights(include_buffers=False) do")
     rep = {}
     got = load(source, device=str(device), keys=[glob.escape(k) for k in sorted(used)], variant=variant,
-               report=rep) if used else {}
+               report=rep, process_group=process_group) if used else {}
     untied = []
     for t, names, keys, want in plan:
         param = t if isinstance(t, torch.nn.Parameter) else None
@@ -183,7 +186,7 @@ def _config(source, model_class, kwargs):
 
 
 def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=True, variant=None, report=None,
-                    **kwargs):
+                    process_group=None, **kwargs):
     """A transformers model ready on device (for its first forward, in eval mode) from source: a directory, or
     an s3:// or http(s):// prefix ending in /, that holds config.json and the safetensors checkpoint (its index,
     else its files, as sluice.load finds them).
@@ -192,7 +195,7 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
     architectures.  dtype: of the floating parameters; None or "auto", config.json's dtype, else the
     checkpoint's.  kwargs go to the config, as transformers' from_pretrained passes them (attn_implementation=).
     The model is built with its parameters on the meta device and its buffers made as usual, then load_model
-    reads the checkpoint into place (see it for strict, variant and report).  Not handled: remote code,
+    reads the checkpoint into place (see it for strict, variant, report and process_group).  Not handled: remote code,
     quantized checkpoints, device maps over several devices, and transformers' renaming of old checkpoints' keys."""
     import torch
     import transformers
@@ -217,5 +220,6 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
     with empty_weights(), no_init_weights():
         build = getattr(model_class, "_from_config", None)
         model = build(config, dtype=dtype) if build else model_class(config)
-    load_model(model, source, device=device, strict=strict, variant=variant, report=report)
+    load_model(model, source, device=device, strict=strict, variant=variant, report=report,
+               process_group=process_group)
     return model.eval()

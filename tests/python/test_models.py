@@ -2,9 +2,12 @@
 the same tensors and the same logits as the model they were saved from, tied weights one parameter, computed
 buffers kept, mismatches refused before anything is read.  Skipped, and said so, without torch (the CPU
 machine); the transformers and accelerate cases also without those.  The GPU machine has all three."""
+import inspect
+
 import pytest
 
 import sluice
+from conftest import run_ranks
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -146,6 +149,44 @@ def test_a_checkpoint_of_the_base_model_fits_a_model_with_a_head(tmp_path):
     sluice.load_model(model, path, device="cpu")
     assert torch.equal(model.body.mlp.weight, ref.body.mlp.weight) and torch.equal(model.head.weight,
                                                                                    ref.head.weight)
+
+
+# One rank of a group loading Tiny with process_group= (argv: the checkpoint, the backend, the device or "rank").
+GROUP_RANK = """
+import json, os, sys, torch, torch.distributed as dist, sluice
+from torch import nn
+%s
+path, backend, dev = sys.argv[1:4]
+dist.init_process_group(backend)
+rank = dist.get_rank()
+dev = f"cuda:{rank}" if dev == "rank" else dev
+alone = sluice.load(path, device="cpu")
+with sluice.empty_weights():
+    model = Tiny()
+rep = {}
+sluice.load_model(model, path, device=dev, process_group=dist.group.WORLD, report=rep)
+state = model.state_dict()
+bad = [k for k in state if k in alone and not torch.equal(state[k].cpu(), alone[k])]
+print(json.dumps({"bad": bad, "tied": model.head.weight is model.body.embed.weight, "bytes": rep["bytes"],
+                  "exchanged": rep["bytes_exchanged"]}))
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_a_process_group_loads_a_model_reading_each_byte_once(tmp_path, backend):
+    world, dev = 2, "cpu"
+    if backend == "nccl":
+        if torch.cuda.device_count() < 2:
+            pytest.skip("fewer than two GPUs")
+        dev = "rank"
+    path = _saved(tmp_path, Tiny())
+    whole = sum(t.numel() * t.element_size() for t in sluice.load(path, device="cpu").values())
+    reps = run_ranks(GROUP_RANK % inspect.getsource(Tiny), (path, backend, dev), world)
+    assert all(r["bad"] == [] and r["tied"] for r in reps), reps
+    assert sum(r["bytes"] for r in reps) == whole and all(r["exchanged"] > 0 for r in reps), reps
 
 
 def test_buffers_on_meta_that_no_checkpoint_holds_are_refused(tmp_path):
