@@ -100,15 +100,15 @@ def regular_target(path):
 SMALL_MAX = 256 << 20  # the most an index or a DCP checkpoint's metadata may hold
 
 
-def read_small(path):
+def read_small(path, limit=SMALL_MAX, what="an index or a metadata file"):
     """The whole of a small file or object (an index, a DCP checkpoint's metadata), as bytes: through the engine's
     one open (a local path must be a regular file: a FIFO or a device is refused by it before any read), at most
-    SMALL_MAX bytes, whatever its size or a server claims it to be."""
+    limit bytes (what: the kind of file, for the error), whatever its size or a server claims it to be."""
     f = open_file(path, 0)
     try:
         size = lib.sluice_file_size(f)
-        if size > SMALL_MAX:
-            raise bad(path, f"is {size} bytes, more than the {SMALL_MAX} an index or a metadata file may hold")
+        if size > limit:
+            raise bad(path, f"is {size} bytes, more than the {limit} {what} may hold")
         return pread(f, 0, size)
     finally:
         lib.sluice_file_close(f)

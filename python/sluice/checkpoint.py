@@ -475,7 +475,7 @@ def _select(table, keys, source):
     missing = [k for k in keys if not any(c in k for c in "*?[") and k not in table]
     if missing:
         raise KeyError(f"sluice.load: {_named(source)} has no tensor {_listed(missing)}")
-    pats = [k for k in keys if any(c in k for c in "*?[")]
+    pats = [k for k in keys if k not in table and any(c in k for c in "*?[")]  # a name it holds is that name
     want = set(k for k in keys if k in table)
     return [n for n in table if n in want or any(fnmatch.fnmatchcase(n, p) for p in pats)]
 
@@ -820,7 +820,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     variant: which of a directory's variants to load ("fp16": model.fp16.safetensors or
     model.safetensors.index.fp16.json, as transformers names them); a directory of several is an error
     listing them.
-    keys: names and globs ("model.layers.0.*") of the tensors to read; only theirs are delivered (the engine
+    keys: names and globs ("model.layers.0.*") of the tensors to read (a key the checkpoint holds as a name is
+    that name, not a glob); only theirs are delivered (the engine
     reads through a gap under SLUICE_READ_GAP, no longer than the tensor after it, where the file is not read
     from the page cache: the report's bytes_storage says what the I/Os spanned).
     shard: one rank's slice of each tensor, (dim, rank, world) for every tensor that has dim, or a

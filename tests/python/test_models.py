@@ -2,7 +2,10 @@
 the same tensors and the same logits as the model they were saved from, tied weights one parameter, computed
 buffers kept, mismatches refused before anything is read.  Skipped, and said so, without torch (the CPU
 machine); the transformers and accelerate cases also without those.  The GPU machine has all three."""
+import errno
 import inspect
+import json
+import struct
 
 import pytest
 
@@ -251,3 +254,140 @@ def test_from_pretrained_dtype_and_accelerate_users(tmp_path):
     ids = torch.randint(0, 96, (1, 9))
     with torch.no_grad():
         assert torch.equal(model.eval()(ids).logits, theirs(ids).logits)
+
+
+def test_a_checkpoint_rewritten_between_check_and_read_fails_naming_the_tensor(tmp_path, monkeypatch):
+    import sluice.models as models
+    path = str(tmp_path / "model.safetensors")
+    sluice.save({"weight": torch.full((4, 6), 1.5), "bias": torch.zeros(4)}, path)
+    listed = models._listing(path)
+    sluice.save({"weight": torch.arange(24, dtype=torch.int32).reshape(4, 6), "bias": torch.zeros(4)}, path)
+    monkeypatch.setattr(models, "_listing", lambda *a, **k: listed)  # the check saw the old file
+    with sluice.empty_weights():
+        model = nn.Linear(6, 4)
+    with pytest.raises(sluice.SluiceError, match=r"tensor 'weight' changed between its check and its read") as e:
+        sluice.load_model(model, path, device="cpu")
+    assert e.value.code == -errno.ESTALE and model.weight.is_meta  # nothing placed
+
+
+class Prefixed(nn.Module):
+    base_model_prefix = "model"
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.norm = nn.LayerNorm(4)
+        self.norm = nn.LayerNorm(4)
+
+
+def test_the_base_model_prefix_is_decided_once_for_the_checkpoint(tmp_path):
+    path = str(tmp_path / "c.safetensors")
+    sluice.save({"model.norm.bias": torch.zeros(4), "norm.weight": torch.full((4,), 7.0), "norm.bias": torch.zeros(4)},
+                path)
+    with sluice.empty_weights():
+        model = Prefixed()
+    with pytest.raises(ValueError, match=r"lacks 1 of the model's tensors: 'model.norm.weight'"):
+        sluice.load_model(model, path, device="cpu")  # not filled from norm.weight
+
+
+def test_parameters_stay_the_same_objects(tmp_path):
+    class Tagged(nn.Parameter):
+        pass
+
+    path = str(tmp_path / "l.safetensors")
+    sluice.save({"weight": torch.ones(1, 2)}, path)
+    model = nn.Linear(2, 1, bias=False)
+    model.weight = Tagged(model.weight.detach())
+    model.weight.no_weight_decay = True
+    before = model.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sluice.load_model(model, path, device="cpu")
+    assert model.weight is before and type(model.weight) is Tagged and model.weight.no_weight_decay
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert torch.allclose(model.weight, torch.full((1, 2), 0.9))  # the optimizer's parameter is the model's
+
+
+def test_a_tensor_that_is_a_parameter_and_a_buffer_gets_its_values_under_both(tmp_path):
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+            self.register_buffer("b", self.w)
+
+    path = str(tmp_path / "pb.safetensors")
+    sluice.save({"w": torch.full((2,), 3.0)}, path)
+    with sluice.empty_weights():
+        model = Both()
+    sluice.load_model(model, path, device="cpu")
+    assert torch.equal(model.state_dict()["b"], torch.full((2,), 3.0)) and model.b is model.w
+
+
+def test_names_with_glob_characters_load_as_themselves(tmp_path):
+    path = str(tmp_path / "g.safetensors")
+    sluice.save({"a[0]": torch.ones(2), "a0": torch.zeros(2)}, path)
+    got = sluice.load(path, device="cpu", keys=["a[0]"])
+    assert list(got) == ["a[0]"] and torch.equal(got["a[0]"], torch.ones(2))
+    assert sorted(sluice.load(path, device="cpu", keys=["a?"])) == ["a0"]  # still a glob where it is no name
+
+
+def _f4_file(path):
+    header = json.dumps({"w": {"dtype": "F4", "shape": [1, 6], "data_offsets": [0, 3]}}).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + bytes(3))
+
+
+def test_dtypes_that_cannot_convert_are_refused_before_reading(tmp_path):
+    _f4_file(tmp_path / "f4.safetensors")
+    with sluice.empty_weights():
+        model = nn.Module()
+        model.w = nn.Parameter(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"tensor 'w' is F4 \[1, 6\]; the model wants float32"):
+        sluice.load_model(model, str(tmp_path / "f4.safetensors"), device="cpu")
+    with pytest.raises(ValueError, match=r"dtype=torch.int32 is not a model's floating dtype"):
+        sluice.load_model(model, str(tmp_path / "f4.safetensors"), device="cpu", dtype=torch.int32)
+
+
+def test_from_pretrained_names_what_is_wrong_with_its_source(tmp_path):
+    pytest.importorskip("transformers")
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_bytes(b"\xff{")
+    with pytest.raises(sluice.SluiceError, match=r"m/config.json: not JSON"):
+        sluice.from_pretrained(str(d), device="cpu")
+    (d / "config.json").write_text(json.dumps({"model_type": ["llama"]}))
+    with pytest.raises(sluice.SluiceError, match=r"config.json: model_type \['llama'\] is not one transformers"):
+        sluice.from_pretrained(str(d), device="cpu")
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["pipeline"]}))
+    with pytest.raises(ValueError, match=r"config.json names no model class transformers has \('pipeline'\)"):
+        sluice.from_pretrained(str(d), device="cpu")
+    with pytest.raises(TypeError, match=r"model_class=.* is not a torch.nn.Module class"):
+        sluice.from_pretrained(str(d), print, device="cpu")
+    with pytest.raises(ValueError, match=r"config.json is not a directory"):
+        sluice.from_pretrained(str(d / "config.json"), device="cpu")
+    with open(d / "config.json", "wb") as f:
+        f.truncate((16 << 20) + 1)
+    with pytest.raises(sluice.SluiceError, match=r"more than the 16777216 a config.json may hold"):
+        sluice.from_pretrained(str(d), device="cpu")
+
+
+def test_checkpoint_names_transformers_renames_are_named_in_the_error(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, vocab_size=64)
+    transformers.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
+    with pytest.raises(ValueError, match=r"lacks 1 .*'lm_head.weight'; it holds 1 the model has no place for: "
+                                         r"'embed_out.weight' \(transformers renames"):
+        sluice.from_pretrained(str(tmp_path / "neox"), device="cpu")
+
+
+def test_modules_transformers_keeps_in_float32_stay_float32(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, vocab_size=64)
+    transformers.T5ForConditionalGeneration(cfg).save_pretrained(tmp_path / "t5")
+    theirs = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "t5", dtype=torch.float16)
+    model = sluice.from_pretrained(str(tmp_path / "t5"), device="cpu", dtype="float16")
+    mine, want = model.state_dict(), theirs.state_dict()
+    assert any(k.endswith("wo.weight") and v.dtype == torch.float32 for k, v in want.items())
+    for k in want:
+        assert mine[k].dtype == want[k].dtype and torch.equal(mine[k], want[k]), k
