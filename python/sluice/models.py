@@ -12,7 +12,7 @@ from contextlib import contextmanager, nullcontext
 
 from ._lib import SluiceError, shown
 from ._safetensors import DT, bad, is_url, parse_json, read_small
-from .checkpoint import _join, _listing, _named, load
+from .checkpoint import _join, _listed, _listing, _named, load
 
 
 @contextmanager
@@ -29,15 +29,20 @@ def empty_weights():
     def on_meta(module, name, param):
         register(module, name, param)
         if param is not None and param.device.type != "meta":
-            meta = type(param)(param.to("meta"), requires_grad=param.requires_grad)
-            meta.__dict__.update(vars(param))
-            module._parameters[name] = meta
+            module._parameters[name] = _like(param, param.to("meta"))
 
     torch.nn.Module.register_parameter = on_meta
     try:
         yield
     finally:
         torch.nn.Module.register_parameter = register
+
+
+def _like(param, value):
+    """A parameter like param (its class, its attributes and requires_grad) holding value."""
+    p = type(param)(value, requires_grad=param.requires_grad)
+    p.__dict__.update(vars(param))
+    return p
 
 
 _CONFIG_MAX = 16 << 20  # the most a config.json may hold
@@ -137,21 +142,10 @@ def _fill(torch, model, t, names, value):
     """value into the module's tensor t, under names: a parameter keeps its object (an optimizer's reference,
     its class and attributes), its contents swapped for value's; a buffer is replaced."""
     if isinstance(t, torch.nn.Parameter):
-        new = type(t)(value, requires_grad=t.requires_grad)
-        new.__dict__.update(vars(t))
-        torch.utils.swap_tensors(t, new)
+        torch.utils.swap_tensors(t, _like(t, value))
         value = t
     for n in names:
         _set(model, n, value)
-
-
-def _own(torch, t, value):
-    """A parameter of its own like t (its class, attributes and requires_grad) holding value, for an untied name."""
-    if not isinstance(t, torch.nn.Parameter):
-        return value
-    p = type(t)(value, requires_grad=t.requires_grad)
-    p.__dict__.update(vars(t))
-    return p
 
 
 def load_model(model, source, device="cuda", dtype=None, strict=True, variant=None, report=None,
@@ -194,8 +188,8 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
     unexpected = [k for k in table if k not in used]
     if strict and missing:
         raise ValueError(
-            f"sluice.load_model: {_named(source)} lacks {len(missing)} of the model's tensors: {_few(missing)}"
-            + (f"; it holds {len(unexpected)} the model has no place for: {_few(unexpected)} (transformers renames "
+            f"sluice.load_model: {_named(source)} lacks {len(missing)} of the model's tensors: {_listed(missing, 20)}"
+            + (f"; it holds {len(unexpected)} the model has no place for: {_listed(unexpected, 20)} (transformers renames "
                f"some checkpoints' names as it loads them; sluice does not: load those with transformers)"
                if unexpected else "") + " (strict=False makes the missing ones zeros)")
     computed = _computed(model, {n for _, names, *_ in plan for n in names})
@@ -222,7 +216,8 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
             _fill(torch, model, t, first, values[keys[0]])
             for n in names:
                 if n not in first:
-                    _set(model, n, _own(torch, t, values.get(key[n], values[keys[0]])))
+                    v = values.get(key[n], values[keys[0]])
+                    _set(model, n, _like(t, v) if isinstance(t, torch.nn.Parameter) else v)
         else:
             _fill(torch, model, t, names, values[keys[0]])
     for b, names in computed.values():
@@ -231,10 +226,6 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
     if report is not None:
         report.update(rep, missing_keys=missing, unexpected_keys=unexpected, untied=untied)
     return model
-
-
-def _few(names, n=20):
-    return ", ".join(repr(m) for m in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _config(source, model_class, kwargs):
@@ -269,7 +260,7 @@ def _keep_fp32(torch, model, dtype):
     for name, p in model.named_parameters():
         kept = next((m for m in plan if f".{m}." in f".{name}."), None)
         if kept is not None and p.is_meta and p.is_floating_point():
-            torch.utils.swap_tensors(p, type(p)(p.to(plan[kept]), requires_grad=p.requires_grad))
+            torch.utils.swap_tensors(p, _like(p, p.to(plan[kept])))
 
 
 def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=True, variant=None, report=None,
