@@ -242,6 +242,15 @@ def test_keys_read_only_those_tensors(tmp_path):
         sluice.load(str(tmp_path / "ck"), device="numpy", keys=["layers.9.qkv.weight"])
 
 
+def test_a_key_the_checkpoint_holds_as_a_name_is_that_name(tmp_path):
+    """A tensor named like a glob ("a[0]") is picked by its name alone (not also "a0", which the glob matches);
+    a key that is no name stays a glob."""
+    sluice.save({"a[0]": np.ones(2, np.float32), "a0": np.zeros(2, np.float32)}, str(tmp_path / "g.safetensors"))
+    got = sluice.load(str(tmp_path / "g.safetensors"), device="numpy", keys=["a[0]"])
+    assert list(got) == ["a[0]"] and got["a[0]"].tolist() == [1, 1]
+    assert list(sluice.load(str(tmp_path / "g.safetensors"), device="numpy", keys=["a?"])) == ["a0"]
+
+
 def chunk(a, dim, rank, world):
     """torch.chunk's cut of a along dim: ceil(n / world) each."""
     step = -(-a.shape[dim] // world)
