@@ -8,6 +8,7 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 import time
 
 GB = 1e9
@@ -195,3 +196,12 @@ def sluice_json(sluice, args, env=None):
     if out.returncode:
         raise RuntimeError(f"sluice {' '.join(args)} failed: {out.stderr.strip()}")
     return json.loads(out.stdout)
+
+
+def child_json(code, *args, env=None):
+    """Runs `python -c code args` in a fresh process and returns the JSON of its last output line; a failure is a
+    RuntimeError carrying the child's last line of stderr."""
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+    return json.loads(r.stdout.strip().splitlines()[-1])

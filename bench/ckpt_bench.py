@@ -28,7 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from benchlib import GB, Results, drop_caches, free_port, side_by_side, warm  # noqa: E402
+from benchlib import GB, Results, child_json, drop_caches, free_port, side_by_side, warm  # noqa: E402
 
 # Every loader as one run in a child: FILES (the shards, sorted), DIR (the checkpoint), DEV ("cuda:0").
 # Each loader's module, imported before the clock: a process imports it once, whatever it then loads.
@@ -332,33 +332,35 @@ SAVERS = {
     "sluice.save": "sluice.save(state, OUT, max_shard_size=5 * 10**9)",
     "safetensors save_file + fsync": """
 from safetensors.torch import save_file
+def sync(path):
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
 os.makedirs(OUT, exist_ok=True)
 shard, size, k = {}, 0, 0
 for name in list(state) + [None]:
     if name is None or (shard and size + state[name].nbytes > 5 * 10**9):
         path = os.path.join(OUT, f"model-{k:05d}.safetensors")
         save_file(shard, path)
-        fd = os.open(path, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        sync(path)
         shard, size, k = {}, 0, k + 1
     if name is not None:
         shard[name], size = state[name], size + state[name].nbytes
-fd = os.open(OUT, os.O_RDONLY)
-os.fsync(fd)
-os.close(fd)
+sync(OUT)
 """,
 }
 
 
-def save_pass(d, saver):
-    """One save in a fresh process, into an empty directory beside the checkpoint."""
+def _save_out(d):
+    """The empty directory beside the checkpoint that a save pass writes into."""
     out = os.path.join(os.path.dirname(d), "save-out")
     subprocess.run(["rm", "-rf", out], check=True)
-    r = subprocess.run([sys.executable, "-c", SAVE % SAVERS[saver], d, out], capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+def save_pass(d, saver):
+    """One save in a fresh process, into an empty directory beside the checkpoint."""
+    got = child_json(SAVE % SAVERS[saver], d, _save_out(d))
     got["gb_s"] = got["bytes"] / got["seconds"] / GB
     return got
 
@@ -366,8 +368,7 @@ def save_pass(d, saver):
 def fio_write_pass(fio, d, bs="4M"):
     """fio writing as many bytes in as many files as the checkpoint's, O_DIRECT, io_uring at depth 32, each file
     synced at its end (--end_fsync): the disk's durable sequential write rate."""
-    out = os.path.join(os.path.dirname(d), "save-out")
-    subprocess.run(["rm", "-rf", out], check=True)
+    out = _save_out(d)
     os.makedirs(out)
     files = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
     args = [fio, "--output-format=json", "--ioengine=io_uring", "--direct=1", "--rw=write", f"--bs={bs}",

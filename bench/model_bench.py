@@ -9,14 +9,13 @@ other logits than transformers' is reported as such.  Passes interleaved, cold (
     python3 bench/model_bench.py --layers 8 --modes cold,warm --reps 3
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from benchlib import GB, Results, drop_caches, side_by_side, warm  # noqa: E402
+from benchlib import GB, Results, child_json, drop_caches, side_by_side, warm  # noqa: E402
 
 LOADERS = {
     "transformers": """
@@ -65,10 +64,7 @@ model.save_pretrained(sys.argv[1], max_shard_size="5GB")
 
 
 def one_pass(d, loader):
-    out = subprocess.run([sys.executable, "-c", CHILD % LOADERS[loader], d], capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}")
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = child_json(CHILD % LOADERS[loader], d)
     if not got["on_gpu"]:
         raise RuntimeError("parameters not on the GPU")
     got["gb_s"] = got["bytes"] / got["seconds"] / GB

@@ -49,13 +49,13 @@ _CONFIG_MAX = 16 << 20  # the most a config.json may hold
 _MODEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def _torch_dtype(torch, dtype, what):
+def _torch_dtype(torch, dtype):
     """dtype (a torch dtype, its name, or None) as a floating torch dtype, or None."""
     if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
         dtype = getattr(torch, dtype)
     if dtype is None or (isinstance(dtype, torch.dtype) and str(dtype).replace("torch.", "") in _MODEL_DTYPES):
         return dtype
-    raise ValueError(f"sluice: {what}={dtype!r} is not a model's floating dtype (one of {', '.join(_MODEL_DTYPES)}, "
+    raise ValueError(f"sluice: dtype={dtype!r} is not a model's floating dtype (one of {', '.join(_MODEL_DTYPES)}, "
                      f"as torch.bfloat16 or 'bfloat16')")
 
 
@@ -100,7 +100,8 @@ def _plan(torch, model, table, dtype, source):
         groups.setdefault(id(t), (t, []))[1].append(name)
     plan, missing, used = [], [], set()
     for t, names in groups.values():
-        keys = list(dict.fromkeys(key(n) for n in names if key(n) in table))
+        mapped = {n: key(n) for n in names}
+        keys = list(dict.fromkeys(k for k in mapped.values() if k in table))
         want = dtype if dtype is not None and t.is_floating_point() else t.dtype
         for k in keys:
             if not _fits(torch, *_stored(torch, table[k]), t, want):
@@ -110,7 +111,7 @@ def _plan(torch, model, table, dtype, source):
         used.update(keys)
         if not keys and (isinstance(t, torch.nn.Parameter) or t.device.type == "meta"):
             missing += names
-        plan.append((t, names, keys, want, {n: key(n) for n in names}))
+        plan.append((t, names, keys, want, mapped))
     return plan, missing, used
 
 
@@ -179,7 +180,7 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
     group reads each byte once and all-gathers it (see sluice.load).
     report (a dict, or None) receives sluice.load's figures and missing_keys, unexpected_keys, untied."""
     import torch
-    dtype = _torch_dtype(torch, dtype, "dtype")
+    dtype = _torch_dtype(torch, dtype)
     device = torch.device(device)
     if callable(getattr(model, "tie_weights", None)):
         model.tie_weights()  # transformers' ties (accelerate's init_empty_weights makes each name its own)
@@ -296,7 +297,7 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
         if dtype is None:
             dtype = next((DT[dt][1] for dt, _ in _listing(source, variant).values()
                           if DT[dt][1] in _MODEL_DTYPES), "float32")
-    dtype = _torch_dtype(torch, dtype, "dtype")
+    dtype = _torch_dtype(torch, dtype)
     try:  # transformers' switch for its weights' initialisation: no use on weights the checkpoint replaces
         from transformers.initialization import no_init_weights
     except ImportError:
