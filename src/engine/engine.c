@@ -20,8 +20,8 @@ static void sl_note_unusable(struct sluice_engine *eng, const char *why)
 	sl__info("io", "%s", why);
 }
 
-/* cuFile only matters for GPU destinations, and without nvidia-fs only when forced. */
-static int sl_select_gds(struct sluice_engine *eng)
+/* gds: only for GPU destinations, and without nvidia-fs only when forced (SLUICE_BACKEND=gds). */
+static int sl_select_gds(struct sluice_engine *eng, const struct sl__store *st)
 {
 	const struct sluice_config *cfg = &eng->cfg;
 	char why[512];
@@ -31,9 +31,9 @@ static int sl_select_gds(struct sluice_engine *eng)
 		sl_note_unusable(eng, "gds unused: nvidia-fs is not loaded (no /sys/module/nvidia_fs), so cuFile "
 				      "would run in compat mode through host bounce buffers; set SLUICE_BACKEND=gds to force it");
 	} else if (eng->gpu.ctx && (cfg->backend == SLUICE_BACKEND_AUTO || cfg->backend == SLUICE_BACKEND_GDS)) {
-		rc = sl__store_gds.probe(cfg, why, sizeof(why));
+		rc = st->probe(cfg, why, sizeof(why));
 		if (rc == 0) {
-			eng->gds = &sl__store_gds;
+			eng->gds = st;
 			eng->gds_real = sl__cufile(NULL)->gds;
 		} else {
 			sl_note_unusable(eng, why);
@@ -47,45 +47,84 @@ static int sl_select_gds(struct sluice_engine *eng)
 }
 
 /*
- * The stores this engine uses: the store of local files (uring, else
- * psync; SLUICE_BACKEND may name one), gds beside it where usable, and each
- * store of URLs that its probe finds usable.
+ * The stores this engine uses: of local files, the first usable in the
+ * registry's order (SLUICE_BACKEND may name one), with gds beside it
+ * where usable; and each store of other paths that its probe finds usable.
  */
 static int sl_select_stores(struct sluice_engine *eng)
 {
-	static const struct sl__store *const local[] = { &sl__store_uring, &sl__store_psync };
+	static const char *const backend[] = { [SLUICE_BACKEND_URING] = "uring", [SLUICE_BACKEND_PSYNC] = "psync" };
 	const struct sluice_config *cfg = &eng->cfg;
+	const char *want = (size_t)cfg->backend < sizeof(backend) / sizeof(backend[0]) ? backend[cfg->backend] : NULL;
 	char why[512];
-	int rc = sl_select_gds(eng);
+	int rc = 0;
 
-	for (size_t i = 0; !rc && !eng->local && i < sizeof(local) / sizeof(local[0]); i++) {
-		if ((cfg->backend == SLUICE_BACKEND_URING && local[i] != &sl__store_uring) ||
-		    (cfg->backend == SLUICE_BACKEND_PSYNC && local[i] != &sl__store_psync))
+	for (size_t i = 0; !rc && !eng->local && sl__local_order[i]; i++) {
+		const struct sl__store *st = sl__local_order[i];
+
+		if (st->caps & SL_STORE_GPU_MEM) {
+			rc = sl_select_gds(eng, st);
 			continue;
-		if (local[i]->probe(cfg, why, sizeof(why)) == 0) {
-			eng->local = local[i];
+		}
+		if (want && strcmp(want, st->name))
+			continue;
+		if (st->probe(cfg, why, sizeof(why)) == 0) {
+			eng->local = st;
 			break;
 		}
 		sl_note_unusable(eng, why);
-		if (cfg->backend == SLUICE_BACKEND_URING)
+		if (want)
 			return sl__err(SLUICE_EBACKEND, "%s", why);
 	}
 	if (!rc && !eng->local)
 		return sl__err(SLUICE_EBACKEND, "no usable store of local files");
 	if (rc)
 		return rc;
-	eng->stores = 1u << eng->local->id | (eng->gds ? 1u << eng->gds->id : 0);
+	eng->usable[eng->local->id] = 1;
+	if (eng->gds)
+		eng->usable[eng->gds->id] = 1;
 	for (int i = 0; i < SL_STORES; i++) {
 		const struct sl__store *st = sl__stores[i];
 
-		if (!st || !st->match)
+		if (!st->match)
 			continue;
 		if (st->probe(cfg, why, sizeof(why)) == 0)
-			eng->stores |= 1u << i;
+			eng->usable[i] = 1;
 		else
 			sl_note_unusable(eng, why);
 	}
 	return 0;
+}
+
+int sl__store_for(struct sluice_engine *eng, const char *path, const struct sl__store **out)
+{
+	const struct sl__store *st = sl__store_match(path);
+
+	if (st && !eng->usable[st->id])
+		return sl__err(SLUICE_EBACKEND, "%s: the %s store is unusable here (sluice doctor says why)", path,
+			       st->name);
+	*out = st ? st : eng->gds ? eng->gds : eng->local;
+	return 0;
+}
+
+static void sl_lock(void *eng)
+{
+	pthread_mutex_lock(&((struct sluice_engine *)eng)->lock);
+}
+
+static void sl_unlock(void *eng)
+{
+	pthread_mutex_unlock(&((struct sluice_engine *)eng)->lock);
+}
+
+void sl__open_env(struct sluice_engine *eng, const struct sl__store *st, void *arg, struct sl__open_env *env)
+{
+	env->cfg = &eng->cfg;
+	env->shared = &eng->store_shared[st->id];
+	env->lock = sl_lock;
+	env->unlock = sl_unlock;
+	env->lock_arg = eng;
+	env->arg = arg;
 }
 
 static int sl_pool_alloc(struct sluice_engine *eng)

@@ -39,11 +39,10 @@ struct sluice_file {
 };
 
 /*
- * stores.c: the registry, by id; into *out the store that serves path in
- * eng (a URL's, else eng->gds or eng->local): 0, or an error naming path
- * where that store is unusable.
+ * engine.c: into *out the store that serves path in eng (the registry's
+ * match, else eng->gds or eng->local): 0, or an error naming path where
+ * that store is unusable.
  */
-SL_HIDDEN extern const struct sl__store *const sl__stores[SL_STORES];
 SL_HIDDEN int sl__store_for(struct sluice_engine *eng, const char *path, const struct sl__store **out);
 /* The struct sl__open_env of a store's open or put in eng. */
 SL_HIDDEN void sl__open_env(struct sluice_engine *eng, const struct sl__store *st, void *arg, struct sl__open_env *env);

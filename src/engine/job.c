@@ -109,7 +109,6 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 	/* Memory side of a path, by SL_K_*, as seen by a read and by a write. */
 	static const char *const to[] = { "host", "bounce>host", "pinned>gpu", "pageable>gpu", "gpu" };
 	static const char *const from[] = { "host", "host>bounce", "gpu>pinned", "gpu>pageable", "gpu" };
-	uint64_t paths = atomic_load(&job->paths);
 	size_t l = 0;
 
 	if (!rep)
@@ -125,9 +124,7 @@ void sl__job_report(const struct sl__job *job, struct sluice_xfer_report *rep)
 		unsigned b = c / 10, d = (c % 10) / 5, k = c % 5;
 		char io[32];
 
-		if (!(paths & (1ull << c)))
-			continue;
-		if (!sl__stores[b])
+		if (!sl__paths_has(&job->paths, c))
 			continue;
 		if (k == SL_K_GDS) /* straight between storage (GPUDirect) or the page cache (DMA from it) and GPU memory */
 			snprintf(io, sizeof(io), d ? "%s" : "%s:pagecache", sl__stores[b]->name);

@@ -13,10 +13,28 @@ struct sluice_file;
 
 enum { SL_JOB_CRC32C = 1, SL_JOB_OBJECT_SUM = 2 };
 
-/* Path codes for reports: store id, mode and destination kind. */
+/* Path codes for reports: store id, mode and destination kind; a set of them is words of bits. */
 #define SL_PATH_CODES (SL_STORES * 10)
+#define SL_PATH_WORDS ((SL_PATH_CODES + 63) / 64)
+struct sl__paths {
+	_Atomic uint64_t w[SL_PATH_WORDS];
+};
+static inline void sl__paths_add(struct sl__paths *p, unsigned code)
+{
+	atomic_fetch_or(&p->w[code / 64], 1ull << (code % 64));
+}
+static inline void sl__paths_merge(struct sl__paths *dst, const struct sl__paths *src)
+{
+	for (unsigned i = 0; i < SL_PATH_WORDS; i++)
+		atomic_fetch_or(&dst->w[i], atomic_load(&src->w[i]));
+}
+static inline int sl__paths_has(const struct sl__paths *p, unsigned code)
+{
+	return (int)(atomic_load(&p->w[code / 64]) >> (code % 64) & 1);
+}
 enum { SL_K_HOST = 0, SL_K_BOUNCE_HOST = 1, SL_K_PINNED_GPU = 2, SL_K_PAGEABLE_GPU = 3, SL_K_GDS = 4 };
 #define SL_PATH_CODE(b, direct, k) ((b) * 10 + (direct) * 5 + (k))
+_Static_assert(SL_K_GDS < 5 && SL_PATH_WORDS * 64 >= SL_PATH_CODES, "a path code's kind and the set's words");
 
 struct sl__piece {
 	size_t seg_off; /* offset inside the segment's payload */
@@ -55,7 +73,7 @@ struct sl__job {
 	char detail[384];          /* its detail, raised again in the caller's thread */
 	_Atomic uint64_t bytes, bytes_direct, bytes_buffered, ios;
 	_Atomic uint64_t bytes_storage; /* the segments' spans: payload and the gaps coalesced reads read through */
-	_Atomic uint64_t paths;    /* bitmask of SL_PATH_CODE values */
+	struct sl__paths paths;    /* the SL_PATH_CODE values its segments took */
 	int finished;              /* engine lock */
 	struct sl__job *qnext;     /* engine's claim list */
 	uint64_t t0;

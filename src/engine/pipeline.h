@@ -25,7 +25,7 @@ struct sluice_engine {
 	const struct sl__store *local; /* the store of local files: uring or psync */
 	const struct sl__store *gds;   /* NULL unless GDS is in use: then local files open through it */
 	int gds_real;
-	unsigned stores;           /* bitmask by id of the stores workers keep instances of */
+	unsigned char usable[SL_STORES]; /* by store id: 1 where workers keep an instance of the store */
 	void *store_shared[SL_STORES]; /* each store's state shared by the engine's files (engine lock) */
 	char unusable[1024];
 	char gpu_unusable[256];    /* why gpu.ctx is NULL */

@@ -73,7 +73,7 @@ struct sl__worker {
 	unsigned id;
 	unsigned lane;               /* the GPU it serves: eng->lane[lane] (id % nlanes) */
 	const struct sl__gpu *gpu;
-	struct sl__io_ctx ctx[SL_STORES]; /* by store id: those of eng->stores */
+	struct sl__io_ctx ctx[SL_STORES]; /* by store id: those eng->usable */
 	sl_CUstream stream;
 	unsigned nslots;
 	struct sl__slot *slots;
@@ -103,7 +103,7 @@ static int sl_worker_init(struct sl__worker *w)
 		w->slots[i].w = w;
 	}
 	for (int i = 0; i < SL_STORES; i++)
-		if ((eng->stores & (1u << i)) && (rc = sl__io_init(&w->ctx[i], sl__stores[i], &eng->cfg, w->nslots)))
+		if (eng->usable[i] && (rc = sl__io_init(&w->ctx[i], sl__stores[i], &eng->cfg, w->nslots)))
 			return rc;
 	if (w->gpu->ctx) {
 		const struct sl__cuda_api *cu = w->gpu->cu;
@@ -217,7 +217,7 @@ static void sl_slot_finish(struct sl__worker *w, struct sl__slot *sl, int err)
 		atomic_fetch_add(&job->bytes, bytes);
 		atomic_fetch_add(&job->bytes_storage, s->len);
 		atomic_fetch_add(sl->direct ? &job->bytes_direct : &job->bytes_buffered, bytes);
-		atomic_fetch_or(&job->paths, 1ull << sl->path);
+		sl__paths_add(&job->paths, (unsigned)sl->path);
 		atomic_fetch_add(&w->eng->st_ios, 1);
 		atomic_fetch_add(&w->eng->st_bytes, bytes);
 	}

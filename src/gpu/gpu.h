@@ -4,7 +4,7 @@
  * sl__cuda() fills a table of function pointers once (pthread_once) from
  * libcuda.so.1; NULL means no driver.  Every sl_CUresult is converted here
  * into SLUICE_ECUDA with the raw code and its name in the error detail.
- * Depends on core, and on store/ for the gds store (gds.c).
+ * Depends on core.
  */
 #ifndef SL_GPU_H
 #define SL_GPU_H
@@ -234,12 +234,5 @@ struct sl__cufile_api {
  * unavailable.  A table with gds == 0 means compat mode only.
  */
 SL_HIDDEN const struct sl__cufile_api *sl__cufile(const char **why);
-
-/* gds.c: the store of local files that moves GPU memory through cuFile (store/store.h). */
-struct sl__store;
-struct sl__sfile;
-SL_HIDDEN extern const struct sl__store sl__store_gds;
-/* 1 if sf is a gds file registered with cuFile (its GPU transfers go straight there). */
-SL_HIDDEN int sl__gds_registered(const struct sl__sfile *sf);
 
 #endif

@@ -1,8 +1,8 @@
 /*
  * remote: object storage (S3 and compatible stores).  s3conf.c resolves
  * where to connect and with which credentials the way AWS tools do, and
- * parses s3:// URLs.  Depends on core, and on store/ for the s3 and http
- * stores' ops tables (s3store.c, httpstore.c).
+ * parses s3:// URLs.  Depends on core.  The stores over this transport
+ * (s3store.c, httpstore.c) are in store/.
  */
 #ifndef SL_REMOTE_H
 #define SL_REMOTE_H
@@ -344,10 +344,6 @@ SL_HIDDEN int sl__s3_mpu_complete(struct sl__s3 *s, struct sl__http_conn *c, con
 SL_HIDDEN void sl__s3_mpu_abort(struct sl__s3 *s, struct sl__http_conn *c, const char *bucket, const char *key,
 				const char *id);
 
-/* s3store.c, httpstore.c: the stores of s3:// objects and http(s):// URLs (store/store.h). */
-struct sl__store;
-SL_HIDDEN extern const struct sl__store sl__store_s3;
-SL_HIDDEN extern const struct sl__store sl__store_http;
 
 /*
  * Writes len bytes at src as the whole object bucket/key: one PUT up to

@@ -95,8 +95,8 @@ void sl__sync_fini(struct sl__io_ctx *ctx)
 
 const struct sl__store sl__store_psync = {
 	.name = "psync",
-	.id = 1,
-	.caps = 0,
+	.id = SL_STORE_ID_psync,
+	.caps = SL_STORE_LOCAL,
 	.probe = sl_psync_probe,
 	SL_LOCAL_FILE_OPS,
 	.init = sl__sync_init,

@@ -7,9 +7,18 @@
  * one instance (struct sl__io_ctx) of each store it uses: instances are
  * never shared between threads, and stores never call each other.
  *
- * Depends on core only.  This directory holds the stores of local files
- * (uring.c, psync.c, and local.c, what they share); the others live with
- * what they need: gds in gpu/, s3 and http in remote/.
+ * A store owns names as well as bytes (fio's open_file, get_file_size,
+ * unlink_file): what a name is (info: kind, size, version tag), the names
+ * below a directory (list), remove, and a whole file as of a version
+ * (fetch).  Everything that asks what a path is or where its bytes are,
+ * the datasets, the cache, sluice_list/remove/copy and Python, asks the
+ * registry (registry.c) for the path's store, never the path's scheme.
+ *
+ * Every store lives here: local files (uring.c, psync.c, and local.c, what
+ * they share), gds (gds.c, through gpu/), s3:// and http(s):// (s3store.c,
+ * httpstore.c, over remote/'s transport); the names side over them is
+ * names.c, the cache of remote files cache.c, sluice_copy copy.c.
+ * Depends on core, remote (the transport) and gpu (cuFile).
  */
 #ifndef SL_STORE_H
 #define SL_STORE_H
@@ -27,10 +36,24 @@ enum sl__store_caps {
 	SL_STORE_STREAM = 1u << 3,   /* a read's bytes arrive in order over its time (io->progress is called) */
 	SL_STORE_SUMS = 1u << 4,     /* sums a read's bytes as they arrive (io->sum_kind) */
 	SL_STORE_READONLY = 1u << 5, /* files open read-only: written whole, another way (upload) */
+	SL_STORE_LOCAL = 1u << 6,    /* files of the local file system: opened in place, never cached */
 };
 
-/* The number of stores the registry may hold: store ids are 0 .. SL_STORES - 1. */
-#define SL_STORES 6
+/*
+ * The registry, in the order a path's store is chosen: the first whose
+ * match claims the path (a URL's scheme, or a mount: a 3FS or Lustre
+ * path), else the first usable store of local files in this order (gds
+ * for GPU destinations where it is usable, then uring, then psync).  A new
+ * store is one file and one name here; its id (SL_STORE_ID_name) and every
+ * array by store follow from this list.
+ */
+#define SL_STORE_LIST(X) X(uring) X(psync) X(gds) X(s3) X(http)
+enum sl__store_id {
+#define SL_STORE_ENUM(n) SL_STORE_ID_##n,
+	SL_STORE_LIST(SL_STORE_ENUM)
+#undef SL_STORE_ENUM
+	SL_STORES
+};
 
 /* One storage I/O.  Owned by the caller from submit until reaped. */
 struct sl__io {
@@ -223,9 +246,17 @@ struct sl__io_ctx {
 	int fixed; /* set by register_bufs: the buffers it was given are registered */
 };
 
-/* The stores of local files. */
-SL_HIDDEN extern const struct sl__store sl__store_uring;
-SL_HIDDEN extern const struct sl__store sl__store_psync;
+/* Every store, each defined in its own file, and the registry's table of them by id (registry.c). */
+#define SL_STORE_EXTERN(n) SL_HIDDEN extern const struct sl__store sl__store_##n;
+SL_STORE_LIST(SL_STORE_EXTERN)
+#undef SL_STORE_EXTERN
+SL_HIDDEN extern const struct sl__store *const sl__stores[SL_STORES];
+/* The stores of local files in the order they are preferred, NULL-terminated. */
+SL_HIDDEN extern const struct sl__store *const sl__local_order[];
+/* The store whose match claims path, or NULL (a local file). */
+SL_HIDDEN const struct sl__store *sl__store_match(const char *path);
+/* The store that names path: the one whose match claims it, else one of local files (their name ops are one). */
+SL_HIDDEN const struct sl__store *sl__store_of(const char *path);
 /*
  * uring.c: 0 if count rings of entries each, with these setup flags, can
  * be held at once here, else io_uring_setup's -errno: what the uring
@@ -325,6 +356,8 @@ static inline int sl__local_fd(const struct sl__io *io)
 
 	return io->direct ? l->dfd : l->fd;
 }
+/* gds.c: 1 if sf is a gds file registered with cuFile (its GPU transfers go straight there). */
+SL_HIDDEN int sl__gds_registered(const struct sl__sfile *sf);
 /* The file ops of a store of local files, in its struct sl__store. */
 #define SL_LOCAL_FILE_OPS                                                                                   \
 	.open = sl__local_open, .close = sl__local_close, .stat = sl__local_stat, .truncate = sl__local_truncate, \

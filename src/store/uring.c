@@ -265,8 +265,8 @@ static void sl_uring_fini(struct sl__io_ctx *ctx)
 
 const struct sl__store sl__store_uring = {
 	.name = "uring",
-	.id = 0,
-	.caps = SL_STORE_ASYNC | SL_STORE_FIXED,
+	.id = SL_STORE_ID_uring,
+	.caps = SL_STORE_ASYNC | SL_STORE_FIXED | SL_STORE_LOCAL,
 	.probe = sl_uring_probe,
 	SL_LOCAL_FILE_OPS,
 	.init = sl_uring_init,

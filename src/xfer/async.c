@@ -188,7 +188,7 @@ static int sl_chunk_wait(struct sluice_future *fut, size_t i)
 	atomic_fetch_add(&fut->sum.bytes_buffered, atomic_load(&job->bytes_buffered));
 	atomic_fetch_add(&fut->sum.ios, atomic_load(&job->ios));
 	atomic_fetch_add(&fut->sum.bytes_storage, atomic_load(&job->bytes_storage));
-	atomic_fetch_or(&fut->sum.paths, atomic_load(&job->paths));
+	sl__paths_merge(&fut->sum.paths, &job->paths);
 	if (rc < 0)
 		snprintf(fut->detail, sizeof(fut->detail), "%s", job->detail);
 	sl__plan_free(job);
@@ -444,15 +444,18 @@ ssize_t sluice_future_wait(struct sluice_future *fut, struct sluice_xfer_report 
 		}
 	}
 	if (rep) {
-		uint64_t paths = atomic_load(&fut->sum.paths), gpu = 0;
+		struct sl__paths host = { 0 };
 
 		/* The chunks moved host memory; the stream carried it on to the GPU. */
+		sl__paths_merge(&host, &fut->sum.paths);
+		for (unsigned i = 0; i < SL_PATH_WORDS; i++)
+			atomic_store(&fut->sum.paths.w[i], 0);
 		for (unsigned c = 0; c < SL_PATH_CODES; c++)
-			if (paths & (1ull << c))
-				gpu |= 1ull << (c - c % 5 + (fut->stage_pinned ? SL_K_PINNED_GPU : SL_K_PAGEABLE_GPU));
-		atomic_store(&fut->sum.paths, gpu);
+			if (sl__paths_has(&host, c))
+				sl__paths_add(&fut->sum.paths, c - c % 5 + (fut->stage_pinned ? SL_K_PINNED_GPU : SL_K_PAGEABLE_GPU));
 		sl__job_report(&fut->sum, rep);
-		atomic_store(&fut->sum.paths, paths);
+		for (unsigned i = 0; i < SL_PATH_WORDS; i++)
+			atomic_store(&fut->sum.paths.w[i], atomic_load(&host.w[i]));
 		rep->seconds = (double)(sl__now_ns() - fut->t0) / 1e9;
 	}
 	if (fut->result < 0)

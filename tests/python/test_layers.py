@@ -9,9 +9,9 @@ SRC = os.path.join(ROOT, "src")
 # Each directory and those it may include, as its header comment states them.
 ALLOWED = {
     "core": set(),
-    "store": {"core"},
-    "gpu": {"core", "store"},
-    "remote": {"core", "store"},
+    "store": {"core", "remote", "gpu"},
+    "gpu": {"core"},
+    "remote": {"core"},
     "diag": {"core", "store"},
     "engine": {"core", "store", "gpu", "remote", "diag"},
     "format": {"core", "remote"},

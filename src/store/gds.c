@@ -117,8 +117,8 @@ static int sl_gds_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 
 const struct sl__store sl__store_gds = {
 	.name = "gds",
-	.id = 2,
-	.caps = SL_STORE_GPU_MEM,
+	.id = SL_STORE_ID_gds,
+	.caps = SL_STORE_GPU_MEM | SL_STORE_LOCAL,
 	.probe = sl_gds_probe,
 	.open = sl_gds_open,
 	.close = sl_gds_close,

@@ -132,7 +132,7 @@ static const char *const sl_s3s_settings[] = { "SLUICE_S3_RETRIES", "SLUICE_S3_P
 
 const struct sl__store sl__store_s3 = {
 	.name = "s3",
-	.id = 3,
+	.id = SL_STORE_ID_s3,
 	.caps = SL_STORE_STREAM | SL_STORE_SUMS | SL_STORE_READONLY,
 	.match = sl__is_s3_url,
 	.probe = sl_s3s_probe,

@@ -164,7 +164,7 @@ static const char *const sl_http_settings[] = { "SLUICE_HTTP_RETRIES", NULL };
 
 const struct sl__store sl__store_http = {
 	.name = "http",
-	.id = 4,
+	.id = SL_STORE_ID_http,
 	.caps = SL_STORE_STREAM | SL_STORE_SUMS | SL_STORE_READONLY,
 	.match = sl_http_match,
 	.probe = sl_http_probe,
