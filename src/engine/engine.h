@@ -15,7 +15,7 @@
  * overlaps DMA of another.  The engine's struct is private to this
  * directory (pipeline.h); what others need of it has a function here.
  *
- * Depends on core, store, gpu, remote (its stores) and diag.
+ * Depends on core, store, gpu and diag.
  */
 #ifndef SL_ENGINE_H
 #define SL_ENGINE_H

@@ -73,10 +73,9 @@ int sluice_dataset_open(struct sluice_dataset **out, const char *path)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&ds->local_lock, NULL);
-	/* s3://bucket/prefix/ and s3://bucket/prefix name the same dataset: its files are prefix/NAME. */
-	if (sl__is_s3_url(ds->path))
-		for (size_t l = strlen(ds->path); l > 5 && ds->path[l - 1] == '/'; l--)
-			ds->path[l - 1] = 0;
+	/* s3://bucket/prefix/ and s3://bucket/prefix name the same dataset (http too): its files are prefix/NAME. */
+	if (!sl__fs_is_local(ds->path))
+		sl__trim_slashes(ds->path);
 	path = ds->path;
 	for (size_t r = 0; r < sizeof(sl_readers) / sizeof(sl_readers[0]); r++)
 		if (sl_readers[r]->probe(path)) {
@@ -173,7 +172,7 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 	char local[4096];
 	int rc = 0, have;
 
-	if (!sl__is_s3_url(ds->files[f]))
+	if (sl__fs_is_local(ds->files[f]))
 		return (size_t)snprintf(path, cap, "%s", ds->files[f]) < cap ? 0
 			: sl__err(-ENAMETOOLONG, "%s: path too long", ds->files[f]);
 	pthread_mutex_lock(&ds->local_lock);

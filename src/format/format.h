@@ -2,8 +2,9 @@
  * format: sluice's dataset files (docs/FORMAT.md).  Parsers here take
  * bytes from outside and MUST bound every read by the length they are
  * given; fuzz targets in tests/fuzz feed them directly.  Depends on core,
- * and on remote/ for datasets under s3:// (the local cache, and the file
- * calls that take URLs); never on engine/ or gpu/.
+ * and on store/'s names (store/names.h: what a path is, listing, the
+ * cache of remote files), whatever store a dataset is on; never on
+ * engine/, gpu/ or remote/.
  */
 #ifndef SL_FORMAT_H
 #define SL_FORMAT_H
@@ -14,7 +15,7 @@
 #include <pthread.h>
 
 #include "core/core.h"
-#include "remote/remote.h"
+#include "store/names.h"
 
 #define SL_SHARD_MAGIC "SLUICESH"
 #define SL_INDEX_MAGIC "SLUICEIX"

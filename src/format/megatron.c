@@ -107,10 +107,8 @@ static int sl_mm_open(struct sluice_dataset *ds, const char *path)
 		rc = sl__err(rc, "%s: %s", idx, sluice_last_error_detail());
 		goto out;
 	}
-	if ((rc = sl__fs_stat(files[0], &st))) {
-		rc = sl__err(rc, "%s: %s", files[0], sl__is_s3_url(files[0]) ? sluice_last_error_detail() : strerror(-rc));
+	if ((rc = sl__fs_stat(files[0], &st))) /* the store's error names it */
 		goto out;
-	}
 	rc = sl__ds_files(ds, files, 1);
 	files = NULL;
 	if (rc)

@@ -335,7 +335,7 @@ static int sl_writer_check(const char *dir, const struct sluice_field *fields, u
 				     SL_META_MAX);
 	}
 	/* The directory and its missing parents, as mkdir -p. */
-	if (!rc && !sl__is_s3_url(dir)) {
+	if (!rc && sl__fs_is_local(dir)) {
 		char *d = strdup(dir);
 
 		e = d ? sl__mkdirs(d) : -ENOMEM;
@@ -349,24 +349,23 @@ static int sl_writer_check(const char *dir, const struct sluice_field *fields, u
 		return -ENOMEM;
 	e = sl__fs_stat(p, &st);
 	rc = !e ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME)
-		: e != -ENOENT ? (sl__is_s3_url(dir) ? e : sl__err(e, "%s: %s", p, strerror(-e))) : 0;
+		: e != -ENOENT ? e : 0; /* the store's error names p */
 	free(p);
 	return rc;
 }
 
-/* Where the files are made: dir itself, or for s3:// a staging directory whose files go up when finished. */
+/* Where the files are made: dir itself, or for a remote store a staging directory whose files go up when finished. */
 static int sl_writer_place(struct sluice_writer *w, const char *dir)
 {
 	char stage[4096];
 	int rc;
 
-	if (!sl__is_s3_url(dir))
+	if (sl__fs_is_local(dir))
 		return (w->dir = strdup(dir)) ? 0 : -ENOMEM;
 	if ((rc = sl__fs_staging(stage, sizeof(stage))))
 		return rc;
 	w->remote = strdup(dir);
-	for (size_t l = w->remote ? strlen(w->remote) : 0; l > 5 && w->remote[l - 1] == '/'; l--)
-		w->remote[l - 1] = 0;
+	sl__trim_slashes(w->remote);
 	w->dir = strdup(stage);
 	w->staging = strdup(stage);
 	return w->remote && w->dir && w->staging ? 0 : -ENOMEM;

@@ -34,6 +34,8 @@ static void sl_cufile_load(void)
 	*(void **)&sl_cf.DriverGetProperties = dlsym(h, "cuFileDriverGetProperties");
 	*(void **)&sl_cf.HandleRegister = dlsym(h, "cuFileHandleRegister");
 	*(void **)&sl_cf.HandleDeregister = dlsym(h, "cuFileHandleDeregister");
+	*(void **)&sl_cf.BufRegister = dlsym(h, "cuFileBufRegister");
+	*(void **)&sl_cf.BufDeregister = dlsym(h, "cuFileBufDeregister");
 	*(void **)&sl_cf.Read = dlsym(h, "cuFileRead");
 	*(void **)&sl_cf.Write = dlsym(h, "cuFileWrite");
 	if (!sl_cf.DriverOpen || !sl_cf.DriverGetProperties || !sl_cf.HandleRegister ||

@@ -225,6 +225,9 @@ struct sl__cufile_api {
 	sl_CUfileError_t (*DriverGetProperties)(sl_CUfileDrvProps_t *props);
 	sl_CUfileError_t (*HandleRegister)(sl_CUfileHandle_t *fh, sl_CUfileDescr_t *descr);
 	void (*HandleDeregister)(sl_CUfileHandle_t fh);
+	/* Optional (NULL where the library lacks them): a GPU buffer registered for cuFile's transfers. */
+	sl_CUfileError_t (*BufRegister)(const void *ptr, size_t len, int flags);
+	sl_CUfileError_t (*BufDeregister)(const void *ptr);
 	ssize_t (*Read)(sl_CUfileHandle_t fh, void *buf, size_t n, off_t foff, off_t boff);
 	ssize_t (*Write)(sl_CUfileHandle_t fh, const void *buf, size_t n, off_t foff, off_t boff);
 	int gds; /* 1 when nvidia-fs is present (nvfs version != 0.0) */

@@ -376,60 +376,6 @@ SL_HIDDEN int sl__s3_download(struct sl__s3 *s, const char *bucket, const char *
 /* The process's client, made from the AWS_* environment and files on first use and kept. */
 SL_HIDDEN int sl__s3_default(struct sl__s3 **out);
 
-/*
- * cache.c: the local copies of remote objects (datasets' files over
- * s3://).  SLUICE_CACHE_DIR (default $XDG_CACHE_HOME/sluice, else
- * ~/.cache/sluice) holds at most SLUICE_CACHE_LIMIT bytes (default half of
- * its file system), least recently used out.  A fetch asks the server for
- * the object's size and ETag and uses the copy only where both match,
- * else downloads it again; the ranks of one machine share the directory,
- * and each object is downloaded once (a file lock is held through the
- * check and the download: the others wait, then find it).
- *
- * sl__cache_fetch: the local path of url's copy into local (cap bytes).
- */
-SL_HIDDEN int sl__cache_fetch(const char *url, char *local, size_t cap);
-
-/*
- * Fetches urls[0..n) in order on a thread of its own, so that readers
- * find them there; only when all of them fit in the cache's limit beside
- * each other (total bytes), else each waits for its first reader.
- * sl__cache_prefetch_stop cancels what is left and waits; NULL is a no-op.
- */
-struct sl__prefetch;
-SL_HIDDEN struct sl__prefetch *sl__cache_prefetch(char *const *urls, unsigned n, uint64_t total);
-SL_HIDDEN void sl__cache_prefetch_stop(struct sl__prefetch *p);
-
-/*
- * fs.c: paths that are local or s3:// URLs, for the dataset readers.
- * sl__fs_stat: stat(2), or for a URL an object (S_IFREG, its size) or a
- * prefix with keys below it (S_IFDIR); -errno.  sl__fs_list: the regular
- * files directly in dir, or with recursive every one below it (full
- * paths, sorted, each and the array malloc'd).  sl__fs_local: a
- * path to open(2): path itself, or the cached copy of a URL.
- */
-SL_HIDDEN int sl__fs_stat(const char *path, struct stat *st);
-SL_HIDDEN int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n);
-SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
-/*
- * Whole files between a local path and an s3:// URL, through the
- * process's client (parallel parts both ways).  sl__fs_upload: the file as
- * the object url.  sl__fs_download: the object as the file name in the
- * directory dirfd (AT_FDCWD: a path; shown: how errors name it), written
- * under a temporary name beside it and renamed there, both through dirfd
- * (a link swapped in above it afterwards changes nothing): it appears
- * whole or not at all;
- * *verified (or NULL): checked against the object's checksum, sum_name
- * (or NULL): which (remote.h's sl__s3_meta), or "none (no checksum)".
- * sl__fs_remove: unlink(2) or DELETE.  sl__fs_staging: a new empty
- * directory in the cache's directory (on the fast local disk), for files
- * on their way to a URL.
- */
-SL_HIDDEN int sl__fs_upload(const char *local, const char *url);
-SL_HIDDEN int sl__fs_download(const char *url, int dirfd, const char *name, const char *shown, int *verified,
-			       char sum_name[48]);
-SL_HIDDEN int sl__fs_remove(const char *path);
-SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
 
 /*
  * The <Code> and <Message> of an S3 error body (len bytes, untrusted), as

@@ -1,18 +1,18 @@
 /*
- * The local cache of remote objects (remote.h).  DIR/<h>.data is the
- * copy, DIR/<h>.meta says what it is a copy of (URL, endpoint, size,
- * ETag, the object's checksum) and which file on disk it was written as
- * (inode and ctime), and its modification time is the last use;
- * DIR/<h>.lock is the object's lock; h hashes the endpoint and the URL.
+ * The local cache of remote files (names.h).  DIR/<h>.data is the copy,
+ * DIR/<h>.meta says what it is a copy of (store, endpoint, path, size,
+ * version tag) and which file on disk it was written as (inode and
+ * ctime), and its modification time is the last use; DIR/<h>.lock is the
+ * file's lock; h hashes the store, its endpoint and the path.
  * A copy is renamed into place whole and its .meta written after it, so a
  * crash leaves at worst a copy whose .meta does not match: it is
  * downloaded again.  DIR/<h>.part.PID is a download in progress; one whose
  * process is gone is removed by the next eviction pass.
  *
- * A copy is checked on the way in (the download matches the object's
- * checksum) and on reuse: a copy whose inode or ctime changed since it
- * was written (something wrote into it) is checked against the checksum
- * again, or downloaded again where the object has none.
+ * A copy is checked on the way in (the store's fetch matches the file's
+ * checksum where it has one) and on reuse: a copy whose inode or ctime
+ * changed since it was written (something wrote into it) is downloaded
+ * again, as is one of a file whose store gives no version tag.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,7 +27,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "remote/remote.h"
+#include "store/names.h"
+#include "store/store.h"
 
 struct sl_cache {
 	char dir[3072];
@@ -56,7 +57,7 @@ static int sl_cache_conf(struct sl_cache *c)
 	else if ((d = getenv("HOME")) && *d)
 		snprintf(c->dir, sizeof(c->dir), "%s/.cache/sluice", d);
 	else
-		return sl__err(SLUICE_EINVAL_CONFIG, "no cache directory for s3:// datasets: set SLUICE_CACHE_DIR");
+		return sl__err(SLUICE_EINVAL_CONFIG, "no cache directory for remote datasets: set SLUICE_CACHE_DIR");
 	if ((rc = sl__mkdirs(c->dir)))
 		return sl__err(rc, "SLUICE_CACHE_DIR %s: %s", c->dir, strerror(-rc));
 	if ((rc = sl__setting_u64("SLUICE_CACHE_LIMIT", &c->limit)) < 0)
@@ -70,68 +71,30 @@ static int sl_cache_conf(struct sl_cache *c)
 	return 0;
 }
 
-/* 128 bits of FNV-1a over the endpoint and the URL, as hex. */
-static void sl_cache_name(const char *endpoint, const char *url, char out[33])
+/* 128 bits of FNV-1a over the store, its endpoint and the path, as hex. */
+static void sl_cache_name(const char *const key[3], char out[33])
 {
 	uint64_t h[2] = { 0xcbf29ce484222325ull, 0x6c62272e07bb0142ull };
 
-	for (int k = 0; k < 2; k++) {
-		for (const char *s = endpoint; *s; s++)
-			h[k] = (h[k] ^ (unsigned char)*s) * 0x100000001b3ull;
-		h[k] = (h[k] ^ '\n') * 0x100000001b3ull;
-		for (const char *s = url; *s; s++)
-			h[k] = (h[k] ^ (unsigned char)*s) * 0x100000001b3ull;
-	}
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < 3; i++) {
+			for (const char *s = key[i]; *s; s++)
+				h[k] = (h[k] ^ (unsigned char)*s) * 0x100000001b3ull;
+			h[k] = (h[k] ^ '\n') * 0x100000001b3ull;
+		}
 	snprintf(out, 33, "%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]);
 }
 
-/* What a .meta says of its copy beside the object's own size and ETag. */
-struct sl_meta {
-	uint64_t size;
-	char etag[128];
-	int sum_kind;                 /* the object's checksum, SL_CRC_NONE if it has none */
-	uint32_t sum;
-	unsigned long long ino, ctime_ns; /* the copy as it was written */
-};
+/* The .meta's first line: the version of its layout (older .meta files read as no copy). */
+#define SL_META_HEAD "sluice-cache 2\n"
 
-/* The .meta, if it describes url at endpoint. */
-static int sl_meta_read(const char *path, const char *endpoint, const char *url, struct sl_meta *m)
+/* The .meta's text for a copy (st: the copy as written) of e at key (store, endpoint, path). */
+static int sl_meta_text(char *out, size_t cap, const char *const key[3], const struct sl__entry *e,
+			const struct stat *st)
 {
-	char line[4200], want_url[4200], want_ep[600];
-	uint64_t *size = &m->size;
-	char *etag = m->etag;
-	size_t cap = sizeof(m->etag);
-	int have = 0, fd = sl__open_file(path, O_RDONLY, 0);
-	FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
-
-	memset(m, 0, sizeof(*m));
-	if (!f) {
-		if (fd >= 0)
-			close(fd);
-		sl__err_clear(); /* absent or not a file: no copy to trust */
-		return -1;
-	}
-	snprintf(want_url, sizeof(want_url), "url %s\n", url);
-	snprintf(want_ep, sizeof(want_ep), "endpoint %s\n", endpoint);
-	while (fgets(line, sizeof(line), f)) {
-		if (!strcmp(line, want_url))
-			have |= 1;
-		else if (!strcmp(line, want_ep))
-			have |= 2;
-		else if (!strncmp(line, "size ", 5) && sscanf(line + 5, "%llu", (unsigned long long *)size) == 1)
-			have |= 4;
-		else if (!strncmp(line, "etag ", 5) && strlen(line + 5) < cap) {
-			snprintf(etag, cap, "%s", line + 5);
-			etag[strcspn(etag, "\n")] = 0;
-			have |= 8;
-		} else if (!strncmp(line, "sum ", 4) && sscanf(line + 4, "%d %x", &m->sum_kind, &m->sum) != 2) {
-			m->sum_kind = SL_CRC_NONE;
-		} else if (!strncmp(line, "stamp ", 6)) {
-			(void)!sscanf(line + 6, "%llu %llu", &m->ino, &m->ctime_ns);
-		}
-	}
-	fclose(f);
-	return have == 15 ? 0 : -1;
+	return snprintf(out, cap, SL_META_HEAD "store %s\nendpoint %s\npath %s\nsize %llu\ntag %s\nstamp %llu %llu\n",
+			key[0], key[1], key[2], (unsigned long long)e->size, e->tag, (unsigned long long)st->st_ino,
+			(unsigned long long)st->st_ctim.tv_sec * 1000000000ull + (unsigned long long)st->st_ctim.tv_nsec);
 }
 
 struct sl_victim {
@@ -150,7 +113,7 @@ static int sl_older(const void *a, const void *b)
 }
 
 /* Removes copies, least recently used first, until need more bytes fit; copies in use (locked) stay. */
-static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64_t need, const char *url)
+static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64_t need, const char *path)
 {
 	DIR *d = opendir(c->dir);
 	struct dirent *e;
@@ -217,125 +180,81 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 	}
 	if (total + need > c->limit)
 		rc = sl__err(-ENOSPC, "%s: %s (%llu bytes) does not fit beside the copies in use (%llu bytes) under "
-			     "SLUICE_CACHE_LIMIT (%llu bytes)", c->dir, url, (unsigned long long)need,
+			     "SLUICE_CACHE_LIMIT (%llu bytes)", c->dir, path, (unsigned long long)need,
 			     (unsigned long long)total, (unsigned long long)c->limit);
 	free(v);
 	return rc;
 }
 
-/* The CRC (of kind) of the file at path; 0 or -errno. */
-static int sl_file_crc(const char *path, int kind, uint32_t *crc)
+/* Writes the .meta at p for the copy at local of e at key. */
+static int sl_meta_write(const char *p, const char *local, const char *const key[3], const struct sl__entry *e)
 {
-	enum { CHUNK = 4 << 20 };
-	char *buf = malloc(CHUNK);
-	int fd = sl__open_file(path, O_RDONLY, 0), rc = 0;
-	ssize_t n;
-
-	*crc = 0;
-	if (fd < 0 || !buf)
-		rc = fd < 0 ? fd : -ENOMEM;
-	while (!rc && (n = read(fd, buf, CHUNK)) != 0) {
-		if (n < 0 && errno != EINTR)
-			rc = -errno;
-		else if (n > 0)
-			*crc = sl__crc(kind, *crc, buf, (size_t)n);
-	}
-	if (fd >= 0)
-		close(fd);
-	free(buf);
-	return rc;
-}
-
-/* The copy at path against m's one-pass checksum (sum.c): 1 matched, else 0 or an error. */
-static int sl_file_osum(const char *path, const struct sl__s3_meta *m, const char *url)
-{
-	int fd = sl__open_file(path, O_RDONLY, 0), rc;
-
-	if (fd < 0)
-		return fd;
-	rc = sl__osum_check_fd(m, fd, url);
-	close(fd);
-	return rc;
-}
-
-/* Writes the .meta at p for the copy at local of url (m: the object as its HEAD said). */
-static int sl_meta_write(const char *p, const char *local, const char *url, const char *endpoint,
-			 const struct sl__s3_meta *m)
-{
-	char tmp[4200];
+	char tmp[4200], *text = malloc(16384);
 	struct stat st;
-	FILE *f;
-	int ok;
+	int fd, n = 0, rc = 0;
 
+	if (!text)
+		return -ENOMEM;
 	if (stat(local, &st) < 0)
-		return sl__err(-errno, "%s: %s", local, strerror(errno));
+		rc = sl__err(-errno, "%s: %s", local, strerror(errno));
+	else if ((n = sl_meta_text(text, 16384, key, e, &st)) >= 16384)
+		rc = sl__err(-ENAMETOOLONG, "%s: its path is too long for the cache", key[2]);
+	if (rc) {
+		free(text);
+		return rc;
+	}
 	snprintf(tmp, sizeof(tmp), "%s.%d", p, (int)getpid());
 	errno = 0;
-	f = fopen(tmp, "we");
-	ok = f && fprintf(f, "url %s\nendpoint %s\nsize %llu\netag %s\nsum %d %08x\nstamp %llu %llu\n", url, endpoint,
-			  (unsigned long long)m->size, m->etag, m->sum_kind, m->sum, (unsigned long long)st.st_ino,
-			  (unsigned long long)st.st_ctim.tv_sec * 1000000000ull + (unsigned long long)st.st_ctim.tv_nsec) > 0;
-	if (f && fclose(f) != 0)
-		ok = 0;
-	if (!ok || rename(tmp, p) < 0) {
-		int e = errno ? errno : EIO;
-
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ||
+	    sl__pio_full(SL_IO_WRITE, fd, text, (size_t)n, 0) != n || close(fd) < 0 || rename(tmp, p) < 0) {
+		rc = sl__err(-(errno ? errno : EIO), "%s: %s", p, strerror(errno ? errno : EIO));
 		unlink(tmp);
-		return sl__err(-e, "%s: %s", p, strerror(e));
 	}
-	return 0;
+	free(text);
+	return rc;
 }
 
 /*
- * 1 if the copy at local is the object m describes: the .meta at p says
- * so, and the copy is the file written then (same inode and ctime) or,
- * where it changed, still matches the object's checksum.
+ * 1 if the copy at local is of e at key: the .meta at p says so, byte for
+ * byte, and the copy is the file written then (same inode and ctime); a
+ * file with no version tag is never trusted.
  */
-static int sl_copy_good(const char *p, const char *local, const char *url, const char *endpoint,
-			const struct sl__s3_meta *m)
+static int sl_copy_good(const char *p, const char *local, const char *const key[3], const struct sl__entry *e)
 {
-	struct sl_meta have;
+	char *want = malloc(16384), *have = malloc(16384);
 	struct stat st;
-	uint32_t crc;
+	int fd = -1, n = 0, ok = 0;
 
-	if (sl_meta_read(p, endpoint, url, &have) || have.size != m->size || strcmp(have.etag, m->etag) ||
-	    stat(local, &st) < 0 || (uint64_t)st.st_size != m->size)
-		return 0;
-	if (have.ino == (unsigned long long)st.st_ino &&
-	    have.ctime_ns == (unsigned long long)st.st_ctim.tv_sec * 1000000000ull + (unsigned long long)st.st_ctim.tv_nsec)
-		return 1;
-	if (m->osum_kind ? sl_file_osum(local, m, url) != 1
-			 : !m->sum_kind || sl_file_crc(local, m->sum_kind, &crc) || crc != m->sum) {
-		sl__warn("cache", "%s: the cached copy %s was changed on disk%s; downloading it again", url, local,
-			 m->sum_kind || m->osum_kind ? " and no longer matches the object's checksum" : "");
-		return 0;
-	}
-	return sl_meta_write(p, local, url, endpoint, m) == 0;
+	if (want && have && e->tag[0] && stat(local, &st) == 0 && (uint64_t)st.st_size == e->size &&
+	    (n = sl_meta_text(want, 16384, key, e, &st)) < 16384 && (fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) >= 0)
+		ok = read(fd, have, 16384) == n && !memcmp(want, have, (size_t)n);
+	if (fd >= 0)
+		close(fd);
+	if (!ok && want && have && e->tag[0] && access(p, F_OK) == 0 && access(local, F_OK) == 0)
+		sl__debug("cache", "%s: the copy %s is not of this version (or was changed on disk); downloading it again",
+			  key[2], local);
+	free(want);
+	free(have);
+	return ok;
 }
 
-static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomic int *cancel)
+static int sl_cache_fetch(const char *path, char *local, size_t cap, const _Atomic int *cancel)
 {
+	const struct sl__store *st = sl__store_of(path);
 	struct sl_cache c;
-	struct sl__s3 *s3;
-	struct sl__http_conn *conn = sl__http_thread_conn();
-	char bucket[64], key[1025], name[33], p[4096], part[4200];
-	struct sl__s3_meta m;
+	char name[33], p[4096], part[4200], where[600] = "";
+	const char *key[3] = { st->name, where, path };
+	struct sl__entry e;
 	struct statvfs vfs;
-	const char *ep;
 	int lock = -1, fd = -1, rc;
 
-	if ((rc = sl__s3_parse_url(url, bucket, sizeof(bucket), key, sizeof(key))))
+	if ((rc = sl_cache_conf(&c)) || (rc = st->info(path, &e)))
 		return rc;
-	if (!key[0])
-		return sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", url);
-	if ((rc = sl_cache_conf(&c)) || (rc = sl__s3_default(&s3)))
-		return rc;
-	if (!conn)
-		return sl__err(-ENOMEM, "%s: no connection", url);
-	if ((rc = sl__s3_head(s3, conn, bucket, key, &m)))
-		return rc;
-	ep = sl__s3_conf(s3)->endpoint;
-	sl_cache_name(ep, url, name);
+	if (e.kind != SL_KIND_FILE)
+		return sl__err(-EISDIR, "%s: names a directory or prefix, not a file", path);
+	if (st->where)
+		st->where(where, sizeof(where));
+	sl_cache_name(key, name);
 	if ((size_t)snprintf(local, cap, "%s/%s.data", c.dir, name) >= cap)
 		return sl__err(-ENAMETOOLONG, "%s: the cache path is too long", c.dir);
 	snprintf(p, sizeof(p), "%s/%s.lock", c.dir, name);
@@ -344,36 +263,37 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 	while (flock(lock, LOCK_EX) < 0 && errno == EINTR)
 		;
 	snprintf(p, sizeof(p), "%s/%s.meta", c.dir, name);
-	if (sl_copy_good(p, local, url, ep, &m)) {
+	if (sl_copy_good(p, local, key, &e)) {
 		utimensat(AT_FDCWD, p, NULL, 0); /* used now */
 		atomic_fetch_add(&sl_hits, 1);
-		sl__debug("cache", "%s: cached as %s", url, local);
+		sl__debug("cache", "%s: cached as %s", path, local);
 		goto out;
 	}
-	if ((rc = sl_cache_make_room(&c, name, m.size, url)))
+	if ((rc = sl_cache_make_room(&c, name, e.size, path)))
 		goto out;
 	/* A copy that cannot fit on the disk is not started: nothing is downloaded to be thrown away. */
-	if (statvfs(c.dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < m.size) {
+	if (statvfs(c.dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < e.size) {
 		rc = sl__err(-ENOSPC, "%s: %llu bytes do not fit in the cache directory %s (%llu bytes free): free space "
-			     "there, or set SLUICE_CACHE_DIR to a larger disk", url, (unsigned long long)m.size, c.dir,
+			     "there, or set SLUICE_CACHE_DIR to a larger disk", path, (unsigned long long)e.size, c.dir,
 			     (unsigned long long)vfs.f_bavail * vfs.f_frsize);
 		goto out;
 	}
 	snprintf(part, sizeof(part), "%s/%s.part.%d", c.dir, name, (int)getpid());
+	unlink(p); /* the old copy's .meta first: a crash from here on leaves no .meta that matches */
 	fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for a one-pass checksum */
 	if (fd < 0) {
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 		goto out;
 	}
 	/* The space reserved first: a full disk fails here, before any byte is fetched. */
-	if (m.size && (rc = posix_fallocate(fd, 0, (off_t)m.size)) && rc != EOPNOTSUPP && rc != EINVAL) {
-		rc = sl__err(-rc, "%s: %llu bytes do not fit in the cache directory %s: %s", url,
-			     (unsigned long long)m.size, c.dir, strerror(rc));
+	if (e.size && (rc = posix_fallocate(fd, 0, (off_t)e.size)) && rc != EOPNOTSUPP && rc != EINVAL) {
+		rc = sl__err(-rc, "%s: %llu bytes do not fit in the cache directory %s: %s", path,
+			     (unsigned long long)e.size, c.dir, strerror(rc));
 		close(fd);
 		unlink(part);
 		goto out;
 	}
-	rc = sl__s3_download(s3, bucket, key, &m, fd, cancel, NULL);
+	rc = st->fetch(path, e.tag, fd, cancel, NULL, NULL);
 	if (rc == -ENOSPC || rc == -EDQUOT)
 		rc = sl__err(rc, "%s; the cache directory %s is full: free space there, or set SLUICE_CACHE_DIR to a "
 			     "larger disk", sluice_last_error_detail(), c.dir);
@@ -388,9 +308,9 @@ static int sl_cache_fetch(const char *url, char *local, size_t cap, const _Atomi
 		unlink(part);
 		goto out;
 	}
-	rc = sl_meta_write(p, local, url, ep, &m);
+	rc = sl_meta_write(p, local, key, &e);
 	atomic_fetch_add(&sl_misses, 1);
-	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", url, local, (unsigned long long)m.size);
+	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", path, local, (unsigned long long)e.size);
 out:
 	close(lock);
 	return rc;
@@ -408,15 +328,15 @@ int sl__fs_staging(char *out, size_t cap)
 	return mkdtemp(out) ? 0 : sl__err(-errno, "%s: %s", out, strerror(errno));
 }
 
-int sl__cache_fetch(const char *url, char *local, size_t cap)
+int sl__cache_fetch(const char *path, char *local, size_t cap)
 {
-	return sl_cache_fetch(url, local, cap, NULL);
+	return sl_cache_fetch(path, local, cap, NULL);
 }
 
 struct sl__prefetch {
 	pthread_t th;
 	int started;
-	char **urls;
+	char **paths;
 	unsigned n;
 	_Atomic int stop;
 };
@@ -427,25 +347,25 @@ static void *sl_prefetch_run(void *arg)
 	char local[4096];
 
 	for (unsigned i = 0; i < p->n && !atomic_load(&p->stop); i++)
-		if (sl_cache_fetch(p->urls[i], local, sizeof(local), &p->stop) && !atomic_load(&p->stop))
+		if (sl_cache_fetch(p->paths[i], local, sizeof(local), &p->stop) && !atomic_load(&p->stop))
 			sl__debug("cache", "prefetch: %s", sluice_last_error_detail()); /* its reader will say */
 	return NULL;
 }
 
-struct sl__prefetch *sl__cache_prefetch(char *const *urls, unsigned n, uint64_t total)
+struct sl__prefetch *sl__cache_prefetch(char *const *paths, unsigned n, uint64_t total)
 {
 	struct sl_cache c;
 	struct sl__prefetch *p;
 
 	if (!n || sl_cache_conf(&c) || total > c.limit || !(p = calloc(1, sizeof(*p))))
 		return NULL;
-	p->urls = calloc(n, sizeof(char *));
-	for (unsigned i = 0; p->urls && i < n; i++)
-		if (!(p->urls[p->n] = strdup(urls[i])))
+	p->paths = calloc(n, sizeof(char *));
+	for (unsigned i = 0; p->paths && i < n; i++)
+		if (!(p->paths[p->n] = strdup(paths[i])))
 			break;
 		else
 			p->n++;
-	p->started = p->urls && pthread_create(&p->th, NULL, sl_prefetch_run, p) == 0;
+	p->started = p->paths && pthread_create(&p->th, NULL, sl_prefetch_run, p) == 0;
 	if (!p->started) {
 		sl__cache_prefetch_stop(p);
 		return NULL;
@@ -460,8 +380,8 @@ void sl__cache_prefetch_stop(struct sl__prefetch *p)
 	atomic_store(&p->stop, 1);
 	if (p->started)
 		pthread_join(p->th, NULL);
-	for (unsigned i = 0; p->urls && i < p->n; i++)
-		free(p->urls[i]);
-	free(p->urls);
+	for (unsigned i = 0; p->paths && i < p->n; i++)
+		free(p->paths[i]);
+	free(p->paths);
 	free(p);
 }

@@ -1,6 +1,9 @@
 /*
- * sluice_copy (sluice.h): files between local paths and s3://, either way,
- * one or a whole tree, several files at once and each in parallel parts.
+ * sluice_copy (sluice.h): files between any two stores (local paths,
+ * s3://, http(s)://), one or a whole tree, several files at once.  Into a
+ * local destination, the source store's fetch (checked against the file's
+ * checksum where it has one); into a remote one, its put: from the local
+ * file, or from a copy fetched into the cache's staging directory first.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "remote/remote.h"
+#include "store/names.h"
+#include "store/store.h"
 
 enum { SL_FILES_AT_ONCE = 4 };
 
@@ -23,7 +27,8 @@ struct sl_pair {
 struct sl_copy {
 	struct sl_pair *p;
 	size_t n, cap;
-	int upload;
+	int src_local, dst_local;
+	_Atomic uint64_t bytes;
 	_Atomic size_t next;
 	_Atomic uint64_t verified;  /* downloads checked against their object's checksum */
 	pthread_mutex_t lock;       /* over what: */
@@ -137,25 +142,64 @@ static int sl_parents(const struct sl_pair *q, int *dirfd, const char **name)
 	return rc;
 }
 
+/* q's source fetched into the staging directory, then put as q's destination. */
+static int sl_copy_through(const struct sl_pair *q, uint64_t *bytes)
+{
+	char stage[4096], *tmp = NULL;
+	struct stat st;
+	int rc = sl__fs_staging(stage, sizeof(stage));
+
+	if (!rc && asprintf(&tmp, "%s/file", stage) < 0)
+		tmp = NULL, rc = -ENOMEM;
+	if (!rc)
+		rc = sl__fs_download(q->src, AT_FDCWD, tmp, tmp, NULL, NULL);
+	if (!rc && !(rc = sl__fs_upload(tmp, q->dst)) && stat(tmp, &st) == 0)
+		*bytes = (uint64_t)st.st_size;
+	if (tmp)
+		unlink(tmp);
+	if (stage[0])
+		rmdir(stage);
+	free(tmp);
+	return rc;
+}
+
+/* One file into a local destination: fetched beside it, then renamed there. */
+static int sl_copy_in(struct sl_copy *c, const struct sl_pair *q, uint64_t *bytes)
+{
+	int dirfd = AT_FDCWD, ok = 0, rc;
+	const char *file = q->dst;
+	char name[48] = "";
+	struct stat st;
+
+	if ((rc = sl_parents(q, &dirfd, &file)) == 0 && (rc = sl__fs_download(q->src, dirfd, file, q->dst, &ok, name)) == 0) {
+		if (ok)
+			atomic_fetch_add(&c->verified, 1);
+		sl_copy_note(c, ok, name);
+		if (fstatat(dirfd, file, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			*bytes = (uint64_t)st.st_size;
+	}
+	if (dirfd != AT_FDCWD)
+		close(dirfd);
+	return rc;
+}
+
 static void *sl_copy_run(void *arg)
 {
 	struct sl_copy *c = arg;
 
 	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !atomic_load(&c->fail.err);) {
 		struct sl_pair *q = &c->p[i];
-		int dirfd = AT_FDCWD, ok = 0;
-		const char *file = q->dst;
-		int rc = c->upload ? sl__fs_upload(q->src, q->dst) : sl_parents(q, &dirfd, &file);
-		char name[48] = "";
+		uint64_t bytes = 0;
+		struct stat st;
+		int rc;
 
-		if (!rc && !c->upload && !(rc = sl__fs_download(q->src, dirfd, file, q->dst, &ok, name))) {
-			if (ok)
-				atomic_fetch_add(&c->verified, 1);
-			sl_copy_note(c, ok, name);
-		}
-		if (dirfd != AT_FDCWD)
-			close(dirfd);
-
+		if (c->dst_local)
+			rc = sl_copy_in(c, q, &bytes);
+		else if (!c->src_local)
+			rc = sl_copy_through(q, &bytes);
+		else if (!(rc = sl__fs_upload(q->src, q->dst)) && stat(q->src, &st) == 0)
+			bytes = (uint64_t)st.st_size;
+		atomic_fetch_add(&c->bytes, bytes);
 		if (rc)
 			sl__first_err_keep(&c->fail, rc);
 	}
@@ -200,34 +244,33 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 	struct stat st;
 	int rc;
 
-	if (sl__is_s3_url(src) == sl__is_s3_url(dst))
-		return sl__err(-EINVAL, "copy %s -> %s: one side must be local and the other s3://", src, dst);
-	c->upload = !sl__is_s3_url(src);
+	c->src_local = sl__fs_is_local(src);
+	c->dst_local = sl__fs_is_local(dst);
 	if (flags & SLUICE_COPY_RECURSIVE) {
 		size_t dl = strlen(dst), sl = strlen(src);
 		const char *sep = dl && dst[dl - 1] == '/' ? "" : "/";
 		char **names;
 		unsigned n;
 
-		if (c->upload && (stat(src, &st) < 0 || !S_ISDIR(st.st_mode)))
-			return sl__err(-ENOTDIR, "%s: not a directory", src);
-		if ((rc = sl__fs_list(src, 1, &names, &n)))
+		if ((rc = sl__fs_stat(src, &st)) == 0 && !S_ISDIR(st.st_mode))
+			rc = sl__err(-ENOTDIR, "%s: not a directory", src);
+		if (rc || (rc = sl__fs_list(src, 1, &names, &n)))
 			return rc;
 		if (!n)
 			rc = sl__err(-ENOENT, "%s: no files below it", src);
 		/*
 		 * names are src, a '/' where src has none at its end, then the name
 		 * relative to src: a local file's (readdir's: one segment at a time)
-		 * or a key's rest, checked before anything is copied.
+		 * or a key's or link's rest, checked before anything is copied.
 		 */
 		for (unsigned i = 0; i < n; i++) {
 			const char *rel = names[i] + sl;
 
-			if (c->upload)
+			if (c->src_local)
 				rel += strspn(rel, "/");
 			else if (sl && src[sl - 1] != '/' && *rel == '/')
 				rel++;
-			if (!rc && !c->upload && sl_rel_escapes(rel))
+			if (!rc && !c->src_local && sl_rel_escapes(rel))
 				rc = sl_refuse_escape(names[i], dst);
 			if (!rc)
 				rc = sl_copy_add(c, names[i], dst, sep, rel);
@@ -237,17 +280,12 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 		return rc;
 	}
 	/* One file: dst names the copy, or a directory that receives it. */
-	if (c->upload) {
-		if (stat(src, &st) < 0)
-			return sl__err(-errno, "%s: %s", src, strerror(errno));
-		if (!S_ISREG(st.st_mode))
-			return sl__err(-EISDIR, "%s: not a regular file (a tree needs --recursive)", src);
-		return sl_copy_add(c, src, dst, "", dst[strlen(dst) - 1] == '/' ? sl_base(src) : "");
-	}
 	if ((rc = sl__fs_stat(src, &st)))
 		return rc;
 	if (!S_ISREG(st.st_mode))
-		return sl__err(-EISDIR, "%s: a prefix, not an object (a tree needs --recursive)", src);
+		return sl__err(-EISDIR, "%s: a directory or prefix, not a file (a tree needs --recursive)", src);
+	if (!c->dst_local)
+		return sl_copy_add(c, src, dst, "", dst[strlen(dst) - 1] == '/' ? sl_base(src) : "");
 	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode))
 		return sl_rel_escapes(sl_base(src)) ? sl_refuse_escape(src, dst)
 						    : sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/",
@@ -259,7 +297,6 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 {
 	struct sl_copy c = { 0 };
 	uint64_t t0 = sl__now_ns();
-	struct stat st;
 	int rc;
 
 	sl__err_clear();
@@ -275,15 +312,14 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 	if (!rc)
 		rc = sl__first_err_raise(&c.fail);
 	if (rep && !rc) {
+		const char *put_sum = sl__store_of(dst)->put_sum;
+
 		rep->files = c.n;
-		rep->files_verified = c.upload ? 0 : atomic_load(&c.verified);
+		rep->files_verified = c.dst_local ? atomic_load(&c.verified) : 0;
 		if (SL_COVERS(rep, checksum))
 			snprintf(rep->checksum, sizeof(rep->checksum), "%s",
-				 c.upload ? "crc32c (checked by the server)" : c.why_not[0] ? c.why_not : c.what);
-		/* The local side's sizes: the bytes moved. */
-		for (size_t i = 0; i < c.n; i++)
-			if (stat(c.upload ? c.p[i].src : c.p[i].dst, &st) == 0)
-				rep->bytes += (uint64_t)st.st_size;
+				 !c.dst_local ? (put_sum ? put_sum : "none") : c.why_not[0] ? c.why_not : c.what);
+		rep->bytes = atomic_load(&c.bytes);
 		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
 	}
 	for (size_t i = 0; i < c.n; i++) {

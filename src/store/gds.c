@@ -115,6 +115,26 @@ static int sl_gds_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	return sl__sync_complete(ctx, io);
 }
 
+/* GPU memory registered with cuFile once, so its transfers skip registering it each time. */
+static int sl_gds_register_mem(void *ptr, size_t len)
+{
+	const struct sl__cufile_api *cf = sl__cufile(NULL);
+	sl_CUfileError_t e;
+
+	if (!cf || !cf->BufRegister)
+		return sl__err(-EOPNOTSUPP, "cuFileBufRegister is not in this libcufile");
+	e = cf->BufRegister(ptr, len, 0);
+	return e.err ? sl__err(SLUICE_ECUFILE, "cuFileBufRegister of %zu bytes: error %d", len, e.err) : 0;
+}
+
+static void sl_gds_deregister_mem(void *ptr)
+{
+	const struct sl__cufile_api *cf = sl__cufile(NULL);
+
+	if (cf && cf->BufDeregister)
+		cf->BufDeregister(ptr);
+}
+
 const struct sl__store sl__store_gds = {
 	.name = "gds",
 	.id = SL_STORE_ID_gds,
@@ -126,6 +146,12 @@ const struct sl__store sl__store_gds = {
 	.truncate = sl__local_truncate,
 	.sync = sl__local_sync,
 	.route = sl_gds_route,
+	.info = sl__local_info,
+	.list = sl__local_list,
+	.remove = sl__local_remove,
+	.fetch = sl__local_fetch,
+	.register_mem = sl_gds_register_mem,
+	.deregister_mem = sl_gds_deregister_mem,
 	.init = sl__sync_init,
 	.submit = sl_gds_submit,
 	.reap = sl__sync_reap,

@@ -160,6 +160,245 @@ static int sl_http_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	return sl__sync_complete(ctx, io);
 }
 
+/* ---- Names ---- */
+
+/* A URL's version as its HEAD gave it (store.h's tag): its strong ETag, else its Last-Modified and size. */
+static void sl_http_tag(const struct sl__http_resp *k, char *tag, size_t cap)
+{
+	if (k->etag[0] == '"')
+		snprintf(tag, cap, "etag %s", k->etag);
+	else if (k->last_modified[0])
+		snprintf(tag, cap, "modified %s size %llu", k->last_modified, (unsigned long long)k->size);
+	else
+		tag[0] = 0;
+}
+
+/* A HEAD of path; redirects not followed, so that a directory's (to "path/") shows. */
+static int sl_http_head(const char *path, struct sl_http_file *h, struct sl__http_resp *k)
+{
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl__http_req q;
+	int rc;
+
+	memset(h, 0, sizeof(*h));
+	sluice_url_redact(path, h->name, sizeof(h->name));
+	if (strlen(path) >= sizeof(h->url))
+		return sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
+	if (!c)
+		return -ENOMEM;
+	if ((rc = sl_http_retries(&h->retries)))
+		return rc;
+	snprintf(h->url, sizeof(h->url), "%s", path);
+	sl_http_req(h, &q, SL_HTTP_HEAD);
+	q.follow = 0;
+	return sl__http_request(c, &q, k);
+}
+
+static int sl_http_info(const char *path, struct sl__entry *e)
+{
+	struct sl_http_file h;
+	struct sl__http_resp k = { 0 };
+	int rc = sl_http_head(path, &h, &k);
+
+	memset(e, 0, sizeof(*e));
+	if ((rc && k.status >= 301 && k.status <= 308) || (!rc && path[strlen(path) - 1] == '/')) {
+		e->kind = SL_KIND_DIR; /* a directory: its URL with a '/', or a redirect there */
+		sl__err_clear();
+		return 0;
+	}
+	if (!rc && !k.have_size)
+		rc = sl__err(-EIO, "%s: the server gives no Content-Length", h.name);
+	if (rc)
+		return rc;
+	e->kind = SL_KIND_FILE;
+	e->size = k.size;
+	sl_http_tag(&k, e->tag, sizeof(e->tag));
+	return 0;
+}
+
+/* 1 where href (len bytes) names an entry of the directory listed: relative, one segment, not "." or "..". */
+static int sl_http_href_ok(const char *href, size_t len)
+{
+	char seg[1024];
+	size_t n = 0, end = len && href[len - 1] == '/' ? len - 1 : len;
+
+	if (!end || end >= sizeof(seg) || memchr(href, ':', len) || memchr(href, '?', len) || memchr(href, '#', len))
+		return 0;
+	for (size_t i = 0; i < end; i++) {
+		unsigned v;
+
+		if (href[i] == '%' && i + 2 < len && sscanf(href + i + 1, "%2x", &v) == 1)
+			i += 2;
+		else
+			v = (unsigned char)href[i];
+		if (v == '/' || v == '\\' || !v)
+			return 0;
+		seg[n++] = (char)v;
+	}
+	seg[n] = 0;
+	return strcmp(seg, ".") && strcmp(seg, "..");
+}
+
+/*
+ * A web server's listing of dir (an nginx autoindex, Apache's, Python's
+ * http.server: an HTML page of links): each link to an entry of it, as
+ * dir + the link; links ending in '/' are directories, listed in turn
+ * with recursive, at most 32 deep.
+ */
+static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
+			   void *arg)
+{
+	enum { CAP = 16 << 20 };
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl_http_file h = { 0 };
+	struct sl__http_resp k = { .cap = CAP - 1 };
+	struct sl__http_req q;
+	char *body = malloc(CAP), *url = NULL;
+	int rc = body && c ? 0 : -ENOMEM;
+
+	if (!rc && asprintf(&url, "%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/") < 0)
+		url = NULL, rc = -ENOMEM;
+	if (!rc && depth > 32)
+		rc = sl__err(-ELOOP, "%s: directories more than 32 deep", dir);
+	if (!rc && !(rc = sl_http_retries(&h.retries))) {
+		snprintf(h.url, sizeof(h.url), "%s", url);
+		sluice_url_redact(url, h.name, sizeof(h.name));
+		sl_http_req(&h, &q, SL_HTTP_GET);
+		q.buf = body;
+		rc = sl__http_request(c, &q, &k);
+		if (rc == -EACCES || rc == -ENOENT)
+			rc = sl__err(-EOPNOTSUPP, "%s: the server gives no listing of it (%s)", h.name,
+				     sluice_last_error_detail());
+	}
+	if (!rc)
+		body[k.got] = 0;
+	for (char *p = body; !rc && (p = strstr(p, "href=\"")); ) {
+		size_t len = strcspn(p += 6, "\"");
+		char *name = NULL;
+
+		if (!sl_http_href_ok(p, len) || asprintf(&name, "%s%.*s", url, (int)len, p) < 0)
+			;
+		else if (p[len - 1] != '/')
+			rc = add(arg, name);
+		else if (recursive)
+			rc = sl_http_list_in(name, 1, depth + 1, add, arg);
+		free(name);
+		p += len;
+	}
+	free(url);
+	free(body);
+	return rc;
+}
+
+static int sl_http_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg)
+{
+	return sl_http_list_in(dir, recursive, 0, add, arg);
+}
+
+/* A write the server does not take (no WebDAV there) is -EROFS, saying so; other errors as they are. */
+static int sl_http_refused(int rc, const struct sl__http_resp *k, const char *path, const char *method)
+{
+	char name[512];
+
+	if (k->status != 405 && k->status != 501 && k->status != 403)
+		return rc;
+	sluice_url_redact(path, name, sizeof(name));
+	return sl__err(-EROFS, "%s: the server takes no %s (HTTP %ld): http files are read-only there; a web server "
+		       "with WebDAV's PUT and DELETE (nginx's dav_methods) takes writes", name, method, k->status);
+}
+
+/* DELETE (WebDAV's, nginx's dav_methods). */
+static int sl_http_remove(const char *path)
+{
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl_http_file h = { 0 };
+	struct sl__http_resp k = { 0 };
+	struct sl__http_req q;
+	int rc = c ? sl_http_retries(&h.retries) : -ENOMEM;
+
+	if (rc)
+		return rc;
+	snprintf(h.url, sizeof(h.url), "%s", path);
+	sluice_url_redact(path, h.name, sizeof(h.name));
+	sl_http_req(&h, &q, SL_HTTP_DELETE);
+	rc = sl__http_request(c, &q, &k);
+	return rc ? sl_http_refused(rc, &k, path, "DELETE") : 0;
+}
+
+/* PUT (WebDAV's): the whole file in one request; GPU memory through a host copy. */
+static int sl_http_put(const char *path, const void *src, size_t len,
+		       int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx,
+		       const struct sl__open_env *env)
+{
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl_http_file h = { 0 };
+	struct sl__http_resp k = { 0 };
+	struct sl__http_req q;
+	void *host = copy ? malloc(len ? len : 1) : NULL;
+	int rc = !c || (copy && !host) ? -ENOMEM : sl_http_retries(&h.retries);
+
+	(void)env;
+	if (!rc && copy)
+		rc = copy(copy_ctx, host, src, len);
+	if (!rc) {
+		snprintf(h.url, sizeof(h.url), "%s", path);
+		sluice_url_redact(path, h.name, sizeof(h.name));
+		sl_http_req(&h, &q, SL_HTTP_PUT);
+		q.buf = (void *)(copy ? host : src);
+		q.len = len;
+		rc = sl__http_request(c, &q, &k);
+	}
+	free(host);
+	return rc ? sl_http_refused(rc, &k, path, "PUT") : 0;
+}
+
+/* The file as of tag: ranged GETs of 8 MiB, each pinned to the version the HEAD gave (as an open file's reads). */
+static int sl_http_fetch(const char *path, const char *tag, int fd, const _Atomic int *cancel, int *verified,
+			 char sum_name[48])
+{
+	enum { CHUNK = 8 << 20 };
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl_http_file h;
+	struct sl__http_resp k = { 0 };
+	char now[192], pin[128] = "";
+	char *buf = malloc(CHUNK);
+	int rc = buf ? sl_http_head(path, &h, &k) : -ENOMEM;
+
+	if (verified)
+		*verified = 0;
+	if (sum_name)
+		snprintf(sum_name, 48, "none (web servers send no checksum)");
+	if (!rc && !k.have_size)
+		rc = sl__err(-EIO, "%s: the server gives no Content-Length", h.name);
+	sl_http_tag(&k, now, sizeof(now));
+	if (!rc && tag && strcmp(tag, now))
+		rc = sl__err(-ESTALE, "%s: changed on the server since it was listed", h.name);
+	if (!rc && k.etag[0] != '"' && k.last_modified[0])
+		snprintf(pin, sizeof(pin), "If-Unmodified-Since: %s", k.last_modified);
+	for (uint64_t off = 0; !rc && off < k.size; off += CHUNK) {
+		struct sl__http_resp g = { .cap = k.size - off < CHUNK ? (size_t)(k.size - off) : CHUNK };
+		struct sl__http_req q;
+		ssize_t w = 0;
+
+		sl_http_req(&h, &q, SL_HTTP_GET);
+		q.off = off;
+		q.len = g.cap;
+		q.buf = buf;
+		q.if_match = k.etag[0] == '"' ? k.etag : "";
+		q.hdr[0] = pin[0] ? pin : NULL;
+		q.seen_etag = k.etag;
+		q.seen_modified = k.last_modified;
+		q.total = k.size;
+		q.total_known = 1;
+		if (cancel && atomic_load(cancel))
+			rc = sl__err(-ECANCELED, "%s: cancelled", h.name);
+		else if (!(rc = sl__http_request(c, &q, &g)) && (w = sl__pio_full(SL_IO_WRITE, fd, buf, g.got, off)) != (ssize_t)g.got)
+			rc = sl__err(w < 0 ? (int)w : -EIO, "%s: writing its copy: %s", h.name, strerror(w < 0 ? (int)-w : EIO));
+	}
+	free(buf);
+	return rc;
+}
+
 static const char *const sl_http_settings[] = { "SLUICE_HTTP_RETRIES", NULL };
 
 const struct sl__store sl__store_http = {
@@ -175,4 +414,9 @@ const struct sl__store sl__store_http = {
 	.reap = sl__sync_reap,
 	.fini = sl__sync_fini,
 	.settings = sl_http_settings,
+	.put = sl_http_put,
+	.info = sl_http_info,
+	.list = sl_http_list,
+	.remove = sl_http_remove,
+	.fetch = sl_http_fetch,
 };

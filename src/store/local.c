@@ -3,8 +3,10 @@
  * opening a file with its two descriptors, its size, truncation and sync,
  * and the route of a segment (through O_DIRECT, or the page cache).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -211,4 +213,100 @@ void sl__local_route(const struct sl__sfile *sf, const struct sl__route_ask *a, 
 	if (a->want_map && a->op == SL_IO_READ && !r->direct && a->len <= l->map_len && a->off <= l->map_len - a->len &&
 	    (map = sl_local_map(l)))
 		r->map = map + a->off;
+}
+
+/* ---- Names ---- */
+
+/* What st says a name is, into e. */
+static int sl_local_entry(const char *path, const struct stat *st, struct sl__entry *e)
+{
+	memset(e, 0, sizeof(*e));
+	if (S_ISDIR(st->st_mode)) {
+		e->kind = SL_KIND_DIR;
+		return 0;
+	}
+	if (!S_ISREG(st->st_mode))
+		return sl__err(-EINVAL, "%s: not a regular file or a directory", path);
+	e->kind = SL_KIND_FILE;
+	e->size = (uint64_t)st->st_size;
+	snprintf(e->tag, sizeof(e->tag), "%llx:%llx:%lld.%09ld:%lld", (unsigned long long)st->st_dev,
+		 (unsigned long long)st->st_ino, (long long)st->st_mtim.tv_sec, st->st_mtim.tv_nsec,
+		 (long long)st->st_size);
+	return 0;
+}
+
+int sl__local_info(const char *path, struct sl__entry *e)
+{
+	struct stat st;
+
+	memset(e, 0, sizeof(*e));
+	return stat(path, &st) < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno)) : sl_local_entry(path, &st, e);
+}
+
+int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int rc = 0;
+
+	if (!d)
+		return sl__err(-errno, "%s: %s", dir, strerror(errno));
+	while (!rc && (e = readdir(d))) {
+		struct stat st;
+		char *p = NULL;
+
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+		    asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", e->d_name) < 0)
+			continue;
+		if (lstat(p, &st) == 0 && S_ISREG(st.st_mode))
+			rc = add(arg, p);
+		else if (recursive && S_ISDIR(st.st_mode))
+			rc = sl__local_list(p, 1, add, arg);
+		free(p);
+	}
+	closedir(d);
+	return rc;
+}
+
+int sl__local_remove(const char *path)
+{
+	return unlink(path) < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno)) : 0;
+}
+
+/* The file as of tag copied into fd (copy_file_range: in the kernel, or shared blocks where the filesystem can). */
+int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int *cancel, int *verified,
+		    char sum_name[48])
+{
+	struct sl__entry e;
+	struct stat st;
+	int in = sl__open_file(path, O_RDONLY, 0), rc = 0;
+	uint64_t done = 0;
+
+	if (verified)
+		*verified = 0;
+	if (sum_name)
+		snprintf(sum_name, 48, "none (a local file)");
+	if (in < 0)
+		return in;
+	/* The version of the file opened, not of whatever the path names by now. */
+	if (fstat(in, &st) < 0)
+		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+	else if ((rc = sl_local_entry(path, &st, &e)) == 0 && e.kind != SL_KIND_FILE)
+		rc = sl__err(-EISDIR, "%s: a directory", path);
+	if (!rc && tag && strcmp(tag, e.tag))
+		rc = sl__err(-ESTALE, "%s: changed since it was listed", path);
+	while (!rc && done < e.size) {
+		ssize_t n = cancel && atomic_load(cancel) ? -ECANCELED : copy_file_range(in, NULL, fd, NULL, e.size - done, 0);
+
+		if (n == -ECANCELED)
+			rc = sl__err(-ECANCELED, "%s: cancelled", path);
+		else if (n < 0 && errno != EINTR)
+			rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+		else if (n == 0)
+			rc = sl__err(SLUICE_ESHORT, "%s: shrank while it was copied", path);
+		else if (n > 0)
+			done += (uint64_t)n;
+	}
+	close(in);
+	return rc;
 }

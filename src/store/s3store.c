@@ -9,6 +9,8 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "remote/remote.h"
 #include "store/store.h"
@@ -19,15 +21,21 @@ static int sl_s3s_probe(const struct sluice_config *cfg, char *why, size_t n)
 	return 0;
 }
 
-/* The engine's client (env->shared), made by its first s3:// open from the AWS_* environment and files. */
+/*
+ * The caller's client (env->arg), else the engine's (env->shared), made by
+ * its first s3:// open from the AWS_* environment and files, else (no env,
+ * or no engine) the process's.
+ */
 static int sl_s3s_client(const struct sl__open_env *env, struct sl__s3 **out)
 {
 	int rc = 0;
 
-	if (env->arg) {
+	if (env && env->arg) {
 		*out = env->arg;
 		return 0;
 	}
+	if (!env || !env->shared) /* no engine: the process's */
+		return sl__s3_default(out);
 	env->lock(env->lock_arg);
 	if (!*env->shared)
 		rc = sl__s3_open((struct sl__s3 **)env->shared, NULL, NULL, NULL);
@@ -127,6 +135,123 @@ static int sl_s3s_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	return sl__sync_complete(ctx, io);
 }
 
+/* ---- Names, through the process's client ---- */
+
+/* bucket and key of url, the client and the thread's connection. */
+static int sl_s3s_name(const char *url, char bucket[64], char key[1025], struct sl__s3 **s3, struct sl__http_conn **c)
+{
+	int rc = sl__s3_parse_url(url, bucket, 64, key, 1025);
+
+	if (!rc)
+		rc = sl__s3_default(s3);
+	if (!rc && !(*c = sl__http_thread_conn()))
+		rc = -ENOMEM;
+	return rc;
+}
+
+/* An object (its size and ETag), else a prefix with keys below it. */
+static int sl_s3s_info(const char *path, struct sl__entry *e)
+{
+	char bucket[64], key[1025], dir[1100];
+	struct sl__s3 *s3;
+	struct sl__http_conn *c;
+	struct sl__s3_list l = { 0 };
+	struct sl__s3_meta m;
+	int rc;
+
+	memset(e, 0, sizeof(*e));
+	if ((rc = sl_s3s_name(path, bucket, key, &s3, &c)))
+		return rc;
+	if (key[0] && key[strlen(key) - 1] != '/') {
+		rc = sl__s3_head(s3, c, bucket, key, &m);
+		if (!rc) {
+			e->kind = SL_KIND_FILE;
+			e->size = m.size;
+			snprintf(e->tag, sizeof(e->tag), "%s", m.etag);
+			return 0;
+		}
+		if (rc != -ENOENT)
+			return rc;
+	}
+	snprintf(dir, sizeof(dir), "%s%s", key, key[0] && key[strlen(key) - 1] != '/' ? "/" : "");
+	rc = sl__s3_list(s3, c, bucket, dir, "/", 1, &l); /* one entry says it is a directory */
+	if (!rc && !l.n)
+		rc = sl__err(-ENOENT, "%s: no such object or prefix", path);
+	if (!rc)
+		e->kind = SL_KIND_DIR;
+	sl__s3_list_free(&l);
+	return rc;
+}
+
+/* The objects below the prefix dir names: not the prefixes, nor "directory" markers (keys ending in '/'). */
+static int sl_s3s_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg)
+{
+	char bucket[64], key[1025], *name = NULL;
+	struct sl__s3 *s3;
+	struct sl__http_conn *c;
+	struct sl__s3_list l = { 0 };
+	size_t kl;
+	int rc;
+
+	if ((rc = sl_s3s_name(dir, bucket, key, &s3, &c)))
+		return rc;
+	kl = strlen(key);
+	if (kl && key[kl - 1] != '/' && kl + 1 < sizeof(key))
+		key[kl++] = '/', key[kl] = 0;
+	rc = sl__s3_list(s3, c, bucket, key, recursive ? NULL : "/", 0, &l);
+	for (size_t i = 0; !rc && i < l.n; i++) {
+		const char *k = l.e[i].key;
+
+		if (l.e[i].is_prefix || strlen(k) <= kl || k[strlen(k) - 1] == '/')
+			continue;
+		if (asprintf(&name, "%s%s%s", dir, dir[strlen(dir) - 1] != '/' ? "/" : "", k + kl) < 0)
+			rc = -ENOMEM;
+		else
+			rc = add(arg, name);
+		free(name);
+	}
+	sl__s3_list_free(&l);
+	return rc;
+}
+
+static int sl_s3s_remove(const char *path)
+{
+	char bucket[64], key[1025];
+	struct sl__s3 *s3;
+	struct sl__http_conn *c;
+	int rc = sl_s3s_name(path, bucket, key, &s3, &c);
+
+	return rc ? rc : sl__s3_delete(s3, c, bucket, key);
+}
+
+/* The object as of its ETag tag: parallel ranged GETs pinned to it, checked against its checksum. */
+static int sl_s3s_fetch(const char *path, const char *tag, int fd, const _Atomic int *cancel, int *verified,
+			char sum_name[48])
+{
+	char bucket[64], key[1025];
+	struct sl__s3 *s3;
+	struct sl__http_conn *c;
+	struct sl__s3_meta m;
+	int rc = sl_s3s_name(path, bucket, key, &s3, &c);
+
+	if (!rc && (!key[0] || key[strlen(key) - 1] == '/'))
+		rc = sl__err(-EISDIR, "%s: names a bucket or prefix, not an object", path);
+	if (!rc)
+		rc = sl__s3_head(s3, c, bucket, key, &m);
+	if (!rc && tag && strcmp(tag, m.etag))
+		rc = sl__err(-ESTALE, "%s: changed since it was listed (ETag %s, then %s)", path, tag, m.etag);
+	if (!rc && sum_name)
+		snprintf(sum_name, 48, "%s", m.sum_name[0] ? m.sum_name : "none (no checksum)");
+	return rc ? rc : sl__s3_download(s3, bucket, key, &m, fd, cancel, verified);
+}
+
+static void sl_s3s_where(char *out, size_t cap)
+{
+	struct sl__s3 *s3;
+
+	snprintf(out, cap, "%s", sl__s3_default(&s3) ? "" : sl__s3_conf(s3)->endpoint);
+}
+
 static const char *const sl_s3s_settings[] = { "SLUICE_S3_RETRIES", "SLUICE_S3_PART_SIZE", "SLUICE_S3_CONCURRENCY",
 					       NULL };
 
@@ -146,4 +271,10 @@ const struct sl__store sl__store_s3 = {
 	.fini = sl__sync_fini,
 	.settings = sl_s3s_settings,
 	.verify = sl_s3s_verify,
+	.info = sl_s3s_info,
+	.list = sl_s3s_list,
+	.remove = sl_s3s_remove,
+	.fetch = sl_s3s_fetch,
+	.where = sl_s3s_where,
+	.put_sum = "crc32c (checked by the server)",
 };

@@ -152,6 +152,23 @@ struct sl__route {
 
 struct sl__io_ctx;
 
+/* What a name is (a store's info). */
+enum sl__kind { SL_KIND_FILE = 1, SL_KIND_DIR = 2 };
+struct sl__entry {
+	int kind;             /* SL_KIND_FILE, or SL_KIND_DIR: a directory, or a prefix with names below it */
+	uint64_t size;        /* a file's bytes */
+	/*
+	 * A file's version: it changes whenever the content may have (a local
+	 * file's device, inode, mtime and size; an object's ETag; a web file's
+	 * strong ETag, else its Last-Modified and size); "" where the store
+	 * cannot tell versions apart, and then no copy of it is trusted.
+	 */
+	char tag[192];
+};
+
+/* What a name op gets beside the path: the shared state of the engine that asks, or of the process. */
+struct sl__open_env;
+
 struct sl__store {
 	const char *name;
 	int id;               /* its index in the registry (engine/stores.c) */
@@ -237,6 +254,40 @@ struct sl__store {
 	 */
 	int (*verify)(const struct sl__sfile *sf, const void *buf, size_t n,
 		      int (*copy)(void *ctx, void *dst, uint64_t off, size_t len), void *ctx);
+
+	/*
+	 * Names (fio's get_file_size and unlink_file), with no engine: remote
+	 * stores use the process's client.  Errors name the path.
+	 * info: required.  What path names, into e; -ENOENT where nothing.
+	 * list: optional (-EOPNOTSUPP without).  Every file directly in dir
+	 * (recursive: below it), as its whole name, to add(arg, name); a
+	 * nonzero return from add stops the listing with it.  Names that would
+	 * lead outside dir (".", "..", absolute) are never given.
+	 * remove: optional.  The file is gone: unlink(2), DELETE.
+	 * fetch: required.  The whole file into fd from offset 0, as of the
+	 * version tag (an info's; -ESTALE where the file is another now),
+	 * checked against the file's checksum where it has one (*verified or
+	 * NULL: whether; sum_name or NULL: which, or why none); cancel (or
+	 * NULL), once set, stops it with -ECANCELED.
+	 * where: optional.  Where path's bytes come from beyond its name (an
+	 * S3 endpoint), for the cache's keys; "" without.
+	 * put_sum: what a put's bytes are checked with at the far end; NULL: nothing.
+	 */
+	int (*info)(const char *path, struct sl__entry *e);
+	int (*list)(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg);
+	int (*remove)(const char *path);
+	int (*fetch)(const char *path, const char *tag, int fd, const _Atomic int *cancel, int *verified,
+		     char sum_name[48]);
+	void (*where)(char *out, size_t cap);
+	const char *put_sum;
+	/*
+	 * register_mem: optional.  Registers GPU memory [ptr, ptr + len) as a
+	 * destination with the store (cuFileBufRegister), once, before many
+	 * transfers into it; 0, or an error (the memory is then used
+	 * unregistered).  deregister_mem undoes it.
+	 */
+	int (*register_mem)(void *ptr, size_t len);
+	void (*deregister_mem)(void *ptr);
 };
 
 struct sl__io_ctx {
@@ -358,10 +409,17 @@ static inline int sl__local_fd(const struct sl__io *io)
 }
 /* gds.c: 1 if sf is a gds file registered with cuFile (its GPU transfers go straight there). */
 SL_HIDDEN int sl__gds_registered(const struct sl__sfile *sf);
-/* The file ops of a store of local files, in its struct sl__store. */
+/* The name ops of local files (local.c). */
+SL_HIDDEN int sl__local_info(const char *path, struct sl__entry *e);
+SL_HIDDEN int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg);
+SL_HIDDEN int sl__local_remove(const char *path);
+SL_HIDDEN int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int *cancel, int *verified,
+			      char sum_name[48]);
+/* The file and name ops of a store of local files, in its struct sl__store. */
 #define SL_LOCAL_FILE_OPS                                                                                   \
 	.open = sl__local_open, .close = sl__local_close, .stat = sl__local_stat, .truncate = sl__local_truncate, \
-	.sync = sl__local_sync, .route = sl__local_route
+	.sync = sl__local_sync, .route = sl__local_route, .info = sl__local_info, .list = sl__local_list,          \
+	.remove = sl__local_remove, .fetch = sl__local_fetch
 /* Set by tests to simulate a filesystem that refuses O_DIRECT, and a kernel without cachestat(2). */
 SL_HIDDEN extern int sl__test_refuse_direct, sl__test_no_cachestat;
 

@@ -396,9 +396,12 @@ def test_copy_both_ways(s3, tmp_path):
     assert (tmp_path / "big.bin").read_bytes() == files["big.bin"]
     sluice.copy(str(tmp_path / "big.bin"), "s3://pytest/one/")
     assert s3.head_object(Bucket="pytest", Key="one/big.bin")["ContentLength"] == big.nbytes
+    # Local to local is a copy like any other (the local store's fetch); a directory needs recursive.
+    sluice.copy(str(tmp_path / "big.bin"), str(tmp_path / "again.bin"))
+    assert (tmp_path / "again.bin").read_bytes() == files["big.bin"]
     with pytest.raises(sluice.SluiceError) as e:
         sluice.copy(str(tmp_path / "src"), str(tmp_path / "elsewhere"))
-    assert e.value.code == -errno.EINVAL
+    assert e.value.code == -errno.EISDIR
     r = subprocess.run([_sluice_bin(), "cp", "s3://pytest/tree", str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode != 0 and "--recursive" in r.stderr
     r = subprocess.run([_sluice_bin(), "cp", "s3://pytest/no/such.bin", str(tmp_path / "x")], capture_output=True,

@@ -1,0 +1,72 @@
+/*
+ * Names and whole files through the registry (store.h), for the dataset
+ * readers and writers, sluice_list/remove/copy and Python: a path is
+ * whatever the store that claims it says (a local file, an s3:// object or
+ * prefix, an http(s):// file or directory), never what its scheme is.
+ */
+#ifndef SL_NAMES_H
+#define SL_NAMES_H
+
+#include <sys/stat.h>
+
+#include "core/core.h"
+
+/*
+ * names.c.  sl__fs_stat: a regular file (S_IFREG, its size) or a
+ * directory (S_IFDIR: a local one, a prefix with keys below it, a web
+ * directory); -errno.  sl__fs_list: the regular files directly in dir,
+ * or with recursive every one below it (whole names, sorted, each and the
+ * array malloc'd).  sl__fs_local: a path to open(2): path itself where its
+ * store is of local files, else its cached copy.  sl__fs_is_local: 1 where
+ * path's store is of local files (opened in place, written by ranges).
+ */
+SL_HIDDEN int sl__fs_stat(const char *path, struct stat *st);
+SL_HIDDEN int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n);
+SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
+SL_HIDDEN int sl__fs_is_local(const char *path);
+/* A remote name's trailing slashes cut (never a scheme's "//"): "s3://b/p/" and "s3://b/p" are one directory. */
+SL_HIDDEN void sl__trim_slashes(char *path);
+/*
+ * Whole files between a local path and any store.  sl__fs_upload: the
+ * local file as path (the store's put).  sl__fs_download: path as the file
+ * name in the directory dirfd (AT_FDCWD: a path; shown: how errors name
+ * it), written under a temporary name beside it and renamed there, both
+ * through dirfd (a link swapped in above it afterwards changes nothing):
+ * it appears whole or not at all; *verified (or NULL): checked against
+ * the file's checksum, sum_name (or NULL): which, or why none.
+ * sl__fs_remove: the store's remove.  sl__fs_staging: a new empty
+ * directory in the cache's directory (on the fast local disk), for files
+ * on their way to a remote store.
+ */
+SL_HIDDEN int sl__fs_upload(const char *local, const char *path);
+SL_HIDDEN int sl__fs_download(const char *path, int dirfd, const char *name, const char *shown, int *verified,
+			       char sum_name[48]);
+SL_HIDDEN int sl__fs_remove(const char *path);
+SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
+
+/*
+ * cache.c: the local copies of remote files (datasets' files on any store
+ * that is not of local files).  SLUICE_CACHE_DIR (default
+ * $XDG_CACHE_HOME/sluice, else ~/.cache/sluice) holds at most
+ * SLUICE_CACHE_LIMIT bytes (default half of its file system), least
+ * recently used out.  A copy is keyed on its store, the store's endpoint
+ * and the path; a fetch asks the store what the file is now (its size and
+ * version tag) and uses the copy only where both match, else downloads it
+ * again; the ranks of one machine share the directory, and each file is
+ * downloaded once (a file lock is held through the check and the
+ * download: the others wait, then find it).
+ *
+ * sl__cache_fetch: the local path of path's copy into local (cap bytes).
+ */
+SL_HIDDEN int sl__cache_fetch(const char *path, char *local, size_t cap);
+/*
+ * Fetches paths[0..n) in order on a thread of its own, so that readers
+ * find them there; only when all of them fit in the cache's limit beside
+ * each other (total bytes), else each waits for its first reader.
+ * sl__cache_prefetch_stop cancels what is left and waits; NULL is a no-op.
+ */
+struct sl__prefetch;
+SL_HIDDEN struct sl__prefetch *sl__cache_prefetch(char *const *paths, unsigned n, uint64_t total);
+SL_HIDDEN void sl__cache_prefetch_stop(struct sl__prefetch *p);
+
+#endif
