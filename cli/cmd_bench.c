@@ -206,6 +206,7 @@ static int cmp_double(const void *a, const void *b)
 /* Collects the regular files of a directory (or the one file). */
 static int list_files(const struct opts *o, char ***names, unsigned *n)
 {
+	unsigned kind = 0;
 	struct stat st;
 	DIR *d;
 	struct dirent *e;
@@ -214,8 +215,8 @@ static int list_files(const struct opts *o, char ***names, unsigned *n)
 	*names = calloc(MAX_FILES, sizeof(char *));
 	if (!*names)
 		return cli_fail(CMD, "out of memory");
-	/* A URL (s3://, http(s)://): one "file", read with ranged GETs (no listing of prefixes yet). */
-	if (strstr(o->path, "://")) {
+	/* A remote file (s3://, http(s)://): one "file", read with ranged GETs (no listing of prefixes yet). */
+	if (sluice_path_store(o->path, &kind), !(kind & SLUICE_STORE_LOCAL)) {
 		if (o->verify)
 			return cli_fail(CMD, "--verify compares with the kernel's read of the file; %s is a URL", cli_shown(o->path));
 		(*names)[(*n)++] = strdup(o->path);

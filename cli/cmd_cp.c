@@ -1,4 +1,4 @@
-/* sluice cp: files between local paths and s3://, either way (sluice_copy). */
+/* sluice cp: files between any two stores: local paths, s3://, http(s):// (sluice_copy). */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,8 +8,9 @@
 
 static const char usage[] =
 	"usage: sluice cp [--json] [-r|--recursive] SRC DST\n"
-	"  SRC or DST is s3://BUCKET/KEY, the other a local path.  DST may be a directory\n"
-	"  (local, existing; s3://..., ending in '/') that receives SRC under its own name.\n"
+	"  SRC and DST are local paths, s3://BUCKET/KEY or http(s):// URLs (a web server that lists\n"
+	"  directories to read a tree, one with WebDAV's PUT to write).  DST may be a directory\n"
+	"  (local, existing; remote, ending in '/') that receives SRC under its own name.\n"
 	"  -r: SRC is a directory or prefix; every file below it goes to DST/RELATIVE-NAME.\n"
 	"  Parts of SLUICE_S3_PART_SIZE go SLUICE_S3_CONCURRENCY at a time, several files at once;\n"
 	"  credentials and endpoint as the AWS CLI takes them (AWS_*, ~/.aws).\n";
@@ -18,7 +19,7 @@ int cmd_cp(int argc, char **argv)
 {
 	const char *src = NULL, *dst = NULL;
 	struct sluice_copy_report rep = SLUICE_COPY_REPORT_INIT;
-	unsigned flags = 0;
+	unsigned flags = 0, kind = 0;
 	int json = 0, rc;
 
 	for (int i = 1; i < argc; i++) {
@@ -59,13 +60,13 @@ int cmd_cp(int argc, char **argv)
 		printf("copied %llu file%s, %.1f MB, %s -> %s in %.2f s (%.2f GB/s)\n", (unsigned long long)rep.files,
 		       rep.files == 1 ? "" : "s", (double)rep.bytes / 1e6, cli_shown(src), cli_shown(dst), rep.seconds,
 		       rep.seconds > 0 ? (double)rep.bytes / rep.seconds / 1e9 : 0.0);
-		/* Uploads carry a CRC32C the server checks; a download is checked here where its object has one. */
-		if (strncmp(dst, "s3://", 5))
-			printf("checksum: %llu of %llu file%s checked against the object's checksum: %s\n",
+		/* Into a local destination each file is checked here where its source has a checksum; else the far end's. */
+		if (sluice_path_store(dst, &kind), kind & SLUICE_STORE_LOCAL)
+			printf("checksum: %llu of %llu file%s checked against the source's checksum: %s\n",
 			       (unsigned long long)rep.files_verified, (unsigned long long)rep.files, rep.files == 1 ? "" : "s",
 			       rep.checksum);
 		else
-			printf("checksum: sent with each request (CRC32C), checked by the server\n");
+			printf("checksum: %s\n", rep.checksum);
 	}
 	return 0;
 }

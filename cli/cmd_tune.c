@@ -524,7 +524,7 @@ int cmd_tune(int argc, char **argv)
 	/* Where the pick goes; then no settings file for this process and the trials: they measure defaults. */
 	conf_rc = sluice_settings_path(conf, sizeof(conf));
 	setenv("SLUICE_CONFIG", "", 1);
-	t.s3 = !strncmp(t.path, "s3://", 5);
+	t.s3 = !strcmp(sluice_path_store(t.path, NULL), "s3"); /* its store's settings are the S3 ones */
 	rc = cli_defaults(&t, size, scratch, sizeof(scratch), &f.def);
 	if (!rc)
 		rc = cli_trials(&t, &f);

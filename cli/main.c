@@ -12,7 +12,7 @@ static const struct {
 } cli_cmds[] = {
 	{ "bench", cmd_bench, "measure file <-> GPU/host throughput (like gdsio, fio)" },
 	{ "checkpoint", cmd_checkpoint, "suspend a CUDA process's GPU memory to host memory, and resume it" },
-	{ "cp", cmd_cp, "copy files between local paths and s3://, either way" },
+	{ "cp", cmd_cp, "copy files between any two stores: local paths, s3://, http(s)://" },
 	{ "doctor", cmd_doctor, "check what on this machine slows data into the GPU, and how to fix it" },
 	{ "info", cmd_info, "show the engine's backend, GPU and why other paths are unusable" },
 	{ "inspect", cmd_inspect, "records, fields, sizes and shards of a dataset" },

@@ -804,17 +804,33 @@ struct sluice_copy_report {
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);
 /*
- * The regular files directly in dir (a local directory or an s3://
- * prefix: its objects, not its sub-prefixes), or with recursive every one
- * below it: full paths (dir, '/', the rest), sorted, in *names, *n of
- * them; free with sluice_list_free().  Returns 0, -errno, or the object
- * store's error naming the prefix.
+ * Which store serves path: "local" (the engine's store of local files:
+ * uring, psync or gds), "s3", "http", ...; and into *flags (or NULL) what it does:
+ * SLUICE_STORE_LOCAL (a local file: opened in place, written by ranges;
+ * else remote: datasets' files are cached, files are written whole),
+ * SLUICE_STORE_LISTS (sluice_list can list its directories; a web server
+ * only where it gives listings), SLUICE_STORE_WRITES (files can be
+ * written or uploaded; a web server only with WebDAV).  Never NULL.
+ */
+#define SLUICE_STORE_LOCAL 1u
+#define SLUICE_STORE_LISTS 2u
+#define SLUICE_STORE_WRITES 4u
+SLUICE_API const char *sluice_path_store(const char *path, unsigned *flags);
+/*
+ * The regular files directly in dir (a local directory, an s3:// prefix:
+ * its objects, not its sub-prefixes, an http(s):// directory whose server
+ * lists it: an nginx autoindex, Apache's, Python's http.server), or with
+ * recursive every one below it: full paths (dir, '/', the rest), sorted,
+ * in *names, *n of them; free with sluice_list_free().  Returns 0, -errno
+ * (-EOPNOTSUPP: the server gives no listing), or the store's error naming
+ * dir.
  */
 SLUICE_API SLUICE_WUR int sluice_list(const char *dir, int recursive, char ***names, unsigned *n);
 SLUICE_API void sluice_list_free(char **names, unsigned n);
 /*
- * Removes a regular file, or an s3:// object.  Returns 0, -errno, or the
- * object store's error naming the object.
+ * Removes a regular file, an s3:// object, or an http(s):// file (WebDAV's
+ * DELETE).  Returns 0, -errno (-EROFS: the server takes no DELETE), or the
+ * store's error naming the file.
  */
 SLUICE_API SLUICE_WUR int sluice_remove(const char *path);
 

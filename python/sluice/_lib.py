@@ -230,6 +230,7 @@ _protos = {
     "sluice_list": (C.c_int, [C.c_char_p, C.c_int, C.POINTER(C.POINTER(C.c_char_p)), C.POINTER(C.c_uint)]),
     "sluice_list_free": (None, [C.POINTER(C.c_char_p), C.c_uint]),
     "sluice_remove": (C.c_int, [C.c_char_p]),
+    "sluice_path_store": (C.c_char_p, [C.c_char_p, C.POINTER(C.c_uint)]),
     "sluice_gpu_stream_sync": (C.c_int, [P, P]),
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),

@@ -47,9 +47,17 @@ def nbytes(t, dt):
     return int(np.prod(t.shape, dtype=np.int64)) * (1 if dt == "F4" else BITS[dt] // 8)
 
 
-def is_url(path):
-    """An s3:// or http(s):// location, read through the engine rather than the file system."""
-    return str(path).startswith(("s3://", "http://", "https://"))
+def store_of(path):
+    """(name, flags) of the store that serves path (sluice_path_store): "local", "s3", "http", ..."""
+    flags = C.c_uint()
+    name = lib.sluice_path_store(os.fsencode(os.fspath(path)), C.byref(flags))
+    return name.decode(), flags.value
+
+
+def is_remote(path):
+    """A path of a store that is not the local file system's (s3://, http(s)://, ...): read through the engine,
+    written whole, never by os calls."""
+    return not store_of(path)[1] & 1  # SLUICE_STORE_LOCAL
 
 
 def open_file(path, flags):

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from ._lib import ESHORT, Range, SluiceError, XferReport, check, lib, shown
-from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_url, nbytes, open_file, parse_json, read_header,
+from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_remote, nbytes, open_file, parse_json, read_header,
                            read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
 from .s3 import listdir, remove
@@ -119,7 +119,7 @@ def _save_file(tensors, path, metadata):
     header, items, size = _layout(tensors, metadata)
     head = header_bytes(header)
     base = len(head)
-    if is_url(path):
+    if is_remote(path):
         whole = np.empty(base + size, np.uint8)
         whole[:base] = np.frombuffer(head, np.uint8)
         for t, o, n in items:
@@ -165,7 +165,7 @@ def _placed(header, base):
 
 def _write_whole(path, data):
     """A small file (an index, a DCP checkpoint's metadata) of bytes, durably and atomically."""
-    if is_url(path):
+    if is_remote(path):
         write(path, np.frombuffer(data, np.uint8))
         return
     tmp, fd = _tmp_for(path)
@@ -191,7 +191,7 @@ _STALE = re.compile(r"model(?:-\d{5}-of-\d{5})?\.safetensors\Z")
 
 
 def _join(base, name):
-    return f"{base.rstrip('/')}/{name}" if is_url(base) else os.path.join(base, name)
+    return f"{base.rstrip('/')}/{name}" if is_remote(base) else os.path.join(base, name)
 
 
 def _save_sharded(tensors, directory, metadata, max_shard_size):
@@ -208,7 +208,7 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
         cur[name] = tensors[name]
         cur_bytes += n
     shards.append(cur)
-    if not is_url(directory):
+    if not is_remote(directory):
         os.makedirs(directory, exist_ok=True)
     index_path = _join(directory, INDEX)
     try:  # the old checkpoint's shards, to remove once the new index has replaced it
@@ -231,7 +231,7 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
         if base not in keep and (_SHARD.match(base) or _STALE.match(base) or
                                  (base in old and base.endswith(".safetensors"))):
             remove(f)
-    if not is_url(directory):
+    if not is_remote(directory):
         _reclaim(directory, lambda b: b == INDEX or _SHARD.match(b) is not None)
 
 
@@ -306,6 +306,16 @@ def _url_exists(path):
         return True
     except SluiceError:
         return False
+
+
+def _probed(source, variant):
+    """A directory its store cannot list (a web server without listings): its index, else model.safetensors."""
+    v = f".{variant}" if variant else ""
+    for name in (f"model.safetensors.index{v}.json", f"model{v}.safetensors"):
+        if _url_exists(source + name):
+            return _from_index(source + name) if name.endswith(".json") else _Source([source + name])
+    raise SluiceError(-errno.ENOENT, f"{shown(source)}: no listing, and no model.safetensors.index{v}.json and no "
+                      f"model{v}.safetensors")
 
 
 class _Source:
@@ -394,7 +404,7 @@ def _from_listing(where, names, variant):
 
 def _sources(source, variant=None):
     """The safetensors files of a checkpoint given as a file, a directory or prefix ending in / (its index, else
-    its *.safetensors; an http(s):// one, which cannot be listed, its model.safetensors.index.json or
+    its *.safetensors; on a web server that gives no listing, its model.safetensors.index.json or
     model.safetensors), an index, or a list of files, as a _Source."""
     if isinstance(source, (list, tuple)):
         if not source:
@@ -403,21 +413,20 @@ def _sources(source, variant=None):
     source = os.fspath(source)
     if _INDEX_NAME.match(source.rsplit("/", 1)[-1]):
         return _from_index(source)
-    if is_url(source) and not source.endswith("/"):
+    if is_remote(source) and not source.endswith("/"):
         return _Source([source])
-    if is_url(source) and not source.startswith("s3://"):  # a web server's directory cannot be listed
-        v = f".{variant}" if variant else ""
-        for name in (f"model.safetensors.index{v}.json", f"model{v}.safetensors"):
-            if _url_exists(source + name):
-                return _from_index(source + name) if name.endswith(".json") else _Source([source + name])
-        raise SluiceError(-errno.ENOENT, f"{shown(source)}: no model.safetensors.index{v}.json and no model{v}.safetensors")
-    if is_url(source):
-        names = [f.rsplit("/", 1)[-1] for f in listdir(source)]
+    if is_remote(source):
+        try:
+            names = [f.rsplit("/", 1)[-1] for f in listdir(source)]
+        except SluiceError as e:
+            if e.code != -errno.EOPNOTSUPP:
+                raise
+            return _probed(source, variant)  # a web server that gives no listing
     elif os.path.isdir(source):
         names = os.listdir(source)
     else:
         return _Source([source])
-    index, files = _from_listing(source.rstrip("/") if is_url(source) else source, names, variant)
+    index, files = _from_listing(source.rstrip("/") if is_remote(source) else source, names, variant)
     return _from_index(index) if index else _Source(files)
 
 
@@ -428,7 +437,7 @@ def _tensors(src, handles):
     error naming it)."""
     files = src.files
     read = lambda i: read_header(files[i], handles[i])  # noqa: E731
-    if len(files) > 4 or any(is_url(f) for f in files):  # round trips worth overlapping
+    if len(files) > 4 or any(is_remote(f) for f in files):  # round trips worth overlapping
         with ThreadPoolExecutor(min(16, len(files))) as ex:
             headers = list(ex.map(read, range(len(files))))
     else:

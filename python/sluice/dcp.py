@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
 from ._dcpmeta import DATA as _DATA, MAGIC, ST_OF, MetadataUnpickler, check_item, decode, encode
 from ._lib import SluiceError, lib, shown
-from ._safetensors import is_url, open_file, read_header, read_small
+from ._safetensors import is_remote, open_file, read_header, read_small
 from .buffers import _ready
 from .checkpoint import _RANGE, _join, _opened, _read_ranges, _reclaim, _save_file, _write_whole
 from .s3 import listdir, remove
@@ -151,7 +151,7 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
             return False
 
     def prepare_local_plan(self, plan):
-        if not is_url(self.path):
+        if not is_remote(self.path):
             os.makedirs(self.path, exist_ok=True)
         if not self.overwrite and self._exists():
             raise RuntimeError(f"sluice.dcp: {shown(self.path)} holds a checkpoint and overwrite=False")
@@ -188,7 +188,7 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
             base = f.rsplit("/", 1)[-1]
             if _DATA.match(base) and base not in keep:
                 remove(f)
-        if not is_url(self.path):  # temporaries of writers that are gone
+        if not is_remote(self.path):  # temporaries of writers that are gone
             _reclaim(self.path, lambda b: b == METADATA or _DATA.match(b) is not None)
 
     def storage_meta(self):

@@ -11,7 +11,7 @@ import os
 from contextlib import contextmanager, nullcontext
 
 from ._lib import SluiceError, shown
-from ._safetensors import DT, bad, is_url, parse_json, read_small
+from ._safetensors import DT, bad, is_remote, parse_json, read_small
 from .checkpoint import _join, _listed, _listing, _named, load
 
 
@@ -233,7 +233,7 @@ def _config(source, model_class, kwargs):
     """The transformers config of the config.json in source (a directory, or an s3:// or http(s):// prefix; read
     through sluice)."""
     import transformers
-    if not is_url(source) and not os.path.isdir(source):
+    if not is_remote(source) and not os.path.isdir(source):
         raise ValueError(f"sluice.from_pretrained: {shown(source)} is not a directory (it takes the directory, or "
                          f"the s3:// or http(s):// prefix, that holds config.json and the checkpoint)")
     path = _join(source, "config.json")

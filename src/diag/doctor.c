@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "store/names.h"
 #include "store/store.h"
 
 #define SL_MAX_GPUS 64
@@ -403,7 +404,7 @@ static void sl_check_cgroup(struct sl_dr *d)
 		sl_rd(d, mem, sizeof(mem), "/sys/fs/cgroup%s/memory.max", path);
 		sl_rd(d, io, sizeof(io), "/sys/fs/cgroup%s/io.max", path);
 	}
-	if (d->path && !strstr(d->path, "://") && !stat(d->path, &stt) && major(stt.st_dev)) {
+	if (d->path && sl__fs_is_local(d->path) && !stat(d->path, &stt) && major(stt.st_dev)) {
 		/* io.max names the whole disk, not the partition. */
 		char dd[64] = "";
 
@@ -457,8 +458,9 @@ static void sl_check_fs(struct sl_dr *d)
 	size_t best = 0;
 	FILE *f;
 
-	if (strstr(d->path, "://")) {
-		sl_emit(d, "filesystem", SLUICE_CHECK_OK, why, "%s: object storage (no local file system)", d->path);
+	if (!sl__fs_is_local(d->path)) {
+		sl_emit(d, "filesystem", SLUICE_CHECK_OK, why, "%s: the %s store (no local file system)", d->path,
+			sluice_path_store(d->path, NULL));
 		return;
 	}
 	if (!realpath(d->path, real)) {
@@ -526,7 +528,7 @@ static void sl_find_disk(struct sl_dr *d)
 	char p[PATH_MAX], r[PATH_MAX], q[PATH_MAX + 16];
 	struct stat st;
 
-	if (strstr(d->path, "://") || stat(d->path, &st) || !major(st.st_dev))
+	if (!sl__fs_is_local(d->path) || stat(d->path, &st) || !major(st.st_dev))
 		return;
 	snprintf(p, sizeof(p), "%s/sys/dev/block/%u:%u", d->root, major(st.st_dev), minor(st.st_dev));
 	if (!realpath(p, r))
@@ -555,7 +557,7 @@ static void sl_check_block(struct sl_dr *d)
 	long n;
 
 	if (!d->disk[0]) {
-		const char *what = strstr(d->path, "://") ? "object storage" : d->fstype[0] ? d->fstype : "unknown";
+		const char *what = !sl__fs_is_local(d->path) ? "remote storage" : d->fstype[0] ? d->fstype : "unknown";
 
 		sl_emit(d, "scheduler", SLUICE_CHECK_OK, why_s, "no block device (%s)", what);
 		return;

@@ -45,6 +45,16 @@ void sl__trim_slashes(char *path)
 		path[l - 1] = 0;
 }
 
+const char *sluice_path_store(const char *path, unsigned *flags)
+{
+	const struct sl__store *st = sl__store_of(path ? path : "");
+
+	if (flags)
+		*flags = (st->caps & SL_STORE_LOCAL ? SLUICE_STORE_LOCAL : 0) | (st->list ? SLUICE_STORE_LISTS : 0) |
+			 (st->put || st->truncate ? SLUICE_STORE_WRITES : 0);
+	return st->caps & SL_STORE_LOCAL ? "local" : st->name;
+}
+
 static int sl_cmp(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);

@@ -70,11 +70,6 @@ static int sl_keep(struct sluice_ckpt *ck, void *p)
 	return 0;
 }
 
-static int sl_is_url(const char *p)
-{
-	return !strncmp(p, "s3://", 5) || !strncmp(p, "http://", 7) || !strncmp(p, "https://", 8);
-}
-
 static int sl_ends(const char *s, const char *suffix)
 {
 	size_t a = strlen(s), b = strlen(suffix);
@@ -141,7 +136,7 @@ static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
 		return -ENOMEM;
 	if ((rc = sluice_file_open(&cf->f, ck->eng, path, 0)))
 		return rc;
-	cf->local = !sl_is_url(path) && stat(path, &cf->st) == 0;
+	cf->local = sl__fs_is_local(path) && stat(path, &cf->st) == 0;
 	size = sluice_file_size(cf->f);
 	want = size < SL_CKPT_FIRST ? (size_t)size : SL_CKPT_FIRST;
 	if (!(head = malloc(want ? want : 1)))
@@ -434,7 +429,7 @@ static int sl_st_probe(const char *path)
 	char *p;
 	int has;
 
-	if (sl_is_url(path))
+	if (!sl__fs_is_local(path))
 		return !sl_ends(path, "/");
 	if (stat(path, &st) || !S_ISDIR(st.st_mode))
 		return 1;
@@ -451,7 +446,7 @@ static int sl_st_open(struct sluice_ckpt *ck, const char *path)
 	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
 	int rc;
 
-	if (!sl_is_url(path) && !stat(path, &st) && S_ISDIR(st.st_mode))
+	if (sl__fs_is_local(path) && !stat(path, &st) && S_ISDIR(st.st_mode))
 		return sl_open_st_dir(ck, path);
 	if (strstr(base, ".safetensors.index") && sl_ends(base, ".json"))
 		return sl_open_index(ck, path);

@@ -60,3 +60,25 @@ def test_the_layers_have_no_loop():
 
     for d in ALLOWED:
         visit(d)
+
+
+def test_no_branch_on_a_scheme_outside_the_stores():
+    """What a path is, the registry of stores says (store/store.h): no code outside src/store (and remote/, the
+    transport; core/sys.c, which hides credentials in any URL) tests a path's scheme, so a new store is one file
+    there.  The S3 Client of sluice.h and Python (bucket and key, S3 by design) builds s3:// names, not tests."""
+    c_test = re.compile(r'(strn?(case)?cmp|strstr)\([^;]*"(s3|https?)?:?//|sl__is_s3_url\(')
+    py_test = re.compile(r'startswith\([^)]*["\'](s3|https?)://')
+    found = []
+    for top, exempt in ((SRC, ("store", "remote", os.path.join("core", "sys.c"))), (os.path.join(ROOT, "cli"), ())):
+        for d, _, names in os.walk(top):
+            for n in names:
+                p = os.path.join(d, n)
+                if n.endswith((".c", ".h")) and not os.path.relpath(p, top).startswith(exempt):
+                    with open(p, encoding="utf-8") as f:
+                        found += [f"{os.path.relpath(p, ROOT)}: {line.strip()}" for line in f if c_test.search(line)]
+    pkg = os.path.join(ROOT, "python", "sluice")
+    for n in os.listdir(pkg):
+        if n.endswith(".py") and n != "s3.py":  # s3.py: the S3 Client and ObjectFolder, S3 by design
+            with open(os.path.join(pkg, n), encoding="utf-8") as f:
+                found += [f"python/sluice/{n}: {line.strip()}" for line in f if py_test.search(line)]
+    assert not found, "tests of a scheme outside src/store:\n" + "\n".join(found)

@@ -28,7 +28,8 @@ pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    log_format sent '$request_method $uri $status $body_bytes_sent';
+    access_log {prefix}/access.log sent;
     client_body_temp_path {prefix}/body;
     proxy_temp_path {prefix}/proxy;
     fastcgi_temp_path {prefix}/fastcgi;
@@ -38,16 +39,29 @@ http {{
         listen 127.0.0.1:{port}{tls};
         root {root};
         location /go/ {{ rewrite ^/go/(.*)$ /$1 redirect; }}
+        location / {{ {listing} {dav} }}
     }}
 }}
 """
 
 
 class WebServer:
-    """nginx serving root: .url(name) is a file's URL, .port the port; a context manager."""
+    """nginx serving root: .url(name) is a file's URL, .port the port; a context manager.  listing: directories
+    listed (autoindex, an HTML page of links).  dav: WebDAV's PUT and DELETE taken (else 405: read-only).
+    .sent() sums the body bytes of its GET answers so far (its access log)."""
 
-    def __init__(self, root, prefix, workers=2, tls=False):
+    def __init__(self, root, prefix, workers=2, tls=False, listing=True, dav=False):
         self.root, self.prefix, self.workers, self.tls = str(root), str(prefix), workers, tls
+        self.listing, self.dav = listing, dav
+
+    def sent(self, path_prefix="/"):
+        """Bytes of GET answers for paths under path_prefix (nginx writes its log as each request ends)."""
+        try:
+            with open(os.path.join(self.prefix, "access.log")) as f:
+                rows = [line.split() for line in f]
+        except FileNotFoundError:
+            return 0
+        return sum(int(r[3]) for r in rows if len(r) == 4 and r[0] == "GET" and r[1].startswith(path_prefix))
 
     def url(self, name):
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/{name}"
@@ -68,7 +82,10 @@ class WebServer:
         with open(conf, "w") as f:
             # As root, nginx's workers would run as nobody, who cannot read the tests' private directories.
             f.write(CONF.format(user="user root;" if os.geteuid() == 0 else "", prefix=self.prefix, port=self.port,
-                                root=self.root, workers=self.workers, tls=tls))
+                                root=self.root, workers=self.workers, tls=tls,
+                                listing="autoindex on;" if self.listing else "",
+                                dav="dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw all:r;"
+                                if self.dav else ""))
         self.proc = subprocess.Popen([NGINX, "-p", self.prefix, "-c", conf, "-e", os.path.join(self.prefix, "error.log")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for _ in range(200):
