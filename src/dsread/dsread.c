@@ -13,17 +13,17 @@
 #include "format/format.h"
 #include "dsread/dsread.h"
 
-/* The engine's handle of shard f's file, opened the first time (files: one slot a shard, closed by the caller). */
+/* The engine's handle of shard f's file, bound on its first use (files: one slot a shard, released by sl_files_release). */
 static int sl_file_of(struct sluice_engine *eng, struct sluice_dataset *ds, struct sluice_file **files, unsigned f)
 {
-	char path[4096];
-	int rc;
+	return files[f] ? 0 : sl__bind_file(eng, ds, f, &files[f]);
+}
 
-	if (files[f])
-		return 0;
-	if ((rc = sl__ds_path(ds, f, path, sizeof(path))))
-		return rc;
-	return sluice_file_open(&files[f], eng, path, SLUICE_RDONLY);
+static void sl_files_release(struct sluice_engine *eng, const struct sluice_dataset *ds, struct sluice_file **files)
+{
+	for (unsigned f = 0; files && f < ds->nfiles; f++)
+		sl__bind_release(eng, files[f]);
+	free(files);
 }
 
 /* The n ranges read as one engine job (pieces' CRCs computed where crc): the job is the caller's to free. */
@@ -82,9 +82,7 @@ int sl__read_blocks(struct sluice_engine *eng, struct sluice_dataset *ds, const 
 			rc = sl__err(SLUICE_ECRC, "%s: zstd block %llu: CRC mismatch of its stored bytes",
 				     ds->files[zb[k].shard], (unsigned long long)zb[k].index);
 	sl__plan_free(&job);
-	for (unsigned f = 0; files && f < ds->nfiles; f++)
-		sluice_file_close(files[f]);
-	free(files);
+	sl_files_release(eng, ds, files);
 	free(r);
 	free(crc);
 	return (int)rc;
@@ -140,9 +138,7 @@ int sl__read_shard_records(struct sluice_engine *eng, struct sluice_dataset *ds,
 				     (unsigned long long)(first + k), (unsigned long long)loc[k].offset);
 	}
 	sl__plan_free(&job);
-	if (files[shard])
-		sluice_file_close(files[shard]);
-	free(files);
+	sl_files_release(eng, ds, files);
 	free(r);
 	free(loc);
 	free(crc);
@@ -418,9 +414,7 @@ ssize_t sl__dataset_read_batch(struct sluice_engine *eng, struct sluice_dataset 
 	if (rc >= 0)
 		rc = (ssize_t)pos;
 out:
-	for (unsigned f = 0; files && f < ds->nfiles; f++)
-		sluice_file_close(files[f]);
-	free(files);
+	sl_files_release(eng, ds, files);
 	free(loc);
 	free(r);
 	return rc;

@@ -9,6 +9,18 @@
 #include "engine/engine.h"
 #include "format/format.h"
 
+/*
+ * bind.c: the engine's handle of shard's data file, bound to eng once for
+ * the dataset (opened on its first use, kept until the engine closes or
+ * it is the least recently used of 256), held by the caller until
+ * sl__bind_release; 0 or the open's error.  sl__bind_opens: the files eng
+ * has opened for datasets so far (tests).
+ */
+SL_HIDDEN int sl__bind_file(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard,
+			    struct sluice_file **out);
+SL_HIDDEN void sl__bind_release(struct sluice_engine *eng, struct sluice_file *f);
+SL_HIDDEN uint64_t sl__bind_opens(struct sluice_engine *eng);
+
 /* One zstd block to decode (sl__zdecode): its table entry, shard and index there, and where it lands. */
 struct sl__zblock {
 	const struct sl__block *b;

@@ -67,7 +67,7 @@ SL_HIDDEN void sl__eng_file_remove(struct sluice_engine *eng, struct sluice_file
  * drop(eng, state) at engine close: the engine calls back without knowing
  * the layer.  NULL, and make's error in *err, if make failed.
  */
-enum { SL_ATTACH_ASYNC, SL_ATTACHMENTS };
+enum { SL_ATTACH_ASYNC, SL_ATTACH_DSFILES, SL_ATTACHMENTS };
 SL_HIDDEN void *sl__eng_attach(struct sluice_engine *eng, int key, void *(*make)(struct sluice_engine *eng, int *err),
 			       void (*drop)(struct sluice_engine *eng, void *state), int *err);
 

@@ -72,6 +72,9 @@ int sluice_dataset_open(struct sluice_dataset **out, const char *path)
 		free(ds);
 		return -ENOMEM;
 	}
+	static _Atomic uint64_t ids;
+
+	ds->id = atomic_fetch_add(&ids, 1) + 1;
 	pthread_mutex_init(&ds->local_lock, NULL);
 	/* s3://bucket/prefix/ and s3://bucket/prefix name the same dataset (http too): its files are prefix/NAME. */
 	if (!sl__fs_is_local(ds->path))

@@ -189,6 +189,7 @@ struct sl__ds_ops {
 
 struct sluice_dataset {
 	const struct sl__ds_ops *ops;
+	uint64_t id;             /* unique in the process, never reused (the engine's bound files are keyed on it) */
 	char *path;
 	char *metadata;          /* the dataset's metadata, NUL-terminated (malloc'd), or NULL */
 	uint64_t nrecords;

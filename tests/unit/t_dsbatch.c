@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "t_util.h"
+#include "dsread/dsread.h"
 
 static const struct sluice_field fields[] = {
 	{ "blob", SLUICE_DTYPE_BYTES, 0, { 0 } },
@@ -125,6 +126,14 @@ int main(void)
 		T_CHECK(sluice_dataset_open(&zds, zpath) == 0);
 		check_batch(eng, zds, all, n, NULL);
 		check_batch(eng, zds, rnd, 300, NULL);
+		/*
+		 * Every batch of ds above used its files bound at their first use:
+		 * one open a shard, not one a batch (zds's blocks are decoded by the
+		 * CPU from the dataset's own descriptors).
+		 */
+		printf("files the engine opened for datasets: %llu (ds has %u shards)\n",
+		       (unsigned long long)sl__bind_opens(eng), sluice_dataset_shards(ds));
+		T_CHECK(sl__bind_opens(eng) == sluice_dataset_shards(ds));
 		sluice_dataset_close(zds);
 	}
 
