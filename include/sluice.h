@@ -1201,6 +1201,18 @@ SLUICE_API SLUICE_WUR int sluice_image_plan(const struct sluice_image_options *o
 #define SLUICE_IMAGE_OPTIONS_INIT { sizeof(struct sluice_image_options), NULL, 0, 0, 0, { 0, 0 }, { 0, 0 }, 0, \
 				    { 0, 0, 0 }, { 0, 0, 0 }, 0, 0, 0, 0 }
 
+/*
+ * One phase of an epoch in a resume state: the nodes it ran on and the
+ * positions of each node's own sequence consumed in it (the same on every
+ * node: ranks take their batches in step).  sluice_loader_state_ex() gives
+ * the list, oldest first; the last one is the reporting loader's.
+ */
+struct sluice_loader_segment {
+	unsigned nodes;
+	uint64_t position;
+};
+#define SLUICE_LOADER_SEGMENTS_MAX 16
+
 struct sluice_loader_options {
 	size_t size; /* sizeof(struct sluice_loader_options) */
 	uint32_t batch_size;       /* records per batch per rank (required) */

@@ -142,6 +142,155 @@ static void t_order(void)
 }
 
 /*
+ * One node's order is the order sluice gave before nodes: FNV-1a of every
+ * position's record over six seeds, for four shard layouts and five
+ * window/chunk sizes, as the order code before nodes computed them (stored,
+ * not recomputed: a change to one node's order fails here).
+ */
+static const uint64_t layouts[4][12] = {
+	{ 30000, 1, 0, 40000, 29999 },
+	{ 7 },
+	{ 997, 1003, 1000, 1000, 999, 1001, 1000, 1000, 998, 1002, 1000, 1000 },
+	{ 0, 5, 0, 0, 300, 2 },
+};
+static const unsigned layout_shards[4] = { 5, 1, 12, 6 };
+static const struct {
+	int layout;
+	uint64_t window, chunk, fnv;
+} before_nodes[] = {
+	{ 0, 5000, 5000, 0x59e2df58630be7f1ull },
+	{ 0, 5000, 250, 0x284356b3cfa8b9a1ull },
+	{ 0, 640, 40, 0x435c297309f02a8dull },
+	{ 0, 3, 1, 0x91c8f0e097958ecbull },
+	{ 0, 100, 7, 0x585b66ed57e40861ull },
+	{ 1, 5000, 5000, 0x119f133d34cefb2full },
+	{ 1, 5000, 250, 0x119f133d34cefb2full },
+	{ 1, 640, 40, 0x119f133d34cefb2full },
+	{ 1, 3, 1, 0x2323a28d2817cd5full },
+	{ 1, 100, 7, 0x119f133d34cefb2full },
+	{ 2, 5000, 5000, 0x68f1250a07fbdf7full },
+	{ 2, 5000, 250, 0x7651fa0f065a2467ull },
+	{ 2, 640, 40, 0x6aaa71d3877aa795ull },
+	{ 2, 3, 1, 0xdbb2447225de30a1ull },
+	{ 2, 100, 7, 0x06dc0fa193c174dbull },
+	{ 3, 5000, 5000, 0x3236ffb8ddd8c41full },
+	{ 3, 5000, 250, 0x3236ffb8ddd8c41full },
+	{ 3, 640, 40, 0xe55971fbeb1c357bull },
+	{ 3, 3, 1, 0xb9991472e4b606b3ull },
+	{ 3, 100, 7, 0xbf93b9d4a26759b1ull },
+};
+
+static void test_one_node_is_the_order_before_nodes(void)
+{
+	const uint64_t seeds[] = { 0, 1, 7, 42, 0xdeadbeefull, UINT64_MAX };
+
+	for (size_t i = 0; i < sizeof(before_nodes) / sizeof(before_nodes[0]); i++) {
+		const int l = before_nodes[i].layout;
+		uint64_t h = 14695981039346656037ull;
+
+		for (unsigned k = 0; k < 6; k++) {
+			struct sl__order o;
+			struct sl__order_view v;
+
+			T_CHECK(sl__order_init(&o, layouts[l], layout_shards[l], seeds[k], k * 3 + (uint64_t)l,
+					       before_nodes[i].window, before_nodes[i].chunk) == 0);
+			/* One node set as the loader sets it, not only the default. */
+			T_CHECK(sl__order_view_init(&v, o.n, 1, 1, 0, NULL, 0, NULL) == 0);
+			sl__order_set_view(&o, &v);
+			T_CHECK(o.view.len == o.n);
+			for (uint64_t p = 0; p < o.n; p++) {
+				h ^= sl__order_at(&o, p);
+				h *= 1099511628211ull;
+			}
+			sl__order_free(&o);
+		}
+		T_CHECK(h == before_nodes[i].fnv);
+		if (h != before_nodes[i].fnv)
+			fprintf(stderr, "layout %d, windows %llu, chunks %llu: not the order before nodes\n", l,
+				(unsigned long long)before_nodes[i].window, (unsigned long long)before_nodes[i].chunk);
+	}
+}
+
+/* The shard of layout 2 holding record id r (ids number the shards' records in dataset order). */
+static unsigned layout2_shard(uint64_t r)
+{
+	unsigned s = 0;
+
+	while (r >= layouts[2][s])
+		r -= layouts[2][s++];
+	return s;
+}
+
+/*
+ * Node k's sequence over 12 shards of about 1000 records: its records are
+ * S's range [lo, hi), each once; they touch at most ceil(12 / nodes) + 1
+ * shards, which sl__order_node_shards names in the order the node's windows
+ * first reach them.  Marks each record's node in owner.
+ */
+static void check_node_sequence(struct sl__order *o, unsigned nodes, unsigned k, unsigned char *owner)
+{
+	unsigned list[12], nlist = 0, first_w[12];
+	unsigned char touched[12] = { 0 };
+	uint64_t lo, hi;
+	unsigned distinct = 0;
+	struct sl__order_view v;
+
+	T_CHECK(sl__order_view_init(&v, o->n, 1, nodes, k, NULL, 0, NULL) == 0);
+	sl__order_set_view(o, &v);
+	sl__order_node_range(o, nodes, k, &lo, &hi);
+	T_CHECK(v.len == hi - lo && v.shortest == o->n / nodes && v.longest - v.shortest <= 1);
+	for (uint64_t p = 0; p < v.len; p++) {
+		uint64_t r = sl__order_at(o, p), at;
+		unsigned s = layout2_shard(r), j = 0;
+
+		while (o->perm[j] != s)
+			j++;
+		at = o->start[j] + (r - o->first[s]); /* its place in S */
+		T_CHECK(at >= lo && at < hi && !owner[r]);
+		owner[r] = (unsigned char)(k + 1);
+		if (!touched[s]) {
+			touched[s] = 1;
+			first_w[s] = (unsigned)(p / o->window);
+			distinct++;
+		}
+	}
+	T_CHECK(distinct <= (12 + nodes - 1) / nodes + 1);
+	T_CHECK(sl__order_node_shards(o, nodes, k, list, &nlist) == 0 && nlist == distinct);
+	for (unsigned i = 0; i < nlist; i++)
+		T_CHECK(touched[list[i]] && (!i || first_w[list[i - 1]] <= first_w[list[i]]));
+}
+
+static void test_nodes_read_their_own_range_of_the_shards(void)
+{
+	unsigned char *owner = malloc(12000);
+
+	/* Chunks of 40 records, and of 1 (a shard's a thousand chunks named once). */
+	for (unsigned nodes = 2; nodes <= 7; nodes++) {
+		struct sl__order o;
+		struct sl__order_view v;
+
+		memset(owner, 0, 12000);
+		T_CHECK(sl__order_init(&o, layouts[2], 12, 9, 2, 640, nodes < 6 ? 40 : 1) == 0 && o.n == 12000);
+		for (unsigned k = 0; k < nodes; k++)
+			check_node_sequence(&o, nodes, k, owner);
+		for (uint64_t r = 0; r < o.n; r++)
+			T_CHECK(owner[r]);
+		/* Not shuffled: node k reads ids [lo, hi) in order. */
+		for (unsigned k = 0; k < nodes; k++) {
+			uint64_t lo, hi;
+
+			T_CHECK(sl__order_view_init(&v, o.n, 0, nodes, k, NULL, 0, NULL) == 0);
+			sl__order_set_view(&o, &v);
+			sl__order_node_range(&o, nodes, k, &lo, &hi);
+			for (uint64_t p = 0; p < v.len; p += 97)
+				T_CHECK(sl__order_at(&o, p) == lo + p);
+		}
+		sl__order_free(&o);
+	}
+	free(owner);
+}
+
+/*
  * Rank r's part of a global batch of B * world ids (epoch order): those
  * that sort into the r-th run of B by id, kept in epoch order.
  */
@@ -637,6 +786,8 @@ int main(void)
 	ref = malloc(2 * n * sizeof(uint64_t));
 	got = malloc(2 * n * sizeof(uint64_t));
 	t_order();
+	test_one_node_is_the_order_before_nodes();
+	test_nodes_read_their_own_range_of_the_shards();
 	snprintf(path, sizeof(path), "%s/ds", dir);
 	ds = write_dataset(path, n, &wo);
 	T_CHECK(sluice_dataset_shards(ds) > 4);
