@@ -501,6 +501,156 @@ static void test_resume_on_another_world_size(void)
 	}
 }
 
+/*
+ * `nodes` nodes of `local` ranks, batches of B, resumed from seg[0, nseg)
+ * (none: the epoch's start), each rank taking up to `batches` batches: the
+ * ids of node k appended to ids[k] (nids[k] of them), every rank the same
+ * batch count (returned) and the same state (into st, its count *nst).
+ */
+static uint64_t run_nodes(unsigned nodes, unsigned local, uint32_t B, const struct sluice_loader_segment *seg,
+			  unsigned nseg, uint64_t batches, uint64_t **ids, uint64_t *nids,
+			  struct sluice_loader_segment *st, int *nst)
+{
+	uint64_t count = UINT64_MAX;
+
+	for (unsigned r = 0; r < nodes * local; r++) {
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = B, .seed = 7, .epoch = 1,
+						   .rank = r, .world_size = nodes * local, .shuffle = 1,
+						   .window_bytes = 40 << 10, .nodes = nodes, .resume = seg,
+						   .nresume = nseg };
+		struct sluice_loader_segment mine[SLUICE_LOADER_SEGMENTS_MAX];
+		uint64_t s, e, k;
+		int m;
+
+		ld = NULL;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+		if (!ld)
+			return 0;
+		k = drain(ld, ids[r / local] + nids[r / local], batches) / B;
+		nids[r / local] += k * B;
+		T_CHECK(count == UINT64_MAX || k == count);
+		T_CHECK(batches != UINT64_MAX || k == sluice_loader_batches(ld));
+		count = k;
+		m = sluice_loader_state_ex(ld, &s, &e, mine, SLUICE_LOADER_SEGMENTS_MAX);
+		T_CHECK(m >= 1 && s == 7 && e == 1 && (!r || (m == *nst && !memcmp(mine, st, (size_t)m * sizeof(*st)))));
+		if (!r && m >= 1) {
+			memcpy(st, mine, (size_t)m * sizeof(*st));
+			*nst = m;
+		}
+		sluice_loader_close(ld);
+	}
+	return count;
+}
+
+/* Marks each of the k ids in seen; 1 if none was seen before. */
+static int mark_once(const uint64_t *id, uint64_t k, unsigned char *seen)
+{
+	int once = 1;
+
+	for (uint64_t i = 0; i < k; i++)
+		once &= !seen[id[i]]++;
+	return once;
+}
+
+static void test_nodes_read_apart_with_equal_batch_counts(void)
+{
+	unsigned shards = sluice_dataset_shards(ds);
+
+	for (unsigned nodes = 2; nodes <= 3; nodes++) {
+		const unsigned local = nodes == 2 ? 2 : 1;
+		uint64_t *ids[3], nids[3] = { 0 }, k;
+		struct sluice_loader_segment st[SLUICE_LOADER_SEGMENTS_MAX];
+		unsigned char *seen = calloc(n, 1);
+		int nst = 0;
+
+		for (unsigned i = 0; i < 3; i++)
+			ids[i] = malloc(2 * n * sizeof(uint64_t));
+		k = run_nodes(nodes, local, 12, NULL, 0, UINT64_MAX, ids, nids, st, &nst);
+		/* Batches counted on the longest node's sequence: ceil(ceil(1000 / nodes) / (12 local)). */
+		T_CHECK(k == ((n + nodes - 1) / nodes + 12 * local - 1) / (12 * local));
+		T_CHECK(nst == 1 && st[0].nodes == nodes && st[0].position == k * 12 * local);
+		for (unsigned node = 0; node < nodes; node++) {
+			unsigned char touched[256] = { 0 }, *mine = calloc(n, 1);
+			unsigned distinct = 0, own = 0;
+
+			for (uint64_t i = 0; i < nids[node]; i++) {
+				struct sluice_record_loc loc;
+
+				T_CHECK(sluice_dataset_locate(ds, ids[node][i], &loc) == 0 && loc.shard < 256);
+				distinct += !touched[loc.shard];
+				touched[loc.shard] = 1;
+				own += !mine[ids[node][i]]++;
+				T_CHECK(mine[ids[node][i]] > 1 || !seen[ids[node][i]]++); /* no other node's */
+			}
+			/* The node's range, and its last batch filled from its own start. */
+			T_CHECK(own == n / nodes || own == n / nodes + 1);
+			printf("node %u of %u: %u records of %u shards (of %u)\n", node, nodes, own, distinct, shards);
+			T_CHECK(distinct <= (shards + nodes - 1) / nodes + 1);
+			free(mine);
+		}
+		for (uint64_t r = 0; r < n; r++)
+			T_CHECK(seen[r] == 1);
+		for (unsigned i = 0; i < 3; i++)
+			free(ids[i]);
+		free(seen);
+	}
+}
+
+static void test_resume_across_node_counts(void)
+{
+	/* 2 nodes of 2 ranks take 3 batches of 12, then 3 nodes of 1 take 4 of 8, then 1 node of 4 the rest (6). */
+	uint64_t *ids[3], nids[3] = { 0 }, *all = malloc(12 * n * sizeof(uint64_t)), nall = 0, s, e;
+	struct sluice_loader_segment st[SLUICE_LOADER_SEGMENTS_MAX], st2[SLUICE_LOADER_SEGMENTS_MAX];
+	unsigned char *seen = calloc(n, 1);
+	int nst = 0, nst2 = 0, once = 1;
+
+	for (unsigned i = 0; i < 3; i++)
+		ids[i] = all + 4 * n * i;
+	T_CHECK(run_nodes(2, 2, 12, NULL, 0, 3, ids, nids, st, &nst) == 3);
+	T_CHECK(nst == 1 && st[0].nodes == 2 && st[0].position == 72);
+	for (unsigned i = 0; i < 2; i++)
+		once &= mark_once(ids[i], nids[i], seen);
+	memset(nids, 0, sizeof(nids));
+	T_CHECK(run_nodes(3, 1, 8, st, 1, 4, ids, nids, st2, &nst2) == 4);
+	T_CHECK(nst2 == 2 && st2[0].nodes == 2 && st2[0].position == 72 && st2[1].nodes == 3 && st2[1].position == 32);
+	for (unsigned i = 0; i < 3; i++)
+		once &= mark_once(ids[i], nids[i], seen);
+	T_CHECK(once);
+	memset(nids, 0, sizeof(nids));
+	T_CHECK(run_nodes(1, 4, 6, st2, 2, UINT64_MAX, ids, nids, st, &nst) > 0);
+	nall = nids[0];
+	/* The rest: what was left, each once, then the fill of the last batch from the start of what was left. */
+	for (uint64_t i = 0; i < nall; i++)
+		T_CHECK(seen[ids[0][i]] != 1);
+	for (uint64_t i = 0; i < nall; i++)
+		seen[ids[0][i]] = 2;
+	for (uint64_t r = 0; r < n; r++)
+		T_CHECK(seen[r]);
+	T_CHECK(nall >= n - 144 - 96 && nall - (n - 144 - 96) < 24 && nst == 3 && st[2].nodes == 1);
+	/* The state of a loader on 3 nodes resumed there: the old call counts, the new one needs room. */
+	{
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 8, .seed = 7, .epoch = 1,
+						   .world_size = 3, .shuffle = 1, .nodes = 3, .resume = st2,
+						   .nresume = 2 };
+
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+		sluice_loader_state(ld, &s, &e, &nall);
+		T_CHECK(nall == 144 + 96);
+		T_CHECK(sluice_loader_state_ex(ld, &s, &e, st, 1) == -ENOSPC);
+		sluice_loader_close(ld);
+		/* Bad options, named: nodes that do not divide the world, a resume with a position too. */
+		o.nodes = 2;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "multiple of nodes 2"));
+		o.nodes = 3;
+		o.position = 5;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "position 0"));
+	}
+	free(all);
+	free(seen);
+}
+
 static void test_a_slow_consumer_hardly_waits(void)
 {
 	/* A consumer slower than the loader (20 ms a step): it hardly waits.  The step is long enough that the
@@ -798,6 +948,8 @@ int main(void)
 	test_read_ahead_into_the_next_epoch_changes_nothing();
 	test_three_ranks_split_each_global_batch_by_id();
 	test_resume_on_another_world_size();
+	test_nodes_read_apart_with_equal_batch_counts();
+	test_resume_across_node_counts();
 	test_a_slow_consumer_hardly_waits();
 	test_trace_writes_a_span_per_stage_and_names_a_bad_path();
 	test_drop_last_keeps_only_whole_global_batches();
