@@ -1217,6 +1217,18 @@ SLUICE_API SLUICE_WUR int sluice_image_plan(const struct sluice_image_options *o
 #define SLUICE_IMAGE_OPTIONS_INIT { sizeof(struct sluice_image_options), NULL, 0, 0, 0, { 0, 0 }, { 0, 0 }, 0, \
 				    { 0, 0, 0 }, { 0, 0, 0 }, 0, 0, 0, 0 }
 
+/*
+ * One phase of an epoch in a resume state: the nodes it ran on and the
+ * positions of each node's own sequence consumed in it (the same on every
+ * node: ranks take their batches in step).  sluice_loader_state_ex() gives
+ * the list, oldest first; the last one is the reporting loader's.
+ */
+struct sluice_loader_segment {
+	unsigned nodes;
+	uint64_t position;
+};
+#define SLUICE_LOADER_SEGMENTS_MAX 16
+
 struct sluice_loader_options {
 	size_t size; /* sizeof(struct sluice_loader_options) */
 	uint32_t batch_size;       /* records per batch per rank (required) */
@@ -1249,9 +1261,24 @@ struct sluice_loader_options {
 	 */
 	int (*transform)(struct sluice_batch *b, void *stream, void *arg);
 	void *transform_arg;
+	/*
+	 * Machines the world_size ranks run on (0 means 1): world_size must be
+	 * a multiple of it, and ranks are numbered node-major, as torchrun
+	 * numbers them (node = rank / (world_size / nodes)).  Each node reads
+	 * only its share of the shards (see sluice_loader_open).
+	 */
+	unsigned nodes;
+	/*
+	 * Resume an epoch that ran on other node counts: the segments
+	 * sluice_loader_state_ex() gave (nresume of them, at most
+	 * SLUICE_LOADER_SEGMENTS_MAX; sluice reads them during
+	 * sluice_loader_open only).  With nresume > 0, position MUST be 0.
+	 */
+	const struct sluice_loader_segment *resume;
+	unsigned nresume;
 };
 #define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-				     NULL, NULL, NULL }
+				     NULL, NULL, NULL, 0, NULL, 0 }
 
 /*
  * One field of a batch: fixed-size fields dense [size, ...]; others (data,
@@ -1294,19 +1321,27 @@ struct sluice_batch {
 
 /*
  * Opens a loader over ds using eng's workers (and GPU, with gpu set).
- * The sample order is a function of the dataset, seed, epoch, shuffle and
- * window_bytes alone: the shards are permuted, runs of neighbouring
- * records (16 to a window, at least 1 MiB each) are permuted, and the
- * records of each window of window_bytes are permuted inside it
- * (docs/LOADER.md).  Each window is read whole (this rank's records of it,
- * coalesced), so reads stay sequential.  Global batch g holds positions
- * [o + g * B * W, o + (g + 1) * B * W) of the order (o = position mod B * W,
- * 0 from an epoch's start); rank r takes the r-th B of them by record id:
- * every rank gets the same number of batches (one each for a dataset
- * smaller than B * W, none with drop_last), and a resume from any
- * `position` with another world size neither repeats nor skips a sample.
- * Returns 0, SLUICE_EINVAL_CONFIG (the detail names the option), or an
- * error of the dataset or engine.
+ * The sample order is a function of the dataset, seed, epoch, shuffle,
+ * window_bytes and nodes alone, never of the ranks within a node: the
+ * shards are permuted into one sequence, which is cut by records into
+ * `nodes` contiguous ranges (node k: [k * N / nodes, (k + 1) * N / nodes),
+ * so at most nodes - 1 shards are split between two neighbouring nodes);
+ * inside each node's range runs of neighbouring records (16 to a window,
+ * at least 1 MiB each) are permuted, and the records of each window of
+ * window_bytes are permuted inside it (docs/LOADER.md).  With nodes 1 the
+ * order is the one sluice always gave.  Each window is read whole (this
+ * rank's records of it, coalesced), so reads stay sequential, and a node's
+ * windows touch only its own shards.  With L = world_size / nodes ranks a
+ * node, its global batch g holds positions [o + g * B * L, o + (g + 1) * B * L)
+ * of its sequence (o = position mod B * L, 0 from an epoch's start); its
+ * local rank r takes the r-th B of them by record id.  Every rank of every
+ * node gets the same number of batches, counted on the longest node's
+ * sequence (a shorter one fills its last batch from its own start; one
+ * each for a dataset smaller than a node's global batch) or, with
+ * drop_last, on the shortest.  A resume from any `position` (nodes 1) or
+ * `resume` state, with another world size or node count, neither repeats
+ * nor skips a sample.  Returns 0, SLUICE_EINVAL_CONFIG (the detail names
+ * the option), or an error of the dataset or engine.
  */
 SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng,
 					     struct sluice_dataset *ds, const struct sluice_loader_options *opt);
@@ -1327,10 +1362,29 @@ SLUICE_API SLUICE_WUR int sluice_loader_next(struct sluice_loader *ld, struct sl
 SLUICE_API uint64_t sluice_loader_batches(const struct sluice_loader *ld);
 /*
  * Resume state: seed, epoch and the global samples consumed after the
- * last batch returned.  Pass them back in the options to continue.
+ * last batch returned.  Pass them back in the options to continue.  Exact
+ * for a loader on one node that did not resume across node counts; for
+ * any other, position counts the epoch's records consumed by all nodes
+ * (the fill aside), a figure, not a place to resume from: take
+ * sluice_loader_state_ex().
  */
 SLUICE_API void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch,
 				    uint64_t *position);
+/*
+ * The exact resume state of any loader: seed, epoch and the epoch's
+ * segments so far into seg (room for cap; SLUICE_LOADER_SEGMENTS_MAX is
+ * always enough), oldest first, the last being this loader's own phase
+ * (nodes, positions of its node's sequence consumed after the last batch
+ * returned).  Pass them back as the options' resume and nresume, with any
+ * nodes and world size: the epoch goes on exactly.  A resume on the node
+ * count of the last segment continues that phase; one on another count
+ * keeps the list, which a loader then refuses once it would pass
+ * SLUICE_LOADER_SEGMENTS_MAX (resume on the last segment's node count,
+ * or start the next epoch).  Returns the number of segments, or -ENOSPC
+ * when cap is smaller.
+ */
+SLUICE_API SLUICE_WUR int sluice_loader_state_ex(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch,
+						 struct sluice_loader_segment *seg, unsigned cap);
 /* Starts epoch e from its beginning (drops prefetched batches). */
 SLUICE_API SLUICE_WUR int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e);
 /*

@@ -128,12 +128,20 @@ class ImageBox(C.Structure):
     _fields_ = [(k, C.c_int) for k in ("x", "y", "w", "h", "resized_w", "resized_h", "offset_x", "offset_y", "flip")]
 
 
+class LoaderSegment(C.Structure):
+    _fields_ = [("nodes", C.c_uint), ("position", C.c_uint64)]
+
+
+LOADER_SEGMENTS_MAX = 16
+
+
 class LoaderOptions(_Sized):
     _fields_ = [("size", C.c_size_t), ("batch_size", C.c_uint32), ("fields", C.POINTER(C.c_char_p)), ("gpu", C.c_int),
                 ("prefetch", C.c_uint), ("seed", C.c_uint64), ("epoch", C.c_uint64), ("position", C.c_uint64),
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
                 ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint),
-                ("image", C.POINTER(ImageOptions)), ("transform", C.c_void_p), ("transform_arg", C.c_void_p)]
+                ("image", C.POINTER(ImageOptions)), ("transform", C.c_void_p), ("transform_arg", C.c_void_p),
+                ("nodes", C.c_uint), ("resume", C.POINTER(LoaderSegment)), ("nresume", C.c_uint)]
 
 
 class BatchField(C.Structure):
@@ -266,6 +274,8 @@ _protos = {
     "sluice_loader_next": (C.c_int, [P, C.POINTER(Batch), P]),
     "sluice_loader_batches": (C.c_uint64, [P]),
     "sluice_loader_state": (None, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
+    "sluice_loader_state_ex": (C.c_int, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64), C.POINTER(LoaderSegment),
+                                         C.c_uint]),
     "sluice_loader_set_epoch": (C.c_int, [P, C.c_uint64]),
     "sluice_loader_stats_json": (C.c_size_t, [P, C.c_char_p, C.c_size_t]),
     "sluice_loader_close": (None, [P]),

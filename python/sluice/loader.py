@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from ._lib import Batch as _CBatch, LoaderOptions, SluiceError, check, lib
+from ._lib import LOADER_SEGMENTS_MAX, Batch as _CBatch, LoaderOptions, LoaderSegment, SluiceError, check, lib
 from .buffers import _device, _eng
 from .dataset import _NAMES, _NP, _find_nvcomp, _int_option
 
@@ -31,14 +31,40 @@ class _CudaArray:
                                          "version": 3, "strides": None}
 
 
-def _env_rank():
+def _dist():
+    """torch.distributed where it is initialised, else None."""
     try:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
+            return dist
     except ImportError:
         pass
+    return None
+
+
+def _env_rank():
+    dist = _dist()
+    if dist is not None:
+        return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _env_nodes(rank, world_size):
+    """The nodes torchrun's environment says the world_size ranks run on: world_size // LOCAL_WORLD_SIZE where
+    torch.distributed is initialised or WORLD_SIZE is set and LOCAL_WORLD_SIZE is, else 1.  torchrun numbers ranks
+    node-major (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK); a GROUP_RANK that says otherwise is an error."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if not local or ("WORLD_SIZE" not in os.environ and _dist() is None):  # torch imported only when it can matter
+        return 1
+    local = _int_option("Loader", "LOCAL_WORLD_SIZE", int(local), 1, (1 << 32) - 1)
+    if world_size % local:
+        raise ValueError(f"Loader: world_size {world_size} is not a multiple of LOCAL_WORLD_SIZE={local}; pass nodes=")
+    group = os.environ.get("GROUP_RANK")
+    if group is not None and int(group) != rank // local:
+        raise ValueError(f"Loader: GROUP_RANK={group}, but rank {rank} is on node {rank // local} when ranks are "
+                         f"numbered node-major by LOCAL_WORLD_SIZE={local} (as torchrun numbers them); pass nodes= "
+                         f"(nodes=1: one order for the whole world, as before nodes)")
+    return world_size // local
 
 
 class Loader:
@@ -51,8 +77,17 @@ class Loader:
     of the loader's ring: valid until the next batch is taken (or, after close(), for as long as they live);
     .copy()/.clone() what must outlive that.
     fields: the fields to deliver (default all).  rank, world_size: this rank's share (default: torch.distributed's
-    when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches.  drop_last: drop
-    the last partial global batch instead of filling it from the epoch's start.  prefetch: batches ready ahead
+    when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches.
+    nodes: the machines the ranks run on, numbered node-major as torchrun numbers them (node = rank // (world_size
+    // nodes)).  Each node then reads only its own contiguous share of the shuffled shards (at most two shards are
+    shared with a neighbouring node), so a machine-wide cache downloads only those; the order depends on the node
+    count, never on the ranks within a node.  None (default): from the environment where torch.distributed is
+    initialised or WORLD_SIZE is set: world_size // LOCAL_WORLD_SIZE when LOCAL_WORLD_SIZE is set (torchrun sets
+    it), else 1; a GROUP_RANK that disagrees with rank // LOCAL_WORLD_SIZE raises ValueError.  nodes=1 gives one
+    order for the whole world, the order of loaders before nodes.  Node sequences differ by a record at most: the
+    batch count is the longest node's, a shorter node filling its last batch from its own start.
+    drop_last: drop the last partial global batch (with nodes, count on the shortest node) instead of filling it
+    from the epoch's start.  prefetch: batches ready ahead
     (0: by batch size).  window_bytes: the shuffle window (0: 64 MiB).  skip_corrupt: a record whose CRC fails
     is left out (the batch is smaller; one left with no record is not delivered, but with several ranks, which
     must all take the same number of steps) and counted, instead of failing the batch.
@@ -67,11 +102,13 @@ class Loader:
 
     def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
                  drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False,
-                 images=None, transform=None):
+                 images=None, transform=None, nodes=None):
         if rank is None or world_size is None:
             r, w = _env_rank()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
+        if nodes is None:
+            nodes = _env_nodes(rank, world_size)
         device = str(device)  # a torch.device too
         if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise ValueError(f"Loader(device={device!r}): 'cpu', 'cuda' or 'cuda:N'")
@@ -99,7 +136,8 @@ class Loader:
                                   world_size=_int_option("Loader", "world_size", world_size, *u32),
                                   drop_last=int(drop_last), shuffle=int(shuffle),
                                   window_bytes=_int_option("Loader", "window_bytes", window_bytes, *u64),
-                                  skip_corrupt=int(skip_corrupt), device_index=index)
+                                  skip_corrupt=int(skip_corrupt), device_index=index,
+                                  nodes=_int_option("Loader", "nodes", nodes, 1, (1 << 32) - 1))
         self.images = images
         if images is not None:
             self._opt.image = images._pointer()
@@ -158,18 +196,40 @@ class Loader:
         check(lib.sluice_loader_set_epoch(h, epoch))
 
     def state_dict(self):
-        """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint."""
+        """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint.  A
+        loader on several nodes, or one resumed from such a state, adds "segments": [[nodes, position], ...], the
+        epoch's phases oldest first (each: the node count, and the positions of each node's own sequence consumed
+        in it), the last being this loader's; "position" is then the epoch's records consumed by all nodes, a
+        figure: the segments are the state."""
+        h = self._handle()
         s, e, p = C.c_uint64(), C.c_uint64(), C.c_uint64()
-        lib.sluice_loader_state(self._handle(), C.byref(s), C.byref(e), C.byref(p))
-        return {"seed": s.value, "epoch": e.value, "position": p.value}
+        lib.sluice_loader_state(h, C.byref(s), C.byref(e), C.byref(p))
+        state = {"seed": s.value, "epoch": e.value, "position": p.value}
+        seg = (LoaderSegment * LOADER_SEGMENTS_MAX)()
+        n = check(lib.sluice_loader_state_ex(h, C.byref(s), C.byref(e), seg, len(seg)))
+        if n > 1 or seg[0].nodes != 1:
+            state["segments"] = [[seg[i].nodes, seg[i].position] for i in range(n)]
+        return state
 
     def load_state_dict(self, state):
-        """Continues from a state_dict() taken by a loader with any world size and batch size: no record of the
-        epoch repeats and none is skipped."""
+        """Continues from a state_dict() taken by a loader with any world size, batch size and node count (a dict
+        without "segments", from one node or from before nodes, too): no record of the epoch repeats and none is
+        skipped.  A state that ran on 16 node counts, this loader's aside, is refused: resume it on its last one."""
         self._handle()
-        self._opt.seed = _int_option("Loader.load_state_dict", "seed", state["seed"], 0, (1 << 64) - 1)
-        self._opt.epoch = _int_option("Loader.load_state_dict", "epoch", state["epoch"], 0, (1 << 64) - 1)
-        self._open(state["position"])
+        where = "Loader.load_state_dict"
+        self._opt.seed = _int_option(where, "seed", state["seed"], 0, (1 << 64) - 1)
+        self._opt.epoch = _int_option(where, "epoch", state["epoch"], 0, (1 << 64) - 1)
+        segments = state.get("segments") or []
+        if len(segments) > LOADER_SEGMENTS_MAX:
+            raise ValueError(f"{where}: {len(segments)} segments; a state holds at most {LOADER_SEGMENTS_MAX}")
+        resume = (LoaderSegment * max(len(segments), 1))(
+            *[LoaderSegment(_int_option(where, "segment nodes", k, 1, (1 << 32) - 1),
+                            _int_option(where, "segment position", c, 0, (1 << 64) - 1)) for k, c in segments])
+        self._opt.resume, self._opt.nresume = (resume, len(segments)) if segments else (None, 0)
+        try:  # the C loader reads the segments while it opens, and keeps none of them
+            self._open(0 if segments else state["position"])
+        finally:
+            self._opt.resume, self._opt.nresume = None, 0
 
     def stats(self):
         """Where the time went since the loader opened: batches, records and bytes delivered, reads (bytes, I/Os,

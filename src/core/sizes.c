@@ -91,6 +91,7 @@ size_t sluice_sizeof(const char *name)
 		SL_SIZE(sluice_shard_report),
 		SL_SIZE(sluice_bad),
 		SL_SIZE(sluice_loader_options),
+		SL_SIZE(sluice_loader_segment),
 		SL_SIZE(sluice_image_options),
 		SL_SIZE(sluice_image_box),
 		SL_SIZE(sluice_batch_field),

@@ -92,7 +92,7 @@ static int sl_gather(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t
 	if (!rc)
 		rc = sl__rank_positions(ld, &ld->order, g, pos);
 	for (uint32_t j = 0; j < B && !rc; j++) {
-		uint64_t q = pos[j] % ld->n;
+		uint64_t q = pos[j] % ld->len;
 		size_t len = 0;
 		const char *bytes;
 

@@ -39,17 +39,47 @@ static void sl_stop(struct sluice_loader *ld)
 	ld->running = 0;
 }
 
+/* Positions of a node's sequence that decide the batch count: the shortest node's (drop_last), else the longest's. */
+static uint64_t sl_count_len(const struct sluice_loader *ld)
+{
+	return ld->opt.drop_last ? ld->view.shortest : ld->view.longest;
+}
+
 /*
- * This rank's batches in the epoch from ld->origin: every rank the same
- * number, the last global batch dropped (drop_last) or filled from the
- * order's start; with fewer records than a global batch, none, or one
- * that takes records more than once.
+ * This rank's batches in the epoch from ld->origin: every rank of every
+ * node the same number, the last global batch dropped (drop_last) or
+ * filled from the start of the node's sequence; with fewer records than a
+ * global batch, none, or one that takes records more than once.
  */
 static void sl_count_batches(struct sluice_loader *ld)
 {
-	const uint64_t left = ld->origin < ld->n ? ld->n - ld->origin : 0, bw = ld->per_global;
+	const uint64_t len = sl_count_len(ld), bw = ld->per_global;
+	const uint64_t left = ld->origin < len ? len - ld->origin : 0;
 
 	ld->nbatches = ld->opt.drop_last ? left / bw : (left + bw - 1) / bw;
+}
+
+/*
+ * Places this rank in the epoch resumed from the segments seg[0, nseg)
+ * (none: from its start): its view, the batch it takes next and its batch
+ * count.  A place the last run reached with another world size goes on from
+ * there (origin, see sl__gstart); one at or past the end (the last batch
+ * wrapped) finds the epoch over.
+ */
+static int sl_place(struct sluice_loader *ld, const struct sluice_loader_segment *seg, unsigned nseg)
+{
+	uint64_t position, len;
+	int rc = sl__order_view_init(&ld->view, ld->n, ld->opt.shuffle, ld->opt.nodes, ld->fresh.node, seg, nseg,
+				     &position);
+
+	if (rc)
+		return rc;
+	ld->len = ld->view.len;
+	len = sl_count_len(ld);
+	ld->origin = position < len ? position % ld->per_global : position;
+	ld->next_g = position < len ? position / ld->per_global : 0;
+	sl_count_batches(ld);
+	return 0;
 }
 
 /* (Re)starts production at the consumer's next batch of the current epoch. */
@@ -72,11 +102,13 @@ static int sl_start(struct sluice_loader *ld)
 		if (rc)
 			return rc;
 	}
+	sl__order_set_view(&ld->order, &ld->view);
 	sl__order_free(&ld->next_order);
 	rc = sl__order_init(&ld->next_order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch + 1,
 			    ld->window, ld->chunk);
 	if (rc)
 		return rc;
+	sl__order_set_view(&ld->next_order, &ld->fresh);
 	rc = sl__plan_windows(ld);
 	if (rc)
 		return rc;
@@ -132,6 +164,12 @@ static int sl_check_options(struct sluice_engine *eng, struct sluice_dataset *ds
 	if (opt->rank >= world)
 		return sl__err(SLUICE_EINVAL_CONFIG, "loader: rank %u is not below world_size %llu", opt->rank,
 			       (unsigned long long)world);
+	if (world % (opt->nodes ? opt->nodes : 1))
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: world_size %llu is not a multiple of nodes %u "
+			       "(ranks a node: world_size / nodes)", (unsigned long long)world, opt->nodes);
+	if (opt->nresume && (!opt->resume || opt->position))
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: nresume %u needs resume set and position 0 (the segments "
+			       "say where the epoch stands)", opt->nresume);
 	if (opt->gpu && !sl__eng_gpu(eng)->ctx)
 		return sl__err(SLUICE_ENOGPU, "loader: gpu set, but the engine has no GPU");
 	if (opt->gpu && opt->device_index >= sl__eng_nlanes(eng))
@@ -261,6 +299,23 @@ static int sl_open_stream(struct sluice_loader *ld)
 }
 
 /*
+ * The most windows one batch can draw on in a sequence of len positions:
+ * each rank reads its share of every window its node's *global* batch
+ * overlaps (sl__plan_windows), so a window's worth of positions each, one
+ * more where they start inside a window, and one more at each wrap past
+ * the sequence's end (a batch larger than what is left starts again at
+ * window 0; the last window may be short); a sequence shorter than a window
+ * is one window, however often a batch wraps over it.  A producer waits
+ * for all of its batch's windows at once: with fewer, it would wait forever.
+ */
+static uint64_t sl_span(const struct sluice_loader *ld, uint64_t len)
+{
+	if (len < ld->window)
+		return 1;
+	return (ld->per_global + ld->window - 1) / ld->window + 1 + (ld->per_global + len - 1) / len;
+}
+
+/*
  * The ring of batch buffers and the windows, allocated here rather than by
  * the first batches (pinning and GPU allocations take milliseconds each; a
  * larger batch grows its buffer), the windows' buffers touched: fresh memory
@@ -269,24 +324,17 @@ static int sl_open_stream(struct sluice_loader *ld)
  */
 static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t bytes)
 {
-	const uint64_t world = ld->opt.world_size;
-	/*
-	 * The most windows one batch can draw on: each rank reads its share of
-	 * every window its *global* batch overlaps (sl__plan_windows), so a
-	 * window's worth of positions each, one more where they start inside a
-	 * window, and one more at each wrap past the epoch's end (a batch larger
-	 * than what is left starts again at window 0; the last window may be
-	 * short).  A producer waits for all of its batch's windows at once: with
-	 * fewer, it would wait forever.
-	 */
-	const uint64_t span = (ld->per_global + ld->window - 1) / ld->window + 1 + (ld->per_global + ld->n - 1) / ld->n;
+	const uint64_t local_world = ld->opt.world_size / ld->opt.nodes;
+	/* A resumed epoch's sequence may be shorter than the next epochs' (it wraps more often), or longer. */
+	const uint64_t span_now = sl_span(ld, ld->len), span_next = sl_span(ld, ld->fresh.len);
+	const uint64_t span = span_now > span_next ? span_now : span_next;
 	int rc = 0;
 
 	if (span > SL_WINDOWS_MAX)
-		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s: a batch of %llu records on %u ranks spans up to %llu windows "
-			       "of %llu records (at most %d): raise window_bytes", ld->ds->path,
-			       (unsigned long long)ld->opt.batch_size, ld->opt.world_size, (unsigned long long)span,
-			       (unsigned long long)ld->window, SL_WINDOWS_MAX);
+		return sl__err(SLUICE_EINVAL_CONFIG, "loader: %s: a batch of %llu records on %llu ranks a node spans "
+			       "up to %llu windows of %llu records (at most %d): raise window_bytes", ld->ds->path,
+			       (unsigned long long)ld->opt.batch_size, (unsigned long long)local_world,
+			       (unsigned long long)span, (unsigned long long)ld->window, SL_WINDOWS_MAX);
 	/* Those windows, one more for each further producer's batch, and for each reader one loading and one ready. */
 	ld->nreaders = ld->znc ? SL_READERS_GPU_ZSTD : SL_READERS;
 	ld->nwin = (unsigned)(span + ld->nprod - 1 + 2 * ld->nreaders);
@@ -306,7 +354,8 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 	for (unsigned i = 0; i < ld->nwin && !rc; i++) {
 		struct sl__window *win = &ld->win[i];
 
-		rc = sl__window_reserve(win, ((ld->window + world - 1) / world) * sl__align_up(bytes / ld->n, 8));
+		rc = sl__window_reserve(win, (ld->window + local_world - 1) / local_world *
+						     sl__align_up(bytes / ld->n, 8));
 		if (!rc)
 			memset(win->buf, 0, win->cap);
 	}
@@ -319,6 +368,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	struct sluice_loader_options o;
 	struct sluice_loader *ld;
 	uint64_t bytes = 0;
+	unsigned local_world;
 	int rc;
 
 	*out = NULL;
@@ -335,6 +385,11 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->ds = ds;
 	ld->opt = *opt;
 	ld->opt.world_size = opt->world_size ? opt->world_size : 1;
+	ld->opt.nodes = opt->nodes ? opt->nodes : 1;
+	ld->opt.resume = NULL; /* read here only */
+	ld->opt.nresume = 0;
+	local_world = ld->opt.world_size / ld->opt.nodes;
+	ld->local_rank = opt->rank % local_world;
 	ld->opt.fields = NULL;
 	ld->opt.image = NULL;
 	ld->codec_f = -1;
@@ -354,15 +409,17 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	    (rc = sl__trace_open(&ld->trace, sl__setting("SLUICE_TRACE"))))
 		goto fail;
 	ld->pub = sl__pub_open(ds->path);
-	ld->per_global = (uint64_t)opt->batch_size * ld->opt.world_size;
+	ld->per_global = (uint64_t)opt->batch_size * local_world;
 	/*
-	 * A resume may start anywhere: from a position the last run reached
-	 * with another world size too (sl__gstart).  One at or past the end
-	 * (the last batch wrapped) finds the epoch over.
+	 * Where an epoch starts on this rank's node, then where this one
+	 * resumes: a position alone is one phase on one node, the state of a
+	 * loader that knew no nodes.
 	 */
-	ld->origin = opt->position < ld->n ? opt->position % ld->per_global : opt->position;
-	sl_count_batches(ld);
-	ld->next_g = opt->position < ld->n ? opt->position / ld->per_global : 0;
+	if ((rc = sl__order_view_init(&ld->fresh, ld->n, opt->shuffle, ld->opt.nodes, opt->rank / local_world, NULL, 0,
+				      NULL)) ||
+	    (rc = opt->nresume ? sl_place(ld, opt->resume, opt->nresume)
+			       : sl_place(ld, &(struct sluice_loader_segment){ 1, opt->position }, 1)))
+		goto fail;
 	if (!(rc = sl_alloc_ring(ld, sl_guess_batch(ld, bytes), bytes)) && !(rc = sl_start(ld))) {
 		*out = ld;
 		return 0;
@@ -374,12 +431,13 @@ fail:
 
 int sluice_loader_set_epoch(struct sluice_loader *ld, uint64_t e)
 {
+	int rc;
+
 	sl_stop(ld);
 	sl__give_back(ld, NULL);
 	ld->opt.epoch = e;
-	ld->next_g = 0;
-	ld->origin = 0;
-	sl_count_batches(ld);
+	if ((rc = sl_place(ld, NULL, 0)))
+		return rc;
 	return sl_start(ld);
 }
 

@@ -176,7 +176,26 @@ uint64_t sluice_loader_batches(const struct sluice_loader *ld)
 
 void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch, uint64_t *position)
 {
+	const uint64_t c = sl__gstart(ld, ld->next_g);
+
 	*seed = ld->opt.seed;
 	*epoch = ld->opt.epoch;
-	*position = sl__gstart(ld, ld->next_g);
+	/* One node from the epoch's start: its sequence is the epoch's order, and c the place in it. */
+	*position = ld->view.nlev == 1 && ld->opt.nodes == 1 ? c : sl__order_consumed(&ld->view, ld->n, c);
+}
+
+int sluice_loader_state_ex(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch,
+			   struct sluice_loader_segment *seg, unsigned cap)
+{
+	const struct sl__order_view *v = &ld->view;
+
+	sl__err_clear();
+	if (cap < v->nlev)
+		return sl__err(-ENOSPC, "sluice_loader_state_ex: the state has %u segments, room for %u", v->nlev, cap);
+	*seed = ld->opt.seed;
+	*epoch = ld->opt.epoch;
+	for (unsigned i = 0; i + 1 < v->nlev; i++)
+		seg[i] = (struct sluice_loader_segment){ v->lev[i].nodes, v->lev[i].done };
+	seg[v->nlev - 1] = (struct sluice_loader_segment){ ld->opt.nodes, sl__gstart(ld, ld->next_g) };
+	return (int)v->nlev;
 }

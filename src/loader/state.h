@@ -18,24 +18,88 @@
 
 #include "core/core.h"
 
-/* A deterministic epoch order (order.c).  Only (seed, epoch, window, chunk) and the shard sizes decide it. */
+/*
+ * One phase of an epoch in the order's view (order.c): the nodes it ran
+ * on, the positions of each node's sequence consumed in it (0 for the
+ * current phase), and the records of the epoch left after it.
+ */
+struct sl__order_level {
+	unsigned nodes;
+	uint64_t done;
+	uint64_t left;
+};
+
+/*
+ * Where a rank's sequence lies in the epoch's order (order.c).  Level 0's
+ * node k reads its own range of S, permuted (sl__order_init); a later
+ * level's nodes cut what the phase before left (its nodes' unconsumed tails,
+ * concatenated in node order) into equal contiguous ranges.  The last level
+ * is the current phase; the rank's sequence is [lo, lo + len) of what its
+ * nodes cut, its node's range (the whole of it when that range is empty, so
+ * that such a node can still fill a batch).
+ */
+struct sl__order_view {
+	int shuffle;                /* 0: S is the dataset's order and nothing is permuted */
+	unsigned nlev;              /* levels, the current one included: 1 + the resumed phases */
+	struct sl__order_level lev[SLUICE_LOADER_SEGMENTS_MAX];
+	unsigned node;
+	uint64_t lo, len;
+	uint64_t shortest, longest; /* the current phase's shortest and longest node sequences */
+};
+
+/*
+ * A deterministic epoch order (order.c).  Only (seed, epoch, window, chunk),
+ * the shard sizes and the view's node counts decide it.
+ */
 struct sl__order {
 	uint64_t n;          /* records */
 	uint64_t epoch;
 	uint64_t window;     /* records per shuffle window */
-	uint64_t chunk;      /* records per chunk: windows are made of chunks from all over the dataset */
-	uint64_t nchunks;    /* whole chunks, which are permuted; the records after them stay last */
-	uint64_t key, chunk_key;
+	uint64_t chunk;      /* records per chunk: windows are made of chunks from all over the node's range */
+	uint64_t nchunks;    /* whole chunks of S, which one node permutes; the records after them stay last */
+	uint64_t key;        /* one node's; a node's chunks are permuted by sl_mix of its key */
 	unsigned nshards;
 	unsigned *perm;      /* shard order */
 	uint64_t *start;     /* position in the permuted sequence where perm[s] starts; [nshards] = n */
 	uint64_t *first;     /* global id of each shard's first record */
+	struct sl__order_view view; /* whose sequence sl__order_at walks: one node's, from the epoch's start */
 };
+/* The order of an epoch, shuffled, on one node from its start (sl__order_set_view changes that). */
 SL_HIDDEN int sl__order_init(struct sl__order *o, const uint64_t *shard_records, unsigned nshards,
 			     uint64_t seed, uint64_t epoch, uint64_t window, uint64_t chunk);
 SL_HIDDEN void sl__order_free(struct sl__order *o);
-/* The record at position p (< n) of the epoch. */
+/* The record at position p (< o->view.len) of the view's sequence. */
 SL_HIDDEN uint64_t sl__order_at(const struct sl__order *o, uint64_t p);
+/*
+ * The view of node `node` of `nodes` over an epoch of n records, resumed
+ * from the segments seg[0, nseg) (sluice_loader_state_ex's, oldest first;
+ * none: from the start), made canonical: phases that consumed nothing
+ * dropped (but a first one that later ones cut), neighbours on the same
+ * node count merged, and a last one on `nodes` nodes continued rather than
+ * cut again: the position it reached into *position (0 otherwise; position
+ * may be NULL).  0, or SLUICE_EINVAL_CONFIG naming what is wrong (a segment
+ * of 0 nodes; more segments than a state can carry).
+ */
+SL_HIDDEN int sl__order_view_init(struct sl__order_view *v, uint64_t n, int shuffle, unsigned nodes, unsigned node,
+				  const struct sluice_loader_segment *seg, unsigned nseg, uint64_t *position);
+static inline void sl__order_set_view(struct sl__order *o, const struct sl__order_view *v)
+{
+	o->view = *v;
+}
+/* Records of S that node `node` of `nodes` reads in an epoch from its start: [*lo, *hi). */
+SL_HIDDEN void sl__order_node_range(const struct sl__order *o, unsigned nodes, unsigned node, uint64_t *lo,
+				    uint64_t *hi);
+/*
+ * The dataset's shards (indexes into shard_records) that node `node` of
+ * `nodes` reads in an epoch from its start, each once, in the order its
+ * windows first reach them (S order when not shuffled): out needs room for
+ * o->nshards, *n is set to the count.  For a cache told what to fetch, and
+ * in what order.  0 or -ENOMEM.
+ */
+SL_HIDDEN int sl__order_node_shards(const struct sl__order *o, unsigned nodes, unsigned node, unsigned *out,
+				    unsigned *n);
+/* Records of the epoch consumed once every node of the view's current phase consumed c of its sequence. */
+SL_HIDDEN uint64_t sl__order_consumed(const struct sl__order_view *v, uint64_t n, uint64_t c);
 
 /* ---- the loader's state, shared by its stages (loader.c, window.c, collate.c, ring.c, stats.c) ---- */
 
@@ -152,7 +216,17 @@ struct sluice_loader {
 	struct sl__order next_order;
 	uint64_t pre_next;          /* next of those places a reader takes */
 	uint64_t preloaded;         /* windows an epoch found read ahead, since open */
-	uint64_t n, window, chunk, per_global, nbatches; /* nbatches: this rank's, per epoch */
+	uint64_t n, window, chunk, per_global, nbatches; /* n: the dataset's records; nbatches: this rank's, per epoch */
+	/*
+	 * This rank's sequence in the epoch: its node's (the order's view,
+	 * which a resume across node counts sets for the epoch it resumes), len
+	 * positions long; the global batches are its node's, per_global =
+	 * batch_size * the node's ranks, and local_rank is this rank's place
+	 * among them.
+	 */
+	struct sl__order_view view, fresh; /* fresh: an epoch's from its start (the next epoch's) */
+	uint64_t len;
+	unsigned local_rank;
 	/*
 	 * Where the epoch's global batches start: batch g holds positions
 	 * [origin + g * per_global, origin + (g + 1) * per_global) of the order

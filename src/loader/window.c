@@ -18,15 +18,9 @@
 #include "dsread/dsread.h"
 #include "engine/engine.h"
 
-/* The record at position q of the epoch whose order is o. */
-static uint64_t sl_at_in(const struct sluice_loader *ld, const struct sl__order *o, uint64_t q)
-{
-	return ld->opt.shuffle ? sl__order_at(o, q) : q;
-}
-
 uint64_t sl__ld_at(const struct sluice_loader *ld, uint64_t q)
 {
-	return sl_at_in(ld, &ld->order, q);
+	return sl__order_at(&ld->order, q);
 }
 
 int sl__cmp_u64(const void *a, const void *b)
@@ -48,11 +42,12 @@ static int sl_cmp_pos(const void *a, const void *b)
 }
 
 /*
- * This rank's B epoch positions of global batch g, in epoch order.  The
- * global batch's records, sorted by id, are cut into world_size runs of B
- * and rank r takes the r-th: each rank then reads a compact part of every
- * window, in long sequential runs, whatever the world size.  Which records
- * form each global batch, and their order, do not depend on the world size.
+ * This rank's B positions of its node's global batch g, in sequence order.
+ * The global batch's records, sorted by id, are cut into the node's ranks'
+ * runs of B and local rank r takes the r-th: each rank then reads a
+ * compact part of every window, in long sequential runs, whatever the world
+ * size.  Which records form each global batch, and their order, do not
+ * depend on the world size, only on the node count.
  */
 int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out)
 {
@@ -68,10 +63,10 @@ int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o
 	if (!v)
 		return -ENOMEM;
 	for (uint64_t k = 0; k < BW; k++)
-		v[k] = (struct sl_pos){ sl_at_in(ld, o, (p0 + k) % ld->n), p0 + k };
+		v[k] = (struct sl_pos){ sl__order_at(o, (p0 + k) % ld->len), p0 + k };
 	qsort(v, BW, sizeof(*v), sl_cmp_pos);
 	for (uint64_t j = 0; j < B; j++)
-		out[j] = v[ld->opt.rank * B + j].p;
+		out[j] = v[ld->local_rank * B + j].p;
 	qsort(out, B, sizeof(uint64_t), sl__cmp_u64);
 	free(v);
 	return 0;
@@ -113,8 +108,8 @@ static ssize_t sl_window_ids(struct sluice_loader *ld, const struct sl__order *o
 	size_t k = 0, u = 0;
 	int rc = pos && take ? 0 : -ENOMEM;
 
-	for (uint64_t pass = 0; !rc && pass * ld->n < total; pass++) {
-		uint64_t a = lo + pass * ld->n, b = hi + pass * ld->n;
+	for (uint64_t pass = 0; !rc && pass * ld->len < total; pass++) {
+		uint64_t a = lo + pass * ld->len, b = hi + pass * ld->len;
 
 		if (b <= ld->origin)
 			continue;
@@ -128,7 +123,7 @@ static ssize_t sl_window_ids(struct sluice_loader *ld, const struct sl__order *o
 	}
 	for (uint64_t q = lo; !rc && q < hi; q++)
 		if (take[q - lo])
-			win->ids[k++] = sl_at_in(ld, o, q);
+			win->ids[k++] = sl__order_at(o, q);
 	free(pos);
 	free(take);
 	if (rc)
@@ -210,7 +205,7 @@ static ssize_t sl_window_read(struct sluice_loader *ld, struct sl__window *win, 
 static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t w,
 			  struct sl__zgpu *z)
 {
-	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->n ? lo + ld->window : ld->n;
+	uint64_t lo = w * ld->window, hi = lo + ld->window < ld->len ? lo + ld->window : ld->len;
 	uint64_t need = 0, seq = 0, all = 0, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	struct sluice_xfer_report rep = SLUICE_XFER_REPORT_INIT;
 	ssize_t k, rc;
@@ -327,10 +322,11 @@ void *sl__read_ahead(void *arg)
 	struct sluice_loader *ld = arg;
 	/*
 	 * The next epoch's first windows are read ahead with this epoch's plan:
-	 * not after a resume whose batches start elsewhere (origin), as the next
-	 * epoch's start at 0.
+	 * not after a resume whose batches start elsewhere (origin) or whose
+	 * sequence is another (a resume across node counts), as the next epoch's
+	 * start at 0 of the node's own.
 	 */
-	const uint64_t npre = ld->origin ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
+	const uint64_t npre = ld->origin || ld->view.nlev > 1 ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
 	void *z = NULL; /* this reader's state of the window codec (zstd: its nvCOMP decoder) */
 	int zrc = ld->wcodec && ld->wcodec->reader_open ? ld->wcodec->reader_open(ld, &z) : 0;
 
@@ -401,7 +397,7 @@ int sl__plan_windows(struct sluice_loader *ld)
 
 		ld->bfirst[g] = UINT64_MAX;
 		for (uint64_t j = 0; j < len; j++) {
-			uint64_t w = (p + j) % ld->n / ld->window;
+			uint64_t w = (p + j) % ld->len / ld->window;
 
 			if (!ld->nseq || ld->seq[ld->nseq - 1] != w) {
 				if (ld->nseq == cap) {
@@ -418,10 +414,10 @@ int sl__plan_windows(struct sluice_loader *ld)
 				ld->bfirst[g] = ld->nseq - 1;
 			ld->blast[g] = ld->nseq - 1;
 			/* Positions of one window run on; jump to the window's end. */
-			uint64_t q = (p + j) % ld->n, end = (w + 1) * ld->window;
+			uint64_t q = (p + j) % ld->len, end = (w + 1) * ld->window;
 
-			if (end > ld->n)
-				end = ld->n;
+			if (end > ld->len)
+				end = ld->len;
 			if (end - q > 1)
 				j += end - q - 1 < len - 1 - j ? end - q - 1 : len - 1 - j;
 		}

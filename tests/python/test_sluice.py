@@ -249,8 +249,9 @@ def test_ctypes_layouts_match_the_library():
     from sluice import _lib
     names = {"ShardReport": "sluice_shard_report", "CheckpointReport": "sluice_checkpoint_report",
              "Field": "sluice_field", "Record": "sluice_record", "RecordLoc": "sluice_record_loc",
-             "LoaderOptions": "sluice_loader_options", "ImageOptions": "sluice_image_options",
-             "ImageBox": "sluice_image_box", "BatchField": "sluice_batch_field", "Batch": "sluice_batch",
+             "LoaderOptions": "sluice_loader_options", "LoaderSegment": "sluice_loader_segment",
+             "ImageOptions": "sluice_image_options", "ImageBox": "sluice_image_box", "BatchField": "sluice_batch_field",
+             "Batch": "sluice_batch",
              "PackerOptions": "sluice_packer_options", "PackedRow": "sluice_packed_row",
              "CopyReport": "sluice_copy_report", "XferReport": "sluice_xfer_report",
              "WriterOptions": "sluice_writer_options", "PackOptions": "sluice_pack_options",

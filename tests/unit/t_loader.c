@@ -142,6 +142,155 @@ static void t_order(void)
 }
 
 /*
+ * One node's order is the order sluice gave before nodes: FNV-1a of every
+ * position's record over six seeds, for four shard layouts and five
+ * window/chunk sizes, as the order code before nodes computed them (stored,
+ * not recomputed: a change to one node's order fails here).
+ */
+static const uint64_t layouts[4][12] = {
+	{ 30000, 1, 0, 40000, 29999 },
+	{ 7 },
+	{ 997, 1003, 1000, 1000, 999, 1001, 1000, 1000, 998, 1002, 1000, 1000 },
+	{ 0, 5, 0, 0, 300, 2 },
+};
+static const unsigned layout_shards[4] = { 5, 1, 12, 6 };
+static const struct {
+	int layout;
+	uint64_t window, chunk, fnv;
+} before_nodes[] = {
+	{ 0, 5000, 5000, 0x59e2df58630be7f1ull },
+	{ 0, 5000, 250, 0x284356b3cfa8b9a1ull },
+	{ 0, 640, 40, 0x435c297309f02a8dull },
+	{ 0, 3, 1, 0x91c8f0e097958ecbull },
+	{ 0, 100, 7, 0x585b66ed57e40861ull },
+	{ 1, 5000, 5000, 0x119f133d34cefb2full },
+	{ 1, 5000, 250, 0x119f133d34cefb2full },
+	{ 1, 640, 40, 0x119f133d34cefb2full },
+	{ 1, 3, 1, 0x2323a28d2817cd5full },
+	{ 1, 100, 7, 0x119f133d34cefb2full },
+	{ 2, 5000, 5000, 0x68f1250a07fbdf7full },
+	{ 2, 5000, 250, 0x7651fa0f065a2467ull },
+	{ 2, 640, 40, 0x6aaa71d3877aa795ull },
+	{ 2, 3, 1, 0xdbb2447225de30a1ull },
+	{ 2, 100, 7, 0x06dc0fa193c174dbull },
+	{ 3, 5000, 5000, 0x3236ffb8ddd8c41full },
+	{ 3, 5000, 250, 0x3236ffb8ddd8c41full },
+	{ 3, 640, 40, 0xe55971fbeb1c357bull },
+	{ 3, 3, 1, 0xb9991472e4b606b3ull },
+	{ 3, 100, 7, 0xbf93b9d4a26759b1ull },
+};
+
+static void test_one_node_is_the_order_before_nodes(void)
+{
+	const uint64_t seeds[] = { 0, 1, 7, 42, 0xdeadbeefull, UINT64_MAX };
+
+	for (size_t i = 0; i < sizeof(before_nodes) / sizeof(before_nodes[0]); i++) {
+		const int l = before_nodes[i].layout;
+		uint64_t h = 14695981039346656037ull;
+
+		for (unsigned k = 0; k < 6; k++) {
+			struct sl__order o;
+			struct sl__order_view v;
+
+			T_CHECK(sl__order_init(&o, layouts[l], layout_shards[l], seeds[k], k * 3 + (uint64_t)l,
+					       before_nodes[i].window, before_nodes[i].chunk) == 0);
+			/* One node set as the loader sets it, not only the default. */
+			T_CHECK(sl__order_view_init(&v, o.n, 1, 1, 0, NULL, 0, NULL) == 0);
+			sl__order_set_view(&o, &v);
+			T_CHECK(o.view.len == o.n);
+			for (uint64_t p = 0; p < o.n; p++) {
+				h ^= sl__order_at(&o, p);
+				h *= 1099511628211ull;
+			}
+			sl__order_free(&o);
+		}
+		T_CHECK(h == before_nodes[i].fnv);
+		if (h != before_nodes[i].fnv)
+			fprintf(stderr, "layout %d, windows %llu, chunks %llu: not the order before nodes\n", l,
+				(unsigned long long)before_nodes[i].window, (unsigned long long)before_nodes[i].chunk);
+	}
+}
+
+/* The shard of layout 2 holding record id r (ids number the shards' records in dataset order). */
+static unsigned layout2_shard(uint64_t r)
+{
+	unsigned s = 0;
+
+	while (r >= layouts[2][s])
+		r -= layouts[2][s++];
+	return s;
+}
+
+/*
+ * Node k's sequence over 12 shards of about 1000 records: its records are
+ * S's range [lo, hi), each once; they touch at most ceil(12 / nodes) + 1
+ * shards, which sl__order_node_shards names in the order the node's windows
+ * first reach them.  Marks each record's node in owner.
+ */
+static void check_node_sequence(struct sl__order *o, unsigned nodes, unsigned k, unsigned char *owner)
+{
+	unsigned list[12], nlist = 0, first_w[12];
+	unsigned char touched[12] = { 0 };
+	uint64_t lo, hi;
+	unsigned distinct = 0;
+	struct sl__order_view v;
+
+	T_CHECK(sl__order_view_init(&v, o->n, 1, nodes, k, NULL, 0, NULL) == 0);
+	sl__order_set_view(o, &v);
+	sl__order_node_range(o, nodes, k, &lo, &hi);
+	T_CHECK(v.len == hi - lo && v.shortest == o->n / nodes && v.longest - v.shortest <= 1);
+	for (uint64_t p = 0; p < v.len; p++) {
+		uint64_t r = sl__order_at(o, p), at;
+		unsigned s = layout2_shard(r), j = 0;
+
+		while (o->perm[j] != s)
+			j++;
+		at = o->start[j] + (r - o->first[s]); /* its place in S */
+		T_CHECK(at >= lo && at < hi && !owner[r]);
+		owner[r] = (unsigned char)(k + 1);
+		if (!touched[s]) {
+			touched[s] = 1;
+			first_w[s] = (unsigned)(p / o->window);
+			distinct++;
+		}
+	}
+	T_CHECK(distinct <= (12 + nodes - 1) / nodes + 1);
+	T_CHECK(sl__order_node_shards(o, nodes, k, list, &nlist) == 0 && nlist == distinct);
+	for (unsigned i = 0; i < nlist; i++)
+		T_CHECK(touched[list[i]] && (!i || first_w[list[i - 1]] <= first_w[list[i]]));
+}
+
+static void test_nodes_read_their_own_range_of_the_shards(void)
+{
+	unsigned char *owner = malloc(12000);
+
+	/* Chunks of 40 records, and of 1 (a shard's a thousand chunks named once). */
+	for (unsigned nodes = 2; nodes <= 7; nodes++) {
+		struct sl__order o;
+		struct sl__order_view v;
+
+		memset(owner, 0, 12000);
+		T_CHECK(sl__order_init(&o, layouts[2], 12, 9, 2, 640, nodes < 6 ? 40 : 1) == 0 && o.n == 12000);
+		for (unsigned k = 0; k < nodes; k++)
+			check_node_sequence(&o, nodes, k, owner);
+		for (uint64_t r = 0; r < o.n; r++)
+			T_CHECK(owner[r]);
+		/* Not shuffled: node k reads ids [lo, hi) in order. */
+		for (unsigned k = 0; k < nodes; k++) {
+			uint64_t lo, hi;
+
+			T_CHECK(sl__order_view_init(&v, o.n, 0, nodes, k, NULL, 0, NULL) == 0);
+			sl__order_set_view(&o, &v);
+			sl__order_node_range(&o, nodes, k, &lo, &hi);
+			for (uint64_t p = 0; p < v.len; p += 97)
+				T_CHECK(sl__order_at(&o, p) == lo + p);
+		}
+		sl__order_free(&o);
+	}
+	free(owner);
+}
+
+/*
  * Rank r's part of a global batch of B * world ids (epoch order): those
  * that sort into the r-th run of B by id, kept in epoch order.
  */
@@ -350,6 +499,156 @@ static void test_resume_on_another_world_size(void)
 			sluice_loader_close(ld);
 		}
 	}
+}
+
+/*
+ * `nodes` nodes of `local` ranks, batches of B, resumed from seg[0, nseg)
+ * (none: the epoch's start), each rank taking up to `batches` batches: the
+ * ids of node k appended to ids[k] (nids[k] of them), every rank the same
+ * batch count (returned) and the same state (into st, its count *nst).
+ */
+static uint64_t run_nodes(unsigned nodes, unsigned local, uint32_t B, const struct sluice_loader_segment *seg,
+			  unsigned nseg, uint64_t batches, uint64_t **ids, uint64_t *nids,
+			  struct sluice_loader_segment *st, int *nst)
+{
+	uint64_t count = UINT64_MAX;
+
+	for (unsigned r = 0; r < nodes * local; r++) {
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = B, .seed = 7, .epoch = 1,
+						   .rank = r, .world_size = nodes * local, .shuffle = 1,
+						   .window_bytes = 40 << 10, .nodes = nodes, .resume = seg,
+						   .nresume = nseg };
+		struct sluice_loader_segment mine[SLUICE_LOADER_SEGMENTS_MAX];
+		uint64_t s, e, k;
+		int m;
+
+		ld = NULL;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+		if (!ld)
+			return 0;
+		k = drain(ld, ids[r / local] + nids[r / local], batches) / B;
+		nids[r / local] += k * B;
+		T_CHECK(count == UINT64_MAX || k == count);
+		T_CHECK(batches != UINT64_MAX || k == sluice_loader_batches(ld));
+		count = k;
+		m = sluice_loader_state_ex(ld, &s, &e, mine, SLUICE_LOADER_SEGMENTS_MAX);
+		T_CHECK(m >= 1 && s == 7 && e == 1 && (!r || (m == *nst && !memcmp(mine, st, (size_t)m * sizeof(*st)))));
+		if (!r && m >= 1) {
+			memcpy(st, mine, (size_t)m * sizeof(*st));
+			*nst = m;
+		}
+		sluice_loader_close(ld);
+	}
+	return count;
+}
+
+/* Marks each of the k ids in seen; 1 if none was seen before. */
+static int mark_once(const uint64_t *id, uint64_t k, unsigned char *seen)
+{
+	int once = 1;
+
+	for (uint64_t i = 0; i < k; i++)
+		once &= !seen[id[i]]++;
+	return once;
+}
+
+static void test_nodes_read_apart_with_equal_batch_counts(void)
+{
+	unsigned shards = sluice_dataset_shards(ds);
+
+	for (unsigned nodes = 2; nodes <= 3; nodes++) {
+		const unsigned local = nodes == 2 ? 2 : 1;
+		uint64_t *ids[3], nids[3] = { 0 }, k;
+		struct sluice_loader_segment st[SLUICE_LOADER_SEGMENTS_MAX];
+		unsigned char *seen = calloc(n, 1);
+		int nst = 0;
+
+		for (unsigned i = 0; i < 3; i++)
+			ids[i] = malloc(2 * n * sizeof(uint64_t));
+		k = run_nodes(nodes, local, 12, NULL, 0, UINT64_MAX, ids, nids, st, &nst);
+		/* Batches counted on the longest node's sequence: ceil(ceil(1000 / nodes) / (12 local)). */
+		T_CHECK(k == ((n + nodes - 1) / nodes + 12 * local - 1) / (12 * local));
+		T_CHECK(nst == 1 && st[0].nodes == nodes && st[0].position == k * 12 * local);
+		for (unsigned node = 0; node < nodes; node++) {
+			unsigned char touched[256] = { 0 }, *mine = calloc(n, 1);
+			unsigned distinct = 0, own = 0;
+
+			for (uint64_t i = 0; i < nids[node]; i++) {
+				struct sluice_record_loc loc;
+
+				T_CHECK(sluice_dataset_locate(ds, ids[node][i], &loc) == 0 && loc.shard < 256);
+				distinct += !touched[loc.shard];
+				touched[loc.shard] = 1;
+				own += !mine[ids[node][i]]++;
+				T_CHECK(mine[ids[node][i]] > 1 || !seen[ids[node][i]]++); /* no other node's */
+			}
+			/* The node's range, and its last batch filled from its own start. */
+			T_CHECK(own == n / nodes || own == n / nodes + 1);
+			printf("node %u of %u: %u records of %u shards (of %u)\n", node, nodes, own, distinct, shards);
+			T_CHECK(distinct <= (shards + nodes - 1) / nodes + 1);
+			free(mine);
+		}
+		for (uint64_t r = 0; r < n; r++)
+			T_CHECK(seen[r] == 1);
+		for (unsigned i = 0; i < 3; i++)
+			free(ids[i]);
+		free(seen);
+	}
+}
+
+static void test_resume_across_node_counts(void)
+{
+	/* 2 nodes of 2 ranks take 3 batches of 12, then 3 nodes of 1 take 4 of 8, then 1 node of 4 the rest (6). */
+	uint64_t *ids[3], nids[3] = { 0 }, *all = malloc(12 * n * sizeof(uint64_t)), nall = 0, s, e;
+	struct sluice_loader_segment st[SLUICE_LOADER_SEGMENTS_MAX], st2[SLUICE_LOADER_SEGMENTS_MAX];
+	unsigned char *seen = calloc(n, 1);
+	int nst = 0, nst2 = 0, once = 1;
+
+	for (unsigned i = 0; i < 3; i++)
+		ids[i] = all + 4 * n * i;
+	T_CHECK(run_nodes(2, 2, 12, NULL, 0, 3, ids, nids, st, &nst) == 3);
+	T_CHECK(nst == 1 && st[0].nodes == 2 && st[0].position == 72);
+	for (unsigned i = 0; i < 2; i++)
+		once &= mark_once(ids[i], nids[i], seen);
+	memset(nids, 0, sizeof(nids));
+	T_CHECK(run_nodes(3, 1, 8, st, 1, 4, ids, nids, st2, &nst2) == 4);
+	T_CHECK(nst2 == 2 && st2[0].nodes == 2 && st2[0].position == 72 && st2[1].nodes == 3 && st2[1].position == 32);
+	for (unsigned i = 0; i < 3; i++)
+		once &= mark_once(ids[i], nids[i], seen);
+	T_CHECK(once);
+	memset(nids, 0, sizeof(nids));
+	T_CHECK(run_nodes(1, 4, 6, st2, 2, UINT64_MAX, ids, nids, st, &nst) > 0);
+	nall = nids[0];
+	/* The rest: what was left, each once, then the fill of the last batch from the start of what was left. */
+	for (uint64_t i = 0; i < nall; i++)
+		T_CHECK(seen[ids[0][i]] != 1);
+	for (uint64_t i = 0; i < nall; i++)
+		seen[ids[0][i]] = 2;
+	for (uint64_t r = 0; r < n; r++)
+		T_CHECK(seen[r]);
+	T_CHECK(nall >= n - 144 - 96 && nall - (n - 144 - 96) < 24 && nst == 3 && st[2].nodes == 1);
+	/* The state of a loader on 3 nodes resumed there: the old call counts, the new one needs room. */
+	{
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 8, .seed = 7, .epoch = 1,
+						   .world_size = 3, .shuffle = 1, .nodes = 3, .resume = st2,
+						   .nresume = 2 };
+
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+		sluice_loader_state(ld, &s, &e, &nall);
+		T_CHECK(nall == 144 + 96);
+		T_CHECK(sluice_loader_state_ex(ld, &s, &e, st, 1) == -ENOSPC);
+		sluice_loader_close(ld);
+		/* Bad options, named: nodes that do not divide the world, a resume with a position too. */
+		o.nodes = 2;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "multiple of nodes 2"));
+		o.nodes = 3;
+		o.position = 5;
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == SLUICE_EINVAL_CONFIG &&
+			strstr(sluice_last_error_detail(), "position 0"));
+	}
+	free(all);
+	free(seen);
 }
 
 static void test_a_slow_consumer_hardly_waits(void)
@@ -637,6 +936,8 @@ int main(void)
 	ref = malloc(2 * n * sizeof(uint64_t));
 	got = malloc(2 * n * sizeof(uint64_t));
 	t_order();
+	test_one_node_is_the_order_before_nodes();
+	test_nodes_read_their_own_range_of_the_shards();
 	snprintf(path, sizeof(path), "%s/ds", dir);
 	ds = write_dataset(path, n, &wo);
 	T_CHECK(sluice_dataset_shards(ds) > 4);
@@ -647,6 +948,8 @@ int main(void)
 	test_read_ahead_into_the_next_epoch_changes_nothing();
 	test_three_ranks_split_each_global_batch_by_id();
 	test_resume_on_another_world_size();
+	test_nodes_read_apart_with_equal_batch_counts();
+	test_resume_across_node_counts();
 	test_a_slow_consumer_hardly_waits();
 	test_trace_writes_a_span_per_stage_and_names_a_bad_path();
 	test_drop_last_keeps_only_whole_global_batches();
