@@ -114,6 +114,7 @@ void sluice_dataset_close(struct sluice_dataset *ds)
 	for (unsigned f = 0; ds->fetch_err && f < ds->nfiles; f++)
 		free(ds->fetch_err[f]);
 	free(ds->local);
+	free(ds->plan);
 	free(ds->fetch_err);
 	free(ds->fetch_rc);
 	pthread_mutex_destroy(&ds->local_lock);
@@ -170,6 +171,58 @@ int sluice_dataset_locate(const struct sluice_dataset *ds, uint64_t i, struct sl
 	return ds->ops->entry_check ? ds->ops->entry_check(ds, i) : 0;
 }
 
+/* Fetches ahead the files of the plan (every file without one), in its order, as many as fit; local_lock held. */
+static void sl_prefetch_start(struct sluice_dataset *ds)
+{
+	unsigned n = ds->plan ? ds->nplan : ds->nfiles;
+	char **paths = calloc(n ? n : 1, sizeof(char *));
+	uint64_t *bytes = calloc(n ? n : 1, sizeof(uint64_t));
+
+	for (unsigned k = 0; paths && bytes && k < n; k++) {
+		unsigned f = ds->plan ? ds->plan[k] : k;
+
+		paths[k] = ds->files[f];
+		bytes[k] = ds->file_bytes[f];
+	}
+	ds->prefetch = paths && bytes ? sl__cache_prefetch(paths, n, bytes) : NULL;
+	ds->prefetch_tried = 1;
+	free(paths);
+	free(bytes);
+}
+
+int sl__ds_plan(struct sluice_dataset *ds, const unsigned *files, unsigned n)
+{
+	unsigned *plan = malloc((n ? n : 1) * sizeof(*plan));
+	unsigned char *in = calloc(ds->nfiles ? ds->nfiles : 1, 1);
+	struct sl__prefetch *old;
+
+	if (!plan || !in) {
+		free(plan);
+		free(in);
+		return -ENOMEM;
+	}
+	for (unsigned k = 0; k < n; k++)
+		if (files[k] < ds->nfiles)
+			in[files[k]] = 1;
+	memcpy(plan, files, n * sizeof(*plan));
+	pthread_mutex_lock(&ds->local_lock);
+	free(ds->plan);
+	ds->plan = plan;
+	ds->nplan = n;
+	old = ds->prefetch;
+	ds->prefetch = NULL;
+	/* A prefetch already running fetches the old plan: stopped, and started anew at the next read. */
+	ds->prefetch_tried = 0;
+	pthread_mutex_unlock(&ds->local_lock);
+	sl__cache_prefetch_stop(old);
+	/* Copies this loader will not read this epoch are the first the cache lets go. */
+	for (unsigned f = 0; f < ds->nfiles; f++)
+		if (!in[f] && !sl__fs_is_local(ds->files[f]))
+			sl__cache_release(ds->files[f]);
+	free(in);
+	return 0;
+}
+
 int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 {
 	char local[4096];
@@ -179,14 +232,8 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 		return (size_t)snprintf(path, cap, "%s", ds->files[f]) < cap ? 0
 			: sl__err(-ENAMETOOLONG, "%s: path too long", ds->files[f]);
 	pthread_mutex_lock(&ds->local_lock);
-	if (!ds->prefetch_tried) {
-		uint64_t total = 0;
-
-		for (unsigned k = 0; k < ds->nfiles; k++)
-			total += ds->file_bytes[k];
-		ds->prefetch = sl__cache_prefetch(ds->files, ds->nfiles, total);
-		ds->prefetch_tried = 1;
-	}
+	if (!ds->prefetch_tried)
+		sl_prefetch_start(ds);
 	/* A copy another process let go (the cache's limit) is fetched again. */
 	if (ds->local[f] && access(ds->local[f], F_OK) != 0) {
 		free(ds->local[f]);

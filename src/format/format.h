@@ -205,8 +205,9 @@ struct sluice_dataset {
 	char **fetch_err;        /* and why its fetch failed: not tried again while the dataset is open */
 	int *fetch_rc;
 	pthread_mutex_t local_lock;
-	struct sl__prefetch *prefetch; /* s3:// datasets: the files fetched ahead, from the first use on */
+	struct sl__prefetch *prefetch; /* remote datasets: the files fetched ahead, from the first use on */
 	int prefetch_tried;
+	unsigned *plan, nplan;   /* the files a loader will read this epoch, in first-use order (sl__ds_plan); NULL: all */
 	int has_crc;             /* loc.crc is meaningful */
 	int compressed;          /* records are not extents of files: read them with ops->fetch */
 	struct sl__hist h_decompress; /* time of each block decompressed (zstd datasets) */
@@ -259,6 +260,14 @@ SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
  * the cached copy (fetched on the first use, when the dataset's other
  * files start being fetched ahead; fetched again if the cache let it go).
  */
+/*
+ * What a loader will read this epoch: files[0, n) by shard id, in the
+ * order it first uses them (a node's share).  A remote dataset then
+ * fetches ahead those (as many as fit in the cache's limit, in that
+ * order) instead of every file, and marks the cached copies of the others
+ * the first to evict.  Local datasets ignore it.  0 or -ENOMEM.
+ */
+SL_HIDDEN int sl__ds_plan(struct sluice_dataset *ds, const unsigned *files, unsigned n);
 SL_HIDDEN int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap);
 /*
  * Maps a whole file read-only; errors name the file (with enoent_hint, a

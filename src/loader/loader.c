@@ -82,6 +82,22 @@ static int sl_place(struct sluice_loader *ld, const struct sluice_loader_segment
 	return 0;
 }
 
+/*
+ * Tells the dataset the files this rank's node reads this epoch, in the
+ * order it first uses them: a remote dataset fetches ahead only those, and
+ * lets the other copies go first (its cache holds the node's share).
+ */
+static int sl_plan_files(struct sluice_loader *ld)
+{
+	unsigned *files = malloc((ld->nshards ? ld->nshards : 1) * sizeof(*files)), n = 0;
+	int rc = files ? sl__order_node_shards(&ld->order, ld->opt.nodes, ld->fresh.node, files, &n) : -ENOMEM;
+
+	if (!rc)
+		rc = sl__ds_plan(ld->ds, files, n);
+	free(files);
+	return rc;
+}
+
 /* (Re)starts production at the consumer's next batch of the current epoch. */
 static int sl_start(struct sluice_loader *ld)
 {
@@ -103,6 +119,8 @@ static int sl_start(struct sluice_loader *ld)
 			return rc;
 	}
 	sl__order_set_view(&ld->order, &ld->view);
+	if ((rc = sl_plan_files(ld)))
+		return rc;
 	sl__order_free(&ld->next_order);
 	rc = sl__order_init(&ld->next_order, ld->shard_records, ld->nshards, ld->opt.seed, ld->opt.epoch + 1,
 			    ld->window, ld->chunk);

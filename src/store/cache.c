@@ -238,6 +238,30 @@ static int sl_copy_good(const char *p, const char *local, const char *const key[
 	return ok;
 }
 
+/* The copy's name of path at st: hash of the store, its endpoint and the path. */
+static void sl_cache_key(const struct sl__store *st, const char *path, char where[600], char name[33])
+{
+	const char *key[3] = { st->name, where, path };
+
+	where[0] = 0;
+	if (st->where)
+		st->where(where, 600);
+	sl_cache_name(key, name);
+}
+
+void sl__cache_release(const char *path)
+{
+	static const struct timespec oldest[2] = { { 0, 0 }, { 0, 0 } };
+	char where[600], name[33], p[4096];
+	struct sl_cache c;
+
+	if (sl_cache_conf(&c))
+		return;
+	sl_cache_key(sl__store_of(path), path, where, name);
+	snprintf(p, sizeof(p), "%s/%s.meta", c.dir, name);
+	utimensat(AT_FDCWD, p, oldest, 0); /* eviction goes by the .meta's time (sl_cache_make_room) */
+}
+
 static int sl_cache_fetch(const char *path, char *local, size_t cap, const _Atomic int *cancel)
 {
 	const struct sl__store *st = sl__store_of(path);
@@ -252,9 +276,7 @@ static int sl_cache_fetch(const char *path, char *local, size_t cap, const _Atom
 		return rc;
 	if (e.kind != SL_KIND_FILE)
 		return sl__err(-EISDIR, "%s: names a directory or prefix, not a file", path);
-	if (st->where)
-		st->where(where, sizeof(where));
-	sl_cache_name(key, name);
+	sl_cache_key(st, path, where, name);
 	if ((size_t)snprintf(local, cap, "%s/%s.data", c.dir, name) >= cap)
 		return sl__err(-ENAMETOOLONG, "%s: the cache path is too long", c.dir);
 	snprintf(p, sizeof(p), "%s/%s.lock", c.dir, name);
@@ -352,15 +374,21 @@ static void *sl_prefetch_run(void *arg)
 	return NULL;
 }
 
-struct sl__prefetch *sl__cache_prefetch(char *const *paths, unsigned n, uint64_t total)
+struct sl__prefetch *sl__cache_prefetch(char *const *paths, unsigned n, const uint64_t *bytes)
 {
 	struct sl_cache c;
 	struct sl__prefetch *p;
+	uint64_t total = 0;
+	unsigned fit = 0;
 
-	if (!n || sl_cache_conf(&c) || total > c.limit || !(p = calloc(1, sizeof(*p))))
+	if (!n || sl_cache_conf(&c))
 		return NULL;
-	p->paths = calloc(n, sizeof(char *));
-	for (unsigned i = 0; p->paths && i < n; i++)
+	while (fit < n && total + bytes[fit] <= c.limit)
+		total += bytes[fit++];
+	if (!fit || !(p = calloc(1, sizeof(*p))))
+		return NULL;
+	p->paths = calloc(fit, sizeof(char *));
+	for (unsigned i = 0; p->paths && i < fit; i++)
 		if (!(p->paths[p->n] = strdup(paths[i])))
 			break;
 		else

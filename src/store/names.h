@@ -60,13 +60,20 @@ SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
  */
 SL_HIDDEN int sl__cache_fetch(const char *path, char *local, size_t cap);
 /*
- * Fetches paths[0..n) in order on a thread of its own, so that readers
- * find them there; only when all of them fit in the cache's limit beside
- * each other (total bytes), else each waits for its first reader.
- * sl__cache_prefetch_stop cancels what is left and waits; NULL is a no-op.
+ * sl__cache_release: path's copy (if any) is the first the cache lets go
+ * when it needs room (a file its reader is done with for now); its
+ * readers keep reading it until then.
+ */
+SL_HIDDEN void sl__cache_release(const char *path);
+/*
+ * Fetches paths[0..n) (bytes[k] each) in order on a thread of its own, so
+ * that readers find them there: the longest run from the first that fits
+ * in the cache's limit beside each other; the rest waits for its first
+ * reader.  sl__cache_prefetch_stop cancels what is left and waits; NULL is
+ * a no-op.
  */
 struct sl__prefetch;
-SL_HIDDEN struct sl__prefetch *sl__cache_prefetch(char *const *paths, unsigned n, uint64_t total);
+SL_HIDDEN struct sl__prefetch *sl__cache_prefetch(char *const *paths, unsigned n, const uint64_t *bytes);
 SL_HIDDEN void sl__cache_prefetch_stop(struct sl__prefetch *p);
 
 #endif

@@ -35,17 +35,22 @@ sys.stdout.buffer.write(out[:got].tobytes())
 """
 
 
-def run_ranks(code, args, world):
-    """Runs world processes of `python -c code args`, the ranks of one torch.distributed job (RANK, WORLD_SIZE,
-    LOCAL_RANK, a free MASTER_PORT on 127.0.0.1); each must exit 0; returns the JSON each printed last."""
+def run_ranks(code, args, world, nodes=1, env_of=None):
+    """Runs world processes of `python -c code args`, the ranks of one torch.distributed job over `nodes`
+    simulated nodes as torchrun numbers them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, a free
+    MASTER_PORT on 127.0.0.1), with env_of(rank) (or nothing) added to each one's environment; each must exit 0;
+    returns the JSON each printed last."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(world)]
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world),
+                                   "LOCAL_RANK": str(r % (world // nodes)), "LOCAL_WORLD_SIZE": str(world // nodes),
+                                   "GROUP_RANK": str(r // (world // nodes)), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), **(env_of(r) if env_of else {})})
+             for r in range(world)]
     out = [p.communicate(timeout=300) for p in procs]
     for p, (o, e) in zip(procs, out):
         assert p.returncode == 0, (o[-500:], e[-3000:])
