@@ -173,6 +173,17 @@ SL_HIDDEN int sl__http_head_parse(const char *buf, size_t len, struct sl__http_r
 				  int follow);
 
 /*
+ * weblist.c: the entries a web server's listing page (len bytes, untrusted,
+ * any bytes) links to, in page order: each(arg, href, n, dir) with the
+ * link as written (percent-encoded, n bytes; dir: it ends in '/'), only
+ * for relative links of one segment that do not decode to "", "." or
+ * "..", a '/', '\\' or NUL, and carry no scheme, query or fragment.  A
+ * nonzero return from each stops the walk with it; else 0.
+ */
+SL_HIDDEN int sl__web_links(const char *page, size_t len,
+			    int (*each)(void *arg, const char *href, size_t n, int dir), void *arg);
+
+/*
  * sigv4.c: the Authorization header of a request signed with AWS Signature
  * V4 into auth; 0 or an error.  hdr: the headers to sign ("Name: value"; host
  * and the x-amz-* ones at least), up to the first NULL.

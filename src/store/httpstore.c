@@ -216,27 +216,31 @@ static int sl_http_info(const char *path, struct sl__entry *e)
 	return 0;
 }
 
-/* 1 where href (len bytes) names an entry of the directory listed: relative, one segment, not "." or "..". */
-static int sl_http_href_ok(const char *href, size_t len)
+struct sl_http_walk {
+	const char *url;
+	int recursive;
+	unsigned depth;
+	int (*add)(void *arg, const char *name);
+	void *arg;
+};
+
+/* One link of a listing: a file's whole URL to add, a directory's listed in turn (recursive). */
+static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
+			   void *arg);
+
+static int sl_http_link(void *arg, const char *href, size_t len, int dir)
 {
-	char seg[1024];
-	size_t n = 0, end = len && href[len - 1] == '/' ? len - 1 : len;
+	const struct sl_http_walk *w = arg;
+	char *name = NULL;
+	int rc = 0;
 
-	if (!end || end >= sizeof(seg) || memchr(href, ':', len) || memchr(href, '?', len) || memchr(href, '#', len))
+	if (dir && !w->recursive)
 		return 0;
-	for (size_t i = 0; i < end; i++) {
-		unsigned v;
-
-		if (href[i] == '%' && i + 2 < len && sscanf(href + i + 1, "%2x", &v) == 1)
-			i += 2;
-		else
-			v = (unsigned char)href[i];
-		if (v == '/' || v == '\\' || !v)
-			return 0;
-		seg[n++] = (char)v;
-	}
-	seg[n] = 0;
-	return strcmp(seg, ".") && strcmp(seg, "..");
+	if (asprintf(&name, "%s%.*s", w->url, (int)len, href) < 0)
+		return -ENOMEM;
+	rc = dir ? sl_http_list_in(name, 1, w->depth + 1, w->add, w->arg) : w->add(w->arg, name);
+	free(name);
+	return rc;
 }
 
 /*
@@ -272,18 +276,10 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 	}
 	if (!rc)
 		body[k.got] = 0;
-	for (char *p = body; !rc && (p = strstr(p, "href=\"")); ) {
-		size_t len = strcspn(p += 6, "\"");
-		char *name = NULL;
+	if (!rc) {
+		struct sl_http_walk w = { url, recursive, depth, add, arg };
 
-		if (!sl_http_href_ok(p, len) || asprintf(&name, "%s%.*s", url, (int)len, p) < 0)
-			;
-		else if (p[len - 1] != '/')
-			rc = add(arg, name);
-		else if (recursive)
-			rc = sl_http_list_in(name, 1, depth + 1, add, arg);
-		free(name);
-		p += len;
+		rc = sl__web_links(body, k.got, sl_http_link, &w);
 	}
 	free(url);
 	free(body);

@@ -8,7 +8,10 @@
  * a key, the token fits, a failure is SLUICE_EFORMAT or -ENOMEM; 3, an
  * HTTP answer's head as the direct receive reads it (sl__http_head_parse):
  * -EAGAIN, -EIO, 0 or 1; its end inside the bytes; an answer taken has a
- * length and a status of three digits; every string kept fits.  All: no
+ * length and a status of three digits; every string kept fits.  With bit
+ * 3 of the first byte set instead, a web server's listing page
+ * (sl__web_links): every link handed out lies inside the page, is one
+ * relative segment, and holds no query, scheme or escape of '/'.  All: no
  * crash, no leak, no sanitizer report.
  */
 #include <errno.h>
@@ -27,6 +30,18 @@ static int check(const char *section, const char *key, const char *value, void *
 	return 0;
 }
 
+static const uint8_t *page_lo, *page_hi;
+
+static int link_in_page(void *arg, const char *href, size_t n, int dir)
+{
+	(void)arg;
+	if ((const uint8_t *)href < page_lo || (const uint8_t *)href + n > page_hi || !n || memchr(href, '?', n) ||
+	    memchr(href, ':', n) || memchr(href, '/', n - 1) || (dir != (href[n - 1] == '/')) ||
+	    (n >= 3 && !memcmp(href, "%2f", 3)))
+		abort();
+	return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char code[16], msg[64];
@@ -34,6 +49,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (!size)
 		return 0;
+	if (data[0] & 8) {
+		page_lo = data + 1;
+		page_hi = data + size;
+		if (sl__web_links((const char *)data + 1, size - 1, link_in_page, NULL))
+			abort();
+		return 0;
+	}
 	if (data[0] % 4 == 3) {
 		struct sl__http_resp k = { .keep = "x-amz-checksum-" };
 		char *buf = malloc(size);
