@@ -400,6 +400,17 @@ SLUICE_API int sluice_gpu_count(void);
  */
 SLUICE_API SLUICE_WUR int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out);
 SLUICE_API void sluice_gpu_free(struct sluice_engine *eng, void *p);
+/*
+ * The caller's GPU memory [p, p + n) on the engine's GPU registered as a
+ * destination with each of the engine's stores that registers memory
+ * (gds: cuFileBufRegister), once, before many reads into it (KvikIO's
+ * buffer_register); sluice_gpu_alloc's memory is registered so already.
+ * Returns 0 (also where no store registers memory), SLUICE_ENOGPU, or the
+ * store's error (nothing then stays registered).  Undo with
+ * sluice_gpu_deregister(eng, p) before the memory is freed.
+ */
+SLUICE_API SLUICE_WUR int sluice_gpu_register(struct sluice_engine *eng, void *p, size_t n);
+SLUICE_API void sluice_gpu_deregister(struct sluice_engine *eng, void *p);
 /* Copy between any two of host and GPU memory; complete on return. */
 SLUICE_API SLUICE_WUR int sluice_gpu_copy(struct sluice_engine *eng, void *dst,
 					  const void *src, size_t n);

@@ -381,12 +381,39 @@ int sluice_gpu_count(void)
 
 int sluice_gpu_alloc(struct sluice_engine *eng, size_t n, void **out)
 {
-	return sl__gpu_alloc(&eng->gpu, n, out);
+	int rc = sl__gpu_alloc(&eng->gpu, n, out);
+
+	/* Registered where a store takes it; a refusal leaves the memory usable, unregistered. */
+	if (!rc && sluice_gpu_register(eng, *out, n))
+		sl__debug("gpu", "%zu bytes of GPU memory not registered: %s", n, sluice_last_error_detail());
+	return rc;
 }
 
 void sluice_gpu_free(struct sluice_engine *eng, void *p)
 {
+	if (p)
+		sluice_gpu_deregister(eng, p);
 	sl__gpu_free(&eng->gpu, p);
+}
+
+int sluice_gpu_register(struct sluice_engine *eng, void *p, size_t n)
+{
+	int rc = eng->gpu.ctx ? sl__gpu_bind(&eng->gpu) : sl__err(SLUICE_ENOGPU, "engine has no GPU");
+
+	for (int i = 0; !rc && i < SL_STORES; i++)
+		if (eng->usable[i] && sl__stores[i]->register_mem && (rc = sl__stores[i]->register_mem(p, n)))
+			while (--i >= 0) /* none stays registered */
+				if (eng->usable[i] && sl__stores[i]->deregister_mem)
+					sl__stores[i]->deregister_mem(p);
+	return rc;
+}
+
+void sluice_gpu_deregister(struct sluice_engine *eng, void *p)
+{
+	if (eng->gpu.ctx && !sl__gpu_bind(&eng->gpu))
+		for (int i = 0; i < SL_STORES; i++)
+			if (eng->usable[i] && sl__stores[i]->deregister_mem)
+				sl__stores[i]->deregister_mem(p);
 }
 
 int sluice_gpu_stream_sync(struct sluice_engine *eng, void *stream)

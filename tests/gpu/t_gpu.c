@@ -372,6 +372,17 @@ int main(void)
 			registered = f && sl__gds_registered(&f->s);
 			sluice_file_close(f);
 			printf("gds backend: real GDS %d, %s registered with cuFile\n", info.gds, registered ? "file" : "file NOT");
+			{
+				/* The caller's memory registered with the stores that take it (cuFileBufRegister), and undone. */
+				void *m = NULL;
+
+				T_CHECK(sluice_gpu_alloc(eng, 1 << 20, &m) == 0); /* registered by the alloc */
+				sluice_gpu_deregister(eng, m);
+				rc = sluice_gpu_register(eng, m, 1 << 20);
+				printf("gds backend: cuFileBufRegister of 1 MiB: %s\n", rc ? sluice_last_error_detail() : "ok");
+				T_CHECK(rc == 0);
+				sluice_gpu_free(eng, m);
+			}
 			t_reads(eng, path, want, n, registered ? "gds>gpu" : ">pinned>gpu");
 			t_writes(eng, want, n);
 			sluice_engine_close(eng);
