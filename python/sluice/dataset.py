@@ -61,6 +61,19 @@ class Dataset:
     def __len__(self):
         return lib.sluice_dataset_count(self._h)
 
+    @property
+    def shards(self):
+        """The number of the dataset's data files (shards)."""
+        return lib.sluice_dataset_shards(self._h)
+
+    def shard_of(self, i):
+        """The shard record i lies in (0 .. shards - 1)."""
+        if not 0 <= _int_option("Dataset.shard_of", "index", i, 0, (1 << 64) - 1) < len(self):
+            raise _RecordRange(ERANGE, f"{shown(self.path)}: record {i} of {len(self)}")
+        loc = RecordLoc()
+        check(lib.sluice_dataset_locate(self._h, i, C.byref(loc)))
+        return loc.shard
+
     def __getitem__(self, i):
         n, i = len(self), _int_option("Dataset", "index", i, -float("inf"), float("inf"))
         if not -n <= i < n:  # checked here, before ctypes could wrap it into range
