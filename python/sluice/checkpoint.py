@@ -308,6 +308,17 @@ def _url_exists(path):
         return False
 
 
+def _remote_dir(path):
+    """Whether a remote path without its '/' names a directory (its store says so when it is opened)."""
+    try:
+        lib.sluice_file_close(open_file(path, 0))
+        return False
+    except SluiceError as e:
+        if e.code == -errno.EISDIR:
+            return True
+        raise
+
+
 def _probed(source, variant):
     """A directory its store cannot list (a web server without listings): its index, else model.safetensors."""
     v = f".{variant}" if variant else ""
@@ -414,7 +425,9 @@ def _sources(source, variant=None):
     if _INDEX_NAME.match(source.rsplit("/", 1)[-1]):
         return _from_index(source)
     if is_remote(source) and not source.endswith("/"):
-        return _Source([source])
+        if source.endswith((".safetensors", ".json")) or not _remote_dir(source):
+            return _Source([source])
+        source += "/"
     if is_remote(source):
         try:
             names = [f.rsplit("/", 1)[-1] for f in listdir(source)]

@@ -220,6 +220,11 @@ class Loader:
         self._opt.seed = _int_option(where, "seed", state["seed"], 0, (1 << 64) - 1)
         self._opt.epoch = _int_option(where, "epoch", state["epoch"], 0, (1 << 64) - 1)
         segments = state.get("segments") or []
+        if not isinstance(segments, (list, tuple)) or not all(
+                isinstance(g, (list, tuple)) and len(g) == 2 and not any(isinstance(x, bool) for x in g)
+                for g in segments):
+            raise ValueError(f"{where}: segments must be a list of [nodes, position] pairs of integers, not "
+                             f"{segments!r:.200}")
         if len(segments) > LOADER_SEGMENTS_MAX:
             raise ValueError(f"{where}: {len(segments)} segments; a state holds at most {LOADER_SEGMENTS_MAX}")
         resume = (LoaderSegment * max(len(segments), 1))(

@@ -25,7 +25,7 @@ int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int eno
 
 	*map = NULL;
 	*len = 0;
-	if ((rc = sl__fs_local(path, local, sizeof(local))))
+	if ((rc = sl__fs_local(path, (char[SL_TAG_MAX]){ 0 }, local, sizeof(local))))
 		return rc == -ENOENT && enoent_hint ? sl__err(rc, "%s (not a dataset sluice reads, or its writer did not finish)",
 							      sluice_last_error_detail()) : rc;
 	fd = sl__open_file(local, O_RDONLY, 0);
@@ -53,7 +53,8 @@ int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)
 	ds->local = calloc(n ? n : 1, sizeof(char *));
 	ds->fetch_err = calloc(n ? n : 1, sizeof(char *));
 	ds->fetch_rc = calloc(n ? n : 1, sizeof(int));
-	if (!ds->file_bytes || !ds->fds || !ds->local || !ds->fetch_err || !ds->fetch_rc)
+	ds->tags = calloc(n ? n : 1, sizeof(*ds->tags));
+	if (!ds->file_bytes || !ds->fds || !ds->local || !ds->fetch_err || !ds->fetch_rc || !ds->tags)
 		return -ENOMEM;
 	for (unsigned f = 0; f < n; f++)
 		atomic_init(&ds->fds[f], -1);
@@ -115,6 +116,7 @@ void sluice_dataset_close(struct sluice_dataset *ds)
 		free(ds->fetch_err[f]);
 	free(ds->local);
 	free(ds->plan);
+	free(ds->tags);
 	free(ds->fetch_err);
 	free(ds->fetch_rc);
 	pthread_mutex_destroy(&ds->local_lock);
@@ -218,14 +220,14 @@ int sl__ds_plan(struct sluice_dataset *ds, const unsigned *files, unsigned n)
 	/* Copies this loader will not read this epoch are the first the cache lets go. */
 	for (unsigned f = 0; f < ds->nfiles; f++)
 		if (!in[f] && !sl__fs_is_local(ds->files[f]))
-			sl__cache_release(ds->files[f]);
+			sl__cache_release(ds->files[f], ds->tags[f]);
 	free(in);
 	return 0;
 }
 
 int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 {
-	char local[4096];
+	char local[4096], tag[SL_TAG_MAX];
 	int rc = 0, have;
 
 	if (sl__fs_is_local(ds->files[f]))
@@ -246,11 +248,17 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 	 */
 	if (!have && ds->fetch_rc[f])
 		rc = sl__err(ds->fetch_rc[f], "%s", ds->fetch_err[f] ? ds->fetch_err[f] : ds->files[f]);
+	memcpy(tag, ds->tags[f], sizeof(tag));
 	pthread_mutex_unlock(&ds->local_lock);
 	if (rc)
 		return rc;
-	/* Fetched outside the lock: readers of other files go on meanwhile. */
-	if (!have && (rc = sl__fs_local(ds->files[f], local, sizeof(local))) && rc != -ECANCELED &&
+	/*
+	 * Fetched outside the lock: readers of other files go on meanwhile.
+	 * Pinned to the version the dataset first read (a copy never changes
+	 * once made): a file replaced on the server since fails with -ESTALE,
+	 * never new bytes read through the old index.
+	 */
+	if (!have && (rc = sl__fs_local(ds->files[f], tag, local, sizeof(local))) && rc != -ECANCELED &&
 	    rc != -EINTR) {
 		pthread_mutex_lock(&ds->local_lock);
 		if (!ds->fetch_rc[f]) {
@@ -262,6 +270,8 @@ int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 		char *mine = strdup(local);
 
 		pthread_mutex_lock(&ds->local_lock);
+		if (!ds->tags[f][0])
+			memcpy(ds->tags[f], tag, sizeof(tag));
 		if (!mine)
 			rc = -ENOMEM;
 		else if (!ds->local[f])

@@ -208,6 +208,7 @@ struct sluice_dataset {
 	struct sl__prefetch *prefetch; /* remote datasets: the files fetched ahead, from the first use on */
 	int prefetch_tried;
 	unsigned *plan, nplan;   /* the files a loader will read this epoch, in first-use order (sl__ds_plan); NULL: all */
+	char (*tags)[SL_TAG_MAX]; /* remote files: the version each was first read at ("": not yet), every later read pinned to it */
 	int has_crc;             /* loc.crc is meaningful */
 	int compressed;          /* records are not extents of files: read them with ops->fetch */
 	struct sl__hist h_decompress; /* time of each block decompressed (zstd datasets) */

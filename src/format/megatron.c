@@ -111,6 +111,9 @@ static int sl_mm_open(struct sluice_dataset *ds, const char *path)
 		goto out;
 	rc = sl__ds_files(ds, files, 1);
 	files = NULL;
+	/* The .bin pinned to its version now, beside the index just read: no record CRC would catch a new one. */
+	if (!rc)
+		rc = sl__fs_version(ds->files[0], ds->tags[0]);
 	if (rc)
 		goto out;
 	ds->file_bytes[0] = (uint64_t)st.st_size;

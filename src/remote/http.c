@@ -848,6 +848,16 @@ static int sl_request_once(struct sl__http_conn *c, const struct sl__http_req *q
 	cc = curl_easy_perform(h);
 	curl_slist_free_all(hdr);
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &k->status);
+	{
+		char *at = NULL;
+
+		/* Where a redirect led: a path ending in '/' (a web server's directory) */
+		if (curl_easy_getinfo(h, CURLINFO_EFFECTIVE_URL, &at) == CURLE_OK && at) {
+			size_t l = strcspn(at, "?#");
+
+			k->at_dir = l && at[l - 1] == '/';
+		}
+	}
 	return sl_answer(c, q, k, cc);
 }
 

@@ -137,6 +137,7 @@ struct sl__http_resp {
 	char range[96];          /* Content-Range as sent, "" if none; parsed where have_range */
 	int have_range;
 	uint64_t r_first, r_last, r_total;
+	int at_dir;              /* the URL answered (after redirects) ends in '/': a web server's directory */
 	struct {
 		char name[32], value[64];
 	} kept[SL_HTTP_KEPT];

@@ -1,7 +1,7 @@
 /*
  * A web server's listing of a directory (remote.h): the links of an HTML
- * page (nginx's autoindex, Apache's, Python's http.server) that name an
- * entry of that directory.  The page is the server's: nothing in it is
+ * page (nginx's autoindex, Apache's, Python's http.server, Caddy's "./"
+ * ones) that name an entry of that directory.  The page is the server's: nothing in it is
  * trusted to stay inside the directory.
  */
 #include <errno.h>
@@ -57,6 +57,8 @@ int sl__web_links(const char *page, size_t len, int (*each)(void *arg, const cha
 		p += 6;
 		if (!(q = memchr(p, '"', (size_t)(end - p))))
 			break;
+		if (q - p > 2 && p[0] == '.' && p[1] == '/') /* "./name", as Caddy writes it */
+			p += 2;
 		if (sl_href_ok(p, (size_t)(q - p)))
 			rc = each(arg, p, (size_t)(q - p), q[-1] == '/');
 		p = q + 1;

@@ -1,9 +1,13 @@
 /*
- * The local cache of remote files (names.h).  DIR/<h>.data is the copy,
- * DIR/<h>.meta says what it is a copy of (store, endpoint, path, size,
- * version tag) and which file on disk it was written as (inode and
- * ctime), and its modification time is the last use; DIR/<h>.lock is the
- * file's lock; h hashes the store, its endpoint and the path.
+ * The local cache of remote files (names.h).  DIR/<h>.data is the copy of
+ * one version of a file, DIR/<h>.meta says what it is a copy of (store,
+ * endpoint, the path with its credentials hidden, size, version tag) and
+ * which file on disk it was written as (inode and ctime), and its
+ * modification time is the last use; DIR/<h>.lock is the copy's lock; h
+ * hashes the store, its endpoint, the whole path and the version, so a
+ * new version is a new copy and a copy never changes under its readers (a
+ * file that gives no version is a new copy at each fetch).  Copies and
+ * their .meta are the user's alone (0600).
  * A copy is renamed into place whole and its .meta written after it, so a
  * crash leaves at worst a copy whose .meta does not match: it is
  * downloaded again.  DIR/<h>.part.PID is a download in progress; one whose
@@ -71,13 +75,13 @@ static int sl_cache_conf(struct sl_cache *c)
 	return 0;
 }
 
-/* 128 bits of FNV-1a over the store, its endpoint and the path, as hex. */
-static void sl_cache_name(const char *const key[3], char out[33])
+/* 128 bits of FNV-1a over the store, its endpoint, the path and the version, as hex. */
+static void sl_cache_name(const char *const key[4], char out[33])
 {
 	uint64_t h[2] = { 0xcbf29ce484222325ull, 0x6c62272e07bb0142ull };
 
 	for (int k = 0; k < 2; k++)
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < 4; i++) {
 			for (const char *s = key[i]; *s; s++)
 				h[k] = (h[k] ^ (unsigned char)*s) * 0x100000001b3ull;
 			h[k] = (h[k] ^ '\n') * 0x100000001b3ull;
@@ -86,14 +90,17 @@ static void sl_cache_name(const char *const key[3], char out[33])
 }
 
 /* The .meta's first line: the version of its layout (older .meta files read as no copy). */
-#define SL_META_HEAD "sluice-cache 2\n"
+#define SL_META_HEAD "sluice-cache 3\n"
 
-/* The .meta's text for a copy (st: the copy as written) of e at key (store, endpoint, path). */
-static int sl_meta_text(char *out, size_t cap, const char *const key[3], const struct sl__entry *e,
+/* The .meta's text for a copy (st: the copy as written) of e at key (store, endpoint, path): no credential in it. */
+static int sl_meta_text(char *out, size_t cap, const char *const key[4], const struct sl__entry *e,
 			const struct stat *st)
 {
+	char shown[4096];
+
+	sluice_url_redact(key[2], shown, sizeof(shown));
 	return snprintf(out, cap, SL_META_HEAD "store %s\nendpoint %s\npath %s\nsize %llu\ntag %s\nstamp %llu %llu\n",
-			key[0], key[1], key[2], (unsigned long long)e->size, e->tag, (unsigned long long)st->st_ino,
+			key[0], key[1], shown, (unsigned long long)e->size, e->tag, (unsigned long long)st->st_ino,
 			(unsigned long long)st->st_ctim.tv_sec * 1000000000ull + (unsigned long long)st->st_ctim.tv_nsec);
 }
 
@@ -131,9 +138,9 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 		char *end;
 		long pid;
 
-		/* Downloads in progress count; those of processes that are gone are removed. */
-		if (l > 38 && !strncmp(e->d_name + 32, ".part.", 6) && (pid = strtol(e->d_name + 38, &end, 10)) > 0 &&
-		    !*end) {
+		/* Downloads in progress count; those (and .meta temporaries) of processes that are gone are removed. */
+		if (l > 38 && (!strncmp(e->d_name + 32, ".part.", 6) || !strncmp(e->d_name + 32, ".meta.", 6)) &&
+		    (pid = strtol(e->d_name + 38, &end, 10)) > 0 && !*end) {
 			snprintf(p, sizeof(p), "%s/%s", c->dir, e->d_name);
 			if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
 				if (unlink(p) == 0)
@@ -143,17 +150,16 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 			}
 			continue;
 		}
-		if (l != 37 || strcmp(e->d_name + 32, ".meta") || !strncmp(e->d_name, self, 32))
-			continue;
-		snprintf(p, sizeof(p), "%s/%.32s.data", c->dir, e->d_name);
-		if (stat(p, &sd) < 0)
+		if (l != 37 || strcmp(e->d_name + 32, ".data") || !strncmp(e->d_name, self, 32))
 			continue;
 		snprintf(p, sizeof(p), "%s/%s", c->dir, e->d_name);
-		if (stat(p, &sm) < 0 || sl__reserve(&v, &cap, (n + 1) * sizeof(*v)))
+		if (stat(p, &sd) < 0 || sl__reserve(&v, &cap, (n + 1) * sizeof(*v)))
 			continue;
+		/* Last used: its .meta's time; a copy without one (a download that failed after it) goes first. */
+		snprintf(p, sizeof(p), "%s/%.32s.meta", c->dir, e->d_name);
 		snprintf(v[n].name, sizeof(v[n].name), "%.32s", e->d_name);
 		v[n].bytes = (uint64_t)sd.st_blocks * 512;
-		v[n].used = sm.st_mtim;
+		v[n].used = stat(p, &sm) == 0 ? sm.st_mtim : (struct timespec){ 0, 0 };
 		total += v[n++].bytes;
 	}
 	closedir(d);
@@ -163,7 +169,7 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 		int fd;
 
 		snprintf(p, sizeof(p), "%s/%s.lock", c->dir, v[i].name);
-		if ((fd = open(p, O_RDWR | O_CLOEXEC)) < 0)
+		if ((fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0) /* a copy left without one has none */
 			continue;
 		if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
 			static const char *const ext[] = { ".meta", ".data", ".data.idx" };
@@ -187,7 +193,7 @@ static int sl_cache_make_room(const struct sl_cache *c, const char *self, uint64
 }
 
 /* Writes the .meta at p for the copy at local of e at key. */
-static int sl_meta_write(const char *p, const char *local, const char *const key[3], const struct sl__entry *e)
+static int sl_meta_write(const char *p, const char *local, const char *const key[4], const struct sl__entry *e)
 {
 	char tmp[4200], *text = malloc(16384);
 	struct stat st;
@@ -205,7 +211,7 @@ static int sl_meta_write(const char *p, const char *local, const char *const key
 	}
 	snprintf(tmp, sizeof(tmp), "%s.%d", p, (int)getpid());
 	errno = 0;
-	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ||
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0 ||
 	    sl__pio_full(SL_IO_WRITE, fd, text, (size_t)n, 0) != n || close(fd) < 0 || rename(tmp, p) < 0) {
 		rc = sl__err(-(errno ? errno : EIO), "%s: %s", p, strerror(errno ? errno : EIO));
 		unlink(tmp);
@@ -219,7 +225,7 @@ static int sl_meta_write(const char *p, const char *local, const char *const key
  * byte, and the copy is the file written then (same inode and ctime); a
  * file with no version tag is never trusted.
  */
-static int sl_copy_good(const char *p, const char *local, const char *const key[3], const struct sl__entry *e)
+static int sl_copy_good(const char *p, const char *local, const char *const key[4], const struct sl__entry *e)
 {
 	char *want = malloc(16384), *have = malloc(16384);
 	struct stat st;
@@ -231,56 +237,73 @@ static int sl_copy_good(const char *p, const char *local, const char *const key[
 	if (fd >= 0)
 		close(fd);
 	if (!ok && want && have && e->tag[0] && access(p, F_OK) == 0 && access(local, F_OK) == 0)
-		sl__debug("cache", "%s: the copy %s is not of this version (or was changed on disk); downloading it again",
-			  key[2], local);
+		sl__debug("cache", "the copy %s was changed on disk; downloading it again", local);
 	free(want);
 	free(have);
 	return ok;
 }
 
-/* The copy's name of path at st: hash of the store, its endpoint and the path. */
-static void sl_cache_key(const struct sl__store *st, const char *path, char where[600], char name[33])
+/*
+ * The copy's name (hash of the store, its endpoint, path and its version
+ * tag) into name, and key[] what it hashed.  A file with no version: a
+ * name of this fetch's own, never another's copy.
+ */
+static void sl_cache_key(const struct sl__store *st, const char *path, const char *tag, char where[600],
+			 char nonce[64], const char *key[4], char name[33])
 {
-	const char *key[3] = { st->name, where, path };
+	static _Atomic unsigned long fetches;
 
 	where[0] = 0;
 	if (st->where)
 		st->where(where, 600);
+	if (!tag[0])
+		snprintf(nonce, 64, "unversioned %d %lu %llu", (int)getpid(), atomic_fetch_add(&fetches, 1),
+			 (unsigned long long)sl__now_ns());
+	key[0] = st->name;
+	key[1] = where;
+	key[2] = path;
+	key[3] = tag[0] ? tag : nonce;
 	sl_cache_name(key, name);
 }
 
-void sl__cache_release(const char *path)
+void sl__cache_release(const char *path, const char *tag)
 {
 	static const struct timespec oldest[2] = { { 0, 0 }, { 0, 0 } };
-	char where[600], name[33], p[4096];
+	char where[600], nonce[64], name[33], p[4096];
+	const char *key[4];
 	struct sl_cache c;
 
-	if (sl_cache_conf(&c))
+	if (!tag || !tag[0] || sl_cache_conf(&c))
 		return;
-	sl_cache_key(sl__store_of(path), path, where, name);
+	sl_cache_key(sl__store_of(path), path, tag, where, nonce, key, name);
 	snprintf(p, sizeof(p), "%s/%s.meta", c.dir, name);
 	utimensat(AT_FDCWD, p, oldest, 0); /* eviction goes by the .meta's time (sl_cache_make_room) */
 }
 
-static int sl_cache_fetch(const char *path, char *local, size_t cap, const _Atomic int *cancel)
+static int sl_cache_fetch(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap, const _Atomic int *cancel)
 {
 	const struct sl__store *st = sl__store_of(path);
 	struct sl_cache c;
-	char name[33], p[4096], part[4200], where[600] = "";
-	const char *key[3] = { st->name, where, path };
+	char name[33], p[4096], part[4200], where[600], nonce[64], shown[512];
+	const char *key[4];
 	struct sl__entry e;
 	struct statvfs vfs;
 	int lock = -1, fd = -1, rc;
 
 	if ((rc = sl_cache_conf(&c)) || (rc = st->info(path, &e)))
 		return rc;
+	sluice_url_redact(path, shown, sizeof(shown));
 	if (e.kind != SL_KIND_FILE)
-		return sl__err(-EISDIR, "%s: names a directory or prefix, not a file", path);
-	sl_cache_key(st, path, where, name);
+		return sl__err(-EISDIR, "%s: names a directory or prefix, not a file", shown);
+	/* A file pinned to a version (its reader's first) that is another now: never the new bytes under the old. */
+	if (tag[0] && strcmp(tag, e.tag))
+		return sl__err(-ESTALE, "%s: changed on the server since it was first read (version %s, now %s)", shown,
+			       tag, e.tag[0] ? e.tag : "none");
+	sl_cache_key(st, path, e.tag, where, nonce, key, name);
 	if ((size_t)snprintf(local, cap, "%s/%s.data", c.dir, name) >= cap)
 		return sl__err(-ENAMETOOLONG, "%s: the cache path is too long", c.dir);
 	snprintf(p, sizeof(p), "%s/%s.lock", c.dir, name);
-	if ((lock = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+	if ((lock = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
 		return sl__err(-errno, "%s: %s", p, strerror(errno));
 	while (flock(lock, LOCK_EX) < 0 && errno == EINTR)
 		;
@@ -288,28 +311,29 @@ static int sl_cache_fetch(const char *path, char *local, size_t cap, const _Atom
 	if (sl_copy_good(p, local, key, &e)) {
 		utimensat(AT_FDCWD, p, NULL, 0); /* used now */
 		atomic_fetch_add(&sl_hits, 1);
-		sl__debug("cache", "%s: cached as %s", path, local);
+		snprintf(tag, SL_TAG_MAX, "%s", e.tag);
+		sl__debug("cache", "%s: cached as %s", shown, local);
 		goto out;
 	}
-	if ((rc = sl_cache_make_room(&c, name, e.size, path)))
+	if ((rc = sl_cache_make_room(&c, name, e.size, shown)))
 		goto out;
 	/* A copy that cannot fit on the disk is not started: nothing is downloaded to be thrown away. */
 	if (statvfs(c.dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < e.size) {
 		rc = sl__err(-ENOSPC, "%s: %llu bytes do not fit in the cache directory %s (%llu bytes free): free space "
-			     "there, or set SLUICE_CACHE_DIR to a larger disk", path, (unsigned long long)e.size, c.dir,
+			     "there, or set SLUICE_CACHE_DIR to a larger disk", shown, (unsigned long long)e.size, c.dir,
 			     (unsigned long long)vfs.f_bavail * vfs.f_frsize);
 		goto out;
 	}
 	snprintf(part, sizeof(part), "%s/%s.part.%d", c.dir, name, (int)getpid());
-	unlink(p); /* the old copy's .meta first: a crash from here on leaves no .meta that matches */
-	fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for a one-pass checksum */
+	unlink(p); /* a copy changed on disk: its .meta first, so a crash from here on leaves none that matches */
+	fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		rc = sl__err(-errno, "%s: %s", part, strerror(errno));
 		goto out;
 	}
 	/* The space reserved first: a full disk fails here, before any byte is fetched. */
 	if (e.size && (rc = posix_fallocate(fd, 0, (off_t)e.size)) && rc != EOPNOTSUPP && rc != EINVAL) {
-		rc = sl__err(-rc, "%s: %llu bytes do not fit in the cache directory %s: %s", path,
+		rc = sl__err(-rc, "%s: %llu bytes do not fit in the cache directory %s: %s", shown,
 			     (unsigned long long)e.size, c.dir, strerror(rc));
 		close(fd);
 		unlink(part);
@@ -332,7 +356,8 @@ static int sl_cache_fetch(const char *path, char *local, size_t cap, const _Atom
 	}
 	rc = sl_meta_write(p, local, key, &e);
 	atomic_fetch_add(&sl_misses, 1);
-	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", path, local, (unsigned long long)e.size);
+	snprintf(tag, SL_TAG_MAX, "%s", e.tag);
+	sl__debug("cache", "%s: downloaded to %s (%llu bytes)", shown, local, (unsigned long long)e.size);
 out:
 	close(lock);
 	return rc;
@@ -350,9 +375,9 @@ int sl__fs_staging(char *out, size_t cap)
 	return mkdtemp(out) ? 0 : sl__err(-errno, "%s: %s", out, strerror(errno));
 }
 
-int sl__cache_fetch(const char *path, char *local, size_t cap)
+int sl__cache_fetch(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap)
 {
-	return sl_cache_fetch(path, local, cap, NULL);
+	return sl_cache_fetch(path, tag, local, cap, NULL);
 }
 
 struct sl__prefetch {
@@ -369,7 +394,8 @@ static void *sl_prefetch_run(void *arg)
 	char local[4096];
 
 	for (unsigned i = 0; i < p->n && !atomic_load(&p->stop); i++)
-		if (sl_cache_fetch(p->paths[i], local, sizeof(local), &p->stop) && !atomic_load(&p->stop))
+		if (sl_cache_fetch(p->paths[i], (char[SL_TAG_MAX]){ 0 }, local, sizeof(local), &p->stop) &&
+		    !atomic_load(&p->stop))
 			sl__debug("cache", "prefetch: %s", sluice_last_error_detail()); /* its reader will say */
 	return NULL;
 }

@@ -5,6 +5,7 @@
  * checksum where it has one); into a remote one, its put: from the local
  * file, or from a copy fetched into the cache's staging directory first.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -28,6 +29,7 @@ struct sl_copy {
 	struct sl_pair *p;
 	size_t n, cap;
 	int src_local, dst_local;
+	int src_url, dst_url;       /* the store names files by URL-encoded paths (store.h's SL_STORE_URL_NAMES) */
 	_Atomic uint64_t bytes;
 	_Atomic size_t next;
 	_Atomic uint64_t verified;  /* downloads checked against their object's checksum */
@@ -62,19 +64,69 @@ static void sl_copy_note(struct sl_copy *c, int ok, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
+static int sl_hexval(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/*
+ * rel as the destination names it (malloc'd): a name of a URL-named store
+ * (a web listing's link) decoded for a store of plain names; a plain name
+ * (a local file's, a key) encoded for a URL-named one, each byte but
+ * letters, digits, "-._~" and the '/' between segments as %XX, so that
+ * the server decodes it back to that name and nothing else (a literal
+ * "%2e%2e" stays a name, never a dot segment).
+ */
+static char *sl_rel_for(const struct sl_copy *c, const char *rel)
+{
+	size_t n = strlen(rel), k = 0;
+	char *out = malloc(3 * n + 1);
+
+	for (size_t i = 0; out && i < n; i++) {
+		unsigned char b = (unsigned char)rel[i];
+		int hi, lo;
+
+		if (c->src_url && !c->dst_url && b == '%' && i + 2 < n &&
+		    (hi = sl_hexval(rel[i + 1])) >= 0 && (lo = sl_hexval(rel[i + 2])) >= 0) {
+			out[k++] = (char)(hi << 4 | lo);
+			i += 2;
+		} else if (!c->src_url && c->dst_url && !(isalnum(b) || strchr("-._~/", b))) {
+			k += (size_t)snprintf(out + k, 4, "%%%02X", b);
+		} else {
+			out[k++] = (char)b;
+		}
+	}
+	if (out)
+		out[k] = 0;
+	return out;
+}
+
+static int sl_rel_escapes(const char *rel);
+
 static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, const char *sep, const char *rel)
 {
 	struct sl_pair *q;
+	char *name = sl_rel_for(c, rel);
+	int rc = name ? 0 : -ENOMEM;
 
-	if (sl__reserve(&c->p, &c->cap, (c->n + 1) * sizeof(*c->p)))
-		return -ENOMEM;
+	/* A decoded name checked again: it must still be one below the destination. */
+	if (!rc && *name && c->src_url && !c->dst_url && (sl_rel_escapes(name) || strchr(name, '\\')))
+		rc = sl__err(-EINVAL, "%s: its name would put its copy outside %s; nothing was copied", src, dst_dir);
+	if (!rc && sl__reserve(&c->p, &c->cap, (c->n + 1) * sizeof(*c->p)))
+		rc = -ENOMEM;
+	if (rc) {
+		free(name);
+		return rc;
+	}
 	q = &c->p[c->n];
 	q->src = strdup(src);
 	q->below = strlen(dst_dir) + strlen(sep);
-	if (!q->src || asprintf(&q->dst, "%s%s%s", dst_dir, sep, rel) < 0) {
+	if (!q->src || asprintf(&q->dst, "%s%s%s", dst_dir, sep, name) < 0) {
 		free(q->src);
+		free(name);
 		return -ENOMEM;
 	}
+	free(name);
 	c->n++;
 	return 0;
 }
@@ -206,11 +258,15 @@ static void *sl_copy_run(void *arg)
 	return NULL;
 }
 
-static const char *sl_base(const char *p)
+/* The last segment of p's path into out: a URL's query and fragment left out (a presigned URL's are credentials). */
+static const char *sl_base(const struct sl_copy *c, const char *p, char out[1024])
 {
-	const char *b = strrchr(p, '/');
+	size_t n = c->src_url ? strcspn(p, "?#") : strlen(p), b = n;
 
-	return b ? b + 1 : p;
+	while (b && p[b - 1] != '/')
+		b--;
+	snprintf(out, 1024, "%.*s", (int)(n - b), p + b);
+	return out;
 }
 
 /*
@@ -241,11 +297,14 @@ static int sl_refuse_escape(const char *src, const char *dst)
 
 static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, unsigned flags)
 {
+	char base[1024];
 	struct stat st;
 	int rc;
 
 	c->src_local = sl__fs_is_local(src);
 	c->dst_local = sl__fs_is_local(dst);
+	c->src_url = !!(sl__store_of(src)->caps & SL_STORE_URL_NAMES);
+	c->dst_url = !!(sl__store_of(dst)->caps & SL_STORE_URL_NAMES);
 	if (flags & SLUICE_COPY_RECURSIVE) {
 		size_t dl = strlen(dst), sl = strlen(src);
 		const char *sep = dl && dst[dl - 1] == '/' ? "" : "/";
@@ -285,11 +344,10 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 	if (!S_ISREG(st.st_mode))
 		return sl__err(-EISDIR, "%s: a directory or prefix, not a file (a tree needs --recursive)", src);
 	if (!c->dst_local)
-		return sl_copy_add(c, src, dst, "", dst[strlen(dst) - 1] == '/' ? sl_base(src) : "");
+		return sl_copy_add(c, src, dst, "", dst[strlen(dst) - 1] == '/' ? sl_base(c, src, base) : "");
 	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode))
-		return sl_rel_escapes(sl_base(src)) ? sl_refuse_escape(src, dst)
-						    : sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/",
-								  sl_base(src));
+		return sl_rel_escapes(sl_base(c, src, base)) ? sl_refuse_escape(src, dst)
+							     : sl_copy_add(c, src, dst, dst[strlen(dst) - 1] == '/' ? "" : "/", base);
 	return sl_copy_add(c, src, dst, "", "");
 }
 

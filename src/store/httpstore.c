@@ -17,6 +17,7 @@
 #include <strings.h>
 
 #include "remote/remote.h"
+#include "store/names.h"
 #include "store/store.h"
 
 struct sl_http_file {
@@ -64,49 +65,88 @@ static void sl_http_req(const struct sl_http_file *h, struct sl__http_req *q, in
 	q->follow = 1;
 }
 
-static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const struct sl__open_env *env)
+/* h names path: its URL, how messages show it (no query, no password), its retries; 0 or an error. */
+static int sl_http_named(const char *path, struct sl_http_file *h)
 {
-	struct sl__http_conn *c = sl__http_thread_conn();
-	struct sl_http_file *h = calloc(1, sizeof(*h));
-	struct sl__http_resp k = { .keep = "Accept-" };
-	struct sl__http_req q;
-	int rc;
-
-	(void)flags, (void)env;
-	if (!h)
-		return -ENOMEM;
+	memset(h, 0, sizeof(*h));
 	sluice_url_redact(path, h->name, sizeof(h->name));
 	if (strlen(path) >= sizeof(h->url))
-		rc = sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
-	else if (!c)
-		rc = sl__err(-ENOMEM, "%s: no connection", path);
-	else
-		rc = sl_http_retries(&h->retries);
-	if (rc) {
-		free(h);
-		return rc;
-	}
+		return sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
 	snprintf(h->url, sizeof(h->url), "%s", path);
-	sl_http_req(h, &q, SL_HTTP_HEAD);
-	rc = sl__http_request(c, &q, &k);
-	if (!rc && !k.have_size)
-		rc = sl__err(-EIO, "%s: the server gives no Content-Length, so the file cannot be read by ranges", h->name);
-	if (!rc && !strcasecmp(sl__http_kept(&k, "Ranges"), "none"))
-		rc = sl__err(-EIO, "%s: the server does not serve byte ranges (Accept-Ranges: none)", h->name);
-	if (rc) {
-		free(h);
+	return sl_http_retries(&h->retries);
+}
+
+/* A HEAD of path into k (h: path named), redirects followed where follow is set. */
+static int sl_http_head(const char *path, struct sl_http_file *h, struct sl__http_resp *k, int follow)
+{
+	struct sl__http_conn *c = sl__http_thread_conn();
+	struct sl__http_req q;
+	int rc = sl_http_named(path, h);
+
+	if (rc)
 		return rc;
-	}
-	if (k.etag[0] == '"')
-		snprintf(h->etag, sizeof(h->etag), "%s", k.etag);
-	else if (k.last_modified[0])
-		snprintf(h->pin, sizeof(h->pin), "If-Unmodified-Since: %s", k.last_modified);
-	snprintf(h->seen_etag, sizeof(h->seen_etag), "%s", k.etag);
-	snprintf(h->seen_modified, sizeof(h->seen_modified), "%s", k.last_modified);
-	h->size = k.size;
-	if (!k.etag[0] && !k.last_modified[0])
+	if (!c)
+		return sl__err(-ENOMEM, "%s: no connection", h->name);
+	sl_http_req(h, &q, SL_HTTP_HEAD);
+	q.follow = follow;
+	return sl__http_request(c, &q, k);
+}
+
+/*
+ * h pinned to the version a HEAD (k) saw, for ranged GETs: its strong ETag
+ * (If-Match), else its Last-Modified (If-Unmodified-Since), and what every
+ * answer must match; 0, or -EIO where the file cannot be read by ranges.
+ */
+static int sl_http_pin(struct sl_http_file *h, const struct sl__http_resp *k)
+{
+	if (!k->have_size)
+		return sl__err(-EIO, "%s: the server gives no Content-Length, so the file cannot be read by ranges", h->name);
+	if (!strcasecmp(sl__http_kept(k, "Ranges"), "none"))
+		return sl__err(-EIO, "%s: the server does not serve byte ranges (Accept-Ranges: none)", h->name);
+	if (k->etag[0] == '"')
+		snprintf(h->etag, sizeof(h->etag), "%s", k->etag);
+	else if (k->last_modified[0])
+		snprintf(h->pin, sizeof(h->pin), "If-Unmodified-Since: %s", k->last_modified);
+	snprintf(h->seen_etag, sizeof(h->seen_etag), "%s", k->etag);
+	snprintf(h->seen_modified, sizeof(h->seen_modified), "%s", k->last_modified);
+	h->size = k->size;
+	if (!k->etag[0] && !k->last_modified[0])
 		sl__debug("http", "%s: no ETag and no Last-Modified: only a change of size can be seen while it is read",
 			  h->name);
+	return 0;
+}
+
+/* A ranged GET of h's [off, off + len) into buf, pinned to the version h was opened at. */
+static void sl_http_range(const struct sl_http_file *h, struct sl__http_req *q, uint64_t off, size_t len, void *buf)
+{
+	sl_http_req(h, q, SL_HTTP_GET);
+	q->off = off;
+	q->len = len;
+	q->buf = buf;
+	q->if_match = h->etag;
+	q->hdr[0] = h->pin[0] ? h->pin : NULL;
+	q->seen_etag = h->seen_etag;
+	q->seen_modified = h->seen_modified;
+	q->total = h->size;
+	q->total_known = 1;
+}
+
+static int sl_http_open(struct sl__sfile *sf, const char *path, int flags, const struct sl__open_env *env)
+{
+	struct sl_http_file *h = malloc(sizeof(*h));
+	struct sl__http_resp k = { .keep = "Accept-" };
+	int rc = h ? sl_http_head(path, h, &k, 1) : -ENOMEM;
+
+	(void)flags, (void)env;
+	if (!rc && k.at_dir)
+		rc = sl__err(-EISDIR, "%s: a directory (the server answers it as one): name a file in it, or the "
+			     "directory with a '/' at its end where a directory is taken", h->name);
+	if (!rc)
+		rc = sl_http_pin(h, &k);
+	if (rc) {
+		free(h);
+		return rc;
+	}
 	sf->handle = h;
 	sf->shown = h->name;
 	snprintf(sf->sum_name, sizeof(sf->sum_name), "none (web servers send no checksum)");
@@ -136,16 +176,7 @@ static int sl_http_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 	struct sl__http_req q;
 	int rc;
 
-	sl_http_req(h, &q, SL_HTTP_GET);
-	q.off = io->offset;
-	q.len = io->len;
-	q.buf = io->buf;
-	q.if_match = h->etag;
-	q.hdr[0] = h->pin[0] ? h->pin : NULL;
-	q.seen_etag = h->seen_etag;
-	q.seen_modified = h->seen_modified;
-	q.total = h->size;
-	q.total_known = 1;
+	sl_http_range(h, &q, io->offset, io->len, io->buf);
 	if (io->op != SL_IO_READ)
 		rc = sl__err(-EROFS, "%s: http files are read-only", h->name);
 	else if (!c)
@@ -162,50 +193,34 @@ static int sl_http_submit(struct sl__io_ctx *ctx, struct sl__io *io)
 
 /* ---- Names ---- */
 
-/* A URL's version as its HEAD gave it (store.h's tag): its strong ETag, else its Last-Modified and size. */
+/*
+ * A URL's version as its HEAD gave it (store.h's tag): its strong ETag,
+ * else its weak ETag (which changes with the content too), Last-Modified
+ * and size; "" where it has neither ETag nor Last-Modified.
+ */
 static void sl_http_tag(const struct sl__http_resp *k, char *tag, size_t cap)
 {
 	if (k->etag[0] == '"')
 		snprintf(tag, cap, "etag %s", k->etag);
-	else if (k->last_modified[0])
-		snprintf(tag, cap, "modified %s size %llu", k->last_modified, (unsigned long long)k->size);
+	else if (k->etag[0] || k->last_modified[0])
+		snprintf(tag, cap, "weak %s modified %s size %llu", k->etag, k->last_modified, (unsigned long long)k->size);
 	else
 		tag[0] = 0;
-}
-
-/* A HEAD of path; redirects not followed, so that a directory's (to "path/") shows. */
-static int sl_http_head(const char *path, struct sl_http_file *h, struct sl__http_resp *k)
-{
-	struct sl__http_conn *c = sl__http_thread_conn();
-	struct sl__http_req q;
-	int rc;
-
-	memset(h, 0, sizeof(*h));
-	sluice_url_redact(path, h->name, sizeof(h->name));
-	if (strlen(path) >= sizeof(h->url))
-		return sl__err(SLUICE_EINVAL_CONFIG, "%.200s...: a URL over %zu bytes", h->name, sizeof(h->url) - 1);
-	if (!c)
-		return -ENOMEM;
-	if ((rc = sl_http_retries(&h->retries)))
-		return rc;
-	snprintf(h->url, sizeof(h->url), "%s", path);
-	sl_http_req(h, &q, SL_HTTP_HEAD);
-	q.follow = 0;
-	return sl__http_request(c, &q, k);
 }
 
 static int sl_http_info(const char *path, struct sl__entry *e)
 {
 	struct sl_http_file h;
 	struct sl__http_resp k = { 0 };
-	int rc = sl_http_head(path, &h, &k);
+	int rc = sl_http_head(path, &h, &k, 1);
 
 	memset(e, 0, sizeof(*e));
-	if ((rc && k.status >= 301 && k.status <= 308) || (!rc && path[strlen(path) - 1] == '/')) {
-		e->kind = SL_KIND_DIR; /* a directory: its URL with a '/', or a redirect there */
-		sl__err_clear();
+	if (!rc && k.at_dir) {
+		e->kind = SL_KIND_DIR; /* a directory: its URL with a '/', or a redirect there (nginx's, Apache's) */
 		return 0;
 	}
+	if (rc == -EACCES && path[strlen(path) - 1] == '/')
+		return sl__err(-EOPNOTSUPP, "%s: the server gives no listing of it (%s)", h.name, sluice_last_error_detail());
 	if (!rc && !k.have_size)
 		rc = sl__err(-EIO, "%s: the server gives no Content-Length", h.name);
 	if (rc)
@@ -254,7 +269,7 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 {
 	enum { CAP = 16 << 20 };
 	struct sl__http_conn *c = sl__http_thread_conn();
-	struct sl_http_file h = { 0 };
+	struct sl_http_file h;
 	struct sl__http_resp k = { .cap = CAP - 1 };
 	struct sl__http_req q;
 	char *body = malloc(CAP), *url = NULL;
@@ -264,9 +279,7 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 		url = NULL, rc = -ENOMEM;
 	if (!rc && depth > 32)
 		rc = sl__err(-ELOOP, "%s: directories more than 32 deep", dir);
-	if (!rc && !(rc = sl_http_retries(&h.retries))) {
-		snprintf(h.url, sizeof(h.url), "%s", url);
-		sluice_url_redact(url, h.name, sizeof(h.name));
+	if (!rc && !(rc = sl_http_named(url, &h))) {
 		sl_http_req(&h, &q, SL_HTTP_GET);
 		q.buf = body;
 		rc = sl__http_request(c, &q, &k);
@@ -303,22 +316,28 @@ static int sl_http_refused(int rc, const struct sl__http_resp *k, const char *pa
 		       "with WebDAV's PUT and DELETE (nginx's dav_methods) takes writes", name, method, k->status);
 }
 
-/* DELETE (WebDAV's, nginx's dav_methods). */
-static int sl_http_remove(const char *path)
+/* A WebDAV request that changes path (DELETE, or PUT of len bytes of body); a server without WebDAV: -EROFS. */
+static int sl_http_change(const char *path, int method, const void *body, size_t len)
 {
 	struct sl__http_conn *c = sl__http_thread_conn();
-	struct sl_http_file h = { 0 };
+	struct sl_http_file h;
 	struct sl__http_resp k = { 0 };
 	struct sl__http_req q;
-	int rc = c ? sl_http_retries(&h.retries) : -ENOMEM;
+	int rc = c ? sl_http_named(path, &h) : -ENOMEM;
 
 	if (rc)
 		return rc;
-	snprintf(h.url, sizeof(h.url), "%s", path);
-	sluice_url_redact(path, h.name, sizeof(h.name));
-	sl_http_req(&h, &q, SL_HTTP_DELETE);
+	sl_http_req(&h, &q, method);
+	q.buf = (void *)body;
+	q.len = len;
 	rc = sl__http_request(c, &q, &k);
-	return rc ? sl_http_refused(rc, &k, path, "DELETE") : 0;
+	return rc ? sl_http_refused(rc, &k, path, method == SL_HTTP_PUT ? "PUT" : "DELETE") : 0;
+}
+
+/* DELETE (WebDAV's, nginx's dav_methods). */
+static int sl_http_remove(const char *path)
+{
+	return sl_http_change(path, SL_HTTP_DELETE, NULL, 0);
 }
 
 /* PUT (WebDAV's): the whole file in one request; GPU memory through a host copy. */
@@ -326,26 +345,16 @@ static int sl_http_put(const char *path, const void *src, size_t len,
 		       int (*copy)(void *ctx, void *dst, const void *src, size_t n), void *copy_ctx,
 		       const struct sl__open_env *env)
 {
-	struct sl__http_conn *c = sl__http_thread_conn();
-	struct sl_http_file h = { 0 };
-	struct sl__http_resp k = { 0 };
-	struct sl__http_req q;
 	void *host = copy ? malloc(len ? len : 1) : NULL;
-	int rc = !c || (copy && !host) ? -ENOMEM : sl_http_retries(&h.retries);
+	int rc = copy && !host ? -ENOMEM : 0;
 
 	(void)env;
 	if (!rc && copy)
 		rc = copy(copy_ctx, host, src, len);
-	if (!rc) {
-		snprintf(h.url, sizeof(h.url), "%s", path);
-		sluice_url_redact(path, h.name, sizeof(h.name));
-		sl_http_req(&h, &q, SL_HTTP_PUT);
-		q.buf = (void *)(copy ? host : src);
-		q.len = len;
-		rc = sl__http_request(c, &q, &k);
-	}
+	if (!rc)
+		rc = sl_http_change(path, SL_HTTP_PUT, copy ? host : src, len);
 	free(host);
-	return rc ? sl_http_refused(rc, &k, path, "PUT") : 0;
+	return rc;
 }
 
 /* The file as of tag: ranged GETs of 8 MiB, each pinned to the version the HEAD gave (as an open file's reads). */
@@ -355,40 +364,30 @@ static int sl_http_fetch(const char *path, const char *tag, int fd, const _Atomi
 	enum { CHUNK = 8 << 20 };
 	struct sl__http_conn *c = sl__http_thread_conn();
 	struct sl_http_file h;
-	struct sl__http_resp k = { 0 };
-	char now[192], pin[128] = "";
+	struct sl__http_resp k = { .keep = "Accept-" };
+	char now[SL_TAG_MAX];
 	char *buf = malloc(CHUNK);
-	int rc = buf ? sl_http_head(path, &h, &k) : -ENOMEM;
+	int rc = buf ? sl_http_head(path, &h, &k, 1) : -ENOMEM;
 
 	if (verified)
 		*verified = 0;
 	if (sum_name)
 		snprintf(sum_name, 48, "none (web servers send no checksum)");
-	if (!rc && !k.have_size)
-		rc = sl__err(-EIO, "%s: the server gives no Content-Length", h.name);
+	if (!rc)
+		rc = sl_http_pin(&h, &k);
 	sl_http_tag(&k, now, sizeof(now));
 	if (!rc && tag && strcmp(tag, now))
 		rc = sl__err(-ESTALE, "%s: changed on the server since it was listed", h.name);
-	if (!rc && k.etag[0] != '"' && k.last_modified[0])
-		snprintf(pin, sizeof(pin), "If-Unmodified-Since: %s", k.last_modified);
-	for (uint64_t off = 0; !rc && off < k.size; off += CHUNK) {
-		struct sl__http_resp g = { .cap = k.size - off < CHUNK ? (size_t)(k.size - off) : CHUNK };
+	for (uint64_t off = 0; !rc && off < h.size; off += CHUNK) {
+		struct sl__http_resp g = { .cap = h.size - off < CHUNK ? (size_t)(h.size - off) : CHUNK };
 		struct sl__http_req q;
 		ssize_t w = 0;
 
-		sl_http_req(&h, &q, SL_HTTP_GET);
-		q.off = off;
-		q.len = g.cap;
-		q.buf = buf;
-		q.if_match = k.etag[0] == '"' ? k.etag : "";
-		q.hdr[0] = pin[0] ? pin : NULL;
-		q.seen_etag = k.etag;
-		q.seen_modified = k.last_modified;
-		q.total = k.size;
-		q.total_known = 1;
+		sl_http_range(&h, &q, off, g.cap, buf);
 		if (cancel && atomic_load(cancel))
 			rc = sl__err(-ECANCELED, "%s: cancelled", h.name);
-		else if (!(rc = sl__http_request(c, &q, &g)) && (w = sl__pio_full(SL_IO_WRITE, fd, buf, g.got, off)) != (ssize_t)g.got)
+		else if (!(rc = sl__http_request(c, &q, &g)) &&
+			 (w = sl__pio_full(SL_IO_WRITE, fd, buf, g.got, off)) != (ssize_t)g.got)
 			rc = sl__err(w < 0 ? (int)w : -EIO, "%s: writing its copy: %s", h.name, strerror(w < 0 ? (int)-w : EIO));
 	}
 	free(buf);
@@ -400,7 +399,7 @@ static const char *const sl_http_settings[] = { "SLUICE_HTTP_RETRIES", NULL };
 const struct sl__store sl__store_http = {
 	.name = "http",
 	.id = SL_STORE_ID_http,
-	.caps = SL_STORE_STREAM | SL_STORE_SUMS | SL_STORE_READONLY,
+	.caps = SL_STORE_STREAM | SL_STORE_SUMS | SL_STORE_READONLY | SL_STORE_URL_NAMES,
 	.match = sl_http_match,
 	.probe = sl_http_probe,
 	.open = sl_http_open,

@@ -243,13 +243,23 @@ int sl__local_info(const char *path, struct sl__entry *e)
 	return stat(path, &st) < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno)) : sl_local_entry(path, &st, e);
 }
 
-int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg)
+/*
+ * The files in dir (and below it, with recursive): links are followed, to
+ * files and to directories alike (a Hugging Face snapshot is links into
+ * its blobs), at most 64 directories deep, so that a link loop ends with
+ * -ELOOP naming it.  An entry gone between readdir and its stat is left
+ * out: it is not there.
+ */
+static int sl_local_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
+			    void *arg)
 {
-	DIR *d = opendir(dir);
+	DIR *d;
 	struct dirent *e;
 	int rc = 0;
 
-	if (!d)
+	if (depth > 64)
+		return sl__err(-ELOOP, "%s: more than 64 directories deep (a loop of symbolic links?)", dir);
+	if (!(d = opendir(dir)))
 		return sl__err(-errno, "%s: %s", dir, strerror(errno));
 	while (!rc && (e = readdir(d))) {
 		struct stat st;
@@ -258,14 +268,21 @@ int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const c
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
 		    asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", e->d_name) < 0)
 			continue;
-		if (lstat(p, &st) == 0 && S_ISREG(st.st_mode))
+		if (stat(p, &st) < 0)
+			;
+		else if (S_ISREG(st.st_mode))
 			rc = add(arg, p);
 		else if (recursive && S_ISDIR(st.st_mode))
-			rc = sl__local_list(p, 1, add, arg);
+			rc = sl_local_list_in(p, 1, depth + 1, add, arg);
 		free(p);
 	}
 	closedir(d);
 	return rc;
+}
+
+int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg)
+{
+	return sl_local_list_in(dir, recursive, 0, add, arg);
 }
 
 int sl__local_remove(const char *path)

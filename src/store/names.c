@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "store/names.h"
@@ -91,8 +90,13 @@ int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n)
 	}
 	if (l.n)
 		qsort(l.v, l.n, sizeof(char *), sl_cmp);
+	/* Once each: a listing may link a file twice (Apache's icon and name). */
+	for (unsigned i = 0; i < l.n; i++)
+		if (*n && !strcmp(l.v[i], l.v[*n - 1]))
+			free(l.v[i]);
+		else
+			l.v[(*n)++] = l.v[i];
 	*names = l.v;
-	*n = l.n;
 	return 0;
 }
 
@@ -111,38 +115,66 @@ void sluice_list_free(char **names, unsigned n)
 	free(names);
 }
 
-int sl__fs_local(const char *path, char *local, size_t cap)
+int sl__fs_version(const char *path, char tag[SL_TAG_MAX])
+{
+	struct sl__entry e;
+	int rc = sl__fs_is_local(path) ? 0 : sl__store_of(path)->info(path, &e);
+
+	tag[0] = 0;
+	if (!rc && !sl__fs_is_local(path))
+		snprintf(tag, SL_TAG_MAX, "%s", e.tag);
+	return rc;
+}
+
+int sl__fs_local(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap)
 {
 	if (!sl__fs_is_local(path))
-		return sl__cache_fetch(path, local, cap);
+		return sl__cache_fetch(path, tag, local, cap);
 	if ((size_t)snprintf(local, cap, "%s", path) >= cap)
 		return sl__err(-ENAMETOOLONG, "%s: path too long", path);
 	return 0;
 }
 
+/*
+ * An upload's source: a local file read piece by piece as the store asks
+ * (a put's copy), never mapped, so that a file cut short meanwhile is an
+ * error naming it, not a SIGBUS.  The store sees the file as memory from
+ * SL_UPLOAD_BASE: a piece at SL_UPLOAD_BASE + off is the file's bytes at off.
+ */
+#define SL_UPLOAD_BASE ((const char *)4096)
+
+struct sl_upload {
+	int fd;
+	const char *local;
+};
+
+static int sl_upload_read(void *ctx, void *dst, const void *src, size_t n)
+{
+	const struct sl_upload *u = ctx;
+	uint64_t off = (uint64_t)((const char *)src - SL_UPLOAD_BASE);
+	ssize_t got = sl__pio_full(SL_IO_READ, u->fd, dst, n, off);
+
+	if (got < 0)
+		return sl__err((int)got, "%s: %s", u->local, strerror((int)-got));
+	return (size_t)got == n ? 0 : sl__err(SLUICE_ESHORT, "%s: shrank while it was uploaded", u->local);
+}
+
 int sl__fs_upload(const char *local, const char *path)
 {
 	const struct sl__store *st = sl__store_of(path);
+	struct sl_upload u = { -1, local };
 	struct stat sb;
-	void *m = NULL;
-	int fd, rc = 0;
+	int rc = 0;
 
 	if (!st->put)
 		return sl_unsupported(st, path, "write whole files");
-	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0)
-		return fd;
-	if (fstat(fd, &sb) < 0)
+	if ((u.fd = sl__open_file(local, O_RDONLY, 0)) < 0)
+		return u.fd;
+	if (fstat(u.fd, &sb) < 0)
 		rc = sl__err(-errno, "%s: %s", local, strerror(errno));
-	else if (sb.st_size && (m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
-		rc = sl__err(-errno, "%s: mmap: %s", local, strerror(errno)), m = NULL;
-	close(fd);
-	if (!rc) {
-		if (m)
-			madvise(m, (size_t)sb.st_size, MADV_SEQUENTIAL);
-		rc = st->put(path, m ? m : "", (size_t)sb.st_size, NULL, NULL, &sl_no_engine);
-	}
-	if (m)
-		munmap(m, (size_t)sb.st_size);
+	else
+		rc = st->put(path, SL_UPLOAD_BASE, (size_t)sb.st_size, sl_upload_read, &u, &sl_no_engine);
+	close(u.fd);
 	return rc;
 }
 

@@ -17,12 +17,17 @@
  * directory); -errno.  sl__fs_list: the regular files directly in dir,
  * or with recursive every one below it (whole names, sorted, each and the
  * array malloc'd).  sl__fs_local: a path to open(2): path itself where its
- * store is of local files, else its cached copy.  sl__fs_is_local: 1 where
+ * store is of local files, else its cached copy of the version tag names
+ * ("" : the file's version now, which tag then holds; another: -ESTALE).  sl__fs_is_local: 1 where
  * path's store is of local files (opened in place, written by ranges).
  */
+/* A file's version tag as its store gives it (store.h's struct sl__entry), at most this long with its NUL. */
+#define SL_TAG_MAX 256
 SL_HIDDEN int sl__fs_stat(const char *path, struct stat *st);
 SL_HIDDEN int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n);
-SL_HIDDEN int sl__fs_local(const char *path, char *local, size_t cap);
+SL_HIDDEN int sl__fs_local(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap);
+/* The version path is now ("" for local files, or a store that gives none): sl__fs_local's tag to pin it. */
+SL_HIDDEN int sl__fs_version(const char *path, char tag[SL_TAG_MAX]);
 SL_HIDDEN int sl__fs_is_local(const char *path);
 /* A remote name's trailing slashes cut (never a scheme's "//"): "s3://b/p/" and "s3://b/p" are one directory. */
 SL_HIDDEN void sl__trim_slashes(char *path);
@@ -56,15 +61,17 @@ SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
  * downloaded once (a file lock is held through the check and the
  * download: the others wait, then find it).
  *
- * sl__cache_fetch: the local path of path's copy into local (cap bytes).
+ * sl__cache_fetch: the local path of path's copy into local (cap bytes),
+ * of the version tag names: "" the file's version now (tag then holds it),
+ * another: that one, else -ESTALE.  A copy never changes once made.
  */
-SL_HIDDEN int sl__cache_fetch(const char *path, char *local, size_t cap);
+SL_HIDDEN int sl__cache_fetch(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap);
 /*
- * sl__cache_release: path's copy (if any) is the first the cache lets go
+ * sl__cache_release: path's copy of version tag (if any) is the first the cache lets go
  * when it needs room (a file its reader is done with for now); its
  * readers keep reading it until then.
  */
-SL_HIDDEN void sl__cache_release(const char *path);
+SL_HIDDEN void sl__cache_release(const char *path, const char *tag);
 /*
  * Fetches paths[0..n) (bytes[k] each) in order on a thread of its own, so
  * that readers find them there: the longest run from the first that fits

@@ -37,6 +37,7 @@ enum sl__store_caps {
 	SL_STORE_SUMS = 1u << 4,     /* sums a read's bytes as they arrive (io->sum_kind) */
 	SL_STORE_READONLY = 1u << 5, /* files open read-only: written whole, another way (upload) */
 	SL_STORE_LOCAL = 1u << 6,    /* files of the local file system: opened in place, never cached */
+	SL_STORE_URL_NAMES = 1u << 7, /* paths are URLs: names in them percent-encoded (a file "a b" is .../a%20b) */
 };
 
 /*
@@ -163,7 +164,7 @@ struct sl__entry {
 	 * strong ETag, else its Last-Modified and size); "" where the store
 	 * cannot tell versions apart, and then no copy of it is trusted.
 	 */
-	char tag[192];
+	char tag[256];        /* names.h's SL_TAG_MAX */
 };
 
 /* What a name op gets beside the path: the shared state of the engine that asks, or of the process. */

@@ -172,3 +172,127 @@ def test_names_that_leave_the_directory_are_not_listed(tmp_path):
         assert sluice.listdir(base) == [base + "ok.bin"]
     finally:
         srv.shutdown()
+
+
+# ---- What a stranger's attack found, each kept fixed ----
+
+def _megatron(prefix, seqs):
+    """A Megatron .idx/.bin pair of int32 sequences (its format: MMIDIDX, version 1, dtype code 4)."""
+    with open(f"{prefix}.bin", "wb") as f:
+        for q in seqs:
+            f.write(np.asarray(q, np.int32).tobytes())
+    lens = np.array([len(q) for q in seqs], np.int32)
+    ptrs = np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64) * 4
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + np.uint64(1).tobytes() + bytes([4]) + np.uint64(len(seqs)).tobytes() +
+                np.uint64(len(seqs) + 1).tobytes() + lens.tobytes() + ptrs.tobytes() +
+                np.arange(len(seqs) + 1, dtype=np.int64).tobytes())
+
+
+def test_a_file_republished_under_an_open_dataset_is_stale_never_mixed(tmp_path, cache):
+    """A Megatron pair (no record CRC) republished with a .bin of the same size after the dataset opened: a read
+    fails with -ESTALE instead of cutting the new bytes at the old boundaries; and a second Dataset that reads the
+    new version leaves the first one's copy (a copy never changes once made) as it was."""
+    import time
+    (tmp_path / "www" / "m").mkdir(parents=True)
+    _megatron(tmp_path / "www" / "m" / "data", [[100 + d] * 4 for d in range(8)])
+    with webserver.WebServer(tmp_path / "www", tmp_path / "nginx") as w:
+        first = sluice.Dataset(w.url("m/data"))
+        assert list(first[0]["tokens"]) == [100] * 4
+        stale = sluice.Dataset(w.url("m/data"))  # opened at version 1, its .bin not read yet
+        time.sleep(1.1)  # nginx's ETag is mtime-size: a new second
+        _megatron(tmp_path / "www" / "m" / "data", [[200 + d] * 2 for d in range(16)])
+        with pytest.raises(sluice.SluiceError) as e:
+            stale[0]
+        assert e.value.code == -errno.ESTALE and "changed on the server" in str(e.value)
+        second = sluice.Dataset(w.url("m/data"))
+        assert list(second[0]["tokens"]) == [200] * 2
+        ids = [int(i) for b in sluice.Loader(first, 8, seed=1, rank=0, world_size=1) for i in b["ids"]]
+        batch = next(iter(sluice.Loader(first, 8, seed=1, rank=0, world_size=1)))
+        assert sorted(ids) == list(range(8)) and set(batch["tokens"][0].tolist()) <= set(range(100, 108))
+
+
+def test_names_cross_between_stores_as_names(web, tmp_path):
+    """Local names that look like escapes ('%2e%2e', 'a%2F..') are encoded for a web server, so they land inside
+    the destination under their own names; names from a listing ('a%20b.bin') arrive decoded; a URL's query never
+    names a copy."""
+    src = tmp_path / "src"
+    for name in ("%2e%2e", "a%2F..%2F..", "sub"):
+        (src / name).mkdir(parents=True)
+    (src / "%2e%2e" / "evil.txt").write_bytes(b"1")
+    (src / "a%2F..%2F.." / "evil2.txt").write_bytes(b"2")
+    (src / "sub" / "a b.bin").write_bytes(b"3")
+    sluice.copy(str(src), web.url("names/"), recursive=True)
+    assert (web.root / "names" / "%2e%2e" / "evil.txt").read_bytes() == b"1"
+    assert (web.root / "names" / "a%2F..%2F.." / "evil2.txt").read_bytes() == b"2"
+    assert not (web.root / "evil.txt").exists() and not (web.root / "evil2.txt").exists()
+    back = tmp_path / "back"
+    sluice.copy(web.url("names/"), str(back), recursive=True)
+    assert sorted(str(p.relative_to(back)) for p in back.rglob("*") if p.is_file()) == \
+        ["%2e%2e/evil.txt", "a%2F..%2F../evil2.txt", "sub/a b.bin"]
+    (tmp_path / "out").mkdir()
+    sluice.copy(web.url("names/sub/a%20b.bin") + "?X-Amz-Signature=SECRET/x", str(tmp_path / "out") + "/")
+    assert os.listdir(tmp_path / "out") == ["a b.bin"]
+
+
+def test_listing_follows_links_and_names_each_file_once(tmp_path):
+    """A Hugging Face snapshot is links into its blobs: they are listed and copied; a listing that links a file
+    twice (Apache's icon and name) gives it once."""
+    import http.server
+    import threading
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "x").write_bytes(b"weights")
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "model.safetensors").symlink_to(tmp_path / "blobs" / "x")
+    assert sluice.listdir(str(snap)) == [str(snap / "model.safetensors")]
+    page = b'<a href="a.bin"><img></a> <a href="a.bin">a.bin</a> <a href="./b.bin">b.bin</a>'
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}/d/"
+        assert sluice.listdir(base) == [base + "a.bin", base + "b.bin"]
+    finally:
+        srv.shutdown()
+
+
+def test_the_cache_keeps_no_credential_and_no_orphan(tmp_path, monkeypatch):
+    """A URL's password never reaches the cache's .meta (copies are the user's alone, 0600); a copy whose .meta is
+    gone (a download that failed after it) is the first the cache lets go."""
+    (tmp_path / "www" / "m").mkdir(parents=True)
+    _megatron(tmp_path / "www" / "m" / "d", [[1, 2, 3, 4]] * 4)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(cache))
+    with webserver.WebServer(tmp_path / "www", tmp_path / "nginx") as w:
+        url = w.url("m/d").replace("http://", "http://alice:S3CRETPW@")
+        assert list(sluice.Dataset(url)[0]["tokens"]) == [1, 2, 3, 4]
+    metas = [p for p in os.listdir(cache) if p.endswith(".meta")]
+    assert metas and all("S3CRETPW" not in (cache / p).read_text() for p in metas)
+    assert all(os.stat(cache / p).st_mode & 0o077 == 0 for p in os.listdir(cache) if p.endswith((".meta", ".data")))
+    orphan = cache / ("f" * 32 + ".data")
+    orphan.write_bytes(b"x" * 100_000)
+    total = sum(os.path.getsize(cache / p) for p in os.listdir(cache) if p.endswith(".data"))
+    monkeypatch.setenv("SLUICE_CACHE_LIMIT", str(total - 50_000 + 8192))
+    with webserver.WebServer(tmp_path / "www", tmp_path / "nginx2") as w:
+        sluice.Dataset(w.url("m/d"))[0]  # another endpoint: new copies, room made first from the orphan
+    assert not orphan.exists()
+
+
+def test_a_redirect_to_a_file_is_a_file_and_a_directory_url_without_slash_loads(web, tmp_path):
+    (web.root / "rd").mkdir(exist_ok=True)
+    (web.root / "rd" / "f.bin").write_bytes(b"redirected")
+    sluice.copy(web.url("go/rd/f.bin"), str(tmp_path / "f.bin"))  # /go/NAME answers 302 to /NAME
+    assert (tmp_path / "f.bin").read_bytes() == b"redirected"
+    got = sluice.load(web.url("ck"))
+    assert np.array_equal(got["a"], np.arange(10, dtype=np.float32))

@@ -195,3 +195,10 @@ def test_nodes_from_torchrun_environment(ds, monkeypatch):
     monkeypatch.delenv("GROUP_RANK")
     with pytest.raises(ValueError, match="not a multiple of LOCAL_WORLD_SIZE=3"):
         sluice.Loader(ds, B)
+
+
+def test_a_state_whose_segments_are_not_pairs_is_refused_by_name(ds):
+    ld = sluice.Loader(ds, 4, seed=1, rank=0, world_size=1)
+    for bad in ([[2, 4, 9]], [[True, 3]], [2, 4], "2,4"):
+        with pytest.raises(ValueError, match="segments must be a list of"):
+            ld.load_state_dict({"seed": 1, "epoch": 0, "position": 0, "segments": bad})
