@@ -3,6 +3,7 @@ server's directory is listed (nginx's autoindex), a dataset on it opens and read
 the cache (a second process fetches nothing), a checkpoint directory is listed and loaded, files are removed
 and written with WebDAV's DELETE and PUT, and `sluice cp` copies between any two stores.  A server that gives
 no listing or takes no writes fails with a clear error (or, for a checkpoint, its names are probed)."""
+import contextlib
 import errno
 import json
 import os
@@ -50,6 +51,30 @@ def cache(tmp_path, monkeypatch):
 
 def _records(ds):
     return [(int(r["n"][0]), bytes(r["pad"])) for r in (ds[i] for i in range(len(ds)))]
+
+
+@contextlib.contextmanager
+def _listing(page):
+    """A web server that answers every GET with page (a listing as some server writes it); its directory's URL."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/d/"
+    finally:
+        srv.shutdown()
 
 
 def test_listing_a_web_directory(web):
@@ -149,29 +174,10 @@ def test_a_read_only_server_refuses_writes_clearly(tmp_path):
 def test_names_that_leave_the_directory_are_not_listed(tmp_path):
     """A listing is a page the server sends: links that lead outside the directory ('..', '%2e%2e', absolute,
     another host, a query) are not names in it, so a copy cannot write outside its destination."""
-    import http.server
-    import threading
-
     page = ('<a href="../">up</a><a href="%2e%2e/x">dots</a><a href="/etc/passwd">abs</a><a href="http://e/x">h</a>'
             '<a href="?C=N">sort</a><a href="a%2fb">slash</a><a href="ok.bin">ok</a>').encode()
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{srv.server_address[1]}/d/"
+    with _listing(page) as base:
         assert sluice.listdir(base) == [base + "ok.bin"]
-    finally:
-        srv.shutdown()
 
 
 # ---- What a stranger's attack found, each kept fixed ----
@@ -238,8 +244,6 @@ def test_names_cross_between_stores_as_names(web, tmp_path):
 def test_listing_follows_links_and_names_each_file_once(tmp_path):
     """A Hugging Face snapshot is links into its blobs: they are listed and copied; a listing that links a file
     twice (Apache's icon and name) gives it once."""
-    import http.server
-    import threading
     (tmp_path / "blobs").mkdir()
     (tmp_path / "blobs" / "x").write_bytes(b"weights")
     snap = tmp_path / "snap"
@@ -247,24 +251,8 @@ def test_listing_follows_links_and_names_each_file_once(tmp_path):
     (snap / "model.safetensors").symlink_to(tmp_path / "blobs" / "x")
     assert sluice.listdir(str(snap)) == [str(snap / "model.safetensors")]
     page = b'<a href="a.bin"><img></a> <a href="a.bin">a.bin</a> <a href="./b.bin">b.bin</a>'
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{srv.server_address[1]}/d/"
+    with _listing(page) as base:
         assert sluice.listdir(base) == [base + "a.bin", base + "b.bin"]
-    finally:
-        srv.shutdown()
 
 
 def test_the_cache_keeps_no_credential_and_no_orphan(tmp_path, monkeypatch):
