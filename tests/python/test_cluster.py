@@ -130,3 +130,32 @@ def test_an_epoch_stopped_on_two_nodes_resumes_exactly_on_three(s3, packed, tmp_
     before, after = [i for o in first for i in o["ids"][0]], [i for o in rest for i in o["ids"][0]]
     assert len(before) == 2 * 2 * 40 * B and not set(before) & set(after[:N - len(before)])
     assert set(before + after) == set(range(N)) and len(before + after) - N <= B * 3
+
+
+GLOO = r"""
+import json, os, sys, torch.distributed as dist, sluice
+dist.init_process_group("gloo")
+ld = sluice.Loader(sluice.Dataset(sys.argv[1]), %d, seed=11, window_bytes=int(sys.argv[2]))
+ids = [int(x) for b in ld for x in b["ids"]]
+every = [None] * dist.get_world_size()
+dist.all_gather_object(every, ids)
+dist.destroy_process_group()
+print(json.dumps({"nodes": ld._opt.nodes, "mine": len(ids), "all": every}))
+""" % B
+
+
+def test_nodes_as_a_gloo_process_group_over_http(packed, tmp_path):
+    """The same under torch.distributed (gloo): the loader takes rank and world from the process group and the
+    node count from torchrun's LOCAL_WORLD_SIZE; the ranks' ids, all-gathered, are one epoch."""
+    pytest.importorskip("torch.distributed")
+    if webserver.NGINX is None:
+        pytest.skip("nginx is absent (scripts/deps.sh test installs nginx-light)")
+    total = _bytes(packed)
+    with webserver.WebServer(packed.parent, tmp_path / "nginx") as web:
+        out = run_ranks(GLOO, (web.url("ds"), WINDOW), 4, nodes=2,
+                        env_of=lambda r: {"SLUICE_CACHE_DIR": str(tmp_path / f"gloo-node{r // 2}")})
+        sent = web.sent("/ds/")
+    assert {o["nodes"] for o in out} == {2} and len({o["mine"] for o in out}) == 1
+    ids = [i for rank in out[0]["all"] for i in rank]
+    assert set(ids) == set(range(N)) and len(ids) - N <= B * 4
+    assert sent <= 1.05 * total
