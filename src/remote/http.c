@@ -386,6 +386,7 @@ static void sl_setopts(CURL *h, struct sl__http_conn *c, const struct sl__http_r
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, sl_header);
 	curl_easy_setopt(h, CURLOPT_HEADERDATA, k);
 	c->errbuf[0] = 0;
+	curl_easy_setopt(h, CURLOPT_TIMEOUT, (long)q->timeout_s);
 	if (q->follow) {
 		curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
 		curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);

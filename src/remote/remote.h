@@ -97,6 +97,7 @@ struct sl__http_req {
 	const char *sigv4, *userpwd;     /* signed with AWS Signature V4 by curl (S3), NULL: not signed */
 	unsigned retries;                /* more attempts after a retryable failure */
 	int follow;                      /* follow redirects (up to 5) */
+	unsigned timeout_s;              /* the whole request's limit, each attempt (0: none but the stall rule) */
 	/* Optional: the server's words in an error body, as " Code: message" into out (S3's XML). */
 	void (*describe)(const char *body, size_t len, char *out, size_t cap);
 	/* Optional: the status the answer means (S3 reports some failures in a 200's body). */

@@ -262,7 +262,8 @@ static int sl_http_link(void *arg, const char *href, size_t len, int dir)
  * A web server's listing of dir (an nginx autoindex, Apache's, Python's
  * http.server: an HTML page of links): each link to an entry of it, as
  * dir + the link; links ending in '/' are directories, listed in turn
- * with recursive, at most 32 deep.
+ * with recursive, at most 32 deep.  A page is at most 16 MiB and 5
+ * minutes an attempt.
  */
 static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
 			   void *arg)
@@ -282,6 +283,7 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 	if (!rc && !(rc = sl_http_named(url, &h))) {
 		sl_http_req(&h, &q, SL_HTTP_GET);
 		q.buf = body;
+		q.timeout_s = 300; /* a page trickled just above the stall rule's rate ends too */
 		rc = sl__http_request(c, &q, &k);
 		if (rc == -EACCES || rc == -ENOENT)
 			rc = sl__err(-EOPNOTSUPP, "%s: the server gives no listing of it (%s)", h.name,
