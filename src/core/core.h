@@ -109,6 +109,8 @@ SL_HIDDEN const char *sl__file_kind(mode_t mode);
 SL_HIDDEN int sl__replaceable(const char *path);
 /* The same of name in the directory dirfd (AT_FDCWD: the working one), shown as shown in the error. */
 SL_HIDDEN int sl__replaceable_at(int dirfd, const char *name, const char *shown);
+/* The byte a URL's escape "%XX" at p[0, n) stands for, or -1 where p holds no such escape. */
+SL_HIDDEN int sl__pct_byte(const char *p, size_t n);
 /*
  * Rewrites, in place, every URL (scheme://..., up to white space) in the
  * message s (of cap bytes; past 4096 it is cut there) as sluice_url_redact()

@@ -228,3 +228,15 @@ int sl__memlock(uint64_t *soft, int *unlimited, int *ipc_lock)
 		*soft = strtoull(l, NULL, 10);
 	return 0;
 }
+
+static int sl_hexdigit(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int sl__pct_byte(const char *p, size_t n)
+{
+	int hi = n >= 3 && p[0] == '%' ? sl_hexdigit(p[1]) : -1, lo = hi >= 0 ? sl_hexdigit(p[2]) : -1;
+
+	return lo < 0 ? -1 : hi << 4 | lo;
+}

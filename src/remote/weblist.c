@@ -9,11 +9,6 @@
 
 #include "remote/remote.h"
 
-static int sl_hex(char c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /*
  * 1 where href (len bytes) names an entry of the directory listed: a
  * relative link of one segment (a '/' only at its end: a directory), which
@@ -30,12 +25,8 @@ static int sl_href_ok(const char *href, size_t len)
 		int v = (unsigned char)href[i];
 
 		if (v == '%') {
-			int hi = i + 2 < end ? sl_hex(href[i + 1]) : -1;
-			int lo = hi >= 0 ? sl_hex(href[i + 2]) : -1;
-
-			if (lo < 0)
+			if ((v = sl__pct_byte(href + i, end - i)) < 0)
 				return 0; /* a '%' that is no escape: not a link a server writes */
-			v = hi << 4 | lo;
 			i += 2;
 		}
 		if (v == '/' || v == '\\' || !v)

@@ -64,11 +64,6 @@ static void sl_copy_note(struct sl_copy *c, int ok, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
-static int sl_hexval(char c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /*
  * rel as the destination names it (malloc'd): a name of a URL-named store
  * (a web listing's link) decoded for a store of plain names; a plain name
@@ -84,11 +79,10 @@ static char *sl_rel_for(const struct sl_copy *c, const char *rel)
 
 	for (size_t i = 0; out && i < n; i++) {
 		unsigned char b = (unsigned char)rel[i];
-		int hi, lo;
+		int v;
 
-		if (c->src_url && !c->dst_url && b == '%' && i + 2 < n &&
-		    (hi = sl_hexval(rel[i + 1])) >= 0 && (lo = sl_hexval(rel[i + 2])) >= 0) {
-			out[k++] = (char)(hi << 4 | lo);
+		if (c->src_url && !c->dst_url && (v = sl__pct_byte(rel + i, n - i)) >= 0) {
+			out[k++] = (char)v;
 			i += 2;
 		} else if (!c->src_url && c->dst_url && !(isalnum(b) || strchr("-._~/", b))) {
 			k += (size_t)snprintf(out + k, 4, "%%%02X", b);
