@@ -194,10 +194,14 @@ static void sl_prefetch_start(struct sluice_dataset *ds)
 
 int sl__ds_plan(struct sluice_dataset *ds, const unsigned *files, unsigned n)
 {
-	unsigned *plan = malloc((n ? n : 1) * sizeof(*plan));
-	unsigned char *in = calloc(ds->nfiles ? ds->nfiles : 1, 1);
+	unsigned *plan;
+	unsigned char *in;
 	struct sl__prefetch *old;
 
+	if (sl__fs_is_local(ds->path))
+		return 0; /* read in place: nothing to fetch ahead or let go */
+	plan = malloc((n ? n : 1) * sizeof(*plan));
+	in = calloc(ds->nfiles ? ds->nfiles : 1, 1);
 	if (!plan || !in) {
 		free(plan);
 		free(in);

@@ -3,9 +3,10 @@
  * shape of fio's ioengine_ops).  A store opens what a path names (a local
  * file, an s3:// object, an http(s):// URL) into a handle, and moves bytes
  * between that handle and memory.  The engine picks one store per file at
- * open (engine/stores.c, the registry) and keeps, in each worker thread,
- * one instance (struct sl__io_ctx) of each store it uses: instances are
- * never shared between threads, and stores never call each other.
+ * open (the registry, registry.c, through the engine's sl__store_for) and
+ * keeps, in each worker thread, one instance (struct sl__io_ctx) of each
+ * store it uses: instances are never shared between threads, and stores
+ * never call each other.
  *
  * A store owns names as well as bytes (fio's open_file, get_file_size,
  * unlink_file): what a name is (info: kind, size, version tag), the names
@@ -172,7 +173,7 @@ struct sl__open_env;
 
 struct sl__store {
 	const char *name;
-	int id;               /* its index in the registry (engine/stores.c) */
+	int id;               /* its index in the registry (SL_STORE_ID_name, registry.c) */
 	unsigned caps;        /* enum sl__store_caps */
 	/* match: optional.  1 if the store serves path (its URL scheme); stores without one serve local files. */
 	int (*match)(const char *path);

@@ -3,7 +3,7 @@
  * signatures checked, started by tests/remote/with_s3_server.py: bucket and
  * object PUT, HEAD, ranged GETs byte for byte, an ETag pin, and the
  * server's errors (wrong secret, no such key, no such bucket) named; then
- * s3:// paths through the engine's workers (remote/s3store.c).  Scenarios,
+ * s3:// paths through the engine's workers (store/s3store.c).  Scenarios,
  * each a function named for the behaviour it checks.
  * Without the server's variables it skips (77).
  */
