@@ -20,7 +20,9 @@ from .packer import Packer, pack  # noqa: F401
 from .s3 import Client, ObjectFolder, copy, listdir, remove  # noqa: F401
 from .checkpoint import load, save  # noqa: F401,E402
 from .models import empty_weights, from_pretrained, load_model  # noqa: F401,E402
+from .tfrecord import tf_example  # noqa: F401,E402
 
 __all__ = ["SluiceError", "read", "read_to_gpu", "write", "write_from_gpu", "read_async", "write_async", "Future",
            "read_broadcast", "gpu_count", "Dataset", "Loader", "Images", "IMAGENET_MEAN", "IMAGENET_STD", "profile", "pack", "Packer", "Client", "ObjectFolder",
-           "copy", "listdir", "remove", "save", "load", "from_pretrained", "load_model", "empty_weights", "metrics_text", "serve_metrics", "checkpoint_process"]
+           "copy", "listdir", "remove", "save", "load", "from_pretrained", "load_model", "empty_weights", "metrics_text", "serve_metrics", "checkpoint_process",
+           "tf_example"]

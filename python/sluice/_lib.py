@@ -23,7 +23,7 @@ lib = _load()
 
 
 # sluice.h's own codes the package raises or tells apart.
-ERANGE, ESHORT, EFORMAT = -100006, -100007, -100011
+ERANGE, ESHORT, EFORMAT, ECRC = -100006, -100007, -100011, -100012
 
 
 class SluiceError(RuntimeError):

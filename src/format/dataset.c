@@ -14,21 +14,16 @@
 #include "format/format.h"
 
 /* Format readers in the order they are tried. */
-static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops, &sl__ds_wds_ops };
+static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops, &sl__ds_wds_ops,
+						       &sl__ds_tfrecord_ops };
 
-int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint)
+/* The local file at local (path: how messages name it) mapped read-only; an empty one is SLUICE_EFORMAT. */
+static int sl_map_local(const char *local, const char *path, const unsigned char **map, size_t *len, int enoent_hint)
 {
 	struct stat st;
 	void *m;
-	char local[4096];
-	int fd, rc = 0;
+	int fd = sl__open_file(local, O_RDONLY, 0), rc = 0;
 
-	*map = NULL;
-	*len = 0;
-	if ((rc = sl__fs_local(path, (char[SL_TAG_MAX]){ 0 }, local, sizeof(local))))
-		return rc == -ENOENT && enoent_hint ? sl__err(rc, "%s (not a dataset sluice reads, or its writer did not finish)",
-							      sluice_last_error_detail()) : rc;
-	fd = sl__open_file(local, O_RDONLY, 0);
 	if (fd < 0)
 		return fd == -ENOENT && enoent_hint ? sl__err(fd, "%s (not a dataset sluice reads, or its writer did not finish)",
 							      sluice_last_error_detail()) : fd;
@@ -42,6 +37,29 @@ int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int eno
 		*map = m, *len = (size_t)st.st_size;
 	close(fd);
 	return rc;
+}
+
+int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint)
+{
+	char local[4096];
+	int rc;
+
+	*map = NULL;
+	*len = 0;
+	if ((rc = sl__fs_local(path, (char[SL_TAG_MAX]){ 0 }, local, sizeof(local))))
+		return rc == -ENOENT && enoent_hint ? sl__err(rc, "%s (not a dataset sluice reads, or its writer did not finish)",
+							      sluice_last_error_detail()) : rc;
+	return sl_map_local(local, path, map, len, enoent_hint);
+}
+
+int sl__ds_map(struct sluice_dataset *ds, unsigned f, const unsigned char **map, size_t *len)
+{
+	char local[4096];
+	int rc = sl__ds_path(ds, f, local, sizeof(local));
+
+	*map = NULL;
+	*len = 0;
+	return rc ? rc : sl_map_local(local, ds->files[f], map, len, 0);
 }
 
 int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)

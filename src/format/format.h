@@ -254,6 +254,22 @@ SL_HIDDEN int sl__wds_parse(const unsigned char *p, size_t len, const struct sl_
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_native_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
+SL_HIDDEN extern const struct sl__ds_ops sl__ds_tfrecord_ops;
+
+/*
+ * tfrecord.c: one TFRecord file's records (len bytes at p, untrusted; name
+ * for messages) into a malloc'd table: where each record's data lies, its
+ * length, and its data CRC unmasked (its CRC32C).  Every length's CRC and
+ * bound is checked; SLUICE_EFORMAT names the file, the record and its
+ * offset.  sl__tfr_unmask: TFRecord's masked CRC back to the CRC.
+ */
+struct sl__tfr_rec {
+	uint64_t off;
+	uint32_t len, crc;
+};
+SL_HIDDEN int sl__tfr_scan(const unsigned char *p, size_t len, const char *name, struct sl__tfr_rec **out,
+			   uint64_t *n);
+SL_HIDDEN uint32_t sl__tfr_unmask(uint32_t masked);
 /* The generic layer: a file's descriptor (opened on first use). */
 SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
 /*
@@ -275,6 +291,8 @@ SL_HIDDEN int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, siz
  * missing file is called an unfinished or foreign dataset).  munmap() it.
  */
 SL_HIDDEN int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int enoent_hint);
+/* The same of the dataset's file f, through sl__ds_path: a remote file's copy pinned to the version it reads. */
+SL_HIDDEN int sl__ds_map(struct sluice_dataset *ds, unsigned f, const unsigned char **map, size_t *len);
 /* Reads n bytes at off of file f; errors name the file and "what which" (e.g. record 7). */
 SL_HIDDEN int sl__ds_pread(struct sluice_dataset *ds, unsigned f, void *buf, size_t n, uint64_t off,
 			   const char *what, uint64_t which);

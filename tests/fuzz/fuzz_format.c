@@ -4,8 +4,9 @@
  * a WebDataset sidecar index, JSON lines (split into lines under a small
  * SLUICE_MAX_RECORD, and the first two converted) and a .npy header; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
- * also parsed as a shard header, as a record of a fixed schema and as a
- * safetensors file (its header).
+ * also parsed as a shard header, as a record of a fixed schema, as a
+ * safetensors file (its header) and as a TFRecord file (every record it
+ * accepts lies inside the input, after its header, in order).
  * Properties: no crash or sanitizer report; decoded fields lie inside
  * the input.
  */
@@ -37,6 +38,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct sl__shard_hdr sh;
 	struct sl__st_header st;
 
+	/* As a TFRecord file. */
+	{
+		struct sl__tfr_rec *tr = NULL;
+		uint64_t ntr = 0;
+
+		if (sl__tfr_scan(data, size, "fuzz", &tr, &ntr) == 0)
+			for (uint64_t k = 0; k < ntr; k++)
+				if (tr[k].off < 12 || tr[k].off + tr[k].len + 4 > size || (k && tr[k].off <= tr[k - 1].off))
+					abort();
+		free(tr);
+	}
 	/* As a safetensors file: every tensor it accepts lies inside the file's data, in order, without overlap. */
 	if (sl__st_parse((const char *)data, size, size, "fuzz", &st) == 0) {
 		uint64_t at = 0;
@@ -92,18 +104,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (sl__wds_scan_mem(data, size, &img, &img_len) == 0) {
 		/* What the scanner writes, the parser must accept. */
-		struct sl__wds_stamp st = { .size = size };
+		struct sl__wds_stamp stamp = { .size = size };
 
-		if (sl__wds_parse(img, img_len, &st, &nkeys, keys, &nsamp, &eoff, &skipped) != 0)
+		if (sl__wds_parse(img, img_len, &stamp, &nkeys, keys, &nsamp, &eoff, &skipped) != 0)
 			abort();
 		free(img);
 	}
 	if (size >= 64) {
 		/* A sidecar image as found on disk, its stamp taken from itself so that parsing goes on. */
-		struct sl__wds_stamp st = { sl__le64(data + 16), sl__le64(data + 24), sl__le64(data + 40),
-					    sl__le64(data + 48), sl__le32(data + 56) };
+		struct sl__wds_stamp stamp = { sl__le64(data + 16), sl__le64(data + 24), sl__le64(data + 40),
+					       sl__le64(data + 48), sl__le32(data + 56) };
 
-		(void)sl__wds_parse(data, size, &st, &nkeys, keys, &nsamp, &eoff, &skipped);
+		(void)sl__wds_parse(data, size, &stamp, &nkeys, keys, &nsamp, &eoff, &skipped);
 	}
 
 	/* As a .npy header. */
