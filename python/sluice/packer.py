@@ -16,17 +16,30 @@ _PACK_SOURCES = {"dataset": 1, "dir": 2, "jsonl": 3, "tokens": 4}
 
 def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, doc_lengths=None, dtype=None,
          pack_context=0, greedy=False, all_files=False, follow_symlinks=False, threads=0, shard_size=0, zstd=0,
-         block_size=0, progress=None):
+         block_size=0, progress=None, parquet=None, hf=None):
     """Packs one source into sluice shards at out, in this process (the library's sluice_pack, as `sluice pack`):
     dataset= any dataset sluice reads; dir= an ImageFolder tree (torchvision's classes, order and extensions,
     all_files=True for every file); jsonl= a JSON lines file with fields="k1,k2"; tokens= a token array (.npy, or
     raw .bin of dtype "u16"/"u32") with doc_lengths=, packed into rows of pack_context tokens when given.
     progress(done, total, bytes) is called now and then.  Returns the report as a dict; raises SluiceError
-    naming the file, line, record or option."""
-    given = {k: v for k, v in (("dataset", dataset), ("dir", dir), ("jsonl", jsonl), ("tokens", tokens)) if v}
+    naming the file, line, record or option.
+    parquet= a Parquet file (or a directory of them), hf= a Hugging Face dataset saved with save_to_disk (or its
+    Arrow cache files): through pyarrow, a record batch at a time, each column a field of its type (see
+    sluice.arrow); a saved dataset's features (class names) kept as the dataset's metadata."""
+    given = {k: v for k, v in (("dataset", dataset), ("dir", dir), ("jsonl", jsonl), ("tokens", tokens),
+                               ("parquet", parquet), ("hf", hf)) if v}
     if len(given) != 1:
-        raise ValueError("sluice.pack: give one of dataset=, dir=, jsonl=, tokens=")
+        raise ValueError("sluice.pack: give one of dataset=, dir=, jsonl=, tokens=, parquet=, hf=")
     (kind, src), = given.items()
+    if kind in ("parquet", "hf"):
+        from . import arrow
+        src = os.fspath(src)
+        batches = arrow.parquet_batches(src) if kind == "parquet" else arrow.hf_batches(src)
+        rep = arrow.pack_arrow(os.fspath(out), batches, f"{kind}: {src}",
+                               shard_size=_int_option("sluice.pack", "shard_size", shard_size, *_U64),
+                               zstd=_int_option("sluice.pack", "zstd", zstd, *_I32),
+                               metadata=arrow.hf_metadata(src) if kind == "hf" else None)
+        return {**rep, "from_format": kind}
     o = PackOptions()
     o.source, o.from_ = _PACK_SOURCES[kind], os.fsencode(src)
     o.fields = fields.encode() if fields else None

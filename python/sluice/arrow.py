@@ -1,0 +1,217 @@
+"""Parquet files and Hugging Face `datasets` (their Arrow files) packed into sluice shards, through pyarrow (an
+optional dependency: `pip install pyarrow`), the rows streamed a record batch at a time, never loaded whole.
+
+Column types become field types: integers and floats (and bool, as u8) fixed-size scalars; fixed-size lists of
+them fixed shapes; lists of them variable-length arrays; strings (UTF-8) and binary, bytes; an image or audio
+struct of Hugging Face's ({"bytes", "path"}), its bytes.  What has no sluice type (uint64, nested lists, other
+structs, maps) is refused naming the column, and a null value naming its row and column."""
+import ctypes as C
+import json
+import os
+
+import numpy as np
+
+from ._lib import Field, SluiceError, WriterOptions, check, lib, EFORMAT
+
+_EINVAL = -100001  # SLUICE_EINVAL_CONFIG
+_DTYPES = {"int8": 9, "int16": 10, "int32": 4, "int64": 5, "uint8": 1, "uint16": 2, "uint32": 3, "float16": 6,
+           "float32": 8, "float64": 11, "bool": 1}
+
+
+def _pa():
+    try:
+        import pyarrow
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+        return pyarrow
+    except ImportError:
+        raise SluiceError(_EINVAL, "sluice.pack(parquet=/hf=): needs pyarrow (pip install pyarrow)") from None
+
+
+def _dtype(typ):
+    """The sluice dtype of an Arrow number type (or bool), or None."""
+    pa = _pa()
+    if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)):
+        return None
+    return _DTYPES.get(np.dtype(typ.to_pandas_dtype()).name)
+
+
+def _plan(schema, where):
+    """[(name, kind, dtype, shape)] of the schema's columns: kind "scalar", "fixed", "list", "bytes", "hfbytes"."""
+    pa = _pa()
+    t = pa.types
+    out = []
+    for f in schema:
+        typ, name = f.type, f.name
+        if t.is_dictionary(typ):
+            typ = typ.value_type
+        if _dtype(typ) is not None:
+            out.append((name, "scalar", _dtype(typ), ()))
+        elif t.is_string(typ) or t.is_large_string(typ) or t.is_binary(typ) or t.is_large_binary(typ):
+            out.append((name, "bytes", 0, ()))
+        elif t.is_fixed_size_list(typ) and _dtype(typ.value_type) is not None:
+            out.append((name, "fixed", _dtype(typ.value_type), (typ.list_size,)))
+        elif (t.is_list(typ) or t.is_large_list(typ)) and _dtype(typ.value_type) is not None:
+            out.append((name, "list", _dtype(typ.value_type), (-1,)))
+        elif t.is_struct(typ) and typ.get_field_index("bytes") >= 0 and (
+                t.is_binary(typ.field("bytes").type) or t.is_large_binary(typ.field("bytes").type)):
+            out.append((name, "hfbytes", 0, ()))
+        else:
+            raise SluiceError(_EINVAL, f"{where}: column '{name}' of type {f.type}: sluice has no field type for it "
+                              f"(integers but uint64, floats, bool, strings, binary, lists of numbers, images)")
+    if not out:
+        raise SluiceError(_EINVAL, f"{where}: no columns")
+    if len(out) > 64:
+        raise SluiceError(_EINVAL, f"{where}: {len(out)} columns; a sluice dataset holds at most 64 fields")
+    return out
+
+
+def _column(col, kind, dtype, where, name, first):
+    """One column of a record batch as (addresses, lengths, what keeps them alive): each row's bytes in place in
+    Arrow's buffers (or a numpy copy of them); a null refused naming its row."""
+    pa = _pa()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if kind == "hfbytes" and not col.null_count:
+        col = col.field("bytes")
+    if col.null_count:
+        row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SluiceError(EFORMAT, f"{where}: row {row}, column '{name}': null (sluice stores no nulls; an image or "
+                          f"audio with only a path and no bytes is one)")
+    n = len(col)
+    if kind in ("scalar", "fixed"):
+        a = (col.flatten() if kind == "fixed" else col).to_numpy(zero_copy_only=False)
+        a = np.ascontiguousarray(a.astype(np.uint8) if a.dtype == bool else a.astype(_np(dtype), copy=False))
+        size = a.nbytes // n if n else 0
+        return a.ctypes.data + size * np.arange(n, dtype=np.uint64), np.full(n, size, np.uint64), a
+    if kind == "list":
+        if col.values.null_count:
+            raise SluiceError(EFORMAT, f"{where}: column '{name}': a list holds a null (sluice stores no nulls)")
+        off = col.offsets.to_numpy().astype(np.uint64)
+        a = np.ascontiguousarray(col.values.to_numpy(zero_copy_only=False).astype(_np(dtype), copy=False))
+        size = a.dtype.itemsize
+        return a.ctypes.data + off[:-1] * size, (off[1:] - off[:-1]) * size, a
+    # strings and binary: Arrow's offsets into its data buffer
+    large = pa.types.is_large_string(col.type) or pa.types.is_large_binary(col.type)
+    bufs = col.buffers()
+    off = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[col.offset:col.offset + n + 1]
+    off = off.astype(np.uint64)
+    base = bufs[2].address if bufs[2] is not None else 0
+    return base + off[:-1], off[1:] - off[:-1], bufs
+
+
+def _np(dtype):
+    return {9: np.int8, 10: np.int16, 4: np.int32, 5: np.int64, 1: np.uint8, 2: np.uint16, 3: np.uint32,
+            6: np.float16, 8: np.float32, 11: np.float64}[dtype]
+
+
+def _write(out, batches, where, shard_size, zstd, metadata):
+    """The record batches as one dataset at out; the report."""
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        raise SluiceError(EFORMAT, f"{where}: no rows")
+    plan = _plan(first.schema, where)
+    fields = (Field * len(plan))()
+    for f, (name, _, dtype, shape) in zip(fields, plan):
+        f.name, f.dtype, f.ndim = name.encode(), dtype, len(shape)
+        for d, n in enumerate(shape):
+            f.shape[d] = n
+    opt = WriterOptions(shard_size=shard_size, zstd_level=zstd,
+                        metadata=json.dumps(metadata).encode() if metadata else None)
+    w = C.c_void_p()
+    check(lib.sluice_writer_open(C.byref(w), os.fsencode(out), fields, len(plan), C.byref(opt)))
+    rows = 0
+    try:
+        vals, lens = (C.c_void_p * len(plan))(), (C.c_size_t * len(plan))()
+        for batch in _chain(first, batches):
+            if batch.schema != first.schema:
+                raise SluiceError(EFORMAT, f"{where}: row {rows}: the columns change ({batch.schema.names})")
+            cols = [_column(batch.column(k), kind, dtype, where, name, rows)
+                    for k, (name, kind, dtype, _) in enumerate(plan)]
+            addr, size = [c[0].tolist() for c in cols], [c[1].tolist() for c in cols]
+            for r in range(batch.num_rows):
+                for k in range(len(plan)):
+                    vals[k], lens[k] = addr[k][r] or None, size[k][r]
+                check(lib.sluice_writer_add(w, vals, lens))
+            rows += batch.num_rows
+        check(lib.sluice_writer_close(w))
+    except BaseException:
+        lib.sluice_writer_abort(w)
+        raise
+    return {"records": rows}
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _files(src, suffixes):
+    if os.path.isdir(src):
+        names = sorted(n for n in os.listdir(src) if n.endswith(suffixes))
+        if not names:
+            raise SluiceError(-2, f"{src}: no {' or '.join(suffixes)} files in it")
+        return [os.path.join(src, n) for n in names]
+    return [src]
+
+
+def parquet_batches(src, batch_rows=4096):
+    """The record batches of a Parquet file, or of every .parquet file of a directory in name order."""
+    pa = _pa()
+    for path in _files(src, (".parquet",)):
+        try:
+            pf = pa.parquet.ParquetFile(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise SluiceError(EFORMAT, f"{path}: not a Parquet file sluice reads ({e})") from None
+        yield from pf.iter_batches(batch_size=batch_rows)
+
+
+def hf_batches(src):
+    """The record batches of a Hugging Face dataset saved with save_to_disk (its state.json's data files, in
+    order) or of Arrow files (a datasets cache file, a directory of them in name order), stream or file format."""
+    pa = _pa()
+    state = os.path.join(src, "state.json") if os.path.isdir(src) else None
+    if state and os.path.exists(state):
+        with open(state, "rb") as f:
+            raw = f.read(16 << 20)
+        try:
+            files = [os.path.join(src, d["filename"]) for d in json.loads(raw)["_data_files"]]
+        except (ValueError, KeyError, TypeError):
+            raise SluiceError(EFORMAT, f"{state}: not a datasets state.json (no _data_files)") from None
+        for p in files:
+            if os.path.dirname(os.path.abspath(p)) != os.path.abspath(src):
+                raise SluiceError(EFORMAT, f"{state}: data file {p!r} lies outside the dataset's directory")
+    else:
+        files = _files(src, (".arrow",))
+    for path in files:
+        try:
+            with pa.memory_map(path) as source:
+                try:
+                    reader = pa.ipc.open_stream(source)
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_file(source)
+                    for i in range(reader.num_record_batches):
+                        yield reader.get_batch(i)
+                    continue
+                yield from reader
+        except (pa.ArrowInvalid, OSError) as e:
+            raise SluiceError(EFORMAT, f"{path}: not an Arrow file sluice reads ({e})") from None
+
+
+def hf_metadata(src):
+    """What a saved dataset says of its features (class names of a ClassLabel, ...), for the dataset's metadata."""
+    info = os.path.join(src, "dataset_info.json") if os.path.isdir(src) else None
+    if not info or not os.path.exists(info) or os.path.getsize(info) > 8 << 20:
+        return None
+    try:
+        with open(info) as f:
+            features = json.load(f).get("features")
+    except ValueError:
+        return None
+    return {"features": features} if features else None
+
+
+def pack_arrow(out, batches, where, shard_size=0, zstd=0, metadata=None):
+    """The record batches packed at out; {"records": n}."""
+    return _write(out, batches, where, shard_size, zstd, metadata)

@@ -1,0 +1,138 @@
+"""Parquet files and Hugging Face datasets packed into sluice shards (sluice.pack(parquet=), sluice.pack(hf=)),
+held against the writing tools' own readers on the same data: pyarrow's read of the Parquet files, and the
+datasets library's load_from_disk of what save_to_disk wrote (images and class labels included).  Every record
+equals, column for column; what sluice has no type for, nulls, and files that are not what they say are refused
+by name."""
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+import sluice
+
+pa = pytest.importorskip("pyarrow", reason="pyarrow (tests/requirements.txt)")
+import pyarrow.parquet as pq  # noqa: E402
+
+N = 1000
+
+
+def _table(n, seed):
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "text": [f"row {i} é {'x' * int(rng.integers(0, 40))}" for i in range(n)],
+        "label": pa.array(rng.integers(-5, 5, n), pa.int64()),
+        "small": pa.array(rng.integers(0, 200, n), pa.uint8()),
+        "score": pa.array(rng.random(n), pa.float32()),
+        "exact": pa.array(rng.random(n), pa.float64()),
+        "tokens": pa.array([rng.integers(0, 50000, int(rng.integers(0, 30))).tolist() for _ in range(n)],
+                           pa.list_(pa.int32())),
+        "box": pa.array(rng.random((n, 4)).tolist(), pa.list_(pa.float32(), 4)),
+        "flag": pa.array(rng.integers(0, 2, n).astype(bool)),
+        "raw": pa.array([rng.bytes(int(rng.integers(0, 100))) for _ in range(n)], pa.binary()),
+    })
+
+
+def _same(ds, rows):
+    """Every record of ds against pyarrow's rows (dicts), column for column."""
+    assert len(ds) == len(rows)
+    for i, want in enumerate(rows):
+        got = ds[i]
+        for k, v in want.items():
+            g = got[k]
+            if isinstance(v, str):
+                assert bytes(g).decode() == v, (i, k)
+            elif isinstance(v, bytes):
+                assert bytes(g) == v, (i, k)
+            elif isinstance(v, list):
+                assert np.array_equal(g, np.array(v, dtype=g.dtype)), (i, k)
+            else:
+                assert g.shape == (1,) and g[0] == np.array(v, dtype=g.dtype), (i, k)
+
+
+def test_parquet_files_pack_like_pyarrow_reads_them(tmp_path):
+    src = tmp_path / "pq"
+    src.mkdir()
+    pq.write_table(_table(N, 1), src / "part-0.parquet", row_group_size=128)
+    pq.write_table(_table(333, 2), src / "part-1.parquet", row_group_size=100)
+    (src / "_SUCCESS").write_text("")
+    rep = sluice.pack(str(tmp_path / "out"), parquet=str(src), shard_size=64 << 10)
+    assert rep == {"records": N + 333, "from_format": "parquet"}
+    ds = sluice.Dataset(str(tmp_path / "out"))
+    assert dict((n, (d, s)) for n, d, s in ds.fields) == {
+        "text": ("bytes", ()), "label": ("i64", ()), "small": ("u8", ()), "score": ("f32", ()),
+        "exact": ("f64", ()), "tokens": ("i32", (-1,)), "box": ("f32", (4,)), "flag": ("u8", ()),
+        "raw": ("bytes", ())}
+    rows = pq.read_table(src / "part-0.parquet").to_pylist() + pq.read_table(src / "part-1.parquet").to_pylist()
+    _same(ds, rows)
+    ids = sorted(int(i) for b in sluice.Loader(ds, 64, seed=1, rank=0, world_size=1, drop_last=True)
+                 for i in b["ids"])
+    assert len(ids) == len(set(ids)) == (N + 333) // 64 * 64
+
+
+def test_a_saved_hugging_face_dataset_packs_like_datasets_loads_it(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the datasets library (tests/requirements.txt)")
+    from PIL import Image
+    imgs = []
+    for i in range(40):
+        b = io.BytesIO()
+        Image.fromarray(np.full((8 + i, 6, 3), i, np.uint8)).save(b, format="PNG")
+        imgs.append({"bytes": b.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"]),
+                                  "caption": datasets.Value("string"),
+                                  "ids": datasets.Sequence(datasets.Value("int64"))})
+    d = datasets.Dataset.from_dict({"image": imgs, "label": [i % 2 for i in range(40)],
+                                    "caption": [f"a picture {i}" for i in range(40)],
+                                    "ids": [list(range(i % 5)) for i in range(40)]}, features=features)
+    d.save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    rep = sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "saved"))
+    assert rep["records"] == 40
+    ds = sluice.Dataset(str(tmp_path / "out"))
+    back = datasets.load_from_disk(str(tmp_path / "saved")).cast_column("image", datasets.Image(decode=False))
+    for i in range(40):
+        want = back[i]
+        assert bytes(ds[i]["image"]) == want["image"]["bytes"] and int(ds[i]["label"][0]) == want["label"]
+        assert bytes(ds[i]["caption"]).decode() == want["caption"] and ds[i]["ids"].tolist() == want["ids"]
+    assert ds.metadata["features"]["label"]["names"] == ["cat", "dog"]
+
+
+def test_arrow_cache_files_pack_too(tmp_path):
+    """A datasets cache file is an Arrow stream; a directory of them packs in name order."""
+    t = _table(50, 3)
+    for k, part in enumerate((t.slice(0, 20), t.slice(20))):
+        with pa.OSFile(str(tmp_path / f"cache-{k}.arrow"), "wb") as f, pa.ipc.new_stream(f, part.schema) as w:
+            w.write_table(part)
+    sluice.pack(str(tmp_path / "out"), hf=str(tmp_path))
+    _same(sluice.Dataset(str(tmp_path / "out")), t.to_pylist())
+
+
+@pytest.mark.parametrize("case,words", [
+    ("uint64", "column 'big' of type uint64"),
+    ("nested", "column 'deep'"),
+    ("null", "row 7, column 'text': null"),
+    ("null_in_list", "column 'tokens': a list holds a null"),
+    ("not_parquet", "not a Parquet file"),
+])
+def test_what_sluice_cannot_store_is_refused_by_name(tmp_path, case, words):
+    p = tmp_path / "x.parquet"
+    if case == "uint64":
+        pq.write_table(pa.table({"big": pa.array([1, 2], pa.uint64())}), p)
+    elif case == "nested":
+        pq.write_table(pa.table({"deep": pa.array([[[1]], [[2, 3]]], pa.list_(pa.list_(pa.int32())))}), p)
+    elif case == "null":
+        pq.write_table(pa.table({"text": [f"r{i}" if i != 7 else None for i in range(10)]}), p)
+    elif case == "null_in_list":
+        pq.write_table(pa.table({"tokens": pa.array([[1, None]], pa.list_(pa.int32()))}), p)
+    else:
+        p.write_bytes(b"PAR1 not really")
+    with pytest.raises(sluice.SluiceError, match=words):
+        sluice.pack(str(tmp_path / "out"), parquet=str(p))
+    assert not os.path.exists(tmp_path / "out" / "index.sli")  # nothing half-written opens as a dataset
+
+
+def test_a_state_json_pointing_outside_is_refused(tmp_path):
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "../../etc/passwd"}]}))
+    with pytest.raises(sluice.SluiceError, match="outside the dataset's directory"):
+        sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "saved"))
