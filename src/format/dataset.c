@@ -15,7 +15,7 @@
 
 /* Format readers in the order they are tried. */
 static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops, &sl__ds_wds_ops,
-						       &sl__ds_tfrecord_ops };
+						       &sl__ds_tfrecord_ops, &sl__ds_mds_ops };
 
 /* The local file at local (path: how messages name it) mapped read-only; an empty one is SLUICE_EFORMAT. */
 static int sl_map_local(const char *local, const char *path, const unsigned char **map, size_t *len, int enoent_hint)
@@ -60,6 +60,21 @@ int sl__ds_map(struct sluice_dataset *ds, unsigned f, const unsigned char **map,
 	*map = NULL;
 	*len = 0;
 	return rc ? rc : sl_map_local(local, ds->files[f], map, len, 0);
+}
+
+unsigned sl__ds_file_of(const uint64_t *first, unsigned nfiles, uint64_t i)
+{
+	unsigned lo = 0, hi = nfiles - 1;
+
+	while (lo < hi) { /* the last file whose first record is at or before i (empty files skipped) */
+		unsigned mid = (lo + hi + 1) / 2;
+
+		if (first[mid] <= i)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
 }
 
 int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n)

@@ -255,6 +255,7 @@ SL_HIDDEN extern const struct sl__ds_ops sl__ds_native_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_tfrecord_ops;
+SL_HIDDEN extern const struct sl__ds_ops sl__ds_mds_ops;
 
 /*
  * tfrecord.c: one TFRecord file's records (len bytes at p, untrusted; name
@@ -310,6 +311,8 @@ SL_HIDDEN int sl__zblock_decode(struct sluice_dataset *ds, struct ZSTD_DCtx_s *d
 SL_HIDDEN int sl__ds_loc_check(const struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc);
 /* Sets up files/fds arrays for n files; names are taken over. */
 SL_HIDDEN int sl__ds_files(struct sluice_dataset *ds, char **names, unsigned n);
+/* The file holding record i, first[f] being file f's first record (nfiles >= 1, first rising). */
+SL_HIDDEN unsigned sl__ds_file_of(const uint64_t *first, unsigned nfiles, uint64_t i);
 
 /* npy.c: a .npy header held in p[0..len); SLUICE_EFORMAT naming what is wrong. */
 SL_HIDDEN int sl__npy_parse(const unsigned char *p, size_t len, enum sluice_dtype *dtype, uint64_t *count,

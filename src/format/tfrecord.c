@@ -206,17 +206,8 @@ static void sl_tfr_close(struct sluice_dataset *ds)
 static void sl_tfr_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
 {
 	const struct sl_tfr *t = ds->priv;
-	unsigned lo = 0, hi = ds->nfiles - 1;
 
-	while (lo < hi) { /* the last file whose first record is at or before i */
-		unsigned mid = (lo + hi + 1) / 2;
-
-		if (t->first[mid] <= i)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	loc->shard = lo;
+	loc->shard = sl__ds_file_of(t->first, ds->nfiles, i);
 	loc->offset = t->rec[i].off;
 	loc->length = t->rec[i].len;
 	loc->crc = t->rec[i].crc;

@@ -1,0 +1,76 @@
+/*
+ * MDS datasets (MosaicML Streaming) in place, under ASan+UBSan: an
+ * index.json and a shard written here as Streaming lays them out open and
+ * read back; a shard whose offsets run past the file or backwards, a count
+ * that differs from the index's, a name that leaves the directory, and a
+ * sample whose column sizes run past it are refused, naming what is wrong.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "t_util.h"
+
+static char dir[700];
+
+/* Two samples of columns text (str) and n (int64, fixed 8), count given; harm: 1 offsets past the end, 2 a size past its sample. */
+static void write_ds(const char *basename, unsigned count, int harm)
+{
+	char p[800];
+	FILE *f;
+	uint32_t head[4] = { 2, 0, 0, 0 }, size[2] = { 3, 5 };
+	int64_t n[2] = { 7, -9 };
+	const char *text[2] = { "abc", "hello" };
+
+	snprintf(p, sizeof(p), "%s/index.json", dir);
+	f = fopen(p, "w");
+	fprintf(f, "{\"version\": 2, \"shards\": [{\"column_encodings\": [\"str\", \"int\"], \"column_names\": [\"text\", "
+		"\"n\"], \"column_sizes\": [null, 8], \"compression\": null, \"format\": \"mds\", \"hashes\": [], "
+		"\"raw_data\": {\"basename\": \"%s\", \"bytes\": 0, \"hashes\": {}}, \"samples\": %u, \"version\": 2, "
+		"\"zip_data\": null}]}", basename, count);
+	fclose(f);
+	head[1] = 16;
+	head[2] = head[1] + 4 + 3 + 8;
+	head[3] = harm == 1 ? 1000 : head[2] + 4 + 5 + 8;
+	if (harm == 2)
+		size[0] = 300;
+	snprintf(p, sizeof(p), "%s/shard.00000.mds", dir);
+	f = fopen(p, "wb");
+	fwrite(head, 4, 4, f);
+	for (int i = 0; i < 2; i++) {
+		fwrite(&size[i], 4, 1, f);
+		fwrite(text[i], 1, strlen(text[i]), f);
+		fwrite(&n[i], 8, 1, f);
+	}
+	fclose(f);
+}
+
+int main(void)
+{
+	struct sluice_dataset *ds = NULL;
+	char buf[64];
+	struct sluice_record rec;
+	int64_t v = 0;
+
+	snprintf(dir, sizeof(dir), "%s", t_dir("t_mds"));
+	write_ds("shard.00000.mds", 2, 0);
+	T_CHECK(sluice_dataset_open(&ds, dir) == 0);
+	T_CHECK(ds && !strcmp(sluice_dataset_format(ds), "mds") && sluice_dataset_count(ds) == 2);
+	T_CHECK(ds && sluice_dataset_read(ds, 1, buf, sizeof(buf), &rec) > 0 && rec.len[0] == 5 &&
+		!memcmp(rec.data[0], "hello", 5) && rec.len[1] == 8);
+	memcpy(&v, rec.data[1], 8); /* a sample's columns are packed: not aligned */
+	T_CHECK(v == -9);
+	sluice_dataset_close(ds);
+	write_ds("shard.00000.mds", 3, 0);
+	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "in index.json"));
+	write_ds("../shard.00000.mds", 2, 0);
+	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "not a file of"));
+	write_ds("shard.00000.mds", 2, 1);
+	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "outside the file"));
+	write_ds("shard.00000.mds", 2, 2);
+	T_CHECK(sluice_dataset_open(&ds, dir) == 0);
+	T_CHECK(ds && sluice_dataset_read(ds, 0, buf, sizeof(buf), &rec) == SLUICE_EFORMAT &&
+		strstr(sluice_last_error_detail(), "runs past"));
+	sluice_dataset_close(ds);
+	return t_done("t_mds");
+}
