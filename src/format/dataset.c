@@ -15,7 +15,8 @@
 
 /* Format readers in the order they are tried. */
 static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__ds_megatron_ops, &sl__ds_wds_ops,
-						       &sl__ds_tfrecord_ops, &sl__ds_mds_ops };
+						       &sl__ds_tfrecord_ops, &sl__ds_mds_ops,
+						       &sl__ds_litdata_ops };
 
 /* The local file at local (path: how messages name it) mapped read-only; an empty one is SLUICE_EFORMAT. */
 static int sl_map_local(const char *local, const char *path, const unsigned char **map, size_t *len, int enoent_hint)

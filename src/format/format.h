@@ -256,6 +256,7 @@ SL_HIDDEN extern const struct sl__ds_ops sl__ds_wds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_megatron_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_tfrecord_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_mds_ops;
+SL_HIDDEN extern const struct sl__ds_ops sl__ds_litdata_ops;
 
 /*
  * tfrecord.c: one TFRecord file's records (len bytes at p, untrusted; name

@@ -1,5 +1,8 @@
 /*
- * Reader of MosaicML Streaming's MDS datasets, in place: DIR/index.json
+ * Readers of the two dataset formats of count-and-offsets shards, in
+ * place: MosaicML Streaming's MDS and LitData's optimized chunks.
+ *
+ * MDS: DIR/index.json
  * lists the shards (each its column names, encodings and fixed sizes, its
  * raw file's basename and sample count); a shard file is a u32 sample
  * count, u32 offsets (count + 1 of them, from the file's start), the
@@ -14,6 +17,17 @@
  * column's encoded bytes, undecoded: a pickle is never loaded here.  MDS
  * carries no checksum of a sample; compressed shards (zip_data without
  * the raw file) are refused by name.
+ *
+ * LitData (its PyTreeLoader's chunks): DIR/index.json's config gives every
+ * sample's leaves' formats (data_format) and names (data_spec: a flat
+ * dict's keys, or a tuple's positions), its chunks their files and item
+ * counts; a chunk file is laid out as an MDS shard (no config), and a
+ * sample is the u32 size of every leaf, then the leaves.  int, float and
+ * bool are i64, f64 and u8; a 1-D numpy array or tensor without header
+ * (no_header_numpy:K, no_header_tensor:K) is a variable-length array of
+ * its dtype; everything else (str, bytes, pil, jpeg, pickle, ...) its
+ * encoded bytes.  Compressed or encrypted chunks, and nested samples, are
+ * refused by name.  LitData carries no checksum either.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,7 +48,8 @@ struct sl_mds {
 	uint64_t *first;        /* first[s]: the index of shard s's first sample; first[nshards]: the count */
 	uint64_t *at;           /* at[s]: where shard s's offsets start in off */
 	unsigned ncols;
-	uint32_t size[SLUICE_MAX_FIELDS]; /* a column's fixed size, 0: variable */
+	uint32_t size[SLUICE_MAX_FIELDS]; /* a column's fixed size, not in the sample's sizes; 0: there */
+	uint32_t want[SLUICE_MAX_FIELDS]; /* the size a column's sizes must give (a number's), 0: any */
 };
 
 static const struct {
@@ -170,7 +185,7 @@ static int sl_mds_shard(struct sluice_dataset *ds, struct sl_mds *m, unsigned s,
 	return rc;
 }
 
-static json_t *sl_mds_index(const char *dir, char **where)
+static json_t *sl_json_index(const char *dir, char **where, const char *key)
 {
 	const unsigned char *map;
 	size_t len;
@@ -183,58 +198,87 @@ static json_t *sl_mds_index(const char *dir, char **where)
 	if (len <= SL_MDS_INDEX_MAX)
 		j = json_loadb((const char *)map, len, JSON_REJECT_DUPLICATES, NULL);
 	munmap((void *)map, len);
-	if (!j || !json_is_object(j) || !json_is_array(json_object_get(j, "shards"))) {
+	if (!j || !json_is_object(j) || !json_is_array(json_object_get(j, key))) {
 		json_decref(j);
-		sl__err(SLUICE_EFORMAT, "%s: not MDS's index (a JSON object with \"shards\", at most %u bytes)", *where,
-			SL_MDS_INDEX_MAX);
+		sl__err(SLUICE_EFORMAT, "%s: not the index sluice expects (a JSON object with \"%s\", at most %u bytes)",
+			*where, key, SL_MDS_INDEX_MAX);
 		return NULL;
 	}
+	return j;
+}
+
+/* The index.json of directory path, if it is one with an array under key (a probe: no error left). */
+static json_t *sl_probe_index(const char *path, const char *key)
+{
+	char *where = NULL, *p = NULL;
+	struct stat st;
+	json_t *j = NULL;
+
+	if (asprintf(&p, "%s/%s", path, SL_MDS_INDEX) >= 0 && sl__fs_stat(p, &st) == 0 && S_ISREG(st.st_mode))
+		j = sl_json_index(path, &where, key);
+	sl__err_clear();
+	free(where);
+	free(p);
 	return j;
 }
 
 /* Owns a directory whose index.json's first shard says "format": "mds". */
 static int sl_mds_probe(const char *path)
 {
-	char *where = NULL, *p = NULL;
-	struct stat st;
-	json_t *j = NULL;
-	int ok = 0;
+	json_t *j = sl_probe_index(path, "shards");
+	int ok = j && !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "shards"), 0),
+								     "format")) ?: "", "mds");
 
-	if (asprintf(&p, "%s/%s", path, SL_MDS_INDEX) >= 0 && sl__fs_stat(p, &st) == 0 && S_ISREG(st.st_mode) &&
-	    (j = sl_mds_index(path, &where)))
-		ok = !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "shards"), 0), "format"))
-				     ?: "", "mds");
-	sl__err_clear();
 	json_decref(j);
-	free(where);
-	free(p);
 	return ok;
 }
 
-/* The shard file a shard object names: DIR/basename, one plain name (never a path out of the directory). */
+/* DIR/b for a file an index names: one plain name (never a path out of the directory), and its item count n. */
+static int sl_index_file(const char *b, json_t *n, const char *dir, const char *where, char **out, uint64_t *count)
+{
+	if (!b || !*b || strchr(b, '/') || strchr(b, '\\') || !strcmp(b, ".") || !strcmp(b, ".."))
+		return sl__err(SLUICE_EFORMAT, "%s: a shard's name %s%s%s is not a file of the directory", where,
+			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
+	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
+		return sl__err(SLUICE_EFORMAT, "%s: %s: its sample count", where, b);
+	*count = (uint64_t)json_integer_value(n);
+	return asprintf(out, "%s/%s", dir, b) < 0 ? -ENOMEM : 0;
+}
+
+/* The shard file a shard object names: DIR/raw_data's basename. */
 static int sl_mds_file(json_t *sh, const char *dir, const char *where, char **out, uint64_t *samples)
 {
 	const char *b = json_string_value(json_object_get(json_object_get(sh, "raw_data"), "basename"));
-	json_t *n = json_object_get(sh, "samples");
 
 	if (!b && json_object_get(sh, "zip_data") && !json_is_null(json_object_get(sh, "zip_data")))
 		return sl__err(SLUICE_EFORMAT, "%s: compressed shards; sluice reads MDS shards written without compression",
 			       where);
-	if (!b || !*b || strchr(b, '/') || strchr(b, '\\') || !strcmp(b, ".") || !strcmp(b, ".."))
-		return sl__err(SLUICE_EFORMAT, "%s: a shard's raw_data basename %s%s%s is not a file of the directory", where,
-			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
-	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
-		return sl__err(SLUICE_EFORMAT, "%s: %s: its sample count", where, b);
-	*samples = (uint64_t)json_integer_value(n);
-	return asprintf(out, "%s/%s", dir, b) < 0 ? -ENOMEM : 0;
+	return sl_index_file(b, json_object_get(sh, "samples"), dir, where, out, samples);
+}
+
+/* The n files (taken) bound to ds, each's header checked against its count in samples[]. */
+static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, char **files, unsigned n, const uint64_t *samples)
+{
+	size_t cap = 0;
+	int rc = sl__ds_files(ds, files, n);
+
+	if (!rc && (!(m->first = calloc(n + 1, sizeof(uint64_t))) || !(m->at = calloc(n + 1, sizeof(uint64_t))) ||
+		    !(ds->file_records = calloc(n, sizeof(uint64_t)))))
+		rc = -ENOMEM;
+	for (unsigned s = 0; !rc && s < n; s++)
+		rc = sl_mds_shard(ds, m, s, samples[s], &cap);
+	if (!rc)
+		ds->nrecords = m->first[n];
+	ds->has_crc = 0;
+	return rc;
 }
 
 static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_mds *m = calloc(1, sizeof(*m));
 	char *where = NULL, **files = NULL;
-	json_t *j = m ? sl_mds_index(path, &where) : NULL, *shards = json_object_get(j, "shards");
-	size_t n = json_array_size(shards), cap = 0;
+	json_t *j = m ? sl_json_index(path, &where, "shards") : NULL, *shards = json_object_get(j, "shards");
+	size_t n = json_array_size(shards);
 	uint64_t *samples = NULL;
 	int rc = !m ? -ENOMEM : !j ? (where ? SLUICE_EFORMAT : -ENOMEM) : 0;
 
@@ -252,17 +296,8 @@ static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 			rc = sl_mds_file(sh, path, where, &files[s], &samples[s]);
 	}
 	if (!rc) {
-		rc = sl__ds_files(ds, files, (unsigned)n);
+		rc = sl_shards_load(ds, m, files, (unsigned)n, samples);
 		files = NULL;
-	}
-	if (!rc && (!(m->first = calloc(n + 1, sizeof(uint64_t))) || !(m->at = calloc(n + 1, sizeof(uint64_t))) ||
-		    !(ds->file_records = calloc(n, sizeof(uint64_t)))))
-		rc = -ENOMEM;
-	for (unsigned s = 0; !rc && s < n; s++)
-		rc = sl_mds_shard(ds, m, s, samples[s], &cap);
-	if (!rc) {
-		ds->nrecords = m->first[n];
-		ds->has_crc = 0;
 	}
 	if (files)
 		sluice_list_free(files, (unsigned)n);
@@ -314,6 +349,10 @@ static int sl_mds_decode(const struct sluice_dataset *ds, uint64_t i, const unsi
 		if (size > len - at)
 			return sl__err(SLUICE_EFORMAT, "sample %llu: column '%s' of %zu bytes runs past its %zu",
 				       (unsigned long long)i, ds->fields[c].name, size, len);
+		if ((m->want[c] && size != m->want[c]) || size % sluice_dtype_size(ds->fields[c].dtype))
+			return sl__err(SLUICE_EFORMAT, "sample %llu: column '%s' of %zu bytes is not whole %s values",
+				       (unsigned long long)i, ds->fields[c].name, size,
+				       sluice_dtype_name(ds->fields[c].dtype));
 		if (rec) {
 			rec->data[c] = p + at;
 			rec->len[c] = size;
@@ -323,6 +362,138 @@ static int sl_mds_decode(const struct sluice_dataset *ds, uint64_t i, const unsi
 	return at == len ? 0 : sl__err(SLUICE_EFORMAT, "sample %llu: %zu bytes left over after its columns",
 				       (unsigned long long)i, len - at);
 }
+
+/* ---- LitData ---- */
+
+/* A LitData leaf format's field: int, float, bool, a 1-D array without header of its dtype, else bytes. */
+static void sl_ld_field(struct sluice_dataset *ds, struct sl_mds *m, unsigned c, const char *fmt)
+{
+	static const int numpy[] = { SLUICE_DTYPE_I8,  SLUICE_DTYPE_I16, SLUICE_DTYPE_I32, SLUICE_DTYPE_I64,
+				     SLUICE_DTYPE_U8,  SLUICE_DTYPE_U16, SLUICE_DTYPE_U32, -1,
+				     SLUICE_DTYPE_F16, SLUICE_DTYPE_F32, SLUICE_DTYPE_F64 };
+	static const int torch[] = { SLUICE_DTYPE_F32, SLUICE_DTYPE_F32, SLUICE_DTYPE_F64, SLUICE_DTYPE_F64, -1, -1, -1,
+				     -1, SLUICE_DTYPE_F16, SLUICE_DTYPE_F16, SLUICE_DTYPE_BF16, SLUICE_DTYPE_U8,
+				     SLUICE_DTYPE_I8, SLUICE_DTYPE_I16, SLUICE_DTYPE_I16, SLUICE_DTYPE_I32,
+				     SLUICE_DTYPE_I32, SLUICE_DTYPE_I64, SLUICE_DTYPE_I64, SLUICE_DTYPE_U8,
+				     SLUICE_DTYPE_U16 };
+	struct sluice_field *f = &ds->fields[c];
+	unsigned k;
+	int n = 0;
+
+	*f = (struct sluice_field){ ds->names[c], SLUICE_DTYPE_BYTES, 0, { 0 } };
+	if (!strcmp(fmt, "int") || !strcmp(fmt, "float") || !strcmp(fmt, "bool")) {
+		f->dtype = fmt[0] == 'i' ? SLUICE_DTYPE_I64 : fmt[0] == 'f' ? SLUICE_DTYPE_F64 : SLUICE_DTYPE_U8;
+		m->want[c] = (uint32_t)sluice_dtype_size(f->dtype);
+	} else if ((sscanf(fmt, "no_header_numpy:%u%n", &k, &n) == 1 && !fmt[n] && k < 11 && numpy[k] >= 0) ||
+		   (sscanf(fmt, "no_header_tensor:%u%n", &k, &n) == 1 && !fmt[n] && k < 21 && torch[k] >= 0)) {
+		f->dtype = (enum sluice_dtype)(fmt[10] == 'n' ? numpy[k] : torch[k]);
+		f->ndim = 1;
+		f->shape[0] = -1;
+	}
+}
+
+/* The leaves of a sample as data_spec gives them (a flat dict's keys, a tuple's or list's positions). */
+static int sl_ld_columns(struct sluice_dataset *ds, struct sl_mds *m, json_t *config, const char *where)
+{
+	json_t *fmt = json_object_get(config, "data_format");
+	const char *spec = json_string_value(json_object_get(config, "data_spec"));
+	json_t *sj = spec ? json_loads(spec, JSON_REJECT_DUPLICATES, NULL) : NULL, *root = json_array_get(sj, 1);
+	const char *type = json_string_value(json_object_get(root, "type")) ?: "";
+	const char *ctx = json_string_value(json_object_get(root, "context"));
+	json_t *keys = !strcmp(type, "builtins.dict") && ctx ? json_loads(ctx, 0, NULL) : NULL;
+	json_t *kids = json_object_get(root, "children_spec");
+	size_t n = json_array_size(fmt);
+	int rc = 0;
+
+	if (!n || n > SLUICE_MAX_FIELDS || json_array_size(kids) != n || (keys && json_array_size(keys) != n) ||
+	    (!keys && strcmp(type, "builtins.tuple") && strcmp(type, "builtins.list")))
+		rc = sl__err(SLUICE_EFORMAT, "%s: config's data_format and data_spec: sluice reads samples that are one flat "
+			     "dict, tuple or list of 1 to %u leaves", where, SLUICE_MAX_FIELDS);
+	for (size_t c = 0; !rc && c < n; c++) {
+		json_t *key = json_array_get(keys, c);
+		const char *f = json_string_value(json_array_get(fmt, c));
+
+		if (!json_is_null(json_object_get(json_array_get(kids, c), "type")))
+			rc = sl__err(SLUICE_EFORMAT, "%s: leaf %zu is a nested container (sluice reads flat samples)", where, c);
+		else if (!f)
+			rc = sl__err(SLUICE_EFORMAT, "%s: data_format %zu is not a string", where, c);
+		else if (keys && json_is_string(key))
+			snprintf(ds->names[c], sizeof(ds->names[c]), "%s", json_string_value(key));
+		else if (keys && json_is_integer(key))
+			snprintf(ds->names[c], sizeof(ds->names[c]), "%lld", (long long)json_integer_value(key));
+		else if (keys)
+			rc = sl__err(SLUICE_EFORMAT, "%s: key %zu of the samples is not a string or an integer", where, c);
+		else
+			snprintf(ds->names[c], sizeof(ds->names[c]), "%zu", c);
+		if (!rc)
+			sl_ld_field(ds, m, (unsigned)c, f);
+	}
+	json_decref(keys);
+	json_decref(sj);
+	ds->nfields = m->ncols = (unsigned)n;
+	return rc ? rc : sl__schema_check(ds->fields, ds->nfields);
+}
+
+/* Owns a directory whose index.json has chunks and a config. */
+static int sl_ld_probe(const char *path)
+{
+	json_t *j = sl_probe_index(path, "chunks");
+	int ok = j && json_is_object(json_object_get(j, "config"));
+
+	json_decref(j);
+	return ok;
+}
+
+static int sl_ld_open(struct sluice_dataset *ds, const char *path)
+{
+	struct sl_mds *m = calloc(1, sizeof(*m));
+	char *where = NULL, **files = NULL;
+	json_t *j = m ? sl_json_index(path, &where, "chunks") : NULL, *chunks = json_object_get(j, "chunks");
+	json_t *config = json_object_get(j, "config");
+	size_t n = json_array_size(chunks);
+	uint64_t *items = NULL;
+	int rc = !m ? -ENOMEM : !j ? (where ? SLUICE_EFORMAT : -ENOMEM) : 0;
+
+	ds->priv = m;
+	if (!rc && strcmp(json_string_value(json_object_get(config, "item_loader")) ?: "", "PyTreeLoader"))
+		rc = sl__err(SLUICE_EFORMAT, "%s: item_loader %s: sluice reads LitData's PyTreeLoader chunks", where,
+			     json_string_value(json_object_get(config, "item_loader")) ?: "(none)");
+	if (!rc && ((json_object_get(config, "compression") && !json_is_null(json_object_get(config, "compression"))) ||
+		    (json_object_get(config, "encryption") && !json_is_null(json_object_get(config, "encryption")))))
+		rc = sl__err(SLUICE_EFORMAT, "%s: compressed or encrypted chunks; sluice reads chunks written without either",
+			     where);
+	if (!rc && (!n || n > SL_MAX_SHARDS))
+		rc = sl__err(SLUICE_EFORMAT, "%s: %zu chunks (1 to %u)", where, n, SL_MAX_SHARDS);
+	if (!rc)
+		rc = sl_ld_columns(ds, m, config, where);
+	if (!rc && (!(files = calloc(n, sizeof(char *))) || !(items = calloc(n, sizeof(uint64_t)))))
+		rc = -ENOMEM;
+	for (size_t c = 0; !rc && c < n; c++) {
+		json_t *ch = json_array_get(chunks, c);
+
+		rc = sl_index_file(json_string_value(json_object_get(ch, "filename")), json_object_get(ch, "chunk_size"),
+				   path, where, &files[c], &items[c]);
+	}
+	if (!rc) {
+		rc = sl_shards_load(ds, m, files, (unsigned)n, items);
+		files = NULL;
+	}
+	if (files)
+		sluice_list_free(files, (unsigned)n);
+	free(items);
+	json_decref(j);
+	free(where);
+	return rc;
+}
+
+const struct sl__ds_ops sl__ds_litdata_ops = {
+	.name = "litdata",
+	.probe = sl_ld_probe,
+	.open = sl_ld_open,
+	.close = sl_mds_close,
+	.locate = sl_mds_locate,
+	.decode = sl_mds_decode,
+};
 
 const struct sl__ds_ops sl__ds_mds_ops = {
 	.name = "mds",

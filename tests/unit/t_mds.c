@@ -4,6 +4,9 @@
  * read back; a shard whose offsets run past the file or backwards, a count
  * that differs from the index's, a name that leaves the directory, and a
  * sample whose column sizes run past it are refused, naming what is wrong.
+ * The same for LitData's chunks (the same shard layout, every leaf's size
+ * in the sample): a chunk reads back; nested samples and compressed chunks
+ * are refused.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +48,36 @@ static void write_ds(const char *basename, unsigned count, int harm)
 	fclose(f);
 }
 
+/* LitData: one chunk of two samples of leaves text (str) and n (int); harm: 1 nested, 2 compressed. */
+static void write_ld(int harm)
+{
+	const char *leaf = "{\\\"type\\\": null, \\\"context\\\": null, \\\"children_spec\\\": []}";
+	char p[800];
+	FILE *f;
+	uint32_t head[4] = { 2, 16, 16 + 8 + 2 + 8, 16 + 8 + 2 + 8 + 8 + 3 + 8 }, size[2][2] = { { 2, 8 }, { 3, 8 } };
+	int64_t n[2] = { 1, 2 };
+	const char *text[2] = { "hi", "you" };
+
+	snprintf(p, sizeof(p), "%s/index.json", dir);
+	f = fopen(p, "w");
+	fprintf(f, "{\"chunks\": [{\"chunk_bytes\": 0, \"chunk_size\": 2, \"dim\": null, \"filename\": \"c.bin\"}], "
+		"\"config\": {\"compression\": %s, \"encryption\": null, \"item_loader\": \"PyTreeLoader\", "
+		"\"data_format\": [\"str\", \"int\"], \"data_spec\": \"[1, {\\\"type\\\": \\\"builtins.dict\\\", "
+		"\\\"context\\\": \\\"[\\\\\\\"text\\\\\\\", \\\\\\\"n\\\\\\\"]\\\", \\\"children_spec\\\": [%s, %s]}]\"}}",
+		harm == 2 ? "\"zstd\"" : "null", leaf,
+		harm == 1 ? "{\\\"type\\\": \\\"builtins.list\\\", \\\"context\\\": null, \\\"children_spec\\\": []}" : leaf);
+	fclose(f);
+	snprintf(p, sizeof(p), "%s/c.bin", dir);
+	f = fopen(p, "wb");
+	fwrite(head, 4, 4, f);
+	for (int i = 0; i < 2; i++) {
+		fwrite(size[i], 4, 2, f);
+		fwrite(text[i], 1, strlen(text[i]), f);
+		fwrite(&n[i], 8, 1, f);
+	}
+	fclose(f);
+}
+
 int main(void)
 {
 	struct sluice_dataset *ds = NULL;
@@ -72,5 +105,17 @@ int main(void)
 	T_CHECK(ds && sluice_dataset_read(ds, 0, buf, sizeof(buf), &rec) == SLUICE_EFORMAT &&
 		strstr(sluice_last_error_detail(), "runs past"));
 	sluice_dataset_close(ds);
+	write_ld(0);
+	T_CHECK(sluice_dataset_open(&ds, dir) == 0);
+	T_CHECK(ds && !strcmp(sluice_dataset_format(ds), "litdata") && sluice_dataset_count(ds) == 2);
+	T_CHECK(ds && sluice_dataset_read(ds, 1, buf, sizeof(buf), &rec) > 0 && rec.len[0] == 3 &&
+		!memcmp(rec.data[0], "you", 3) && rec.len[1] == 8);
+	memcpy(&v, rec.data[1], 8);
+	T_CHECK(v == 2);
+	sluice_dataset_close(ds);
+	write_ld(1);
+	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "nested"));
+	write_ld(2);
+	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "compressed"));
 	return t_done("t_mds");
 }
