@@ -259,6 +259,24 @@ SL_HIDDEN extern const struct sl__ds_ops sl__ds_mds_ops;
 SL_HIDDEN extern const struct sl__ds_ops sl__ds_litdata_ops;
 
 /*
+ * mds.c: what MDS shards and LitData chunks share, over untrusted bytes.
+ * sl__offsets_parse: a shard's u32 count and count + 1 offsets (rising,
+ * past the header, inside the len bytes at p) into off.  sl__cols_split: a
+ * sample of n columns (size[c]: a fixed size, else the column's u32 size
+ * leads the sample; want[c]: the size it must have, 0 any; unit[c]: its
+ * element size, which the size must be a multiple of) into data and lens,
+ * every column inside the sample and the sample used exactly; *bad: the
+ * column at fault (n: none).  0 or SLUICE_EFORMAT saying what.
+ */
+struct sl__cols {
+	unsigned n;
+	uint32_t size[SLUICE_MAX_FIELDS], want[SLUICE_MAX_FIELDS], unit[SLUICE_MAX_FIELDS];
+};
+SL_HIDDEN int sl__offsets_parse(const unsigned char *p, size_t len, uint32_t *off);
+SL_HIDDEN int sl__cols_split(const struct sl__cols *cols, const unsigned char *p, size_t len, const void **data,
+			     size_t *lens, unsigned *bad);
+
+/*
  * tfrecord.c: one TFRecord file's records (len bytes at p, untrusted; name
  * for messages) into a malloc'd table: where each record's data lies, its
  * length, and its data CRC unmasked (its CRC32C).  Every length's CRC and

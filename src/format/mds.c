@@ -47,9 +47,7 @@ struct sl_mds {
 	uint32_t *off;          /* every shard's offsets, shard after shard (count + 1 each) */
 	uint64_t *first;        /* first[s]: the index of shard s's first sample; first[nshards]: the count */
 	uint64_t *at;           /* at[s]: where shard s's offsets start in off */
-	unsigned ncols;
-	uint32_t size[SLUICE_MAX_FIELDS]; /* a column's fixed size, not in the sample's sizes; 0: there */
-	uint32_t want[SLUICE_MAX_FIELDS]; /* the size a column's sizes must give (a number's), 0: any */
+	struct sl__cols cols;
 };
 
 static const struct {
@@ -85,9 +83,9 @@ static int sl_mds_column(struct sluice_dataset *ds, struct sl_mds *m, unsigned c
 
 	snprintf(ds->names[c], sizeof(ds->names[c]), "%s", name);
 	*f = (struct sluice_field){ ds->names[c], SLUICE_DTYPE_BYTES, 0, { 0 } };
-	m->size[c] = json_is_integer(size) && json_integer_value(size) > 0 && json_integer_value(size) <= UINT32_MAX
+	m->cols.size[c] = json_is_integer(size) && json_integer_value(size) > 0 && json_integer_value(size) <= UINT32_MAX
 			     ? (uint32_t)json_integer_value(size) : 0;
-	if (!json_is_null(size) && !m->size[c])
+	if (!json_is_null(size) && !m->cols.size[c])
 		return sl__err(SLUICE_EFORMAT, "%s: column '%s': a size that is not a positive u32", where, name);
 	/* "ndarray:DTYPE:D1,D2,..." of a static shape: a typed field of that shape. */
 	if (sscanf(enc, "ndarray:%31[^:]:%n", type, &n) == 1 && n && sl_mds_dtype(type, &dt)) {
@@ -103,16 +101,16 @@ static int sl_mds_column(struct sluice_dataset *ds, struct sl_mds *m, unsigned c
 		want = sluice_dtype_size(dt);
 		for (int d = 0; d < ndim; d++)
 			want *= (uint64_t)shape[d];
-		if (!ndim || want != m->size[c])
+		if (!ndim || want != m->cols.size[c])
 			return sl__err(SLUICE_EFORMAT, "%s: column '%s': encoding '%s' but size %u", where, name, enc,
-				       m->size[c]);
+				       m->cols.size[c]);
 		*f = (struct sluice_field){ ds->names[c], dt, ndim, { 0 } };
 		memcpy(f->shape, shape, (size_t)ndim * sizeof(int64_t));
 		return 0;
 	}
 	if (sl_mds_dtype(enc, &dt)) {
-		if (m->size[c] != sluice_dtype_size(dt))
-			return sl__err(SLUICE_EFORMAT, "%s: column '%s': encoding %s of size %u", where, name, enc, m->size[c]);
+		if (m->cols.size[c] != sluice_dtype_size(dt))
+			return sl__err(SLUICE_EFORMAT, "%s: column '%s': encoding %s of size %u", where, name, enc, m->cols.size[c]);
 		*f = (struct sluice_field){ ds->names[c], dt, 0, { 0 } };
 		return 0;
 	}
@@ -146,7 +144,7 @@ static int sl_mds_columns(struct sluice_dataset *ds, struct sl_mds *m, json_t *s
 		else
 			rc = sl_mds_column(ds, m, (unsigned)c, name, enc, json_array_get(sizes, c), where);
 	}
-	ds->nfields = m->ncols = (unsigned)n;
+	ds->nfields = m->cols.n = (unsigned)n;
 	return rc ? rc : sl__schema_check(ds->fields, ds->nfields);
 }
 
@@ -160,21 +158,14 @@ static int sl_mds_shard(struct sluice_dataset *ds, struct sl_mds *m, unsigned s,
 
 	if (rc)
 		return rc;
-	n = len >= 4 ? sl__le32(p) : UINT64_MAX;
-	if (n != samples || (n + 2) * 4 > len)
-		rc = sl__err(SLUICE_EFORMAT, "%s: %llu samples in the file, %llu in index.json (or its offsets cut short)",
-			     ds->files[s], (unsigned long long)(n == UINT64_MAX ? 0 : n), (unsigned long long)samples);
+	n = len >= 4 ? sl__le32(p) : 0;
+	if (len < 4 || n != samples)
+		rc = sl__err(SLUICE_EFORMAT, "%s: %llu samples in the file, %llu in index.json", ds->files[s],
+			     (unsigned long long)n, (unsigned long long)samples);
 	if (!rc && sl__reserve(&m->off, cap, (size_t)(base + n + 1) * sizeof(uint32_t)))
 		rc = -ENOMEM;
-	for (uint64_t i = 0; !rc && i <= n; i++) {
-		uint32_t o = sl__le32(p + 4 + 4 * i);
-
-		if (o < (n + 2) * 4 || o > len || (i && o < m->off[base + i - 1]))
-			rc = sl__err(SLUICE_EFORMAT, "%s: sample %llu's offset %u out of order or outside the file", ds->files[s],
-				     (unsigned long long)(i ? i - 1 : 0), o);
-		else
-			m->off[base + i] = o;
-	}
+	if (!rc && (rc = sl__offsets_parse(p, len, m->off + base)))
+		rc = sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail());
 	munmap((void *)p, len);
 	if (!rc) {
 		m->at[s + 1] = base + n + 1;
@@ -262,6 +253,9 @@ static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, char **fi
 	size_t cap = 0;
 	int rc = sl__ds_files(ds, files, n);
 
+	for (unsigned c = 0; c < m->cols.n; c++)
+		m->cols.unit[c] = (uint32_t)sluice_dtype_size(ds->fields[c].dtype);
+
 	if (!rc && (!(m->first = calloc(n + 1, sizeof(uint64_t))) || !(m->at = calloc(n + 1, sizeof(uint64_t))) ||
 		    !(ds->file_records = calloc(n, sizeof(uint64_t)))))
 		rc = -ENOMEM;
@@ -331,36 +325,69 @@ static void sl_mds_locate(const struct sluice_dataset *ds, uint64_t i, struct sl
 	loc->crc = 0;
 }
 
+int sl__offsets_parse(const unsigned char *p, size_t len, uint32_t *off)
+{
+	uint64_t n = len >= 4 ? sl__le32(p) : 0;
+
+	if (len < 4 || (n + 2) * 4 > len)
+		return sl__err(SLUICE_EFORMAT, "%llu samples' offsets do not fit its %zu bytes", (unsigned long long)n, len);
+	for (uint64_t i = 0; i <= n; i++) {
+		uint32_t o = sl__le32(p + 4 + 4 * i);
+
+		if (o < (n + 2) * 4 || o > len || (i && o < off[i - 1]))
+			return sl__err(SLUICE_EFORMAT, "sample %llu's offset %u out of order or outside the file",
+				       (unsigned long long)(i ? i - 1 : 0), o);
+		off[i] = o;
+	}
+	return 0;
+}
+
+int sl__cols_split(const struct sl__cols *cols, const unsigned char *p, size_t len, const void **data, size_t *lens,
+		   unsigned *bad)
+{
+	size_t at, var = 0;
+
+	*bad = 0;
+	for (unsigned c = 0; c < cols->n; c++)
+		var += !cols->size[c];
+	if (var * 4 > len)
+		return sl__err(SLUICE_EFORMAT, "%zu bytes cannot hold its %zu sizes", len, var);
+	at = var * 4;
+	for (unsigned c = 0, v = 0; c < cols->n; c++) {
+		size_t size = cols->size[c] ? cols->size[c] : sl__le32(p + 4 * v++);
+
+		*bad = c;
+		if (size > len - at)
+			return sl__err(SLUICE_EFORMAT, "%zu bytes run past its %zu", size, len);
+		if ((cols->want[c] && size != cols->want[c]) || (cols->unit[c] > 1 && size % cols->unit[c]))
+			return sl__err(SLUICE_EFORMAT, "%zu bytes are not whole values of %u bytes", size,
+				       cols->want[c] ? cols->want[c] : cols->unit[c]);
+		data[c] = p + at;
+		lens[c] = size;
+		at += size;
+	}
+	*bad = cols->n;
+	return at == len ? 0 : sl__err(SLUICE_EFORMAT, "%zu bytes left over after its columns", len - at);
+}
+
 static int sl_mds_decode(const struct sluice_dataset *ds, uint64_t i, const unsigned char *p, size_t len,
 			 struct sluice_record *rec)
 {
 	const struct sl_mds *m = ds->priv;
-	size_t at = 0, var = 0;
+	const void *data[SLUICE_MAX_FIELDS];
+	size_t lens[SLUICE_MAX_FIELDS];
+	unsigned bad;
+	int rc = sl__cols_split(&m->cols, p, len, data, lens, &bad);
 
-	for (unsigned c = 0; c < m->ncols; c++)
-		var += !m->size[c];
-	if (var * 4 > len)
-		return sl__err(SLUICE_EFORMAT, "sample %llu: %zu bytes cannot hold its %zu sizes", (unsigned long long)i,
-			       len, var);
-	at = var * 4;
-	for (unsigned c = 0, v = 0; c < m->ncols; c++) {
-		size_t size = m->size[c] ? m->size[c] : sl__le32(p + 4 * v++);
-
-		if (size > len - at)
-			return sl__err(SLUICE_EFORMAT, "sample %llu: column '%s' of %zu bytes runs past its %zu",
-				       (unsigned long long)i, ds->fields[c].name, size, len);
-		if ((m->want[c] && size != m->want[c]) || size % sluice_dtype_size(ds->fields[c].dtype))
-			return sl__err(SLUICE_EFORMAT, "sample %llu: column '%s' of %zu bytes is not whole %s values",
-				       (unsigned long long)i, ds->fields[c].name, size,
-				       sluice_dtype_name(ds->fields[c].dtype));
-		if (rec) {
-			rec->data[c] = p + at;
-			rec->len[c] = size;
-		}
-		at += size;
+	if (rc)
+		return sl__err(rc, "sample %llu%s%s%s: %s", (unsigned long long)i, bad < m->cols.n ? ", column '" : "",
+			       bad < m->cols.n ? ds->fields[bad].name : "", bad < m->cols.n ? "'" : "",
+			       sluice_last_error_detail());
+	for (unsigned c = 0; rec && c < m->cols.n; c++) {
+		rec->data[c] = data[c];
+		rec->len[c] = lens[c];
 	}
-	return at == len ? 0 : sl__err(SLUICE_EFORMAT, "sample %llu: %zu bytes left over after its columns",
-				       (unsigned long long)i, len - at);
+	return 0;
 }
 
 /* ---- LitData ---- */
@@ -383,7 +410,7 @@ static void sl_ld_field(struct sluice_dataset *ds, struct sl_mds *m, unsigned c,
 	*f = (struct sluice_field){ ds->names[c], SLUICE_DTYPE_BYTES, 0, { 0 } };
 	if (!strcmp(fmt, "int") || !strcmp(fmt, "float") || !strcmp(fmt, "bool")) {
 		f->dtype = fmt[0] == 'i' ? SLUICE_DTYPE_I64 : fmt[0] == 'f' ? SLUICE_DTYPE_F64 : SLUICE_DTYPE_U8;
-		m->want[c] = (uint32_t)sluice_dtype_size(f->dtype);
+		m->cols.want[c] = (uint32_t)sluice_dtype_size(f->dtype);
 	} else if ((sscanf(fmt, "no_header_numpy:%u%n", &k, &n) == 1 && !fmt[n] && k < 11 && numpy[k] >= 0) ||
 		   (sscanf(fmt, "no_header_tensor:%u%n", &k, &n) == 1 && !fmt[n] && k < 21 && torch[k] >= 0)) {
 		f->dtype = (enum sluice_dtype)(fmt[10] == 'n' ? numpy[k] : torch[k]);
@@ -430,7 +457,7 @@ static int sl_ld_columns(struct sluice_dataset *ds, struct sl_mds *m, json_t *co
 	}
 	json_decref(keys);
 	json_decref(sj);
-	ds->nfields = m->ncols = (unsigned)n;
+	ds->nfields = m->cols.n = (unsigned)n;
 	return rc ? rc : sl__schema_check(ds->fields, ds->nfields);
 }
 

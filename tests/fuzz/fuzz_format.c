@@ -5,8 +5,10 @@
  * SLUICE_MAX_RECORD, and the first two converted) and a .npy header; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header, as a record of a fixed schema, as a
- * safetensors file (its header) and as a TFRecord file (every record it
- * accepts lies inside the input, after its header, in order).
+ * safetensors file (its header), as a TFRecord file (every record it
+ * accepts lies inside the input, after its header, in order), and as an
+ * MDS shard or LitData chunk (offsets rising inside the input) and a
+ * sample of columns laid out by its first bytes (every column inside it).
  * Properties: no crash or sanitizer report; decoded fields lie inside
  * the input.
  */
@@ -38,6 +40,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct sl__shard_hdr sh;
 	struct sl__st_header st;
 
+	/* As an MDS shard or LitData chunk, and as one sample of up to 8 columns its first bytes describe. */
+	if (size >= 4 && sl__le32(data) < (1u << 20)) {
+		uint32_t *off = malloc(((size_t)sl__le32(data) + 1) * sizeof(uint32_t));
+
+		if (off && sl__offsets_parse(data, size, off) == 0)
+			for (uint32_t k = 0; k <= sl__le32(data); k++)
+				if (off[k] > size || (k && off[k] < off[k - 1]))
+					abort();
+		free(off);
+	}
+	if (size >= 9) {
+		struct sl__cols cols = { .n = 1 + data[0] % 8 };
+		const void *cd[SLUICE_MAX_FIELDS];
+		size_t cl[SLUICE_MAX_FIELDS];
+		unsigned bad;
+
+		for (unsigned c = 0; c < cols.n; c++) {
+			cols.size[c] = data[1 + c] & 1 ? data[1 + c] >> 1 : 0;
+			cols.unit[c] = 1u << (data[1 + c] >> 6);
+		}
+		if (sl__cols_split(&cols, data + 9, size - 9, cd, cl, &bad) == 0)
+			for (unsigned c = 0; c < cols.n; c++)
+				if ((const uint8_t *)cd[c] < data + 9 || (const uint8_t *)cd[c] + cl[c] > data + size)
+					abort();
+	}
 	/* As a TFRecord file. */
 	{
 		struct sl__tfr_rec *tr = NULL;

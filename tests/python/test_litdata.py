@@ -66,7 +66,7 @@ def test_chunks_read_as_laid_out(tmp_path):
     ("loader", "PyTreeLoader"),
     ("nested", "nested container"),
     ("escape", "is not a file of the directory"),
-    ("int_size", "not whole i64 values"),
+    ("int_size", "not whole values of 8 bytes"),
 ])
 def test_hostile_chunks_are_refused_by_name(tmp_path, harm, words):
     d = tmp_path / "ds"

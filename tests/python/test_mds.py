@@ -64,7 +64,7 @@ def test_mds_files_read_as_laid_out(tmp_path):
     ("order", "out of order or outside the file"),
     ("uint64", "uint64"),
     ("compressed", "compressed shards"),
-    ("sizes", "runs past"),
+    ("sizes", "run past"),
 ])
 def test_hostile_mds_is_refused_by_name(tmp_path, harm, words):
     d = tmp_path / "ds"

@@ -103,7 +103,7 @@ int main(void)
 	write_ds("shard.00000.mds", 2, 2);
 	T_CHECK(sluice_dataset_open(&ds, dir) == 0);
 	T_CHECK(ds && sluice_dataset_read(ds, 0, buf, sizeof(buf), &rec) == SLUICE_EFORMAT &&
-		strstr(sluice_last_error_detail(), "runs past"));
+		strstr(sluice_last_error_detail(), "run past"));
 	sluice_dataset_close(ds);
 	write_ld(0);
 	T_CHECK(sluice_dataset_open(&ds, dir) == 0);
