@@ -8,6 +8,7 @@ structs, maps) is refused naming the column, and a null value naming its row and
 import ctypes as C
 import json
 import os
+import stat
 
 import numpy as np
 
@@ -79,6 +80,8 @@ def _column(col, kind, dtype, where, name, first):
         raise SluiceError(EFORMAT, f"{where}: row {row}, column '{name}': null (sluice stores no nulls; an image or "
                           f"audio with only a path and no bytes is one)")
     n = len(col)
+    if kind == "fixed" and col.flatten().null_count:
+        raise SluiceError(EFORMAT, f"{where}: column '{name}': a list holds a null (sluice stores no nulls)")
     if kind in ("scalar", "fixed"):
         a = (col.flatten() if kind == "fixed" else col).to_numpy(zero_copy_only=False)
         a = np.ascontiguousarray(a.astype(np.uint8) if a.dtype == bool else a.astype(_np(dtype), copy=False))
@@ -147,13 +150,36 @@ def _chain(first, rest):
     yield from rest
 
 
+def _regular(path, what="file"):
+    """path, which must be a regular file (a FIFO or a device would hang a read or never end)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise SluiceError(-e.errno, f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SluiceError(EFORMAT, f"{path}: not a regular file (a {what} is one)")
+    return path
+
+
+def _small_json(path, limit, what):
+    """The JSON of a regular file of at most limit bytes."""
+    with open(_regular(path, what), "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise SluiceError(EFORMAT, f"{path}: over {limit} bytes (a {what} is small)")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise SluiceError(EFORMAT, f"{path}: not JSON") from None
+
+
 def _files(src, suffixes):
     if os.path.isdir(src):
         names = sorted(n for n in os.listdir(src) if n.endswith(suffixes))
         if not names:
             raise SluiceError(-2, f"{src}: no {' or '.join(suffixes)} files in it")
-        return [os.path.join(src, n) for n in names]
-    return [src]
+        return [_regular(os.path.join(src, n)) for n in names]
+    return [_regular(src)]
 
 
 def parquet_batches(src, batch_rows=4096):
@@ -172,43 +198,50 @@ def hf_batches(src):
     order) or of Arrow files (a datasets cache file, a directory of them in name order), stream or file format."""
     pa = _pa()
     state = os.path.join(src, "state.json") if os.path.isdir(src) else None
-    if state and os.path.exists(state):
-        with open(state, "rb") as f:
-            raw = f.read(16 << 20)
+    if state and os.path.lexists(state):
         try:
-            files = [os.path.join(src, d["filename"]) for d in json.loads(raw)["_data_files"]]
-        except (ValueError, KeyError, TypeError):
+            files = [os.path.join(src, d["filename"]) for d in _small_json(state, 16 << 20, "state.json")["_data_files"]]
+        except (KeyError, TypeError):
             raise SluiceError(EFORMAT, f"{state}: not a datasets state.json (no _data_files)") from None
         for p in files:
             if os.path.dirname(os.path.abspath(p)) != os.path.abspath(src):
                 raise SluiceError(EFORMAT, f"{state}: data file {p!r} lies outside the dataset's directory")
+            _regular(p, "data file")
     else:
         files = _files(src, (".arrow",))
     for path in files:
-        try:
-            with pa.memory_map(path) as source:
-                try:
-                    reader = pa.ipc.open_stream(source)
-                except pa.ArrowInvalid:
-                    reader = pa.ipc.open_file(source)
-                    for i in range(reader.num_record_batches):
-                        yield reader.get_batch(i)
-                    continue
-                yield from reader
-        except (pa.ArrowInvalid, OSError) as e:
-            raise SluiceError(EFORMAT, f"{path}: not an Arrow file sluice reads ({e})") from None
+        yield from _arrow_file(pa, path)
+
+
+def _arrow_file(pa, path):
+    """The record batches of one Arrow file, stream or file format, read whole: a stream must end in its
+    end-of-stream marker (one cut short would read as fewer rows, with no error from pyarrow)."""
+    try:
+        with pa.memory_map(path) as source:
+            try:
+                reader = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+                return
+            yield from reader
+            size = source.size()
+            source.seek(max(size - 8, 0))
+            tail = source.read(8)
+            if source.tell() != size or tail != b"\xff\xff\xff\xff\x00\x00\x00\x00":
+                raise SluiceError(EFORMAT, f"{path}: an Arrow stream cut short (no end-of-stream marker)")
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SluiceError(EFORMAT, f"{path}: not an Arrow file sluice reads ({e})") from None
 
 
 def hf_metadata(src):
     """What a saved dataset says of its features (class names of a ClassLabel, ...), for the dataset's metadata."""
     info = os.path.join(src, "dataset_info.json") if os.path.isdir(src) else None
-    if not info or not os.path.exists(info) or os.path.getsize(info) > 8 << 20:
+    if not info or not os.path.lexists(info):
         return None
-    try:
-        with open(info) as f:
-            features = json.load(f).get("features")
-    except ValueError:
-        return None
+    features = _small_json(info, 8 << 20, "dataset_info.json")
+    features = features.get("features") if isinstance(features, dict) else None
     return {"features": features} if features else None
 
 

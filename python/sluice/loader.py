@@ -158,12 +158,14 @@ class Loader:
 
     def _open(self, position):
         self._h = self._owner = None  # the previous C loader closes once no batch of its is left
+        # Before the C loader starts: its threads call the transform, which makes views, at once.
+        self._views, self._meta = {}, None
         self._opt.position = _int_option("Loader", "position", position, 0, (1 << 64) - 1)
         h = C.c_void_p()
         if self._opt.gpu:  # a GPU loader decodes a zstd dataset's blocks with nvCOMP where it is found
             _find_nvcomp()
         check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
-        self._h, self._owner, self._views, self._meta = h, _Owner(h, self.dataset), {}, None
+        self._h, self._owner = h, _Owner(h, self.dataset)
         self._owner.transform = self._cb  # the loader's threads call it for as long as the C loader lives
 
     def _run_transform(self, bp, stream, arg):

@@ -18,8 +18,12 @@ static const struct sl__ds_ops *const sl_readers[] = { &sl__ds_native_ops, &sl__
 						       &sl__ds_tfrecord_ops, &sl__ds_mds_ops,
 						       &sl__ds_litdata_ops };
 
-/* The local file at local (path: how messages name it) mapped read-only; an empty one is SLUICE_EFORMAT. */
-static int sl_map_local(const char *local, const char *path, const unsigned char **map, size_t *len, int enoent_hint)
+/*
+ * The local file at local (path: how messages name it) mapped read-only;
+ * an empty one is SLUICE_EFORMAT.  tag (or NULL): the version mapped.
+ */
+static int sl_map_local(const char *local, const char *path, const unsigned char **map, size_t *len, int enoent_hint,
+			char *tag)
 {
 	struct stat st;
 	void *m;
@@ -28,8 +32,14 @@ static int sl_map_local(const char *local, const char *path, const unsigned char
 	if (fd < 0)
 		return fd == -ENOENT && enoent_hint ? sl__err(fd, "%s (not a dataset sluice reads, or its writer did not finish)",
 							      sluice_last_error_detail()) : fd;
-	if (fstat(fd, &st) < 0)
+	if (fstat(fd, &st) < 0) {
 		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+		st.st_size = 0;
+	} else if (tag) {
+		sl__fs_local_tag(&st, tag);
+	}
+	if (rc)
+		;
 	else if (st.st_size == 0)
 		rc = sl__err(SLUICE_EFORMAT, "%s: empty file", path);
 	else if ((m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
@@ -50,17 +60,24 @@ int sl__map_ro(const char *path, const unsigned char **map, size_t *len, int eno
 	if ((rc = sl__fs_local(path, (char[SL_TAG_MAX]){ 0 }, local, sizeof(local))))
 		return rc == -ENOENT && enoent_hint ? sl__err(rc, "%s (not a dataset sluice reads, or its writer did not finish)",
 							      sluice_last_error_detail()) : rc;
-	return sl_map_local(local, path, map, len, enoent_hint);
+	return sl_map_local(local, path, map, len, enoent_hint, NULL);
 }
 
 int sl__ds_map(struct sluice_dataset *ds, unsigned f, const unsigned char **map, size_t *len)
 {
-	char local[4096];
-	int rc = sl__ds_path(ds, f, local, sizeof(local));
+	char local[4096], tag[SL_TAG_MAX] = "";
+	int rc = sl__ds_path(ds, f, local, sizeof(local)), is_local = sl__fs_is_local(ds->files[f]);
 
 	*map = NULL;
 	*len = 0;
-	return rc ? rc : sl_map_local(local, ds->files[f], map, len, 0);
+	if (!rc)
+		rc = sl_map_local(local, ds->files[f], map, len, 0, is_local ? tag : NULL);
+	/* A local file pinned to the version mapped: what was read from it at open describes that one. */
+	pthread_mutex_lock(&ds->local_lock);
+	if (is_local && tag[0] && !ds->tags[f][0])
+		memcpy(ds->tags[f], tag, sizeof(tag));
+	pthread_mutex_unlock(&ds->local_lock);
+	return rc;
 }
 
 unsigned sl__ds_file_of(const uint64_t *first, unsigned nfiles, uint64_t i)
@@ -263,14 +280,31 @@ int sl__ds_plan(struct sluice_dataset *ds, const unsigned *files, unsigned n)
 	return 0;
 }
 
+/* A local file's path, which must still be the version the dataset pinned (its index or table read from it). */
+static int sl_local_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
+{
+	char want[SL_TAG_MAX], now[SL_TAG_MAX];
+	int rc;
+
+	if ((size_t)snprintf(path, cap, "%s", ds->files[f]) >= cap)
+		return sl__err(-ENAMETOOLONG, "%s: path too long", ds->files[f]);
+	pthread_mutex_lock(&ds->local_lock);
+	memcpy(want, ds->tags[f], sizeof(want));
+	pthread_mutex_unlock(&ds->local_lock);
+	if (!want[0])
+		return 0;
+	if ((rc = sl__fs_version(path, now)))
+		return rc;
+	return strcmp(want, now) ? sl__err(-ESTALE, "%s: replaced or rewritten since the dataset was opened", path) : 0;
+}
+
 int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap)
 {
 	char local[4096], tag[SL_TAG_MAX];
 	int rc = 0, have;
 
 	if (sl__fs_is_local(ds->files[f]))
-		return (size_t)snprintf(path, cap, "%s", ds->files[f]) < cap ? 0
-			: sl__err(-ENAMETOOLONG, "%s: path too long", ds->files[f]);
+		return sl_local_path(ds, f, path, cap);
 	pthread_mutex_lock(&ds->local_lock);
 	if (!ds->prefetch_tried)
 		sl_prefetch_start(ds);

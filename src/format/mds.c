@@ -89,18 +89,19 @@ static int sl_mds_column(struct sluice_dataset *ds, struct sl_mds *m, unsigned c
 		return sl__err(SLUICE_EFORMAT, "%s: column '%s': a size that is not a positive u32", where, name);
 	/* "ndarray:DTYPE:D1,D2,..." of a static shape: a typed field of that shape. */
 	if (sscanf(enc, "ndarray:%31[^:]:%n", type, &n) == 1 && n && sl_mds_dtype(type, &dt)) {
-		for (const char *p = enc + n; *p && ndim < SLUICE_MAX_NDIM; ndim++) {
+		want = sluice_dtype_size(dt);
+		for (const char *p = enc + n; *p; ndim++) {
 			char *end;
 			long long d = strtoll(p, &end, 10);
 
-			if (end == p || d <= 0 || d > (1ll << 40) || (*end && *end != ','))
-				return sl__err(SLUICE_EFORMAT, "%s: column '%s': encoding '%s'", where, name, enc);
+			if (end == p || d <= 0 || (*end && *end != ',') || ndim == SLUICE_MAX_NDIM ||
+			    (uint64_t)d > UINT32_MAX / want)
+				return sl__err(SLUICE_EFORMAT, "%s: column '%s': encoding '%s' (at most %d dimensions of at "
+					       "most 4 GiB together)", where, name, enc, SLUICE_MAX_NDIM);
+			want *= (uint64_t)d;
 			shape[ndim] = d;
 			p = *end ? end + 1 : end;
 		}
-		want = sluice_dtype_size(dt);
-		for (int d = 0; d < ndim; d++)
-			want *= (uint64_t)shape[d];
 		if (!ndim || want != m->cols.size[c])
 			return sl__err(SLUICE_EFORMAT, "%s: column '%s': encoding '%s' but size %u", where, name, enc,
 				       m->cols.size[c]);
@@ -182,8 +183,18 @@ static json_t *sl_json_index(const char *dir, char **where, const char *key)
 	size_t len;
 	json_t *j = NULL;
 
+	struct stat st;
+
 	if (asprintf(where, "%s/%s", dir, SL_MDS_INDEX) < 0)
 		return *where = NULL, NULL;
+	/* Its size asked first: a remote one over the bound is never fetched. */
+	if (sl__fs_stat(*where, &st))
+		return NULL;
+	if ((uint64_t)st.st_size > SL_MDS_INDEX_MAX) {
+		sl__err(SLUICE_EFORMAT, "%s: %lld bytes; sluice reads an index.json of at most %u", *where,
+			(long long)st.st_size, SL_MDS_INDEX_MAX);
+		return NULL;
+	}
 	if (sl__map_ro(*where, &map, &len, 0))
 		return NULL;
 	if (len <= SL_MDS_INDEX_MAX)
@@ -213,21 +224,30 @@ static json_t *sl_probe_index(const char *path, const char *key)
 	return j;
 }
 
-/* Owns a directory whose index.json's first shard says "format": "mds". */
+/*
+ * Owns a directory with an index.json that is not LitData's (no "chunks"):
+ * one that is not MDS's either then gets this reader's error naming it,
+ * not the native reader's "no index.sli".
+ */
 static int sl_mds_probe(const char *path)
 {
-	json_t *j = sl_probe_index(path, "shards");
-	int ok = j && !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "shards"), 0),
-								     "format")) ?: "", "mds");
+	char *p = NULL;
+	struct stat st;
+	json_t *j;
+	int ok = asprintf(&p, "%s/%s", path, SL_MDS_INDEX) >= 0 && sl__fs_stat(p, &st) == 0 && S_ISREG(st.st_mode);
 
-	json_decref(j);
+	free(p);
+	if (ok && (j = sl_probe_index(path, "chunks")))
+		ok = 0, json_decref(j);
+	sl__err_clear();
 	return ok;
 }
 
 /* DIR/b for a file an index names: one plain name (never a path out of the directory), and its item count n. */
 static int sl_index_file(const char *b, json_t *n, const char *dir, const char *where, char **out, uint64_t *count)
 {
-	if (!b || !*b || strchr(b, '/') || strchr(b, '\\') || !strcmp(b, ".") || !strcmp(b, ".."))
+	/* No '%', '?', '#' or ':' either: on a web server those would name another file than the one written. */
+	if (!b || !*b || strpbrk(b, "/\\%?#:") || !strcmp(b, ".") || !strcmp(b, ".."))
 		return sl__err(SLUICE_EFORMAT, "%s: a shard's name %s%s%s is not a file of the directory", where,
 			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
 	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
@@ -444,6 +464,8 @@ static int sl_ld_columns(struct sluice_dataset *ds, struct sl_mds *m, json_t *co
 			rc = sl__err(SLUICE_EFORMAT, "%s: leaf %zu is a nested container (sluice reads flat samples)", where, c);
 		else if (!f)
 			rc = sl__err(SLUICE_EFORMAT, "%s: data_format %zu is not a string", where, c);
+		else if (keys && json_is_string(key) && strlen(json_string_value(key)) >= sizeof(ds->names[c]))
+			rc = sl__err(SLUICE_EFORMAT, "%s: key %zu is longer than %zu bytes", where, c, sizeof(ds->names[c]) - 1);
 		else if (keys && json_is_string(key))
 			snprintf(ds->names[c], sizeof(ds->names[c]), "%s", json_string_value(key));
 		else if (keys && json_is_integer(key))

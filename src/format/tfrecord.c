@@ -52,7 +52,8 @@ static int sl_tfr_name(const char *path)
 	static const char *const names[] = { ".tfrecord", ".tfrecords", ".tfr", NULL };
 	char stem[4096];
 
-	snprintf(stem, sizeof(stem), "%s", path);
+	/* A URL's query (a presigned one's) is not part of the name. */
+	snprintf(stem, sizeof(stem), "%.*s", (int)(sl__fs_is_local(path) ? strlen(path) : strcspn(path, "?#")), path);
 	for (const char *const *s = sl_tfr_compressed; *s; s++)
 		if (sl_ends(stem, (const char *const[]){ *s, NULL }))
 			stem[strlen(stem) - strlen(*s)] = 0;
@@ -147,10 +148,11 @@ static int sl_tfr_load(struct sluice_dataset *ds, struct sl_tfr *t, unsigned f, 
 		rc = sl__tfr_scan(map, len, ds->files[f], &r, &n);
 	if (map)
 		munmap((void *)map, len);
-	if (!rc && sl__reserve(&t->rec, cap, (size_t)(have + n) * sizeof(*r)))
+	if (!rc && sl__reserve(&t->rec, cap, (size_t)(have + n + 1) * sizeof(*r)))
 		rc = -ENOMEM;
 	if (!rc) {
-		memcpy(t->rec + have, r, (size_t)n * sizeof(*r));
+		if (n)
+			memcpy(t->rec + have, r, (size_t)n * sizeof(*r));
 		t->first[f + 1] = have + n;
 		ds->file_bytes[f] = len;
 		ds->file_records[f] = n;

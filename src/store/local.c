@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "store/names.h"
 #include "store/store.h"
 
 int sl__test_refuse_direct, sl__test_no_cachestat;
@@ -229,10 +230,15 @@ static int sl_local_entry(const char *path, const struct stat *st, struct sl__en
 		return sl__err(-EINVAL, "%s: not a regular file or a directory", path);
 	e->kind = SL_KIND_FILE;
 	e->size = (uint64_t)st->st_size;
-	snprintf(e->tag, sizeof(e->tag), "%llx:%llx:%lld.%09ld:%lld", (unsigned long long)st->st_dev,
+	sl__fs_local_tag(st, e->tag);
+	return 0;
+}
+
+void sl__fs_local_tag(const struct stat *st, char tag[SL_TAG_MAX])
+{
+	snprintf(tag, SL_TAG_MAX, "%llx:%llx:%lld.%09ld:%lld", (unsigned long long)st->st_dev,
 		 (unsigned long long)st->st_ino, (long long)st->st_mtim.tv_sec, st->st_mtim.tv_nsec,
 		 (long long)st->st_size);
-	return 0;
 }
 
 int sl__local_info(const char *path, struct sl__entry *e)

@@ -118,11 +118,9 @@ void sluice_list_free(char **names, unsigned n)
 int sl__fs_version(const char *path, char tag[SL_TAG_MAX])
 {
 	struct sl__entry e;
-	int rc = sl__fs_is_local(path) ? 0 : sl__store_of(path)->info(path, &e);
+	int rc = sl__store_of(path)->info(path, &e);
 
-	tag[0] = 0;
-	if (!rc && !sl__fs_is_local(path))
-		snprintf(tag, SL_TAG_MAX, "%s", e.tag);
+	snprintf(tag, SL_TAG_MAX, "%s", rc ? "" : e.tag);
 	return rc;
 }
 

@@ -26,8 +26,14 @@
 SL_HIDDEN int sl__fs_stat(const char *path, struct stat *st);
 SL_HIDDEN int sl__fs_list(const char *dir, int recursive, char ***names, unsigned *n);
 SL_HIDDEN int sl__fs_local(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap);
-/* The version path is now ("" for local files, or a store that gives none): sl__fs_local's tag to pin it. */
+/*
+ * The version path is now ("" where its store gives none): what pins it.
+ * A local file's is its device, inode, mtime and size (sl__fs_local_tag
+ * of a stat), checked by the dataset layer; a remote file's is given to
+ * sl__fs_local.
+ */
 SL_HIDDEN int sl__fs_version(const char *path, char tag[SL_TAG_MAX]);
+SL_HIDDEN void sl__fs_local_tag(const struct stat *st, char tag[SL_TAG_MAX]);
 SL_HIDDEN int sl__fs_is_local(const char *path);
 /* A remote name's trailing slashes cut (never a scheme's "//"): "s3://b/p/" and "s3://b/p" are one directory. */
 SL_HIDDEN void sl__trim_slashes(char *path);

@@ -136,3 +136,32 @@ def test_a_state_json_pointing_outside_is_refused(tmp_path):
     (tmp_path / "saved" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "../../etc/passwd"}]}))
     with pytest.raises(sluice.SluiceError, match="outside the dataset's directory"):
         sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "saved"))
+
+
+def test_a_null_inside_a_fixed_size_list_is_refused(tmp_path):
+    p = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"box": pa.array([[1, 2], [3, None]], pa.list_(pa.int32(), 2))}), p)
+    with pytest.raises(sluice.SluiceError, match="column 'box': a list holds a null"):
+        sluice.pack(str(tmp_path / "out"), parquet=str(p))
+
+
+def test_an_arrow_stream_cut_short_is_refused_not_packed_in_part(tmp_path):
+    t = pa.table({"n": pa.array(range(100), pa.int64())})
+    src, ends = tmp_path / "data-00000-of-00001.arrow", []
+    with pa.OSFile(str(src), "wb") as f, pa.ipc.new_stream(f, t.schema) as w:
+        for b in t.to_batches(max_chunksize=10):
+            w.write_batch(b)
+            ends.append(f.tell())
+    os.truncate(src, ends[2])  # three whole batches of ten, no end-of-stream marker
+    with pytest.raises(sluice.SluiceError, match="cut short"):
+        sluice.pack(str(tmp_path / "out"), hf=str(src))
+
+
+def test_special_files_are_refused_not_read(tmp_path):
+    d = tmp_path / "saved"
+    d.mkdir()
+    os.mkfifo(d / "state.json")
+    with pytest.raises(sluice.SluiceError, match="not a regular file"):
+        sluice.pack(str(tmp_path / "out"), hf=str(d))
+    with pytest.raises(sluice.SluiceError, match="not a regular file"):
+        sluice.pack(str(tmp_path / "out2"), parquet="/dev/zero")

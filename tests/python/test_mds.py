@@ -127,3 +127,41 @@ def test_streamings_own_writer_and_reader(tmp_path):
         assert bytes(got["raw"]) == want["raw"]
         assert np.array_equal(mds_decode("ndarray", bytes(got["tok"])), want["tok"])
         assert np.array_equal(np.asarray(mds_decode("jpeg", bytes(got["img"]))), np.asarray(want["img"]))
+
+
+def test_a_shard_replaced_after_open_is_stale_not_read_through_old_offsets(tmp_path):
+    import time
+    _write(tmp_path / "ds", [_samples(10, 1)])
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    time.sleep(0.01)
+    tmp = tmp_path / "ds" / "new.mds"
+    tmp.write_bytes(_shard(_samples(10, 9)))
+    os.replace(tmp, tmp_path / "ds" / "shard.00000.mds")
+    with pytest.raises(sluice.SluiceError) as e:
+        ds[0]
+    assert "replaced or rewritten since the dataset was opened" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["..%2Fsecret.mds", "%2e%2e%2fsecret.mds", "shard.mds?x=1", "shard.mds#f"])
+def test_shard_names_that_a_server_would_read_elsewhere_are_refused(tmp_path, name):
+    def patch(ix):
+        ix["shards"][0]["raw_data"]["basename"] = name
+    _write(tmp_path / "ds", [_samples(3, 1)], patch=patch)
+    with pytest.raises(sluice.SluiceError, match="is not a file of the directory"):
+        sluice.Dataset(str(tmp_path / "ds"))
+
+
+def test_an_ndarray_shape_that_wraps_is_refused(tmp_path):
+    def patch(ix):
+        ix["shards"][0]["column_encodings"][1] = "ndarray:uint8:4294967297,4294967295,4294967297,4294967295"
+        ix["shards"][0]["column_sizes"][1] = 1
+    _write(tmp_path / "ds", [_samples(3, 1)], patch=patch)
+    with pytest.raises(sluice.SluiceError, match="at most 4 dimensions of at most 4 GiB"):
+        sluice.Dataset(str(tmp_path / "ds"))
+
+
+def test_a_malformed_index_json_is_named(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "index.json").write_text("{not json")
+    with pytest.raises(sluice.SluiceError, match="index.json: not the index sluice expects"):
+        sluice.Dataset(str(tmp_path / "ds"))

@@ -144,3 +144,27 @@ def test_a_directory_of_them_on_a_web_server(tfdir, tmp_path, monkeypatch):
     with webserver.WebServer(tfdir.parent, tmp_path / "nginx") as web:
         ds = sluice.Dataset(web.url(tfdir.name + "/"))
         assert ds.format == "tfrecord" and [bytes(ds[i]["record"]) for i in range(len(ds))] == _theirs(tfdir)
+
+
+def test_tf_example_merges_as_protobuf_does():
+    """Serialized Examples concatenated are one Example to protobuf: Features merged, a key given again replaced,
+    a Feature's lists concatenated, the last kind of its oneof kept; groups skipped; a key not UTF-8 refused."""
+    e1, e2 = example_pb2.Example(), example_pb2.Example()
+    e1.features.feature["a"].bytes_list.value.append(b"x")
+    e1.features.feature["n"].int64_list.value.extend([1, 2])
+    e2.features.feature["a"].int64_list.value.append(7)
+    e2.features.feature["m"].float_list.value.extend([0.5])
+    for raw in (e1.SerializeToString() + e2.SerializeToString(),
+                e1.SerializeToString() + b"\x1b\x08\x05\x1c"):  # an unknown group, field 3
+        ref = example_pb2.Example.FromString(raw).features.feature
+        ours = sluice.tf_example(raw)
+        assert set(ours) == set(ref)
+        for k, f in ref.items():
+            want = list(getattr(f, f.WhichOneof("kind")).value)
+            assert [x for x in ours[k]] == want if f.WhichOneof("kind") == "bytes_list" else \
+                np.array_equal(ours[k], np.array(want, ours[k].dtype))
+    feature = b"\x0a\x03\x0a\x01a"  # a bytes_list [b"a"]
+    entry = b"\x0a\x02\xff\xfe" + b"\x12" + bytes([len(feature)]) + feature
+    bad = b"\x0a" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
+    with pytest.raises(ValueError, match="not UTF-8"):
+        sluice.tf_example(bad)

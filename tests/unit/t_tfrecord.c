@@ -7,6 +7,7 @@
  * with a CRC that matches; an empty file has no records.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,5 +73,19 @@ int main(void)
 	put_record(buf + at, UINT64_MAX, 0, 'e');
 	T_CHECK(scan(buf, at + 16, &n, &r) == SLUICE_EFORMAT);
 	free(r);
+	{
+		/* An empty file opens as a dataset of no records (a zero-length table: no copy from NULL). */
+		char path[700];
+		struct sluice_dataset *ds = NULL;
+		FILE *f;
+
+		snprintf(path, sizeof(path), "%s/empty.tfrecord", t_dir("t_tfrecord"));
+		f = fopen(path, "wb");
+		T_CHECK(f != NULL);
+		if (f)
+			fclose(f);
+		T_CHECK(sluice_dataset_open(&ds, path) == 0 && ds && sluice_dataset_count(ds) == 0);
+		sluice_dataset_close(ds);
+	}
 	return t_done("t_tfrecord");
 }
