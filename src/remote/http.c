@@ -355,12 +355,44 @@ static struct curl_slist *sl_headers(const struct sl__http_req *q, char range[64
  * own bundle.  A private endpoint's certificate is trusted that way; none is
  * ever left unchecked.
  */
+const char *sl__ca_pick(const char *builtin, const char *const *candidates)
+{
+	if (builtin && access(builtin, R_OK) == 0)
+		return NULL;
+	for (; candidates && *candidates; candidates++)
+		if (access(*candidates, R_OK) == 0)
+			return *candidates;
+	return NULL;
+}
+
+static const char *sl_ca_found;
+static pthread_once_t sl_ca_once = PTHREAD_ONCE_INIT;
+
+/* The machine's CA bundle where libcurl's own (compiled in for the distribution that built it) is absent. */
+static void sl_ca_find(void)
+{
+	static const char *const bundles[] = {
+		"/etc/ssl/certs/ca-certificates.crt",                /* Debian, Ubuntu, Arch, Gentoo */
+		"/etc/pki/tls/certs/ca-bundle.crt",                  /* RHEL, Fedora, Amazon Linux */
+		"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", /* RHEL 7 and later */
+		"/etc/ssl/ca-bundle.pem",                            /* SUSE */
+		"/etc/ssl/cert.pem",                                 /* Alpine */
+		NULL,
+	};
+
+	sl_ca_found = sl__ca_pick(curl_version_info(CURLVERSION_NOW)->cainfo, bundles);
+}
+
 static void sl_ca(CURL *h)
 {
 	const char *ca = getenv("AWS_CA_BUNDLE");
 
 	if (!ca || !*ca)
 		ca = getenv("SSL_CERT_FILE");
+	if (!ca || !*ca) {
+		pthread_once(&sl_ca_once, sl_ca_find);
+		ca = sl_ca_found;
+	}
 	if (ca && *ca)
 		curl_easy_setopt(h, CURLOPT_CAINFO, ca);
 }

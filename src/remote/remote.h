@@ -70,6 +70,14 @@ SL_HIDDEN int sl__s3_parse_url(const char *url, char *bucket, size_t bucket_cap,
  */
 struct sl__http_conn;
 SL_HIDDEN int sl__http_init(void);
+/*
+ * The CA bundle https is checked against where AWS_CA_BUNDLE and
+ * SSL_CERT_FILE say none: libcurl's own (builtin) where it is readable
+ * (NULL: curl uses it), else the first readable of candidates (the common
+ * distributions' paths: a wheel's libcurl built on one runs on another),
+ * else NULL.
+ */
+SL_HIDDEN const char *sl__ca_pick(const char *builtin, const char *const *candidates);
 SL_HIDDEN int sl__http_conn_open(struct sl__http_conn **out);
 SL_HIDDEN void sl__http_conn_close(struct sl__http_conn *c);
 /* The calling thread's connection, made on first use, closed when the thread ends; NULL without memory. */

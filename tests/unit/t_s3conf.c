@@ -159,12 +159,33 @@ static void test_object_checksums_over_bytes_read_back(void)
 	free(data);
 }
 
+/* The CA bundle: curl's own where readable, else the first readable of the distributions' paths. */
+static void test_ca_bundle_is_found_where_the_distribution_keeps_it(const char *d)
+{
+	char there[700], missing[700];
+	const char *list[3] = { missing, there, NULL };
+	FILE *f;
+
+	snprintf(there, sizeof(there), "%s/ca.pem", d);
+	snprintf(missing, sizeof(missing), "%s/none.pem", d);
+	f = fopen(there, "w");
+	T_CHECK(f != NULL);
+	if (f)
+		fclose(f);
+	T_CHECK(sl__ca_pick(there, list) == NULL);      /* curl's own is there: curl uses it */
+	T_CHECK(sl__ca_pick(missing, list) == list[1]); /* curl's is absent: the first that is there */
+	T_CHECK(sl__ca_pick(NULL, list) == list[1]);
+	list[1] = NULL;
+	T_CHECK(sl__ca_pick(missing, list) == NULL);    /* none anywhere: curl's error says so */
+}
+
 int main(void)
 {
 	const char *d = t_dir("t_s3conf");
 	char home[600], aws[640], cred[700], conf[700], henv[700], bucket[64], key[1100];
 	struct sl__s3_conf c;
 
+	test_ca_bundle_is_found_where_the_distribution_keeps_it(d);
 	snprintf(home, sizeof(home), "%s", d);
 	snprintf(aws, sizeof(aws), "%s/.aws", home);
 	snprintf(cred, sizeof(cred), "%s/credentials", aws);
