@@ -6,6 +6,7 @@ them fixed shapes; lists of them variable-length arrays; strings (UTF-8) and bin
 struct of Hugging Face's ({"bytes", "path"}), its bytes.  What has no sluice type (uint64, nested lists, other
 structs, maps) is refused naming the column, and a null value naming its row and column."""
 import ctypes as C
+import itertools
 import json
 import os
 import stat
@@ -108,8 +109,8 @@ def _np(dtype):
             6: np.float16, 8: np.float32, 11: np.float64}[dtype]
 
 
-def _write(out, batches, where, shard_size, zstd, metadata):
-    """The record batches as one dataset at out; the report."""
+def pack_arrow(out, batches, where, shard_size=0, zstd=0, metadata=None):
+    """The record batches packed as one dataset at out (where: how errors name the source); {"records": n}."""
     batches = iter(batches)
     first = next(batches, None)
     if first is None:
@@ -127,7 +128,7 @@ def _write(out, batches, where, shard_size, zstd, metadata):
     rows = 0
     try:
         vals, lens = (C.c_void_p * len(plan))(), (C.c_size_t * len(plan))()
-        for batch in _chain(first, batches):
+        for batch in itertools.chain((first,), batches):
             if batch.schema != first.schema:
                 raise SluiceError(EFORMAT, f"{where}: row {rows}: the columns change ({batch.schema.names})")
             cols = [_column(batch.column(k), kind, dtype, where, name, rows)
@@ -143,11 +144,6 @@ def _write(out, batches, where, shard_size, zstd, metadata):
         lib.sluice_writer_abort(w)
         raise
     return {"records": rows}
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 def _regular(path, what="file"):
@@ -243,8 +239,3 @@ def hf_metadata(src):
     features = _small_json(info, 8 << 20, "dataset_info.json")
     features = features.get("features") if isinstance(features, dict) else None
     return {"features": features} if features else None
-
-
-def pack_arrow(out, batches, where, shard_size=0, zstd=0, metadata=None):
-    """The record batches packed at out; {"records": n}."""
-    return _write(out, batches, where, shard_size, zstd, metadata)

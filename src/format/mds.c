@@ -267,11 +267,20 @@ static int sl_mds_file(json_t *sh, const char *dir, const char *where, char **ou
 	return sl_index_file(b, json_object_get(sh, "samples"), dir, where, out, samples);
 }
 
-/* The n files (taken) bound to ds, each's header checked against its count in samples[]. */
-static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, char **files, unsigned n, const uint64_t *samples)
+/*
+ * An open's end, whatever came before (rc): where it went well, the n
+ * files bound to ds, each's header checked against its count in
+ * samples[]; else the files freed.  The index (j, where) and samples freed.
+ */
+static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, int rc, char **files, unsigned n,
+			  uint64_t *samples, json_t *j, char *where)
 {
 	size_t cap = 0;
-	int rc = sl__ds_files(ds, files, n);
+
+	if (rc)
+		sluice_list_free(files, n);
+	else
+		rc = sl__ds_files(ds, files, n);
 
 	for (unsigned c = 0; c < m->cols.n; c++)
 		m->cols.unit[c] = (uint32_t)sluice_dtype_size(ds->fields[c].dtype);
@@ -284,6 +293,9 @@ static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, char **fi
 	if (!rc)
 		ds->nrecords = m->first[n];
 	ds->has_crc = 0;
+	free(samples);
+	json_decref(j);
+	free(where);
 	return rc;
 }
 
@@ -309,16 +321,7 @@ static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 		else if (!(rc = sl_mds_columns(ds, m, sh, s ? json_array_get(shards, 0) : NULL, where)))
 			rc = sl_mds_file(sh, path, where, &files[s], &samples[s]);
 	}
-	if (!rc) {
-		rc = sl_shards_load(ds, m, files, (unsigned)n, samples);
-		files = NULL;
-	}
-	if (files)
-		sluice_list_free(files, (unsigned)n);
-	free(samples);
-	json_decref(j);
-	free(where);
-	return rc;
+	return sl_shards_load(ds, m, rc, files, (unsigned)n, samples, j, where);
 }
 
 static void sl_mds_close(struct sluice_dataset *ds)
@@ -523,16 +526,7 @@ static int sl_ld_open(struct sluice_dataset *ds, const char *path)
 		rc = sl_index_file(json_string_value(json_object_get(ch, "filename")), json_object_get(ch, "chunk_size"),
 				   path, where, &files[c], &items[c]);
 	}
-	if (!rc) {
-		rc = sl_shards_load(ds, m, files, (unsigned)n, items);
-		files = NULL;
-	}
-	if (files)
-		sluice_list_free(files, (unsigned)n);
-	free(items);
-	json_decref(j);
-	free(where);
-	return rc;
+	return sl_shards_load(ds, m, rc, files, (unsigned)n, items, j, where);
 }
 
 const struct sl__ds_ops sl__ds_litdata_ops = {

@@ -307,13 +307,10 @@ static int sl_http_list(const char *dir, int recursive, int (*add)(void *arg, co
 }
 
 /* A write the server does not take (no WebDAV there) is -EROFS, saying so; other errors as they are. */
-static int sl_http_refused(int rc, const struct sl__http_resp *k, const char *path, const char *method)
+static int sl_http_refused(int rc, const struct sl__http_resp *k, const char *name, const char *method)
 {
-	char name[512];
-
 	if (k->status != 405 && k->status != 501 && k->status != 403)
 		return rc;
-	sluice_url_redact(path, name, sizeof(name));
 	return sl__err(-EROFS, "%s: the server takes no %s (HTTP %ld): http files are read-only there; a web server "
 		       "with WebDAV's PUT and DELETE (nginx's dav_methods) takes writes", name, method, k->status);
 }
@@ -333,7 +330,7 @@ static int sl_http_change(const char *path, int method, const void *body, size_t
 	q.buf = (void *)body;
 	q.len = len;
 	rc = sl__http_request(c, &q, &k);
-	return rc ? sl_http_refused(rc, &k, path, method == SL_HTTP_PUT ? "PUT" : "DELETE") : 0;
+	return rc ? sl_http_refused(rc, &k, h.name, method == SL_HTTP_PUT ? "PUT" : "DELETE") : 0;
 }
 
 /* DELETE (WebDAV's, nginx's dav_methods). */
