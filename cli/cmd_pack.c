@@ -2,8 +2,12 @@
  * sluice pack: a tree of small files, any dataset sluice reads (WebDataset
  * tars, Megatron .bin/.idx, sluice shards), JSON lines or token arrays into
  * sluice shards: the options of sluice_pack (sluice.h), which does the work.
+ * Parquet and Hugging Face datasets go through the Python package's reader
+ * (sluice.arrow, over pyarrow), run with SLUICE_PYTHON as `sluice journey` is.
  */
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -50,10 +54,27 @@ static void print_report(const struct sluice_pack_options *o, const struct sluic
 	}
 }
 
+/* --from-parquet / --from-hf: python -m sluice.arrow KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json]. */
+static int pack_arrow(const char *kind, const char *src, const char *out, uint64_t shard_size, unsigned zstd,
+		      uint64_t block_size, int json)
+{
+	char dir[PATH_MAX], ss[32], zs[16], bs[32];
+	const char *py = cli_python_env(CMD, dir, sizeof(dir));
+
+	if (!py)
+		return 1;
+	snprintf(ss, sizeof(ss), "%llu", (unsigned long long)shard_size);
+	snprintf(zs, sizeof(zs), "%u", zstd);
+	snprintf(bs, sizeof(bs), "%llu", (unsigned long long)block_size);
+	execlp(py, py, "-m", "sluice.arrow", kind, src, out, ss, zs, bs, json ? "--json" : NULL, (char *)NULL);
+	return cli_fail(CMD, "cannot run %s for --from-%s (set SLUICE_PYTHON to a python3 with sluice and pyarrow): %m",
+			py, kind);
+}
+
 int cmd_pack(int argc, char **argv)
 {
 	const char *from = NULL, *out = NULL, *from_ds = NULL, *from_jsonl = NULL, *fields_arg = NULL;
-	const char *from_tokens = NULL, *doc_lengths = NULL, *dtype_arg = NULL;
+	const char *from_tokens = NULL, *doc_lengths = NULL, *dtype_arg = NULL, *from_parquet = NULL, *from_hf = NULL;
 	uint64_t shard_size = 0, block_size = 0;
 	unsigned threads = 0, zstd = 0, pack_context = 0, greedy = 0;
 	int quiet = !isatty(2), json = 0, rc, all_files = 0, follow = 0;
@@ -66,6 +87,7 @@ int cmd_pack(int argc, char **argv)
 		if (!strcmp(a, "--help")) {
 			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2 |\n"
 			       "                    --from-tokens FILE --doc-lengths FILE)\n"
+			       "                    --from-parquet FILE|DIR | --from-hf DIR)\n"
 			       "                   [--shard-size N] [--zstd LEVEL [--block-size N]] [--threads N] [--quiet] [--json] OUT\n"
 			       "  --zstd LEVEL     store shards as zstd blocks (level 1-22) of --block-size uncompressed\n"
 			       "                   bytes or more (default and least 1M), whole records each\n"
@@ -82,7 +104,11 @@ int cmd_pack(int argc, char **argv)
 			       "                   (image extensions only, unless --all-files), the class map stored in the\n"
 			       "                   dataset's metadata; links leading out of DIR skipped unless --follow-symlinks\n"
 			       "  --from DATASET   any dataset sluice reads: WebDataset tars (a .tar or a directory of them),\n"
-			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n");
+			       "                   Megatron PREFIX(.bin/.idx), sluice shards; fields kept\n"
+			       "  --from-parquet F a Parquet file, or a directory of them; --from-hf DIR: a Hugging Face\n"
+			       "                   dataset saved with save_to_disk (or its Arrow cache files). Each column a\n"
+			       "                   field of its type, rows streamed; through the Python package and pyarrow\n"
+			       "                   (SLUICE_PYTHON, default python3)\n");
 			return 0;
 		} else if (!strcmp(a, "--quiet")) {
 			quiet = 1;
@@ -97,7 +123,8 @@ int cmd_pack(int argc, char **argv)
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
 			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields") ||
 			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype") ||
-			   !strcmp(a, "--zstd") || !strcmp(a, "--block-size") || !strcmp(a, "--pack-context")) {
+			   !strcmp(a, "--zstd") || !strcmp(a, "--block-size") || !strcmp(a, "--pack-context") ||
+			   !strcmp(a, "--from-parquet") || !strcmp(a, "--from-hf")) {
 			if (!v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
@@ -114,6 +141,10 @@ int cmd_pack(int argc, char **argv)
 				dtype_arg = v;
 			else if (!strcmp(a, "--from"))
 				from_ds = v;
+			else if (!strcmp(a, "--from-parquet"))
+				from_parquet = v;
+			else if (!strcmp(a, "--from-hf"))
+				from_hf = v;
 			else if (!strcmp(a, "--shard-size") && cli_size(CMD, a, v, &shard_size))
 				return 2;
 			else if (!strcmp(a, "--threads") && cli_uint(CMD, a, v, 1, 64, &threads))
@@ -133,10 +164,18 @@ int cmd_pack(int argc, char **argv)
 			out = a;
 		}
 	}
-	if (!out || !!from + !!from_ds + !!from_jsonl + !!from_tokens != 1)
-		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET, --from-jsonl FILE or --from-tokens FILE, and OUT (see --help)");
+	if (!out || !!from + !!from_ds + !!from_jsonl + !!from_tokens + !!from_parquet + !!from_hf != 1)
+		return cli_fail(CMD, "need one of --from-dir DIR, --from DATASET, --from-jsonl FILE, --from-tokens FILE, "
+				"--from-parquet FILE or --from-hf DIR, and OUT (see --help)");
 	if (block_size && !zstd)
 		return cli_fail(CMD, "--block-size needs --zstd");
+	if ((from_parquet || from_hf) && (fields_arg || doc_lengths || dtype_arg || pack_context || greedy || threads ||
+					  all_files || follow))
+		return cli_fail(CMD, "--from-%s takes only --shard-size, --zstd, --block-size, --quiet and --json",
+				from_parquet ? "parquet" : "hf");
+	if (from_parquet || from_hf)
+		return pack_arrow(from_parquet ? "parquet" : "hf", from_parquet ? from_parquet : from_hf, out, shard_size,
+				  zstd, block_size, json);
 	if ((pack_context || greedy) && !from_tokens)
 		return cli_fail(CMD, "--pack-context and --greedy need --from-tokens");
 	if (greedy && !pack_context)

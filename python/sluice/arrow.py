@@ -109,7 +109,7 @@ def _np(dtype):
             6: np.float16, 8: np.float32, 11: np.float64}[dtype]
 
 
-def pack_arrow(out, batches, where, shard_size=0, zstd=0, metadata=None):
+def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata=None):
     """The record batches packed as one dataset at out (where: how errors name the source); {"records": n}."""
     batches = iter(batches)
     first = next(batches, None)
@@ -121,7 +121,7 @@ def pack_arrow(out, batches, where, shard_size=0, zstd=0, metadata=None):
         f.name, f.dtype, f.ndim = name.encode(), dtype, len(shape)
         for d, n in enumerate(shape):
             f.shape[d] = n
-    opt = WriterOptions(shard_size=shard_size, zstd_level=zstd,
+    opt = WriterOptions(shard_size=shard_size, zstd_level=zstd, block_size=block_size,
                         metadata=json.dumps(metadata).encode() if metadata else None)
     w = C.c_void_p()
     check(lib.sluice_writer_open(C.byref(w), os.fsencode(out), fields, len(plan), C.byref(opt)))
@@ -239,3 +239,27 @@ def hf_metadata(src):
     features = _small_json(info, 8 << 20, "dataset_info.json")
     features = features.get("features") if isinstance(features, dict) else None
     return {"features": features} if features else None
+
+
+def main(argv=None):
+    """`sluice pack --from-parquet SRC` / `--from-hf SRC` (cli/cmd_pack.c runs this with the options it has
+    checked): python -m sluice.arrow parquet|hf SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json]."""
+    import sys
+    import time
+    from .packer import pack
+    args = sys.argv[1:] if argv is None else argv
+    kind, src, out, shard_size, zstd, block_size = args[:6]
+    t = time.perf_counter()
+    try:
+        rep = pack(out, **{kind: src}, shard_size=int(shard_size), zstd=int(zstd), block_size=int(block_size))
+    except SluiceError as e:
+        sys.exit(f"sluice pack: {e}")
+    rep["seconds"] = round(time.perf_counter() - t, 3)
+    if "--json" in args[6:]:
+        print(json.dumps(rep))
+    else:
+        print(f"packed {rep['records']} rows from {src} ({kind}) into {out} in {rep['seconds']:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

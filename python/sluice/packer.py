@@ -38,6 +38,7 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
         rep = arrow.pack_arrow(os.fspath(out), batches, f"{kind}: {src}",
                                shard_size=_int_option("sluice.pack", "shard_size", shard_size, *_U64),
                                zstd=_int_option("sluice.pack", "zstd", zstd, *_I32),
+                               block_size=_int_option("sluice.pack", "block_size", block_size, *_U64),
                                metadata=arrow.hf_metadata(src) if kind == "hf" else None)
         return {**rep, "from_format": kind}
     o = PackOptions()

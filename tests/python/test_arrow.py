@@ -165,3 +165,25 @@ def test_special_files_are_refused_not_read(tmp_path):
         sluice.pack(str(tmp_path / "out"), hf=str(d))
     with pytest.raises(sluice.SluiceError, match="not a regular file"):
         sluice.pack(str(tmp_path / "out2"), parquet="/dev/zero")
+
+
+def test_the_command_packs_parquet_and_hugging_face_datasets_too(tmp_path):
+    """`sluice pack --from-parquet` / `--from-hf`: the same packing, run by the command with SLUICE_PYTHON; its
+    options checked, its report printed, a missing source named."""
+    import subprocess
+    import sys
+    from conftest import SLUICE
+    pq.write_table(_table(300, 3), tmp_path / "t.parquet", row_group_size=64)
+    env = {**os.environ, "SLUICE_PYTHON": sys.executable}
+    r = subprocess.run([SLUICE, "pack", "--from-parquet", str(tmp_path / "t.parquet"), "--zstd", "3",
+                        "--block-size", "2M", "--json", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["records"] == 300
+    _same(sluice.Dataset(str(tmp_path / "out")), pq.read_table(tmp_path / "t.parquet").to_pylist())
+    r = subprocess.run([SLUICE, "pack", "--from-hf", str(tmp_path / "none"), str(tmp_path / "out2")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "none" in r.stderr and not (tmp_path / "out2").exists(), r.stderr
+    r = subprocess.run([SLUICE, "pack", "--from-parquet", str(tmp_path / "t.parquet"), "--fields", "a",
+                        str(tmp_path / "out3")], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "--from-parquet takes only" in r.stderr, r.stderr
