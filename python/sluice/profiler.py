@@ -467,6 +467,11 @@ def _verdict(r):
               f"{cores} cores busy")
     stored, rchar = sto.get("read_bytes", 0), sto.get("rchar", 0)
     # Busy loading, or busy enough while the machine has no core left idle.
+    if (busy >= BUSY or (busy >= BUSY / 2 and idle < 0.5)) and loader is not None and not workers:
+        # A sluice.Loader's threads are the busy ones: it has no workers to add; its own stages name the cost.
+        return {"verdict": "loader-bound", "evidence": ev,
+                "fix": "the loader's reads, decoding or collation are the limit: loader.stats() names the stage",
+                "expected": None}
     if busy >= BUSY or (busy >= BUSY / 2 and idle < 0.5):
         have = max(r.get("workers_max") or len(workers), 1)
         more = int(have + idle) if idle >= 1 else have

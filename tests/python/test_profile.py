@@ -312,3 +312,18 @@ def test_loading_in_a_thread_of_the_loop_is_cpu_bound():
         pass
     assert p.report["verdict"] == "cpu-bound", p.report["evidence"]
     assert "other threads of the loop's process" in p.report["evidence"][1]
+
+
+def test_a_sluice_loader_whose_threads_are_busy_is_loader_bound_not_short_of_workers():
+    """A sluice.Loader's threads busy (the loop's process's other threads) while the loop waits: the loader is the
+    limit, and the fix is its own stages, never "more workers" (it has none to add)."""
+    from sluice.profiler import _verdict
+    r = {"batches": 32, "seconds": 1.0, "wait_s": 0.4, "wait_share": 0.4, "first_batch_wait_s": 0.01, "epochs": 1,
+         "wait_ms_p50": 12.0, "step_ms_p50": 18.0, "batch_bytes": 0, "pinned": True, "on_gpu": False,
+         "wait_thread_cpu_s": 0.0, "loop_thread_cpu_s": 0.5,
+         "processes": [{"role": "main", "cpu_s": 3.3, "alive_s": 1.0}], "cpu": {"cores": 16, "busy_cores": 3.0},
+         "storage": {}, "loader": {"verdict": "compute-bound", "step_us": 18000, "loader_us": 5000, "h2d_us": 0}}
+    v = _verdict(r)
+    assert v["verdict"] == "loader-bound" and "loader.stats()" in v["fix"] and "workers" not in v["fix"], v
+    r.pop("loader")  # the same figures from a loop over some other iterable: its threads are the loading
+    assert _verdict(r)["verdict"] == "cpu-bound"
