@@ -48,13 +48,17 @@ test-tsan: venv
 	cd $(TSAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader|t_s3_server'
 
 # The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
-# The wheel too (tests/python/test_wheel.py): installed into an environment of its own, run from there.
+# The wheel too (tests/python/test_wheel.py): installed into an environment of its own, run from there, and in
+# a Debian 11 root (scripts/oldroot.sh, made once per machine; as root only: elsewhere that test says it skipped).
 test-python: all venv wheel
 	SLUICE_CONFIG= SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python PYTHONNOUSERSITE=1 \
-		SLUICE_WHEEL="$$(ls $(WHEEL_DIR)/sluice-*.whl)" $(PYTHON) -m pytest -q -rs tests/python
+		SLUICE_WHEEL="$$(ls $(WHEEL_DIR)/sluice-*.whl)" SLUICE_OLDROOT="$$(sh scripts/oldroot.sh $(PYTHON))" \
+		$(PYTHON) -m pytest -q -rs tests/python
 
-# A manylinux wheel with the libraries it links inside (scripts/wheel.sh): pip install build/wheelhouse/sluice-*.whl
+# A manylinux_2_28 wheel with the libraries it links inside (scripts/wheel.sh; they are built once per machine,
+# scripts/wheel_deps.sh): pip install build/wheelhouse/sluice-*.whl
 wheel: venv
+	@sh scripts/deps.sh wheel
 	sh scripts/wheel.sh $(PYTHON) $(WHEEL_DIR)
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.

@@ -19,6 +19,10 @@ pkg-config --exists libjpeg 2>/dev/null || need="$need libjpeg62-turbo-dev"
 pkg-config --exists libpng 2>/dev/null || need="$need libpng-dev"
 pkg-config --exists libwebp 2>/dev/null || need="$need libwebp-dev"
 command -v make >/dev/null 2>&1 || need="$need make"
+# `deps.sh wheel` (and test, which builds the wheel): an assembler for isa-l's and libjpeg-turbo's SIMD code, as
+# scripts/wheel_deps.sh builds them; a Debian 11 root for the wheel's test (scripts/oldroot.sh).
+case "${1:-}" in test|wheel) command -v nasm >/dev/null 2>&1 || need="$need nasm" ;; esac
+[ "${1:-}" = test ] && ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ] && need="$need debootstrap"
 # `deps.sh test`: what only the tests need too (a headless browser opens sluice journey's report,
 # a web server serves the http store's ranges).
 [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 && need="$need chromium"
