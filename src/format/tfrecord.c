@@ -125,11 +125,21 @@ static int sl_tfr_files(const char *path, char ***files, unsigned *n)
 	if ((rc = sl__fs_list(path, 0, files, n)))
 		return rc;
 	for (unsigned i = 0; i < *n; i++)
-		if (sl_tfr_name((*files)[i]))
+		if (!rc && sl_tfr_name((*files)[i]) && sl_ends((*files)[i], sl_tfr_compressed))
+			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed TFRecord file; sluice reads uncompressed ones",
+				     (*files)[i]);
+	for (unsigned i = 0; i < *n; i++)
+		if (!rc && sl_tfr_name((*files)[i]))
 			(*files)[k++] = (*files)[i];
 		else
 			free((*files)[i]);
 	*n = k;
+	if (rc) {
+		sluice_list_free(*files, k);
+		*files = NULL;
+		*n = 0;
+		return rc;
+	}
 	return k ? 0 : sl__err(-ENOENT, "%s: no .tfrecord files in it", path);
 }
 

@@ -126,6 +126,13 @@ def test_what_is_not_a_record_file_is_refused_by_name(tmp_path):
     (tmp_path / "x.tfrecord.gz").write_bytes(b"\x1f\x8b")
     with pytest.raises(sluice.SluiceError, match="compressed TFRecord"):
         sluice.Dataset(str(tmp_path / "x.tfrecord.gz"))
+    # In a directory of them too: named as compressed, not read as a damaged uncompressed file.
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "a.tfrecord").write_bytes(b"")
+    (d / "b.tfrecord.gz").write_bytes(b"\x1f\x8b" + bytes(20))
+    with pytest.raises(sluice.SluiceError, match="b.tfrecord.gz: a compressed TFRecord"):
+        sluice.Dataset(str(d))
     os.mkfifo(tmp_path / "f.tfrecord")
     with pytest.raises(sluice.SluiceError) as e:
         sluice.Dataset(str(tmp_path / "f.tfrecord"))
