@@ -11,6 +11,9 @@ VENV ?= $(BUILD)/venv
 PYTHON ?= $(abspath $(VENV))/bin/python
 
 WHEEL_DIR ?= $(BUILD)/wheelhouse
+# Where the wheel's libraries (scripts/wheel_deps.sh) and the Debian 11 root (scripts/oldroot.sh) are kept between
+# builds and clones: the machine's cache as root, the user's own otherwise.
+export SLUICE_BUILD_CACHE ?= $(shell [ "$$(id -u)" = 0 ] && echo /var/cache/sluice-build || echo "$${XDG_CACHE_HOME:-$$HOME/.cache}/sluice-build")
 
 .PHONY: all deps venv demo test test-tsan test-python wheel gpu-test fuzz clean
 
