@@ -76,6 +76,24 @@ def _fields(b, at, end):
             raise ValueError(f"tf_example: wire type {wt} at offset {at} (not a tf.train.Example)")
 
 
+def _packed_varints(b, start, end):
+    """The varints packed in b[start:end] as int64 (each kept to its low 64 bits, two's complement), decoded at
+    once: a varint ends at its first byte under 0x80, and holds 7 bits a byte, low first."""
+    a = np.frombuffer(b, np.uint8, end - start, start)
+    ends = np.flatnonzero(a < 0x80)
+    if len(a) and (not len(ends) or ends[-1] != len(a) - 1):
+        raise ValueError(f"tf_example: a varint cut short at offset {start + (ends[-1] + 1 if len(ends) else 0)}")
+    starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
+    lens = ends - starts + 1
+    if len(lens) and lens.max() > 10:
+        raise ValueError(f"tf_example: a varint over 10 bytes at offset {start + int(starts[lens.argmax()])}")
+    if not len(ends):
+        return np.zeros(0, np.int64)
+    shift = (np.arange(len(a)) - np.repeat(starts, lens)).astype(np.uint64) * np.uint64(7)
+    bits = (a & 0x7F).astype(np.uint64) << shift  # the 10th byte's bits past the 64th drop, as protobuf drops them
+    return np.bitwise_or.reduceat(bits, starts).view(np.int64)
+
+
 def _signed(v):
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -95,10 +113,7 @@ def _values(b, kind, start, end):
         elif kind == "float" and w == 5:
             out += struct.unpack("<f", bytes(b[x[0]:x[1]]))
         elif kind == "int64" and w == 2:
-            at = x[0]
-            while at < x[1]:
-                u, at = _varint(b, at, x[1])
-                out.append(_signed(u))
+            out += _packed_varints(b, *x).tolist()
         elif kind == "int64" and w == 0:
             out.append(_signed(x))
     return out

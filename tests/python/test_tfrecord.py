@@ -175,3 +175,34 @@ def test_tf_example_merges_as_protobuf_does():
     bad = b"\x0a" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
     with pytest.raises(ValueError, match="not UTF-8"):
         sluice.tf_example(bad)
+
+
+def _one_feature(packed):
+    """An Example of one feature "a": an Int64List whose packed varints are the bytes given."""
+    il = bytes([0x0A, len(packed)]) + packed
+    feat = bytes([0x1A, len(il)]) + il
+    entry = bytes([0x0A, 1]) + b"a" + bytes([0x12, len(feat)]) + feat
+    feats = bytes([0x0A, len(entry)]) + entry
+    return bytes([0x0A, len(feats)]) + feats
+
+
+def test_packed_int64_lists_decode_as_protobuf_decodes_them():
+    """Long token lists (decoded at once, not a varint at a time): every value protobuf gives, the extremes and
+    10-byte varints included; a varint cut short or over 10 bytes is refused naming its offset."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(0, 3000))
+        vals = np.concatenate([rng.integers(-2**63, 2**63 - 1, n // 2, dtype=np.int64),
+                               rng.integers(-300, 300, n - n // 2), [-2**63, 2**63 - 1, 0, -1, 127, 128]]).tolist()
+        ex = example_pb2.Example()
+        ex.features.feature["ids"].int64_list.value.extend(vals)
+        raw = ex.SerializeToString()
+        assert sluice.tf_example(raw)["ids"].tolist() == list(example_pb2.Example.FromString(raw).features
+                                                               .feature["ids"].int64_list.value) == vals
+    top = bytes([0xFF] * 9 + [0x7F])  # bits past the 64th dropped, as protobuf drops them
+    assert sluice.tf_example(_one_feature(top))["a"].tolist() == \
+        list(example_pb2.Example.FromString(_one_feature(top)).features.feature["a"].int64_list.value) == [-1]
+    for bad, words in ((bytes([0x80]), "cut short at offset 13"), (bytes([0x01, 0x80]), "cut short at offset 14"),
+                       (bytes([0xFF] * 11 + [0x01]), "over 10 bytes at offset 13")):
+        with pytest.raises(ValueError, match=words):
+            sluice.tf_example(_one_feature(bad))
