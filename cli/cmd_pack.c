@@ -54,7 +54,11 @@ static void print_report(const struct sluice_pack_options *o, const struct sluic
 	}
 }
 
-/* --from-parquet / --from-hf: python -m sluice.arrow KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json]. */
+/*
+ * --from-parquet / --from-hf: sluice.arrow's main(KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json]), run as
+ * code given with -c that first drops the current directory from the module path (-m would search it first:
+ * a numpy.py beside the data would run).
+ */
 static int pack_arrow(const char *kind, const char *src, const char *out, uint64_t shard_size, unsigned zstd,
 		      uint64_t block_size, int json)
 {
@@ -66,7 +70,9 @@ static int pack_arrow(const char *kind, const char *src, const char *out, uint64
 	snprintf(ss, sizeof(ss), "%llu", (unsigned long long)shard_size);
 	snprintf(zs, sizeof(zs), "%u", zstd);
 	snprintf(bs, sizeof(bs), "%llu", (unsigned long long)block_size);
-	execlp(py, py, "-m", "sluice.arrow", kind, src, out, ss, zs, bs, json ? "--json" : NULL, (char *)NULL);
+	execlp(py, py, "-c",
+	       "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nfrom sluice.arrow import main\nmain()\n",
+	       kind, src, out, ss, zs, bs, json ? "--json" : NULL, (char *)NULL);
 	return cli_fail(CMD, "cannot run %s for --from-%s (set SLUICE_PYTHON to a python3 with sluice and pyarrow): %m",
 			py, kind);
 }
@@ -125,7 +131,7 @@ int cmd_pack(int argc, char **argv)
 			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype") ||
 			   !strcmp(a, "--zstd") || !strcmp(a, "--block-size") || !strcmp(a, "--pack-context") ||
 			   !strcmp(a, "--from-parquet") || !strcmp(a, "--from-hf")) {
-			if (!v)
+			if (!v || !*v)
 				return cli_fail(CMD, "%s needs a value", a);
 			if (!strcmp(a, "--from-dir"))
 				from = v;

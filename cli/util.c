@@ -153,10 +153,16 @@ const char *cli_python_env(const char *cmd, char *dir, size_t cap)
 	snprintf(p, sizeof(p), "%s/libsluice.so", dir);
 	if (!access(p, R_OK))
 		setenv("SLUICE_LIB", p, 0);
-	/* From a build tree, the package beside it; installed, the one pip put on the Python's path. */
+	/*
+	 * From a build tree, the package beside it; from a wheel's package (sluice/_bin/sluice run by its own path,
+	 * not through the entry point), the folder that package is in; otherwise the one pip put on the Python's path.
+	 */
 	snprintf(p, sizeof(p), "%s/../python/sluice/__init__.py", dir);
 	if (!access(p, R_OK)) {
 		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
+		setenv("PYTHONPATH", pp, 1);
+	} else if (snprintf(p, sizeof(p), "%s/../__init__.py", dir), !access(p, R_OK)) {
+		snprintf(pp, sizeof(pp), "%s/../..%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
 		setenv("PYTHONPATH", pp, 1);
 	}
 	return py && *py ? py : "python3";

@@ -42,9 +42,15 @@ def _plan(schema, where):
     """[(name, kind, dtype, shape)] of the schema's columns: kind "scalar", "fixed", "list", "bytes", "hfbytes"."""
     pa = _pa()
     t = pa.types
-    out = []
+    out, seen = [], set()
     for f in schema:
         typ, name = f.type, f.name
+        raw = name.encode("utf-8", "surrogateescape")
+        if not raw or len(raw) > 255 or b"/" in raw or b"\0" in raw:
+            raise SluiceError(_EINVAL, f"{where}: column {name!r}: a field's name is 1-255 bytes, without '/' or NUL")
+        if name in seen:
+            raise SluiceError(_EINVAL, f"{where}: column {name!r} appears twice")
+        seen.add(name)
         if t.is_dictionary(typ):
             typ = typ.value_type
         if _dtype(typ) is not None:
@@ -109,13 +115,28 @@ def _np(dtype):
             6: np.float16, 8: np.float32, 11: np.float64}[dtype]
 
 
+def _columns(schema):
+    """What a batch's rows are read by: each column's name and type (not its nullability, nor metadata: a null
+    is refused row by row)."""
+    return [(f.name, f.type) for f in schema]
+
+
+def _differ(now, before):
+    """How two batches' columns differ, in words."""
+    a, b = dict(now), dict(before)
+    if list(a) != list(b):
+        return f"columns {list(a)} here, {list(b)} before"
+    return "; ".join(f"column '{k}' is {a[k]} here, {b[k]} before" for k in a if a[k] != b[k])
+
+
 def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata=None):
-    """The record batches packed as one dataset at out (where: how errors name the source); {"records": n}."""
+    """The record batches, (file, batch) pairs, packed as one dataset at out (where: how errors name the source
+    when it has no batch); {"records": n, "bytes": the fields' bytes}."""
     batches = iter(batches)
-    first = next(batches, None)
+    first_path, first = next(batches, (None, None))
     if first is None:
         raise SluiceError(EFORMAT, f"{where}: no rows")
-    plan = _plan(first.schema, where)
+    plan, cols = _plan(first.schema, first_path), _columns(first.schema)
     fields = (Field * len(plan))()
     for f, (name, _, dtype, shape) in zip(fields, plan):
         f.name, f.dtype, f.ndim = name.encode(), dtype, len(shape)
@@ -125,15 +146,17 @@ def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata
                         metadata=json.dumps(metadata).encode() if metadata else None)
     w = C.c_void_p()
     check(lib.sluice_writer_open(C.byref(w), os.fsencode(out), fields, len(plan), C.byref(opt)))
-    rows = 0
+    rows = nbytes = 0
     try:
         vals, lens = (C.c_void_p * len(plan))(), (C.c_size_t * len(plan))()
-        for batch in itertools.chain((first,), batches):
-            if batch.schema != first.schema:
-                raise SluiceError(EFORMAT, f"{where}: row {rows}: the columns change ({batch.schema.names})")
-            cols = [_column(batch.column(k), kind, dtype, where, name, rows)
-                    for k, (name, kind, dtype, _) in enumerate(plan)]
-            addr, size = [c[0].tolist() for c in cols], [c[1].tolist() for c in cols]
+        for path, batch in itertools.chain(((first_path, first),), batches):
+            if _columns(batch.schema) != cols:
+                raise SluiceError(EFORMAT, f"{path}: row {rows} of the whole: its columns differ from "
+                                  f"{first_path}'s ({_differ(_columns(batch.schema), cols)})")
+            got = [_column(batch.column(k), kind, dtype, path, name, rows)
+                   for k, (name, kind, dtype, _) in enumerate(plan)]
+            addr, size = [c[0].tolist() for c in got], [c[1].tolist() for c in got]
+            nbytes += sum(int(c[1].sum()) for c in got)
             for r in range(batch.num_rows):
                 for k in range(len(plan)):
                     vals[k], lens[k] = addr[k][r] or None, size[k][r]
@@ -143,7 +166,7 @@ def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata
     except BaseException:
         lib.sluice_writer_abort(w)
         raise
-    return {"records": rows}
+    return {"records": rows, "bytes": nbytes}
 
 
 def _regular(path, what="file"):
@@ -184,15 +207,20 @@ def parquet_batches(src, batch_rows=4096):
     for path in _files(src, (".parquet",)):
         try:
             pf = pa.parquet.ParquetFile(path)
-        except (pa.ArrowInvalid, OSError) as e:
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                yield path, batch
+        except (pa.ArrowException, OSError) as e:
             raise SluiceError(EFORMAT, f"{path}: not a Parquet file sluice reads ({e})") from None
-        yield from pf.iter_batches(batch_size=batch_rows)
 
 
 def hf_batches(src):
     """The record batches of a Hugging Face dataset saved with save_to_disk (its state.json's data files, in
     order) or of Arrow files (a datasets cache file, a directory of them in name order), stream or file format."""
     pa = _pa()
+    if os.path.isdir(src) and os.path.lexists(os.path.join(src, "dataset_dict.json")):
+        splits = sorted(n for n in os.listdir(src) if os.path.isdir(os.path.join(src, n)))
+        raise SluiceError(_EINVAL, f"{src}: a DatasetDict (dataset_dict.json): pack one split, "
+                          f"{os.path.join(src, splits[0] if splits else 'train')} (splits: {', '.join(splits)})")
     state = os.path.join(src, "state.json") if os.path.isdir(src) else None
     if state and os.path.lexists(state):
         try:
@@ -200,20 +228,21 @@ def hf_batches(src):
         except (KeyError, TypeError):
             raise SluiceError(EFORMAT, f"{state}: not a datasets state.json (no _data_files)") from None
         for p in files:
-            if os.path.dirname(os.path.abspath(p)) != os.path.abspath(src):
+            if os.path.dirname(os.path.realpath(p)) != os.path.realpath(src):  # by name or by a link
                 raise SluiceError(EFORMAT, f"{state}: data file {p!r} lies outside the dataset's directory")
             _regular(p, "data file")
     else:
         files = _files(src, (".arrow",))
     for path in files:
-        yield from _arrow_file(pa, path)
+        for batch in _arrow_file(pa, path):
+            yield path, batch
 
 
 def _arrow_file(pa, path):
     """The record batches of one Arrow file, stream or file format, read whole: a stream must end in its
     end-of-stream marker (one cut short would read as fewer rows, with no error from pyarrow)."""
     try:
-        with pa.memory_map(path) as source:
+        with pa.OSFile(path) as source:  # read, not mapped: a file cut short meanwhile is an error, not SIGBUS
             try:
                 reader = pa.ipc.open_stream(source)
             except pa.ArrowInvalid:
@@ -227,7 +256,7 @@ def _arrow_file(pa, path):
             tail = source.read(8)
             if source.tell() != size or tail != b"\xff\xff\xff\xff\x00\x00\x00\x00":
                 raise SluiceError(EFORMAT, f"{path}: an Arrow stream cut short (no end-of-stream marker)")
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         raise SluiceError(EFORMAT, f"{path}: not an Arrow file sluice reads ({e})") from None
 
 
@@ -243,7 +272,7 @@ def hf_metadata(src):
 
 def main(argv=None):
     """`sluice pack --from-parquet SRC` / `--from-hf SRC` (cli/cmd_pack.c runs this with the options it has
-    checked): python -m sluice.arrow parquet|hf SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json]."""
+    checked): KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json].  The report has the C command's keys."""
     import sys
     import time
     from .packer import pack
@@ -254,11 +283,14 @@ def main(argv=None):
         rep = pack(out, **{kind: src}, shard_size=int(shard_size), zstd=int(zstd), block_size=int(block_size))
     except SluiceError as e:
         sys.exit(f"sluice pack: {e}")
-    rep["seconds"] = round(time.perf_counter() - t, 3)
+    s = time.perf_counter() - t
     if "--json" in args[6:]:
-        print(json.dumps(rep))
+        print(json.dumps({"records": rep["records"], "documents": 0, "tokens": 0, "dtype": "", "bytes": rep["bytes"],
+                          "seconds": round(s, 3), "from_format": kind, "labelled": False,
+                          "files_per_s": round(rep["records"] / s, 1) if s > 0 else 0.0, "packed_context": 0,
+                          "fill": 0.0}))
     else:
-        print(f"packed {rep['records']} rows from {src} ({kind}) into {out} in {rep['seconds']:.2f} s")
+        print(f"packed {rep['records']} {kind} rows ({rep['bytes'] / 1e6:.1f} MB) from {src} into {out} in {s:.2f} s")
 
 
 if __name__ == "__main__":

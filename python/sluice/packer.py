@@ -34,6 +34,9 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
     if kind in ("parquet", "hf"):
         from . import arrow
         src = os.fspath(src)
+        if "://" in src:  # not echoed: a URL may carry credentials
+            raise SluiceError(-100001, f"sluice.pack({kind}=): reads local files and directories, not URLs (copy it "
+                              f"here first: sluice cp)")
         batches = arrow.parquet_batches(src) if kind == "parquet" else arrow.hf_batches(src)
         rep = arrow.pack_arrow(os.fspath(out), batches, f"{kind}: {src}",
                                shard_size=_int_option("sluice.pack", "shard_size", shard_size, *_U64),

@@ -58,7 +58,11 @@ def test_parquet_files_pack_like_pyarrow_reads_them(tmp_path):
     pq.write_table(_table(333, 2), src / "part-1.parquet", row_group_size=100)
     (src / "_SUCCESS").write_text("")
     rep = sluice.pack(str(tmp_path / "out"), parquet=str(src), shard_size=64 << 10)
-    assert rep == {"records": N + 333, "from_format": "parquet"}
+    rows = pq.read_table(src / "part-0.parquet").to_pylist() + pq.read_table(src / "part-1.parquet").to_pylist()
+    assert rep == {"records": N + 333, "from_format": "parquet", "bytes": sum(
+        len(v.encode() if isinstance(v, str) else v) if isinstance(v, (str, bytes)) else
+        4 * len(v) if k in ("tokens", "box") else {"label": 8, "small": 1, "score": 4, "exact": 8, "flag": 1}[k]
+        for r in rows for k, v in r.items())}
     ds = sluice.Dataset(str(tmp_path / "out"))
     assert dict((n, (d, s)) for n, d, s in ds.fields) == {
         "text": ("bytes", ()), "label": ("i64", ()), "small": ("u8", ()), "score": ("f32", ()),
@@ -136,6 +140,63 @@ def test_a_state_json_pointing_outside_is_refused(tmp_path):
     (tmp_path / "saved" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "../../etc/passwd"}]}))
     with pytest.raises(sluice.SluiceError, match="outside the dataset's directory"):
         sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "saved"))
+    # Nor by a link whose name is inside
+    t = pa.table({"n": pa.array(range(5), pa.int64())})
+    with pa.OSFile(str(tmp_path / "elsewhere.arrow"), "wb") as f, pa.ipc.new_stream(f, t.schema) as w:
+        w.write_table(t)
+    os.symlink(tmp_path / "elsewhere.arrow", tmp_path / "saved" / "data.arrow")
+    (tmp_path / "saved" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data.arrow"}]}))
+    with pytest.raises(sluice.SluiceError, match="outside the dataset's directory"):
+        sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "saved"))
+
+
+def test_files_whose_columns_differ_are_named_with_the_difference(tmp_path):
+    """Nullability alone is no difference (a null is refused row by row); a type is, named with both files."""
+    d = tmp_path / "pq"
+    d.mkdir()
+    pq.write_table(pa.table({"a": pa.array([1, 2], pa.int64()), "s": ["x", "y"]}), d / "0.parquet")
+    pq.write_table(pa.table({"a": pa.array([3], pa.int64()), "s": ["z"]},
+                            schema=pa.schema([pa.field("a", pa.int64(), nullable=False), ("s", pa.string())])),
+                   d / "1.parquet")
+    assert sluice.pack(str(tmp_path / "out"), parquet=str(d))["records"] == 3
+    pq.write_table(pa.table({"a": pa.array([4], pa.int32()), "s": ["w"]}), d / "2.parquet")
+    with pytest.raises(sluice.SluiceError, match=r"2.parquet: row 3 .*0.parquet's \(column 'a' is int32 here, int64"):
+        sluice.pack(str(tmp_path / "out2"), parquet=str(d))
+
+
+def test_a_damaged_file_among_several_is_named(tmp_path):
+    d = tmp_path / "pq"
+    d.mkdir()
+    t = pa.table({"text": [f"row {i} " * 20 for i in range(2000)]})
+    pq.write_table(t, d / "a.parquet")
+    pq.write_table(t, d / "b.parquet", compression="snappy")
+    raw = bytearray((d / "b.parquet").read_bytes())
+    raw[200:400] = bytes(200)  # inside the first data page, past the header
+    (d / "b.parquet").write_bytes(bytes(raw))
+    with pytest.raises(sluice.SluiceError, match="b.parquet: not a Parquet file sluice reads"):
+        sluice.pack(str(tmp_path / "out"), parquet=str(d))
+    assert not os.path.exists(tmp_path / "out" / "index.sli")
+
+
+@pytest.mark.parametrize("names,words", [(["x\0a"], "without '/' or NUL"), (["c", "c"], "'c' appears twice"),
+                                         ([""], "1-255 bytes"), (["a/b"], "without '/'")])
+def test_column_names_sluice_cannot_keep_are_refused_naming_the_file(tmp_path, names, words):
+    p = tmp_path / "x.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1]) for _ in names], names=names), p)
+    with pytest.raises(sluice.SluiceError, match=f"x.parquet: column .*{words}"):
+        sluice.pack(str(tmp_path / "out"), parquet=str(p))
+
+
+def test_a_dataset_dict_asks_for_one_split_and_urls_are_not_read(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the datasets library (tests/requirements.txt)")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"n": [1, 2]}),
+                          "test": datasets.Dataset.from_dict({"n": [3]})}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(sluice.SluiceError, match="a DatasetDict .*splits: test, train"):
+        sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "dd"))
+    assert sluice.pack(str(tmp_path / "out"), hf=str(tmp_path / "dd" / "train"))["records"] == 2
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.pack(str(tmp_path / "out2"), parquet="https://user:secret@example.com/x.parquet?X-Amz-Signature=s")
+    assert "not URLs" in str(e.value) and "secret" not in str(e.value)
 
 
 def test_a_null_inside_a_fixed_size_list_is_refused(tmp_path):
@@ -179,7 +240,25 @@ def test_the_command_packs_parquet_and_hugging_face_datasets_too(tmp_path):
                         "--block-size", "2M", "--json", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["records"] == 300
+    rep = json.loads(r.stdout)
+    assert rep["records"] == 300 and rep["from_format"] == "parquet" and rep["bytes"] > 0
+    r = subprocess.run([SLUICE, "pack", "--json", "--from-dir", str(tmp_path / "nodir"), str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=60, env=env)  # the C command's report: same keys
+    (tmp_path / "tree" / "cat").mkdir(parents=True)
+    (tmp_path / "tree" / "cat" / "a.jpg").write_bytes(b"x")
+    r = subprocess.run([SLUICE, "pack", "--json", "--from-dir", str(tmp_path / "tree"), str(tmp_path / "outdir")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and set(json.loads(r.stdout)) == set(rep), r.stdout + r.stderr
+    # The current directory is not searched for modules: a numpy.py beside the data does not run.
+    (tmp_path / "numpy.py").write_text("raise SystemExit('the numpy.py of the current directory ran')\n")
+    here = {**env, "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p)}
+    if env.get("SLUICE_LIB"):
+        here["SLUICE_LIB"] = os.path.abspath(env["SLUICE_LIB"])
+    r = subprocess.run([os.path.abspath(SLUICE), "pack", "--from-parquet", "t.parquet", "out4"], capture_output=True,
+                       text=True, timeout=120, env=here, cwd=tmp_path)
+    assert r.returncode == 0 and "ran" not in r.stderr, r.stderr
+    (tmp_path / "numpy.py").unlink()
     _same(sluice.Dataset(str(tmp_path / "out")), pq.read_table(tmp_path / "t.parquet").to_pylist())
     r = subprocess.run([SLUICE, "pack", "--from-hf", str(tmp_path / "none"), str(tmp_path / "out2")],
                        capture_output=True, text=True, timeout=120, env=env)

@@ -162,6 +162,15 @@ def test_the_sluice_command_is_the_wheels(wheel_env, tmp_path):
     assert r.returncode == 0, r.stderr
     # The program it runs resolves every library it needs inside the environment, or to the policy's own.
     _only_from(wheel_env, next((wheel_env / "lib").glob("python3*/site-packages/sluice/_bin/sluice")))
+    # The program run by its own path, with another Python (this one: pyarrow, no sluice installed) finds the
+    # wheel's package beside it for --from-parquet.
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"n": pa.array([1, 2, 3], pa.int64())}), tmp_path / "t.parquet")
+    program = next((wheel_env / "lib").glob("python3*/site-packages/sluice/_bin/sluice"))
+    r = subprocess.run([str(program), "pack", "--json", "--from-parquet", "t.parquet", "o"], capture_output=True,
+                       text=True, timeout=120, env={**env, "SLUICE_PYTHON": sys.executable}, cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["records"] == 3, r.stdout + r.stderr
     # Its Python-driven command finds its experiments in the package, and runs them with the environment's Python.
     r = subprocess.run(["sluice", "journey", "--help"], capture_output=True, text=True, timeout=120, env=env,
                        cwd=tmp_path)
