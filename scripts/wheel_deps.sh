@@ -135,9 +135,14 @@ build() { # build SOURCE-PACKAGE: the recipe of each, in a fresh copy of its tre
 		make -C src $J >>"$log" 2>&1 && make install >>"$log" 2>&1 ;;
 	jansson) cm . -DJANSSON_BUILD_SHARED_LIBS=ON -DJANSSON_BUILD_DOCS=OFF -DJANSSON_WITHOUT_TESTS=ON \
 		-DJANSSON_EXAMPLES=OFF ;;
-	openssl) ./Configure linux-x86_64 shared no-tests no-engine no-legacy --prefix="$P" --libdir=lib \
-		--openssldir=/etc/ssl CC="$CC" >>"$log" 2>&1 && make $J build_libs >>"$log" 2>&1 &&
-		make install_dev >>"$log" 2>&1 ;;
+	openssl) # no module or engine ships with it: their directories name no path of this machine (a provider
+		# that a system's openssl.cnf asks for then fails to load, never one found here); OPENSSL_MODULES
+		# still points it at a directory of the user's
+		./Configure linux-x86_64 shared no-tests no-engine no-legacy --prefix="$P" --libdir=lib \
+		--openssldir=/etc/ssl CC="$CC" >>"$log" 2>&1 &&
+		make $J build_libs MODULESDIR=/nonexistent/ossl-modules ENGINESDIR=/nonexistent/engines-3 >>"$log" 2>&1 &&
+		make install_dev MODULESDIR=/nonexistent/ossl-modules ENGINESDIR=/nonexistent/engines-3 >>"$log" 2>&1 &&
+		! grep -aq "MODULESDIR: \"$CACHE" "$P/lib/libcrypto.so.3" ;;
 	nghttp2) cm . -DENABLE_LIB_ONLY=ON -DENABLE_STATIC_LIB=OFF -DENABLE_SHARED_LIB=ON ;;
 	curl) ac --with-openssl="$P" --with-nghttp2="$P" --with-zlib="$P" --without-libpsl --without-libidn2 \
 		--without-librtmp --without-libssh2 --without-gssapi --without-brotli --without-zstd --disable-ldap \
