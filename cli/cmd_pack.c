@@ -92,7 +92,7 @@ int cmd_pack(int argc, char **argv)
 
 		if (!strcmp(a, "--help")) {
 			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2 |\n"
-			       "                    --from-tokens FILE --doc-lengths FILE)\n"
+			       "                    --from-tokens FILE --doc-lengths FILE |\n"
 			       "                    --from-parquet FILE|DIR | --from-hf DIR)\n"
 			       "                   [--shard-size N] [--zstd LEVEL [--block-size N]] [--threads N] [--quiet] [--json] OUT\n"
 			       "  --zstd LEVEL     store shards as zstd blocks (level 1-22) of --block-size uncompressed\n"

@@ -161,8 +161,12 @@ const char *cli_python_env(const char *cmd, char *dir, size_t cap)
 	if (!access(p, R_OK)) {
 		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
 		setenv("PYTHONPATH", pp, 1);
-	} else if (snprintf(p, sizeof(p), "%s/../__init__.py", dir), !access(p, R_OK)) {
-		snprintf(pp, sizeof(pp), "%s/../..%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
+		return py && *py ? py : "python3";
+	}
+	/* Last on the path: what the user's PYTHONPATH names comes first. */
+	snprintf(p, sizeof(p), "%s/../__init__.py", dir);
+	if (!access(p, R_OK)) {
+		snprintf(pp, sizeof(pp), "%s%s%s/../..", old && *old ? old : "", old && *old ? ":" : "", dir);
 		setenv("PYTHONPATH", pp, 1);
 	}
 	return py && *py ? py : "python3";
