@@ -13,7 +13,7 @@ PYTHON ?= $(abspath $(VENV))/bin/python
 WHEEL_DIR ?= $(BUILD)/wheelhouse
 # Where the wheel's libraries (scripts/wheel_deps.sh) and the Debian 11 root (scripts/oldroot.sh) are kept between
 # builds and clones: the machine's cache as root, the user's own otherwise.
-export SLUICE_BUILD_CACHE ?= $(shell [ "$$(id -u)" = 0 ] && echo /var/cache/sluice-build || echo "$${XDG_CACHE_HOME:-$$HOME/.cache}/sluice-build")
+SLUICE_BUILD_CACHE ?= $(shell [ "$$(id -u)" = 0 ] && echo /var/cache/sluice-build || echo "$${XDG_CACHE_HOME:-$$HOME/.cache}/sluice-build")
 
 .PHONY: all deps venv demo test test-tsan test-python wheel gpu-test fuzz clean
 
@@ -55,14 +55,14 @@ test-tsan: venv
 # a Debian 11 root (scripts/oldroot.sh, made once per machine; as root only: elsewhere that test says it skipped).
 test-python: all venv wheel
 	SLUICE_CONFIG= SLUICE_LIB=$(BUILD)/libsluice.so SLUICE_BIN=$(BUILD)/sluice PYTHONPATH=python PYTHONNOUSERSITE=1 \
-		SLUICE_WHEEL="$$(ls $(WHEEL_DIR)/sluice-*.whl)" SLUICE_OLDROOT="$$(sh scripts/oldroot.sh $(PYTHON))" \
+		SLUICE_WHEEL="$$(ls $(WHEEL_DIR)/sluice-*.whl)" SLUICE_WHEEL_ROOT="$$(SLUICE_BUILD_CACHE=$(SLUICE_BUILD_CACHE) sh scripts/oldroot.sh $(PYTHON))" \
 		$(PYTHON) -m pytest -q -rs tests/python
 
 # A manylinux_2_28 wheel with the libraries it links inside (scripts/wheel.sh; they are built once per machine,
 # scripts/wheel_deps.sh): pip install build/wheelhouse/sluice-*.whl
 wheel: venv
 	@sh scripts/deps.sh wheel
-	sh scripts/wheel.sh $(PYTHON) $(WHEEL_DIR)
+	SLUICE_BUILD_CACHE=$(SLUICE_BUILD_CACHE) sh scripts/wheel.sh $(PYTHON) $(WHEEL_DIR)
 
 # On a GPU machine: the GPU tests plain and under compute-sanitizer memcheck.
 gpu-test: all

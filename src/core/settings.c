@@ -480,7 +480,8 @@ extern char **environ;
  */
 static void sl_warn_unread(void)
 {
-	static const char *const tools[] = { "SLUICE_TEST_", "SLUICE_BENCH_", "SLUICE_DEMO_", "SLUICE_WHEEL=" };
+	static const char *const tools[] = { "SLUICE_TEST_", "SLUICE_BENCH_", "SLUICE_DEMO_", "SLUICE_WHEEL",
+					     "SLUICE_BUILD_" };
 	const char *conf = getenv("SLUICE_CONFIG");
 
 	for (char **e = environ; e && *e; e++) {

@@ -3,7 +3,7 @@ into a virtual environment of its own: the library, the command and every librar
 not from the system, and the package works from there (a round trip through a file, a dataset packed and read,
 an object written to and read from the S3 test server, and the `sluice` command).  It claims manylinux_2_28: no
 ELF file in it needs a glibc newer than 2.28, and it installs and runs on Debian 11 (glibc 2.31, Python 3.9, pip
-20.3: SLUICE_OLDROOT, scripts/oldroot.sh) with that system's own pip, loader and libraries.  Every CPython 3 it
+20.3: SLUICE_WHEEL_ROOT, scripts/oldroot.sh) with that system's own pip, loader and libraries.  Every CPython 3 it
 claims that this machine has is tried."""
 import glob
 import json
@@ -20,7 +20,7 @@ import zipfile
 import pytest
 
 WHEEL = os.environ.get("SLUICE_WHEEL")
-OLDROOT = os.environ.get("SLUICE_OLDROOT")
+OLDROOT = os.environ.get("SLUICE_WHEEL_ROOT")
 pytestmark = pytest.mark.skipif(not WHEEL, reason="SLUICE_WHEEL is not set: `make test-python` builds the wheel "
                                                    "and sets it")
 # The newest glibc a manylinux_2_28 wheel's files may ask for.
@@ -231,7 +231,7 @@ def test_an_old_system_installs_and_runs_the_wheel(s3, tmp_path):
     """Debian 11's own pip installs it (offline: numpy's wheel for 3.9 is in the root), and its Python 3.9, glibc
     2.31 and loader run it; ldd run there finds every library in the wheel or the system's policy set."""
     if not OLDROOT:
-        pytest.skip("SLUICE_OLDROOT is not set: scripts/oldroot.sh makes the Debian 11 root (as root; "
+        pytest.skip("SLUICE_WHEEL_ROOT is not set: scripts/oldroot.sh makes the Debian 11 root (as root; "
                     "`make test-python` runs it)")
     root = os.path.realpath(OLDROOT)
     here = f"/w/{uuid.uuid4().hex}"  # inside the root
