@@ -6,6 +6,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +258,27 @@ int sl__local_info(const char *path, struct sl__entry *e)
  * -ELOOP naming it.  An entry gone between readdir and its stat is left
  * out: it is not there.
  */
+/* A skipped entry's warning, once a process for each (a dataset's directory is listed by each format's probe). */
+static void sl_skipped(const char *path, const char *why)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static uint64_t seen[64];
+	static unsigned next;
+	uint64_t h = 1469598103934665603ull;
+	int again = 0;
+
+	for (const char *c = path; *c; c++)
+		h = (h ^ (unsigned char)*c) * 1099511628211ull;
+	pthread_mutex_lock(&mu);
+	for (unsigned i = 0; i < 64 && !again; i++)
+		again = seen[i] == h;
+	if (!again)
+		seen[next++ % 64] = h;
+	pthread_mutex_unlock(&mu);
+	if (!again)
+		sl__warn("store", "%s: %s, skipped", path, why);
+}
+
 static int sl_local_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
 			    void *arg)
 {
@@ -274,12 +297,21 @@ static int sl_local_list_in(const char *dir, int recursive, unsigned depth, int 
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
 		    asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", e->d_name) < 0)
 			continue;
-		if (stat(p, &st) < 0)
-			;
-		else if (S_ISREG(st.st_mode))
+		/*
+		 * Names of regular files (links followed).  A link to nothing, a FIFO, a device or a socket is no
+		 * file to read: skipped, but said (a missing shard of a dataset is not dropped without a word).  An
+		 * entry gone between readdir and stat is simply gone.
+		 */
+		if (stat(p, &st) < 0) {
+			if (lstat(p, &st) == 0)
+				sl_skipped(p, "a link to nothing");
+		} else if (S_ISREG(st.st_mode)) {
 			rc = add(arg, p);
-		else if (recursive && S_ISDIR(st.st_mode))
+		} else if (recursive && S_ISDIR(st.st_mode)) {
 			rc = sl_local_list_in(p, 1, depth + 1, add, arg);
+		} else if (!S_ISDIR(st.st_mode)) {
+			sl_skipped(p, "not a regular file (a FIFO, device or socket)");
+		}
 		free(p);
 	}
 	closedir(d);

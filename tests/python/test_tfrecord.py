@@ -206,3 +206,20 @@ def test_packed_int64_lists_decode_as_protobuf_decodes_them():
                        (bytes([0xFF] * 11 + [0x01]), "over 10 bytes at offset 13")):
         with pytest.raises(ValueError, match=words):
             sluice.tf_example(_one_feature(bad))
+
+
+def test_entries_of_a_directory_that_are_no_files_are_skipped_with_a_word(tfdir, tmp_path, capfd):
+    """A link to nothing or a FIFO named like a record file is no file to read: the dataset is the files there
+    are, and each skipped entry is named once on stderr (a missing shard is not dropped without a word)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    for p in sorted(tfdir.glob("*.tfrecord"))[:1]:
+        (d / p.name).write_bytes(p.read_bytes())
+    os.symlink(tmp_path / "gone.tfrecord", d / "z-gone.tfrecord")
+    os.mkfifo(d / "z-fifo.tfrecord")
+    capfd.readouterr()
+    n = len(sluice.Dataset(str(d)))
+    err = capfd.readouterr().err
+    assert n == 300, n  # the one file's records
+    assert err.count("z-gone.tfrecord: a link to nothing, skipped") == 1, err
+    assert err.count("z-fifo.tfrecord: not a regular file") == 1, err
