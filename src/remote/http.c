@@ -352,8 +352,9 @@ static struct curl_slist *sl_headers(const struct sl__http_req *q, char range[64
 /*
  * The certificates https servers are checked against: AWS_CA_BUNDLE (as AWS
  * tools take it), else SSL_CERT_FILE (as OpenSSL's tools do), else curl's
- * own bundle.  A private endpoint's certificate is trusted that way; none is
- * ever left unchecked.
+ * own bundle (or the machine's); and beside it, the hashed directory
+ * SSL_CERT_DIR names (as OpenSSL's tools take it).  A private endpoint's
+ * certificate is trusted that way; none is ever left unchecked.
  */
 const char *sl__ca_pick(const char *builtin, const char *const *candidates)
 {
@@ -395,6 +396,8 @@ static void sl_ca(CURL *h)
 	}
 	if (ca && *ca)
 		curl_easy_setopt(h, CURLOPT_CAINFO, ca);
+	if ((ca = getenv("SSL_CERT_DIR")) && *ca)
+		curl_easy_setopt(h, CURLOPT_CAPATH, ca);
 }
 
 static void sl_setopts(CURL *h, struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)
@@ -850,7 +853,7 @@ static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, stru
 		return sl__err(-EIO, "%s: the server sent more than the %zu bytes asked for", q->name, k->cap);
 	if (sl_cert_refused(cc)) /* no retry makes it trusted */
 		return sl__err(-EKEYREJECTED, "%s: the server's certificate was refused: %s (curl %d); to trust a private "
-			       "CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle", q->name,
+			       "CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle (or SSL_CERT_DIR to a hashed directory)", q->name,
 			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc);
 	if (cc != CURLE_OK)
 		return sl__err(sl_errno_of_curl(cc), "%s: %s (curl %d: %s)", q->name,

@@ -210,6 +210,14 @@ def test_https_with_a_private_certificate(tls_web, receive):
     r = subprocess.run([sys.executable, "-c", READ, "0", "1000", url, "host"], env=env, capture_output=True,
                        timeout=120)
     assert r.returncode == 3 and not r.stdout and url in r.stderr.decode(), r.stderr.decode()[-800:]
+    # A hashed directory of certificates (OpenSSL's SSL_CERT_DIR), beside the bundle.
+    certs = os.path.join(os.path.dirname(tls_web.cert), "hashed")
+    os.makedirs(certs, exist_ok=True)
+    shutil.copy(tls_web.cert, os.path.join(certs, "private.pem"))
+    subprocess.run(["openssl", "rehash", certs], check=True, capture_output=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", READ, "0", "1000", url, "host"], env=dict(env, SSL_CERT_DIR=certs),
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == tls_web.data[:1000], r.stderr.decode()[-800:]
 
 
 # ---- Servers nginx will not play: tests/remote/webserver.py's PlainServer (Python; no nginx needed) ----
