@@ -132,11 +132,20 @@ int sluice_dataset_open(struct sluice_dataset **out, const char *path)
 	if (!sl__fs_is_local(ds->path))
 		sl__trim_slashes(ds->path);
 	path = ds->path;
+	/* A URL with a query names one object: a reader that would look for other names beside it is not asked. */
+	int one = !sl__fs_is_local(path) && strchr(path, '?');
+
 	for (size_t r = 0; r < sizeof(sl_readers) / sizeof(sl_readers[0]); r++)
-		if (sl_readers[r]->probe(path)) {
+		if ((!one || sl_readers[r]->one_file) && sl_readers[r]->probe(path)) {
 			ds->ops = sl_readers[r];
 			break;
 		}
+	if (!ds->ops && one) {
+		rc = sl__err(-EINVAL, "%s: a URL with a query names one object: a .tfrecord file or a .tar is read so; "
+			     "a dataset of several files needs its directory's URL", path);
+		sluice_dataset_close(ds);
+		return rc;
+	}
 	/* Unknown: let the native reader say what is missing. */
 	if (!ds->ops)
 		ds->ops = &sl__ds_native_ops;

@@ -146,6 +146,12 @@ SL_HIDDEN int sl__blocks_parse(const unsigned char *p, size_t len, const struct 
  */
 struct sl__ds_ops {
 	const char *name;
+	/*
+	 * one_file: one file can be the whole dataset.  A URL with a query (a
+	 * presigned one) names one object and no other beside it, so only
+	 * these readers are asked of it.
+	 */
+	int one_file;
 	/* probe: required.  1 if this reader owns path (cheap: names and magics only). */
 	int (*probe)(const char *path);
 	/*

@@ -238,6 +238,7 @@ static int sl_tfr_decode(const struct sluice_dataset *ds, uint64_t i, const unsi
 
 const struct sl__ds_ops sl__ds_tfrecord_ops = {
 	.name = "tfrecord",
+	.one_file = 1,
 	.probe = sl_tfr_probe,
 	.open = sl_tfr_open,
 	.close = sl_tfr_close,

@@ -862,6 +862,7 @@ static int sl_wds_decode(const struct sluice_dataset *ds, uint64_t i, const unsi
 
 const struct sl__ds_ops sl__ds_wds_ops = {
 	.name = "webdataset",
+	.one_file = 1,
 	.probe = sl_wds_probe,
 	.open = sl_wds_open,
 	.close = sl_wds_close,
