@@ -853,7 +853,8 @@ static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, stru
 		return sl__err(-EIO, "%s: the server sent more than the %zu bytes asked for", q->name, k->cap);
 	if (sl_cert_refused(cc)) /* no retry makes it trusted */
 		return sl__err(-EKEYREJECTED, "%s: the server's certificate was refused: %s (curl %d); to trust a private "
-			       "CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle (or SSL_CERT_DIR to a hashed directory)", q->name,
+			       "CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle (or SSL_CERT_DIR to a hashed directory)",
+			       q->name,
 			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc);
 	if (cc != CURLE_OK)
 		return sl__err(sl_errno_of_curl(cc), "%s: %s (curl %d: %s)", q->name,

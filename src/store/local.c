@@ -251,13 +251,6 @@ int sl__local_info(const char *path, struct sl__entry *e)
 	return stat(path, &st) < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno)) : sl_local_entry(path, &st, e);
 }
 
-/*
- * The files in dir (and below it, with recursive): links are followed, to
- * files and to directories alike (a Hugging Face snapshot is links into
- * its blobs), at most 64 directories deep, so that a link loop ends with
- * -ELOOP naming it.  An entry gone between readdir and its stat is left
- * out: it is not there.
- */
 /* A skipped entry's warning, once a process for each (a dataset's directory is listed by each format's probe). */
 static void sl_skipped(const char *path, const char *why)
 {
@@ -279,6 +272,13 @@ static void sl_skipped(const char *path, const char *why)
 		sl__warn("store", "%s: %s, skipped", path, why);
 }
 
+/*
+ * The files in dir (and below it, with recursive): links are followed, to
+ * files and to directories alike (a Hugging Face snapshot is links into
+ * its blobs), at most 64 directories deep, so that a link loop ends with
+ * -ELOOP naming it.  An entry gone between readdir and its stat is left
+ * out: it is not there.
+ */
 static int sl_local_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
 			    void *arg)
 {
