@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -27,6 +28,14 @@ static inline uint64_t sl__align_down(uint64_t v, uint64_t a)
 static inline uint64_t sl__align_up(uint64_t v, uint64_t a)
 {
 	return (v + a - 1) & ~(a - 1);
+}
+
+/* 1 if s ends in suffix with something before it (a file named ".tar" is no tar). */
+static inline int sl__ends_with(const char *s, const char *suffix)
+{
+	size_t l = strlen(s), k = strlen(suffix);
+
+	return l > k && !strcmp(s + l - k, suffix);
 }
 
 static inline uint64_t sl__now_ns(void)

@@ -36,15 +36,18 @@ uint32_t sl__tfr_unmask(uint32_t masked)
 
 static int sl_ends(const char *path, const char *const *suffixes)
 {
-	size_t l = strlen(path);
-
 	for (const char *const *s = suffixes; *s; s++)
-		if (l > strlen(*s) && !strcmp(path + l - strlen(*s), *s))
+		if (sl__ends_with(path, *s))
 			return 1;
 	return 0;
 }
 
 static const char *const sl_tfr_compressed[] = { ".gz", ".zlib", ".GZIP", ".ZLIB", NULL };
+
+static int sl_tfr_refuse_compressed(const char *path)
+{
+	return sl__err(SLUICE_EFORMAT, "%s: a compressed TFRecord file; sluice reads uncompressed ones", path);
+}
 
 /* A TFRecord file's name, compressed (".tfrecord.gz": then refused by name at open) or not. */
 static int sl_tfr_name(const char *path)
@@ -55,7 +58,7 @@ static int sl_tfr_name(const char *path)
 	/* A URL's query (a presigned one's) is not part of the name. */
 	snprintf(stem, sizeof(stem), "%.*s", (int)(sl__fs_is_local(path) ? strlen(path) : strcspn(path, "?#")), path);
 	for (const char *const *s = sl_tfr_compressed; *s; s++)
-		if (sl_ends(stem, (const char *const[]){ *s, NULL }))
+		if (sl__ends_with(stem, *s))
 			stem[strlen(stem) - strlen(*s)] = 0;
 	return sl_ends(stem, names);
 }
@@ -114,7 +117,7 @@ static int sl_tfr_files(const char *path, char ***files, unsigned *n)
 	int rc;
 
 	if (sl_ends(path, sl_tfr_compressed))
-		return sl__err(SLUICE_EFORMAT, "%s: a compressed TFRecord file; sluice reads uncompressed ones", path);
+		return sl_tfr_refuse_compressed(path);
 	if (sl_tfr_name(path) || (sl__fs_stat(path, &st) == 0 && !S_ISDIR(st.st_mode))) {
 		*files = calloc(1, sizeof(char *));
 		if (!*files || !((*files)[0] = strdup(path)))
@@ -124,15 +127,16 @@ static int sl_tfr_files(const char *path, char ***files, unsigned *n)
 	}
 	if ((rc = sl__fs_list(path, 0, files, n)))
 		return rc;
-	for (unsigned i = 0; i < *n; i++)
-		if (!rc && sl_tfr_name((*files)[i]) && sl_ends((*files)[i], sl_tfr_compressed))
-			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed TFRecord file; sluice reads uncompressed ones",
-				     (*files)[i]);
-	for (unsigned i = 0; i < *n; i++)
-		if (!rc && sl_tfr_name((*files)[i]))
-			(*files)[k++] = (*files)[i];
+	for (unsigned i = 0; i < *n; i++) {
+		char *f = (*files)[i];
+
+		if (!rc && sl_tfr_name(f) && sl_ends(f, sl_tfr_compressed))
+			rc = sl_tfr_refuse_compressed(f);
+		if (!rc && sl_tfr_name(f))
+			(*files)[k++] = f;
 		else
-			free((*files)[i]);
+			free(f);
+	}
 	*n = k;
 	if (rc) {
 		sluice_list_free(*files, k);

@@ -522,27 +522,20 @@ int sl__brace_expand(const char *pat, unsigned max, char ***out, unsigned *n)
 
 /* ---- the reader ---- */
 
-static int sl_ends(const char *n, const char *suffix)
-{
-	size_t l = strlen(n), k = strlen(suffix);
-
-	return l > k && !strcmp(n + l - k, suffix);
-}
-
 /* A compressed tar, by its name: webdataset reads them, sluice (which reads tars in place) refuses them by name. */
 static int sl_is_ztar(const char *n)
 {
 	static const char *const z[] = { ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4" };
 
 	for (size_t i = 0; i < sizeof(z) / sizeof(z[0]); i++)
-		if (sl_ends(n, z[i]))
+		if (sl__ends_with(n, z[i]))
 			return 1;
 	return 0;
 }
 
 static int sl_is_tar(const char *n)
 {
-	return sl_ends(n, ".tar") || sl_is_ztar(n);
+	return sl__ends_with(n, ".tar") || sl_is_ztar(n);
 }
 
 static void sl_free_names(char **v, unsigned n)
