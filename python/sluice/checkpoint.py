@@ -46,7 +46,8 @@ def _layout(tensors, metadata):
     items, header, off = [], {}, 0
     for name in sorted(tensors):
         t = tensors[name]
-        t = t.contiguous() if hasattr(t, "contiguous") else np.ascontiguousarray(t)
+        # np.asarray, not np.ascontiguousarray: that makes a 0-d array (or a numpy scalar) one of shape [1]
+        t = t.contiguous() if hasattr(t, "contiguous") else np.asarray(t, order="C")
         dt = st_dtype(t)
         n = nbytes(t, dt)
         shape = list(t.shape)

@@ -83,6 +83,31 @@ def test_interop_with_safetensors(tmp_path):
         assert np.array_equal(mine[k], t[k]) and np.array_equal(theirs[k], t[k])
 
 
+def test_zero_dimensional_arrays_keep_their_shape(tmp_path):
+    """A 0-d array (and a numpy scalar) is shape [] in the file, as safetensors writes it, and reads back 0-d by
+    safetensors' own reader and by sluice (it was written as shape [1]); torch's 0-d tensors the same."""
+    st = pytest.importorskip("safetensors.numpy")
+    t = {"step": np.array(7, np.int64), "lr": np.float32(0.5), "mask": np.array(True), "v": np.arange(3, dtype=np.int16)}
+    sluice.save(t, str(tmp_path / "ours.safetensors"))
+    st.save_file({k: np.asarray(v) for k, v in t.items()}, str(tmp_path / "theirs.safetensors"))
+    ours, _ = sluice._safetensors.read_header(str(tmp_path / "ours.safetensors"))
+    theirs, _ = sluice._safetensors.read_header(str(tmp_path / "theirs.safetensors"))
+    assert {k: ours[k]["shape"] for k in t} == {k: theirs[k]["shape"] for k in t} == {
+        "step": [], "lr": [], "mask": [], "v": [3]}
+    for back in (st.load_file(str(tmp_path / "ours.safetensors")),
+                 sluice.load(str(tmp_path / "ours.safetensors"), device="numpy"),
+                 sluice.load(str(tmp_path / "theirs.safetensors"), device="numpy")):
+        for k, v in t.items():
+            assert back[k].shape == np.shape(v) and back[k].dtype == np.asarray(v).dtype and np.array_equal(back[k], v), k
+    try:
+        import torch
+    except ImportError:
+        return
+    sluice.save({"s": torch.tensor(3.5)}, str(tmp_path / "torch.safetensors"))
+    assert st.load_file(str(tmp_path / "torch.safetensors"))["s"].shape == ()
+    assert sluice.load(str(tmp_path / "torch.safetensors"), device="cpu")["s"].shape == torch.Size([])
+
+
 def _file(p, entries, data, extra=None):
     """A safetensors file by hand: entries {name: (dtype, shape, [begin, end])}, then data."""
     h = {k: {"dtype": d, "shape": s, "data_offsets": o} for k, (d, s, o) in entries.items()}
