@@ -20,7 +20,7 @@ NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose me
           "load it with StorageReader from the dcp module of sluice")
 MAGIC = b"c" + NOTICE.encode() + b"\nStorageReader\n"
 FORMAT, VERSION = "sluice-dcp", 1
-DATA = re.compile(r"__\d+_[0-9a-f]{12}\.safetensors\Z")  # a rank's file of one save
+DATA = re.compile(r"__\d+_(?P<save>[0-9a-f]{12})\.safetensors\Z")  # a rank's file of one save (its mark)
 # torch's dtype names (those a safetensors dtype has) -> safetensors dtype
 ST_OF = {t: k for k, (_, t) in DT.items() if t is not None}
 LAYOUTS = ("strided",)
@@ -33,6 +33,42 @@ class Damaged(ValueError):
 
 def _ints(v, n=None):
     return isinstance(v, list) and (n is None or len(v) == n) and all(type(x) is int and x >= 0 for x in v)
+
+
+def item_name(fqn, offset):
+    """The name sluice.dcp gives an item in its rank's safetensors file (every version did): a bytes item's fqn
+    (offset None), fqn@O1,O2,... for a tensor's chunk at offsets O.  The reader derives it from the item's own
+    fqn and offset, so metadata that puts an item at another item's bytes is refused, whatever their place,
+    dtype and shape.  Distinct for distinct items but one pair: bytes named "a@0" and tensor "a"'s chunk at [0],
+    which the writer refuses to write into one file."""
+    return fqn if offset is None else f"{fqn}@{','.join(map(str, offset))}"
+
+
+_SAVE_ID = re.compile(r"[0-9a-f]{12,}\Z")
+
+
+def stored_fault(items, save_id):
+    """Why stored items [(fqn, offset or None, file, name or None)] (each file a DATA name) are not the items of
+    one save of sluice.dcp, or None.  Each item must be stored under its own name (item_name; None: pickled
+    metadata of older versions, whose files' headers name the items so all the same), once in its file, and
+    every file must carry one save's mark: that of save_id (the writer's, in the metadata) where it is one of
+    the writer's ids.  So no edit of the metadata alone (fqns or names swapped, a file of another save named)
+    loads an item from bytes written for another: the safetensors header of each file says whose bytes are
+    where, and the reader checks the item against it (check_item)."""
+    names, saves = set(), {}
+    for fqn, offset, file, name in items:
+        own = item_name(fqn, offset)
+        if name is not None and name != own:
+            return f"item '{own}' is stored as '{name}' of {file}, another item's name"
+        if (file, own) in names:
+            return f"two items are stored as '{own}' of {file}"
+        names.add((file, own))
+        saves.setdefault(DATA.match(file)["save"], file)
+    if len(saves) > 1:
+        return f"items stored in files of {len(saves)} saves ({', '.join(sorted(saves.values())[:3])})"
+    if saves and isinstance(save_id, str) and _SAVE_ID.match(save_id) and save_id[:12] not in saves:
+        return f"items stored in {next(iter(saves.values()))}, a file of another save than {save_id}'s"
+    return None
 
 
 def encode(doc):
@@ -103,13 +139,17 @@ def decode(raw, path):
     missing = set(chunks) - seen | {(b, None) for b in blobs} - seen
     if missing:
         raise fail(f"no item stores {sorted(str(m[0]) for m in missing)[:5]}")
+    sm = doc.get("storage_meta")
+    if sm is not None and not (isinstance(sm, dict) and all(v is None or isinstance(v, str) for v in sm.values())):
+        raise fail("storage_meta is not an object of strings")
+    why = stored_fault([(it["fqn"], it.get("offset"), it["file"], it["name"]) for it in items],
+                       None if sm is None else sm.get("save_id"))
+    if why:
+        raise fail(why)
     pd = doc.get("planner_data")
     if pd is not None and not (isinstance(pd, dict) and all(
             isinstance(v, list) and all(type(x) in (str, int) for x in v) for v in pd.values())):
         raise fail("planner_data is not an object of key paths")
-    sm = doc.get("storage_meta")
-    if sm is not None and not (isinstance(sm, dict) and all(v is None or isinstance(v, str) for v in sm.values())):
-        raise fail("storage_meta is not an object of strings")
     return doc
 
 

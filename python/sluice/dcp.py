@@ -14,8 +14,10 @@ checkpoint writes files of new names, so until its .metadata replaces the old on
 checkpoint is whole and loadable; then the files the new one does not name are removed.  A kill at any moment leaves the old checkpoint or the new one.  Loads read every
 item of a rank as one batched read straight into the state dict's tensors (GPU memory included) where the saved
 chunk and the tensor agree in dtype and the part asked for is one range; other parts (another sharding, another
-dtype) are read whole and copied.  Each item's place is checked against the safetensors header of its file,
-read through the same open as its bytes.  Needs torch; `import sluice` does not import this module.
+dtype) are read whole and copied.  Each item is found in its file's safetensors header under its own name
+(fqn, fqn@offsets for a tensor's chunk) and its place, dtype and shape checked against that entry, read
+through the same open as its bytes: metadata that gives an item another's place is refused.  Needs torch;
+`import sluice` does not import this module.
 """
 import dataclasses
 import errno
@@ -32,7 +34,8 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
-from ._dcpmeta import DATA as _DATA, MAGIC, ST_OF, MetadataUnpickler, check_item, decode, encode
+from ._dcpmeta import (DATA as _DATA, MAGIC, ST_OF, MetadataUnpickler, check_item, decode, encode, item_name,
+                       stored_fault)
 from ._lib import SluiceError, lib, shown
 from ._safetensors import is_remote, open_file, read_header, read_small
 from .buffers import _ready
@@ -112,7 +115,11 @@ def _from_doc(doc, path):
 
 
 def _key(index):
-    return index.fqn if index.offset is None else f"{index.fqn}@{','.join(map(str, index.offset))}"
+    return item_name(index.fqn, index.offset)
+
+
+def _what(index):
+    return f"'{index.fqn}'" if index.offset is None else f"'{index.fqn}' at {list(index.offset)}"
 
 
 class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
@@ -170,7 +177,12 @@ class StorageWriter(storage.StorageWriter, BlockingAsyncStager):
                 data = np.frombuffer(data.getbuffer(), np.uint8).copy()
             else:
                 data = data.detach()
-            items[_key(item.index)] = (item, data)
+            k = _key(item.index)
+            if k in items or k == "__metadata__":  # bytes named "a@0" beside tensor a's chunk at [0]; the header's own
+                other = _what(items[k][0].index) if k in items else "the file's own metadata"
+                raise ValueError(f"sluice.dcp: state dict item {_what(item.index)} and {other} would be stored under "
+                                 f"one name, '{k}', in {shown(_join(self.path, name))}: rename one")
+            items[k] = (item, data)
         placed = _save_file({k: d for k, (_, d) in items.items()}, _join(self.path, name), None)
         for k, (item, data) in items.items():
             off, n = placed[k]
@@ -253,15 +265,32 @@ class StorageReader(storage.StorageReader):
         self.chunks = {}
         try:
             for k, st in self.storage_data.items():  # only files a save of ours names, beside the metadata
-                if not (_DATA.match(str(st.relative_path)) and type(st.offset) is int and type(st.length) is int
-                        and st.offset >= 0 and st.length >= 0 and (st.name is None or isinstance(st.name, str))):
-                    raise ValueError(f"'{_key(k)}' stored as {st}")
+                if not (isinstance(k, MetadataIndex) and isinstance(k.fqn, str) and _DATA.match(str(st.relative_path))
+                        and type(st.offset) is int and type(st.length) is int and st.offset >= 0 and st.length >= 0
+                        and (st.name is None or isinstance(st.name, str))):
+                    raise ValueError(f"'{k}' stored as {st}")
+            sm = metadata.storage_meta
+            why = stored_fault([(k.fqn, k.offset, st.relative_path, st.name) for k, st in self.storage_data.items()],
+                               getattr(sm, "save_id", None))
+            if why:
+                raise ValueError(why)
+            blobs = set()
             for fqn, md in metadata.state_dict_metadata.items():
+                if isinstance(md, BytesStorageMetadata):
+                    blobs.add(MetadataIndex(fqn))
                 for c in getattr(md, "chunks", ()):
                     sizes = tuple(int(x) for x in c.sizes)
                     if not isinstance(md.properties.dtype, torch.dtype) or min(sizes, default=0) < 0:
                         raise ValueError(f"tensor '{fqn}': {md.properties.dtype} of {list(sizes)}")
                     self.chunks[MetadataIndex(fqn, c.offsets)] = (sizes, md.properties.dtype)
+            # Every chunk and bytes item stored, and nothing else (decode checks the same of JSON metadata;
+            # pickled metadata comes here unchecked): a load asks only for what the metadata lists.
+            stored, listed = set(self.storage_data), set(self.chunks) | blobs
+            if stored - listed:
+                raise ValueError(f"item '{min(map(_key, stored - listed))}': not a chunk of a tensor nor bytes of "
+                                 f"the checkpoint")
+            if listed - stored:
+                raise ValueError(f"no item stores '{min(map(_key, listed - stored))}'")
         except Exception as e:
             raise ValueError(f"sluice.dcp: {shown(_join(self.path, METADATA))}: damaged metadata ({e})") from None
 
@@ -277,8 +306,10 @@ class StorageReader(storage.StorageReader):
         st = self.storage_data[req.storage_index]
         f = files[st.relative_path]
         path = _join(self.path, st.relative_path)
+        # The header entry of the item's own name (set_up_storage_reader checked st.name is that name, or None).
+        name = _key(req.storage_index)
         if req.type == LoadItemType.BYTE_IO:
-            check_item(path, *headers[f], st.offset, st.length, st.name, "U8", [st.length])
+            check_item(path, *headers[f], st.offset, st.length, name, "U8", [st.length])
             buf = np.empty(st.length, np.uint8)
             reads.append((f, st.offset, st.length, buf.ctypes.data, buf))
             after.append(lambda: planner.load_bytes(req, io.BytesIO(buf.tobytes())))
@@ -289,7 +320,7 @@ class StorageReader(storage.StorageReader):
         if st.length != int(np.prod(sizes, dtype=np.int64)) * item:
             raise ValueError(f"sluice.dcp: {shown(self.path)}: '{_key(req.storage_index)}' is {st.length} bytes, its "
                              f"shape {list(sizes)} of {dtype} makes {int(np.prod(sizes)) * item}")
-        check_item(path, *headers[f], st.offset, st.length, st.name, ST_OF.get(str(dtype).replace("torch.", "")),
+        check_item(path, *headers[f], st.offset, st.length, name, ST_OF.get(str(dtype).replace("torch.", "")),
                    list(sizes))
         span = _span(sizes, req.storage_offsets, req.lengths)
         if span and target.dtype == dtype and target.is_contiguous() and target.numel() == span[1]:

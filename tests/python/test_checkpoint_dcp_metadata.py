@@ -5,6 +5,7 @@ import io
 import os
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -65,6 +66,54 @@ def _damaged(mutate):
 def test_damaged_metadata_is_refused_naming_the_file(case, mutate):
     with pytest.raises(dm.Damaged, match=r"/ck/\.metadata: damaged metadata"):
         dm.decode(_damaged(mutate), "/ck/.metadata")
+
+
+def _swap(i, j, *fields):
+    def mutate(d):
+        a, b = d["items"][i], d["items"][j]
+        for f in fields:
+            a[f], b[f] = b[f], a[f]
+    return mutate
+
+
+def _file_of(mark):
+    return lambda d: d["items"][1].update(file=f"__1_{mark}.safetensors")
+
+
+@pytest.mark.parametrize("case,mutate,want", [
+    ("two chunks' offsets swapped", _swap(0, 1, "offset"), "item 'w@2,0' is stored as 'w@0,0'"),
+    ("a tensor's and a blob's fqn swapped", _swap(0, 2, "fqn", "offset"), "item 'w' at [0, 0]: 5 bytes"),
+    ("and their lengths", _swap(0, 2, "fqn", "offset", "length"), "item 'lr' is stored as 'w@0,0'"),
+    ("names swapped", _swap(0, 1, "name"), "item 'w@0,0' is stored as 'w@2,0'"),
+    ("a blob named as a chunk", lambda d: d["items"][2].update(name="w@0,0"), "item 'lr' is stored as 'w@0,0'"),
+    ("a file of another save", _file_of("fedcba987654"), "files of 2 saves"),
+    ("a save id of another save", lambda d: d["storage_meta"].update(save_id="fedcba9876543210"),
+     "a file of another save than fedcba9876543210's"),
+])
+def test_an_item_stored_under_another_items_name_is_refused(case, mutate, want):
+    """Each item must be stored under the name sluice.dcp gives it (fqn, or fqn@offsets), once in its file, and
+    in files of one save: metadata whose fqns or names are swapped, or that names a file of another save, is
+    refused naming the file, whatever the items' places, dtypes and shapes (the same here)."""
+    with pytest.raises(dm.Damaged, match=r"/ck/\.metadata: damaged metadata \(.*" + re.escape(want)):
+        dm.decode(_damaged(mutate), "/ck/.metadata")
+
+
+def test_two_items_of_one_name_in_a_file_are_refused():
+    """Bytes named "v@0" beside tensor v's chunk at [0] share a name in the file (the writer refuses to make
+    such a file): metadata saying so is refused rather than loading one item's bytes as both."""
+    d = doc()
+    d["tensors"]["v"] = {**d["tensors"]["w"], "dtype": "uint8", "size": [5], "chunks": [{"offsets": [0], "sizes": [5]}]}
+    d["bytes"].append("v@0")
+    f = d["items"][0]["file"]
+    d["items"] += [{"fqn": "v", "offset": [0], "index": 0, "file": f, "name": "v@0", "at": 4149, "length": 5},
+                   {"fqn": "v@0", "offset": None, "index": None, "file": f, "name": "v@0", "at": 4149, "length": 5}]
+    with pytest.raises(dm.Damaged, match="two items are stored as 'v@0' of __0_0123456789ab.safetensors"):
+        dm.decode(dm.encode(d), "/ck/.metadata")
+
+
+def test_item_names_are_the_writers():
+    assert dm.item_name("w", None) == "w" and dm.item_name("w", [2, 0]) == "w@2,0" and dm.item_name("s", []) == "s@"
+    assert dm.DATA.match("__3_0123456789ab.safetensors")["save"] == "0123456789ab"
 
 
 def damaged(good, seed, n, start=0):
@@ -161,7 +210,7 @@ def test_float4_chunks_count_torchs_bytes():
                            "memory_format": "contiguous_format", "pin_memory": False,
                            "chunks": [{"offsets": [0, 0], "sizes": [4, 4]}]}},
          "bytes": [], "planner_data": None, "storage_meta": None}
-    item = {"fqn": "q", "offset": [0, 0], "index": 0, "file": "__0_0123456789ab.safetensors", "name": "q", "at": 4096}
+    item = {"fqn": "q", "offset": [0, 0], "index": 0, "file": "__0_0123456789ab.safetensors", "name": "q@0,0", "at": 4096}
     dm.decode(dm.encode({**d, "items": [{**item, "length": 16}]}), "ck/.metadata")
     with pytest.raises(dm.Damaged, match="0 bytes, its chunk"):
         dm.decode(dm.encode({**d, "items": [{**item, "length": 0}]}), "ck/.metadata")
