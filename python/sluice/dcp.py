@@ -16,8 +16,10 @@ item of a rank as one batched read straight into the state dict's tensors (GPU m
 chunk and the tensor agree in dtype and the part asked for is one range; other parts (another sharding, another
 dtype) are read whole and copied.  Each item is found in its file's safetensors header under its own name
 (fqn, fqn@offsets for a tensor's chunk) and its place, dtype and shape checked against that entry, read
-through the same open as its bytes: metadata that gives an item another's place is refused.  Needs torch;
-`import sluice` does not import this module.
+through the same open as its bytes: metadata that gives an item another's place is refused.  A bytes item (DCP
+pickles every non-tensor value) reaches DCP's planner, which unpickles with torch.load(weights_only=False),
+only as what torch.load(weights_only=True) built of it, unless the reader is told allow_pickle=True.  Needs
+torch; `import sluice` does not import this module.
 """
 import dataclasses
 import errno
@@ -225,10 +227,14 @@ def _span(sizes, offsets, lengths):
 
 
 class StorageReader(storage.StorageReader):
-    """Reads a DCP checkpoint that StorageWriter wrote at path (a directory, or an s3:// prefix).  Its metadata
-    is data, read without unpickling.  allow_pickle=True also reads the pickled metadata of a checkpoint an
-    older sluice version wrote: unpickling can run code, so only for a checkpoint you trust (and even then only
-    the classes DCP's metadata holds are built, each allowed by exact name)."""
+    """Reads a DCP checkpoint that StorageWriter wrote at path (a directory, or an s3:// prefix), running no code
+    it holds: its metadata is data, read without unpickling, and each bytes item is unpickled with
+    torch.load(weights_only=True) (torch's allow-list of plain values and tensors, and the classes
+    torch.serialization.add_safe_globals adds), DCP's planner getting only what that built; an item that names
+    anything else fails the load, naming the file and the item.  allow_pickle=True is for a checkpoint you trust
+    as code: bytes items go to the planner as they are (which unpickles them with weights_only=False, as with
+    torch's own reader), and the pickled metadata of a checkpoint an older sluice version wrote is read (even
+    then building only the classes DCP's metadata holds, each allowed by exact name)."""
 
     def __init__(self, path, allow_pickle=False):
         super().__init__()
@@ -312,7 +318,7 @@ class StorageReader(storage.StorageReader):
             check_item(path, *headers[f], st.offset, st.length, name, "U8", [st.length])
             buf = np.empty(st.length, np.uint8)
             reads.append((f, st.offset, st.length, buf.ctypes.data, buf))
-            after.append(lambda: planner.load_bytes(req, io.BytesIO(buf.tobytes())))
+            after.append(lambda: planner.load_bytes(req, self._bytes(path, name, buf)))
             return
         target = planner.resolve_tensor(req).detach()
         sizes, dtype = self.chunks[req.storage_index]
@@ -330,6 +336,27 @@ class StorageReader(storage.StorageReader):
             reads.append((f, st.offset, st.length, tmp.data_ptr(), tmp))
             after.append(lambda: target.copy_(_narrow(tmp, req.storage_offsets, req.lengths)))
         after.append(lambda: planner.commit_tensor(req, target))
+
+    def _bytes(self, path, name, buf):
+        """What the planner gets of a bytes item (a pickle: DCP's save planners torch.save each non-tensor value).
+        DCP's load planners unpickle it with torch.load(weights_only=False), which runs whatever the pickle
+        names; so, unless allow_pickle, the item is loaded here with weights_only=True (torch's allow-list, and
+        the user's torch.serialization.add_safe_globals) and the planner gets that object torch.save'd again:
+        bytes sluice made of data torch's allow-list built, never the checkpoint's own."""
+        raw = io.BytesIO(buf.tobytes())
+        if self.allow_pickle:
+            return raw
+        try:
+            obj = torch.load(raw, weights_only=True)
+        except Exception as e:  # an unpickling error naming the global; whatever a damaged item raises
+            raise ValueError(f"sluice.dcp: {shown(path)}: item '{name}' is not data torch.load(weights_only=True) "
+                             f"reads ({_refusal(e)}): StorageReader loads it only with allow_pickle=True, for a "
+                             f"checkpoint you trust (or torch.serialization.add_safe_globals allows its classes by "
+                             f"name)") from None
+        out = io.BytesIO()
+        torch.save(obj, out)
+        out.seek(0)
+        return out
 
     def read_data(self, plan, planner):
         files = {}
@@ -355,6 +382,17 @@ class StorageReader(storage.StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, (str, os.PathLike))
+
+
+def _refusal(e):
+    """The line of torch.load's weights_only error that says what it refused (its wording changes between torch
+    versions; the rest is advice to load with weights_only=False)."""
+    for line in str(e).splitlines():
+        line = line.split("WeightsUnpickler error:")[-1].strip()
+        if line and not line.startswith(("Weights only load failed", "Please file an issue", "Check the documentation",
+                                         "(1)", "(2)")):
+            return line[:300]
+    return type(e).__name__
 
 
 def _narrow(t, offsets, lengths):

@@ -205,6 +205,111 @@ def test_metadata_with_damaged_places_loads_no_other_bytes(tmp_path, field, delt
     assert not got["b"].any() and not got["a"].any()
 
 
+class RunsCode:
+    """A value whose pickle runs `touch PATH` when unpickled (what a hostile checkpoint's bytes item holds)."""
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def _replace_bytes(ck, items):
+    """Rewrites ck's data file with the bytes of items {fqn: bytes} in place of theirs, and its metadata to match:
+    what whoever can write the directory (or the s3:// prefix) can do."""
+    import json
+    import numpy as np
+    from sluice import _dcpmeta as dm
+    from sluice._safetensors import read_header
+    data = next(ck / n for n in os.listdir(ck) if n.endswith(".safetensors"))
+    t = sluice.load(str(data), device="numpy")
+    t.update({k: np.frombuffer(v, np.uint8) for k, v in items.items()})
+    sluice.save(t, str(data))
+    header, start = read_header(str(data))
+    doc = json.loads((ck / ".metadata").read_bytes()[len(dm.MAGIC):])
+    for it in doc["items"]:
+        b, e = header[it["name"]]["data_offsets"]
+        it["at"], it["length"] = start + b, e - b
+    (ck / ".metadata").write_bytes(dm.encode({k: v for k, v in doc.items() if k not in ("format", "version")}))
+
+
+def test_bytes_items_that_would_run_code_are_refused(tmp_path):
+    """A bytes item (DCP's save planner torch.save's every non-tensor value) whose pickle runs code: DCP's load
+    planner unpickles what the reader gives it with torch.load(weights_only=False).  StorageReader gives it
+    only what torch.load(weights_only=True) built, so the load is refused naming the file, the item and what
+    it named, and nothing runs: a torch.save'd pickle, and a plain one (which torch.load's legacy path
+    unpickles first).  allow_pickle=True hands the item over as it is: the code runs (the exploit is real)."""
+    import pickle
+    ran = tmp_path / "ran"
+    dcp.save({"w": torch.ones(3), "evil": RunsCode(ran), "plain": 1}, storage_writer=StorageWriter(tmp_path / "ck"))
+    assert not ran.exists()
+    for hostile in (None, pickle.dumps(RunsCode(ran), protocol=2)):
+        if hostile:
+            _replace_bytes(tmp_path / "ck", {"evil": hostile})
+        got = {"w": torch.zeros(3), "evil": None, "plain": None}
+        with pytest.raises(BaseException, match=r"__0_[0-9a-f]{12}\.safetensors: item 'evil' is not data "
+                                                r"torch\.load\(weights_only=True\) reads \(.*(posix|os)\.system.*"
+                                                r"allow_pickle=True"):
+            dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+        assert not ran.exists() and got["evil"] is None
+        try:  # torch's legacy format then finds no magic number: the code has run all the same
+            dcp.load(got, storage_reader=StorageReader(tmp_path / "ck", allow_pickle=True))
+        except BaseException:
+            assert hostile
+        assert ran.exists()
+        ran.unlink()
+
+
+def test_bytes_items_load_as_torchs_own_reader_loads_them(tmp_path):
+    """Plain values (ints, floats, str, None, tuples, torch.Size, bytes, dicts and lists holding tensors, Python's
+    RNG state, an OrderedDict) load through weights_only=True equal to what torch's own FileSystemReader loads
+    of the same state dict; a value weights_only refuses (a numpy array) is refused by name, and loads with
+    allow_pickle=True."""
+    import collections
+    import random
+    import numpy as np
+    sd = {"step": 12, "lr": 0.25, "name": "run", "none": None, "flag": True, "betas": (0.9, 0.999),
+          "size": torch.Size([3, 4]), "raw": b"\x00\x01", "rng": random.Random(5).getstate(),
+          "od": collections.OrderedDict(b=1, a=[1, 2]), "opt": {"state": {"0": {"m": torch.arange(4.0), "t": 3}},
+                                                                  "groups": [{"lr": 0.1, "params": [0, 1]}]},
+          "w": torch.randn(5, generator=torch.Generator().manual_seed(2))}
+
+    def empty(v):  # the state dict's shape (DCP flattens dicts and lists), its tensors zero, its values None
+        if isinstance(v, dict):
+            return type(v)((k, empty(x)) for k, x in v.items())
+        if type(v) is list:
+            return [empty(x) for x in v]
+        return torch.zeros_like(v) if isinstance(v, torch.Tensor) else None
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp_path / "torch")))
+    dcp.save(sd, storage_writer=StorageWriter(tmp_path / "ck"))
+    theirs, ours = empty(sd), empty(sd)
+    dcp.load(theirs, storage_reader=dcp.FileSystemReader(str(tmp_path / "torch")))
+    dcp.load(ours, storage_reader=StorageReader(tmp_path / "ck"))
+
+    def same_as(a, b):
+        assert type(a) is type(b), (a, b)
+        if isinstance(a, dict):
+            assert list(a) == list(b)
+            for k in a:
+                same_as(a[k], b[k])
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                same_as(x, y)
+        elif isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        else:
+            assert a == b
+    same_as(ours, theirs)
+    assert ours["rng"] == sd["rng"] and ours["step"] == 12
+    dcp.save({"a": np.arange(3)}, storage_writer=StorageWriter(tmp_path / "np"))
+    with pytest.raises(BaseException, match=r"item 'a' is not data torch\.load\(weights_only=True\) reads \(.*numpy"):
+        dcp.load({"a": None}, storage_reader=StorageReader(tmp_path / "np"))
+    got = {"a": None}
+    dcp.load(got, storage_reader=StorageReader(tmp_path / "np", allow_pickle=True))
+    assert np.array_equal(got["a"], np.arange(3))
+
+
 def test_a_bytes_item_named_as_a_tensors_chunk_is_refused_at_save(tmp_path):
     """A bytes item "w@0" and tensor w's chunk at [0] would share one name in the rank's file: refused before
     anything is written, naming both (the file held one of them twice)."""
