@@ -483,6 +483,33 @@ static int sl_dcp_data_name(const char *n)
 	return 1;
 }
 
+/*
+ * 1 if name is the one sluice.dcp gives a chunk of tensor fqn at offsets off in its rank's file, fqn@O1,O2,...
+ * (python/sluice/_dcpmeta.py, item_name): an item stored under any other name is another item's bytes, however
+ * alike their places, dtypes and shapes.
+ */
+static int sl_dcp_own_name(const char *name, const char *fqn, json_t *off)
+{
+	size_t n = strlen(fqn), j;
+	const char *p = name + n;
+
+	if (strncmp(name, fqn, n) || *p++ != '@')
+		return 0;
+	for (j = 0; j < json_array_size(off); j++) {
+		json_t *o = json_array_get(off, j);
+		char num[32];
+		int w;
+
+		if (!json_is_integer(o))
+			return 0;
+		w = snprintf(num, sizeof(num), "%s%lld", j ? "," : "", (long long)json_integer_value(o));
+		if (strncmp(p, num, (size_t)w))
+			return 0;
+		p += w;
+	}
+	return *p == '\0';
+}
+
 /* Item it of the metadata, a chunk of tensor fqn: checked against its file's header entry and added. */
 static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors, json_t *it, unsigned fi)
 {
@@ -501,6 +528,9 @@ static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors
 	t = json_object_get(tensors, fqn);
 	if (!json_is_object(t) || !json_is_array(off) || !name)
 		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s')", meta, fqn);
+	if (!sl_dcp_own_name(name, fqn, off))
+		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s' is stored as '%s' of %s, another item's name)",
+			       meta, fqn, name, ck->files[fi].path);
 	dt = json_is_string(json_object_get(t, "dtype")) ? sl__st_dtype_find(json_string_value(json_object_get(t, "dtype")), 1)
 							  : -1;
 	chunks = json_object_get(t, "chunks");
@@ -620,7 +650,7 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 	char *meta = sl_join(dir, strlen(dir), ".metadata");
 	json_t *items, *tensors, *it, *t;
 	size_t i, nitems = 0, chunks = 0;
-	const char *k;
+	const char *k, *first = NULL;
 	int rc;
 
 	if (!meta)
@@ -643,6 +673,12 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 		if (!json_is_object(it) || !file || !sl_dcp_data_name(file) || !fqn ||
 		    !json_is_integer(json_object_get(it, "at")) || !json_is_integer(json_object_get(it, "length")))
 			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item %zu)", meta, i);
+		/* Every file of one save (its mark follows the name's last '_'): no item read from another save's file. */
+		if (!first)
+			first = file;
+		else if (strncmp(strrchr(first, '_'), strrchr(file, '_'), 13))
+			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (items stored in files of two saves, %s and %s)",
+				       meta, first, file);
 		if (json_is_null(json_object_get(it, "offset")) || !json_object_get(it, "offset")) {
 			if (!sl_dcp_is_bytes(ck->doc, fqn))
 				return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no chunk offsets, and not bytes)",

@@ -258,7 +258,7 @@ static void ambiguous(struct sluice_engine *eng)
 
 static void dcp(struct sluice_engine *eng)
 {
-	unsigned char d[48];
+	unsigned char d[64];
 	char sub[1024], meta[2048], good[2048];
 	const char *rank = "__0_0123456789ab.safetensors";
 	struct sluice_ckpt *ck;
@@ -270,37 +270,62 @@ static void dcp(struct sluice_engine *eng)
 	mkdir(sub, 0755);
 	t_fill(d, sizeof(d), 5);
 	ds = st_write(at("dcp/__0_0123456789ab.safetensors"),
-		 "{\"w.0\":{\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[0,32]},"
-		 "\"b.0\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[32,48]}}", d, sizeof(d));
+		 "{\"w@2,0\":{\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[0,32]},"
+		 "\"b@0\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[32,48]},"
+		 "\"c@0\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[48,64]}}", d, sizeof(d));
 	snprintf(meta, sizeof(meta),
 		 DCP_MAGIC "{\"format\":\"sluice-dcp\",\"version\":1,\"bytes\":[\"step\"],"
 		 "\"tensors\":{\"w\":{\"dtype\":\"float32\",\"size\":[4,4],\"chunks\":[{\"offsets\":[2,0],\"sizes\":[2,4]}]},"
-		 "\"b\":{\"dtype\":\"float32\",\"size\":[4],\"chunks\":[{\"offsets\":[0],\"sizes\":[4]}]}},"
-		 "\"items\":[{\"fqn\":\"w\",\"offset\":[2,0],\"index\":0,\"file\":\"%s\",\"name\":\"w.0\",\"at\":%d,\"length\":32},"
-		 "{\"fqn\":\"b\",\"offset\":[0],\"index\":0,\"file\":\"%s\",\"name\":\"b.0\",\"at\":%d,\"length\":16},"
+		 "\"b\":{\"dtype\":\"float32\",\"size\":[4],\"chunks\":[{\"offsets\":[0],\"sizes\":[4]}]},"
+		 "\"c\":{\"dtype\":\"float32\",\"size\":[4],\"chunks\":[{\"offsets\":[0],\"sizes\":[4]}]}},"
+		 "\"items\":[{\"fqn\":\"w\",\"offset\":[2,0],\"index\":0,\"file\":\"%s\",\"name\":\"w@2,0\",\"at\":%d,\"length\":32},"
+		 "{\"fqn\":\"b\",\"offset\":[0],\"index\":0,\"file\":\"%s\",\"name\":\"b@0\",\"at\":%d,\"length\":16},"
+		 "{\"fqn\":\"c\",\"offset\":[0],\"index\":0,\"file\":\"%s\",\"name\":\"c@0\",\"at\":%d,\"length\":16},"
 		 "{\"fqn\":\"step\",\"offset\":null,\"index\":null,\"file\":\"%s\",\"name\":\"x\",\"at\":0,\"length\":0}]}",
-		 rank, ds, rank, ds + 32, rank);
+		 rank, ds, rank, ds + 32, rank, ds + 48, rank);
 	put(at("dcp/.metadata"), meta);
 	snprintf(good, sizeof(good), "%s", meta);
 	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == 0);
 	if (!ck)
 		return;
-	T_CHECK(!strcmp(sluice_ckpt_format(ck), "sluice-dcp") && sluice_ckpt_count(ck) == 2);
+	T_CHECK(!strcmp(sluice_ckpt_format(ck), "sluice-dcp") && sluice_ckpt_count(ck) == 3);
 	t = find(ck, "w");
 	T_CHECK(t && t->chunk && t->chunk[0] == 2 && t->chunk[1] == 0 && t->shape[0] == 2);
 	buf = load(ck, &rc);
-	T_CHECK(buf && !memcmp(buf + t->at, d, 32) && !memcmp(buf + find(ck, "b")->at, d + 32, 16));
+	T_CHECK(buf && !memcmp(buf + t->at, d, 32) && !memcmp(buf + find(ck, "b")->at, d + 32, 16) &&
+		!memcmp(buf + find(ck, "c")->at, d + 48, 16));
 	free(buf);
 	sluice_ckpt_close(ck);
 	/* Damaged: an item that is not the tensor it names (its bytes are b's), and a pickle. */
 	{
-		char *w = strstr(meta, "\"name\":\"w.0\",\"at\":");
+		char *w = strstr(meta, "\"name\":\"w@2,0\",\"at\":");
 
-		snprintf(w, sizeof(meta) - (size_t)(w - meta), "\"name\":\"w.0\",\"at\":%d,\"length\":32}]}", ds + 32);
+		snprintf(w, sizeof(meta) - (size_t)(w - meta), "\"name\":\"w@2,0\",\"at\":%d,\"length\":32}]}", ds + 32);
 	}
 	put(at("dcp/.metadata"), meta);
 	T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
 	T_CHECK(strstr(sluice_last_error_detail(), "damaged metadata") != NULL);
+	/*
+	 * Tensors b and c (one shape, one dtype) swapped in the metadata, each item then stored under the other's
+	 * name and place, and an item in a file of another save: refused, never the other's bytes.
+	 */
+	{
+		char bad[2048], *b, *c;
+
+		snprintf(bad, sizeof(bad), "%s", good);
+		b = strstr(bad, "{\"fqn\":\"b\"");
+		c = strstr(bad, "{\"fqn\":\"c\"");
+		b[8] = 'c';
+		c[8] = 'b';
+		put(at("dcp/.metadata"), bad);
+		T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+		T_CHECK(strstr(sluice_last_error_detail(), "item 'c' is stored as 'b@0'") != NULL);
+		c = strrchr(good, '_');
+		snprintf(bad, sizeof(bad), "%.*s_fedcba987654%s", (int)(c - good), good, c + 13);
+		put(at("dcp/.metadata"), bad);
+		T_CHECK(sluice_ckpt_open(&ck, eng, sub) == SLUICE_EFORMAT);
+		T_CHECK(strstr(sluice_last_error_detail(), "files of two saves") != NULL);
+	}
 	/* A chunk outside its tensor's size; a chunk no item stores (half of w unread). */
 	{
 		char bad[2048];
