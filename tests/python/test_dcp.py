@@ -311,11 +311,14 @@ def test_bytes_items_load_as_torchs_own_reader_loads_them(tmp_path):
 
 
 def test_a_bytes_item_named_as_a_tensors_chunk_is_refused_at_save(tmp_path):
-    """A bytes item "w@0" and tensor w's chunk at [0] would share one name in the rank's file: refused before
-    anything is written, naming both (the file held one of them twice)."""
+    """A bytes item "w@0" and tensor w's chunk at [0] would share one name in the rank's file, and an item named
+    __metadata__ would be the header's own: refused before anything is written, naming both (the file held one
+    of them twice; a header whose __metadata__ is a tensor)."""
     with pytest.raises(BaseException, match=r"item 'w' at \[0\] and 'w@0' would be stored under one name, 'w@0'|"
                                             r"item 'w@0' and 'w' at \[0\] would be stored under one name, 'w@0'"):
         dcp.save({"w": torch.ones(2), "w@0": 5}, storage_writer=StorageWriter(tmp_path / "ck"))
+    with pytest.raises(BaseException, match=r"item '__metadata__' and the file's own metadata would be stored"):
+        dcp.save({"w": torch.ones(2), "__metadata__": 5}, storage_writer=StorageWriter(tmp_path / "ck"))
     assert not (tmp_path / "ck" / ".metadata").exists()
 
 
