@@ -46,11 +46,15 @@ def test_settings_file_under_the_environment(tmp_path):
 @pytest.mark.parametrize("text,says", [
     ("[sluice]\nthreadz = 3\n", "'threadz' is not a setting"),
     ("[engine]\nthreads = 3\n", "section [engine]"),
-    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}): want a whole number, 1 to 256'),
+    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}): want a whole number in decimal, 1 to 256'),
     ("[sluice]\nsysroot = /x\n", "'sysroot' is not a setting of the file"),
-    ("[sluice]\nhttp_retries = 99\n", 'SLUICE_HTTP_RETRIES="99" ({conf}): want a whole number, 0 to 20'),
+    ("[sluice]\nhttp_retries = 99\n", 'SLUICE_HTTP_RETRIES="99" ({conf}): want a whole number in decimal, 0 to 20'),
     ("threads = 3\n", ":1: a setting before any [section]"),
     ("[sluice]\nthreads\n", ":2: the line is neither"),
+    # Numbers are decimal, as each setting's type says: strtod took 0x10 as 16 seconds.
+    ("[sluice]\nstats = 0x10\n", 'SLUICE_STATS="0x10" ({conf}): want decimal seconds such as 5 or 0.5'),
+    ("[sluice]\nstats = 1e3\n", 'SLUICE_STATS="1e3" ({conf}): want decimal seconds'),
+    ("[sluice]\nthreads = 0x8\n", 'SLUICE_THREADS="0x8" ({conf}): want a whole number in decimal'),
 ])
 def test_settings_file_errors_name_the_file(tmp_path, text, says):
     conf = tmp_path / "bad.conf"
@@ -58,6 +62,35 @@ def test_settings_file_errors_name_the_file(tmp_path, text, says):
     r = run(["info"], {"SLUICE_CONFIG": str(conf)})
     assert r.returncode != 0
     assert str(conf) in r.stderr and says.format(conf=conf) in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("data,says", [
+    # Bytes that are not UTF-8, named with the file, the line and the column.
+    (b"[sluice]\n# caf\xe9 (Latin-1)\nthreads = 3\n", ":2: byte 0xe9 at column 6 is not UTF-8"),
+    (b"[sluice]\nthreads = 3\xff\n", ":2: byte 0xff at column 12 is not UTF-8"),
+    ("[sluice]\nthreads = 3\n".encode("utf-16"), ":1: the file is UTF-16"),  # Windows' "Unicode"
+    (b"\xef\xbb[sluice]\nthreads = 3\n", ":1: byte 0xef at column 1"),  # a byte-order mark cut short
+])
+def test_settings_file_bytes_that_are_not_utf8_are_named(tmp_path, data, says):
+    conf = tmp_path / "bad.conf"
+    conf.write_bytes(data)
+    r = run(["info"], {"SLUICE_CONFIG": str(conf)})
+    assert r.returncode != 0 and str(conf) + says in r.stderr, r.stderr
+
+
+def test_settings_file_with_a_byte_order_mark_is_read(tmp_path):
+    """A UTF-8 byte-order mark (Notepad, some editors) is skipped, as Python's utf-8-sig reads it; sluice tune's
+    update keeps it and replaces the value in its section (no second [sluice])."""
+    conf = tmp_path / "sluice.conf"
+    conf.write_bytes(b"\xef\xbb\xbf[sluice]\nthreads = 3\n")
+    import configparser
+    peer = configparser.ConfigParser()
+    peer.read(conf, encoding="utf-8-sig")
+    assert peer["sluice"]["threads"] == "3"
+    r = run(["info", "--json"], {"SLUICE_CONFIG": str(conf)})
+    assert r.returncode == 0 and json.loads(r.stdout)["threads"] == 3, r.stderr
+    r = run(["info", "--settings", "--json"], {"SLUICE_CONFIG": str(conf)})
+    assert [s["from"] for s in json.loads(r.stdout) if s["name"] == "SLUICE_THREADS"] == [str(conf)]
 
 
 def test_info_settings_lists_the_registry_and_where_each_value_came_from(tmp_path):
