@@ -98,7 +98,7 @@ int cmd_info(int argc, char **argv)
 			       in.ngpus > 1 ? ", and more: SLUICE_DEVICE_IDS" : "");
 		if (in.ngpus > 1)
 			printf("gpus: %u served, the workers split among them\n", in.ngpus);
-		else
+		else if (in.gpu < 0)
 			printf("gpu: none (%s)\n", in.gpu_unusable);
 		printf("threads: %u x %u slots of %zu bytes (pool %zu bytes, %s)\nio_uring fixed buffers: %s\n",
 		       in.threads, in.queue_depth, in.max_transfer_size, in.buffer_pool_size,
