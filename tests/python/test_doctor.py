@@ -272,3 +272,8 @@ def test_a_reachable_endpoint_is_ok_and_a_missing_path_fails(s3):
     _, st = _doctor_remote("s3://")
     assert st["verdict"] == "fail" and "s3://BUCKET" in st["fix"], st
 
+
+def test_a_presigned_urls_query_is_not_in_the_report():
+    out, st = _doctor_remote(f"http://127.0.0.1:{_free_port()}/data.bin?X-Amz-Signature=s3cr3t")
+    assert st["verdict"] == "fail"
+    assert "s3cr3t" not in json.dumps(out), out

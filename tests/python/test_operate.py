@@ -462,3 +462,149 @@ def test_top_and_doctor_see_the_gpus():
         want = int(f.read())
     info = json.loads(run(["info", "--json"], {"SLUICE_DEVICE_IDS": "0"}).stdout)
     assert info["numa_node"] == (want if want >= 0 else -1)
+
+
+# ---- --json: every command's output, its failures included, is JSON on stdout
+
+def _commands():
+    """The commands `sluice help` lists (and version)."""
+    r = run(["help"])
+    assert r.returncode == 0
+    names = [ln.split()[0] for ln in r.stdout.split("commands:")[1].splitlines() if ln.startswith("  ")]
+    assert "version" in names and len(names) >= 14, names
+    return names
+
+
+# Each command that prints JSON on stdout, with --json and arguments it fails on: usage errors (exit 2) and errors
+# of the library (exit 1), and where the command prints its object in pieces, a failure inside it.
+# journey and diagnose take --json FILE (a report), not stdout's.
+FAILING = [
+    ["bench", "--json", "/nonexistent/x"],
+    ["bench", "--json", "--rw", "sideways", "{f}"],
+    ["bench", "--json", "{empty}"],
+    ["checkpoint", "--json", "0"],
+    ["checkpoint", "--json", "{pid}"],
+    ["cp", "--json", "/nonexistent/a", "{tmp}/b"],
+    ["cp", "--json", "http://nonexistent.invalid/a", "{tmp}/b"],
+    ["cp", "--json"],
+    ["doctor", "--json", "--bogus"],
+    ["doctor", "--json", "{f}", "{f}"],
+    ["info", "--json", "--bogus"],
+    ["inspect", "--json", "/nonexistent"],
+    ["inspect", "--json", "--record", "999", "{ds}"],
+    ["inspect", "--json", "--record", "x", "{ds}"],
+    ["load", "--json", "/nonexistent.safetensors"],
+    ["load", "--json", "--reps", "3", "{st}"],
+    ["pack", "--json", "--from-jsonl", "/nonexistent.jsonl", "--fields", "a", "{tmp}/o1"],
+    ["pack", "--json", "--from-dir", "{tmp}"],
+    ["pack", "--json", "--from-parquet", "/nonexistent.parquet", "{tmp}/o2"],
+    ["top", "--json", "--count", "0"],
+    ["tune", "--json", "/nonexistent"],
+    ["tune", "--json", "--dry-run", "/dev/null"],
+    ["verify", "--json", "/nonexistent"],
+    ["version", "--json", "--bogus"],
+    ["bogus", "--json"],
+]
+# Failures inside an object printed in pieces: a wrong setting stops the checks after the object is open.
+FAILING_ENV = [
+    (["doctor", "--json", "."], {"SLUICE_THREADS": "lots"}, "checks"),
+    (["info", "--json"], {"SLUICE_THREADS": "lots"}, None),
+    (["info", "--settings", "--json"], {"SLUICE_STATS": "0x10"}, "settings"),
+]
+
+
+@pytest.fixture
+def json_inputs(tmp_path, ds_path):
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(1 << 20))
+    (tmp_path / "empty.bin").write_bytes(b"")
+    # A safetensors checkpoint of one tensor, by hand: an 8-byte header length, the header, the bytes.
+    head = json.dumps({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    head += b" " * (-len(head) % 8)
+    (tmp_path / "m.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + bytes(16))
+    dead = subprocess.Popen(["true"])  # a process that is gone: nothing to checkpoint, on any machine
+    dead.wait()
+    return {"f": str(f), "empty": str(tmp_path / "empty.bin"), "tmp": str(tmp_path), "ds": ds_path,
+            "st": str(tmp_path / "m.safetensors"), "pid": str(dead.pid)}
+
+
+def _one_json_error(r, argv):
+    assert r.returncode != 0, (argv, r.stdout, r.stderr)
+    try:
+        out = json.loads(r.stdout)  # one document, nothing else on stdout
+    except ValueError:
+        pytest.fail(f"{argv}: stdout is not one JSON document: {r.stdout!r} (stderr {r.stderr!r})")
+    assert isinstance(out, dict) and isinstance(out.get("error"), dict), (argv, out)
+    e = out["error"]
+    assert set(e) >= {"command", "status", "code", "name", "message", "detail", "text"}, (argv, e)
+    assert e["status"] == r.returncode and isinstance(e["code"], int) and e["code"] < 0, (argv, e)
+    assert e["message"] and e["text"].startswith("sluice") and e["text"] in r.stderr, (argv, e, r.stderr)
+    return out
+
+
+def test_every_command_that_takes_json_fails_in_json(json_inputs):
+    covered = {a[0] for a in FAILING}
+    assert covered >= set(_commands()) - {"journey", "diagnose"}, covered
+    for argv in FAILING:
+        argv = [a.format(**json_inputs) for a in argv]
+        r = run(argv, {"SLUICE_CONFIG": "", "SLUICE_HTTP_RETRIES": "0", "SLUICE_PYTHON": sys.executable},
+                timeout=300)
+        out = _one_json_error(r, argv)
+        assert out["error"]["command"] == (argv[0] if argv[0] != "bogus" else ""), out
+    # The names machines tell errors apart by.
+    r = run(["cp", "--json", "/nonexistent/a", json_inputs["tmp"] + "/b"])
+    assert json.loads(r.stdout)["error"]["name"] == "ENOENT"
+    r = run(["inspect", "--json", "--record", "999", json_inputs["ds"]])
+    assert json.loads(r.stdout)["error"]["name"] == "SLUICE_ERANGE"
+    r = run(["cp", "--json", "http://nonexistent.invalid/a", json_inputs["tmp"] + "/b"], {"SLUICE_HTTP_RETRIES": "0"})
+    e = json.loads(r.stdout)["error"]
+    assert e["name"] == "ENXIO" and "CURLE_COULDNT_RESOLVE_HOST" in e["detail"], e
+
+
+@pytest.mark.parametrize("argv,env,inside", FAILING_ENV)
+def test_a_failure_inside_a_json_object_is_its_error(argv, env, inside):
+    r = run(argv, dict(env, SLUICE_CONFIG=""))
+    out = _one_json_error(r, argv)
+    assert out["error"]["name"] == "SLUICE_EINVAL_CONFIG" and list(env)[0] in out["error"]["detail"], out
+    if inside:
+        assert isinstance(out[inside], list), out  # what was printed before the error stays, closed
+
+
+def test_every_json_output_parses(json_inputs, tmp_path):
+    """Each command's --json on success: one JSON document on stdout (top: one a sample)."""
+    i = json_inputs
+    env = {"SLUICE_CONFIG": "", "SLUICE_PYTHON": sys.executable}
+    cases = [
+        ["version", "--json"], ["info", "--json"], ["info", "--settings", "--json"],
+        ["inspect", "--json", i["ds"]], ["inspect", "--json", "--record", "3", i["ds"]], ["verify", "--json", i["ds"]],
+        ["cp", "--json", i["f"], str(tmp_path / "copy.bin")],
+        ["bench", "--json", "--target", "host", "--io-size", "256K", i["f"]],
+        ["load", "--json", "--host", "--list", i["st"]],
+        ["pack", "--json", "--quiet", "--from", i["ds"], str(tmp_path / "repacked")],
+    ]
+    for argv in cases:
+        r = run(argv, env, timeout=300)
+        assert r.returncode == 0, (argv, r.stderr)
+        json.loads(r.stdout)
+    r = run(["doctor", "--json", "."], env)
+    assert r.returncode in (0, 1) and "error" not in json.loads(r.stdout)
+    r = run(["top", "--json", "--count", "2", "--interval", "0.05"], env)
+    assert r.returncode == 0 and [json.loads(ln)["interval_s"] > 0 for ln in r.stdout.splitlines()] == [True] * 2
+    rec = json.loads(run(["inspect", "--json", "--record", "3", i["ds"]]).stdout)
+    assert rec["record"] == 3 and [f["name"] for f in rec["fields"]] == ["text", "n"] and rec["fields"][1]["value"] == 3
+    v = json.loads(run(["version", "--json"]).stdout)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", v["version"]) and run(["version"]).stdout == f"sluice {v['version']}\n"
+
+
+def test_every_command_help_exits_0():
+    for name in _commands() + ["help"]:
+        r = run([name, "--help"], {"SLUICE_PYTHON": sys.executable})
+        assert r.returncode == 0 and "usage: sluice" in r.stdout, (name, r.returncode, r.stdout[:200], r.stderr[-400:])
+
+
+def test_info_without_a_gpu_serves_none():
+    info = json.loads(run(["info", "--json"], {"SLUICE_GPU": "0", "SLUICE_CONFIG": ""}).stdout)
+    assert info["gpu"] == -1 and info["ngpus"] == 0, info
+    text = run(["info"], {"SLUICE_GPU": "0", "SLUICE_CONFIG": ""}).stdout
+    assert [ln for ln in text.splitlines() if ln.startswith("gpu")] == ["gpu: none (CUDA not loaded (SLUICE_GPU=0))"]
+
