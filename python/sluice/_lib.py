@@ -30,6 +30,21 @@ _OWN_NAMES = ["SLUICE_EBASE", "SLUICE_EINVAL_CONFIG", "SLUICE_ENOGPU", "SLUICE_E
               "SLUICE_ECANCELED", "SLUICE_EFORMAT", "SLUICE_ECRC"]
 
 
+def env_int(where, name, default, lo, hi, why=""):
+    """The environment variable name as an int in [lo, hi] (default where unset), or ValueError naming the variable
+    (a bare int() says only "invalid literal"); why says what the range means."""
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"{where}: {name}={v!r} is not a whole number") from None
+    if not lo <= n <= hi:
+        raise ValueError(f"{where}: {name}={n} is out of range ({lo} to {hi}{why})")
+    return n
+
+
 def json_error(command, status, code, detail):
     """A failure as the sluice command's --json says it (cli/cli.h): {"error": {command, status, code, name, message,
     detail, text}}; code is sluice's or -errno."""

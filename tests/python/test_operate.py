@@ -608,3 +608,84 @@ def test_info_without_a_gpu_serves_none():
     text = run(["info"], {"SLUICE_GPU": "0", "SLUICE_CONFIG": ""}).stdout
     assert [ln for ln in text.splitlines() if ln.startswith("gpu")] == ["gpu: none (CUDA not loaded (SLUICE_GPU=0))"]
 
+
+# ---- torchrun's environment, read by name
+
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "SLUICE_DEVICE_IDS")
+
+
+@pytest.mark.parametrize("env,says", [
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 is out of range (1 to 4294967295: a world has at least one rank)"),
+    ({"WORLD_SIZE": "-2"}, "WORLD_SIZE=-2 is out of range"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 is out of range (0 to 1: a rank is below WORLD_SIZE=2)"),
+    ({"RANK": "3"}, "RANK=3 is out of range (0 to 0: WORLD_SIZE is not set, a world of one rank)"),
+    ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK=-1 is out of range"),
+    ({"WORLD_SIZE": "2", "RANK": "1.0"}, "RANK='1.0' is not a whole number"),
+    ({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 is out of range"),
+    ({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "one"}, "GROUP_RANK='one' is not"),
+])
+def test_rank_and_world_size_from_the_environment_are_checked_by_name(ds_path, monkeypatch, env, says):
+    for k in DIST_VARS:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError) as e:
+        sluice.Loader(sluice.Dataset(ds_path), 4)
+    assert says in str(e.value)
+
+
+def test_rank_and_world_size_that_hold(ds_path, monkeypatch):
+    for k in DIST_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert (lambda o: (o.rank, o.world_size))(sluice.Loader(sluice.Dataset(ds_path), 4)._opt) == (1, 2)
+    # Given ones win, and only what is not given is read: a bad RANK is not read where rank= is given.
+    monkeypatch.setenv("RANK", "x")
+    assert sluice.Loader(sluice.Dataset(ds_path), 4, rank=0)._opt.world_size == 2
+    with pytest.raises(ValueError, match="world_size=0 is out of range"):  # as DistributedSampler refuses it
+        sluice.Loader(sluice.Dataset(ds_path), 4, rank=0, world_size=0)
+    monkeypatch.setenv("SLUICE_DEVICE_IDS", "0,x")  # checked before any GPU is asked for
+    with pytest.raises(ValueError, match="SLUICE_DEVICE_IDS='0,x' is not a list of GPU ordinals"):
+        sluice.Loader(sluice.Dataset(ds_path), 4, rank=0, world_size=1, device="cuda")
+
+
+def test_local_rank_is_read_by_name():
+    code = "import numpy as np, sluice; sluice.read('/dev/null', np.zeros(0, np.uint8))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, LOCAL_RANK="first", SLUICE_CONFIG=""))
+    assert r.returncode != 0 and "LOCAL_RANK='first' is not a whole number" in r.stderr, r.stderr[-600:]
+
+
+def test_the_worlds_sluice_refuses_torch_refuses(ds_path, monkeypatch):
+    """torch.distributed's env:// rendezvous and DistributedSampler refuse what the Loader refuses."""
+    pytest.importorskip("torch")
+    code = ("import datetime, torch.distributed as d\n"
+            "try:\n"
+            "    d.init_process_group('gloo', init_method='env://', timeout=datetime.timedelta(seconds=20))\n"
+            "except Exception as e:\n"
+            "    print('refused', type(e).__name__, e)\n"
+            "else:\n"
+            "    print('accepted')\n")
+    for ws in ("0", "-1", "two"):
+        env = dict(os.environ, WORLD_SIZE=ws, RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert r.stdout.startswith("refused"), (ws, r.stdout, r.stderr[-600:])
+        for k in DIST_VARS:
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("WORLD_SIZE", ws)
+        with pytest.raises(ValueError, match="WORLD_SIZE="):
+            sluice.Loader(sluice.Dataset(ds_path), 4)
+    from torch.utils.data import DistributedSampler
+    for rank, world in ((2, 2), (0, 0), (-1, 2)):
+        with pytest.raises(ValueError):
+            DistributedSampler(range(10), num_replicas=world, rank=rank)
+        with pytest.raises((ValueError, sluice.SluiceError)):
+            sluice.Loader(sluice.Dataset(ds_path), 4, rank=rank, world_size=world)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
