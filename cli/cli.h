@@ -20,13 +20,31 @@ int cmd_verify(int argc, char **argv);
 int cmd_top(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 
-/* Prints "sluice <cmd>: message" to stderr and returns 2 (usage/input error). */
+/*
+ * --json: main.c sets cli_json_mode where a command that prints JSON on stdout was given --json.  Then every
+ * failure reported through cli_fail, cli_failed or cli_error is also one JSON object on stdout,
+ *     {"error":{"command","status","code","name","message","detail","text"}}
+ * (status: the exit status; code: sluice's or -errno, name: its name, message: sluice_strerror's, detail: the
+ * library's detail or the message, text: the stderr line), so a caller that parses stdout always gets JSON.
+ * A command that prints its object in pieces (a list as it goes) calls cli_json_open(inner) once its opening is
+ * out, inner closing what is open inside it ("]" in a list, "" none): an error then closes that and lands in the
+ * command's object as its "error" key; cli_json_close() ends the object (inner, then "}").  After a whole
+ * document nothing more is printed.  main.c passes each command's exit status through cli_json_end(), which
+ * says "failed" in JSON for a failure no helper reported.
+ */
+extern int cli_json_mode;
+void cli_json_open(const char *inner);
+void cli_json_close(void);
+int cli_json_end(const char *cmd, int status);
+/* Prints "sluice <cmd>: message" to stderr (and JSON, above) and returns 2 (usage/input error). */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* As cli_fail, with the exit status and the error's code (sluice's or -errno) given. */
+int cli_failed(const char *cmd, int status, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Parses a byte size option; on error prints a message naming opt. */
 int cli_size(const char *cmd, const char *opt, const char *v, uint64_t *out);
 /* Parses an unsigned integer in [lo, hi]; on error prints a message naming opt. */
 int cli_uint(const char *cmd, const char *opt, const char *v, unsigned lo, unsigned hi, unsigned *out);
-/* Prints sluice's error with its detail. */
+/* Prints sluice's error with its detail (and JSON, above); returns 1. */
 int cli_error(const char *cmd, const char *what, long code);
 /*
  * A path or URL as messages name it (sluice_url_redact: no password, no
@@ -44,6 +62,8 @@ int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, 
 		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds);
 /* Writes s as a JSON string literal. */
 void cli_json_str(const char *s);
+/* 1 where s is one JSON value (RFC 8259, nested at most 64 deep), and nothing else but white space. */
+int cli_json_valid(const char *s);
 /*
  * For the commands Python runs (journey, diagnose): SLUICE_BIN, SLUICE_LIB and, from a build tree, PYTHONPATH
  * set for this program's build; its directory into dir; returns the Python to run (SLUICE_PYTHON, else

@@ -227,9 +227,12 @@ static int list_files(const struct opts *o, char ***names, unsigned *n)
 			(*names)[(*n)++] = strdup(o->path);
 			return 0;
 		}
-		return cli_fail(CMD, "%s: %s", o->path, strerror(errno));
+		return cli_failed(CMD, 2, -errno, "%s: %s", o->path, strerror(errno));
 	}
 	if (!S_ISDIR(st.st_mode)) {
+		/* Nothing to read measures nothing (its figures were 0 bytes over 0 s: "inf" in the JSON). */
+		if (!o->write && S_ISREG(st.st_mode) && !st.st_size)
+			return cli_failed(CMD, 2, -EINVAL, "%s is empty: nothing to read", o->path);
 		(*names)[(*n)++] = strdup(o->path);
 		return 0;
 	}
@@ -241,7 +244,7 @@ static int list_files(const struct opts *o, char ***names, unsigned *n)
 	}
 	d = opendir(o->path);
 	if (!d)
-		return cli_fail(CMD, "%s: %s", o->path, strerror(errno));
+		return cli_failed(CMD, 2, -errno, "%s: %s", o->path, strerror(errno));
 	while ((e = readdir(d)) && *n < MAX_FILES) {
 		char *p;
 
@@ -457,7 +460,7 @@ static int bench_verify(struct bench *b)
 	int bad = !x || !y;
 
 	if (bad)
-		fprintf(stderr, "sluice bench: --verify: out of memory\n");
+		cli_failed(CMD, 1, -ENOMEM, "--verify: out of memory");
 	for (uint64_t i = 0; i < b->nranges && !bad; i++) {
 		struct sluice_range *r = &b->ranges[i];
 		int fd = -1;
@@ -467,9 +470,8 @@ static int bench_verify(struct bench *b)
 				fd = open(b->names[k], O_RDONLY);
 		/* A check that could not run is a failed check, never a silent pass. */
 		if (fd < 0) {
-			fprintf(stderr, "sluice bench: --verify: cannot reopen the file of I/O %llu: %s\n",
-				(unsigned long long)i, strerror(errno));
-			bad = 1;
+			bad = cli_failed(CMD, 1, -errno, "--verify: cannot reopen the file of I/O %llu: %s", (unsigned long long)i,
+					 strerror(errno));
 			break;
 		}
 		for (size_t done = 0; done < r->len && !bad;) {
@@ -481,8 +483,8 @@ static int bench_verify(struct bench *b)
 		}
 		close(fd);
 		if (bad)
-			fprintf(stderr, "sluice bench: --verify: mismatch in I/O %llu (offset %llu, %zu bytes)\n",
-				(unsigned long long)i, (unsigned long long)r->offset, r->len);
+			cli_failed(CMD, 1, SLUICE_EVERIFY, "--verify: mismatch in I/O %llu (offset %llu, %zu bytes)",
+				   (unsigned long long)i, (unsigned long long)r->offset, r->len);
 	}
 	free(x);
 	free(y);

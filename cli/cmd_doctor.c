@@ -47,8 +47,12 @@ int cmd_doctor(int argc, char **argv)
 			       "Checks what stands between the data under PATH (default: the current directory;\n"
 			       "s3://... for objects) and the GPU: one line per check, ok / warn / fail, the\n"
 			       "measured value, and for each warning why it matters and the command that fixes it.\n"
+			       "For an s3:// or http(s):// PATH, its endpoint is asked for PATH once (check\n"
+			       "storage): a host name that does not resolve, nothing listening, no answer in time\n"
+			       "or credentials refused is a fail, named as curl names it.\n"
 			       "Exit status 1 when a check fails.  SLUICE_SYSROOT reads /proc and /sys from\n"
-			       "another root (a container with the host's mounted there).\n");
+			       "another root (a container with the host's mounted there).  --json: one object;\n"
+			       "where the checks cannot run, it holds \"error\".\n");
 			return 0;
 		} else if (argv[i][0] == '-' && argv[i][1])
 			return cli_fail("doctor", "unknown option '%s'", argv[i]);
@@ -58,16 +62,20 @@ int cmd_doctor(int argc, char **argv)
 			path = argv[i];
 	}
 	if (d.json) {
+		/* Named as every message names it: a presigned URL's query is a credential. */
 		printf("{\"path\":");
-		cli_json_str(path ? path : ".");
+		cli_json_str(cli_shown(path ? path : "."));
 		printf(",\"checks\":[");
+		cli_json_open("]");
 	}
 	rc = sluice_doctor(path, cli_dr_one, &d);
 	if (rc)
 		return cli_error("doctor", "cannot run the checks", rc);
-	if (d.json)
-		printf("],\"ok\":%d,\"warn\":%d,\"fail\":%d}\n", d.n[0], d.n[1], d.n[2]);
-	else
+	if (d.json) {
+		printf("],\"ok\":%d,\"warn\":%d,\"fail\":%d", d.n[0], d.n[1], d.n[2]);
+		cli_json_open("");
+		cli_json_close();
+	} else
 		printf("\n%d ok, %d warn, %d fail\n", d.n[0], d.n[1], d.n[2]);
 	return d.n[SLUICE_CHECK_FAIL] ? 1 : 0;
 }

@@ -12,13 +12,16 @@ static int cli_settings(int json)
 	int rc = sluice_config_new(&cfg); /* checks them all: a bad value is named */
 	char bad[1024];
 
-	/* The detail names the wrong one first ("SLUICE_X=..."); --json still lists them all, that one marked. */
+	/*
+	 * The detail names the wrong one first ("SLUICE_X=..."); --json still lists them all, that one marked, in an
+	 * object beside the error ({"settings": [...], "error": {...}}): a failure is an object with "error".
+	 */
 	snprintf(bad, sizeof(bad), "%s", rc ? sluice_last_error_detail() : "");
 	if (rc && !json)
 		return cli_error("info", "a setting is wrong", rc);
 	sluice_config_free(cfg);
 	if (json)
-		printf("[");
+		printf(rc ? "{\"settings\":[" : "[");
 	for (unsigned i = 0; sluice_setting_get(i, &s) == 0; i++) {
 		if (!json) {
 			printf("%-26s %-22s %-9s %s\n", s.name, s.value ? s.value : *s.def ? s.def : "-",
@@ -43,9 +46,15 @@ static int cli_settings(int json)
 		}
 		printf("}");
 	}
-	if (json)
+	if (json && !rc)
 		printf("]\n");
-	return rc ? cli_error("info", "a setting is wrong", rc) : 0;
+	if (!rc)
+		return 0;
+	if (json) {
+		printf("]");
+		cli_json_open("");
+	}
+	return cli_error("info", "a setting is wrong", rc);
 }
 
 int cmd_info(int argc, char **argv)
@@ -62,7 +71,11 @@ int cmd_info(int argc, char **argv)
 		else if (!strcmp(argv[i], "--help")) {
 			printf("usage: sluice info [--settings] [--json]\n"
 			       "  the engine this machine gives; --settings: every SLUICE_* setting, its value and\n"
-			       "  where it came from (the environment, the settings file, the default)\n");
+			       "  where it came from (the environment, the settings file, the default).\n"
+			       "  Numbers are decimal, as each setting's type says: whole numbers (8), sizes with an\n"
+			       "  optional K, M, G or T (powers of 1024: 4M), seconds with an optional fraction (0.5);\n"
+			       "  no 0x, no exponent, no sign.  --json: one object (--settings: a list); a failure is\n"
+			       "  an object with \"error\" (--settings: the list under \"settings\" beside it).\n");
 			return 0;
 		} else
 			return cli_fail("info", "unknown option '%s'", argv[i]);
@@ -98,7 +111,7 @@ int cmd_info(int argc, char **argv)
 			       in.ngpus > 1 ? ", and more: SLUICE_DEVICE_IDS" : "");
 		if (in.ngpus > 1)
 			printf("gpus: %u served, the workers split among them\n", in.ngpus);
-		else
+		else if (in.gpu < 0)
 			printf("gpu: none (%s)\n", in.gpu_unusable);
 		printf("threads: %u x %u slots of %zu bytes (pool %zu bytes, %s)\nio_uring fixed buffers: %s\n",
 		       in.threads, in.queue_depth, in.max_transfer_size, in.buffer_pool_size,

@@ -7,8 +7,11 @@
 
 #define CMD "inspect"
 
-/* Prints one record's fields, one per line: name, then its value or a digest. */
-static int print_record(struct sluice_dataset *ds, const char *path, uint64_t i)
+/*
+ * Prints one record's fields, one per line: name, then its value or a digest; with json one object,
+ * {"path", "record", "fields": [{"name", "bytes", "crc32c", "head" (the first 16 bytes in hex), "value" (an i64's)}]}.
+ */
+static int print_record(struct sluice_dataset *ds, const char *path, uint64_t i, int json)
 {
 	struct sluice_record_loc loc;
 	struct sluice_record rec;
@@ -27,10 +30,31 @@ static int print_record(struct sluice_dataset *ds, const char *path, uint64_t i)
 		sluice_dataset_close(ds);
 		return cli_error(CMD, path, (long)r);
 	}
+	if (json) {
+		printf("{\"path\":");
+		cli_json_str(cli_shown(path));
+		printf(",\"record\":%llu,\"fields\":[", (unsigned long long)i);
+	}
 	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++) {
 		const struct sluice_field *fd = sluice_dataset_field(ds, f);
 		const unsigned char *d = rec.data[f];
 
+		if (json) {
+			printf("%s{\"name\":", f ? "," : "");
+			cli_json_str(fd->name);
+			printf(",\"bytes\":%zu,\"crc32c\":\"%08x\",\"head\":\"", rec.len[f], sluice_crc32c(0, d, rec.len[f]));
+			for (size_t k = 0; k < rec.len[f] && k < 16; k++)
+				printf("%02x", d[k]);
+			printf("\"");
+			if (fd->dtype == SLUICE_DTYPE_I64 && rec.len[f] == 8) {
+				int64_t v;
+
+				memcpy(&v, d, 8);
+				printf(",\"value\":%lld", (long long)v);
+			}
+			printf("}");
+			continue;
+		}
 		printf("%s\t%zu\t", fd->name, rec.len[f]);
 		if (fd->dtype == SLUICE_DTYPE_I64 && rec.len[f] == 8) {
 			int64_t v;
@@ -44,6 +68,8 @@ static int print_record(struct sluice_dataset *ds, const char *path, uint64_t i)
 		}
 		putchar('\n');
 	}
+	if (json)
+		printf("]}\n");
 	free(buf);
 	sluice_dataset_close(ds);
 	return 0;
@@ -58,7 +84,8 @@ int cmd_inspect(int argc, char **argv)
 
 	rc = cli_open_dataset(CMD, argc, argv,
 			      "usage: sluice inspect [--json] [--record N] DATASET\n"
-			      "  --record N   print record N's fields (bytes: length, CRC32C and the first 16 bytes)\n",
+			      "  --record N   print record N's fields (bytes: length, CRC32C and the first 16 bytes)\n"
+			      "  --json       one object; a failure is an object with \"error\"\n",
 			      "--record", &rec_arg, &json, &path, &ds);
 	if (rc)
 		return rc < 0 ? 0 : rc;
@@ -70,7 +97,7 @@ int cmd_inspect(int argc, char **argv)
 		one = 1;
 	}
 	if (one)
-		return print_record(ds, path, rec_no);
+		return print_record(ds, path, rec_no, json);
 	/*
 	 * Stored bytes from the file table; record sizes from an even sample
 	 * of at most 100000 records, so inspect stays fast at 10^9 records.
@@ -140,12 +167,25 @@ int cmd_inspect(int argc, char **argv)
 		for (unsigned s = 0; s < sluice_dataset_shards(ds); s++) {
 			uint64_t r = 0, b = 0;
 
+			/* One entry a shard, in order: null for one whose figures are not known. */
 			if (sluice_dataset_shard_info(ds, s, &r, &b) == 0)
 				printf("%s{\"records\":%llu,\"bytes\":%llu}", s ? "," : "", (unsigned long long)r,
 				       (unsigned long long)b);
+			else
+				printf("%snull", s ? "," : "");
 		}
-		/* The writer's metadata is a JSON object (checked when written): embedded as it is. */
-		printf("],\"metadata\":%s}\n", sluice_dataset_metadata(ds) ? sluice_dataset_metadata(ds) : "null");
+		/*
+		 * The writer's metadata is a JSON object (checked when written): embedded as it is.  A file's bytes
+		 * can say anything, though: metadata that is not JSON is given as a string of its text.
+		 */
+		printf("],\"metadata\":");
+		if (!sluice_dataset_metadata(ds))
+			printf("null");
+		else if (cli_json_valid(sluice_dataset_metadata(ds)))
+			fputs(sluice_dataset_metadata(ds), stdout);
+		else
+			cli_json_str(sluice_dataset_metadata(ds));
+		printf("}\n");
 	} else if (sluice_dataset_metadata(ds)) {
 		printf("metadata: %.*s%s\n", 400, sluice_dataset_metadata(ds),
 		       strlen(sluice_dataset_metadata(ds)) > 400 ? "..." : "");

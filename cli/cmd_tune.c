@@ -158,8 +158,10 @@ static double cli_trial(struct cli_tune *t, const struct cli_knobs *k, int cold,
 		gbs = cli_num(out, "gb_s");
 	}
 	if (rc || gbs <= 0) {
-		fprintf(stderr, "sluice tune: a trial failed (%s %s, %s): %s", t->s3 ? "cp" : "bench", cli_shown(t->path),
-			rc ? "its exit status" : "no result", out);
+		if (*out && out[strlen(out) - 1] == '\n')
+			out[strlen(out) - 1] = 0;
+		cli_failed(CMD, 1, -EIO, "a trial failed (%s %s, %s): %s", t->s3 ? "cp" : "bench", cli_shown(t->path),
+			   rc ? "its exit status" : "no result", out);
 		return -1;
 	}
 	t->trials++;
@@ -341,7 +343,7 @@ static int cli_defaults(struct cli_tune *t, uint64_t size, char *scratch, size_t
 		tmp = getenv("TMPDIR");
 		snprintf(t->tmpdir, sizeof(t->tmpdir), "%s/sluice-tune.XXXXXX", tmp && *tmp ? tmp : "/tmp");
 		if (!mkdtemp(t->tmpdir)) {
-			rc = cli_fail(CMD, "%s: %s", t->tmpdir, strerror(errno));
+			rc = cli_failed(CMD, 2, -errno, "%s: %s", t->tmpdir, strerror(errno));
 			t->tmpdir[0] = 0;
 			return rc;
 		}
@@ -349,7 +351,7 @@ static int cli_defaults(struct cli_tune *t, uint64_t size, char *scratch, size_t
 		return 0;
 	}
 	if (stat(t->path, &st))
-		return cli_fail(CMD, "%s: %s", t->path, strerror(errno));
+		return cli_failed(CMD, 2, -errno, "%s: %s", t->path, strerror(errno));
 	if (S_ISDIR(st.st_mode) && (rc = cli_scratch(t, size = size ? size : 1ull << 30, scratch, cap)))
 		return rc;
 	if (!S_ISDIR(st.st_mode)) {
@@ -411,6 +413,7 @@ static int cli_trials(struct cli_tune *t, struct cli_found *f)
 	return 0;
 }
 
+/* The report as JSON, its closing brace left to the caller (cli_json_close, or an error in it). */
 static void cli_print_json(const struct cli_tune *t, const struct cli_found *f, const char *conf, int written)
 {
 	printf("{\"path\":");
@@ -432,7 +435,7 @@ static void cli_print_json(const struct cli_tune *t, const struct cli_found *f, 
 		       (unsigned long long)f->pick.size, f->cp, f->wp, f->cp / f->cd, f->wp / f->wd);
 	printf(",\"trials\":[%s],\"settings_file\":", t->trial_json);
 	cli_json_str(conf ? conf : "");
-	printf(",\"unchanged\":%s,\"written\":%s}\n", memcmp(&f->def, &f->pick, sizeof(f->def)) ? "false" : "true",
+	printf(",\"unchanged\":%s,\"written\":%s", memcmp(&f->def, &f->pick, sizeof(f->def)) ? "false" : "true",
 	       written ? "true" : "false");
 }
 
@@ -474,7 +477,11 @@ static int cli_keep(const struct cli_tune *t, const struct cli_found *f, const c
 	if (!dry && conf)
 		wrc = cli_write(conf, t->s3 ? okeys : fkeys, vals, t->s3 ? 2 : 3, note);
 	if (t->json) {
+		/* A settings file that could not be written is the object's "error" (cli_error below). */
 		cli_print_json(t, f, conf, !dry && conf && !wrc);
+		cli_json_open("");
+		if (!wrc)
+			cli_json_close();
 	} else {
 		cli_print_table(t, f);
 		if (dry)

@@ -51,11 +51,16 @@ int cmd_verify(int argc, char **argv)
 		printf("{\"path\":");
 		cli_json_str(cli_shown(path));
 		printf(",\"records\":%llu,\"bad\":[", (unsigned long long)sluice_dataset_count(ds));
+		cli_json_open("]");
 	}
 	r = sluice_dataset_verify(ds, on_bad, &c);
-	if (c.json)
-		printf("],\"problems\":%lld,\"ok\":%s}\n", (long long)(r < 0 ? c.n : r), r == 0 ? "true" : "false");
-	else if (r == 0)
+	if (c.json) {
+		/* A verify that could not finish says so in the object: its "error" (cli_error below). */
+		printf("],\"problems\":%lld,\"ok\":%s", (long long)(r < 0 ? c.n : r), r == 0 ? "true" : "false");
+		cli_json_open("");
+		if (r >= 0)
+			cli_json_close();
+	} else if (r == 0)
 		printf("%s: %llu records, %s\n", cli_shown(path), (unsigned long long)sluice_dataset_count(ds),
 		       sluice_dataset_has_crc(ds) ? "every CRC and bound checks out"
 						  : "every bound checks out (the format has no CRCs to check)");

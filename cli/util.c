@@ -2,6 +2,7 @@
  * The subcommands' shared helpers (cli.h): option parsing, errors, JSON
  * strings, opening a dataset.  main.c only dispatches.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,16 +12,130 @@
 
 #include "cli.h"
 
+/* ---- --json: every failure is a JSON object on stdout too (cli.h) */
+
+int cli_json_mode;
+static const char *cli_json_inner; /* NULL: no object open; else what closes what is open inside the command's */
+static int cli_json_said;          /* a whole document is out (the command's, or an error): nothing more */
+
+/* errno's name, or sluice's own code's (sluice.h), for machines that tell errors apart; "" for neither. */
+static const char *cli_code_name(int code)
+{
+#define CLI_E(x) { x, #x }
+	static const struct {
+		int e;
+		const char *name;
+	} names[] = {
+		CLI_E(EPERM), CLI_E(ENOENT), CLI_E(ESRCH), CLI_E(EINTR), CLI_E(EIO), CLI_E(ENXIO), CLI_E(E2BIG),
+		CLI_E(EBADF), CLI_E(EAGAIN), CLI_E(ENOMEM), CLI_E(EACCES), CLI_E(EFAULT), CLI_E(EBUSY), CLI_E(EEXIST),
+		CLI_E(EXDEV), CLI_E(ENODEV), CLI_E(ENOTDIR), CLI_E(EISDIR), CLI_E(EINVAL), CLI_E(ENFILE), CLI_E(EMFILE),
+		CLI_E(ENOTTY), CLI_E(EFBIG), CLI_E(ENOSPC), CLI_E(ESPIPE), CLI_E(EROFS), CLI_E(EPIPE), CLI_E(ERANGE),
+		CLI_E(EDEADLK), CLI_E(ENAMETOOLONG), CLI_E(ENOSYS), CLI_E(ENOTEMPTY), CLI_E(ELOOP), CLI_E(ENODATA),
+		CLI_E(EPROTO), CLI_E(EBADMSG), CLI_E(EOVERFLOW), CLI_E(EILSEQ), CLI_E(EOPNOTSUPP), CLI_E(EADDRINUSE),
+		CLI_E(ENETDOWN), CLI_E(ENETUNREACH), CLI_E(ECONNABORTED), CLI_E(ECONNRESET), CLI_E(ENOBUFS),
+		CLI_E(ENOTCONN), CLI_E(ETIMEDOUT), CLI_E(ECONNREFUSED), CLI_E(EHOSTUNREACH), CLI_E(ESTALE),
+		CLI_E(EDQUOT), CLI_E(ECANCELED), CLI_E(EKEYREJECTED),
+	};
+	static const char *const own[] = { "SLUICE_EBASE", "SLUICE_EINVAL_CONFIG", "SLUICE_ENOGPU", "SLUICE_ECUDA",
+					   "SLUICE_ECUFILE", "SLUICE_EBACKEND", "SLUICE_ERANGE", "SLUICE_ESHORT",
+					   "SLUICE_EVERIFY", "SLUICE_ENOTGPU", "SLUICE_ECANCELED", "SLUICE_EFORMAT",
+					   "SLUICE_ECRC" };
+#undef CLI_E
+
+	if (code <= SLUICE_EBASE && code > SLUICE_EBASE - (int)(sizeof(own) / sizeof(own[0])))
+		return own[SLUICE_EBASE - code];
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (-names[i].e == code)
+			return names[i].name;
+	return "";
+}
+
+/*
+ * The error as JSON on stdout, once, where --json was given: inside the command's open object (what is open in it
+ * closed first), else an object of its own.  status: the exit status; code: sluice's or -errno; line: what stderr
+ * said, "sluice CMD: ..."
+ */
+static void cli_json_error(const char *cmd, int status, int code, const char *detail, const char *line)
+{
+	const char *name = cli_code_name(code);
+
+	if (!cli_json_mode || cli_json_said)
+		return;
+	if (cli_json_inner)
+		printf("%s,\"error\":{\"command\":", cli_json_inner);
+	else
+		printf("{\"error\":{\"command\":");
+	cli_json_str(cmd);
+	printf(",\"status\":%d,\"code\":%d,\"name\":", status, code);
+	cli_json_str(name);
+	printf(",\"message\":");
+	cli_json_str(sluice_strerror(code));
+	printf(",\"detail\":");
+	cli_json_str(detail);
+	printf(",\"text\":");
+	cli_json_str(line);
+	printf("}}\n");
+	fflush(stdout);
+	cli_json_said = 1;
+}
+
+void cli_json_open(const char *inner)
+{
+	cli_json_inner = inner;
+}
+
+void cli_json_close(void)
+{
+	if (cli_json_inner && !cli_json_said)
+		printf("%s}\n", cli_json_inner);
+	cli_json_inner = NULL;
+	cli_json_said = 1;
+}
+
+int cli_json_end(const char *cmd, int status)
+{
+	char line[256];
+
+	/* A failure that printed neither its document nor an error through these helpers still says it failed. */
+	if (status && cli_json_mode && !cli_json_said) {
+		snprintf(line, sizeof(line), "sluice %s: failed (exit status %d): what it said is on stderr", cmd, status);
+		cli_json_error(cmd, status, -EIO, "", line);
+	}
+	return status;
+}
+
+static int cli_vfail(const char *cmd, int status, int code, const char *fmt, va_list ap)
+{
+	char line[8192];
+	int n = snprintf(line, sizeof(line), *cmd ? "sluice %s: " : "sluice: ", cmd);
+
+	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	fprintf(stderr, "%s\n", line);
+	line[strcspn(line, "\n")] = 0; /* JSON gets the message, not the usage text some append after it */
+	cli_json_error(cmd, status, code, line + n, line);
+	return status;
+}
+
 int cli_fail(const char *cmd, const char *fmt, ...)
 {
 	va_list ap;
+	int rc;
 
-	fprintf(stderr, "sluice %s: ", cmd);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	rc = cli_vfail(cmd, 2, -EINVAL, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
-	return 2;
+	return rc;
+}
+
+int cli_failed(const char *cmd, int status, int code, const char *fmt, ...)
+{
+	va_list ap;
+	int rc;
+
+	va_start(ap, fmt);
+	rc = cli_vfail(cmd, status, code, fmt, ap);
+	va_end(ap);
+	return rc;
 }
 
 int cli_size(const char *cmd, const char *opt, const char *v, uint64_t *out)
@@ -59,14 +174,19 @@ const char *cli_shown(const char *path)
 
 int cli_error(const char *cmd, const char *what, long code)
 {
-	const char *d = sluice_last_error_detail();
+	char d[4096], line[8192];
 	const char *shown = cli_shown(what);
 
+	/* Copied first: the detail is valid until the thread's next call into the library. */
+	snprintf(d, sizeof(d), "%s", sluice_last_error_detail());
 	/* Named as the library's messages name it (no password, no query), and once: the detail may name it already. */
 	if (*d && strstr(d, shown))
-		fprintf(stderr, "sluice %s: %s: %s\n", cmd, sluice_strerror((int)code), d);
+		snprintf(line, sizeof(line), "sluice %s: %s: %s", cmd, sluice_strerror((int)code), d);
 	else
-		fprintf(stderr, "sluice %s: %s: %s%s%s\n", cmd, shown, sluice_strerror((int)code), *d ? ": " : "", d);
+		snprintf(line, sizeof(line), "sluice %s: %s: %s%s%s", cmd, shown, sluice_strerror((int)code), *d ? ": " : "",
+			 d);
+	fprintf(stderr, "%s\n", line);
+	cli_json_error(cmd, 1, (int)code, d, line);
 	return 1;
 }
 
@@ -134,6 +254,121 @@ void cli_json_str(const char *s)
 		u += n ? n : 1;
 	}
 	putchar('"');
+}
+
+/* JSON's grammar (RFC 8259) over s from *p, at most depth levels down: 0, or -1 where s is not JSON there. */
+static int cli_json_value(const char *s, size_t *p, int depth);
+
+static void cli_json_ws(const char *s, size_t *p)
+{
+	while (s[*p] == ' ' || s[*p] == '\t' || s[*p] == '\n' || s[*p] == '\r')
+		++*p;
+}
+
+static int cli_json_string(const char *s, size_t *p)
+{
+	if (s[(*p)++] != '"')
+		return -1;
+	for (;;) {
+		unsigned char c = (unsigned char)s[*p];
+		int n = cli_utf8_len((const unsigned char *)s + *p);
+
+		if (c == '"')
+			return ++*p, 0;
+		if (c < 0x20 || !n)
+			return -1;
+		if (c == '\\') {
+			c = (unsigned char)s[++*p];
+			if (c == 'u') {
+				for (int i = 1; i <= 4; i++)
+					if (!strchr("0123456789abcdefABCDEF", s[*p + i]) || !s[*p + i])
+						return -1;
+				*p += 4;
+			} else if (!c || !strchr("\"\\/bfnrt", c)) {
+				return -1;
+			}
+			++*p;
+			continue;
+		}
+		*p += (size_t)n;
+	}
+}
+
+static int cli_json_number(const char *s, size_t *p)
+{
+	size_t d;
+
+	if (s[*p] == '-')
+		++*p;
+	if (s[*p] == '0')
+		++*p;
+	else if ((d = strspn(s + *p, "0123456789")))
+		*p += d;
+	else
+		return -1;
+	if (s[*p] == '.') {
+		if (!(d = strspn(s + ++*p, "0123456789")))
+			return -1;
+		*p += d;
+	}
+	if (s[*p] == 'e' || s[*p] == 'E') {
+		if (s[++*p] == '+' || s[*p] == '-')
+			++*p;
+		if (!(d = strspn(s + *p, "0123456789")))
+			return -1;
+		*p += d;
+	}
+	return 0;
+}
+
+static int cli_json_value(const char *s, size_t *p, int depth)
+{
+	char open, close;
+
+	cli_json_ws(s, p);
+	open = s[*p];
+	close = open == '{' ? '}' : ']';
+	if (open == '"')
+		return cli_json_string(s, p);
+	if (!strncmp(s + *p, "true", 4) || !strncmp(s + *p, "null", 4))
+		return *p += 4, 0;
+	if (!strncmp(s + *p, "false", 5))
+		return *p += 5, 0;
+	if (open != '{' && open != '[')
+		return cli_json_number(s, p);
+	if (!depth)
+		return -1;
+	++*p;
+	cli_json_ws(s, p);
+	if (s[*p] == close)
+		return ++*p, 0;
+	for (;;) {
+		if (open == '{') {
+			cli_json_ws(s, p);
+			if (cli_json_string(s, p))
+				return -1;
+			cli_json_ws(s, p);
+			if (s[(*p)++] != ':')
+				return -1;
+		}
+		if (cli_json_value(s, p, depth - 1))
+			return -1;
+		cli_json_ws(s, p);
+		if (s[*p] == close)
+			return ++*p, 0;
+		if (s[(*p)++] != ',')
+			return -1;
+	}
+}
+
+int cli_json_valid(const char *s)
+{
+	size_t p = 0;
+
+	if (cli_json_value(s, &p, 64))
+		return 0;
+	cli_json_ws(s, &p);
+	return !s[p];
 }
 
 const char *cli_python_env(const char *cmd, char *dir, size_t cap)

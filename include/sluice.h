@@ -358,7 +358,7 @@ struct sluice_engine_info {
 	const char *gpu_unusable;
 	int numa_node;            /* the GPU's NUMA node, where the workers run and their slots are
 				     allocated; -1 when the GPU reports none */
-	unsigned ngpus;           /* GPUs served (SLUICE_DEVICE_IDS), the workers split among them */
+	unsigned ngpus;           /* GPUs served (SLUICE_DEVICE_IDS), the workers split among them; 0 without a GPU */
 };
 #define SLUICE_ENGINE_INFO_INIT { sizeof(struct sluice_engine_info), NULL, 0, "", 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0 }
 SLUICE_API SLUICE_WUR int sluice_engine_get_info(const struct sluice_engine *eng,
@@ -1488,8 +1488,10 @@ typedef int (*sluice_check_fn)(const struct sluice_check *check, void *arg);
  * a fixed order; a nonzero return from fn stops and is returned.  The
  * checks read /proc and /sys under SLUICE_SYSROOT (default "/"); cuFile's
  * loading and an io_uring's creation are tried only against the real
- * root.  Returns 0, fn's code, or -ENOMEM / SLUICE_EINVAL_CONFIG (the
- * settings, which size the pinned pool the memlock check compares).
+ * root; a remote path is asked for once (check "storage": fail where its
+ * endpoint cannot be reached, saying what failed).  Returns 0, fn's code,
+ * or -ENOMEM / SLUICE_EINVAL_CONFIG (the settings, which size the pinned
+ * pool the memlock check compares).
  */
 SLUICE_API SLUICE_WUR int sluice_doctor(const char *path, sluice_check_fn fn, void *arg);
 

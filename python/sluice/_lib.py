@@ -24,6 +24,36 @@ lib = _load()
 
 # sluice.h's own codes the package raises or tells apart.
 ERANGE, ESHORT, EFORMAT, ECRC = -100006, -100007, -100011, -100012
+# And the names of them all (enum sluice_error, from SLUICE_EBASE down), as `sluice CMD --json` names a code.
+_OWN_NAMES = ["SLUICE_EBASE", "SLUICE_EINVAL_CONFIG", "SLUICE_ENOGPU", "SLUICE_ECUDA", "SLUICE_ECUFILE",
+              "SLUICE_EBACKEND", "SLUICE_ERANGE", "SLUICE_ESHORT", "SLUICE_EVERIFY", "SLUICE_ENOTGPU",
+              "SLUICE_ECANCELED", "SLUICE_EFORMAT", "SLUICE_ECRC"]
+
+
+def env_int(where, name, default, lo, hi, why=""):
+    """The environment variable name as an int in [lo, hi] (default where unset), or ValueError naming the variable
+    (a bare int() says only "invalid literal"); why says what the range means."""
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"{where}: {name}={v!r} is not a whole number") from None
+    if not lo <= n <= hi:
+        raise ValueError(f"{where}: {name}={n} is out of range ({lo} to {hi}{why})")
+    return n
+
+
+def json_error(command, status, code, detail):
+    """A failure as the sluice command's --json says it (cli/cli.h): {"error": {command, status, code, name, message,
+    detail, text}}; code is sluice's or -errno."""
+    import errno
+    own = -100000 - code
+    name = _OWN_NAMES[own] if 0 <= own < len(_OWN_NAMES) else errno.errorcode.get(-code, "")
+    return {"error": {"command": command, "status": status, "code": code, "name": name,
+                      "message": lib.sluice_strerror(code).decode(), "detail": detail,
+                      "text": f"sluice {command}: {detail}"}}
 
 
 class SluiceError(RuntimeError):

@@ -13,7 +13,7 @@ import stat
 
 import numpy as np
 
-from ._lib import Field, SluiceError, WriterOptions, check, lib, EFORMAT
+from ._lib import Field, SluiceError, WriterOptions, check, json_error, lib, EFORMAT
 
 _EINVAL = -100001  # SLUICE_EINVAL_CONFIG
 _DTYPES = {"int8": 9, "int16": 10, "int32": 4, "int64": 5, "uint8": 1, "uint16": 2, "uint32": 3, "float16": 6,
@@ -279,12 +279,19 @@ def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
     kind, src, out, shard_size, zstd, block_size = args[:6]
     t = time.perf_counter()
+    as_json = "--json" in args[6:]
     try:
         rep = pack(out, **{kind: src}, shard_size=int(shard_size), zstd=int(zstd), block_size=int(block_size))
-    except SluiceError as e:
+    except Exception as e:  # noqa: BLE001 -- whatever it is, the command says it failed, and how
+        # --json: the failure as JSON on stdout too, as every sluice command's (cli/cli.h).
+        import errno
+        code = e.code if isinstance(e, SluiceError) else -e.errno if isinstance(e, OSError) and e.errno else \
+            -errno.EINVAL
+        if as_json:
+            print(json.dumps(json_error("pack", 1, code, str(e))), flush=True)
         sys.exit(f"sluice pack: {e}")
     s = time.perf_counter() - t
-    if "--json" in args[6:]:
+    if as_json:
         print(json.dumps({"records": rep["records"], "documents": 0, "tokens": 0, "dtype": "", "bytes": rep["bytes"],
                           "seconds": round(s, 3), "from_format": kind, "labelled": False,
                           "files_per_s": round(rep["records"] / s, 1) if s > 0 else 0.0, "packed_context": 0,

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from ._lib import XferReport, SluiceError, check, lib
+from ._lib import XferReport, SluiceError, check, env_int, lib
 
 _engine = None
 
@@ -19,7 +19,7 @@ def _device():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.current_device()
-    rank = int(os.environ.get("LOCAL_RANK", "-1"))
+    rank = env_int("sluice", "LOCAL_RANK", -1, 0, (1 << 31) - 1)
     return rank if 0 <= rank < lib.sluice_gpu_count() else None  # ranks past the GPUs (host-only jobs): the default
 
 

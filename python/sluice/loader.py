@@ -7,7 +7,8 @@ import re
 
 import numpy as np
 
-from ._lib import LOADER_SEGMENTS_MAX, Batch as _CBatch, LoaderOptions, LoaderSegment, SluiceError, check, lib
+from ._lib import (LOADER_SEGMENTS_MAX, Batch as _CBatch, LoaderOptions, LoaderSegment, SluiceError, check, env_int,
+                   lib)
 from .buffers import _device, _eng
 from .dataset import _NAMES, _NP, _find_nvcomp, _int_option
 
@@ -42,11 +43,31 @@ def _dist():
     return None
 
 
-def _env_rank():
-    dist = _dist()
+def _env_rank(rank=None, world_size=None):
+    """This rank and the world's size: those given, else torch.distributed's where it is initialised, else RANK and
+    WORLD_SIZE (0 and 1 where unset).  A variable that is no number, a world of no rank, a rank outside the world
+    raise ValueError naming the variable, as torch.distributed refuses them (a bare int() named none, and
+    WORLD_SIZE=0 was taken as one rank)."""
+    dist = _dist() if rank is None or world_size is None else None
     if dist is not None:
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return (dist.get_rank() if rank is None else rank,
+                dist.get_world_size() if world_size is None else world_size)
+    u32 = (1 << 32) - 1
+    if world_size is None:
+        world_size = env_int("Loader", "WORLD_SIZE", 1, 1, u32, ": a world has at least one rank")
+    if rank is None:
+        ws = os.environ.get("WORLD_SIZE")
+        rank = env_int("Loader", "RANK", 0, 0, world_size - 1, f": a rank is below WORLD_SIZE={ws}" if ws is not None
+                       else ": WORLD_SIZE is not set, a world of one rank")
+    return rank, world_size
+
+
+def _device_ids():
+    """SLUICE_DEVICE_IDS as the engine takes it (0 or 0,1,3: decimal ordinals), or ValueError naming it."""
+    v = os.environ["SLUICE_DEVICE_IDS"]
+    if not re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4})*", v):
+        raise ValueError(f"Loader: SLUICE_DEVICE_IDS={v!r} is not a list of GPU ordinals such as 0 or 0,1")
+    return [int(x) for x in v.split(",")]
 
 
 def _env_nodes(rank, world_size):
@@ -56,11 +77,11 @@ def _env_nodes(rank, world_size):
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if not local or ("WORLD_SIZE" not in os.environ and _dist() is None):  # torch imported only when it can matter
         return 1
-    local = _int_option("Loader", "LOCAL_WORLD_SIZE", int(local), 1, (1 << 32) - 1)
+    local = env_int("Loader", "LOCAL_WORLD_SIZE", 1, 1, (1 << 32) - 1, ": a node has at least one rank")
     if world_size % local:
         raise ValueError(f"Loader: world_size {world_size} is not a multiple of LOCAL_WORLD_SIZE={local}; pass nodes=")
     group = os.environ.get("GROUP_RANK")
-    if group is not None and int(group) != rank // local:
+    if group is not None and env_int("Loader", "GROUP_RANK", 0, 0, (1 << 32) - 1) != rank // local:
         raise ValueError(f"Loader: GROUP_RANK={group}, but rank {rank} is on node {rank // local} when ranks are "
                          f"numbered node-major by LOCAL_WORLD_SIZE={local} (as torchrun numbers them); pass nodes= "
                          f"(nodes=1: one order for the whole world, as before nodes)")
@@ -104,9 +125,7 @@ class Loader:
                  drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False,
                  images=None, transform=None, nodes=None):
         if rank is None or world_size is None:
-            r, w = _env_rank()
-            rank = r if rank is None else rank
-            world_size = w if world_size is None else world_size
+            rank, world_size = _env_rank(rank, world_size)
         if nodes is None:
             nodes = _env_nodes(rank, world_size)
         device = str(device)  # a torch.device too
@@ -121,8 +140,7 @@ class Loader:
         index, self._gpu = 0, None
         if device != "cpu":
             # "cuda" is the engine's (first) GPU; "cuda:N" must be one of those it serves (SLUICE_DEVICE_IDS).
-            ids = [int(x) for x in os.environ["SLUICE_DEVICE_IDS"].split(",")] if os.environ.get(
-                "SLUICE_DEVICE_IDS") else [_device() or 0]
+            ids = _device_ids() if os.environ.get("SLUICE_DEVICE_IDS") else [_device() or 0]
             want = int(device.split(":")[1]) if ":" in device else ids[0]
             if want not in ids:
                 raise ValueError(f"Loader(device={device!r}): the engine serves GPUs {ids} (SLUICE_DEVICE_IDS)")
@@ -133,7 +151,7 @@ class Loader:
                                   seed=_int_option("Loader", "seed", seed, *u64),
                                   epoch=_int_option("Loader", "epoch", epoch, *u64),
                                   rank=_int_option("Loader", "rank", rank, *u32),
-                                  world_size=_int_option("Loader", "world_size", world_size, *u32),
+                                  world_size=_int_option("Loader", "world_size", world_size, 1, u32[1]),
                                   drop_last=int(drop_last), shuffle=int(shuffle),
                                   window_bytes=_int_option("Loader", "window_bytes", window_bytes, *u64),
                                   skip_corrupt=int(skip_corrupt), device_index=index,

@@ -1,7 +1,9 @@
 /*
  * INI files (core.h): the AWS shared credentials and config files, and
  * sluice's own settings file.  Error details name the file and line, never
- * a value (values may be secrets).
+ * a value (values may be secrets).  The text is UTF-8: a byte-order mark
+ * at its start is skipped (editors write one); any other byte that is not
+ * UTF-8 is an error naming its line and column, a UTF-16 file named so.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +37,44 @@ static int sl_trim_copy(const char *a, const char *b, char *out, size_t cap)
 	return 0;
 }
 
+/* Bytes of the UTF-8 sequence at s (1-4, within n), or 0 where s holds none (a stray byte, an overlong or cut one). */
+static size_t sl_utf8_len(const unsigned char *s, size_t n)
+{
+	size_t k = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
+								 : s[0] >= 0xf0 && s[0] < 0xf5 ? 4 : 0;
+
+	if (k > n)
+		return 0;
+	for (size_t i = 1; i < k; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((k == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (k == 3 && s[0] == 0xed && s[1] >= 0xa0) ||
+	    (k == 4 && s[0] == 0xf0 && s[1] < 0x90) || (k == 4 && s[0] == 0xf4 && s[1] >= 0x90))
+		return 0; /* overlong, a surrogate, past U+10FFFF */
+	return k;
+}
+
+/* The line [s, e) is UTF-8 text: 0, or the error naming file, line and the first byte that is not. */
+static int sl_line_utf8(const char *s, const char *e, const char *name, unsigned line, int first)
+{
+	for (const char *c = s; c < e;) {
+		size_t k = sl_utf8_len((const unsigned char *)c, (size_t)(e - c));
+
+		if (k) {
+			c += k;
+			continue;
+		}
+		/* A file saved as UTF-16 (Windows' "Unicode") starts with its byte-order mark: say so. */
+		if (first && c == s && e - s >= 2 && ((unsigned char)s[0] == 0xff || (unsigned char)s[0] == 0xfe) &&
+		    (unsigned char)s[1] == ((unsigned char)s[0] ^ 0x01))
+			return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: the file is UTF-16 (it starts with its byte-order "
+				       "mark): save it as UTF-8", name, line);
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s:%u: byte 0x%02x at column %zu is not UTF-8 (save the file as "
+			       "UTF-8)", name, line, (unsigned char)*c, (size_t)(c - s) + 1);
+	}
+	return 0;
+}
+
 int sl__ini_parse(const char *text, size_t len, const char *name,
 		  int (*fn)(const char *section, const char *key, const char *value, void *ctx), void *ctx)
 {
@@ -42,6 +82,9 @@ int sl__ini_parse(const char *text, size_t len, const char *name,
 	const char *p = text, *end = text + len;
 	unsigned line = 0;
 
+	/* A UTF-8 byte-order mark, as some editors write one (Notepad): not part of the first line. */
+	if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3))
+		p += 3;
 	while (p < end) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p)), *e = nl ? nl : end, *s = p;
 		int indented = s < e && sl_space(*s);
@@ -50,6 +93,8 @@ int sl__ini_parse(const char *text, size_t len, const char *name,
 
 		p = nl ? nl + 1 : end;
 		line++;
+		if ((rc = sl_line_utf8(s, e, name, line, line == 1)))
+			return rc;
 		while (s < e && sl_space(*s))
 			s++;
 		if (s == e || *s == '#' || *s == ';')
@@ -215,10 +260,12 @@ int sl__ini_update(const char *path, const char *section, const char *const *key
 	}
 	for (const char *p = old, *end = old + len; p && p < end;) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p)), *e = nl ? nl : end;
-		int header = sl_is_section(p, e, section), other = !header && *(p + strspn(p, " \t")) == '[';
+		/* The first line after a byte-order mark, as the reader reads it (the mark itself is kept). */
+		const char *q = p == old && len >= 3 && !memcmp(p, "\xef\xbb\xbf", 3) ? p + 3 : p;
+		int header = sl_is_section(q, e, section), other = !header && *(q + strspn(q, " \t")) == '[';
 
 		in_sec = header ? 1 : other ? 0 : in_sec;
-		if (!(in_sec && !header && sl_is_replaced(p, e, keys, n, note_tag)))
+		if (!(in_sec && !header && sl_is_replaced(q, e, keys, n, note_tag)))
 			fprintf(out, "%.*s\n", (int)(e - p), p);
 		if (header && !placed++) {
 			fprintf(out, "# %s\n", note);

@@ -349,7 +349,8 @@ static void sl_want(const struct sl__setting_def *d, char *out, size_t cap)
 		snprintf(out, cap, "0 or 1");
 		break;
 	case SL_SET_UINT:
-		snprintf(out, cap, "a whole number, %llu to %llu", (unsigned long long)d->min, (unsigned long long)d->max);
+		snprintf(out, cap, "a whole number in decimal, %llu to %llu", (unsigned long long)d->min,
+			 (unsigned long long)d->max);
 		break;
 	case SL_SET_SIZE:
 		if (d->max == UINT64_MAX)
@@ -359,7 +360,7 @@ static void sl_want(const struct sl__setting_def *d, char *out, size_t cap)
 				 (unsigned long long)(d->max >> 20), d->step ? ", a multiple of 4K" : "");
 		break;
 	case SL_SET_SECONDS:
-		snprintf(out, cap, "seconds, 0.001 to %llu", (unsigned long long)d->max);
+		snprintf(out, cap, "decimal seconds such as 5 or 0.5, 0.001 to %llu", (unsigned long long)d->max);
 		break;
 	default:
 		snprintf(out, cap, "%s", d->help);
@@ -390,6 +391,12 @@ static int sl_number(const struct sl__setting_def *d, const char *v, uint64_t *u
 	case SL_SET_SIZE:
 		return sluice_parse_size(v, u) || *u < d->min || *u > d->max || (d->step && *u % d->step) ? -1 : 0;
 	case SL_SET_SECONDS:
+		/*
+		 * Decimal, as every number of the table: digits with one optional fraction ("30", "0.5", ".5").  strtod
+		 * alone also took hex ("0x10" was 16 s), exponents, "inf", a sign and leading white space.
+		 */
+		if (strspn(v, "0123456789.") != strlen(v) || strchr(v, '.') != strrchr(v, '.') || !strpbrk(v, "0123456789"))
+			return -1;
 		secs = strtod(v, &end);
 		if (!*v || *end || !(secs >= 1e-3) || secs > (double)d->max) /* NaN fails too, before any cast */
 			return -1;

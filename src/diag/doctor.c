@@ -2,7 +2,8 @@
  * sluice_doctor (sluice.h): what on this machine stands between storage and
  * the GPU: the GPU and its PCIe link, GPUDirect Storage, the file system,
  * NUMA placement, the IOMMU, io_uring, the memlock limit, cgroup limits,
- * the block device and huge pages.  Each check reads
+ * the block device and huge pages; a remote PATH's endpoint (asked once,
+ * as a read asks it).  Each check reads
  * procfs and sysfs under SLUICE_SYSROOT (default "/": a container that
  * mounts the host's /sys and /proc elsewhere, and the tests' faked trees)
  * and gives a verdict, the value it measured, why it matters and the
@@ -30,6 +31,7 @@
 struct sl_dr {
 	const char *root; /* "" for the real one */
 	const char *path; /* the user's PATH */
+	char shown[4096]; /* and as messages name it (sluice_url_redact: no query, no password) */
 	sluice_check_fn fn;
 	void *arg;
 	int stop;         /* fn's nonzero return */
@@ -450,6 +452,75 @@ static void sl_unoct(char *s)
 	*o = 0;
 }
 
+/*
+ * A remote PATH (s3://, http(s)://) asked for once, as a read would ask it (the store's info: HEAD, a listing),
+ * retries and all: what the endpoint says, or what failed on the way, as the transport names it (a name that
+ * does not resolve, nothing listening, no answer in time, credentials refused).  A local PATH is the file
+ * system check's.
+ */
+static void sl_check_storage(struct sl_dr *d)
+{
+	static const char why[] = "every byte of a remote PATH comes through its endpoint: one that cannot be reached "
+				  "fails every read";
+	const struct sl__store *st = sl__store_of(d->path);
+	char where[512] = "", v[8192];
+	const char *fix;
+	struct sl__entry e;
+	int rc;
+
+	if (st->caps & SL_STORE_LOCAL)
+		return;
+	if (st->where)
+		st->where(where, sizeof(where));
+	sl__err_clear();
+	rc = st->info(d->path, &e);
+	if (!rc) {
+		if (e.kind == SL_KIND_DIR)
+			sl_emit(d, "storage", SLUICE_CHECK_OK, why, "%s: a directory%s%s", d->shown, *where ? " at " : "",
+				where);
+		else
+			sl_emit(d, "storage", SLUICE_CHECK_OK, why, "%s: a file of %llu bytes%s%s", d->shown,
+				(unsigned long long)e.size, *where ? " at " : "", where);
+		return;
+	}
+	switch (rc) {
+	case -ENXIO:
+		fix = "the host name does not resolve: check the endpoint (AWS_ENDPOINT_URL, or the URL's host) and "
+		      "this machine's DNS (getent hosts HOST)";
+		break;
+	case -ECONNREFUSED:
+		fix = "nothing listens there: check the endpoint's host and port (AWS_ENDPOINT_URL, or the URL's), and "
+		      "that its server runs";
+		break;
+	case -ETIMEDOUT:
+		fix = "the endpoint did not answer in time: a firewall, a proxy (HTTPS_PROXY), or a server too busy";
+		break;
+	case -EACCES:
+		fix = "the endpoint refused the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+		      "or the bucket's policy";
+		break;
+	case -ENOENT:
+		fix = "the endpoint answered, but nothing is there: check the bucket and the key or prefix";
+		break;
+	case -EKEYREJECTED:
+		fix = "trust the server's certificate: AWS_CA_BUNDLE or SSL_CERT_FILE (its CA's bundle)";
+		break;
+	case SLUICE_EINVAL_CONFIG:
+		fix = "the PATH or a setting is wrong, as said (a bucket's PATH is s3://BUCKET[/PREFIX])";
+		break;
+	default:
+		fix = "the value says what failed";
+	}
+	/* The detail names the path already where the store said it: once is enough. */
+	if (strstr(sluice_last_error_detail(), d->shown))
+		snprintf(v, sizeof(v), "%s: %s%s%s%s", sluice_strerror(rc), sluice_last_error_detail(),
+			 *where ? " (endpoint " : "", where, *where ? ")" : "");
+	else
+		snprintf(v, sizeof(v), "%s: %s: %s%s%s%s", d->shown, sluice_strerror(rc), sluice_last_error_detail(),
+			 *where ? " (endpoint " : "", where, *where ? ")" : "");
+	sl_emit_fix(d, "storage", SLUICE_CHECK_FAIL, why, fix, v);
+}
+
 static void sl_check_fs(struct sl_dr *d)
 {
 	static const char why[] = "the file system decides whether O_DIRECT works and how each read reaches the disk";
@@ -459,7 +530,7 @@ static void sl_check_fs(struct sl_dr *d)
 	FILE *f;
 
 	if (!sl__fs_is_local(d->path)) {
-		sl_emit(d, "filesystem", SLUICE_CHECK_OK, why, "%s: the %s store (no local file system)", d->path,
+		sl_emit(d, "filesystem", SLUICE_CHECK_OK, why, "%s: the %s store (no local file system)", d->shown,
 			sluice_path_store(d->path, NULL));
 		return;
 	}
@@ -672,6 +743,7 @@ int sluice_doctor(const char *path, sluice_check_fn fn, void *arg)
 		return -ENOMEM;
 	d->root = root;
 	d->path = path && *path ? path : ".";
+	sluice_url_redact(d->path, d->shown, sizeof(d->shown));
 	d->fn = fn;
 	d->arg = arg;
 	rc = sluice_config_new(&cfg);
@@ -690,6 +762,7 @@ int sluice_doctor(const char *path, sluice_check_fn fn, void *arg)
 	sl_check_gds(d);
 	sl_check_pcie(d);
 	sl_check_fs(d); /* before numa and the block device: it learns the file system type */
+	sl_check_storage(d);
 	sl_check_numa(d);
 	sl_check_iommu(d);
 	sl_check_uring(d);

@@ -337,7 +337,7 @@ int sluice_engine_get_info(const struct sluice_engine *eng, struct sluice_engine
 	info->unusable = eng->unusable;
 	info->gpu_unusable = eng->gpu_unusable;
 	info->numa_node = eng->numa_node[0];
-	info->ngpus = eng->nlanes;
+	info->ngpus = eng->gpu.ordinal >= 0 ? eng->nlanes : 0; /* the host-memory engine has one lane, and no GPU */
 	return 0;
 }
 

@@ -9,9 +9,11 @@
  * Errors name what was asked (req->name), the HTTP status and the
  * server's own words where the caller can read them (req->describe), mapped
  * to errno: 404 -ENOENT, 403 -EACCES, 412 -ESTALE (the resource changed),
- * 416 -ERANGE, transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED or
- * -ECONNRESET; a server's certificate refused -EKEYREJECTED (never tried
- * again), a ranged GET answered with a whole file -EOPNOTSUPP.
+ * 416 -ERANGE, transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED (nothing
+ * listens), -ENXIO (the host name does not resolve) or -ECONNRESET, each
+ * with curl's code, its name and its words in the detail; a server's
+ * certificate refused -EKEYREJECTED (never tried again), a ranged GET
+ * answered with a whole file -EOPNOTSUPP.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -35,6 +37,7 @@ struct sl__http_conn {
 	uint64_t stall_s;      /* SLUICE_HTTP_STALL_TIME: seconds under SL_LOW_SPEED bytes/s that are a stall */
 	uint64_t win_t0;       /* the direct receive's speed window: its start (sl__now_ns) */
 	uint64_t win_bytes;    /* and the bytes received in it */
+	CURLcode raw_cc;       /* the direct receive's last failed curl_easy_recv/send (CURLE_OK: none), for details */
 };
 
 /* The low-speed rule of both receive paths: under this many bytes a second for stall_s seconds is a stall. */
@@ -245,14 +248,48 @@ static int sl_errno_of_status(long status)
 	}
 }
 
+/*
+ * curl's own name of a code, for error details (STYLE.md: the foreign code and its name are kept): the codes a
+ * transfer of ours can end with; another is "CURLE_?" beside its number.
+ */
+static const char *sl_curl_name(CURLcode cc)
+{
+#define SL_CC(x) [x] = #x
+	static const char *const names[] = {
+		SL_CC(CURLE_OK), SL_CC(CURLE_UNSUPPORTED_PROTOCOL), SL_CC(CURLE_FAILED_INIT), SL_CC(CURLE_URL_MALFORMAT),
+		SL_CC(CURLE_NOT_BUILT_IN), SL_CC(CURLE_COULDNT_RESOLVE_PROXY), SL_CC(CURLE_COULDNT_RESOLVE_HOST),
+		SL_CC(CURLE_COULDNT_CONNECT), SL_CC(CURLE_WEIRD_SERVER_REPLY), SL_CC(CURLE_REMOTE_ACCESS_DENIED),
+		SL_CC(CURLE_HTTP2), SL_CC(CURLE_PARTIAL_FILE), SL_CC(CURLE_HTTP_RETURNED_ERROR), SL_CC(CURLE_WRITE_ERROR),
+		SL_CC(CURLE_UPLOAD_FAILED), SL_CC(CURLE_READ_ERROR), SL_CC(CURLE_OUT_OF_MEMORY),
+		SL_CC(CURLE_OPERATION_TIMEDOUT), SL_CC(CURLE_RANGE_ERROR), SL_CC(CURLE_SSL_CONNECT_ERROR),
+		SL_CC(CURLE_ABORTED_BY_CALLBACK), SL_CC(CURLE_BAD_FUNCTION_ARGUMENT), SL_CC(CURLE_INTERFACE_FAILED),
+		SL_CC(CURLE_TOO_MANY_REDIRECTS), SL_CC(CURLE_GOT_NOTHING), SL_CC(CURLE_SSL_ENGINE_NOTFOUND),
+		SL_CC(CURLE_SEND_ERROR), SL_CC(CURLE_RECV_ERROR), SL_CC(CURLE_SSL_CERTPROBLEM), SL_CC(CURLE_SSL_CIPHER),
+		SL_CC(CURLE_PEER_FAILED_VERIFICATION), SL_CC(CURLE_BAD_CONTENT_ENCODING), SL_CC(CURLE_FILESIZE_EXCEEDED),
+		SL_CC(CURLE_SEND_FAIL_REWIND), SL_CC(CURLE_LOGIN_DENIED), SL_CC(CURLE_SSL_CACERT_BADFILE),
+		SL_CC(CURLE_AGAIN), SL_CC(CURLE_SSL_CRL_BADFILE), SL_CC(CURLE_SSL_ISSUER_ERROR),
+		SL_CC(CURLE_SSL_PINNEDPUBKEYNOTMATCH), SL_CC(CURLE_HTTP2_STREAM), SL_CC(CURLE_HTTP3),
+		SL_CC(CURLE_PROXY),
+	};
+#undef SL_CC
+
+	return (unsigned)cc < sizeof(names) / sizeof(names[0]) && names[cc] ? names[cc] : "CURLE_?";
+}
+
+/*
+ * What failed, as curl says it: a name that does not resolve (-ENXIO, no such address) is not a server that
+ * refused the connection (-ECONNREFUSED), nor one that did not answer in time (-ETIMEDOUT).
+ */
 static int sl_errno_of_curl(CURLcode cc)
 {
 	switch (cc) {
 	case CURLE_OPERATION_TIMEDOUT:
 		return -ETIMEDOUT;
 	case CURLE_COULDNT_CONNECT:
-	case CURLE_COULDNT_RESOLVE_HOST:
 		return -ECONNREFUSED;
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_COULDNT_RESOLVE_PROXY:
+		return -ENXIO;
 	case CURLE_RECV_ERROR:
 	case CURLE_SEND_ERROR:
 	case CURLE_GOT_NOTHING:
@@ -524,8 +561,10 @@ static ssize_t sl_raw_recv(struct sl__http_conn *c, char *p, size_t cap)
 
 		if (cc == CURLE_OK)
 			return n && (rc = sl_raw_speed(c, n)) ? rc : (ssize_t)n;
-		if (cc != CURLE_AGAIN)
+		if (cc != CURLE_AGAIN) {
+			c->raw_cc = cc;
 			return sl_errno_of_curl(cc == CURLE_UNSUPPORTED_PROTOCOL ? CURLE_RECV_ERROR : cc);
+		}
 		if ((rc = sl_raw_wait(c, 0)))
 			return rc;
 	}
@@ -543,8 +582,10 @@ static int sl_raw_send(struct sl__http_conn *c, const char *p, size_t len)
 				return rc;
 			continue;
 		}
-		if (cc != CURLE_OK)
+		if (cc != CURLE_OK) {
+			c->raw_cc = cc;
 			return sl_errno_of_curl(cc == CURLE_UNSUPPORTED_PROTOCOL ? CURLE_SEND_ERROR : cc);
+		}
 		p += n;
 		len -= n;
 	}
@@ -661,6 +702,9 @@ static int sl_raw_fail(const struct sl__http_conn *c, const struct sl__http_req 
 	if (rc == -ETIMEDOUT)
 		return sl__err(rc, "%s: stalled %s (under %d bytes/s for %llu s: SLUICE_HTTP_STALL_TIME)", q->name, at,
 			       SL_LOW_SPEED, (unsigned long long)c->stall_s);
+	if (c->raw_cc != CURLE_OK)
+		return sl__err(rc, "%s: the connection failed %s (%s: %s, curl %d)", q->name, at, strerror(-rc),
+			       sl_curl_name(c->raw_cc), (int)c->raw_cc);
 	return sl__err(rc, "%s: the connection failed %s (%s)", q->name, at, strerror(-rc));
 }
 
@@ -789,6 +833,7 @@ static int sl_raw_get(struct sl__http_conn *c, const struct sl__http_req *q, str
 	int rc = SL_DECLINED, keep = 0;
 	CURLU *u = curl_url();
 
+	c->raw_cc = CURLE_OK;
 	/* The path as given, dot segments and all (an S3 key "p/../k" is not "k"), as curl's path sends it. */
 	if (!u || curl_url_set(u, CURLUPART_URL, q->url, CURLU_PATH_AS_IS) || curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) ||
 	    curl_url_get(u, CURLUPART_HOST, &hostn, 0) || curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) ||
@@ -852,13 +897,14 @@ static int sl_answer(struct sl__http_conn *c, const struct sl__http_req *q, stru
 	if (k->overflow)
 		return sl__err(-EIO, "%s: the server sent more than the %zu bytes asked for", q->name, k->cap);
 	if (sl_cert_refused(cc)) /* no retry makes it trusted */
-		return sl__err(-EKEYREJECTED, "%s: the server's certificate was refused: %s (curl %d); to trust a private "
-			       "CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle (or SSL_CERT_DIR to a hashed directory)",
-			       q->name,
-			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc);
+		return sl__err(-EKEYREJECTED, "%s: the server's certificate was refused: %s (%s, curl %d); to trust a "
+			       "private CA, set AWS_CA_BUNDLE or SSL_CERT_FILE to its bundle (or SSL_CERT_DIR to a hashed "
+			       "directory)", q->name, c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), sl_curl_name(cc),
+			       (int)cc);
 	if (cc != CURLE_OK)
-		return sl__err(sl_errno_of_curl(cc), "%s: %s (curl %d: %s)", q->name,
-			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), (int)cc, curl_easy_strerror(cc));
+		return sl__err(sl_errno_of_curl(cc), "%s: %s (%s, curl %d: %s)", q->name,
+			       c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc), sl_curl_name(cc), (int)cc,
+			       curl_easy_strerror(cc));
 	if (q->method == SL_HTTP_GET && q->len)
 		return sl_check_range(q, k);
 	return 0;
@@ -903,7 +949,8 @@ static int sl_retryable(int rc, long status)
 {
 	if (status >= 300)
 		return status == 429 || status >= 500;
-	return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -EIO;
+	/* A name that did not resolve too: a resolver's failure may pass (curl says EAI_AGAIN's the same way). */
+	return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -ENXIO || rc == -EIO;
 }
 
 int sl__http_request(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)

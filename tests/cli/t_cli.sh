@@ -39,10 +39,12 @@ if "$S" info --json > "$D/out" && grep -q '"gpu":-1' "$D/out"; then
 	"$S" info > "$D/out"
 	has "no GPU here, in text" '^gpu: none ([^)]'
 fi
-# A wrong setting of any bytes: --settings --json is still JSON, the setting marked, and the exit says so.
+# A wrong setting of any bytes: --settings --json is still JSON, the setting marked, and the exit says so (the list
+# under "settings" beside the "error", as every failure of a --json command is an object with "error").
 env SLUICE_THREADS="$(printf '\377\376"\\\001')" "$S" info --settings --json > "$D/out" 2> "$D/err"; rc=$?
 if [ $rc -ne 0 ] && "$PYTHON" -c 'import json, sys; d = json.load(open(sys.argv[1]))
-assert [s["name"] for s in d if "error" in s] == ["SLUICE_THREADS"]' "$D/out"; then echo "ok   settings json with a wrong value"
+assert [s["name"] for s in d["settings"] if "error" in s] == ["SLUICE_THREADS"]
+assert d["error"]["name"] == "SLUICE_EINVAL_CONFIG" and "SLUICE_THREADS" in d["error"]["detail"]' "$D/out"; then echo "ok   settings json with a wrong value"
 else echo "FAIL settings json with a wrong value (exit $rc): $(cat "$D/out" "$D/err")"; fails=$((fails + 1)); fi
 # What would be dropped without a word is said once: a SLUICE_* name that is no setting, a settings file not there.
 env SLUICE_THREAD=4 SLUICE_CONFIG=/nonexistent/sluice.conf "$S" info > "$D/out" 2> "$D/err"

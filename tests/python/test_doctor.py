@@ -203,3 +203,77 @@ def test_text_output_and_usage(machine):
     assert r.stdout.rstrip().endswith("14 ok, 1 warn, 0 fail")
     r = subprocess.run([SLUICE, "doctor", "--bogus"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "--bogus" in r.stderr
+
+
+# ---- a remote PATH: its endpoint asked once, and what failed named as curl names it
+
+def _doctor_remote(path, **env):
+    env = dict(os.environ, SLUICE_CONFIG="", SLUICE_S3_RETRIES="0", SLUICE_HTTP_RETRIES="0", **env)
+    r = subprocess.run([SLUICE, "doctor", "--json", path], capture_output=True, text=True, env=env, timeout=120)
+    out = json.loads(r.stdout)
+    storage = [c for c in out["checks"] if c["name"] == "storage"]
+    assert len(storage) == 1, out
+    assert r.returncode == (1 if out["fail"] else 0), (r.returncode, out)
+    return out, storage[0]
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMIK7MDENG", "AWS_REGION": "us-east-1"}
+
+
+@pytest.mark.parametrize("path,endpoint,curl,says,fix", [
+    # Nothing listens on the port: refused.
+    ("s3://bucket/data/", "http://127.0.0.1:{port}", "CURLE_COULDNT_CONNECT", "Connection refused", "nothing listens"),
+    ("http://127.0.0.1:{port}/data.bin", None, "CURLE_COULDNT_CONNECT", "Connection refused", "nothing listens"),
+    # RFC 6761: .invalid never resolves (a resolver answers it itself): a name, not a refusal.
+    ("s3://bucket/data/", "http://nonexistent.invalid:9000", "CURLE_COULDNT_RESOLVE_HOST", "No such device or address",
+     "does not resolve"),
+    ("http://nonexistent.invalid/data.bin", None, "CURLE_COULDNT_RESOLVE_HOST", "No such device or address",
+     "does not resolve"),
+])
+def test_an_endpoint_it_cannot_reach_is_a_fail_saying_what_failed(path, endpoint, curl, says, fix):
+    port = _free_port()
+    env = dict(S3_ENV, AWS_ENDPOINT_URL=endpoint.format(port=port)) if endpoint else {}
+    out, st = _doctor_remote(path.format(port=port), **env)
+    assert st["verdict"] == "fail" and out["fail"] >= 1, st
+    assert curl in st["value"] and says in st["value"], st
+    assert "Connection refused" not in st["value"] or curl == "CURLE_COULDNT_CONNECT", st
+    assert fix in st["fix"], st
+    if endpoint:
+        assert f"(endpoint {endpoint.format(port=port)})" in st["value"], st
+
+
+def test_an_endpoint_that_never_answers_is_a_timeout():
+    import socket
+    with socket.socket() as s:  # listens (the kernel completes the connection) and never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        out, st = _doctor_remote(f"http://127.0.0.1:{s.getsockname()[1]}/data.bin", SLUICE_HTTP_STALL_TIME="1")
+    assert st["verdict"] == "fail", st
+    assert "CURLE_OPERATION_TIMEDOUT" in st["value"] and "timed out" in st["value"], st
+    assert "did not answer in time" in st["fix"], st
+
+
+def test_a_reachable_endpoint_is_ok_and_a_missing_path_fails(s3):
+    s3.put_object(Bucket="pytest", Key="doctor/x.bin", Body=b"x" * 1000)
+    _, st = _doctor_remote("s3://pytest/doctor/")
+    assert st["verdict"] == "ok" and "s3://pytest/doctor/: a directory at " + os.environ["AWS_ENDPOINT_URL"] in \
+        st["value"], st
+    _, st = _doctor_remote("s3://pytest/doctor/x.bin")
+    assert st["verdict"] == "ok" and "a file of 1000 bytes" in st["value"], st
+    _, st = _doctor_remote("s3://pytest/doctor/absent/")
+    assert st["verdict"] == "fail" and "No such file" in st["value"] and "nothing is there" in st["fix"], st
+    _, st = _doctor_remote("s3://")
+    assert st["verdict"] == "fail" and "s3://BUCKET" in st["fix"], st
+
+
+def test_a_presigned_urls_query_is_not_in_the_report():
+    out, st = _doctor_remote(f"http://127.0.0.1:{_free_port()}/data.bin?X-Amz-Signature=s3cr3t")
+    assert st["verdict"] == "fail"
+    assert "s3cr3t" not in json.dumps(out), out

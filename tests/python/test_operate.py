@@ -46,11 +46,15 @@ def test_settings_file_under_the_environment(tmp_path):
 @pytest.mark.parametrize("text,says", [
     ("[sluice]\nthreadz = 3\n", "'threadz' is not a setting"),
     ("[engine]\nthreads = 3\n", "section [engine]"),
-    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}): want a whole number, 1 to 256'),
+    ("[sluice]\nthreads = lots\n", 'SLUICE_THREADS="lots" ({conf}): want a whole number in decimal, 1 to 256'),
     ("[sluice]\nsysroot = /x\n", "'sysroot' is not a setting of the file"),
-    ("[sluice]\nhttp_retries = 99\n", 'SLUICE_HTTP_RETRIES="99" ({conf}): want a whole number, 0 to 20'),
+    ("[sluice]\nhttp_retries = 99\n", 'SLUICE_HTTP_RETRIES="99" ({conf}): want a whole number in decimal, 0 to 20'),
     ("threads = 3\n", ":1: a setting before any [section]"),
     ("[sluice]\nthreads\n", ":2: the line is neither"),
+    # Numbers are decimal, as each setting's type says: strtod took 0x10 as 16 seconds.
+    ("[sluice]\nstats = 0x10\n", 'SLUICE_STATS="0x10" ({conf}): want decimal seconds such as 5 or 0.5'),
+    ("[sluice]\nstats = 1e3\n", 'SLUICE_STATS="1e3" ({conf}): want decimal seconds'),
+    ("[sluice]\nthreads = 0x8\n", 'SLUICE_THREADS="0x8" ({conf}): want a whole number in decimal'),
 ])
 def test_settings_file_errors_name_the_file(tmp_path, text, says):
     conf = tmp_path / "bad.conf"
@@ -58,6 +62,35 @@ def test_settings_file_errors_name_the_file(tmp_path, text, says):
     r = run(["info"], {"SLUICE_CONFIG": str(conf)})
     assert r.returncode != 0
     assert str(conf) in r.stderr and says.format(conf=conf) in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("data,says", [
+    # Bytes that are not UTF-8, named with the file, the line and the column.
+    (b"[sluice]\n# caf\xe9 (Latin-1)\nthreads = 3\n", ":2: byte 0xe9 at column 6 is not UTF-8"),
+    (b"[sluice]\nthreads = 3\xff\n", ":2: byte 0xff at column 12 is not UTF-8"),
+    ("[sluice]\nthreads = 3\n".encode("utf-16"), ":1: the file is UTF-16"),  # Windows' "Unicode"
+    (b"\xef\xbb[sluice]\nthreads = 3\n", ":1: byte 0xef at column 1"),  # a byte-order mark cut short
+])
+def test_settings_file_bytes_that_are_not_utf8_are_named(tmp_path, data, says):
+    conf = tmp_path / "bad.conf"
+    conf.write_bytes(data)
+    r = run(["info"], {"SLUICE_CONFIG": str(conf)})
+    assert r.returncode != 0 and str(conf) + says in r.stderr, r.stderr
+
+
+def test_settings_file_with_a_byte_order_mark_is_read(tmp_path):
+    """A UTF-8 byte-order mark (Notepad, some editors) is skipped, as Python's utf-8-sig reads it; sluice tune's
+    update keeps it and replaces the value in its section (no second [sluice])."""
+    conf = tmp_path / "sluice.conf"
+    conf.write_bytes(b"\xef\xbb\xbf[sluice]\nthreads = 3\n")
+    import configparser
+    peer = configparser.ConfigParser()
+    peer.read(conf, encoding="utf-8-sig")
+    assert peer["sluice"]["threads"] == "3"
+    r = run(["info", "--json"], {"SLUICE_CONFIG": str(conf)})
+    assert r.returncode == 0 and json.loads(r.stdout)["threads"] == 3, r.stderr
+    r = run(["info", "--settings", "--json"], {"SLUICE_CONFIG": str(conf)})
+    assert [s["from"] for s in json.loads(r.stdout) if s["name"] == "SLUICE_THREADS"] == [str(conf)]
 
 
 def test_info_settings_lists_the_registry_and_where_each_value_came_from(tmp_path):
@@ -429,3 +462,230 @@ def test_top_and_doctor_see_the_gpus():
         want = int(f.read())
     info = json.loads(run(["info", "--json"], {"SLUICE_DEVICE_IDS": "0"}).stdout)
     assert info["numa_node"] == (want if want >= 0 else -1)
+
+
+# ---- --json: every command's output, its failures included, is JSON on stdout
+
+def _commands():
+    """The commands `sluice help` lists (and version)."""
+    r = run(["help"])
+    assert r.returncode == 0
+    names = [ln.split()[0] for ln in r.stdout.split("commands:")[1].splitlines() if ln.startswith("  ")]
+    assert "version" in names and len(names) >= 14, names
+    return names
+
+
+# Each command that prints JSON on stdout, with --json and arguments it fails on: usage errors (exit 2) and errors
+# of the library (exit 1), and where the command prints its object in pieces, a failure inside it.
+# journey and diagnose take --json FILE (a report), not stdout's.
+FAILING = [
+    ["bench", "--json", "/nonexistent/x"],
+    ["bench", "--json", "--rw", "sideways", "{f}"],
+    ["bench", "--json", "{empty}"],
+    ["checkpoint", "--json", "0"],
+    ["checkpoint", "--json", "{pid}"],
+    ["cp", "--json", "/nonexistent/a", "{tmp}/b"],
+    ["cp", "--json", "http://nonexistent.invalid/a", "{tmp}/b"],
+    ["cp", "--json"],
+    ["doctor", "--json", "--bogus"],
+    ["doctor", "--json", "{f}", "{f}"],
+    ["info", "--json", "--bogus"],
+    ["inspect", "--json", "/nonexistent"],
+    ["inspect", "--json", "--record", "999", "{ds}"],
+    ["inspect", "--json", "--record", "x", "{ds}"],
+    ["load", "--json", "/nonexistent.safetensors"],
+    ["load", "--json", "--reps", "3", "{st}"],
+    ["pack", "--json", "--from-jsonl", "/nonexistent.jsonl", "--fields", "a", "{tmp}/o1"],
+    ["pack", "--json", "--from-dir", "{tmp}"],
+    ["pack", "--json", "--from-parquet", "/nonexistent.parquet", "{tmp}/o2"],
+    ["top", "--json", "--count", "0"],
+    ["tune", "--json", "/nonexistent"],
+    ["tune", "--json", "--dry-run", "/dev/null"],
+    ["verify", "--json", "/nonexistent"],
+    ["version", "--json", "--bogus"],
+    ["bogus", "--json"],
+]
+# Failures inside an object printed in pieces: a wrong setting stops the checks after the object is open.
+FAILING_ENV = [
+    (["doctor", "--json", "."], {"SLUICE_THREADS": "lots"}, "checks"),
+    (["info", "--json"], {"SLUICE_THREADS": "lots"}, None),
+    (["info", "--settings", "--json"], {"SLUICE_STATS": "0x10"}, "settings"),
+]
+
+
+@pytest.fixture
+def json_inputs(tmp_path, ds_path):
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(1 << 20))
+    (tmp_path / "empty.bin").write_bytes(b"")
+    # A safetensors checkpoint of one tensor, by hand: an 8-byte header length, the header, the bytes.
+    head = json.dumps({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    head += b" " * (-len(head) % 8)
+    (tmp_path / "m.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + bytes(16))
+    dead = subprocess.Popen(["true"])  # a process that is gone: nothing to checkpoint, on any machine
+    dead.wait()
+    return {"f": str(f), "empty": str(tmp_path / "empty.bin"), "tmp": str(tmp_path), "ds": ds_path,
+            "st": str(tmp_path / "m.safetensors"), "pid": str(dead.pid)}
+
+
+def _one_json_error(r, argv):
+    assert r.returncode != 0, (argv, r.stdout, r.stderr)
+    try:
+        out = json.loads(r.stdout)  # one document, nothing else on stdout
+    except ValueError:
+        pytest.fail(f"{argv}: stdout is not one JSON document: {r.stdout!r} (stderr {r.stderr!r})")
+    assert isinstance(out, dict) and isinstance(out.get("error"), dict), (argv, out)
+    e = out["error"]
+    assert set(e) >= {"command", "status", "code", "name", "message", "detail", "text"}, (argv, e)
+    assert e["status"] == r.returncode and isinstance(e["code"], int) and e["code"] < 0, (argv, e)
+    assert e["message"] and e["text"].startswith("sluice") and e["text"] in r.stderr, (argv, e, r.stderr)
+    return out
+
+
+def test_every_command_that_takes_json_fails_in_json(json_inputs):
+    covered = {a[0] for a in FAILING}
+    assert covered >= set(_commands()) - {"journey", "diagnose"}, covered
+    for argv in FAILING:
+        argv = [a.format(**json_inputs) for a in argv]
+        r = run(argv, {"SLUICE_CONFIG": "", "SLUICE_HTTP_RETRIES": "0", "SLUICE_PYTHON": sys.executable},
+                timeout=300)
+        out = _one_json_error(r, argv)
+        assert out["error"]["command"] == (argv[0] if argv[0] != "bogus" else ""), out
+    # The names machines tell errors apart by.
+    r = run(["cp", "--json", "/nonexistent/a", json_inputs["tmp"] + "/b"])
+    assert json.loads(r.stdout)["error"]["name"] == "ENOENT"
+    r = run(["inspect", "--json", "--record", "999", json_inputs["ds"]])
+    assert json.loads(r.stdout)["error"]["name"] == "SLUICE_ERANGE"
+    r = run(["cp", "--json", "http://nonexistent.invalid/a", json_inputs["tmp"] + "/b"], {"SLUICE_HTTP_RETRIES": "0"})
+    e = json.loads(r.stdout)["error"]
+    assert e["name"] == "ENXIO" and "CURLE_COULDNT_RESOLVE_HOST" in e["detail"], e
+
+
+@pytest.mark.parametrize("argv,env,inside", FAILING_ENV)
+def test_a_failure_inside_a_json_object_is_its_error(argv, env, inside):
+    r = run(argv, dict(env, SLUICE_CONFIG=""))
+    out = _one_json_error(r, argv)
+    assert out["error"]["name"] == "SLUICE_EINVAL_CONFIG" and list(env)[0] in out["error"]["detail"], out
+    if inside:
+        assert isinstance(out[inside], list), out  # what was printed before the error stays, closed
+
+
+def test_every_json_output_parses(json_inputs, tmp_path):
+    """Each command's --json on success: one JSON document on stdout (top: one a sample)."""
+    i = json_inputs
+    env = {"SLUICE_CONFIG": "", "SLUICE_PYTHON": sys.executable}
+    cases = [
+        ["version", "--json"], ["info", "--json"], ["info", "--settings", "--json"],
+        ["inspect", "--json", i["ds"]], ["inspect", "--json", "--record", "3", i["ds"]], ["verify", "--json", i["ds"]],
+        ["cp", "--json", i["f"], str(tmp_path / "copy.bin")],
+        ["bench", "--json", "--target", "host", "--io-size", "256K", i["f"]],
+        ["load", "--json", "--host", "--list", i["st"]],
+        ["pack", "--json", "--quiet", "--from", i["ds"], str(tmp_path / "repacked")],
+    ]
+    for argv in cases:
+        r = run(argv, env, timeout=300)
+        assert r.returncode == 0, (argv, r.stderr)
+        json.loads(r.stdout)
+    r = run(["doctor", "--json", "."], env)
+    assert r.returncode in (0, 1) and "error" not in json.loads(r.stdout)
+    r = run(["top", "--json", "--count", "2", "--interval", "0.05"], env)
+    assert r.returncode == 0 and [json.loads(ln)["interval_s"] > 0 for ln in r.stdout.splitlines()] == [True] * 2
+    rec = json.loads(run(["inspect", "--json", "--record", "3", i["ds"]]).stdout)
+    assert rec["record"] == 3 and [f["name"] for f in rec["fields"]] == ["text", "n"] and rec["fields"][1]["value"] == 3
+    v = json.loads(run(["version", "--json"]).stdout)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", v["version"]) and run(["version"]).stdout == f"sluice {v['version']}\n"
+
+
+def test_every_command_help_exits_0():
+    for name in _commands() + ["help"]:
+        r = run([name, "--help"], {"SLUICE_PYTHON": sys.executable})
+        assert r.returncode == 0 and "usage: sluice" in r.stdout, (name, r.returncode, r.stdout[:200], r.stderr[-400:])
+
+
+def test_info_without_a_gpu_serves_none():
+    info = json.loads(run(["info", "--json"], {"SLUICE_GPU": "0", "SLUICE_CONFIG": ""}).stdout)
+    assert info["gpu"] == -1 and info["ngpus"] == 0, info
+    text = run(["info"], {"SLUICE_GPU": "0", "SLUICE_CONFIG": ""}).stdout
+    assert [ln for ln in text.splitlines() if ln.startswith("gpu")] == ["gpu: none (CUDA not loaded (SLUICE_GPU=0))"]
+
+
+# ---- torchrun's environment, read by name
+
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "SLUICE_DEVICE_IDS")
+
+
+@pytest.mark.parametrize("env,says", [
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 is out of range (1 to 4294967295: a world has at least one rank)"),
+    ({"WORLD_SIZE": "-2"}, "WORLD_SIZE=-2 is out of range"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 is out of range (0 to 1: a rank is below WORLD_SIZE=2)"),
+    ({"RANK": "3"}, "RANK=3 is out of range (0 to 0: WORLD_SIZE is not set, a world of one rank)"),
+    ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK=-1 is out of range"),
+    ({"WORLD_SIZE": "2", "RANK": "1.0"}, "RANK='1.0' is not a whole number"),
+    ({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 is out of range"),
+    ({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "one"}, "GROUP_RANK='one' is not"),
+])
+def test_rank_and_world_size_from_the_environment_are_checked_by_name(ds_path, monkeypatch, env, says):
+    for k in DIST_VARS:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError) as e:
+        sluice.Loader(sluice.Dataset(ds_path), 4)
+    assert says in str(e.value)
+
+
+def test_rank_and_world_size_that_hold(ds_path, monkeypatch):
+    for k in DIST_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert (lambda o: (o.rank, o.world_size))(sluice.Loader(sluice.Dataset(ds_path), 4)._opt) == (1, 2)
+    # Given ones win, and only what is not given is read: a bad RANK is not read where rank= is given.
+    monkeypatch.setenv("RANK", "x")
+    assert sluice.Loader(sluice.Dataset(ds_path), 4, rank=0)._opt.world_size == 2
+    with pytest.raises(ValueError, match="world_size=0 is out of range"):  # as DistributedSampler refuses it
+        sluice.Loader(sluice.Dataset(ds_path), 4, rank=0, world_size=0)
+    monkeypatch.setenv("SLUICE_DEVICE_IDS", "0,x")  # checked before any GPU is asked for
+    with pytest.raises(ValueError, match="SLUICE_DEVICE_IDS='0,x' is not a list of GPU ordinals"):
+        sluice.Loader(sluice.Dataset(ds_path), 4, rank=0, world_size=1, device="cuda")
+
+
+def test_local_rank_is_read_by_name():
+    code = "import numpy as np, sluice; sluice.read('/dev/null', np.zeros(0, np.uint8))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, LOCAL_RANK="first", SLUICE_CONFIG=""))
+    assert r.returncode != 0 and "LOCAL_RANK='first' is not a whole number" in r.stderr, r.stderr[-600:]
+
+
+def test_the_worlds_sluice_refuses_torch_refuses(ds_path, monkeypatch):
+    """torch.distributed's env:// rendezvous and DistributedSampler refuse what the Loader refuses."""
+    pytest.importorskip("torch")
+    code = ("import datetime, torch.distributed as d\n"
+            "try:\n"
+            "    d.init_process_group('gloo', init_method='env://', timeout=datetime.timedelta(seconds=20))\n"
+            "except Exception as e:\n"
+            "    print('refused', type(e).__name__, e)\n"
+            "else:\n"
+            "    print('accepted')\n")
+    for ws in ("0", "-1", "two"):
+        env = dict(os.environ, WORLD_SIZE=ws, RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert r.stdout.startswith("refused"), (ws, r.stdout, r.stderr[-600:])
+        for k in DIST_VARS:
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("WORLD_SIZE", ws)
+        with pytest.raises(ValueError, match="WORLD_SIZE="):
+            sluice.Loader(sluice.Dataset(ds_path), 4)
+    from torch.utils.data import DistributedSampler
+    for rank, world in ((2, 2), (0, 0), (-1, 2)):
+        with pytest.raises(ValueError):
+            DistributedSampler(range(10), num_replicas=world, rank=rank)
+        with pytest.raises((ValueError, sluice.SluiceError)):
+            sluice.Loader(sluice.Dataset(ds_path), 4, rank=rank, world_size=world)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -356,6 +356,102 @@ static void t_special_files(void)
 	T_CHECK(sl__mkdirs((char[]){ "" }) == -ENOENT);
 }
 
+/*
+ * Every number of the settings table is decimal as its type says: strtod took SLUICE_STATS=0x10 as 16 s, and
+ * exponents, "inf", signs and white space; none is a number any setting documents.
+ */
+static void t_numbers_are_decimal(void)
+{
+	static const char *const refused[] = { "0x10", "0X10", "1e2", "1E2", " 5", "5 ", "+5", "-5", "inf", "nan",
+					       "0x1p4", ".", "1.2.3", "", "5s", "\xef\xbc\x95" /* a fullwidth 5 */ };
+	static const char *const names[] = { "SLUICE_STATS", "SLUICE_THREADS", "SLUICE_MAX_TRANSFER_SIZE", "SLUICE_GPU",
+					     "SLUICE_HTTP_STALL_TIME" };
+	uint64_t u;
+
+	for (size_t n = 0; n < sizeof(names) / sizeof(names[0]); n++)
+		for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+			const struct sl__setting_def *d = sl__setting_def(names[n]);
+
+			if (sl__setting_parse(d, refused[i], "t", &u) != SLUICE_EINVAL_CONFIG) {
+				printf("  %s=\"%s\" was taken (%llu)\n", names[n], refused[i], (unsigned long long)u);
+				T_CHECK(0);
+			}
+		}
+	T_CHECK(sl__setting_parse(sl__setting_def("SLUICE_STATS"), "0.5", "t", &u) == 0 && u == 500000000);
+	T_CHECK(sl__setting_parse(sl__setting_def("SLUICE_STATS"), ".25", "t", &u) == 0 && u == 250000000);
+	T_CHECK(sl__setting_parse(sl__setting_def("SLUICE_STATS"), "16", "t", &u) == 0 && u == 16000000000ull);
+	T_CHECK(sl__setting_parse(sl__setting_def("SLUICE_THREADS"), "010", "t", &u) == 0 && u == 10); /* not octal */
+	T_CHECK(sl__setting_parse(sl__setting_def("SLUICE_STATS"), "0x10", "the environment", &u) == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "SLUICE_STATS=\"0x10\" (the environment): want decimal seconds"));
+	setenv("SLUICE_STATS", "0x10", 1);
+	T_CHECK(sluice_config_new(&(struct sluice_config *){ NULL }) == SLUICE_EINVAL_CONFIG);
+	unsetenv("SLUICE_STATS");
+}
+
+/* A literal's bytes, NULs and all, through the INI reader into kv. */
+#define T_INI(lit) sl__ini_parse(lit, sizeof(lit) - 1, "s.conf", t_kv_take, &kv)
+
+struct t_kv {
+	char key[64], value[64];
+	unsigned n;
+};
+
+static int t_kv_take(const char *section, const char *key, const char *value, void *ctx)
+{
+	struct t_kv *kv = ctx;
+
+	(void)section;
+	snprintf(kv->key, sizeof(kv->key), "%s", key);
+	snprintf(kv->value, sizeof(kv->value), "%s", value);
+	kv->n++;
+	return 0;
+}
+
+/*
+ * A settings file's bytes: a UTF-8 byte-order mark (Notepad writes one) is skipped, as editors and Python's
+ * utf-8-sig take it; other bytes that are not UTF-8 are named with file, line and column, a UTF-16 file as such;
+ * an update keeps the mark and replaces the key in its section (it added a second [sluice] before).
+ */
+static void t_settings_file_bytes(void)
+{
+	static const char bom[] = "\xef\xbb\xbf[sluice]\nthreads = 3\n";
+	char dir[] = "/tmp/t_core_bom.XXXXXX", path[64], text[256] = "";
+	struct t_kv kv = { "", "", 0 };
+	FILE *f;
+
+	T_CHECK(sl__ini_parse(bom, sizeof(bom) - 1, "s.conf", t_kv_take, &kv) == 0 && kv.n == 1 &&
+		!strcmp(kv.key, "threads") && !strcmp(kv.value, "3"));
+	/* UTF-8 beyond ASCII is text: a comment and a value. */
+	kv.n = 0;
+	T_CHECK(T_INI("[sluice]\n# caf\xc3\xa9\npython = /opt/\xe6\x97\xa5/python3\n") == 0 && kv.n == 1 &&
+		!strcmp(kv.value, "/opt/\xe6\x97\xa5/python3"));
+	T_CHECK(T_INI("[sluice]\n# caf\xe9\nthreads = 3\n") == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "s.conf:2: byte 0xe9 at column 6 is not UTF-8"));
+	T_CHECK(T_INI("[sluice]\nthreads = \xc0\xb3\n") == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "s.conf:2: byte 0xc0 at column 11")); /* an overlong '3' */
+	T_CHECK(T_INI("\xef\xbb[sluice]\n") == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "s.conf:1: byte 0xef at column 1")); /* a mark cut short */
+	T_CHECK(T_INI("\xff\xfe[\0s\0") == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "s.conf:1: the file is UTF-16"));
+	/* A mark only at the start: inside the text it is a character of the key (which no setting has). */
+	T_CHECK(T_INI("[sluice]\n\xef\xbb\xbfthreads = 3\n") == 0 && strcmp(kv.key, "threads"));
+
+	T_CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof(path), "%s/s.conf", dir);
+	f = fopen(path, "w");
+	fputs(bom, f);
+	fclose(f);
+	T_CHECK(sluice_settings_write(path, (const char *[]){ "threads" }, (const char *[]){ "5" }, 1, "sluice tune t") == 0);
+	f = fopen(path, "r");
+	T_CHECK(f && fread(text, 1, sizeof(text) - 1, f) > 0);
+	fclose(f);
+	T_CHECK(!strcmp(text, "\xef\xbb\xbf[sluice]\n# sluice tune t\nthreads = 5\n"));
+	if (strcmp(text, "\xef\xbb\xbf[sluice]\n# sluice tune t\nthreads = 5\n"))
+		printf("  the update wrote: %s\n", text);
+	unlink(path);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	t_special_files();
@@ -368,5 +464,7 @@ int main(void)
 	t_sizes();
 	t_config();
 	t_hist();
+	t_numbers_are_decimal();
+	t_settings_file_bytes();
 	return t_done("t_core");
 }
