@@ -18,38 +18,6 @@ int cli_json_mode;
 static const char *cli_json_inner; /* NULL: no object open; else what closes what is open inside the command's */
 static int cli_json_said;          /* a whole document is out (the command's, or an error): nothing more */
 
-/* errno's name, or sluice's own code's (sluice.h), for machines that tell errors apart; "" for neither. */
-static const char *cli_code_name(int code)
-{
-#define CLI_E(x) { x, #x }
-	static const struct {
-		int e;
-		const char *name;
-	} names[] = {
-		CLI_E(EPERM), CLI_E(ENOENT), CLI_E(ESRCH), CLI_E(EINTR), CLI_E(EIO), CLI_E(ENXIO), CLI_E(E2BIG),
-		CLI_E(EBADF), CLI_E(EAGAIN), CLI_E(ENOMEM), CLI_E(EACCES), CLI_E(EFAULT), CLI_E(EBUSY), CLI_E(EEXIST),
-		CLI_E(EXDEV), CLI_E(ENODEV), CLI_E(ENOTDIR), CLI_E(EISDIR), CLI_E(EINVAL), CLI_E(ENFILE), CLI_E(EMFILE),
-		CLI_E(ENOTTY), CLI_E(EFBIG), CLI_E(ENOSPC), CLI_E(ESPIPE), CLI_E(EROFS), CLI_E(EPIPE), CLI_E(ERANGE),
-		CLI_E(EDEADLK), CLI_E(ENAMETOOLONG), CLI_E(ENOSYS), CLI_E(ENOTEMPTY), CLI_E(ELOOP), CLI_E(ENODATA),
-		CLI_E(EPROTO), CLI_E(EBADMSG), CLI_E(EOVERFLOW), CLI_E(EILSEQ), CLI_E(EOPNOTSUPP), CLI_E(EADDRINUSE),
-		CLI_E(ENETDOWN), CLI_E(ENETUNREACH), CLI_E(ECONNABORTED), CLI_E(ECONNRESET), CLI_E(ENOBUFS),
-		CLI_E(ENOTCONN), CLI_E(ETIMEDOUT), CLI_E(ECONNREFUSED), CLI_E(EHOSTUNREACH), CLI_E(ESTALE),
-		CLI_E(EDQUOT), CLI_E(ECANCELED), CLI_E(EKEYREJECTED),
-	};
-	static const char *const own[] = { "SLUICE_EBASE", "SLUICE_EINVAL_CONFIG", "SLUICE_ENOGPU", "SLUICE_ECUDA",
-					   "SLUICE_ECUFILE", "SLUICE_EBACKEND", "SLUICE_ERANGE", "SLUICE_ESHORT",
-					   "SLUICE_EVERIFY", "SLUICE_ENOTGPU", "SLUICE_ECANCELED", "SLUICE_EFORMAT",
-					   "SLUICE_ECRC" };
-#undef CLI_E
-
-	if (code <= SLUICE_EBASE && code > SLUICE_EBASE - (int)(sizeof(own) / sizeof(own[0])))
-		return own[SLUICE_EBASE - code];
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (-names[i].e == code)
-			return names[i].name;
-	return "";
-}
-
 /*
  * The error as JSON on stdout, once, where --json was given: inside the command's open object (what is open in it
  * closed first), else an object of its own.  status: the exit status; code: sluice's or -errno; line: what stderr
@@ -57,7 +25,7 @@ static const char *cli_code_name(int code)
  */
 static void cli_json_error(const char *cmd, int status, int code, const char *detail, const char *line)
 {
-	const char *name = cli_code_name(code);
+	const char *name = sluice_error_name(code);
 
 	if (!cli_json_mode || cli_json_said)
 		return;

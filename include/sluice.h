@@ -79,7 +79,8 @@ enum sluice_error {
 	SLUICE_ECANCELED = -100010,     /* transfer abandoned after an error */
 	SLUICE_EFORMAT = -100011,       /* malformed or inconsistent data file */
 	SLUICE_ECRC = -100012,          /* checksum mismatch: a record, a block or a file */
-	SLUICE_ELAST = -100013,
+	SLUICE_ERESOLVE = -100013,      /* a host name does not resolve */
+	SLUICE_ELAST = -100014,
 };
 
 /*
@@ -87,6 +88,13 @@ enum sluice_error {
  * 0, -errno or SLUICE_E*.  Never NULL.
  */
 SLUICE_API const char *sluice_strerror(int code);
+
+/*
+ * Returns the code's name, for programs that tell errors apart: "ENOENT"
+ * for -ENOENT, "SLUICE_ECRC" for SLUICE_ECRC, "" for 0, a positive value or
+ * a code it does not know.  Static; never NULL.
+ */
+SLUICE_API const char *sluice_error_name(int code);
 
 /*
  * Returns a sentence describing the last error raised by the calling

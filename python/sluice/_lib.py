@@ -24,10 +24,6 @@ lib = _load()
 
 # sluice.h's own codes the package raises or tells apart.
 ERANGE, ESHORT, EFORMAT, ECRC = -100006, -100007, -100011, -100012
-# And the names of them all (enum sluice_error, from SLUICE_EBASE down), as `sluice CMD --json` names a code.
-_OWN_NAMES = ["SLUICE_EBASE", "SLUICE_EINVAL_CONFIG", "SLUICE_ENOGPU", "SLUICE_ECUDA", "SLUICE_ECUFILE",
-              "SLUICE_EBACKEND", "SLUICE_ERANGE", "SLUICE_ESHORT", "SLUICE_EVERIFY", "SLUICE_ENOTGPU",
-              "SLUICE_ECANCELED", "SLUICE_EFORMAT", "SLUICE_ECRC"]
 
 
 def env_int(where, name, default, lo, hi, why=""):
@@ -48,9 +44,7 @@ def env_int(where, name, default, lo, hi, why=""):
 def json_error(command, status, code, detail):
     """A failure as the sluice command's --json says it (cli/cli.h): {"error": {command, status, code, name, message,
     detail, text}}; code is sluice's or -errno."""
-    import errno
-    own = -100000 - code
-    name = _OWN_NAMES[own] if 0 <= own < len(_OWN_NAMES) else errno.errorcode.get(-code, "")
+    name = lib.sluice_error_name(code).decode()
     return {"error": {"command": command, "status": status, "code": code, "name": name,
                       "message": lib.sluice_strerror(code).decode(), "detail": detail,
                       "text": f"sluice {command}: {detail}"}}
@@ -273,6 +267,7 @@ _protos = {
     "sluice_read_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_write_batch": (C.c_ssize_t, [P, C.POINTER(Range), C.c_size_t, P]),
     "sluice_strerror": (C.c_char_p, [C.c_int]),
+    "sluice_error_name": (C.c_char_p, [C.c_int]),
     "sluice_url_redact": (None, [C.c_char_p, C.c_char_p, C.c_size_t]),
     "sluice_version": (C.c_char_p, []),
     "sluice_last_error_detail": (C.c_char_p, []),

@@ -484,7 +484,7 @@ static void sl_check_storage(struct sl_dr *d)
 		return;
 	}
 	switch (rc) {
-	case -ENXIO:
+	case SLUICE_ERESOLVE:
 		fix = "the host name does not resolve: check the endpoint (AWS_ENDPOINT_URL, or the URL's host) and "
 		      "this machine's DNS (getent hosts HOST)";
 		break;

@@ -10,7 +10,7 @@
  * server's own words where the caller can read them (req->describe), mapped
  * to errno: 404 -ENOENT, 403 -EACCES, 412 -ESTALE (the resource changed),
  * 416 -ERANGE, transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED (nothing
- * listens), -ENXIO (the host name does not resolve) or -ECONNRESET, each
+ * listens), SLUICE_ERESOLVE (the host name does not resolve) or -ECONNRESET, each
  * with curl's code, its name and its words in the detail; a server's
  * certificate refused -EKEYREJECTED (never tried again), a ranged GET
  * answered with a whole file -EOPNOTSUPP.
@@ -277,7 +277,7 @@ static const char *sl_curl_name(CURLcode cc)
 }
 
 /*
- * What failed, as curl says it: a name that does not resolve (-ENXIO, no such address) is not a server that
+ * What failed, as curl says it: a name that does not resolve (SLUICE_ERESOLVE) is not a server that
  * refused the connection (-ECONNREFUSED), nor one that did not answer in time (-ETIMEDOUT).
  */
 static int sl_errno_of_curl(CURLcode cc)
@@ -289,7 +289,7 @@ static int sl_errno_of_curl(CURLcode cc)
 		return -ECONNREFUSED;
 	case CURLE_COULDNT_RESOLVE_HOST:
 	case CURLE_COULDNT_RESOLVE_PROXY:
-		return -ENXIO;
+		return SLUICE_ERESOLVE;
 	case CURLE_RECV_ERROR:
 	case CURLE_SEND_ERROR:
 	case CURLE_GOT_NOTHING:
@@ -950,7 +950,7 @@ static int sl_retryable(int rc, long status)
 	if (status >= 300)
 		return status == 429 || status >= 500;
 	/* A name that did not resolve too: a resolver's failure may pass (curl says EAI_AGAIN's the same way). */
-	return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -ENXIO || rc == -EIO;
+	return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == SLUICE_ERESOLVE || rc == -EIO;
 }
 
 int sl__http_request(struct sl__http_conn *c, const struct sl__http_req *q, struct sl__http_resp *k)

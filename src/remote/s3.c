@@ -10,7 +10,7 @@
  * Errors carry the object's URL, the HTTP status and the server's own code
  * (NoSuchKey, AccessDenied, SignatureDoesNotMatch, ...), mapped to errno:
  * 404 -ENOENT, 403 -EACCES, 412 -ESTALE (the object changed), 416 -ERANGE,
- * transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED, -ENXIO (a host name
+ * transport failures -EIO, -ETIMEDOUT, -ECONNREFUSED, SLUICE_ERESOLVE (a host name
  * that does not resolve) or -ECONNRESET (http.c).
  */
 #include <errno.h>

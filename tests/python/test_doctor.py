@@ -232,9 +232,9 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUt
     ("s3://bucket/data/", "http://127.0.0.1:{port}", "CURLE_COULDNT_CONNECT", "Connection refused", "nothing listens"),
     ("http://127.0.0.1:{port}/data.bin", None, "CURLE_COULDNT_CONNECT", "Connection refused", "nothing listens"),
     # RFC 6761: .invalid never resolves (a resolver answers it itself): a name, not a refusal.
-    ("s3://bucket/data/", "http://nonexistent.invalid:9000", "CURLE_COULDNT_RESOLVE_HOST", "No such device or address",
+    ("s3://bucket/data/", "http://nonexistent.invalid:9000", "CURLE_COULDNT_RESOLVE_HOST", "host name does not resolve",
      "does not resolve"),
-    ("http://nonexistent.invalid/data.bin", None, "CURLE_COULDNT_RESOLVE_HOST", "No such device or address",
+    ("http://nonexistent.invalid/data.bin", None, "CURLE_COULDNT_RESOLVE_HOST", "host name does not resolve",
      "does not resolve"),
 ])
 def test_an_endpoint_it_cannot_reach_is_a_fail_saying_what_failed(path, endpoint, curl, says, fix):

@@ -558,7 +558,7 @@ def test_every_command_that_takes_json_fails_in_json(json_inputs):
     assert json.loads(r.stdout)["error"]["name"] == "SLUICE_ERANGE"
     r = run(["cp", "--json", "http://nonexistent.invalid/a", json_inputs["tmp"] + "/b"], {"SLUICE_HTTP_RETRIES": "0"})
     e = json.loads(r.stdout)["error"]
-    assert e["name"] == "ENXIO" and "CURLE_COULDNT_RESOLVE_HOST" in e["detail"], e
+    assert e["name"] == "SLUICE_ERESOLVE" and "CURLE_COULDNT_RESOLVE_HOST" in e["detail"], e
 
 
 @pytest.mark.parametrize("argv,env,inside", FAILING_ENV)

@@ -17,6 +17,15 @@ static void t_errors(void)
 	for (int c = SLUICE_EINVAL_CONFIG; c > SLUICE_ELAST; c--)
 		T_CHECK(strcmp(sluice_strerror(c), "unknown sluice error") != 0);
 	T_CHECK(!strcmp(sluice_strerror(SLUICE_ELAST), "unknown error"));
+	/* Every own code has a name, and the name is its enum's. */
+	for (int c = SLUICE_EBASE; c > SLUICE_ELAST; c--)
+		T_CHECK(!strncmp(sluice_error_name(c), "SLUICE_E", 8));
+	T_CHECK(!strcmp(sluice_error_name(SLUICE_ERESOLVE), "SLUICE_ERESOLVE"));
+	T_CHECK(!strcmp(sluice_error_name(SLUICE_ECRC), "SLUICE_ECRC"));
+	T_CHECK(!strcmp(sluice_error_name(-ENOENT), "ENOENT"));
+	T_CHECK(!strcmp(sluice_error_name(SLUICE_ELAST), ""));
+	T_CHECK(!strcmp(sluice_error_name(0), ""));
+	T_CHECK(!strcmp(sluice_error_name(-4095), ""));
 	T_CHECK(sl__err(SLUICE_ERANGE, "file %s", "x.bin") == SLUICE_ERANGE);
 	T_CHECK(!strcmp(sluice_last_error_detail(), "file x.bin"));
 	/* Wrapping the current detail in a new one. */
