@@ -967,8 +967,8 @@ void sluice_writer_abort(struct sluice_writer *w)
 			unlink(t);
 		free(e);
 		free(t);
-		if (w->target) /* an overwrite's directory of its own, beside the dataset it did not replace */
-			rmdir(w->dir);
+		if (w->target) /* an overwrite's directory of its own (its index too, if the swap failed), beside the old */
+			sl_remove_dir(w->dir);
 	}
 	if (w->remote) {
 		/* Shards already sent go too (a closed writer's stay: its index is there). */

@@ -316,6 +316,42 @@ static void test_overwrite_refuses_what_is_no_dataset(void)
 }
 
 /*
+ * sluice_writer_open_overwrite, the writer itself: the target is checked
+ * again at close, so files put in it while the new dataset was written
+ * are never removed (the close fails naming one, the old dataset stays,
+ * and nothing is left beside it); written alone, the new one takes its place.
+ */
+static void test_overwrite_checks_the_target_again_at_close(void)
+{
+	const char *d = t_dir("t_pack_ow_close");
+	struct sluice_field f = { "v", SLUICE_DTYPE_BYTES, 0, { 0 } };
+	struct sluice_writer_options wo = SLUICE_WRITER_OPTIONS_INIT;
+	struct sluice_writer *w;
+	char a[600], out[600], mine[700];
+	const void *val = "b-0";
+	size_t len = 3;
+
+	snprintf(a, sizeof(a), "%s/a.jsonl", d);
+	snprintf(out, sizeof(out), "%s/ds", d);
+	snprintf(mine, sizeof(mine), "%s/ds/notes.txt", d);
+	write_jsonl(a, "a", 300);
+	T_CHECK(pack_jsonl(out, a, 0) == 0);
+	T_CHECK(sluice_writer_open_overwrite(&w, out, &f, 1, &wo) == 0);
+	T_CHECK(sluice_writer_add(w, &val, &len) == 0);
+	free(t_make_file(mine, 10, 3)); /* a user's file, put there meanwhile */
+	T_CHECK(sluice_writer_close(w) == -ENOTEMPTY && strstr(sluice_last_error_detail(), "notes.txt"));
+	T_CHECK(whole(out, 300, 1) == 'a' && access(mine, F_OK) == 0 && count_names(d, ".ds.") == 0);
+	T_CHECK(unlink(mine) == 0);
+	T_CHECK(sluice_writer_open_overwrite(&w, out, &f, 1, &wo) == 0);
+	T_CHECK(sluice_writer_add(w, &val, &len) == 0);
+	T_CHECK(sluice_writer_close(w) == 0 && whole(out, 300, 1) == 'b' && count_names(d, ".ds.") == 0);
+	/* An aborted one leaves the old dataset and nothing beside it. */
+	T_CHECK(sluice_writer_open_overwrite(&w, out, &f, 1, &wo) == 0);
+	sluice_writer_abort(w);
+	T_CHECK(whole(out, 300, 1) == 'b' && count_names(d, ".ds.") == 0);
+}
+
+/*
  * kill -9 before each step of an overwrite (then one more: it completes):
  * the path holds the old dataset or the new one whole, the old one until
  * the swap and the new one from then on; the next overwrite, not killed,
@@ -380,6 +416,7 @@ static const struct {
 	{ "packer_cuts_long_documents", test_packer_cuts_long_documents },
 	{ "overwrite_replaces_a_dataset", test_overwrite_replaces_a_dataset },
 	{ "overwrite_refuses_what_is_no_dataset", test_overwrite_refuses_what_is_no_dataset },
+	{ "overwrite_checks_the_target_again_at_close", test_overwrite_checks_the_target_again_at_close },
 	{ "overwrite_killed_at_every_step", test_overwrite_killed_at_every_step },
 };
 
