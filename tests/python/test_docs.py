@@ -179,8 +179,9 @@ class _Walk:
             assert "-p 9000" in code and ":9000" in code, "the S3 server's example names its port, 9000, twice"
             code = code.replace("9000", str(_free_port()))
         state = tmp / "state"
-        r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c",
-                            f"{PIP_INSTALLED}\n{code}\njobs -p > '{state}.jobs'\nenv -0 > '{state}.env'\n"],
+        # What it left running and exported, kept however it ends (a server it started is stopped at the end).
+        keep = f"trap 'jobs -p > \"{state}.jobs\"; env -0 > \"{state}.env\"' EXIT"
+        r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", f"{keep}\n{PIP_INSTALLED}\n{code}"],
                            capture_output=True, text=True, timeout=300, cwd=self.folder, env=self.env)
         if os.path.exists(f"{state}.jobs"):
             self.jobs += [int(p) for p in open(f"{state}.jobs").read().split()]
