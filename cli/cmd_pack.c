@@ -55,24 +55,30 @@ static void print_report(const struct sluice_pack_options *o, const struct sluic
 }
 
 /*
- * --from-parquet / --from-hf: sluice.arrow's main(KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json]), run as
+ * --from-parquet / --from-hf: sluice.arrow's main(KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json] [--overwrite]), run as
  * code given with -c that first drops the current directory from the module path (-m would search it first:
  * a numpy.py beside the data would run).
  */
 static int pack_arrow(const char *kind, const char *src, const char *out, uint64_t shard_size, unsigned zstd,
-		      uint64_t block_size, int json)
+		      uint64_t block_size, int json, int overwrite)
 {
 	char dir[PATH_MAX], ss[32], zs[16], bs[32];
+	const char *flag[3] = { NULL, NULL, NULL }; /* the flags given, then NULL: execlp's list ends at the first */
 	const char *py = cli_python_env(CMD, dir, sizeof(dir));
+	int nflags = 0;
 
 	if (!py)
 		return 1;
+	if (json)
+		flag[nflags++] = "--json";
+	if (overwrite)
+		flag[nflags++] = "--overwrite";
 	snprintf(ss, sizeof(ss), "%llu", (unsigned long long)shard_size);
 	snprintf(zs, sizeof(zs), "%u", zstd);
 	snprintf(bs, sizeof(bs), "%llu", (unsigned long long)block_size);
 	execlp(py, py, "-c",
 	       "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nfrom sluice.arrow import main\nmain()\n",
-	       kind, src, out, ss, zs, bs, json ? "--json" : NULL, (char *)NULL);
+	       kind, src, out, ss, zs, bs, flag[0], flag[1], (char *)NULL);
 	return cli_fail(CMD, "cannot run %s for --from-%s (set SLUICE_PYTHON to a python3 with sluice and pyarrow): %m",
 			py, kind);
 }
@@ -83,7 +89,7 @@ int cmd_pack(int argc, char **argv)
 	const char *from_tokens = NULL, *doc_lengths = NULL, *dtype_arg = NULL, *from_parquet = NULL, *from_hf = NULL;
 	uint64_t shard_size = 0, block_size = 0;
 	unsigned threads = 0, zstd = 0, pack_context = 0, greedy = 0;
-	int quiet = !isatty(2), json = 0, rc, all_files = 0, follow = 0;
+	int quiet = !isatty(2), json = 0, rc, all_files = 0, follow = 0, overwrite = 0;
 	struct sluice_pack_options opt = SLUICE_PACK_OPTIONS_INIT;
 	struct sluice_pack_report rep = SLUICE_PACK_REPORT_INIT;
 
@@ -94,7 +100,11 @@ int cmd_pack(int argc, char **argv)
 			printf("usage: sluice pack (--from-dir DIR | --from DATASET | --from-jsonl FILE --fields K1,K2 |\n"
 			       "                    --from-tokens FILE --doc-lengths FILE |\n"
 			       "                    --from-parquet FILE|DIR | --from-hf DIR)\n"
-			       "                   [--shard-size N] [--zstd LEVEL [--block-size N]] [--threads N] [--quiet] [--json] OUT\n"
+			       "                   [--shard-size N] [--zstd LEVEL [--block-size N]] [--threads N] [--overwrite]\n"
+			       "                   [--quiet] [--json] OUT\n"
+			       "  --overwrite      OUT may hold a sluice dataset, which the new one replaces whole, or\n"
+			       "                   not at all: written beside it and swapped in by one rename (a local\n"
+			       "                   OUT; a directory of other files is refused, an empty one taken)\n"
 			       "  --zstd LEVEL     store shards as zstd blocks (level 1-22) of --block-size uncompressed\n"
 			       "                   bytes or more (default and least 1M), whole records each\n"
 			       "  --from-jsonl F   one record per JSON line; --fields picks top-level keys: string -> bytes,\n"
@@ -126,6 +136,8 @@ int cmd_pack(int argc, char **argv)
 			all_files = 1;
 		} else if (!strcmp(a, "--follow-symlinks")) {
 			follow = 1;
+		} else if (!strcmp(a, "--overwrite")) {
+			overwrite = 1;
 		} else if (!strcmp(a, "--from-dir") || !strcmp(a, "--from") || !strcmp(a, "--shard-size") ||
 			   !strcmp(a, "--threads") || !strcmp(a, "--from-jsonl") || !strcmp(a, "--fields") ||
 			   !strcmp(a, "--from-tokens") || !strcmp(a, "--doc-lengths") || !strcmp(a, "--dtype") ||
@@ -177,11 +189,11 @@ int cmd_pack(int argc, char **argv)
 		return cli_fail(CMD, "--block-size needs --zstd");
 	if ((from_parquet || from_hf) && (fields_arg || doc_lengths || dtype_arg || pack_context || greedy || threads ||
 					  all_files || follow))
-		return cli_fail(CMD, "--from-%s takes only --shard-size, --zstd, --block-size, --quiet and --json",
+		return cli_fail(CMD, "--from-%s takes only --shard-size, --zstd, --block-size, --overwrite, --quiet and --json",
 				from_parquet ? "parquet" : "hf");
 	if (from_parquet || from_hf)
 		return pack_arrow(from_parquet ? "parquet" : "hf", from_parquet ? from_parquet : from_hf, out, shard_size,
-				  zstd, block_size, json);
+				  zstd, block_size, json, overwrite);
 	if ((pack_context || greedy) && !from_tokens)
 		return cli_fail(CMD, "--pack-context and --greedy need --from-tokens");
 	if (greedy && !pack_context)
@@ -200,6 +212,7 @@ int cmd_pack(int argc, char **argv)
 	opt.all_files = all_files;
 	opt.follow_symlinks = follow;
 	opt.threads = threads;
+	opt.overwrite = overwrite;
 	opt.writer = (struct sluice_writer_options){ .size = sizeof(struct sluice_writer_options), .shard_size = shard_size, .zstd_level = (int)zstd,
 						     .block_size = (size_t)block_size };
 	opt.progress = quiet || json ? NULL : show_progress;

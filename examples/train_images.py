@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A small CNN trained on JPEGs that sluice's loader decodes and augments on the GPU.
 
+    pip install "sluice[images,torch]"
     python3 examples/train_images.py [--sluice build/sluice] [--epochs 3] [--device cpu]
 
 Writes an ImageFolder tree of 10 classes of 64x48 JPEGs (each class a noisy colour pattern, so it can be learnt),

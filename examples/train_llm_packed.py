@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A small causal language model trained on packed rows delivered by sluice's loader into GPU memory.
 
+    pip install "sluice[torch]"
     python3 examples/train_llm_packed.py [--sluice build/sluice] [--steps 200]
 
 Makes an Alpaca-like token stream (lognormal document lengths, median 83 tokens), packs it into rows of

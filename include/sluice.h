@@ -922,6 +922,31 @@ SLUICE_API SLUICE_WUR int sluice_writer_open(struct sluice_writer **out, const c
 					     const struct sluice_field *fields, unsigned nfields,
 					     const struct sluice_writer_options *opt);
 /*
+ * As sluice_writer_open(), but dir may hold a sluice dataset already, which
+ * the new one replaces whole: it is written into a directory beside dir
+ * (".NAME.sluice-new-HOST-PID-N") and at sluice_writer_close(), once synced,
+ * swapped with dir in one rename (renameat2 RENAME_EXCHANGE); the old
+ * dataset's files are then removed.  A reader, or a kill -9 at any moment,
+ * finds the old dataset whole or the new one whole at dir, never a mix and
+ * never nothing; what a killed writer left beside dir is removed by the
+ * next overwrite of dir on the same host.  dir may also be absent, an empty
+ * directory, or what an unfinished write left (sluice's file names only);
+ * anything else is refused, naming what it holds (-ENOTEMPTY), as are a file
+ * (-ENOTDIR), a mount point (-EXDEV), a file system that cannot swap two
+ * directories in one rename (-EOPNOTSUPP, before anything is written) and
+ * a remote dir (-EOPNOTSUPP: a store's objects cannot all be replaced at
+ * once).  A symbolic link dir is kept and the directory it names replaced.
+ * A process that opened the old dataset before the swap MUST reopen it:
+ * the shard names its index knows then lead to the new dataset's files.
+ * Its record reads (sluice_dataset_read, read_batch, the loader) fail
+ * those records' CRCs, naming them; but sluice_dataset_read_shard() of a
+ * zstd dataset checks the blocks against the shard's own table only, and
+ * can hand back the new shard's bytes.
+ */
+SLUICE_API SLUICE_WUR int sluice_writer_open_overwrite(struct sluice_writer **out, const char *dir,
+						       const struct sluice_field *fields, unsigned nfields,
+						       const struct sluice_writer_options *opt);
+/*
  * Appends one record: vals[i] points at lens[i] bytes of field i.  Fixed
  * size fields must have exactly their size.  Returns 0, -errno, or
  * SLUICE_EINVAL_CONFIG (detail names the field and record).
@@ -1124,7 +1149,10 @@ SLUICE_API int64_t sluice_dataset_verify(struct sluice_dataset *ds,
  *                        documents packed into rows of that many tokens
  *                        (best-fit decreasing, or greedy): input_ids,
  *                        position_ids, labels, cu_seqlens.
- * Nothing at out opens as a dataset unless all went well.  progress (or
+ * Nothing at out opens as a dataset unless all went well; out MUST NOT
+ * hold a dataset (-EEXIST) unless overwrite is set, when the new one
+ * replaces it whole, or not at all (sluice_writer_open_overwrite() says
+ * what may be replaced and how).  progress (or
  * NULL) is called now and then with the records done and their total (0:
  * unknown).  Returns 0 with rep filled (or NULL), or an error naming the
  * file, line, record or option.
@@ -1149,8 +1177,9 @@ struct sluice_pack_options {
 	struct sluice_writer_options writer; /* shard size, zstd; metadata is DIR's own */
 	void (*progress)(uint64_t done, uint64_t total, uint64_t bytes, void *arg);
 	void *progress_arg;
+	int overwrite;                  /* 1: out may hold a sluice dataset, replaced whole (sluice_writer_open_overwrite) */
 };
-#define SLUICE_PACK_OPTIONS_INIT { sizeof(struct sluice_pack_options), 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, SLUICE_WRITER_OPTIONS_INIT, NULL, NULL }
+#define SLUICE_PACK_OPTIONS_INIT { sizeof(struct sluice_pack_options), 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, SLUICE_WRITER_OPTIONS_INIT, NULL, NULL, 0 }
 struct sluice_pack_report {
 	size_t size;            /* sizeof(struct sluice_pack_report), set by the caller */
 	uint64_t records;       /* written */

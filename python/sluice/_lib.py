@@ -219,7 +219,7 @@ class PackOptions(_Sized):
     _fields_ = [("size", C.c_size_t), ("source", C.c_int), ("from_", C.c_char_p), ("fields", C.c_char_p),
                 ("doc_lengths", C.c_char_p), ("dtype", C.c_char_p), ("pack_context", C.c_uint), ("greedy", C.c_int),
                 ("all_files", C.c_int), ("follow_symlinks", C.c_int), ("threads", C.c_uint), ("writer", WriterOptions),
-                ("progress", PACK_PROGRESS), ("progress_arg", C.c_void_p)]
+                ("progress", PACK_PROGRESS), ("progress_arg", C.c_void_p), ("overwrite", C.c_int)]
 
 
 class PackReport(_Sized):
@@ -314,6 +314,8 @@ _protos = {
     "sluice_pack": (C.c_int, [C.c_char_p, C.POINTER(PackOptions), C.POINTER(PackReport)]),
     "sluice_writer_open": (C.c_int, [C.POINTER(C.c_void_p), C.c_char_p, C.POINTER(Field), C.c_uint,
                                      C.POINTER(WriterOptions)]),
+    "sluice_writer_open_overwrite": (C.c_int, [C.POINTER(C.c_void_p), C.c_char_p, C.POINTER(Field), C.c_uint,
+                                               C.POINTER(WriterOptions)]),
     "sluice_writer_add": (C.c_int, [C.c_void_p, C.POINTER(C.c_void_p), C.POINTER(C.c_size_t)]),
     "sluice_writer_close": (C.c_int, [C.c_void_p]),
     "sluice_writer_abort": (None, [C.c_void_p]),

@@ -129,9 +129,10 @@ def _differ(now, before):
     return "; ".join(f"column '{k}' is {a[k]} here, {b[k]} before" for k in a if a[k] != b[k])
 
 
-def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata=None):
+def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata=None, overwrite=False):
     """The record batches, (file, batch) pairs, packed as one dataset at out (where: how errors name the source
-    when it has no batch); {"records": n, "bytes": the fields' bytes}."""
+    when it has no batch; overwrite: a sluice dataset at out is replaced whole, as sluice.pack's);
+    {"records": n, "bytes": the fields' bytes}."""
     batches = iter(batches)
     first_path, first = next(batches, (None, None))
     if first is None:
@@ -145,7 +146,8 @@ def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata
     opt = WriterOptions(shard_size=shard_size, zstd_level=zstd, block_size=block_size,
                         metadata=json.dumps(metadata).encode() if metadata else None)
     w = C.c_void_p()
-    check(lib.sluice_writer_open(C.byref(w), os.fsencode(out), fields, len(plan), C.byref(opt)))
+    opener = lib.sluice_writer_open_overwrite if overwrite else lib.sluice_writer_open
+    check(opener(C.byref(w), os.fsencode(out), fields, len(plan), C.byref(opt)))
     rows = nbytes = 0
     try:
         vals, lens = (C.c_void_p * len(plan))(), (C.c_size_t * len(plan))()
@@ -272,7 +274,7 @@ def hf_metadata(src):
 
 def main(argv=None):
     """`sluice pack --from-parquet SRC` / `--from-hf SRC` (cli/cmd_pack.c runs this with the options it has
-    checked): KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json].  The report has the C command's keys."""
+    checked): KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json] [--overwrite].  The report has the C command's keys."""
     import sys
     import time
     from .packer import pack
@@ -281,7 +283,8 @@ def main(argv=None):
     t = time.perf_counter()
     as_json = "--json" in args[6:]
     try:
-        rep = pack(out, **{kind: src}, shard_size=int(shard_size), zstd=int(zstd), block_size=int(block_size))
+        rep = pack(out, **{kind: src}, shard_size=int(shard_size), zstd=int(zstd), block_size=int(block_size),
+                   overwrite="--overwrite" in args[6:])
     except Exception as e:  # noqa: BLE001 -- whatever it is, the command says it failed, and how
         # --json: the failure as JSON on stdout too, as every sluice command's (cli/cli.h).
         import errno

@@ -16,13 +16,17 @@ _PACK_SOURCES = {"dataset": 1, "dir": 2, "jsonl": 3, "tokens": 4}
 
 def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, doc_lengths=None, dtype=None,
          pack_context=0, greedy=False, all_files=False, follow_symlinks=False, threads=0, shard_size=0, zstd=0,
-         block_size=0, progress=None, parquet=None, hf=None):
+         block_size=0, progress=None, parquet=None, hf=None, overwrite=False):
     """Packs one source into sluice shards at out, in this process (the library's sluice_pack, as `sluice pack`):
     dataset= any dataset sluice reads; dir= an ImageFolder tree (torchvision's classes, order and extensions,
     all_files=True for every file); jsonl= a JSON lines file with fields="k1,k2"; tokens= a token array (.npy, or
     raw .bin of dtype "u16"/"u32") with doc_lengths=, packed into rows of pack_context tokens when given.
     progress(done, total, bytes) is called now and then.  Returns the report as a dict; raises SluiceError
     naming the file, line, record or option.
+    out must not hold a dataset already, unless overwrite=True: then the new one replaces it whole or not at all,
+    written beside it and swapped in by one rename at the end (a kill at any moment leaves the old dataset or the
+    new one, whole); only a local sluice dataset, what an unfinished pack left or an empty directory is replaced,
+    anything else refused by name.
     parquet= a Parquet file (or a directory of them), hf= a Hugging Face dataset saved with save_to_disk (or its
     Arrow cache files): through pyarrow, a record batch at a time, each column a field of its type (see
     sluice.arrow); a saved dataset's features (class names) kept as the dataset's metadata."""
@@ -42,7 +46,7 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
                                shard_size=_int_option("sluice.pack", "shard_size", shard_size, *_U64),
                                zstd=_int_option("sluice.pack", "zstd", zstd, *_I32),
                                block_size=_int_option("sluice.pack", "block_size", block_size, *_U64),
-                               metadata=arrow.hf_metadata(src) if kind == "hf" else None)
+                               metadata=arrow.hf_metadata(src) if kind == "hf" else None, overwrite=bool(overwrite))
         return {**rep, "from_format": kind}
     o = PackOptions()
     o.source, o.from_ = _PACK_SOURCES[kind], os.fsencode(src)
@@ -58,6 +62,7 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
     o.writer.block_size = _int_option("sluice.pack", "block_size", block_size, *_U64)
     cb = PACK_PROGRESS((lambda done, total, nbytes, arg: progress(done, total, nbytes)) if progress else 0)
     o.progress = cb
+    o.overwrite = int(bool(overwrite))
     rep = PackReport()
     check(lib.sluice_pack(os.fsencode(out), C.byref(o), C.byref(rep)))
     return {"records": rep.records, "bytes": rep.bytes, "documents": rep.documents, "tokens": rep.tokens,

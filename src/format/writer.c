@@ -2,11 +2,17 @@
  * Dataset writer: records into shards of a target size, entries into a
  * side file, and at close an index written to a temporary name, synced
  * and renamed last, so a killed writer never leaves a complete-looking
- * dataset.
+ * dataset.  An overwrite writes the new dataset into a directory beside
+ * the old one and swaps the two in one rename at close.
  */
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -22,6 +28,14 @@ struct sluice_writer {
 	char *dir;               /* where files are written: the dataset's directory, or a staging one */
 	char *remote;            /* s3://bucket/prefix: each file goes there when finished, then leaves dir */
 	char *staging;           /* that staging directory, removed at the end */
+	/*
+	 * An overwrite (sluice_writer_open_overwrite): dir is a directory of
+	 * ours beside the target, swapped with it at close.  target is the
+	 * dataset's directory as named (every message names it), canon its
+	 * absolute path, in which the swap is made.
+	 */
+	char *target, *canon;
+	mode_t mode;             /* the old dataset directory's permissions, given to the new one at the swap (0: none) */
 	struct sluice_field fields[SLUICE_MAX_FIELDS];
 	char names[SLUICE_MAX_FIELDS][256];
 	size_t fixed[SLUICE_MAX_FIELDS];
@@ -104,7 +118,7 @@ static int sl_write_all(int fd, const void *p, size_t n, const char *what)
 /* What a failed write was writing, for its error: the part and the dataset's directory. */
 static const char *sl_what(const struct sluice_writer *w, const char *part, char *buf, size_t cap)
 {
-	snprintf(buf, cap, "%s of the dataset %s", part, w->remote ? w->remote : w->dir);
+	snprintf(buf, cap, "%s of the dataset %s", part, w->remote ? w->remote : w->target ? w->target : w->dir);
 	return buf;
 }
 
@@ -316,9 +330,293 @@ static int sl_start_shard(struct sluice_writer *w)
 	return sl_write_at(w->fd, zero, sizeof(zero), 0, "a shard header");
 }
 
-/* What must hold before anything is made: a valid schema and metadata, dir made, and no dataset there yet. */
+/*
+ * Overwrites.  The new dataset is written into ".NAME.sluice-new-HOST-PID-N"
+ * beside the target NAME, in the same directory (so one file system), and
+ * at close, once its index is synced, renameat2(RENAME_EXCHANGE) swaps the
+ * two directories in one step: before it the path holds the old dataset
+ * whole, after it the new one whole, and never nothing (rename(2) alone
+ * cannot replace a directory that is not empty).  The old one, now under
+ * the staging name, is then removed.  A writer killed before the swap
+ * leaves its staging directory, one killed after it the old dataset there:
+ * the next overwrite of the same target on this host removes those whose
+ * writer is gone, as durable writes reclaim their temporaries.
+ */
+
+/* Whether name is one a sluice writer makes in a dataset's directory (the dataset's, or a killed writer's). */
+static int sl_own_name(const char *name)
+{
+	const char *d = NULL;
+	size_t n;
+
+	if (!strcmp(name, SL_INDEX_NAME) || !strcmp(name, SL_INDEX_NAME ".tmp") || !strcmp(name, ".entries.tmp"))
+		return 1;
+	if (!strncmp(name, "shard-", 6))
+		d = name + 6;
+	else if (!strncmp(name, ".shard-", 7))
+		d = name + 7;
+	if (!d || (n = strspn(d, "0123456789")) < 6 || n > 10)
+		return 0;
+	return !strcmp(d + n, d == name + 6 ? ".sls" : ".sls.tmp");
+}
+
+/*
+ * Whether an overwrite may replace the directory dir: it holds only the
+ * regular files a sluice writer makes (a dataset, or what an unfinished
+ * write left), or nothing.  Else an error naming the first entry that is
+ * not one (a user's directory of other files is never removed).
+ */
+static int sl_replaceable_dir(const char *dir, const char *shown)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int rc = 0;
+
+	if (!d)
+		return sl__err(-errno, "%s: %s", shown, strerror(errno));
+	while (!rc && (e = readdir(d))) {
+		struct stat st;
+
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		if (!sl_own_name(e->d_name))
+			rc = sl__err(-ENOTEMPTY, "%s holds '%s', which is no sluice dataset's: not replaced (an overwrite "
+				     "replaces a sluice dataset, what an unfinished pack left, or an empty directory)",
+				     shown, e->d_name);
+		else if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			rc = sl__err(-errno, "%s/%s: %s", shown, e->d_name, strerror(errno));
+		else if (!S_ISREG(st.st_mode))
+			rc = sl__err(-ENOTEMPTY, "%s/%s is a %s, not a sluice dataset's file: not replaced", shown,
+				     e->d_name, sl__file_kind(st.st_mode));
+	}
+	closedir(d);
+	return rc;
+}
+
+/* Removes a directory of sluice's files (sl_replaceable_dir's kind), then the directory; 0 or -errno. */
+static int sl_remove_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	if (!d)
+		return errno == ENOENT ? 0 : -errno;
+	while ((e = readdir(d)))
+		if (sl_own_name(e->d_name))
+			unlinkat(dirfd(d), e->d_name, 0);
+	closedir(d);
+	return rmdir(dir) < 0 ? -errno : 0;
+}
+
+/* The prefix of base's staging directories made on this host, ".BASE.sluice-new-HOST-" (base cut to 100 bytes). */
+static void sl_stage_prefix(char *buf, size_t cap, const char *base)
+{
+	char host[64] = "host";
+
+	gethostname(host, sizeof(host) - 1);
+	for (char *h = host; *h; h++)
+		if (*h == '/' || *h == '-')
+			*h = '_';
+	snprintf(buf, cap, ".%.100s.sluice-new-%s-", base, host);
+}
+
+/* Removes the staging directories of base in parent whose writer (a process of this host) is gone. */
+static void sl_reclaim_stages(const char *parent, const char *base)
+{
+	char prefix[256];
+	size_t pl;
+	DIR *d = opendir(parent);
+	struct dirent *e;
+
+	sl_stage_prefix(prefix, sizeof(prefix), base);
+	pl = strlen(prefix);
+	while (d && (e = readdir(d))) {
+		char *end, p[PATH_MAX + 256];
+		long pid;
+		int rc;
+
+		if (strncmp(e->d_name, prefix, pl) || (pid = strtol(e->d_name + pl, &end, 10)) <= 0 || *end != '-' ||
+		    !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", parent, e->d_name);
+		if ((rc = sl_remove_dir(p)))
+			sl__warn("format", "%s: left by a writer that is gone (process %ld), not removed: %s", p, pid,
+				 strerror(-rc));
+		else
+			sl__info("format", "%s: removed, its writer (process %ld) is gone", p, pid);
+	}
+	if (d)
+		closedir(d);
+}
+
+/* Makes a staging directory of base in parent; its path in *out. */
+static int sl_make_stage(const char *parent, const char *base, char **out)
+{
+	static _Atomic unsigned seq;
+	char prefix[256];
+
+	sl_stage_prefix(prefix, sizeof(prefix), base);
+	for (int tries = 0; tries < 100; tries++) {
+		if (asprintf(out, "%s/%s%d-%u", parent, prefix, (int)getpid(), atomic_fetch_add(&seq, 1)) < 0)
+			return *out = NULL, -ENOMEM;
+		if (mkdir(*out, 0777) == 0)
+			return 0;
+		free(*out);
+		*out = NULL;
+		if (errno != EEXIST)
+			return -errno;
+	}
+	return -EEXIST;
+}
+
+/*
+ * Whether this file system swaps two directories in one rename: two empty
+ * directories of ours are swapped, then removed.  Asked before anything
+ * is written, so a pack does not run for an hour to fail at its end.
+ */
+static int sl_can_exchange(const char *parent, const char *base, const char *stage, const char *shown)
+{
+	char *probe = NULL;
+	int rc = sl_make_stage(parent, base, &probe), e = 0;
+
+	if (!rc && renameat2(AT_FDCWD, stage, AT_FDCWD, probe, RENAME_EXCHANGE) < 0)
+		e = errno;
+	if (probe) {
+		rmdir(probe);
+		free(probe);
+	}
+	if (rc)
+		return sl__err(rc, "%s: cannot make a directory beside it: %s", shown, strerror(-rc));
+	if (e == EINVAL || e == ENOSYS || e == EOPNOTSUPP)
+		return sl__err(-EOPNOTSUPP, "%s: its file system cannot swap two directories in one rename "
+			       "(renameat2 RENAME_EXCHANGE: %s), so an overwrite would leave nothing there for a moment: "
+			       "remove it first, or write the new dataset elsewhere", shown, strerror(e));
+	return e ? sl__err(-e, "%s: renameat2 beside it: %s", shown, strerror(e)) : 0;
+}
+
+/*
+ * An overwrite's checks and staging directory: the target must be absent,
+ * or a directory sl_replaceable_dir accepts (through a link: the link is
+ * kept, what it names replaced), on the file system of its parent (not a
+ * mount point); the file system must swap directories.  Leaves w->dir
+ * the staging directory, w->target and w->canon set.
+ */
+static int sl_writer_stage(struct sluice_writer *w, const char *dir)
+{
+	char *t = strdup(dir), *copy = NULL, *parent = NULL, *base;
+	struct stat st, pst;
+	int rc = 0, exists;
+
+	if (!t)
+		return -ENOMEM;
+	sl__trim_slashes(t);
+	exists = stat(t, &st) == 0;
+	if (!exists && errno != ENOENT) {
+		rc = sl__err(-errno, "%s: %s", dir, strerror(errno));
+	} else if (!exists && lstat(t, &st) == 0) {
+		rc = sl__err(-ENOENT, "%s is a link to nothing: not replaced", dir);
+	} else if (exists && !S_ISDIR(st.st_mode)) {
+		rc = sl__err(-ENOTDIR, "%s is a %s, not a sluice dataset: not replaced", dir, sl__file_kind(st.st_mode));
+	} else if (exists) {
+		rc = sl_replaceable_dir(t, dir);
+		if (!rc && !(w->canon = realpath(t, NULL)))
+			rc = sl__err(-errno, "%s: %s", dir, strerror(errno));
+	} else if (!(copy = strdup(t)) || !(parent = strdup(dirname(copy)))) {
+		rc = -ENOMEM;
+	} else if ((rc = sl__mkdirs(parent))) {
+		rc = sl__err(rc, "%s: cannot create: %s", parent, strerror(-rc));
+	} else {
+		char *p = realpath(parent, NULL), *b = basename(t);
+
+		if (!p || asprintf(&w->canon, "%s/%s", strcmp(p, "/") ? p : "", b) < 0)
+			rc = sl__err(p ? -ENOMEM : -errno, "%s: %s", parent, strerror(p ? ENOMEM : errno));
+		free(p);
+	}
+	free(copy);
+	free(parent);
+	free(t);
+	copy = parent = NULL;
+	if (!rc && (!(copy = strdup(w->canon)) || !(parent = strdup(dirname(copy)))))
+		rc = -ENOMEM;
+	base = w->canon ? strrchr(w->canon, '/') + 1 : NULL;
+	if (!rc && (!*base || !strcmp(w->canon, "/")))
+		rc = sl__err(-EINVAL, "%s: not a directory an overwrite can replace", dir);
+	if (!rc && exists && (stat(parent, &pst) < 0 || pst.st_dev != st.st_dev))
+		rc = sl__err(-EXDEV, "%s is a mount point (or its parent cannot be read): the new dataset cannot be "
+			     "made beside it to replace it in one rename", dir);
+	if (!rc && !(w->target = strdup(dir)))
+		rc = -ENOMEM;
+	if (!rc) {
+		sl_reclaim_stages(parent, base);
+		w->mode = exists ? st.st_mode & 07777 : 0;
+		if ((rc = sl_make_stage(parent, base, &w->dir)))
+			rc = sl__err(rc, "%s: cannot make a directory beside it: %s", dir, strerror(-rc));
+	}
+	if (!rc && exists)
+		rc = sl_can_exchange(parent, base, w->dir, dir);
+	free(copy);
+	free(parent);
+	return rc;
+}
+
+/*
+ * At close, the staging directory (a whole dataset, synced) takes the
+ * target's place: swapped with the old dataset, whose files are then
+ * removed, or renamed to the name where there is none; then the parent
+ * synced.  The target is checked again first: it may have changed since
+ * open.  Returns 0 once the new dataset is in place.
+ */
+static int sl_writer_swap(struct sluice_writer *w)
+{
+	char *copy = strdup(w->canon), *parent = copy ? dirname(copy) : NULL;
+	int rc = copy ? 0 : -ENOMEM, swapped = 0, pfd;
+
+	/* The old directory's permissions, now that the new one is written (a read-only one would refuse its files). */
+	if (!rc && w->mode && chmod(w->dir, w->mode) < 0)
+		rc = sl__err(-errno, "%s: chmod: %s", w->dir, strerror(errno));
+	for (int tries = 0; !rc && tries < 2; tries++) {
+		struct stat st;
+
+		if (lstat(w->canon, &st) == 0) {
+			if (!S_ISDIR(st.st_mode))
+				rc = sl__err(-ENOTDIR, "%s became a %s while the dataset was written: not replaced", w->target,
+					     sl__file_kind(st.st_mode));
+			else if (!(rc = sl_replaceable_dir(w->canon, w->target)) &&
+				 renameat2(AT_FDCWD, w->dir, AT_FDCWD, w->canon, RENAME_EXCHANGE) < 0)
+				rc = sl__err(-errno, "%s: swapping in the new dataset: %s", w->target, strerror(errno));
+			swapped = !rc;
+			break;
+		}
+		if (renameat2(AT_FDCWD, w->dir, AT_FDCWD, w->canon, RENAME_NOREPLACE) == 0 ||
+		    (errno == EINVAL && rename(w->dir, w->canon) == 0))
+			break;
+		if (errno != EEXIST) /* EEXIST: made meanwhile, swapped the next time round */
+			rc = sl__err(-errno, "%s: renaming the new dataset into place: %s", w->target, strerror(errno));
+	}
+	if (!rc) {
+		pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (pfd < 0 || fsync(pfd) < 0)
+			sl__warn("format", "%s: fsync: %s", parent, strerror(errno));
+		if (pfd >= 0)
+			close(pfd);
+	}
+	if (swapped) {
+		int e = sl_remove_dir(w->dir);
+
+		if (e)
+			sl__warn("format", "%s: the dataset %s replaced, not removed: %s", w->dir, w->target, strerror(-e));
+	}
+	free(copy);
+	return rc;
+}
+
+/*
+ * What must hold before anything is made: a valid schema and metadata, dir
+ * made, and no dataset there yet (an overwrite's target is checked by
+ * sl_writer_stage instead).
+ */
 static int sl_writer_check(const char *dir, const struct sluice_field *fields, unsigned nfields,
-			   const struct sluice_writer_options *opt)
+			   const struct sluice_writer_options *opt, int overwrite)
 {
 	struct stat st;
 	char *p;
@@ -334,8 +632,10 @@ static int sl_writer_check(const char *dir, const struct sluice_field *fields, u
 			rc = sl__err(SLUICE_EINVAL_CONFIG, "%s: the metadata is not a JSON object of at most %u bytes", dir,
 				     SL_META_MAX);
 	}
+	if (rc || overwrite)
+		return rc;
 	/* The directory and its missing parents, as mkdir -p. */
-	if (!rc && sl__fs_is_local(dir)) {
+	if (sl__fs_is_local(dir)) {
 		char *d = strdup(dir);
 
 		e = d ? sl__mkdirs(d) : -ENOMEM;
@@ -348,18 +648,29 @@ static int sl_writer_check(const char *dir, const struct sluice_field *fields, u
 	if (asprintf(&p, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", SL_INDEX_NAME) < 0)
 		return -ENOMEM;
 	e = sl__fs_stat(p, &st);
-	rc = !e ? sl__err(-EEXIST, "%s already holds a dataset (%s)", dir, SL_INDEX_NAME)
+	rc = !e ? sl__err(-EEXIST, "%s already holds a dataset (%s); an overwrite replaces it (sluice pack --overwrite, "
+			  "sluice.pack(overwrite=True))", dir, SL_INDEX_NAME)
 		: e != -ENOENT ? e : 0; /* the store's error names p */
 	free(p);
 	return rc;
 }
 
-/* Where the files are made: dir itself, or for a remote store a staging directory whose files go up when finished. */
-static int sl_writer_place(struct sluice_writer *w, const char *dir)
+/*
+ * Where the files are made: dir itself; for an overwrite a directory
+ * beside it; for a remote store a staging directory whose files go up when
+ * finished.
+ */
+static int sl_writer_place(struct sluice_writer *w, const char *dir, int overwrite)
 {
 	char stage[4096];
 	int rc;
 
+	if (overwrite && !sl__fs_is_local(dir))
+		return sl__err(-EOPNOTSUPP, "%s: an overwrite replaces a local dataset only: a store's objects cannot "
+			       "all be replaced at once, so a reader could see a mix; remove it first (sluice.remove), or "
+			       "write to a new prefix", dir);
+	if (overwrite)
+		return sl_writer_stage(w, dir);
 	if (sl__fs_is_local(dir))
 		return (w->dir = strdup(dir)) ? 0 : -ENOMEM;
 	if ((rc = sl__fs_staging(stage, sizeof(stage))))
@@ -389,8 +700,8 @@ static int sl_writer_zstd(struct sluice_writer *w, const struct sluice_writer_op
 	return 0;
 }
 
-int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
-		       unsigned nfields, const struct sluice_writer_options *opt)
+static int sl_writer_open(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
+			  unsigned nfields, const struct sluice_writer_options *opt, int overwrite)
 {
 	struct sluice_writer_options o;
 	struct sluice_writer *w;
@@ -402,12 +713,12 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 	if ((rc = SL_SIZED_IN(&o, opt, writer_options)))
 		return rc;
 	opt = &o;
-	if ((rc = sl_writer_check(dir, fields, nfields, opt)))
+	if ((rc = sl_writer_check(dir, fields, nfields, opt, overwrite)))
 		return rc;
 	if (!(w = calloc(1, sizeof(*w))))
 		return -ENOMEM;
 	w->fd = w->dfd = w->efd = -1;
-	if ((rc = sl_writer_place(w, dir)))
+	if ((rc = sl_writer_place(w, dir, overwrite)))
 		goto fail;
 	if (posix_memalign((void **)&w->buf, SL_ALIGN, SL_WBUF)) /* O_DIRECT source */
 		w->buf = NULL;
@@ -441,6 +752,18 @@ int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct
 fail:
 	sluice_writer_abort(w);
 	return rc;
+}
+
+int sluice_writer_open(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
+		       unsigned nfields, const struct sluice_writer_options *opt)
+{
+	return sl_writer_open(out, dir, fields, nfields, opt, 0);
+}
+
+int sluice_writer_open_overwrite(struct sluice_writer **out, const char *dir, const struct sluice_field *fields,
+				 unsigned nfields, const struct sluice_writer_options *opt)
+{
+	return sl_writer_open(out, dir, fields, nfields, opt, 1);
 }
 
 uint64_t sluice_writer_count(const struct sluice_writer *w)
@@ -585,6 +908,9 @@ int sluice_writer_close(struct sluice_writer *w)
 		if (dfd >= 0)
 			close(dfd);
 	}
+	/* An overwrite: the whole new dataset, synced, takes the old one's place in one rename. */
+	if (!rc && w->target)
+		rc = sl_writer_swap(w);
 out:
 	if (ifd >= 0)
 		close(ifd);
@@ -641,6 +967,8 @@ void sluice_writer_abort(struct sluice_writer *w)
 			unlink(t);
 		free(e);
 		free(t);
+		if (w->target) /* an overwrite's directory of its own (its index too, if the swap failed), beside the old */
+			sl_remove_dir(w->dir);
 	}
 	if (w->remote) {
 		/* Shards already sent go too (a closed writer's stay: its index is there). */
@@ -657,6 +985,8 @@ void sluice_writer_abort(struct sluice_writer *w)
 		free(w->remote);
 	}
 	free(w->dir);
+	free(w->target);
+	free(w->canon);
 	free(w->buf);
 	free(w->ebuf);
 	free(w->rec);

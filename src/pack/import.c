@@ -438,6 +438,14 @@ static void progress(const struct job *j, uint64_t done, uint64_t total)
 		j->opt->progress(done, total, j->rep->bytes, j->opt->progress_arg);
 }
 
+/* The writer of j's output (overwrite: beside out, swapped in at close). */
+static int open_writer(const struct job *j, struct sluice_writer **w, const struct sluice_field *fields, unsigned n,
+		       const struct sluice_writer_options *wo)
+{
+	return j->opt->overwrite ? sluice_writer_open_overwrite(w, j->out, fields, n, wo)
+				 : sluice_writer_open(w, j->out, fields, n, wo);
+}
+
 /* An error of w's (its own detail, which names out) aborts it: nothing at out opens as a dataset. */
 static int fail(struct sluice_writer *w, int rc)
 {
@@ -461,7 +469,7 @@ static int pack_dataset(struct job *j)
 		return rc;
 	for (unsigned f = 0; f < sluice_dataset_nfields(ds); f++)
 		fields[f] = *sluice_dataset_field(ds, f);
-	rc = sluice_writer_open(&w, j->out, fields, sluice_dataset_nfields(ds), &j->opt->writer);
+	rc = open_writer(j, &w, fields, sluice_dataset_nfields(ds), &j->opt->writer);
 	n = sluice_dataset_count(ds);
 	for (uint64_t i = 0; i < n && !rc; i++) {
 		struct sluice_record_loc loc;
@@ -538,7 +546,7 @@ static int pack_jsonl(struct job *j)
 		if (!w && (rc = sl__json_schema(l, len, names, n, fields)))
 			rc = sl__err(rc, "%s:%llu: %s", from, (unsigned long long)lr.lineno, sluice_last_error_detail());
 		else if (!w)
-			rc = sluice_writer_open(&w, j->out, fields, n, &j->opt->writer);
+			rc = open_writer(j, &w, fields, n, &j->opt->writer);
 		if (!rc)
 			rc = sl__writer_add_json(w, l, len, from, lr.lineno);
 		if (!rc && lr.lineno % 10000 == 0)
@@ -764,8 +772,7 @@ static int pack_tokens(struct job *j)
 		pf[i].shape[0] = o->pack_context;
 	if (o->pack_context && (rc = sluice_packer_new(&rows.pk, &po)))
 		goto out;
-	if ((rc = o->pack_context ? sluice_writer_open(&w, j->out, pf, 4, &o->writer)
-				  : sluice_writer_open(&w, j->out, f, 1, &o->writer)))
+	if ((rc = o->pack_context ? open_writer(j, &w, pf, 4, &o->writer) : open_writer(j, &w, f, 1, &o->writer)))
 		goto out;
 	if (!(tf = fopen(o->from, "rb")) || fseeko(tf, (off_t)toff, SEEK_SET)) {
 		rc = sl__err(-errno, "%s: %s", o->from, strerror(errno));
@@ -889,7 +896,7 @@ static int pack_dir(struct job *j)
 	if (!rc && !items.n)
 		rc = sl__err(SLUICE_EFORMAT, "%s: no files to pack", j->opt->from);
 	if (!rc)
-		rc = sluice_writer_open(&w, j->out, fields, labelled ? 3 : 2, &opt);
+		rc = open_writer(j, &w, fields, labelled ? 3 : 2, &opt);
 	if (!rc && !(nt = readers_start(&pk, tid, j->opt->threads > 64 ? 64 : j->opt->threads)))
 		rc = sl__err(-EAGAIN, "cannot start reader threads (out of memory or threads)");
 	for (size_t i = 0; i < items.n && !rc; i++) {
