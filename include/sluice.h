@@ -792,6 +792,26 @@ SLUICE_API SLUICE_WUR int sluice_s3_get_many(struct sluice_s3 *c, const char *bu
  * match; a writer uploads each shard when finished and the index last.
  */
 #define SLUICE_COPY_RECURSIVE 1u
+/*
+ * A local tree's symbolic links (with SLUICE_COPY_RECURSIVE), decided as
+ * sluice pack --from-dir decides them: a link that leads out of the tree
+ * (to /etc/passwd, ~/.aws/credentials, through "..", an absolute name or
+ * another link) is skipped and named on stderr, as is one to nothing or
+ * round a loop; one whose target lies in the tree is copied as that
+ * target, a directory walked (a link back to a directory above it is
+ * skipped and named: the tree is copied once, never round and round).
+ * SLUICE_COPY_LINKS keeps each link inside the tree a link, made relative
+ * to where it sits (an absolute one pointing back inside too), so it leads
+ * to the same file in the copy; only a local destination can hold links:
+ * with another, -EOPNOTSUPP before anything is copied.
+ * SLUICE_COPY_FOLLOW copies links out of the tree too, as their targets
+ * (cp -L; with SLUICE_COPY_LINKS, rsync's --copy-unsafe-links).  Every
+ * file is opened beneath the tree's directory by its real path with no
+ * link followed on the way, and must be the file listed: a link swapped
+ * in after the listing fails the copy naming it (-ELOOP, -ESTALE).
+ */
+#define SLUICE_COPY_LINKS 2u
+#define SLUICE_COPY_FOLLOW 4u
 struct sluice_copy_report {
 	size_t size; /* sizeof(struct sluice_copy_report), set by the caller */
 	uint64_t files, bytes;
@@ -810,10 +830,26 @@ struct sluice_copy_report {
 	 * release: written only when size covers it.
 	 */
 	char checksum[64];
+	/* A local tree's links and special files left out (each named on stderr); added later, as checksum. */
+	uint64_t skipped;
 };
-#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0, "" }
+#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0, "", 0 }
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);
+/*
+ * sluice_copy, telling how far it has come: progress (or NULL) is called
+ * about four times a second from a thread of the copy's own, and once
+ * more at the end on the caller's (bytes == total), never two calls at
+ * once: bytes copied so far (of files underway, what they have written or
+ * read; never less than the last call's), total the bytes of every file
+ * (0 where the source's listing does not give sizes: a tree of objects or
+ * of a web server), files_done of files.  None after it returns.
+ */
+SLUICE_API SLUICE_WUR int sluice_copy_with_progress(const char *src, const char *dst, unsigned flags,
+						    struct sluice_copy_report *rep,
+						    void (*progress)(uint64_t bytes, uint64_t total, uint64_t files_done,
+								     uint64_t files, void *arg),
+						    void *arg);
 /*
  * Which store serves path: "local" (the engine's store of local files:
  * uring, psync or gds), "s3", "http", ...; and into *flags (or NULL) what it does:

@@ -1,7 +1,11 @@
 /* Small system helpers. */
+#include <assert.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,26 +67,121 @@ int sl__replaceable(const char *path)
 	return sl__replaceable_at(AT_FDCWD, path, path);
 }
 
-int sl__open_file(const char *path, int oflags, mode_t mode)
+/* sl__open_file's rules, of name in dirfd (shown: how errors name it). */
+static int sl_open_checked(int dirfd, const char *name, int oflags, mode_t mode, const char *shown)
 {
 	struct stat st;
-	int fd = open(path, oflags | O_NONBLOCK | O_CLOEXEC, mode), rc = 0, fl;
+	int fd = openat(dirfd, name, oflags | O_NONBLOCK | O_CLOEXEC, mode), rc = 0, fl;
 
+	if (fd < 0 && errno == ELOOP && (oflags & O_NOFOLLOW))
+		return sl__err(-ELOOP, "%s: is a symbolic link now (it was not when it was listed): not opened", shown);
 	if (fd < 0)
-		return sl__err(-errno, "%s: cannot open: %s", path, strerror(errno));
+		return sl__err(-errno, "%s: cannot open: %s", shown, strerror(errno));
 	if (fstat(fd, &st) < 0)
-		rc = sl__err(-errno, "%s: fstat: %s", path, strerror(errno));
+		rc = sl__err(-errno, "%s: fstat: %s", shown, strerror(errno));
 	else if (S_ISDIR(st.st_mode))
-		rc = sl__err(-EISDIR, "%s: is a directory", path);
+		rc = sl__err(-EISDIR, "%s: is a directory", shown);
 	else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
-		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", path, sl__file_kind(st.st_mode));
+		rc = sl__err(-EINVAL, "%s: is a %s, not a regular file", shown, sl__file_kind(st.st_mode));
 	else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
-		rc = sl__err(-errno, "%s: fcntl: %s", path, strerror(errno));
+		rc = sl__err(-errno, "%s: fcntl: %s", shown, strerror(errno));
 	if (rc) {
 		close(fd);
 		return rc;
 	}
 	return fd;
+}
+
+int sl__open_file(const char *path, int oflags, mode_t mode)
+{
+	return sl_open_checked(AT_FDCWD, path, oflags, mode, path);
+}
+
+int sl__open_beneath(int dirfd, const char *rel, const char *shown)
+{
+	char *d = strdup(rel), *seg, *slash;
+	int fd = dirfd, rc = 0;
+
+	if (!d)
+		return -ENOMEM;
+	/* Each directory on the way entered by its own descriptor: no name is looked up twice. */
+	for (seg = d; !rc && (slash = strchr(seg, '/')); seg = slash + 1) {
+		int nfd;
+
+		*slash = 0;
+		if ((nfd = openat(fd, seg, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+			struct stat st;
+			int e = errno;
+
+			/* O_NOFOLLOW with O_DIRECTORY answers a link with ENOTDIR. */
+			if ((e == ELOOP || e == ENOTDIR) && fstatat(fd, seg, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+				rc = sl__err(-ELOOP, "%s: %s, a directory on its way, is a symbolic link now (it was not when "
+					     "it was listed): not opened", shown, seg);
+			else
+				rc = sl__err(-e, "%s: %s: %s", shown, seg, strerror(e));
+		}
+		if (fd != dirfd)
+			close(fd);
+		fd = nfd;
+	}
+	if (!rc)
+		rc = sl_open_checked(fd, seg, O_RDONLY | O_NOFOLLOW, 0, shown);
+	if (fd != dirfd && fd >= 0)
+		close(fd);
+	free(d);
+	return rc;
+}
+
+int sl__link_where(const char *root, const char *path, struct stat *st, char *real)
+{
+	char buf[PATH_MAX], *r = real ? real : buf;
+	size_t rl = strlen(root);
+
+	if (lstat(path, st) < 0)
+		return -errno;
+	if (!S_ISLNK(st->st_mode))
+		return SL_LINK_NONE;
+	if (stat(path, st) < 0 || !realpath(path, r))
+		return errno == ELOOP ? SL_LINK_LOOP : SL_LINK_DANGLING;
+	/* Inside root: root itself, or below it at a '/' ("/data" holds "/data/x", not "/database"); "/" holds all. */
+	while (rl > 1 && root[rl - 1] == '/')
+		rl--;
+	if (rl == 1 && root[0] == '/')
+		return SL_LINK_IN;
+	return strncmp(r, root, rl) == 0 && (r[rl] == '/' || !r[rl]) ? SL_LINK_IN : SL_LINK_OUT;
+}
+
+void sl__link_skipped(const char *tag, int where, const char *path, const char *root_shown, const char *real,
+		      const char *hint)
+{
+	char h[128] = "";
+
+	if (hint)
+		snprintf(h, sizeof(h), " (%s takes it)", hint);
+	if (where == SL_LINK_OUT)
+		sl__warn(tag, "%s: links out of %s (to %s), skipped%s", path, root_shown, real, h);
+	else if (where == SL_LINK_LOOP)
+		sl__warn(tag, "%s: a loop of symbolic links, skipped", path);
+	else
+		sl__warn(tag, "%s: a dangling link, skipped", path);
+}
+
+int sl__dirs_enter(struct sl__dirs *d, const struct stat *st)
+{
+	for (unsigned k = 0; k < d->n; k++)
+		if (d->v[k].dev == st->st_dev && d->v[k].ino == st->st_ino)
+			return 0;
+	if (d->n == SL_DIRS_DEEP)
+		return -ELOOP;
+	d->v[d->n].dev = st->st_dev;
+	d->v[d->n++].ino = st->st_ino;
+	return 1;
+}
+
+void sl__dirs_leave(struct sl__dirs *d)
+{
+	assert(d->n > 0);
+	d->n--;
 }
 
 /* A password in the userinfo is hidden, though curl still sends it. */
@@ -145,6 +244,82 @@ void sl__redact_urls(char *s, size_t cap)
 		snprintf(o, (size_t)(out + cap - o), "%s", p);
 	memcpy(s, out, cap);
 	s[cap - 1] = '\0';
+}
+
+/* ---- Temporaries of writes replaced by a rename ---- */
+
+static void sl_tmp_host(char host[64])
+{
+	snprintf(host, 64, "host");
+	gethostname(host, 63);
+	host[63] = 0;
+	if (!host[0])
+		snprintf(host, 64, "host");
+	for (char *h = host; *h; h++)
+		if (*h == '/' || *h == '-')
+			*h = '_';
+}
+
+/* Those of base in dfd left by a writer of this host that is gone, and of this user. */
+static void sl_tmp_reclaim(int dfd, const char *shown, const char *base, const char *host)
+{
+	char prefix[512];
+	size_t pl = (size_t)snprintf(prefix, sizeof(prefix), ".%s.sluice-tmp-%s-", base, host);
+	int fd = pl < sizeof(prefix) ? openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	struct dirent *e;
+
+	if (fd >= 0 && !d)
+		close(fd);
+	while (d && (e = readdir(d))) {
+		struct stat st;
+		char *end;
+		long pid;
+
+		if (strncmp(e->d_name, prefix, pl) || (pid = strtol(e->d_name + pl, &end, 10)) <= 0 || *end != '-' ||
+		    !(kill((pid_t)pid, 0) < 0 && errno == ESRCH) ||
+		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || st.st_uid != geteuid())
+			continue;
+		if (unlinkat(dirfd(d), e->d_name, 0) == 0)
+			sl__info("core", "%s%s%s: removed, its writer (process %ld) is gone", shown, *shown ? "/" : "",
+				 e->d_name, pid);
+	}
+	if (d)
+		closedir(d);
+}
+
+int sl__tmp_open(int dirfd, const char *dir, const char *base, mode_t mode, const char *link, char **tmp)
+{
+	static _Atomic unsigned seq;
+	const int sub = dir && *dir;
+	char host[64];
+	int dfd = sub ? openat(dirfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : dirfd, fd = -EEXIST;
+
+	*tmp = NULL;
+	if (dfd < 0 && dfd != AT_FDCWD)
+		return -errno;
+	sl_tmp_host(host);
+	sl_tmp_reclaim(dfd, sub ? dir : "", base, host);
+	for (int tries = 0; fd == -EEXIST && tries < 100; tries++) {
+		free(*tmp);
+		if (asprintf(tmp, "%s%s.%s.sluice-tmp-%s-%d-%u", sub ? dir : "", sub ? "/" : "", base, host, (int)getpid(),
+			     atomic_fetch_add(&seq, 1)) < 0) {
+			*tmp = NULL;
+			fd = -ENOMEM;
+			break;
+		}
+		if (link)
+			fd = symlinkat(link, dirfd, *tmp) < 0 ? -errno : 0;
+		else if ((fd = openat(dirfd, *tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode)) < 0)
+			fd = -errno;
+	}
+	if (sub)
+		close(dfd);
+	if (fd < 0) {
+		free(*tmp);
+		*tmp = NULL;
+	}
+	return fd;
 }
 
 int sluice_drop_page_cache(void)

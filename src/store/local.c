@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -323,9 +324,205 @@ int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const c
 	return sl_local_list_in(dir, recursive, 0, add, arg);
 }
 
+/* ---- A tree for a copy: links decided as pack decides them ---- */
+
+struct sl_tree {
+	unsigned flags;
+	char root[PATH_MAX];    /* the tree's real path */
+	const char *shown;      /* as the caller named it */
+	struct sl__dirs dirs;   /* on the walk's path: loops */
+	int (*add)(void *arg, const struct sl__tree_entry *e);
+	void *arg;
+	uint64_t skipped;
+};
+
+/* The path of real (below the root, or absolute), malloc'd. */
+static char *sl_tree_path(const struct sl_tree *t, const char *real)
+{
+	char *p = NULL;
+
+	if (asprintf(&p, "%s%s%s", real[0] == '/' ? "" : t->root, real[0] && real[0] != '/' && strcmp(t->root, "/") ? "/" : "",
+		     real) < 0)
+		return NULL;
+	return p;
+}
+
+/*
+ * The target of a link at the directory from (below the root) to the
+ * file to (below it too), as a relative name: "../" for each segment of
+ * from past what the two share, then the rest of to.  Both are real paths
+ * (no link, no "." or ".." in them), so the name leads there in the copy
+ * as in the tree.  malloc'd.
+ */
+static char *sl_rel_target(const char *from, const char *to)
+{
+	const char *f = from, *t = to;
+	size_t up = 0, k = 0, cap;
+	char *out;
+
+	/* The segments the two share, whole. */
+	while (*f && *t) {
+		size_t fl = strcspn(f, "/"), tl = strcspn(t, "/");
+
+		if (fl != tl || memcmp(f, t, fl))
+			break;
+		f += fl + (f[fl] == '/');
+		t += tl + (t[tl] == '/');
+	}
+	for (const char *c = f; *c; c++)
+		up += c == f || c[-1] == '/';
+	if (!(out = malloc(cap = 3 * up + strlen(t) + 2)))
+		return NULL;
+	for (size_t i = 0; i < up; i++)
+		k += (size_t)snprintf(out + k, cap - k, i + 1 < up || *t ? "../" : "..");
+	snprintf(out + k, cap - k, "%s", *t || up ? t : ".");
+	return out;
+}
+
+static int sl_tree_dir(struct sl_tree *t, const char *rel, const char *real, const struct stat *dst);
+
+/* One entry of a directory: taken, walked, or skipped and named. */
+static int sl_tree_entry(struct sl_tree *t, const char *rel, const char *real, const char *name)
+{
+	char target[PATH_MAX], *erel = NULL, *ereal = NULL, *path = NULL, *link = NULL;
+	size_t rl = strlen(t->root);
+	struct stat st;
+	int where, rc = 0;
+
+	if (asprintf(&erel, "%s%s%s", rel, *rel ? "/" : "", name) < 0 ||
+	    asprintf(&ereal, "%s%s%s", real, *real ? "/" : "", name) < 0 || !(path = sl_tree_path(t, ereal))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	where = sl__link_where(t->root, path, &st, target);
+	if (where == -ENOENT) /* gone since readdir: it is not there */
+		goto out;
+	if (where < 0) {
+		rc = sl__err(where, "%s/%s: %s", t->shown, erel, strerror(-where));
+		goto out;
+	}
+	if (where == SL_LINK_IN || (where == SL_LINK_OUT && (t->flags & SL_TREE_FOLLOW))) {
+		/* The link is taken as its target: named from here on by the target's real path. */
+		free(ereal);
+		ereal = strdup(where == SL_LINK_OUT ? target : !strcmp(t->root, "/") ? target + 1
+							     : target[rl] ? target + rl + 1 : "");
+		if (!ereal) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	} else if (where != SL_LINK_NONE) {
+		char shown[PATH_MAX + 64];
+
+		snprintf(shown, sizeof(shown), "%s/%s", t->shown, erel);
+		sl__link_skipped("copy", where, shown, t->shown, target, where == SL_LINK_OUT ? "-L" : NULL);
+		t->skipped++;
+		goto out;
+	}
+	if (where == SL_LINK_IN && (t->flags & SL_TREE_LINKS) && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) {
+		/* Kept as a link: the walk reaches rel through real directories alone, so rel's directory is real's. */
+		if (!(link = sl_rel_target(real, ereal)))
+			rc = -ENOMEM;
+		else
+			rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, link, &st });
+	} else if (S_ISREG(st.st_mode)) {
+		rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, NULL, &st });
+	} else if (S_ISDIR(st.st_mode)) {
+		rc = sl_tree_dir(t, erel, ereal, &st);
+	} else {
+		char shown[PATH_MAX + 64];
+
+		snprintf(shown, sizeof(shown), "%s/%s", t->shown, erel);
+		sl__warn("copy", "%s: not a regular file (a %s), skipped", shown, sl__file_kind(st.st_mode));
+		t->skipped++;
+	}
+out:
+	free(erel);
+	free(ereal);
+	free(path);
+	free(link);
+	return rc;
+}
+
+/* The directory real (below the root, or absolute), reached as rel, whose stat is dst. */
+static int sl_tree_dir(struct sl_tree *t, const char *rel, const char *real, const struct stat *dst)
+{
+	char *path = sl_tree_path(t, real);
+	int rc = path ? sl__dirs_enter(&t->dirs, dst) : -ENOMEM;
+	struct dirent *e;
+	DIR *d;
+
+	if (rc == 0) {
+		sl__warn("copy", "%s/%s: a link back to a directory above it, skipped", t->shown, rel);
+		t->skipped++;
+	}
+	if (rc == -ELOOP)
+		rc = sl__err(-ELOOP, "%s/%s: more than %u directories deep", t->shown, rel, SL_DIRS_DEEP);
+	if (rc <= 0) {
+		free(path);
+		return rc;
+	}
+	rc = 0;
+	if (!(d = opendir(path)))
+		rc = sl__err(-errno, "%s%s%s: %s", t->shown, *rel ? "/" : "", rel, strerror(errno));
+	while (d && !rc && (errno = 0, e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			rc = sl_tree_entry(t, rel, real, e->d_name);
+	if (d && !rc && errno)
+		rc = sl__err(-errno, "%s%s%s: %s", t->shown, *rel ? "/" : "", rel, strerror(errno));
+	if (d)
+		closedir(d);
+	sl__dirs_leave(&t->dirs);
+	free(path);
+	return rc;
+}
+
+int sl__local_tree(const char *root, unsigned flags, int (*add)(void *arg, const struct sl__tree_entry *e), void *arg,
+		   uint64_t *skipped)
+{
+	struct sl_tree *t = calloc(1, sizeof(*t));
+	struct stat st;
+	int rc;
+
+	if (!t)
+		return -ENOMEM;
+	t->flags = flags;
+	t->shown = root;
+	t->add = add;
+	t->arg = arg;
+	if (!realpath(root, t->root) || stat(t->root, &st) < 0)
+		rc = sl__err(-errno, "%s: %s", root, strerror(errno));
+	else if (!S_ISDIR(st.st_mode))
+		rc = sl__err(-ENOTDIR, "%s: not a directory", root);
+	else
+		rc = sl_tree_dir(t, "", "", &st);
+	*skipped = t->skipped;
+	free(t);
+	return rc;
+}
+
 int sl__local_remove(const char *path)
 {
 	return unlink(path) < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno)) : 0;
+}
+
+int sl__local_copy_fd(int in, uint64_t size, int fd, const _Atomic int *cancel, const char *shown)
+{
+	uint64_t done = 0;
+	int rc = 0;
+
+	while (!rc && done < size) {
+		ssize_t n = cancel && atomic_load(cancel) ? -ECANCELED : copy_file_range(in, NULL, fd, NULL, size - done, 0);
+
+		if (n == -ECANCELED)
+			rc = sl__err(-ECANCELED, "%s: cancelled", shown);
+		else if (n < 0 && errno != EINTR)
+			rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
+		else if (n == 0)
+			rc = sl__err(SLUICE_ESHORT, "%s: shrank while it was copied", shown);
+		else if (n > 0)
+			done += (uint64_t)n;
+	}
+	return rc;
 }
 
 /* The file as of tag copied into fd (copy_file_range: in the kernel, or shared blocks where the filesystem can). */
@@ -335,7 +532,6 @@ int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int
 	struct sl__entry e;
 	struct stat st;
 	int in = sl__open_file(path, O_RDONLY, 0), rc = 0;
-	uint64_t done = 0;
 
 	if (verified)
 		*verified = 0;
@@ -350,18 +546,8 @@ int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int
 		rc = sl__err(-EISDIR, "%s: a directory", path);
 	if (!rc && tag && strcmp(tag, e.tag))
 		rc = sl__err(-ESTALE, "%s: changed since it was listed", path);
-	while (!rc && done < e.size) {
-		ssize_t n = cancel && atomic_load(cancel) ? -ECANCELED : copy_file_range(in, NULL, fd, NULL, e.size - done, 0);
-
-		if (n == -ECANCELED)
-			rc = sl__err(-ECANCELED, "%s: cancelled", path);
-		else if (n < 0 && errno != EINTR)
-			rc = sl__err(-errno, "%s: %s", path, strerror(errno));
-		else if (n == 0)
-			rc = sl__err(SLUICE_ESHORT, "%s: shrank while it was copied", path);
-		else if (n > 0)
-			done += (uint64_t)n;
-	}
+	if (!rc)
+		rc = sl__local_copy_fd(in, e.size, fd, cancel, path);
 	close(in);
 	return rc;
 }
