@@ -303,9 +303,24 @@ SLUICE_API size_t sluice_sizeof(const char *name);
 
 /*
  * Writes dirty pages back and drops the page cache (Linux, root only), so the
- * next reads are cold.  Returns 1 if dropped, 0 if not permitted.
+ * next reads are cold.  Returns 1 if dropped, 0 if not permitted.  The whole
+ * machine's, every other job's files too: sluice_page_cache_evict() drops
+ * only the files one reads, and needs no root.
  */
 SLUICE_API int sluice_drop_page_cache(void);
+/*
+ * Evicts the file at path from the page cache, and no other file, so that
+ * its next reads come from storage (cold): its dirty pages written back
+ * (fdatasync), then every page dropped (POSIX_FADV_DONTNEED); no root
+ * needed.  A remote file's (s3://, http(s)://) local copy in the cache is
+ * the one evicted (fetched first if there is none).  What stayed is then
+ * counted (cachestat(2), else mincore(2)): *cached (or NULL) its bytes,
+ * why (cap bytes, or NULL) why any did ("" when none stayed): a file on
+ * tmpfs lives in the page cache alone; pages a process maps or locks stay.
+ * Returns 0 whether or not all went (see *cached), or -errno naming the
+ * path (no such file; not a regular file).
+ */
+SLUICE_API SLUICE_WUR int sluice_page_cache_evict(const char *path, uint64_t *cached, char *why, size_t cap);
 
 /* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);

@@ -171,6 +171,20 @@ SL_HIDDEN int sl__open_beneath(int dirfd, const char *rel, const char *shown);
  * a link) with *tmp (malloc'd) its name relative to dirfd, or -errno.
  */
 SL_HIDDEN int sl__tmp_open(int dirfd, const char *dir, const char *base, mode_t mode, const char *link, char **tmp);
+/*
+ * cachestat(2): the pages of fd's [off, off+len) in the page cache; -errno
+ * where unanswered (before Linux 6.5, or sl__test_no_cachestat set by a test).
+ */
+SL_HIDDEN int64_t sl__cachestat(int fd, uint64_t off, uint64_t len);
+SL_HIDDEN extern int sl__test_no_cachestat;
+/*
+ * The open file fd (shown in errors) out of the page cache, and no other
+ * file: dirty pages written back (fdatasync), then all dropped
+ * (POSIX_FADV_DONTNEED); what stayed counted (cachestat, else mincore)
+ * into *cached (bytes; or NULL), why into why (cap bytes, or NULL): ""
+ * when none stayed and that was counted.  0, or -errno (not a regular file).
+ */
+SL_HIDDEN int sl__page_cache_evict(int fd, const char *shown, uint64_t *cached, char *why, size_t cap);
 /* The byte a URL's escape "%XX" at p[0, n) stands for, or -1 where p holds no such escape. */
 SL_HIDDEN int sl__pct_byte(const char *p, size_t n);
 /*

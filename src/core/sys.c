@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -333,6 +336,113 @@ int sluice_drop_page_cache(void)
 	ok = write(fd, "3", 1) == 1;
 	close(fd);
 	return ok;
+}
+
+/*
+ * cachestat(2) (Linux 6.5): the pages of [off, off+len) in the page cache,
+ * in one call and with no mapping; -errno where the kernel or the
+ * filesystem does not answer it.  The headers of older distributions lack
+ * its number, the same on x86-64 and arm64.
+ */
+#if !defined(__NR_cachestat) && (defined(__x86_64__) || defined(__aarch64__))
+#define __NR_cachestat 451
+#endif
+
+int sl__test_no_cachestat;
+
+int64_t sl__cachestat(int fd, uint64_t off, uint64_t len)
+{
+	if (sl__test_no_cachestat)
+		return -ENOSYS;
+#ifdef __NR_cachestat
+	struct { uint64_t off, len; } range = { off, len };
+	struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs;
+
+	return syscall(__NR_cachestat, fd, &range, &cs, 0) == 0 ? (int64_t)cs.nr_cache : -errno;
+#else
+	(void)fd, (void)off, (void)len;
+	return -ENOSYS;
+#endif
+}
+
+/*
+ * The bytes of fd's size bytes in the page cache: cachestat, else mincore
+ * over the file mapped a GiB at a time (mapping touches no page).  -errno
+ * where neither answers.
+ */
+static int64_t sl_cached_bytes(int fd, uint64_t size, int *by_mincore)
+{
+	const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), win = 1ull << 30;
+	int64_t n = size ? sl__cachestat(fd, 0, size) : 0;
+	unsigned char *vec;
+	uint64_t got = 0;
+
+	*by_mincore = n < 0;
+	if (n >= 0)
+		return n * (int64_t)page;
+	if (!(vec = malloc(win / page)))
+		return -ENOMEM;
+	for (uint64_t off = 0; off < size; off += win) {
+		size_t len = (size_t)(size - off < win ? size - off : win), pages = (len + page - 1) / page;
+		void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
+
+		if (m == MAP_FAILED || mincore(m, len, vec) < 0) {
+			n = -errno;
+			if (m != MAP_FAILED)
+				munmap(m, len);
+			free(vec);
+			return n;
+		}
+		for (size_t i = 0; i < pages; i++)
+			got += vec[i] & 1;
+		munmap(m, len);
+	}
+	free(vec);
+	return (int64_t)(got * page);
+}
+
+int sl__page_cache_evict(int fd, const char *shown, uint64_t *cached, char *why, size_t cap)
+{
+	struct statfs fs;
+	struct stat st;
+	int64_t left;
+	int e, by_mincore = 0;
+
+	if (cached)
+		*cached = 0;
+	if (why && cap)
+		why[0] = 0;
+	if (fstat(fd, &st) < 0)
+		return sl__err(-errno, "%s: %s", shown, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return sl__err(-EINVAL, "%s: is a %s, not a regular file", shown, sl__file_kind(st.st_mode));
+	/* Dirty pages are not dropped: written back first, they are clean, and go. */
+	if (fdatasync(fd) < 0 && errno != EINVAL && errno != EROFS)
+		return sl__err(-errno, "%s: fdatasync: %s", shown, strerror(errno));
+	if ((e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)))
+		return sl__err(-e, "%s: posix_fadvise(POSIX_FADV_DONTNEED): %s", shown, strerror(e));
+	left = sl_cached_bytes(fd, (uint64_t)st.st_size, &by_mincore);
+	/*
+	 * Before cachestat (Linux 6.5), mincore tells only the owner of a file,
+	 * or one who may write it, what of it is cached; to others it shows the
+	 * pages they map.  Then nothing seen is not counted as nothing there.
+	 */
+	if (left == 0 && by_mincore && st.st_uid != geteuid() && geteuid() != 0 && faccessat(AT_FDCWD, shown, W_OK, AT_EACCESS))
+		left = -EPERM;
+	if (left > 0 && cached)
+		*cached = (uint64_t)left;
+	if (!why || !cap || left == 0)
+		return 0;
+	if (left < 0)
+		snprintf(why, cap, "what stayed in the page cache could not be counted (%s)",
+			 left == -EPERM ? "mincore tells only a file's owner or writer, cachestat needs Linux 6.5"
+					: strerror((int)-left));
+	else if (fstatfs(fd, &fs) == 0 && (fs.f_type == 0x01021994 /* TMPFS_MAGIC */ || fs.f_type == 0x858458f6 /* RAMFS */))
+		snprintf(why, cap, "it is on tmpfs, whose files live in the page cache alone: there is no storage to read "
+			 "them from cold");
+	else
+		snprintf(why, cap, "its pages mapped or locked by a process (this one or another) stay in the page cache");
+	return 0;
 }
 
 /*

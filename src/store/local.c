@@ -14,36 +14,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "store/names.h"
 #include "store/store.h"
 
-int sl__test_refuse_direct, sl__test_no_cachestat;
-
-/*
- * cachestat(2) (Linux 6.5): the pages of [off, off+len) in the page cache,
- * in one call and with no mapping; -errno where the kernel or the
- * filesystem does not answer it.  The headers of older distributions lack
- * its number, the same on x86-64 and arm64.
- */
-#if !defined(__NR_cachestat) && (defined(__x86_64__) || defined(__aarch64__))
-#define __NR_cachestat 451
-#endif
-
-static int64_t sl_cachestat(int fd, uint64_t off, uint64_t len)
-{
-#ifdef __NR_cachestat
-	struct { uint64_t off, len; } range = { off, len };
-	struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs;
-
-	return syscall(__NR_cachestat, fd, &range, &cs, 0) == 0 ? (int64_t)cs.nr_cache : -errno;
-#else
-	(void)fd, (void)off, (void)len;
-	return -ENOSYS;
-#endif
-}
+int sl__test_refuse_direct;
 
 /* The file's mapping (made by the first caller; NULL where it cannot be: empty, not regular, refused). */
 static const char *sl_local_map(struct sl__local *l)
@@ -98,7 +74,7 @@ int sl__local_open_as(struct sl__sfile *sf, const char *path, int flags, size_t 
 	if (l->dfd < 0)
 		sl__info("io", "%s: O_DIRECT refused by the filesystem (%s); page cache only", path, strerror(errno));
 	sf->direct_ok = l->dfd >= 0;
-	l->cachestat = S_ISREG(st.st_mode) && !sl__test_no_cachestat && sl_cachestat(l->fd, 0, SL_ALIGN) >= 0;
+	l->cachestat = S_ISREG(st.st_mode) && !sl__test_no_cachestat && sl__cachestat(l->fd, 0, SL_ALIGN) >= 0;
 	l->map_len = S_ISREG(st.st_mode) ? (size_t)st.st_size : 0;
 	if (!l->cachestat)
 		sl_local_map(l);
@@ -162,11 +138,11 @@ static int64_t sl_cached_sample(const struct sl__local *l, uint64_t first, uint6
 
 	if (pages <= win * nwin) {
 		*asked = pages;
-		return sl_cachestat(l->fd, first * SL_ALIGN, pages * SL_ALIGN);
+		return sl__cachestat(l->fd, first * SL_ALIGN, pages * SL_ALIGN);
 	}
 	*asked = win * nwin;
 	for (uint64_t w = 0; w < nwin && got >= 0; w++) {
-		int64_t n = sl_cachestat(l->fd, (first + (pages - win) * w / (nwin - 1)) * SL_ALIGN, win * SL_ALIGN);
+		int64_t n = sl__cachestat(l->fd, (first + (pages - win) * w / (nwin - 1)) * SL_ALIGN, win * SL_ALIGN);
 
 		got = n < 0 ? n : got + n;
 	}

@@ -284,3 +284,25 @@ int sl__fs_remove(const char *path)
 
 	return st->remove ? st->remove(path) : sl_unsupported(st, path, "remove files");
 }
+
+int sluice_page_cache_evict(const char *path, uint64_t *cached, char *why, size_t cap)
+{
+	char tag[SL_TAG_MAX] = "", local[4096];
+	int fd, rc;
+
+	sl__err_clear();
+	if (cached)
+		*cached = 0;
+	if (why && cap)
+		why[0] = 0;
+	if (!path || !*path)
+		return sl__err(-EINVAL, "sluice_page_cache_evict: no path");
+	/* A remote file is read from its copy in the cache: that copy is what goes cold. */
+	if ((rc = sl__fs_local(path, tag, local, sizeof(local))))
+		return rc;
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0)
+		return fd;
+	rc = sl__page_cache_evict(fd, local, cached, why, cap);
+	close(fd);
+	return rc;
+}

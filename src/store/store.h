@@ -446,7 +446,7 @@ SL_HIDDEN int sl__local_tree(const char *root, unsigned flags, int (*add)(void *
 	.open = sl__local_open, .close = sl__local_close, .stat = sl__local_stat, .truncate = sl__local_truncate, \
 	.sync = sl__local_sync, .route = sl__local_route, .info = sl__local_info, .list = sl__local_list,          \
 	.remove = sl__local_remove, .fetch = sl__local_fetch
-/* Set by tests to simulate a filesystem that refuses O_DIRECT, and a kernel without cachestat(2). */
-SL_HIDDEN extern int sl__test_refuse_direct, sl__test_no_cachestat;
+/* Set by tests to simulate a filesystem that refuses O_DIRECT (and core.h's sl__test_no_cachestat, a kernel without cachestat(2)). */
+SL_HIDDEN extern int sl__test_refuse_direct;
 
 #endif

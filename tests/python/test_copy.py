@@ -1,10 +1,13 @@
 """`sluice cp` and sluice.copy: a local tree's links as `sluice pack --from-dir` takes them, to local,
 s3:// and WebDAV destinations alike (a link out of the tree is skipped and named, never uploaded; one inside is
 copied as its target, or kept with --links where the destination can hold links); what a killed copy left is
-removed by the next; progress on a terminal, nothing elsewhere unless asked.  shutil.copytree is the peer where the trees agree: sluice differs only on links out of the tree."""
+removed by the next; progress on a terminal, nothing elsewhere unless asked; --cold evicting the files read and
+no other.  shutil.copytree is the peer where the trees agree: sluice differs only on links out of the tree."""
 import contextlib
+import ctypes
 import http.server
 import json
+import mmap
 import os
 import pty
 import select
@@ -309,3 +312,47 @@ def test_progress_on_a_terminal_and_nowhere_else(tmp_path, monkeypatch):
         assert json.loads(out)["bytes"] == 16 << 20
     for n in "abcde":
         assert (tmp_path / f"{n}.bin").read_bytes() == srv.data
+
+
+def _cached_pages(path):
+    """The pages of path in the page cache: mincore over a mapping of it (mapping brings none in)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    size = os.path.getsize(path)
+    vec = (ctypes.c_ubyte * ((size + 4095) // 4096))()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vec)
+
+
+def test_cold_evicts_the_files_read_and_no_other(tmp_path):
+    """bench --cold and load --cold: the file read leaves the page cache (no root needed), another file read as
+    recently stays (they no longer drop the whole machine's cache)."""
+    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() in (
+            "tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on tmpfs, which keeps its files in memory alone: eviction needs a disk")
+    import numpy as np
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.bin"
+    sluice.save({"w": np.arange(1 << 20, dtype=np.float32)}, str(a))
+    b.write_bytes(os.urandom(4 << 20))
+    os.sync()
+    for cmd in (["bench", "--target", "host", "--cold", "--json", str(a)],
+                ["load", "--host", "--bench", "--reps", "1", "--cold", "--json", str(a)]):
+        for _ in range(5):  # another process on the machine may drop the whole cache meanwhile: tried again
+            b.read_bytes()
+            a.read_bytes()
+            r = subprocess.run([SLUICE] + cmd, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            if _cached_pages(b) * 4096 >= (4 << 20) // 2:
+                break
+        else:
+            pytest.fail(f"sluice {cmd[0]} --cold evicted another file too")
+        rep = json.loads(r.stdout)
+        assert rep.get("page_cache_dropped", 1) == 1 and rep.get("bench", {}).get("pages", "cold") == "cold", rep
