@@ -157,16 +157,19 @@ int sl__link_where(const char *root, const char *path, struct stat *st, char *re
 void sl__link_skipped(const char *tag, int where, const char *path, const char *root_shown, const char *real,
 		      const char *hint)
 {
-	char h[128] = "";
+	char h[128] = "", p[1024], r[1024], t[1024];
 
+	/* Names from the tree, printable: a link named with escape sequences must not reach a terminal as them. */
+	sl__printable(path, p, sizeof(p));
+	sl__printable(root_shown, r, sizeof(r));
 	if (hint)
 		snprintf(h, sizeof(h), " (%s takes it)", hint);
 	if (where == SL_LINK_OUT)
-		sl__warn(tag, "%s: links out of %s (to %s), skipped%s", path, root_shown, real, h);
+		sl__warn(tag, "%s: links out of %s (to %s), skipped%s", p, r, sl__printable(real, t, sizeof(t)), h);
 	else if (where == SL_LINK_LOOP)
-		sl__warn(tag, "%s: a loop of symbolic links, skipped", path);
+		sl__warn(tag, "%s: a loop of symbolic links, skipped", p);
 	else
-		sl__warn(tag, "%s: a dangling link, skipped", path);
+		sl__warn(tag, "%s: a dangling link, skipped", p);
 }
 
 int sl__dirs_enter(struct sl__dirs *d, const struct stat *st)

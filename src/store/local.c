@@ -302,6 +302,9 @@ int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const c
 
 /* ---- A tree for a copy: links decided as pack decides them ---- */
 
+enum { SL_TREE_MAX = 1u << 24 };
+unsigned sl__test_tree_max; /* a test's smaller bound (0: SL_TREE_MAX) */
+
 struct sl_tree {
 	unsigned flags;
 	char root[PATH_MAX];    /* the tree's real path */
@@ -310,6 +313,7 @@ struct sl_tree {
 	int (*add)(void *arg, const struct sl__tree_entry *e);
 	void *arg;
 	uint64_t skipped;
+	unsigned walked;        /* files and directories so far, at most SL_TREE_MAX */
 };
 
 /* The path of real (below the root, or absolute), malloc'd. */
@@ -353,6 +357,21 @@ static char *sl_rel_target(const char *from, const char *to)
 		k += (size_t)snprintf(out + k, cap - k, i + 1 < up || *t ? "../" : "..");
 	snprintf(out + k, cap - k, "%s", *t || up ? t : ".");
 	return out;
+}
+
+/*
+ * One more file or directory to walk; an error past SL_TREE_MAX: links
+ * inside a tree can make a few directories very many (each of d0/a, d0/b
+ * leading to d1, each of d1/a, d1/b to d2, ...: 2^30 after 30 levels).
+ */
+static int sl_tree_count(struct sl_tree *t)
+{
+	const unsigned max = sl__test_tree_max ? sl__test_tree_max : SL_TREE_MAX;
+
+	if (++t->walked <= max)
+		return 0;
+	return sl__err(-E2BIG, "%s: more than %u files and directories to copy (links inside it leading to the same "
+		       "directories again and again?); --links copies them as links", t->shown, max);
 }
 
 static int sl_tree_dir(struct sl_tree *t, const char *rel, const char *real, const struct stat *dst);
@@ -401,14 +420,16 @@ static int sl_tree_entry(struct sl_tree *t, const char *rel, const char *real, c
 		else
 			rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, link, &st });
 	} else if (S_ISREG(st.st_mode)) {
-		rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, NULL, &st });
+		if (!(rc = sl_tree_count(t)))
+			rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, NULL, &st });
 	} else if (S_ISDIR(st.st_mode)) {
 		rc = sl_tree_dir(t, erel, ereal, &st);
 	} else {
-		char shown[PATH_MAX + 64];
+		char shown[PATH_MAX + 64], p[1024];
 
 		snprintf(shown, sizeof(shown), "%s/%s", t->shown, erel);
-		sl__warn("copy", "%s: not a regular file (a %s), skipped", shown, sl__file_kind(st.st_mode));
+		sl__warn("copy", "%s: not a regular file (a %s), skipped", sl__printable(shown, p, sizeof(p)),
+			 sl__file_kind(st.st_mode));
 		t->skipped++;
 	}
 out:
@@ -423,12 +444,17 @@ out:
 static int sl_tree_dir(struct sl_tree *t, const char *rel, const char *real, const struct stat *dst)
 {
 	char *path = sl_tree_path(t, real);
-	int rc = path ? sl__dirs_enter(&t->dirs, dst) : -ENOMEM;
+	int rc = path ? sl_tree_count(t) : -ENOMEM;
 	struct dirent *e;
 	DIR *d;
 
+	if (rc == 0)
+		rc = sl__dirs_enter(&t->dirs, dst);
 	if (rc == 0) {
-		sl__warn("copy", "%s/%s: a link back to a directory above it, skipped", t->shown, rel);
+		char shown[PATH_MAX + 64], p[1024];
+
+		snprintf(shown, sizeof(shown), "%s/%s", t->shown, rel);
+		sl__warn("copy", "%s: a link back to a directory above it, skipped", sl__printable(shown, p, sizeof(p)));
 		t->skipped++;
 	}
 	if (rc == -ELOOP)

@@ -162,17 +162,32 @@ static int sl_upload_read(void *ctx, void *dst, const void *src, size_t n)
 	return (size_t)got == n ? 0 : sl__err(SLUICE_ESHORT, "%s: shrank while it was uploaded", u->local);
 }
 
+/* Nonzero where the open file fd is not as before says (its size or time of last change): it changed meanwhile. */
+static int sl_changed(int fd, const struct stat *before, const char *shown)
+{
+	struct stat now;
+
+	if (fstat(fd, &now) < 0)
+		return sl__err(-errno, "%s: %s", shown, strerror(errno));
+	return now.st_size != before->st_size || now.st_mtim.tv_sec != before->st_mtim.tv_sec ||
+	       now.st_mtim.tv_nsec != before->st_mtim.tv_nsec;
+}
+
 int sl__fs_upload_fd(int fd, const char *local, const char *path, struct sl__fs_watch *w)
 {
 	const struct sl__store *st = sl__store_of(path);
 	struct sl_upload u = { fd, local, w };
 	struct stat sb;
+	int rc;
 
 	if (!st->put)
 		return sl_unsupported(st, path, "write whole files");
 	if (fstat(fd, &sb) < 0)
 		return sl__err(-errno, "%s: %s", local, strerror(errno));
-	return st->put(path, SL_UPLOAD_BASE, (size_t)sb.st_size, sl_upload_read, &u, &sl_no_engine);
+	if ((rc = st->put(path, SL_UPLOAD_BASE, (size_t)sb.st_size, sl_upload_read, &u, &sl_no_engine)))
+		return rc;
+	return sl_changed(fd, &sb, local) ? sl__err(-ESTALE, "%s: changed while it was uploaded: %s may hold parts of "
+						      "two versions of it; copy it again", local, path) : 0;
 }
 
 int sl__fs_upload(const char *local, const char *path)
@@ -237,6 +252,10 @@ int sl__fs_download(const char *path, int src_fd, int dirfd, const char *name, c
 		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
 	if (!rc && sl__test_part_written)
 		sl__test_part_written();
+	/* A local source written to meanwhile: what was copied may be parts of two versions, never renamed into place. */
+	if (!rc && src_fd >= 0 && sl_changed(src_fd, &sb, path))
+		rc = sl__err(-ESTALE, "%s: changed while it was copied (its size or time of change is another now): "
+			     "not copied", path);
 	if (!rc && renameat(dirfd, tmp, dirfd, name) < 0)
 		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
 	if (rc)

@@ -441,6 +441,8 @@ struct sl__tree_entry {
 };
 SL_HIDDEN int sl__local_tree(const char *root, unsigned flags, int (*add)(void *arg, const struct sl__tree_entry *e),
 			     void *arg, uint64_t *skipped);
+/* At most 2^24 files and directories a tree (-E2BIG past them); a test sets a smaller bound. */
+SL_HIDDEN extern unsigned sl__test_tree_max;
 /* The file and name ops of a store of local files, in its struct sl__store. */
 #define SL_LOCAL_FILE_OPS                                                                                   \
 	.open = sl__local_open, .close = sl__local_close, .stat = sl__local_stat, .truncate = sl__local_truncate, \

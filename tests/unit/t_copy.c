@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "store/names.h"
+#include "store/store.h"
 #include "t_util.h"
 
 static const char *dir;
@@ -385,6 +386,69 @@ static int test_progress_is_told_in_order(void)
 	return t_failures != f0;
 }
 
+/* A source written to between its copy's first byte and its rename: refused, never renamed into place. */
+static void t_append(void)
+{
+	FILE *f = fopen(at("%s/%s", "c/src.bin"), "a");
+
+	T_CHECK(f && fputs("more", f) >= 0 && fclose(f) == 0);
+}
+
+static int test_a_source_changed_while_copied_is_refused(void)
+{
+	int f0 = t_failures, rc;
+
+	mkdir(at("%s/%s", "c"), 0755);
+	free(t_make_file(at("%s/%s", "c/src.bin"), 1 << 20, 9));
+	sl__test_part_written = t_append;
+	rc = sluice_copy(at("%s/%s", "c/src.bin"), at("%s/%s", "c/dst.bin"), 0, NULL);
+	sl__test_part_written = NULL;
+	T_CHECK(rc == -ESTALE && strstr(sluice_last_error_detail(), "changed while it was copied"));
+	T_CHECK(absent(at("%s/%s", "c/dst.bin")));
+	return t_failures != f0;
+}
+
+/*
+ * Links inside a tree that lead to the same directories again and again
+ * (each level's a and b to the next: 2^30 paths after 30 levels) end with
+ * an error naming the tree, not a walk that never ends; and a link's name
+ * with escape sequences reaches stderr as \xHH, never as them.
+ */
+static int test_links_that_multiply_a_tree_are_bounded(void)
+{
+	struct t_call c = { NULL, NULL, SLUICE_COPY_RECURSIVE, SLUICE_COPY_REPORT_INIT };
+	char d[700], l[720], t[64];
+	const char *said;
+	int f0 = t_failures, rc;
+
+	mkdir(at("%s/%s", "m"), 0755);
+	for (int i = 0; i <= 30; i++) {
+		snprintf(d, sizeof(d), "%s/m/d%d", dir, i);
+		mkdir(d, 0755);
+		for (int k = 0; i < 30 && k < 2; k++) {
+			snprintf(l, sizeof(l), "%s/%c", d, "ab"[k]);
+			snprintf(t, sizeof(t), "../d%d", i + 1);
+			T_CHECK(symlink(t, l) == 0);
+		}
+	}
+	put(at("%s/%s", "m/d30/leaf"), "L");
+	T_CHECK(symlink("/etc/passwd", at("%s/%s", "m/d30/\033]0;owned\007")) == 0);
+	c.src = at("%s/%s", "m");
+	c.dst = at("%s/%s", "out/m");
+	sl__test_tree_max = 5000;
+	alarm(60);
+	rc = t_run(&c);
+	alarm(0);
+	T_CHECK(rc == -E2BIG && strstr(sluice_last_error_detail(), "more than 5000 files and directories"));
+	/* The deepest level alone: its one link out named printably. */
+	c.src = at("%s/%s", "m/d30");
+	c.dst = at("%s/%s", "out/m30");
+	said = said_during(t_run, &c, &rc);
+	sl__test_tree_max = 0;
+	T_CHECK(rc == 0 && strstr(said, "d30/\\x1b]0;owned\\x07: links out of") && !strchr(said, '\033'));
+	return t_failures != f0;
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(void);
@@ -396,6 +460,8 @@ static const struct {
 	{ "a link swapped in after listing is refused", test_a_link_swapped_in_after_listing_is_refused },
 	{ "killed copies' temporaries are removed", test_killed_copies_temporaries_are_removed },
 	{ "progress is told in order", test_progress_is_told_in_order },
+	{ "a source changed while copied is refused", test_a_source_changed_while_copied_is_refused },
+	{ "links that multiply a tree are bounded", test_links_that_multiply_a_tree_are_bounded },
 };
 
 int main(void)
