@@ -353,7 +353,8 @@ int sluice_drop_page_cache(void)
 
 int sl__test_no_cachestat;
 
-int64_t sl__cachestat(int fd, uint64_t off, uint64_t len)
+/* The pages of [off, off+len) cached, and *dirty (or NULL) those dirty or under writeback; -errno. */
+static int64_t sl_cachestat(int fd, uint64_t off, uint64_t len, uint64_t *dirty)
 {
 	if (sl__test_no_cachestat)
 		return -ENOSYS;
@@ -361,11 +362,20 @@ int64_t sl__cachestat(int fd, uint64_t off, uint64_t len)
 	struct { uint64_t off, len; } range = { off, len };
 	struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs;
 
-	return syscall(__NR_cachestat, fd, &range, &cs, 0) == 0 ? (int64_t)cs.nr_cache : -errno;
+	if (syscall(__NR_cachestat, fd, &range, &cs, 0) < 0)
+		return -errno;
+	if (dirty)
+		*dirty = cs.nr_dirty + cs.nr_writeback;
+	return (int64_t)cs.nr_cache;
 #else
-	(void)fd, (void)off, (void)len;
+	(void)fd, (void)off, (void)len, (void)dirty;
 	return -ENOSYS;
 #endif
+}
+
+int64_t sl__cachestat(int fd, uint64_t off, uint64_t len)
+{
+	return sl_cachestat(fd, off, len, NULL);
 }
 
 /*
@@ -376,7 +386,7 @@ int64_t sl__cachestat(int fd, uint64_t off, uint64_t len)
 static int64_t sl_cached_bytes(int fd, uint64_t size, int *by_mincore)
 {
 	const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), win = 1ull << 30;
-	int64_t n = size ? sl__cachestat(fd, 0, size) : 0;
+	int64_t n = size ? sl_cachestat(fd, 0, size, NULL) : 0;
 	unsigned char *vec;
 	uint64_t got = 0;
 
@@ -408,7 +418,8 @@ int sl__page_cache_evict(int fd, const char *shown, uint64_t *cached, char *why,
 {
 	struct statfs fs;
 	struct stat st;
-	int64_t left;
+	uint64_t dirty = 0;
+	int64_t left = -1;
 	int e, by_mincore = 0;
 
 	if (cached)
@@ -419,12 +430,24 @@ int sl__page_cache_evict(int fd, const char *shown, uint64_t *cached, char *why,
 		return sl__err(-errno, "%s: %s", shown, strerror(errno));
 	if (!S_ISREG(st.st_mode))
 		return sl__err(-EINVAL, "%s: is a %s, not a regular file", shown, sl__file_kind(st.st_mode));
+	/* Nothing cached: nothing to do (a sync each of a tree's many files would cost a journal commit each). */
+	if (st.st_size && (left = sl_cachestat(fd, 0, (uint64_t)st.st_size, &dirty)) == 0)
+		return 0;
 	/* Dirty pages are not dropped: written back first, they are clean, and go. */
-	if (fdatasync(fd) < 0 && errno != EINVAL && errno != EROFS)
+	if ((left < 0 || dirty) && fdatasync(fd) < 0 && errno != EINVAL && errno != EROFS)
 		return sl__err(-errno, "%s: fdatasync: %s", shown, strerror(errno));
-	if ((e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)))
-		return sl__err(-e, "%s: posix_fadvise(POSIX_FADV_DONTNEED): %s", shown, strerror(e));
-	left = sl_cached_bytes(fd, (uint64_t)st.st_size, &by_mincore);
+	/*
+	 * A page another thread holds for a moment (a reader's, one in a CPU's
+	 * batch on its way to the LRU) is skipped: a few tries before what
+	 * stays is called staying.
+	 */
+	for (int tries = 0; tries < 3 && left != 0; tries++) {
+		if ((e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)))
+			return sl__err(-e, "%s: posix_fadvise(POSIX_FADV_DONTNEED): %s", shown, strerror(e));
+		left = sl_cached_bytes(fd, (uint64_t)st.st_size, &by_mincore);
+		if (left > 0 && tries < 2)
+			usleep(1000);
+	}
 	/*
 	 * Before cachestat (Linux 6.5), mincore tells only the owner of a file,
 	 * or one who may write it, what of it is cached; to others it shows the
