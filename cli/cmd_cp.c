@@ -19,7 +19,7 @@ static const char usage[] =
 	"  --links, -P: links inside the tree stay links (relative ones), into a local DST only\n"
 	"  -L, --dereference: links out of the tree are copied too, as the files they lead to\n"
 	"  --progress: bytes, rate and time left on stderr (the default on a terminal, not with --json)\n"
-	"  --quiet: no progress and no summary (errors and skipped links are still said)\n"
+	"  --quiet, -q: no progress and no summary (errors and skipped links are still said)\n"
 	"  Parts of SLUICE_S3_PART_SIZE go SLUICE_S3_CONCURRENCY at a time, several files at once;\n"
 	"  credentials and endpoint as the AWS CLI takes them (AWS_*, ~/.aws).\n";
 

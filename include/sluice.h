@@ -854,8 +854,8 @@ SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned
 /*
  * sluice_copy, telling how far it has come: progress (or NULL) is called
  * about four times a second from a thread of the copy's own, and once
- * more at the end on the caller's (bytes == total), never two calls at
- * once: bytes copied so far (of files underway, what they have written or
+ * more at the end on the caller's (bytes: all of them; files_done ==
+ * files), never two calls at once: bytes copied so far (of files underway, what they have written or
  * read; never less than the last call's), total the bytes of every file
  * (0 where the source's listing does not give sizes: a tree of objects or
  * of a web server), files_done of files.  None after it returns.
