@@ -11,7 +11,7 @@ if [ ! -f "$F" ] || [ "$(stat -c %s "$F")" -ne $((SIZE_MB * 1048576)) ]; then
 fi
 "$S" info
 echo
-echo "== cold read (O_DIRECT; page cache dropped when root) =="
+echo "== cold read (O_DIRECT; the file evicted from the page cache, no other) =="
 "$S" bench "$F" --cold --repeat 3 --verify
 echo
 echo "== warm read (page cache) =="

@@ -60,6 +60,12 @@ const char *cli_shown(const char *path);
  */
 int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, const char *opt,
 		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds);
+/*
+ * --cold: each of the n files out of the page cache (sluice_page_cache_evict: those files alone, no root
+ * needed).  1 when every one went, else 0 with into why (cap bytes) the first that stayed, how much and why; a
+ * file that is not there (a write's, not made yet) is nothing to evict.  An error (a file unreadable) is why too.
+ */
+int cli_evict(const char *const *paths, unsigned n, char *why, size_t cap);
 /* Writes s as a JSON string literal. */
 void cli_json_str(const char *s);
 /* 1 where s is one JSON value (RFC 8259, nested at most 64 deep), and nothing else but white space. */

@@ -158,6 +158,27 @@ int cli_error(const char *cmd, const char *what, long code)
 	return 1;
 }
 
+int cli_evict(const char *const *paths, unsigned n, char *why, size_t cap)
+{
+	int cold = 1;
+
+	why[0] = 0;
+	for (unsigned i = 0; i < n; i++) {
+		char w[256];
+		uint64_t left = 0;
+		int rc = sluice_page_cache_evict(paths[i], &left, w, sizeof(w));
+
+		if (rc == -ENOENT)
+			continue;
+		if (rc && cold)
+			snprintf(why, cap, "%s: %s", sluice_strerror(rc), sluice_last_error_detail());
+		else if (w[0] && cold)
+			snprintf(why, cap, "%s: %.1f MB still cached: %s", cli_shown(paths[i]), (double)left / 1e6, w);
+		cold &= !rc && !w[0];
+	}
+	return cold;
+}
+
 int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, const char *opt,
 		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds)
 {

@@ -311,9 +311,24 @@ SLUICE_API size_t sluice_sizeof(const char *name);
 
 /*
  * Writes dirty pages back and drops the page cache (Linux, root only), so the
- * next reads are cold.  Returns 1 if dropped, 0 if not permitted.
+ * next reads are cold.  Returns 1 if dropped, 0 if not permitted.  The whole
+ * machine's, every other job's files too: sluice_page_cache_evict() drops
+ * only the files one reads, and needs no root.
  */
 SLUICE_API int sluice_drop_page_cache(void);
+/*
+ * Evicts the file at path from the page cache, and no other file, so that
+ * its next reads come from storage (cold): its dirty pages written back
+ * (fdatasync), then every page dropped (POSIX_FADV_DONTNEED); no root
+ * needed.  A remote file's (s3://, http(s)://) local copy in the cache is
+ * the one evicted (fetched first if there is none).  What stayed is then
+ * counted (cachestat(2), else mincore(2)): *cached (or NULL) its bytes,
+ * why (cap bytes, or NULL) why any did ("" when none stayed): a file on
+ * tmpfs lives in the page cache alone; pages a process maps or locks stay.
+ * Returns 0 whether or not all went (see *cached), or -errno naming the
+ * path (no such file; not a regular file).
+ */
+SLUICE_API SLUICE_WUR int sluice_page_cache_evict(const char *path, uint64_t *cached, char *why, size_t cap);
 
 /* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
 SLUICE_API uint32_t sluice_crc32c(uint32_t crc, const void *p, size_t n);
@@ -800,6 +815,26 @@ SLUICE_API SLUICE_WUR int sluice_s3_get_many(struct sluice_s3 *c, const char *bu
  * match; a writer uploads each shard when finished and the index last.
  */
 #define SLUICE_COPY_RECURSIVE 1u
+/*
+ * A local tree's symbolic links (with SLUICE_COPY_RECURSIVE), decided as
+ * sluice pack --from-dir decides them: a link that leads out of the tree
+ * (to /etc/passwd, ~/.aws/credentials, through "..", an absolute name or
+ * another link) is skipped and named on stderr, as is one to nothing or
+ * round a loop; one whose target lies in the tree is copied as that
+ * target, a directory walked (a link back to a directory above it is
+ * skipped and named: the tree is copied once, never round and round).
+ * SLUICE_COPY_LINKS keeps each link inside the tree a link, made relative
+ * to where it sits (an absolute one pointing back inside too), so it leads
+ * to the same file in the copy; only a local destination can hold links:
+ * with another, -EOPNOTSUPP before anything is copied.
+ * SLUICE_COPY_FOLLOW copies links out of the tree too, as their targets
+ * (cp -L; with SLUICE_COPY_LINKS, rsync's --copy-unsafe-links).  Every
+ * file is opened beneath the tree's directory by its real path with no
+ * link followed on the way, and must be the file listed: a link swapped
+ * in after the listing fails the copy naming it (-ELOOP, -ESTALE).
+ */
+#define SLUICE_COPY_LINKS 2u
+#define SLUICE_COPY_FOLLOW 4u
 struct sluice_copy_report {
 	size_t size; /* sizeof(struct sluice_copy_report), set by the caller */
 	uint64_t files, bytes;
@@ -818,10 +853,26 @@ struct sluice_copy_report {
 	 * release: written only when size covers it.
 	 */
 	char checksum[64];
+	/* A local tree's links and special files left out (each named on stderr); added later, as checksum. */
+	uint64_t skipped;
 };
-#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0, "" }
+#define SLUICE_COPY_REPORT_INIT { sizeof(struct sluice_copy_report), 0, 0, 0.0, 0, "", 0 }
 SLUICE_API SLUICE_WUR int sluice_copy(const char *src, const char *dst, unsigned flags,
 				      struct sluice_copy_report *rep);
+/*
+ * sluice_copy, telling how far it has come: progress (or NULL) is called
+ * about four times a second from a thread of the copy's own, and once
+ * more at the end on the caller's (bytes: all of them; files_done ==
+ * files), never two calls at once: bytes copied so far (of files underway, what they have written or
+ * read; never less than the last call's), total the bytes of every file
+ * (0 where the source's listing does not give sizes: a tree of objects or
+ * of a web server), files_done of files.  None after it returns.
+ */
+SLUICE_API SLUICE_WUR int sluice_copy_with_progress(const char *src, const char *dst, unsigned flags,
+						    struct sluice_copy_report *rep,
+						    void (*progress)(uint64_t bytes, uint64_t total, uint64_t files_done,
+								     uint64_t files, void *arg),
+						    void *arg);
 /*
  * Which store serves path: "local" (the engine's store of local files:
  * uring, psync or gds), "s3", "http", ...; and into *flags (or NULL) what it does:

@@ -192,7 +192,7 @@ class PackedRow(C.Structure):
 
 class CopyReport(_Sized):
     _fields_ = [("size", C.c_size_t), ("files", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
-                ("files_verified", C.c_uint64), ("checksum", C.c_char * 64)]
+                ("files_verified", C.c_uint64), ("checksum", C.c_char * 64), ("skipped", C.c_uint64)]
 
 
 class XferReport(_Sized):

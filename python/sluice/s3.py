@@ -7,14 +7,20 @@ from ._lib import CopyReport, S3Object, SluiceError, check, lib, shown
 from .buffers import Future, _buffer, _eng
 
 
-def copy(src, dst, recursive=False):
+def copy(src, dst, recursive=False, symlinks=False, follow_symlinks=False):
     """Copies between a local path and s3:// either way, as `sluice cp` does (a file, or with recursive a
-    whole directory or prefix); returns {"files", "bytes", "seconds", "files_verified", "checksum"}: the
-    downloads matched against their object's checksum, and which algorithm (or why none was)."""
+    whole directory or prefix); returns {"files", "bytes", "seconds", "files_verified", "checksum", "skipped"}:
+    the downloads matched against their object's checksum, and which algorithm (or why none was); the links and
+    special files of a local tree left out. A local tree's links are decided as `sluice pack --from-dir`
+    decides them: one inside the tree is copied as the file it leads to (symlinks=True: kept a link, as
+    shutil.copytree's symlinks=True keeps it, made relative; only into a local destination), one leading out
+    of it is skipped and named on stderr unless follow_symlinks=True (`sluice cp -L`), which copies it as
+    its target."""
     rep = CopyReport()
-    check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), 1 if recursive else 0, C.byref(rep)))
+    flags = (1 if recursive else 0) | (2 if symlinks else 0) | (4 if follow_symlinks else 0)
+    check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), flags, C.byref(rep)))
     return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified,
-            "checksum": rep.checksum.decode(errors="replace")}
+            "checksum": rep.checksum.decode(errors="replace"), "skipped": rep.skipped}
 
 
 def listdir(path, recursive=False):

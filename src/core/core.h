@@ -118,6 +118,73 @@ SL_HIDDEN const char *sl__file_kind(mode_t mode);
 SL_HIDDEN int sl__replaceable(const char *path);
 /* The same of name in the directory dirfd (AT_FDCWD: the working one), shown as shown in the error. */
 SL_HIDDEN int sl__replaceable_at(int dirfd, const char *name, const char *shown);
+/*
+ * Links met while walking a tree (pack --from-dir, cp -r), decided in one
+ * place.  sl__link_where: where path (an entry of the tree whose real
+ * path is root, realpath(3)'s) leads: SL_LINK_NONE, no link (*st its
+ * lstat); SL_LINK_IN, a link whose target lies in root (through any
+ * chain of links, "..", absolute names); SL_LINK_OUT, one that leads out
+ * of it; SL_LINK_DANGLING, one to nothing; SL_LINK_LOOP, one of a loop of
+ * links (each leads to the next, and never to a file).  For IN and OUT, *st is the target's stat and real (PATH_MAX
+ * bytes, or NULL) its real path.  -errno where path cannot be looked at.
+ * sl__link_skipped: the one warning a walk gives for a link it skips
+ * (OUT, DANGLING, LOOP), under tag, naming the link, the tree (root_shown) and
+ * the target; hint: what takes it anyway ("--follow-symlinks"), or NULL.
+ */
+enum { SL_LINK_NONE = 0, SL_LINK_IN = 1, SL_LINK_OUT = 2, SL_LINK_DANGLING = 3, SL_LINK_LOOP = 4 };
+struct stat;
+SL_HIDDEN int sl__link_where(const char *root, const char *path, struct stat *st, char *real);
+SL_HIDDEN void sl__link_skipped(const char *tag, int where, const char *path, const char *root_shown, const char *real,
+				const char *hint);
+/*
+ * The directories on a walk's current path, by device and inode, so that
+ * a link back to one of them (a loop) is seen: sl__dirs_enter returns 1
+ * (entered), 0 (st is on the path already: not to be walked again), or
+ * -ELOOP past SL_DIRS_DEEP; sl__dirs_leave undoes the last entry.
+ */
+#define SL_DIRS_DEEP 256
+struct sl__dirs {
+	struct { dev_t dev; ino_t ino; } v[SL_DIRS_DEEP];
+	unsigned n;
+};
+SL_HIDDEN int sl__dirs_enter(struct sl__dirs *d, const struct stat *st);
+SL_HIDDEN void sl__dirs_leave(struct sl__dirs *d);
+/*
+ * A file below the directory dirfd by a relative name of segments (no
+ * "..", no "."), each opened with O_NOFOLLOW: a symbolic link anywhere on
+ * the way (one swapped in after a walk listed the name) is refused
+ * (-ELOOP, naming shown and saying so), as are non-regular files
+ * (sl__open_file's rules).  The descriptor (O_RDONLY, O_CLOEXEC) or -errno.
+ */
+SL_HIDDEN int sl__open_beneath(int dirfd, const char *rel, const char *shown);
+/*
+ * The temporary of a write that then replaces dir/base by a rename:
+ * ".BASE.sluice-tmp-HOST-PID-N" beside it (sluice.write's, sluice cp's,
+ * and checkpoint.py's _TMP, which names them the same), made O_EXCL (never
+ * a file or link already there), with mode under the umask; with link
+ * (not NULL) a symbolic link to it instead.  First the temporaries of
+ * base that writers of this host left and that are gone (killed before
+ * their rename: kill(pid, 0) finds no such process), owned by this user,
+ * are removed; a live writer's never.  dirfd: what the names are relative
+ * to (AT_FDCWD: the working directory); dir: the directory below it (""
+ * or NULL: dirfd's own).  Returns the descriptor (O_RDWR, O_CLOEXEC; 0 for
+ * a link) with *tmp (malloc'd) its name relative to dirfd, or -errno.
+ */
+SL_HIDDEN int sl__tmp_open(int dirfd, const char *dir, const char *base, mode_t mode, const char *link, char **tmp);
+/*
+ * cachestat(2): the pages of fd's [off, off+len) in the page cache; -errno
+ * where unanswered (before Linux 6.5, or sl__test_no_cachestat set by a test).
+ */
+SL_HIDDEN int64_t sl__cachestat(int fd, uint64_t off, uint64_t len);
+SL_HIDDEN extern int sl__test_no_cachestat;
+/*
+ * The open file fd (shown in errors) out of the page cache, and no other
+ * file: dirty pages written back (fdatasync), then all dropped
+ * (POSIX_FADV_DONTNEED); what stayed counted (cachestat, else mincore)
+ * into *cached (bytes; or NULL), why into why (cap bytes, or NULL): ""
+ * when none stayed and that was counted.  0, or -errno (not a regular file).
+ */
+SL_HIDDEN int sl__page_cache_evict(int fd, const char *shown, uint64_t *cached, char *why, size_t cap);
 /* The byte a URL's escape "%XX" at p[0, n) stands for, or -1 where p holds no such escape. */
 SL_HIDDEN int sl__pct_byte(const char *p, size_t n);
 /*

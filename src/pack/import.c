@@ -76,8 +76,7 @@ struct walker {
 	char real[4096];      /* DIR's real path: links must land under it */
 	int all_files, follow;
 	unsigned skipped;
-	struct { dev_t dev; ino_t ino; } seen[256]; /* the directories on the current path: loops */
-	unsigned depth;
+	struct sl__dirs seen; /* the directories on the current path: loops */
 };
 
 static int image_name(const char *name)
@@ -98,28 +97,18 @@ static int image_name(const char *name)
  */
 static int walk_stat(struct walker *wk, const char *path, struct stat *st, int warn)
 {
-	struct stat ls;
 	char real[4096];
-	size_t rl = strlen(wk->real);
+	int where = sl__link_where(wk->real, path, st, real);
 
-	if (lstat(path, &ls) < 0)
+	if (where < 0) {
+		errno = -where;
 		return -1;
-	if (!S_ISLNK(ls.st_mode)) {
-		*st = ls;
+	}
+	if (where == SL_LINK_NONE || where == SL_LINK_IN || (where == SL_LINK_OUT && wk->follow))
 		return 1;
-	}
-	if (stat(path, st) < 0 || !realpath(path, real)) {
-		if (warn)
-			sl__warn("pack", "%s: a dangling link, skipped", path), wk->skipped++;
-		return 0;
-	}
-	if (!wk->follow && !(strncmp(real, wk->real, rl) == 0 && (real[rl] == '/' || !real[rl]))) {
-		if (warn)
-			sl__warn("pack", "%s: links out of %s (to %s), skipped (--follow-symlinks "
-				"takes it)", path, wk->root, real), wk->skipped++;
-		return 0;
-	}
-	return 1;
+	if (warn)
+		sl__link_skipped("pack", where, path, wk->root, real, "--follow-symlinks"), wk->skipped++;
+	return 0;
 }
 
 /* Sorted names of dir's entries but . and ..; NULL on error (errno). */
@@ -170,21 +159,19 @@ static int walk_dirs(struct walker *wk, const char *rel, struct st_list *dirs)
 
 	if (asprintf(&path, "%s/%s", wk->root, rel) < 0)
 		return sl__err(-ENOMEM, "out of memory");
-	if (stat(path, &st) == 0) {
-		for (unsigned k = 0; k < wk->depth; k++)
-			if (wk->seen[k].dev == st.st_dev && wk->seen[k].ino == st.st_ino) {
-				sl__warn("pack", "%s: a link back to a directory above it, skipped", path);
-				wk->skipped++;
-				free(path);
-				return 0;
-			}
-	}
-	if (wk->depth == sizeof(wk->seen) / sizeof(wk->seen[0])) {
+	if (stat(path, &st) < 0)
+		memset(&st, 0, sizeof(st));
+	if ((rc = sl__dirs_enter(&wk->seen, &st)) == 0) {
+		sl__warn("pack", "%s: a link back to a directory above it, skipped", path);
+		wk->skipped++;
 		free(path);
-		return sl__err(SLUICE_EINVAL_CONFIG, "%s/%s: directories nested over %u deep", wk->root, rel, wk->depth);
+		return 0;
 	}
-	wk->seen[wk->depth].dev = st.st_dev;
-	wk->seen[wk->depth++].ino = st.st_ino;
+	if (rc < 0) {
+		free(path);
+		return sl__err(SLUICE_EINVAL_CONFIG, "%s/%s: directories nested over %u deep", wk->root, rel, wk->seen.n);
+	}
+	rc = 0;
 	if (dirs->n == dirs->cap) {
 		char **t = realloc(dirs->v, (dirs->cap = dirs->cap ? 2 * dirs->cap : 64) * sizeof(*t));
 
@@ -213,7 +200,7 @@ static int walk_dirs(struct walker *wk, const char *rel, struct st_list *dirs)
 	}
 	free_names(names, n);
 	free(path);
-	wk->depth--;
+	sl__dirs_leave(&wk->seen);
 	return rc;
 }
 

@@ -4,25 +4,44 @@
  * local destination, the source store's fetch (checked against the file's
  * checksum where it has one); into a remote one, its put: from the local
  * file, or from a copy fetched into the cache's staging directory first.
+ * A local tree is walked as pack --from-dir walks one (local.c's
+ * sl__local_tree): links out of it skipped and named, each file opened
+ * beneath the tree's directory with no link followed on the way, and
+ * checked to be the one listed.  Progress, where asked, is told from a
+ * thread of its own by what the files underway have written or read.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/names.h"
 #include "store/store.h"
 
-enum { SL_FILES_AT_ONCE = 4 };
+enum { SL_FILES_AT_ONCE = 4, SL_TELL_MS = 250 };
 
 struct sl_pair {
 	char *src, *dst;
 	size_t below; /* dst[below..]: the name from the source (a key's rest), no link followed in it */
+	char *real;   /* a local tree's file: its real path below the tree (absolute: outside it, -L); else NULL */
+	char *link;   /* SLUICE_COPY_LINKS: the link to make (its target), not a file; else NULL */
+	dev_t dev;    /* a local tree's file as listed: what its open must find */
+	ino_t ino;
+};
+
+/* One of the files underway, as the progress thread sees it. */
+struct sl_slot {
+	struct sl__fs_watch w;
+	_Atomic uint64_t size;    /* its bytes, where known (0: not) */
+	_Atomic int through;      /* remote to remote: fetched, then put, each half of its bytes' way */
+	_Atomic uint64_t fetched; /* remote to remote: the bytes fetched, once they all are */
 };
 
 struct sl_copy {
@@ -30,8 +49,21 @@ struct sl_copy {
 	size_t n, cap;
 	int src_local, dst_local;
 	int src_url, dst_url;       /* the store names files by URL-encoded paths (store.h's SL_STORE_URL_NAMES) */
-	_Atomic uint64_t bytes;
+	const char *tree, *tree_dst, *tree_sep; /* a local tree: its name, and where its files go */
+	int rootfd, slashfd;        /* a local tree: its directory, and "/" for files outside it (-L); else -1 */
+	uint64_t skipped;           /* a local tree's entries left out */
+	uint64_t total;             /* every file's bytes; 0 where the source's listing does not say */
+	_Atomic uint64_t bytes;     /* of the files done */
 	_Atomic size_t next;
+	_Atomic uint64_t files_done;
+	_Atomic unsigned slots_taken;
+	struct sl_slot slot[SL_FILES_AT_ONCE];
+	void (*progress)(uint64_t bytes, uint64_t total, uint64_t files_done, uint64_t files, void *arg);
+	void *progress_arg;
+	uint64_t told;              /* the last bytes told: never less the next time */
+	pthread_mutex_t tell_lock;  /* over: */
+	pthread_cond_t tell_cond;
+	int stop;
 	_Atomic uint64_t verified;  /* downloads checked against their object's checksum */
 	pthread_mutex_t lock;       /* over what: */
 	char what[64];              /* the algorithms verified, joined by ", " */
@@ -113,6 +145,7 @@ static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, 
 		return rc;
 	}
 	q = &c->p[c->n];
+	memset(q, 0, sizeof(*q)); /* the fields past src and dst are 0 unless the caller sets them */
 	q->src = strdup(src);
 	q->below = strlen(dst_dir) + strlen(sep);
 	if (!q->src || asprintf(&q->dst, "%s%s%s", dst_dir, sep, name) < 0) {
@@ -189,35 +222,72 @@ static int sl_parents(const struct sl_pair *q, int *dirfd, const char **name)
 }
 
 /* q's source fetched into the staging directory, then put as q's destination. */
-static int sl_copy_through(const struct sl_pair *q, uint64_t *bytes)
+static int sl_copy_through(const struct sl_pair *q, struct sl_slot *sl, uint64_t *bytes)
 {
-	char stage[4096], *tmp = NULL;
+	char stage[4096] = "", *tmp = NULL;
 	struct stat st;
-	int rc = sl__fs_staging(stage, sizeof(stage));
+	int rc = sl__fs_staging(stage, sizeof(stage)), fd;
 
+	atomic_store(&sl->through, 1);
 	if (!rc && asprintf(&tmp, "%s/file", stage) < 0)
 		tmp = NULL, rc = -ENOMEM;
 	if (!rc)
-		rc = sl__fs_download(q->src, AT_FDCWD, tmp, tmp, NULL, NULL);
-	if (!rc && !(rc = sl__fs_upload(tmp, q->dst)) && stat(tmp, &st) == 0)
-		*bytes = (uint64_t)st.st_size;
+		rc = sl__fs_download(q->src, -1, AT_FDCWD, tmp, tmp, NULL, NULL, &sl->w);
+	if (!rc && (fd = sl__open_file(tmp, O_RDONLY, 0)) < 0)
+		rc = fd;
+	else if (!rc) {
+		if (fstat(fd, &st) == 0)
+			atomic_store(&sl->fetched, (uint64_t)st.st_size);
+		if (!(rc = sl__fs_upload_fd(fd, tmp, q->dst, &sl->w)) && fstat(fd, &st) == 0)
+			*bytes = (uint64_t)st.st_size;
+		close(fd);
+	}
 	if (tmp)
 		unlink(tmp);
 	if (stage[0])
 		rmdir(stage);
 	free(tmp);
+	atomic_store(&sl->through, 0);
+	atomic_store(&sl->fetched, 0);
 	return rc;
 }
 
-/* One file into a local destination: fetched beside it, then renamed there. */
-static int sl_copy_in(struct sl_copy *c, const struct sl_pair *q, uint64_t *bytes)
+/*
+ * A local source's file, opened: a tree's beneath the tree's directory by
+ * its real path with no link followed (one swapped in since the listing
+ * is refused), and checked to be the file listed; a file named alone as
+ * the user named it.
+ */
+static int sl_open_source(const struct sl_copy *c, const struct sl_pair *q)
+{
+	struct stat st;
+	int fd;
+
+	if (!q->real)
+		return sl__open_file(q->src, O_RDONLY, 0);
+	fd = q->real[0] == '/' ? sl__open_beneath(c->slashfd, q->real + 1, q->src)
+			       : sl__open_beneath(c->rootfd, q->real, q->src);
+	if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_dev != q->dev || st.st_ino != q->ino)) {
+		close(fd);
+		fd = sl__err(-ESTALE, "%s: not the file that was listed (another was put there since, or a link to one): "
+			     "not copied", q->src);
+	}
+	return fd;
+}
+
+/* One file into a local destination: fetched (or copied from src_fd) beside it, then renamed there; or a link made. */
+static int sl_copy_in(struct sl_copy *c, const struct sl_pair *q, int src_fd, struct sl_slot *sl, uint64_t *bytes)
 {
 	int dirfd = AT_FDCWD, ok = 0, rc;
 	const char *file = q->dst;
 	char name[48] = "";
 	struct stat st;
 
-	if ((rc = sl_parents(q, &dirfd, &file)) == 0 && (rc = sl__fs_download(q->src, dirfd, file, q->dst, &ok, name)) == 0) {
+	if ((rc = sl_parents(q, &dirfd, &file)))
+		;
+	else if (q->link)
+		rc = sl__fs_link(q->link, dirfd, file, q->dst);
+	else if ((rc = sl__fs_download(q->src, src_fd, dirfd, file, q->dst, &ok, name, &sl->w)) == 0) {
 		if (ok)
 			atomic_fetch_add(&c->verified, 1);
 		sl_copy_note(c, ok, name);
@@ -232,23 +302,96 @@ static int sl_copy_in(struct sl_copy *c, const struct sl_pair *q, uint64_t *byte
 static void *sl_copy_run(void *arg)
 {
 	struct sl_copy *c = arg;
+	struct sl_slot *sl = &c->slot[atomic_fetch_add(&c->slots_taken, 1) % SL_FILES_AT_ONCE];
 
 	for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n && !atomic_load(&c->fail.err);) {
 		struct sl_pair *q = &c->p[i];
 		uint64_t bytes = 0;
 		struct stat st;
-		int rc;
+		int rc = 0, fd = -1;
 
-		if (c->dst_local)
-			rc = sl_copy_in(c, q, &bytes);
+		if (c->src_local && !q->link && (rc = fd = sl_open_source(c, q)) >= 0)
+			rc = 0;
+		if (fd >= 0 && fstat(fd, &st) == 0)
+			atomic_store(&sl->size, (uint64_t)st.st_size);
+		if (rc)
+			;
+		else if (c->dst_local)
+			rc = sl_copy_in(c, q, fd, sl, &bytes);
 		else if (!c->src_local)
-			rc = sl_copy_through(q, &bytes);
-		else if (!(rc = sl__fs_upload(q->src, q->dst)) && stat(q->src, &st) == 0)
+			rc = sl_copy_through(q, sl, &bytes);
+		else if (!(rc = sl__fs_upload_fd(fd, q->src, q->dst, &sl->w)) && fstat(fd, &st) == 0)
 			bytes = (uint64_t)st.st_size;
+		if (fd >= 0)
+			close(fd);
+		/* Done: no longer underway, then counted whole (the progress told dips a moment, never counts twice). */
+		atomic_store(&sl->w.sent, 0);
+		atomic_store(&sl->size, 0);
 		atomic_fetch_add(&c->bytes, bytes);
+		atomic_fetch_add(&c->files_done, 1);
 		if (rc)
 			sl__first_err_keep(&c->fail, rc);
 	}
+	return NULL;
+}
+
+/*
+ * The bytes copied so far: the files done, and of each underway what it
+ * has written (the blocks its copy holds, up to its size: a download's
+ * pieces land in any order, in a file sized first) or an upload read.
+ */
+static uint64_t sl_copy_so_far(struct sl_copy *c)
+{
+	uint64_t done = atomic_load(&c->bytes);
+
+	for (unsigned i = 0; i < SL_FILES_AT_ONCE; i++) {
+		struct sl_slot *sl = &c->slot[i];
+		uint64_t size = atomic_load(&sl->size), wrote = 0, sent = atomic_load(&sl->w.sent);
+		struct stat st;
+
+		pthread_mutex_lock(&sl->w.lock);
+		if (sl->w.fd >= 0 && fstat(sl->w.fd, &st) == 0) {
+			wrote = (uint64_t)st.st_blocks * 512;
+			wrote = wrote < (uint64_t)st.st_size ? wrote : (uint64_t)st.st_size;
+		}
+		pthread_mutex_unlock(&sl->w.lock);
+		if (atomic_load(&sl->fetched))
+			wrote = atomic_load(&sl->fetched);
+		wrote = atomic_load(&sl->through) ? (wrote + sent) / 2 : wrote + sent;
+		done += size && wrote > size ? size : wrote;
+	}
+	return done;
+}
+
+static void sl_copy_tell(struct sl_copy *c, uint64_t bytes)
+{
+	if (c->total && bytes > c->total)
+		bytes = c->total;
+	if (bytes < c->told) /* a file's count moving from underway to done */
+		bytes = c->told;
+	c->told = bytes;
+	c->progress(bytes, c->total, atomic_load(&c->files_done), c->n, c->progress_arg);
+}
+
+/* The progress thread: told every SL_TELL_MS until the copy stops it. */
+static void *sl_copy_teller(void *arg)
+{
+	struct sl_copy *c = arg;
+	struct timespec ts;
+
+	pthread_mutex_lock(&c->tell_lock);
+	while (!c->stop) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += SL_TELL_MS * 1000000L;
+		ts.tv_sec += ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		if (pthread_cond_timedwait(&c->tell_cond, &c->tell_lock, &ts) == 0 || c->stop)
+			continue;
+		pthread_mutex_unlock(&c->tell_lock);
+		sl_copy_tell(c, sl_copy_so_far(c));
+		pthread_mutex_lock(&c->tell_lock);
+	}
+	pthread_mutex_unlock(&c->tell_lock);
 	return NULL;
 }
 
@@ -289,6 +432,30 @@ static int sl_refuse_escape(const char *src, const char *dst)
 		       "absolute name); nothing was copied", src, dst);
 }
 
+/* One file (or link) of a local tree into c's plan. */
+static int sl_tree_add(void *arg, const struct sl__tree_entry *e)
+{
+	struct sl_copy *c = arg;
+	struct sl_pair *q;
+	char *name = NULL;
+	int rc;
+
+	if (asprintf(&name, "%s%s%s", c->tree, c->tree[strlen(c->tree) - 1] == '/' ? "" : "/", e->rel) < 0)
+		return -ENOMEM;
+	rc = sl_copy_add(c, name, c->tree_dst, c->tree_sep, e->rel);
+	free(name);
+	if (rc)
+		return rc;
+	q = &c->p[c->n - 1];
+	q->dev = e->st->st_dev;
+	q->ino = e->st->st_ino;
+	if (!(q->real = strdup(e->real)) || (e->link && !(q->link = strdup(e->link))))
+		return -ENOMEM;
+	if (!e->link)
+		c->total += (uint64_t)e->st->st_size;
+	return 0;
+}
+
 static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, unsigned flags)
 {
 	char base[1024];
@@ -299,6 +466,28 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 	c->dst_local = sl__fs_is_local(dst);
 	c->src_url = !!(sl__store_of(src)->caps & SL_STORE_URL_NAMES);
 	c->dst_url = !!(sl__store_of(dst)->caps & SL_STORE_URL_NAMES);
+	if ((flags & SLUICE_COPY_LINKS) && !c->dst_local)
+		return sl__err(-EOPNOTSUPP, "%s: links cannot be kept (--links, SLUICE_COPY_LINKS): the %s store holds "
+			       "files alone, no symbolic links; without it, each link inside the tree is copied as the file "
+			       "it leads to", dst, sl__store_of(dst)->name);
+	if ((flags & SLUICE_COPY_RECURSIVE) && c->src_local) {
+		size_t dl = strlen(dst);
+		unsigned tf = (flags & SLUICE_COPY_LINKS ? SL_TREE_LINKS : 0) | (flags & SLUICE_COPY_FOLLOW ? SL_TREE_FOLLOW : 0);
+		char real[PATH_MAX];
+
+		c->tree = src;
+		c->tree_dst = dst;
+		c->tree_sep = dl && dst[dl - 1] == '/' ? "" : "/";
+		/* Its files are opened below these, by the real names the walk gives. */
+		if (!realpath(src, real) || (c->rootfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+			return sl__err(errno == ENOTDIR ? -ENOTDIR : -errno, "%s: %s", src,
+				       errno == ENOTDIR ? "not a directory" : strerror(errno));
+		if ((flags & SLUICE_COPY_FOLLOW) && (c->slashfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+			return sl__err(-errno, "/: %s", strerror(errno));
+		if ((rc = sl__local_tree(src, tf, sl_tree_add, c, &c->skipped)))
+			return rc;
+		return c->n ? 0 : sl__err(-ENOENT, "%s: no files below it", src);
+	}
 	if (flags & SLUICE_COPY_RECURSIVE) {
 		size_t dl = strlen(dst), sl = strlen(src);
 		const char *sep = dl && dst[dl - 1] == '/' ? "" : "/";
@@ -312,18 +501,16 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 		if (!n)
 			rc = sl__err(-ENOENT, "%s: no files below it", src);
 		/*
-		 * names are src, a '/' where src has none at its end, then the name
-		 * relative to src: a local file's (readdir's: one segment at a time)
-		 * or a key's or link's rest, checked before anything is copied.
+		 * names are src, a '/' where src has none at its end, then the
+		 * name relative to src: a key's or link's rest, checked before
+		 * anything is copied.
 		 */
 		for (unsigned i = 0; i < n; i++) {
 			const char *rel = names[i] + sl;
 
-			if (c->src_local)
-				rel += strspn(rel, "/");
-			else if (sl && src[sl - 1] != '/' && *rel == '/')
+			if (sl && src[sl - 1] != '/' && *rel == '/')
 				rel++;
-			if (!rc && !c->src_local && sl_rel_escapes(rel))
+			if (!rc && sl_rel_escapes(rel))
 				rc = sl_refuse_escape(names[i], dst);
 			if (!rc)
 				rc = sl_copy_add(c, names[i], dst, sep, rel);
@@ -337,6 +524,7 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 		return rc;
 	if (!S_ISREG(st.st_mode))
 		return sl__err(-EISDIR, "%s: a directory or prefix, not a file (a tree needs --recursive)", src);
+	c->total = (uint64_t)st.st_size;
 	if (!c->dst_local)
 		return sl_copy_add(c, src, dst, "", dst[strlen(dst) - 1] == '/' ? sl_base(c, src, base) : "");
 	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode))
@@ -345,24 +533,54 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 	return sl_copy_add(c, src, dst, "", "");
 }
 
-int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_copy_report *rep)
+int sluice_copy_with_progress(const char *src, const char *dst, unsigned flags, struct sluice_copy_report *rep,
+			      void (*progress)(uint64_t bytes, uint64_t total, uint64_t files_done, uint64_t files,
+					       void *arg),
+			      void *arg)
 {
-	struct sl_copy c = { 0 };
+	struct sl_copy c = { .rootfd = -1, .slashfd = -1, .progress = progress, .progress_arg = arg };
+	const unsigned known = SLUICE_COPY_RECURSIVE | SLUICE_COPY_LINKS | SLUICE_COPY_FOLLOW;
 	uint64_t t0 = sl__now_ns();
-	int rc;
+	pthread_condattr_t ca;
+	pthread_t teller;
+	int rc, telling = 0;
 
 	sl__err_clear();
 	if ((rc = SL_REPORT_IN(rep, copy_report)))
 		return rc;
 	if (!src || !dst || !*src || !*dst)
 		return sl__err(-EINVAL, "copy: a source and a destination are needed");
+	if (flags & ~known)
+		return sl__err(-EINVAL, "copy: unknown flags 0x%x", flags & ~known);
 	sl__first_err_init(&c.fail);
 	pthread_mutex_init(&c.lock, NULL);
+	pthread_mutex_init(&c.tell_lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c.tell_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	for (unsigned i = 0; i < SL_FILES_AT_ONCE; i++) {
+		pthread_mutex_init(&c.slot[i].w.lock, NULL);
+		c.slot[i].w.fd = -1;
+	}
 	rc = sl_copy_plan(&c, src, dst, flags);
+	if (!rc && sl__test_copy_listed)
+		sl__test_copy_listed();
+	if (!rc && progress)
+		telling = pthread_create(&teller, NULL, sl_copy_teller, &c) == 0;
 	if (!rc && c.n)
 		sl__fanout(c.n < SL_FILES_AT_ONCE ? (unsigned)c.n : SL_FILES_AT_ONCE, sl_copy_run, &c);
+	if (telling) {
+		pthread_mutex_lock(&c.tell_lock);
+		c.stop = 1;
+		pthread_cond_signal(&c.tell_cond);
+		pthread_mutex_unlock(&c.tell_lock);
+		pthread_join(teller, NULL);
+	}
 	if (!rc)
 		rc = sl__first_err_raise(&c.fail);
+	if (!rc && progress) /* the last word: all of it */
+		sl_copy_tell(&c, atomic_load(&c.bytes));
 	if (rep && !rc) {
 		const char *put_sum = sl__store_of(dst)->put_sum;
 
@@ -372,14 +590,31 @@ int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_
 			snprintf(rep->checksum, sizeof(rep->checksum), "%s",
 				 !c.dst_local ? (put_sum ? put_sum : "none") : c.why_not[0] ? c.why_not : c.what);
 		rep->bytes = atomic_load(&c.bytes);
+		if (SL_COVERS(rep, skipped))
+			rep->skipped = c.skipped;
 		rep->seconds = (double)(sl__now_ns() - t0) / 1e9;
 	}
 	for (size_t i = 0; i < c.n; i++) {
 		free(c.p[i].src);
 		free(c.p[i].dst);
+		free(c.p[i].real);
+		free(c.p[i].link);
 	}
 	free(c.p);
+	if (c.rootfd >= 0)
+		close(c.rootfd);
+	if (c.slashfd >= 0)
+		close(c.slashfd);
+	for (unsigned i = 0; i < SL_FILES_AT_ONCE; i++)
+		pthread_mutex_destroy(&c.slot[i].w.lock);
+	pthread_cond_destroy(&c.tell_cond);
+	pthread_mutex_destroy(&c.tell_lock);
 	pthread_mutex_destroy(&c.lock);
 	sl__first_err_fini(&c.fail);
 	return rc;
+}
+
+int sluice_copy(const char *src, const char *dst, unsigned flags, struct sluice_copy_report *rep)
+{
+	return sluice_copy_with_progress(src, dst, flags, rep, NULL, NULL);
 }

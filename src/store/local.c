@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,36 +14,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "store/names.h"
 #include "store/store.h"
 
-int sl__test_refuse_direct, sl__test_no_cachestat;
-
-/*
- * cachestat(2) (Linux 6.5): the pages of [off, off+len) in the page cache,
- * in one call and with no mapping; -errno where the kernel or the
- * filesystem does not answer it.  The headers of older distributions lack
- * its number, the same on x86-64 and arm64.
- */
-#if !defined(__NR_cachestat) && (defined(__x86_64__) || defined(__aarch64__))
-#define __NR_cachestat 451
-#endif
-
-static int64_t sl_cachestat(int fd, uint64_t off, uint64_t len)
-{
-#ifdef __NR_cachestat
-	struct { uint64_t off, len; } range = { off, len };
-	struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs;
-
-	return syscall(__NR_cachestat, fd, &range, &cs, 0) == 0 ? (int64_t)cs.nr_cache : -errno;
-#else
-	(void)fd, (void)off, (void)len;
-	return -ENOSYS;
-#endif
-}
+int sl__test_refuse_direct;
 
 /* The file's mapping (made by the first caller; NULL where it cannot be: empty, not regular, refused). */
 static const char *sl_local_map(struct sl__local *l)
@@ -97,7 +74,7 @@ int sl__local_open_as(struct sl__sfile *sf, const char *path, int flags, size_t 
 	if (l->dfd < 0)
 		sl__info("io", "%s: O_DIRECT refused by the filesystem (%s); page cache only", path, strerror(errno));
 	sf->direct_ok = l->dfd >= 0;
-	l->cachestat = S_ISREG(st.st_mode) && !sl__test_no_cachestat && sl_cachestat(l->fd, 0, SL_ALIGN) >= 0;
+	l->cachestat = S_ISREG(st.st_mode) && !sl__test_no_cachestat && sl__cachestat(l->fd, 0, SL_ALIGN) >= 0;
 	l->map_len = S_ISREG(st.st_mode) ? (size_t)st.st_size : 0;
 	if (!l->cachestat)
 		sl_local_map(l);
@@ -161,11 +138,11 @@ static int64_t sl_cached_sample(const struct sl__local *l, uint64_t first, uint6
 
 	if (pages <= win * nwin) {
 		*asked = pages;
-		return sl_cachestat(l->fd, first * SL_ALIGN, pages * SL_ALIGN);
+		return sl__cachestat(l->fd, first * SL_ALIGN, pages * SL_ALIGN);
 	}
 	*asked = win * nwin;
 	for (uint64_t w = 0; w < nwin && got >= 0; w++) {
-		int64_t n = sl_cachestat(l->fd, (first + (pages - win) * w / (nwin - 1)) * SL_ALIGN, win * SL_ALIGN);
+		int64_t n = sl__cachestat(l->fd, (first + (pages - win) * w / (nwin - 1)) * SL_ALIGN, win * SL_ALIGN);
 
 		got = n < 0 ? n : got + n;
 	}
@@ -323,9 +300,231 @@ int sl__local_list(const char *dir, int recursive, int (*add)(void *arg, const c
 	return sl_local_list_in(dir, recursive, 0, add, arg);
 }
 
+/* ---- A tree for a copy: links decided as pack decides them ---- */
+
+enum { SL_TREE_MAX = 1u << 24 };
+unsigned sl__test_tree_max; /* a test's smaller bound (0: SL_TREE_MAX) */
+
+struct sl_tree {
+	unsigned flags;
+	char root[PATH_MAX];    /* the tree's real path */
+	const char *shown;      /* as the caller named it */
+	struct sl__dirs dirs;   /* on the walk's path: loops */
+	int (*add)(void *arg, const struct sl__tree_entry *e);
+	void *arg;
+	uint64_t skipped;
+	unsigned walked;        /* files and directories so far, at most SL_TREE_MAX */
+};
+
+/* The path of real (below the root, or absolute), malloc'd. */
+static char *sl_tree_path(const struct sl_tree *t, const char *real)
+{
+	char *p = NULL;
+
+	if (asprintf(&p, "%s%s%s", real[0] == '/' ? "" : t->root, real[0] && real[0] != '/' && strcmp(t->root, "/") ? "/" : "",
+		     real) < 0)
+		return NULL;
+	return p;
+}
+
+/*
+ * The target of a link at the directory from (below the root) to the
+ * file to (below it too), as a relative name: "../" for each segment of
+ * from past what the two share, then the rest of to.  Both are real paths
+ * (no link, no "." or ".." in them), so the name leads there in the copy
+ * as in the tree.  malloc'd.
+ */
+static char *sl_rel_target(const char *from, const char *to)
+{
+	const char *f = from, *t = to;
+	size_t up = 0, k = 0, cap;
+	char *out;
+
+	/* The segments the two share, whole. */
+	while (*f && *t) {
+		size_t fl = strcspn(f, "/"), tl = strcspn(t, "/");
+
+		if (fl != tl || memcmp(f, t, fl))
+			break;
+		f += fl + (f[fl] == '/');
+		t += tl + (t[tl] == '/');
+	}
+	for (const char *c = f; *c; c++)
+		up += c == f || c[-1] == '/';
+	if (!(out = malloc(cap = 3 * up + strlen(t) + 2)))
+		return NULL;
+	for (size_t i = 0; i < up; i++)
+		k += (size_t)snprintf(out + k, cap - k, i + 1 < up || *t ? "../" : "..");
+	snprintf(out + k, cap - k, "%s", *t || up ? t : ".");
+	return out;
+}
+
+/*
+ * One more file or directory to walk; an error past SL_TREE_MAX: links
+ * inside a tree can make a few directories very many (each of d0/a, d0/b
+ * leading to d1, each of d1/a, d1/b to d2, ...: 2^30 after 30 levels).
+ */
+static int sl_tree_count(struct sl_tree *t)
+{
+	const unsigned max = sl__test_tree_max ? sl__test_tree_max : SL_TREE_MAX;
+
+	if (++t->walked <= max)
+		return 0;
+	return sl__err(-E2BIG, "%s: more than %u files and directories to copy (links inside it leading to the same "
+		       "directories again and again?); --links copies them as links", t->shown, max);
+}
+
+static int sl_tree_dir(struct sl_tree *t, const char *rel, const char *real, const struct stat *dst);
+
+/* One entry of a directory: taken, walked, or skipped and named. */
+static int sl_tree_entry(struct sl_tree *t, const char *rel, const char *real, const char *name)
+{
+	char target[PATH_MAX], *erel = NULL, *ereal = NULL, *path = NULL, *link = NULL;
+	size_t rl = strlen(t->root);
+	struct stat st;
+	int where, rc = 0;
+
+	if (asprintf(&erel, "%s%s%s", rel, *rel ? "/" : "", name) < 0 ||
+	    asprintf(&ereal, "%s%s%s", real, *real ? "/" : "", name) < 0 || !(path = sl_tree_path(t, ereal))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	where = sl__link_where(t->root, path, &st, target);
+	if (where == -ENOENT) /* gone since readdir: it is not there */
+		goto out;
+	if (where < 0) {
+		rc = sl__err(where, "%s/%s: %s", t->shown, erel, strerror(-where));
+		goto out;
+	}
+	if (where == SL_LINK_IN || (where == SL_LINK_OUT && (t->flags & SL_TREE_FOLLOW))) {
+		/* The link is taken as its target: named from here on by the target's real path. */
+		free(ereal);
+		ereal = strdup(where == SL_LINK_OUT ? target : !strcmp(t->root, "/") ? target + 1
+							     : target[rl] ? target + rl + 1 : "");
+		if (!ereal) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	} else if (where != SL_LINK_NONE) {
+		char shown[PATH_MAX + 64];
+
+		snprintf(shown, sizeof(shown), "%s/%s", t->shown, erel);
+		sl__link_skipped("copy", where, shown, t->shown, target, where == SL_LINK_OUT ? "-L" : NULL);
+		t->skipped++;
+		goto out;
+	}
+	if (where == SL_LINK_IN && (t->flags & SL_TREE_LINKS) && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) {
+		/* Kept as a link: the walk reaches rel through real directories alone, so rel's directory is real's. */
+		if (!(link = sl_rel_target(real, ereal)))
+			rc = -ENOMEM;
+		else
+			rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, link, &st });
+	} else if (S_ISREG(st.st_mode)) {
+		if (!(rc = sl_tree_count(t)))
+			rc = t->add(t->arg, &(struct sl__tree_entry){ erel, ereal, NULL, &st });
+	} else if (S_ISDIR(st.st_mode)) {
+		rc = sl_tree_dir(t, erel, ereal, &st);
+	} else {
+		char shown[PATH_MAX + 64], p[1024];
+
+		snprintf(shown, sizeof(shown), "%s/%s", t->shown, erel);
+		sl__warn("copy", "%s: not a regular file (a %s), skipped", sl__printable(shown, p, sizeof(p)),
+			 sl__file_kind(st.st_mode));
+		t->skipped++;
+	}
+out:
+	free(erel);
+	free(ereal);
+	free(path);
+	free(link);
+	return rc;
+}
+
+/* The directory real (below the root, or absolute), reached as rel, whose stat is dst. */
+static int sl_tree_dir(struct sl_tree *t, const char *rel, const char *real, const struct stat *dst)
+{
+	char *path = sl_tree_path(t, real);
+	int rc = path ? sl_tree_count(t) : -ENOMEM;
+	struct dirent *e;
+	DIR *d;
+
+	if (rc == 0)
+		rc = sl__dirs_enter(&t->dirs, dst);
+	if (rc == 0) {
+		char shown[PATH_MAX + 64], p[1024];
+
+		snprintf(shown, sizeof(shown), "%s/%s", t->shown, rel);
+		sl__warn("copy", "%s: a link back to a directory above it, skipped", sl__printable(shown, p, sizeof(p)));
+		t->skipped++;
+	}
+	if (rc == -ELOOP)
+		rc = sl__err(-ELOOP, "%s/%s: more than %u directories deep", t->shown, rel, SL_DIRS_DEEP);
+	if (rc <= 0) {
+		free(path);
+		return rc;
+	}
+	rc = 0;
+	if (!(d = opendir(path)))
+		rc = sl__err(-errno, "%s%s%s: %s", t->shown, *rel ? "/" : "", rel, strerror(errno));
+	while (d && !rc && (errno = 0, e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			rc = sl_tree_entry(t, rel, real, e->d_name);
+	if (d && !rc && errno)
+		rc = sl__err(-errno, "%s%s%s: %s", t->shown, *rel ? "/" : "", rel, strerror(errno));
+	if (d)
+		closedir(d);
+	sl__dirs_leave(&t->dirs);
+	free(path);
+	return rc;
+}
+
+int sl__local_tree(const char *root, unsigned flags, int (*add)(void *arg, const struct sl__tree_entry *e), void *arg,
+		   uint64_t *skipped)
+{
+	struct sl_tree *t = calloc(1, sizeof(*t));
+	struct stat st;
+	int rc;
+
+	if (!t)
+		return -ENOMEM;
+	t->flags = flags;
+	t->shown = root;
+	t->add = add;
+	t->arg = arg;
+	if (!realpath(root, t->root) || stat(t->root, &st) < 0)
+		rc = sl__err(-errno, "%s: %s", root, strerror(errno));
+	else if (!S_ISDIR(st.st_mode))
+		rc = sl__err(-ENOTDIR, "%s: not a directory", root);
+	else
+		rc = sl_tree_dir(t, "", "", &st);
+	*skipped = t->skipped;
+	free(t);
+	return rc;
+}
+
 int sl__local_remove(const char *path)
 {
 	return unlink(path) < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno)) : 0;
+}
+
+int sl__local_copy_fd(int in, uint64_t size, int fd, const _Atomic int *cancel, const char *shown)
+{
+	uint64_t done = 0;
+	int rc = 0;
+
+	while (!rc && done < size) {
+		ssize_t n = cancel && atomic_load(cancel) ? -ECANCELED : copy_file_range(in, NULL, fd, NULL, size - done, 0);
+
+		if (n == -ECANCELED)
+			rc = sl__err(-ECANCELED, "%s: cancelled", shown);
+		else if (n < 0 && errno != EINTR)
+			rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
+		else if (n == 0)
+			rc = sl__err(SLUICE_ESHORT, "%s: shrank while it was copied", shown);
+		else if (n > 0)
+			done += (uint64_t)n;
+	}
+	return rc;
 }
 
 /* The file as of tag copied into fd (copy_file_range: in the kernel, or shared blocks where the filesystem can). */
@@ -335,7 +534,6 @@ int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int
 	struct sl__entry e;
 	struct stat st;
 	int in = sl__open_file(path, O_RDONLY, 0), rc = 0;
-	uint64_t done = 0;
 
 	if (verified)
 		*verified = 0;
@@ -350,18 +548,8 @@ int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int
 		rc = sl__err(-EISDIR, "%s: a directory", path);
 	if (!rc && tag && strcmp(tag, e.tag))
 		rc = sl__err(-ESTALE, "%s: changed since it was listed", path);
-	while (!rc && done < e.size) {
-		ssize_t n = cancel && atomic_load(cancel) ? -ECANCELED : copy_file_range(in, NULL, fd, NULL, e.size - done, 0);
-
-		if (n == -ECANCELED)
-			rc = sl__err(-ECANCELED, "%s: cancelled", path);
-		else if (n < 0 && errno != EINTR)
-			rc = sl__err(-errno, "%s: %s", path, strerror(errno));
-		else if (n == 0)
-			rc = sl__err(SLUICE_ESHORT, "%s: shrank while it was copied", path);
-		else if (n > 0)
-			done += (uint64_t)n;
-	}
+	if (!rc)
+		rc = sl__local_copy_fd(in, e.size, fd, cancel, path);
 	close(in);
 	return rc;
 }

@@ -12,6 +12,8 @@
 #include "store/names.h"
 #include "store/store.h"
 
+void (*sl__test_copy_listed)(void), (*sl__test_part_written)(void);
+
 /* Name ops get no engine: a store's process-wide state serves them. */
 static const struct sl__open_env sl_no_engine;
 
@@ -144,6 +146,7 @@ int sl__fs_local(const char *path, char tag[SL_TAG_MAX], char *local, size_t cap
 struct sl_upload {
 	int fd;
 	const char *local;
+	struct sl__fs_watch *w; /* or NULL */
 };
 
 static int sl_upload_read(void *ctx, void *dst, const void *src, size_t n)
@@ -154,53 +157,136 @@ static int sl_upload_read(void *ctx, void *dst, const void *src, size_t n)
 
 	if (got < 0)
 		return sl__err((int)got, "%s: %s", u->local, strerror((int)-got));
+	if (u->w)
+		atomic_fetch_add(&u->w->sent, (uint64_t)got);
 	return (size_t)got == n ? 0 : sl__err(SLUICE_ESHORT, "%s: shrank while it was uploaded", u->local);
+}
+
+/* Nonzero where the open file fd is not as before says (its size or time of last change): it changed meanwhile. */
+static int sl_changed(int fd, const struct stat *before, const char *shown)
+{
+	struct stat now;
+
+	if (fstat(fd, &now) < 0)
+		return sl__err(-errno, "%s: %s", shown, strerror(errno));
+	return now.st_size != before->st_size || now.st_mtim.tv_sec != before->st_mtim.tv_sec ||
+	       now.st_mtim.tv_nsec != before->st_mtim.tv_nsec;
+}
+
+int sl__fs_upload_fd(int fd, const char *local, const char *path, struct sl__fs_watch *w)
+{
+	const struct sl__store *st = sl__store_of(path);
+	struct sl_upload u = { fd, local, w };
+	struct stat sb;
+	int rc;
+
+	if (!st->put)
+		return sl_unsupported(st, path, "write whole files");
+	if (fstat(fd, &sb) < 0)
+		return sl__err(-errno, "%s: %s", local, strerror(errno));
+	if ((rc = st->put(path, SL_UPLOAD_BASE, (size_t)sb.st_size, sl_upload_read, &u, &sl_no_engine)))
+		return rc;
+	return sl_changed(fd, &sb, local) ? sl__err(-ESTALE, "%s: changed while it was uploaded: %s may hold parts of "
+						      "two versions of it; copy it again", local, path) : 0;
 }
 
 int sl__fs_upload(const char *local, const char *path)
 {
-	const struct sl__store *st = sl__store_of(path);
-	struct sl_upload u = { -1, local };
-	struct stat sb;
-	int rc = 0;
+	int fd, rc;
 
-	if (!st->put)
-		return sl_unsupported(st, path, "write whole files");
-	if ((u.fd = sl__open_file(local, O_RDONLY, 0)) < 0)
-		return u.fd;
-	if (fstat(u.fd, &sb) < 0)
-		rc = sl__err(-errno, "%s: %s", local, strerror(errno));
-	else
-		rc = st->put(path, SL_UPLOAD_BASE, (size_t)sb.st_size, sl_upload_read, &u, &sl_no_engine);
-	close(u.fd);
+	if (!sl__store_of(path)->put)
+		return sl__fs_upload_fd(-1, local, path, NULL);
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0)
+		return fd;
+	rc = sl__fs_upload_fd(fd, local, path, NULL);
+	close(fd);
 	return rc;
 }
 
-int sl__fs_download(const char *path, int dirfd, const char *name, const char *shown, int *verified, char sum_name[48])
+static void sl_watch_fd(struct sl__fs_watch *w, int fd)
+{
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->lock);
+	w->fd = fd;
+	pthread_mutex_unlock(&w->lock);
+}
+
+int sl__fs_download(const char *path, int src_fd, int dirfd, const char *name, const char *shown, int *verified,
+		    char sum_name[48], struct sl__fs_watch *w)
 {
 	const struct sl__store *st = sl__store_of(path);
-	char *tmp = NULL;
+	const char *slash = strrchr(name, '/');
+	char *dir = slash ? strndup(name, (size_t)(slash - name + (slash == name))) : NULL, *tmp = NULL;
+	struct stat sb;
 	int fd, rc;
 
-	if ((rc = sl__replaceable_at(dirfd, name, shown)))
-		return rc;
-	if (asprintf(&tmp, "%s.sluice-part.%d", name, (int)getpid()) < 0)
+	if (slash && !dir)
 		return -ENOMEM;
-	/* Read back for a one-pass checksum; O_EXCL: a file of our own, never one linked (hard or soft) there. */
-	unlinkat(dirfd, tmp, 0); /* a killed download's of this pid, or a name planted there: made anew */
-	fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		rc = sl__err(-errno, "%s.sluice-part.%d: %s", shown, (int)getpid(), strerror(errno));
-		free(tmp);
+	if ((rc = sl__replaceable_at(dirfd, name, shown))) {
+		free(dir);
 		return rc;
 	}
-	rc = st->fetch(path, NULL, fd, NULL, verified, sum_name);
+	/*
+	 * Beside it, under the name every durable write's temporary has: those
+	 * of copies killed before their rename are removed here (not a live
+	 * one's); O_EXCL, a file of our own, never one linked (hard or soft) there.
+	 */
+	fd = sl__tmp_open(dirfd, dir, slash ? slash + 1 : name, 0666, NULL, &tmp);
+	free(dir);
+	if (fd < 0)
+		return sl__err(fd, "%s: cannot create its temporary beside it: %s", shown, strerror(-fd));
+	sl_watch_fd(w, fd);
+	if (src_fd < 0)
+		rc = st->fetch(path, NULL, fd, NULL, verified, sum_name);
+	else if (fstat(src_fd, &sb) < 0)
+		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+	else
+		rc = sl__local_copy_fd(src_fd, (uint64_t)sb.st_size, fd, NULL, path);
+	sl_watch_fd(w, -1);
+	if (src_fd >= 0 && sum_name)
+		snprintf(sum_name, 48, "none (a local file)");
+	if (src_fd >= 0 && verified)
+		*verified = 0;
 	if (close(fd) < 0 && !rc)
 		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
+	if (!rc && sl__test_part_written)
+		sl__test_part_written();
+	/* A local source written to meanwhile: what was copied may be parts of two versions, never renamed into place. */
+	if (!rc && src_fd >= 0 && sl_changed(src_fd, &sb, path))
+		rc = sl__err(-ESTALE, "%s: changed while it was copied (its size or time of change is another now): "
+			     "not copied", path);
 	if (!rc && renameat(dirfd, tmp, dirfd, name) < 0)
 		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
 	if (rc)
 		unlinkat(dirfd, tmp, 0);
+	free(tmp);
+	return rc;
+}
+
+int sl__fs_link(const char *target, int dirfd, const char *name, const char *shown)
+{
+	const char *slash = strrchr(name, '/');
+	char *dir = slash ? strndup(name, (size_t)(slash - name + (slash == name))) : NULL, *tmp = NULL;
+	struct stat sb;
+	int rc;
+
+	if (slash && !dir)
+		return -ENOMEM;
+	/* What is there already: nothing, a file or a link is replaced; a directory is not (a link never writes into one). */
+	if (fstatat(dirfd, name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode)) {
+		free(dir);
+		return sl__err(S_ISDIR(sb.st_mode) ? -EISDIR : -EINVAL, "%s: exists and is not a regular file or a link (a "
+			       "%s): not replaced", shown, sl__file_kind(sb.st_mode));
+	}
+	rc = sl__tmp_open(dirfd, dir, slash ? slash + 1 : name, 0, target, &tmp);
+	free(dir);
+	if (rc < 0)
+		return sl__err(rc, "%s: cannot make a symbolic link beside it: %s", shown, strerror(-rc));
+	if (renameat(dirfd, tmp, dirfd, name) < 0) {
+		rc = sl__err(-errno, "%s: %s", shown, strerror(errno));
+		unlinkat(dirfd, tmp, 0);
+	}
 	free(tmp);
 	return rc;
 }
@@ -216,4 +302,26 @@ int sl__fs_remove(const char *path)
 	const struct sl__store *st = sl__store_of(path);
 
 	return st->remove ? st->remove(path) : sl_unsupported(st, path, "remove files");
+}
+
+int sluice_page_cache_evict(const char *path, uint64_t *cached, char *why, size_t cap)
+{
+	char tag[SL_TAG_MAX] = "", local[4096];
+	int fd, rc;
+
+	sl__err_clear();
+	if (cached)
+		*cached = 0;
+	if (why && cap)
+		why[0] = 0;
+	if (!path || !*path)
+		return sl__err(-EINVAL, "sluice_page_cache_evict: no path");
+	/* A remote file is read from its copy in the cache: that copy is what goes cold. */
+	if ((rc = sl__fs_local(path, tag, local, sizeof(local))))
+		return rc;
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0)
+		return fd;
+	rc = sl__page_cache_evict(fd, local, cached, why, cap);
+	close(fd);
+	return rc;
 }

@@ -38,20 +38,47 @@ SL_HIDDEN int sl__fs_is_local(const char *path);
 /* A remote name's trailing slashes cut (never a scheme's "//"): "s3://b/p/" and "s3://b/p" are one directory. */
 SL_HIDDEN void sl__trim_slashes(char *path);
 /*
+ * What a poller (a copy's progress) may read of one whole-file transfer
+ * underway: the file being written, whose blocks allocated so far are its
+ * bytes so far (a download's pieces land in any order, in a file sized
+ * first), and the bytes an upload has read of its file.  lock guards fd;
+ * fd -1 when none is written.
+ */
+struct sl__fs_watch {
+	pthread_mutex_t lock;
+	int fd;
+	_Atomic uint64_t sent;
+};
+/*
  * Whole files between a local path and any store.  sl__fs_upload: the
- * local file as path (the store's put).  sl__fs_download: path as the file
- * name in the directory dirfd (AT_FDCWD: a path; shown: how errors name
- * it), written under a temporary name beside it and renamed there, both
- * through dirfd (a link swapped in above it afterwards changes nothing):
- * it appears whole or not at all; *verified (or NULL): checked against
- * the file's checksum, sum_name (or NULL): which, or why none.
- * sl__fs_remove: the store's remove.  sl__fs_staging: a new empty
- * directory in the cache's directory (on the fast local disk), for files
- * on their way to a remote store.
+ * local file as path (the store's put); sl__fs_upload_fd the same of a
+ * file already open (local names it in errors), w (or NULL) counting what
+ * is read.  sl__fs_download: path as the file name in the directory dirfd
+ * (AT_FDCWD: a path; shown: how errors name it), written under a
+ * temporary name beside it (sl__tmp_open's: those of copies killed before
+ * their rename are removed) and renamed there, both through dirfd (a link
+ * swapped in above it afterwards changes nothing): it appears whole or
+ * not at all; from src_fd (>= 0: a local file the caller opened) rather
+ * than by path's store; *verified (or NULL): checked against the file's
+ * checksum, sum_name (or NULL): which, or why none; w (or NULL) sees the
+ * file written.  sl__fs_link: a symbolic link to target as name in dirfd,
+ * made beside it and renamed there (a file or link there replaced, a
+ * directory refused).  sl__fs_remove: the store's remove.
+ * sl__fs_staging: a new empty directory in the cache's directory (on the
+ * fast local disk), for files on their way to a remote store.
  */
 SL_HIDDEN int sl__fs_upload(const char *local, const char *path);
-SL_HIDDEN int sl__fs_download(const char *path, int dirfd, const char *name, const char *shown, int *verified,
-			       char sum_name[48]);
+SL_HIDDEN int sl__fs_upload_fd(int fd, const char *local, const char *path, struct sl__fs_watch *w);
+SL_HIDDEN int sl__fs_download(const char *path, int src_fd, int dirfd, const char *name, const char *shown,
+			       int *verified, char sum_name[48], struct sl__fs_watch *w);
+SL_HIDDEN int sl__fs_link(const char *target, int dirfd, const char *name, const char *shown);
+/*
+ * Set by tests: called by sluice_copy between its listing and its first
+ * file (a link swapped in there), and by sl__fs_download between the
+ * temporary's last byte and its rename (a kill -9 there).
+ */
+SL_HIDDEN extern void (*sl__test_copy_listed)(void);
+SL_HIDDEN extern void (*sl__test_part_written)(void);
 SL_HIDDEN int sl__fs_remove(const char *path);
 SL_HIDDEN int sl__fs_staging(char *out, size_t cap);
 

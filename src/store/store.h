@@ -417,12 +417,38 @@ SL_HIDDEN int sl__local_list(const char *dir, int recursive, int (*add)(void *ar
 SL_HIDDEN int sl__local_remove(const char *path);
 SL_HIDDEN int sl__local_fetch(const char *path, const char *tag, int fd, const _Atomic int *cancel, int *verified,
 			      char sum_name[48]);
+/* The bytes of the open file in (size of them, shown in errors) into fd from offset 0, in the kernel (copy_file_range). */
+SL_HIDDEN int sl__local_copy_fd(int in, uint64_t size, int fd, const _Atomic int *cancel, const char *shown);
+/*
+ * The files of the tree below root for a copy of it (cp -r), links
+ * decided as pack --from-dir decides them (core's sl__link_where): a link
+ * whose target lies in the tree is taken as that target (a directory is
+ * walked, unless it is one on the walk's own path: a loop, skipped and
+ * named), or with SL_TREE_LINKS given as a link to make; one that leads
+ * out of the tree, to nothing or round a loop is skipped and named, unless
+ * SL_TREE_FOLLOW takes one leading out as its target.  FIFOs, devices
+ * and sockets are skipped and named, and counted in *skipped.  Each to
+ * add(arg, e), whose nonzero return stops the walk with it; the strings
+ * of e are valid during the call.  0, or -errno naming the directory that
+ * could not be read.
+ */
+enum { SL_TREE_LINKS = 1, SL_TREE_FOLLOW = 2 };
+struct sl__tree_entry {
+	const char *rel;       /* its name below root, as the walk reached it: the copy's name */
+	const char *real;      /* its real path below root's, "a/b" (no link in it when listed); absolute: outside */
+	const char *link;      /* SL_TREE_LINKS: the target, relative to rel's directory, of the link to make; or NULL */
+	const struct stat *st; /* the file's (a link kept: its target's) */
+};
+SL_HIDDEN int sl__local_tree(const char *root, unsigned flags, int (*add)(void *arg, const struct sl__tree_entry *e),
+			     void *arg, uint64_t *skipped);
+/* At most 2^24 files and directories a tree (-E2BIG past them); a test sets a smaller bound. */
+SL_HIDDEN extern unsigned sl__test_tree_max;
 /* The file and name ops of a store of local files, in its struct sl__store. */
 #define SL_LOCAL_FILE_OPS                                                                                   \
 	.open = sl__local_open, .close = sl__local_close, .stat = sl__local_stat, .truncate = sl__local_truncate, \
 	.sync = sl__local_sync, .route = sl__local_route, .info = sl__local_info, .list = sl__local_list,          \
 	.remove = sl__local_remove, .fetch = sl__local_fetch
-/* Set by tests to simulate a filesystem that refuses O_DIRECT, and a kernel without cachestat(2). */
-SL_HIDDEN extern int sl__test_refuse_direct, sl__test_no_cachestat;
+/* Set by tests to simulate a filesystem that refuses O_DIRECT (and core.h's sl__test_no_cachestat, a kernel without cachestat(2)). */
+SL_HIDDEN extern int sl__test_refuse_direct;
 
 #endif

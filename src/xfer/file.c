@@ -4,9 +4,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <libgen.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,67 +184,6 @@ ssize_t sl__write_whole(struct sluice_engine *eng, void *arg, const char *path, 
 }
 
 /*
- * The temporaries of a durable write are ".BASE.sluice-tmp-HOST-PID-N"
- * beside the target.  Those of this host whose writer is gone (killed
- * before its rename) are removed by the next write of the same target.
- */
-static void sl_reclaim_tmps(const char *dir, const char *base, const char *host)
-{
-	char prefix[512];
-	size_t pl = (size_t)snprintf(prefix, sizeof(prefix), ".%s.sluice-tmp-%s-", base, host);
-	DIR *d = pl < sizeof(prefix) ? opendir(dir) : NULL;
-	struct dirent *e;
-
-	while (d && (e = readdir(d))) {
-		char *end, p[4096];
-		long pid;
-
-		if (strncmp(e->d_name, prefix, pl) || (pid = strtol(e->d_name + pl, &end, 10)) <= 0 || *end != '-' ||
-		    !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-		if (unlink(p) == 0)
-			sl__info("xfer", "%s: removed, its writer (process %ld) is gone", p, pid);
-	}
-	if (d)
-		closedir(d);
-}
-
-/*
- * Creates the temporary of a write to dir/base with the mode a new file
- * gets: open(2)'s 0666 under the process's umask, applied by the kernel
- * (reading the umask with umask(2) would change it for every thread).
- */
-static int sl_make_tmp(const char *dir, const char *base, char **tmp)
-{
-	static _Atomic unsigned seq;
-	char host[64] = "host";
-	int fd = -1;
-
-	gethostname(host, sizeof(host) - 1);
-	for (char *h = host; *h; h++)
-		if (*h == '/' || *h == '-')
-			*h = '_';
-	sl_reclaim_tmps(dir, base, host);
-	for (int tries = 0; fd < 0 && tries < 100; tries++) {
-		if (asprintf(tmp, "%s/.%s.sluice-tmp-%s-%d-%u", dir, base, host, (int)getpid(), atomic_fetch_add(&seq, 1)) < 0) {
-			*tmp = NULL;
-			return -ENOMEM;
-		}
-		fd = open(*tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-		if (fd < 0) {
-			int e = errno;
-
-			free(*tmp);
-			*tmp = NULL;
-			if (e != EEXIST)
-				return -e;
-		}
-	}
-	return fd >= 0 ? fd : -EEXIST;
-}
-
-/*
  * The temporary of a write of len bytes to path: made beside it in dir (so
  * rename() stays in one filesystem), with the mode path has (a new file:
  * what open(2) gives under the umask), its space reserved (ENOSPC now,
@@ -259,7 +196,8 @@ static int sl_open_tmp(const char *path, const char *dir, const char *base, size
 
 	if ((e = sl__replaceable(path)))
 		return e;
-	if ((fd = sl_make_tmp(dir, base, tmp)) < 0)
+	/* Its mode: open(2)'s 0666 under the process's umask, applied by the kernel (umask(2) would change it for every thread). */
+	if ((fd = sl__tmp_open(AT_FDCWD, dir, base, 0666, NULL, tmp)) < 0)
 		return sl__err(fd, "%s: cannot create temporary file in %s: %s", path, dir, strerror(-fd));
 	if (keep_mode && fchmod(fd, st.st_mode & 07777) < 0)
 		e = sl__err(-errno, "%s: fchmod: %s", *tmp, strerror(errno));

@@ -54,15 +54,37 @@ def _state(cold):
     return "cold" if cold else "warm (no root to drop the page cache)"
 
 
-def _drop_caches():
-    """Cold: dirty pages written back, the page cache dropped; False without root."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-        return True
-    except OSError:
-        return False
+def _drop_caches(*paths):
+    """Cold: the files the experiments read out of the page cache, and no other file of the machine's: those
+    named (a file, or every file below a directory; none named: below the report's --dir), each one's dirty pages
+    written back, then dropped (sluice_page_cache_evict: fdatasync, POSIX_FADV_DONTNEED; no root needed), then
+    what stayed counted. True when nothing stayed; False, saying once which file and why, where some did (tmpfs
+    keeps its files in memory alone; pages another process maps stay)."""
+    import ctypes
+    from sluice._lib import lib
+    evict = lib.sluice_page_cache_evict
+    evict.restype, evict.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64),
+                                                   ctypes.c_char_p, ctypes.c_size_t]
+    cold, why = True, ctypes.create_string_buffer(256)
+    files = []
+    for d in paths or ((_ARGS or _parser().parse_args([])).dir,):
+        files += [d] if os.path.isfile(d) else [os.path.join(r, n) for r, _, names in os.walk(d) for n in names]
+    for p in files:
+        left = ctypes.c_uint64()
+        if os.path.islink(p) or not os.path.isfile(p):
+            continue
+        rc = evict(os.fsencode(p), ctypes.byref(left), why, len(why))
+        if rc == 0 and not why.value:
+            continue
+        if cold and p not in _drop_caches.said:
+            said = why.value.decode(errors="replace") if rc == 0 else os.strerror(-rc)
+            _say(f"{p}: {left.value / 1e6:.1f} MB stayed in the page cache: {said}")
+            _drop_caches.said.add(p)
+        cold = False
+    return cold
+
+
+_drop_caches.said = set()
 
 
 def _bench(args):
