@@ -9,7 +9,9 @@
  * non-regular members, names it cannot split into key.field (no dot in the
  * last component, a top-level dotfile), and metadata ("__index__", and
  * "__meta__" with what is below it).  A sparse member (tar --sparse) is
- * refused: its bytes are not stored in place.
+ * refused: its bytes are not stored in place.  A "pipe:CMD" shard spec
+ * (webdataset's gopen runs CMD in a shell) is refused by name, never run
+ * nor opened as a file of that name.
  *
  * Tar parsing is libarchive's; sluice keeps, per tar, a sidecar index
  * (NAME.tar.sluice-idx) built once and rebuilt when the tar changes (its
@@ -581,11 +583,29 @@ static int sl_wds_names(const char *path, char ***names, unsigned *n)
 	return k ? 0 : -ENOENT;
 }
 
+/* The length of the first word of s, at most 64 bytes (a command's program, in a message). */
+static int sl_word_len(const char *s)
+{
+	size_t n = strcspn(s, " \t\n");
+
+	return n > 64 ? 64 : (int)n;
+}
+
+/* webdataset's "pipe:CMD" shard spec: a shell command its gopen runs (shell=True), never a file to open. */
+static int sl_is_pipe(const char *path)
+{
+	return !strncmp(path, "pipe:", 5);
+}
+
 static int sl_wds_probe(const char *path)
 {
 	char **names;
 	unsigned n;
-	int rc = sl_wds_names(path, &names, &n);
+	int rc;
+
+	if (sl_is_pipe(path)) /* this reader's to refuse, by name */
+		return 1;
+	rc = sl_wds_names(path, &names, &n);
 
 	sl_free_names(names, n);
 	return !rc || rc == SLUICE_EINVAL_CONFIG; /* a pattern of too many names: this reader's error */
@@ -720,6 +740,14 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 	ds->priv = w;
 	if (!w)
 		return -ENOMEM;
+	/*
+	 * Refused before anything reads it: the command (and whatever it holds,
+	 * a token in a curl header) is not echoed, only its program's name.
+	 */
+	if (sl_is_pipe(path))
+		return sl__err(SLUICE_EINVAL_CONFIG, "a webdataset \"pipe:%.*s ...\" shard spec runs a shell command, which "
+			       "sluice never does: name the shards' files or URLs instead (\"pipe:curl -s URL\" is URL; "
+			       "s3:// and http(s):// are read directly)", sl_word_len(path + 5), path + 5);
 	if ((rc = sl_wds_names(path, &names, &n)))
 		return rc == -ENOENT ? sl__err(rc, "%s: no .tar shards", path) : rc;
 	for (unsigned i = 0; i < n; i++)

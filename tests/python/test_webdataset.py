@@ -162,3 +162,16 @@ def test_a_file_of_another_format_is_not_taken_for_a_tar(tmp_path):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.Dataset(str(tmp_path / "data.jsonl"))
     assert "archive" not in str(e.value) and "index.sli" in str(e.value), str(e.value)
+
+
+def test_a_pipe_shard_spec_is_refused_never_run(tmp_path):
+    """webdataset's "pipe:CMD" runs CMD in a shell: sluice refuses it by name (it opened "pipe:..." as a local file
+    and said no such file), runs nothing, and does not echo the command, which may hold a token."""
+    made = tmp_path / "ran"
+    for spec in (f"pipe:touch {made}", "pipe:curl -s -H 'Authorization: Bearer SECRET42' http://h/train-{000..001}.tar",
+                 f"pipe:cat {tmp_path}/train-000000.tar"):
+        with pytest.raises(sluice.SluiceError) as e:
+            sluice.Dataset(spec)
+        msg = str(e.value)
+        assert "shell command" in msg and "pipe:" + spec[5:].split()[0] in msg and "SECRET42" not in msg, msg
+    assert not made.exists()
