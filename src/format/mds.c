@@ -15,8 +15,13 @@
  * "ndarray:DTYPE:SHAPE") are fields of that type; every other encoding
  * (str, bytes, jpeg, png, json, pkl, pil, a dynamic ndarray, ...) is the
  * column's encoded bytes, undecoded: a pickle is never loaded here.  MDS
- * carries no checksum of a sample; compressed shards (zip_data without
- * the raw file) are refused by name.
+ * carries no checksum of a sample.  A merged index (Streaming's
+ * merge_index) names shards by paths below the directory ("0/shard.00000
+ * .mds"); every name must stay below it, links followed.  A compressed
+ * shard (zip_data, its raw file absent) of zstd or gz is decompressed once
+ * beside it under its raw name, as Streaming does with its local copies,
+ * and read in place from there; bz2, br and snappy are refused naming the
+ * codec.
  *
  * LitData (its PyTreeLoader's chunks): DIR/index.json's config gives every
  * sample's leaves' formats (data_format) and names (data_spec: a flat
@@ -30,13 +35,19 @@
  * refused by name.  LitData carries no checksum either.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <isa-l/igzip_lib.h>
 #include <jansson.h>
+#include <zstd.h>
 
 #include "format/format.h"
 
@@ -47,6 +58,7 @@ struct sl_mds {
 	uint32_t *off;          /* every shard's offsets, shard after shard (count + 1 each) */
 	uint64_t *first;        /* first[s]: the index of shard s's first sample; first[nshards]: the count */
 	uint64_t *at;           /* at[s]: where shard s's offsets start in off */
+	uint64_t *raw_bytes;    /* MDS: each shard's size as index.json gives it (0: not given) */
 	struct sl__cols cols;
 };
 
@@ -160,7 +172,10 @@ static int sl_mds_shard(struct sluice_dataset *ds, struct sl_mds *m, unsigned s,
 	if (rc)
 		return rc;
 	n = len >= 4 ? sl__le32(p) : 0;
-	if (len < 4 || n != samples)
+	if (m->raw_bytes && m->raw_bytes[s] && len != m->raw_bytes[s])
+		rc = sl__err(SLUICE_EFORMAT, "%s: %zu bytes, index.json says %llu (another shard's file, or one cut short)",
+			     ds->files[s], len, (unsigned long long)m->raw_bytes[s]);
+	else if (len < 4 || n != samples)
 		rc = sl__err(SLUICE_EFORMAT, "%s: %llu samples in the file, %llu in index.json", ds->files[s],
 			     (unsigned long long)n, (unsigned long long)samples);
 	if (!rc && sl__reserve(&m->off, cap, (size_t)(base + n + 1) * sizeof(uint32_t)))
@@ -243,28 +258,346 @@ static int sl_mds_probe(const char *path)
 	return ok;
 }
 
-/* DIR/b for a file an index names: one plain name (never a path out of the directory), and its item count n. */
-static int sl_index_file(const char *b, json_t *n, const char *dir, const char *where, char **out, uint64_t *count)
+/*
+ * Where an index's names resolve: the dataset's directory as given, its
+ * index.json (for messages) and, for a local one, the directory's real
+ * path, which every file it names must lie below once links are followed.
+ */
+struct sl_root {
+	const char *dir, *where;
+	int local;
+	char real[PATH_MAX];
+};
+
+static int sl_root_init(struct sl_root *r, const char *dir, const char *where)
 {
-	/* No '%', '?', '#' or ':' either: on a web server those would name another file than the one written. */
-	if (!b || !*b || strpbrk(b, "/\\%?#:") || !strcmp(b, ".") || !strcmp(b, ".."))
-		return sl__err(SLUICE_EFORMAT, "%s: a shard's name %s%s%s is not a file of the directory", where,
-			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
-	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
-		return sl__err(SLUICE_EFORMAT, "%s: %s: its sample count", where, b);
-	*count = (uint64_t)json_integer_value(n);
-	return asprintf(out, "%s/%s", dir, b) < 0 ? -ENOMEM : 0;
+	r->dir = dir;
+	r->where = where;
+	r->local = sl__fs_is_local(dir);
+	r->real[0] = 0;
+	if (r->local && !realpath(dir, r->real))
+		return sl__err(-errno, "%s: %s", dir, strerror(errno));
+	return 0;
 }
 
-/* The shard file a shard object names: DIR/raw_data's basename. */
-static int sl_mds_file(json_t *sh, const char *dir, const char *where, char **out, uint64_t *samples)
+/*
+ * 1 where b names a file below an index's directory: a relative path of
+ * segments (a merged index's "0/shard.00000.mds", Streaming's
+ * merge_index), none empty, "." or "..", without '\\', NUL or, since a web
+ * server would read another file for them, '%', '?', '#' or ':'.
+ */
+static int sl_name_below(const char *b)
 {
-	const char *b = json_string_value(json_object_get(json_object_get(sh, "raw_data"), "basename"));
+	size_t n = b ? strlen(b) : 0;
 
-	if (!b && json_object_get(sh, "zip_data") && !json_is_null(json_object_get(sh, "zip_data")))
-		return sl__err(SLUICE_EFORMAT, "%s: compressed shards; sluice reads MDS shards written without compression",
-			       where);
-	return sl_index_file(b, json_object_get(sh, "samples"), dir, where, out, samples);
+	if (!n || n >= 1024 || b[0] == '/' || strpbrk(b, "\\%?#:"))
+		return 0;
+	for (const char *seg = b; seg;) {
+		const char *slash = strchr(seg, '/');
+		size_t l = slash ? (size_t)(slash - seg) : strlen(seg);
+
+		if (!l || (l == 1 && seg[0] == '.') || (l == 2 && seg[0] == '.' && seg[1] == '.'))
+			return 0;
+		seg = slash ? slash + 1 : NULL;
+	}
+	return 1;
+}
+
+/*
+ * DIR/b for a file an index names (sl_name_below), into *out.  A local
+ * one that exists must lie below the directory after its links are
+ * followed (a link out, to ~/.ssh say, is refused naming it); the version
+ * read at open is pinned, so a link swapped in later is -ESTALE.
+ */
+static int sl_index_file(const struct sl_root *r, const char *b, char **out)
+{
+	char real[PATH_MAX];
+	size_t rl = strlen(r->real);
+
+	*out = NULL;
+	if (!sl_name_below(b))
+		return sl__err(SLUICE_EFORMAT, "%s: a shard's name %s%s%s is not a file of the directory", r->where,
+			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
+	if (asprintf(out, "%s/%s", r->dir, b) < 0)
+		return *out = NULL, -ENOMEM;
+	if (r->local && realpath(*out, real) && (strncmp(real, r->real, rl) || (real[rl] != '/' && rl > 1))) {
+		int rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is a link to %s, outside the dataset's directory %s",
+				 r->where, b, real, r->real);
+
+		free(*out);
+		*out = NULL;
+		return rc;
+	}
+	return 0;
+}
+
+/* An index's item count n of the file b: 0 to 2^32 - 1. */
+static int sl_index_count(const struct sl_root *r, const char *b, json_t *n, uint64_t *count)
+{
+	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
+		return sl__err(SLUICE_EFORMAT, "%s: %s: its sample count", r->where, b);
+	*count = (uint64_t)json_integer_value(n);
+	return 0;
+}
+
+/* 1 where path is a regular file now (a remote one asked of its store). */
+static int sl_is_file(const char *path)
+{
+	struct stat st;
+	int ok = sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode);
+
+	sl__err_clear();
+	return ok;
+}
+
+/*
+ * Where a shard's decompressed bytes go: its temporary raw file, at most
+ * bound bytes of it (got so far).  sl_sink_put: 0, SLUICE_EFORMAT past the
+ * bound (a frame that says more than the index), or -errno.
+ */
+struct sl_sink {
+	int fd;
+	uint64_t bound, got;
+	const char *zip, *tmp;
+	int known; /* the bound is the index's raw size, not MDS's 4 GiB */
+};
+
+static int sl_sink_put(struct sl_sink *k, const unsigned char *p, size_t n)
+{
+	if (n > k->bound - k->got)
+		return sl__err(SLUICE_EFORMAT, "%s: decompresses to more than the %llu bytes %s", k->zip,
+			       (unsigned long long)k->bound, k->known ? "index.json gives it" : "an MDS shard can hold");
+	k->got += n;
+	while (n) {
+		ssize_t w = write(k->fd, p, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int e = w < 0 ? errno : EIO;
+
+			return sl__err(-e, "%s: writing it decompressed: %s", k->tmp, strerror(e));
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/*
+ * The codecs of Streaming's compression= that sluice reads, each a whole
+ * file's bytes (in, n) decompressed into k in pieces of buf (cap bytes);
+ * frames (members) one after another are one file, as their tools write.
+ * 0 or an error naming k->zip.
+ */
+struct sl_unzip_codec {
+	const char *name; /* as index.json's "compression" names it, before any ":level" */
+	int (*run)(const unsigned char *in, size_t n, unsigned char *buf, size_t cap, struct sl_sink *k);
+};
+
+static int sl_unzstd(const unsigned char *p, size_t n, unsigned char *buf, size_t cap, struct sl_sink *k)
+{
+	ZSTD_DStream *zs = ZSTD_createDStream();
+	ZSTD_inBuffer in = { p, n, 0 };
+	size_t z = 1;
+	int rc = zs ? 0 : -ENOMEM;
+
+	if (zs)
+		ZSTD_initDStream(zs);
+	while (!rc && (in.pos < in.size || z)) {
+		ZSTD_outBuffer o = { buf, cap, 0 };
+
+		z = ZSTD_decompressStream(zs, &o, &in);
+		if (ZSTD_isError(z))
+			rc = sl__err(SLUICE_EFORMAT, "%s: not zstd, or damaged: %s", k->zip, ZSTD_getErrorName(z));
+		else if (!o.pos && in.pos == in.size && z)
+			rc = sl__err(SLUICE_EFORMAT, "%s: its zstd frame is cut short", k->zip);
+		else
+			rc = sl_sink_put(k, buf, o.pos);
+	}
+	ZSTD_freeDStream(zs);
+	return rc;
+}
+
+static int sl_gunzip(const unsigned char *p, size_t n, unsigned char *buf, size_t cap, struct sl_sink *k)
+{
+	struct inflate_state *st = malloc(sizeof(*st));
+	int rc = st ? 0 : -ENOMEM, r = 0;
+
+	if (st) {
+		isal_inflate_init(st);
+		st->crc_flag = ISAL_GZIP; /* the gzip header parsed, its CRC32 and size checked */
+		st->next_in = (uint8_t *)(uintptr_t)p;
+	}
+	while (!rc) {
+		size_t left = n - (size_t)(st->next_in - p);
+		const uint8_t *was = st->next_in;
+
+		st->avail_in = (uint32_t)(left < UINT32_MAX ? left : UINT32_MAX);
+		st->next_out = buf;
+		st->avail_out = (uint32_t)cap;
+		r = isal_inflate(st);
+		if (r < 0 || r == ISAL_NEED_DICT) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: not gzip, or damaged (ISA-L's inflate: %d)", k->zip, r);
+			break;
+		}
+		if ((rc = sl_sink_put(k, buf, cap - st->avail_out)))
+			break;
+		left = n - (size_t)(st->next_in - p);
+		if (st->block_state == ISAL_BLOCK_FINISH) {
+			if (!left)
+				break;
+			isal_inflate_reset(st); /* another member follows */
+			st->crc_flag = ISAL_GZIP;
+		} else if ((!left || st->next_in == was) && st->avail_out) {
+			rc = sl__err(SLUICE_EFORMAT, "%s: its gzip stream is cut short", k->zip);
+		}
+	}
+	free(st);
+	return rc;
+}
+
+static const struct sl_unzip_codec sl_unzip_codecs[] = {
+	{ "zstd", sl_unzstd },
+	{ "gz", sl_gunzip },
+};
+
+/* The codec Streaming's compression name (NAME or NAME:LEVEL) is, or NULL. */
+static const struct sl_unzip_codec *sl_unzip_codec(const char *name)
+{
+	for (size_t i = 0; name && i < sizeof(sl_unzip_codecs) / sizeof(sl_unzip_codecs[0]); i++) {
+		size_t l = strlen(sl_unzip_codecs[i].name);
+
+		if (!strncmp(name, sl_unzip_codecs[i].name, l) && (!name[l] || name[l] == ':'))
+			return &sl_unzip_codecs[i];
+	}
+	return NULL;
+}
+
+/*
+ * The shard file a shard object names: DIR/raw_data's basename, or where
+ * that is absent and the shard is compressed (zip_data), its compressed
+ * file in *zip and its codec in *zc, to be decompressed to the raw one
+ * (sl_mds_unzip); the codecs of Streaming's that sluice does not read
+ * (bz2, br, snappy) are refused naming the codec.
+ * *raw_bytes: raw_data's size, 0 where the index gives none.
+ */
+static int sl_mds_file(const struct sl_root *r, json_t *sh, char **out, uint64_t *samples, uint64_t *raw_bytes,
+		       char **zip, const struct sl_unzip_codec **zc)
+{
+	json_t *raw = json_object_get(sh, "raw_data"), *zd = json_object_get(sh, "zip_data");
+	const char *b = json_string_value(json_object_get(raw, "basename"));
+	const char *z = json_string_value(json_object_get(zd, "basename"));
+	const char *codec = json_string_value(json_object_get(sh, "compression"));
+	json_t *bytes = json_object_get(raw, "bytes");
+	int rc;
+
+	*zip = NULL;
+	*raw_bytes = json_is_integer(bytes) && json_integer_value(bytes) > 0 ? (uint64_t)json_integer_value(bytes) : 0;
+	if (json_is_integer(bytes) && (json_integer_value(bytes) < 0 || json_integer_value(bytes) > UINT32_MAX))
+		return sl__err(SLUICE_EFORMAT, "%s: shard '%s': raw_data's bytes %lld (an MDS shard is under 4 GiB)",
+			       r->where, b ? b : "?", (long long)json_integer_value(bytes));
+	if ((rc = sl_index_count(r, b ? b : z ? z : "(none)", json_object_get(sh, "samples"), samples)))
+		return rc;
+	if (!z || !json_is_object(zd))
+		return sl_index_file(r, b, out);
+	if (!b)
+		return sl__err(SLUICE_EFORMAT, "%s: compressed shard '%s' without a raw_data basename to read it as",
+			       r->where, z);
+	if ((rc = sl_index_file(r, b, out)))
+		return rc;
+	/* Streaming's local copies are raw: where the raw file is there, it is read. */
+	if (sl_is_file(*out))
+		return 0;
+	if (!(*zc = sl_unzip_codec(codec))) {
+		rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is compressed with %s (Streaming's compression=\"%s\"), "
+			     "which sluice does not read; it reads uncompressed, zstd and gz shards: write the dataset "
+			     "with one of those, or let Streaming decompress it once (its local copies are raw)", r->where,
+			     z, codec ? codec : "an unnamed codec", codec ? codec : "?");
+		free(*out);
+		*out = NULL;
+		return rc;
+	}
+	return sl_index_file(r, z, zip);
+}
+
+/*
+ * A compressed shard (zip, of codec c) decompressed once to a raw one, as
+ * Streaming does with its local copies: beside it, under the raw name
+ * (*raw) the index gives, for a local dataset; beside its cached copy (its
+ * name + ".raw") for a remote one, *raw then replaced by that path.
+ * Written under a temporary name and renamed, so a raw file is whole or
+ * absent; the processes of a machine decompress it once (a lock on the
+ * compressed file, held through the check and the write).  The bytes are
+ * bounded by the index's raw size (4 GiB without one: MDS offsets are
+ * u32) and must be exactly it.  Read in place afterwards like any raw
+ * shard.
+ */
+static int sl_mds_unzip(const struct sl_root *r, const struct sl_unzip_codec *c, const char *zip, char **raw,
+			uint64_t raw_bytes)
+{
+	char local[4096], tag[SL_TAG_MAX] = "", *target = NULL, *tmp = NULL;
+	const unsigned char *map = NULL;
+	size_t len = 0, cap = 1 << 20;
+	struct sl_sink k = { -1, raw_bytes ? raw_bytes : UINT32_MAX, 0, zip, NULL, raw_bytes != 0 };
+	unsigned char *buf = NULL;
+	int rc, fd = -1;
+
+	if ((rc = sl__fs_local(zip, tag, local, sizeof(local))))
+		return rc;
+	if (r->local)
+		target = strdup(*raw);
+	else if (asprintf(&target, "%s.raw", local) < 0)
+		target = NULL;
+	if (!target || asprintf(&tmp, "%s.tmp%d", target, (int)getpid()) < 0) {
+		free(target);
+		return -ENOMEM;
+	}
+	k.tmp = tmp;
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0) {
+		rc = fd;
+		goto out;
+	}
+	flock(fd, LOCK_EX); /* advisory: without it each process decompresses its own copy, no harm done */
+	if (sl_is_file(target))
+		goto out;
+	if ((rc = sl__map_ro(local, &map, &len, 0)))
+		goto out;
+	if (!(buf = malloc(cap))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if ((k.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+		rc = sl__err(-errno, "%s: compressed; sluice decompresses it once, as Streaming does, to %s, but cannot "
+			     "write there (%s): decompress it where it can be written, or read the dataset once with "
+			     "Streaming", zip, target, strerror(errno));
+		goto out;
+	}
+	rc = c->run(map, len, buf, cap, &k);
+	if (!rc && raw_bytes && k.got != raw_bytes)
+		rc = sl__err(SLUICE_EFORMAT, "%s: decompresses to %llu bytes, index.json says %llu", zip,
+			     (unsigned long long)k.got, (unsigned long long)raw_bytes);
+	if (!rc && (fsync(k.fd) < 0 || rename(tmp, target) < 0))
+		rc = sl__err(-errno, "%s: %s", target, strerror(errno));
+out:
+	if (k.fd >= 0) {
+		close(k.fd);
+		if (rc)
+			unlink(tmp);
+	}
+	if (fd >= 0)
+		close(fd); /* the lock with it */
+	if (map)
+		munmap((void *)map, len);
+	free(buf);
+	free(tmp);
+	if (!rc) {
+		free(*raw);
+		*raw = target;
+	} else {
+		free(target);
+	}
+	return rc;
 }
 
 /*
@@ -302,6 +635,7 @@ static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, int rc, c
 static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_mds *m = calloc(1, sizeof(*m));
+	struct sl_root root;
 	char *where = NULL, **files = NULL;
 	json_t *j = m ? sl_json_index(path, &where, "shards") : NULL, *shards = json_object_get(j, "shards");
 	size_t n = json_array_size(shards);
@@ -313,13 +647,22 @@ static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 		rc = sl__err(SLUICE_EFORMAT, "%s: %zu shards (1 to %u)", where, n, SL_MAX_SHARDS);
 	if (!rc && (!(files = calloc(n, sizeof(char *))) || !(samples = calloc(n, sizeof(uint64_t)))))
 		rc = -ENOMEM;
+	if (!rc && !(m->raw_bytes = calloc(n, sizeof(uint64_t))))
+		rc = -ENOMEM;
+	if (!rc)
+		rc = sl_root_init(&root, path, where);
 	for (size_t s = 0; !rc && s < n; s++) {
 		json_t *sh = json_array_get(shards, s);
+		char *zip = NULL;
+		const struct sl_unzip_codec *zc = NULL;
 
 		if (strcmp(json_string_value(json_object_get(sh, "format")) ?: "", "mds"))
 			rc = sl__err(SLUICE_EFORMAT, "%s: shard %zu is not of format mds", where, s);
 		else if (!(rc = sl_mds_columns(ds, m, sh, s ? json_array_get(shards, 0) : NULL, where)))
-			rc = sl_mds_file(sh, path, where, &files[s], &samples[s]);
+			rc = sl_mds_file(&root, sh, &files[s], &samples[s], &m->raw_bytes[s], &zip, &zc);
+		if (!rc && zip)
+			rc = sl_mds_unzip(&root, zc, zip, &files[s], m->raw_bytes[s]);
+		free(zip);
 	}
 	return sl_shards_load(ds, m, rc, files, (unsigned)n, samples, j, where);
 }
@@ -333,6 +676,7 @@ static void sl_mds_close(struct sluice_dataset *ds)
 	free(m->off);
 	free(m->first);
 	free(m->at);
+	free(m->raw_bytes);
 	free(m);
 }
 
@@ -499,6 +843,7 @@ static int sl_ld_probe(const char *path)
 static int sl_ld_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_mds *m = calloc(1, sizeof(*m));
+	struct sl_root root;
 	char *where = NULL, **files = NULL;
 	json_t *j = m ? sl_json_index(path, &where, "chunks") : NULL, *chunks = json_object_get(j, "chunks");
 	json_t *config = json_object_get(j, "config");
@@ -520,11 +865,15 @@ static int sl_ld_open(struct sluice_dataset *ds, const char *path)
 		rc = sl_ld_columns(ds, m, config, where);
 	if (!rc && (!(files = calloc(n, sizeof(char *))) || !(items = calloc(n, sizeof(uint64_t)))))
 		rc = -ENOMEM;
+	if (!rc)
+		rc = sl_root_init(&root, path, where);
 	for (size_t c = 0; !rc && c < n; c++) {
 		json_t *ch = json_array_get(chunks, c);
+		const char *name = json_string_value(json_object_get(ch, "filename"));
 
-		rc = sl_index_file(json_string_value(json_object_get(ch, "filename")), json_object_get(ch, "chunk_size"),
-				   path, where, &files[c], &items[c]);
+		rc = sl_index_count(&root, name ? name : "(none)", json_object_get(ch, "chunk_size"), &items[c]);
+		if (!rc)
+			rc = sl_index_file(&root, name, &files[c]);
 	}
 	return sl_shards_load(ds, m, rc, files, (unsigned)n, items, j, where);
 }
