@@ -32,7 +32,12 @@
  * (no_header_numpy:K, no_header_tensor:K) is a variable-length array of
  * its dtype; everything else (str, bytes, pil, jpeg, pickle, ...) its
  * encoded bytes.  Compressed or encrypted chunks, and nested samples, are
- * refused by name.  LitData carries no checksum either.
+ * refused by name.  LitData carries no checksum either.  A chunk whose
+ * items are all empty keeps its samples in its Arrow row footer (LitData's
+ * writer does so for a flat dict of strings and numbers): its table is
+ * read in place (arrowipc.c), each record batch a block whose rows are
+ * laid out as items are, so a dataset with such chunks reads its records
+ * through blocks (ds->compressed), decoded from the chunk's bytes as read.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -60,7 +65,33 @@ struct sl_mds {
 	uint64_t *at;           /* at[s]: where shard s's offsets start in off */
 	uint64_t *raw_bytes;    /* MDS: each shard's size as index.json gives it (0: not given) */
 	struct sl__cols cols;
+	/*
+	 * LitData: the chunks whose samples are only in their Arrow footer
+	 * (arrow[s] non-NULL); with any, ds->compressed, and every chunk's
+	 * records are read through blocks[s] (an Arrow chunk's: one per record
+	 * batch, its rows laid out as LitData's items; another's: runs of its
+	 * items as they lie).  Single reads keep the last block decoded.
+	 */
+	int litdata;
+	struct sl_ld_arrow **arrow;
+	struct sl__block **blocks;
+	uint64_t *nblocks;
+	pthread_mutex_t lock;
+	int have_lock;
+	unsigned c_shard;
+	uint64_t c_block;
+	unsigned char *c_buf, *c_src;
+	size_t c_cap, c_src_cap;
+	int c_valid;
 };
+
+struct sl_ld_arrow {
+	struct sl__arrow a;
+	uint64_t *loff; /* rows + 1: each row's place in the chunk's records as laid out */
+};
+
+static int sl_ld_chunk(struct sluice_dataset *ds, struct sl_mds *m, unsigned s, const unsigned char *p, size_t len,
+		       uint64_t n);
 
 static const struct {
 	const char *name;
@@ -182,13 +213,15 @@ static int sl_mds_shard(struct sluice_dataset *ds, struct sl_mds *m, unsigned s,
 		rc = -ENOMEM;
 	if (!rc && (rc = sl__offsets_parse(p, len, m->off + base)))
 		rc = sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail());
-	munmap((void *)p, len);
 	if (!rc) {
 		m->at[s + 1] = base + n + 1;
 		m->first[s + 1] = m->first[s] + n;
 		ds->file_bytes[s] = len;
 		ds->file_records[s] = n;
 	}
+	if (!rc && m->litdata)
+		rc = sl_ld_chunk(ds, m, s, p, len, n);
+	munmap((void *)p, len);
 	return rc;
 }
 
@@ -673,6 +706,21 @@ static void sl_mds_close(struct sluice_dataset *ds)
 
 	if (!m)
 		return;
+	for (unsigned s = 0; m->arrow && s < ds->nfiles; s++)
+		if (m->arrow[s]) {
+			sl__arrow_free(&m->arrow[s]->a);
+			free(m->arrow[s]->loff);
+			free(m->arrow[s]);
+		}
+	for (unsigned s = 0; m->blocks && s < ds->nfiles; s++)
+		free(m->blocks[s]);
+	if (m->have_lock)
+		pthread_mutex_destroy(&m->lock);
+	free(m->arrow);
+	free(m->blocks);
+	free(m->nblocks);
+	free(m->c_buf);
+	free(m->c_src);
 	free(m->off);
 	free(m->first);
 	free(m->at);
@@ -830,6 +878,201 @@ static int sl_ld_columns(struct sluice_dataset *ds, struct sl_mds *m, json_t *co
 	return rc ? rc : sl__schema_check(ds->fields, ds->nfields);
 }
 
+/*
+ * Chunk s's Arrow footer, where its items are all empty (LitData's writer
+ * keeps a flat dict of strings and numbers only there: "LDARW01\0" last,
+ * after the IPC bytes and their u32 length): its table parsed and checked
+ * against the fields index.json gives (names, types, the row count), each
+ * row's place as laid out computed, one block a record batch.  A chunk
+ * with items is left as it is.
+ */
+static int sl_ld_chunk(struct sluice_dataset *ds, struct sl_mds *m, unsigned s, const unsigned char *p, size_t len,
+		       uint64_t n)
+{
+	const uint32_t *off = m->off + m->at[s];
+	uint64_t head = 4 * (n + 2), ipc, start;
+	struct sl_ld_arrow *ar;
+	struct sl__block *b;
+	const char *name = ds->files[s];
+	int rc;
+
+	for (uint64_t k = 0; k <= n; k++)
+		if (!n || off[k] != head)
+			return 0; /* items of its own: read as they lie */
+	if (len < head + 12 || memcmp(p + len - 8, "LDARW01", 8))
+		return sl__err(SLUICE_EFORMAT, "%s: %llu samples, each of 0 bytes, and no Arrow row footer to hold them",
+			       name, (unsigned long long)n);
+	ipc = sl__le32(p + len - 12);
+	if (ipc > len - 12 - head)
+		return sl__err(SLUICE_EFORMAT, "%s: its Arrow row footer of %llu bytes runs past the chunk's %zu", name,
+			       (unsigned long long)ipc, len);
+	start = len - 12 - ipc;
+	if (!ds->codec)
+		ds->codec = "none";
+	if ((!m->arrow && !(m->arrow = calloc(ds->nfiles, sizeof(*m->arrow)))) ||
+	    (!m->blocks && !(m->blocks = calloc(ds->nfiles, sizeof(*m->blocks)))) ||
+	    (!m->nblocks && !(m->nblocks = calloc(ds->nfiles, sizeof(*m->nblocks)))) || !(ar = calloc(1, sizeof(*ar))))
+		return -ENOMEM;
+	m->arrow[s] = ar; /* freed with the dataset from here on */
+	if ((rc = sl__arrow_parse(p + start, (size_t)ipc, start, &ar->a, name)))
+		return rc;
+	if (ar->a.rows != n)
+		return sl__err(SLUICE_EFORMAT, "%s: %llu rows in its Arrow footer, %llu samples in the chunk", name,
+			       (unsigned long long)ar->a.rows, (unsigned long long)n);
+	for (unsigned c = 0; c < ar->a.ncols || c < ds->nfields; c++) {
+		const struct sl__acol *col = c < ar->a.ncols ? &ar->a.col[c] : NULL;
+		const struct sluice_field *f = c < ds->nfields ? &ds->fields[c] : NULL;
+
+		if (!col || !f || strcmp(col->name, f->name) || col->dtype != f->dtype || f->ndim)
+			return sl__err(SLUICE_EFORMAT, "%s: its Arrow rows' column %u is %s%s%s (%s), index.json's data_format "
+				       "and data_spec say %s%s%s (%s): a sample with keys the first did not have (LitData "
+				       "gives None for them elsewhere)", name, c, col ? "'" : "", col ? col->name : "none",
+				       col ? "'" : "", col ? sluice_dtype_name(col->dtype) : "-", f ? "'" : "",
+				       f ? f->name : "none", f ? "'" : "", f ? sluice_dtype_name(f->dtype) : "-");
+	}
+	if (!(ar->loff = calloc(n + 1, sizeof(uint64_t))) || !(b = calloc(ar->a.nbatches ? ar->a.nbatches : 1, sizeof(*b))))
+		return -ENOMEM;
+	m->blocks[s] = b;
+	for (uint64_t k = 0; !rc && k < ar->a.nbatches; k++) {
+		const struct sl__abatch *ab = &ar->a.b[k];
+
+		rc = sl__arrow_rows_len(&ar->a, k, p + ab->body, ar->loff + ab->first, name);
+		if (!rc && (ab->body_len > UINT32_MAX || ar->loff[ab->first + ab->rows] - ar->loff[ab->first] > UINT32_MAX))
+			rc = sl__err(SLUICE_EFORMAT, "%s: record batch %llu: 4 GiB or more", name, (unsigned long long)k);
+		b[k] = (struct sl__block){ ar->loff[ab->first], ab->body, (uint32_t)ab->body_len,
+					   (uint32_t)(ar->loff[ab->first + ab->rows] - ar->loff[ab->first]), 0, 0 };
+		if (ab->codec == SL_ACODEC_ZSTD)
+			ds->codec = "zstd";
+	}
+	m->nblocks[s] = ar->a.nbatches;
+	ds->file_bytes[s] = ar->loff[n]; /* its records' bytes as laid out, where locate points */
+	ds->compressed = 1;
+	return rc;
+}
+
+/*
+ * A dataset with Arrow chunks reads every record through blocks: a chunk
+ * of items gets runs of them (up to 1 MiB, or one item) as they lie.
+ */
+static int sl_ld_item_blocks(struct sluice_dataset *ds, struct sl_mds *m)
+{
+	for (unsigned s = 0; s < ds->nfiles; s++) {
+		const uint32_t *off = m->off + m->at[s];
+		uint64_t n = ds->file_records[s], nb = 0;
+		struct sl__block *b;
+
+		if (m->arrow[s])
+			continue;
+		if (!(b = malloc((n ? n : 1) * sizeof(*b))))
+			return -ENOMEM;
+		m->blocks[s] = b;
+		for (uint64_t k0 = 0, k1; k0 < n; k0 = k1) {
+			for (k1 = k0 + 1; k1 < n && off[k1 + 1] - off[k0] <= (1u << 20); k1++)
+				;
+			b[nb++] = (struct sl__block){ off[k0], off[k0], off[k1] - off[k0], off[k1] - off[k0], 0, 0 };
+		}
+		m->nblocks[s] = nb;
+	}
+	return 0;
+}
+
+static void sl_ld_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
+{
+	const struct sl_mds *m = ds->priv;
+	unsigned s = sl__ds_file_of(m->first, ds->nfiles, i);
+	const struct sl_ld_arrow *ar = m->arrow ? m->arrow[s] : NULL;
+	uint64_t r = i - m->first[s];
+
+	if (!ar) {
+		sl_mds_locate(ds, i, loc);
+		return;
+	}
+	loc->shard = s;
+	loc->offset = ar->loff[r];
+	loc->length = (uint32_t)(ar->loff[r + 1] - ar->loff[r]);
+	loc->crc = 0;
+}
+
+static int sl_ld_blocks(struct sluice_dataset *ds, unsigned s, const struct sl__block **b, uint64_t *n)
+{
+	const struct sl_mds *m = ds->priv;
+
+	*b = m->blocks[s];
+	*n = m->nblocks[s];
+	return 0;
+}
+
+/* An Arrow batch's rows laid out as LitData's items; a run of items copied as it lies. */
+static int sl_ld_block_decode(struct sluice_dataset *ds, unsigned s, uint64_t k, const struct sl__block *b,
+			      const void *src, void *dst)
+{
+	const struct sl_mds *m = ds->priv;
+	const struct sl_ld_arrow *ar = m->arrow[s];
+
+	if (!ar) {
+		memcpy(dst, src, b->len);
+		return 0;
+	}
+	return sl__arrow_rows(&ar->a, k, src, ar->loff + ar->a.b[k].first, dst, ds->files[s]);
+}
+
+/* One record of a dataset read through blocks: an item read where it lies; an Arrow row from its batch, laid out. */
+static int sl_ld_fetch(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf)
+{
+	struct sl_mds *m = ds->priv;
+	const struct sl__block *b = m->blocks[loc->shard];
+	uint64_t lo = 0, hi = m->nblocks[loc->shard];
+	int rc = 0;
+
+	if (!m->arrow[loc->shard])
+		return sl__ds_pread(ds, loc->shard, buf, loc->length, loc->offset, "record", i);
+	while (hi - lo > 1) { /* the last block starting at or before the record */
+		uint64_t mid = lo + (hi - lo) / 2;
+
+		if (b[mid].logical <= loc->offset)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	if (!m->nblocks[loc->shard] || loc->offset < b[lo].logical || loc->offset + loc->length > b[lo].logical + b[lo].len)
+		return sl__err(SLUICE_EFORMAT, "%s: record %llu lies in no record batch", ds->files[loc->shard],
+			       (unsigned long long)i);
+	pthread_mutex_lock(&m->lock);
+	if (!m->c_valid || m->c_shard != loc->shard || m->c_block != lo) {
+		m->c_valid = 0;
+		if (sl__reserve(&m->c_src, &m->c_src_cap, b[lo].stored ? b[lo].stored : 1) ||
+		    sl__reserve(&m->c_buf, &m->c_cap, b[lo].len ? b[lo].len : 1))
+			rc = -ENOMEM;
+		if (!rc)
+			rc = sl__ds_pread(ds, loc->shard, m->c_src, b[lo].stored, b[lo].file, "record batch", lo);
+		if (!rc)
+			rc = sl_ld_block_decode(ds, loc->shard, lo, &b[lo], m->c_src, m->c_buf);
+		m->c_valid = !rc;
+		m->c_shard = loc->shard;
+		m->c_block = lo;
+	}
+	if (!rc)
+		memcpy(buf, m->c_buf + (loc->offset - b[lo].logical), loc->length);
+	pthread_mutex_unlock(&m->lock);
+	return rc;
+}
+
+/* Stored and laid-out bytes of the records where Arrow buffers are zstd, for the ratio sluice inspect shows. */
+static int sl_ld_sizes(struct sluice_dataset *ds, uint64_t *stored, uint64_t *logical)
+{
+	const struct sl_mds *m = ds->priv;
+
+	*stored = *logical = 0;
+	if (!m->nblocks || !ds->codec || strcmp(ds->codec, "zstd"))
+		return 0; /* nothing compressed: the ratio is 1 */
+	for (unsigned s = 0; s < ds->nfiles; s++)
+		for (uint64_t k = 0; k < m->nblocks[s]; k++) {
+			*stored += m->blocks[s][k].stored;
+			*logical += m->blocks[s][k].len;
+		}
+	return 0;
+}
+
 /* Owns a directory whose index.json has chunks and a config. */
 static int sl_ld_probe(const char *path)
 {
@@ -875,7 +1118,11 @@ static int sl_ld_open(struct sluice_dataset *ds, const char *path)
 		if (!rc)
 			rc = sl_index_file(&root, name, &files[c]);
 	}
-	return sl_shards_load(ds, m, rc, files, (unsigned)n, items, j, where);
+	m->litdata = 1;
+	if (!rc && !(rc = pthread_mutex_init(&m->lock, NULL) ? -ENOMEM : 0))
+		m->have_lock = 1;
+	rc = sl_shards_load(ds, m, rc, files, (unsigned)n, items, j, where);
+	return !rc && ds->compressed ? sl_ld_item_blocks(ds, m) : rc;
 }
 
 const struct sl__ds_ops sl__ds_litdata_ops = {
@@ -883,8 +1130,12 @@ const struct sl__ds_ops sl__ds_litdata_ops = {
 	.probe = sl_ld_probe,
 	.open = sl_ld_open,
 	.close = sl_mds_close,
-	.locate = sl_mds_locate,
+	.locate = sl_ld_locate,
 	.decode = sl_mds_decode,
+	.fetch = sl_ld_fetch,
+	.blocks = sl_ld_blocks,
+	.block_decode = sl_ld_block_decode,
+	.sizes = sl_ld_sizes,
 };
 
 const struct sl__ds_ops sl__ds_mds_ops = {
