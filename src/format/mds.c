@@ -594,6 +594,9 @@ static int sl_mds_unzip(const struct sl_root *r, const struct sl_unzip_codec *c,
 	flock(fd, LOCK_EX); /* advisory: without it each process decompresses its own copy, no harm done */
 	if (sl_is_file(target))
 		goto out;
+	/* A directory, FIFO or device under the raw name is refused, never renamed over. */
+	if ((rc = sl__replaceable(target)))
+		goto out;
 	if ((rc = sl__map_ro(local, &map, &len, 0)))
 		goto out;
 	if (!(buf = malloc(cap))) {

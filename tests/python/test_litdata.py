@@ -290,3 +290,18 @@ def test_litdatas_own_arrow_chunks(tmp_path, compression):
         assert bytes(got["raw"]) == want["raw"]
     ids = sorted(int(i) for b in sluice.Loader(ds, 50, seed=2, rank=0, world_size=1) for i in b["ids"])
     assert ids == list(range(1500))
+
+
+def test_an_arrow_chunk_replaced_after_open_is_stale_not_laid_out_wrong(tmp_path):
+    """The chunk rewritten (other rows, its size kept or not) after the dataset opened: a read fails -ESTALE, never
+    rows laid out from the old batches' places."""
+    import time
+    rows = _arrow_rows(30, 7)
+    _write_arrow(tmp_path / "ds", [rows])
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    time.sleep(0.01)
+    new = tmp_path / "ds" / "new.bin"
+    new.write_bytes(_arrow_chunk(_arrow_rows(30, 8)))
+    os.replace(new, tmp_path / "ds" / "chunk-0-0.bin")
+    with pytest.raises(sluice.SluiceError, match="replaced or rewritten since the dataset was opened"):
+        ds[0]

@@ -365,3 +365,18 @@ def test_compressed_shards_over_http_are_decompressed_beside_their_cached_copies
         ids = sorted(int(i) for b in sluice.Loader(ds, 10, seed=1, rank=0, world_size=1) for i in b["ids"])
         assert ids == list(range(50))
     assert sorted(os.listdir(tmp_path / "www" / "ds")) == ["index.json", "shard.00000.mds.zstd", "shard.00001.mds.zstd"]
+
+
+def test_what_lies_under_a_compressed_shards_raw_name(tmp_path):
+    """A temporary file a killed decompression left is ignored (the raw file appears whole, by rename, or not at
+    all); a FIFO or directory under the raw name is refused by name, never renamed over."""
+    _write(tmp_path / "ds", [_samples(5, 1)], codec="zstd")
+    (tmp_path / "ds" / "shard.00000.mds.tmp4242").write_bytes(b"half a shard")
+    assert bytes(sluice.Dataset(str(tmp_path / "ds"))[4]["text"]) == b"s1-4"
+    for kind in ("fifo", "dir"):
+        d = tmp_path / kind
+        _write(d, [_samples(5, 1)], codec="zstd")
+        os.mkfifo(d / "shard.00000.mds") if kind == "fifo" else (d / "shard.00000.mds").mkdir()
+        with pytest.raises(sluice.SluiceError, match="shard.00000.mds"):
+            sluice.Dataset(str(d))
+        assert (d / "shard.00000.mds").exists() and not (d / "shard.00000.mds").is_file()
