@@ -18,10 +18,10 @@
  * carries no checksum of a sample.  A merged index (Streaming's
  * merge_index) names shards by paths below the directory ("0/shard.00000
  * .mds"); every name must stay below it, links followed.  A compressed
- * shard (zip_data, its raw file absent) of zstd or gz is decompressed once
- * beside it under its raw name, as Streaming does with its local copies,
- * and read in place from there; bz2, br and snappy are refused naming the
- * codec.
+ * shard (zip_data, its raw file absent) of zstd, gz or bz2 is decompressed
+ * once beside it under its raw name, as Streaming does with its local
+ * copies, and read in place from there; br and snappy are refused naming
+ * the codec.
  *
  * LitData (its PyTreeLoader's chunks): DIR/index.json's config gives every
  * sample's leaves' formats (data_format) and names (data_spec: a flat
@@ -50,9 +50,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <isa-l/igzip_lib.h>
+#include <archive.h>
+#include <archive_entry.h>
 #include <jansson.h>
-#include <zstd.h>
 
 #include "format/format.h"
 
@@ -418,82 +418,49 @@ static int sl_sink_put(struct sl_sink *k, const unsigned char *p, size_t n)
 }
 
 /*
- * The codecs of Streaming's compression= that sluice reads, each a whole
- * file's bytes (in, n) decompressed into k in pieces of buf (cap bytes);
- * frames (members) one after another are one file, as their tools write.
- * 0 or an error naming k->zip.
+ * The codecs of Streaming's compression= that sluice reads: libarchive's
+ * own decoders (its "raw" format: one stream, decompressed), each
+ * registered alone, so that a file of another codec is never taken, and
+ * only where libarchive has it built in (ARCHIVE_OK): where it would run
+ * an outside program instead (ARCHIVE_WARN), the codec is refused.  gzip
+ * members and zstd frames one after another are one file, as their tools
+ * write them; gzip's CRC and bzip2's block CRCs are checked.
  */
 struct sl_unzip_codec {
 	const char *name; /* as index.json's "compression" names it, before any ":level" */
-	int (*run)(const unsigned char *in, size_t n, unsigned char *buf, size_t cap, struct sl_sink *k);
+	int (*support)(struct archive *a);
+	int filter;       /* archive_filter_code() of such a file */
 };
-
-static int sl_unzstd(const unsigned char *p, size_t n, unsigned char *buf, size_t cap, struct sl_sink *k)
-{
-	ZSTD_DStream *zs = ZSTD_createDStream();
-	ZSTD_inBuffer in = { p, n, 0 };
-	size_t z = 1;
-	int rc = zs ? 0 : -ENOMEM;
-
-	if (zs)
-		ZSTD_initDStream(zs);
-	while (!rc && (in.pos < in.size || z)) {
-		ZSTD_outBuffer o = { buf, cap, 0 };
-
-		z = ZSTD_decompressStream(zs, &o, &in);
-		if (ZSTD_isError(z))
-			rc = sl__err(SLUICE_EFORMAT, "%s: not zstd, or damaged: %s", k->zip, ZSTD_getErrorName(z));
-		else if (!o.pos && in.pos == in.size && z)
-			rc = sl__err(SLUICE_EFORMAT, "%s: its zstd frame is cut short", k->zip);
-		else
-			rc = sl_sink_put(k, buf, o.pos);
-	}
-	ZSTD_freeDStream(zs);
-	return rc;
-}
-
-static int sl_gunzip(const unsigned char *p, size_t n, unsigned char *buf, size_t cap, struct sl_sink *k)
-{
-	struct inflate_state *st = malloc(sizeof(*st));
-	int rc = st ? 0 : -ENOMEM, r = 0;
-
-	if (st) {
-		isal_inflate_init(st);
-		st->crc_flag = ISAL_GZIP; /* the gzip header parsed, its CRC32 and size checked */
-		st->next_in = (uint8_t *)(uintptr_t)p;
-	}
-	while (!rc) {
-		size_t left = n - (size_t)(st->next_in - p);
-		const uint8_t *was = st->next_in;
-
-		st->avail_in = (uint32_t)(left < UINT32_MAX ? left : UINT32_MAX);
-		st->next_out = buf;
-		st->avail_out = (uint32_t)cap;
-		r = isal_inflate(st);
-		if (r < 0 || r == ISAL_NEED_DICT) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: not gzip, or damaged (ISA-L's inflate: %d)", k->zip, r);
-			break;
-		}
-		if ((rc = sl_sink_put(k, buf, cap - st->avail_out)))
-			break;
-		left = n - (size_t)(st->next_in - p);
-		if (st->block_state == ISAL_BLOCK_FINISH) {
-			if (!left)
-				break;
-			isal_inflate_reset(st); /* another member follows */
-			st->crc_flag = ISAL_GZIP;
-		} else if ((!left || st->next_in == was) && st->avail_out) {
-			rc = sl__err(SLUICE_EFORMAT, "%s: its gzip stream is cut short", k->zip);
-		}
-	}
-	free(st);
-	return rc;
-}
 
 static const struct sl_unzip_codec sl_unzip_codecs[] = {
-	{ "zstd", sl_unzstd },
-	{ "gz", sl_gunzip },
+	{ "zstd", archive_read_support_filter_zstd, ARCHIVE_FILTER_ZSTD },
+	{ "gz", archive_read_support_filter_gzip, ARCHIVE_FILTER_GZIP },
+	{ "bz2", archive_read_support_filter_bzip2, ARCHIVE_FILTER_BZIP2 },
 };
+
+/* The whole file (in, n bytes) of codec c decompressed into k, in pieces of buf (cap bytes); 0 or an error naming k->zip. */
+static int sl_unzip_run(const struct sl_unzip_codec *c, const unsigned char *in, size_t n, unsigned char *buf,
+			size_t cap, struct sl_sink *k)
+{
+	struct archive *a = archive_read_new();
+	struct archive_entry *e;
+	int rc = a ? 0 : -ENOMEM;
+	la_ssize_t got;
+
+	if (!rc && (c->support(a) != ARCHIVE_OK || archive_read_support_format_raw(a) != ARCHIVE_OK))
+		rc = sl__err(SLUICE_EFORMAT, "%s: this build's libarchive has no %s decoder of its own", k->zip, c->name);
+	if (!rc && (archive_read_open_memory(a, in, n) != ARCHIVE_OK || archive_read_next_header(a, &e) != ARCHIVE_OK))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not %s, or damaged: %s", k->zip, c->name,
+			     archive_error_string(a) ?: "no stream");
+	if (!rc && archive_filter_code(a, 0) != c->filter)
+		rc = sl__err(SLUICE_EFORMAT, "%s: not %s, as index.json says it is", k->zip, c->name);
+	while (!rc && (got = archive_read_data(a, buf, cap)) != 0)
+		rc = got < 0 ? sl__err(SLUICE_EFORMAT, "%s: not %s, or damaged: %s", k->zip, c->name,
+				       archive_error_string(a) ?: "a read error")
+			     : sl_sink_put(k, buf, (size_t)got);
+	archive_read_free(a);
+	return rc;
+}
 
 /* The codec Streaming's compression name (NAME or NAME:LEVEL) is, or NULL. */
 static const struct sl_unzip_codec *sl_unzip_codec(const char *name)
@@ -512,7 +479,7 @@ static const struct sl_unzip_codec *sl_unzip_codec(const char *name)
  * that is absent and the shard is compressed (zip_data), its compressed
  * file in *zip and its codec in *zc, to be decompressed to the raw one
  * (sl_mds_unzip); the codecs of Streaming's that sluice does not read
- * (bz2, br, snappy) are refused naming the codec.
+ * (br, snappy) are refused naming the codec.
  * *raw_bytes: raw_data's size, 0 where the index gives none.
  */
 static int sl_mds_file(const struct sl_root *r, json_t *sh, char **out, uint64_t *samples, uint64_t *raw_bytes,
@@ -544,8 +511,9 @@ static int sl_mds_file(const struct sl_root *r, json_t *sh, char **out, uint64_t
 		return 0;
 	if (!(*zc = sl_unzip_codec(codec))) {
 		rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is compressed with %s (Streaming's compression=\"%s\"), "
-			     "which sluice does not read; it reads uncompressed, zstd and gz shards: write the dataset "
-			     "with one of those, or let Streaming decompress it once (its local copies are raw)", r->where,
+			     "which sluice does not read; it reads uncompressed, zstd, gz and bz2 shards: write the "
+			     "dataset with one of those, or let Streaming decompress it once (its local copies are raw)",
+			     r->where,
 			     z, codec ? codec : "an unnamed codec", codec ? codec : "?");
 		free(*out);
 		*out = NULL;
@@ -609,7 +577,7 @@ static int sl_mds_unzip(const struct sl_root *r, const struct sl_unzip_codec *c,
 			     "Streaming", zip, target, strerror(errno));
 		goto out;
 	}
-	rc = c->run(map, len, buf, cap, &k);
+	rc = sl_unzip_run(c, map, len, buf, cap, &k);
 	if (!rc && raw_bytes && k.got != raw_bytes)
 		rc = sl__err(SLUICE_EFORMAT, "%s: decompresses to %llu bytes, index.json says %llu", zip,
 			     (unsigned long long)k.got, (unsigned long long)raw_bytes);

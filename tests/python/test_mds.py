@@ -37,8 +37,9 @@ def _zstd_raw(data):
 
 def _write(d, shards, names=("text", "raw"), encodings=("str", "bytes"), sizes=(None, None), patch=None,
            codec=None, subdir=""):
-    """shards under d as Streaming writes them; codec "zstd" or "gz": each shard only compressed (zip_data), as
+    """shards under d as Streaming writes them; codec "zstd", "gz" or "bz2": each shard only compressed (zip_data), as
     Streaming leaves them before a reader decompresses them; subdir: every shard below it, as a merged index's."""
+    import bz2
     import gzip
     d.mkdir(parents=True, exist_ok=True)
     index = {"version": 2, "shards": []}
@@ -48,7 +49,8 @@ def _write(d, shards, names=("text", "raw"), encodings=("str", "bytes"), sizes=(
         (d / name).parent.mkdir(parents=True, exist_ok=True)
         zip_data = None
         if codec:
-            (d / f"{name}.{codec}").write_bytes(_zstd_raw(raw) if codec == "zstd" else gzip.compress(raw))
+            packed = _zstd_raw(raw) if codec == "zstd" else gzip.compress(raw) if codec == "gz" else bz2.compress(raw)
+            (d / f"{name}.{codec}").write_bytes(packed)
             zip_data = {"basename": f"{name}.{codec}", "bytes": (d / f"{name}.{codec}").stat().st_size, "hashes": {}}
         else:
             (d / name).write_bytes(raw)
@@ -186,9 +188,9 @@ def test_a_malformed_index_json_is_named(tmp_path):
         sluice.Dataset(str(tmp_path / "ds"))
 
 
-@pytest.mark.parametrize("codec", ["zstd", "gz"])
+@pytest.mark.parametrize("codec", ["zstd", "gz", "bz2"])
 def test_compressed_shards_are_decompressed_once_beside_them(tmp_path, codec):
-    """Shards only compressed (zip_data; Streaming's compression="zstd" or "gz" before a reader decompresses them)
+    """Shards only compressed (zip_data; Streaming's compression="zstd", "gz" or "bz2" before a reader decompresses them)
     are read (every one failed as "shard.00000.mds: cannot open: No such file"): decompressed once beside them under
     the raw name index.json gives, as Streaming does with its local copies, then read in place; a second open
     decompresses nothing."""
@@ -207,22 +209,24 @@ def test_compressed_shards_are_decompressed_once_beside_them(tmp_path, codec):
 
 
 @pytest.mark.parametrize("harm,words", [
-    ("bz2", "compressed with bz2"),
+    ("br", "compressed with br"),
+    ("mislabelled", "not bz2, as index.json says it is"),
     ("bomb", "decompresses to more than the"),
     ("short", "decompresses to 10 bytes, index.json says"),
-    ("cut", "cut short"),
-    ("garbage", "not zstd, or damaged"),
+    ("cut", "not zstd, or damaged: Truncated"),
+    ("garbage", "not zstd, as index.json says it is"),
     ("huge", "an MDS shard is under 4 GiB"),
 ])
 def test_hostile_compressed_shards_are_refused_by_name(tmp_path, harm, words):
-    """A codec sluice does not read is named (it said no such file); a frame that decompresses to more than the
-    index's raw size (a bomb) stops there, one that gives less or is cut short is refused; nothing half-written is
-    left for a later open to read."""
+    """A codec sluice does not read is named (it said no such file), a file of another codec than the index says is
+    refused (only that codec's decoder is asked: none runs an outside program); a frame that decompresses to more
+    than the index's raw size (a bomb) stops there, one that gives less or is cut short is refused; nothing
+    half-written is left for a later open to read."""
     d = tmp_path / "ds"
     patch = None
-    if harm == "bz2":
+    if harm in ("br", "mislabelled"):
         def patch(ix):
-            ix["shards"][0]["compression"] = "bz2:9"
+            ix["shards"][0]["compression"] = "br:11" if harm == "br" else "bz2:9"
     elif harm == "bomb":
         def patch(ix):
             ix["shards"][0]["raw_data"]["bytes"] = 100
@@ -306,7 +310,7 @@ def test_a_shard_that_links_out_of_the_directory_is_refused(tmp_path, how):
 
 
 def test_streamings_compressed_and_merged_datasets(tmp_path):
-    """Streaming's own writer, every codec it has: zstd and gz read equal to its StreamingDataset, bz2, br and snappy
+    """Streaming's own writer, every codec it has: zstd, gz and bz2 read equal to its StreamingDataset, br and snappy
     refused naming the codec; and a merge_index of two writers' directories read equal to it."""
     streaming = pytest.importorskip("streaming", reason="MosaicML Streaming (it needs torch)")
     from streaming.base.util import merge_index
@@ -325,7 +329,7 @@ def test_streamings_compressed_and_merged_datasets(tmp_path):
         out = tmp_path / codec.replace(":", "_")
         write(out, 300, 1, compression=codec)
         assert not any(p.endswith(".mds") for p in os.listdir(out))  # only compressed: what sluice meets first
-        if codec.split(":")[0] in ("bz2", "br", "snappy"):
+        if codec.split(":")[0] in ("br", "snappy"):
             with pytest.raises(sluice.SluiceError, match=f"compressed with {codec}"):
                 sluice.Dataset(str(out))
             continue
