@@ -1264,8 +1264,9 @@ struct sluice_batch;
  * RandomHorizontalFlip's probability; floats are the pixels / 255, then
  * (x - mean) / std where std is set.  Crops and flips are a function of
  * (seed, epoch, record id) alone.  Pixels are what PIL's convert("RGB")
- * gives (PNG alpha dropped, 16-bit samples by their high byte, no gamma;
- * CMYK as Adobe stores it), chroma upsampled as libjpeg does.  With a GPU
+ * gives (PNG alpha dropped, no gamma; 16-bit colour by its high byte,
+ * 16-bit grey clipped to 255 as PIL's I;16 is; CMYK as Adobe stores it),
+ * chroma upsampled as libjpeg does.  With a GPU
  * loader, baseline JPEGs are decoded by nvJPEG in batches (the hardware
  * decoders where the GPU has them) and the augmentation is one kernel
  * launch a batch (NVRTC, compiled once a process); PNG, WebP, progressive,

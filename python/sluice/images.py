@@ -29,7 +29,8 @@ class Images:
     "resize" resizes whole images to size.  size: an int or (height, width).  dtype: "u8" (not normalised), "f16",
     "bf16" or "f32".  decode: "auto" (nvJPEG with a GPU loader, its hardware decoders where the GPU has them; the CPU's
     threads for PNG, WebP, progressive, CMYK and RGB-stored JPEGs, and where it is missing), "gpu" (nvJPEG, or fail),
-    "cpu".  Pixels are what PIL's convert("RGB") gives (PNG alpha dropped, 16-bit by the high byte, no gamma).  Crops and flips
+    "cpu".  Pixels are what PIL's convert("RGB") gives (PNG alpha dropped, no gamma; 16-bit colour by the high byte,
+    16-bit grey clipped to 255, as PIL's I;16 is).  Crops and flips
     are a function of the loader's seed, the epoch and the record alone.  A record that is not a whole image fails
     its batch naming the record, or with the loader's skip_corrupt is left out and counted.
     """

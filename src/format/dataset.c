@@ -516,5 +516,5 @@ const char *sluice_dataset_compression(struct sluice_dataset *ds, double *ratio)
 		if (ds->ops->sizes && ds->ops->sizes(ds, &stored, &logical) == 0 && stored)
 			*ratio = (double)logical / (double)stored;
 	}
-	return ds->compressed ? "zstd" : "none";
+	return !ds->compressed ? "none" : ds->codec ? ds->codec : "zstd";
 }

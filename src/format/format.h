@@ -191,6 +191,16 @@ struct sl__ds_ops {
 	 * table into *b (n entries, valid while ds is open), loaded on first use.
 	 */
 	int (*blocks)(struct sluice_dataset *ds, unsigned s, const struct sl__block **b, uint64_t *n);
+	/*
+	 * block_decode: optional, for a reader whose blocks are not zstd frames
+	 * (LitData's Arrow record batches, laid out as rows).  Block k of shard
+	 * s (b, from blocks) decoded from its stored bytes src (b->stored of
+	 * them, already CRC-checked where it has one) into dst (b->len bytes);
+	 * called from any thread at once.  NULL: zstd.  0, or SLUICE_EFORMAT
+	 * naming the file.
+	 */
+	int (*block_decode)(struct sluice_dataset *ds, unsigned s, uint64_t k, const struct sl__block *b,
+			    const void *src, void *dst);
 };
 
 struct sluice_dataset {
@@ -217,6 +227,7 @@ struct sluice_dataset {
 	char (*tags)[SL_TAG_MAX]; /* remote files: the version each was first read at ("": not yet), every later read pinned to it */
 	int has_crc;             /* loc.crc is meaningful */
 	int compressed;          /* records are not extents of files: read them with ops->fetch */
+	const char *codec;       /* where compressed, what its stored bytes are in ("zstd" where NULL; "none") */
 	struct sl__hist h_decompress; /* time of each block decompressed (zstd datasets) */
 	void *priv;
 };
@@ -281,6 +292,59 @@ struct sl__cols {
 SL_HIDDEN int sl__offsets_parse(const unsigned char *p, size_t len, uint32_t *off);
 SL_HIDDEN int sl__cols_split(const struct sl__cols *cols, const unsigned char *p, size_t len, const void **data,
 			     size_t *lens, unsigned *bad);
+
+/*
+ * arrowipc.c: the Arrow IPC file (or stream) at p[0, n) (untrusted; base:
+ * where it lies in its file, so that a batch's body is a file offset;
+ * name: the file, for messages) of a flat table, as LitData's row footers
+ * hold one: its columns (numbers, bools, strings and bytes; any other type
+ * refused naming the column) and record batches (each's body and the
+ * places of its buffers in it, checked to lie inside it).  Free with
+ * sl__arrow_free.  sl__arrow_rows_len: batch k's rows' lengths as laid
+ * out for records (LitData's items: every column's u32 size, then each
+ * column's bytes, a bool one byte) into off[1..rows] from off[0], its body's bytes
+ * at body (body_len of them) checked first: offsets, bounds, no null
+ * (named by row).  sl__arrow_rows: the rows written so into dst (off[rows]
+ * - off[0] bytes), each checked against off.  0, SLUICE_EFORMAT naming
+ * what, or -ENOMEM.
+ */
+enum { SL_ACOL_FIXED, SL_ACOL_BOOL, SL_ACOL_VAR32, SL_ACOL_VAR64 };
+enum { SL_ACODEC_NONE, SL_ACODEC_ZSTD };
+/* A compressed buffer's declared length, at most (fuzzing: 16 MiB, so that no input asks for 4 GiB). */
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define SL_ARROW_BUF_MAX (1ull << 24)
+#else
+#define SL_ARROW_BUF_MAX (1ull << 32)
+#endif
+struct sl__acol {
+	char name[256];
+	enum sluice_dtype dtype;
+	int kind;       /* SL_ACOL_* */
+	unsigned width; /* bytes of a value as laid out: the dtype's, 1 for a bool, 0 for a variable column */
+};
+struct sl__abuf {
+	uint64_t off, len; /* in the batch's body, as stored */
+};
+struct sl__abatch {
+	uint64_t body, body_len; /* the file offset of its body, and its bytes */
+	uint64_t rows, first;    /* its rows, and the table's row it starts at */
+	struct sl__abuf *buf;    /* each column's buffers in turn: 2 (validity, values) or 3 (validity, offsets, data) */
+	uint64_t nulls;          /* bit c: column c has nulls here */
+	int codec;               /* SL_ACODEC_*: its buffers' */
+};
+struct sl__arrow {
+	unsigned ncols;
+	struct sl__acol *col;
+	uint64_t nbatches, rows;
+	size_t cap;
+	struct sl__abatch *b;
+};
+SL_HIDDEN int sl__arrow_parse(const unsigned char *p, size_t n, uint64_t base, struct sl__arrow *a, const char *name);
+SL_HIDDEN void sl__arrow_free(struct sl__arrow *a);
+SL_HIDDEN int sl__arrow_rows_len(const struct sl__arrow *a, uint64_t k, const unsigned char *body, uint64_t *off,
+				 const char *name);
+SL_HIDDEN int sl__arrow_rows(const struct sl__arrow *a, uint64_t k, const unsigned char *body, const uint64_t *off,
+			     unsigned char *dst, const char *name);
 
 /*
  * tfrecord.c: one TFRecord file's records (len bytes at p, untrusted; name

@@ -15,8 +15,13 @@
  * "ndarray:DTYPE:SHAPE") are fields of that type; every other encoding
  * (str, bytes, jpeg, png, json, pkl, pil, a dynamic ndarray, ...) is the
  * column's encoded bytes, undecoded: a pickle is never loaded here.  MDS
- * carries no checksum of a sample; compressed shards (zip_data without
- * the raw file) are refused by name.
+ * carries no checksum of a sample.  A merged index (Streaming's
+ * merge_index) names shards by paths below the directory ("0/shard.00000
+ * .mds"); every name must stay below it, links followed.  A compressed
+ * shard (zip_data, its raw file absent) of zstd, gz or bz2 is decompressed
+ * once beside it under its raw name, as Streaming does with its local
+ * copies, and read in place from there; br and snappy are refused naming
+ * the codec.
  *
  * LitData (its PyTreeLoader's chunks): DIR/index.json's config gives every
  * sample's leaves' formats (data_format) and names (data_spec: a flat
@@ -27,15 +32,26 @@
  * (no_header_numpy:K, no_header_tensor:K) is a variable-length array of
  * its dtype; everything else (str, bytes, pil, jpeg, pickle, ...) its
  * encoded bytes.  Compressed or encrypted chunks, and nested samples, are
- * refused by name.  LitData carries no checksum either.
+ * refused by name.  LitData carries no checksum either.  A chunk whose
+ * items are all empty keeps its samples in its Arrow row footer (LitData's
+ * writer does so for a flat dict of strings and numbers): its table is
+ * read in place (arrowipc.c), each record batch a block whose rows are
+ * laid out as items are, so a dataset with such chunks reads its records
+ * through blocks (ds->compressed), decoded from the chunk's bytes as read.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <archive.h>
+#include <archive_entry.h>
 #include <jansson.h>
 
 #include "format/format.h"
@@ -47,8 +63,35 @@ struct sl_mds {
 	uint32_t *off;          /* every shard's offsets, shard after shard (count + 1 each) */
 	uint64_t *first;        /* first[s]: the index of shard s's first sample; first[nshards]: the count */
 	uint64_t *at;           /* at[s]: where shard s's offsets start in off */
+	uint64_t *raw_bytes;    /* MDS: each shard's size as index.json gives it (0: not given) */
 	struct sl__cols cols;
+	/*
+	 * LitData: the chunks whose samples are only in their Arrow footer
+	 * (arrow[s] non-NULL); with any, ds->compressed, and every chunk's
+	 * records are read through blocks[s] (an Arrow chunk's: one per record
+	 * batch, its rows laid out as LitData's items; another's: runs of its
+	 * items as they lie).  Single reads keep the last block decoded.
+	 */
+	int litdata;
+	struct sl_ld_arrow **arrow;
+	struct sl__block **blocks;
+	uint64_t *nblocks;
+	pthread_mutex_t lock;
+	int have_lock;
+	unsigned c_shard;
+	uint64_t c_block;
+	unsigned char *c_buf, *c_src;
+	size_t c_cap, c_src_cap;
+	int c_valid;
 };
+
+struct sl_ld_arrow {
+	struct sl__arrow a;
+	uint64_t *loff; /* rows + 1: each row's place in the chunk's records as laid out */
+};
+
+static int sl_ld_chunk(struct sluice_dataset *ds, struct sl_mds *m, unsigned s, const unsigned char *p, size_t len,
+		       uint64_t n);
 
 static const struct {
 	const char *name;
@@ -160,20 +203,25 @@ static int sl_mds_shard(struct sluice_dataset *ds, struct sl_mds *m, unsigned s,
 	if (rc)
 		return rc;
 	n = len >= 4 ? sl__le32(p) : 0;
-	if (len < 4 || n != samples)
+	if (m->raw_bytes && m->raw_bytes[s] && len != m->raw_bytes[s])
+		rc = sl__err(SLUICE_EFORMAT, "%s: %zu bytes, index.json says %llu (another shard's file, or one cut short)",
+			     ds->files[s], len, (unsigned long long)m->raw_bytes[s]);
+	else if (len < 4 || n != samples)
 		rc = sl__err(SLUICE_EFORMAT, "%s: %llu samples in the file, %llu in index.json", ds->files[s],
 			     (unsigned long long)n, (unsigned long long)samples);
 	if (!rc && sl__reserve(&m->off, cap, (size_t)(base + n + 1) * sizeof(uint32_t)))
 		rc = -ENOMEM;
 	if (!rc && (rc = sl__offsets_parse(p, len, m->off + base)))
 		rc = sl__err(rc, "%s: %s", ds->files[s], sluice_last_error_detail());
-	munmap((void *)p, len);
 	if (!rc) {
 		m->at[s + 1] = base + n + 1;
 		m->first[s + 1] = m->first[s] + n;
 		ds->file_bytes[s] = len;
 		ds->file_records[s] = n;
 	}
+	if (!rc && m->litdata)
+		rc = sl_ld_chunk(ds, m, s, p, len, n);
+	munmap((void *)p, len);
 	return rc;
 }
 
@@ -243,28 +291,317 @@ static int sl_mds_probe(const char *path)
 	return ok;
 }
 
-/* DIR/b for a file an index names: one plain name (never a path out of the directory), and its item count n. */
-static int sl_index_file(const char *b, json_t *n, const char *dir, const char *where, char **out, uint64_t *count)
+/*
+ * Where an index's names resolve: the dataset's directory as given, its
+ * index.json (for messages) and, for a local one, the directory's real
+ * path, which every file it names must lie below once links are followed.
+ */
+struct sl_root {
+	const char *dir, *where;
+	int local;
+	char real[PATH_MAX];
+};
+
+static int sl_root_init(struct sl_root *r, const char *dir, const char *where)
 {
-	/* No '%', '?', '#' or ':' either: on a web server those would name another file than the one written. */
-	if (!b || !*b || strpbrk(b, "/\\%?#:") || !strcmp(b, ".") || !strcmp(b, ".."))
-		return sl__err(SLUICE_EFORMAT, "%s: a shard's name %s%s%s is not a file of the directory", where,
-			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
-	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
-		return sl__err(SLUICE_EFORMAT, "%s: %s: its sample count", where, b);
-	*count = (uint64_t)json_integer_value(n);
-	return asprintf(out, "%s/%s", dir, b) < 0 ? -ENOMEM : 0;
+	r->dir = dir;
+	r->where = where;
+	r->local = sl__fs_is_local(dir);
+	r->real[0] = 0;
+	if (r->local && !realpath(dir, r->real))
+		return sl__err(-errno, "%s: %s", dir, strerror(errno));
+	return 0;
 }
 
-/* The shard file a shard object names: DIR/raw_data's basename. */
-static int sl_mds_file(json_t *sh, const char *dir, const char *where, char **out, uint64_t *samples)
+/*
+ * 1 where b names a file below an index's directory: a relative path of
+ * segments (a merged index's "0/shard.00000.mds", Streaming's
+ * merge_index), none empty, "." or "..", without '\\', NUL or, since a web
+ * server would read another file for them, '%', '?', '#' or ':'.
+ */
+static int sl_name_below(const char *b)
 {
-	const char *b = json_string_value(json_object_get(json_object_get(sh, "raw_data"), "basename"));
+	size_t n = b ? strlen(b) : 0;
 
-	if (!b && json_object_get(sh, "zip_data") && !json_is_null(json_object_get(sh, "zip_data")))
-		return sl__err(SLUICE_EFORMAT, "%s: compressed shards; sluice reads MDS shards written without compression",
-			       where);
-	return sl_index_file(b, json_object_get(sh, "samples"), dir, where, out, samples);
+	if (!n || n >= 1024 || b[0] == '/' || strpbrk(b, "\\%?#:"))
+		return 0;
+	for (const char *seg = b; seg;) {
+		const char *slash = strchr(seg, '/');
+		size_t l = slash ? (size_t)(slash - seg) : strlen(seg);
+
+		if (!l || (l == 1 && seg[0] == '.') || (l == 2 && seg[0] == '.' && seg[1] == '.'))
+			return 0;
+		seg = slash ? slash + 1 : NULL;
+	}
+	return 1;
+}
+
+/*
+ * DIR/b for a file an index names (sl_name_below), into *out.  A local
+ * one that exists must lie below the directory after its links are
+ * followed (a link out, to ~/.ssh say, is refused naming it); the version
+ * read at open is pinned, so a link swapped in later is -ESTALE.
+ */
+static int sl_index_file(const struct sl_root *r, const char *b, char **out)
+{
+	char real[PATH_MAX];
+	size_t rl = strlen(r->real);
+
+	*out = NULL;
+	if (!sl_name_below(b))
+		return sl__err(SLUICE_EFORMAT, "%s: a shard's name %s%s%s is not a file of the directory", r->where,
+			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
+	if (asprintf(out, "%s/%s", r->dir, b) < 0)
+		return *out = NULL, -ENOMEM;
+	if (r->local && realpath(*out, real) && (strncmp(real, r->real, rl) || (real[rl] != '/' && rl > 1))) {
+		int rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is a link to %s, outside the dataset's directory %s",
+				 r->where, b, real, r->real);
+
+		free(*out);
+		*out = NULL;
+		return rc;
+	}
+	return 0;
+}
+
+/* An index's item count n of the file b: 0 to 2^32 - 1. */
+static int sl_index_count(const struct sl_root *r, const char *b, json_t *n, uint64_t *count)
+{
+	if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > UINT32_MAX)
+		return sl__err(SLUICE_EFORMAT, "%s: %s: its sample count", r->where, b);
+	*count = (uint64_t)json_integer_value(n);
+	return 0;
+}
+
+/* 1 where path is a regular file now (a remote one asked of its store). */
+static int sl_is_file(const char *path)
+{
+	struct stat st;
+	int ok = sl__fs_stat(path, &st) == 0 && S_ISREG(st.st_mode);
+
+	sl__err_clear();
+	return ok;
+}
+
+/*
+ * Where a shard's decompressed bytes go: its temporary raw file, at most
+ * bound bytes of it (got so far).  sl_sink_put: 0, SLUICE_EFORMAT past the
+ * bound (a frame that says more than the index), or -errno.
+ */
+struct sl_sink {
+	int fd;
+	uint64_t bound, got;
+	const char *zip, *tmp;
+	int known; /* the bound is the index's raw size, not MDS's 4 GiB */
+};
+
+static int sl_sink_put(struct sl_sink *k, const unsigned char *p, size_t n)
+{
+	if (n > k->bound - k->got)
+		return sl__err(SLUICE_EFORMAT, "%s: decompresses to more than the %llu bytes %s", k->zip,
+			       (unsigned long long)k->bound, k->known ? "index.json gives it" : "an MDS shard can hold");
+	k->got += n;
+	while (n) {
+		ssize_t w = write(k->fd, p, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int e = w < 0 ? errno : EIO;
+
+			return sl__err(-e, "%s: writing it decompressed: %s", k->tmp, strerror(e));
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/*
+ * The codecs of Streaming's compression= that sluice reads: libarchive's
+ * own decoders (its "raw" format: one stream, decompressed), each
+ * registered alone, so that a file of another codec is never taken, and
+ * only where libarchive has it built in (ARCHIVE_OK): where it would run
+ * an outside program instead (ARCHIVE_WARN), the codec is refused.  gzip
+ * members and zstd frames one after another are one file, as their tools
+ * write them; gzip's CRC and bzip2's block CRCs are checked.
+ */
+struct sl_unzip_codec {
+	const char *name; /* as index.json's "compression" names it, before any ":level" */
+	int (*support)(struct archive *a);
+	int filter;       /* archive_filter_code() of such a file */
+};
+
+static const struct sl_unzip_codec sl_unzip_codecs[] = {
+	{ "zstd", archive_read_support_filter_zstd, ARCHIVE_FILTER_ZSTD },
+	{ "gz", archive_read_support_filter_gzip, ARCHIVE_FILTER_GZIP },
+	{ "bz2", archive_read_support_filter_bzip2, ARCHIVE_FILTER_BZIP2 },
+};
+
+/* The whole file (in, n bytes) of codec c decompressed into k, in pieces of buf (cap bytes); 0 or an error naming k->zip. */
+static int sl_unzip_run(const struct sl_unzip_codec *c, const unsigned char *in, size_t n, unsigned char *buf,
+			size_t cap, struct sl_sink *k)
+{
+	struct archive *a = archive_read_new();
+	struct archive_entry *e;
+	int rc = a ? 0 : -ENOMEM;
+	la_ssize_t got;
+
+	if (!rc && (c->support(a) != ARCHIVE_OK || archive_read_support_format_raw(a) != ARCHIVE_OK))
+		rc = sl__err(SLUICE_EFORMAT, "%s: this build's libarchive has no %s decoder of its own", k->zip, c->name);
+	if (!rc && (archive_read_open_memory(a, in, n) != ARCHIVE_OK || archive_read_next_header(a, &e) != ARCHIVE_OK))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not %s, or damaged: %s", k->zip, c->name,
+			     archive_error_string(a) ?: "no stream");
+	if (!rc && archive_filter_code(a, 0) != c->filter)
+		rc = sl__err(SLUICE_EFORMAT, "%s: not %s, as index.json says it is", k->zip, c->name);
+	while (!rc && (got = archive_read_data(a, buf, cap)) != 0)
+		rc = got < 0 ? sl__err(SLUICE_EFORMAT, "%s: not %s, or damaged: %s", k->zip, c->name,
+				       archive_error_string(a) ?: "a read error")
+			     : sl_sink_put(k, buf, (size_t)got);
+	archive_read_free(a);
+	return rc;
+}
+
+/* The codec Streaming's compression name (NAME or NAME:LEVEL) is, or NULL. */
+static const struct sl_unzip_codec *sl_unzip_codec(const char *name)
+{
+	for (size_t i = 0; name && i < sizeof(sl_unzip_codecs) / sizeof(sl_unzip_codecs[0]); i++) {
+		size_t l = strlen(sl_unzip_codecs[i].name);
+
+		if (!strncmp(name, sl_unzip_codecs[i].name, l) && (!name[l] || name[l] == ':'))
+			return &sl_unzip_codecs[i];
+	}
+	return NULL;
+}
+
+/*
+ * The shard file a shard object names: DIR/raw_data's basename, or where
+ * that is absent and the shard is compressed (zip_data), its compressed
+ * file in *zip and its codec in *zc, to be decompressed to the raw one
+ * (sl_mds_unzip); the codecs of Streaming's that sluice does not read
+ * (br, snappy) are refused naming the codec.
+ * *raw_bytes: raw_data's size, 0 where the index gives none.
+ */
+static int sl_mds_file(const struct sl_root *r, json_t *sh, char **out, uint64_t *samples, uint64_t *raw_bytes,
+		       char **zip, const struct sl_unzip_codec **zc)
+{
+	json_t *raw = json_object_get(sh, "raw_data"), *zd = json_object_get(sh, "zip_data");
+	const char *b = json_string_value(json_object_get(raw, "basename"));
+	const char *z = json_string_value(json_object_get(zd, "basename"));
+	const char *codec = json_string_value(json_object_get(sh, "compression"));
+	json_t *bytes = json_object_get(raw, "bytes");
+	int rc;
+
+	*zip = NULL;
+	*raw_bytes = json_is_integer(bytes) && json_integer_value(bytes) > 0 ? (uint64_t)json_integer_value(bytes) : 0;
+	if (json_is_integer(bytes) && (json_integer_value(bytes) < 0 || json_integer_value(bytes) > UINT32_MAX))
+		return sl__err(SLUICE_EFORMAT, "%s: shard '%s': raw_data's bytes %lld (an MDS shard is under 4 GiB)",
+			       r->where, b ? b : "?", (long long)json_integer_value(bytes));
+	if ((rc = sl_index_count(r, b ? b : z ? z : "(none)", json_object_get(sh, "samples"), samples)))
+		return rc;
+	if (!z || !json_is_object(zd))
+		return sl_index_file(r, b, out);
+	if (!b)
+		return sl__err(SLUICE_EFORMAT, "%s: compressed shard '%s' without a raw_data basename to read it as",
+			       r->where, z);
+	if ((rc = sl_index_file(r, b, out)))
+		return rc;
+	/* Streaming's local copies are raw: where the raw file is there, it is read. */
+	if (sl_is_file(*out))
+		return 0;
+	if (!(*zc = sl_unzip_codec(codec))) {
+		rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is compressed with %s (Streaming's compression=\"%s\"), "
+			     "which sluice does not read; it reads uncompressed, zstd, gz and bz2 shards: write the "
+			     "dataset with one of those, or let Streaming decompress it once (its local copies are raw)",
+			     r->where,
+			     z, codec ? codec : "an unnamed codec", codec ? codec : "?");
+		free(*out);
+		*out = NULL;
+		return rc;
+	}
+	return sl_index_file(r, z, zip);
+}
+
+/*
+ * A compressed shard (zip, of codec c) decompressed once to a raw one, as
+ * Streaming does with its local copies: beside it, under the raw name
+ * (*raw) the index gives, for a local dataset; beside its cached copy (its
+ * name + ".raw") for a remote one, *raw then replaced by that path.
+ * Written under a temporary name and renamed, so a raw file is whole or
+ * absent; the processes of a machine decompress it once (a lock on the
+ * compressed file, held through the check and the write).  The bytes are
+ * bounded by the index's raw size (4 GiB without one: MDS offsets are
+ * u32) and must be exactly it.  Read in place afterwards like any raw
+ * shard.
+ */
+static int sl_mds_unzip(const struct sl_root *r, const struct sl_unzip_codec *c, const char *zip, char **raw,
+			uint64_t raw_bytes)
+{
+	char local[4096], tag[SL_TAG_MAX] = "", *target = NULL, *tmp = NULL;
+	const unsigned char *map = NULL;
+	size_t len = 0, cap = 1 << 20;
+	struct sl_sink k = { -1, raw_bytes ? raw_bytes : UINT32_MAX, 0, zip, NULL, raw_bytes != 0 };
+	unsigned char *buf = NULL;
+	int rc, fd = -1;
+
+	if ((rc = sl__fs_local(zip, tag, local, sizeof(local))))
+		return rc;
+	if (r->local)
+		target = strdup(*raw);
+	else if (asprintf(&target, "%s.raw", local) < 0)
+		target = NULL;
+	if (!target || asprintf(&tmp, "%s.tmp%d", target, (int)getpid()) < 0) {
+		free(target);
+		return -ENOMEM;
+	}
+	k.tmp = tmp;
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0) {
+		rc = fd;
+		goto out;
+	}
+	flock(fd, LOCK_EX); /* advisory: without it each process decompresses its own copy, no harm done */
+	if (sl_is_file(target))
+		goto out;
+	/* A directory, FIFO or device under the raw name is refused, never renamed over. */
+	if ((rc = sl__replaceable(target)))
+		goto out;
+	if ((rc = sl__map_ro(local, &map, &len, 0)))
+		goto out;
+	if (!(buf = malloc(cap))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if ((k.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+		rc = sl__err(-errno, "%s: compressed; sluice decompresses it once, as Streaming does, to %s, but cannot "
+			     "write there (%s): decompress it where it can be written, or read the dataset once with "
+			     "Streaming", zip, target, strerror(errno));
+		goto out;
+	}
+	rc = sl_unzip_run(c, map, len, buf, cap, &k);
+	if (!rc && raw_bytes && k.got != raw_bytes)
+		rc = sl__err(SLUICE_EFORMAT, "%s: decompresses to %llu bytes, index.json says %llu", zip,
+			     (unsigned long long)k.got, (unsigned long long)raw_bytes);
+	if (!rc && (fsync(k.fd) < 0 || rename(tmp, target) < 0))
+		rc = sl__err(-errno, "%s: %s", target, strerror(errno));
+out:
+	if (k.fd >= 0) {
+		close(k.fd);
+		if (rc)
+			unlink(tmp);
+	}
+	if (fd >= 0)
+		close(fd); /* the lock with it */
+	if (map)
+		munmap((void *)map, len);
+	free(buf);
+	free(tmp);
+	if (!rc) {
+		free(*raw);
+		*raw = target;
+	} else {
+		free(target);
+	}
+	return rc;
 }
 
 /*
@@ -302,6 +639,7 @@ static int sl_shards_load(struct sluice_dataset *ds, struct sl_mds *m, int rc, c
 static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_mds *m = calloc(1, sizeof(*m));
+	struct sl_root root;
 	char *where = NULL, **files = NULL;
 	json_t *j = m ? sl_json_index(path, &where, "shards") : NULL, *shards = json_object_get(j, "shards");
 	size_t n = json_array_size(shards);
@@ -313,13 +651,22 @@ static int sl_mds_open(struct sluice_dataset *ds, const char *path)
 		rc = sl__err(SLUICE_EFORMAT, "%s: %zu shards (1 to %u)", where, n, SL_MAX_SHARDS);
 	if (!rc && (!(files = calloc(n, sizeof(char *))) || !(samples = calloc(n, sizeof(uint64_t)))))
 		rc = -ENOMEM;
+	if (!rc && !(m->raw_bytes = calloc(n, sizeof(uint64_t))))
+		rc = -ENOMEM;
+	if (!rc)
+		rc = sl_root_init(&root, path, where);
 	for (size_t s = 0; !rc && s < n; s++) {
 		json_t *sh = json_array_get(shards, s);
+		char *zip = NULL;
+		const struct sl_unzip_codec *zc = NULL;
 
 		if (strcmp(json_string_value(json_object_get(sh, "format")) ?: "", "mds"))
 			rc = sl__err(SLUICE_EFORMAT, "%s: shard %zu is not of format mds", where, s);
 		else if (!(rc = sl_mds_columns(ds, m, sh, s ? json_array_get(shards, 0) : NULL, where)))
-			rc = sl_mds_file(sh, path, where, &files[s], &samples[s]);
+			rc = sl_mds_file(&root, sh, &files[s], &samples[s], &m->raw_bytes[s], &zip, &zc);
+		if (!rc && zip)
+			rc = sl_mds_unzip(&root, zc, zip, &files[s], m->raw_bytes[s]);
+		free(zip);
 	}
 	return sl_shards_load(ds, m, rc, files, (unsigned)n, samples, j, where);
 }
@@ -330,9 +677,25 @@ static void sl_mds_close(struct sluice_dataset *ds)
 
 	if (!m)
 		return;
+	for (unsigned s = 0; m->arrow && s < ds->nfiles; s++)
+		if (m->arrow[s]) {
+			sl__arrow_free(&m->arrow[s]->a);
+			free(m->arrow[s]->loff);
+			free(m->arrow[s]);
+		}
+	for (unsigned s = 0; m->blocks && s < ds->nfiles; s++)
+		free(m->blocks[s]);
+	if (m->have_lock)
+		pthread_mutex_destroy(&m->lock);
+	free(m->arrow);
+	free(m->blocks);
+	free(m->nblocks);
+	free(m->c_buf);
+	free(m->c_src);
 	free(m->off);
 	free(m->first);
 	free(m->at);
+	free(m->raw_bytes);
 	free(m);
 }
 
@@ -486,6 +849,201 @@ static int sl_ld_columns(struct sluice_dataset *ds, struct sl_mds *m, json_t *co
 	return rc ? rc : sl__schema_check(ds->fields, ds->nfields);
 }
 
+/*
+ * Chunk s's Arrow footer, where its items are all empty (LitData's writer
+ * keeps a flat dict of strings and numbers only there: "LDARW01\0" last,
+ * after the IPC bytes and their u32 length): its table parsed and checked
+ * against the fields index.json gives (names, types, the row count), each
+ * row's place as laid out computed, one block a record batch.  A chunk
+ * with items is left as it is.
+ */
+static int sl_ld_chunk(struct sluice_dataset *ds, struct sl_mds *m, unsigned s, const unsigned char *p, size_t len,
+		       uint64_t n)
+{
+	const uint32_t *off = m->off + m->at[s];
+	uint64_t head = 4 * (n + 2), ipc, start;
+	struct sl_ld_arrow *ar;
+	struct sl__block *b;
+	const char *name = ds->files[s];
+	int rc;
+
+	for (uint64_t k = 0; k <= n; k++)
+		if (!n || off[k] != head)
+			return 0; /* items of its own: read as they lie */
+	if (len < head + 12 || memcmp(p + len - 8, "LDARW01", 8))
+		return sl__err(SLUICE_EFORMAT, "%s: %llu samples, each of 0 bytes, and no Arrow row footer to hold them",
+			       name, (unsigned long long)n);
+	ipc = sl__le32(p + len - 12);
+	if (ipc > len - 12 - head)
+		return sl__err(SLUICE_EFORMAT, "%s: its Arrow row footer of %llu bytes runs past the chunk's %zu", name,
+			       (unsigned long long)ipc, len);
+	start = len - 12 - ipc;
+	if (!ds->codec)
+		ds->codec = "none";
+	if ((!m->arrow && !(m->arrow = calloc(ds->nfiles, sizeof(*m->arrow)))) ||
+	    (!m->blocks && !(m->blocks = calloc(ds->nfiles, sizeof(*m->blocks)))) ||
+	    (!m->nblocks && !(m->nblocks = calloc(ds->nfiles, sizeof(*m->nblocks)))) || !(ar = calloc(1, sizeof(*ar))))
+		return -ENOMEM;
+	m->arrow[s] = ar; /* freed with the dataset from here on */
+	if ((rc = sl__arrow_parse(p + start, (size_t)ipc, start, &ar->a, name)))
+		return rc;
+	if (ar->a.rows != n)
+		return sl__err(SLUICE_EFORMAT, "%s: %llu rows in its Arrow footer, %llu samples in the chunk", name,
+			       (unsigned long long)ar->a.rows, (unsigned long long)n);
+	for (unsigned c = 0; c < ar->a.ncols || c < ds->nfields; c++) {
+		const struct sl__acol *col = c < ar->a.ncols ? &ar->a.col[c] : NULL;
+		const struct sluice_field *f = c < ds->nfields ? &ds->fields[c] : NULL;
+
+		if (!col || !f || strcmp(col->name, f->name) || col->dtype != f->dtype || f->ndim)
+			return sl__err(SLUICE_EFORMAT, "%s: its Arrow rows' column %u is %s%s%s (%s), index.json's data_format "
+				       "and data_spec say %s%s%s (%s): a sample with keys the first did not have (LitData "
+				       "gives None for them elsewhere)", name, c, col ? "'" : "", col ? col->name : "none",
+				       col ? "'" : "", col ? sluice_dtype_name(col->dtype) : "-", f ? "'" : "",
+				       f ? f->name : "none", f ? "'" : "", f ? sluice_dtype_name(f->dtype) : "-");
+	}
+	if (!(ar->loff = calloc(n + 1, sizeof(uint64_t))) || !(b = calloc(ar->a.nbatches ? ar->a.nbatches : 1, sizeof(*b))))
+		return -ENOMEM;
+	m->blocks[s] = b;
+	for (uint64_t k = 0; !rc && k < ar->a.nbatches; k++) {
+		const struct sl__abatch *ab = &ar->a.b[k];
+
+		rc = sl__arrow_rows_len(&ar->a, k, p + ab->body, ar->loff + ab->first, name);
+		if (!rc && (ab->body_len > UINT32_MAX || ar->loff[ab->first + ab->rows] - ar->loff[ab->first] > UINT32_MAX))
+			rc = sl__err(SLUICE_EFORMAT, "%s: record batch %llu: 4 GiB or more", name, (unsigned long long)k);
+		b[k] = (struct sl__block){ ar->loff[ab->first], ab->body, (uint32_t)ab->body_len,
+					   (uint32_t)(ar->loff[ab->first + ab->rows] - ar->loff[ab->first]), 0, 0 };
+		if (ab->codec == SL_ACODEC_ZSTD)
+			ds->codec = "zstd";
+	}
+	m->nblocks[s] = ar->a.nbatches;
+	ds->file_bytes[s] = ar->loff[n]; /* its records' bytes as laid out, where locate points */
+	ds->compressed = 1;
+	return rc;
+}
+
+/*
+ * A dataset with Arrow chunks reads every record through blocks: a chunk
+ * of items gets runs of them (up to 1 MiB, or one item) as they lie.
+ */
+static int sl_ld_item_blocks(struct sluice_dataset *ds, struct sl_mds *m)
+{
+	for (unsigned s = 0; s < ds->nfiles; s++) {
+		const uint32_t *off = m->off + m->at[s];
+		uint64_t n = ds->file_records[s], nb = 0;
+		struct sl__block *b;
+
+		if (m->arrow[s])
+			continue;
+		if (!(b = malloc((n ? n : 1) * sizeof(*b))))
+			return -ENOMEM;
+		m->blocks[s] = b;
+		for (uint64_t k0 = 0, k1; k0 < n; k0 = k1) {
+			for (k1 = k0 + 1; k1 < n && off[k1 + 1] - off[k0] <= (1u << 20); k1++)
+				;
+			b[nb++] = (struct sl__block){ off[k0], off[k0], off[k1] - off[k0], off[k1] - off[k0], 0, 0 };
+		}
+		m->nblocks[s] = nb;
+	}
+	return 0;
+}
+
+static void sl_ld_locate(const struct sluice_dataset *ds, uint64_t i, struct sluice_record_loc *loc)
+{
+	const struct sl_mds *m = ds->priv;
+	unsigned s = sl__ds_file_of(m->first, ds->nfiles, i);
+	const struct sl_ld_arrow *ar = m->arrow ? m->arrow[s] : NULL;
+	uint64_t r = i - m->first[s];
+
+	if (!ar) {
+		sl_mds_locate(ds, i, loc);
+		return;
+	}
+	loc->shard = s;
+	loc->offset = ar->loff[r];
+	loc->length = (uint32_t)(ar->loff[r + 1] - ar->loff[r]);
+	loc->crc = 0;
+}
+
+static int sl_ld_blocks(struct sluice_dataset *ds, unsigned s, const struct sl__block **b, uint64_t *n)
+{
+	const struct sl_mds *m = ds->priv;
+
+	*b = m->blocks[s];
+	*n = m->nblocks[s];
+	return 0;
+}
+
+/* An Arrow batch's rows laid out as LitData's items; a run of items copied as it lies. */
+static int sl_ld_block_decode(struct sluice_dataset *ds, unsigned s, uint64_t k, const struct sl__block *b,
+			      const void *src, void *dst)
+{
+	const struct sl_mds *m = ds->priv;
+	const struct sl_ld_arrow *ar = m->arrow[s];
+
+	if (!ar) {
+		memcpy(dst, src, b->len);
+		return 0;
+	}
+	return sl__arrow_rows(&ar->a, k, src, ar->loff + ar->a.b[k].first, dst, ds->files[s]);
+}
+
+/* One record of a dataset read through blocks: an item read where it lies; an Arrow row from its batch, laid out. */
+static int sl_ld_fetch(struct sluice_dataset *ds, uint64_t i, const struct sluice_record_loc *loc, void *buf)
+{
+	struct sl_mds *m = ds->priv;
+	const struct sl__block *b = m->blocks[loc->shard];
+	uint64_t lo = 0, hi = m->nblocks[loc->shard];
+	int rc = 0;
+
+	if (!m->arrow[loc->shard])
+		return sl__ds_pread(ds, loc->shard, buf, loc->length, loc->offset, "record", i);
+	while (hi - lo > 1) { /* the last block starting at or before the record */
+		uint64_t mid = lo + (hi - lo) / 2;
+
+		if (b[mid].logical <= loc->offset)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	if (!m->nblocks[loc->shard] || loc->offset < b[lo].logical || loc->offset + loc->length > b[lo].logical + b[lo].len)
+		return sl__err(SLUICE_EFORMAT, "%s: record %llu lies in no record batch", ds->files[loc->shard],
+			       (unsigned long long)i);
+	pthread_mutex_lock(&m->lock);
+	if (!m->c_valid || m->c_shard != loc->shard || m->c_block != lo) {
+		m->c_valid = 0;
+		if (sl__reserve(&m->c_src, &m->c_src_cap, b[lo].stored ? b[lo].stored : 1) ||
+		    sl__reserve(&m->c_buf, &m->c_cap, b[lo].len ? b[lo].len : 1))
+			rc = -ENOMEM;
+		if (!rc)
+			rc = sl__ds_pread(ds, loc->shard, m->c_src, b[lo].stored, b[lo].file, "record batch", lo);
+		if (!rc)
+			rc = sl_ld_block_decode(ds, loc->shard, lo, &b[lo], m->c_src, m->c_buf);
+		m->c_valid = !rc;
+		m->c_shard = loc->shard;
+		m->c_block = lo;
+	}
+	if (!rc)
+		memcpy(buf, m->c_buf + (loc->offset - b[lo].logical), loc->length);
+	pthread_mutex_unlock(&m->lock);
+	return rc;
+}
+
+/* Stored and laid-out bytes of the records where Arrow buffers are zstd, for the ratio sluice inspect shows. */
+static int sl_ld_sizes(struct sluice_dataset *ds, uint64_t *stored, uint64_t *logical)
+{
+	const struct sl_mds *m = ds->priv;
+
+	*stored = *logical = 0;
+	if (!m->nblocks || !ds->codec || strcmp(ds->codec, "zstd"))
+		return 0; /* nothing compressed: the ratio is 1 */
+	for (unsigned s = 0; s < ds->nfiles; s++)
+		for (uint64_t k = 0; k < m->nblocks[s]; k++) {
+			*stored += m->blocks[s][k].stored;
+			*logical += m->blocks[s][k].len;
+		}
+	return 0;
+}
+
 /* Owns a directory whose index.json has chunks and a config. */
 static int sl_ld_probe(const char *path)
 {
@@ -499,6 +1057,7 @@ static int sl_ld_probe(const char *path)
 static int sl_ld_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_mds *m = calloc(1, sizeof(*m));
+	struct sl_root root;
 	char *where = NULL, **files = NULL;
 	json_t *j = m ? sl_json_index(path, &where, "chunks") : NULL, *chunks = json_object_get(j, "chunks");
 	json_t *config = json_object_get(j, "config");
@@ -520,13 +1079,21 @@ static int sl_ld_open(struct sluice_dataset *ds, const char *path)
 		rc = sl_ld_columns(ds, m, config, where);
 	if (!rc && (!(files = calloc(n, sizeof(char *))) || !(items = calloc(n, sizeof(uint64_t)))))
 		rc = -ENOMEM;
+	if (!rc)
+		rc = sl_root_init(&root, path, where);
 	for (size_t c = 0; !rc && c < n; c++) {
 		json_t *ch = json_array_get(chunks, c);
+		const char *name = json_string_value(json_object_get(ch, "filename"));
 
-		rc = sl_index_file(json_string_value(json_object_get(ch, "filename")), json_object_get(ch, "chunk_size"),
-				   path, where, &files[c], &items[c]);
+		rc = sl_index_count(&root, name ? name : "(none)", json_object_get(ch, "chunk_size"), &items[c]);
+		if (!rc)
+			rc = sl_index_file(&root, name, &files[c]);
 	}
-	return sl_shards_load(ds, m, rc, files, (unsigned)n, items, j, where);
+	m->litdata = 1;
+	if (!rc && !(rc = pthread_mutex_init(&m->lock, NULL) ? -ENOMEM : 0))
+		m->have_lock = 1;
+	rc = sl_shards_load(ds, m, rc, files, (unsigned)n, items, j, where);
+	return !rc && ds->compressed ? sl_ld_item_blocks(ds, m) : rc;
 }
 
 const struct sl__ds_ops sl__ds_litdata_ops = {
@@ -534,8 +1101,12 @@ const struct sl__ds_ops sl__ds_litdata_ops = {
 	.probe = sl_ld_probe,
 	.open = sl_ld_open,
 	.close = sl_mds_close,
-	.locate = sl_mds_locate,
+	.locate = sl_ld_locate,
 	.decode = sl_mds_decode,
+	.fetch = sl_ld_fetch,
+	.blocks = sl_ld_blocks,
+	.block_decode = sl_ld_block_decode,
+	.sizes = sl_ld_sizes,
 };
 
 const struct sl__ds_ops sl__ds_mds_ops = {

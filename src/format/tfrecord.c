@@ -9,7 +9,8 @@
  * shards.  One field, "record": the record's bytes (a serialized
  * tf.train.Example, usually; sluice.tf_example decodes one).  A dataset is a
  * .tfrecord file (also .tfrecords, .tfr) or a directory of them, on any
- * store; compressed files (.gz, .zlib) are refused by name.
+ * store; compressed files (.gz, .zlib) are refused by name, and one under
+ * a plain name by what its first bytes say (gzip, zlib).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -63,6 +64,25 @@ static int sl_tfr_name(const char *path)
 	return sl_ends(stem, names);
 }
 
+/*
+ * A file whose first length's CRC fails: gzip or zlib (TFRecordOptions'
+ * GZIP and ZLIB) under a name that does not say so, named as that; else
+ * not a TFRecord file.  Asked only once the CRC fails: an uncompressed
+ * file's first record may be of a length whose bytes start 1f 8b.
+ */
+static int sl_tfr_bad_start(const unsigned char *p, const char *name)
+{
+	const char *z = p[0] == 0x1f && p[1] == 0x8b ? "gzip"
+			: p[0] == 0x78 && ((unsigned)p[0] << 8 | p[1]) % 31 == 0 ? "zlib" : NULL;
+
+	if (!z)
+		return sl__err(SLUICE_EFORMAT, "%s: record 0: its length's CRC does not match (not a TFRecord file, or a "
+			       "damaged one)", name);
+	return sl__err(SLUICE_EFORMAT, "%s: compressed with %s (it starts %02x %02x), under a name that does not say "
+		       "so; sluice reads uncompressed TFRecord files in place: decompress it first, or write it with "
+		       "TFRecordOptions(compression_type=None)", name, z, p[0], p[1]);
+}
+
 int sl__tfr_scan(const unsigned char *p, size_t len, const char *name, struct sl__tfr_rec **out, uint64_t *n)
 {
 	size_t cap = 0, at = 0;
@@ -76,8 +96,9 @@ int sl__tfr_scan(const unsigned char *p, size_t len, const char *name, struct sl
 			return sl__err(SLUICE_EFORMAT, "%s: a record header cut short at offset %zu", name, at);
 		l = sl__le64(p + at);
 		if (SL_CRC_BAD(sl__tfr_unmask(sl__le32(p + at + 8)), sluice_crc32c(0, p + at, 8)))
-			return sl__err(SLUICE_EFORMAT, "%s: record %llu at offset %zu: its length's CRC does not match (not a "
-				       "TFRecord file, or a damaged one)", name, (unsigned long long)*n, at);
+			return at ? sl__err(SLUICE_EFORMAT, "%s: record %llu at offset %zu: its length's CRC does not match "
+					    "(a damaged TFRecord file)", name, (unsigned long long)*n, at)
+				  : sl_tfr_bad_start(p, name);
 		if (l > UINT32_MAX || l + 4 > len - at - 12)
 			return sl__err(SLUICE_EFORMAT, "%s: record %llu at offset %zu: %llu bytes %s", name,
 				       (unsigned long long)*n, at, (unsigned long long)l,

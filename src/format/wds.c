@@ -9,7 +9,9 @@
  * non-regular members, names it cannot split into key.field (no dot in the
  * last component, a top-level dotfile), and metadata ("__index__", and
  * "__meta__" with what is below it).  A sparse member (tar --sparse) is
- * refused: its bytes are not stored in place.
+ * refused: its bytes are not stored in place.  A "pipe:CMD" shard spec
+ * (webdataset's gopen runs CMD in a shell) is refused by name, never run
+ * nor opened as a file of that name.
  *
  * Tar parsing is libarchive's; sluice keeps, per tar, a sidecar index
  * (NAME.tar.sluice-idx) built once and rebuilt when the tar changes (its
@@ -581,11 +583,29 @@ static int sl_wds_names(const char *path, char ***names, unsigned *n)
 	return k ? 0 : -ENOENT;
 }
 
+/* The length of the first word of s, at most 64 bytes (a command's program, in a message). */
+static int sl_word_len(const char *s)
+{
+	size_t n = strcspn(s, " \t\n");
+
+	return n > 64 ? 64 : (int)n;
+}
+
+/* webdataset's "pipe:CMD" shard spec: a shell command its gopen runs (shell=True), never a file to open. */
+static int sl_is_pipe(const char *path)
+{
+	return !strncmp(path, "pipe:", 5);
+}
+
 static int sl_wds_probe(const char *path)
 {
 	char **names;
 	unsigned n;
-	int rc = sl_wds_names(path, &names, &n);
+	int rc;
+
+	if (sl_is_pipe(path)) /* this reader's to refuse, by name */
+		return 1;
+	rc = sl_wds_names(path, &names, &n);
 
 	sl_free_names(names, n);
 	return !rc || rc == SLUICE_EINVAL_CONFIG; /* a pattern of too many names: this reader's error */
@@ -618,6 +638,45 @@ static int sl_wds_stamp(const char *tar, struct sl__wds_stamp *s)
 	if (fd >= 0)
 		close(fd);
 	return rc;
+}
+
+/*
+ * The codec a file's first bytes say it is compressed with (those
+ * libarchive takes), or NULL.  Whole magics only, so that no tar whose
+ * first member's name starts alike is taken for one (bzip2's "BZh" is
+ * followed by its level and its first block's magic).
+ */
+static const char *sl_wds_compressed(const char *tar)
+{
+	static const struct {
+		const char *magic, *name;
+		size_t n;
+	} z[] = {
+		{ "\x1f\x8b", "gzip", 2 },
+		{ "\xfd" "7zXZ\0", "xz", 6 },
+		{ "\x28\xb5\x2f\xfd", "zstd", 4 },
+		{ "\x04\x22\x4d\x18", "lz4", 4 },
+		{ "\x02\x21\x4c\x18", "lz4", 4 },
+		{ "\x1f\x9d", "compress", 2 },
+		{ "LZIP\x01", "lzip", 5 },
+		{ "LRZI\0", "lrzip", 5 },
+		{ "\x89LZO\0\r\n\x1a\n", "lzop", 9 },
+		{ "GRZipII\0\x02\x04:)", "grzip", 12 },
+	};
+	unsigned char head[16] = { 0 };
+	int fd = sl__open_file(tar, O_RDONLY, 0);
+	ssize_t got = fd >= 0 ? pread(fd, head, sizeof(head), 0) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	sl__err_clear();
+	for (size_t i = 0; i < sizeof(z) / sizeof(z[0]); i++)
+		if (got >= (ssize_t)z[i].n && !memcmp(head, z[i].magic, z[i].n))
+			return z[i].name;
+	if (got >= 10 && !memcmp(head, "BZh", 3) && head[3] >= '1' && head[3] <= '9' &&
+	    !memcmp(head + 4, "\x31\x41\x59\x26\x53\x59", 6))
+		return "bzip2";
+	return NULL;
 }
 
 /* Loads (or builds and caches) the sidecar of tar. */
@@ -657,15 +716,20 @@ static int sl_wds_load(const char *tar, struct sl_wds_tar *t, char keys[][256])
 	/* Build from the tar, then cache it (atomically) if the directory allows. */
 	{
 		struct archive *a = archive_read_new();
+		const char *z = sl_wds_compressed(tar);
 
+		/*
+		 * Tar alone, no filter: libarchive runs an outside program for the
+		 * codecs it has no decoder of (lrzip, grzip, lzop), and a compressed
+		 * member's bytes are not in place anyway.  Compression is told by
+		 * its magic, to be refused by name.
+		 */
 		archive_read_support_format_tar(a);
-		/* Compression is recognised only to be refused: a compressed member's bytes are not in place. */
-		archive_read_support_filter_all(a);
-		if (archive_read_open_filename(a, tar, 1 << 20) != ARCHIVE_OK)
-			rc = sl__err(SLUICE_EFORMAT, "%s: %s", tar, archive_error_string(a));
-		else if (archive_filter_code(a, 0) != ARCHIVE_FILTER_NONE)
+		if (z)
 			rc = sl__err(SLUICE_EFORMAT, "%s: a compressed tar (%s) under a .tar name; sluice reads a tar's "
-				     "samples in place: decompress it first", tar, archive_filter_name(a, 0));
+				     "samples in place: decompress it first", tar, z);
+		else if (archive_read_open_filename(a, tar, 1 << 20) != ARCHIVE_OK)
+			rc = sl__err(SLUICE_EFORMAT, "%s: %s", tar, archive_error_string(a));
 		else
 			rc = sl_wds_scan(a, tar, &st, &t->idx, &t->idx_len);
 		archive_read_free(a);
@@ -720,6 +784,14 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 	ds->priv = w;
 	if (!w)
 		return -ENOMEM;
+	/*
+	 * Refused before anything reads it: the command (and whatever it holds,
+	 * a token in a curl header) is not echoed, only its program's name.
+	 */
+	if (sl_is_pipe(path))
+		return sl__err(SLUICE_EINVAL_CONFIG, "a webdataset \"pipe:%.*s ...\" shard spec runs a shell command, which "
+			       "sluice never does: name the shards' files or URLs instead (\"pipe:curl -s URL\" is URL; "
+			       "s3:// and http(s):// are read directly)", sl_word_len(path + 5), path + 5);
 	if ((rc = sl_wds_names(path, &names, &n)))
 		return rc == -ENOENT ? sl__err(rc, "%s: no .tar shards", path) : rc;
 	for (unsigned i = 0; i < n; i++)

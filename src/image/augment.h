@@ -229,7 +229,8 @@ SL_AUG_FN void sl_aug_pixel(const unsigned char *scratch, const struct sl_aug_im
 			((unsigned char *)out)[at] = (unsigned char)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
 			continue;
 		}
-		v = v / 255.0f;
+		/* The weights are positive and sum to 1, so only rounding takes v past 255 (255.00002 is 1 + 2^-23 after). */
+		v = (v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v) / 255.0f;
 		if (p->normalize)
 			v = (v - p->mean[c]) * p->inv_std[c];
 		if (p->dtype == SL_AUG_F32)

@@ -156,12 +156,32 @@ static void sl_png_read(png_structp png, png_bytep out, size_t n)
 }
 
 /*
- * The stored RGB, as PIL's convert("RGB") and torchvision give it: palettes
- * and low-bit grey expanded, grey copied to R, G and B, 16-bit samples
- * taken by their high byte (PIL's), alpha and transparency dropped (not
- * composited), and gAMA, cHRM, sRGB and iCCP ignored: libpng's simplified
- * API would composite alpha in linear light and re-encode 16-bit and
- * gamma-tagged images, which no training pipeline does.
+ * n pixels of big-endian 16-bit grey at the front of rgb widened, in
+ * place, to RGB as PIL's I;16 to RGB conversion does: min(v, 255).  Last
+ * pixel first: pixel i's 3 bytes land at 3i, never over pixel j < i's 2
+ * bytes at 2j, still to be read.
+ */
+static void sl_grey16_rgb(unsigned char *rgb, size_t n)
+{
+	for (size_t i = n; i-- > 0;) {
+		unsigned char v = rgb[2 * i] ? 255 : rgb[2 * i + 1];
+
+		rgb[3 * i] = rgb[3 * i + 1] = rgb[3 * i + 2] = v;
+	}
+}
+
+/*
+ * The stored RGB, as PIL's convert("RGB") gives it, byte for byte:
+ * palettes and low-bit grey expanded, grey copied to R, G and B, alpha and
+ * transparency dropped (not composited), and gAMA, cHRM, sRGB and iCCP
+ * ignored: libpng's simplified API would composite alpha in linear light
+ * and re-encode 16-bit and gamma-tagged images, which no training pipeline
+ * does.  16-bit samples as PIL takes them, which is two rules: colour and
+ * grey with alpha (PIL opens them as 8-bit RGB, RGBA) by their high byte;
+ * plain 16-bit grey (PIL's mode I;16) clipped to 255, as its conversion to
+ * RGB clips (a sample of 256 or more is white).  torchvision's decode_png
+ * gives 16-bit samples whole, and its ToDtype(uint8) the high byte: grey
+ * is where it and PIL part.
  */
 static int sl_decode_png(const unsigned char *p, size_t n, const struct sl__img_info *info, unsigned char *rgb, char *why,
 			 size_t cap)
@@ -171,6 +191,8 @@ static int sl_decode_png(const unsigned char *p, size_t n, const struct sl__img_
 	png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &e, sl_png_error, sl_png_warning);
 	png_infop pi = png ? png_create_info_struct(png) : NULL;
 	png_bytep *volatile rows = NULL;
+	volatile int grey16 = 0;
+	volatile size_t px = 3;
 
 	if (!pi) {
 		png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
@@ -187,22 +209,29 @@ static int sl_decode_png(const unsigned char *p, size_t n, const struct sl__img_
 	png_read_info(png, pi);
 	if (png_get_image_width(png, pi) != info->w || png_get_image_height(png, pi) != info->h)
 		png_error(png, "its size changed between header reads");
+	grey16 = png_get_bit_depth(png, pi) == 16 && png_get_color_type(png, pi) == PNG_COLOR_TYPE_GRAY;
+	px = grey16 ? 2 : 3;
 	png_set_expand(png);         /* palette to RGB, grey below 8 bits to 8, tRNS to an alpha that is then dropped */
-	png_set_strip_16(png);
+	if (!grey16) {
+		png_set_strip_16(png);
+		png_set_gray_to_rgb(png);
+	}
 	png_set_strip_alpha(png);
-	png_set_gray_to_rgb(png);
 	png_set_interlace_handling(png);
 	png_read_update_info(png, pi);
-	if (png_get_rowbytes(png, pi) != (size_t)info->w * 3)
-		png_error(png, "not 3 bytes a pixel after expansion");
+	if (png_get_rowbytes(png, pi) != (size_t)info->w * px)
+		png_error(png, "not the bytes a pixel expected after expansion");
 	if (!(rows = malloc(info->h * sizeof(*rows))))
 		png_error(png, "out of memory");
+	/* 16-bit grey decoded into the front of the output (2 bytes a pixel of its 3), then widened in place. */
 	for (uint32_t y = 0; y < info->h; y++)
-		rows[y] = rgb + (size_t)y * info->w * 3;
+		rows[y] = rgb + (size_t)y * info->w * px;
 	png_read_image(png, rows);
 	png_read_end(png, NULL);
 	png_destroy_read_struct(&png, &pi, NULL);
 	free(rows);
+	if (grey16)
+		sl_grey16_rgb(rgb, (size_t)info->w * info->h);
 	return 0;
 }
 

@@ -100,9 +100,33 @@ static int sl_probe_png(const unsigned char *p, size_t n, struct sl__img_info *i
 	info->w = sl_be32(p + 16);
 	info->h = sl_be32(p + 20);
 	info->ncomp = 3;
-	if (n < 8 + 25 + 12 || memcmp(p + n - 8, "IEND", 4))
-		return SL_WHY("PNG truncated: it does not end with IEND (%zu bytes)", n);
-	return 0;
+	/*
+	 * Whole if its chunks, walked by their lengths, reach IEND inside the
+	 * bytes: what follows IEND is not the image's and is ignored, as libpng
+	 * and PIL ignore it (a file a tool appended to); a chunk that runs
+	 * past the end, or no IEND, is a file cut short.  A length over 2^31 - 1
+	 * is no PNG's (the specification's bound), so none wraps the walk.
+	 */
+	for (size_t at = 8;;) {
+		uint32_t len;
+
+		if (n - at < 12)
+			return SL_WHY("PNG truncated: no IEND chunk in its %zu bytes", n);
+		len = sl_be32(p + at);
+		if (len > 0x7fffffffu)
+			return SL_WHY("PNG chunk at byte %zu claims %u bytes (at most 2^31 - 1)", at, len);
+		if (len > n - at - 12) {
+			char type[5] = "";
+
+			for (int k = 0; k < 4; k++) /* chunk types are letters; anything else shown as '?' */
+				type[k] = (p[at + 4 + k] | 0x20) >= 'a' && (p[at + 4 + k] | 0x20) <= 'z' ? (char)p[at + 4 + k] : '?';
+			return SL_WHY("PNG truncated: its %s chunk at byte %zu runs past the end (%zu bytes) before IEND",
+				      type, at, n);
+		}
+		if (!memcmp(p + at + 4, "IEND", 4))
+			return 0;
+		at += 12 + (size_t)len;
+	}
 }
 
 static int sl_probe_webp(const unsigned char *p, size_t n, struct sl__img_info *info, char *why, size_t cap)

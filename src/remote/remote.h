@@ -184,13 +184,20 @@ SL_HIDDEN int sl__http_head_parse(const char *buf, size_t len, struct sl__http_r
 
 /*
  * weblist.c: the entries a web server's listing page (len bytes, untrusted,
- * any bytes) links to, in page order: each(arg, href, n, dir) with the
- * link as written (percent-encoded, n bytes; dir: it ends in '/'), only
- * for relative links of one segment that do not decode to "", "." or
- * "..", a '/', '\\' or NUL, and carry no scheme, query or fragment.  A
- * nonzero return from each stops the walk with it; else 0.
+ * any bytes) links to, in page order, read as a browser reads the links
+ * (character references such as &amp; decoded, then %XX): each(arg, href,
+ * n, dir) with the entry's name in one canonical form (every byte but
+ * RFC 3986's unreserved ones as %XX, uppercase; n bytes, valid during the
+ * call; dir: a directory, and then it ends in '/').  Links that name no
+ * entry (the parent, absolute ones, other schemes or hosts, queries,
+ * fragments, paths below) are passed over; one that would be an entry but
+ * whose name cannot be a file's ('/' or NUL decoded in it, a '\\' a browser
+ * reads as '/', a '%' that is no escape, over 255 bytes) is named in a
+ * warning (where: the page's URL, for it) and skipped, never dropped
+ * without a word.  A nonzero return from each stops the walk with it;
+ * else 0.
  */
-SL_HIDDEN int sl__web_links(const char *page, size_t len,
+SL_HIDDEN int sl__web_links(const char *page, size_t len, const char *where,
 			    int (*each)(void *arg, const char *href, size_t n, int dir), void *arg);
 
 /*

@@ -294,7 +294,7 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 	if (!rc) {
 		struct sl_http_walk w = { url, recursive, depth, add, arg };
 
-		rc = sl__web_links(body, k.got, sl_http_link, &w);
+		rc = sl__web_links(body, k.got, url, sl_http_link, &w);
 	}
 	free(url);
 	free(body);

@@ -7,8 +7,10 @@
  * also parsed as a shard header, as a record of a fixed schema, as a
  * safetensors file (its header), as a TFRecord file (every record it
  * accepts lies inside the input, after its header, in order), and as an
- * MDS shard or LitData chunk (offsets rising inside the input) and a
- * sample of columns laid out by its first bytes (every column inside it).
+ * MDS shard or LitData chunk (offsets rising inside the input), a sample
+ * of columns laid out by its first bytes (every column inside it), and an
+ * Arrow IPC table (a LitData row footer: batches inside it, rows laid out
+ * exactly).
  * Properties: no crash or sanitizer report; decoded fields lie inside
  * the input.
  */
@@ -64,6 +66,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			for (unsigned c = 0; c < cols.n; c++)
 				if ((const uint8_t *)cd[c] < data + 9 || (const uint8_t *)cd[c] + cl[c] > data + size)
 					abort();
+	}
+	/*
+	 * As an Arrow IPC file or stream (a LitData row footer): every record
+	 * batch it accepts lies inside the input, and one whose rows check out
+	 * lays them out into exactly the bytes their lengths say.
+	 */
+	{
+		struct sl__arrow a;
+
+		if (sl__arrow_parse(data, size, 0, &a, "fuzz") == 0) {
+			for (uint64_t k = 0; k < a.nbatches; k++) {
+				const struct sl__abatch *ab = &a.b[k];
+				uint64_t *off;
+
+				if (ab->body > size || ab->body_len > size - ab->body)
+					abort();
+				if (ab->rows > (1u << 20) || !(off = calloc(ab->rows + 1, sizeof(uint64_t))))
+					continue;
+				if (sl__arrow_rows_len(&a, k, data + ab->body, off, "fuzz") == 0 && off[ab->rows] < (1u << 26)) {
+					unsigned char *dst = malloc(off[ab->rows] + 1);
+
+					if (dst && sl__arrow_rows(&a, k, data + ab->body, off, dst, "fuzz") != 0)
+						abort();
+					free(dst);
+				}
+				free(off);
+			}
+			sl__arrow_free(&a);
+		}
 	}
 	/* As a TFRecord file. */
 	{

@@ -284,3 +284,50 @@ def test_a_redirect_to_a_file_is_a_file_and_a_directory_url_without_slash_loads(
     assert (tmp_path / "f.bin").read_bytes() == b"redirected"
     got = sluice.load(web.url("ck"))
     assert np.array_equal(got["a"], np.arange(10, dtype=np.float32))
+
+
+def test_listing_links_are_read_as_a_browser_reads_them(tmp_path, capfd):
+    """A link's character references are decoded before its %XX, as a browser does (Apache writes the file a&b.bin
+    as href="a&amp;b.bin"; it was requested literally); every name comes in one canonical escaped form, so a page
+    that spells a file two ways names it once; a link whose name cannot be a file's is named in a warning, never
+    dropped without a word (a file whose name holds a backslash was skipped so); navigation is passed over."""
+    links = ["a&amp;b.bin", "a%26b.bin", "lt&lt;gt&gt;.bin", "q&quot;t.bin", "s&#39;q.bin", "&#65;&#x42;.bin",
+             "./c:d.bin", "%5Cback.bin", "sp%20ace.bin", "caf&#233;.bin", "e%CC%81.bin", "c1&#150;.bin",
+             "&#0;z.bin", "sub/", "HREF-upper", "raw\\slash.bin", "a%2Fb.bin", "nul%00.bin", "bad%zz.bin",
+             "x" * 256 + ".bin", "../", "./", "?C=N;O=D", "/abs.bin", "http://other/x.bin", "#top", "deep/er.bin",
+             "&amp;amp;.bin"]
+    page = "".join(f'<a href="{h}">x</a>\n' if h != "HREF-upper" else "<A HREF='upper.bin'>u</A>\n" for h in links)
+    page += "<a href=unquoted.bin>u</a> <a data-href=\"not-an-href.bin\">n</a>"
+    with _listing(page.encode()) as base:
+        got = sluice.listdir(base)
+    err = capfd.readouterr().err
+    want = ["%26amp%3B.bin", "%5Cback.bin", "%EF%BF%BDz.bin", "AB.bin", "a%26b.bin", "c%3Ad.bin",
+            "c1%E2%80%93.bin", "caf%C3%A9.bin", "e%CC%81.bin", "lt%3Cgt%3E.bin", "q%22t.bin", "s%27q.bin",
+            "sp%20ace.bin", "unquoted.bin", "upper.bin"]
+    assert got == sorted(base + w for w in want), got
+    for shown, why in (("raw\\x5cslash.bin", "which a browser reads as '/'"), ("a%2Fb.bin", "a '/' inside one name"),
+                       ("nul%00.bin", "a NUL byte"), ("bad%zz.bin", "a '%' that is no escape"),
+                       ("x" * 100, "longer than a file name can be")):
+        assert shown in err and why in err, (shown, err)
+    assert "../" not in err and "deep" not in err and "other" not in err
+
+
+def test_a_copy_of_an_apache_style_listing_gets_every_file(tmp_path):
+    """The whole copy of a directory whose listing escapes names for HTML only (Apache's mod_autoindex: a&amp;b.bin,
+    ./c:d.bin): every file arrives under its own name with its own bytes (one link requested literally was a 404
+    that failed the whole copy)."""
+    if webserver.NGINX is None:
+        pytest.skip("nginx is absent (scripts/deps.sh test installs nginx-light)")
+    d = tmp_path / "www" / "d"
+    d.mkdir(parents=True)
+    names = {"a&b.bin": "a&amp;b.bin", "x<y>.bin": "x&lt;y&gt;.bin", 'q"t.bin': "q&quot;t.bin",
+             "s'q.bin": "s&#39;q.bin", "c:d.bin": "./c:d.bin", "café.bin": "caf&#xE9;.bin", "sp ace.bin": "sp ace.bin"}
+    for k, name in enumerate(names):
+        (d / name).write_bytes(bytes([k]) * (100 + k))
+    # nginx serves d/index.html as the directory's page: a listing as Apache writes it.
+    (d / "index.html").write_text("<html><body><ul>" + "".join(f'<li><a href="{h}">{h}</a></li>' for h in
+                                                              names.values()) + "</ul></body></html>")
+    with webserver.WebServer(tmp_path / "www", tmp_path / "nginx", listing=False) as w:
+        sluice.copy(w.url("d/"), str(tmp_path / "out"), recursive=True)
+    got = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    assert got == {name: bytes([k]) * (100 + k) for k, name in enumerate(names)}

@@ -260,6 +260,8 @@ def _hostile():
         "header-only": (jpeg[:200], False),
         "damaged-scan": (bytes(damaged), False),
         "png-truncated": (_encode(good, "PNG")[:-30], False),
+        "png-cut-before-iend": (_encode(good, "PNG")[:-12], False),
+        "png-bytes-after-iend": (_encode(good, "PNG") + b"\0" * 7 + b"appended by a tool", True),
         "one-pixel": (_encode(np.full((1, 1, 3), 200, np.uint8), quality=90), True),
         "cmyk": (cmyk.getvalue(), True),
         "grey": (_encode(good[:, :, 0], quality=90), True),
@@ -414,7 +416,8 @@ def _with_gama(png, gamma):
 
 
 def _stored_rgb_cases():
-    """Images whose stored RGB PIL's convert("RGB") gives as it is: no compositing, no gamma, 16-bit by its high byte."""
+    """Images whose stored RGB PIL's convert("RGB") gives as it is: no compositing, no gamma, 16-bit colour by its
+    high byte."""
     g = _image(24, 32, 3)
     alpha = np.dstack([g, np.full(g.shape[:2], 64, np.uint8)])
     pal = Image.fromarray(g).convert("P", palette=Image.ADAPTIVE, colors=16)
@@ -437,21 +440,77 @@ def _stored_rgb_cases():
             "cmyk-no-adobe": no_adobe, "cmyk": c}
 
 
-def test_stored_colours_are_kept_as_pil_keeps_them(tmp_path):
-    """PNG alpha dropped (not composited), 16-bit by its high byte, gAMA ignored; CMYK JPEGs inverted with or
-    without Adobe's marker: what PIL's convert("RGB") gives, to the level (identity resize, u8)."""
-    cases = _stored_rgb_cases()
+def _identity_decoded(tmp_path, cases):
+    """{name: (sluice's pixels, PIL's convert("RGB")'s)} of 32 x 24 images through the identity resize, u8, CPU."""
     ds = _pack(tmp_path, {f"0/{k}.img": v for k, v in cases.items()})
     names = [bytes(ds[i]["key"]).decode().split("/")[-1].rsplit(".", 1)[0] for i in range(len(ds))]
     ld = sluice.Loader(ds, batch_size=len(ds), shuffle=False,
                        images=sluice.Images("data", size=(24, 32), mode="resize", dtype="u8", decode="cpu"))
     b = next(iter(ld))
     assert len(b.ids) == len(cases)
-    for row, rid in enumerate(b.ids):
-        name = names[int(rid)]
-        want = _decoded(cases[name]).transpose(2, 0, 1).astype(int)
-        d = np.abs(b["data"][row].astype(int) - want).max()
+    return {names[int(rid)]: (b["data"][row], _decoded(cases[names[int(rid)]]).transpose(2, 0, 1).astype(int))
+            for row, rid in enumerate(b.ids)}
+
+
+def test_stored_colours_are_kept_as_pil_keeps_them(tmp_path):
+    """PNG alpha dropped (not composited), 16-bit colour by its high byte, gAMA ignored; CMYK JPEGs inverted with or
+    without Adobe's marker: what PIL's convert("RGB") gives, to the level (identity resize, u8)."""
+    for name, (got, want) in _identity_decoded(tmp_path, _stored_rgb_cases()).items():
+        d = np.abs(got.astype(int) - want).max()
         assert d <= (1 if name.startswith("cmyk") else 0), (name, d)
+
+
+def _png16(h, w, colour, samples, extra=b""):
+    """A 16-bit PNG (colour type 0 grey, 2 RGB, 4 grey+alpha, 6 RGBA) of samples [h, w, channels], big-endian."""
+    import zlib
+    raw = b"".join(b"\0" + samples[y].astype(">u2").tobytes() for y in range(h))
+    ihdr = w.to_bytes(4, "big") + h.to_bytes(4, "big") + bytes([16, colour, 0, 0, 0])
+    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + extra + _png_chunk(b"IDAT", zlib.compress(raw)) +
+            _png_chunk(b"IEND", b""))
+
+
+def _png16_cases():
+    """Every 16-bit PNG kind, its samples over the whole range (0..65535: below 256, the low byte alone, both)."""
+    rng = np.random.default_rng(16)
+    h, w = 24, 32
+    s = rng.integers(0, 65536, (h, w, 4), dtype=np.uint16)
+    s[0, :, :] = np.array([0, 1, 255, 256, 257, 300, 0x1234, 0xff00, 0xffff, 254, 128, 2] * 3)[:w, None]
+    s[1, :, :] = rng.integers(0, 256, (w, 4))  # the low byte alone: where clipping and the high byte part most
+    grey = io.BytesIO()
+    Image.fromarray(s[:, :, 0]).save(grey, "PNG")  # PIL writes this one itself
+    trns = (int(s[5, 5, 0])).to_bytes(2, "big")
+    return {"grey16-pil": grey.getvalue(), "grey16": _png16(h, w, 0, s[:, :, :1]),
+            "grey16-trns": _png16(h, w, 0, s[:, :, :1], _png_chunk(b"tRNS", trns)),
+            "grey-alpha16": _png16(h, w, 4, s[:, :, :2]), "rgb16": _png16(h, w, 2, s[:, :, :3]),
+            "rgb16-trns": _png16(h, w, 2, s[:, :, :3], _png_chunk(b"tRNS", trns * 3)),
+            "rgba16": _png16(h, w, 6, s)}
+
+
+def test_16_bit_pngs_are_pils_convert_rgb_byte_for_byte(tmp_path):
+    """docs/guides/images.md names PIL's convert("RGB") as the reference: 16-bit grey (PIL's I;16) is clipped to 255
+    as its conversion clips, 16-bit colour and grey with alpha taken by the high byte as PIL opens them; every
+    byte equal to PIL's, over every 16-bit kind (the identity resize, u8)."""
+    cases = _png16_cases()
+    for name, (got, want) in _identity_decoded(tmp_path, cases).items():
+        assert np.array_equal(got, want), (name, np.abs(got.astype(int) - want).max())
+    # The two 16-bit rules PIL has, held here so that a Pillow that changes them fails this test, not the users.
+    g = np.asarray(Image.open(io.BytesIO(cases["grey16"])).convert("RGB"))[1, :, 0]
+    raw = np.asarray(Image.open(io.BytesIO(cases["grey16"])))[1]
+    assert np.array_equal(g, np.minimum(raw, 255))
+
+
+def test_torchvision_decode_png_keeps_16_bits_where_pil_clips():
+    """What the images guide says of torchvision: decode_png gives 16-bit samples whole, its ToDtype(uint8) the
+    high byte; so for 16-bit grey it and PIL (sluice's reference) differ."""
+    torch = pytest.importorskip("torch")
+    tv = pytest.importorskip("torchvision")
+    from torchvision.io import ImageReadMode, decode_png
+    from torchvision.transforms.v2 import functional as F
+    data = _png16_cases()["grey16"]
+    x = decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
+    raw = np.asarray(Image.open(io.BytesIO(data))).astype(np.int64)
+    assert x.dtype == torch.uint16 and np.array_equal(x[0].to(torch.int64).numpy(), raw), tv.__version__
+    assert np.array_equal(F.to_dtype(x, torch.uint8, scale=True)[0].numpy(), raw >> 8)
 
 
 def test_the_error_names_the_first_bad_record_and_earlier_batches_arrive(tmp_path):

@@ -27,16 +27,37 @@ def _shard(samples):
     return struct.pack("<I", len(samples)) + struct.pack(f"<{len(offs)}I", *offs) + config + b"".join(body)
 
 
-def _write(d, shards, names=("text", "raw"), encodings=("str", "bytes"), sizes=(None, None), patch=None):
-    d.mkdir(exist_ok=True)
+def _zstd_raw(data):
+    """data as one zstd frame of raw (stored) blocks, written by hand: no zstd package needed (RFC 8878)."""
+    head = struct.pack("<IBI", 0xFD2FB528, 0xA0, len(data))  # single segment, a 4-byte content size
+    blocks = [data[i:i + (1 << 17)] for i in range(0, len(data), 1 << 17)] or [b""]
+    return head + b"".join(struct.pack("<I", (len(b) << 3) | (k == len(blocks) - 1))[:3] + b
+                           for k, b in enumerate(blocks))
+
+
+def _write(d, shards, names=("text", "raw"), encodings=("str", "bytes"), sizes=(None, None), patch=None,
+           codec=None, subdir=""):
+    """shards under d as Streaming writes them; codec "zstd", "gz" or "bz2": each shard only compressed (zip_data), as
+    Streaming leaves them before a reader decompresses them; subdir: every shard below it, as a merged index's."""
+    import bz2
+    import gzip
+    d.mkdir(parents=True, exist_ok=True)
     index = {"version": 2, "shards": []}
     for k, samples in enumerate(shards):
-        name = f"shard.{k:05}.mds"
-        (d / name).write_bytes(_shard(samples))
+        name = f"{subdir}shard.{k:05}.mds"
+        raw = _shard(samples)
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        zip_data = None
+        if codec:
+            packed = _zstd_raw(raw) if codec == "zstd" else gzip.compress(raw) if codec == "gz" else bz2.compress(raw)
+            (d / f"{name}.{codec}").write_bytes(packed)
+            zip_data = {"basename": f"{name}.{codec}", "bytes": (d / f"{name}.{codec}").stat().st_size, "hashes": {}}
+        else:
+            (d / name).write_bytes(raw)
         index["shards"].append({"column_encodings": list(encodings), "column_names": list(names),
-                                "column_sizes": list(sizes), "compression": None, "format": "mds",
-                                "hashes": [], "raw_data": {"basename": name, "bytes": 0, "hashes": {}},
-                                "samples": len(samples), "size_limit": 1 << 26, "version": 2, "zip_data": None})
+                                "column_sizes": list(sizes), "compression": codec, "format": "mds",
+                                "hashes": [], "raw_data": {"basename": name, "bytes": len(raw), "hashes": {}},
+                                "samples": len(samples), "size_limit": 1 << 26, "version": 2, "zip_data": zip_data})
     if patch:
         patch(index)
     (d / "index.json").write_text(json.dumps(index))
@@ -63,7 +84,7 @@ def test_mds_files_read_as_laid_out(tmp_path):
     ("count", "samples in the file"),
     ("order", "out of order or outside the file"),
     ("uint64", "uint64"),
-    ("compressed", "compressed shards"),
+    ("compressed", "without a raw_data basename"),
     ("sizes", "run past"),
 ])
 def test_hostile_mds_is_refused_by_name(tmp_path, harm, words):
@@ -165,3 +186,201 @@ def test_a_malformed_index_json_is_named(tmp_path):
     (tmp_path / "ds" / "index.json").write_text("{not json")
     with pytest.raises(sluice.SluiceError, match="index.json: not the index sluice expects"):
         sluice.Dataset(str(tmp_path / "ds"))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gz", "bz2"])
+def test_compressed_shards_are_decompressed_once_beside_them(tmp_path, codec):
+    """Shards only compressed (zip_data; Streaming's compression="zstd", "gz" or "bz2" before a reader decompresses them)
+    are read (every one failed as "shard.00000.mds: cannot open: No such file"): decompressed once beside them under
+    the raw name index.json gives, as Streaming does with its local copies, then read in place; a second open
+    decompresses nothing."""
+    shards = [_samples(40, 1), _samples(25, 2)]
+    _write(tmp_path / "ds", shards, codec=codec)
+    ds = sluice.Dataset(str(tmp_path / "ds"))
+    flat = [s for sh in shards for s in sh]
+    assert len(ds) == 65 and all(bytes(ds[i]["text"]) == t and bytes(ds[i]["raw"]) == r for i, (t, r) in
+                                 enumerate(flat))
+    raw = tmp_path / "ds" / "shard.00000.mds"
+    assert raw.read_bytes() == _shard(shards[0])
+    seen = raw.stat().st_mtime_ns
+    again = sluice.Dataset(str(tmp_path / "ds"))
+    assert bytes(again[64]["text"]) == flat[64][0] and raw.stat().st_mtime_ns == seen
+    assert not [p for p in os.listdir(tmp_path / "ds") if ".tmp" in p]
+
+
+@pytest.mark.parametrize("harm,words", [
+    ("br", "compressed with br"),
+    ("mislabelled", "not bz2, as index.json says it is"),
+    ("bomb", "decompresses to more than the"),
+    ("short", "decompresses to 10 bytes, index.json says"),
+    ("cut", "not zstd, or damaged: Truncated"),
+    ("garbage", "not zstd, as index.json says it is"),
+    ("huge", "an MDS shard is under 4 GiB"),
+])
+def test_hostile_compressed_shards_are_refused_by_name(tmp_path, harm, words):
+    """A codec sluice does not read is named (it said no such file), a file of another codec than the index says is
+    refused (only that codec's decoder is asked: none runs an outside program); a frame that decompresses to more
+    than the index's raw size (a bomb) stops there, one that gives less or is cut short is refused; nothing
+    half-written is left for a later open to read."""
+    d = tmp_path / "ds"
+    patch = None
+    if harm in ("br", "mislabelled"):
+        def patch(ix):
+            ix["shards"][0]["compression"] = "br:11" if harm == "br" else "bz2:9"
+    elif harm == "bomb":
+        def patch(ix):
+            ix["shards"][0]["raw_data"]["bytes"] = 100
+    elif harm == "huge":
+        def patch(ix):
+            ix["shards"][0]["raw_data"]["bytes"] = 1 << 40
+    _write(d, [_samples(40, 1)], codec="zstd", patch=patch)
+    z = d / "shard.00000.mds.zstd"
+    if harm == "short":
+        z.write_bytes(_zstd_raw(bytes(10)))
+    elif harm == "cut":
+        z.write_bytes(z.read_bytes()[:-30])
+    elif harm == "garbage":
+        z.write_bytes(b"not a zstd frame at all")
+    with pytest.raises(sluice.SluiceError, match=words) as e:
+        sluice.Dataset(str(d))
+    assert "shard.00000.mds" in str(e.value)
+    assert sorted(os.listdir(d)) == ["index.json", "shard.00000.mds.zstd"]
+
+
+def test_a_merged_index_names_shards_in_subdirectories(tmp_path):
+    """Streaming's merge_index: one index.json above the writers' directories, each shard named by its path below
+    ("0/shard.00000.mds"); they were refused as names that leave the directory."""
+    d = tmp_path / "ds"
+    parts = [[_samples(30, 1), _samples(5, 2)], [_samples(12, 3)]]
+    shards = []
+    for k, part in enumerate(parts):
+        _write(d / str(k), part)
+        sub = json.loads((d / str(k) / "index.json").read_text())["shards"]
+        for sh in sub:
+            sh["raw_data"]["basename"] = f"{k}/{sh['raw_data']['basename']}"
+        shards += sub
+    (d / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
+    ds = sluice.Dataset(str(d))
+    flat = [s for part in parts for sh in part for s in sh]
+    assert len(ds) == 47 and ds.shards == 3
+    assert all(bytes(ds[i]["text"]) == t and bytes(ds[i]["raw"]) == r for i, (t, r) in enumerate(flat))
+    # compressed below a subdirectory too, decompressed beside each
+    _write(tmp_path / "z", [_samples(9, 4)], codec="zstd", subdir="w0/")
+    assert bytes(sluice.Dataset(str(tmp_path / "z"))[8]["text"]) == b"s4-8"
+    assert (tmp_path / "z" / "w0" / "shard.00000.mds").exists()
+
+
+@pytest.mark.parametrize("name", ["0/../../secret.mds", "/etc/passwd", "0//shard.mds", "./shard.00000.mds",
+                                  "0/./shard.mds", "0/..", "a\\b.mds", "0/%2e%2e/x.mds", "sub/"])
+def test_merged_names_that_leave_the_directory_are_refused(tmp_path, name):
+    def patch(ix):
+        ix["shards"][0]["raw_data"]["basename"] = name
+    _write(tmp_path / "ds", [_samples(3, 1)], patch=patch)
+    with pytest.raises(sluice.SluiceError, match="is not a file of the directory"):
+        sluice.Dataset(str(tmp_path / "ds"))
+
+
+@pytest.mark.parametrize("how", ["file", "dir"])
+def test_a_shard_that_links_out_of_the_directory_is_refused(tmp_path, how):
+    """A shard (or a merged index's subdirectory) that is a symbolic link out of the dataset's directory is refused
+    naming where it leads (a downloaded dataset could read ~/.ssh/id_rsa out as sample bytes); a link that stays
+    inside, and a dataset directory reached through a link, are read."""
+    out = tmp_path / "outside"
+    _write(out, [_samples(3, 9)], subdir="0/" if how == "dir" else "")
+    d = tmp_path / "ds"
+    _write(d, [_samples(3, 1)], subdir="0/" if how == "dir" else "")
+    target = d / ("0" if how == "dir" else "0/shard.00000.mds" if how == "dir" else "shard.00000.mds")
+    if how == "dir":
+        import shutil
+        shutil.rmtree(d / "0")
+        (d / "0").symlink_to(out / "0")
+    else:
+        target.unlink()
+        target.symlink_to(out / "shard.00000.mds")
+    with pytest.raises(sluice.SluiceError, match="outside the dataset's directory") as e:
+        sluice.Dataset(str(d))
+    assert str(out) in str(e.value)
+    inside = tmp_path / "in"
+    _write(inside, [_samples(3, 1)])
+    (inside / "real.mds").write_bytes((inside / "shard.00000.mds").read_bytes())
+    (inside / "shard.00000.mds").unlink()
+    (inside / "shard.00000.mds").symlink_to("real.mds")
+    (tmp_path / "via").symlink_to(inside)
+    assert bytes(sluice.Dataset(str(tmp_path / "via"))[2]["text"]) == b"s1-2"
+
+
+def test_streamings_compressed_and_merged_datasets(tmp_path):
+    """Streaming's own writer, every codec it has: zstd, gz and bz2 read equal to its StreamingDataset, br and snappy
+    refused naming the codec; and a merge_index of two writers' directories read equal to it."""
+    streaming = pytest.importorskip("streaming", reason="MosaicML Streaming (it needs torch)")
+    from streaming.base.util import merge_index
+    cols = {"text": "str", "label": "int", "raw": "bytes"}
+
+    def write(out, n, seed, **kw):
+        with streaming.MDSWriter(out=str(out), columns=cols, size_limit=1 << 12, **kw) as w:
+            for i in range(n):
+                w.write({"text": f"t{seed}-{i} é", "label": i - 50, "raw": bytes([i % 256]) * (i % 17)})
+
+    def theirs(out):
+        ref = streaming.StreamingDataset(local=str(out), batch_size=1, shuffle=False)
+        return [ref[i] for i in range(len(ref))]
+
+    for codec in ("zstd", "zstd:7", "gz", "gz:1", "bz2", "br", "snappy"):
+        out = tmp_path / codec.replace(":", "_")
+        write(out, 300, 1, compression=codec)
+        assert not any(p.endswith(".mds") for p in os.listdir(out))  # only compressed: what sluice meets first
+        if codec.split(":")[0] in ("br", "snappy"):
+            with pytest.raises(sluice.SluiceError, match=f"compressed with {codec}"):
+                sluice.Dataset(str(out))
+            continue
+        ds = sluice.Dataset(str(out))
+        want = theirs(out)
+        assert len(ds) == len(want) == 300 and ds.shards > 1
+        for i, w in enumerate(want):
+            r = ds[i]
+            assert bytes(r["text"]).decode() == w["text"] and r["label"][0] == w["label"]
+            assert bytes(r["raw"]) == w["raw"]
+    m = tmp_path / "merged"
+    write(m / "0", 120, 2)
+    write(m / "1", 80, 3, compression="zstd")
+    merge_index(str(m), keep_local=True)
+    assert any("/" in sh["raw_data"]["basename"] for sh in json.loads((m / "index.json").read_text())["shards"])
+    ds = sluice.Dataset(str(m))
+    want = theirs(m)
+    assert len(ds) == len(want) == 200
+    assert all(bytes(ds[i]["text"]).decode() == w["text"] and ds[i]["label"][0] == w["label"]
+               for i, w in enumerate(want))
+
+
+def test_compressed_shards_over_http_are_decompressed_beside_their_cached_copies(tmp_path, monkeypatch):
+    """A zstd MDS dataset on a web server: each shard fetched into the cache and decompressed beside its copy there
+    (the server is never written to), then read as the local one reads."""
+    import webserver
+    if webserver.NGINX is None:
+        pytest.skip("nginx is absent (scripts/deps.sh test installs nginx-light)")
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "cache"))
+    shards = [_samples(30, 1), _samples(20, 2)]
+    _write(tmp_path / "www" / "ds", shards, codec="zstd")
+    with webserver.WebServer(tmp_path / "www", tmp_path / "nginx") as w:
+        ds = sluice.Dataset(w.url("ds/"))
+        flat = [s for sh in shards for s in sh]
+        assert len(ds) == 50 and all(bytes(ds[i]["text"]) == t and bytes(ds[i]["raw"]) == r
+                                     for i, (t, r) in enumerate(flat))
+        ids = sorted(int(i) for b in sluice.Loader(ds, 10, seed=1, rank=0, world_size=1) for i in b["ids"])
+        assert ids == list(range(50))
+    assert sorted(os.listdir(tmp_path / "www" / "ds")) == ["index.json", "shard.00000.mds.zstd", "shard.00001.mds.zstd"]
+
+
+def test_what_lies_under_a_compressed_shards_raw_name(tmp_path):
+    """A temporary file a killed decompression left is ignored (the raw file appears whole, by rename, or not at
+    all); a FIFO or directory under the raw name is refused by name, never renamed over."""
+    _write(tmp_path / "ds", [_samples(5, 1)], codec="zstd")
+    (tmp_path / "ds" / "shard.00000.mds.tmp4242").write_bytes(b"half a shard")
+    assert bytes(sluice.Dataset(str(tmp_path / "ds"))[4]["text"]) == b"s1-4"
+    for kind in ("fifo", "dir"):
+        d = tmp_path / kind
+        _write(d, [_samples(5, 1)], codec="zstd")
+        os.mkfifo(d / "shard.00000.mds") if kind == "fifo" else (d / "shard.00000.mds").mkdir()
+        with pytest.raises(sluice.SluiceError, match="shard.00000.mds"):
+            sluice.Dataset(str(d))
+        assert (d / "shard.00000.mds").exists() and not (d / "shard.00000.mds").is_file()

@@ -122,6 +122,25 @@ def test_a_flipped_data_byte_fails_its_record_by_name(tmp_path):
     assert r.returncode != 0 and "record 1" in (r.stdout + r.stderr)
 
 
+@pytest.mark.parametrize("codec", ["gzip", "zlib"])
+def test_a_compressed_file_under_a_plain_name_is_named_as_compressed(tmp_path, codec):
+    """TFRecordOptions(compression_type="GZIP") under train.tfrecord: the error says gzip (it said the length's CRC
+    failed), naming the file; a damaged uncompressed file still says it is damaged."""
+    import gzip
+    import zlib
+    good = _record(b"a" * 100) + _record(b"b" * 50)
+    p = tmp_path / "train.tfrecord"
+    p.write_bytes(gzip.compress(good) if codec == "gzip" else zlib.compress(good))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.Dataset(str(p))
+    assert e.value.code == sluice._lib.EFORMAT and f"compressed with {codec}" in str(e.value)
+    assert "train.tfrecord" in str(e.value)
+    p.write_bytes(b"\x1f" + good[1:])  # one byte of a real file's length changed: damage, not gzip
+    with pytest.raises(sluice.SluiceError, match="length's CRC does not match") as e:
+        sluice.Dataset(str(p))
+    assert "gzip" not in str(e.value)
+
+
 def test_what_is_not_a_record_file_is_refused_by_name(tmp_path):
     (tmp_path / "x.tfrecord.gz").write_bytes(b"\x1f\x8b")
     with pytest.raises(sluice.SluiceError, match="compressed TFRecord"):

@@ -3,6 +3,7 @@ by Python's tarfile and by webdataset's TarWriter with what real shards hold (li
 names without a field, __index__ metadata, upper-case and multi-dot extensions, directories with dots)."""
 import io
 import os
+import subprocess
 import tarfile
 
 import numpy as np
@@ -162,3 +163,43 @@ def test_a_file_of_another_format_is_not_taken_for_a_tar(tmp_path):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.Dataset(str(tmp_path / "data.jsonl"))
     assert "archive" not in str(e.value) and "index.sli" in str(e.value), str(e.value)
+
+
+def test_a_pipe_shard_spec_is_refused_never_run(tmp_path):
+    """webdataset's "pipe:CMD" runs CMD in a shell: sluice refuses it by name (it opened "pipe:..." as a local file
+    and said no such file), runs nothing, and does not echo the command, which may hold a token."""
+    made = tmp_path / "ran"
+    for spec in (f"pipe:touch {made}", "pipe:curl -s -H 'Authorization: Bearer SECRET42' http://h/train-{000..001}.tar",
+                 f"pipe:cat {tmp_path}/train-000000.tar"):
+        with pytest.raises(sluice.SluiceError) as e:
+            sluice.Dataset(spec)
+        msg = str(e.value)
+        assert "shell command" in msg and "pipe:" + spec[5:].split()[0] in msg and "SECRET42" not in msg, msg
+    assert not made.exists()
+
+
+def test_a_tar_compressed_by_an_outside_program_runs_no_program(tmp_path):
+    """libarchive decodes lrzip, lzop and grzip by running that program: a .tar that starts like one made sluice run
+    whatever `lrzip` was first on PATH.  It is refused by its magic now, naming the codec, and nothing runs; bzip2
+    and xz tars are named as such too."""
+    import bz2
+    import lzma
+    import stat
+    import sys
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ran = tmp_path / "ran"
+    for prog in ("lrzip", "lzop", "grzip"):
+        (bindir / prog).write_text(f"#!/bin/sh\ntouch {ran}\ncat\n")
+        (bindir / prog).chmod(stat.S_IRWXU)
+    _writer(tmp_path / "plain.tar", 0)
+    raw = (tmp_path / "plain.tar").read_bytes()
+    cases = {"lrzip": b"LRZI\x00\x06" + bytes(18) + raw[:200], "lzop": b"\x89LZO\x00\r\n\x1a\n" + raw[:200],
+             "grzip": b"GRZipII\x00\x02\x04:)" + raw[:200], "bzip2": bz2.compress(raw), "xz": lzma.compress(raw)}
+    for codec, data in cases.items():
+        (tmp_path / f"{codec}.tar").write_bytes(data)
+        code = f"import sluice\ntry:\n    sluice.Dataset({str(tmp_path / (codec + '.tar'))!r})\nexcept sluice.SluiceError as e:\n    print(e)\n"
+        env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '')}")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
+        assert f"a compressed tar ({codec})" in out, (codec, out)
+        assert not ran.exists(), codec

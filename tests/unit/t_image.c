@@ -200,6 +200,84 @@ static void t_rows(void)
 	}
 }
 
+/*
+ * 16-bit PNGs as PIL's convert("RGB") gives them (Pillow 13, checked by
+ * test_images.py against PIL itself): plain grey (PIL's I;16) clipped to
+ * 255, colour by its high byte.  The files hold 0, 1, 255, 256, 257,
+ * 0x1234, 0xff00, 0xffff (the RGB one: R and B those, G them reversed).
+ */
+static void t_png16(void)
+{
+	static const unsigned char grey[8] = { 0, 1, 255, 255, 255, 255, 255, 255 };
+	static const unsigned char hi[8] = { 0, 0, 0, 1, 1, 0x12, 0xff, 0xff };
+	const char *names[] = { "ok-png-grey16-levels.png", "ok-png-rgb16-levels.png" };
+
+	for (int i = 0; i < 2; i++) {
+		char path[4096], why[256];
+		struct sl__img_info info;
+		unsigned char rgb[8 * 3];
+		size_t n = 0;
+		unsigned char *p;
+
+		snprintf(path, sizeof(path), "%s/images/%s", T_SRC_DIR, names[i]);
+		p = (unsigned char *)t_slurp(path, &n);
+		T_CHECK(p && sl__img_probe(p, n, 1u << 20, &info, why, sizeof(why)) == 0 && info.w == 8 && info.h == 1);
+		T_CHECK(p && sl__img_decode_cpu(p, n, &info, 0, 0, rgb, why, sizeof(why)) == 0);
+		for (int x = 0; p && x < 8; x++) {
+			const unsigned char *want = i ? hi : grey;
+			int r = want[x], g = i ? hi[7 - x] : want[x];
+
+			if (rgb[3 * x] != r || rgb[3 * x + 1] != g || rgb[3 * x + 2] != r) {
+				fprintf(stderr, "t_image: %s pixel %d: %u %u %u, not %d %d %d\n", names[i], x, rgb[3 * x],
+					rgb[3 * x + 1], rgb[3 * x + 2], r, g, r);
+				T_CHECK(0);
+			}
+		}
+		free(p);
+	}
+}
+
+/* Where a whole PNG's IEND chunk ends (its last 12 bytes, before what a tool appended). */
+static size_t t_png_whole_len(const unsigned char *p, size_t n)
+{
+	const unsigned char *e = memmem(p, n, "IEND", 4);
+
+	return e ? (size_t)(e - p) + 8 : 0;
+}
+
+/* A PNG's end: bytes after IEND ignored (as libpng and PIL do), a chunk cut short or a length past 2^31 refused. */
+static void t_png_end(void)
+{
+	const struct {
+		const char *name, *words;
+	} cases[] = {
+		{ "ok-png-bytes-after-iend.png", NULL },
+		{ "bad-png-cut-before-iend.png", "no IEND chunk" },
+		{ "bad-png-truncated.png", "runs past the end" },
+		{ "bad-png-chunk-length-2g.png", "at most 2^31 - 1" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char path[4096], why[256] = "";
+		struct sl__img_info info;
+		size_t n = 0;
+		unsigned char *p;
+		int rc;
+
+		snprintf(path, sizeof(path), "%s/images/%s", T_SRC_DIR, cases[i].name);
+		p = (unsigned char *)t_slurp(path, &n);
+		rc = p ? sl__img_probe(p, n, 1u << 20, &info, why, sizeof(why)) : -1;
+		if (cases[i].words ? rc != SLUICE_EFORMAT || !strstr(why, cases[i].words) : rc != 0) {
+			fprintf(stderr, "t_image: %s: %d (%s)\n", cases[i].name, rc, why);
+			T_CHECK(0);
+		}
+		/* Every cut of a whole PNG short of its IEND is refused: none reaches the decoder. */
+		for (size_t k = 0, end = p && !cases[i].words ? t_png_whole_len(p, n) : 0; k < end; k++)
+			T_CHECK(sl__img_probe(p, k, 1u << 20, &info, why, sizeof(why)) == SLUICE_EFORMAT);
+		free(p);
+	}
+}
+
 int main(void)
 {
 	t_batch();
@@ -207,5 +285,7 @@ int main(void)
 	t_conversions();
 	t_probe_edges();
 	t_rows();
+	t_png16();
+	t_png_end();
 	return t_done("t_image");
 }

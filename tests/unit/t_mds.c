@@ -6,12 +6,15 @@
  * sample whose column sizes run past it are refused, naming what is wrong.
  * The same for LitData's chunks (the same shard layout, every leaf's size
  * in the sample): a chunk reads back; nested samples and compressed chunks
- * are refused.
+ * are refused.  LitData's Arrow row footers (an IPC file pyarrow wrote, in
+ * tests/fuzz): read whole, and cut at every length or with any byte of
+ * its first 4 KiB flipped, refused or read inside its bytes, never past.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/format.h"
 #include "t_util.h"
 
 static char dir[700];
@@ -78,6 +81,73 @@ static void write_ld(int harm)
 	fclose(f);
 }
 
+/* Every batch's rows laid out, as a dataset reads them: 0, or the first error. */
+static int t_arrow_rows(const struct sl__arrow *a, const unsigned char *p)
+{
+	int rc = 0;
+
+	for (uint64_t k = 0; !rc && k < a->nbatches; k++) {
+		uint64_t *off = calloc(a->b[k].rows + 1, sizeof(uint64_t));
+		unsigned char *dst = NULL;
+
+		rc = off ? sl__arrow_rows_len(a, k, p + a->b[k].body, off, "t") : -1;
+		if (!rc && !(dst = malloc(off[a->b[k].rows] + 1)))
+			rc = -1;
+		if (!rc)
+			rc = sl__arrow_rows(a, k, p + a->b[k].body, off, dst, "t");
+		free(dst);
+		free(off);
+	}
+	return rc;
+}
+
+static void t_arrow(void)
+{
+	char path[4096];
+	size_t n = 0;
+	unsigned char *p, *q;
+	struct sl__arrow a;
+
+	snprintf(path, sizeof(path), "%s/../fuzz/corpus_format/arrow-ipc-file", T_SRC_DIR);
+	p = (unsigned char *)t_slurp(path, &n);
+	T_CHECK(p && n > 64);
+	if (!p)
+		return;
+	T_CHECK(sl__arrow_parse(p, n, 0, &a, "t") == 0 && a.rows == 300 && a.ncols == 5 && a.nbatches == 2);
+	T_CHECK(a.col[0].kind == SL_ACOL_VAR32 && a.col[1].dtype == SLUICE_DTYPE_I64 && a.col[3].kind == SL_ACOL_BOOL);
+	T_CHECK(t_arrow_rows(&a, p) == 0);
+	sl__arrow_free(&a);
+	/* Cut anywhere: each prefix in a buffer of its own size, so ASan sees any read past it. */
+	for (size_t k = 0; k < n; k += k < 2048 ? 1 : 97) {
+		q = malloc(k ? k : 1);
+		memcpy(q, p, k);
+		if (sl__arrow_parse(q, k, 0, &a, "t") == 0) {
+			(void)t_arrow_rows(&a, q);
+			sl__arrow_free(&a);
+		}
+		free(q);
+	}
+	/* Any byte of its head flipped: refused, or read inside the bytes. */
+	q = malloc(n);
+	for (size_t k = 0; q && k < n && k < 4096; k++)
+		for (int bit = 0; bit < 8; bit += 3) {
+			memcpy(q, p, n);
+			q[k] ^= (unsigned char)(1u << bit);
+			if (sl__arrow_parse(q, n, 0, &a, "t") == 0) {
+				(void)t_arrow_rows(&a, q);
+				sl__arrow_free(&a);
+			}
+		}
+	free(q);
+	/* A message length of 2 GiB: refused by name, nothing allocated for it. */
+	q = malloc(n);
+	memcpy(q, p, n);
+	sl__put32(q + 12, 0x7fffffffu);
+	T_CHECK(sl__arrow_parse(q, n, 0, &a, "t") == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "runs past"));
+	free(q);
+	free(p);
+}
+
 int main(void)
 {
 	struct sluice_dataset *ds = NULL;
@@ -117,5 +187,6 @@ int main(void)
 	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "nested"));
 	write_ld(2);
 	T_CHECK(sluice_dataset_open(&ds, dir) == SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "compressed"));
+	t_arrow();
 	return t_done("t_mds");
 }
