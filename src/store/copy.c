@@ -135,8 +135,11 @@ static int sl_copy_add(struct sl_copy *c, const char *src, const char *dst_dir, 
 	char *name = sl_rel_for(c, rel);
 	int rc = name ? 0 : -ENOMEM;
 
-	/* A decoded name checked again: it must still be one below the destination. */
-	if (!rc && *name && c->src_url && !c->dst_url && (sl_rel_escapes(name) || strchr(name, '\\')))
+	/*
+	 * A decoded name checked again: it must still be one below the destination.  A backslash is an ordinary byte of
+	 * a Linux name (a listing's %5C), not a separator.
+	 */
+	if (!rc && *name && c->src_url && !c->dst_url && sl_rel_escapes(name))
 		rc = sl__err(-EINVAL, "%s: its name would put its copy outside %s; nothing was copied", src, dst_dir);
 	if (!rc && sl__reserve(&c->p, &c->cap, (c->n + 1) * sizeof(*c->p)))
 		rc = -ENOMEM;

@@ -321,7 +321,8 @@ def test_a_copy_of_an_apache_style_listing_gets_every_file(tmp_path):
     d = tmp_path / "www" / "d"
     d.mkdir(parents=True)
     names = {"a&b.bin": "a&amp;b.bin", "x<y>.bin": "x&lt;y&gt;.bin", 'q"t.bin': "q&quot;t.bin",
-             "s'q.bin": "s&#39;q.bin", "c:d.bin": "./c:d.bin", "café.bin": "caf&#xE9;.bin", "sp ace.bin": "sp ace.bin"}
+             "s'q.bin": "s&#39;q.bin", "c:d.bin": "./c:d.bin", "café.bin": "caf&#xE9;.bin", "sp ace.bin": "sp ace.bin",
+             "b\\s.bin": "b%5Cs.bin"}
     for k, name in enumerate(names):
         (d / name).write_bytes(bytes([k]) * (100 + k))
     # nginx serves d/index.html as the directory's page: a listing as Apache writes it.
