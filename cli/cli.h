@@ -1,4 +1,4 @@
-/* The sluice command: the subcommands (cmd_<name>.c) and their shared helpers (util.c). */
+/* The sluice command: the subcommands (cmd_<name>.c) and their shared helpers (util.c, python.c). */
 #ifndef CLI_H
 #define CLI_H
 
@@ -44,11 +44,15 @@ int cli_open_dataset(const char *cmd, int argc, char **argv, const char *usage, 
 		     const char **opt_val, int *json, const char **path, struct sluice_dataset **ds);
 /* Writes s as a JSON string literal. */
 void cli_json_str(const char *s);
+/* This program's directory into dir: 0, or -1 with the error printed. */
+int cli_self_dir(const char *cmd, char *dir, size_t cap);
 /*
- * For the commands Python runs (journey, diagnose): SLUICE_BIN, SLUICE_LIB and, from a build tree, PYTHONPATH
- * set for this program's build; its directory into dir; returns the Python to run (SLUICE_PYTHON, else
- * python3), or NULL with the error printed.
+ * The one way a command starts Python (python.c): replaces this process with py (NULL: SLUICE_PYTHON, else
+ * python3) running main, a module's name (run as python -m would) or a .py file's path (as python FILE would),
+ * with args (NULL-terminated) as its sys.argv[1:], and SLUICE_BIN, SLUICE_LIB and PYTHONPATH set for this
+ * program's build.  The current directory is never on that Python's module path.  Returns only on failure, the
+ * exit code, the error printed (needs: what the Python must have, for the message).
  */
-const char *cli_python_env(const char *cmd, char *dir, size_t cap);
+int cli_python_exec(const char *cmd, const char *py, const char *main, char *const args[], const char *needs);
 
 #endif
