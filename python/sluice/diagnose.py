@@ -236,8 +236,14 @@ def _gather(out, root):
     chosen = min(training, key=lambda r: (depth(r), r.get("rank") not in (None, "0"), -batches(r)), default=None)
     if chosen is None:
         chosen = by_pid.get(root) or (reps[0] if reps else None)
-    pythons = [{"pid": r["pid"], "ppid": r.get("ppid"), "argv": r.get("argv"), "kind": r.get("kind", "python"),
+    # The training process's loaders name their workers: DataLoader workers, whether or not they wrote (persistent
+    # ones alive at its exit are terminated by multiprocessing, their atexit never runs).
+    named = {pid for x in (chosen or {}).get("loaders", []) for pid in x.get("worker_pids") or []}
+    pythons = [{"pid": r["pid"], "ppid": r.get("ppid"), "argv": r.get("argv"),
+                "kind": "dataloader-worker" if r["pid"] in named else r.get("kind", "python"),
                 "loaders": len(r["loaders"]), "batches": batches(r), "training": r is chosen} for r in reps]
+    pythons += [{"pid": pid, "ppid": chosen["pid"], "argv": None, "kind": "dataloader-worker", "loaders": 0,
+                 "batches": 0, "training": False} for pid in sorted(named - set(by_pid))]
     if chosen is None:
         return {"loaders": [], "reported": False, "pythons": [], "workers_applied": False}
     return {"argv": chosen.get("argv"), "pid": chosen["pid"], "loaders": chosen["loaders"], "reported": True,
@@ -483,9 +489,9 @@ def _main(a, cmd, workers, tmp, hook):
     if workers:
         rep["sweep"], rep["sweep_steps"] = _sweep(cmd, workers, a.steps, tmp, hook), a.steps
         for s in rep["sweep"]:
-            # A worker count's effect is predicted where the loading's CPU was the limit.
-            cpu_bound = main_r is not None and main_r["verdict"] == "cpu-bound"
-            s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if cpu_bound else None
+            # A worker count's effect is predicted where the loading's CPU, or its waits, were the limit.
+            counts = main_r is not None and main_r["verdict"] in ("cpu-bound", "latency-bound")
+            s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if counts else None
     # Each written whole or not at all (a kill mid-write leaves the last report, not half of this one).
     from .checkpoint import _write_whole
     _write_whole(a.html, report_html(rep).encode())

@@ -148,10 +148,14 @@ class profile:
 
     With no argument inside `with`, the last sluice.Loader created.  A one-line verdict goes to `file` (stderr by
     default; None for silence) at the end.  The verdict is one of compute-bound (the loop's own work is the limit:
-    the pipeline keeps up), cpu-bound (loading processes busy decoding or transforming), storage-bound (waiting
-    on reads from storage), startup-bound (workers starting at each epoch), ipc-bound (loading neither busy nor
-    reading, the batches slow to arrive all the same), transfer-bound (copies of pageable batches to the GPU),
-    and for a sluice.Loader its own loader-bound; each with the figures behind it.
+    the pipeline keeps up), cpu-bound (the loading busy decoding or transforming, or waiting for a core),
+    storage-bound (waiting on the loading's own reads from storage), latency-bound (the loading neither busy nor
+    reading: each worker, or the loop's thread, waits on a fetch a sample), startup-bound (workers starting again
+    at each epoch, where keeping them can help), ipc-bound (the loop's thread busy taking batches over from the
+    workers), transfer-bound (copies of pageable batches to the GPU), and for a sluice.Loader its own
+    loader-bound; each with the figures behind it.  It is decided on the steady state: each epoch's first batch
+    (and a DataLoader's prefetch burst after it) is start-up, reported as evidence.  The workers are those the
+    iterable names (a DataLoader's, a multiprocessing Pool's), busy or not; another child of the script is not.
     """
 
     def __init__(self, source=None, file=..., interval=0.2, nvtx=False, sampler=None):
@@ -442,7 +446,7 @@ def _report(p, wall, samples):
          "first_batch_wait_s": firsts, "epochs": len(p._firsts), "wait_ms_p50": _median_ms(waits),
          "wait_ms_p90": 1e3 * sorted(waits)[int(0.9 * (n - 1))] if n else 0.0, "step_ms_p50": _median_ms(p._steps),
          "batch_bytes": p._bytes, "pinned": p._pinned, "on_gpu": p._on_gpu, "wait_thread_cpu_s": p._thread_cpu,
-         "dataloader": p._dataloader, "workers_known": bool(p._worker_pids)}
+         "dataloader": p._dataloader, "workers_known": bool(p._worker_pids), "worker_pids": sorted(p._worker_pids)}
     torch = _cuda()
     if torch is not None and len(p._events) > 1:
         p._events[-1].synchronize()
@@ -554,13 +558,14 @@ def _loading(r):
         load = sum(x["cpu_s"] for x in workers)
         alive = sum(x["alive_s"] for x in workers) or 1e-9
         rq = [x.get("runq_s") for x in workers]
-        runq = sum(rq) if all(q is not None for q in rq) else 0.0
+        known = all(q is not None for q in rq)
+        runq = sum(rq) if known else 0.0
         at_once = max(r.get("workers_max") or len(workers), 1)
         busy = load / alive
         who = (f"{at_once} worker process{'es' * (at_once != 1)} busy {100 * busy:.0f}% of a core each"
                + (f" ({len(workers)} over the run)" if len(workers) > at_once else ""))
         return {"kind": "workers", "who": who, "cpu_s": load, "busy": busy, "demand": (load + runq) / alive,
-                "queued": runq / alive, "workers": workers}
+                "queued": runq / alive, "workers": workers, "runq_unknown": not known}
     # The loop's process's other threads (a prefetching thread, a pin-memory thread): its CPU less the loop's
     # thread's, over the samples' window, and the same of their wait for a core.
     main = next((x for x in procs if x["role"] == "main"), None)
@@ -574,12 +579,13 @@ def _loading(r):
         busy = threads / secs
         return {"kind": "threads", "who": f"other threads of the loop's process busy {busy:.2f} cores (no worker "
                 "processes)", "cpu_s": threads, "busy": busy, "demand": (threads + threads_q) / secs,
-                "queued": threads_q / secs, "workers": []}
+                "queued": threads_q / secs, "workers": [], "runq_unknown": False}
     busy = load / w if w > 0 else 0.0
-    runq = st.get("wait_runq_s") or 0.0
+    runq = st.get("wait_runq_s")
+    q = (runq or 0.0) / w if w > 0 else 0.0
     return {"kind": "loop", "who": f"the loop's own thread busy {100 * busy:.0f}% of its wait (no workers)",
-            "cpu_s": load, "busy": busy, "demand": (load + runq) / w if w > 0 else 0.0,
-            "queued": runq / w if w > 0 else 0.0, "workers": []}
+            "cpu_s": load, "busy": busy, "demand": busy + q, "queued": q, "workers": [],
+            "runq_unknown": runq is None}
 
 
 def _verdict(r):
@@ -599,7 +605,7 @@ def _verdict(r):
               f"(wait p50 {wait:.1f} ms, its own work p50 {step:.1f} ms a batch, {rate:.1f} batches/s)")
     startup = st["startup_wait_s"] + st["restart_wait_s"]
     if st["left_out"] and startup >= 0.05 * max(r["wait_s"], 1e-9):
-        own = f", {s_rate * step / 1e3:.2f}x the {1e3 / step:.1f} batches/s its own work allows" if step > 0 else ""
+        own = f", {s_rate * step / 1e3:.2f}x the {1e3 / step:.1f} batches/s its own work allows" if step >= 0.1 else ""
         ev_start = (f"start-up: the first {'batches' if st['left_out'] > r['epochs'] else 'batch'} of "
                     f"{'each of its ' + str(r['epochs']) + ' epochs' if r['epochs'] > 1 else 'its one epoch'} "
                     f"waited {startup:.2f} s of the {r['wait_s']:.2f} s waited (workers starting, the pipeline "
@@ -668,12 +674,12 @@ def _verdict(r):
         ev.append(ev_start)
     stored, rchar = sto.get("read_bytes", 0), sto.get("rchar", 0)
     thread_busy = st["wait_thread_cpu_s"] / st["wait_s"] if st["wait_s"] > 0 else 0.0
-    # Busy loading (its CPU, or its CPU and its wait for a core when other work takes the cores); or, with no core
-    # left idle, a loading that runs or queues for a core a third of its time or more (one that waits on fetches
-    # sleeps most of it): starved of CPU, which more workers cannot give it.  Threads of the loop's process also
-    # wait for the GIL, which no count shows (a busy machine preempts its holder): a sixth for them.
-    starved = BUSY / 4 if ld["kind"] == "threads" else BUSY / 2
-    if demand >= BUSY or busy >= BUSY or (demand >= starved and idle < 0.5):
+    # Busy loading: it ran, or wanted to run (its wait for a core, where other work takes the cores), most of its
+    # time; a loading that waits on fetches sleeps (and on a crowded machine queues for a core at each wake-up).
+    # Where no wait for a core is counted, half busy with no core left idle.  Threads of the loop's process also
+    # wait for the GIL, which no count shows (a busy machine preempts its holder): a sixth, with no core idle.
+    starved = (ld["kind"] == "threads" and demand >= BUSY / 4) or (ld["runq_unknown"] and busy >= BUSY / 2)
+    if demand >= BUSY or busy >= BUSY or (starved and idle < 0.5):
         if loader is not None and ld["kind"] != "workers":
             # A sluice.Loader's threads are the busy ones: it has no workers to add; its own stages name the cost.
             return {"verdict": "loader-bound", "evidence": ev,

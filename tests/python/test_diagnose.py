@@ -255,3 +255,58 @@ def test_a_dataloader_with_no_workers_and_a_heavy_decode(tmp_path):
     assert ld["label"] == "DataLoader #1" and ld["verdict"] == "cpu-bound", ld["evidence"]
     assert [s["workers"] for s in rep["sweep"]] == [0, 2] and all(s["batches_s"] > 0 for s in rep["sweep"])
     assert all(s["predicted_batches_s"] for s in rep["sweep"])
+
+
+DL_SPAWN = r"""
+import multiprocessing, os, sys, time
+import torch
+
+class Fetch(torch.utils.data.Dataset):           # a fetch a sample: the worker waits, its CPU idle
+    def __len__(self):
+        return 128
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return torch.full((8,), i)
+
+def spin(stop):                                   # a child of the script's, busy for another reason
+    while not stop.is_set():
+        pass
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    busy = ctx.Process(target=spin, args=(stop,), daemon=True)
+    busy.start()
+    dl = torch.utils.data.DataLoader(Fetch(), batch_size=8, num_workers=2, multiprocessing_context="spawn",
+                                     persistent_workers=True)
+    for epoch in range(2):
+        for b in dl:
+            pass
+    stop.set()
+    busy.join()
+    print("trained", os.getpid(), busy.pid, flush=True)
+"""
+
+
+def test_spawned_dataloader_workers_that_wait_on_a_fetch(tmp_path):
+    """torch DataLoader workers started with spawn (as CUDA users do), each waiting 50 ms a sample, beside a busy
+    child of the script's: one report, the training process's; its two workers counted as the loading's (as
+    DataLoader workers among the run's Pythons, and by pid in the profile) however idle; the busy child not
+    among them; latency-bound, more workers advised.  Before: a worker's empty report could replace the
+    trainer's, the idle workers were "(no workers)" and ipc-bound, the busy child a loading worker."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(DL_SPAWN)
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(tmp_path / "train.py")], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    trainer, spinner = (int(x) for x in r.stdout.split()[-2:])
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["pid"] == trainer
+    (ld,) = rep["loaders"]
+    assert ld["label"] == "DataLoader #1" and ld["batches"] == 2 * 128 // 8 and ld["epochs"] == 2
+    spawned = {p["pid"] for p in rep["pythons"] if p["kind"] == "dataloader-worker"}
+    roles = {x["pid"]: x["role"] for x in ld["processes"]}
+    assert len(spawned) == 2 and {pid for pid, role in roles.items() if role == "worker"} == spawned, (spawned, roles)
+    assert roles.get(spinner) == "other"
+    assert ld["verdict"] == "latency-bound", ld["evidence"]
+    assert "2 worker processes busy" in ld["evidence"][1] and "more workers" in ld["fix"]
+    assert ld["expected"]["workers"] > 2 and "persistent_workers" not in ld["fix"]

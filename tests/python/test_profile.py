@@ -93,12 +93,13 @@ def test_workers_starting_every_epoch_are_startup_bound():
 
 
 def test_batches_slow_to_arrive_with_nothing_busy_are_latency_bound():
-    """Batches that take 20 ms to arrive with no CPU and no reads behind them (a fetch a sample): the loop's own
+    """Batches that take 50 ms to arrive with no CPU and no reads behind them (a fetch a sample): the loop's own
     thread waits, and loading workers would keep several waits in flight (it was called ipc-bound, with no
-    hand-over to blame and advice about batch sizes)."""
+    hand-over to blame and advice about batch sizes).  50 ms: a crowded machine's wait for a core at each
+    wake-up stays a small share of it."""
     def handed():
-        for i in range(25):
-            time.sleep(0.02)
+        for i in range(12):
+            time.sleep(0.05)
             yield i
     p = sluice.profile(handed(), file=None)
     for _ in p:
@@ -246,11 +247,13 @@ class Slow:
 def test_time_after_the_loop_is_not_the_pipelines():
     """Work after the loop (a validation, a save) does not dilute the loop's wait (a stranger saw 90% become 4%)."""
     src = Slow()
+    t0 = time.perf_counter()
     with sluice.profile(src, file=None) as p:
         for _ in src:
             pass
+        loop = time.perf_counter() - t0
         time.sleep(1.0)
-    assert p.report["wait_share"] > 0.8 and p.report["seconds"] < 0.8, p.report["evidence"]
+    assert p.report["wait_share"] > 0.8 and p.report["seconds"] <= loop, (loop, p.report["evidence"])
 
 
 def test_a_profile_runs_once_and_gives_the_class_back_in_any_order():
@@ -343,7 +346,7 @@ def _measured(batches=100, seconds=10.0, wait_s=8.0, step_ms=2.0, workers=(), ot
               "runq_s": 0.0, "read_bytes": 0, "rchar": 0}]
     for i, (b, q) in enumerate(workers):
         procs.append({"pid": 10 + i, "name": "pt_worker", "role": "worker", "cpu_s": b * seconds, "alive_s": seconds,
-                      "busy_share": b, "runq_s": q * seconds, "read_bytes": 0, "rchar": 0})
+                      "busy_share": b, "runq_s": None if q is None else q * seconds, "read_bytes": 0, "rchar": 0})
     for i, (b, q) in enumerate(others):
         procs.append({"pid": 100 + i, "name": "evaluator", "role": "other" if known else "worker",
                       "cpu_s": b * seconds, "alive_s": seconds, "busy_share": b, "runq_s": q * seconds,
@@ -444,8 +447,10 @@ def test_rule_loading_starved_of_cores_is_cpu_bound():
     r = _rule(workers=[(0.40, 0.55)] * 2, cores=2, busy_cores=2.0, dataloader=DL)
     assert r["verdict"] == "cpu-bound", r["evidence"]
     assert "55% more waiting for a free core" in r["evidence"][1] and "more workers" not in r["fix"]
-    # The same workers asleep instead (3% busy, 2% queued): latency-bound, even with every core busy.
-    assert _rule(workers=[(0.03, 0.02)] * 2, cores=2, busy_cores=2.0, dataloader=DL)["verdict"] == "latency-bound"
+    # Workers asleep instead (3% busy), queued at each wake-up on a crowded machine (40%): latency-bound.
+    assert _rule(workers=[(0.03, 0.40)] * 2, cores=2, busy_cores=2.0, dataloader=DL)["verdict"] == "latency-bound"
+    # Where the kernel keeps no run-queue count: half busy with no core idle is CPU-bound, as before.
+    assert _rule(workers=[(0.40, None)] * 2, cores=2, busy_cores=2.0, dataloader=DL)["verdict"] == "cpu-bound"
     # No workers: the loop's own thread, 30% running and 65% queued in its waits.
     r = _rule(thread_cpu_s=0.30 * 7.9, thread_runq_s=0.65 * 7.9, cores=2, busy_cores=2.0)
     assert r["verdict"] == "cpu-bound" and "the loop's own thread busy 30%" in r["evidence"][1], r["evidence"]
