@@ -4,8 +4,11 @@
 
 The script runs as it is, in a child process whose Python loads a hook first (a sitecustomize of sluice's, ahead
 of the PYTHONPATH, which then runs the one it hides): every torch DataLoader and sluice.Loader the script
-iterates is watched by sluice.profile, with NVTX ranges around each wait for a batch (for Nsight Systems).  At
-the script's end the report is written: the verdict with its evidence and fix for each watched loader, charts of
+iterates is watched by sluice.profile, with NVTX ranges around each wait for a batch (for Nsight Systems).  Every
+Python the script starts loads the hook too (DataLoader workers, a launcher's children, torchrun's ranks) and
+writes its own figures at its exit, a file each; the report is the training process's (_gather).  `sluice
+diagnose` (cli/cmd_diagnose.c) runs this module in the Python the command names.  At the script's end the report
+is written: the verdict with its evidence and fix for each watched loader, charts of
 its run (the wait for data against the loop's own work, batch by batch; CPU cores of the loop's process and of
 each worker; disk reads and the page cache; GPU utilisation), its figures as JSON, and a Chrome trace of the
 waits and steps (Perfetto, chrome://tracing).  --sweep-workers runs the script's first --steps batches again at
@@ -405,6 +408,7 @@ def report_html(rep):
                                                                for g in range(max(len(s["gpu_util"]) for s in samples))]))
         figs = {k: r.get(k) for k in ("wait_share", "wait_ms_p50", "wait_ms_p90", "step_ms_p50", "batch_bytes",
                                       "first_batch_wait_s", "epochs")}
+        figs["steady_wait_share"] = (r.get("steady") or {}).get("wait_share")
         parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{v:,.4g}</td></tr>" if
                                          isinstance(v, float) else
                                          f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"

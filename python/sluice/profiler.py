@@ -77,7 +77,7 @@ class _Sampler(threading.Thread):
         if lib.sluice_machine_sample(C.byref(s), 0) < 0:
             return None
         procs = {p.pid: (p.name.decode(errors="replace"), p.cpu_s, p.rss, p.read_bytes, p.rchar, p.ppid,
-                         _proc_runq_s(p.pid))
+                         _runqs.total(p.pid))
                  for p in s.proc[:s.nprocs]}
         disks = [(d.name.decode(), d.reads, d.read_bytes, d.read_wait_s, d.busy_s) for d in s.disk[:s.ndisks]]
         return {"t": s.t, "ncpus": s.ncpus, "busy_s": s.all.busy_s, "idle_s": s.all.idle_s,
@@ -87,13 +87,22 @@ class _Sampler(threading.Thread):
                 "tx": sum(n.tx_bytes for n in s.nic[:s.nnics]), "procs": procs, "gpu": _gpus()}
 
     def run(self):
-        while not self.stop.wait(self.interval):
-            s = self.take()
-            if s:
-                self.samples.append(s)
-                if len(self.samples) > 20000:  # a long run: every other sample dropped, and half the rate
-                    del self.samples[1::2]
-                    self.interval *= 2
+        try:  # its own CPU and wait for a core, counted apart from the loop's process's other threads
+            fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = None
+        try:
+            while not self.stop.wait(self.interval):
+                s = self.take()
+                if s:
+                    s["sampler_cpu"], s["sampler_runq"] = time.thread_time(), _runq_s(None, fd) if fd else None
+                    self.samples.append(s)
+                    if len(self.samples) > 20000:  # a long run: every other sample dropped, and half the rate
+                        del self.samples[1::2]
+                        self.interval *= 2
+        finally:
+            if fd:
+                os.close(fd)
 
 
 def _runq_s(path, fd=None):
@@ -110,22 +119,34 @@ def _runq_s(path, fd=None):
         return None
 
 
-def _proc_runq_s(pid):
-    """A process's run-queue wait, all its threads' (a DataLoader worker's, or the loop's process's prefetching and
-    pinning threads beside the loop's own); None where the kernel keeps no count."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    total = 0.0
-    for t in tasks:
-        q = _runq_s(f"/proc/{pid}/task/{t}/schedstat")
-        if q is None:
-            if os.path.exists(f"/proc/{pid}/task/{t}"):
+class _RunQueues:
+    """Each process's run-queue wait, in seconds, that only grows: its living threads' counts (a DataLoader
+    worker's, or the loop's process's prefetching and pinning threads beside the loop's own), plus those of its
+    threads that ended (a sum over the living alone would lose them).  None where the kernel keeps no count."""
+
+    def __init__(self):
+        self.lock, self.last, self.ended = threading.Lock(), {}, {}
+
+    def total(self, pid):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
+        now = {}
+        for t in tids:
+            q = _runq_s(f"/proc/{pid}/task/{t}/schedstat")
+            if q is not None:
+                now[t] = q
+            elif os.path.exists(f"/proc/{pid}/task/{t}"):
                 return None  # no count kept
-            continue  # a thread that ended meanwhile
-        total += q
-    return total
+        with self.lock:
+            gone = sum(q for t, q in self.last.get(pid, {}).items() if t not in now)
+            self.ended[pid] = self.ended.get(pid, 0.0) + gone
+            self.last[pid] = now
+            return self.ended[pid] + sum(now.values())
+
+
+_runqs = _RunQueues()
 
 
 def _gpus():
@@ -489,11 +510,11 @@ def _machine(samples, batches, interval=0.2, worker_pids=()):
         v0, v1 = x["first"], x["last"]
         born = x["t0"] != a["t"]
         cpu0, rb0, rc0 = (0.0, 0, 0) if born else (v0[1], v0[3], v0[4])
-        rq0 = 0.0 if born else v0[6] if len(v0) > 6 else None
-        rq1 = v1[6] if len(v1) > 6 else None
+
         # Seen once or twice: alive for at least one interval (a short-lived child is not busy 3e7 cores).
         alive = max(x["t1"] - (x["t0"] if born else a["t"]), interval)
         role = "main" if pid == root else "worker" if not worker_pids or pid in worker_pids else "other"
+        rq0, rq1 = (0.0 if born else v0[6] if len(v0) > 6 else None), v1[6] if len(v1) > 6 else None
         runq = rq1 - rq0 if rq0 is not None and rq1 is not None else None
         procs.append({"pid": pid, "name": v1[0], "role": role, "cpu_s": v1[1] - cpu0, "alive_s": alive,
                       "busy_share": (v1[1] - cpu0) / alive, "runq_s": runq,
@@ -519,8 +540,12 @@ def _machine(samples, batches, interval=0.2, worker_pids=()):
         utils = [u for s in samples for u, _ in s["gpu"] if u >= 0]
         gpu = {"util_pct_p50": statistics.median(utils) if utils else None,
                "mem_used_max": max((m for s in samples for _, m in s["gpu"]), default=0)}
+    own = [smp for smp in samples if "sampler_cpu" in smp]
+    sampler = {"cpu_s": own[-1]["sampler_cpu"] - own[0]["sampler_cpu"] if len(own) > 1 else 0.0,
+               "runq_s": own[-1]["sampler_runq"] - own[0]["sampler_runq"]
+               if len(own) > 1 and own[0]["sampler_runq"] is not None and own[-1]["sampler_runq"] is not None else 0.0}
     return {
-        "processes": procs, "workers_max": workers_max, "window_s": dt,
+        "processes": procs, "workers_max": workers_max, "window_s": dt, "sampler": sampler,
         "cpu": {"cores": ncpus, "busy_cores": (busy / total * ncpus) if total > 0 else 0.0,
                 "iowait_cores": ((b["iowait_s"] - a["iowait_s"]) / total * ncpus) if total > 0 else 0.0,
                 "per_core_busy": per_core},
@@ -570,12 +595,15 @@ def _loading(r):
     # thread's, over the samples' window, and the same of their wait for a core.
     main = next((x for x in procs if x["role"] == "main"), None)
     secs = r.get("window_s") or r["seconds"]
-    threads = max((main["cpu_s"] if main else 0.0) - st.get("loop_thread_cpu_s", r.get("loop_thread_cpu_s", 0.0)), 0.0)
+    own = r.get("sampler") or {}  # the profile's own sampling thread is not the loading
+    threads = max((main["cpu_s"] if main else 0.0) - st.get("loop_thread_cpu_s", r.get("loop_thread_cpu_s", 0.0))
+                  - own.get("cpu_s", 0.0), 0.0)
     loop_q = st.get("loop_thread_runq_s")
-    threads_q = max(main["runq_s"] - loop_q, 0.0) if main and main.get("runq_s") is not None and loop_q is not None \
-        else 0.0
+    threads_q = max(main["runq_s"] - loop_q - own.get("runq_s", 0.0), 0.0) \
+        if main and main.get("runq_s") is not None and loop_q is not None else 0.0
     load, w = st["wait_thread_cpu_s"], st["wait_s"]
-    if threads > load and threads + threads_q >= BUSY / 4 * secs:
+    # They are the loading where they did more than the loop's thread in its waits, a millisecond a batch or more.
+    if threads > load and threads >= 1e-3 * st["batches"]:
         busy = threads / secs
         return {"kind": "threads", "who": f"other threads of the loop's process busy {busy:.2f} cores (no worker "
                 "processes)", "cpu_s": threads, "busy": busy, "demand": (threads + threads_q) / secs,
@@ -601,6 +629,10 @@ def _verdict(r):
     st = _steady_of(r)
     s_share = st["wait_share"]
     s_rate = st["batches"] / st["seconds"] if st["seconds"] > 0 else rate
+    # The loop's thread waiting for a core inside its waits (a busy machine preempted it) is not a wait for data:
+    # the batch was there to take.
+    own_q = min(st.get("wait_runq_s") or 0.0, st["wait_s"])
+    data_share = (st["wait_s"] - own_q) / st["seconds"] if st["seconds"] > 0 else s_share
     ev.append(f"the loop waited {100 * share:.1f}% of {r['seconds']:.1f} s for its {n} batches "
               f"(wait p50 {wait:.1f} ms, its own work p50 {step:.1f} ms a batch, {rate:.1f} batches/s)")
     startup = st["startup_wait_s"] + st["restart_wait_s"]
@@ -621,7 +653,7 @@ def _verdict(r):
     own = loader is not None and (
         (loader.get("verdict") == "loader-bound" and (loader.get("loader_us", 0) > step_us or step_us < 100)) or
         (loader.get("verdict") == "transfer-bound" and (loader.get("h2d_us", 0) > step_us or step_us < 100)))
-    if own and s_share >= WAIT_OK:
+    if own and data_share >= WAIT_OK:
         ev.append(f"sluice's loader: {loader.get('loader_us', 0) / 1e3:.1f} ms of its own a batch against "
                   f"{loader.get('step_us', 0) / 1e3:.1f} ms of step; copies {loader.get('h2d_us', 0) / 1e3:.1f} ms")
         fix = ("the copies to the GPU are the limit: larger batches, or fewer bytes a batch"
@@ -649,10 +681,14 @@ def _verdict(r):
                "(persistent_workers=True for a torch DataLoader)")
         return {"verdict": "startup-bound", "evidence": ev, "fix": fix,
                 "expected": {"seconds": r["seconds"] - restarts + (r["epochs"] - 1) * wait / 1e3}}
-    if s_share < WAIT_OK:
+    if data_share < WAIT_OK:
         gpu = r.get("gpu") or {}
         if gpu.get("util_pct_p50") is not None:
             ev.append(f"GPU busy {gpu['util_pct_p50']:.0f}% (NVML, p50)")
+        if own_q >= 0.2 * st["wait_s"] > 0:
+            ev.append(f"{100 * own_q / st['wait_s']:.0f}% of the steady state's waits was the loop's own thread "
+                      f"waiting for a free core (other work on this machine), not for data: "
+                      f"{100 * data_share:.1f}% of its time waited for data")
         if ev_start:
             ev.append(ev_start)
         return {"verdict": "compute-bound", "evidence": ev,
@@ -699,11 +735,14 @@ def _verdict(r):
         else:
             fix = "every core is busy: move decoding and augmentation to the GPU (sluice.Images), or lighter transforms"
         return {"verdict": "cpu-bound", "evidence": ev, "fix": fix, "expected": expected}
-    # Storage, where the loading read from it (not the page cache) and its reads' time could explain the wait:
-    # the disks' read time (a share of the wait), the disks busy, or cores in iowait.  The disks and iowait are
-    # the machine's: another job's reads alone never make this loop storage-bound.
-    if stored > 0.5 * max(rchar, 1) and (sto.get("read_wait_s", 0) >= 0.3 * st["wait_s"] or
-                                          sto.get("disk_busy_share", 0) > 0.5 or cpu.get("iowait_cores", 0) > 0.5):
+    # Storage, where the loading read from it (not the page cache) and its reads' time could explain the wait: its
+    # share of the disks' read time (a share of the wait), or the disks busy or cores in iowait with its reads half
+    # of what the disks read.  The disks' figures are the machine's: another job's reads never make this loop
+    # storage-bound, nor do a few pages of its own read on a crowded machine.
+    disk_bytes = sto.get("disk_read_bytes_s", 0) * (r.get("window_s") or st["seconds"])
+    mine = min(stored / disk_bytes, 1.0) if disk_bytes > 0 else float(stored > 0)
+    if stored > 0.5 * max(rchar, 1) and (mine * sto.get("read_wait_s", 0) >= 0.3 * st["wait_s"] or (mine >= 0.5 and (
+            sto.get("disk_busy_share", 0) > 0.5 or cpu.get("iowait_cores", 0) > 0.5))):
         lat = sto.get("read_latency_ms")
         ev.append(f"{stored / 1e6:.1f} MB read from storage of {rchar / 1e6:.1f} MB asked for "
                   f"({100 * sto.get('page_cache_share', 0):.0f}% from the page cache); disk busy "
