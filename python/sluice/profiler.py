@@ -630,7 +630,7 @@ def _verdict(r):
     s_share = st["wait_share"]
     s_rate = st["batches"] / st["seconds"] if st["seconds"] > 0 else rate
     # The loop's thread waiting for a core inside its waits (a busy machine preempted it) is not a wait for data:
-    # the batch was there to take.
+    # a thread that waits for data sleeps, it does not queue for a core.
     own_q = min(st.get("wait_runq_s") or 0.0, st["wait_s"])
     data_share = (st["wait_s"] - own_q) / st["seconds"] if st["seconds"] > 0 else s_share
     ev.append(f"the loop waited {100 * share:.1f}% of {r['seconds']:.1f} s for its {n} batches "
@@ -751,8 +751,9 @@ def _verdict(r):
         return {"verdict": "storage-bound", "evidence": ev,
                 "fix": "pack small files into shards read sequentially (sluice pack), or more workers to keep more "
                        "reads in flight", "expected": None}
+    rx = (r.get("network") or {}).get("rx_bytes_s") or 0.0
     ev.append(f"{stored / 1e6:.1f} MB read from storage of {rchar / 1e6:.1f} MB asked for; disk busy "
-              f"{100 * sto.get('disk_busy_share', 0):.0f}%; network {((r.get('network') or {}).get('rx_bytes_s') or 0) / 1e6:.1f} MB/s in")
+              f"{100 * sto.get('disk_busy_share', 0):.0f}%; network {rx / 1e6:.1f} MB/s in")
     if ld["kind"] == "workers" and thread_busy >= BUSY / 2:
         ev.append(f"the loop's own thread was busy {100 * thread_busy:.0f}% of its waits, taking the batches over")
         return {"verdict": "ipc-bound", "evidence": ev,
