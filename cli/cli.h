@@ -50,9 +50,11 @@ int cli_self_dir(const char *cmd, char *dir, size_t cap);
  * The one way a command starts Python (python.c): replaces this process with py (NULL: SLUICE_PYTHON, else
  * python3) running main, a module's name (run as python -m would) or a .py file's path (as python FILE would),
  * with args (NULL-terminated) as its sys.argv[1:], and SLUICE_BIN, SLUICE_LIB and PYTHONPATH set for this
- * program's build.  The current directory is never on that Python's module path.  Returns only on failure, the
- * exit code, the error printed (needs: what the Python must have, for the message).
+ * program's build.  The current directory is never on that Python's module path.  own_children: what the
+ * program starts is sluice's too (not a script of the user's), and is kept from the current directory as well.
+ * Returns only on failure, the exit code, the error printed (needs: what the Python must have, for the message).
  */
-int cli_python_exec(const char *cmd, const char *py, const char *main, char *const args[], const char *needs);
+int cli_python_exec(const char *cmd, const char *py, const char *main, char *const args[], const char *needs,
+		    int own_children);
 
 #endif

@@ -127,5 +127,6 @@ int cmd_diagnose(int argc, char **argv)
 	 */
 	if (k + 1 < argc)
 		py = is_python(argv[k + 1]) ? argv[k + 1] : shebang_python(argv[k + 1], named, sizeof(named)) ? named : NULL;
-	return cli_python_exec("diagnose", py, "sluice.diagnose", argv + 1, "sluice and numpy");
+	/* What the driver starts is the user's script: its environment stays the user's. */
+	return cli_python_exec("diagnose", py, "sluice.diagnose", argv + 1, "sluice and numpy", 0);
 }

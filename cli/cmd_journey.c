@@ -43,5 +43,5 @@ int cmd_journey(int argc, char **argv)
 		return cli_fail("journey", "its experiments (tools/journey/journey.py) are neither in %s/../tools nor in "
 				"%s/../share/sluice", dir, dir);
 	/* Run as a file: the package (and numpy) load after the arguments are read. */
-	return cli_python_exec("journey", NULL, p, argv + 1, "numpy");
+	return cli_python_exec("journey", NULL, p, argv + 1, "numpy", 1);
 }

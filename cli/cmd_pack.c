@@ -67,7 +67,7 @@ static int pack_arrow(const char *kind, const char *src, const char *out, uint64
 	snprintf(ss, sizeof(ss), "%llu", (unsigned long long)shard_size);
 	snprintf(zs, sizeof(zs), "%u", zstd);
 	snprintf(bs, sizeof(bs), "%llu", (unsigned long long)block_size);
-	return cli_python_exec(CMD, NULL, "sluice.arrow", args, "sluice and pyarrow");
+	return cli_python_exec(CMD, NULL, "sluice.arrow", args, "sluice and pyarrow", 1);
 }
 
 int cmd_pack(int argc, char **argv)

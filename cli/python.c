@@ -13,9 +13,15 @@
  *   - has PYTHONPATH without its empty and relative entries, nor any naming
  *     the current directory (the package directory added here stays);
  *   - runs BOOT (with -c): it drops sys.path[0] ('' for -c) before it imports
- *     anything, puts back the PYTHONPATH as it was for what the program
- *     starts (the script `sluice diagnose` runs keeps the user's own), and
- *     runs the program as `python -m MODULE` or `python FILE` would.
+ *     anything, and runs the program as `python -m MODULE` or `python FILE`
+ *     would;
+ *   - where what the program starts is sluice's too (journey's DataLoader
+ *     workers), the children keep that PYTHONPATH and get PYTHONSAFEPATH=1:
+ *     multiprocessing's spawn and forkserver children (3.14's default) start
+ *     with -c, and would put the current directory first (3.9 and 3.10 ignore
+ *     it, and fork by default);
+ *   - where it is the user's (the script `sluice diagnose` runs), BOOT puts
+ *     the user's PYTHONPATH back for it, as it was.
  */
 #include <errno.h>
 #include <limits.h>
@@ -28,20 +34,22 @@
 #include "cli.h"
 
 /*
- * argv: -c BOOT MAIN PYTHONPATH ARGS...  PYTHONPATH is "=VALUE" to set it, "" to unset it.  It MUST run on
- * Python 3.9 and import nothing before sys.path[0] is gone.
+ * argv: -c BOOT MAIN PYTHONPATH SAFE ARGS...  PYTHONPATH is "=VALUE" to set it, "" to unset it; SAFE "1" sets
+ * PYTHONSAFEPATH=1 for the children.  It MUST run on Python 3.9 and import nothing before sys.path[0] is gone.
  */
 static const char BOOT[] =
 	"import sys\n"
 	"if sys.path and sys.path[0] == '':\n"
 	"    del sys.path[0]\n"
 	"import os, runpy\n"
-	"m, pp = sys.argv[1], sys.argv[2]\n"
+	"m, pp, safe = sys.argv[1], sys.argv[2], sys.argv[3]\n"
 	"if pp:\n"
 	"    os.environ['PYTHONPATH'] = pp[1:]\n"
 	"else:\n"
 	"    os.environ.pop('PYTHONPATH', None)\n"
-	"sys.argv[:] = [m] + sys.argv[3:]\n"
+	"if safe == '1':\n"
+	"    os.environ.setdefault('PYTHONSAFEPATH', '1')\n"
+	"sys.argv[:] = [m] + sys.argv[4:]\n"
 	"if m.endswith('.py'):\n"
 	"    sys.path.insert(0, os.path.dirname(os.path.abspath(m)))\n"
 	"    runpy.run_path(m, run_name='__main__')\n"
@@ -122,7 +130,8 @@ static char *path_join(const char *first, const char *second)
 	return p;
 }
 
-int cli_python_exec(const char *cmd, const char *py, const char *main, char *const args[], const char *needs)
+int cli_python_exec(const char *cmd, const char *py, const char *main, char *const args[], const char *needs,
+		    int own_children)
 {
 	char exe[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 64], here[PATH_MAX + 64];
 	const char *set = getenv("PYTHONPATH");
@@ -137,7 +146,7 @@ int cli_python_exec(const char *cmd, const char *py, const char *main, char *con
 		py = "python3";
 	while (args[n])
 		n++;
-	if (!clean || !(argv = calloc(n + 6, sizeof(*argv))))
+	if (!clean || !(argv = calloc(n + 7, sizeof(*argv))))
 		goto oom;
 	if (self_exe(cmd, exe, sizeof(exe)))
 		goto out;
@@ -168,7 +177,8 @@ int cli_python_exec(const char *cmd, const char *py, const char *main, char *con
 	}
 	if (!full || !run || !(restore = malloc(strlen(full) + 2)))
 		goto oom;
-	snprintf(restore, strlen(full) + 2, "=%s", full);
+	/* The user's script gets the user's PYTHONPATH back; sluice's own children keep the one given here. */
+	snprintf(restore, strlen(full) + 2, "=%s", own_children ? run : full);
 	if (*run)
 		setenv("PYTHONPATH", run, 1);
 	else
@@ -177,8 +187,9 @@ int cli_python_exec(const char *cmd, const char *py, const char *main, char *con
 	argv[1] = "-c";
 	argv[2] = (char *)BOOT;
 	argv[3] = (char *)main;
-	argv[4] = set || *full ? restore : "";
-	memcpy(argv + 5, args, n * sizeof(*argv));
+	argv[4] = own_children ? (*run ? restore : "") : set || *full ? restore : "";
+	argv[5] = own_children ? "1" : "0";
+	memcpy(argv + 6, args, n * sizeof(*argv));
 	execvp(py, argv);
 	rc = cli_fail(cmd, "cannot run %s (set SLUICE_PYTHON to a python3 with %s): %s", py, needs, strerror(errno));
 	goto out;

@@ -180,6 +180,18 @@ def test_the_driver_runs_in_the_python_the_command_names(ds, tmp_path):
     assert r.returncode == 97 and "the first python3 on PATH ran" in r.stderr
 
 
+def test_the_commands_first_line_is_read_only_from_a_regular_file(tmp_path):
+    """The #! line of the command is read to find its Python: a FIFO named there is not opened to wait on (it would
+    block), a first line longer than 255 bytes is not read on; each is then said not to run."""
+    os.mkfifo(tmp_path / "fifo")
+    os.chmod(tmp_path / "fifo", 0o755)
+    (tmp_path / "long").write_text("#!" + "x" * 300 + "\n")
+    (tmp_path / "long").chmod(0o755)
+    for cmd in ("fifo", "long"):
+        r = diagnose(["--html", "r.html", "--", str(tmp_path / cmd)], tmp_path, timeout=60)
+        assert r.returncode != 0 and f"cannot run {tmp_path / cmd}" in r.stderr, r.stderr
+
+
 LAUNCHED = r"""
 import multiprocessing as mp, os, sys
 import sluice

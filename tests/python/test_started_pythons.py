@@ -3,7 +3,9 @@ the wheel's `sluice` entry point in front of them), runs with the current direct
 json.py, numpy.py, tempfile.py, runpy.py, sitecustomize.py or sluice/ package in the folder the user stands in
 never runs in sluice's place, also where PYTHONPATH holds '' or '.' (an empty entry is the current directory
 to Python).  The Python a script of the user's runs in (sluice diagnose's child) keeps the user's PYTHONPATH.
-The one way in is cli/python.c's cli_python_exec: no other exec of a Python is left in cli/ or src/."""
+What sluice's own Python starts (journey's children) is kept from the folder too.  The one way in is
+cli/python.c's cli_python_exec: no other exec of a Python is left in cli/ or src/."""
+import json
 import os
 import re
 import shutil
@@ -150,3 +152,35 @@ def test_no_other_way_to_start_a_python():
                                 found.append((os.path.relpath(path, ROOT), line.strip()))
     assert sorted(found) == [("cli/cmd_tune.c", "rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);"),
                              ("cli/python.c", "execvp(py, argv);")], found
+
+
+def test_what_sluices_own_python_starts_is_kept_from_the_folder_too(hostile, tmp_path):
+    """journey's children (its `sluice bench` runs here; DataLoader workers where torch is) get the PYTHONPATH
+    without the folder and PYTHONSAFEPATH=1: multiprocessing's spawn and forkserver children start with -c, which
+    would put the current directory first."""
+    seen = tmp_path / "env"
+    fake = tmp_path / "sluice"
+    fake.write_text(f'#!/bin/sh\nenv > "{seen}"\nexec "{SLUICE}" "$@"\n')
+    fake.chmod(0o755)
+    env = dict(env_for(tmp_path, f":.:{hostile}"), SLUICE_BIN=str(fake))
+    r = subprocess.run([SLUICE, "journey", "--quick", "--only", "2", "--dir", str(tmp_path / "d"), "--html",
+                        str(tmp_path / "j.html")], cwd=hostile, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and not marks(tmp_path), r.stderr
+    child = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert child.get("PYTHONSAFEPATH") == "1"
+    assert all(e and os.path.isabs(e) and os.path.realpath(e) != str(hostile)
+               for e in child.get("PYTHONPATH", "/").split(":")), child.get("PYTHONPATH")
+
+
+def test_the_script_under_diagnose_keeps_the_users_pythonpath(ds, tmp_path):
+    """The user's script is the user's: its PYTHONPATH is theirs, relative entries and '.' included, and no
+    PYTHONSAFEPATH of sluice's (it would drop the script's own folder from its path)."""
+    (tmp_path / "mylib").mkdir()
+    (tmp_path / "mylib" / "mymod.py").write_text("X = 42\n")
+    (tmp_path / "train.py").write_text("import json, os, sys, mymod\nassert mymod.X == 42\n"
+                                       "json.dump(dict(os.environ), open(sys.argv[1], 'w'))\n")
+    r = subprocess.run([SLUICE, "diagnose", "--html", "r.html", "--", sys.executable, "train.py", "env.json"],
+                       cwd=tmp_path, env=env_for(tmp_path, "mylib:."), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    child = json.loads((tmp_path / "env.json").read_text())
+    assert "PYTHONSAFEPATH" not in child and ":mylib:.:" in f":{child['PYTHONPATH']}:", child["PYTHONPATH"]
