@@ -235,6 +235,29 @@ def test_one_report_a_run_the_training_processs(ds, tmp_path):
     assert len(rep["pythons"]) <= 5 and "2 multiprocessing children" in r.stderr
 
 
+RANKS = r"""
+import os, subprocess, sys
+# torchrun's shape: one launcher, a trainer a rank, each with its RANK; rank 1 takes more batches, and ends last.
+procs = [subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2], str(n)], env=dict(os.environ, RANK=str(r)))
+         for r, n in ((0, 16), (1, 48))]
+procs[0].wait()
+sys.exit(procs[1].wait())
+"""
+RANK = ("import sys, sluice\nfor b in sluice.Loader(sluice.Dataset(sys.argv[1]), batch_size=int(sys.argv[2]), rank=0, "
+        "world_size=1):\n    pass\n")  # each rank the whole dataset: its batches say which rank it was
+
+
+def test_torchruns_ranks_report_rank_0(ds, tmp_path):
+    (tmp_path / "launch.py").write_text(RANKS)
+    (tmp_path / "rank.py").write_text(RANK)
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "rank.py"),
+                  str(ds / "ds")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["argv"][-1] == "16" and rep["loaders"][0]["batches"] == 2000 // 16
+    assert sorted(p["batches"] for p in rep["pythons"]) == [0, 2000 // 48 + 1, 2000 // 16]
+
+
 DL_TRAIN = r"""
 import hashlib, sys, time
 import numpy as np, torch
