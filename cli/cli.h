@@ -1,4 +1,4 @@
-/* The sluice command: the subcommands (cmd_<name>.c) and their shared helpers (util.c). */
+/* The sluice command: the subcommands (cmd_<name>.c) and their shared helpers (util.c, python.c). */
 #ifndef CLI_H
 #define CLI_H
 
@@ -70,11 +70,17 @@ int cli_evict(const char *const *paths, unsigned n, char *why, size_t cap);
 void cli_json_str(const char *s);
 /* 1 where s is one JSON value (RFC 8259, nested at most 64 deep), and nothing else but white space. */
 int cli_json_valid(const char *s);
+/* This program's directory into dir: 0, or -1 with the error printed. */
+int cli_self_dir(const char *cmd, char *dir, size_t cap);
 /*
- * For the commands Python runs (journey, diagnose): SLUICE_BIN, SLUICE_LIB and, from a build tree, PYTHONPATH
- * set for this program's build; its directory into dir; returns the Python to run (SLUICE_PYTHON, else
- * python3), or NULL with the error printed.
+ * The one way a command starts Python (python.c): replaces this process with py (NULL: SLUICE_PYTHON, else
+ * python3) running main, a module's name (run as python -m would) or a .py file's path (as python FILE would),
+ * with args (NULL-terminated) as its sys.argv[1:], and SLUICE_BIN, SLUICE_LIB and PYTHONPATH set for this
+ * program's build.  The current directory is never on that Python's module path.  own_children: what the
+ * program starts is sluice's too (not a script of the user's), and is kept from the current directory as well.
+ * Returns only on failure, the exit code, the error printed (needs: what the Python must have, for the message).
  */
-const char *cli_python_env(const char *cmd, char *dir, size_t cap);
+int cli_python_exec(const char *cmd, const char *py, const char *main, char *const args[], const char *needs,
+		    int own_children);
 
 #endif

@@ -4,7 +4,8 @@
  * copies, packing against padding, and more), as an HTML report.  The experiments are Python, a tool beside the package
  * (tools/journey/journey.py: they drive sluice, numpy and, where installed, the peers); this runs it with
  * SLUICE_PYTHON (default python3), pointing it at this build's library and
- * package when it runs from a build tree.
+ * package when it runs from a build tree (cli_python_exec: nothing is imported
+ * from the current directory).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -34,19 +35,13 @@ static int journey_find(const char *dir, char *p, size_t cap)
 int cmd_journey(int argc, char **argv)
 {
 	char dir[PATH_MAX], p[PATH_MAX + 64];
-	char **args = calloc((size_t)argc + 3, sizeof(*args));
-	const char *py;
 
-	if (!args || !(py = cli_python_env("journey", dir, sizeof(dir))))
+	(void)argc;
+	if (cli_self_dir("journey", dir, sizeof(dir)))
 		return 1;
 	if (journey_find(dir, p, sizeof(p)))
 		return cli_fail("journey", "its experiments (tools/journey/journey.py) are neither in %s/../tools nor in "
 				"%s/../share/sluice", dir, dir);
 	/* Run as a file: the package (and numpy) load after the arguments are read. */
-	args[0] = (char *)py;
-	args[1] = p;
-	for (int i = 1; i < argc; i++)
-		args[i + 1] = argv[i];
-	execvp(args[0], args);
-	return cli_fail("journey", "cannot run %s (set SLUICE_PYTHON to a python3 with numpy): %m", args[0]);
+	return cli_python_exec("journey", NULL, p, argv + 1, "numpy", 1);
 }

@@ -55,32 +55,24 @@ static void print_report(const struct sluice_pack_options *o, const struct sluic
 }
 
 /*
- * --from-parquet / --from-hf: sluice.arrow's main(KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json] [--overwrite]), run as
- * code given with -c that first drops the current directory from the module path (-m would search it first:
- * a numpy.py beside the data would run).
+ * --from-parquet / --from-hf: sluice.arrow's main(KIND SRC OUT SHARD_SIZE ZSTD BLOCK_SIZE [--json] [--overwrite]),
+ * run by cli_python_exec (the current directory off the module path: a numpy.py beside the data does not run).
  */
 static int pack_arrow(const char *kind, const char *src, const char *out, uint64_t shard_size, unsigned zstd,
 		      uint64_t block_size, int json, int overwrite)
 {
-	char dir[PATH_MAX], ss[32], zs[16], bs[32];
-	const char *flag[3] = { NULL, NULL, NULL }; /* the flags given, then NULL: execlp's list ends at the first */
-	const char *py = cli_python_env(CMD, dir, sizeof(dir));
-	int nflags = 0;
+	char ss[32], zs[16], bs[32];
+	char *args[] = { (char *)kind, (char *)src, (char *)out, ss, zs, bs, NULL, NULL, NULL };
+	int n = 6; /* the flags given follow, then NULL */
 
-	if (!py)
-		return 1;
 	if (json)
-		flag[nflags++] = "--json";
+		args[n++] = "--json";
 	if (overwrite)
-		flag[nflags++] = "--overwrite";
+		args[n++] = "--overwrite";
 	snprintf(ss, sizeof(ss), "%llu", (unsigned long long)shard_size);
 	snprintf(zs, sizeof(zs), "%u", zstd);
 	snprintf(bs, sizeof(bs), "%llu", (unsigned long long)block_size);
-	execlp(py, py, "-c",
-	       "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nfrom sluice.arrow import main\nmain()\n",
-	       kind, src, out, ss, zs, bs, flag[0], flag[1], (char *)NULL);
-	return cli_fail(CMD, "cannot run %s for --from-%s (set SLUICE_PYTHON to a python3 with sluice and pyarrow): %m",
-			py, kind);
+	return cli_python_exec(CMD, NULL, "sluice.arrow", args, "sluice and pyarrow", 1);
 }
 
 int cmd_pack(int argc, char **argv)

@@ -359,39 +359,3 @@ int cli_json_valid(const char *s)
 	cli_json_ws(s, &p);
 	return !s[p];
 }
-
-const char *cli_python_env(const char *cmd, char *dir, size_t cap)
-{
-	char exe[PATH_MAX], p[PATH_MAX + 64], pp[2 * PATH_MAX + 64];
-	const char *py = sluice_setting("SLUICE_PYTHON"), *old = getenv("PYTHONPATH");
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-
-	if (n <= 0) {
-		cli_fail(cmd, "cannot find its own program (/proc/self/exe)");
-		return NULL;
-	}
-	exe[n] = 0;
-	snprintf(dir, cap, "%s", exe);
-	*strrchr(dir, '/') = 0;
-	setenv("SLUICE_BIN", exe, 0);
-	snprintf(p, sizeof(p), "%s/libsluice.so", dir);
-	if (!access(p, R_OK))
-		setenv("SLUICE_LIB", p, 0);
-	/*
-	 * From a build tree, the package beside it; from a wheel's package (sluice/_bin/sluice run by its own path,
-	 * not through the entry point), the folder that package is in; otherwise the one pip put on the Python's path.
-	 */
-	snprintf(p, sizeof(p), "%s/../python/sluice/__init__.py", dir);
-	if (!access(p, R_OK)) {
-		snprintf(pp, sizeof(pp), "%s/../python%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
-		setenv("PYTHONPATH", pp, 1);
-		return py && *py ? py : "python3";
-	}
-	/* Last on the path: what the user's PYTHONPATH names comes first. */
-	snprintf(p, sizeof(p), "%s/../__init__.py", dir);
-	if (!access(p, R_OK)) {
-		snprintf(pp, sizeof(pp), "%s%s%s/../..", old && *old ? old : "", old && *old ? ":" : "", dir);
-		setenv("PYTHONPATH", pp, 1);
-	}
-	return py && *py ? py : "python3";
-}

@@ -4,8 +4,11 @@
 
 The script runs as it is, in a child process whose Python loads a hook first (a sitecustomize of sluice's, ahead
 of the PYTHONPATH, which then runs the one it hides): every torch DataLoader and sluice.Loader the script
-iterates is watched by sluice.profile, with NVTX ranges around each wait for a batch (for Nsight Systems).  At
-the script's end the report is written: the verdict with its evidence and fix for each watched loader, charts of
+iterates is watched by sluice.profile, with NVTX ranges around each wait for a batch (for Nsight Systems).  Every
+Python the script starts loads the hook too (DataLoader workers, a launcher's children, torchrun's ranks) and
+writes its own figures at its exit, a file each; the report is the training process's (_gather).  `sluice
+diagnose` (cli/cmd_diagnose.c) runs this module in the Python the command names.  At the script's end the report
+is written: the verdict with its evidence and fix for each watched loader, charts of
 its run (the wait for data against the loop's own work, batch by batch; CPU cores of the loop's process and of
 each worker; disk reads and the page cache; GPU utilisation), its figures as JSON, and a Chrome trace of the
 waits and steps (Perfetto, chrome://tracing).  --sweep-workers runs the script's first --steps batches again at
@@ -125,19 +128,44 @@ class _Finder:
 
 
 def _install():
+    # Everything the hook needs is imported now, at start-up: later, the script's own directory leads sys.path,
+    # and a statistics.py or weakref.py beside the script would be taken for the hook's.
     import atexit
+    import importlib.machinery  # noqa: F401 (the finder's)
+    import inspect  # noqa: F401 (the worker count's)
+    import weakref  # noqa: F401 (the loaders')
+    from . import loader, profiler  # noqa: F401
     steps = os.environ.get(ENV_STEPS) or "0"
     _limit["steps"] = int(steps) if steps.isdigit() else 0
+    _limit["pid"] = os.getpid()
     sys.meta_path.insert(0, _Finder())
     if "torch.utils.data.dataloader" in sys.modules:
         _patch_dataloader(sys.modules["torch.utils.data.dataloader"])
-    from . import loader
     _watch(loader.Loader, "sluice.Loader")
     atexit.register(_write)
 
 
+def _kind():
+    """What this Python is in the run: a torch DataLoader's worker, a multiprocessing child, or another Python."""
+    w = sys.modules.get("torch.utils.data._utils.worker")
+    if w is not None and getattr(w, "_worker_info", None) is not None:
+        return "dataloader-worker"
+    mp = sys.modules.get("multiprocessing")
+    try:
+        if mp is not None and mp.parent_process() is not None:
+            return "multiprocessing"
+    except Exception:
+        pass
+    return "python"
+
+
 def _write():
+    """This Python's report, into a file of its own in the run's folder (every Python the script starts loads the
+    hook: DataLoader workers, launchers, torchrun's ranks), written whole; the parent picks the training
+    process's.  A forked copy of this process (its atexit inherited) writes nothing: its loaders are ours."""
     out = os.environ.get(ENV_OUT)
+    if not out or os.getpid() != _limit.get("pid"):
+        return
     reports = []
     for _, p in _watched:
         if p.report is None and p._t0 is not None:
@@ -145,10 +173,15 @@ def _write():
         if p.report is not None:
             p.report["label"], p.report["t0"] = p.label, p._t0
             reports.append(p.report)
-    if out:
-        with open(out, "w") as f:
-            json.dump({"argv": sys.argv, "loaders": reports, "workers_applied": _limit["workers_applied"]}, f,
-                      default=str)
+    me = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "kind": _kind(), "rank": os.environ.get("RANK"),
+          "loaders": reports, "workers_applied": _limit["workers_applied"]}
+    path = os.path.join(out, f"{os.getpid()}.json")
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(me, f, default=str)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        print(f"sluice diagnose: this Python's report ({path}) was not written: {e}", file=sys.stderr)
 
 
 # ---- the parent: run, then report
@@ -160,22 +193,79 @@ def _run(cmd, env_extra, out, hook):
     # The hook first; the user's own paths ahead of sluice's, which comes last (its package is found there only
     # where nothing of the user's provides it).
     env["PYTHONPATH"] = os.pathsep.join([hook] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []) + [pkg])
+    os.mkdir(out)
     env[ENV_OUT] = out
     t = time.perf_counter()
     try:
-        rc = subprocess.call(cmd, env=env)
+        child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         raise SystemExit(f"sluice diagnose: cannot run {cmd[0]}: {e.strerror}") from None
+    try:
+        rc = child.wait()
+    except KeyboardInterrupt:  # the script has it too (the terminal's group): its report comes as it ends
+        rc = child.wait()
     rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
     wall = time.perf_counter() - t
-    try:
-        with open(out) as f:
-            rep = json.load(f)
-        rep["reported"] = True
-    except (OSError, ValueError):
-        rep = {"loaders": [], "reported": False}
+    rep = _gather(out, child.pid)
     rep["returncode"], rep["wall_s"] = rc, wall
     return rep
+
+
+def _gather(out, root):
+    """The run's one report from the reports of its Pythons (a file each, by pid): the training process's, the
+    one nearest the command that iterated a loader (rank 0 of torchrun's ranks, else the one with the most
+    batches); beside it, every Python of the run and what it was (DataLoader workers among them)."""
+    reps = []
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(out, name)) as f:
+                    r = json.load(f)
+                if isinstance(r, dict) and isinstance(r.get("pid"), int) and isinstance(r.get("loaders"), list):
+                    reps.append(r)
+            except (OSError, ValueError):
+                pass
+    by_pid = {r["pid"]: r for r in reps}
+
+    def depth(r):  # Pythons between it and the command
+        n, p = 0, r.get("ppid")
+        while p in by_pid and p != root and n < len(by_pid):
+            n, p = n + 1, by_pid[p].get("ppid")
+        return n if r["pid"] != root else -1
+
+    def batches(r):
+        return max((x.get("batches", 0) for x in r["loaders"]), default=0)
+    training = [r for r in reps if batches(r) > 0] or [r for r in reps if r["loaders"]]
+    chosen = min(training, key=lambda r: (depth(r), r.get("rank") not in (None, "0"), -batches(r)), default=None)
+    if chosen is None:
+        chosen = by_pid.get(root) or (reps[0] if reps else None)
+    # The training process's loaders name their workers: DataLoader workers, whether or not they wrote (persistent
+    # ones alive at its exit are terminated by multiprocessing, their atexit never runs).
+    named = {pid for x in (chosen or {}).get("loaders", []) for pid in x.get("worker_pids") or []}
+    pythons = [{"pid": r["pid"], "ppid": r.get("ppid"), "argv": r.get("argv"),
+                "kind": "dataloader-worker" if r["pid"] in named else r.get("kind", "python"),
+                "loaders": len(r["loaders"]), "batches": batches(r), "training": r is chosen} for r in reps]
+    pythons += [{"pid": pid, "ppid": chosen["pid"], "argv": None, "kind": "dataloader-worker", "loaders": 0,
+                 "batches": 0, "training": False} for pid in sorted(named - set(by_pid))]
+    if chosen is None:
+        return {"loaders": [], "reported": False, "pythons": [], "workers_applied": False}
+    return {"argv": chosen.get("argv"), "pid": chosen["pid"], "loaders": chosen["loaders"], "reported": True,
+            "pythons": pythons, "workers_applied": any(r.get("workers_applied") for r in reps)}
+
+
+def _pythons_line(rep):
+    """The run's Pythons in a sentence: the training process, its DataLoader workers, the others."""
+    ps = rep.get("pythons") or []
+    if len(ps) < 2:
+        return None
+    workers = sum(p["kind"] == "dataloader-worker" for p in ps)
+    mp = sum(p["kind"] == "multiprocessing" for p in ps)
+    others = len(ps) - 1 - workers - mp
+    rest = [f"{workers} DataLoader worker{'s' * (workers != 1)}"] if workers else []
+    rest += [f"{mp} multiprocessing child{'ren' * (mp != 1)}"] if mp else []
+    rest += [f"{others} other Python{'s' * (others != 1)}"] if others > 0 else []
+    return (f"{len(ps)} Pythons ran: the report is the training process's (pid {rep.get('pid')}); "
+            + ", ".join(rest) + " beside it")
 
 
 def _main_loader(rep):
@@ -198,7 +288,7 @@ def _rate(r, skip=5):
 def _sweep(cmd, workers, steps, tmp, hook):
     out = []
     for w in workers:
-        rep = _run(cmd, {ENV_WORKERS: str(w), ENV_STEPS: str(steps)}, os.path.join(tmp, f"sweep-{w}.json"), hook)
+        rep = _run(cmd, {ENV_WORKERS: str(w), ENV_STEPS: str(steps)}, os.path.join(tmp, f"sweep-{w}"), hook)
         m = _main_loader(rep)
         if not rep.get("workers_applied"):  # no DataLoader took the count: nothing was swept
             out.append({"workers": w, "batches_s": None, "returncode": rep["returncode"], "verdict": None,
@@ -288,6 +378,8 @@ def report_html(rep):
 <h1>Where the pipeline loses time</h1>
 <p><code>{html.escape(cmd)}</code>: {rep['wall_s']:.1f} s, exit status {rep['returncode']},
 {time.strftime('%Y-%m-%d %H:%M')}.</p>"""]
+    if _pythons_line(rep):
+        parts.append(f"<p>{html.escape(_pythons_line(rep))}.</p>")
     if not rep["loaders"]:
         parts.append("<p class=\"verdict\">No DataLoader or sluice.Loader was iterated: nothing to say.</p>")
     for r in rep["loaders"]:
@@ -316,6 +408,7 @@ def report_html(rep):
                                                                for g in range(max(len(s["gpu_util"]) for s in samples))]))
         figs = {k: r.get(k) for k in ("wait_share", "wait_ms_p50", "wait_ms_p90", "step_ms_p50", "batch_bytes",
                                       "first_batch_wait_s", "epochs")}
+        figs["steady_wait_share"] = (r.get("steady") or {}).get("wait_share")
         parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{v:,.4g}</td></tr>" if
                                          isinstance(v, float) else
                                          f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
@@ -394,15 +487,15 @@ def _outputs_bad(paths, cmd):
 
 
 def _main(a, cmd, workers, tmp, hook):
-    rep = _run(cmd, {}, os.path.join(tmp, "run.json"), hook)
+    rep = _run(cmd, {}, os.path.join(tmp, "run"), hook)
     rep["command"] = cmd
     main_r = _main_loader(rep)
     if workers:
         rep["sweep"], rep["sweep_steps"] = _sweep(cmd, workers, a.steps, tmp, hook), a.steps
         for s in rep["sweep"]:
-            # A worker count's effect is predicted where the loading's CPU was the limit.
-            cpu_bound = main_r is not None and main_r["verdict"] == "cpu-bound"
-            s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if cpu_bound else None
+            # A worker count's effect is predicted where the loading's CPU, or its waits, were the limit.
+            counts = main_r is not None and main_r["verdict"] in ("cpu-bound", "latency-bound")
+            s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if counts else None
     # Each written whole or not at all (a kill mid-write leaves the last report, not half of this one).
     from .checkpoint import _write_whole
     _write_whole(a.html, report_html(rep).encode())
@@ -413,6 +506,8 @@ def _main(a, cmd, workers, tmp, hook):
     for r in rep["loaders"]:
         print(f"sluice diagnose: {r.get('label')}: {r['batches']} batches, waited {100 * r['wait_share']:.1f}% of the "
               f"time: {r['verdict']}. {r['fix']}", file=sys.stderr)
+    if _pythons_line(rep):
+        print(f"sluice diagnose: {_pythons_line(rep)}", file=sys.stderr)
     if not rep["reported"]:
         print(f"sluice diagnose: the script ended (status {rep['returncode']}) before its report was written: "
               "os._exit, a signal, or a Python started with -I or -S (which skips the hook)", file=sys.stderr)

@@ -1,6 +1,8 @@
 """sluice diagnose: an unchanged script run under the hook, its report (HTML, JSON, trace), the worker sweep, and
-what it must leave alone (the script's exit status, a sitecustomize of the user's).  DataLoader situations need
-torch and run where it is installed (the GPU machine)."""
+what it must leave alone (the script's exit status, a sitecustomize of the user's); one report a run however many
+Pythons the script starts, in the Python the command names.  DataLoader situations need torch and run where it is
+installed (the GPU machine; /work/venv-torch); each has a torch-free counterpart where one can show the same.  The
+modules of the current directory: test_started_pythons.py."""
 import json
 import os
 import shutil
@@ -22,8 +24,9 @@ for epoch in range(2):
     ld.set_epoch(epoch)
     for b in ld:
         t = time.thread_time()
-        while time.thread_time() - t < 0.005:   # a step's worth of CPU
+        while time.thread_time() - t < 0.001:   # a step: some CPU, then the GPU's time (a wait)
             hashlib.sha256(b"x" * 4096).digest()
+        time.sleep(0.01)
 if len(sys.argv) > 2:
     raise RuntimeError("the script fails after training")
 print("trained", flush=True)
@@ -123,7 +126,7 @@ def test_help_needs_no_python(tmp_path):
 def test_bad_arguments_are_named(tmp_path):
     r = diagnose(["python3", "x.py"], tmp_path)
     assert r.returncode == 2 and "usage: sluice diagnose" in r.stderr
-    r = diagnose(["--sweep-workers", "4,x", "--", "python3", "x.py"], tmp_path)
+    r = diagnose(["--sweep-workers", "4,x", "--", sys.executable, "x.py"], tmp_path)
     assert r.returncode == 2 and "--sweep-workers '4,x'" in r.stderr
     r = diagnose(["--"], tmp_path)
     assert r.returncode == 2 and "no command after --" in r.stderr
@@ -147,6 +150,112 @@ def test_the_report_in_a_browser(ds, tmp_path):
     def count(r, g, b):
         return int((np.abs(px - np.array([r, g, b])) < 12).all(axis=2).sum())
     assert count(0xe0, 0x7b, 0x39) > 500 and count(0x2b, 0x7b, 0xb9) > 500  # the orange and blue lines
+
+
+FAKE_PYTHON = """#!/bin/sh
+echo "the first python3 on PATH ran: $*" >&2
+exit 97
+"""
+
+
+def test_the_driver_runs_in_the_python_the_command_names(ds, tmp_path):
+    """`-- /path/to/venv/bin/python train.py`, and a launcher whose #! line names that Python (torchrun's shape),
+    where the first python3 on PATH and SLUICE_PYTHON are another Python (one without numpy: it failed with "No
+    module named 'numpy'")."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(FAKE_PYTHON)
+    (bin_ / "python3").chmod(0o755)
+    launch = tmp_path / "launch"
+    launch.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv = sys.argv[1:]\n"
+                      "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    launch.chmod(0o755)
+    env = {"PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "SLUICE_PYTHON": str(bin_ / "python3")}
+    for cmd in ([sys.executable], [str(launch)]):
+        r = diagnose(["--json", "r.json", "--"] + cmd + [str(ds / "train.py"), str(ds / "ds")], tmp_path, env=env)
+        assert r.returncode == 0 and "first python3" not in r.stderr, (cmd, r.stderr)
+        assert json.loads((tmp_path / "r.json").read_text())["loaders"][0]["batches"] > 0
+    # A command that names no Python: SLUICE_PYTHON's, as before.
+    r = diagnose(["--", "sh", "-c", "true"], tmp_path, env=env)
+    assert r.returncode == 97 and "the first python3 on PATH ran" in r.stderr
+
+
+def test_the_commands_first_line_is_read_only_from_a_regular_file(tmp_path):
+    """The #! line of the command is read to find its Python: a FIFO named there is not opened to wait on (it would
+    block), a first line longer than 255 bytes is not read on; each is then said not to run."""
+    os.mkfifo(tmp_path / "fifo")
+    os.chmod(tmp_path / "fifo", 0o755)
+    (tmp_path / "long").write_text("#!" + "x" * 300 + "\n")
+    (tmp_path / "long").chmod(0o755)
+    for cmd in ("fifo", "long"):
+        r = diagnose(["--html", "r.html", "--", str(tmp_path / cmd)], tmp_path, timeout=60)
+        assert r.returncode != 0 and f"cannot run {tmp_path / cmd}" in r.stderr, r.stderr
+
+
+LAUNCHED = r"""
+import multiprocessing as mp, os, sys
+import sluice
+
+def work(x):
+    return x * 2
+
+if __name__ == "__main__":
+    pool = mp.get_context("spawn").Pool(2)        # Pythons of the trainer's: they load the hook too
+    assert pool.map(work, range(4)) == [0, 2, 4, 6]
+    pool.close()
+    pool.join()
+    for b in sluice.Loader(sluice.Dataset(sys.argv[1]), batch_size=32):
+        pass
+    if os.fork() == 0:                              # a forked copy, its atexit (the hook's) inherited
+        sys.exit(0)
+    os.wait()
+    print("trained", os.getpid(), flush=True)
+"""
+
+
+def test_one_report_a_run_the_training_processs(ds, tmp_path):
+    """A launcher (any Python that runs the trainer: torchrun's shape) whose trainer starts Pythons of its own (a
+    spawn Pool) and forks: one report, the trainer's; every Python of the run listed by kind (each wrote the one
+    report at its exit and the last won: the launcher's, with no loaders)."""
+    (tmp_path / "train.py").write_text(LAUNCHED)
+    (tmp_path / "launcher.py").write_text("import subprocess, sys\n"
+                                          "sys.exit(subprocess.call([sys.executable] + sys.argv[1:]))\n")
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(tmp_path / "launcher.py"), str(tmp_path / "train.py"),
+                  str(ds / "ds")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    trainer = int(r.stdout.split()[-1])
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["pid"] == trainer and rep["argv"][0] == str(tmp_path / "train.py")
+    (ld,) = rep["loaders"]
+    assert ld["batches"] == 2000 // 32 + 1
+    kinds = sorted((p["kind"], p["training"]) for p in rep["pythons"])
+    # The launcher, the trainer, the pool's two; perhaps multiprocessing's resource tracker; never the fork.
+    assert [k for k in kinds if k != ("python", False)] == [("multiprocessing", False)] * 2 + [("python", True)]
+    assert sum(p["argv"][0] == str(tmp_path / "launcher.py") for p in rep["pythons"]) == 1
+    assert len(rep["pythons"]) <= 5 and "2 multiprocessing children" in r.stderr
+
+
+RANKS = r"""
+import os, subprocess, sys
+# torchrun's shape: one launcher, a trainer a rank, each with its RANK; rank 1 takes more batches, and ends last.
+procs = [subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2], str(n)], env=dict(os.environ, RANK=str(r)))
+         for r, n in ((0, 16), (1, 48))]
+procs[0].wait()
+sys.exit(procs[1].wait())
+"""
+RANK = ("import sys, sluice\nfor b in sluice.Loader(sluice.Dataset(sys.argv[1]), batch_size=int(sys.argv[2]), rank=0, "
+        "world_size=1):\n    pass\n")  # each rank the whole dataset: its batches say which rank it was
+
+
+def test_torchruns_ranks_report_rank_0(ds, tmp_path):
+    (tmp_path / "launch.py").write_text(RANKS)
+    (tmp_path / "rank.py").write_text(RANK)
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "rank.py"),
+                  str(ds / "ds")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["argv"][-1] == "16" and rep["loaders"][0]["batches"] == 2000 // 16
+    assert sorted(p["batches"] for p in rep["pythons"]) == [0, 2000 // 48 + 1, 2000 // 16]
 
 
 DL_TRAIN = r"""
@@ -181,3 +290,58 @@ def test_a_dataloader_with_no_workers_and_a_heavy_decode(tmp_path):
     assert ld["label"] == "DataLoader #1" and ld["verdict"] == "cpu-bound", ld["evidence"]
     assert [s["workers"] for s in rep["sweep"]] == [0, 2] and all(s["batches_s"] > 0 for s in rep["sweep"])
     assert all(s["predicted_batches_s"] for s in rep["sweep"])
+
+
+DL_SPAWN = r"""
+import multiprocessing, os, sys, time
+import torch
+
+class Fetch(torch.utils.data.Dataset):           # a fetch a sample: the worker waits, its CPU idle
+    def __len__(self):
+        return 128
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return torch.full((8,), i)
+
+def spin(stop):                                   # a child of the script's, busy for another reason
+    while not stop.is_set():
+        pass
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    busy = ctx.Process(target=spin, args=(stop,), daemon=True)
+    busy.start()
+    dl = torch.utils.data.DataLoader(Fetch(), batch_size=8, num_workers=2, multiprocessing_context="spawn",
+                                     persistent_workers=True)
+    for epoch in range(2):
+        for b in dl:
+            pass
+    stop.set()
+    busy.join()
+    print("trained", os.getpid(), busy.pid, flush=True)
+"""
+
+
+def test_spawned_dataloader_workers_that_wait_on_a_fetch(tmp_path):
+    """torch DataLoader workers started with spawn (as CUDA users do), each waiting 50 ms a sample, beside a busy
+    child of the script's: one report, the training process's; its two workers counted as the loading's (as
+    DataLoader workers among the run's Pythons, and by pid in the profile) however idle; the busy child not
+    among them; latency-bound, more workers advised.  Before: a worker's empty report could replace the
+    trainer's, the idle workers were "(no workers)" and ipc-bound, the busy child a loading worker."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(DL_SPAWN)
+    r = diagnose(["--json", "r.json", "--", sys.executable, str(tmp_path / "train.py")], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    trainer, spinner = (int(x) for x in r.stdout.split()[-2:])
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["pid"] == trainer
+    (ld,) = rep["loaders"]
+    assert ld["label"] == "DataLoader #1" and ld["batches"] == 2 * 128 // 8 and ld["epochs"] == 2
+    spawned = {p["pid"] for p in rep["pythons"] if p["kind"] == "dataloader-worker"}
+    roles = {x["pid"]: x["role"] for x in ld["processes"]}
+    assert len(spawned) == 2 and {pid for pid, role in roles.items() if role == "worker"} == spawned, (spawned, roles)
+    assert roles.get(spinner) == "other"
+    assert ld["verdict"] == "latency-bound", ld["evidence"]
+    assert "2 worker processes busy" in ld["evidence"][1] and "more workers" in ld["fix"]
+    assert ld["expected"]["workers"] > 2 and "persistent_workers" not in ld["fix"]
