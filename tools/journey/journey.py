@@ -50,8 +50,9 @@ def _say(msg):
 
 
 def _state(cold):
-    """How an experiment's storage was: cold, or warm where the page cache could not be dropped."""
-    return "cold" if cold else "warm (no root to drop the page cache)"
+    """How an experiment's storage was: cold, or warm where its files stayed in the page cache (_drop_caches says
+    which and why)."""
+    return "cold" if cold else "warm (its files stayed in the page cache)"
 
 
 def _drop_caches(*paths):
@@ -201,7 +202,7 @@ def random_vs_sequential(d, quick):
         "passes": PASSES, "passes_mb_s": got,
         "cold": cold,
         "verdict": (f"sequential reads are {seq / rnd:.1f}x faster than random ones here"
-                    f"{'' if cold else ' (warm: no root to drop the page cache)'}: in order, the kernel reads ahead "
+                    f"{'' if cold else ' (warm: its files stayed in the page cache)'}: in order, the kernel reads ahead "
                     f"of Python's 16 KB reads ({_readahead_kb(path)} KiB at a time here), so the disk sees large "
                     f"reads; sluice's random reads, many in flight, run {s_rnd / rnd:.1f}x the "
                     f"one-at-a-time Python reader{why}"),
