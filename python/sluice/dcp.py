@@ -24,6 +24,7 @@ torch; `import sluice` does not import this module.
 import dataclasses
 import errno
 import io
+import logging
 import os
 import uuid
 
@@ -45,6 +46,9 @@ from .checkpoint import _RANGE, _join, _opened, _read_ranges, _reclaim, _save_fi
 from .s3 import listdir, remove
 
 METADATA = ".metadata"
+
+
+_log = logging.getLogger("sluice")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +251,15 @@ class StorageReader(storage.StorageReader):
             self.path = os.fspath(checkpoint_id)
 
     def read_metadata(self, *args, **kwargs):
+        try:
+            return self._read_metadata()
+        except Exception as e:
+            # torch's load before 2.15 catches what read_metadata raises, logs it at INFO and fails saying only
+            # "metadata is None": said here too, so the file and the reason reach the user on any torch.
+            _log.warning("%s", e)
+            raise
+
+    def _read_metadata(self):
         path = _join(self.path, METADATA)
         raw = read_small(path)
         if raw.startswith(MAGIC):

@@ -1,6 +1,7 @@
 """sluice.dcp: torch.distributed.checkpoint's save, async_save and load through sluice, one rank and several
 (gloo on the host; NCCL where two GPUs are), resharded, on the GPU, to S3, and killed midway."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,7 +179,7 @@ def test_torchs_own_reader_says_it_is_a_sluice_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("field,delta", [("at", 4), ("at", -4), ("length", -4), ("name", None), ("fqn", None)])
-def test_metadata_with_damaged_places_loads_no_other_bytes(tmp_path, field, delta):
+def test_metadata_with_damaged_places_loads_no_other_bytes(tmp_path, field, delta, caplog):
     """An item's place in the JSON metadata moved, cut or renamed, or the fqns of two tensors of one shape and
     dtype swapped: refused, naming the file; the state dict is not filled with other bytes."""
     import json
@@ -200,8 +201,11 @@ def test_metadata_with_damaged_places_loads_no_other_bytes(tmp_path, field, delt
     (tmp_path / "ck" / ".metadata").write_bytes(dm.MAGIC + json.dumps(doc).encode())
     got = {"a": torch.zeros(16), "b": torch.zeros(16 if field != "length" else 15)}
     # A place is refused against the file's header; a name at once, as not the item's own.
-    with pytest.raises(BaseException, match=r"__0_[0-9a-f]{12}\.safetensors(: holds no tensor|, another item's name)"):
+    # torch before 2.15 says only "metadata is None" of what read_metadata raised: the reader logs it too.
+    with pytest.raises(BaseException) as e:
         dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    assert re.search(r"__0_[0-9a-f]{12}\.safetensors(: holds no tensor|, another item's name)",
+                     str(e.value) + caplog.text), (str(e.value), caplog.text)
     assert not got["b"].any() and not got["a"].any()
 
 
@@ -323,7 +327,7 @@ def test_a_bytes_item_named_as_a_tensors_chunk_is_refused_at_save(tmp_path):
 
 
 @pytest.mark.parametrize("pickled", [False, True])
-def test_swapped_items_load_their_own_values_or_are_refused(tmp_path, pickled):
+def test_swapped_items_load_their_own_values_or_are_refused(tmp_path, pickled, caplog):
     """400 seeded edits of the metadata, each swapping fields (fqn and offsets, name, place and length) of two
     items, tensors of one shape and dtype among them: each load gives every item its own saved value or fails
     naming the file; never another item's bytes (a swapped fqn pair loaded them before).  With pickled metadata (older
@@ -363,7 +367,9 @@ def test_swapped_items_load_their_own_values_or_are_refused(tmp_path, pickled):
         try:
             dcp.load(got, storage_reader=StorageReader(tmp_path / "ck", allow_pickle=pickled))
         except BaseException as e:
-            assert "sluice.dcp" in str(e) or "Size mismatch" in str(e) or "Missing key" in str(e), str(e)[-600:]
+            said = str(e) + caplog.text  # torch before 2.15 keeps read_metadata's error out of its own
+            caplog.clear()
+            assert "sluice.dcp" in said or "Size mismatch" in said or "Missing key" in said, said[-600:]
             refused += 1
             continue
         same(got, sd)
