@@ -131,6 +131,9 @@ class Loader:
         device = str(device)  # a torch.device too
         if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise ValueError(f"Loader(device={device!r}): 'cpu', 'cuda' or 'cuda:N'")
+        if not (hasattr(dataset, "_h") and hasattr(dataset, "fields")):
+            raise TypeError(f"Loader(dataset={dataset!r}): a sluice.Dataset (sluice.Dataset(path) opens one), as "
+                            f"torch's DataLoader takes a dataset, not a path")
         if images is not None and not hasattr(images, "_pointer"):
             raise TypeError(f"Loader(images={images!r}): a sluice.Images")
         if images is not None and images.decode == "gpu" and device == "cpu":

@@ -147,6 +147,9 @@ def test_loader_bad_options(ds_path):
     with pytest.raises(sluice.SluiceError) as e:
         sluice.Loader(ds, batch_size=16, rank=3, world_size=2)
     assert "rank 3" in str(e.value)
+    # A path where the dataset goes: named, and what to pass said (it was an AttributeError on 'fields').
+    with pytest.raises(TypeError, match=r"Loader\(dataset='.*'\): a sluice.Dataset \(sluice.Dataset\(path\)"):
+        sluice.Loader(str(ds_path), batch_size=16, rank=0, world_size=1)
 
 
 def test_packer():
