@@ -7,7 +7,14 @@ become the parameters where they landed: no copy, tied weights one tensor.  load
 torch module built without weights (empty_weights() here, or accelerate's init_empty_weights()).
 """
 import errno
+import inspect
+import json
+import logging
+import math
 import os
+import re
+import tempfile
+from collections import namedtuple
 from contextlib import contextmanager, nullcontext
 
 from ._lib import SluiceError, shown
@@ -88,11 +95,12 @@ def _stored(torch, entry):
                                                              else tuple(shape))
 
 
-def _plan(torch, model, table, dtype, source):
+def _plan(torch, model, table, dtype, source, rules):
     """(plan, missing, used): for each of the module's state_dict tensors (tied ones once, with every name), the
     tensor, its names, the checkpoint names that hold it and the dtype it is to have; the names the checkpoint
-    lacks (parameters, and buffers on the meta device); the checkpoint names read.  A stored tensor that cannot
-    become the module's is a ValueError naming it."""
+    lacks (as torch's load_state_dict counts them: every state_dict name, persistent buffers too, except that a
+    tied tensor the checkpoint holds under one of its names lacks none); the checkpoint names read.  A stored
+    tensor that cannot become the module's is a ValueError naming it."""
     state = model.state_dict(keep_vars=True)
     key = _key_map(list(state), table, getattr(model, "base_model_prefix", "") or "")
     groups = {}
@@ -105,17 +113,17 @@ def _plan(torch, model, table, dtype, source):
         want = dtype if dtype is not None and t.is_floating_point() else t.dtype
         for k in keys:
             if not _fits(torch, *_stored(torch, table[k]), t, want):
-                raise ValueError(f"sluice.load_model: {_named(source)}: tensor '{k}' is {table[k][0]} "
+                raise ValueError(f"{rules.who}: {_named(source)}: tensor '{k}' is {table[k][0]} "
                                  f"{list(table[k][1])}; the model wants {str(want).replace('torch.', '')} "
-                                 f"{list(t.shape)}")
+                                 f"{list(t.shape)}{rules.about}")
         used.update(keys)
-        if not keys and (isinstance(t, torch.nn.Parameter) or t.device.type == "meta"):
+        if not keys:
             missing += names
         plan.append((t, names, keys, want, mapped))
     return plan, missing, used
 
 
-def _computed(model, state_names):
+def _computed(model, state_names, who):
     """{id: (buffer, names)} of the buffers the module made and checkpoints do not hold (non-persistent ones);
     one on the meta device is a ValueError: nothing can give it a value."""
     computed = {}
@@ -124,7 +132,7 @@ def _computed(model, state_names):
             computed.setdefault(id(b), (b, []))[1].append(n)
     on_meta = [names[0] for b, names in computed.values() if b.device.type == "meta"]
     if on_meta:
-        raise ValueError(f"sluice.load_model: buffers {', '.join(on_meta[:5])} are on the meta device and no "
+        raise ValueError(f"{who}: buffers {', '.join(on_meta[:5])} are on the meta device and no "
                          f"checkpoint holds them: the model computes them, and they were made on the meta device "
                          f"(under torch.device('meta'), or from meta parameters in its __init__). Build the model "
                          f"with its buffers made (sluice.empty_weights() makes only parameters meta), or with its "
@@ -149,6 +157,19 @@ def _fill(torch, model, t, names, value):
         _set(model, n, value)
 
 
+class _Rules(namedtuple("_Rules", "who untie skip_missing skip_unexpected about quiet_unexpected")):
+    """How a load counts and treats the tensors checkpoint and module do not share: torch's load_state_dict's
+    (load_model), or those of the transformers from_pretrained mirrors.  who: the function, for messages; untie:
+    a tied tensor the checkpoint holds under several names with different values becomes one per name (else it
+    stays tied, with the first name's value); skip_missing, skip_unexpected: None, or a test of a name that is
+    not to count (the names transformers ignores); about: what the messages add about the model; quiet_unexpected:
+    whether unexpected tensors are logged at INFO rather than WARNING where strict=False loads on."""
+
+
+_TORCH = _Rules("sluice.load_model", True, None, None, "", False)
+_log = logging.getLogger("sluice")
+
+
 def load_model(model, source, device="cuda", dtype=None, strict=True, variant=None, report=None,
                process_group=None):
     """Loads a safetensors checkpoint (any source sluice.load takes) into a torch module and returns the module,
@@ -165,35 +186,61 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
     with the prefix where the module has none fits too, decided once for the whole checkpoint.  Tied parameters
     (one parameter under several names, as lm_head.weight and model.embed_tokens.weight) stay one parameter,
     read from the first name the checkpoint holds; where the checkpoint holds several of its names with
-    different values, each name gets its own (report['untied']), as transformers does.  Buffers the module
+    different values, each name gets its own (report['untied']), as transformers 5 does.  Buffers the module
     computed (not in the checkpoint) move to device and keep their dtype.  Shapes and dtypes are checked before
     anything is read, and each tensor read again after (a checkpoint rewritten in between fails with -ESTALE):
     a mismatch is an error naming the tensor.
     dtype: None keeps each tensor's dtype as the module has it; a floating torch dtype for every floating
     parameter and stored buffer.  A floating tensor stored in another dtype is converted on device after the
     read (one more buffer for it).
-    strict: True, a ValueError naming every parameter (and every buffer on the meta device) the checkpoint lacks,
-    and the checkpoint's tensors the module has no place for, before anything is read; False, the missing ones
-    become zeros on device.  Tensors of the checkpoint the module has no place for are not read either way
-    (report['unexpected_keys']).
+    strict: as torch's load_state_dict.  True: a ValueError naming every tensor of the module's state_dict
+    (parameters and persistent buffers) the checkpoint lacks and every tensor of the checkpoint the module has
+    no place for (a non-persistent buffer is none, as in torch), before anything is read.  False: what both hold
+    is loaded; the missing ones keep the values the module made (zeros where they are on the meta device), the
+    unexpected ones are not read, and report['missing_keys'] and report['unexpected_keys'] list them (torch
+    returns them).  Where sluice counts otherwise than torch: a tied tensor the checkpoint holds under one of its
+    names lacks none (transformers saves tied weights once), and the base_model_prefix fit above.
     process_group: a torch.distributed group whose ranks all load the same model, each onto its own device: the
     group reads each byte once and all-gathers it (see sluice.load).
     report (a dict, or None) receives sluice.load's figures and missing_keys, unexpected_keys, untied."""
+    return _load(model, source, device, dtype, strict, variant, report, process_group, _TORCH)
+
+
+def _differences(source, rules, missing, unexpected):
+    """The sentence naming what checkpoint and module do not share."""
+    said = []
+    if missing:
+        said.append(f"lacks {len(missing)} of the model's tensors: {_listed(missing, 20)}")
+    if unexpected:
+        said.append(f"holds {len(unexpected)} the model has no place for: {_listed(unexpected, 20)}")
+    return (f"{rules.who}: {_named(source)} " + "; it ".join(said)
+            + (" (transformers renames some checkpoints' names as it loads them; sluice does not: load those with "
+               "transformers)" if missing and unexpected else "") + rules.about)
+
+
+def _load(model, source, device, dtype, strict, variant, report, process_group, rules, table=None):
+    """load_model under rules; table: the checkpoint's listing where the caller has it already."""
     import torch
     dtype = _torch_dtype(torch, dtype)
     device = torch.device(device)
     if callable(getattr(model, "tie_weights", None)):
         model.tie_weights()  # transformers' ties (accelerate's init_empty_weights makes each name its own)
-    table = _listing(source, variant)
-    plan, missing, used = _plan(torch, model, table, dtype, source)
+    if table is None:
+        table = _listing(source, variant)
+    plan, missing, used = _plan(torch, model, table, dtype, source, rules)
     unexpected = [k for k in table if k not in used]
-    if strict and missing:
-        raise ValueError(
-            f"sluice.load_model: {_named(source)} lacks {len(missing)} of the model's tensors: {_listed(missing, 20)}"
-            + (f"; it holds {len(unexpected)} the model has no place for: {_listed(unexpected, 20)} (transformers renames "
-               f"some checkpoints' names as it loads them; sluice does not: load those with transformers)"
-               if unexpected else "") + " (strict=False makes the missing ones zeros)")
-    computed = _computed(model, {n for _, names, *_ in plan for n in names})
+    if rules.skip_missing:
+        missing = [n for n in missing if not rules.skip_missing(n)]
+    if rules.skip_unexpected:
+        unexpected = [k for k in unexpected if not rules.skip_unexpected(k)]
+    if strict and (missing or unexpected):
+        raise ValueError(_differences(source, rules, missing, unexpected) + " (strict=False loads what both hold"
+                         + (", the missing ones as the model made them, zeros where it made none)" if missing
+                            else ")"))
+    if rules is not _TORCH and (missing or unexpected):  # strict=False: transformers' warning, at its level
+        level = logging.INFO if rules.quiet_unexpected and not missing else logging.WARNING
+        _log.log(level, "%s", _differences(source, rules, missing, unexpected))
+    computed = _computed(model, {n for _, names, *_ in plan for n in names}, rules.who)
     rep = {}
     got = load(source, device=str(device), keys=sorted(used), variant=variant, report=rep,
                process_group=process_group) if used else {}
@@ -211,7 +258,7 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
                   else torch.zeros(t.shape, dtype=want, device=device))
             continue
         values = {k: got[k].to(want) for k in keys}
-        if len(keys) > 1 and not all(torch.equal(values[keys[0]], v) for v in values.values()):
+        if rules.untie and len(keys) > 1 and not all(torch.equal(values[keys[0]], v) for v in values.values()):
             untied.append(names)  # tied in the model, different in the checkpoint: each name its own
             first = [n for n in names if key[n] == keys[0]]
             _fill(torch, model, t, first, values[keys[0]])
@@ -229,62 +276,275 @@ def load_model(model, source, device="cuda", dtype=None, strict=True, variant=No
     return model
 
 
-def _config(source, model_class, kwargs):
-    """The transformers config of the config.json in source (a directory, or an s3:// or http(s):// prefix; read
-    through sluice)."""
+# The oldest transformers whose from_pretrained sluice's mirrors (tested against it and the newest): 4.57 is the
+# newest for Python 3.9 and what pip picks beside mosaicml-streaming and litdata.
+_TRANSFORMERS_MIN = (4, 57)
+
+
+def _transformers():
+    """transformers and its (major, minor); an ImportError of one sentence where it is older than sluice mirrors."""
     import transformers
+    m = re.match(r"(\d+)\.(\d+)", transformers.__version__)
+    version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if version < _TRANSFORMERS_MIN:
+        raise ImportError(f"sluice.from_pretrained needs transformers {'.'.join(map(str, _TRANSFORMERS_MIN))} or "
+                          f"later (this is {transformers.__version__}): pip install -U transformers")
+    return transformers, version
+
+
+def _short(value, n=80):
+    r = repr(value)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _why(e):
+    """An exception as one line a message can carry."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def _refused(path, doc, make, e, what):
+    """The error naming config.json and its key that make (a function of config.json's document: transformers
+    building a config or a model from it) failed on with e: the first key whose removal makes make succeed (the
+    value comes from the class's default then), a key of a nested object named with its parent's; else the first
+    whose removal makes it fail otherwise (hidden_size=0 fails one way, and with the default, which the other
+    sizes do not divide, another)."""
+    def without(d, keys):
+        head, *rest = keys
+        return {k: (without(v, rest) if rest and k == head else v) for k, v in d.items() if rest or k != head}
+
+    def outcome(d):
+        try:
+            make(d)
+            return None
+        except Exception as x:
+            return type(x)
+
+    tries, changed = 64, None  # a bound on the builds a diagnosis costs
+    for k in doc:
+        if k in ("model_type", "architectures", "transformers_version") or tries <= 0:
+            continue
+        tries -= 1
+        got = outcome(without(doc, [k]))
+        if got is None:
+            sub = doc[k]
+            for s in (sub if isinstance(sub, dict) else ()):
+                tries -= 1
+                if tries > 0 and outcome(without(doc, [k, s])) is None:
+                    return bad(path, f"{k}.{s}={_short(sub[s])} is refused by {what} ({_why(e)})")
+            return bad(path, f"{k}={_short(sub)} is refused by {what} ({_why(e)})")
+        if changed is None and got is not type(e):
+            changed = k
+    if changed is not None:
+        return bad(path, f"{changed}={_short(doc[changed])} is refused by {what} ({_why(e)})")
+    return bad(path, f"{what} failed on it ({_why(e)})")
+
+
+def _from_doc(path, doc, make, what):
+    """make(doc), an exception from it the error naming config.json and the key at fault."""
+    try:
+        return make(doc)
+    except Exception as e:
+        raise _refused(path, doc, make, e, what) from e
+
+
+_INT64 = 1 << 63
+
+
+def _check_types(path, doc, config_class):
+    """Refuses (naming config.json and the key) a value of a type the config class's default for it rules out,
+    which transformers 4 takes without a word and the model then fails on: not a bool where the default is a
+    bool, not a string where it is a string, not a finite number in int64's range (or a list of them, as
+    eos_token_id and per-layer sizes are) where it is a number.  null passes: many keys take it."""
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(config_class.__init__).parameters.items()}
+    except (TypeError, ValueError):
+        return
+
+    def number(v):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and -_INT64 <= v < _INT64)
+
+    for k, v in doc.items():
+        d = defaults.get(k)
+        if v is None or d is None or d is inspect.Parameter.empty:
+            continue
+        if isinstance(d, bool):
+            ok, want = isinstance(v, bool), "true or false"
+        elif isinstance(d, (int, float)):
+            ok = number(v) or (isinstance(v, list) and all(number(x) for x in v))
+            want = "a finite number (or a list of them) within int64's range"
+        elif isinstance(d, str):
+            ok, want = isinstance(v, str), "a string"
+        else:
+            continue
+        if not ok:
+            raise bad(path, f"{k}={_short(v)} is not {want} ({config_class.__name__}'s default is {d!r})")
+
+
+def _config(source, model_class, kwargs, transformers):
+    """(config, config_class, path, doc) of the config.json in source (a directory, or an s3:// or http(s)://
+    prefix; read through sluice): the transformers config, its class, the file's name and its document."""
     if not is_remote(source) and not os.path.isdir(source):
         raise ValueError(f"sluice.from_pretrained: {shown(source)} is not a directory (it takes the directory, or "
                          f"the s3:// or http(s):// prefix, that holds config.json and the checkpoint)")
     path = _join(source, "config.json")
-    try:
-        doc = parse_json(read_small(path, _CONFIG_MAX, "a config.json"))
-    except ValueError as e:
-        raise bad(path, f"not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise bad(path, "not a JSON object")
+    doc = _json_object(path, "a config.json")
+    archs = doc.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise bad(path, f"architectures={_short(archs)} is not a list of class names")
     config_class = getattr(model_class, "config_class", None)
     if config_class is None:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         kind = doc.get("model_type")
         if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
-            raise bad(path, f"model_type {kind!r} is not one transformers {transformers.__version__} knows "
+            raise bad(path, f"model_type {_short(kind)} is not one transformers {transformers.__version__} knows "
                             f"(pass model_class=)")
         config_class = CONFIG_MAPPING[kind]
-    return config_class.from_dict(doc, **kwargs)
+    what = f"transformers {transformers.__version__}'s {config_class.__name__}"
+    config = _from_doc(path, doc, lambda d: config_class.from_dict(d, **kwargs), what)
+    _check_types(path, doc, config_class)
+    return config, config_class, path, doc
+
+
+def _json_object(path, what):
+    """The JSON object of a small file (an error naming it where it is not one)."""
+    try:
+        doc = parse_json(read_small(path, _CONFIG_MAX, what))
+    except ValueError as e:
+        raise bad(path, f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise bad(path, "not a JSON object")
+    return doc
 
 
 def _keep_fp32(torch, model, dtype):
-    """The parameters transformers keeps in float32 at this dtype (its _keep_in_fp32_modules: T5's wo in float16)
-    made float32, still on the meta device."""
-    plan = model._get_dtype_plan(dtype) if callable(getattr(model, "_get_dtype_plan", None)) else {}
+    """The parameters transformers keeps in float32 at this dtype made float32, still on the meta device: its
+    _keep_in_fp32_modules at float16 (T5's wo), its _keep_in_fp32_modules_strict at float16 and bfloat16, each a
+    module name matched whole within the parameter's name, as transformers 4 and 5 both match them."""
+    kept = set(getattr(model, "_keep_in_fp32_modules", None) or ()) if dtype == torch.float16 else set()
+    if dtype in (torch.float16, torch.bfloat16):
+        kept |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
     for name, p in model.named_parameters():
-        kept = next((m for m in plan if f".{m}." in f".{name}."), None)
-        if kept is not None and p.is_meta and p.is_floating_point():
-            torch.utils.swap_tensors(p, _like(p, p.to(plan[kept])))
+        if any(f".{m}." in f".{name}." for m in kept) and p.is_meta and p.is_floating_point():
+            torch.utils.swap_tensors(p, _like(p, p.to(torch.float32)))
+
+
+@contextmanager
+def _bounded(torch, limit, why):
+    """Modules built inside number at most limit, more a ValueError (why: what the bound comes from): a
+    config.json of 2**40 layers fails at once rather than building them for days.  It swaps
+    torch.nn.Module.__init__ while open, as empty_weights swaps register_parameter."""
+    init = torch.nn.Module.__init__
+    made = [0]
+
+    def counted(self, *args, **kwargs):
+        made[0] += 1
+        if made[0] > limit:
+            raise ValueError(f"it describes a model of more than {limit} modules, {why}")
+        init(self, *args, **kwargs)
+
+    torch.nn.Module.__init__ = counted
+    try:
+        yield
+    finally:
+        torch.nn.Module.__init__ = init
+
+
+def _hf_rules(model, version, path, doc):
+    """The rules of the transformers from_pretrained sluice's mirrors (see _Rules): the names it does not count
+    (its _keys_to_ignore_on_load_missing and _unexpected, an old checkpoint's rotary_emb.inv_freq; transformers 4
+    also any name of a buffer of the model, transformers 5 position_ids), and transformers 4 keeping tied weights
+    tied where transformers 5 unties those the checkpoint holds with different values."""
+    def matches(patterns):
+        patterns = list(patterns or ())
+        return re.compile("|".join(f"({p})" for p in patterns)).search if patterns else None
+
+    buffers = [n for n, _ in model.named_buffers()]
+    unexpected = set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+    if any(n.endswith("rotary_emb.inv_freq") for n in buffers):
+        unexpected.add(r"rotary_emb\.inv_freq")
+    if version >= (5, 0) and any(n.endswith("position_ids") for n in buffers):
+        unexpected.add(r"(^|\.)position_ids$")
+    ignored = matches(unexpected)
+    skip_unexpected = ignored
+    if version < (5, 0):
+        prefix = (getattr(model, "base_model_prefix", "") or "") + "."
+        named = set(buffers)
+
+        def skip_unexpected(k):
+            return bool((ignored and ignored(k)) or k in named or prefix + k in named
+                        or (k.startswith(prefix) and k[len(prefix):] in named))
+    archs = doc.get("architectures") or []
+    return _Rules("sluice.from_pretrained", version >= (5, 0),
+                  matches(getattr(model, "_keys_to_ignore_on_load_missing", None)), skip_unexpected,
+                  f"; the model is the {type(model).__name__} {shown(path)} describes",
+                  type(model).__name__ not in archs)
+
+
+def _generation_config(transformers, version, model, source, doc):
+    """model.generation_config as transformers' from_pretrained sets it: from source's generation_config.json
+    where it holds one (read through sluice, then given to transformers' own GenerationConfig.from_pretrained);
+    without one, transformers 5 makes it of config.json's generation settings, transformers 4 keeps the one the
+    model made of its config."""
+    if not (callable(getattr(model, "can_generate", None)) and model.can_generate()):
+        return
+    path = _join(source, "generation_config.json")
+    try:
+        gen = _json_object(path, "a generation_config.json")
+    except SluiceError as e:
+        if e.code != -errno.ENOENT:
+            raise
+        gen = None
+    if gen is None and version < (5, 0):
+        return
+    with tempfile.TemporaryDirectory(prefix="sluice-gen-") as tmp:
+        name = "generation_config.json" if gen is not None else "config.json"
+        with open(os.path.join(tmp, name), "w") as f:
+            json.dump(gen if gen is not None else doc, f)
+        try:
+            if gen is not None:
+                got = transformers.GenerationConfig.from_pretrained(tmp, local_files_only=True)
+            else:
+                got = transformers.GenerationConfig.from_pretrained(tmp, config_file_name="config.json",
+                                                                    _from_model_config=True, local_files_only=True)
+        except Exception as e:
+            raise bad(path if gen is not None else _join(source, "config.json"),
+                      f"transformers {transformers.__version__}'s GenerationConfig refuses it ({_why(e)})") from e
+    model.generation_config = got
 
 
 def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=True, variant=None, report=None,
                     process_group=None, **kwargs):
     """A transformers model ready on device (for its first forward, in eval mode) from source: a directory, or
     an s3:// or http(s):// prefix ending in /, that holds config.json and the safetensors checkpoint (its index,
-    else its files, as sluice.load finds them).
+    else its files, as sluice.load finds them), and generation_config.json where the model generates.
 
+    The same model transformers' from_pretrained makes of it (transformers 4.57 or later; an older one is refused):
+    the same parameters, dtypes, ties and generation_config, so the same logits and the same generate().
     model_class: the transformers class to build (LlamaForCausalLM); None, the first of config.json's
-    architectures.  dtype: of the floating parameters; None or "auto", config.json's dtype, else the
-    checkpoint's (the modules transformers keeps in float32 stay float32).  kwargs go to the config, as
+    architectures.  dtype: of the floating parameters; "auto", config.json's dtype, else the checkpoint's; None,
+    what transformers' from_pretrained takes without dtype= ("auto" in transformers 5, torch's default dtype,
+    float32, in transformers 4); the modules transformers keeps in float32 stay float32.  kwargs go to the config, as
     transformers' from_pretrained passes them (attn_implementation=).
+    strict: which tensors count as missing or unexpected is transformers' rule (its _keys_to_ignore_on_load_*
+    lists, and the buffers it passes over); True (the default) refuses them, a ValueError naming each before
+    anything is read, where transformers logs a warning and goes on (random weights for the missing ones): a
+    config.json of other sizes than its checkpoint's is a mistake sluice does not load; False loads what both
+    hold, the missing ones zeros, and logs transformers' warning (logger "sluice").
+    A config.json value transformers or the model refuses, or of a type its default rules out, is an error
+    naming config.json and the key.
     The model is built with its parameters on the meta device and its buffers made as usual, then load_model
-    reads the checkpoint into place (see it for strict, variant, report and process_group).  Not handled: remote
+    reads the checkpoint into place (see it for variant, report and process_group).  Not handled: remote
     code, quantized checkpoints, device maps over several devices, and the checkpoints whose names transformers
-    renames as it loads them (old checkpoints, GPT-NeoX's embed_out, some fused experts): load those with
-    transformers."""
+    renames as it loads them (old checkpoints, GPT-NeoX's embed_out in transformers 5, some fused experts): load
+    those with transformers."""
     import torch
-    import transformers
+    transformers, version = _transformers()
     source = os.fspath(source)
     if model_class is not None and not (isinstance(model_class, type) and issubclass(model_class, torch.nn.Module)):
         raise TypeError(f"sluice.from_pretrained: model_class={model_class!r} is not a torch.nn.Module class")
-    config = _config(source, model_class, kwargs)
+    config, config_class, path, doc = _config(source, model_class, kwargs, transformers)
     if model_class is None:
         arch = (getattr(config, "architectures", None) or [None])[0]
         found = getattr(transformers, arch, None) if isinstance(arch, str) else None
@@ -292,20 +552,38 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
             raise ValueError(f"sluice.from_pretrained: {_named(source)}: config.json names no model class "
                              f"transformers has ({arch!r}): pass model_class=")
         model_class = found
+    table = _listing(source, variant)
+    if dtype is None and version < (5, 0):
+        dtype = torch.get_default_dtype()  # transformers 4's from_pretrained without dtype= (5's is "auto")
     if dtype in (None, "auto"):
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if dtype is None:
-            dtype = next((DT[dt][1] for dt, _ in _listing(source, variant).values()
+        if dtype is not None:
+            try:
+                dtype = _torch_dtype(torch, dtype)
+            except ValueError:
+                raise bad(path, f"{'dtype' if 'dtype' in doc else 'torch_dtype'}={_short(dtype)} is not a model's "
+                                f"floating dtype (one of {', '.join(_MODEL_DTYPES)})") from None
+        else:
+            dtype = next((DT[dt][1] for dt, _ in table.values()
                           if DT[dt][1] in _MODEL_DTYPES), "float32")
     dtype = _torch_dtype(torch, dtype)
     try:  # transformers' switch for its weights' initialisation: no use on weights the checkpoint replaces
         from transformers.initialization import no_init_weights
     except ImportError:
         no_init_weights = nullcontext
-    with empty_weights(), no_init_weights():
-        build = getattr(model_class, "_from_config", None)
-        model = build(config, dtype=dtype) if build else model_class(config)
+
+    limit = 16 * len(table) + 1024  # a model has about as many modules as tensors (a layer's norm, its linears)
+    why = f"more than its checkpoint of {len(table)} tensors can fill"
+
+    def build(d):
+        with empty_weights(), no_init_weights(), _bounded(torch, limit, why):
+            c = config if d is doc else config_class.from_dict(d, **kwargs)
+            make = getattr(model_class, "_from_config", None)
+            return make(c, dtype=dtype) if make else model_class(c)
+
+    model = _from_doc(path, doc, build, f"transformers {transformers.__version__}'s {model_class.__name__}")
     _keep_fp32(torch, model, dtype)
-    load_model(model, source, device=device, strict=strict, variant=variant, report=report,
-               process_group=process_group)
+    _load(model, source, device, None, strict, variant, report, process_group,
+          _hf_rules(model, version, path, doc), table)
+    _generation_config(transformers, version, model, source, doc)
     return model.eval()
