@@ -773,6 +773,27 @@ static void sl_wds_close(struct sluice_dataset *ds)
 	free(w);
 }
 
+/* The dataset's fields: the union of every tar's keys, in order of appearance; tt's keys mapped to them. */
+static int sl_wds_add_fields(struct sluice_dataset *ds, struct sl_wds_tar *tt, char keys[][256], const char *path)
+{
+	for (unsigned k = 0; k < tt->nkeys; k++) {
+		unsigned f;
+
+		for (f = 0; f < ds->nfields && strcmp(ds->names[f], keys[k]); f++)
+			;
+		if (f == ds->nfields) {
+			if (f == SLUICE_MAX_FIELDS - 1)
+				return sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", path,
+					       SLUICE_MAX_FIELDS - 1);
+			memcpy(ds->names[f], keys[k], sizeof(ds->names[f]));
+			ds->fields[f] = (struct sluice_field){ ds->names[f], SLUICE_DTYPE_BYTES, 0, { 0 } };
+			ds->nfields++;
+		}
+		tt->field_of[k] = f;
+	}
+	return 0;
+}
+
 static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 {
 	struct sl_wds *w = calloc(1, sizeof(*w));
@@ -830,24 +851,7 @@ static int sl_wds_open(struct sluice_dataset *ds, const char *path)
 			rc = -ENOMEM;
 			break;
 		}
-		/* The dataset's fields: the union of every tar's keys, in order of appearance. */
-		for (unsigned k = 0; k < tt->nkeys; k++) {
-			unsigned f;
-
-			for (f = 0; f < ds->nfields && strcmp(ds->names[f], keys[k]); f++)
-				;
-			if (f == ds->nfields) {
-				if (f == SLUICE_MAX_FIELDS - 1) {
-					rc = sl__err(SLUICE_EFORMAT, "%s: more than %d distinct fields", path,
-						     SLUICE_MAX_FIELDS - 1);
-					break;
-				}
-				memcpy(ds->names[f], keys[k], sizeof(ds->names[f]));
-				ds->fields[f] = (struct sluice_field){ ds->names[f], SLUICE_DTYPE_BYTES, 0, { 0 } };
-				ds->nfields++;
-			}
-			tt->field_of[k] = f;
-		}
+		rc = sl_wds_add_fields(ds, tt, keys, path);
 	}
 	/* And last, every sample's key, as webdataset's __key__. */
 	if (!rc) {
