@@ -431,22 +431,51 @@ def _keep_fp32(torch, model, dtype):
 
 
 @contextmanager
-def _bounded(torch, limit, why):
-    """Modules built inside number at most limit, more a ValueError (why: what the bound comes from): a
-    config.json of 2**40 layers fails at once rather than building them for days.  It swaps
-    torch.nn.Module.__init__ while open, as empty_weights swaps register_parameter."""
+def _bounded(torch, modules, elements, why):
+    """Modules built inside number at most modules, and a tensor made inside off the meta device holds at most
+    elements; more is a ValueError (why: what the bounds come from).  A config.json of 2**40 layers fails at once
+    rather than building them for days, and one of 2**40 positions before its position_ids are made: the kernel
+    may grant the memory (overcommit) and the process be killed as it is written.  It swaps
+    torch.nn.Module.__init__ while open, as empty_weights swaps register_parameter, and asks each of torch's
+    factories (torch.empty, torch.arange, ...) for its tensor on the meta device first: its shape, no memory."""
+    from torch.overrides import TorchFunctionMode
+    try:
+        from torch.utils._device import _device_constructors
+        factories = _device_constructors()
+    except ImportError:  # torch keeps the list private; the tensors made are still checked once made
+        factories = set()
     init = torch.nn.Module.__init__
     made = [0]
 
     def counted(self, *args, **kwargs):
         made[0] += 1
-        if made[0] > limit:
-            raise ValueError(f"it describes a model of more than {limit} modules, {why}")
+        if made[0] > modules:
+            raise ValueError(f"it describes a model of more than the {modules} modules {why}")
         init(self, *args, **kwargs)
+
+    def refuse(func, shape):
+        if math.prod(shape) > elements:
+            raise ValueError(f"it describes a tensor of {math.prod(shape)} elements ({getattr(func, '__name__', func)}"
+                             f" of shape {tuple(shape)}), more than the {elements} {why}")
+
+    class Sized(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in factories and torch.device(kwargs.get("device") or "cpu").type != "meta":
+                try:
+                    shape = func(*args, **{**kwargs, "device": "meta"}).shape
+                except (RuntimeError, TypeError, NotImplementedError):
+                    shape = ()  # no meta kernel: checked once made
+                refuse(func, shape)
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and out.device.type != "meta":
+                refuse(func, out.shape)
+            return out
 
     torch.nn.Module.__init__ = counted
     try:
-        yield
+        with Sized():
+            yield
     finally:
         torch.nn.Module.__init__ = init
 
@@ -572,11 +601,14 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
     except ImportError:
         no_init_weights = nullcontext
 
-    limit = 16 * len(table) + 1024  # a model has about as many modules as tensors (a layer's norm, its linears)
-    why = f"more than its checkpoint of {len(table)} tensors can fill"
+    # A model has about as many modules as tensors (a layer's norm, its linears), and no tensor larger than the
+    # whole checkpoint but the buffers it computes (GPT-2's causal mask in transformers 4: 1024 x 1024)
+    modules = 16 * len(table) + 1024
+    elements = sum(math.prod(shape) for _, shape in table.values()) + (1 << 26)
+    why = f"its checkpoint of {len(table)} tensors can fill"
 
     def build(d):
-        with empty_weights(), no_init_weights(), _bounded(torch, limit, why):
+        with empty_weights(), no_init_weights(), _bounded(torch, modules, elements, why):
             c = config if d is doc else config_class.from_dict(d, **kwargs)
             make = getattr(model_class, "_from_config", None)
             return make(c, dtype=dtype) if make else model_class(c)

@@ -260,6 +260,48 @@ def test_odd_config_values_are_errors_naming_config_json_and_the_key(tmp_path, a
                     assert f"{key}=" in text or f"{key} " in text or "failed on it" in text, (key, v, text)
 
 
+class _Requests(torch.overrides.TorchFunctionMode):
+    """The most elements any of torch's factories was asked for off the meta device, seen before it allocates."""
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("empty", "zeros", "ones", "full", "arange", "rand", "randn") \
+                and torch.device(kwargs.get("device") or "cpu").type != "meta":
+            self.most = max(self.most, func(*args, **{**kwargs, "device": "meta"}).numel())
+        return func(*args, **kwargs)
+
+
+SIZES = {"gpt2": ["n_embd", "n_positions", "vocab_size", "n_inner"],
+         "llama": ["hidden_size", "intermediate_size", "max_position_embeddings", "vocab_size", "head_dim"],
+         "t5": ["d_model", "d_ff", "d_kv", "vocab_size", "relative_attention_num_buckets"],
+         "bert": ["hidden_size", "intermediate_size", "max_position_embeddings", "type_vocab_size", "vocab_size"]}
+
+
+@pytest.mark.parametrize("arch", sorted(SIZES))
+def test_a_config_of_huge_sizes_is_refused_before_its_memory_is_asked_for(tmp_path, arch):
+    """A size of 2**40 in config.json is named (or loads) before any tensor of it is made: where the kernel grants memory it
+    does not have (overcommit), a position_ids of 2**40 elements written by torch.arange kills the process (the
+    H200 under transformers 5.17); the largest tensor asked for stays within the checkpoint's size."""
+    _, d = _saved(tmp_path, arch)
+    path = os.path.join(d, "config.json")
+    with open(path) as f:
+        doc = json.load(f)
+    for key in SIZES[arch]:
+        with open(path, "w") as f:
+            json.dump({**doc, key: 2 ** 40}, f)
+        seen, text = _Requests(), "loaded"
+        with seen:
+            try:
+                sluice.from_pretrained(d, device="cpu")  # llama's rotary positions are computed, not stored
+            except sluice.SluiceError as e:
+                text = str(e)
+                assert text.startswith(path) and f"{key}=" in text, (key, text)
+        assert seen.most < 2 ** 30, (key, seen.most, text)
+
+
 def test_a_generation_config_json_that_is_not_one_is_named(tmp_path):
     """Where transformers passes over a generation_config.json it cannot read (and generates otherwise), sluice
     names it: not JSON, not an object, values its GenerationConfig refuses, a directory, a FIFO, too large."""
