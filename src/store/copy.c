@@ -459,6 +459,38 @@ static int sl_tree_add(void *arg, const struct sl__tree_entry *e)
 	return 0;
 }
 
+/*
+ * A local destination's parent, as cp(1) wants it: the directory that
+ * receives a file (or a tree's DST, which the copy makes) must exist, so a
+ * mistyped DST is an error rather than a new tree made without a word.
+ * Below DST, the tree's own directories are made (sl_parents).
+ */
+static int sl_dst_parent(const char *dst, int tree)
+{
+	char *d = strdup(dst), *p;
+	struct stat st;
+	int rc = 0;
+
+	if (!d)
+		return -ENOMEM;
+	for (p = d + strlen(d); p > d + 1 && p[-1] == '/'; p--)
+		;
+	if (!tree && p < d + strlen(d)) /* "dir/": the directory named must be there */
+		*p = 0;
+	else if ((p = strrchr(d, '/')))
+		p[p == d] = 0; /* its parent: "/" for "/x", "a" for "a/b" */
+	else
+		d[0] = '.', d[1] = 0;
+	if (stat(d, &st) < 0)
+		rc = sl__err(-errno, "%s: %s: %s (%s)", dst, d, strerror(errno),
+			     tree ? "a tree's copy makes DST, not the directories above it"
+				  : "the directory that receives the copy must exist");
+	else if (!S_ISDIR(st.st_mode))
+		rc = sl__err(-ENOTDIR, "%s: %s: not a directory", dst, d);
+	free(d);
+	return rc;
+}
+
 static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, unsigned flags)
 {
 	char base[1024];
@@ -473,6 +505,8 @@ static int sl_copy_plan(struct sl_copy *c, const char *src, const char *dst, uns
 		return sl__err(-EOPNOTSUPP, "%s: links cannot be kept (--links, SLUICE_COPY_LINKS): the %s store holds "
 			       "files alone, no symbolic links; without it, each link inside the tree is copied as the file "
 			       "it leads to", dst, sl__store_of(dst)->name);
+	if (c->dst_local && (rc = sl_dst_parent(dst, !!(flags & SLUICE_COPY_RECURSIVE))))
+		return rc;
 	if ((flags & SLUICE_COPY_RECURSIVE) && c->src_local) {
 		size_t dl = strlen(dst);
 		unsigned tf = (flags & SLUICE_COPY_LINKS ? SL_TREE_LINKS : 0) | (flags & SLUICE_COPY_FOLLOW ? SL_TREE_FOLLOW : 0);

@@ -137,6 +137,27 @@ def test_dereference_takes_links_out_too(tmp_path):
     assert (tmp_path / "d" / "s").read_text() == "S"
 
 
+def test_a_missing_directory_above_dst_is_an_error_as_cp_makes_it(tmp_path):
+    """cp(1)'s rule: the directory that receives a file must exist, and a tree's copy makes DST but not the
+    directories above it; a mistyped DST was made without a word, with every directory on its way."""
+    (tmp_path / "a").write_text("a")
+    t = tmp_path / "t"
+    (t / "sub").mkdir(parents=True)
+    (t / "sub" / "f").write_text("f")
+    for args, missing in [(["a", "nope/dir/x"], "nope/dir"), (["a", "nope/"], "nope"),
+                          (["-r", "t", "nope/new"], "nope"), (["a", "a/x"], "a")]:
+        ours = subprocess.run([os.path.abspath(SLUICE), "cp", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        theirs = subprocess.run(["cp", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert ours.returncode != 0 and theirs.returncode != 0, (args, ours.stdout)
+        assert f"{args[-1]}: {missing}: " in ours.stderr, ours.stderr
+        assert not (tmp_path / "nope").exists()
+    assert sorted(os.listdir(tmp_path)) == ["a", "t"]
+    for args in (["a", "x"], ["a", "t/"], ["-r", "t", "new"], ["-r", "t", "t/sub/"]):
+        r = subprocess.run([os.path.abspath(SLUICE), "cp", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (args, r.stderr)
+    assert (tmp_path / "t" / "a").read_text() == "a" and (tmp_path / "new" / "sub" / "f").read_text() == "f"
+
+
 def test_agrees_with_shutil_copytree_inside_the_tree(tmp_path):
     """Where every link stays inside the tree (no loop), sluice.copy gives what shutil.copytree gives: with
     symlinks=False the same files with the same bytes, with symlinks=True the same links."""
