@@ -250,7 +250,11 @@ class StorageReader(storage.StorageReader):
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args, rank=None):
+        """The checkpoint's one metadata file (rank: ignored, sluice writes no metadata a rank).  No **kwargs:
+        torch's load, where the reader takes them, reads the metadata a second time as the rank's own when the
+        first read fails, and then loads that rank without collectives, so in a group the other ranks wait for
+        ever in a collective it never joins; one read, whose failure fails the load on every rank."""
         try:
             return self._read_metadata()
         except Exception as e:
