@@ -584,3 +584,14 @@ def test_a_rank_whose_metadata_read_fails_fails_the_group_without_a_hang(tmp_pat
     reps = run_ranks(LOAD_RANK, (tmp_path / "ck", "flaky"), 2)
     assert all("transient failure" in r.get("error", "") for r in reps), reps
 
+
+def test_ranks_that_read_the_metadata_of_two_saves_are_refused(tmp_path):
+    """Each rank reads the metadata itself; a save that replaces the checkpoint between two ranks' reads gives
+    them the metadata of two saves, and each would load its part of the state dict from its own: a model of
+    two checkpoints, silently.  The coordinator compares the saves the ranks' plans come from and fails the
+    load on every rank, naming both."""
+    dcp.save({"w": torch.ones(8, 4), "step": torch.tensor(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
+    dcp.save({"w": torch.ones(8, 4), "step": torch.tensor(4)}, storage_writer=StorageWriter(tmp_path / "ck.other"))
+    reps = run_ranks(LOAD_RANK, (tmp_path / "ck", "other"), 2)
+    assert all("2 saves (rank 0" in r.get("error", "") for r in reps), reps
+    assert [r["step"] for r in run_ranks(LOAD_RANK, (tmp_path / "ck", "same"), 2)] == [3, 3]
