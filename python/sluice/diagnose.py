@@ -19,6 +19,7 @@ import html
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -200,15 +201,58 @@ def _run(cmd, env_extra, out, hook):
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         raise SystemExit(f"sluice diagnose: cannot run {cmd[0]}: {e.strerror}") from None
-    try:
-        rc = child.wait()
-    except KeyboardInterrupt:  # the script has it too (the terminal's group): its report comes as it ends
-        rc = child.wait()
-    rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
+    rc = _wait_forwarding(child)
     wall = time.perf_counter() - t
     rep = _gather(out, child.pid)
-    rep["returncode"], rep["wall_s"] = rc, wall
+    rep["returncode"], rep["wall_s"] = (128 - rc if rc < 0 else rc), wall  # killed by a signal: the shell's status
+    rep["signal"] = -rc if rc < 0 else None
     return rep
+
+
+# What a signal sent to sluice means for the script: the same signal to it.  The terminal's Ctrl-C and Ctrl-\
+# (SI_KERNEL) went to the whole foreground group, the script included, and are not sent again.
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                   if hasattr(signal, n))
+_SI_KERNEL = 0x80
+
+
+def _wait_forwarding(child):
+    """The child's status as Popen gives it (-N: killed by signal N), each signal sent to this process passed on
+    to it meanwhile: a SIGTERM to sluice (a scheduler's, timeout's, kill's) ends the script as it would end it
+    under plain python, where before the driver died of it and left the script running.  The signals are blocked
+    and taken with sigwaitinfo (SIGCHLD among them, so the child's end wakes it), which says who sent each."""
+    waited = set(_FORWARDED) | {signal.SIGCHLD}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    try:
+        while child.poll() is None:
+            info = signal.sigwaitinfo(waited)
+            if info.si_signo == signal.SIGCHLD:
+                continue
+            if info.si_signo in (signal.SIGINT, signal.SIGQUIT) and info.si_code == _SI_KERNEL:
+                continue  # the terminal's: the script has it already
+            try:
+                child.send_signal(info.si_signo)
+            except ProcessLookupError:
+                pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return child.returncode
+
+
+def _die_as(sig):
+    """Ends this process by signal sig, as the script ended (a shell running sluice sees the script's signal:
+    a Ctrl-C'd script stops the shell's loop as under plain python), without a core file of sluice's own."""
+    import resource
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ValueError, OSError):
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if sig != signal.SIGKILL:
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    os.kill(os.getpid(), sig)
 
 
 def _gather(out, root):
@@ -460,9 +504,12 @@ def main(argv=None):
         os.mkdir(hook)
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
             f.write(_SITECUSTOMIZE)
-        return _main(a, cmd, workers, tmp, hook)
+        rc, sig = _main(a, cmd, workers, tmp, hook)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if sig:
+        _die_as(sig)  # returns where sig does not end a process
+    return rc
 
 
 def _outputs_bad(paths, cmd):
@@ -514,7 +561,7 @@ def _main(a, cmd, workers, tmp, hook):
     elif not rep["loaders"]:
         print("sluice diagnose: the script iterated no DataLoader or sluice.Loader", file=sys.stderr)
     print(f"sluice diagnose: report {a.html}", file=sys.stderr)
-    return rep["returncode"]
+    return rep["returncode"], rep["signal"]
 
 
 if __name__ == "__main__":

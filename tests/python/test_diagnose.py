@@ -345,3 +345,124 @@ def test_spawned_dataloader_workers_that_wait_on_a_fetch(tmp_path):
     assert ld["verdict"] == "latency-bound", ld["evidence"]
     assert "2 worker processes busy" in ld["evidence"][1] and "more workers" in ld["fix"]
     assert ld["expected"]["workers"] > 2 and "persistent_workers" not in ld["fix"]
+
+
+# A script that runs until a signal ends it: it writes its pid, and SIGTERM (where it handles it) ends it with 7.
+FOREVER = r"""
+import os, signal, sys, time
+if sys.argv[2] == "handles":
+    signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(7)))
+if sys.argv[2] == "counts":
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(1))
+open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+t = time.monotonic()
+while time.monotonic() - t < 120 and not (sys.argv[2] == "counts" and got):
+    time.sleep(0.05)
+if sys.argv[2] == "counts":
+    time.sleep(1)  # a second SIGINT, were one sent, comes meanwhile
+    print("sigints", len(got), flush=True)
+"""
+
+
+def _started(pidfile, proc):
+    """The script's pid once it runs (its pid file written), its process checked to be the script's."""
+    for _ in range(1200):
+        if pidfile.exists():
+            return int(pidfile.read_text())
+        assert proc.poll() is None, proc.communicate()
+        import time
+        time.sleep(0.05)
+    raise AssertionError("the script never started")
+
+
+def _reap(pid):
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
+def _run_forever(tmp_path, how, **kw):
+    (tmp_path / "forever.py").write_text(FOREVER)
+    pidfile = tmp_path / "pid"
+    p = subprocess.Popen([SLUICE, "diagnose", "--json", "r.json", "--", sys.executable, "forever.py", str(pidfile),
+                          how], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "SLUICE_PYTHON": sys.executable}, **kw)
+    return p, _started(pidfile, p)
+
+
+@pytest.mark.parametrize("how", ["handles", "dies"])
+def test_a_signal_to_sluice_reaches_the_script(tmp_path, how):
+    """SIGTERM to sluice (a scheduler's, timeout's, kill's) is the script's, as without sluice: one that handles it
+    ends as it chooses and its report comes; one that does not dies of it, and so does sluice (the shell sees the
+    script's signal).  Before, the driver died of it and left the script running, orphaned."""
+    p, script = _run_forever(tmp_path, how)
+    try:
+        os.kill(p.pid, 15)
+        out, err = p.communicate(timeout=60)
+    finally:
+        _reap(script)
+        p.kill()
+    if how == "handles":
+        assert p.returncode == 7 and "terminated" in out, err
+        assert json.loads((tmp_path / "r.json").read_text())["returncode"] == 7
+    else:
+        assert p.returncode == -15, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(script, 0)
+
+
+def test_a_sigint_sent_to_sluice_alone_interrupts_the_script(tmp_path):
+    """kill -INT of sluice's pid (not the terminal's Ctrl-C, which reaches the whole group) is the script's
+    KeyboardInterrupt, and sluice ends of SIGINT as the script does.  Before, the driver took the interrupt and
+    waited on a script that never got it."""
+    p, script = _run_forever(tmp_path, "dies")
+    try:
+        os.kill(p.pid, 2)
+        out, err = p.communicate(timeout=60)
+    finally:
+        _reap(script)
+        p.kill()
+    assert p.returncode == -2 and "KeyboardInterrupt" in err, err
+
+
+def test_ctrl_c_at_a_terminal_reaches_the_script_once(tmp_path):
+    """The terminal's Ctrl-C goes to the foreground group, the script and sluice both: sluice does not send it
+    again (a script that handles SIGINT sees one)."""
+    import pty
+    import select
+    (tmp_path / "forever.py").write_text(FOREVER)
+    pidfile = tmp_path / "pid"
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(tmp_path)
+        os.environ["SLUICE_PYTHON"] = sys.executable
+        os.execv(SLUICE, [SLUICE, "diagnose", "--html", "r.html", "--", sys.executable, "forever.py", str(pidfile),
+                          "counts"])
+    out = b""
+    try:
+        for _ in range(1200):
+            if pidfile.exists():
+                break
+            import time
+            time.sleep(0.05)
+        os.write(fd, b"\x03")
+        while b"sigints" not in out or not out.endswith(b"\n"):
+            r, _, _ = select.select([fd], [], [], 60)
+            if not r:
+                break
+            try:
+                got = os.read(fd, 4096)
+            except OSError:
+                break
+            if not got:
+                break
+            out += got
+    finally:
+        if pidfile.exists():
+            _reap(int(pidfile.read_text()))
+        os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"sigints 1" in out, out
