@@ -466,3 +466,17 @@ def test_ctrl_c_at_a_terminal_reaches_the_script_once(tmp_path):
         os.waitpid(pid, 0)
         os.close(fd)
     assert b"sigints 1" in out, out
+
+
+def test_a_python_without_numpy_is_said_in_one_sentence(tmp_path):
+    """`-- venv/bin/python train.py` with a venv that lacks numpy: one sentence naming that Python and what it
+    lacks (it was a traceback from sluice's import)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    if subprocess.run([bare, "-c", "import numpy"], capture_output=True).returncode == 0:
+        pytest.skip("the bare venv sees a numpy (system site packages)")
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    r = diagnose(["--", bare, "ok.py"], tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "ran" not in r.stdout, r.stderr
+    assert f"{bare} has no module named 'numpy'" in r.stderr and "needs sluice and numpy" in r.stderr, r.stderr
+
