@@ -15,7 +15,10 @@ waits and steps (Perfetto, chrome://tracing).  --sweep-workers runs the script's
 each DataLoader worker count and charts the batches a second each gave, beside what the first run predicted.
 """
 import argparse
+import atexit
 import html
+import importlib.machinery
+import inspect
 import json
 import os
 import shutil
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 from .profiler import predict_rate
 
@@ -34,8 +38,10 @@ ENV_OUT, ENV_WORKERS, ENV_STEPS = "SLUICE_DIAGNOSE_OUT", "SLUICE_DIAGNOSE_WORKER
 _SITECUSTOMIZE = '''"""sluice diagnose's hook (sluice/diagnose.py), then the sitecustomize it hides, if any."""
 import importlib.machinery, importlib.util, os, sys
 try:
+    _before = set(sys.modules)
     from sluice import diagnose as _d
     _d._install()
+    _d._unshadow(_before)
 except Exception as e:  # the script runs all the same
     print(f"sluice diagnose: the hook did not install: {type(e).__name__}: {e}", file=sys.stderr)
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -52,7 +58,6 @@ _shared = []  # the one sampler every watched loader's profile reads
 
 
 def _profile_for(obj, label):
-    import weakref
     from .profiler import _Sampler, profile
     for ref, p in _watched:
         if ref() is obj:
@@ -97,7 +102,6 @@ def _patch_dataloader(mod):
     orig_init, w = cls.__init__, int(workers)
 
     def __init__(self, *args, **kw):
-        import inspect
         bound = inspect.signature(orig_init).bind(self, *args, **kw)
         bound.arguments["num_workers"] = w
         if w == 0:  # what a DataLoader refuses without workers
@@ -115,7 +119,6 @@ class _Finder:
     def find_spec(self, name, path=None, target=None):
         if name != "torch.utils.data.dataloader":
             return None
-        import importlib.machinery
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
@@ -129,12 +132,9 @@ class _Finder:
 
 
 def _install():
-    # Everything the hook needs is imported now, at start-up: later, the script's own directory leads sys.path,
-    # and a statistics.py or weakref.py beside the script would be taken for the hook's.
-    import atexit
-    import importlib.machinery  # noqa: F401 (the finder's)
-    import inspect  # noqa: F401 (the worker count's)
-    import weakref  # noqa: F401 (the loaders')
+    # Everything the hook needs is imported now, at start-up, and held by this module's names: later, the script's
+    # own directory leads sys.path, and a statistics.py or weakref.py beside the script would be taken for the
+    # hook's (and _unshadow leaves such modules for the script to import).
     from . import loader, profiler  # noqa: F401
     steps = os.environ.get(ENV_STEPS) or "0"
     _limit["steps"] = int(steps) if steps.isdigit() else 0
@@ -144,6 +144,48 @@ def _install():
         _patch_dataloader(sys.modules["torch.utils.data.dataloader"])
     _watch(loader.Loader, "sluice.Loader")
     atexit.register(_write)
+
+
+def _first_path():
+    """The folder Python will put first on the module path as it starts the program, after site (so after this
+    hook) has run: the script's own (its links resolved), the current directory for -c and -m, none under -P."""
+    if getattr(sys.flags, "safe_path", False) or os.environ.get("PYTHONSAFEPATH"):
+        return None
+    a0 = sys.argv[0] if getattr(sys, "argv", None) else ""
+    try:
+        if a0 in ("", "-", "-c", "-m"):
+            return os.getcwd()
+        real = os.path.realpath(a0)
+        if os.path.isdir(real):  # a folder (or a zip file) of a __main__.py is itself first
+            return real
+        if os.path.isfile(real):
+            with open(real, "rb") as f:
+                if f.read(2) == b"PK":
+                    return real
+        return os.path.dirname(real)
+    except OSError:
+        return None
+
+
+def _unshadow(before):
+    """The modules the hook imported (those not in before) that the script's own folder also holds (a random.py,
+    json.py or queue.py beside it) are left out of sys.modules: the script imports its own, as under plain python,
+    where before it got the hook's copy of the standard library's.  The hook keeps the ones it holds.  sluice
+    itself stays (the hook's own modules import from it as they run)."""
+    first = _first_path()
+    if not first:
+        return
+    for name in [n for n in sys.modules if n not in before and "." not in n and n != "sluice"]:
+        mine = getattr(sys.modules.get(name), "__file__", None) or ""
+        if os.path.realpath(mine).startswith(os.path.join(first, "")):
+            continue  # already the folder's (the user's PYTHONPATH names it): imported once, as without the hook
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, [first])
+        except (ImportError, OSError, ValueError):
+            continue
+        if spec is not None and spec.has_location:  # a module or package there, not a namespace portion
+            for n in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[n]
 
 
 def _kind():
@@ -525,7 +567,7 @@ def _outputs_bad(paths, cmd):
             return f"{p}: that is a file the command runs; the report would overwrite it"
         if os.path.exists(p) and not os.path.isfile(p):
             return f"{p}: not a regular file (a directory, a FIFO or a device)"
-        d = os.path.dirname(os.path.abspath(p))
+        d = os.path.dirname(real)  # where it is written: a link's target's folder
         if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
             return f"{p}: its directory {d} is not there or not writable"
         if os.path.exists(p) and not os.access(p, os.W_OK):
@@ -543,13 +585,9 @@ def _main(a, cmd, workers, tmp, hook):
             # A worker count's effect is predicted where the loading's CPU, or its waits, were the limit.
             counts = main_r is not None and main_r["verdict"] in ("cpu-bound", "latency-bound")
             s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if counts else None
-    # Each written whole or not at all (a kill mid-write leaves the last report, not half of this one).
-    from .checkpoint import _write_whole
-    _write_whole(a.html, report_html(rep).encode())
-    if a.json:
-        _write_whole(a.json, json.dumps(rep, indent=1, default=str).encode())
-    if a.trace:
-        _write_whole(a.trace, json.dumps(trace_events(rep)).encode())
+    written = [p for p, make in ((a.html, lambda: report_html(rep)),
+                                 (a.json, lambda: json.dumps(rep, indent=1, default=str)),
+                                 (a.trace, lambda: json.dumps(trace_events(rep)))) if p and _written(p, make)]
     for r in rep["loaders"]:
         print(f"sluice diagnose: {r.get('label')}: {r['batches']} batches, waited {100 * r['wait_share']:.1f}% of the "
               f"time: {r['verdict']}. {r['fix']}", file=sys.stderr)
@@ -560,8 +598,23 @@ def _main(a, cmd, workers, tmp, hook):
               "os._exit, a signal, or a Python started with -I or -S (which skips the hook)", file=sys.stderr)
     elif not rep["loaders"]:
         print("sluice diagnose: the script iterated no DataLoader or sluice.Loader", file=sys.stderr)
-    print(f"sluice diagnose: report {a.html}", file=sys.stderr)
+    if a.html in written:
+        print(f"sluice diagnose: report {a.html}", file=sys.stderr)
     return rep["returncode"], rep["signal"]
+
+
+def _written(path, make):
+    """Whether the report's file at path (the text make() gives) was written: whole or not at all (a kill
+    mid-write leaves the last report, not half of this one), into a link's target where path is a symbolic link
+    (as `> path` would write it).  A failure is said and the run goes on: the script has run, and its exit status
+    stays the command's (a folder the script removed was a traceback and status 1)."""
+    from .checkpoint import _write_whole
+    try:
+        _write_whole(os.path.realpath(path), make().encode())
+        return True
+    except OSError as e:
+        print(f"sluice diagnose: {path} was not written: {e.strerror or e}", file=sys.stderr)
+        return False
 
 
 if __name__ == "__main__":

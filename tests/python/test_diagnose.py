@@ -468,6 +468,29 @@ def test_ctrl_c_at_a_terminal_reaches_the_script_once(tmp_path):
     assert b"sigints 1" in out, out
 
 
+def test_a_report_that_cannot_be_written_leaves_the_scripts_status(tmp_path):
+    """The script removes the report's folder as it runs: the report is said not written and the command's status
+    is still the script's (it was a traceback and status 1)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "rm.py").write_text("import shutil, sys\nshutil.rmtree('out')\nsys.exit(3)\n")
+    r = diagnose(["--html", "out/r.html", "--json", "r.json", "--", sys.executable, "rm.py"], tmp_path)
+    assert r.returncode == 3 and "out/r.html was not written" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["returncode"] == 3
+
+
+def test_a_report_named_by_a_link_is_written_into_its_target(tmp_path):
+    """--json latest.json, a symbolic link to runs/1.json: the figures go where the link leads (as `> latest.json`
+    would write them); the link stays (it was replaced by a regular file, the target left as it was)."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "1.json").write_text("{}")
+    os.symlink("runs/1.json", tmp_path / "latest.json")
+    (tmp_path / "ok.py").write_text("pass\n")
+    r = diagnose(["--json", "latest.json", "--", sys.executable, "ok.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(tmp_path / "latest.json")
+    assert json.loads((tmp_path / "runs" / "1.json").read_text())["returncode"] == 0
+
+
 def test_a_python_without_numpy_is_said_in_one_sentence(tmp_path):
     """`-- venv/bin/python train.py` with a venv that lacks numpy: one sentence naming that Python and what it
     lacks (it was a traceback from sluice's import)."""
@@ -480,3 +503,23 @@ def test_a_python_without_numpy_is_said_in_one_sentence(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr and "ran" not in r.stdout, r.stderr
     assert f"{bare} has no module named 'numpy'" in r.stderr and "needs sluice and numpy" in r.stderr, r.stderr
 
+
+SHADOWED = ("random", "json", "tempfile", "statistics", "inspect", "weakref", "queue")
+
+
+def test_the_scripts_own_modules_named_like_the_standard_librarys_are_its_own(tmp_path):
+    """A random.py, json.py or queue.py beside the script is what the script imports, under sluice as under plain
+    python (it got the standard library's: the hook had imported them first); the hook's report still comes."""
+    for name in SHADOWED:
+        (tmp_path / f"{name}.py").write_text(f"MINE = {name!r}\n")
+    (tmp_path / "mods.py").write_text("import " + ", ".join(SHADOWED) + "\nprint(sorted(getattr(m, 'MINE', "
+                                      "m.__name__ + ' of the standard library') for m in (" + ", ".join(SHADOWED)
+                                      + ")))\n")
+    plain = subprocess.run([sys.executable, "mods.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and "standard library" not in plain.stdout, plain.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    r = diagnose(["--json", str(out / "r.json"), "--html", str(out / "r.html"), "--", sys.executable,
+                  str(tmp_path / "mods.py")], out)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    assert json.loads((out / "r.json").read_text())["reported"] is True
