@@ -1339,7 +1339,7 @@ struct sluice_loader_options {
 	uint64_t epoch;
 	uint64_t position;         /* resume: global samples already consumed this epoch */
 	unsigned rank, world_size; /* world_size 0 means 1 */
-	int drop_last;             /* 1: drop the last partial global batch; 0: fill it from the epoch's start */
+	int drop_last;             /* 1: drop the last partial global batch; 0: keep it (short, or see even_batches) */
 	int shuffle;               /* 0: dataset order */
 	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
 	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted;
@@ -1376,9 +1376,20 @@ struct sluice_loader_options {
 	 */
 	const struct sluice_loader_segment *resume;
 	unsigned nresume;
+	/*
+	 * Without drop_last, the epoch's last global batch: 0, short, as
+	 * torch's DistributedSampler and DataLoader make it: what is left,
+	 * rounded up to a multiple of the node's ranks with records from the
+	 * start of the node's sequence, so each rank gets the same number of
+	 * records and at most (ranks a node - 1) of them twice (one process:
+	 * none twice).  1: full on every rank, filled from the start of the
+	 * node's sequence (accelerate's even_batches), for models that need
+	 * one batch shape.
+	 */
+	int even_batches;
 };
 #define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-				     NULL, NULL, NULL, 0, NULL, 0 }
+				     NULL, NULL, NULL, 0, NULL, 0, 0 }
 
 /*
  * One field of a batch: fixed-size fields dense [size, ...]; others (data,
@@ -1435,10 +1446,10 @@ struct sluice_batch {
  * node, its global batch g holds positions [o + g * B * L, o + (g + 1) * B * L)
  * of its sequence (o = position mod B * L, 0 from an epoch's start); its
  * local rank r takes the r-th B of them by record id.  Every rank of every
- * node gets the same number of batches, counted on the longest node's
- * sequence (a shorter one fills its last batch from its own start; one
- * each for a dataset smaller than a node's global batch) or, with
- * drop_last, on the shortest.  A resume from any `position` (nodes 1) or
+ * node gets the same number of batches and records, counted on the longest
+ * node's sequence (a shorter one fills its last batch from its own start;
+ * the last batch short, see even_batches) or, with drop_last, on the
+ * shortest.  A resume from any `position` (nodes 1) or
  * `resume` state, with another world size or node count, neither repeats
  * nor skips a sample.  Returns 0, SLUICE_EINVAL_CONFIG (the detail names
  * the option), or an error of the dataset or engine.

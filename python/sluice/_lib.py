@@ -165,7 +165,8 @@ class LoaderOptions(_Sized):
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
                 ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint),
                 ("image", C.POINTER(ImageOptions)), ("transform", C.c_void_p), ("transform_arg", C.c_void_p),
-                ("nodes", C.c_uint), ("resume", C.POINTER(LoaderSegment)), ("nresume", C.c_uint)]
+                ("nodes", C.c_uint), ("resume", C.POINTER(LoaderSegment)), ("nresume", C.c_uint),
+                ("even_batches", C.c_int)]
 
 
 class BatchField(C.Structure):

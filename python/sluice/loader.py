@@ -107,8 +107,11 @@ class Loader:
     it), else 1; a GROUP_RANK that disagrees with rank // LOCAL_WORLD_SIZE raises ValueError.  nodes=1 gives one
     order for the whole world, the order of loaders before nodes.  Node sequences differ by a record at most: the
     batch count is the longest node's, a shorter node filling its last batch from its own start.
-    drop_last: drop the last partial global batch (with nodes, count on the shortest node) instead of filling it
-    from the epoch's start.  prefetch: batches ready ahead
+    drop_last: drop the last partial global batch (with nodes, count on the shortest node).  Without it the last
+    batch is short, as torch's DataLoader and DistributedSampler make it: every rank gets the same number of
+    records, ceil(records / world_size), at most world_size - 1 of them twice (one process: none).
+    even_batches: the last batch full on every rank instead, filled from the epoch's start (accelerate's
+    even_batches), for models that need one batch shape.  prefetch: batches ready ahead
     (0: by batch size).  window_bytes: the shuffle window (0: 64 MiB).  skip_corrupt: a record whose CRC fails
     is left out (the batch is smaller; one left with no record is not delivered, but with several ranks, which
     must all take the same number of steps) and counted, instead of failing the batch.
@@ -123,7 +126,7 @@ class Loader:
 
     def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
                  drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False,
-                 images=None, transform=None, nodes=None):
+                 images=None, transform=None, nodes=None, even_batches=False):
         if rank is None or world_size is None:
             rank, world_size = _env_rank(rank, world_size)
         if nodes is None:
@@ -158,7 +161,8 @@ class Loader:
                                   drop_last=int(drop_last), shuffle=int(shuffle),
                                   window_bytes=_int_option("Loader", "window_bytes", window_bytes, *u64),
                                   skip_corrupt=int(skip_corrupt), device_index=index,
-                                  nodes=_int_option("Loader", "nodes", nodes, 1, (1 << 32) - 1))
+                                  nodes=_int_option("Loader", "nodes", nodes, 1, (1 << 32) - 1),
+                                  even_batches=int(even_batches))
         self.images = images
         if images is not None:
             self._opt.image = images._pointer()

@@ -81,7 +81,7 @@ static void sl_lay_out(const struct sluice_loader *ld, uint32_t m, const uint64_
 static int sl_gather(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t g, struct sluice_record *rec,
 		     uint32_t *m, uint64_t *var)
 {
-	const uint32_t B = ld->opt.batch_size;
+	const uint32_t B = sl__bsize(ld, g);
 	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	struct sl__window **wins = malloc(nw * sizeof(*wins));
 	uint64_t *pos = malloc(B * sizeof(uint64_t));

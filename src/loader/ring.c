@@ -176,7 +176,7 @@ uint64_t sluice_loader_batches(const struct sluice_loader *ld)
 
 void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch, uint64_t *position)
 {
-	const uint64_t c = sl__gstart(ld, ld->next_g);
+	const uint64_t c = sl__consumed(ld);
 
 	*seed = ld->opt.seed;
 	*epoch = ld->opt.epoch;
@@ -196,6 +196,6 @@ int sluice_loader_state_ex(const struct sluice_loader *ld, uint64_t *seed, uint6
 	*epoch = ld->opt.epoch;
 	for (unsigned i = 0; i + 1 < v->nlev; i++)
 		seg[i] = (struct sluice_loader_segment){ v->lev[i].nodes, v->lev[i].done };
-	seg[v->nlev - 1] = (struct sluice_loader_segment){ ld->opt.nodes, sl__gstart(ld, ld->next_g) };
+	seg[v->nlev - 1] = (struct sluice_loader_segment){ ld->opt.nodes, sl__consumed(ld) };
 	return (int)v->nlev;
 }

@@ -236,6 +236,14 @@ struct sluice_loader {
 	 * where the last one stopped.
 	 */
 	uint64_t origin;
+	/*
+	 * Positions of the epoch's last global batch: per_global with drop_last
+	 * or even_batches; else what is left of the longest node's sequence,
+	 * rounded up to a multiple of the node's ranks (DistributedSampler's
+	 * rule: each rank the same number of records, at most L - 1 of them a
+	 * second time, the last batch short).  See sl__gsize.
+	 */
+	uint64_t last_global;
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */
@@ -322,6 +330,30 @@ static inline void sl__ld_span(const struct sluice_loader *ld, const char *name,
 static inline uint64_t sl__gstart(const struct sluice_loader *ld, uint64_t g)
 {
 	return ld->origin + g * ld->per_global;
+}
+
+/* Positions of the node's global batch g (g < nbatches). */
+static inline uint64_t sl__gsize(const struct sluice_loader *ld, uint64_t g)
+{
+	return g + 1 == ld->nbatches ? ld->last_global : ld->per_global;
+}
+
+/* Records of this rank's batch g: the same on every rank of every node. */
+static inline uint32_t sl__bsize(const struct sluice_loader *ld, uint64_t g)
+{
+	return (uint32_t)(sl__gsize(ld, g) / (ld->per_global / ld->opt.batch_size));
+}
+
+/* The position after the epoch's last: where its batches end. */
+static inline uint64_t sl__gend(const struct sluice_loader *ld)
+{
+	return ld->nbatches ? sl__gstart(ld, ld->nbatches - 1) + ld->last_global : ld->origin;
+}
+
+/* Positions of the node's sequence consumed once the batches before next_g are. */
+static inline uint64_t sl__consumed(const struct sluice_loader *ld)
+{
+	return ld->next_g >= ld->nbatches && ld->nbatches ? sl__gend(ld) : sl__gstart(ld, ld->next_g);
 }
 
 /* window.c */

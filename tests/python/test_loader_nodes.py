@@ -44,7 +44,8 @@ def _phase(ds, nodes, local, state, batches, drop_last, seed=11):
     world = nodes * local
     ids, counts, states = [[] for _ in range(nodes)], [], []
     for r in range(world):
-        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, nodes=nodes, drop_last=drop_last, prefetch=2)
+        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, nodes=nodes, drop_last=drop_last, prefetch=2,
+                           even_batches=True)  # every batch full: the fill of a shorter node is what is tested
         if state is not None:
             ld.load_state_dict(state)
         got = 0

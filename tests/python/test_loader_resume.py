@@ -31,16 +31,17 @@ def _order(ds, seed):
     return [int(b["ids"][0]) for b in sluice.Loader(ds, 1, seed=seed, rank=0, world_size=1, drop_last=True)]
 
 
-def _phase(ds, world, position, batches, seed, drop_last, prefetch):
+def _phase(ds, world, position, batches, seed, drop_last, prefetch, even_batches=True):
     """world ranks from position, each taking `batches` batches (None: to the epoch's end); every rank's ids
-    and the position each reports after."""
+    and the position each reports after.  even_batches (here the default): every batch full."""
     ids, counts, positions = [], [], set()
     for r in range(world):
-        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, drop_last=drop_last, prefetch=prefetch)
+        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, drop_last=drop_last, prefetch=prefetch,
+                           even_batches=even_batches)
         ld.load_state_dict({"seed": seed, "epoch": 0, "position": position})
         got = 0
         for b in ld:
-            assert len(b["ids"]) == B
+            assert len(b["ids"]) == B or not even_batches
             ids += [int(x) for x in b["ids"]]
             got += 1
             if batches is not None and got == batches:
@@ -92,6 +93,22 @@ def test_fewer_samples_than_a_global_batch(tmp_path, drop_last):
     # A run resumed at or past the end finds the epoch over, on every rank alike.
     _, k2, p2 = _phase(ds, 4, p, None, 5, drop_last, prefetch=2)
     assert k2 == 0 and p2 == p
+
+
+def test_a_resumed_epoch_ends_as_distributed_sampler_ends_one(tmp_path):
+    """Without even_batches, 8 ranks, then 4, then 16 to the end: every record of the epoch once, but at most 15
+    (world_size - 1) taken twice by the last batch, which is short and the same size on every rank."""
+    n = 1003
+    ds = _dataset(tmp_path, n, "6K")
+    ids1, _, p1 = _phase(ds, 8, 0, 2, 123, False, prefetch=1, even_batches=False)
+    ids2, _, p2 = _phase(ds, 4, p1, 3, 123, False, prefetch=2, even_batches=False)
+    ids3, k3, p3 = _phase(ds, 16, p2, None, 123, False, prefetch=8, even_batches=False)
+    seen = ids1 + ids2 + ids3
+    assert set(seen) == set(range(n)) and len(seen) - n < 16
+    assert len(ids3) % 16 == 0 and len(ids3) // 16 == -(-(n - p2) // 16)
+    assert p3 == p2 + len(ids3) and p3 - n < 16
+    order = _order(ds, 123)
+    assert sorted(ids3) == sorted(order[p2:] + order[:p3 - n])
 
 
 def test_uninterrupted_epoch_is_the_same(tmp_path):
