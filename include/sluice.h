@@ -1387,9 +1387,21 @@ struct sluice_loader_options {
 	 * one batch shape.
 	 */
 	int even_batches;
+	/*
+	 * 0: a batch's buffers stay valid until the next sluice_loader_next()
+	 * call.  1: each batch stays the caller's, unchanged, until
+	 * sluice_loader_release(ld, b->hold): the ring moves a batch still held
+	 * when it needs its buffer again into memory of its own (a spare one,
+	 * kept for the next), so holding many batches (gradient accumulation,
+	 * a list of them) costs memory, never a batch overwritten.  hold_bytes:
+	 * the most that memory may take (0: a quarter of the host's memory);
+	 * past it, the batch that needs more fails with -ENOBUFS naming it.
+	 */
+	int hold;
+	uint64_t hold_bytes;
 };
 #define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-				     NULL, NULL, NULL, 0, NULL, 0, 0 }
+				     NULL, NULL, NULL, 0, NULL, 0, 0, 0, 0 }
 
 /*
  * One field of a batch: fixed-size fields dense [size, ...]; others (data,
@@ -1427,8 +1439,9 @@ struct sluice_batch {
 	struct sluice_batch_field field[SLUICE_MAX_FIELDS];
 	const uint64_t *ids;       /* record ids, host memory */
 	void *event;               /* GPU batches: a CUevent; work on any stream that waits for it sees the batch */
+	uint64_t hold;             /* a loader with the hold option: what sluice_loader_release() takes; else 0 */
 };
-#define SLUICE_BATCH_INIT { sizeof(struct sluice_batch), 0, 0, 0, { { NULL, SLUICE_DTYPE_BYTES, NULL, NULL, 0, NULL, 0, { 0 }, { 0 } } }, NULL, NULL }
+#define SLUICE_BATCH_INIT { sizeof(struct sluice_batch), 0, 0, 0, { { NULL, SLUICE_DTYPE_BYTES, NULL, NULL, 0, NULL, 0, { 0 }, { 0 } } }, NULL, NULL, 0 }
 
 /*
  * Opens a loader over ds using eng's workers (and GPU, with gpu set).
@@ -1459,16 +1472,25 @@ SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct 
 /*
  * The next batch of the epoch: 1 and *b filled, 0 at the epoch's end, or an
  * error naming the record (CRC, format, I/O); b->struct_size must be set
- * (SLUICE_BATCH_INIT), else SLUICE_EINVAL_CONFIG.  b's buffers stay valid until
- * the next call of sluice_loader_next() or sluice_loader_close(); with a
+ * (SLUICE_BATCH_INIT), else SLUICE_EINVAL_CONFIG.  b's buffers stay valid
+ * until the next call of sluice_loader_next() or sluice_loader_close()
+ * (with the hold option, until sluice_loader_release() or close); with a
  * GPU loader, pass the stream that uses the batch: it is made to wait for
  * the batch's copy (batch.event), and GPU work queued on it before that
- * next call is waited for before the buffers are reused; with stream NULL,
+ * next call (or the release) is waited for before the buffers are reused; with stream NULL,
  * the call returns once the copy is done.
  * Decompression, CRC checks and collation run in the loader's thread and
  * the engine's workers, never in the caller's.
  */
 SLUICE_API SLUICE_WUR int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream);
+/*
+ * With the hold option: the caller is done with the batch whose b->hold
+ * this is; its memory is reused once GPU work queued before this call on
+ * the stream given to sluice_loader_next for it is done.  Any thread, any
+ * order.  0, or SLUICE_EINVAL_CONFIG for a batch not held (released
+ * already, or of a loader without hold).
+ */
+SLUICE_API SLUICE_WUR int sluice_loader_release(struct sluice_loader *ld, uint64_t hold);
 /* This rank's batches in an epoch. */
 SLUICE_API uint64_t sluice_loader_batches(const struct sluice_loader *ld);
 /*

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "format/format.h"
 #include "diag/diag.h"
@@ -437,6 +438,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		goto fail;
 	ld->pub = sl__pub_open(ds->path);
 	ld->per_global = (uint64_t)opt->batch_size * local_world;
+	ld->hold_limit = opt->hold_bytes ? opt->hold_bytes
+					 : (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4;
 	/*
 	 * Where an epoch starts on this rank's node, then where this one
 	 * resumes: a position alone is one phase on one node, the state of a
@@ -488,6 +491,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 			ld->gpu->cu->EventDestroy(s->release);
 		free(s->ids);
 	}
+	sl__hold_free(ld);
 	for (unsigned i = 0; ld->win && i < ld->nwin; i++) {
 		free(ld->win[i].ids);
 		free(ld->win[i].off);

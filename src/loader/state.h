@@ -124,6 +124,30 @@ struct sl__batch_buf {
 	struct sluice_batch b;
 	int err;                    /* building batch g failed: its own error, which the consumer reports for it */
 	char detail[384];
+	/* hold: the batch handed out in it (SL_B_OUT), the references the caller holds and the stream it took it on */
+	uint64_t token;
+	unsigned refs;
+	void *stream;
+};
+
+/*
+ * hold: the memory of a batch the caller still holds when the ring needs
+ * its buffer again (the producer moves it here and gives the buffer a
+ * spare's memory), or a spare (token 0) that a later batch takes.  Its
+ * fields are a batch buffer's own, swapped whole (sl__hold_swap).
+ */
+struct sl__held {
+	uint64_t token;
+	unsigned refs;
+	void *stream;
+	char *host;
+	size_t host_cap;
+	int host_pinned;
+	char *dev;
+	size_t dev_cap;
+	uint64_t *ids;
+	sl_CUevent release;
+	int release_set;
 };
 
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY, SL_W_FAILED }; /* FAILED: its read's error kept in it */
@@ -282,6 +306,15 @@ struct sluice_loader {
 	 */
 	pthread_cond_t cv, buf_cv, batch_cv;
 	struct sl__batch_buf *held;      /* the consumer's batch (the consumer's thread alone uses it) */
+	/*
+	 * hold: the batches held past their buffer's turn and the spares,
+	 * under lock; held_bytes of their memory is the caller's, at most
+	 * hold_limit (the options' hold_bytes).
+	 */
+	struct sl__held *sets;
+	size_t sets_cap;
+	unsigned nsets;
+	uint64_t held_bytes, hold_limit;
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
@@ -372,6 +405,15 @@ SL_HIDDEN int sl__loader_codecs_open(struct sluice_loader *ld, const struct slui
 SL_HIDDEN void sl__loader_codecs_close(struct sluice_loader *ld);
 /* collate.c */
 SL_HIDDEN int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size);
+/*
+ * hold, under ld->lock: buffer s, handed out and still held, gets a spare's
+ * memory (or none yet: sl__buf_reserve makes it), its own moving to the
+ * held sets; 0, or -ENOBUFS naming hold_bytes when the held batches would
+ * take more, or -ENOMEM.
+ */
+SL_HIDDEN int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s);
+/* The held sets' memory, at close. */
+SL_HIDDEN void sl__hold_free(struct sluice_loader *ld);
 SL_HIDDEN void *sl__produce(void *arg); /* arg: its struct sl__producer */
 /* ring.c */
 SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);

@@ -39,15 +39,16 @@ def _phase(ds, world, position, batches, seed, drop_last, prefetch, even_batches
         ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, drop_last=drop_last, prefetch=prefetch,
                            even_batches=even_batches)
         ld.load_state_dict({"seed": seed, "epoch": 0, "position": position})
-        got = 0
+        got, last = 0, ld.state_dict()
         for b in ld:
             assert len(b["ids"]) == B or not even_batches
             ids += [int(x) for x in b["ids"]]
             got += 1
+            last = ld.state_dict()  # saved with the step's checkpoint (once the pass ends: the next epoch's start)
             if batches is not None and got == batches:
                 break
         counts.append(got)
-        positions.add(ld.state_dict()["position"])
+        positions.add(last["position"])
     assert len(set(counts)) == 1, f"ranks got {counts} batches"
     assert len(positions) == 1, f"ranks disagree on the position: {positions}"
     return ids, counts[0], positions.pop()
@@ -132,7 +133,7 @@ for batch in sluice.Loader(ds, 7, seed=3):
 gc.collect()
 churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
 ids, n, pad = batch["ids"], batch["n"], batch["pad"]
-assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"][0]) for i in ids], (n, ids)
+assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"]) for i in ids], (n, ids)
 assert bytes(pad[0][pad[1][0]:pad[1][1]]) == bytes(ds[int(ids[0])]["pad"])
 print("ok")
 """
@@ -218,7 +219,7 @@ batch = next(iter(ld))
 ld.close()
 churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
 n, pad = batch["n"], batch["pad"]
-assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"][0]) for i in batch.ids], (n, batch.ids)
+assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"]) for i in batch.ids], (n, batch.ids)
 assert bytes(pad[0][pad[1][0]:pad[1][1]]) == bytes(ds[int(batch.ids[0])]["pad"])
 for use in (lambda: next(iter(ld)), lambda: len(ld), ld.state_dict, lambda: ld.set_epoch(1)):
     try:
