@@ -113,9 +113,10 @@ int cmd_diagnose(int argc, char **argv)
 			       "  --sweep-workers LIST  DataLoader worker counts to try, as 0,4,8,16: the script's first\n"
 			       "                        --steps batches again at each, beside the first run's prediction\n"
 			       "  --steps N             batches each --sweep-workers run takes (default 50)\n\n"
-			       "The script's exit status is the command's.  One report a run, the training process's, however\n"
-			       "many Pythons the script starts (DataLoader workers, launchers such as torchrun).  sluice runs\n"
-			       "in the Python the command names (python3, /venv/bin/python, a launcher's #! line), else\n"
+			       "The script's exit status is the command's (a signal that ends it, too), and a signal sent to\n"
+			       "sluice is passed on to it.  One report a run, the training process's, however many Pythons\n"
+			       "the script starts (DataLoader workers, launchers such as torchrun).  sluice runs in the\n"
+			       "Python the command names (python3, /venv/bin/python, a launcher's #! line), else\n"
 			       "SLUICE_PYTHON (default python3).\n");
 			return 0;
 		}

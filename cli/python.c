@@ -34,26 +34,32 @@
 #include "cli.h"
 
 /*
- * argv: -c BOOT MAIN PYTHONPATH SAFE ARGS...  PYTHONPATH is "=VALUE" to set it, "" to unset it; SAFE "1" sets
- * PYTHONSAFEPATH=1 for the children.  It MUST run on Python 3.9 and import nothing before sys.path[0] is gone.
+ * argv: -c BOOT MAIN PYTHONPATH SAFE WHY ARGS...  PYTHONPATH is "=VALUE" to set it, "" to unset it; SAFE "1" sets
+ * PYTHONSAFEPATH=1 for the children; WHY is the sentence's start for a package this Python lacks (a MAIN of a
+ * package, sluice.diagnose, has its package imported first: a python3 without numpy is that sentence, not a
+ * traceback).  It MUST run on Python 3.9 and import nothing before sys.path[0] is gone.
  */
 static const char BOOT[] =
 	"import sys\n"
 	"if sys.path and sys.path[0] == '':\n"
 	"    del sys.path[0]\n"
 	"import os, runpy\n"
-	"m, pp, safe = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+	"m, pp, safe, why = sys.argv[1:5]\n"
 	"if pp:\n"
 	"    os.environ['PYTHONPATH'] = pp[1:]\n"
 	"else:\n"
 	"    os.environ.pop('PYTHONPATH', None)\n"
 	"if safe == '1':\n"
 	"    os.environ.setdefault('PYTHONSAFEPATH', '1')\n"
-	"sys.argv[:] = [m] + sys.argv[4:]\n"
+	"sys.argv[:] = [m] + sys.argv[5:]\n"
 	"if m.endswith('.py'):\n"
 	"    sys.path.insert(0, os.path.dirname(os.path.abspath(m)))\n"
 	"    runpy.run_path(m, run_name='__main__')\n"
 	"else:\n"
+	"    try:\n"
+	"        __import__(m.partition('.')[0])\n"
+	"    except ModuleNotFoundError as e:\n"
+	"        sys.exit(why % (sys.executable, e.name))\n"
 	"    runpy.run_module(m, run_name='__main__', alter_sys=True)\n";
 
 /* This program's path (/proc/self/exe: absolute, links resolved) into exe; 0, or -1 with the error printed. */
@@ -136,17 +142,20 @@ int cli_python_exec(const char *cmd, const char *py, const char *main, char *con
 	char exe[PATH_MAX], dir[PATH_MAX], p[PATH_MAX + 64], here[PATH_MAX + 64];
 	const char *set = getenv("PYTHONPATH");
 	char *old = strdup(set ? set : ""), *clean = old ? malloc(strlen(old) + 1) : NULL, *full = NULL, *run = NULL;
-	char *restore = NULL, **argv = NULL;
+	char *restore = NULL, **argv = NULL, why[512];
 	size_t n = 0;
 	int rc = 1;
 
+	/* %s: the Python's path and the module it lacks, put in by BOOT ('%' of the rest doubled) */
+	snprintf(why, sizeof(why), "sluice %s: %%s has no module named '%%s': sluice %s runs in %s, which needs %s",
+		 cmd, cmd, py && *py ? "the Python the command names" : "SLUICE_PYTHON (default python3)", needs);
 	if (!py || !*py)
 		py = sluice_setting("SLUICE_PYTHON");
 	if (!py || !*py)
 		py = "python3";
 	while (args[n])
 		n++;
-	if (!clean || !(argv = calloc(n + 7, sizeof(*argv))))
+	if (!clean || !(argv = calloc(n + 8, sizeof(*argv))))
 		goto oom;
 	if (self_exe(cmd, exe, sizeof(exe)))
 		goto out;
@@ -189,7 +198,8 @@ int cli_python_exec(const char *cmd, const char *py, const char *main, char *con
 	argv[3] = (char *)main;
 	argv[4] = own_children ? (*run ? restore : "") : set || *full ? restore : "";
 	argv[5] = own_children ? "1" : "0";
-	memcpy(argv + 6, args, n * sizeof(*argv));
+	argv[6] = why;
+	memcpy(argv + 7, args, n * sizeof(*argv));
 	execvp(py, argv);
 	rc = cli_fail(cmd, "cannot run %s (set SLUICE_PYTHON to a python3 with %s): %s", py, needs, strerror(errno));
 	goto out;

@@ -446,9 +446,10 @@ def _sources(source, variant=None):
 
 def _tensors(src, handles):
     """{name: (file index, entry, data start)} of every tensor of the files (headers read in parallel, each
-    through its handle, the one the data is read through); a name in two files is an error naming both; with an
-    index, exactly the tensors it names, each from the file it names (one it names and that file lacks is an
-    error naming it)."""
+    through its handle, the one the data is read through); a name in two files is an error naming both, with an
+    index too (transformers' from_pretrained takes the last file's copy, sluice would take the one the index
+    names); with an index, exactly the tensors it names, each from the file it names (one it names and that
+    file lacks is an error naming it)."""
     files = src.files
     read = lambda i: read_header(files[i], handles[i])  # noqa: E731
     if len(files) > 4 or any(is_remote(f) for f in files):  # round trips worth overlapping
@@ -456,14 +457,22 @@ def _tensors(src, handles):
             headers = list(ex.map(read, range(len(files))))
     else:
         headers = [read(i) for i in range(len(files))]
-    table = {}
+    table, elsewhere = {}, {}
     for i, (header, start) in enumerate(headers):
         for name, v in header.items():
-            if name == "__metadata__" or (src.wm is not None and src.wm.get(name) != i):
+            if name == "__metadata__":
+                continue
+            if src.wm is not None and src.wm.get(name) != i:
+                if name in src.wm:
+                    elsewhere.setdefault(name, i)
                 continue
             if name in table:
                 raise bad(files[i], f"tensor '{name}' is also in {shown(files[table[name][0]])}")
             table[name] = (i, v, start)
+    for name, i in elsewhere.items():
+        if name in table:  # transformers reads each file of the index whole: the last copy would win
+            raise bad(files[i], f"tensor '{name}' is also in {shown(files[src.wm[name]])}, the file "
+                                f"{shown(src.index)} names for it (which copy is meant?)")
     if src.wm is not None and len(table) < len(src.wm):
         missing = [n for n in src.wm if n not in table]
         raise bad(src.index, f"names {len(missing)} tensors its files do not hold: " + ", ".join(

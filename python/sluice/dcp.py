@@ -66,6 +66,12 @@ class _Prefix:
     prefix: str
 
 
+@dataclasses.dataclass
+class _Save:
+    """A load plan's mark of the save its rank's metadata is of: the mark its data files carry."""
+    save: str
+
+
 def _to_doc(md):
     """The metadata document (see _dcpmeta.decode) of DCP's Metadata as StorageWriter makes it."""
     tensors, blobs = {}, []
@@ -243,14 +249,18 @@ class StorageReader(storage.StorageReader):
     def __init__(self, path, allow_pickle=False):
         super().__init__()
         self.path, self.allow_pickle = os.fspath(path), allow_pickle
-        self.storage_data, self.chunks = {}, {}
+        self.storage_data, self.chunks, self.save = {}, {}, None
 
     def reset(self, checkpoint_id=None):
-        self.storage_data, self.chunks = {}, {}
+        self.storage_data, self.chunks, self.save = {}, {}, None
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args, rank=None):
+        """The checkpoint's one metadata file (rank: ignored, sluice writes no metadata a rank).  No **kwargs:
+        torch's load, where the reader takes them, reads the metadata a second time as the rank's own when the
+        first read fails, and then loads that rank without collectives, so in a group the other ranks wait for
+        ever in a collective it never joins; one read, whose failure fails the load on every rank."""
         try:
             return self._read_metadata()
         except Exception as e:
@@ -281,7 +291,7 @@ class StorageReader(storage.StorageReader):
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
-        self.chunks = {}
+        self.chunks, self.save = {}, None
         try:
             for k, st in self.storage_data.items():  # only files a save of ours names, beside the metadata
                 if not (isinstance(k, MetadataIndex) and isinstance(k.fqn, str) and _DATA.match(str(st.relative_path))
@@ -293,6 +303,9 @@ class StorageReader(storage.StorageReader):
                                getattr(sm, "save_id", None))
             if why:
                 raise ValueError(why)
+            # One save's mark on every file (stored_fault checked); a checkpoint of no items: the writer's id.
+            self.save = next((_DATA.match(st.relative_path)["save"] for st in self.storage_data.values()),
+                             getattr(sm, "save_id", None))
             blobs = set()
             for fqn, md in metadata.state_dict_metadata.items():
                 if isinstance(md, BytesStorageMetadata):
@@ -314,9 +327,19 @@ class StorageReader(storage.StorageReader):
             raise ValueError(f"sluice.dcp: {shown(_join(self.path, METADATA))}: damaged metadata ({e})") from None
 
     def prepare_local_plan(self, plan):
-        return plan
+        # The save this rank's metadata is of, for the coordinator to compare (see prepare_global_plan).
+        return dataclasses.replace(plan, storage_data=_Save(self.save))
 
     def prepare_global_plan(self, plans):
+        """Each rank reads the metadata itself, so a save that replaces the checkpoint between two ranks' reads
+        gives them the metadata of two saves, and each would load its part of the state dict from its own,
+        silently; refused here, on the coordinator, which fails the load on every rank."""
+        saves = {p.storage_data.save: r for r, p in enumerate(plans) if isinstance(p.storage_data, _Save)}
+        if len(saves) > 1:
+            which = ", ".join(f"rank {r}: {s or 'unnamed'}" for s, r in sorted(saves.items(), key=lambda x: x[1]))
+            raise ValueError(f"sluice.dcp: {shown(_join(self.path, METADATA))}: the ranks read the metadata of "
+                             f"{len(saves)} saves ({which}): the checkpoint was replaced while it was loaded (or "
+                             f"the ranks were given different paths); load again")
         return plans
 
     def _item(self, req, planner, files, headers, reads, after):

@@ -15,14 +15,19 @@ waits and steps (Perfetto, chrome://tracing).  --sweep-workers runs the script's
 each DataLoader worker count and charts the batches a second each gave, beside what the first run predicted.
 """
 import argparse
+import atexit
 import html
+import importlib.machinery
+import inspect
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 from .profiler import predict_rate
 
@@ -33,8 +38,10 @@ ENV_OUT, ENV_WORKERS, ENV_STEPS = "SLUICE_DIAGNOSE_OUT", "SLUICE_DIAGNOSE_WORKER
 _SITECUSTOMIZE = '''"""sluice diagnose's hook (sluice/diagnose.py), then the sitecustomize it hides, if any."""
 import importlib.machinery, importlib.util, os, sys
 try:
+    _before = set(sys.modules)
     from sluice import diagnose as _d
     _d._install()
+    _d._unshadow(_before)
 except Exception as e:  # the script runs all the same
     print(f"sluice diagnose: the hook did not install: {type(e).__name__}: {e}", file=sys.stderr)
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -51,7 +58,6 @@ _shared = []  # the one sampler every watched loader's profile reads
 
 
 def _profile_for(obj, label):
-    import weakref
     from .profiler import _Sampler, profile
     for ref, p in _watched:
         if ref() is obj:
@@ -96,7 +102,6 @@ def _patch_dataloader(mod):
     orig_init, w = cls.__init__, int(workers)
 
     def __init__(self, *args, **kw):
-        import inspect
         bound = inspect.signature(orig_init).bind(self, *args, **kw)
         bound.arguments["num_workers"] = w
         if w == 0:  # what a DataLoader refuses without workers
@@ -114,7 +119,6 @@ class _Finder:
     def find_spec(self, name, path=None, target=None):
         if name != "torch.utils.data.dataloader":
             return None
-        import importlib.machinery
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
@@ -128,12 +132,9 @@ class _Finder:
 
 
 def _install():
-    # Everything the hook needs is imported now, at start-up: later, the script's own directory leads sys.path,
-    # and a statistics.py or weakref.py beside the script would be taken for the hook's.
-    import atexit
-    import importlib.machinery  # noqa: F401 (the finder's)
-    import inspect  # noqa: F401 (the worker count's)
-    import weakref  # noqa: F401 (the loaders')
+    # Everything the hook needs is imported now, at start-up, and held by this module's names: later, the script's
+    # own directory leads sys.path, and a statistics.py or weakref.py beside the script would be taken for the
+    # hook's (and _unshadow leaves such modules for the script to import).
     from . import loader, profiler  # noqa: F401
     steps = os.environ.get(ENV_STEPS) or "0"
     _limit["steps"] = int(steps) if steps.isdigit() else 0
@@ -143,6 +144,48 @@ def _install():
         _patch_dataloader(sys.modules["torch.utils.data.dataloader"])
     _watch(loader.Loader, "sluice.Loader")
     atexit.register(_write)
+
+
+def _first_path():
+    """The folder Python will put first on the module path as it starts the program, after site (so after this
+    hook) has run: the script's own (its links resolved), the current directory for -c and -m, none under -P."""
+    if getattr(sys.flags, "safe_path", False) or os.environ.get("PYTHONSAFEPATH"):
+        return None
+    a0 = sys.argv[0] if getattr(sys, "argv", None) else ""
+    try:
+        if a0 in ("", "-", "-c", "-m"):
+            return os.getcwd()
+        real = os.path.realpath(a0)
+        if os.path.isdir(real):  # a folder (or a zip file) of a __main__.py is itself first
+            return real
+        if os.path.isfile(real):
+            with open(real, "rb") as f:
+                if f.read(2) == b"PK":
+                    return real
+        return os.path.dirname(real)
+    except OSError:
+        return None
+
+
+def _unshadow(before):
+    """The modules the hook imported (those not in before) that the script's own folder also holds (a random.py,
+    json.py or queue.py beside it) are left out of sys.modules: the script imports its own, as under plain python,
+    where before it got the hook's copy of the standard library's.  The hook keeps the ones it holds.  sluice
+    itself stays (the hook's own modules import from it as they run)."""
+    first = _first_path()
+    if not first:
+        return
+    for name in [n for n in sys.modules if n not in before and "." not in n and n != "sluice"]:
+        mine = getattr(sys.modules.get(name), "__file__", None) or ""
+        if os.path.realpath(mine).startswith(os.path.join(first, "")):
+            continue  # already the folder's (the user's PYTHONPATH names it): imported once, as without the hook
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, [first])
+        except (ImportError, OSError, ValueError):
+            continue
+        if spec is not None and spec.has_location:  # a module or package there, not a namespace portion
+            for n in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[n]
 
 
 def _kind():
@@ -200,15 +243,58 @@ def _run(cmd, env_extra, out, hook):
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         raise SystemExit(f"sluice diagnose: cannot run {cmd[0]}: {e.strerror}") from None
-    try:
-        rc = child.wait()
-    except KeyboardInterrupt:  # the script has it too (the terminal's group): its report comes as it ends
-        rc = child.wait()
-    rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
+    rc = _wait_forwarding(child)
     wall = time.perf_counter() - t
     rep = _gather(out, child.pid)
-    rep["returncode"], rep["wall_s"] = rc, wall
+    rep["returncode"], rep["wall_s"] = (128 - rc if rc < 0 else rc), wall  # killed by a signal: the shell's status
+    rep["signal"] = -rc if rc < 0 else None
     return rep
+
+
+# What a signal sent to sluice means for the script: the same signal to it.  The terminal's Ctrl-C and Ctrl-\
+# (SI_KERNEL) went to the whole foreground group, the script included, and are not sent again.
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                   if hasattr(signal, n))
+_SI_KERNEL = 0x80
+
+
+def _wait_forwarding(child):
+    """The child's status as Popen gives it (-N: killed by signal N), each signal sent to this process passed on
+    to it meanwhile: a SIGTERM to sluice (a scheduler's, timeout's, kill's) ends the script as it would end it
+    under plain python, where before the driver died of it and left the script running.  The signals are blocked
+    and taken with sigwaitinfo (SIGCHLD among them, so the child's end wakes it), which says who sent each."""
+    waited = set(_FORWARDED) | {signal.SIGCHLD}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    try:
+        while child.poll() is None:
+            info = signal.sigwaitinfo(waited)
+            if info.si_signo == signal.SIGCHLD:
+                continue
+            if info.si_signo in (signal.SIGINT, signal.SIGQUIT) and info.si_code == _SI_KERNEL:
+                continue  # the terminal's: the script has it already
+            try:
+                child.send_signal(info.si_signo)
+            except ProcessLookupError:
+                pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return child.returncode
+
+
+def _die_as(sig):
+    """Ends this process by signal sig, as the script ended (a shell running sluice sees the script's signal:
+    a Ctrl-C'd script stops the shell's loop as under plain python), without a core file of sluice's own."""
+    import resource
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ValueError, OSError):
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if sig != signal.SIGKILL:
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    os.kill(os.getpid(), sig)
 
 
 def _gather(out, root):
@@ -460,9 +546,12 @@ def main(argv=None):
         os.mkdir(hook)
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
             f.write(_SITECUSTOMIZE)
-        return _main(a, cmd, workers, tmp, hook)
+        rc, sig = _main(a, cmd, workers, tmp, hook)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if sig:
+        _die_as(sig)  # returns where sig does not end a process
+    return rc
 
 
 def _outputs_bad(paths, cmd):
@@ -478,7 +567,7 @@ def _outputs_bad(paths, cmd):
             return f"{p}: that is a file the command runs; the report would overwrite it"
         if os.path.exists(p) and not os.path.isfile(p):
             return f"{p}: not a regular file (a directory, a FIFO or a device)"
-        d = os.path.dirname(os.path.abspath(p))
+        d = os.path.dirname(real)  # where it is written: a link's target's folder
         if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
             return f"{p}: its directory {d} is not there or not writable"
         if os.path.exists(p) and not os.access(p, os.W_OK):
@@ -496,13 +585,9 @@ def _main(a, cmd, workers, tmp, hook):
             # A worker count's effect is predicted where the loading's CPU, or its waits, were the limit.
             counts = main_r is not None and main_r["verdict"] in ("cpu-bound", "latency-bound")
             s["predicted_batches_s"] = predict_rate(main_r, s["workers"]) if counts else None
-    # Each written whole or not at all (a kill mid-write leaves the last report, not half of this one).
-    from .checkpoint import _write_whole
-    _write_whole(a.html, report_html(rep).encode())
-    if a.json:
-        _write_whole(a.json, json.dumps(rep, indent=1, default=str).encode())
-    if a.trace:
-        _write_whole(a.trace, json.dumps(trace_events(rep)).encode())
+    written = [p for p, make in ((a.html, lambda: report_html(rep)),
+                                 (a.json, lambda: json.dumps(rep, indent=1, default=str)),
+                                 (a.trace, lambda: json.dumps(trace_events(rep)))) if p and _written(p, make)]
     for r in rep["loaders"]:
         print(f"sluice diagnose: {r.get('label')}: {r['batches']} batches, waited {100 * r['wait_share']:.1f}% of the "
               f"time: {r['verdict']}. {r['fix']}", file=sys.stderr)
@@ -513,8 +598,23 @@ def _main(a, cmd, workers, tmp, hook):
               "os._exit, a signal, or a Python started with -I or -S (which skips the hook)", file=sys.stderr)
     elif not rep["loaders"]:
         print("sluice diagnose: the script iterated no DataLoader or sluice.Loader", file=sys.stderr)
-    print(f"sluice diagnose: report {a.html}", file=sys.stderr)
-    return rep["returncode"]
+    if a.html in written:
+        print(f"sluice diagnose: report {a.html}", file=sys.stderr)
+    return rep["returncode"], rep["signal"]
+
+
+def _written(path, make):
+    """Whether the report's file at path (the text make() gives) was written: whole or not at all (a kill
+    mid-write leaves the last report, not half of this one), into a link's target where path is a symbolic link
+    (as `> path` would write it).  A failure is said and the run goes on: the script has run, and its exit status
+    stays the command's (a folder the script removed was a traceback and status 1)."""
+    from .checkpoint import _write_whole
+    try:
+        _write_whole(os.path.realpath(path), make().encode())
+        return True
+    except OSError as e:
+        print(f"sluice diagnose: {path} was not written: {e.strerror or e}", file=sys.stderr)
+        return False
 
 
 if __name__ == "__main__":

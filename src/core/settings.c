@@ -186,6 +186,8 @@ const struct sl__setting_def sl__settings[] = {
 	  NULL, NULL },
 	{ "SLUICE_HTTP_RETRIES", SL_SET_UINT, P, 0, 20, 0, NULL, "4", "more attempts of a failed http(s) request",
 	  NULL, NULL },
+	{ "SLUICE_HTTP_LIST_DIRS", SL_SET_UINT, P, 1, UINT32_MAX, 0, NULL, "65536",
+	  "directories a recursive listing of an http(s) directory reads at most (its server makes them up)", NULL, NULL },
 	{ "SLUICE_HTTP_STALL_TIME", SL_SET_UINT, P, 1, 3600, 0, NULL, "30",
 	  "seconds under 1 KiB/s after which an http(s) or S3 transfer is a stall (a timeout, tried again)", NULL, NULL },
 	{ "SLUICE_CACHE_DIR", SL_SET_PATH, P, 0, 0, 0, NULL, "~/.cache/sluice",

@@ -342,10 +342,18 @@ static int sl_name_below(const char *b)
  * followed (a link out, to ~/.ssh say, is refused naming it); the version
  * read at open is pinned, so a link swapped in later is -ESTALE.
  */
+/* 1 where real (a path with its links followed) is root or below it. */
+static int sl_real_below(const char *real, const char *root)
+{
+	size_t rl = strlen(root);
+
+	return !strncmp(real, root, rl) && (real[rl] == '/' || !real[rl] || rl == 1);
+}
+
 static int sl_index_file(const struct sl_root *r, const char *b, char **out)
 {
-	char real[PATH_MAX];
-	size_t rl = strlen(r->real);
+	char real[PATH_MAX], *slash;
+	int rc = 0;
 
 	*out = NULL;
 	if (!sl_name_below(b))
@@ -353,15 +361,33 @@ static int sl_index_file(const struct sl_root *r, const char *b, char **out)
 			       b ? "'" : "", b ? b : "(none)", b ? "'" : "");
 	if (asprintf(out, "%s/%s", r->dir, b) < 0)
 		return *out = NULL, -ENOMEM;
-	if (r->local && realpath(*out, real) && (strncmp(real, r->real, rl) || (real[rl] != '/' && rl > 1))) {
-		int rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is a link to %s, outside the dataset's directory %s",
-				 r->where, b, real, r->real);
-
+	if (!r->local)
+		return 0;
+	if (realpath(*out, real)) {
+		if (strcmp(real, r->real) && sl_real_below(real, r->real))
+			return 0;
+		rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' is a link to %s, outside the dataset's directory %s",
+			     r->where, b, real, r->real);
+	} else {
+		/*
+		 * Not there (yet): a compressed shard's raw file, which
+		 * sl_mds_unzip writes under this name.  Its directory, links
+		 * followed, MUST be below the dataset's too: a merged
+		 * index's "0/..." with 0 a link out had the decompressed
+		 * bytes written outside it.
+		 */
+		slash = strrchr(*out, '/');
+		*slash = 0;
+		if (realpath(*out, real) && !sl_real_below(real, r->real))
+			rc = sl__err(SLUICE_EFORMAT, "%s: shard '%s' lies in %s, a link outside the dataset's directory %s",
+				     r->where, b, real, r->real);
+		*slash = '/';
+	}
+	if (rc) {
 		free(*out);
 		*out = NULL;
-		return rc;
 	}
-	return 0;
+	return rc;
 }
 
 /* An index's item count n of the file b: 0 to 2^32 - 1. */

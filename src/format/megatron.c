@@ -1,13 +1,16 @@
 /*
  * Reader of Megatron/NeMo indexed datasets (PREFIX.bin + PREFIX.idx), in
- * place: the .idx is mapped and its header checked; sequences are read
- * from the .bin on demand.
+ * place: the .idx is read whole into memory (12 bytes a sequence, 8 a
+ * document) and its header checked; sequences are read from the .bin on
+ * demand, the .bin pinned to the version open saw.  The .idx is read, not
+ * mapped: Megatron's builder rewrites it in place (open(..., "wb")), and
+ * a mapping of it then gave the new lengths and pointers against the old
+ * .bin, or zeros past its new end, silently (SIGBUS past its last page).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +20,7 @@
 #define SL_MM_HDR 34
 
 struct sl_mm {
-	const unsigned char *map;
+	unsigned char *map; /* the whole .idx, read at open (malloc'd) */
 	size_t map_len;
 	struct sl__mmidx ix;
 };
@@ -60,6 +63,67 @@ int sl__mmidx_parse(const unsigned char *p, size_t len, struct sl__mmidx *ix)
 	return 0;
 }
 
+/*
+ * The whole file path into a malloc'd *out (*len bytes): a regular file
+ * (a remote one's cached copy), the same size and version after the read
+ * as before it (else -ESTALE naming it: a file rewritten meanwhile).
+ */
+static int sl_mm_read(const char *path, unsigned char **out, size_t *len)
+{
+	char local[4096], tag[SL_TAG_MAX] = "", before[SL_TAG_MAX], after[SL_TAG_MAX];
+	struct stat st;
+	unsigned char *buf = NULL;
+	size_t got = 0;
+	int fd, rc;
+
+	*out = NULL;
+	*len = 0;
+	if ((rc = sl__fs_local(path, tag, local, sizeof(local))))
+		return rc;
+	if ((fd = sl__open_file(local, O_RDONLY, 0)) < 0)
+		return fd;
+	if (fstat(fd, &st) < 0) {
+		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	sl__fs_local_tag(&st, before);
+	if (st.st_size == 0) {
+		rc = sl__err(SLUICE_EFORMAT, "%s: empty file", path);
+		goto out;
+	}
+	if ((uint64_t)st.st_size > SIZE_MAX || !(buf = malloc((size_t)st.st_size))) {
+		rc = sl__err(-ENOMEM, "%s: %lld bytes, read whole: not enough memory", path, (long long)st.st_size);
+		goto out;
+	}
+	while (got < (size_t)st.st_size) {
+		ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			rc = r < 0 ? sl__err(-errno, "%s: %s", path, strerror(errno))
+				   : sl__err(-ESTALE, "%s: cut short while it was read (%zu of %lld bytes)", path, got,
+					     (long long)st.st_size);
+			goto out;
+		}
+		got += (size_t)r;
+	}
+	if (fstat(fd, &st) < 0) {
+		rc = sl__err(-errno, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	sl__fs_local_tag(&st, after);
+	if (strcmp(before, after))
+		rc = sl__err(-ESTALE, "%s: changed while it was read", path);
+out:
+	close(fd);
+	if (rc)
+		free(buf);
+	else
+		*out = buf, *len = got;
+	return rc;
+}
+
 /* PREFIX from path: strips a trailing .idx or .bin. */
 static char *sl_mm_prefix(const char *path)
 {
@@ -99,7 +163,7 @@ static int sl_mm_open(struct sluice_dataset *ds, const char *path)
 		rc = -ENOMEM;
 		goto out;
 	}
-	rc = sl__map_ro(idx, &mm->map, &mm->map_len, 0);
+	rc = sl_mm_read(idx, &mm->map, &mm->map_len);
 	if (rc)
 		goto out;
 	rc = sl__mmidx_parse(mm->map, mm->map_len, &mm->ix);
@@ -138,8 +202,7 @@ static void sl_mm_close(struct sluice_dataset *ds)
 
 	if (!mm)
 		return;
-	if (mm->map)
-		munmap((void *)mm->map, mm->map_len);
+	free(mm->map);
 	free(mm);
 }
 

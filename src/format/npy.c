@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "format/format.h"
@@ -93,17 +94,30 @@ int sl__npy_parse(const unsigned char *p, size_t len, enum sluice_dtype *dtype, 
 int sl__npy_header(const char *path, enum sluice_dtype *dtype, uint64_t *count, uint64_t *data_offset)
 {
 	unsigned char buf[4096 + 12];
+	struct stat st;
 	ssize_t got;
 	int fd = sl__open_file(path, O_RDONLY, 0), rc;
+	uint64_t room;
 
 	if (fd < 0)
 		return fd;
-	got = pread(fd, buf, sizeof(buf), 0);
+	got = fstat(fd, &st) < 0 ? -1 : pread(fd, buf, sizeof(buf), 0);
 	close(fd);
 	if (got < 0)
 		return sl__err(-errno, "%s: %s", path, strerror(errno));
 	rc = sl__npy_parse(buf, (size_t)got, dtype, count, data_offset);
 	if (rc)
 		return sl__err(rc, "%s: %s", path, sluice_last_error_detail());
+	/*
+	 * The shape MUST be held by the file: its callers size buffers by the
+	 * count (count * itemsize wrapped to a few bytes for 2^61 values, and
+	 * the values read past them), and numpy refuses such a file too.
+	 */
+	room = (uint64_t)st.st_size > *data_offset ? (uint64_t)st.st_size - *data_offset : 0;
+	if (*count > room / sluice_dtype_size(*dtype))
+		return sl__err(SLUICE_EFORMAT, "%s: its header's shape is (%llu,) of %s, but its %lld bytes hold %llu of "
+			       "them (a file cut short, or a shape that lies)", path, (unsigned long long)*count,
+			       sluice_dtype_name(*dtype), (long long)st.st_size,
+			       (unsigned long long)(room / sluice_dtype_size(*dtype)));
 	return 0;
 }

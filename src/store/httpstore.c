@@ -231,17 +231,28 @@ static int sl_http_info(const char *path, struct sl__entry *e)
 	return 0;
 }
 
+/*
+ * A listing's walk: its directories read so far, against the most
+ * (SLUICE_HTTP_LIST_DIRS): the pages are the server's, and one that makes
+ * up two subdirectories on every page, 25 deep, was walked for ever.
+ */
+struct sl_http_dirs {
+	uint64_t read, max;
+	const char *top;
+};
+
 struct sl_http_walk {
 	const char *url;
 	int recursive;
 	unsigned depth;
+	struct sl_http_dirs *dirs;
 	int (*add)(void *arg, const char *name);
 	void *arg;
 };
 
 /* One link of a listing: a file's whole URL to add, a directory's listed in turn (recursive). */
-static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
-			   void *arg);
+static int sl_http_list_in(const char *dir, int recursive, unsigned depth, struct sl_http_dirs *dirs,
+			   int (*add)(void *arg, const char *name), void *arg);
 
 static int sl_http_link(void *arg, const char *href, size_t len, int dir)
 {
@@ -253,7 +264,7 @@ static int sl_http_link(void *arg, const char *href, size_t len, int dir)
 		return 0;
 	if (asprintf(&name, "%s%.*s", w->url, (int)len, href) < 0)
 		return -ENOMEM;
-	rc = dir ? sl_http_list_in(name, 1, w->depth + 1, w->add, w->arg) : w->add(w->arg, name);
+	rc = dir ? sl_http_list_in(name, 1, w->depth + 1, w->dirs, w->add, w->arg) : w->add(w->arg, name);
 	free(name);
 	return rc;
 }
@@ -265,8 +276,8 @@ static int sl_http_link(void *arg, const char *href, size_t len, int dir)
  * with recursive, at most 32 deep.  A page is at most 16 MiB and 5
  * minutes an attempt.
  */
-static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (*add)(void *arg, const char *name),
-			   void *arg)
+static int sl_http_list_in(const char *dir, int recursive, unsigned depth, struct sl_http_dirs *dirs,
+			   int (*add)(void *arg, const char *name), void *arg)
 {
 	enum { CAP = 16 << 20 };
 	struct sl__http_conn *c = sl__http_thread_conn();
@@ -280,6 +291,9 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 		url = NULL, rc = -ENOMEM;
 	if (!rc && depth > 32)
 		rc = sl__err(-ELOOP, "%s: directories more than 32 deep", dir);
+	if (!rc && ++dirs->read > dirs->max)
+		rc = sl__err(-E2BIG, "%s: its listing holds more than %llu directories (SLUICE_HTTP_LIST_DIRS): a server "
+			     "that makes them up, or a tree to list in parts", dirs->top, (unsigned long long)dirs->max);
 	if (!rc && !(rc = sl_http_named(url, &h))) {
 		sl_http_req(&h, &q, SL_HTTP_GET);
 		q.buf = body;
@@ -292,7 +306,7 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 	if (!rc)
 		body[k.got] = 0;
 	if (!rc) {
-		struct sl_http_walk w = { url, recursive, depth, add, arg };
+		struct sl_http_walk w = { url, recursive, depth, dirs, add, arg };
 
 		rc = sl__web_links(body, k.got, url, sl_http_link, &w);
 	}
@@ -303,7 +317,10 @@ static int sl_http_list_in(const char *dir, int recursive, unsigned depth, int (
 
 static int sl_http_list(const char *dir, int recursive, int (*add)(void *arg, const char *name), void *arg)
 {
-	return sl_http_list_in(dir, recursive, 0, add, arg);
+	struct sl_http_dirs dirs = { 0, 65536, dir };
+	int rc = sl__setting_u64("SLUICE_HTTP_LIST_DIRS", &dirs.max);
+
+	return rc ? rc : sl_http_list_in(dir, recursive, 0, &dirs, add, arg);
 }
 
 /* A write the server does not take (no WebDAV there) is -EROFS, saying so; other errors as they are. */

@@ -520,3 +520,86 @@ def test_to_s3_and_back(s3):
     got.update(lr=None, name=None)
     dcp.load(got, storage_reader=StorageReader(url))
     same(got, state(1))
+
+
+def test_a_failed_metadata_read_fails_the_load_without_a_second_read(tmp_path, monkeypatch, caplog):
+    """torch's load reads the metadata again as rank-local metadata (read_metadata(rank=...)) when the first
+    read fails, where the reader takes **kwargs, and then loads without collectives: in a group, a rank whose
+    first read failed (a transient error, a metadata file that appeared just after) left the others waiting in
+    a collective it never joined, and the job hung.  sluice writes no rank-local metadata: one read, and its
+    failure is the load's."""
+    dcp.save(state(), storage_writer=StorageWriter(tmp_path / "ck"))
+    import sluice.dcp as sd
+    real, reads = sd.read_small, []
+
+    def flaky(path, *a, **k):
+        reads.append(path)
+        if len(reads) == 1:
+            raise sluice.SluiceError(-5, f"{path}: transient failure")
+        return real(path, *a, **k)
+    monkeypatch.setattr(sd, "read_small", flaky)
+    got = zeros_like(state())
+    got.update(lr=None, name=None)
+    # torch before 2.15 says only "metadata is None" of what read_metadata raised: the reader logs it too.
+    with pytest.raises(BaseException) as e:
+        dcp.load(got, storage_reader=StorageReader(tmp_path / "ck"))
+    assert "transient failure" in str(e.value) + caplog.text, (str(e.value), caplog.text)
+    assert len(reads) == 1
+
+
+# Two ranks load a checkpoint; rank 1's first read of the metadata fails (argv: path, mode "flaky"), or rank 1
+# reads another save of it, as when a save replaces the checkpoint between the ranks' reads (mode "other":
+# rank 1 reads path + ".other").  Each prints what its load did.
+LOAD_RANK = """
+import io, json, logging, os, sys
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import sluice.dcp as sd
+path, mode = sys.argv[1:3]
+log = io.StringIO()  # what the reader logs (torch before 2.15 keeps only "metadata is None" of its error)
+logging.getLogger("sluice").addHandler(logging.StreamHandler(log))
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if mode == "flaky" and rank == 1:
+    real, n = sd.read_small, []
+    def flaky(p, *a, **k):
+        n.append(p)
+        if len(n) == 1:
+            raise sd.SluiceError(-5, f"{p}: transient failure")
+        return real(p, *a, **k)
+    sd.read_small = flaky
+if mode == "other" and rank == 1:
+    path += ".other"
+got = {"w": torch.zeros(8, 4), "step": torch.tensor(0)}
+try:
+    dcp.load(got, storage_reader=sd.StorageReader(path))
+    out = {"rank": rank, "step": got["step"].item()}
+except BaseException as e:
+    out = {"rank": rank, "error": (str(e) + log.getvalue())[-3000:]}
+print(json.dumps(out))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_rank_whose_metadata_read_fails_fails_the_group_without_a_hang(tmp_path):
+    """Two gloo ranks, rank 1's first metadata read failing: every rank's load fails, naming the failure
+    (before: rank 0 waited for ever in a collective rank 1 had skipped)."""
+    dcp.save({"w": torch.ones(8, 4), "step": torch.tensor(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
+    reps = run_ranks(LOAD_RANK, (tmp_path / "ck", "flaky"), 2)
+    # Every rank's load fails; rank 1's names the failure (torch before 2.15: in the reader's log), rank 0's names
+    # it or rank 1, as torch's CheckpointException does.
+    errors = {r["rank"]: r.get("error", "") for r in reps}
+    assert all(errors.values()) and "transient failure" in errors[1], reps
+    assert "transient failure" in errors[0] or "RANK 1" in errors[0], reps
+
+
+def test_ranks_that_read_the_metadata_of_two_saves_are_refused(tmp_path):
+    """Each rank reads the metadata itself; a save that replaces the checkpoint between two ranks' reads gives
+    them the metadata of two saves, and each would load its part of the state dict from its own: a model of
+    two checkpoints, silently.  The coordinator compares the saves the ranks' plans come from and fails the
+    load on every rank, naming both."""
+    dcp.save({"w": torch.ones(8, 4), "step": torch.tensor(3)}, storage_writer=StorageWriter(tmp_path / "ck"))
+    dcp.save({"w": torch.ones(8, 4), "step": torch.tensor(4)}, storage_writer=StorageWriter(tmp_path / "ck.other"))
+    reps = run_ranks(LOAD_RANK, (tmp_path / "ck", "other"), 2)
+    assert all("2 saves (rank 0" in r.get("error", "") for r in reps), reps
+    assert [r["step"] for r in run_ranks(LOAD_RANK, (tmp_path / "ck", "same"), 2)] == [3, 3]

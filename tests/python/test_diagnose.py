@@ -345,3 +345,183 @@ def test_spawned_dataloader_workers_that_wait_on_a_fetch(tmp_path):
     assert ld["verdict"] == "latency-bound", ld["evidence"]
     assert "2 worker processes busy" in ld["evidence"][1] and "more workers" in ld["fix"]
     assert ld["expected"]["workers"] > 2 and "persistent_workers" not in ld["fix"]
+
+
+# A script that runs until a signal ends it: it writes its pid, and SIGTERM (where it handles it) ends it with 7.
+FOREVER = r"""
+import os, signal, sys, time
+if sys.argv[2] == "handles":
+    signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(7)))
+if sys.argv[2] == "counts":
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(1))
+open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+t = time.monotonic()
+while time.monotonic() - t < 120 and not (sys.argv[2] == "counts" and got):
+    time.sleep(0.05)
+if sys.argv[2] == "counts":
+    time.sleep(1)  # a second SIGINT, were one sent, comes meanwhile
+    print("sigints", len(got), flush=True)
+"""
+
+
+def _started(pidfile, proc):
+    """The script's pid once it runs (its pid file written), its process checked to be the script's."""
+    for _ in range(1200):
+        if pidfile.exists():
+            return int(pidfile.read_text())
+        assert proc.poll() is None, proc.communicate()
+        import time
+        time.sleep(0.05)
+    raise AssertionError("the script never started")
+
+
+def _reap(pid):
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
+def _run_forever(tmp_path, how, **kw):
+    (tmp_path / "forever.py").write_text(FOREVER)
+    pidfile = tmp_path / "pid"
+    p = subprocess.Popen([SLUICE, "diagnose", "--json", "r.json", "--", sys.executable, "forever.py", str(pidfile),
+                          how], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "SLUICE_PYTHON": sys.executable}, **kw)
+    return p, _started(pidfile, p)
+
+
+@pytest.mark.parametrize("how", ["handles", "dies"])
+def test_a_signal_to_sluice_reaches_the_script(tmp_path, how):
+    """SIGTERM to sluice (a scheduler's, timeout's, kill's) is the script's, as without sluice: one that handles it
+    ends as it chooses and its report comes; one that does not dies of it, and so does sluice (the shell sees the
+    script's signal).  Before, the driver died of it and left the script running, orphaned."""
+    p, script = _run_forever(tmp_path, how)
+    try:
+        os.kill(p.pid, 15)
+        out, err = p.communicate(timeout=60)
+    finally:
+        _reap(script)
+        p.kill()
+    if how == "handles":
+        assert p.returncode == 7 and "terminated" in out, err
+        assert json.loads((tmp_path / "r.json").read_text())["returncode"] == 7
+    else:
+        assert p.returncode == -15, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(script, 0)
+
+
+def test_a_sigint_sent_to_sluice_alone_interrupts_the_script(tmp_path):
+    """kill -INT of sluice's pid (not the terminal's Ctrl-C, which reaches the whole group) is the script's
+    KeyboardInterrupt, and sluice ends of SIGINT as the script does.  Before, the driver took the interrupt and
+    waited on a script that never got it."""
+    p, script = _run_forever(tmp_path, "dies")
+    try:
+        os.kill(p.pid, 2)
+        out, err = p.communicate(timeout=60)
+    finally:
+        _reap(script)
+        p.kill()
+    assert p.returncode == -2 and "KeyboardInterrupt" in err, err
+
+
+def test_ctrl_c_at_a_terminal_reaches_the_script_once(tmp_path):
+    """The terminal's Ctrl-C goes to the foreground group, the script and sluice both: sluice does not send it
+    again (a script that handles SIGINT sees one)."""
+    import pty
+    import select
+    (tmp_path / "forever.py").write_text(FOREVER)
+    pidfile = tmp_path / "pid"
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(tmp_path)
+        os.environ["SLUICE_PYTHON"] = sys.executable
+        os.execv(SLUICE, [SLUICE, "diagnose", "--html", "r.html", "--", sys.executable, "forever.py", str(pidfile),
+                          "counts"])
+    out = b""
+    try:
+        for _ in range(1200):
+            if pidfile.exists():
+                break
+            import time
+            time.sleep(0.05)
+        os.write(fd, b"\x03")
+        while b"sigints" not in out or not out.endswith(b"\n"):
+            r, _, _ = select.select([fd], [], [], 60)
+            if not r:
+                break
+            try:
+                got = os.read(fd, 4096)
+            except OSError:
+                break
+            if not got:
+                break
+            out += got
+    finally:
+        if pidfile.exists():
+            _reap(int(pidfile.read_text()))
+        os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"sigints 1" in out, out
+
+
+def test_a_report_that_cannot_be_written_leaves_the_scripts_status(tmp_path):
+    """The script removes the report's folder as it runs: the report is said not written and the command's status
+    is still the script's (it was a traceback and status 1)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "rm.py").write_text("import shutil, sys\nshutil.rmtree('out')\nsys.exit(3)\n")
+    r = diagnose(["--html", "out/r.html", "--json", "r.json", "--", sys.executable, "rm.py"], tmp_path)
+    assert r.returncode == 3 and "out/r.html was not written" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["returncode"] == 3
+
+
+def test_a_report_named_by_a_link_is_written_into_its_target(tmp_path):
+    """--json latest.json, a symbolic link to runs/1.json: the figures go where the link leads (as `> latest.json`
+    would write them); the link stays (it was replaced by a regular file, the target left as it was)."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "1.json").write_text("{}")
+    os.symlink("runs/1.json", tmp_path / "latest.json")
+    (tmp_path / "ok.py").write_text("pass\n")
+    r = diagnose(["--json", "latest.json", "--", sys.executable, "ok.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(tmp_path / "latest.json")
+    assert json.loads((tmp_path / "runs" / "1.json").read_text())["returncode"] == 0
+
+
+def test_a_python_without_numpy_is_said_in_one_sentence(tmp_path):
+    """`-- venv/bin/python train.py` with a venv that lacks numpy: one sentence naming that Python and what it
+    lacks (it was a traceback from sluice's import)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    if subprocess.run([bare, "-c", "import numpy"], capture_output=True).returncode == 0:
+        pytest.skip("the bare venv sees a numpy (system site packages)")
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    r = diagnose(["--", bare, "ok.py"], tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "ran" not in r.stdout, r.stderr
+    assert f"{bare} has no module named 'numpy'" in r.stderr and "needs sluice and numpy" in r.stderr, r.stderr
+
+
+SHADOWED = ("random", "json", "tempfile", "statistics", "inspect", "weakref", "queue")
+
+
+def test_the_scripts_own_modules_named_like_the_standard_librarys_are_its_own(tmp_path):
+    """A random.py, json.py or queue.py beside the script is what the script imports, under sluice as under plain
+    python (it got the standard library's: the hook had imported them first); the hook's report still comes."""
+    for name in SHADOWED:
+        (tmp_path / f"{name}.py").write_text(f"MINE = {name!r}\n")
+    (tmp_path / "mods.py").write_text("import " + ", ".join(SHADOWED) + "\nprint(sorted(getattr(m, 'MINE', "
+                                      "m.__name__ + ' of the standard library') for m in (" + ", ".join(SHADOWED)
+                                      + ")))\n")
+    plain = subprocess.run([sys.executable, "mods.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # What plain python gives is the rule: its own start-up imports some (Python 3.12 in a venv: inspect, random,
+    # tempfile, weakref), and those are the standard library's under plain python too.
+    assert plain.returncode == 0 and plain.stdout.count("of the standard library") < len(SHADOWED), plain.stdout
+    out = tmp_path / "out"
+    out.mkdir()
+    r = diagnose(["--json", str(out / "r.json"), "--html", str(out / "r.html"), "--", sys.executable,
+                  str(tmp_path / "mods.py")], out)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    assert json.loads((out / "r.json").read_text())["reported"] is True

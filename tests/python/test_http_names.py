@@ -255,6 +255,41 @@ def test_listing_follows_links_and_names_each_file_once(tmp_path):
         assert sluice.listdir(base) == [base + "a.bin", base + "b.bin"]
 
 
+def test_a_listing_that_makes_up_directories_ends_naming_its_bound(tmp_path):
+    """A server whose every page links two subdirectories (25 deep, under the depth bound of 32) holds 2^25 pages:
+    the walk read them for ever; it reads SLUICE_HTTP_LIST_DIRS directories at most (30 here), then is an error
+    naming the listing and the setting."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            deep = self.path.count("/") > 25
+            page = b'<a href="f.bin">f</a>' + (b"" if deep else b'<a href="a/">a/</a> <a href="b/">b/</a>')
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}/d/"
+    code = f"import sluice\ntry:\n    sluice.listdir({base!r}, recursive=True)\nexcept sluice.SluiceError as e:\n" \
+           "    print(e)\n"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, SLUICE_HTTP_LIST_DIRS="30"))
+        assert f"{base}: its listing holds more than 30 directories (SLUICE_HTTP_LIST_DIRS)" in r.stdout, r
+        with _listing(b'<a href="x/">x/</a> <a href="y.bin">y</a>') as url:  # 32 deep: the depth bound first
+            with pytest.raises(sluice.SluiceError, match="more than 32 deep"):
+                sluice.listdir(url, recursive=True)
+    finally:
+        srv.shutdown()
+
+
 def test_the_cache_keeps_no_credential_and_no_orphan(tmp_path, monkeypatch):
     """A URL's password never reaches the cache's .meta (copies are the user's alone, 0600); a copy whose .meta is
     gone (a download that failed after it) is the first the cache lets go."""

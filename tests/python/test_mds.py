@@ -309,6 +309,33 @@ def test_a_shard_that_links_out_of_the_directory_is_refused(tmp_path, how):
     assert bytes(sluice.Dataset(str(tmp_path / "via"))[2]["text"]) == b"s1-2"
 
 
+@pytest.mark.parametrize("codec", ["zstd", "gz"])
+def test_a_compressed_shard_is_never_decompressed_through_a_link_out(tmp_path, codec):
+    """A compressed shard whose raw file is absent is decompressed under its raw name: where that name's directory is
+    a link out of the dataset's (a merged index's "0/" linked to another tree), the open is refused naming where it
+    leads, and nothing is written there (the decompressed bytes were written outside, then read); a subdirectory
+    that is a link inside the tree decompresses as before."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    d = tmp_path / "ds"
+    _write(d, [_samples(3, 1)], codec=codec, subdir="0/")
+    (d / "z").mkdir()
+    (d / "0" / f"shard.00000.mds.{codec}").rename(d / "z" / f"shard.00000.mds.{codec}")
+    (d / "0").rmdir()
+    index = json.loads((d / "index.json").read_text())
+    index["shards"][0]["zip_data"]["basename"] = f"z/shard.00000.mds.{codec}"
+    (d / "index.json").write_text(json.dumps(index))
+    (d / "0").symlink_to(out)
+    with pytest.raises(sluice.SluiceError, match="outside the dataset's directory") as e:
+        sluice.Dataset(str(d))
+    assert "0/shard.00000.mds" in str(e.value) and str(out) in str(e.value), str(e.value)
+    assert os.listdir(out) == []
+    (d / "0").unlink()
+    (d / "0").symlink_to("z")
+    assert bytes(sluice.Dataset(str(d))[2]["text"]) == b"s1-2"
+    assert (d / "z" / "shard.00000.mds").is_file() and os.listdir(out) == []
+
+
 def test_streamings_compressed_and_merged_datasets(tmp_path):
     """Streaming's own writer, every codec it has: zstd, gz and bz2 read equal to its StreamingDataset, br and snappy
     refused naming the codec; and a merge_index of two writers' directories read equal to it."""

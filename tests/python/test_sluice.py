@@ -3,6 +3,7 @@ import ctypes
 import json
 import os
 import subprocess
+import struct
 import sys
 
 import numpy as np
@@ -296,6 +297,32 @@ def test_pack_in_process(tmp_path):
     assert "bad.jsonl:2" in str(e.value) and not (tmp_path / "bad" / "index.sli").exists()
     with pytest.raises(ValueError):
         sluice.pack(str(tmp_path / "x"), jsonl="a", dir="b")
+
+
+def _npy(path, descr, shape, payload):
+    """A .npy file of version 1 whose header says shape (not checked against payload, the bytes after it)."""
+    head = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, shape)
+    head += " " * ((64 - (10 + len(head) + 1) % 64) % 64) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode() + payload)
+
+
+def test_npy_shapes_the_file_does_not_hold_are_refused_by_name(tmp_path):
+    """A .npy header is the stranger's: a shape of 2^61 + 1 values (count * 8 bytes wraps to 8, and the document
+    lengths were read past their 8-byte buffer, a heap overflow under ASan) or of more tokens than the file holds
+    is refused naming the file and its shape, as numpy refuses to load either."""
+    np.save(tmp_path / "tok.npy", np.arange(10, dtype=np.uint16))
+    _npy(tmp_path / "len.npy", "<i8", 2**61 + 1, b"\0" * 4000)
+    with pytest.raises(ValueError):
+        np.load(tmp_path / "len.npy")
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.pack(str(tmp_path / "a"), tokens=str(tmp_path / "tok.npy"), doc_lengths=str(tmp_path / "len.npy"))
+    assert "len.npy" in str(e.value) and "shape is (2305843009213693953,)" in str(e.value), str(e.value)
+    _npy(tmp_path / "tok2.npy", "<u2", 1 << 40, np.arange(10, dtype=np.uint16).tobytes())
+    np.save(tmp_path / "len2.npy", np.array([1 << 40], dtype=np.int64))
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.pack(str(tmp_path / "b"), tokens=str(tmp_path / "tok2.npy"), doc_lengths=str(tmp_path / "len2.npy"))
+    assert "tok2.npy" in str(e.value) and "hold 10 of them" in str(e.value), str(e.value)
+    assert not (tmp_path / "a" / "index.sli").exists() and not (tmp_path / "b" / "index.sli").exists()
 
 
 def test_import_needs_no_peers():

@@ -327,3 +327,24 @@ def test_a_generation_config_json_that_is_not_one_is_named(tmp_path):
         f.truncate((16 << 20) + 1)
     with pytest.raises(sluice.SluiceError, match=r"more than the 16777216 a generation_config.json may hold"):
         sluice.from_pretrained(d, device="cpu")
+
+
+def test_a_tensor_in_two_files_of_an_index_is_an_error_naming_both(tmp_path):
+    """The same tensor in two shards of an index, other values in the one the index does not name: transformers
+    reads each shard whole and its model has the last copy; sluice took the index's, silently another model.
+    Now an error naming both files and the index."""
+    from safetensors.torch import load_file, save_file
+    src = _gpt2(4)
+    src.save_pretrained(tmp_path / "m", max_shard_size="20KB")
+    idx = json.load(open(tmp_path / "m" / "model.safetensors.index.json"))["weight_map"]
+    files = sorted(set(idx.values()))
+    name = next(k for k, f in idx.items() if f == files[0])
+    last = load_file(str(tmp_path / "m" / files[-1]))
+    save_file({**last, name: torch.zeros_like(load_file(str(tmp_path / "m" / files[0]))[name])},
+              str(tmp_path / "m" / files[-1]), metadata={"format": "pt"})
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "m")
+    assert not theirs.state_dict()[name].any()  # transformers' model has the zeros of the file it read last
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.from_pretrained(str(tmp_path / "m"), device="cpu")
+    assert f"'{name}'" in str(e.value) and files[0] in str(e.value) and files[-1] in str(e.value), e.value
+    assert "model.safetensors.index.json" in str(e.value)

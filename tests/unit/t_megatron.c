@@ -129,6 +129,37 @@ static void test_loader_offsets_count_tokens(struct sluice_dataset *ds)
 	sluice_engine_close(eng);
 }
 
+/*
+ * The .idx changed in place after the open (Megatron's builder rewrites it
+ * with open(..., "wb"): a length patched, then the file cut to 10 bytes):
+ * every sequence still reads as the open saw it (a mapped .idx gave the
+ * patched length silently, zeros within its last page, SIGBUS past it).
+ */
+static void test_idx_changed_after_open(uint64_t n)
+{
+	struct sluice_dataset *ds;
+	struct sluice_record rec;
+	uint16_t buf[128];
+	int32_t other = 2;
+	char p[700];
+
+	write_megatron(n, 0);
+	T_CHECK(sluice_dataset_open(&ds, prefix) == 0);
+	if (!ds)
+		return;
+	patch(".idx", 34 + 4 * 3, &other, 4);
+	T_CHECK(sluice_dataset_read(ds, 3, buf, sizeof(buf), &rec) == (ssize_t)(2 * ((3 * 37) % 100 + 1)));
+	snprintf(p, sizeof(p), "%s.idx", prefix);
+	T_CHECK(truncate(p, 10) == 0);
+	for (uint64_t i = 0; i < n; i++) {
+		size_t len = (i * 37) % 100 + 1;
+
+		T_CHECK(sluice_dataset_read(ds, i, buf, sizeof(buf), &rec) == (ssize_t)(2 * len));
+		T_CHECK(rec.len[0] == 2 * len && ((const uint16_t *)rec.data[0])[len - 1] == (uint16_t)(i * 1000 + len - 1));
+	}
+	sluice_dataset_close(ds);
+}
+
 int main(void)
 {
 	char p[700];
@@ -150,6 +181,9 @@ int main(void)
 	t_loader_epoch(ds, 7, 3000);
 	test_loader_offsets_count_tokens(ds);
 	sluice_dataset_close(ds);
+
+	test_idx_changed_after_open(n);
+	write_megatron(n, 0);
 
 	/* A pointer past the end of the .bin: a named error, and verify lists it. */
 	int64_t far = 1ll << 40;
