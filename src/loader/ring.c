@@ -239,7 +239,7 @@ int sluice_loader_release(struct sluice_loader *ld, uint64_t hold)
 static void sl_swap(struct sl__batch_buf *s, struct sl__held *h)
 {
 	struct sl__held t = { s->token, s->refs, s->stream, s->host, s->host_cap, s->host_pinned, s->dev, s->dev_cap,
-			      s->ids, s->release, s->release_set };
+			      s->ids, s->ready, s->release, s->release_set };
 
 	s->token = h->token;
 	s->refs = h->refs;
@@ -250,6 +250,7 @@ static void sl_swap(struct sl__batch_buf *s, struct sl__held *h)
 	s->dev = h->dev;
 	s->dev_cap = h->dev_cap;
 	s->ids = h->ids;
+	s->ready = h->ready;
 	s->release = h->release;
 	s->release_set = h->release_set;
 	*h = t;
@@ -275,6 +276,10 @@ int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s)
 		if (!(h->ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
 			return -ENOMEM;
 		ld->nsets++;
+		/* Its own copy's event: a spare's staging is written once its last copy is done (sl_wait_buf). */
+		if (ld->opt.gpu && (sl__gpu_bind(ld->gpu) ||
+				    ld->gpu->cu->EventCreate(&h->ready, SL_CU_EVENT_DISABLE_TIMING) != SL_CUDA_SUCCESS))
+			return sl__err(SLUICE_ECUDA, "loader: an event for a held batch's memory");
 	}
 	sl_swap(s, h);
 	ld->held_bytes += bytes;
@@ -291,6 +296,8 @@ void sl__hold_free(struct sluice_loader *ld)
 		sl__gpu_free(ld->gpu, h->dev);
 		if (h->release)
 			ld->gpu->cu->EventDestroy(h->release);
+		if (h->ready)
+			ld->gpu->cu->EventDestroy(h->ready);
 		free(h->ids);
 	}
 	free(ld->sets);

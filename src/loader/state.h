@@ -146,7 +146,7 @@ struct sl__held {
 	char *dev;
 	size_t dev_cap;
 	uint64_t *ids;
-	sl_CUevent release;
+	sl_CUevent ready, release; /* its last copy to the GPU (its staging is free once it is done), the caller's */
 	int release_set;
 };
 
