@@ -128,7 +128,7 @@ def test_uninterrupted_epoch_is_the_same(tmp_path):
 KEPT = """
 import gc, sys, numpy as np, sluice
 ds = sluice.Dataset(sys.argv[1])
-for batch in sluice.Loader(ds, 7, seed=3):
+for batch in sluice.Loader(ds, 7, seed=3, numpy=True):
     pass
 gc.collect()
 churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
@@ -168,7 +168,8 @@ def _each_record_by_offsets(ds, field, want, device="cpu"):
     the source record, element for element."""
     import numpy as np
     seen = 0
-    for b in sluice.Loader(ds, 6, seed=2, rank=0, world_size=1, drop_last=True, device=device):
+    for b in sluice.Loader(ds, 6, seed=2, rank=0, world_size=1, drop_last=True, device=device,
+                              numpy=device == "cpu"):
         data, offs = b[field]
         if device != "cpu":
             data, offs = data.cpu().numpy(), offs.cpu().numpy()
@@ -214,7 +215,7 @@ def test_offsets_index_json_integer_lists_on_the_gpu(tmp_path):
 CLOSED = """
 import sys, numpy as np, sluice
 ds = sluice.Dataset(sys.argv[1])
-ld = sluice.Loader(ds, 7, seed=3)
+ld = sluice.Loader(ds, 7, seed=3, numpy=True)
 batch = next(iter(ld))
 ld.close()
 churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
