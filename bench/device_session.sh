@@ -173,7 +173,7 @@ for i in range(64):
     import os; os.makedirs(f'{d}/i/{i % 2}', exist_ok=True)
     Image.fromarray(np.random.default_rng(i).integers(0, 256, (90, 120, 3), np.uint8)).save(f'{d}/i/{i % 2}/{i}.jpg')
 subprocess.run(['$PWD/build/sluice', 'pack', '--from-dir', f'{d}/i', '--quiet', f'{d}/ds'], check=True)
-ld = sluice.Loader(sluice.Dataset(f'{d}/ds'), batch_size=16, device='cuda', images=sluice.Images('data', size=32))
+ld = sluice.Loader(sluice.Dataset(f'{d}/ds'), shuffle=True, batch_size=16, device='cuda', images=sluice.Images('data', size=32))
 print(sum(len(b.ids) for b in ld), 'images through compute-sanitizer')" > "$OUT/images_memcheck.log" 2>&1
 	echo "image loader memcheck rc=$?"; grep -E "ERROR SUMMARY|images through" "$OUT/images_memcheck.log" | tail -3
 	timeout 150 python3 bench/e2e_images.py --images 8000 --steps 12 --models resnet18 --trace "$OUT/trace.json" 2>&1 |

@@ -73,7 +73,7 @@ def main():
 
     def loader_batches():
         ds = sluice.Dataset(a.data)
-        ld = sluice.Loader(ds, batch_size=256, device="cuda", images=images, fields=["data", "label"], drop_last=True)
+        ld = sluice.Loader(ds, shuffle=True, batch_size=256, device="cuda", images=images, fields=["data", "label"], drop_last=True)
         for e in range(1 << 30):
             ld.set_epoch(e)
             yield from ld

@@ -463,6 +463,12 @@ int main(int argc, char **argv)
 						   .prefetch = argc >= 8 ? (unsigned)strtoul(argv[7], NULL, 10) : 0 };
 		unsigned epochs = argc == 9 ? (unsigned)strtoul(argv[8], NULL, 10) : 1;
 		int on_gpu = argv[5][0] == 'g';
+		/*
+		 * SLUICE_BENCH_HOLD=1: the hold option, as sluice.Loader runs it: each batch released once the next
+		 * has come (a loop's variable holds the batch while it asks for the next).
+		 */
+		const char *hv = getenv("SLUICE_BENCH_HOLD");
+		uint64_t held = 0;
 		double step = strtod(argv[5] + on_gpu, NULL) / 1e6, t0, dt, t_first = 0, t_end = 0, refill = 0;
 		struct gstep gs;
 		void *ev[2 * 64];
@@ -497,6 +503,7 @@ int main(int argc, char **argv)
 			sluice_drop_page_cache();
 		else
 			warm_dir(argv[2]);
+		o.hold = hv && !strcmp(hv, "1");
 		getrusage(RUSAGE_SELF, &r0);
 		t0 = now();
 		if (sluice_loader_open(&ld, eng, ds, &o)) {
@@ -519,6 +526,9 @@ int main(int argc, char **argv)
 
 				if ((rc = sluice_loader_next(ld, &b, on_gpu ? gs.st : NULL)) != 1)
 					break;
+				if (held && sluice_loader_release(ld, held))
+					return 1;
+				held = b.hold;
 				t = now();
 				if (on_gpu) {
 					/* GPU time of the epoch from its first batch's arrival (the fill left out). */
@@ -621,6 +631,8 @@ int main(int argc, char **argv)
 		free(wait);
 		free(busy);
 		free(at);
+		if (held && sluice_loader_release(ld, held))
+			return 1;
 		sluice_loader_close(ld);
 		sluice_engine_close(eng);
 		sluice_dataset_close(ds);

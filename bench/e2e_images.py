@@ -248,7 +248,7 @@ def main():
             yield x, torch.zeros(len(imgs), dtype=torch.long, device="cuda")
 
     def sluice_batches(key="sluice_stats"):
-        ld = sluice.Loader(ds, batch_size=a.batch, device="cuda", images=images, fields=["data", "label"],
+        ld = sluice.Loader(ds, shuffle=True, batch_size=a.batch, device="cuda", images=images, fields=["data", "label"],
                            drop_last=True, seed=int(time.time()))
         try:
             for b in ld:

@@ -24,7 +24,7 @@ with open('$DIR/in.jsonl', 'w') as f:
 "$S" pack --from-jsonl "$DIR/in.jsonl" --fields text,n --quiet "$DIR/ds"
 SLUICE_METRICS_PORT=9464 python3 -c "
 import sluice, time, torch
-ld = sluice.Loader(sluice.Dataset('$DIR/ds'), batch_size=64, device='cuda')
+ld = sluice.Loader(sluice.Dataset('$DIR/ds'), shuffle=True, batch_size=64, device='cuda')
 t = None
 while t is None or time.time() - t < 10:
     for b in ld:

@@ -39,7 +39,7 @@ def overhead(sluice_bin, d):
             f.write(json.dumps({"x": [i] * 64, "n": i}) + "\n")
     subprocess.run([sluice_bin, "pack", "--from-jsonl", f"{d}/in.jsonl", "--fields", "x,n", "--quiet", f"{d}/ds"],
                    check=True)
-    ld = sluice.Loader(sluice.Dataset(f"{d}/ds"), batch_size=64, device=DEV, rank=0, world_size=1, prefetch=8)
+    ld = sluice.Loader(sluice.Dataset(f"{d}/ds"), shuffle=True, batch_size=64, device=DEV, rank=0, world_size=1, prefetch=8)
     times = []
     it = iter(ld)
     next(it)

@@ -87,7 +87,7 @@ def one_pass(kind, workers, n, size, B, root):
         import sluice
         os.environ["SLUICE_CACHE_DIR"] = cache
         ds, got = sluice.Dataset("s3://bench/sl"), 0
-        for b in sluice.Loader(ds, batch_size=B, seed=1, device=dev, fields=["data"], rank=0, world_size=1):
+        for b in sluice.Loader(ds, shuffle=True, batch_size=B, seed=1, device=dev, fields=["data"], rank=0, world_size=1):
             got += len(b["data"][1]) - 1
         sync()
         return {"records": got}

@@ -53,7 +53,7 @@ def main():
         ds = sluice.Dataset(make_data(d, a.sluice))
         images = sluice.Images("data", size=32, scale=(0.5, 1.0), flip=0.5, mean=sluice.IMAGENET_MEAN,
                                std=sluice.IMAGENET_STD, dtype="f32")
-        ld = sluice.Loader(ds, batch_size=a.batch, device=a.device, fields=["data", "label"], drop_last=True, seed=2,
+        ld = sluice.Loader(ds, shuffle=True, batch_size=a.batch, device=a.device, fields=["data", "label"], drop_last=True, seed=2,
                            images=images)
         model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),

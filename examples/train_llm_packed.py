@@ -58,7 +58,7 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as d:
         ds = sluice.Dataset(make_data(d, a.sluice))
-        ld = sluice.Loader(ds, batch_size=a.batch, device=a.device, fields=["input_ids", "position_ids", "labels"],
+        ld = sluice.Loader(ds, shuffle=True, batch_size=a.batch, device=a.device, fields=["input_ids", "position_ids", "labels"],
                            drop_last=True, seed=1)
         model = TinyLM().to(a.device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4)

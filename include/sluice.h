@@ -1339,7 +1339,7 @@ struct sluice_loader_options {
 	uint64_t epoch;
 	uint64_t position;         /* resume: global samples already consumed this epoch */
 	unsigned rank, world_size; /* world_size 0 means 1 */
-	int drop_last;             /* 1: drop the last partial global batch; 0: fill it from the epoch's start */
+	int drop_last;             /* 1: drop the last partial global batch; 0: keep it (short, or see even_batches) */
 	int shuffle;               /* 0: dataset order */
 	uint64_t window_bytes;     /* shuffle window (0: 64 MiB): read whole, ahead, permuted inside */
 	int skip_corrupt;          /* 0: a corrupt record fails its batch, naming it; 1: left out (batch smaller), counted;
@@ -1376,9 +1376,32 @@ struct sluice_loader_options {
 	 */
 	const struct sluice_loader_segment *resume;
 	unsigned nresume;
+	/*
+	 * Without drop_last, the epoch's last global batch: 0, short, as
+	 * torch's DistributedSampler and DataLoader make it: what is left,
+	 * rounded up to a multiple of the node's ranks with records from the
+	 * start of the node's sequence, so each rank gets the same number of
+	 * records and at most (ranks a node - 1) of them twice (one process:
+	 * none twice).  1: full on every rank, filled from the start of the
+	 * node's sequence (accelerate's even_batches), for models that need
+	 * one batch shape.
+	 */
+	int even_batches;
+	/*
+	 * 0: a batch's buffers stay valid until the next sluice_loader_next()
+	 * call.  1: each batch stays the caller's, unchanged, until
+	 * sluice_loader_release(ld, b->hold): the ring moves a batch still held
+	 * when it needs its buffer again into memory of its own (a spare one,
+	 * kept for the next), so holding many batches (gradient accumulation,
+	 * a list of them) costs memory, never a batch overwritten.  hold_bytes:
+	 * the most that memory may take (0: a quarter of the host's memory);
+	 * past it, the batch that needs more fails with -ENOBUFS naming it.
+	 */
+	int hold;
+	uint64_t hold_bytes;
 };
 #define SLUICE_LOADER_OPTIONS_INIT { sizeof(struct sluice_loader_options), 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-				     NULL, NULL, NULL, 0, NULL, 0 }
+				     NULL, NULL, NULL, 0, NULL, 0, 0, 0, 0 }
 
 /*
  * One field of a batch: fixed-size fields dense [size, ...]; others (data,
@@ -1416,8 +1439,9 @@ struct sluice_batch {
 	struct sluice_batch_field field[SLUICE_MAX_FIELDS];
 	const uint64_t *ids;       /* record ids, host memory */
 	void *event;               /* GPU batches: a CUevent; work on any stream that waits for it sees the batch */
+	uint64_t hold;             /* a loader with the hold option: what sluice_loader_release() takes; else 0 */
 };
-#define SLUICE_BATCH_INIT { sizeof(struct sluice_batch), 0, 0, 0, { { NULL, SLUICE_DTYPE_BYTES, NULL, NULL, 0, NULL, 0, { 0 }, { 0 } } }, NULL, NULL }
+#define SLUICE_BATCH_INIT { sizeof(struct sluice_batch), 0, 0, 0, { { NULL, SLUICE_DTYPE_BYTES, NULL, NULL, 0, NULL, 0, { 0 }, { 0 } } }, NULL, NULL, 0 }
 
 /*
  * Opens a loader over ds using eng's workers (and GPU, with gpu set).
@@ -1435,10 +1459,10 @@ struct sluice_batch {
  * node, its global batch g holds positions [o + g * B * L, o + (g + 1) * B * L)
  * of its sequence (o = position mod B * L, 0 from an epoch's start); its
  * local rank r takes the r-th B of them by record id.  Every rank of every
- * node gets the same number of batches, counted on the longest node's
- * sequence (a shorter one fills its last batch from its own start; one
- * each for a dataset smaller than a node's global batch) or, with
- * drop_last, on the shortest.  A resume from any `position` (nodes 1) or
+ * node gets the same number of batches and records, counted on the longest
+ * node's sequence (a shorter one fills its last batch from its own start;
+ * the last batch short, see even_batches) or, with drop_last, on the
+ * shortest.  A resume from any `position` (nodes 1) or
  * `resume` state, with another world size or node count, neither repeats
  * nor skips a sample.  Returns 0, SLUICE_EINVAL_CONFIG (the detail names
  * the option), or an error of the dataset or engine.
@@ -1448,16 +1472,25 @@ SLUICE_API SLUICE_WUR int sluice_loader_open(struct sluice_loader **out, struct 
 /*
  * The next batch of the epoch: 1 and *b filled, 0 at the epoch's end, or an
  * error naming the record (CRC, format, I/O); b->struct_size must be set
- * (SLUICE_BATCH_INIT), else SLUICE_EINVAL_CONFIG.  b's buffers stay valid until
- * the next call of sluice_loader_next() or sluice_loader_close(); with a
+ * (SLUICE_BATCH_INIT), else SLUICE_EINVAL_CONFIG.  b's buffers stay valid
+ * until the next call of sluice_loader_next() or sluice_loader_close()
+ * (with the hold option, until sluice_loader_release() or close); with a
  * GPU loader, pass the stream that uses the batch: it is made to wait for
  * the batch's copy (batch.event), and GPU work queued on it before that
- * next call is waited for before the buffers are reused; with stream NULL,
+ * next call (or the release) is waited for before the buffers are reused; with stream NULL,
  * the call returns once the copy is done.
  * Decompression, CRC checks and collation run in the loader's thread and
  * the engine's workers, never in the caller's.
  */
 SLUICE_API SLUICE_WUR int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream);
+/*
+ * With the hold option: the caller is done with the batch whose b->hold
+ * this is; its memory is reused once GPU work queued before this call on
+ * the stream given to sluice_loader_next for it is done.  Any thread, any
+ * order.  0, or SLUICE_EINVAL_CONFIG for a batch not held (released
+ * already, or of a loader without hold).
+ */
+SLUICE_API SLUICE_WUR int sluice_loader_release(struct sluice_loader *ld, uint64_t hold);
 /* This rank's batches in an epoch. */
 SLUICE_API uint64_t sluice_loader_batches(const struct sluice_loader *ld);
 /*

@@ -165,7 +165,8 @@ class LoaderOptions(_Sized):
                 ("rank", C.c_uint), ("world_size", C.c_uint), ("drop_last", C.c_int), ("shuffle", C.c_int),
                 ("window_bytes", C.c_uint64), ("skip_corrupt", C.c_int), ("device_index", C.c_uint),
                 ("image", C.POINTER(ImageOptions)), ("transform", C.c_void_p), ("transform_arg", C.c_void_p),
-                ("nodes", C.c_uint), ("resume", C.POINTER(LoaderSegment)), ("nresume", C.c_uint)]
+                ("nodes", C.c_uint), ("resume", C.POINTER(LoaderSegment)), ("nresume", C.c_uint),
+                ("even_batches", C.c_int), ("hold", C.c_int), ("hold_bytes", C.c_uint64)]
 
 
 class BatchField(C.Structure):
@@ -176,7 +177,7 @@ class BatchField(C.Structure):
 
 class Batch(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("index", C.c_uint64), ("size", C.c_uint32), ("nfields", C.c_uint),
-                ("field", BatchField * MAX_FIELDS), ("ids", C.c_void_p), ("event", C.c_void_p)]
+                ("field", BatchField * MAX_FIELDS), ("ids", C.c_void_p), ("event", C.c_void_p), ("hold", C.c_uint64)]
 
 
 class PackerOptions(_Sized):
@@ -298,6 +299,7 @@ _protos = {
     "sluice_loader_open": (C.c_int, [C.POINTER(P), P, P, C.POINTER(LoaderOptions)]),
     "sluice_loader_next": (C.c_int, [P, C.POINTER(Batch), P]),
     "sluice_loader_batches": (C.c_uint64, [P]),
+    "sluice_loader_release": (C.c_int, [P, C.c_uint64]),
     "sluice_loader_state": (None, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
     "sluice_loader_state_ex": (C.c_int, [P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64), C.POINTER(LoaderSegment),
                                          C.c_uint]),

@@ -8,7 +8,7 @@ import numpy as np
 
 from ._lib import XferReport, SluiceError, check, env_int, lib
 
-_engine = None
+_engine, _engine_pid = None, None
 
 
 def _device():
@@ -24,9 +24,12 @@ def _device():
 
 
 def _eng():
-    """The process's engine, opened on first use with the SLUICE_* environment's settings."""
-    global _engine
-    if _engine is None:
+    """The process's engine, opened on first use with the SLUICE_* environment's settings; a process forked from
+    the one that opened it opens its own (its workers and rings are the parent's, and no thread of them runs in
+    the child; the parent's is left unclosed there)."""
+    global _engine, _engine_pid
+    if _engine is None or _engine_pid != os.getpid():
+        _engine = None
         cfg, e = C.c_void_p(), C.c_void_p()
         check(lib.sluice_config_new(C.byref(cfg)))
         try:
@@ -36,7 +39,7 @@ def _eng():
             check(lib.sluice_engine_open(C.byref(e), cfg))
         finally:
             lib.sluice_config_free(cfg)
-        _engine = e
+        _engine, _engine_pid = e, os.getpid()
     return _engine
 
 

@@ -35,18 +35,28 @@ class _RecordRange(SluiceError, IndexError):
 class Dataset:
     """Map-style view of any dataset sluice reads (its own shards, Megatron .bin/.idx, WebDataset tars).
 
-    ds[i] is a dict of field name -> numpy array (a copy): typed fields get their dtype and, where the shape
-    is fixed, their shape; bytes fields are uint8 arrays.  .metadata is what the dataset's writer stored with it
-    (a dict; {} for none); .class_to_idx, for a packed ImageFolder, the class of each label as torchvision's
-    ImageFolder gives it.
+    ds[i] is a dict of field name -> numpy value (a copy): a scalar field (one number a record) a numpy scalar, as
+    torch's default_collate stacks into [batch]; other typed fields arrays of their dtype and, where the shape is
+    fixed, their shape; bytes fields uint8 arrays.  .metadata is what the dataset's writer stored with it (a dict;
+    {} for none); .class_to_idx, for a packed ImageFolder, the class of each label as torchvision's ImageFolder
+    gives it.
+    A map-style dataset for torch's DataLoader too, with worker processes under any start method: it pickles as
+    its path (a worker opens it again), and a process forked from the one that opened it reopens it on first use
+    (nothing a thread or a ring of the parent's needs is used in the child).
     """
 
     _h = None  # set once the C dataset is open; close() and __del__ look at it
 
     def __init__(self, path):
+        self._open(path)
+
+    def __reduce__(self):
+        return (Dataset, (self.path,))
+
+    def _open(self, path):
         h = C.c_void_p()
         check(lib.sluice_dataset_open(C.byref(h), os.fsencode(path)))
-        self._h, self.path = h, path
+        self._h, self.path, self._pid = h, path, os.getpid()
         self.fields = []
         for f in range(lib.sluice_dataset_nfields(h)):
             fd = lib.sluice_dataset_field(h, f).contents
@@ -58,20 +68,29 @@ class Dataset:
         self.class_to_idx = self.metadata.get("class_to_idx")
         self._buf = np.empty(0, np.uint8)
 
+    @property
+    def _handle(self):
+        """The C dataset of this process: one forked from the opener's opens its own (the parent's is left as it
+        is: closing it would touch what the parent's threads own)."""
+        if self._pid != os.getpid():
+            self._h = None
+            self._open(self.path)
+        return self._h
+
     def __len__(self):
-        return lib.sluice_dataset_count(self._h)
+        return lib.sluice_dataset_count(self._handle)
 
     @property
     def shards(self):
         """The number of the dataset's data files (shards)."""
-        return lib.sluice_dataset_shards(self._h)
+        return lib.sluice_dataset_shards(self._handle)
 
     def shard_of(self, i):
         """The shard record i lies in (0 .. shards - 1)."""
         if not 0 <= _int_option("Dataset.shard_of", "index", i, 0, (1 << 64) - 1) < len(self):
             raise _RecordRange(ERANGE, f"{shown(self.path)}: record {i} of {len(self)}")
         loc = RecordLoc()
-        check(lib.sluice_dataset_locate(self._h, i, C.byref(loc)))
+        check(lib.sluice_dataset_locate(self._handle, i, C.byref(loc)))
         return loc.shard
 
     def __getitem__(self, i):
@@ -80,12 +99,12 @@ class Dataset:
             raise _RecordRange(ERANGE, f"{shown(self.path)}: record {i} of {n}")
         if i < 0:
             i += n
-        loc = RecordLoc()
-        check(lib.sluice_dataset_locate(self._h, i, C.byref(loc)))
+        loc, h = RecordLoc(), self._handle
+        check(lib.sluice_dataset_locate(h, i, C.byref(loc)))
         if self._buf.size < loc.length:
             self._buf = np.empty(loc.length, np.uint8)
         rec = Record()
-        check(lib.sluice_dataset_read(self._h, i, self._buf.ctypes.data, self._buf.size, C.byref(rec)))
+        check(lib.sluice_dataset_read(h, i, self._buf.ctypes.data, self._buf.size, C.byref(rec)))
         out = {}
         for k, (name, dtype, shape) in enumerate(self.fields):
             raw = np.ctypeslib.as_array((C.c_uint8 * rec.len[k]).from_address(rec.data[k])) if rec.len[k] else \
@@ -96,7 +115,7 @@ class Dataset:
     def shard_bytes(self, s):
         """Shard s's records, and the bytes of its records back to back (uncompressed): what read_shard needs."""
         r, b = C.c_uint64(), C.c_uint64()
-        check(lib.sluice_dataset_shard_info(self._h, _int_option("Dataset.shard_bytes", "s", s, 0, (1 << 32) - 1),
+        check(lib.sluice_dataset_shard_info(self._handle, _int_option("Dataset.shard_bytes", "s", s, 0, (1 << 32) - 1),
                                             C.byref(r), C.byref(b)))
         return r.value, max(b.value - 4096, 0)
 
@@ -111,16 +130,16 @@ class Dataset:
         ptr, n, keep = _buffer(out, True)
         rep = ShardReport()
         s = _int_option("Dataset.read_shard", "s", s, 0, (1 << 32) - 1)
-        check(lib.sluice_dataset_read_shard(_eng(), self._h, s, ptr, n, decoders[decoder],
+        check(lib.sluice_dataset_read_shard(_eng(), self._handle, s, ptr, n, decoders[decoder],
                                             C.byref(rep)))
         return {"bytes": rep.bytes, "stored": rep.stored, "blocks": rep.blocks, "read_s": rep.read_s,
                 "decode_s": rep.decode_s, "decoder": rep.decoder.decode(), "why_not_gpu": rep.why_not_gpu.decode()}
 
     def close(self):
         """Closes the dataset's files now (a Dataset also closes when it is collected)."""
-        if self._h:
+        if self._h and self._pid == os.getpid():
             lib.sluice_dataset_close(self._h)
-            self._h = None
+        self._h = None
 
     def __del__(self):
         self.close()
@@ -147,4 +166,6 @@ def _typed(raw, dtype, shape=()):
     if t is None:  # bf16: numpy has none; the raw 16-bit words
         t = np.uint16
     a = raw.view(t)
+    if not shape and dtype != "bytes" and a.size == 1:  # a scalar field: one number, as a numpy scalar
+        return a[0]
     return a.reshape(shape) if shape and all(d > 0 for d in shape) else a

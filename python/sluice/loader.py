@@ -88,30 +88,92 @@ def _env_nodes(rank, world_size):
     return world_size // local
 
 
-class Loader:
-    """Shuffled, distributed, resumable batches of a Dataset (see docs/LOADER.md for the order).
+# DataLoader's arguments sluice has no use for: each refused, unless given as DataLoader's default, with what
+# sluice does instead.
+_DATALOADER_ONLY = {
+    "sampler": (None, "the Loader samples itself (shuffle=, seed=, rank=, world_size=: DistributedSampler's notions)"),
+    "batch_sampler": (None, "the Loader makes its batches itself (batch_size=, drop_last=)"),
+    "collate_fn": (None, "batches are collated in C, each field one array; for Python transforms of samples keep "
+                         "torch's DataLoader over sluice.Dataset, or give the Loader transform= (a function of the "
+                         "batch)"),
+    "worker_init_fn": (None, "the Loader has no worker processes"),
+    "generator": (None, "the order is a function of seed= and the epoch alone, on every machine"),
+    "multiprocessing_context": (None, "the Loader has no worker processes"),
+    "timeout": (0, "a stalled read is retried, then an error, by the engine's own bounds (SLUICE_* settings)"),
+    "pin_memory_device": ("", "host batches are in pinned memory wherever the engine has a GPU"),
+    "in_order": (True, "batches always come in order"),
+}
 
-    Iterating yields dicts of the fields: fixed-size fields as arrays of shape [batch, ...]; other fields as
-    (data, offsets) pairs, offsets counting elements of data (data[offsets[j]:offsets[j + 1]] is record j, as with
-    cu_seqlens); the batch's .ids are its records' ids.  device="cpu" gives numpy arrays, device="cuda" (or "cuda:N", a GPU of the engine's
-    SLUICE_DEVICE_IDS) torch tensors in GPU memory, ordered on the current stream.  A batch's arrays are views
-    of the loader's ring: valid until the next batch is taken (or, after close(), for as long as they live);
-    .copy()/.clone() what must outlive that.
+
+class _Hold:
+    """One batch the loop was handed: its memory is the loop's until this goes, which happens once no array of
+    the batch is left (each holds it), and the ring then reuses it.  Holds the C loader open meanwhile."""
+
+    __slots__ = ("owner", "hold", "__weakref__")
+
+    def __init__(self, owner, hold):
+        self.owner, self.hold = owner, hold
+
+    def __del__(self):
+        h = self.owner.h
+        if h and self.hold:
+            lib.sluice_loader_release(h, self.hold)
+
+
+def _torch():
+    """torch where it is installed (imported on first use), else None."""
+    global _torch_mod
+    if _torch_mod is False:
+        import importlib.util
+        _torch_mod = None
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+            _torch_mod = torch
+    return _torch_mod
+
+
+_torch_mod = False
+
+
+class Loader:
+    """Shuffled, distributed, resumable batches of a Dataset (see docs/LOADER.md for the order), with the contract
+    of torch's DataLoader (and its DistributedSampler and torchdata's StatefulDataLoader) where the APIs overlap.
+
+    dataset: a sluice.Dataset, or a path (or s3:// or http(s):// URL) it opens.  batch_size: records per batch per
+    rank (1, as DataLoader).  shuffle: False (as DataLoader) or True: the order of each epoch, from seed and the
+    epoch alone (any machine, any world size).
+    Each iter(loader) is a pass over the next epoch: the first pass is epoch `epoch`, each later one the one after,
+    or the one set_epoch() named (as DistributedSampler.set_epoch); breaking out of a pass ends it.  len(loader) is
+    the batches of one pass on this rank.
+    Iterating yields dicts of the fields: fixed-size fields as tensors of shape [batch, ...] (torch tensors where
+    torch is installed, numpy arrays where it is not or with numpy=True); other fields as (data, offsets) pairs,
+    offsets counting elements of data (data[offsets[j]:offsets[j + 1]] is record j, as with cu_seqlens), or with
+    ragged="padded" as (padded [batch, longest], lengths [batch]), or with ragged="nested" as a torch.nested
+    tensor; the batch's .ids are its records' ids (numpy uint64), also under the key "ids" where no field is
+    named so.  device="cpu" gives host memory (pinned where the engine has a GPU), device="cuda" (or "cuda:N", a
+    GPU of the engine's SLUICE_DEVICE_IDS) torch tensors in GPU memory, ordered on the current stream.
+    A batch's arrays stay valid and unchanged for as long as any of them is held (list(loader) is correct): the
+    ring moves a batch still held into memory of its own when it needs its place again.  hold_bytes: the most
+    that memory may take (0: a quarter of the host's memory); past it, the batch that needs more raises
+    SluiceError naming hold_bytes.
     fields: the fields to deliver (default all).  rank, world_size: this rank's share (default: torch.distributed's
-    when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches.
+    when initialised, else RANK and WORLD_SIZE); every rank gets the same number of batches and records.
+    drop_last: drop the last partial global batch (with nodes, count on the shortest node).  Without it the last
+    batch is short, as torch's DataLoader and DistributedSampler make it: every rank gets the same number of
+    records, ceil(records / world_size), at most world_size - 1 of them twice (one process: none).
+    even_batches: the last batch full on every rank instead, filled from the epoch's start (accelerate's
+    even_batches), for models that need one batch shape.
     nodes: the machines the ranks run on, numbered node-major as torchrun numbers them (node = rank // (world_size
     // nodes)).  Each node then reads only its own contiguous share of the shuffled shards (at most two shards are
     shared with a neighbouring node), so a machine-wide cache downloads only those; the order depends on the node
     count, never on the ranks within a node.  None (default): from the environment where torch.distributed is
     initialised or WORLD_SIZE is set: world_size // LOCAL_WORLD_SIZE when LOCAL_WORLD_SIZE is set (torchrun sets
     it), else 1; a GROUP_RANK that disagrees with rank // LOCAL_WORLD_SIZE raises ValueError.  nodes=1 gives one
-    order for the whole world, the order of loaders before nodes.  Node sequences differ by a record at most: the
-    batch count is the longest node's, a shorter node filling its last batch from its own start.
-    drop_last: drop the last partial global batch (with nodes, count on the shortest node) instead of filling it
-    from the epoch's start.  prefetch: batches ready ahead
-    (0: by batch size).  window_bytes: the shuffle window (0: 64 MiB).  skip_corrupt: a record whose CRC fails
-    is left out (the batch is smaller; one left with no record is not delivered, but with several ranks, which
-    must all take the same number of steps) and counted, instead of failing the batch.
+    order for the whole world, the order of loaders before nodes.
+    prefetch (or DataLoader's prefetch_factor): batches ready ahead (0: by batch size).  window_bytes: the shuffle
+    window (0: 64 MiB).  skip_corrupt: a record whose CRC fails is left out (the batch is smaller; one left with no
+    record is not delivered, but with several ranks, which must all take the same number of steps) and counted,
+    instead of failing the batch.
     images: a sluice.Images, which decodes and augments one field's encoded images inside the loader (on the GPU with
     device="cuda"): that field arrives as one tensor [B, 3, H, W] ready for the model.
     transform: your own function of each batch (the dict the loop gets), run by the loader's threads after its own
@@ -119,11 +181,33 @@ class Loader:
     torch.cuda.stream() of the stream the batch was made on, so its GPU work is done before the loop sees the
     batch.  It changes the batch's arrays in place (their shapes stay); an exception it raises is raised by the
     loop, at that batch.
+    DataLoader's num_workers (0), pin_memory and persistent_workers are taken (the loader's threads read, decode and
+    collate in C and live as long as it does; host batches are pinned where there is a GPU); its other arguments
+    are refused with a sentence saying what sluice does instead.
     """
 
-    def __init__(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, device="cpu", fields=None,
+    def __init__(self, dataset, batch_size=1, shuffle=False, seed=0, epoch=0, device="cpu", fields=None,
                  drop_last=False, rank=None, world_size=None, prefetch=0, window_bytes=0, skip_corrupt=False,
-                 images=None, transform=None, nodes=None):
+                 images=None, transform=None, nodes=None, even_batches=False, hold_bytes=0, numpy=False,
+                 ragged="offsets", num_workers=0, pin_memory=False, persistent_workers=False, prefetch_factor=None,
+                 **dataloader):
+        for k, v in dataloader.items():
+            if k not in _DATALOADER_ONLY:
+                raise TypeError(f"Loader() got an unexpected keyword argument {k!r}")
+            default, instead = _DATALOADER_ONLY[k]
+            if v != default:
+                raise ValueError(f"Loader({k}={v!r}): torch's DataLoader option has no place here: {instead}")
+        if num_workers:
+            raise ValueError(f"Loader(num_workers={num_workers!r}): the Loader has no worker processes: its threads "
+                             f"read, decode and collate in C (drop num_workers); for Python transforms of each "
+                             f"sample, keep torch's DataLoader with num_workers over sluice.Dataset")
+        if prefetch_factor is not None:
+            if prefetch:
+                raise ValueError("Loader: prefetch and prefetch_factor are one setting (batches ready ahead): "
+                                 "give one")
+            prefetch = prefetch_factor
+        if ragged not in ("offsets", "padded", "nested"):
+            raise ValueError(f"Loader(ragged={ragged!r}): 'offsets', 'padded' or 'nested'")
         if rank is None or world_size is None:
             rank, world_size = _env_rank(rank, world_size)
         if nodes is None:
@@ -131,15 +215,23 @@ class Loader:
         device = str(device)  # a torch.device too
         if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise ValueError(f"Loader(device={device!r}): 'cpu', 'cuda' or 'cuda:N'")
-        if not (hasattr(dataset, "_h") and hasattr(dataset, "fields")):
-            raise TypeError(f"Loader(dataset={dataset!r}): a sluice.Dataset (sluice.Dataset(path) opens one), as "
-                            f"torch's DataLoader takes a dataset, not a path")
+        if isinstance(dataset, (str, os.PathLike)):
+            from .dataset import Dataset
+            dataset = Dataset(os.fspath(dataset))
+        if not (hasattr(dataset, "_handle") and hasattr(dataset, "fields")):
+            raise TypeError(f"Loader(dataset={dataset!r}): a sluice.Dataset or a dataset's path (sluice.Dataset(path) "
+                            f"opens one)")
         if images is not None and not hasattr(images, "_pointer"):
             raise TypeError(f"Loader(images={images!r}): a sluice.Images")
         if images is not None and images.decode == "gpu" and device == "cpu":
             raise ValueError("Loader: Images(decode='gpu') needs a GPU loader (device='cuda'); decode='cpu' or "
                              "'auto' decode on the CPU")
         self.dataset, self.device = dataset, device
+        self.pin_memory, self.persistent_workers, self.num_workers = bool(pin_memory), bool(persistent_workers), 0
+        self.batch_size, self.drop_last, self.shuffle = batch_size, bool(drop_last), bool(shuffle)
+        self._numpy, self._ragged = bool(numpy), ragged
+        if ragged == "nested" and (self._numpy or (_torch() is None)):
+            raise ValueError("Loader(ragged='nested'): torch.nested tensors need torch (and numpy=False)")
         index, self._gpu = 0, None
         if device != "cpu":
             # "cuda" is the engine's (first) GPU; "cuda:N" must be one of those it serves (SLUICE_DEVICE_IDS).
@@ -149,7 +241,7 @@ class Loader:
                 raise ValueError(f"Loader(device={device!r}): the engine serves GPUs {ids} (SLUICE_DEVICE_IDS)")
             index, self._gpu = ids.index(want), want
         u32, u64 = (0, (1 << 32) - 1), (0, (1 << 64) - 1)
-        self._opt = LoaderOptions(batch_size=_int_option("Loader", "batch_size", batch_size, *u32),
+        self._opt = LoaderOptions(batch_size=_int_option("Loader", "batch_size", batch_size, 1, u32[1]),
                                   gpu=int(device != "cpu"), prefetch=_int_option("Loader", "prefetch", prefetch, *u32),
                                   seed=_int_option("Loader", "seed", seed, *u64),
                                   epoch=_int_option("Loader", "epoch", epoch, *u64),
@@ -158,7 +250,9 @@ class Loader:
                                   drop_last=int(drop_last), shuffle=int(shuffle),
                                   window_bytes=_int_option("Loader", "window_bytes", window_bytes, *u64),
                                   skip_corrupt=int(skip_corrupt), device_index=index,
-                                  nodes=_int_option("Loader", "nodes", nodes, 1, (1 << 32) - 1))
+                                  nodes=_int_option("Loader", "nodes", nodes, 1, (1 << 32) - 1),
+                                  even_batches=int(even_batches), hold=1,
+                                  hold_bytes=_int_option("Loader", "hold_bytes", hold_bytes, *u64))
         self.images = images
         if images is not None:
             self._opt.image = images._pointer()
@@ -172,6 +266,9 @@ class Loader:
             self._opt.fields = C.cast(self._names, C.POINTER(C.c_char_p))
         self._types = {n: (t, s) for n, t, s in dataset.fields}
         self._h = self._owner = None
+        # Passes: _pass counts them (an iterator of an older one stops); _fresh, the C loader stands where the next
+        # pass starts (just opened, or resumed), so it needs no restart; _next_epoch, that pass's epoch.
+        self._pass, self._fresh, self._next_epoch, self._at_start = 0, True, self._opt.epoch, True
         self._open(0)
         global _last_loader
         import weakref
@@ -179,20 +276,19 @@ class Loader:
 
     def _open(self, position):
         self._h = self._owner = None  # the previous C loader closes once no batch of its is left
-        # Before the C loader starts: its threads call the transform, which makes views, at once.
-        self._views, self._meta = {}, None
+        self._meta = None
         self._opt.position = _int_option("Loader", "position", position, 0, (1 << 64) - 1)
         h = C.c_void_p()
         if self._opt.gpu:  # a GPU loader decodes a zstd dataset's blocks with nvCOMP where it is found
             _find_nvcomp()
-        check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._h, C.byref(self._opt)))
+        check(lib.sluice_loader_open(C.byref(h), _eng(), self.dataset._handle, C.byref(self._opt)))
         self._h, self._owner = h, _Owner(h, self.dataset)
         self._owner.transform = self._cb  # the loader's threads call it for as long as the C loader lives
 
     def _run_transform(self, bp, stream, arg):
         """The loader's threads call this for each batch: the user's transform on the batch's arrays."""
         try:
-            batch = self._convert(bp.contents)
+            batch = self._convert(bp.contents, None)
             if stream:
                 import torch
                 with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=f"cuda:{self._gpu}")):
@@ -213,33 +309,54 @@ class Loader:
         return lib.sluice_loader_batches(self._handle())
 
     def set_epoch(self, epoch):
-        """Starts epoch `epoch` from its first batch: a new order, the same on every rank (seed and epoch)."""
-        h = self._handle()
-        self._opt.epoch = _int_option("Loader.set_epoch", "epoch", epoch, 0, (1 << 64) - 1)
-        check(lib.sluice_loader_set_epoch(h, epoch))
+        """The next pass is epoch `epoch`, from its first batch: a new order, the same on every rank (seed and
+        epoch), as DistributedSampler.set_epoch says it; the passes after it take the epochs after it."""
+        self._handle()
+        self._next_epoch = _int_option("Loader.set_epoch", "epoch", epoch, 0, (1 << 64) - 1)
+        # The C loader restarts at the pass, unless it stands at that epoch's start already (its first batches
+        # made ahead are kept).
+        self._fresh = self._fresh and self._at_start and self._opt.epoch == self._next_epoch
+        self._pass += 1  # an iterator of the pass before stops
+        self._ended = True  # the state is the next pass's start
 
-    def state_dict(self):
-        """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint.  A
-        loader on several nodes, or one resumed from such a state, adds "segments": [[nodes, position], ...], the
-        epoch's phases oldest first (each: the node count, and the positions of each node's own sequence consumed
-        in it), the last being this loader's; "position" is then the epoch's records consumed by all nodes, a
-        figure: the segments are the state."""
+    def _state(self):
         h = self._handle()
         s, e, p = C.c_uint64(), C.c_uint64(), C.c_uint64()
         lib.sluice_loader_state(h, C.byref(s), C.byref(e), C.byref(p))
-        state = {"seed": s.value, "epoch": e.value, "position": p.value}
         seg = (LoaderSegment * LOADER_SEGMENTS_MAX)()
         n = check(lib.sluice_loader_state_ex(h, C.byref(s), C.byref(e), seg, len(seg)))
-        if n > 1 or seg[0].nodes != 1:
-            state["segments"] = [[seg[i].nodes, seg[i].position] for i in range(n)]
+        return s.value, e.value, p.value, [[seg[i].nodes, seg[i].position] for i in range(n)]
+
+    def state_dict(self):
+        """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint; after a
+        pass ended (or before the first), the start of the next pass's epoch, as torchdata's StatefulDataLoader
+        gives it.  A loader on several nodes, or one resumed from such a state, adds "segments": [[nodes,
+        position], ...], the epoch's phases oldest first (each: the node count, and the positions of each node's
+        own sequence consumed in it), the last being this loader's; "position" is then the epoch's records
+        consumed by all nodes, a figure: the segments are the state."""
+        seed, epoch, position, segments = self._state()
+        if self._ended:  # a pass ran to its end: the next one starts its epoch
+            state = {"seed": seed, "epoch": self._next_epoch, "position": 0}
+            if self._opt.nodes != 1:
+                state["segments"] = [[self._opt.nodes, 0]]
+            return state
+        state = {"seed": seed, "epoch": epoch, "position": position}
+        if len(segments) > 1 or segments[0][0] != 1:
+            state["segments"] = segments
         return state
+
+    _ended = False  # the next pass starts an epoch of its own: the last ran to its end, or set_epoch() named one
 
     def load_state_dict(self, state):
         """Continues from a state_dict() taken by a loader with any world size, batch size and node count (a dict
-        without "segments", from one node or from before nodes, too): no record of the epoch repeats and none is
-        skipped.  A state that ran on 16 node counts, this loader's aside, is refused: resume it on its last one."""
+        without "segments", from one node or from before nodes, too): the next pass finishes that epoch, no record
+        of it repeated and none skipped, and the passes after it are whole epochs.  A state that ran on 16 node
+        counts, this loader's aside, is refused: resume it on its last one."""
         self._handle()
         where = "Loader.load_state_dict"
+        if not isinstance(state, dict) or not all(k in state for k in ("seed", "epoch", "position")):
+            raise ValueError(f"{where}: a dict with seed, epoch and position (what state_dict() gives), not "
+                             f"{state!r:.200}")
         self._opt.seed = _int_option(where, "seed", state["seed"], 0, (1 << 64) - 1)
         self._opt.epoch = _int_option(where, "epoch", state["epoch"], 0, (1 << 64) - 1)
         segments = state.get("segments") or []
@@ -258,6 +375,9 @@ class Loader:
             self._open(0 if segments else state["position"])
         finally:
             self._opt.resume, self._opt.nresume = None, 0
+        self._pass += 1
+        self._fresh, self._next_epoch, self._at_start = True, self._opt.epoch, False
+        self._ended = False
 
     def stats(self):
         """Where the time went since the loader opened: batches, records and bytes delivered, reads (bytes, I/Os,
@@ -272,7 +392,18 @@ class Loader:
         return json.loads(buf.value)
 
     def __iter__(self):
-        self._handle()
+        h = self._handle()
+        self._pass += 1
+        me, epoch = self._pass, self._next_epoch
+        if not self._fresh:
+            self._opt.epoch = epoch
+            check(lib.sluice_loader_set_epoch(h, epoch))
+        else:
+            epoch = self._opt.epoch
+        self._fresh, self._next_epoch, self._ended = False, epoch + 1, False
+        return self._batches(me)
+
+    def _batches(self, me):
         b = _CBatch()
         b.struct_size = C.sizeof(b)
         stream = None
@@ -280,6 +411,9 @@ class Loader:
             import torch
             stream = C.c_void_p(torch.cuda.current_stream(self._gpu).cuda_stream)
         while True:
+            if self._pass != me:
+                raise RuntimeError("sluice.Loader: a new pass over this loader began (iter(), set_epoch() or "
+                                   "load_state_dict()), which ends this one")
             try:
                 r = check(lib.sluice_loader_next(self._handle(), C.byref(b), stream))
             except SluiceError as e:
@@ -287,40 +421,37 @@ class Loader:
                     raise self._transform_error from e
                 raise
             if r == 0:
+                self._ended = self._pass == me
                 return
-            yield self._convert(b)
+            yield self._convert(b, _Hold(self._owner, b.hold))
 
-    def _array(self, ptr, nbytes, dtype, shape, host=False, channels_last=False):
-        key = (ptr, dtype, shape, channels_last)
-        a = self._views.get(key)
-        if a is not None:
-            return a
+    def _array(self, hold, ptr, nbytes, dtype, shape, host=False, channels_last=False):
+        """A view of nbytes at ptr (the batch's memory, which hold keeps): numpy, a torch tensor on the host, or a
+        torch tensor on the GPU."""
         t = np.uint64 if dtype == "ids" else _NP[_NAMES.index(dtype)] or np.uint16
-        # Each view holds the C loader (its _Owner), so a batch kept after the loop, or after the Loader is gone,
-        # still points at the ring, not at freed memory.
+        torch = None if self._numpy else _torch()
         if self.device == "cpu" or host:
             raw = np.empty(0, np.uint8)
             if nbytes:
                 mem = (C.c_uint8 * nbytes).from_address(ptr)
-                mem._owner = self._owner
-                raw = np.ctypeslib.as_array(mem)
+                mem._hold = hold  # each array of the batch holds its memory
+                raw = np.frombuffer(mem, np.uint8)
             a = raw.view(t).reshape(shape)
             if channels_last:
                 a = a.transpose(0, 3, 1, 2)
-        else:
-            import torch
-            cai = _CudaArray(ptr, shape, np.dtype(t).str)
-            cai._owner = self._owner
-            a = torch.as_tensor(cai, device=f"cuda:{self._gpu}")
-            if dtype == "bf16":  # no typestr names bfloat16: its bits, viewed
-                a = a.view(torch.bfloat16)
-            if channels_last:  # [B, H, W, 3] in memory: the model's [B, 3, H, W] in channels_last
-                a = a.permute(0, 3, 1, 2)
-        # The ring's buffers stay where they are while the loader is open, so a view made once serves every
-        # batch that lands in the same slot with the same shape (making one costs more than the rest of next()).
-        if len(self._views) >= 1024:
-            self._views.clear()
-        self._views[key] = a
+            if torch is not None and not host:
+                a = torch.from_numpy(a)
+                if dtype == "bf16":
+                    a = a.view(torch.bfloat16)
+            return a
+        import torch
+        cai = _CudaArray(ptr, shape, np.dtype(t).str)
+        cai._hold = hold  # torch holds cai as long as the tensor's memory lives
+        a = torch.as_tensor(cai, device=f"cuda:{self._gpu}")
+        if dtype == "bf16":  # no typestr names bfloat16: its bits, viewed
+            a = a.view(torch.bfloat16)
+        if channels_last:  # [B, H, W, 3] in memory: the model's [B, 3, H, W] in channels_last
+            a = a.permute(0, 3, 1, 2)
         return a
 
     def _fields_meta(self, b):
@@ -334,10 +465,32 @@ class Loader:
             self._meta = meta
         return self._meta
 
-    def _convert(self, b):
+    def _ragged_out(self, data, offs):
+        """A variable-size field as the loop asked for it: (data, offsets), (padded, lengths) or nested."""
+        if self._ragged == "offsets":
+            return data, offs
+        torch = None if self._numpy else _torch()
+        if self._ragged == "nested":
+            return torch.nested.nested_tensor_from_jagged(data, offs.to(torch.int64))
+        lens = offs[1:] - offs[:-1]
+        n = len(lens)
+        longest = int(lens.max()) if n else 0
+        if torch is not None and not isinstance(data, np.ndarray):
+            pos = torch.arange(longest, device=data.device)
+            mask = pos[None, :] < lens[:, None]
+            padded = torch.zeros((n, longest), dtype=data.dtype, device=data.device)
+            padded[mask] = data[:int(offs[-1])] if n else data[:0]
+            return padded, lens
+        mask = np.arange(longest)[None, :] < lens[:, None]
+        padded = np.zeros((n, longest), dtype=data.dtype)
+        padded[mask] = data[:int(offs[-1])] if n else data[:0]
+        return padded, lens
+
+    def _convert(self, b, hold):
         self._fields_meta(b)
         out = _Batch()
-        out.ids = self._array(b.ids, 8 * b.size, "ids", (b.size,), host=True).copy()
+        out.ids = np.ctypeslib.as_array((C.c_uint64 * b.size).from_address(b.ids)).copy() if b.size else \
+            np.empty(0, np.uint64)
         if "ids" not in self._types:
             out["ids"] = out.ids
         for k in range(b.nfields):
@@ -345,22 +498,21 @@ class Loader:
             name, dtype, shape, esize = self._meta[k]
             if self.images is not None and name == self.images.field:
                 shp = tuple(f.shape[d] for d in range(f.ndim))
-                out[name] = self._array(f.data, b.size * f.item_bytes, self.images.dtype, shp,
+                out[name] = self._array(hold, f.data, b.size * f.item_bytes, self.images.dtype, shp,
                                         channels_last=self.images.channels_last)
             elif f.item_bytes:
-                out[name] = self._array(f.data, b.size * f.item_bytes, dtype, (b.size,) + shape)
+                out[name] = self._array(hold, f.data, b.size * f.item_bytes, dtype, (b.size,) + shape)
             else:
                 # Offsets count elements of the field's dtype, so data[offs[j]:offs[j + 1]] is record j.
-                offs = self._array(f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
+                offs = self._array(hold, f.offsets, 8 * (b.size + 1), "i64", (b.size + 1,))
                 last = f.host_offsets[b.size]  # from host memory: no wait on the GPU
-                out[name] = (self._array(f.data, last * esize, dtype, (last,)), offs)
+                out[name] = self._ragged_out(self._array(hold, f.data, last * esize, dtype, (last,)), offs)
         return out
 
     def close(self):
         """Closes the loader: it yields no more batches and its methods raise.  The C loader and its ring are freed
         now, or, while arrays of its batches are still alive, once the last of them goes (they stay valid)."""
         self._h = self._owner = None
-        self._views = {}  # the views kept for reuse hold the C loader too
 
 
 class _Owner:

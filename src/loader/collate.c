@@ -81,7 +81,7 @@ static void sl_lay_out(const struct sluice_loader *ld, uint32_t m, const uint64_
 static int sl_gather(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t g, struct sluice_record *rec,
 		     uint32_t *m, uint64_t *var)
 {
-	const uint32_t B = ld->opt.batch_size;
+	const uint32_t B = sl__bsize(ld, g);
 	uint64_t nw = ld->blast[g] - ld->bfirst[g] + 1, t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 	struct sl__window **wins = malloc(nw * sizeof(*wins));
 	uint64_t *pos = malloc(B * sizeof(uint64_t));
@@ -310,14 +310,26 @@ void *sl__produce(void *arg)
 
 		uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 
+		/* With hold, a buffer whose batch the caller still holds is one to take: its memory moves out of it. */
 		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
-		       ld->bufs[ld->produce_g % ld->nbufs].state != SL_B_FREE)
+		       ld->bufs[ld->produce_g % ld->nbufs].state != SL_B_FREE &&
+		       !(ld->opt.hold && ld->bufs[ld->produce_g % ld->nbufs].state == SL_B_OUT))
 			pthread_cond_wait(&ld->buf_cv, &ld->lock);
 		sl__ld_span(ld, "buffer wait", t0, cpu0, ld->produce_g);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches || ld->produce_g >= ld->fail_g)
 			break;
+		s = &ld->bufs[ld->produce_g % ld->nbufs];
+		if (s->state == SL_B_OUT && (rc = sl__hold_detach(ld, s))) {
+			/* Batch produce_g cannot be made: its error is the consumer's when it gets there. */
+			if (ld->produce_g < ld->fail_g) {
+				ld->fail_g = ld->produce_g;
+				ld->fail_rc = rc;
+				snprintf(ld->fail_detail, sizeof(ld->fail_detail), "%s", sluice_last_error_detail());
+			}
+			sl__loader_wake_all(ld);
+			break;
+		}
 		g = ld->produce_g++;
-		s = &ld->bufs[g % ld->nbufs];
 		s->g = g;
 		s->err = 0;
 		s->state = SL_B_BUILDING;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "format/format.h"
 #include "diag/diag.h"
@@ -47,16 +48,25 @@ static uint64_t sl_count_len(const struct sluice_loader *ld)
 
 /*
  * This rank's batches in the epoch from ld->origin: every rank of every
- * node the same number, the last global batch dropped (drop_last) or
- * filled from the start of the node's sequence; with fewer records than a
- * global batch, none, or one that takes records more than once.
+ * node the same number, the last partial global batch dropped (drop_last),
+ * filled from the start of the node's sequence (even_batches), or else
+ * short: what is left, rounded up to a multiple of the node's ranks L, so
+ * each rank takes the same number of records and at most L - 1 are taken
+ * twice (one process: none).  With fewer records than that, they are taken
+ * more than once.
  */
 static void sl_count_batches(struct sluice_loader *ld)
 {
-	const uint64_t len = sl_count_len(ld), bw = ld->per_global;
+	const uint64_t len = sl_count_len(ld), bw = ld->per_global, L = bw / ld->opt.batch_size;
 	const uint64_t left = ld->origin < len ? len - ld->origin : 0;
 
 	ld->nbatches = ld->opt.drop_last ? left / bw : (left + bw - 1) / bw;
+	ld->last_global = bw;
+	if (ld->nbatches && !ld->opt.drop_last && !ld->opt.even_batches) {
+		const uint64_t rem = left - (ld->nbatches - 1) * bw;
+
+		ld->last_global = (rem + L - 1) / L * L;
+	}
 }
 
 /*
@@ -428,6 +438,8 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 		goto fail;
 	ld->pub = sl__pub_open(ds->path);
 	ld->per_global = (uint64_t)opt->batch_size * local_world;
+	ld->hold_limit = opt->hold_bytes ? opt->hold_bytes
+					 : (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4;
 	/*
 	 * Where an epoch starts on this rank's node, then where this one
 	 * resumes: a position alone is one phase on one node, the state of a
@@ -479,6 +491,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 			ld->gpu->cu->EventDestroy(s->release);
 		free(s->ids);
 	}
+	sl__hold_free(ld);
 	for (unsigned i = 0; ld->win && i < ld->nwin; i++) {
 		free(ld->win[i].ids);
 		free(ld->win[i].off);

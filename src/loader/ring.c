@@ -91,11 +91,22 @@ static struct sl__batch_buf *sl_await(struct sluice_loader *ld, int *wake)
 	}
 }
 
-/* Under ld->lock: ready buffer s handed to the consumer as b, and counted. */
-static void sl_hand_over(struct sluice_loader *ld, struct sl__batch_buf *s, struct sluice_batch *b)
+/*
+ * Under ld->lock: ready buffer s handed to the consumer as b, and counted;
+ * with hold, the caller's until released (one reference, its token the
+ * batches handed out so far, never 0), else until the next call.
+ */
+static void sl_hand_over(struct sluice_loader *ld, struct sl__batch_buf *s, struct sluice_batch *b, void *stream)
 {
 	s->state = SL_B_OUT;
-	ld->held = s;
+	s->b.hold = 0;
+	if (ld->opt.hold) {
+		s->token = s->b.hold = ld->delivered + 1;
+		s->refs = 1;
+		s->stream = stream;
+	} else {
+		ld->held = s;
+	}
 	sl__report_copy(b, &s->b, sizeof(s->b));
 	ld->next_g++;
 	ld->delivered++;
@@ -135,7 +146,8 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 		return rc;
 	}
 	if (s->state == SL_B_READY && s->g == ld->next_g) {
-		sl_hand_over(ld, s, b);
+		sl_hand_over(ld, s, b, stream);
+		wake |= ld->opt.hold; /* a held batch's buffer is one a producer may take (sl__hold_detach) */
 	} else {
 		/* The first failed batch's own error; else the one that stopped the loader. */
 		rc = ld->next_g == ld->fail_g ? sl__err(ld->fail_rc, "%s", ld->fail_detail) : sl__err(ld->err, "%s", ld->detail);
@@ -169,6 +181,128 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 	return rc ? rc : 1;
 }
 
+/* The GPU work queued on stream before now must be done before the memory of release is reused. */
+static void sl_mark_released(struct sluice_loader *ld, sl_CUevent *release, int *set, void *stream)
+{
+	*set = 0;
+	if (!ld->opt.gpu || sl__gpu_bind(ld->gpu))
+		return;
+	if (!*release && ld->gpu->cu->EventCreate(release, SL_CU_EVENT_DISABLE_TIMING) != SL_CUDA_SUCCESS)
+		*release = NULL;
+	/* Without an event, the stream is waited for here: the memory is never reused under the caller's work. */
+	if (*release)
+		*set = ld->gpu->cu->EventRecord(*release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+	if (!*set)
+		ld->gpu->cu->StreamSynchronize((sl_CUstream)stream);
+}
+
+int sluice_loader_release(struct sluice_loader *ld, uint64_t hold)
+{
+	int wake = 0, found = 0;
+
+	sl__err_clear();
+	pthread_mutex_lock(&ld->lock);
+	for (unsigned i = 0; hold && !found && i < ld->nbufs; i++) {
+		struct sl__batch_buf *s = &ld->bufs[i];
+
+		if (s->state == SL_B_OUT && s->token == hold) {
+			found = 1;
+			if (--s->refs == 0) {
+				sl_mark_released(ld, &s->release, &s->release_set, s->stream);
+				s->token = 0;
+				s->state = SL_B_FREE;
+				wake = 1;
+			}
+		}
+	}
+	for (unsigned i = 0; hold && !found && i < ld->nsets; i++) {
+		struct sl__held *h = &ld->sets[i];
+
+		if (h->token == hold) {
+			found = 1;
+			if (--h->refs == 0) {
+				sl_mark_released(ld, &h->release, &h->release_set, h->stream);
+				h->token = 0; /* a spare now */
+				ld->held_bytes -= h->host_cap + h->dev_cap;
+			}
+		}
+	}
+	pthread_mutex_unlock(&ld->lock);
+	if (wake)
+		pthread_cond_signal(&ld->buf_cv);
+	return found ? 0 : sl__err(SLUICE_EINVAL_CONFIG, "sluice_loader_release: %llu is no batch this loader holds for "
+				   "the caller (released already, or a loader without the hold option)",
+				   (unsigned long long)hold);
+}
+
+/* Buffer s's memory and the set h's change places, the references and stream with them. */
+static void sl_swap(struct sl__batch_buf *s, struct sl__held *h)
+{
+	struct sl__held t = { s->token, s->refs, s->stream, s->host, s->host_cap, s->host_pinned, s->dev, s->dev_cap,
+			      s->ids, s->ready, s->release, s->release_set };
+
+	s->token = h->token;
+	s->refs = h->refs;
+	s->stream = h->stream;
+	s->host = h->host;
+	s->host_cap = h->host_cap;
+	s->host_pinned = h->host_pinned;
+	s->dev = h->dev;
+	s->dev_cap = h->dev_cap;
+	s->ids = h->ids;
+	s->ready = h->ready;
+	s->release = h->release;
+	s->release_set = h->release_set;
+	*h = t;
+}
+
+int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s)
+{
+	const uint64_t bytes = s->host_cap + s->dev_cap;
+	struct sl__held *h = NULL;
+
+	if (ld->held_bytes + bytes > ld->hold_limit)
+		return sl__err(-ENOBUFS, "%s: the batches held take %llu bytes, and one more would pass the loader's "
+			       "hold_bytes of %llu: release batches done with (delete them), or copy what must be kept",
+			       ld->ds->path, (unsigned long long)ld->held_bytes, (unsigned long long)ld->hold_limit);
+	for (unsigned i = 0; !h && i < ld->nsets; i++)
+		if (!ld->sets[i].token)
+			h = &ld->sets[i];
+	if (!h) {
+		if (sl__reserve(&ld->sets, &ld->sets_cap, (ld->nsets + 1) * sizeof(*ld->sets)))
+			return -ENOMEM;
+		h = &ld->sets[ld->nsets];
+		memset(h, 0, sizeof(*h));
+		if (!(h->ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
+			return -ENOMEM;
+		ld->nsets++;
+		/* Its own copy's event: a spare's staging is written once its last copy is done (sl_wait_buf). */
+		if (ld->opt.gpu && (sl__gpu_bind(ld->gpu) ||
+				    ld->gpu->cu->EventCreate(&h->ready, SL_CU_EVENT_DISABLE_TIMING) != SL_CUDA_SUCCESS))
+			return sl__err(SLUICE_ECUDA, "loader: an event for a held batch's memory");
+	}
+	sl_swap(s, h);
+	ld->held_bytes += bytes;
+	s->state = SL_B_FREE;
+	return 0;
+}
+
+void sl__hold_free(struct sluice_loader *ld)
+{
+	for (unsigned i = 0; i < ld->nsets; i++) {
+		struct sl__held *h = &ld->sets[i];
+
+		sl__host_free(ld->gpu, h->host, h->host_cap, h->host_pinned);
+		sl__gpu_free(ld->gpu, h->dev);
+		if (h->release)
+			ld->gpu->cu->EventDestroy(h->release);
+		if (h->ready)
+			ld->gpu->cu->EventDestroy(h->ready);
+		free(h->ids);
+	}
+	free(ld->sets);
+}
+
 uint64_t sluice_loader_batches(const struct sluice_loader *ld)
 {
 	return ld->nbatches;
@@ -176,7 +310,7 @@ uint64_t sluice_loader_batches(const struct sluice_loader *ld)
 
 void sluice_loader_state(const struct sluice_loader *ld, uint64_t *seed, uint64_t *epoch, uint64_t *position)
 {
-	const uint64_t c = sl__gstart(ld, ld->next_g);
+	const uint64_t c = sl__consumed(ld);
 
 	*seed = ld->opt.seed;
 	*epoch = ld->opt.epoch;
@@ -196,6 +330,6 @@ int sluice_loader_state_ex(const struct sluice_loader *ld, uint64_t *seed, uint6
 	*epoch = ld->opt.epoch;
 	for (unsigned i = 0; i + 1 < v->nlev; i++)
 		seg[i] = (struct sluice_loader_segment){ v->lev[i].nodes, v->lev[i].done };
-	seg[v->nlev - 1] = (struct sluice_loader_segment){ ld->opt.nodes, sl__gstart(ld, ld->next_g) };
+	seg[v->nlev - 1] = (struct sluice_loader_segment){ ld->opt.nodes, sl__consumed(ld) };
 	return (int)v->nlev;
 }

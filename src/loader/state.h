@@ -124,6 +124,30 @@ struct sl__batch_buf {
 	struct sluice_batch b;
 	int err;                    /* building batch g failed: its own error, which the consumer reports for it */
 	char detail[384];
+	/* hold: the batch handed out in it (SL_B_OUT), the references the caller holds and the stream it took it on */
+	uint64_t token;
+	unsigned refs;
+	void *stream;
+};
+
+/*
+ * hold: the memory of a batch the caller still holds when the ring needs
+ * its buffer again (the producer moves it here and gives the buffer a
+ * spare's memory), or a spare (token 0) that a later batch takes.  Its
+ * fields are a batch buffer's own, swapped whole (sl__hold_swap).
+ */
+struct sl__held {
+	uint64_t token;
+	unsigned refs;
+	void *stream;
+	char *host;
+	size_t host_cap;
+	int host_pinned;
+	char *dev;
+	size_t dev_cap;
+	uint64_t *ids;
+	sl_CUevent ready, release; /* its last copy to the GPU (its staging is free once it is done), the caller's */
+	int release_set;
 };
 
 enum { SL_W_EMPTY = 0, SL_W_LOADING, SL_W_READY, SL_W_FAILED }; /* FAILED: its read's error kept in it */
@@ -236,6 +260,14 @@ struct sluice_loader {
 	 * where the last one stopped.
 	 */
 	uint64_t origin;
+	/*
+	 * Positions of the epoch's last global batch: per_global with drop_last
+	 * or even_batches; else what is left of the longest node's sequence,
+	 * rounded up to a multiple of the node's ranks (DistributedSampler's
+	 * rule: each rank the same number of records, at most L - 1 of them a
+	 * second time, the last batch short).  See sl__gsize.
+	 */
+	uint64_t last_global;
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */
@@ -274,6 +306,15 @@ struct sluice_loader {
 	 */
 	pthread_cond_t cv, buf_cv, batch_cv;
 	struct sl__batch_buf *held;      /* the consumer's batch (the consumer's thread alone uses it) */
+	/*
+	 * hold: the batches held past their buffer's turn and the spares,
+	 * under lock; held_bytes of their memory is the caller's, at most
+	 * hold_limit (the options' hold_bytes).
+	 */
+	struct sl__held *sets;
+	size_t sets_cap;
+	unsigned nsets;
+	uint64_t held_bytes, hold_limit;
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];
@@ -324,6 +365,30 @@ static inline uint64_t sl__gstart(const struct sluice_loader *ld, uint64_t g)
 	return ld->origin + g * ld->per_global;
 }
 
+/* Positions of the node's global batch g (g < nbatches). */
+static inline uint64_t sl__gsize(const struct sluice_loader *ld, uint64_t g)
+{
+	return g + 1 == ld->nbatches ? ld->last_global : ld->per_global;
+}
+
+/* Records of this rank's batch g: the same on every rank of every node. */
+static inline uint32_t sl__bsize(const struct sluice_loader *ld, uint64_t g)
+{
+	return (uint32_t)(sl__gsize(ld, g) / (ld->per_global / ld->opt.batch_size));
+}
+
+/* The position after the epoch's last: where its batches end. */
+static inline uint64_t sl__gend(const struct sluice_loader *ld)
+{
+	return ld->nbatches ? sl__gstart(ld, ld->nbatches - 1) + ld->last_global : ld->origin;
+}
+
+/* Positions of the node's sequence consumed once the batches before next_g are. */
+static inline uint64_t sl__consumed(const struct sluice_loader *ld)
+{
+	return ld->next_g >= ld->nbatches && ld->nbatches ? sl__gend(ld) : sl__gstart(ld, ld->next_g);
+}
+
 /* window.c */
 SL_HIDDEN int sl__cmp_u64(const void *a, const void *b);
 /* The record at position q of the current epoch. */
@@ -340,6 +405,15 @@ SL_HIDDEN int sl__loader_codecs_open(struct sluice_loader *ld, const struct slui
 SL_HIDDEN void sl__loader_codecs_close(struct sluice_loader *ld);
 /* collate.c */
 SL_HIDDEN int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size);
+/*
+ * hold, under ld->lock: buffer s, handed out and still held, gets a spare's
+ * memory (or none yet: sl__buf_reserve makes it), its own moving to the
+ * held sets; 0, or -ENOBUFS naming hold_bytes when the held batches would
+ * take more, or -ENOMEM.
+ */
+SL_HIDDEN int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s);
+/* The held sets' memory, at close. */
+SL_HIDDEN void sl__hold_free(struct sluice_loader *ld);
 SL_HIDDEN void *sl__produce(void *arg); /* arg: its struct sl__producer */
 /* ring.c */
 SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);

@@ -51,7 +51,7 @@ static int sl_cmp_pos(const void *a, const void *b)
  */
 int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out)
 {
-	const uint64_t B = ld->opt.batch_size, BW = ld->per_global, p0 = sl__gstart(ld, g);
+	const uint64_t B = sl__bsize(ld, g), BW = sl__gsize(ld, g), p0 = sl__gstart(ld, g);
 	struct sl_pos *v;
 
 	if (BW == B) {
@@ -103,7 +103,7 @@ int sl__window_reserve(struct sl__window *win, size_t n)
 static ssize_t sl_window_ids(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t lo,
 			     uint64_t hi)
 {
-	uint64_t total = sl__gstart(ld, ld->nbatches), *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
+	uint64_t total = sl__gend(ld), *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
 	unsigned char *take = calloc(hi - lo + 1, 1);
 	size_t k = 0, u = 0;
 	int rc = pos && take ? 0 : -ENOMEM;
@@ -116,7 +116,7 @@ static ssize_t sl_window_ids(struct sluice_loader *ld, const struct sl__order *o
 		for (uint64_t g = a > ld->origin ? (a - ld->origin) / ld->per_global : 0;
 		     !rc && sl__gstart(ld, g) < b && sl__gstart(ld, g) < total; g++) {
 			rc = sl__rank_positions(ld, o, g, pos);
-			for (uint32_t j = 0; !rc && j < ld->opt.batch_size; j++)
+			for (uint32_t j = 0; !rc && j < sl__bsize(ld, g); j++)
 				if (pos[j] >= a && pos[j] < b)
 					take[pos[j] - a] = 1;
 		}
@@ -393,7 +393,7 @@ int sl__plan_windows(struct sluice_loader *ld)
 		return -ENOMEM;
 	/* A batch may draw on any window its global batch overlaps (see sl__rank_positions). */
 	for (uint64_t g = 0; g < ld->nbatches; g++) {
-		const uint64_t p = sl__gstart(ld, g), len = ld->per_global;
+		const uint64_t p = sl__gstart(ld, g), len = sl__gsize(ld, g);
 
 		ld->bfirst[g] = UINT64_MAX;
 		for (uint64_t j = 0; j < len; j++) {

@@ -50,7 +50,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _records(ds):
-    return [(int(r["n"][0]), bytes(r["pad"])) for r in (ds[i] for i in range(len(ds)))]
+    return [(int(r["n"]), bytes(r["pad"])) for r in (ds[i] for i in range(len(ds)))]
 
 
 @contextlib.contextmanager
@@ -100,7 +100,7 @@ def test_a_second_process_finds_the_copies(web, cache):
     """The cache is keyed on the store and the path and checked by the file's version (its ETag): a second
     process reads the dataset with no GET at all, only HEADs."""
     code = ("import sys, sluice; ds = sluice.Dataset(sys.argv[1]); "
-            "print(sum(int(ds[i]['n'][0]) for i in range(len(ds))))")
+            "print(sum(int(ds[i]['n']) for i in range(len(ds))))")
     env = dict(os.environ, SLUICE_CACHE_DIR=str(cache))
     before = web.sent("/ds/")
     first = subprocess.run([sys.executable, "-c", code, web.url("ds")], capture_output=True, text=True, env=env)

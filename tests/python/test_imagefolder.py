@@ -35,7 +35,7 @@ def _pack(src, out, *extra):
 
 def _ours(ds_path):
     ds = sluice.Dataset(str(ds_path))
-    return ds, [(bytes(ds[i]["key"]).decode(), int(ds[i]["label"][0])) for i in range(len(ds))]
+    return ds, [(bytes(ds[i]["key"]).decode(), int(ds[i]["label"])) for i in range(len(ds))]
 
 
 def test_links_out_of_the_tree_are_not_followed(tmp_path):

@@ -111,7 +111,7 @@ def test_pixels_match_pil_and_torchvision_resize(photos, mode):
     ds, _ = photos
     enc = _by_id(ds)
     im = sluice.Images("data", size=(48, 40), mode=mode, flip=0.5, dtype="f32")
-    ld = sluice.Loader(ds, batch_size=16, seed=7, epoch=2, images=im)
+    ld = sluice.Loader(ds, numpy=True, batch_size=16, seed=7, epoch=2, images=im)
     worst = 0.0
     for b in ld:
         x = b["data"]
@@ -130,7 +130,7 @@ def test_flip_and_normalisation_are_exact(photos):
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
     def first(**kw):
-        ld = sluice.Loader(ds, batch_size=8, shuffle=False, images=sluice.Images("data", size=32, mode="resize", **kw))
+        ld = sluice.Loader(ds, numpy=True, batch_size=8, shuffle=False, images=sluice.Images("data", size=32, mode="resize", **kw))
         return next(iter(ld))["data"].copy()
 
     plain, flipped = first(flip=0.0), first(flip=1.0)
@@ -215,20 +215,20 @@ def test_same_seed_same_batches_and_resume_mid_epoch(photos):
         return out
 
     im = sluice.Images("data", size=24, flip=0.5)
-    a = batches(sluice.Loader(ds, batch_size=6, seed=11, epoch=1, images=im))
-    b = batches(sluice.Loader(ds, batch_size=6, seed=11, epoch=1, images=im))
+    a = batches(sluice.Loader(ds, numpy=True, batch_size=6, seed=11, epoch=1, images=im))
+    b = batches(sluice.Loader(ds, numpy=True, batch_size=6, seed=11, epoch=1, images=im))
     assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
-    ld = sluice.Loader(ds, batch_size=6, seed=11, epoch=1, images=im)
+    ld = sluice.Loader(ds, numpy=True, batch_size=6, seed=11, epoch=1, images=im)
     batches(ld, 3)
     state = ld.state_dict()
-    resumed = sluice.Loader(ds, batch_size=6, seed=0, images=im)
+    resumed = sluice.Loader(ds, numpy=True, batch_size=6, seed=0, images=im)
     resumed.load_state_dict(state)
     rest = batches(resumed)
     assert len(rest) == len(a) - 3
     for x, y in zip(a[3:], rest):
         assert np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) and np.array_equal(x[2], y[2])
     # another world size sees the same images for the same records
-    r0 = sluice.Loader(ds, batch_size=3, seed=11, epoch=1, rank=0, world_size=2, images=im)
+    r0 = sluice.Loader(ds, numpy=True, batch_size=3, seed=11, epoch=1, rank=0, world_size=2, images=im)
     for b in r0:
         for row, rid in enumerate(b.ids):
             for ids, data, _ in a:
@@ -322,11 +322,11 @@ def test_bad_options_name_the_option(photos):
                      ({"flip": 2.0}, "flip"), ({"dtype": "u8", "mean": (0, 0, 0), "std": (1, 1, 1)}, "normalised"),
                      ({"mode": "center_crop", "resize": 10}, "resize")]:
         with pytest.raises((ValueError, sluice.SluiceError), match=word):  # Python's checks, or the library's
-            sluice.Loader(ds, batch_size=4, images=sluice.Images("data", **kw))
+            sluice.Loader(ds, numpy=True, batch_size=4, images=sluice.Images("data", **kw))
     with pytest.raises(sluice.SluiceError, match="no loaded field"):
-        sluice.Loader(ds, batch_size=4, images=sluice.Images("pixels"))
+        sluice.Loader(ds, numpy=True, batch_size=4, images=sluice.Images("pixels"))
     with pytest.raises(sluice.SluiceError, match="not of variable-size bytes"):
-        sluice.Loader(ds, batch_size=4, images=sluice.Images("label"))
+        sluice.Loader(ds, numpy=True, batch_size=4, images=sluice.Images("label"))
     # A stranger's: options that wrapped on their way into C, or were dropped without a word.
     with pytest.raises(ValueError, match="std above 0"):
         sluice.Images("data", mean=(0.5, 0.5, 0.5), std=(0, 0, 0))
@@ -336,9 +336,9 @@ def test_bad_options_name_the_option(photos):
     with pytest.raises(TypeError, match="size="):
         sluice.Images("data", size=True)
     with pytest.raises(TypeError, match="a sluice.Images"):
-        sluice.Loader(ds, batch_size=4, images="data")
+        sluice.Loader(ds, numpy=True, batch_size=4, images="data")
     with pytest.raises(ValueError, match="needs a GPU loader"):
-        sluice.Loader(ds, batch_size=4, images=sluice.Images("data", decode="gpu"))
+        sluice.Loader(ds, numpy=True, batch_size=4, images=sluice.Images("data", decode="gpu"))
     for device in ("CPU", "cpu:0", "gpu", "cuda:x"):
         with pytest.raises(ValueError, match="'cpu', 'cuda' or 'cuda:N'"):
             sluice.Loader(ds, batch_size=4, device=device)
@@ -361,7 +361,7 @@ def test_gpu_batches_match_the_cpu(photos, photos444, dtype, channels_last, sub)
     kw = dict(size=(56, 48), flip=0.5, dtype=dtype, channels_last=channels_last,
               mean=None if dtype == "u8" else sluice.IMAGENET_MEAN, std=None if dtype == "u8" else sluice.IMAGENET_STD)
     g = sluice.Loader(ds, batch_size=16, seed=5, device="cuda", images=sluice.Images("data", decode="gpu", **kw))
-    c = sluice.Loader(ds, batch_size=16, seed=5, device="cpu", images=sluice.Images("data", decode="cpu", **kw))
+    c = sluice.Loader(ds, numpy=True, batch_size=16, seed=5, device="cpu", images=sluice.Images("data", decode="cpu", **kw))
     n = 0
     for bg, bc in zip(g, c):
         assert np.array_equal(bg.ids, bc.ids)
@@ -444,7 +444,7 @@ def _identity_decoded(tmp_path, cases):
     """{name: (sluice's pixels, PIL's convert("RGB")'s)} of 32 x 24 images through the identity resize, u8, CPU."""
     ds = _pack(tmp_path, {f"0/{k}.img": v for k, v in cases.items()})
     names = [bytes(ds[i]["key"]).decode().split("/")[-1].rsplit(".", 1)[0] for i in range(len(ds))]
-    ld = sluice.Loader(ds, batch_size=len(ds), shuffle=False,
+    ld = sluice.Loader(ds, numpy=True, batch_size=len(ds), shuffle=False,
                        images=sluice.Images("data", size=(24, 32), mode="resize", dtype="u8", decode="cpu"))
     b = next(iter(ld))
     assert len(b.ids) == len(cases)
@@ -521,7 +521,7 @@ def test_the_error_names_the_first_bad_record_and_earlier_batches_arrive(tmp_pat
     files.update({f"0/z{i:02d}.jpg": good for i in range(10)})
     ds = _pack(tmp_path, files)
     for _ in range(20):
-        ld = sluice.Loader(ds, batch_size=1, shuffle=False, images=sluice.Images("data", size=8, decode="cpu"))
+        ld = sluice.Loader(ds, numpy=True, batch_size=1, shuffle=False, images=sluice.Images("data", size=8, decode="cpu"))
         got = 0
         with pytest.raises(sluice.SluiceError, match=r"record 1: field 'data'"):
             for _ in ld:
@@ -536,7 +536,7 @@ def test_long_thin_images_and_wrapping_options_are_refused(tmp_path):
     tall = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(raw)) +
             _png_chunk(b"IEND", b""))
     ds = _pack(tmp_path, {"0/tall.png": tall})
-    ld = sluice.Loader(ds, batch_size=1, images=sluice.Images("data", size=64, mode="center_crop", resize=256))
+    ld = sluice.Loader(ds, numpy=True, batch_size=1, images=sluice.Images("data", size=64, mode="center_crop", resize=256))
     with pytest.raises(sluice.SluiceError, match="passes"):
         next(iter(ld))
     with pytest.raises(sluice.SluiceError, match="passes"):
@@ -546,9 +546,9 @@ def test_long_thin_images_and_wrapping_options_are_refused(tmp_path):
         with pytest.raises(ValueError):
             sluice.Images("data", **kw)
     with pytest.raises(sluice.SluiceError, match="inverse"):
-        sluice.Loader(ds, batch_size=1, images=sluice.Images("data", mean=(0, 0, 0), std=(1e-40, 1, 1)))
+        sluice.Loader(ds, numpy=True, batch_size=1, images=sluice.Images("data", mean=(0, 0, 0), std=(1e-40, 1, 1)))
     with pytest.raises(sluice.SluiceError, match="named twice"):
-        sluice.Loader(ds, batch_size=1, fields=["data", "data"], images=sluice.Images("data"))
+        sluice.Loader(ds, numpy=True, batch_size=1, fields=["data", "data"], images=sluice.Images("data"))
 
 
 def test_a_transform_of_ours_runs_on_each_batch_before_the_loop(photos):
@@ -562,7 +562,7 @@ def test_a_transform_of_ours_runs_on_each_batch_before_the_loop(photos):
         batch["data"] *= 0  # the images are there to change, decoded
         seen.append(len(batch.ids))
 
-    ld = sluice.Loader(ds, batch_size=8, images=sluice.Images("data", size=16), transform=shift)
+    ld = sluice.Loader(ds, numpy=True, batch_size=8, images=sluice.Images("data", size=16), transform=shift)
     n = 0
     for b in ld:
         assert (b["label"] >= 1000).all() and not b["data"].any()
@@ -573,7 +573,7 @@ def test_a_transform_of_ours_runs_on_each_batch_before_the_loop(photos):
         if 3 in batch.ids:
             raise KeyError("record 3 is not wanted")
 
-    ld = sluice.Loader(ds, batch_size=8, shuffle=False, transform=fails)
+    ld = sluice.Loader(ds, numpy=True, batch_size=8, shuffle=False, transform=fails)
     with pytest.raises(KeyError, match="record 3"):
         for _ in ld:
             pass

@@ -26,7 +26,7 @@ def test_valid_lines_are_taken(tmp_path):
     assert r.returncode == 0, r.stderr
     assert len(ds) == 3
     assert [bytes(ds[i]["t"]) for i in range(3)] == [b"a\x00b", b"c", b"d"]
-    assert [float(ds[i]["x"][0]) for i in range(3)] == [2.5, 3.0, -1.0]
+    assert [float(ds[i]["x"]) for i in range(3)] == [2.5, 3.0, -1.0]
     assert np.array_equal(ds[1]["v"], np.array([3, 4], np.float32))
     # Kept as written, not re-serialised (0.1 would become 0.10000000000000001).
     assert bytes(ds[1]["raw"]) == b"0.1"

@@ -58,7 +58,7 @@ def test_chunks_read_as_laid_out(tmp_path):
                                                           "vec": ("f32", (-1,)), "raw": ("bytes", ())}
     for i, (t, lab, vec, raw) in enumerate(s for c in chunks for s in c):
         r = ds[i]
-        assert bytes(r["text"]) == t and r["label"][0] == struct.unpack("<q", lab)[0]
+        assert bytes(r["text"]) == t and r["label"] == struct.unpack("<q", lab)[0]
         assert r["vec"].tobytes() == vec and bytes(r["raw"]) == raw
 
 
@@ -111,8 +111,8 @@ def test_litdatas_own_writer_and_reader(tmp_path):
     assert len(ds) == len(theirs) == 300
     for i in range(300):
         want, got = theirs[i], ds[i]
-        assert bytes(got["text"]).decode() == want["text"] and got["label"][0] == want["label"]
-        assert got["score"][0] == want["score"] and bool(got["flag"][0]) == want["flag"]
+        assert bytes(got["text"]).decode() == want["text"] and got["label"] == want["label"]
+        assert got["score"] == want["score"] and bool(got["flag"]) == want["flag"]
         assert np.array_equal(got["vec"], want["vec"]) and bytes(got["raw"]) == want["raw"]
 
 
@@ -164,8 +164,8 @@ def _same_rows(ds, rows):
     assert len(ds) == len(rows)
     for i, want in enumerate(rows):
         got = ds[i]
-        assert bytes(got["text"]).decode() == want["text"] and got["label"][0] == want["label"], i
-        assert got["score"][0] == want["score"] and bool(got["flag"][0]) == want["flag"]
+        assert bytes(got["text"]).decode() == want["text"] and got["label"] == want["label"], i
+        assert got["score"] == want["score"] and bool(got["flag"]) == want["flag"]
         assert bytes(got["raw"]) == want["raw"]
 
 
@@ -285,8 +285,8 @@ def test_litdatas_own_arrow_chunks(tmp_path, compression):
     for i in range(1500):
         want, got = theirs[i], ds[i]
         assert set(want) == {n for n, _, _ in ds.fields}
-        assert bytes(got["text"]).decode() == want["text"] and got["label"][0] == want["label"]
-        assert got["score"][0] == want["score"] and bool(got["flag"][0]) == want["flag"]
+        assert bytes(got["text"]).decode() == want["text"] and got["label"] == want["label"]
+        assert got["score"] == want["score"] and bool(got["flag"]) == want["flag"]
         assert bytes(got["raw"]) == want["raw"]
     ids = sorted(int(i) for b in sluice.Loader(ds, 50, seed=2, rank=0, world_size=1) for i in b["ids"])
     assert ids == list(range(1500))

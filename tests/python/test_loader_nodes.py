@@ -44,18 +44,20 @@ def _phase(ds, nodes, local, state, batches, drop_last, seed=11):
     world = nodes * local
     ids, counts, states = [[] for _ in range(nodes)], [], []
     for r in range(world):
-        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, nodes=nodes, drop_last=drop_last, prefetch=2)
+        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, nodes=nodes, drop_last=drop_last, prefetch=2,
+                           even_batches=True)  # every batch full: the fill of a shorter node is what is tested
         if state is not None:
             ld.load_state_dict(state)
-        got = 0
+        got, last = 0, ld.state_dict()
         for b in ld:
             assert len(b.ids) == B
             ids[r // local] += [int(x) for x in b.ids]
             got += 1
+            last = ld.state_dict()  # saved with the step's checkpoint (once the pass ends: the next epoch's start)
             if got == batches:
                 break
         counts.append(got)
-        states.append(ld.state_dict())
+        states.append(last)
     assert len(set(counts)) == 1, f"ranks got {counts} batches"
     assert all(s == states[0] for s in states), f"ranks disagree on the state: {states}"
     return ids, counts[0], states[0]

@@ -31,22 +31,24 @@ def _order(ds, seed):
     return [int(b["ids"][0]) for b in sluice.Loader(ds, 1, seed=seed, rank=0, world_size=1, drop_last=True)]
 
 
-def _phase(ds, world, position, batches, seed, drop_last, prefetch):
+def _phase(ds, world, position, batches, seed, drop_last, prefetch, even_batches=True):
     """world ranks from position, each taking `batches` batches (None: to the epoch's end); every rank's ids
-    and the position each reports after."""
+    and the position each reports after.  even_batches (here the default): every batch full."""
     ids, counts, positions = [], [], set()
     for r in range(world):
-        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, drop_last=drop_last, prefetch=prefetch)
+        ld = sluice.Loader(ds, B, seed=seed, rank=r, world_size=world, drop_last=drop_last, prefetch=prefetch,
+                           even_batches=even_batches)
         ld.load_state_dict({"seed": seed, "epoch": 0, "position": position})
-        got = 0
+        got, last = 0, ld.state_dict()
         for b in ld:
-            assert len(b["ids"]) == B
+            assert len(b["ids"]) == B or not even_batches
             ids += [int(x) for x in b["ids"]]
             got += 1
+            last = ld.state_dict()  # saved with the step's checkpoint (once the pass ends: the next epoch's start)
             if batches is not None and got == batches:
                 break
         counts.append(got)
-        positions.add(ld.state_dict()["position"])
+        positions.add(last["position"])
     assert len(set(counts)) == 1, f"ranks got {counts} batches"
     assert len(positions) == 1, f"ranks disagree on the position: {positions}"
     return ids, counts[0], positions.pop()
@@ -94,6 +96,22 @@ def test_fewer_samples_than_a_global_batch(tmp_path, drop_last):
     assert k2 == 0 and p2 == p
 
 
+def test_a_resumed_epoch_ends_as_distributed_sampler_ends_one(tmp_path):
+    """Without even_batches, 8 ranks, then 4, then 16 to the end: every record of the epoch once, but at most 15
+    (world_size - 1) taken twice by the last batch, which is short and the same size on every rank."""
+    n = 1003
+    ds = _dataset(tmp_path, n, "6K")
+    ids1, _, p1 = _phase(ds, 8, 0, 2, 123, False, prefetch=1, even_batches=False)
+    ids2, _, p2 = _phase(ds, 4, p1, 3, 123, False, prefetch=2, even_batches=False)
+    ids3, k3, p3 = _phase(ds, 16, p2, None, 123, False, prefetch=8, even_batches=False)
+    seen = ids1 + ids2 + ids3
+    assert set(seen) == set(range(n)) and len(seen) - n < 16
+    assert len(ids3) % 16 == 0 and len(ids3) // 16 == -(-(n - p2) // 16)
+    assert p3 == p2 + len(ids3) and p3 - n < 16
+    order = _order(ds, 123)
+    assert sorted(ids3) == sorted(order[p2:] + order[:p3 - n])
+
+
 def test_uninterrupted_epoch_is_the_same(tmp_path):
     """Stopping and resuming changes nothing: the same samples as one run straight through at the last world
     size."""
@@ -110,12 +128,12 @@ def test_uninterrupted_epoch_is_the_same(tmp_path):
 KEPT = """
 import gc, sys, numpy as np, sluice
 ds = sluice.Dataset(sys.argv[1])
-for batch in sluice.Loader(ds, 7, seed=3):
+for batch in sluice.Loader(ds, 7, seed=3, numpy=True):
     pass
 gc.collect()
 churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
 ids, n, pad = batch["ids"], batch["n"], batch["pad"]
-assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"][0]) for i in ids], (n, ids)
+assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"]) for i in ids], (n, ids)
 assert bytes(pad[0][pad[1][0]:pad[1][1]]) == bytes(ds[int(ids[0])]["pad"])
 print("ok")
 """
@@ -150,7 +168,8 @@ def _each_record_by_offsets(ds, field, want, device="cpu"):
     the source record, element for element."""
     import numpy as np
     seen = 0
-    for b in sluice.Loader(ds, 6, seed=2, rank=0, world_size=1, drop_last=True, device=device):
+    for b in sluice.Loader(ds, 6, seed=2, rank=0, world_size=1, drop_last=True, device=device,
+                              numpy=device == "cpu"):
         data, offs = b[field]
         if device != "cpu":
             data, offs = data.cpu().numpy(), offs.cpu().numpy()
@@ -196,12 +215,12 @@ def test_offsets_index_json_integer_lists_on_the_gpu(tmp_path):
 CLOSED = """
 import sys, numpy as np, sluice
 ds = sluice.Dataset(sys.argv[1])
-ld = sluice.Loader(ds, 7, seed=3)
+ld = sluice.Loader(ds, 7, seed=3, numpy=True)
 batch = next(iter(ld))
 ld.close()
 churn = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(64)]  # memory freed by a closed loader gets reused
 n, pad = batch["n"], batch["pad"]
-assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"][0]) for i in batch.ids], (n, batch.ids)
+assert [int(x) for x in n.reshape(-1)] == [int(ds[int(i)]["n"]) for i in batch.ids], (n, batch.ids)
 assert bytes(pad[0][pad[1][0]:pad[1][1]]) == bytes(ds[int(batch.ids[0])]["pad"])
 for use in (lambda: next(iter(ld)), lambda: len(ld), ld.state_dict, lambda: ld.set_epoch(1)):
     try:

@@ -143,8 +143,8 @@ def test_streamings_own_writer_and_reader(tmp_path):
     assert len(ds) == len(theirs) == 300
     for i, want in enumerate(theirs):
         got = ds[i]
-        assert bytes(got["text"]).decode() == want["text"] and got["label"][0] == want["label"]
-        assert np.array_equal(got["vec"], want["vec"]) and got["u8"][0] == want["u8"] and got["f"][0] == want["f"]
+        assert bytes(got["text"]).decode() == want["text"] and got["label"] == want["label"]
+        assert np.array_equal(got["vec"], want["vec"]) and got["u8"] == want["u8"] and got["f"] == want["f"]
         assert bytes(got["raw"]) == want["raw"]
         assert np.array_equal(mds_decode("ndarray", bytes(got["tok"])), want["tok"])
         assert np.array_equal(np.asarray(mds_decode("jpeg", bytes(got["img"]))), np.asarray(want["img"]))
@@ -365,7 +365,7 @@ def test_streamings_compressed_and_merged_datasets(tmp_path):
         assert len(ds) == len(want) == 300 and ds.shards > 1
         for i, w in enumerate(want):
             r = ds[i]
-            assert bytes(r["text"]).decode() == w["text"] and r["label"][0] == w["label"]
+            assert bytes(r["text"]).decode() == w["text"] and r["label"] == w["label"]
             assert bytes(r["raw"]) == w["raw"]
     m = tmp_path / "merged"
     write(m / "0", 120, 2)

@@ -187,7 +187,7 @@ def _tree(root, n=24, seed=3):
 
 
 def _records(ds):
-    return sorted((bytes(ds[i]["key"]), bytes(ds[i]["data"]), int(ds[i]["label"][0])) for i in range(len(ds)))
+    return sorted((bytes(ds[i]["key"]), bytes(ds[i]["data"]), int(ds[i]["label"])) for i in range(len(ds)))
 
 
 @pytest.fixture

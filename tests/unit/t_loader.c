@@ -331,7 +331,7 @@ static struct sluice_dataset *write_dataset(const char *path, uint64_t n, const 
 static struct sluice_loader *open_loader(struct sluice_engine *eng, struct sluice_dataset *ds, uint32_t B,
 					 unsigned rank, unsigned world, uint64_t position, int drop_last)
 {
-	struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = B, .seed = 7, .epoch = 1, .position = position, .rank = rank,
+	struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = B, .even_batches = 1, .seed = 7, .epoch = 1, .position = position, .rank = rank,
 					   .world_size = world, .drop_last = drop_last, .shuffle = 1,
 					   .window_bytes = 40 << 10 };
 	struct sluice_loader *ld = NULL;
@@ -514,7 +514,7 @@ static uint64_t run_nodes(unsigned nodes, unsigned local, uint32_t B, const stru
 	uint64_t count = UINT64_MAX;
 
 	for (unsigned r = 0; r < nodes * local; r++) {
-		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = B, .seed = 7, .epoch = 1,
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = B, .even_batches = 1, .seed = 7, .epoch = 1,
 						   .rank = r, .world_size = nodes * local, .shuffle = 1,
 						   .window_bytes = 40 << 10, .nodes = nodes, .resume = seg,
 						   .nresume = nseg };
@@ -629,7 +629,7 @@ static void test_resume_across_node_counts(void)
 	T_CHECK(nall >= n - 144 - 96 && nall - (n - 144 - 96) < 24 && nst == 3 && st[2].nodes == 1);
 	/* The state of a loader on 3 nodes resumed there: the old call counts, the new one needs room. */
 	{
-		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 8, .seed = 7, .epoch = 1,
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 8, .even_batches = 1, .seed = 7, .epoch = 1,
 						   .world_size = 3, .shuffle = 1, .nodes = 3, .resume = st2,
 						   .nresume = 2 };
 
@@ -721,6 +721,122 @@ static void test_drop_last_keeps_only_whole_global_batches(void)
 	sluice_loader_close(ld);
 }
 
+static void test_the_last_batch_is_short_as_distributed_samplers(void)
+{
+	/*
+	 * Without drop_last or even_batches, DistributedSampler's rule: each
+	 * of W ranks takes ceil(n / W) records, at most W - 1 of them twice,
+	 * the last batch short; one rank: every record once.  With nodes too.
+	 */
+	static const struct {
+		uint32_t B;
+		unsigned world, nodes;
+	} c[] = { { 48, 1, 1 }, { 300, 1, 1 }, { 64, 3, 1 }, { 7, 16, 1 }, { 5, 6, 2 }, { 2000, 4, 1 }, { 9, 8, 4 } };
+	uint64_t *seen = calloc(n, sizeof(uint64_t));
+
+	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+		const uint64_t per_rank = (n + c[k].world - 1) / c[k].world;
+		uint64_t all = 0, twice = 0;
+
+		memset(seen, 0, n * sizeof(uint64_t));
+		for (unsigned r = 0; r < c[k].world; r++) {
+			struct sluice_loader_options o = { .size = sizeof(o), .batch_size = c[k].B, .seed = 7, .epoch = 1,
+							   .rank = r, .world_size = c[k].world, .nodes = c[k].nodes,
+							   .shuffle = 1, .window_bytes = 40 << 10 };
+			uint64_t nb = 0, recs;
+
+			T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+			if (!ld)
+				continue;
+			nb = sluice_loader_batches(ld);
+			recs = drain(ld, got, UINT64_MAX);
+			/* Every rank the same records; every batch but the last full. */
+			T_CHECK(recs == per_rank && nb == (per_rank + c[k].B - 1) / c[k].B);
+			for (uint64_t j = 0; j < recs; j++)
+				twice += seen[got[j]]++ > 0;
+			all += recs;
+			sluice_loader_close(ld);
+		}
+		for (uint64_t id = 0; id < n; id++)
+			T_CHECK(seen[id] >= 1);
+		T_CHECK(all == per_rank * c[k].world && twice == all - n && twice < c[k].world);
+	}
+	free(seen);
+}
+
+/* Batch b's records checked field by field, as drain checks them: 1 when every one is right. */
+static int batch_right(const struct sluice_batch *b)
+{
+	char want[600];
+
+	for (uint32_t j = 0; j < b->size; j++) {
+		int64_t x;
+		uint64_t id = b->ids[j], *o = b->field[1].offsets;
+
+		memcpy(&x, (char *)b->field[0].data + 8 * j, 8);
+		v_fill(want, id);
+		if ((uint64_t)x != id || o[j + 1] - o[j] != v_len(id) ||
+		    memcmp((char *)b->field[1].data + o[j], want, v_len(id)))
+			return 0;
+	}
+	return 1;
+}
+
+static void test_held_batches_stay_unchanged_until_released(void)
+{
+	/*
+	 * hold: every batch of two epochs kept, none released until the end
+	 * (a list of the batches): each still holds its own records, its ids
+	 * the epoch's order.  Then, released in another order, the next epoch
+	 * runs on the memory given back.
+	 */
+	struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 48, .seed = 7, .epoch = 1, .shuffle = 1,
+					   .window_bytes = 40 << 10, .prefetch = 2, .hold = 1 };
+	struct sluice_batch *kept = calloc(64, sizeof(*kept));
+	unsigned k = 0;
+	int rc;
+
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+	for (int e = 0; e < 2; e++) {
+		while (k < 64 && (kept[k] = (struct sluice_batch)SLUICE_BATCH_INIT,
+				  (rc = sluice_loader_next(ld, &kept[k], NULL)) == 1))
+			k++;
+		T_CHECK(rc == 0);
+		T_CHECK(sluice_loader_set_epoch(ld, 1) == 0);
+	}
+	T_CHECK(k == 2 * 21);
+	for (unsigned i = 0, at = 0; i < k; i++) {
+		T_CHECK(kept[i].hold && batch_right(&kept[i]));
+		T_CHECK(kept[i].size == (i % 21 == 20 ? 1000 - 20 * 48 : 48));
+		T_CHECK(!memcmp(kept[i].ids, ref + at, kept[i].size * sizeof(uint64_t)));
+		at = (at + kept[i].size) % 1000;
+	}
+	for (unsigned i = 0; i < k; i++)
+		T_CHECK(sluice_loader_release(ld, kept[(i * 5) % k].hold) == 0);
+	T_CHECK(sluice_loader_release(ld, kept[0].hold) == SLUICE_EINVAL_CONFIG &&
+		strstr(sluice_last_error_detail(), "released already"));
+	T_CHECK(drain(ld, got, UINT64_MAX) == 1000 && !memcmp(got, ref, 1000 * sizeof(uint64_t)));
+	sluice_loader_close(ld);
+
+	/* A bound on the held memory: past it, the batch that needs more is an error naming hold_bytes. */
+	o.hold_bytes = 1;
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+	for (k = 0; (kept[k] = (struct sluice_batch)SLUICE_BATCH_INIT, (rc = sluice_loader_next(ld, &kept[k], NULL)) == 1);)
+		T_CHECK(batch_right(&kept[k++]));
+	T_CHECK(rc == -ENOBUFS && strstr(sluice_last_error_detail(), "hold_bytes") && k >= 2 && k <= 4);
+	sluice_loader_close(ld);
+
+	/* Without hold, a batch is the ring's again at the next call; release refuses. */
+	o.hold = 0;
+	o.hold_bytes = 0;
+	T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+	kept[0] = (struct sluice_batch)SLUICE_BATCH_INIT;
+	T_CHECK(sluice_loader_next(ld, &kept[0], NULL) == 1 && kept[0].hold == 0 &&
+		sluice_loader_release(ld, 1) == SLUICE_EINVAL_CONFIG);
+	sluice_loader_close(ld);
+	free(kept);
+}
+
 static void test_bad_options_are_named(void)
 {
 	/* Bad options, named. */
@@ -785,7 +901,7 @@ static void test_a_corrupt_record_fails_its_batch_naming_it(void)
 		sluice_loader_close(ld);
 
 		/* Skip and count: the batch holding it is one record short, the others are whole. */
-		struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = 48, .seed = 7, .epoch = 1, .shuffle = 1,
+		struct sluice_loader_options o = { .size = sizeof(struct sluice_loader_options), .batch_size = 48, .even_batches = 1, .seed = 7, .epoch = 1, .shuffle = 1,
 						   .window_bytes = 40 << 10, .skip_corrupt = 1 };
 		uint64_t total = 0, seen_bad = 0;
 
@@ -883,7 +999,7 @@ static int t_add_1000(struct sluice_batch *b, void *stream, void *arg)
 /* A transform runs on every batch before the consumer sees it; its error fails the batch, naming it. */
 static void test_a_transform_runs_before_the_consumer(void)
 {
-	struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 16, .seed = 1, .shuffle = 1,
+	struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 16, .even_batches = 1, .seed = 1, .shuffle = 1,
 					   .transform = t_add_1000 };
 	struct sluice_batch b = SLUICE_BATCH_INIT;
 	struct sluice_loader *l = NULL;
@@ -953,6 +1069,8 @@ int main(void)
 	test_a_slow_consumer_hardly_waits();
 	test_trace_writes_a_span_per_stage_and_names_a_bad_path();
 	test_drop_last_keeps_only_whole_global_batches();
+	test_the_last_batch_is_short_as_distributed_samplers();
+	test_held_batches_stay_unchanged_until_released();
 	test_bad_options_are_named();
 	test_a_batch_fills_no_more_than_its_size();
 	test_a_transform_runs_before_the_consumer();
