@@ -294,6 +294,21 @@ static void sl_set_low(struct sluice_loader *ld)
 	pthread_cond_broadcast(&ld->cv);
 }
 
+/*
+ * Under ld->lock: buffer s can take the next batch.  With hold, so can one
+ * whose batch the caller still holds (its memory moves out, sl__hold_detach),
+ * but only once fewer than half the ring's batches are made ahead of the
+ * caller: the usual loop lets go of a batch a step after taking it, and its
+ * buffer then comes back with no move; a caller who keeps batches, or waits
+ * on the very batch, still finds the ring at least half full.  The consumer
+ * wakes a producer at every hand-over, so the count is looked at again.
+ */
+static int sl_takeable(const struct sluice_loader *ld, const struct sl__batch_buf *s)
+{
+	return s->state == SL_B_FREE ||
+	       (ld->opt.hold && s->state == SL_B_OUT && ld->produce_g - ld->next_g < (ld->nbufs + 1) / 2);
+}
+
 /* ld->nprod of these take batches in order, each building its own in its buffer. */
 void *sl__produce(void *arg)
 {
@@ -310,10 +325,8 @@ void *sl__produce(void *arg)
 
 		uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 
-		/* With hold, a buffer whose batch the caller still holds is one to take: its memory moves out of it. */
 		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
-		       ld->bufs[ld->produce_g % ld->nbufs].state != SL_B_FREE &&
-		       !(ld->opt.hold && ld->bufs[ld->produce_g % ld->nbufs].state == SL_B_OUT))
+		       !sl_takeable(ld, &ld->bufs[ld->produce_g % ld->nbufs]))
 			pthread_cond_wait(&ld->buf_cv, &ld->lock);
 		sl__ld_span(ld, "buffer wait", t0, cpu0, ld->produce_g);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches || ld->produce_g >= ld->fail_g)
@@ -334,7 +347,7 @@ void *sl__produce(void *arg)
 		s->err = 0;
 		s->state = SL_B_BUILDING;
 		/* The next buffer may be free already: the other producer takes it. */
-		if (ld->produce_g < ld->nbatches && ld->bufs[ld->produce_g % ld->nbufs].state == SL_B_FREE)
+		if (ld->produce_g < ld->nbatches && sl_takeable(ld, &ld->bufs[ld->produce_g % ld->nbufs]))
 			pthread_cond_signal(&ld->buf_cv);
 		sl_set_low(ld);
 		pthread_mutex_unlock(&ld->lock);

@@ -283,6 +283,7 @@ int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s)
 	}
 	sl_swap(s, h);
 	ld->held_bytes += bytes;
+	ld->held_moved++;
 	s->state = SL_B_FREE;
 	return 0;
 }

@@ -309,12 +309,13 @@ struct sluice_loader {
 	/*
 	 * hold: the batches held past their buffer's turn and the spares,
 	 * under lock; held_bytes of their memory is the caller's, at most
-	 * hold_limit (the options' hold_bytes).
+	 * hold_limit (the options' hold_bytes); held_moved counts the batches
+	 * moved out of the ring (stats: "held_moved", "held_bytes").
 	 */
 	struct sl__held *sets;
 	size_t sets_cap;
 	unsigned nsets;
-	uint64_t held_bytes, hold_limit;
+	uint64_t held_bytes, hold_limit, held_moved;
 	uint64_t produce_g;         /* next batch a producer takes */
 	int stop, err;
 	char detail[384];

@@ -95,15 +95,19 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	size_t l = 0;
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
-	uint64_t all = atomic_load(&ld->record_bytes), hits, misses;
+	uint64_t all = atomic_load(&ld->record_bytes), hits, misses, held_moved, held_bytes;
 
 	sluice_object_cache_counts(&hits, &misses);
+	pthread_mutex_lock(&ld->lock);
+	held_moved = ld->held_moved;
+	held_bytes = ld->held_bytes;
+	pthread_mutex_unlock(&ld->lock);
 
 	SL_PUT("{\"batches\":%llu,\"records\":%llu,\"bytes\":%llu,\"window_records\":%llu,"
 	       "\"read_bytes\":%llu,\"read_bytes_cached\":%llu,\"object_cache_hits\":%llu,\"object_cache_misses\":%llu,"
 	       "\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
 	       "\"images_gpu\":%llu,\"images_cpu\":%llu,\"zstd_blocks_gpu\":%llu,\"zstd_blocks_cpu\":%llu,"
-	       "\"windows_read_ahead\":%llu,\"stages\":{",
+	       "\"windows_read_ahead\":%llu,\"held_moved\":%llu,\"held_bytes\":%llu,\"stages\":{",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_cached),
@@ -111,7 +115,7 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
 	       (unsigned long long)atomic_load(&ld->img_gpu), (unsigned long long)atomic_load(&ld->img_cpu),
 	       (unsigned long long)atomic_load(&ld->zblocks_gpu), (unsigned long long)atomic_load(&ld->zblocks_cpu),
-	       (unsigned long long)ld->preloaded);
+	       (unsigned long long)ld->preloaded, (unsigned long long)held_moved, (unsigned long long)held_bytes);
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,

@@ -104,6 +104,23 @@ def test_a_batch_held_across_later_steps_is_unchanged(path):
             assert bytes(np.asarray(old["t"][0], np.uint8)) == t, step
 
 
+def test_the_usual_loop_costs_no_memory_past_the_ring(path):
+    """A loop that lets go of each batch when it takes the next gives the ring its buffers back in turn: no batch
+    is moved into memory of its own (stats: held_moved), but for the pass's last, which the loop's variable still
+    holds as the next pass begins; list() moves all but the ring's, and they cost memory."""
+    ld = sluice.Loader(path, batch_size=10, shuffle=True)
+    for _ in range(3):
+        for b in ld:
+            assert len(_n(b)) == 10
+    st = ld.stats()
+    assert st["batches"] == 300 and st["held_moved"] <= 2
+    del b
+    assert ld.stats()["held_bytes"] == 0
+    kept = list(ld)
+    st = ld.stats()
+    assert len(kept) == 100 and st["held_moved"] >= 100 - 9 and st["held_bytes"] > 0
+
+
 def test_the_last_batch_is_short_and_no_record_twice(path):
     """drop_last=False, 1000 records, batch 300: 300, 300, 300, 100, as DataLoader gives them."""
     ours = [len(_n(b)) for b in sluice.Loader(path, batch_size=300)]
