@@ -57,10 +57,12 @@ def overhead(sluice_bin, d):
     c_us = st["stages"]["consumer_wait"]["p50_us"]
     py_us = statistics.median(times) * 1e6
     # The same with the bare ctypes call (no batch dict): splits the overhead into the call and the rest.
-    ld.set_epoch(2)
-    b, stream = sluice.Batch(), None
+    from sluice._lib import Batch
+    if sluice.lib.sluice_loader_set_epoch(ld._h, 2):  # the C loader's own epoch: the Loader's starts at a pass
+        raise RuntimeError("sluice_loader_set_epoch failed")
+    b, stream, held = Batch(), None, 0
+    b.struct_size = ctypes.sizeof(b)
     if DEV == "cuda":
-        import ctypes
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     bare = []
     while True:
@@ -70,8 +72,11 @@ def overhead(sluice_bin, d):
         t0 = time.perf_counter()
         r = sluice.lib.sluice_loader_next(ld._h, ctypes.byref(b), stream)
         bare.append(time.perf_counter() - t0)
+        if held:  # as the Loader's batches are let go of: the one before, once the next has come
+            sluice.lib.sluice_loader_release(ld._h, held)
         if r != 1:
             break
+        held = getattr(b, "hold", 0)  # (a build before the hold option has none)
     ctypes_us = statistics.median(bare[1:-1]) * 1e6
     # Where a next() spends its time in Python, one more epoch under cProfile (not timed above).
     import cProfile
