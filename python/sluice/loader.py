@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import re
+import weakref
 
 import numpy as np
 
@@ -105,6 +106,16 @@ _DATALOADER_ONLY = {
 }
 
 
+class _During:
+    """What the arrays of a batch a transform is given hold: the call's, so that one outliving it is found, and the
+    C loader, so that such an array points at memory that is still there."""
+
+    __slots__ = ("owner", "__weakref__")
+
+    def __init__(self, owner):
+        self.owner = owner
+
+
 class _Hold:
     """One batch the loop was handed: its memory is the loop's until this goes, which happens once no array of
     the batch is left (each holds it), and the ring then reuses it.  Holds the C loader open meanwhile."""
@@ -179,8 +190,9 @@ class Loader:
     transform: your own function of each batch (the dict the loop gets), run by the loader's threads after its own
     stages and before the batch is handed out, several batches at once; with device="cuda" inside
     torch.cuda.stream() of the stream the batch was made on, so its GPU work is done before the loop sees the
-    batch.  It changes the batch's arrays in place (their shapes stay); an exception it raises is raised by the
-    loop, at that batch.
+    batch.  It changes the batch's arrays in place (their shapes stay) and returns None; the arrays are the ring's
+    memory for the call only, so one it keeps (copy it instead), a field it assigns anew or a batch it returns is
+    an error, as is an exception it raises: each raised by the loop, at that batch.
     DataLoader's num_workers (0), pin_memory and persistent_workers are taken (the loader's threads read, decode and
     collate in C and live as long as it does; host batches are pinned where there is a GPU); its other arguments
     are refused with a sentence saying what sluice does instead.
@@ -271,7 +283,6 @@ class Loader:
         self._pass, self._fresh, self._next_epoch, self._at_start = 0, True, self._opt.epoch, True
         self._open(0)
         global _last_loader
-        import weakref
         _last_loader = weakref.ref(self)
 
     def _open(self, position):
@@ -286,15 +297,36 @@ class Loader:
         self._owner.transform = self._cb  # the loader's threads call it for as long as the C loader lives
 
     def _run_transform(self, bp, stream, arg):
-        """The loader's threads call this for each batch: the user's transform on the batch's arrays."""
+        """The loader's threads call this for each batch: the user's transform on the batch's arrays.  They are the
+        ring's memory, which the batch's hold takes only once it is handed out: every array made here holds
+        `during`, so one that outlives the call (kept by the transform: it would change under later batches, or
+        outlive the ring) is found, and so is a field assigned anew or a batch returned (the loop would get the
+        untransformed one)."""
         try:
-            batch = self._convert(bp.contents, None)
+            during = _During(self._owner)
+            alive = weakref.ref(during)
+            batch = self._convert(bp.contents, during)
+            del during
+            given = dict(batch)
             if stream:
                 import torch
                 with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=f"cuda:{self._gpu}")):
-                    self._transform(batch)
+                    r = self._transform(batch)
             else:
-                self._transform(batch)
+                r = self._transform(batch)
+            if r is not None:
+                raise TypeError(f"sluice.Loader: transform= returned a {type(r).__name__}: it changes the batch's "
+                                "arrays in place and returns None (the loop gets the batch it was given)")
+            changed = sorted(set(given) ^ set(batch) | {k for k in given if batch.get(k) is not given[k]})
+            if changed:
+                raise ValueError(f"sluice.Loader: transform= assigned or removed field(s) {', '.join(changed)}: "
+                                 "it changes the arrays in place (b['f'][:] = ..., b['f'].mul_(2)), whose memory "
+                                 "the loop gets")
+            del batch, given
+            if alive() is not None:
+                raise RuntimeError("sluice.Loader: transform= kept an array of the batch past the call: its memory "
+                                   "is the loader's ring, which later batches overwrite; keep a copy instead "
+                                   "(.copy(), .clone())")
             return 0
         except BaseException as e:  # noqa: B902 - it cannot cross into C; the loop raises it at this batch
             self._transform_error = e

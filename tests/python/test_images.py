@@ -6,6 +6,7 @@ import io
 import math
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -577,6 +578,41 @@ def test_a_transform_of_ours_runs_on_each_batch_before_the_loop(photos):
     with pytest.raises(KeyError, match="record 3"):
         for _ in ld:
             pass
+
+
+def test_a_transform_that_keeps_replaces_or_returns_is_an_error_not_the_untransformed_batch(photos):
+    """The transform's arrays are the ring's memory for the call only: one it keeps would change under later
+    batches, a field it assigns anew or a batch it returns would leave the loop the untransformed batch. Each is an
+    error the loop raises at that batch, naming what happened; an array kept still points at live memory."""
+    ds, _ = photos
+    kept = []
+    with pytest.raises(RuntimeError, match="kept an array of the batch"):
+        for _ in sluice.Loader(ds, numpy=True, batch_size=4, transform=lambda b: kept.append(b["label"])):
+            pass
+    assert kept and kept[0].shape == (4,)
+
+    def double(b):
+        b["label"] = b["label"] * 2
+
+    with pytest.raises(ValueError, match="assigned or removed field.*label"):
+        next(iter(sluice.Loader(ds, numpy=True, batch_size=4, transform=double)))
+    def drop(b):
+        del b["label"]
+
+    with pytest.raises(ValueError, match="assigned or removed field.*label"):
+        next(iter(sluice.Loader(ds, numpy=True, batch_size=4, transform=drop)))
+    with pytest.raises(TypeError, match="returned a _Batch"):
+        next(iter(sluice.Loader(ds, numpy=True, batch_size=4, transform=lambda b: b)))
+    # An array a transform kept, read after the loader is closed and gone: the memory it points at is still there.
+    r = subprocess.run([sys.executable, "-c",
+                        "import sys, gc, numpy as np, sluice\n"
+                        "kept = []\n"
+                        "ld = sluice.Loader(sys.argv[1], batch_size=4, numpy=True, transform=lambda b: kept.append(b['label']))\n"
+                        "try:\n    next(iter(ld))\nexcept RuntimeError:\n    pass\n"
+                        "ld.close(); del ld; gc.collect()\n"
+                        "junk = [np.ones(10**6) for _ in range(50)]\n"
+                        "print(kept[0].shape)", ds.path], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "(4,)", (r.returncode, r.stderr[-400:])
 
 
 @gpu
