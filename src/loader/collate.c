@@ -326,12 +326,12 @@ void *sl__produce(void *arg)
 		uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
 
 		while (!ld->stop && !ld->err && ld->produce_g < ld->nbatches &&
-		       !sl_takeable(ld, &ld->bufs[ld->produce_g % ld->nbufs]))
+		       !sl_takeable(ld, sl__slot(ld, ld->produce_g)))
 			pthread_cond_wait(&ld->buf_cv, &ld->lock);
 		sl__ld_span(ld, "buffer wait", t0, cpu0, ld->produce_g);
 		if (ld->stop || ld->err || ld->produce_g >= ld->nbatches || ld->produce_g >= ld->fail_g)
 			break;
-		s = &ld->bufs[ld->produce_g % ld->nbufs];
+		s = sl__slot(ld, ld->produce_g);
 		if (s->state == SL_B_OUT && (rc = sl__hold_detach(ld, s))) {
 			/* Batch produce_g cannot be made: its error is the consumer's when it gets there. */
 			if (ld->produce_g < ld->fail_g) {
@@ -347,7 +347,7 @@ void *sl__produce(void *arg)
 		s->err = 0;
 		s->state = SL_B_BUILDING;
 		/* The next buffer may be free already: the other producer takes it. */
-		if (ld->produce_g < ld->nbatches && sl_takeable(ld, &ld->bufs[ld->produce_g % ld->nbufs]))
+		if (ld->produce_g < ld->nbatches && sl_takeable(ld, sl__slot(ld, ld->produce_g)))
 			pthread_cond_signal(&ld->buf_cv);
 		sl_set_low(ld);
 		pthread_mutex_unlock(&ld->lock);

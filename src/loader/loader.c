@@ -159,6 +159,7 @@ static int sl_start(struct sluice_loader *ld)
 			ld->bufs[i].err = 0;
 		}
 	ld->produce_g = ld->next_g;
+	ld->slot_base = (unsigned)((ld->last_out + 1 + ld->nbufs - ld->next_g % ld->nbufs) % ld->nbufs);
 	ld->epoch_records = 0;
 	ld->fail_g = UINT64_MAX;
 	ld->epoch_skipped0 = atomic_load(&ld->skipped);
@@ -370,6 +371,7 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 	ld->nbufs = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
 	ld->win = calloc(ld->nwin, sizeof(*ld->win));
 	ld->bufs = calloc(ld->nbufs, sizeof(*ld->bufs));
+	ld->last_out = ld->nbufs - 1; /* the first start's first batch in bufs[0] */
 	if (!ld->win || !ld->bufs)
 		return -ENOMEM;
 	for (unsigned i = 0; i < ld->nbufs && !rc; i++)

@@ -75,7 +75,7 @@ static struct sl__batch_buf *sl_await(struct sluice_loader *ld, int *wake)
 
 		if (ld->next_g >= ld->nbatches)
 			return NULL;
-		s = &ld->bufs[ld->next_g % ld->nbufs];
+		s = sl__slot(ld, ld->next_g);
 		if (*wake && !(s->state == SL_B_READY && s->g == ld->next_g)) {
 			pthread_cond_signal(&ld->buf_cv); /* before waiting: the producer may make the very batch awaited */
 			*wake = 0;
@@ -99,6 +99,7 @@ static struct sl__batch_buf *sl_await(struct sluice_loader *ld, int *wake)
 static void sl_hand_over(struct sluice_loader *ld, struct sl__batch_buf *s, struct sluice_batch *b, void *stream)
 {
 	s->state = SL_B_OUT;
+	ld->last_out = (unsigned)(s - ld->bufs);
 	s->b.hold = 0;
 	if (ld->opt.hold) {
 		s->token = s->b.hold = ld->delivered + 1;

@@ -274,6 +274,13 @@ struct sluice_loader {
 	uint64_t epoch_records, epoch_skipped0; /* records handed over since the epoch (re)started; skipped then */
 	struct sl__batch_buf *bufs;
 	unsigned nbufs;
+	/*
+	 * Batch g is made in bufs[(g + slot_base) % nbufs] (sl__slot); each
+	 * start puts its first batch in the buffer after last_out, the one last
+	 * handed out, so a batch the caller still holds from the pass before
+	 * (the loop's variable) is the last one the new pass needs back.
+	 */
+	unsigned slot_base, last_out;
 	struct sl__window *win;
 	unsigned nwin;
 	/*
@@ -382,6 +389,12 @@ static inline uint32_t sl__bsize(const struct sluice_loader *ld, uint64_t g)
 static inline uint64_t sl__gend(const struct sluice_loader *ld)
 {
 	return ld->nbatches ? sl__gstart(ld, ld->nbatches - 1) + ld->last_global : ld->origin;
+}
+
+/* The buffer batch g of the current start is made in. */
+static inline struct sl__batch_buf *sl__slot(const struct sluice_loader *ld, uint64_t g)
+{
+	return &ld->bufs[(g + ld->slot_base) % ld->nbufs];
 }
 
 /* Positions of the node's sequence consumed once the batches before next_g are. */
