@@ -238,7 +238,7 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 {
 	struct sluice_loader *ld = p->ld;
-	struct sluice_record *rec = malloc(ld->opt.batch_size * sizeof(*rec));
+	struct sluice_record *rec = malloc(ld->bmax * sizeof(*rec));
 	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, t0, cpu0, waited = 0;
 	struct sl_layout l = { .size = 0 };
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */

@@ -279,10 +279,23 @@ static void sl_size_window(struct sluice_loader *ld, uint64_t bytes, uint64_t wi
 	ld->window -= ld->window % ld->chunk;
 }
 
+/*
+ * The most records a global batch takes from a sequence of len: a whole
+ * one, but one past the records is the records, rounded up to the node's
+ * ranks (sl_count_batches; with even_batches a last batch is filled whole,
+ * taking records more than once).
+ */
+static uint64_t sl_most(const struct sluice_loader *ld, uint64_t len)
+{
+	const uint64_t L = ld->per_global / ld->opt.batch_size, all = (len + L - 1) / L * L;
+
+	return ld->opt.even_batches || all > ld->per_global ? ld->per_global : all;
+}
+
 /* A batch's bytes, guessed from the fields; variable-size ones share what the record holds beyond its fixed ones. */
 static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
 {
-	uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0, guess = 0, B = ld->opt.batch_size;
+	uint64_t fixed = 0, avg = bytes / ld->n, nvar = 0, nvar_loaded = 0, guess = 0, B = ld->bmax;
 
 	for (unsigned f = 0; f < sluice_dataset_nfields(ld->ds); f++) {
 		uint64_t z = sl__field_fixed_size(sluice_dataset_field(ld->ds, f));
@@ -339,9 +352,11 @@ static int sl_open_stream(struct sluice_loader *ld)
  */
 static uint64_t sl_span(const struct sluice_loader *ld, uint64_t len)
 {
+	const uint64_t most = sl_most(ld, len);
+
 	if (len < ld->window)
 		return 1;
-	return (ld->per_global + ld->window - 1) / ld->window + 1 + (ld->per_global + len - 1) / len;
+	return (most + ld->window - 1) / ld->window + 1 + (most + len - 1) / len;
 }
 
 /*
@@ -375,7 +390,7 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 	if (!ld->win || !ld->bufs)
 		return -ENOMEM;
 	for (unsigned i = 0; i < ld->nbufs && !rc; i++)
-		if (!(ld->bufs[i].ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
+		if (!(ld->bufs[i].ids = malloc(ld->bmax * sizeof(uint64_t))))
 			rc = -ENOMEM;
 	if (!rc && ld->opt.gpu)
 		rc = sl_open_stream(ld);
@@ -452,6 +467,9 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	    (rc = opt->nresume ? sl_place(ld, opt->resume, opt->nresume)
 			       : sl_place(ld, &(struct sluice_loader_segment){ 1, opt->position }, 1)))
 		goto fail;
+	/* A batch size past the records: the batches hold the records, not batch_size of them. */
+	ld->bmax = (uint32_t)(sl_most(ld, ld->len > ld->fresh.len ? ld->len : ld->fresh.len) / local_world);
+	ld->bmax += !ld->bmax;
 	if (!(rc = sl_alloc_ring(ld, sl_guess_batch(ld, bytes), bytes)) && !(rc = sl_start(ld))) {
 		*out = ld;
 		return 0;

@@ -274,7 +274,7 @@ int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s)
 			return -ENOMEM;
 		h = &ld->sets[ld->nsets];
 		memset(h, 0, sizeof(*h));
-		if (!(h->ids = malloc(ld->opt.batch_size * sizeof(uint64_t))))
+		if (!(h->ids = malloc(ld->bmax * sizeof(uint64_t))))
 			return -ENOMEM;
 		ld->nsets++;
 		/* Its own copy's event: a spare's staging is written once its last copy is done (sl_wait_buf). */

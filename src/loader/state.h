@@ -268,6 +268,7 @@ struct sluice_loader {
 	 * second time, the last batch short).  See sl__gsize.
 	 */
 	uint64_t last_global;
+	uint32_t bmax; /* the most records a batch of this rank holds: batch_size, or fewer where the epoch has fewer */
 	uint64_t next_g;            /* next batch the consumer takes */
 	uint64_t delivered;         /* batches handed to the consumer since open, over epochs */
 	uint64_t delivered_records, delivered_bytes; /* and their records and field bytes */

@@ -103,7 +103,7 @@ int sl__window_reserve(struct sl__window *win, size_t n)
 static ssize_t sl_window_ids(struct sluice_loader *ld, const struct sl__order *o, struct sl__window *win, uint64_t lo,
 			     uint64_t hi)
 {
-	uint64_t total = sl__gend(ld), *pos = malloc(ld->opt.batch_size * sizeof(uint64_t));
+	uint64_t total = sl__gend(ld), *pos = malloc(ld->bmax * sizeof(uint64_t));
 	unsigned char *take = calloc(hi - lo + 1, 1);
 	size_t k = 0, u = 0;
 	int rc = pos && take ? 0 : -ENOMEM;

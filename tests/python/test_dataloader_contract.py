@@ -152,6 +152,39 @@ def test_ranks_get_distributed_samplers_share(path, world, batch):
     assert set(seen) == set(range(N)) and len(seen) - N == per * world - N < world
 
 
+@pytest.mark.parametrize("world,batch", [(3, 2), (3, 64), (4, 7)])
+def test_drop_last_with_ranks_takes_no_record_twice(path, world, batch):
+    """drop_last=True under ranks: no partial batch and no record twice, as DistributedSampler(drop_last=True) with
+    DataLoader(drop_last=True) give them (the sampler's default, drop_last=False, pads with repeats first, which can
+    make one batch more: the guide says so)."""
+    seen = []
+    for r in range(world):
+        ld = sluice.Loader(path, batch_size=batch, rank=r, world_size=world, shuffle=True, seed=1, drop_last=True)
+        got = [_n(b) for b in ld]
+        assert len(got) == len(ld) == N // world // batch and all(len(b) == batch for b in got)
+        seen += [i for b in got for i in b]
+        if torch is not None:
+            ds = DistributedSampler(_Records(), num_replicas=world, rank=r, shuffle=True, seed=1, drop_last=True)
+            dl = DataLoader(_Records(), batch_size=batch, sampler=ds, drop_last=True)
+            assert [len(_n(b)) for b in dl] == [len(b) for b in got] and len(dl) == len(ld)
+    assert len(seen) == len(set(seen))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_batch_size_past_the_dataset_is_one_batch_of_every_record(path, drop_last):
+    """batch_size larger than the dataset: one batch of every record (none with drop_last), as DataLoader gives;
+    the loader's memory is sized for the records, not for batch_size of them (it refused, or took gigabytes)."""
+    for batch in (N + 1, 40 * N, 10**8):
+        got = [_n(b) for b in sluice.Loader(path, batch_size=batch, shuffle=True, drop_last=drop_last)]
+        assert [sorted(b) for b in got] == ([] if drop_last else [list(range(N))])
+        if torch is not None:
+            theirs = [len(_n(b)) for b in DataLoader(_Records(), batch_size=batch, drop_last=drop_last)]
+            assert theirs == [len(b) for b in got]
+    # Over ranks, DistributedSampler's share of it: ceil(N / world) each.
+    assert [[len(_n(b)) for b in sluice.Loader(path, batch_size=10**6, rank=r, world_size=3, drop_last=drop_last)]
+            for r in range(3)] == [[] if drop_last else [-(-N // 3)]] * 3
+
+
 def test_breaking_off_a_pass_then_iterating_begins_a_new_one(path):
     """break out of a pass, then for batch in loader: a new whole pass (it gave the rest of the old one)."""
     ld = sluice.Loader(path, batch_size=100, shuffle=True)
