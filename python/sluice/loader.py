@@ -131,6 +131,13 @@ class _Hold:
             lib.sluice_loader_release(h, self.hold)
 
 
+def _flag(name, v):
+    """A yes-or-no option as a bool, or TypeError naming it (a string such as 'no' would be true)."""
+    if isinstance(v, (bool, np.bool_)) or (isinstance(v, (int, np.integer)) and v in (0, 1)):
+        return bool(v)
+    raise TypeError(f"Loader({name}={v!r}): True or False")
+
+
 def _torch():
     """torch where it is installed (imported on first use), else None."""
     global _torch_mod
@@ -238,10 +245,14 @@ class Loader:
         if images is not None and images.decode == "gpu" and device == "cpu":
             raise ValueError("Loader: Images(decode='gpu') needs a GPU loader (device='cuda'); decode='cpu' or "
                              "'auto' decode on the CPU")
+        pin_memory, persistent_workers, drop_last, shuffle, numpy, even_batches, skip_corrupt = (
+            _flag(k, v) for k, v in (("pin_memory", pin_memory), ("persistent_workers", persistent_workers),
+                                     ("drop_last", drop_last), ("shuffle", shuffle), ("numpy", numpy),
+                                     ("even_batches", even_batches), ("skip_corrupt", skip_corrupt)))
         self.dataset, self.device = dataset, device
-        self.pin_memory, self.persistent_workers, self.num_workers = bool(pin_memory), bool(persistent_workers), 0
-        self.batch_size, self.drop_last, self.shuffle = batch_size, bool(drop_last), bool(shuffle)
-        self._numpy, self._ragged = bool(numpy), ragged
+        self.pin_memory, self.persistent_workers, self.num_workers = pin_memory, persistent_workers, 0
+        self.batch_size, self.drop_last, self.shuffle = batch_size, drop_last, shuffle
+        self._numpy, self._ragged = numpy, ragged
         if ragged == "nested" and (self._numpy or (_torch() is None)):
             raise ValueError("Loader(ragged='nested'): torch.nested tensors need torch (and numpy=False)")
         index, self._gpu = 0, None

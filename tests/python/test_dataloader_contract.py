@@ -268,6 +268,10 @@ def test_dataloaders_arguments_mean_the_same_or_are_refused_in_a_sentence(path):
             sluice.Loader(path, batch_size=10, **kw)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         sluice.Loader(path, batch_size=10, bogus=1)
+    # A yes-or-no option given a string is refused naming it (DataLoader takes 'no' as true, and shuffles).
+    for name in ("shuffle", "drop_last", "pin_memory", "even_batches", "numpy"):
+        with pytest.raises(TypeError, match=rf"Loader\({name}='no'\): True or False"):
+            sluice.Loader(path, batch_size=10, **{name: "no"})
 
 
 def test_a_scalar_field_is_a_scalar_as_default_collate_stacks_it(path):
