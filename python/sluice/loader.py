@@ -371,19 +371,21 @@ class Loader:
         return s.value, e.value, p.value, [[seg[i].nodes, seg[i].position] for i in range(n)]
 
     def state_dict(self):
-        """{"seed", "epoch", "position"}: where the next batch starts, to save with the model's checkpoint; after a
+        """{"seed", "epoch", "position", "records"}: where the next batch starts (records: the dataset's, which
+        load_state_dict checks), to save with the model's checkpoint; after a
         pass ended (or before the first), the start of the next pass's epoch, as torchdata's StatefulDataLoader
         gives it.  A loader on several nodes, or one resumed from such a state, adds "segments": [[nodes,
         position], ...], the epoch's phases oldest first (each: the node count, and the positions of each node's
         own sequence consumed in it), the last being this loader's; "position" is then the epoch's records
         consumed by all nodes, a figure: the segments are the state."""
         seed, epoch, position, segments = self._state()
+        records = len(self.dataset)  # load_state_dict checks it: positions mean nothing in another dataset
         if self._ended:  # a pass ran to its end: the next one starts its epoch
-            state = {"seed": seed, "epoch": self._next_epoch, "position": 0}
+            state = {"seed": seed, "epoch": self._next_epoch, "position": 0, "records": records}
             if self._opt.nodes != 1:
                 state["segments"] = [[self._opt.nodes, 0]]
             return state
-        state = {"seed": seed, "epoch": epoch, "position": position}
+        state = {"seed": seed, "epoch": epoch, "position": position, "records": records}
         if len(segments) > 1 or segments[0][0] != 1:
             state["segments"] = segments
         return state
@@ -400,6 +402,9 @@ class Loader:
         if not isinstance(state, dict) or not all(k in state for k in ("seed", "epoch", "position")):
             raise ValueError(f"{where}: a dict with seed, epoch and position (what state_dict() gives), not "
                              f"{state!r:.200}")
+        if "records" in state and state["records"] != len(self.dataset):
+            raise ValueError(f"{where}: the state is of a dataset of {state['records']!r} records, and "
+                             f"{self.dataset.path} has {len(self.dataset)}: its positions would be other records")
         self._opt.seed = _int_option(where, "seed", state["seed"], 0, (1 << 64) - 1)
         self._opt.epoch = _int_option(where, "epoch", state["epoch"], 0, (1 << 64) - 1)
         segments = state.get("segments") or []

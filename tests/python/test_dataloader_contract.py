@@ -219,7 +219,7 @@ def test_a_resumed_loader_finishes_its_epoch_then_goes_on_to_whole_ones(path):
     after.load_state_dict(state)
     resumed = [i for b in after for i in _n(b)]
     assert resumed == rest and sorted(first + resumed) == list(range(N))
-    assert after.state_dict() == {"seed": 2, "epoch": 1, "position": 0}
+    assert after.state_dict() == {"seed": 2, "epoch": 1, "position": 0, "records": N}
     nxt = [i for b in after for i in _n(b)]
     assert sorted(nxt) == list(range(N)) and nxt == [i for b in ld for i in _n(b)]
     try:
@@ -234,6 +234,22 @@ def test_a_resumed_loader_finishes_its_epoch_then_goes_on_to_whole_ones(path):
     dl2 = StatefulDataLoader(_Records(), batch_size=100, shuffle=True)
     dl2.load_state_dict(s)
     assert len(list(dl2)) == 7 and len(list(dl2)) == 10
+
+
+def test_a_state_of_another_dataset_is_refused(path, tmp_path):
+    """A state carries its dataset's record count: loaded into a loader of another dataset, whose positions are
+    other records, it is refused naming both (it gave a pass of the wrong records, or an empty one)."""
+    ld = sluice.Loader(path, batch_size=10)
+    it = iter(ld)
+    next(it)
+    state = ld.state_dict()
+    assert state["records"] == N
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"n": i, "f": 0.0, "t": ""}) + "\n" for i in range(10)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(src), "--fields", "n,f,t", "--quiet", str(tmp_path / "s")],
+                   check=True, capture_output=True)
+    with pytest.raises(ValueError, match=f"a dataset of {N} records, and .* has 10"):
+        sluice.Loader(str(tmp_path / "s"), batch_size=3).load_state_dict(state)
 
 
 def test_batches_are_torch_tensors_where_torch_is_installed(path):

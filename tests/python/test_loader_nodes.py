@@ -156,7 +156,7 @@ def test_an_old_state_dict_resumes_on_nodes(ds):
     """A state of a loader from before nodes ({"seed", "epoch", "position"}, one node) goes on exactly on 2 nodes
     of 2 ranks, and a state of one node gains no "segments"."""
     first, k, state = _phase(ds, 1, 4, None, 4, False)
-    assert set(state) == {"seed", "epoch", "position"} and state["position"] == k * B * 4
+    assert set(state) == {"seed", "epoch", "position", "records"} and state["position"] == k * B * 4
     rest, _, after = _phase(ds, 2, 2, state, None, False)
     assert after["segments"][0] == [1, state["position"]]
     _check_resumed([first, rest], False)

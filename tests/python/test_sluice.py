@@ -127,7 +127,7 @@ def test_loader_batches_and_resume(ds_path):
     it = iter(first)
     got = [int(x) for _ in range(5) for x in next(it)["n"]]
     state = first.state_dict()
-    assert state == {"seed": 5, "epoch": 0, "position": 80}
+    assert state == {"seed": 5, "epoch": 0, "position": 80, "records": len(ds)}
     for r in range(2):
         rest = sluice.Loader(ds, batch_size=8, seed=5, drop_last=True, rank=r, world_size=2)
         rest.load_state_dict(state)
