@@ -444,7 +444,8 @@ class Loader:
         self._pass += 1
         me, epoch = self._pass, self._next_epoch
         if not self._fresh:
-            self._opt.epoch = epoch
+            # ctypes would wrap an epoch past 2**64 - 1 to 0: the pass after the last one is an error
+            self._opt.epoch = epoch = _int_option("Loader", "the next pass's epoch", epoch, 0, (1 << 64) - 1)
             check(lib.sluice_loader_set_epoch(h, epoch))
         else:
             epoch = self._opt.epoch

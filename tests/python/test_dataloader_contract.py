@@ -236,6 +236,15 @@ def test_a_resumed_loader_finishes_its_epoch_then_goes_on_to_whole_ones(path):
     assert len(list(dl2)) == 7 and len(list(dl2)) == 10
 
 
+def test_the_pass_after_the_last_epoch_is_an_error_not_epoch_0(path):
+    """Each pass is the next epoch; past 2**64 - 1 there is none: an error, where ctypes wrapped it to epoch 0."""
+    ld = sluice.Loader(path, batch_size=500)
+    ld.set_epoch((1 << 64) - 1)
+    assert sum(len(_n(b)) for b in ld) == N
+    with pytest.raises(ValueError, match="next pass's epoch=18446744073709551616 is out of range"):
+        iter(ld)
+
+
 def test_a_state_of_another_dataset_is_refused(path, tmp_path):
     """A state carries its dataset's record count: loaded into a loader of another dataset, whose positions are
     other records, it is refused naming both (it gave a pass of the wrong records, or an empty one)."""
