@@ -51,12 +51,16 @@ class Dataset:
         self._open(path)
 
     def __reduce__(self):
-        return (Dataset, (self.path,))
+        return (Dataset, (self._where,))
 
     def _open(self, path):
         h = C.c_void_p()
         check(lib.sluice_dataset_open(C.byref(h), os.fsencode(path)))
         self._h, self.path, self._pid = h, path, os.getpid()
+        # Where a worker, or this process after a fork, opens it again: a local path made absolute now, since
+        # the current directory may change before then (and another dataset lie under the same relative name).
+        p = os.fsdecode(path)
+        self._where = p if "://" in p else os.path.abspath(p)
         self.fields = []
         for f in range(lib.sluice_dataset_nfields(h)):
             fd = lib.sluice_dataset_field(h, f).contents
@@ -73,8 +77,9 @@ class Dataset:
         """The C dataset of this process: one forked from the opener's opens its own (the parent's is left as it
         is: closing it would touch what the parent's threads own)."""
         if self._pid != os.getpid():
-            self._h = None
-            self._open(self.path)
+            self._h, path = None, self.path
+            self._open(self._where)
+            self.path = path
         return self._h
 
     def __len__(self):

@@ -296,6 +296,17 @@ class Loader:
         global _last_loader
         _last_loader = weakref.ref(self)
 
+    def __copy__(self):
+        raise TypeError("sluice.Loader: a copy would share this loader's reader and its place in the epoch; make "
+                        "another Loader with the same arguments")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        raise TypeError("sluice.Loader: a loader holds threads and memory of this process and does not pickle; make "
+                        "another Loader with the same arguments where it is needed (sluice.Dataset pickles)")
+
     def _open(self, position):
         self._h = self._owner = None  # the previous C loader closes once no batch of its is left
         self._meta = None

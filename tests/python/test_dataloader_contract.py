@@ -339,10 +339,33 @@ def test_sluice_dataset_inside_dataloader_workers(path, method, tmp_path):
     assert got == [[i, "x" * (i % 7)] for i in range(N)]
 
 
-def test_a_dataset_pickles_as_its_path(path):
+def test_a_dataset_pickles_as_its_path(path, tmp_path, monkeypatch):
+    """A Dataset pickles (for DataLoader workers) as its path, a relative one made absolute when it opened: after a
+    chdir to where another dataset has that name, the worker's is still the same one (it opened the other)."""
+    import os
     import pickle
     ds = pickle.loads(pickle.dumps(sluice.Dataset(path)))
     assert len(ds) == N and ds[7]["n"] == 7
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"n": i, "f": 0.0, "t": ""}) + "\n" for i in range(10)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(src), "--fields", "n,f,t", "--quiet",
+                    str(tmp_path / os.path.basename(path))], check=True, capture_output=True)
+    monkeypatch.chdir(os.path.dirname(path))
+    rel = sluice.Dataset(os.path.basename(path))
+    monkeypatch.chdir(tmp_path)
+    assert len(sluice.Dataset(os.path.basename(path))) == 10  # the other one, here
+    assert len(pickle.loads(pickle.dumps(rel))) == N and rel.path == os.path.basename(path)
+
+
+def test_a_copy_of_a_loader_is_refused_not_shared(path):
+    """copy.copy or deepcopy of a Loader would share its C loader, so a pass of the copy took the original's: each
+    is refused saying to make another Loader."""
+    import copy
+    ld = sluice.Loader(path, batch_size=100)
+    for f in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="make another"):
+            f(ld)
+    assert sum(len(_n(b)) for b in ld) == N
 
 
 def test_held_batches_never_change_in_a_soak_of_random_holds(path):
