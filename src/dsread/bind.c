@@ -5,8 +5,9 @@
  * the shard, at most SL_BOUND of them (the least recently used one that no
  * call holds goes first), closed when the engine closes.  A call holds the
  * handles it uses (refs) until it ends, so one is never closed under a
- * read.  A dataset's id is never reused: the handles of a closed dataset
- * are only evicted in their turn, never handed to another.
+ * read.  A dataset's id is never reused, and a closing dataset's handles
+ * no call holds are closed in every engine's binder then (sl_forget), so
+ * its files are not kept open, nor the space of deleted ones.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -28,17 +29,43 @@ struct sl_binder {
 	pthread_mutex_t lock;
 	uint64_t clock, opens;
 	struct sl_bound e[SL_BOUND];
+	struct sl_binder *next; /* every engine's, under sl_binders_lock (taken before a binder's lock) */
 };
+
+static pthread_mutex_t sl_binders_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sl_binder *sl_binders;
+
+/* sluice_dataset_close(): the handles of dataset id no call holds, closed in every engine. */
+static void sl_forget(uint64_t id)
+{
+	pthread_mutex_lock(&sl_binders_lock);
+	for (struct sl_binder *b = sl_binders; b; b = b->next) {
+		pthread_mutex_lock(&b->lock);
+		for (unsigned i = 0; i < SL_BOUND; i++)
+			if (b->e[i].ds == id && b->e[i].f && !b->e[i].refs) {
+				sluice_file_close(b->e[i].f);
+				b->e[i] = (struct sl_bound){ 0 };
+			}
+		pthread_mutex_unlock(&b->lock);
+	}
+	pthread_mutex_unlock(&sl_binders_lock);
+}
 
 static void *sl_binder_make(struct sluice_engine *eng, int *err)
 {
 	struct sl_binder *b = calloc(1, sizeof(*b));
 
 	(void)eng;
-	if (!b)
+	if (!b) {
 		*err = -ENOMEM;
-	else
-		pthread_mutex_init(&b->lock, NULL);
+		return NULL;
+	}
+	pthread_mutex_init(&b->lock, NULL);
+	pthread_mutex_lock(&sl_binders_lock);
+	b->next = sl_binders;
+	sl_binders = b;
+	pthread_mutex_unlock(&sl_binders_lock);
+	sl__ds_on_close(sl_forget);
 	return b;
 }
 
@@ -47,6 +74,13 @@ static void sl_binder_drop(struct sluice_engine *eng, void *state)
 	struct sl_binder *b = state;
 
 	(void)eng;
+	pthread_mutex_lock(&sl_binders_lock);
+	for (struct sl_binder **p = &sl_binders; *p; p = &(*p)->next)
+		if (*p == b) {
+			*p = b->next;
+			break;
+		}
+	pthread_mutex_unlock(&sl_binders_lock);
 	for (unsigned i = 0; i < SL_BOUND; i++)
 		sluice_file_close(b->e[i].f);
 	pthread_mutex_destroy(&b->lock);

@@ -158,10 +158,21 @@ int sluice_dataset_open(struct sluice_dataset **out, const char *path)
 	return 0;
 }
 
+static void (*_Atomic sl_closing)(uint64_t id);
+
+void sl__ds_on_close(void (*fn)(uint64_t id))
+{
+	atomic_store(&sl_closing, fn);
+}
+
 void sluice_dataset_close(struct sluice_dataset *ds)
 {
+	void (*closing)(uint64_t id) = atomic_load(&sl_closing);
+
 	if (!ds)
 		return;
+	if (closing)
+		closing(ds->id);
 	sl__cache_prefetch_stop(ds->prefetch);
 	if (ds->ops)
 		ds->ops->close(ds);

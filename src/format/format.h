@@ -377,6 +377,12 @@ SL_HIDDEN int sl__ds_fd(struct sluice_dataset *ds, unsigned f);
 SL_HIDDEN int sl__ds_plan(struct sluice_dataset *ds, const unsigned *files, unsigned n);
 SL_HIDDEN int sl__ds_path(struct sluice_dataset *ds, unsigned f, char *path, size_t cap);
 /*
+ * fn(id) is called by sluice_dataset_close() with the closing dataset's id,
+ * so what the layers above keep of it (dsread's bound files) goes with it;
+ * one fn for the process, set once by the layer that keeps something.
+ */
+SL_HIDDEN void sl__ds_on_close(void (*fn)(uint64_t id));
+/*
  * Maps a whole file read-only; errors name the file (with enoent_hint, a
  * missing file is called an unfinished or foreign dataset).  munmap() it.
  */

@@ -357,6 +357,31 @@ def test_a_dataset_pickles_as_its_path(path, tmp_path, monkeypatch):
     assert len(pickle.loads(pickle.dumps(rel))) == N and rel.path == os.path.basename(path)
 
 
+def test_closing_the_loader_and_dataset_closes_the_shard_files(path):
+    """Once a Loader and its Dataset are closed, no descriptor of the dataset's files is left open (the engine kept
+    up to 256 of them, two descriptors each, and with them the space of files deleted since)."""
+    import gc
+    import os
+
+    def fds():
+        n = 0
+        for f in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{f}").startswith(path)
+            except OSError:
+                pass
+        return n
+
+    ds = sluice.Dataset(path)
+    ld = sluice.Loader(ds, batch_size=10, shuffle=True)
+    assert sum(len(_n(b)) for b in ld) == N and fds() > 0
+    ld.close()
+    ds.close()
+    del ld, ds
+    gc.collect()
+    assert fds() == 0
+
+
 def test_a_copy_of_a_loader_is_refused_not_shared(path):
     """copy.copy or deepcopy of a Loader would share its C loader, so a pass of the copy took the original's: each
     is refused saying to make another Loader."""
