@@ -127,7 +127,7 @@ class _Hold:
 
     def __del__(self):
         h = self.owner.h
-        if h and self.hold:
+        if h and self.hold and self.owner.pid == os.getpid():  # after a fork, the ring is the parent's
             lib.sluice_loader_release(h, self.hold)
 
 
@@ -357,6 +357,10 @@ class Loader:
     def _handle(self):
         if self._h is None:
             raise ValueError("sluice.Loader: the loader is closed")
+        if self._owner.pid != os.getpid():
+            raise RuntimeError(f"sluice.Loader: this loader was made in process {self._owner.pid}, before a fork; "
+                               "its threads did not cross the fork: make a Loader in this process (a sluice.Dataset "
+                               "reopens after a fork, and torch's DataLoader workers take one)")
         return self._h
 
     def __len__(self):
@@ -580,12 +584,14 @@ class _Owner:
     (views of its ring) is gone."""
 
     def __init__(self, h, dataset):
-        self.h, self.dataset = h, dataset
+        self.h, self.dataset, self.pid = h, dataset, os.getpid()
 
     def close(self):
-        if self.h:
+        # In a process forked from the opener, the C loader's threads are not there to join, and its lock may
+        # have been held by one of them at the fork: it is left as it is (the parent's to close).
+        if self.h and self.pid == os.getpid():
             lib.sluice_loader_close(self.h)
-            self.h = None
+        self.h = None
 
     def __del__(self):
         self.close()

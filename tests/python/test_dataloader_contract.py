@@ -357,6 +357,41 @@ def test_a_dataset_pickles_as_its_path(path, tmp_path, monkeypatch):
     assert len(pickle.loads(pickle.dumps(rel))) == N and rel.path == os.path.basename(path)
 
 
+_FORKED = """
+import gc, os, sys, sluice
+ld = sluice.Loader(sys.argv[1], batch_size=10, numpy=True, prefetch=4)
+held = [b for _, b in zip(range(30), ld)]
+want = sum(int(b["n"].sum()) for b in held)
+if os.fork() == 0:
+    try:
+        if sys.argv[2] == "iterate":
+            print(sum(len(b["n"]) for b in ld))
+        else:
+            print("held", sum(int(b["n"].sum()) for b in held) == want)
+            del held
+            gc.collect()
+            ld.close()
+            del ld
+            gc.collect()
+    except RuntimeError as e:
+        print(e)
+    os._exit(0)
+_, status = os.wait()
+print("child", status, sum(len(b["n"]) for b in ld))
+"""
+
+
+@pytest.mark.parametrize("what", ["iterate", "drop"])
+def test_a_forked_child_refuses_the_parents_loader_and_lets_it_go_without_a_crash(path, what):
+    """A process forked from one with a Loader: iterating it is an error saying to make one there (it segfaulted:
+    its threads are the parent's); the batches it holds read as they were, and letting them and the loader go
+    touches nothing of the parent's (it crashed, or hung, joining threads that are not there). The parent goes on."""
+    r = subprocess.run([sys.executable, "-c", _FORKED, path, what], capture_output=True, text=True, timeout=120)
+    out = r.stdout.split("\n")
+    assert r.returncode == 0 and out[-2] == f"child 0 {N}", (r.stdout[-400:], r.stderr[-400:])
+    assert ("before a fork" in out[0]) if what == "iterate" else out[0] == "held True", out
+
+
 def test_closing_the_loader_and_dataset_closes_the_shard_files(path):
     """Once a Loader and its Dataset are closed, no descriptor of the dataset's files is left open (the engine kept
     up to 256 of them, two descriptors each, and with them the space of files deleted since)."""
