@@ -263,9 +263,11 @@ int sl__hold_detach(struct sluice_loader *ld, struct sl__batch_buf *s)
 	struct sl__held *h = NULL;
 
 	if (ld->held_bytes + bytes > ld->hold_limit)
-		return sl__err(-ENOBUFS, "%s: the batches held take %llu bytes, and one more would pass the loader's "
-			       "hold_bytes of %llu: release batches done with (delete them), or copy what must be kept",
-			       ld->ds->path, (unsigned long long)ld->held_bytes, (unsigned long long)ld->hold_limit);
+		return sl__err(-ENOBUFS, "%s: the batches held past their turn take %llu bytes, and one more of %llu "
+			       "would pass the loader's hold_bytes of %llu: release batches done with (delete them), "
+			       "copy what must be kept, or raise hold_bytes",
+			       ld->ds->path, (unsigned long long)ld->held_bytes, (unsigned long long)bytes,
+			       (unsigned long long)ld->hold_limit);
 	for (unsigned i = 0; !h && i < ld->nsets; i++)
 		if (!ld->sets[i].token)
 			h = &ld->sets[i];
