@@ -29,7 +29,13 @@ struct sl_binder {
 	pthread_mutex_t lock;
 	uint64_t clock, opens;
 	struct sl_bound e[SL_BOUND];
-	struct sl_binder *next; /* every engine's, under sl_binders_lock (taken before a binder's lock) */
+	/*
+	 * Every engine's binder is on one list, under sl_binders_lock, taken
+	 * before a binder's lock (which is taken before the engine's, when a
+	 * file closes): listed by sl_binder, never under the engine's lock.
+	 */
+	struct sl_binder *next;
+	_Atomic int listed;
 };
 
 static pthread_mutex_t sl_binders_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -61,11 +67,6 @@ static void *sl_binder_make(struct sluice_engine *eng, int *err)
 		return NULL;
 	}
 	pthread_mutex_init(&b->lock, NULL);
-	pthread_mutex_lock(&sl_binders_lock);
-	b->next = sl_binders;
-	sl_binders = b;
-	pthread_mutex_unlock(&sl_binders_lock);
-	sl__ds_on_close(sl_forget);
 	return b;
 }
 
@@ -85,6 +86,24 @@ static void sl_binder_drop(struct sluice_engine *eng, void *state)
 		sluice_file_close(b->e[i].f);
 	pthread_mutex_destroy(&b->lock);
 	free(b);
+}
+
+/* eng's binder, made on first use (under the engine's lock) and then listed (not under it). */
+static struct sl_binder *sl_binder(struct sluice_engine *eng, int *rc)
+{
+	struct sl_binder *b = sl__eng_attach(eng, SL_ATTACH_DSFILES, sl_binder_make, sl_binder_drop, rc);
+
+	if (b && !atomic_load(&b->listed)) {
+		pthread_mutex_lock(&sl_binders_lock);
+		if (!atomic_load(&b->listed)) {
+			b->next = sl_binders;
+			sl_binders = b;
+			atomic_store(&b->listed, 1);
+		}
+		pthread_mutex_unlock(&sl_binders_lock);
+		sl__ds_on_close(sl_forget);
+	}
+	return b;
 }
 
 /* The slot of (ds, shard), or else a free one, or else the least recently used one no call holds; NULL: all held. */
@@ -108,7 +127,7 @@ static struct sl_bound *sl_slot(struct sl_binder *b, uint64_t ds, unsigned shard
 int sl__bind_file(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned shard, struct sluice_file **out)
 {
 	int rc = 0;
-	struct sl_binder *b = sl__eng_attach(eng, SL_ATTACH_DSFILES, sl_binder_make, sl_binder_drop, &rc);
+	struct sl_binder *b = sl_binder(eng, &rc);
 	struct sl_bound *e;
 	char path[4096];
 
@@ -152,7 +171,7 @@ int sl__bind_file(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned
 void sl__bind_release(struct sluice_engine *eng, struct sluice_file *f)
 {
 	int rc = 0;
-	struct sl_binder *b = f ? sl__eng_attach(eng, SL_ATTACH_DSFILES, sl_binder_make, sl_binder_drop, &rc) : NULL;
+	struct sl_binder *b = f ? sl_binder(eng, &rc) : NULL;
 	unsigned i = 0;
 
 	if (!b)
@@ -170,7 +189,7 @@ void sl__bind_release(struct sluice_engine *eng, struct sluice_file *f)
 uint64_t sl__bind_opens(struct sluice_engine *eng)
 {
 	int rc = 0;
-	struct sl_binder *b = sl__eng_attach(eng, SL_ATTACH_DSFILES, sl_binder_make, sl_binder_drop, &rc);
+	struct sl_binder *b = sl_binder(eng, &rc);
 	uint64_t n = 0;
 
 	if (b) {
