@@ -10,6 +10,11 @@ Contenders, each a training step (bf16 autocast, channels_last, SGD) on batches 
   tv_gpu       torchvision's batched GPU decode (decode_jpeg(list, device="cuda")), its v2 transforms on the
                GPU per image, stacked
   sluice       sluice.Loader(device="cuda", images=sluice.Images(224, flip, mean/std, bf16, channels_last))
+  dali, dali_best  NVIDIA DALI (where it imports; ../shared/tools/carry-dali.sh brings it to the GPU machine):
+               fn.readers.file -> fn.decoders.image(device="mixed") -> fn.random_resized_crop(224) ->
+               fn.crop_mirror_normalize (fp16, HWC, flip 0.5), at its defaults (4 threads) and at --dali-best
+               (THREADS,HW_DECODER_LOAD; default 8,0.99 as MLPerf's H100 configs set it); --dali-sweep first
+               runs each of its thread counts and loads once, alone, and keeps the fastest as dali_best
 Also, decode alone: torchvision's batched GPU decode of a batch's files against sluice's loader with no model
 (decoding and augmenting), images/s.
 
@@ -196,6 +201,8 @@ def main():
                          "blocking streams synchronise with)")
     ap.add_argument("--pin", action="store_true",
                     help="the training thread alone on CPU 0 (every other thread, the loaders' included, kept off it)")
+    ap.add_argument("--dali-best", default="8,0.99", help="DALI's best setting here: THREADS,HW_DECODER_LOAD")
+    ap.add_argument("--dali-sweep", default="", help="THREADS;LOADS to sweep, e.g. 4,8,12;0.65,0.9,0.99 (alone, once)")
     ap.add_argument("--profile", action="store_true", help="only: the GPU kernels of sluice's batches (torch.profiler)")
     ap.add_argument("--trace", default="", help="only: STEPS training steps of the first model fed by sluice under "
                     "torch.profiler, the Chrome trace written here and each stream's GPU time printed")
@@ -246,6 +253,48 @@ def main():
             else:
                 x = imgs[0].new_empty((len(imgs), 1))
             yield x, torch.zeros(len(imgs), dtype=torch.long, device="cuda")
+
+    def dali_batches(threads=4, hw_load=None):
+        """DALI's pipeline of the same images (ImageFolder tree), channels_last fp16 batches on the GPU."""
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        @pipeline_def(batch_size=a.batch, num_threads=threads, device_id=torch.cuda.current_device(),
+                      seed=int(time.time()))
+        def pipe():
+            jpegs, labels = fn.readers.file(file_root=f"{a.dir}/imgs", random_shuffle=True, name="Reader")
+            kw = {} if hw_load is None else {"hw_decoder_load": hw_load}
+            x = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB, **kw)
+            x = fn.random_resized_crop(x, size=224)
+            x = fn.crop_mirror_normalize(x, dtype=types.FLOAT16, output_layout="HWC",
+                                         mean=[m * 255 for m in MEAN], std=[v * 255 for v in STD],
+                                         mirror=fn.random.coin_flip(probability=0.5))
+            return x, labels
+
+        p = pipe()
+        p.build()
+        it = DALIGenericIterator(p, ["data", "label"], reader_name="Reader", auto_reset=True,
+                                 last_batch_policy=LastBatchPolicy.DROP)
+        while True:
+            for b in it:
+                # [B, H, W, 3] in memory: the model's [B, 3, H, W] in channels_last, as sluice's
+                yield b[0]["data"].permute(0, 3, 1, 2), b[0]["label"].view(-1).long().cuda(non_blocking=True)
+
+    try:
+        import nvidia.dali  # noqa: F401
+        have_dali = True
+    except ImportError as e:
+        have_dali, res["dali"] = False, f"skipped: DALI does not import ({e})"
+    dali_best = tuple(float(v) for v in a.dali_best.split(","))
+    if have_dali and a.dali_sweep and (not only or {"dali", "dali_best"} & only):
+        threads, loads = (v.split(",") for v in a.dali_sweep.split(";"))
+        sweep = {f"{t},{h}": measured(lambda t=int(t), h=float(h): run_steps(dali_batches(t, h), None, a.warm,
+                                                                           a.steps))["images_s"]
+                 for t in threads for h in loads}
+        best = max(sweep, key=sweep.get)
+        res["dali_sweep"] = {"images_s": sweep, "best": best}
+        dali_best = tuple(float(v) for v in best.split(","))
+        print("dali sweep (alone)", {k: round(v) for k, v in sweep.items()}, "best", best, flush=True)
 
     def sluice_batches(key="sluice_stats"):
         ld = sluice.Loader(ds, shuffle=True, batch_size=a.batch, device="cuda", images=images, fields=["data", "label"],
@@ -298,12 +347,18 @@ def main():
             "tv_gpu": lambda: measured(lambda: run_steps(tv_gpu(), tr, a.warm, a.steps)),
             "sluice": lambda: measured(lambda: run_steps(sluice_batches(f"sluice_stats_{name}"), tr, a.warm, a.steps)),
         }
+        if have_dali:
+            contenders["dali"] = lambda: measured(lambda: run_steps(dali_batches(), tr, a.warm, a.steps))
+            contenders["dali_best"] = lambda: measured(lambda: run_steps(
+                dali_batches(int(dali_best[0]), dali_best[1]), tr, a.warm, a.steps))
         if only:
             contenders = {k: v for k, v in contenders.items() if k in only}
         r = side_by_side(contenders, a.reps, key="images_s")
         ceiling = r.get("ceiling", {}).get("images_s")
         best_dl = max([r[k].get("images_s", 0) for k in ("dl8", "dl16") if k in r] or [0])
         r["ratios"] = {
+            "sluice_over_dali_best": (r["sluice"]["images_s"] / r["dali_best"]["images_s"])
+            if "images_s" in r.get("sluice", {}) and "images_s" in r.get("dali_best", {}) else None,
             "sluice_over_ceiling": (r["sluice"]["images_s"] / ceiling) if ceiling and "images_s" in r.get("sluice", {}) else None,
             "sluice_over_best_dataloader": (r["sluice"]["images_s"] / best_dl) if best_dl and "images_s" in r.get("sluice", {}) else None,
         }
@@ -315,10 +370,14 @@ def main():
 
     # Decode alone: a batch's files decoded on the GPU by torchvision, against sluice's loader with no model.
     if not only or "decode" in only:
-        r = side_by_side({
+        alone = {
             "tv_decode": lambda: measured(lambda: run_steps(tv_gpu(transform=False), None, a.warm, a.steps)),
             "sluice_decode": lambda: measured(lambda: run_steps(sluice_batches(), None, a.warm, a.steps)),
-        }, a.reps, key="images_s")
+        }
+        if have_dali:
+            alone["dali_best_alone"] = lambda: measured(lambda: run_steps(
+                dali_batches(int(dali_best[0]), dali_best[1]), None, a.warm, a.steps))
+        r = side_by_side(alone, a.reps, key="images_s")
         t, s = r["tv_decode"].get("images_s"), r["sluice_decode"].get("images_s")
         r["ratio"] = s / t if s and t else None
         res["decode"] = r
