@@ -280,15 +280,20 @@ static void sl_size_window(struct sluice_loader *ld, uint64_t bytes, uint64_t wi
 }
 
 /*
- * The most records a global batch takes from a sequence of len: a whole
- * one, but one past the records is the records, rounded up to the node's
- * ranks (sl_count_batches; with even_batches a last batch is filled whole,
- * taking records more than once).
+ * The most records a global batch of this node takes, in this epoch or the
+ * next: a whole one, but one past the longest node sequence is that
+ * sequence, rounded up to the node's ranks (sl_count_batches counts on the
+ * longest; with even_batches a last batch is filled whole, taking records
+ * more than once).
  */
-static uint64_t sl_most(const struct sluice_loader *ld, uint64_t len)
+static uint64_t sl_most(const struct sluice_loader *ld)
 {
-	const uint64_t L = ld->per_global / ld->opt.batch_size, all = (len + L - 1) / L * L;
+	const uint64_t L = ld->per_global / ld->opt.batch_size;
+	uint64_t len = ld->view.len > ld->fresh.len ? ld->view.len : ld->fresh.len, all;
 
+	len = len > ld->view.longest ? len : ld->view.longest;
+	len = len > ld->fresh.longest ? len : ld->fresh.longest;
+	all = (len + L - 1) / L * L;
 	return ld->opt.even_batches || all > ld->per_global ? ld->per_global : all;
 }
 
@@ -352,7 +357,7 @@ static int sl_open_stream(struct sluice_loader *ld)
  */
 static uint64_t sl_span(const struct sluice_loader *ld, uint64_t len)
 {
-	const uint64_t most = sl_most(ld, len);
+	const uint64_t most = sl_most(ld);
 
 	if (len < ld->window)
 		return 1;
@@ -468,7 +473,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 			       : sl_place(ld, &(struct sluice_loader_segment){ 1, opt->position }, 1)))
 		goto fail;
 	/* A batch size past the records: the batches hold the records, not batch_size of them. */
-	ld->bmax = (uint32_t)(sl_most(ld, ld->len > ld->fresh.len ? ld->len : ld->fresh.len) / local_world);
+	ld->bmax = (uint32_t)(sl_most(ld) / local_world);
 	ld->bmax += !ld->bmax;
 	if (!(rc = sl_alloc_ring(ld, sl_guess_batch(ld, bytes), bytes)) && !(rc = sl_start(ld))) {
 		*out = ld;

@@ -185,6 +185,23 @@ def test_a_batch_size_past_the_dataset_is_one_batch_of_every_record(path, drop_l
             for r in range(3)] == [[] if drop_last else [-(-N // 3)]] * 3
 
 
+def test_a_batch_past_a_shorter_nodes_sequence_is_as_large_as_the_longer_nodes(tmp_path):
+    """101 records on 2 nodes of 2 ranks (sequences of 50 and 51), a batch past either: every rank ceil(101 / 4)
+    records, every record seen (the shorter node's memory was sized for its own sequence, and overrun)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"n": i, "f": 0.0, "t": "x" * (i % 7)}) + "\n" for i in range(101)))
+    subprocess.run([SLUICE, "pack", "--from-jsonl", str(src), "--fields", "n,f,t", "--quiet", str(tmp_path / "s")],
+                   check=True, capture_output=True)
+    for batch in (40, 100, 10**6):
+        seen = []
+        for r in range(4):
+            got = [_n(b) for b in sluice.Loader(str(tmp_path / "s"), batch_size=batch, rank=r, world_size=4, nodes=2,
+                                                 shuffle=True, numpy=True)]
+            assert [len(b) for b in got] == [26], (batch, r)
+            seen += [i for b in got for i in b]
+        assert set(seen) == set(range(101)) and len(seen) == 104
+
+
 def test_breaking_off_a_pass_then_iterating_begins_a_new_one(path):
     """break out of a pass, then for batch in loader: a new whole pass (it gave the rest of the old one)."""
     ld = sluice.Loader(path, batch_size=100, shuffle=True)

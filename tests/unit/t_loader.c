@@ -596,6 +596,26 @@ static void test_nodes_read_apart_with_equal_batch_counts(void)
 	}
 }
 
+/*
+ * A batch past the nodes' sequences (1000 records on 3 nodes: 333, 333 and
+ * 334): every rank's batch is the longest's, 334 records, its memory sized
+ * for that (a shorter node's was sized for its own 333, and overrun).
+ */
+static void test_a_batch_past_unequal_node_sequences(void)
+{
+	uint64_t *mine = malloc(2 * n * sizeof(uint64_t));
+
+	for (unsigned r = 0; r < 3; r++) {
+		struct sluice_loader_options o = { .size = sizeof(o), .batch_size = 400, .seed = 7, .rank = r,
+						   .world_size = 3, .shuffle = 1, .nodes = 3 };
+
+		T_CHECK(sluice_loader_open(&ld, eng, ds, &o) == 0);
+		T_CHECK(sluice_loader_batches(ld) == 1 && drain(ld, mine, UINT64_MAX) == 334);
+		sluice_loader_close(ld);
+	}
+	free(mine);
+}
+
 static void test_resume_across_node_counts(void)
 {
 	/* 2 nodes of 2 ranks take 3 batches of 12, then 3 nodes of 1 take 4 of 8, then 1 node of 4 the rest (6). */
@@ -1112,6 +1132,7 @@ int main(void)
 	test_drop_last_keeps_only_whole_global_batches();
 	test_the_last_batch_is_short_as_distributed_samplers();
 	test_held_batches_stay_unchanged_until_released();
+	test_a_batch_past_unequal_node_sequences();
 	test_bad_options_are_named();
 	test_a_batch_fills_no_more_than_its_size();
 	test_a_transform_runs_before_the_consumer();
