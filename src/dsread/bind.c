@@ -144,8 +144,20 @@ int sl__bind_file(struct sluice_engine *eng, struct sluice_dataset *ds, unsigned
 		return 0;
 	}
 	pthread_mutex_unlock(&b->lock);
-	/* Opened outside the lock (a remote shard's copy may be downloaded first), then placed. */
-	if ((rc = sl__ds_path(ds, shard, path, sizeof(path))) || (rc = sluice_file_open(out, eng, path, SLUICE_RDONLY)))
+	/*
+	 * Opened outside the lock (a remote shard's copy may be downloaded
+	 * first), then placed.  A copy the cache lets go between sl__ds_path's
+	 * look and the open (a fetch of another process made room) is fetched
+	 * again, a few times; a local file's absence is the error at once.
+	 */
+	for (int tries = 0;; tries++) {
+		if ((rc = sl__ds_path(ds, shard, path, sizeof(path))))
+			return rc;
+		rc = sluice_file_open(out, eng, path, SLUICE_RDONLY);
+		if (rc != -ENOENT || tries == 3 || sl__fs_is_local(ds->files[shard]))
+			break;
+	}
+	if (rc)
 		return rc;
 	pthread_mutex_lock(&b->lock);
 	b->opens++;
