@@ -134,26 +134,32 @@ def measured(fn):
     return r
 
 
-def trace_training(a, torch, tr, batches):
-    """STEPS steps under torch.profiler: the Chrome trace to a.trace, and per CUDA stream the GPU time of its
-    kernels and copies, with the gaps between the model's kernels (the time its stream had nothing running)."""
+def trace_training(path, torch, tr, batches, warm, steps):
+    """STEPS training steps under torch.profiler, the Chrome trace written to PATH; returns what it shows: per CUDA
+    stream the GPU time of its kernels and copies; the gaps between the model's kernels, split into those whose
+    next kernel was launched only after the previous one ended (the CPU was late) and those where it was queued
+    already (the GPU's); and per host thread the CUDA runtime and driver calls it made a step (which thread makes
+    them, while the training thread launches: the thread with the most aten ops is the training thread)."""
     import collections
     import json
     from torch.profiler import ProfilerActivity, profile
-    for _ in range(a.warm):
+    for _ in range(warm):
         tr.step(*next(batches))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(a.steps):
+        t0 = time.perf_counter()
+        for _ in range(steps):
             tr.step(*next(batches))
         torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
     batches.close()
-    prof.export_chrome_trace(a.trace)
-    with open(a.trace) as f:
-        events = json.load(f)["traceEvents"]
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    out = {"steps": steps, "step_ms": wall / steps * 1e3, "streams": [], "threads": []}
     per = collections.defaultdict(lambda: [0.0, 0, set(), []])
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             k = (e.get("args", {}).get("stream"), e["cat"])
             per[k][0] += e["dur"]
             per[k][1] += 1
@@ -162,15 +168,14 @@ def trace_training(a, torch, tr, batches):
     for (stream, cat), (us, n, names, spans) in sorted(per.items(), key=lambda x: -x[1][0]):
         spans.sort()
         gaps = sum(max(0.0, b[0] - a_[1]) for a_, b in zip(spans, spans[1:]))
-        print(f"stream {stream} {cat}: {n} ops, {us / 1e3:.1f} ms busy, {gaps / 1e3:.1f} ms of gaps between them; "
-              f"{sorted(names)[:4]}", flush=True)
-    # The model's stream (the most kernels): each gap before a kernel launched only after the one before it ended
-    # is the CPU's (the launch came late); the rest waited on the GPU with the kernel already queued.
-    launch = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X" and
-              e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        out["streams"].append({"stream": stream, "kind": cat, "ops_per_step": n / steps,
+                               "busy_ms_per_step": us / 1e3 / steps, "gaps_ms_per_step": gaps / 1e3 / steps,
+                               "names": sorted(names)[:4]})
+    api = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    launch = {e["args"]["correlation"]: e for e in api if "correlation" in e.get("args", {})}
     model = max((k for k in per if k[1] == "kernel"), key=lambda k: per[k][1])
-    ks = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and
-                 e.get("args", {}).get("stream") == model[0]), key=lambda e: e["ts"])
+    ks = sorted((e for e in events if e.get("cat") == "kernel" and e.get("args", {}).get("stream") == model[0]),
+                key=lambda e: e["ts"])
     late = queued = 0.0
     for a_, b in zip(ks, ks[1:]):
         end, gap = a_["ts"] + a_["dur"], b["ts"] - (a_["ts"] + a_["dur"])
@@ -180,8 +185,28 @@ def trace_training(a, torch, tr, batches):
                 late += gap
             else:
                 queued += gap
-    print(f"model stream {model[0]}: gaps {late / 1e3:.1f} ms with the next kernel launched late (the CPU's), "
-          f"{queued / 1e3:.1f} ms with it already queued (the GPU's)", flush=True)
+    out["model_stream"] = {"stream": model[0], "late_ms_per_step": late / 1e3 / steps,
+                           "queued_ms_per_step": queued / 1e3 / steps}
+    ops = collections.Counter(e.get("tid") for e in events if e.get("cat") == "cpu_op")
+    train_tid = ops.most_common(1)[0][0] if ops else None
+    by = collections.defaultdict(collections.Counter)
+    busy = collections.Counter()
+    for e in api:
+        by[e.get("tid")][e["name"]] += 1
+        busy[e.get("tid")] += e["dur"]
+    for tid, c in sorted(by.items(), key=lambda x: -sum(x[1].values())):
+        out["threads"].append({"tid": tid, "training": tid == train_tid, "calls_per_step": sum(c.values()) / steps,
+                               "ms_in_calls_per_step": busy[tid] / 1e3 / steps,
+                               "top": {k: round(v / steps, 1) for k, v in c.most_common(6)}})
+    print(f"  {steps} steps, {out['step_ms']:.2f} ms a step; model stream {model[0]}: gaps {late / 1e3 / steps:.2f} "
+          f"ms/step launched late (the CPU's), {queued / 1e3 / steps:.2f} ms/step already queued (the GPU's)", flush=True)
+    for st in out["streams"][:6]:
+        print(f"  stream {st['stream']} {st['kind']}: {st['ops_per_step']:.0f} ops, {st['busy_ms_per_step']:.2f} ms "
+              f"busy a step, {st['gaps_ms_per_step']:.2f} ms gaps; {st['names']}", flush=True)
+    for th in out["threads"][:8]:
+        print(f"  thread {th['tid']}{' (training)' if th['training'] else ''}: {th['calls_per_step']:.0f} CUDA calls "
+              f"a step, {th['ms_in_calls_per_step']:.2f} ms in them; {th['top']}", flush=True)
+    return out
 
 
 def main():
@@ -204,8 +229,10 @@ def main():
     ap.add_argument("--dali-best", default="8,0.99", help="DALI's best setting here: THREADS,HW_DECODER_LOAD")
     ap.add_argument("--dali-sweep", default="", help="THREADS;LOADS to sweep, e.g. 4,8,12;0.65,0.9,0.99 (alone, once)")
     ap.add_argument("--profile", action="store_true", help="only: the GPU kernels of sluice's batches (torch.profiler)")
-    ap.add_argument("--trace", default="", help="only: STEPS training steps of the first model fed by sluice under "
-                    "torch.profiler, the Chrome trace written here and each stream's GPU time printed")
+    ap.add_argument("--trace", default="", help="only: STEPS training steps of each model fed by each of --trace-with "
+                    "under torch.profiler, the Chrome traces written to TRACE.MODEL.CONTENDER.json, what they show "
+                    "printed and in --out")
+    ap.add_argument("--trace-with", default="sluice", help="the contenders traced (sluice, dali_best, ceiling, ...)")
     a = ap.parse_args()
     # What docs/guides/images.md asks of a user of GPU image loaders, before CUDA starts (a value set is kept).
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
@@ -305,7 +332,11 @@ def main():
         finally:
             st = ld.stats()
             res[key] = {k: st.get(k) for k in ("gpu_wait_share", "step_us", "loader_us", "verdict", "images_gpu",
-                                               "images_cpu", "skipped")}
+                                               "images_cpu", "skipped", "batches", "cuda_calls_producers",
+                                               "cuda_calls_consumer", "nvjpeg_calls")}
+            n = max(1, st.get("batches") or 0)
+            res[key]["per_batch"] = {k: round(st.get(k, 0) / n, 1) for k in ("cuda_calls_producers",
+                                                                            "cuda_calls_consumer", "nvjpeg_calls")}
 
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -320,8 +351,36 @@ def main():
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
         return
 
+    def model_and_constant(name):
+        """The model to train, and a generator of one constant batch already on the GPU (the ceiling's feed)."""
+        const = torch.randn(a.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+        ys = torch.zeros(a.batch, dtype=torch.long, device="cuda")
+
+        def constant():
+            while True:
+                yield const, ys
+        return Trainer(name, a.batch), constant
+
+    def traces():
+        res["trace"] = {}
+        for name in a.models.split(","):
+            tr, constant = model_and_constant(name)
+            feeds = {"ceiling": constant, "sluice": lambda: sluice_batches(f"stats_{name}"),
+                     "dali": lambda: dali_batches(), "dali_best": lambda: dali_batches(int(dali_best[0]), dali_best[1])}
+            for c in a.trace_with.split(","):
+                if c.startswith("dali") and not have_dali:
+                    continue
+                print(f"trace {name} {c}", flush=True)
+                t = trace_training(f"{a.trace}.{name}.{c}.json", torch, tr, feeds[c](), a.warm, a.steps)
+                if c == "sluice":
+                    st = res[f"stats_{name}"]
+                    t["loader"] = st
+                    print("  loader:", st, flush=True)
+                res["trace"] = dict(res["trace"], **{f"{name}.{c}": t})  # saved as it goes
+            del tr
+
     if a.trace:
-        trace_training(a, torch, Trainer(a.models.split(",")[0], a.batch), sluice_batches())
+        traces()
         return
     if a.side_stream:
         torch.cuda.set_stream(torch.cuda.Stream())
@@ -332,14 +391,7 @@ def main():
     res["pin"] = a.pin
     res["side_stream"] = a.side_stream
     for name in a.models.split(","):
-        tr = Trainer(name, a.batch)
-        const = torch.randn(a.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-        ys = torch.zeros(a.batch, dtype=torch.long, device="cuda")
-
-        def constant():
-            while True:
-                yield const, ys
-
+        tr, constant = model_and_constant(name)
         contenders = {
             "ceiling": lambda: measured(lambda: run_steps(constant(), tr, a.warm, a.steps)),
             "dl8": lambda: measured(lambda: run_steps(dataloader(8), tr, a.warm, a.steps)),
@@ -369,7 +421,7 @@ def main():
         del tr
 
     # Decode alone: a batch's files decoded on the GPU by torchvision, against sluice's loader with no model.
-    if not only or "decode" in only:
+    if not only or {"decode", "tv_decode", "sluice_decode", "dali_best_alone"} & only:
         alone = {
             "tv_decode": lambda: measured(lambda: run_steps(tv_gpu(transform=False), None, a.warm, a.steps)),
             "sluice_decode": lambda: measured(lambda: run_steps(sluice_batches(), None, a.warm, a.steps)),
@@ -377,11 +429,16 @@ def main():
         if have_dali:
             alone["dali_best_alone"] = lambda: measured(lambda: run_steps(
                 dali_batches(int(dali_best[0]), dali_best[1]), None, a.warm, a.steps))
+        if only and "decode" not in only:
+            alone = {k: v for k, v in alone.items() if k in only}
         r = side_by_side(alone, a.reps, key="images_s")
-        t, s = r["tv_decode"].get("images_s"), r["sluice_decode"].get("images_s")
+        t, s = r.get("tv_decode", {}).get("images_s"), r.get("sluice_decode", {}).get("images_s")
+        d = r.get("dali_best_alone", {}).get("images_s")
         r["ratio"] = s / t if s and t else None
+        r["sluice_over_dali_best_alone"] = s / d if s and d else None
         res["decode"] = r
-        print("decode", {k: round(v.get("images_s", 0)) for k, v in r.items() if isinstance(v, dict)}, r["ratio"],
+        print("decode", {k: (round(v.get("images_s", 0)), round(v.get("cores_machine", 0), 1))
+                         for k, v in r.items() if isinstance(v, dict)}, r["ratio"], r["sluice_over_dali_best_alone"],
               flush=True)
 
 

@@ -14,6 +14,7 @@
 
 #include "gpu/gpu.h"
 
+_Thread_local uint64_t sl__cu_ncalls;
 static struct sl__cuda_api sl_cu;
 static const struct sl__cuda_api *sl_cu_ok;
 static const char *sl_cu_why = "CUDA not loaded";

@@ -113,6 +113,8 @@ struct sl_nvjpegImage {
 #define SL_NVJPEG_BACKEND_HARDWARE 3
 #define SL_NVJPEG_OUTPUT_UNCHANGED 0
 #define SL_NVJPEG_OUTPUT_RGBI 5
+#define SL_NVJPEG_CSS_444 0
+#define SL_NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION 32
 #define SL_NVJPEG_STATUS_ARCH_MISMATCH 7
 struct sl__nvjpeg_api {
 	int (*CreateEx)(int backend, void *dev_alloc, void *pinned_alloc, unsigned flags, sl_nvjpegHandle_t *h);
@@ -129,6 +131,9 @@ struct sl__nvjpeg_api {
 	int (*DecodeBatchedSupported)(sl_nvjpegHandle_t h, sl_nvjpegJpegStream_t js, int *unsupported);
 	int (*GetImageInfo)(sl_nvjpegHandle_t h, const unsigned char *data, size_t len, int *ncomp, int *subsampling,
 			    int *widths, int *heights);
+	/* NULL where nvJPEG lacks it (before CUDA 11.x's): the hardware backend's memory made ahead for a batch */
+	int (*DecodeBatchedPreAllocate)(sl_nvjpegHandle_t h, sl_nvjpegJpegState_t st, int batch, int width, int height,
+					int chroma_subsampling, int output_format);
 };
 /* The loaded table, or NULL with the reason in *why. */
 SL_HIDDEN const struct sl__nvjpeg_api *sl__nvjpeg(const char **why);
@@ -167,9 +172,17 @@ SL_HIDDEN const struct sl__cuda_api *sl__cuda(const char **why);
 
 /* Converts r into SLUICE_ECUDA with "what: CUDA_ERROR_X (n)" as detail. */
 SL_HIDDEN int sl__cuda_err(sl_CUresult r, const char *what);
+/*
+ * The driver calls this thread has made through SL_CU and SL_CU_RAW: the
+ * loader reads it around a batch to count its producers' and its
+ * consumer's calls (stats: cuda_calls_*), as the CUDA calls of other
+ * threads hold up a training thread's launches (docs/guides/images.md).
+ */
+SL_HIDDEN extern _Thread_local uint64_t sl__cu_ncalls;
+#define SL_CU_RAW(call) (sl__cu_ncalls++, (call))
 #define SL_CU(call, what)                                              \
 	({                                                             \
-		sl_CUresult r_ = (call);                                  \
+		sl_CUresult r_ = SL_CU_RAW(call);                         \
 		r_ == SL_CUDA_SUCCESS ? 0 : sl__cuda_err(r_, what);    \
 	})
 

@@ -4,6 +4,7 @@
  * few declarations sluice uses are its own (gpu.h), checked against
  * nvjpeg.h by tests/unit/t_cuda_decls.c wherever the toolkit is installed.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 
@@ -30,10 +31,14 @@ static void sl_nvjpeg_load(void)
 		{ (void **)&sl_nj.GetImageInfo, "nvjpegGetImageInfo" },
 	};
 
-	if (sl__dl_load_cuda("SLUICE_NVJPEG_LIB", "libnvjpeg.so.13", syms, sizeof(syms) / sizeof(syms[0]),
-			     "the CUDA toolkit's, or pip install nvidia-nvjpeg-cu13; or set SLUICE_NVJPEG_LIB",
-			     "nvJPEG of CUDA 11.0 or later wanted", sl_nj_why, sizeof(sl_nj_why)))
-		sl_nj_ok = &sl_nj;
+	void *h = sl__dl_load_cuda("SLUICE_NVJPEG_LIB", "libnvjpeg.so.13", syms, sizeof(syms) / sizeof(syms[0]),
+				   "the CUDA toolkit's, or pip install nvidia-nvjpeg-cu13; or set SLUICE_NVJPEG_LIB",
+				   "nvJPEG of CUDA 11.0 or later wanted", sl_nj_why, sizeof(sl_nj_why));
+
+	if (!h)
+		return;
+	*(void **)&sl_nj.DecodeBatchedPreAllocate = dlsym(h, "nvjpegDecodeBatchedPreAllocate");
+	sl_nj_ok = &sl_nj;
 }
 
 const struct sl__nvjpeg_api *sl__nvjpeg(const char **why)

@@ -6,8 +6,18 @@
  * kernel over the whole batch in one launch.  Everything runs on the
  * producer's stream; the host buffers it fills are reused only once the
  * stream is past the previous batch (the event done).
+ *
+ * The hardware backend's decoder is one a loader, its producers taking
+ * turns (each still probes, plans and stages its batch on its own): every
+ * thread inside CUDA's driver holds up the training thread's launches, and
+ * nvJPEG's hardware path makes about four calls an image (issue #54: with
+ * four decoders ResNet-18 trained at 0.78x its speed on a constant batch,
+ * with one at 0.89x, docs/BENCHMARKS.md).  It writes RGB, its chroma
+ * upsampled as libjpeg's "fancy" upsampling does (the flag below), with a
+ * kernel an image rather than JPEG's three planes with a copy each.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,14 +25,32 @@
 #include "image/run.h"
 #include "image_augment_src.h" /* sl_augment_src: augment.h as text, made by CMake */
 
+/*
+ * nvJPEG's decoder: a handle and a batched state.  The hardware backend's
+ * is shared by a loader's producers, each batch's decode queued under
+ * `lane` once the previous one's is done; the hybrid backend's (no JPEG
+ * engines: Huffman decoding on the calling thread) is one a producer.
+ */
+struct sl_jdec {
+	const struct sl__nvjpeg_api *nj;
+	sl_nvjpegHandle_t h;
+	sl_nvjpegJpegState_t st;
+	int hw;                              /* a hardware backend */
+	int rgb;                             /* it writes RGB (interpolated chroma), not JPEG's planes */
+	int inited;                          /* the batch size nvJPEG's state was initialised for (0: none) */
+	sl_CUevent done;                     /* the state's last batch decoded (shared: the next one waits for it) */
+	int done_set, refs;
+	pthread_mutex_t lane;
+};
+
 struct sl__img_gpu {
 	const struct sl__gpu *g;
 	const struct sl__nvjpeg_api *nj;     /* NULL: the CPU decodes every image */
-	sl_nvjpegHandle_t h;
-	sl_nvjpegJpegState_t st;
-	sl_nvjpegJpegStream_t js;
-	int hw;                              /* a hardware backend */
-	int inited;                          /* the batch size nvJPEG's state was initialised for (0: none) */
+	struct sl_jdec *dec;
+	sl_nvjpegHandle_t h;                 /* dec's: for parsing, thread-safe */
+	sl_nvjpegJpegStream_t js;            /* this producer's: the headers it parses */
+	int hw;
+	int lane;                            /* dec is shared: its GPU work queued under dec->lane */
 	sl_CUfunction fn;
 	sl_CUevent done;
 	int done_set;
@@ -38,7 +66,67 @@ static int sl_nj_err(int st, const char *what)
 	return st ? sl__err(SLUICE_ECUDA, "nvJPEG %s: status %d", what, st) : 0;
 }
 
-int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjpeg)
+static void sl_jdec_put(const struct sl__gpu *g, struct sl_jdec *d)
+{
+	if (!d || --d->refs > 0)
+		return;
+	if (d->done && !sl__gpu_bind(g)) {
+		if (d->done_set)
+			SL_CU_RAW(g->cu->EventSynchronize(d->done));
+		SL_CU_RAW(g->cu->EventDestroy(d->done));
+	}
+	if (d->st)
+		d->nj->JpegStateDestroy(d->st);
+	if (d->h)
+		d->nj->Destroy(d->h);
+	pthread_mutex_destroy(&d->lane);
+	free(d);
+}
+
+/*
+ * nvJPEG's hardware backend where the GPU has its engines, writing RGB with
+ * chroma interpolated (NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, nvJPEG
+ * 12.1 on; an nvJPEG that refuses the flag writes JPEG's planes, which the
+ * kernel converts), else its hybrid one; the hardware one's memory made
+ * ahead for a batch of `batch` (nvjpegDecodeBatchedPreAllocate, as
+ * nvImageCodec does: it keeps a pool then, and a batch of images of other
+ * sizes allocates nothing).
+ */
+static int sl_jdec_open(const struct sl__gpu *g, const struct sl__nvjpeg_api *nj, unsigned batch, struct sl_jdec **out)
+{
+	struct sl_jdec *d = calloc(1, sizeof(*d));
+	int st, rc;
+
+	if (!d)
+		return -ENOMEM;
+	d->nj = nj;
+	d->refs = 1;
+	pthread_mutex_init(&d->lane, NULL);
+	st = nj->CreateEx(SL_NVJPEG_BACKEND_HARDWARE, NULL, NULL, SL_NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, &d->h);
+	d->rgb = st == 0;
+	if (st && st != SL_NVJPEG_STATUS_ARCH_MISMATCH)
+		st = nj->CreateEx(SL_NVJPEG_BACKEND_HARDWARE, NULL, NULL, 0, &d->h);
+	d->hw = st == 0;
+	if (st == SL_NVJPEG_STATUS_ARCH_MISMATCH) /* no hardware decoders: the GPU's hybrid backend */
+		st = nj->CreateEx(SL_NVJPEG_BACKEND_DEFAULT, NULL, NULL, 0, &d->h);
+	rc = SL_NJ(st, "nvjpegCreateEx");
+	if (!rc)
+		rc = SL_NJ(nj->JpegStateCreate(d->h, &d->st), "nvjpegJpegStateCreate");
+	if (!rc)
+		rc = SL_CU(g->cu->EventCreate(&d->done, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+	if (!rc && d->hw && nj->DecodeBatchedPreAllocate && batch &&
+	    nj->DecodeBatchedPreAllocate(d->h, d->st, (int)batch, 1, 1, SL_NVJPEG_CSS_444, SL_NVJPEG_OUTPUT_RGBI))
+		sl__info("loader", "nvJPEG did not pre-allocate for a batch of %u: each batch allocates", batch);
+	if (rc) {
+		sl_jdec_put(g, d);
+		return rc;
+	}
+	*out = d;
+	return 0;
+}
+
+int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjpeg, unsigned batch,
+		     struct sl__img_gpu *share)
 {
 	struct sl__img_gpu *ig = calloc(1, sizeof(*ig));
 	const char *why = NULL;
@@ -55,17 +143,17 @@ int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjp
 		rc = SL_CU(g->cu->EventCreate(&ig->done, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 	if (!rc && nvjpeg && !(ig->nj = sl__nvjpeg(&why)))
 		rc = sl__err(SLUICE_ENOGPU, "%s", why);
-	if (!rc && ig->nj) {
-		int st = ig->nj->CreateEx(SL_NVJPEG_BACKEND_HARDWARE, NULL, NULL, 0, &ig->h);
-
-		ig->hw = st == 0;
-		if (st == SL_NVJPEG_STATUS_ARCH_MISMATCH) /* no hardware decoders: the GPU's hybrid backend */
-			st = ig->nj->CreateEx(SL_NVJPEG_BACKEND_DEFAULT, NULL, NULL, 0, &ig->h);
-		rc = SL_NJ(st, "nvjpegCreateEx");
-		if (!rc)
-			rc = SL_NJ(ig->nj->JpegStateCreate(ig->h, &ig->st), "nvjpegJpegStateCreate");
-		if (!rc)
-			rc = SL_NJ(ig->nj->JpegStreamCreate(ig->h, &ig->js), "nvjpegJpegStreamCreate");
+	if (!rc && ig->nj && share && share->dec && share->dec->hw) {
+		ig->dec = share->dec;
+		ig->dec->refs++;
+		ig->lane = share->lane = 1;
+	} else if (!rc && ig->nj) {
+		rc = sl_jdec_open(g, ig->nj, batch, &ig->dec);
+	}
+	if (!rc && ig->dec) {
+		ig->h = ig->dec->h;
+		ig->hw = ig->dec->hw;
+		rc = SL_NJ(ig->nj->JpegStreamCreate(ig->h, &ig->js), "nvjpegJpegStreamCreate");
 	}
 	if (rc) {
 		sl__img_gpu_close(ig);
@@ -81,16 +169,13 @@ void sl__img_gpu_close(struct sl__img_gpu *ig)
 		return;
 	if (!sl__gpu_bind(ig->g)) {
 		if (ig->done_set)
-			ig->g->cu->EventSynchronize(ig->done);
+			SL_CU_RAW(ig->g->cu->EventSynchronize(ig->done));
 		if (ig->done)
-			ig->g->cu->EventDestroy(ig->done);
+			SL_CU_RAW(ig->g->cu->EventDestroy(ig->done));
 	}
 	if (ig->js)
 		ig->nj->JpegStreamDestroy(ig->js);
-	if (ig->st)
-		ig->nj->JpegStateDestroy(ig->st);
-	if (ig->h)
-		ig->nj->Destroy(ig->h);
+	sl_jdec_put(ig->g, ig->dec);
 	sl__gbuf_free(ig->g, &ig->scratch);
 	sl__gbuf_free(ig->g, &ig->imgs_dev);
 	sl__gbuf_free(ig->g, &ig->imgs);
@@ -107,10 +192,9 @@ static size_t sl_end(const struct sl__img_item *it)
 
 /*
  * 1 if nvJPEG's batch takes record j (a JPEG its backend decodes whole),
- * its image then planned as the planes nvJPEG writes: with the hardware
- * backend JPEG's own (Y, Cb, Cr as sampled), which it writes with copies
- * alone, no kernel of its own an image (bench/nvjpeg_formats.py); the
- * kernel converts them.
+ * its image then planned as nvJPEG writes it: RGB, or where the hardware
+ * backend refused the interpolation flag JPEG's own planes (Y, Cb, Cr as
+ * sampled), written with a copy each, which the kernel converts.
  */
 static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, const struct sl__img_info *info,
 			   struct sl_aug_img *im)
@@ -129,6 +213,11 @@ static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, 
 	if (nc != info->ncomp || (uint32_t)w[0] != info->w || (uint32_t)h[0] != info->h ||
 	    (nc == 3 && (w[1] < 1 || h[1] < 1 || w[1] > w[0] || h[1] > h[0] || w[2] != w[1] || h[2] != h[1])))
 		return 0; /* nvJPEG reads the header otherwise than sluice: the CPU decodes it */
+	if (ig->dec->rgb) { /* nvJPEG converts (a kernel an image): RGB as the CPU's decoder writes it */
+		im->fmt = SL_AUG_RGB;
+		im->pitch = (int)info->w * 3;
+		return 1;
+	}
 	im->fmt = nc == 1 ? SL_AUG_GREY : SL_AUG_YCC;
 	im->pitch = w[0];
 	im->cw = nc == 1 ? 0 : w[1];
@@ -150,6 +239,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 	const unsigned char **data = malloc(n * sizeof(*data));
 	size_t *len = malloc(n * sizeof(*len)), at = 0;
 	struct sl_nvjpegImage *dst = calloc(n, sizeof(*dst));
+	struct sl_jdec *d = ig->dec;
 	uint32_t k = 0;
 	int st = -1;
 
@@ -170,16 +260,25 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			}
 			k++;
 		}
-		st = 0;
-		if (ig->inited != (int)n) {
-			st = ig->nj->DecodeBatchedInitialize(ig->h, ig->st, (int)n, 1,
-							     ig->hw ? SL_NVJPEG_OUTPUT_UNCHANGED : SL_NVJPEG_OUTPUT_RGBI);
-			ig->inited = st ? 0 : (int)n;
+		if (ig->lane)
+			pthread_mutex_lock(&d->lane);
+		/* A shared state: the batch another producer decoded in it is done first (nvImageCodec's order). */
+		st = d->refs > 1 && d->done_set ? SL_CU(ig->g->cu->EventSynchronize(d->done), "cuEventSynchronize") : 0;
+		if (!st && d->inited != (int)n) {
+			st = ig->nj->DecodeBatchedInitialize(ig->h, d->st, (int)n, 1,
+							     ig->hw && !d->rgb ? SL_NVJPEG_OUTPUT_UNCHANGED : SL_NVJPEG_OUTPUT_RGBI);
+			d->inited = st ? 0 : (int)n;
+			b->nj_calls++;
 		}
-		if (!st)
-			st = ig->nj->DecodeBatched(ig->h, ig->st, data, len, dst, s);
+		if (!st) {
+			st = ig->nj->DecodeBatched(ig->h, d->st, data, len, dst, s);
+			b->nj_calls++;
+		}
 		if (st)
-			ig->inited = 0; /* nvJPEG asks for a new initialisation after a failed batch */
+			d->inited = 0; /* nvJPEG asks for a new initialisation after a failed batch */
+		d->done_set = !st && !SL_CU(ig->g->cu->EventRecord(d->done, s), "cuEventRecord");
+		if (ig->lane)
+			pthread_mutex_unlock(&d->lane);
 	}
 	free(data);
 	free(len);
@@ -311,13 +410,17 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 		rc = sl_to_cpu(ig, b, it, jpeg, cpu, s);
 	if (!rc)
 		rc = sl_cpu_images(ig, b, it, cpu, s);
+	if (ig->lane && ig->dec)
+		pthread_mutex_lock(&ig->dec->lane);
 	if (!rc)
 		rc = sl_augment(ig, b, it, out, s);
 	if (!rc)
 		rc = SL_CU(cu->EventRecord(ig->done, s), "cuEventRecord");
+	if (ig->lane && ig->dec)
+		pthread_mutex_unlock(&ig->dec->lane);
 	ig->done_set = !rc;
 	if (rc && it && jpeg && cpu)
-		cu->StreamSynchronize(s); /* what was queued reads the host buffers the next batch would write */
+		SL_CU_RAW(cu->StreamSynchronize(s)); /* what was queued reads the host buffers the next batch would write */
 	for (uint32_t j = 0; j < b->m && !rc; j++) {
 		b->n_gpu += jpeg[j] && !b->bad[j];
 		b->n_cpu += cpu[j] && !b->bad[j];

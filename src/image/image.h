@@ -104,6 +104,7 @@ struct sl__img_batch {
 	uint32_t why_j;
 	int nbad;
 	uint32_t n_gpu, n_cpu;  /* the kept images nvJPEG decoded, and the CPU */
+	uint32_t nj_calls;      /* calls into nvJPEG that queue GPU work (its own CUDA calls are not sluice's to count) */
 };
 
 /* A batch on the CPU's threads into out (host memory), rows kept dense. */
@@ -112,8 +113,14 @@ SL_HIDDEN int sl__img_run_cpu(struct sl__img_batch *b, void *out);
 /* One producer's GPU pipeline: nvJPEG's state, the scratch, the kernel. */
 struct sl__img_gpu;
 struct sl__gpu;
-/* nvjpeg 0: every image decoded by the CPU's threads, augmented on the GPU. */
-SL_HIDDEN int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjpeg);
+/*
+ * nvjpeg 0: every image decoded by the CPU's threads, augmented on the GPU.
+ * batch: the images a batch holds at most (nvJPEG's memory is made for
+ * them); share: another producer's pipeline whose nvJPEG decoder this one
+ * shares (NULL: one of its own).
+ */
+SL_HIDDEN int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjpeg, unsigned batch,
+			       struct sl__img_gpu *share);
 SL_HIDDEN void sl__img_gpu_close(struct sl__img_gpu *ig);
 /* A batch into out (GPU memory) on stream s: decoded by nvJPEG (the CPU for what it cannot), one launch. */
 SL_HIDDEN int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, void *stream);

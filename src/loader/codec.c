@@ -113,6 +113,7 @@ static void sl_image_close(struct sluice_loader *ld);
 /* Images: the options checked, then each producer's pipeline on the GPU (GPU loaders; else the CPU decodes). */
 static int sl_image_open(struct sluice_loader *ld, const struct sluice_loader_options *opt)
 {
+	uint64_t decoders = 1; /* nvJPEG hardware decoders, the producers sharing them in turn (image/gpu.c) */
 	int rc;
 
 	if (!opt->image)
@@ -126,7 +127,8 @@ static int sl_image_open(struct sluice_loader *ld, const struct sluice_loader_op
 	if (ld->opt.gpu) {
 		uint64_t n = 4;
 
-		if ((rc = sl__setting_u64("SLUICE_IMAGE_PRODUCERS", &n)) < 0)
+		if ((rc = sl__setting_u64("SLUICE_IMAGE_PRODUCERS", &n)) < 0 ||
+		    (rc = sl__setting_u64("SLUICE_IMAGE_DECODERS", &decoders)) < 0)
 			return rc;
 		ld->nprod = (unsigned)n;
 	}
@@ -142,7 +144,8 @@ static int sl_image_open(struct sluice_loader *ld, const struct sluice_loader_op
 		}
 		if (nvjpeg && p == 0)
 			sl_connections_check();
-		rc = sl__img_gpu_open(&ig, ld->gpu, nvjpeg);
+		rc = sl__img_gpu_open(&ig, ld->gpu, nvjpeg, opt->batch_size < 4096 ? (unsigned)opt->batch_size : 4096,
+				      p >= decoders ? ld->prod[p % decoders].codec : NULL);
 		ld->prod[p].codec = ig;
 		if (rc && ld->img_decode == SLUICE_IMAGE_DECODE_AUTO && rc != -ENOMEM) {
 			/* No NVRTC (or no nvJPEG state): the CPU does it all, and the batch is copied up. */
@@ -199,6 +202,7 @@ static int sl_image_decode(struct sl__producer *p, struct sl__batch_buf *s, stru
 		rc = p->codec ? sl__img_run_gpu(p->codec, &b, s->dev + at, p->stream) : sl__img_run_cpu(&b, s->host + at);
 	atomic_fetch_add(&ld->img_gpu, b.n_gpu);
 	atomic_fetch_add(&ld->img_cpu, b.n_cpu);
+	atomic_fetch_add(&ld->nj_calls, b.nj_calls);
 	if (!rc && b.nbad && !ld->opt.skip_corrupt)
 		rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s': %s", ld->ds->path, (unsigned long long)b.why_id,
 			     ld->ds->fields[fi].name, b.why);

@@ -239,7 +239,7 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 {
 	struct sluice_loader *ld = p->ld;
 	struct sluice_record *rec = malloc(ld->bmax * sizeof(*rec));
-	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, t0, cpu0, waited = 0;
+	uint64_t var[SLUICE_MAX_FIELDS] = { 0 }, t0, cpu0, waited = 0, calls0 = sl__cu_ncalls;
 	struct sl_layout l = { .size = 0 };
 	uint32_t m = 0; /* records kept: B, less those skipped as corrupt */
 	int rc = rec ? sl_gather(ld, s, g, rec, &m, var) : -ENOMEM;
@@ -274,8 +274,9 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 		return sl__err(rc, "%s: batch %llu: the loader's transform returned %d (%s)", ld->ds->path,
 			       (unsigned long long)g, rc, sluice_strerror(rc));
 	if (ld->opt.gpu)
-		return SL_CU(ld->gpu->cu->EventRecord(s->ready, p->stream), "cuEventRecord");
-	return 0;
+		rc = SL_CU(ld->gpu->cu->EventRecord(s->ready, p->stream), "cuEventRecord");
+	atomic_fetch_add(&ld->cu_prod, sl__cu_ncalls - calls0);
+	return rc;
 }
 
 /*

@@ -25,7 +25,7 @@ static struct sl__batch_buf *sl_release(struct sluice_loader *ld, void *stream)
 
 	ld->held = NULL;
 	if (s && ld->opt.gpu && sl__gpu_bind(ld->gpu) == 0)
-		s->release_set = ld->gpu->cu->EventRecord(s->release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+		s->release_set = SL_CU_RAW(ld->gpu->cu->EventRecord(s->release, (sl_CUstream)stream)) == SL_CUDA_SUCCESS;
 	return s;
 }
 
@@ -124,7 +124,7 @@ static void sl_hand_over(struct sluice_loader *ld, struct sl__batch_buf *s, stru
 int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *stream)
 {
 	struct sl__batch_buf *s;
-	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld);
+	uint64_t t0 = sl__now_ns(), cpu0 = sl__ld_cpu(ld), calls0 = sl__cu_ncalls;
 	int rc = 0, wake;
 
 	sl__err_clear();
@@ -167,6 +167,7 @@ int sluice_loader_next(struct sluice_loader *ld, struct sluice_batch *b, void *s
 			    : SL_CU(ld->gpu->cu->EventSynchronize(s->ready), "cuEventSynchronize");
 	uint64_t waited = sl__now_ns() - t0;
 
+	atomic_fetch_add(&ld->cu_cons, sl__cu_ncalls - calls0);
 	sl__hist_add(&ld->h_wait, waited);
 	sl__ld_span(ld, "next", t0, cpu0, ld->next_g - 1);
 	if (ld->filling) {
@@ -188,18 +189,19 @@ static void sl_mark_released(struct sluice_loader *ld, sl_CUevent *release, int 
 	*set = 0;
 	if (!ld->opt.gpu || sl__gpu_bind(ld->gpu))
 		return;
-	if (!*release && ld->gpu->cu->EventCreate(release, SL_CU_EVENT_DISABLE_TIMING) != SL_CUDA_SUCCESS)
+	if (!*release && SL_CU_RAW(ld->gpu->cu->EventCreate(release, SL_CU_EVENT_DISABLE_TIMING)) != SL_CUDA_SUCCESS)
 		*release = NULL;
 	/* Without an event, the stream is waited for here: the memory is never reused under the caller's work. */
 	if (*release)
-		*set = ld->gpu->cu->EventRecord(*release, (sl_CUstream)stream) == SL_CUDA_SUCCESS;
+		*set = SL_CU_RAW(ld->gpu->cu->EventRecord(*release, (sl_CUstream)stream)) == SL_CUDA_SUCCESS;
 	if (!*set)
-		ld->gpu->cu->StreamSynchronize((sl_CUstream)stream);
+		SL_CU_RAW(ld->gpu->cu->StreamSynchronize((sl_CUstream)stream));
 }
 
 int sluice_loader_release(struct sluice_loader *ld, uint64_t hold)
 {
 	int wake = 0, found = 0;
+	uint64_t calls0 = sl__cu_ncalls;
 
 	sl__err_clear();
 	pthread_mutex_lock(&ld->lock);
@@ -229,6 +231,7 @@ int sluice_loader_release(struct sluice_loader *ld, uint64_t hold)
 		}
 	}
 	pthread_mutex_unlock(&ld->lock);
+	atomic_fetch_add(&ld->cu_cons, sl__cu_ncalls - calls0);
 	if (wake)
 		pthread_cond_signal(&ld->buf_cv);
 	return found ? 0 : sl__err(SLUICE_EINVAL_CONFIG, "sluice_loader_release: %llu is no batch this loader holds for "

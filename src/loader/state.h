@@ -341,6 +341,8 @@ struct sluice_loader {
 	_Atomic uint64_t read_cached; /* of read_bytes, through the page cache */
 	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
 	_Atomic uint64_t img_gpu, img_cpu; /* images decoded by nvJPEG, by the CPU */
+	/* CUDA driver calls (gpu.h's sl__cu_ncalls) of the producers' batches and of the consumer's calls; nvJPEG's */
+	_Atomic uint64_t cu_prod, cu_cons, nj_calls;
 	_Atomic uint64_t zblocks_gpu, zblocks_cpu; /* zstd blocks of the windows decoded by nvCOMP, by the CPU */
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	/*

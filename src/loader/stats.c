@@ -107,7 +107,8 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       "\"read_bytes\":%llu,\"read_bytes_cached\":%llu,\"object_cache_hits\":%llu,\"object_cache_misses\":%llu,"
 	       "\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
 	       "\"images_gpu\":%llu,\"images_cpu\":%llu,\"zstd_blocks_gpu\":%llu,\"zstd_blocks_cpu\":%llu,"
-	       "\"windows_read_ahead\":%llu,\"held_moved\":%llu,\"held_bytes\":%llu,\"stages\":{",
+	       "\"windows_read_ahead\":%llu,\"held_moved\":%llu,\"held_bytes\":%llu,"
+	       "\"cuda_calls_producers\":%llu,\"cuda_calls_consumer\":%llu,\"nvjpeg_calls\":%llu,\"stages\":{",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_cached),
@@ -115,7 +116,9 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
 	       (unsigned long long)atomic_load(&ld->img_gpu), (unsigned long long)atomic_load(&ld->img_cpu),
 	       (unsigned long long)atomic_load(&ld->zblocks_gpu), (unsigned long long)atomic_load(&ld->zblocks_cpu),
-	       (unsigned long long)ld->preloaded, (unsigned long long)held_moved, (unsigned long long)held_bytes);
+	       (unsigned long long)ld->preloaded, (unsigned long long)held_moved, (unsigned long long)held_bytes,
+	       (unsigned long long)atomic_load(&ld->cu_prod), (unsigned long long)atomic_load(&ld->cu_cons),
+	       (unsigned long long)atomic_load(&ld->nj_calls));
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,

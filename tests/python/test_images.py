@@ -354,9 +354,9 @@ def test_bad_options_name_the_option(photos):
 @pytest.mark.parametrize("dtype,channels_last,sub", [("f32", False, 0), ("bf16", True, 0), ("u8", False, 0),
                                                      ("f32", False, 2), ("u8", True, 2)])
 def test_gpu_batches_match_the_cpu(photos, photos444, dtype, channels_last, sub):
-    """nvJPEG (its hardware decoders on A100/H100/H200, which write JPEG's planes) and the NVRTC kernel (which upsamples
-    the chroma as libjpeg's "fancy" upsampling does and converts to RGB) against the CPU's pipeline (libjpeg-turbo),
-    within IDCT rounding, at 4:4:4 and 4:2:0."""
+    """nvJPEG (its hardware decoders on A100/H100/H200, writing RGB with chroma interpolated as libjpeg's "fancy"
+    upsampling does; where nvJPEG refuses that, JPEG's planes, which the NVRTC kernel upsamples and converts) and the
+    kernel against the CPU's pipeline (libjpeg-turbo), within IDCT rounding, at 4:4:4 and 4:2:0."""
     import torch
     ds, _ = photos444 if sub == 0 else photos
     kw = dict(size=(56, 48), flip=0.5, dtype=dtype, channels_last=channels_last,
@@ -380,6 +380,42 @@ def test_gpu_batches_match_the_cpu(photos, photos444, dtype, channels_last, sub)
     assert n == len(g)
     st = g.stats()
     assert st["images_gpu"] > 0, st
+
+
+@gpu
+@pytest.mark.parametrize("decoders", ["2", "4"])
+def test_producers_sharing_decoders_make_the_same_batches(photos, monkeypatch, decoders):
+    """The producers take turns on one nvJPEG hardware decoder (SLUICE_IMAGE_DECODERS=1, the default) or on
+    several: the same seed gives the same batches, pixel for pixel, whichever they share; and the stats count the
+    CUDA calls of the loader's threads (its producers' per batch, its consumer's per call) and its calls into
+    nvJPEG."""
+    ds, _ = photos
+    kw = dict(size=(56, 48), flip=0.5, dtype="u8")
+
+    def run(n):
+        monkeypatch.setenv("SLUICE_IMAGE_DECODERS", n)
+        ld = sluice.Loader(ds, batch_size=8, seed=3, device="cuda", images=sluice.Images("data", decode="gpu", **kw))
+        out = [(np.array(b.ids), b["data"].cpu().numpy()) for b in ld]
+        return out, ld.stats()
+
+    one, st = run("1")
+    other, _ = run(decoders)
+    assert len(one) == len(other) == 5
+    for (i1, x1), (i2, x2) in zip(one, other):
+        assert np.array_equal(i1, i2) and np.array_equal(x1, x2)
+    assert st["images_gpu"] == 40 and st["batches"] == 5, st
+    assert st["nvjpeg_calls"] >= st["batches"], st          # at least one nvjpegDecodeBatched a batch
+    assert st["cuda_calls_producers"] >= 3 * st["batches"], st  # a batch's copy, kernel and event at least
+    assert 0 < st["cuda_calls_consumer"] <= 8 * st["batches"], st
+
+
+def test_cuda_call_counts_are_zero_without_a_gpu(photos):
+    """A CPU loader makes no CUDA call and no call into nvJPEG, and says so."""
+    ds, _ = photos
+    ld = sluice.Loader(ds, numpy=True, batch_size=8, device="cpu", images=sluice.Images("data", size=16, decode="cpu"))
+    assert sum(1 for _ in ld) == 5
+    st = ld.stats()
+    assert (st["cuda_calls_producers"], st["cuda_calls_consumer"], st["nvjpeg_calls"]) == (0, 0, 0), st
 
 
 @gpu
