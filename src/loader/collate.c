@@ -46,24 +46,34 @@ int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t 
 }
 
 /*
- * A batch's layout: the field codec's field (decoded: its bound) first,
- * then per field its data and, for variable size, B + 1 offsets, each
- * 256-byte aligned.  host_from: where the bytes the host collates start
- * (past a field the codec writes in GPU memory itself).
+ * A batch's layout: the fields stages make (each its bound), those producer
+ * p's stages write in GPU memory themselves first, then per field as stored
+ * its data and, for variable size, B + 1 offsets, each 256-byte aligned.
+ * host_from: where the bytes the host collates start (past the fields
+ * written in GPU memory).
  */
 struct sl_layout {
 	uint64_t base[SLUICE_MAX_FIELDS], offs[SLUICE_MAX_FIELDS], size, host_from;
 };
 
-static void sl_lay_out(const struct sluice_loader *ld, uint32_t m, const uint64_t *var, struct sl_layout *l)
+static void sl_lay_out(const struct sluice_loader *ld, unsigned p, uint32_t m, const uint64_t *var,
+		       struct sl_layout *l)
 {
 	l->size = 0;
-	if (ld->fcodec) {
-		l->base[ld->codec_f] = 0;
-		l->size = sl__align_up(ld->fcodec->bound(ld, m), 256);
+	for (int on_gpu = 1; on_gpu >= 0; on_gpu--) {
+		for (unsigned f = 0; f < ld->nf; f++) {
+			const struct sl__stage *st = ld->fstage[f];
+
+			if (!st || (ld->opt.gpu && st->ops->on_gpu(st, p)) != on_gpu)
+				continue;
+			l->base[f] = l->size;
+			l->size = sl__align_up(l->size + st->ops->bound(st, m), 256);
+		}
+		if (on_gpu)
+			l->host_from = l->size;
 	}
 	for (unsigned f = 0; f < ld->nf; f++) {
-		if ((int)f == ld->codec_f)
+		if (ld->fstage[f])
 			continue;
 		l->base[f] = l->size;
 		l->size = sl__align_up(l->size + (ld->fixed[f] ? ld->fixed[f] * m : var[f]), 256);
@@ -122,7 +132,7 @@ static int sl_collate(struct sluice_loader *ld, struct sl__batch_buf *s, const s
 		unsigned fi = ld->fidx[f];
 		char *d = s->host + l->base[f];
 
-		if ((int)f == ld->codec_f)
+		if (ld->fstage[f])
 			continue;
 		{
 		uint64_t *o = ld->fixed[f] ? NULL : (uint64_t *)(void *)(s->host + l->offs[f]), at = 0;
@@ -208,8 +218,8 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 		bf->offsets = ld->fixed[f] ? NULL : (uint64_t *)(void *)(mem + l->offs[f]);
 		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + l->offs[f]);
 		bf->item_bytes = ld->fixed[f];
-		if ((int)f == ld->codec_f) {
-			ld->fcodec->describe(ld, m, bf);
+		if (ld->fstage[f]) {
+			ld->fstage[f]->ops->describe(ld->fstage[f], m, bf);
 		} else if (ld->fixed[f]) {
 			const int64_t es = (int64_t)sluice_dtype_size(df->dtype), n = (int64_t)ld->fixed[f] / es;
 			int64_t st = 1;
@@ -234,7 +244,7 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 	atomic_fetch_add(&ld->records, m);
 }
 
-/* Batch g into buffer s: ids, the field codec's field, collation into pinned staging, and the copy to the GPU. */
+/* Batch g into buffer s: ids, the fields stages make, collation into pinned staging, and the copy to the GPU. */
 static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 {
 	struct sluice_loader *ld = p->ld;
@@ -246,9 +256,8 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 
 	t0 = sl__now_ns();
 	cpu0 = sl__ld_cpu(ld);
-	/* Laid out for every record gathered: records the codec leaves out later only shorten what the host collates. */
-	sl_lay_out(ld, m, var, &l);
-	l.host_from = ld->fcodec && ld->fcodec->on_gpu(p) ? sl__align_up(ld->fcodec->bound(ld, m), 256) : 0;
+	/* Laid out for every record gathered: records a stage leaves out later only shorten what the host collates. */
+	sl_lay_out(ld, (unsigned)(p - ld->prod), m, var, &l);
 	if (!rc && ld->opt.gpu)
 		rc = sl_wait_buf(ld, s, &waited);
 	if (!rc)
@@ -256,8 +265,12 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 	/* The consumer's stream must be done with the buffer's last batch before anything writes its GPU copy. */
 	if (!rc && ld->opt.gpu && s->release_set)
 		rc = SL_CU(ld->gpu->cu->StreamWaitEvent(p->stream, s->release, 0), "cuStreamWaitEvent");
-	if (!rc && ld->fcodec)
-		rc = ld->fcodec->decode(p, s, rec, &m, l.base[ld->codec_f]);
+	for (unsigned i = 0; i < ld->nstage && !rc; i++) {
+		struct sl__stage *st = &ld->stage[i];
+
+		if (!st->ops->window)
+			rc = st->ops->run(st, p, s, rec, &m, l.base[st->field]);
+	}
 	if (!rc)
 		rc = sl_collate(ld, s, rec, m, &l);
 	free(rec);

@@ -314,8 +314,9 @@ static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
 	}
 	if (nvar_loaded && avg > fixed)
 		guess += (avg - fixed) * B / nvar * nvar_loaded;
-	if (ld->fcodec) /* the decoded field, beside its stored bytes (the codec's bound) */
-		guess += sl__align_up(ld->fcodec->bound(ld, B), 256);
+	for (unsigned f = 0; f < ld->nf; f++) /* a field a stage makes, beside its stored bytes (the stage's bound) */
+		if (ld->fstage[f])
+			guess += sl__align_up(ld->fstage[f]->ops->bound(ld->fstage[f], B), 256);
 	return guess;
 }
 
@@ -385,7 +386,9 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 			       (unsigned long long)ld->opt.batch_size, (unsigned long long)local_world,
 			       (unsigned long long)span, (unsigned long long)ld->window, SL_WINDOWS_MAX);
 	/* Those windows, one more for each further producer's batch, and for each reader one loading and one ready. */
-	ld->nreaders = ld->znc ? SL_READERS_GPU_ZSTD : SL_READERS;
+	ld->nreaders = ld->wstage && ld->wstage->ops->readers ? ld->wstage->ops->readers(ld->wstage) : 0;
+	if (!ld->nreaders)
+		ld->nreaders = SL_READERS;
 	ld->nwin = (unsigned)(span + ld->nprod - 1 + 2 * ld->nreaders);
 	/* Prefetch: 8 batches ahead, fewer (down to 4) when they are large, or as asked. */
 	ld->nbufs = 1 + (ld->opt.prefetch ? ld->opt.prefetch : guess > (64ull << 20) ? 4 : guess > (32ull << 20) ? 6 : 8);
@@ -415,6 +418,15 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
 		       const struct sluice_loader_options *opt)
 {
+	size_t nops;
+	const struct sl__stage_ops *ops = sl__stage_table(&nops);
+
+	return sl__loader_open_staged(out, eng, ds, opt, ops, nops);
+}
+
+int sl__loader_open_staged(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
+			   const struct sluice_loader_options *opt, const struct sl__stage_ops *ops, size_t nops)
+{
 	struct sluice_loader_options o;
 	struct sluice_loader *ld;
 	uint64_t bytes = 0;
@@ -442,7 +454,6 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	ld->local_rank = opt->rank % local_world;
 	ld->opt.fields = NULL;
 	ld->opt.image = NULL;
-	ld->codec_f = -1;
 	ld->nprod = SL_PRODUCERS;
 	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
 		ld->prod[p].ld = ld;
@@ -452,7 +463,7 @@ int sluice_loader_open(struct sluice_loader **out, struct sluice_engine *eng, st
 	pthread_cond_init(&ld->batch_cv, NULL);
 	if ((rc = sl_pick_fields(ld, opt->fields)) || (rc = sl_count_shards(ld, &bytes)))
 		goto fail;
-	if ((rc = sl__loader_codecs_open(ld, opt)))
+	if ((rc = sl__stages_setup(ld, opt, ops, nops)))
 		goto fail;
 	sl_size_window(ld, bytes, opt->window_bytes);
 	if ((rc = sl__setting_u64("SLUICE_STATS", &ld->stats_every)) < 0 ||
@@ -504,7 +515,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
 		if (ld->opt.gpu && ld->gpu->ctx && sl__gpu_bind(ld->gpu) == 0 && ld->prod[p].stream)
 			ld->gpu->cu->StreamSynchronize(ld->prod[p].stream);
-	sl__loader_codecs_close(ld);
+	sl__stages_close(ld);
 	for (unsigned i = 0; ld->bufs && i < ld->nbufs; i++) {
 		struct sl__batch_buf *s = &ld->bufs[i];
 

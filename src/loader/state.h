@@ -1,8 +1,8 @@
 /*
  * loader: batches of dataset records for a training loop.  order.c: which
  * records; window.c: reading them; collate.c: batches into the ring;
- * ring.c: the consumer; stats.c: where the time goes; codec.c: what
- * stored bytes are decoded into (zstd blocks, images); loader.c: open,
+ * ring.c: the consumer; stats.c: where the time goes; stage.c: the
+ * stages stored bytes pass through (zstd blocks, images); loader.c: open,
  * start, stop and close.
  * This header is the loader's state, which the stages share; the stages
  * call one way (loader.c -> collate.c -> window.c), never back into
@@ -180,46 +180,69 @@ struct sl__window {
 	size_t cap;
 };
 
-/* A producer thread's own: its stream (GPU loaders) and its field codec's state (images: the GPU's pipeline). */
+/* A producer thread's own: its stream (GPU loaders); a stage's state per producer is the stage's (ld->prod[i] is i). */
 struct sl__producer {
 	struct sluice_loader *ld;
 	sl_CUstream stream;
-	void *codec;                /* the field codec's, NULL where it has none (images: the CPU decodes them) */
+};
+
+/* What the stages counted (stats). */
+struct sl__stage_counts {
+	uint64_t images_gpu, images_cpu, nvjpeg_calls;
 };
 
 /*
- * A codec (codec.c): what turns stored bytes into what a batch holds, a
- * table of them as the stores and the dataset readers have.  Each is
- * opened for a loader whose dataset or options call for it.  A window
- * codec decodes a window's stored blocks where a reader reads them (zstd:
- * nvCOMP or the CPU), with a state of each reader's own; a field codec
- * turns one field of a batch's records into a dense array at the head of
- * the batch buffer, in each producer (images: nvJPEG and a kernel, or the
- * CPU), and says what the field now holds.
+ * A stage (stage.c): one step that turns stored bytes into what a batch
+ * holds, with a state of its own (struct sl__stage's), its setup, run,
+ * close, stats and error policy; the loader keeps a table of those its
+ * dataset and options call for, in the order they run.  A window stage
+ * runs where a reader reads a window (zstd: its blocks decoded, by nvCOMP
+ * or the CPU), with a state of each reader's own; a field stage makes one
+ * field of a batch in each producer, a dense array at the head of the
+ * batch buffer (images: nvJPEG and a kernel, or the CPU), and says what
+ * the field holds.  The fields no stage makes are collated as stored
+ * (collate.c), the caller's transform runs last.  One stage a field, and
+ * one window stage a loader.
  */
-struct sl__codec {
+struct sl__stage;
+struct sl__stage_ops {
 	const char *name;
-	int field;                  /* 1: a field codec; 0: a window codec */
-	/* 1 where the loader needs it (set up in ld), 0 where not, or an error. */
-	int (*open)(struct sluice_loader *ld, const struct sluice_loader_options *opt);
-	void (*close)(struct sluice_loader *ld);
-	/* A window codec: a reader's state, passed to the dataset's reads (NULL: none needed). */
-	int (*reader_open)(struct sluice_loader *ld, void **state);
+	int window;                 /* 1: a window stage; 0: a field stage */
+	/*
+	 * 1 where the loader needs it (st->state set up; a field stage's
+	 * st->field named), 0 where not, or an error (nothing left to close).
+	 */
+	int (*setup)(struct sluice_loader *ld, const struct sluice_loader_options *opt, struct sl__stage *st);
+	void (*close)(struct sl__stage *st);
+	/* A window stage: the readers it wants (0: the loader's default); a reader's state, passed to its reads. */
+	unsigned (*readers)(const struct sl__stage *st);
+	int (*reader_open)(const struct sl__stage *st, void **state);
 	void (*reader_close)(void *state);
-	/* A field codec: bytes the decoded field of m records takes (a bound, known before decoding). */
-	uint64_t (*bound)(const struct sluice_loader *ld, uint64_t m);
+	/* A field stage: bytes its field of m records takes (a bound, known before it runs). */
+	uint64_t (*bound)(const struct sl__stage *st, uint64_t m);
 	/* 1 if producer p writes the field in GPU memory itself (nothing to copy up). */
-	int (*on_gpu)(const struct sl__producer *p);
+	int (*on_gpu)(const struct sl__stage *st, unsigned p);
 	/*
 	 * Buffer s's field at byte at (GPU memory where on_gpu, else host
 	 * staging) from the m records; records it refuses fail the batch, or
-	 * under skip_corrupt are left out (rec and s->ids closed up, *m less).
+	 * with st->skip_bad are left out (rec and s->ids closed up, *m less).
 	 */
-	int (*decode)(struct sl__producer *p, struct sl__batch_buf *s, struct sluice_record *rec, uint32_t *m,
-		      uint64_t at);
+	int (*run)(struct sl__stage *st, struct sl__producer *p, struct sl__batch_buf *s, struct sluice_record *rec,
+		   uint32_t *m, uint64_t at);
 	/* The field's dtype, shape and strides in a batch of m. */
-	void (*describe)(const struct sluice_loader *ld, uint64_t m, struct sluice_batch_field *bf);
+	void (*describe)(const struct sl__stage *st, uint64_t m, struct sluice_batch_field *bf);
+	/* Its counts added to c (NULL: none). */
+	void (*counts)(const struct sl__stage *st, struct sl__stage_counts *c);
 };
+
+struct sl__stage {
+	const struct sl__stage_ops *ops;
+	struct sluice_loader *ld;
+	void *state;                /* the stage's own */
+	int field;                  /* a field stage's field: its place among the loaded ones; else -1 */
+	int skip_bad;               /* its error policy: a record it refuses is left out (skip_corrupt), or fails the batch */
+};
+#define SL_STAGES_MAX 4
 
 struct sluice_loader {
 	struct sluice_engine *eng;
@@ -296,12 +319,10 @@ struct sluice_loader {
 	uint64_t read_next;         /* next place in seq a reader takes */
 	struct sl__producer prod[SL_PRODUCERS_MAX];
 	unsigned nprod;             /* producers: SL_PRODUCERS, or SL_PRODUCERS_MAX for images on the GPU */
-	const struct sl__codec *wcodec; /* the window codec, or NULL (windows as stored) */
-	const struct sl__codec *fcodec; /* the field codec, or NULL (fields collated as stored) */
-	int codec_f;                /* the field fcodec decodes: its place among the loaded ones, or -1 */
-	struct sl__img_opts img;    /* the image codec's options */
-	int img_decode;             /* enum sluice_image_decode */
-	const struct sl__nvcomp_api *znc; /* zstd blocks of the windows decoded by nvCOMP (each reader its own), or NULL */
+	struct sl__stage stage[SL_STAGES_MAX]; /* the stages set up, in the order they run */
+	unsigned nstage;
+	struct sl__stage *wstage;   /* the window stage, or NULL (windows as stored) */
+	struct sl__stage *fstage[SLUICE_MAX_FIELDS]; /* per loaded field, the stage that makes it (NULL: as stored) */
 	pthread_t producer[SL_PRODUCERS_MAX];
 	unsigned producers_running;
 	int running;
@@ -340,9 +361,8 @@ struct sluice_loader {
 	_Atomic uint64_t bytes, records, read_bytes, read_ios, skipped;
 	_Atomic uint64_t read_cached; /* of read_bytes, through the page cache */
 	_Atomic uint64_t record_bytes, seq_bytes; /* records read, and those read right after their neighbour */
-	_Atomic uint64_t img_gpu, img_cpu; /* images decoded by nvJPEG, by the CPU */
-	/* CUDA driver calls (gpu.h's sl__cu_ncalls) of the producers' batches and of the consumer's calls; nvJPEG's */
-	_Atomic uint64_t cu_prod, cu_cons, nj_calls;
+	/* CUDA driver calls (gpu.h's sl__cu_ncalls) of the producers' batches and of the consumer's calls */
+	_Atomic uint64_t cu_prod, cu_cons;
 	_Atomic uint64_t zblocks_gpu, zblocks_cpu; /* zstd blocks of the windows decoded by nvCOMP, by the CPU */
 	uint64_t t_first, t_last;   /* consumer: first and latest sluice_loader_next() */
 	/*
@@ -417,9 +437,17 @@ SL_HIDDEN const char *sl__window_lookup(struct sl__window *const *wins, uint64_t
 					size_t *len, int *rc);
 SL_HIDDEN void *sl__read_ahead(void *arg);
 SL_HIDDEN int sl__plan_windows(struct sluice_loader *ld);
-/* codec.c: the codecs the loader's dataset and options call for, opened into ld->wcodec and ld->fcodec. */
-SL_HIDDEN int sl__loader_codecs_open(struct sluice_loader *ld, const struct sluice_loader_options *opt);
-SL_HIDDEN void sl__loader_codecs_close(struct sluice_loader *ld);
+/* stage.c: sluice's table of stages (zstd, images), *n of them. */
+SL_HIDDEN const struct sl__stage_ops *sl__stage_table(size_t *n);
+/* Each of ops set up in turn for ld, those its dataset and options call for kept in ld->stage (wstage, fstage). */
+SL_HIDDEN int sl__stages_setup(struct sluice_loader *ld, const struct sluice_loader_options *opt,
+			       const struct sl__stage_ops *ops, size_t nops);
+/* sluice_loader_open() with a table of stages of one's own (tests: tests/unit/t_stages.c). */
+SL_HIDDEN int sl__loader_open_staged(struct sluice_loader **out, struct sluice_engine *eng, struct sluice_dataset *ds,
+				     const struct sluice_loader_options *opt, const struct sl__stage_ops *ops, size_t nops);
+SL_HIDDEN void sl__stages_close(struct sluice_loader *ld);
+/* What the stages counted, summed. */
+SL_HIDDEN void sl__stages_count(const struct sluice_loader *ld, struct sl__stage_counts *c);
 /* collate.c */
 SL_HIDDEN int sl__buf_reserve(struct sluice_loader *ld, struct sl__batch_buf *s, uint64_t size);
 /*

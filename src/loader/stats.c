@@ -96,8 +96,10 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 
 #define SL_PUT(...) (l += (size_t)snprintf(buf + (l < cap ? l : cap), l < cap ? cap - l : 0, __VA_ARGS__))
 	uint64_t all = atomic_load(&ld->record_bytes), hits, misses, held_moved, held_bytes;
+	struct sl__stage_counts c;
 
 	sluice_object_cache_counts(&hits, &misses);
+	sl__stages_count(ld, &c);
 	pthread_mutex_lock(&ld->lock);
 	held_moved = ld->held_moved;
 	held_bytes = ld->held_bytes;
@@ -114,11 +116,11 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_cached),
 	       (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)atomic_load(&ld->read_ios),
 	       all ? (double)atomic_load(&ld->seq_bytes) / (double)all : 0.0, (unsigned long long)atomic_load(&ld->skipped),
-	       (unsigned long long)atomic_load(&ld->img_gpu), (unsigned long long)atomic_load(&ld->img_cpu),
+	       (unsigned long long)c.images_gpu, (unsigned long long)c.images_cpu,
 	       (unsigned long long)atomic_load(&ld->zblocks_gpu), (unsigned long long)atomic_load(&ld->zblocks_cpu),
 	       (unsigned long long)ld->preloaded, (unsigned long long)held_moved, (unsigned long long)held_bytes,
 	       (unsigned long long)atomic_load(&ld->cu_prod), (unsigned long long)atomic_load(&ld->cu_cons),
-	       (unsigned long long)atomic_load(&ld->nj_calls));
+	       (unsigned long long)c.nvjpeg_calls);
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,

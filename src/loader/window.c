@@ -327,8 +327,9 @@ void *sl__read_ahead(void *arg)
 	 * start at 0 of the node's own.
 	 */
 	const uint64_t npre = ld->origin || ld->view.nlev > 1 ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
-	void *z = NULL; /* this reader's state of the window codec (zstd: its nvCOMP decoder) */
-	int zrc = ld->wcodec && ld->wcodec->reader_open ? ld->wcodec->reader_open(ld, &z) : 0;
+	void *z = NULL; /* this reader's state of the window stage (zstd: its nvCOMP decoder) */
+	const struct sl__stage *ws = ld->wstage;
+	int zrc = ws && ws->ops->reader_open ? ws->ops->reader_open(ws, &z) : 0;
 
 	pthread_mutex_lock(&ld->lock);
 	if (zrc)
@@ -372,8 +373,8 @@ void *sl__read_ahead(void *arg)
 		}
 	}
 	pthread_mutex_unlock(&ld->lock);
-	if (ld->wcodec && ld->wcodec->reader_close)
-		ld->wcodec->reader_close(z);
+	if (ws && ws->ops->reader_close)
+		ws->ops->reader_close(z);
 	return NULL;
 }
 
