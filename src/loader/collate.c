@@ -64,10 +64,10 @@ static void sl_lay_out(const struct sluice_loader *ld, unsigned p, uint32_t m, c
 		for (unsigned f = 0; f < ld->nf; f++) {
 			const struct sl__stage *st = ld->fstage[f];
 
-			if (!st || (ld->opt.gpu && st->ops->on_gpu(st, p)) != on_gpu)
+			if (!st || (ld->opt.gpu && sl__stage_on_gpu(st, p)) != on_gpu)
 				continue;
 			l->base[f] = l->size;
-			l->size = sl__align_up(l->size + st->ops->bound(st, m), 256);
+			l->size = sl__align_up(l->size + sl__stage_bound(st, m), 256);
 		}
 		if (on_gpu)
 			l->host_from = l->size;
@@ -219,7 +219,7 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 		bf->host_offsets = ld->fixed[f] ? NULL : (const uint64_t *)(void *)(s->host + l->offs[f]);
 		bf->item_bytes = ld->fixed[f];
 		if (ld->fstage[f]) {
-			ld->fstage[f]->ops->describe(ld->fstage[f], m, bf);
+			sl__stage_describe(ld->fstage[f], m, bf);
 		} else if (ld->fixed[f]) {
 			const int64_t es = (int64_t)sluice_dtype_size(df->dtype), n = (int64_t)ld->fixed[f] / es;
 			int64_t st = 1;
@@ -269,7 +269,7 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 		struct sl__stage *st = &ld->stage[i];
 
 		if (!st->ops->window)
-			rc = st->ops->run(st, p, s, rec, &m, l.base[st->field]);
+			rc = sl__stage_run(st, p, s, rec, &m, l.base[st->field]);
 	}
 	if (!rc)
 		rc = sl_collate(ld, s, rec, m, &l);

@@ -316,7 +316,7 @@ static uint64_t sl_guess_batch(const struct sluice_loader *ld, uint64_t bytes)
 		guess += (avg - fixed) * B / nvar * nvar_loaded;
 	for (unsigned f = 0; f < ld->nf; f++) /* a field a stage makes, beside its stored bytes (the stage's bound) */
 		if (ld->fstage[f])
-			guess += sl__align_up(ld->fstage[f]->ops->bound(ld->fstage[f], B), 256);
+			guess += sl__align_up(sl__stage_bound(ld->fstage[f], B), 256);
 	return guess;
 }
 
@@ -386,7 +386,7 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 			       (unsigned long long)ld->opt.batch_size, (unsigned long long)local_world,
 			       (unsigned long long)span, (unsigned long long)ld->window, SL_WINDOWS_MAX);
 	/* Those windows, one more for each further producer's batch, and for each reader one loading and one ready. */
-	ld->nreaders = ld->wstage && ld->wstage->ops->readers ? ld->wstage->ops->readers(ld->wstage) : 0;
+	ld->nreaders = sl__stage_readers(ld->wstage);
 	if (!ld->nreaders)
 		ld->nreaders = SL_READERS;
 	ld->nwin = (unsigned)(span + ld->nprod - 1 + 2 * ld->nreaders);

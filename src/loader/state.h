@@ -244,6 +244,46 @@ struct sl__stage {
 };
 #define SL_STAGES_MAX 4
 
+/* The calls into a stage (STYLE: through these, never ops-> in the middle of logic). */
+static inline uint64_t sl__stage_bound(const struct sl__stage *st, uint64_t m)
+{
+	return st->ops->bound(st, m);
+}
+
+static inline int sl__stage_on_gpu(const struct sl__stage *st, unsigned p)
+{
+	return st->ops->on_gpu(st, p);
+}
+
+static inline int sl__stage_run(struct sl__stage *st, struct sl__producer *p, struct sl__batch_buf *s,
+				struct sluice_record *rec, uint32_t *m, uint64_t at)
+{
+	return st->ops->run(st, p, s, rec, m, at);
+}
+
+static inline void sl__stage_describe(const struct sl__stage *st, uint64_t m, struct sluice_batch_field *bf)
+{
+	st->ops->describe(st, m, bf);
+}
+
+/* A window stage's readers (0: the loader's default) and a reader's state (*state NULL: none). */
+static inline unsigned sl__stage_readers(const struct sl__stage *st)
+{
+	return st && st->ops->readers ? st->ops->readers(st) : 0;
+}
+
+static inline int sl__stage_reader_open(const struct sl__stage *st, void **state)
+{
+	*state = NULL;
+	return st && st->ops->reader_open ? st->ops->reader_open(st, state) : 0;
+}
+
+static inline void sl__stage_reader_close(const struct sl__stage *st, void *state)
+{
+	if (st && st->ops->reader_close)
+		st->ops->reader_close(state);
+}
+
 struct sluice_loader {
 	struct sluice_engine *eng;
 	const struct sl__gpu *gpu;  /* the GPU batches land in: the engine's device ids[opt.device_index] */

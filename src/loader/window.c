@@ -329,7 +329,7 @@ void *sl__read_ahead(void *arg)
 	const uint64_t npre = ld->origin || ld->view.nlev > 1 ? 0 : ld->nseq < ld->nwin ? ld->nseq : ld->nwin;
 	void *z = NULL; /* this reader's state of the window stage (zstd: its nvCOMP decoder) */
 	const struct sl__stage *ws = ld->wstage;
-	int zrc = ws && ws->ops->reader_open ? ws->ops->reader_open(ws, &z) : 0;
+	int zrc = sl__stage_reader_open(ws, &z);
 
 	pthread_mutex_lock(&ld->lock);
 	if (zrc)
@@ -373,8 +373,7 @@ void *sl__read_ahead(void *arg)
 		}
 	}
 	pthread_mutex_unlock(&ld->lock);
-	if (ws && ws->ops->reader_close)
-		ws->ops->reader_close(z);
+	sl__stage_reader_close(ws, z);
 	return NULL;
 }
 
