@@ -291,6 +291,5 @@ int main(void)
 	test_bad_tables_are_refused_and_closed(eng, ds);
 	sluice_engine_close(eng);
 	sluice_dataset_close(ds);
-	printf("t_stages: ok\n");
-	return 0;
+	return t_done("t_stages");
 }
