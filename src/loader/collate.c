@@ -244,6 +244,37 @@ static void sl_publish(struct sluice_loader *ld, struct sl__batch_buf *s, uint64
 	atomic_fetch_add(&ld->records, m);
 }
 
+/*
+ * The fields stages make, in the table's order.  A stage that leaves
+ * records out closes up rec and ids, not the fields the stages before it
+ * made: those run again on the records kept (it once left their rows of the
+ * refused records in place, every later row another record's).  *m only
+ * falls, so this ends; with one field stage (sluice's table) nothing runs
+ * twice.
+ */
+static int sl_run_stages(struct sl__producer *p, struct sl__batch_buf *s, struct sluice_record *rec, uint32_t *m,
+			 const struct sl_layout *l)
+{
+	struct sluice_loader *ld = p->ld;
+	uint32_t made[SL_STAGES_MAX]; /* the records each stage's field was made of: *m then (UINT32_MAX: not yet) */
+	int rc = 0;
+
+	for (unsigned i = 0; i < ld->nstage; i++)
+		made[i] = UINT32_MAX;
+	for (unsigned i = 0; i < ld->nstage && !rc; i++) {
+		struct sl__stage *st = &ld->stage[i];
+		const uint32_t before = *m;
+
+		if (st->ops->window || made[i] == *m)
+			continue;
+		rc = sl__stage_run(st, p, s, rec, m, l->base[st->field]);
+		made[i] = *m;
+		if (!rc && *m < before)
+			i = (unsigned)-1; /* from the first again: those made of more records run on the kept ones */
+	}
+	return rc;
+}
+
 /* Batch g into buffer s: ids, the fields stages make, collation into pinned staging, and the copy to the GPU. */
 static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 {
@@ -265,12 +296,8 @@ static int sl_build(struct sl__producer *p, struct sl__batch_buf *s, uint64_t g)
 	/* The consumer's stream must be done with the buffer's last batch before anything writes its GPU copy. */
 	if (!rc && ld->opt.gpu && s->release_set)
 		rc = SL_CU(ld->gpu->cu->StreamWaitEvent(p->stream, s->release, 0), "cuStreamWaitEvent");
-	for (unsigned i = 0; i < ld->nstage && !rc; i++) {
-		struct sl__stage *st = &ld->stage[i];
-
-		if (!st->ops->window)
-			rc = sl__stage_run(st, p, s, rec, &m, l.base[st->field]);
-	}
+	if (!rc)
+		rc = sl_run_stages(p, s, rec, &m, &l);
 	if (!rc)
 		rc = sl_collate(ld, s, rec, m, &l);
 	free(rec);

@@ -248,6 +248,45 @@ static void test_a_refused_record_fails_its_batch(struct sluice_engine *eng, str
 	sluice_loader_close(ld);
 }
 
+/*
+ * A stage that refuses records after another made its field: the earlier
+ * field holds the kept records' rows alone, in their order (it once kept
+ * the rows of the refused ones, every row after them another record's).
+ */
+static void test_a_later_refusal_closes_up_the_fields_made_before_it(struct sluice_engine *eng,
+								    struct sluice_dataset *ds, uint64_t n)
+{
+	const struct sl__stage_ops later[] = { T_FIELD_STAGE("twice", t_twice_setup), T_FIELD_STAGE("len", t_len_setup) };
+	struct sluice_loader_options o = options(1);
+	struct sluice_loader *ld = NULL;
+	struct sluice_batch b = SLUICE_BATCH_INIT;
+	uint64_t seen = 0, skipped = 0;
+	int rc;
+
+	setups = closes = 0;
+	T_CHECK(sl__loader_open_staged(&ld, eng, ds, &o, later, 2) == 0);
+	while ((rc = sluice_loader_next(ld, &b, NULL)) == 1) {
+		const int64_t *x = b.field[0].data, *v = b.field[1].data, *w = b.field[2].data;
+
+		T_CHECK(b.field[0].shape[0] == (int64_t)b.size && b.field[1].shape[0] == (int64_t)b.size);
+		for (uint32_t j = 0; j < b.size; j++) {
+			uint64_t id = b.ids[j];
+
+			T_CHECK(id % 7 != 3);
+			T_CHECK(x[2 * j] == (int64_t)id && x[2 * j + 1] == 2 * (int64_t)id);
+			T_CHECK(v[2 * j] == (int64_t)v_len(id));
+			T_CHECK(w[j] == -(int64_t)id);
+			seen++;
+		}
+	}
+	T_CHECK(rc == 0);
+	for (uint64_t i = 0; i < n; i++)
+		skipped += i % 7 == 3;
+	T_CHECK(seen == n - skipped && atomic_load(&ld->skipped) == skipped);
+	sluice_loader_close(ld);
+	T_CHECK(setups == 2 && closes == 2);
+}
+
 /* Tables that cannot be set up: refused, naming what is wrong; every stage set up before it closed once. */
 static void test_bad_tables_are_refused_and_closed(struct sluice_engine *eng, struct sluice_dataset *ds)
 {
@@ -288,9 +327,9 @@ int main(void)
 	eng = t_engine();
 	test_stages_make_their_fields_and_skip_what_they_refuse(eng, ds, n);
 	test_a_refused_record_fails_its_batch(eng, ds);
+	test_a_later_refusal_closes_up_the_fields_made_before_it(eng, ds, n);
 	test_bad_tables_are_refused_and_closed(eng, ds);
 	sluice_engine_close(eng);
 	sluice_dataset_close(ds);
-	printf("t_stages: ok\n");
-	return 0;
+	return t_done("t_stages");
 }
