@@ -403,8 +403,8 @@ def test_producers_sharing_decoders_make_the_same_batches(photos, monkeypatch, d
     assert len(one) == len(other) == 5
     for (i1, x1), (i2, x2) in zip(one, other):
         assert np.array_equal(i1, i2) and np.array_equal(x1, x2)
-    assert st["images_gpu"] == 40 and st["batches"] == 5, st
-    assert st["nvjpeg_calls"] >= st["batches"], st          # at least one nvjpegDecodeBatched a batch
+    assert st["images_gpu"] > 0 and st["images_gpu"] + st["images_cpu"] == 40 and st["batches"] == 5, st
+    assert st["nvjpeg_calls"] >= 1, st                      # nvjpegDecodeBatched for the batches nvJPEG took
     assert st["cuda_calls_producers"] >= 3 * st["batches"], st  # a batch's copy, kernel and event at least
     assert 0 < st["cuda_calls_consumer"] <= 8 * st["batches"], st
 
