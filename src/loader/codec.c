@@ -47,9 +47,10 @@ static int sl_image_options(struct sluice_loader *ld, const struct sluice_image_
  * training step, 21.5 ms alone, took 27-28 ms beside the decoding with 8
  * queues and 25-26 with 32 (docs/BENCHMARKS.md).  The variable is the
  * user's (some recipes want 1), so it is only asked for here.  (The rest
- * of that slowdown is the CUDA driver's: nvJPEG makes about five calls an
- * image, and the model's launches wait on the driver behind them;
- * bench/driver_contention.py.)
+ * of that slowdown is the CUDA calls of other threads, which hold up the
+ * training thread's launches: nvJPEG's hardware path makes about four an
+ * image, which is why the producers take turns on one decoder,
+ * image/gpu.c.)
  */
 static void sl_connections_check(void)
 {
