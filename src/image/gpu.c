@@ -240,6 +240,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 	size_t *len = malloc(n * sizeof(*len)), at = 0;
 	struct sl_nvjpegImage *dst = calloc(n, sizeof(*dst));
 	struct sl_jdec *d = ig->dec;
+	sl_CUresult rec;
 	uint32_t k = 0;
 	int st = -1;
 
@@ -276,7 +277,15 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 		}
 		if (st)
 			d->inited = 0; /* nvJPEG asks for a new initialisation after a failed batch */
-		d->done_set = !st && !SL_CU(ig->g->cu->EventRecord(d->done, s), "cuEventRecord");
+		/*
+		 * Recorded after a failed batch too: what nvJPEG queued on the shared
+		 * state before it failed is waited for by the next producer as well.
+		 */
+		rec = SL_CU_RAW(ig->g->cu->EventRecord(d->done, s));
+		if (rec == SL_CUDA_SUCCESS)
+			d->done_set = 1;
+		else if (!st)
+			st = sl__cuda_err(rec, "cuEventRecord");
 		if (ig->lane)
 			pthread_mutex_unlock(&d->lane);
 	}
