@@ -46,11 +46,8 @@ struct sl_jdec {
 struct sl__img_gpu {
 	const struct sl__gpu *g;
 	const struct sl__nvjpeg_api *nj;     /* NULL: the CPU decodes every image */
-	struct sl_jdec *dec;
-	sl_nvjpegHandle_t h;                 /* dec's: for parsing, thread-safe */
+	struct sl_jdec *dec;                 /* its own or shared (NULL: the CPU decodes every image) */
 	sl_nvjpegJpegStream_t js;            /* this producer's: the headers it parses */
-	int hw;
-	int lane;                            /* dec is shared: its GPU work queued under dec->lane */
 	sl_CUfunction fn;
 	sl_CUevent done;
 	int done_set;
@@ -64,6 +61,12 @@ struct sl__img_gpu {
 static int sl_nj_err(int st, const char *what)
 {
 	return st ? sl__err(SLUICE_ECUDA, "nvJPEG %s: status %d", what, st) : 0;
+}
+
+/* ig's decoder is shared: its GPU work is queued under dec->lane, one producer at a time. */
+static int sl_shared(const struct sl__img_gpu *ig)
+{
+	return ig->dec && ig->dec->refs > 1;
 }
 
 static void sl_jdec_put(const struct sl__gpu *g, struct sl_jdec *d)
@@ -146,15 +149,11 @@ int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjp
 	if (!rc && ig->nj && share && share->dec && share->dec->hw) {
 		ig->dec = share->dec;
 		ig->dec->refs++;
-		ig->lane = share->lane = 1;
 	} else if (!rc && ig->nj) {
 		rc = sl_jdec_open(g, ig->nj, batch, &ig->dec);
 	}
-	if (!rc && ig->dec) {
-		ig->h = ig->dec->h;
-		ig->hw = ig->dec->hw;
-		rc = SL_NJ(ig->nj->JpegStreamCreate(ig->h, &ig->js), "nvjpegJpegStreamCreate");
-	}
+	if (!rc && ig->dec)
+		rc = SL_NJ(ig->nj->JpegStreamCreate(ig->dec->h, &ig->js), "nvjpegJpegStreamCreate");
 	if (rc) {
 		sl__img_gpu_close(ig);
 		return rc;
@@ -204,11 +203,11 @@ static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, 
 	/* CMYK, and RGB stored as such, which nvJPEG would take for YCbCr: the CPU's libjpeg knows them. */
 	if (!ig->nj || info->kind != SL_IMG_JPEG || info->ncomp == 4 || info->rgb)
 		return 0;
-	if (!ig->hw)
+	if (!ig->dec->hw)
 		return 1;
-	if (!info->baseline || ig->nj->JpegStreamParseHeader(ig->h, r->p, r->n, ig->js) ||
-	    ig->nj->DecodeBatchedSupported(ig->h, ig->js, &unsupported) || unsupported ||
-	    ig->nj->GetImageInfo(ig->h, r->p, r->n, &nc, &sub, w, h))
+	if (!info->baseline || ig->nj->JpegStreamParseHeader(ig->dec->h, r->p, r->n, ig->js) ||
+	    ig->nj->DecodeBatchedSupported(ig->dec->h, ig->js, &unsupported) || unsupported ||
+	    ig->nj->GetImageInfo(ig->dec->h, r->p, r->n, &nc, &sub, w, h))
 		return 0;
 	if (nc != info->ncomp || (uint32_t)w[0] != info->w || (uint32_t)h[0] != info->h ||
 	    (nc == 3 && (w[1] < 1 || h[1] < 1 || w[1] > w[0] || h[1] > h[0] || w[2] != w[1] || h[2] != h[1])))
@@ -240,6 +239,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 	size_t *len = malloc(n * sizeof(*len)), at = 0;
 	struct sl_nvjpegImage *dst = calloc(n, sizeof(*dst));
 	struct sl_jdec *d = ig->dec;
+	const int shared = sl_shared(ig);
 	sl_CUresult rec;
 	uint32_t k = 0;
 	int st = -1;
@@ -261,18 +261,18 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			}
 			k++;
 		}
-		if (ig->lane)
+		if (shared)
 			pthread_mutex_lock(&d->lane);
 		/* A shared state: the batch another producer decoded in it is done first (nvImageCodec's order). */
-		st = d->refs > 1 && d->done_set ? SL_CU(ig->g->cu->EventSynchronize(d->done), "cuEventSynchronize") : 0;
+		st = shared && d->done_set ? SL_CU(ig->g->cu->EventSynchronize(d->done), "cuEventSynchronize") : 0;
 		if (!st && d->inited != (int)n) {
-			st = ig->nj->DecodeBatchedInitialize(ig->h, d->st, (int)n, 1,
-							     ig->hw && !d->rgb ? SL_NVJPEG_OUTPUT_UNCHANGED : SL_NVJPEG_OUTPUT_RGBI);
+			st = ig->nj->DecodeBatchedInitialize(d->h, d->st, (int)n, 1,
+							     d->hw && !d->rgb ? SL_NVJPEG_OUTPUT_UNCHANGED : SL_NVJPEG_OUTPUT_RGBI);
 			d->inited = st ? 0 : (int)n;
 			b->nj_calls++;
 		}
 		if (!st) {
-			st = ig->nj->DecodeBatched(ig->h, d->st, data, len, dst, s);
+			st = ig->nj->DecodeBatched(d->h, d->st, data, len, dst, s);
 			b->nj_calls++;
 		}
 		if (st)
@@ -286,7 +286,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			d->done_set = 1;
 		else if (!st)
 			st = sl__cuda_err(rec, "cuEventRecord");
-		if (ig->lane)
+		if (shared)
 			pthread_mutex_unlock(&d->lane);
 	}
 	free(data);
@@ -419,13 +419,13 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 		rc = sl_to_cpu(ig, b, it, jpeg, cpu, s);
 	if (!rc)
 		rc = sl_cpu_images(ig, b, it, cpu, s);
-	if (ig->lane && ig->dec)
+	if (sl_shared(ig))
 		pthread_mutex_lock(&ig->dec->lane);
 	if (!rc)
 		rc = sl_augment(ig, b, it, out, s);
 	if (!rc)
 		rc = SL_CU(cu->EventRecord(ig->done, s), "cuEventRecord");
-	if (ig->lane && ig->dec)
+	if (sl_shared(ig))
 		pthread_mutex_unlock(&ig->dec->lane);
 	ig->done_set = !rc;
 	if (rc && it && jpeg && cpu)
