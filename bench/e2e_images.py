@@ -218,6 +218,9 @@ def main():
     ap.add_argument("--warm", type=int, default=4)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--alone-steps", type=int, default=0,
+                    help="timed batches of each loader alone, no model (default: --steps); a longer pass than the "
+                         "model's, since a pass of a fast loader is short and starts with its prefetched batches")
     ap.add_argument("--models", default="resnet50,resnet18")
     ap.add_argument("--only", default="", help="contenders to run (default: all)")
     ap.add_argument("--out", default="")
@@ -245,14 +248,15 @@ def main():
     import sluice
 
     torchvision.disable_beta_transforms_warning() if hasattr(torchvision, "disable_beta_transforms_warning") else None
-    res = Results(a.out, images=a.images, batch=a.batch, steps=a.steps, reps=a.reps, cpus=os.cpu_count(),
+    res = Results(a.out, images=a.images, batch=a.batch, steps=a.steps, alone_steps=a.alone_steps or a.steps, reps=a.reps, cpus=os.cpu_count(),
                   torch=torch.__version__, torchvision=torchvision.__version__,
                   cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
     t0 = time.perf_counter()
     ds_path, files = make_data(a.dir, a.images, a.sluice)
     res["data"] = {"files": len(files), "mean_kb": sum(os.path.getsize(f) for f in files) / len(files) / 1e3,
                    "made_s": time.perf_counter() - t0}
-    need = (a.warm + a.steps) * a.batch
+    a.alone_steps = a.alone_steps or a.steps
+    need = (a.warm + max(a.steps, a.alone_steps)) * a.batch
     assert len(files) >= need, f"--images {a.images} is fewer than a pass's {need}"
     ds = sluice.Dataset(ds_path)
     cpu_tf = v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
@@ -423,12 +427,12 @@ def main():
     # Decode alone: a batch's files decoded on the GPU by torchvision, against sluice's loader with no model.
     if not only or {"decode", "tv_decode", "sluice_decode", "dali_best_alone"} & only:
         alone = {
-            "tv_decode": lambda: measured(lambda: run_steps(tv_gpu(transform=False), None, a.warm, a.steps)),
-            "sluice_decode": lambda: measured(lambda: run_steps(sluice_batches(), None, a.warm, a.steps)),
+            "tv_decode": lambda: measured(lambda: run_steps(tv_gpu(transform=False), None, a.warm, a.alone_steps)),
+            "sluice_decode": lambda: measured(lambda: run_steps(sluice_batches(), None, a.warm, a.alone_steps)),
         }
         if have_dali:
             alone["dali_best_alone"] = lambda: measured(lambda: run_steps(
-                dali_batches(int(dali_best[0]), dali_best[1]), None, a.warm, a.steps))
+                dali_batches(int(dali_best[0]), dali_best[1]), None, a.warm, a.alone_steps))
         if only and "decode" not in only:
             alone = {k: v for k, v in alone.items() if k in only}
         r = side_by_side(alone, a.reps, key="images_s")

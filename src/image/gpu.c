@@ -31,6 +31,13 @@
  * `lane` once the previous one's is done; the hybrid backend's (no JPEG
  * engines: Huffman decoding on the calling thread) is one a producer.
  */
+/*
+ * The events a producer waits for on the host (its last batch, the shared
+ * decoder's): it sleeps in the driver rather than spinning on a core while
+ * the JPEG engines work, since the wait is as long as a batch's decoding.
+ */
+#define SL_HOST_WAITED (SL_CU_EVENT_DISABLE_TIMING | SL_CU_EVENT_BLOCKING_SYNC)
+
 struct sl_jdec {
 	const struct sl__nvjpeg_api *nj;
 	sl_nvjpegHandle_t h;
@@ -116,7 +123,7 @@ static int sl_jdec_open(const struct sl__gpu *g, const struct sl__nvjpeg_api *nj
 	if (!rc)
 		rc = SL_NJ(nj->JpegStateCreate(d->h, &d->st), "nvjpegJpegStateCreate");
 	if (!rc)
-		rc = SL_CU(g->cu->EventCreate(&d->done, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+		rc = SL_CU(g->cu->EventCreate(&d->done, SL_HOST_WAITED), "cuEventCreate");
 	if (!rc && d->hw && nj->DecodeBatchedPreAllocate && batch &&
 	    nj->DecodeBatchedPreAllocate(d->h, d->st, (int)batch, 1, 1, SL_NVJPEG_CSS_444, SL_NVJPEG_OUTPUT_RGBI))
 		sl__info("loader", "nvJPEG did not pre-allocate for a batch of %u: each batch allocates", batch);
@@ -143,7 +150,7 @@ int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjp
 	if (!rc)
 		rc = sl__nvrtc_kernel(g, sl_augment_src, "sl_augment", &ig->fn);
 	if (!rc)
-		rc = SL_CU(g->cu->EventCreate(&ig->done, SL_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+		rc = SL_CU(g->cu->EventCreate(&ig->done, SL_HOST_WAITED), "cuEventCreate");
 	if (!rc && nvjpeg && !(ig->nj = sl__nvjpeg(&why)))
 		rc = sl__err(SLUICE_ENOGPU, "%s", why);
 	if (!rc && ig->nj && share && share->dec && share->dec->hw) {
