@@ -188,6 +188,32 @@ static struct sluice_loader_options options(int skip)
 					       .seed = 3, .shuffle = 1, .skip_corrupt = skip, .window_bytes = 20 << 10 };
 }
 
+/* Every row of b is a kept record's, each field made of that record; returns how many rows. */
+static uint64_t check_rows(const struct sluice_batch *b)
+{
+	const int64_t *x = b->field[0].data, *v = b->field[1].data, *w = b->field[2].data;
+
+	for (uint32_t j = 0; j < b->size; j++) {
+		uint64_t id = b->ids[j];
+
+		T_CHECK(id % 7 != 3);
+		T_CHECK(x[2 * j] == (int64_t)id && x[2 * j + 1] == 2 * (int64_t)id);
+		T_CHECK(v[2 * j] == (int64_t)v_len(id));
+		T_CHECK(w[j] == -(int64_t)id);
+	}
+	return b->size;
+}
+
+/* How many of records 0..n-1 the "len" stage refuses (every seventh, from 3). */
+static uint64_t refused_of(uint64_t n)
+{
+	uint64_t k = 0;
+
+	for (uint64_t i = 0; i < n; i++)
+		k += i % 7 == 3;
+	return k;
+}
+
 /* Both stages make their fields, w is collated as stored; refused records are gone from every field. */
 static void test_stages_make_their_fields_and_skip_what_they_refuse(struct sluice_engine *eng,
 								    struct sluice_dataset *ds, uint64_t n)
@@ -203,27 +229,22 @@ static void test_stages_make_their_fields_and_skip_what_they_refuse(struct sluic
 	T_CHECK(setups == 3 && ld->nstage == 2 && ld->fstage[0] && ld->fstage[1] && !ld->fstage[2] && !ld->wstage);
 	T_CHECK(!strcmp(ld->fstage[1]->ops->name, "len") && !strcmp(ld->fstage[0]->ops->name, "twice"));
 	while ((rc = sluice_loader_next(ld, &b, NULL)) == 1) {
-		const int64_t *x = b.field[0].data, *v = b.field[1].data, *w = b.field[2].data;
+		const int64_t *v = b.field[1].data;
 
 		T_CHECK(b.nfields == 3 && b.field[0].item_bytes == 16 && b.field[1].item_bytes == 16 &&
 			b.field[1].ndim == 2 && b.field[1].shape[0] == (int64_t)b.size && !b.field[1].offsets &&
 			b.field[2].item_bytes == 8);
+		seen += check_rows(&b);
 		for (uint32_t j = 0; j < b.size; j++) {
-			uint64_t id = b.ids[j];
 			int64_t sum = 0;
 
-			for (size_t k = 0; k < v_len(id); k++)
-				sum += (unsigned char)(id + k);
-			T_CHECK(id % 7 != 3);
-			T_CHECK(x[2 * j] == (int64_t)id && x[2 * j + 1] == 2 * (int64_t)id);
-			T_CHECK(v[2 * j] == (int64_t)v_len(id) && v[2 * j + 1] == sum);
-			T_CHECK(w[j] == -(int64_t)id);
-			seen++;
+			for (size_t k = 0; k < v_len(b.ids[j]); k++)
+				sum += (unsigned char)(b.ids[j] + k);
+			T_CHECK(v[2 * j + 1] == sum);
 		}
 	}
 	T_CHECK(rc == 0);
-	for (uint64_t i = 0; i < n; i++)
-		skipped += i % 7 == 3;
+	skipped = refused_of(n);
 	T_CHECK(seen == n - skipped);
 	T_CHECK(atomic_load(&ld->skipped) == skipped);
 	/* "len" runs first (the table's order) and closes the refused records up before "twice" sees them. */
@@ -266,22 +287,11 @@ static void test_a_later_refusal_closes_up_the_fields_made_before_it(struct slui
 	setups = closes = 0;
 	T_CHECK(sl__loader_open_staged(&ld, eng, ds, &o, later, 2) == 0);
 	while ((rc = sluice_loader_next(ld, &b, NULL)) == 1) {
-		const int64_t *x = b.field[0].data, *v = b.field[1].data, *w = b.field[2].data;
-
 		T_CHECK(b.field[0].shape[0] == (int64_t)b.size && b.field[1].shape[0] == (int64_t)b.size);
-		for (uint32_t j = 0; j < b.size; j++) {
-			uint64_t id = b.ids[j];
-
-			T_CHECK(id % 7 != 3);
-			T_CHECK(x[2 * j] == (int64_t)id && x[2 * j + 1] == 2 * (int64_t)id);
-			T_CHECK(v[2 * j] == (int64_t)v_len(id));
-			T_CHECK(w[j] == -(int64_t)id);
-			seen++;
-		}
+		seen += check_rows(&b);
 	}
 	T_CHECK(rc == 0);
-	for (uint64_t i = 0; i < n; i++)
-		skipped += i % 7 == 3;
+	skipped = refused_of(n);
 	T_CHECK(seen == n - skipped && atomic_load(&ld->skipped) == skipped);
 	sluice_loader_close(ld);
 	T_CHECK(setups == 2 && closes == 2);
