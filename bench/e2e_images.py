@@ -337,7 +337,8 @@ def main():
             st = ld.stats()
             res[key] = {k: st.get(k) for k in ("gpu_wait_share", "step_us", "loader_us", "verdict", "images_gpu",
                                                "images_cpu", "skipped", "batches", "cuda_calls_producers",
-                                               "cuda_calls_consumer", "nvjpeg_calls")}
+                                               "cuda_calls_consumer", "nvjpeg_calls", "image_batches_gpu",
+                                               "image_us", "stages")}
             n = max(1, st.get("batches") or 0)
             res[key]["per_batch"] = {k: round(st.get(k, 0) / n, 1) for k in ("cuda_calls_producers",
                                                                             "cuda_calls_consumer", "nvjpeg_calls")}

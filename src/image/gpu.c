@@ -70,6 +70,15 @@ static int sl_nj_err(int st, const char *what)
 	return st ? sl__err(SLUICE_ECUDA, "nvJPEG %s: status %d", what, st) : 0;
 }
 
+/* The time since *t charged to phase ph of b, *t moved on to now. */
+static void sl_lap(struct sl__img_batch *b, enum sl__img_phase ph, uint64_t *t)
+{
+	const uint64_t now = sl__now_ns();
+
+	b->ns[ph] += now - *t;
+	*t = now;
+}
+
 /* ig's decoder is shared: its GPU work is queued under dec->lane, one producer at a time. */
 static int sl_shared(const struct sl__img_gpu *ig)
 {
@@ -250,6 +259,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 	sl_CUresult rec;
 	uint32_t k = 0;
 	int st = -1;
+	uint64_t t = sl__now_ns();
 
 	if (data && len && dst) {
 		for (uint32_t j = 0; j < b->m; j++) {
@@ -268,10 +278,13 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			}
 			k++;
 		}
+		sl_lap(b, SL_IMG_T_COPY, &t);
 		if (shared)
 			pthread_mutex_lock(&d->lane);
+		sl_lap(b, SL_IMG_T_LANE, &t);
 		/* A shared state: the batch another producer decoded in it is done first (nvImageCodec's order). */
 		st = shared && d->done_set ? SL_CU(ig->g->cu->EventSynchronize(d->done), "cuEventSynchronize") : 0;
+		sl_lap(b, SL_IMG_T_SHARED, &t);
 		if (!st && d->inited != (int)n) {
 			st = ig->nj->DecodeBatchedInitialize(d->h, d->st, (int)n, 1,
 							     d->hw && !d->rgb ? SL_NVJPEG_OUTPUT_UNCHANGED : SL_NVJPEG_OUTPUT_RGBI);
@@ -295,6 +308,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			st = sl__cuda_err(rec, "cuEventRecord");
 		if (shared)
 			pthread_mutex_unlock(&d->lane);
+		sl_lap(b, SL_IMG_T_DECODE, &t);
 	}
 	free(data);
 	free(len);
@@ -406,6 +420,7 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	struct sl__img_item *it = calloc(b->m ? b->m : 1, sizeof(*it));
 	uint8_t *jpeg = calloc(b->m ? b->m : 1, 1), *cpu = calloc(b->m ? b->m : 1, 1);
 	uint32_t njpeg = 0;
+	uint64_t t = sl__now_ns();
 	int rc = it && jpeg && cpu ? sl__gpu_bind(ig->g) : -ENOMEM;
 
 	/*
@@ -418,22 +433,28 @@ int sl__img_run_gpu(struct sl__img_gpu *ig, struct sl__img_batch *b, void *out, 
 	 */
 	if (!rc && ig->done_set)
 		rc = SL_CU(cu->EventSynchronize(ig->done), "cuEventSynchronize");
+	sl_lap(b, SL_IMG_T_LAST, &t);
 	if (!rc)
 		rc = sl_route(ig, b, it, jpeg, cpu);
 	for (uint32_t j = 0; j < b->m && !rc; j++)
 		njpeg += jpeg[j];
+	sl_lap(b, SL_IMG_T_PARSE, &t);
 	if (!rc && njpeg && sl_nvjpeg_batch(ig, b, it, jpeg, njpeg, s))
 		rc = sl_to_cpu(ig, b, it, jpeg, cpu, s);
+	t = sl__now_ns();
 	if (!rc)
 		rc = sl_cpu_images(ig, b, it, cpu, s);
+	sl_lap(b, SL_IMG_T_CPU, &t);
 	if (sl_shared(ig))
 		pthread_mutex_lock(&ig->dec->lane);
+	sl_lap(b, SL_IMG_T_LANE, &t);
 	if (!rc)
 		rc = sl_augment(ig, b, it, out, s);
 	if (!rc)
 		rc = SL_CU(cu->EventRecord(ig->done, s), "cuEventRecord");
 	if (sl_shared(ig))
 		pthread_mutex_unlock(&ig->dec->lane);
+	sl_lap(b, SL_IMG_T_AUGMENT, &t);
 	ig->done_set = !rc;
 	if (rc && it && jpeg && cpu)
 		SL_CU_RAW(cu->StreamSynchronize(s)); /* what was queued reads the host buffers the next batch would write */

@@ -92,6 +92,18 @@ struct sl__img_rec {
  * (an error, a skip) is the caller's choice.  Errors returned are the
  * machine's (memory, CUDA), never an image's.
  */
+/*
+ * Where a producer's GPU batch spends its time on the host (ns), in the
+ * order it runs: its last batch waited for, the headers parsed and the
+ * batch routed, the JPEGs copied into pinned memory, the shared decoder
+ * waited for (its lane, then the batch another producer decoded in it),
+ * nvJPEG's calls, the CPU's images, the kernel's launch.
+ */
+enum sl__img_phase {
+	SL_IMG_T_LAST, SL_IMG_T_PARSE, SL_IMG_T_COPY, SL_IMG_T_LANE, SL_IMG_T_SHARED, SL_IMG_T_DECODE, SL_IMG_T_CPU,
+	SL_IMG_T_AUGMENT, SL_IMG_PHASES
+};
+
 struct sl__img_batch {
 	const struct sl__img_opts *o;
 	uint64_t seed, epoch;
@@ -105,6 +117,7 @@ struct sl__img_batch {
 	int nbad;
 	uint32_t n_gpu, n_cpu;  /* the kept images nvJPEG decoded, and the CPU */
 	uint32_t nj_calls;      /* calls into nvJPEG that queue GPU work (its own CUDA calls are not sluice's to count) */
+	uint64_t ns[SL_IMG_PHASES]; /* the GPU pipeline's host time by phase (enum sl__img_phase) */
 };
 
 /* A batch on the CPU's threads into out (host memory), rows kept dense. */

@@ -25,6 +25,7 @@ struct sl_images {
 	int decode;                              /* enum sluice_image_decode */
 	struct sl__img_gpu *gpu[SL_PRODUCERS_MAX];
 	_Atomic uint64_t n_gpu, n_cpu, nj_calls; /* images decoded by nvJPEG, by the CPU; calls into nvJPEG */
+	_Atomic uint64_t batches_gpu, ns[SL_IMG_PHASES]; /* batches through a GPU pipeline, their host time by phase */
 };
 
 /* The image options checked into im (the field among those loaded: st->field). */
@@ -241,6 +242,9 @@ static int sl_image_run(struct sl__stage *st, struct sl__producer *p, struct sl_
 	atomic_fetch_add(&im->n_gpu, b.n_gpu);
 	atomic_fetch_add(&im->n_cpu, b.n_cpu);
 	atomic_fetch_add(&im->nj_calls, b.nj_calls);
+	atomic_fetch_add(&im->batches_gpu, ig != NULL);
+	for (unsigned k = 0; k < SL_IMG_PHASES; k++)
+		atomic_fetch_add(&im->ns[k], b.ns[k]);
 	if (!rc && b.nbad && !st->skip_bad)
 		rc = sl__err(SLUICE_EFORMAT, "%s: record %llu: field '%s': %s", ld->ds->path, (unsigned long long)b.why_id,
 			     ld->ds->fields[fi].name, b.why);
@@ -284,6 +288,9 @@ static void sl_image_counts(const struct sl__stage *st, struct sl__stage_counts 
 	c->images_gpu += atomic_load(&im->n_gpu);
 	c->images_cpu += atomic_load(&im->n_cpu);
 	c->nvjpeg_calls += atomic_load(&im->nj_calls);
+	c->image_batches_gpu += atomic_load(&im->batches_gpu);
+	for (unsigned k = 0; k < SL_IMG_PHASES; k++)
+		c->image_ns[k] += atomic_load(&im->ns[k]);
 }
 
 static const struct sl__stage_ops sl_stages[] = {

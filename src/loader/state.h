@@ -189,6 +189,7 @@ struct sl__producer {
 /* What the stages counted (stats). */
 struct sl__stage_counts {
 	uint64_t images_gpu, images_cpu, nvjpeg_calls;
+	uint64_t image_batches_gpu, image_ns[SL_IMG_PHASES]; /* batches through a GPU pipeline, their host time by phase */
 };
 
 /*

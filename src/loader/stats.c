@@ -110,7 +110,7 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       "\"read_ios\":%llu,\"sequential_fraction\":%.4f,\"skipped\":%llu,"
 	       "\"images_gpu\":%llu,\"images_cpu\":%llu,\"zstd_blocks_gpu\":%llu,\"zstd_blocks_cpu\":%llu,"
 	       "\"windows_read_ahead\":%llu,\"held_moved\":%llu,\"held_bytes\":%llu,"
-	       "\"cuda_calls_producers\":%llu,\"cuda_calls_consumer\":%llu,\"nvjpeg_calls\":%llu,\"stages\":{",
+	       "\"cuda_calls_producers\":%llu,\"cuda_calls_consumer\":%llu,\"nvjpeg_calls\":%llu,",
 	       (unsigned long long)ld->delivered, (unsigned long long)atomic_load(&ld->records),
 	       (unsigned long long)atomic_load(&ld->bytes), (unsigned long long)ld->window,
 	       (unsigned long long)atomic_load(&ld->read_bytes), (unsigned long long)atomic_load(&ld->read_cached),
@@ -121,6 +121,15 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       (unsigned long long)ld->preloaded, (unsigned long long)held_moved, (unsigned long long)held_bytes,
 	       (unsigned long long)atomic_load(&ld->cu_prod), (unsigned long long)atomic_load(&ld->cu_cons),
 	       (unsigned long long)c.nvjpeg_calls);
+	/* A GPU image pipeline's host time a batch, by phase (enum sl__img_phase's order). */
+	static const char *const phase[SL_IMG_PHASES] = { "last_batch_wait", "parse", "copy_bits", "lane_wait",
+							  "shared_decode_wait", "nvjpeg", "cpu_decode", "augment" };
+	const double nbg = c.image_batches_gpu ? (double)c.image_batches_gpu : 1;
+
+	SL_PUT("\"image_batches_gpu\":%llu,\"image_us\":{", (unsigned long long)c.image_batches_gpu);
+	for (unsigned k = 0; k < SL_IMG_PHASES; k++)
+		SL_PUT("%s\"%s\":%.1f", k ? "," : "", phase[k], (double)c.image_ns[k] / nbg / 1e3);
+	SL_PUT("},\"stages\":{");
 	for (unsigned i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 		SL_PUT("%s\"%s\":{\"count\":%llu,\"total_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f}", i ? "," : "", name[i],
 		       (unsigned long long)atomic_load(&h[i]->n), (double)atomic_load(&h[i]->sum) / 1e3,

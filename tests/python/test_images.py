@@ -407,6 +407,11 @@ def test_producers_sharing_decoders_make_the_same_batches(photos, monkeypatch, d
     assert st["nvjpeg_calls"] >= 1, st                      # nvjpegDecodeBatched for the batches nvJPEG took
     assert st["cuda_calls_producers"] >= 3 * st["batches"], st  # a batch's copy, kernel and event at least
     assert 0 < st["cuda_calls_consumer"] <= 8 * st["batches"], st
+    # Each batch went through a producer's GPU pipeline, whose host time is told by phase and holds its parse
+    assert st["image_batches_gpu"] == st["batches"], st
+    assert set(st["image_us"]) == {"last_batch_wait", "parse", "copy_bits", "lane_wait", "shared_decode_wait",
+                                   "nvjpeg", "cpu_decode", "augment"}, st
+    assert st["image_us"]["parse"] > 0 and st["image_us"]["augment"] > 0 and min(st["image_us"].values()) >= 0, st
 
 
 def test_cuda_call_counts_are_zero_without_a_gpu(photos):
@@ -416,6 +421,7 @@ def test_cuda_call_counts_are_zero_without_a_gpu(photos):
     assert sum(1 for _ in ld) == 5
     st = ld.stats()
     assert (st["cuda_calls_producers"], st["cuda_calls_consumer"], st["nvjpeg_calls"]) == (0, 0, 0), st
+    assert st["image_batches_gpu"] == 0 and not any(st["image_us"].values()), st
 
 
 @gpu
