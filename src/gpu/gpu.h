@@ -129,8 +129,9 @@ struct sl__nvjpeg_api {
 	int (*JpegStreamDestroy)(sl_nvjpegJpegStream_t js);
 	int (*JpegStreamParseHeader)(sl_nvjpegHandle_t h, const unsigned char *data, size_t len, sl_nvjpegJpegStream_t js);
 	int (*DecodeBatchedSupported)(sl_nvjpegHandle_t h, sl_nvjpegJpegStream_t js, int *unsupported);
-	int (*GetImageInfo)(sl_nvjpegHandle_t h, const unsigned char *data, size_t len, int *ncomp, int *subsampling,
-			    int *widths, int *heights);
+	/* What the stream's last parsed header says: its components, and each one's size */
+	int (*JpegStreamGetComponentsNum)(sl_nvjpegJpegStream_t js, unsigned *ncomp);
+	int (*JpegStreamGetComponentDimensions)(sl_nvjpegJpegStream_t js, unsigned c, unsigned *w, unsigned *h);
 	/* NULL where nvJPEG lacks it (before CUDA 11.x's): the hardware backend's memory made ahead for a batch */
 	int (*DecodeBatchedPreAllocate)(sl_nvjpegHandle_t h, sl_nvjpegJpegState_t st, int batch, int width, int height,
 					int chroma_subsampling, int output_format);

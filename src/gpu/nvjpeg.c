@@ -28,7 +28,8 @@ static void sl_nvjpeg_load(void)
 		{ (void **)&sl_nj.JpegStreamDestroy, "nvjpegJpegStreamDestroy" },
 		{ (void **)&sl_nj.JpegStreamParseHeader, "nvjpegJpegStreamParseHeader" },
 		{ (void **)&sl_nj.DecodeBatchedSupported, "nvjpegDecodeBatchedSupported" },
-		{ (void **)&sl_nj.GetImageInfo, "nvjpegGetImageInfo" },
+		{ (void **)&sl_nj.JpegStreamGetComponentsNum, "nvjpegJpegStreamGetComponentsNum" },
+		{ (void **)&sl_nj.JpegStreamGetComponentDimensions, "nvjpegJpegStreamGetComponentDimensions" },
 	};
 
 	void *h = sl__dl_load_cuda("SLUICE_NVJPEG_LIB", "libnvjpeg.so.13", syms, sizeof(syms) / sizeof(syms[0]),

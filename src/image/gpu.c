@@ -214,18 +214,23 @@ static size_t sl_end(const struct sl__img_item *it)
 static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, const struct sl__img_info *info,
 			   struct sl_aug_img *im)
 {
-	int unsupported = 1, nc = 0, sub = 0, w[4] = { 0 }, h[4] = { 0 };
+	int unsupported = 1;
+	unsigned nc = 0, w[3] = { 0 }, h[3] = { 0 };
 
 	/* CMYK, and RGB stored as such, which nvJPEG would take for YCbCr: the CPU's libjpeg knows them. */
 	if (!ig->nj || info->kind != SL_IMG_JPEG || info->ncomp == 4 || info->rgb)
 		return 0;
 	if (!ig->dec->hw)
 		return 1;
+	/* The header parsed once: what nvJPEG's batch takes and the sizes it found are the stream's. */
 	if (!info->baseline || ig->nj->JpegStreamParseHeader(ig->dec->h, r->p, r->n, ig->js) ||
 	    ig->nj->DecodeBatchedSupported(ig->dec->h, ig->js, &unsupported) || unsupported ||
-	    ig->nj->GetImageInfo(ig->dec->h, r->p, r->n, &nc, &sub, w, h))
+	    ig->nj->JpegStreamGetComponentsNum(ig->js, &nc) || nc != (unsigned)info->ncomp || (nc != 1 && nc != 3))
 		return 0;
-	if (nc != info->ncomp || (uint32_t)w[0] != info->w || (uint32_t)h[0] != info->h ||
+	for (unsigned c = 0; c < nc; c++)
+		if (ig->nj->JpegStreamGetComponentDimensions(ig->js, c, &w[c], &h[c]))
+			return 0;
+	if (w[0] != info->w || h[0] != info->h ||
 	    (nc == 3 && (w[1] < 1 || h[1] < 1 || w[1] > w[0] || h[1] > h[0] || w[2] != w[1] || h[2] != h[1])))
 		return 0; /* nvJPEG reads the header otherwise than sluice: the CPU decodes it */
 	if (ig->dec->rgb) { /* nvJPEG converts (a kernel an image): RGB as the CPU's decoder writes it */
@@ -234,9 +239,9 @@ static int sl_nvjpeg_takes(struct sl__img_gpu *ig, const struct sl__img_rec *r, 
 		return 1;
 	}
 	im->fmt = nc == 1 ? SL_AUG_GREY : SL_AUG_YCC;
-	im->pitch = w[0];
-	im->cw = nc == 1 ? 0 : w[1];
-	im->ch = nc == 1 ? 0 : h[1];
+	im->pitch = (int)w[0];
+	im->cw = nc == 1 ? 0 : (int)w[1];
+	im->ch = nc == 1 ? 0 : (int)h[1];
 	return 1;
 }
 
