@@ -5,7 +5,11 @@
  * decoded by the CPU's threads and copied beside them, then augment.h's
  * kernel over the whole batch in one launch.  Everything runs on the
  * producer's stream; the host buffers it fills are reused only once the
- * stream is past the previous batch (the event done).
+ * stream is past the previous batch (the event done).  nvJPEG reads the
+ * JPEGs where the records lie, in the loader's windows (registered with
+ * the driver: stage.c asks for it), with no copy of its own; a batch's run
+ * returns only once the stream is past nvJPEG's work (the event read), as
+ * the windows are read again as soon as the batch is made.
  *
  * The hardware backend's decoder is one a loader, its producers taking
  * turns (each still probes, plans and stages its batch on its own): every
@@ -58,9 +62,9 @@ struct sl__img_gpu {
 	sl_CUfunction fn;
 	sl_CUevent done;
 	int done_set;
+	sl_CUevent read;                       /* the stream past nvJPEG's work: it has read the batch's JPEGs */
 	struct sl__gbuf scratch;               /* GPU: the decoded images */
 	struct sl__gbuf imgs, imgs_dev;        /* the kernel's per-image table (struct sl_aug_img): pinned host, GPU */
-	struct sl__gbuf bits;                  /* pinned: the batch's JPEGs, as nvJPEG reads them */
 	struct sl__gbuf host;                  /* pinned: the CPU's decoded images, before their copy */
 };
 
@@ -160,6 +164,8 @@ int sl__img_gpu_open(struct sl__img_gpu **out, const struct sl__gpu *g, int nvjp
 		rc = sl__nvrtc_kernel(g, sl_augment_src, "sl_augment", &ig->fn);
 	if (!rc)
 		rc = SL_CU(g->cu->EventCreate(&ig->done, SL_HOST_WAITED), "cuEventCreate");
+	if (!rc)
+		rc = SL_CU(g->cu->EventCreate(&ig->read, SL_HOST_WAITED), "cuEventCreate");
 	if (!rc && nvjpeg && !(ig->nj = sl__nvjpeg(&why)))
 		rc = sl__err(SLUICE_ENOGPU, "%s", why);
 	if (!rc && ig->nj && share && share->dec && share->dec->hw) {
@@ -187,6 +193,8 @@ void sl__img_gpu_close(struct sl__img_gpu *ig)
 			SL_CU_RAW(ig->g->cu->EventSynchronize(ig->done));
 		if (ig->done)
 			SL_CU_RAW(ig->g->cu->EventDestroy(ig->done));
+		if (ig->read)
+			SL_CU_RAW(ig->g->cu->EventDestroy(ig->read));
 	}
 	if (ig->js)
 		ig->nj->JpegStreamDestroy(ig->js);
@@ -195,7 +203,6 @@ void sl__img_gpu_close(struct sl__img_gpu *ig)
 	sl__gbuf_free(ig->g, &ig->imgs_dev);
 	sl__gbuf_free(ig->g, &ig->imgs);
 	sl__gbuf_free(ig->g, &ig->host);
-	sl__gbuf_free(ig->g, &ig->bits);
 	free(ig);
 }
 
@@ -257,7 +264,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			   uint32_t n, sl_CUstream s)
 {
 	const unsigned char **data = malloc(n * sizeof(*data));
-	size_t *len = malloc(n * sizeof(*len)), at = 0;
+	size_t *len = malloc(n * sizeof(*len));
 	struct sl_nvjpegImage *dst = calloc(n, sizeof(*dst));
 	struct sl_jdec *d = ig->dec;
 	const int shared = sl_shared(ig);
@@ -270,11 +277,8 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 		for (uint32_t j = 0; j < b->m; j++) {
 			if (!jpeg[j])
 				continue;
-			/* From pinned memory, held until the stream is past this batch: nvJPEG may read it later. */
-			memcpy((unsigned char *)ig->bits.p + at, b->rec[j].p, b->rec[j].n);
-			data[k] = (unsigned char *)ig->bits.p + at;
+			data[k] = b->rec[j].p; /* in its window: the batch's run waits until nvJPEG has read it */
 			len[k] = b->rec[j].n;
-			at += b->rec[j].n;
 			for (int c = 0; c < (it[j].im.fmt == SL_AUG_YCC ? 3 : 1); c++) {
 				size_t y = (size_t)it[j].im.pitch * (size_t)it[j].im.h, cc = (size_t)it[j].im.cw * it[j].im.ch;
 
@@ -283,7 +287,6 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 			}
 			k++;
 		}
-		sl_lap(b, SL_IMG_T_COPY, &t);
 		if (shared)
 			pthread_mutex_lock(&d->lane);
 		sl_lap(b, SL_IMG_T_LANE, &t);
@@ -314,6 +317,16 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
 		if (shared)
 			pthread_mutex_unlock(&d->lane);
 		sl_lap(b, SL_IMG_T_DECODE, &t);
+		/*
+		 * The windows hold the JPEGs until the batch is made, no longer:
+		 * the stream past what nvJPEG queued (after a failed batch too),
+		 * or, where the event cannot be had, the whole stream.
+		 */
+		rec = SL_CU_RAW(ig->g->cu->EventRecord(ig->read, s));
+		rec = rec == SL_CUDA_SUCCESS ? SL_CU_RAW(ig->g->cu->EventSynchronize(ig->read)) : rec;
+		if (rec != SL_CUDA_SUCCESS && (rec = SL_CU_RAW(ig->g->cu->StreamSynchronize(s))) != SL_CUDA_SUCCESS && !st)
+			st = sl__cuda_err(rec, "cuStreamSynchronize");
+		sl_lap(b, SL_IMG_T_READ, &t);
 	}
 	free(data);
 	free(len);
@@ -328,7 +341,7 @@ static int sl_nvjpeg_batch(struct sl__img_gpu *ig, struct sl__img_batch *b, stru
  */
 static int sl_route(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__img_item *it, uint8_t *jpeg, uint8_t *cpu)
 {
-	size_t total = sl__img_layout(b, it), bits = 0, cpu_bytes = 0;
+	size_t total = sl__img_layout(b, it), cpu_bytes = 0;
 	const char *what = "images";
 	int rc;
 
@@ -337,11 +350,9 @@ static int sl_route(struct sl__img_gpu *ig, struct sl__img_batch *b, struct sl__
 			continue;
 		jpeg[j] = (uint8_t)sl_nvjpeg_takes(ig, &b->rec[j], &it[j].info, &it[j].im);
 		cpu[j] = !jpeg[j];
-		bits += jpeg[j] ? b->rec[j].n : 0;
 		cpu_bytes = cpu[j] ? sl_end(&it[j]) : cpu_bytes;
 	}
 	if (!(rc = sl__gbuf_room(ig->g, &ig->scratch, total + 1, 1, what)) &&
-	    !(rc = sl__gbuf_room(ig->g, &ig->bits, bits + 1, 0, what)) &&
 	    !(rc = sl__gbuf_room(ig->g, &ig->host, cpu_bytes + 1, 0, what)) &&
 	    !(rc = sl__gbuf_room(ig->g, &ig->imgs, b->m * sizeof(struct sl_aug_img) + 1, 0, what)))
 		rc = sl__gbuf_room(ig->g, &ig->imgs_dev, b->m * sizeof(struct sl_aug_img) + 1, 1, what);

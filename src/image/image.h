@@ -95,12 +95,13 @@ struct sl__img_rec {
 /*
  * Where a producer's GPU batch spends its time on the host (ns), in the
  * order it runs: its last batch waited for, the headers parsed and the
- * batch routed, the JPEGs copied into pinned memory, the shared decoder
- * waited for (its lane, then the batch another producer decoded in it),
- * nvJPEG's calls, the CPU's images, the kernel's launch.
+ * batch routed, the shared decoder waited for (its lane, then the batch
+ * another producer decoded in it), nvJPEG's calls, nvJPEG's reading of the
+ * JPEGs waited for (they are in the windows), the CPU's images, the
+ * kernel's launch.
  */
 enum sl__img_phase {
-	SL_IMG_T_LAST, SL_IMG_T_PARSE, SL_IMG_T_COPY, SL_IMG_T_LANE, SL_IMG_T_SHARED, SL_IMG_T_DECODE, SL_IMG_T_CPU,
+	SL_IMG_T_LAST, SL_IMG_T_PARSE, SL_IMG_T_LANE, SL_IMG_T_SHARED, SL_IMG_T_DECODE, SL_IMG_T_READ, SL_IMG_T_CPU,
 	SL_IMG_T_AUGMENT, SL_IMG_PHASES
 };
 

@@ -408,7 +408,7 @@ static int sl_alloc_ring(struct sluice_loader *ld, uint64_t guess, uint64_t byte
 		struct sl__window *win = &ld->win[i];
 
 		rc = sl__window_reserve(win, (ld->window + local_world - 1) / local_world *
-						     sl__align_up(bytes / ld->n, 8));
+						     sl__align_up(bytes / ld->n, 8), ld->win_pin);
 		if (!rc)
 			memset(win->buf, 0, win->cap);
 	}
@@ -532,7 +532,7 @@ void sluice_loader_close(struct sluice_loader *ld)
 		free(ld->win[i].ids);
 		free(ld->win[i].off);
 		free(ld->win[i].len);
-		sl__host_free(NULL, ld->win[i].buf, ld->win[i].cap, 0);
+		sl__window_free(&ld->win[i], ld->win_pin);
 	}
 	for (unsigned p = 0; p < SL_PRODUCERS_MAX; p++)
 		if (ld->prod[p].stream)

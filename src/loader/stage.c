@@ -172,10 +172,14 @@ static int sl_image_gpu_open(struct sluice_loader *ld, const struct sluice_loade
 			sl__info("loader", "images decoded and augmented by the CPU: %s", sluice_last_error_detail());
 			sl_image_gpu_close(im);
 			ld->nprod = SL_PRODUCERS;
+			ld->win_pin = NULL;
 			return 0;
 		}
 		if (rc)
 			return sl__err(rc, "loader: images on the GPU: %s", sluice_last_error_detail());
+		/* nvJPEG reads the JPEGs from the windows, each DMA'd up from them by the driver: registered memory. */
+		if (nvjpeg)
+			ld->win_pin = ld->gpu;
 	}
 	return 0;
 }

@@ -178,6 +178,7 @@ struct sl__window {
 	size_t n;
 	char *buf;
 	size_t cap;
+	int pinned;                 /* buf registered with the loader's GPU (ld->win_pin) */
 };
 
 /* A producer thread's own: its stream (GPU loaders); a stage's state per producer is the stage's (ld->prod[i] is i). */
@@ -288,6 +289,12 @@ static inline void sl__stage_reader_close(const struct sl__stage *st, void *stat
 struct sluice_loader {
 	struct sluice_engine *eng;
 	const struct sl__gpu *gpu;  /* the GPU batches land in: the engine's device ids[opt.device_index] */
+	/*
+	 * The GPU the windows are registered with, where a stage's GPU work
+	 * reads records from them (nvJPEG, the bitstreams), else NULL; set by
+	 * the stages' setup, before the windows are made.
+	 */
+	const struct sl__gpu *win_pin;
 	struct sluice_dataset *ds;
 	struct sluice_loader_options opt;
 	unsigned fidx[SLUICE_MAX_FIELDS], nf;
@@ -472,7 +479,8 @@ SL_HIDDEN int sl__cmp_u64(const void *a, const void *b);
 /* The record at position q of the current epoch. */
 SL_HIDDEN uint64_t sl__ld_at(const struct sluice_loader *ld, uint64_t q);
 SL_HIDDEN int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o, uint64_t g, uint64_t *out);
-SL_HIDDEN int sl__window_reserve(struct sl__window *win, size_t n);
+SL_HIDDEN int sl__window_reserve(struct sl__window *win, size_t n, const struct sl__gpu *pin);
+SL_HIDDEN void sl__window_free(struct sl__window *win, const struct sl__gpu *pin);
 SL_HIDDEN int sl__batch_windows(struct sluice_loader *ld, uint64_t g, struct sl__window **wins);
 SL_HIDDEN const char *sl__window_lookup(struct sl__window *const *wins, uint64_t nw, uint64_t w, uint64_t id,
 					size_t *len, int *rc);

@@ -122,8 +122,8 @@ size_t sluice_loader_stats_json(struct sluice_loader *ld, char *buf, size_t cap)
 	       (unsigned long long)atomic_load(&ld->cu_prod), (unsigned long long)atomic_load(&ld->cu_cons),
 	       (unsigned long long)c.nvjpeg_calls);
 	/* A GPU image pipeline's host time a batch, by phase (enum sl__img_phase's order). */
-	static const char *const phase[SL_IMG_PHASES] = { "last_batch_wait", "parse", "copy_bits", "lane_wait",
-							  "shared_decode_wait", "nvjpeg", "cpu_decode", "augment" };
+	static const char *const phase[SL_IMG_PHASES] = { "last_batch_wait", "parse", "lane_wait", "shared_decode_wait",
+							  "nvjpeg", "nvjpeg_read_wait", "cpu_decode", "augment" };
 	const double nbg = c.image_batches_gpu ? (double)c.image_batches_gpu : 1;
 
 	SL_PUT("\"image_batches_gpu\":%llu,\"image_us\":{", (unsigned long long)c.image_batches_gpu);

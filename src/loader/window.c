@@ -74,22 +74,28 @@ int sl__rank_positions(const struct sluice_loader *ld, const struct sl__order *o
 
 /*
  * The window's buffer, at least n bytes: mapped memory (huge pages where
- * the kernel gives them), as the ring's staging; its old bytes are not kept.
+ * the kernel gives them), as the ring's staging, registered with pin's
+ * driver where it is not NULL (and the driver takes it); its old bytes are
+ * not kept.
  */
-int sl__window_reserve(struct sl__window *win, size_t n)
+int sl__window_reserve(struct sl__window *win, size_t n, const struct sl__gpu *pin)
 {
-	int pinned;
-
 	if (n <= win->cap)
 		return 0;
-	sl__host_free(NULL, win->buf, win->cap, 0);
-	win->buf = NULL;
-	win->cap = 0;
+	sl__window_free(win, pin);
 	n = sl__align_up(n, 2u << 20);
-	if (sl__host_alloc(NULL, n, (void **)&win->buf, &pinned))
+	if (sl__host_alloc(pin, n, (void **)&win->buf, &win->pinned))
 		return -ENOMEM;
 	win->cap = n;
 	return 0;
+}
+
+void sl__window_free(struct sl__window *win, const struct sl__gpu *pin)
+{
+	sl__host_free(pin, win->buf, win->cap, win->pinned);
+	win->buf = NULL;
+	win->cap = 0;
+	win->pinned = 0;
 }
 
 /* Reads window w: every record of it that this rank takes in the epoch whose order is o. */
@@ -220,7 +226,7 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 		return -ENOMEM;
 	if ((k = sl_window_ids(ld, o, win, lo, hi)) < 0)
 		return (int)k;
-	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) || (rc = sl__window_reserve(win, need)))
+	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) || (rc = sl__window_reserve(win, need, ld->win_pin)))
 		return (int)rc;
 	if ((rc = sl_window_read(ld, win, (size_t)k, &rep, z)) < 0)
 		return (int)rc;
