@@ -405,7 +405,8 @@ def test_windows_read_again_under_nvjpeg_give_the_right_images(tmp_path):
             d = np.abs(bg["data"].cpu().numpy().astype(np.int16) - bc["data"].astype(np.int16))
             assert d.max() <= 3, (epoch, n, int(d.max()))  # another record's image is off by far more
             n += 1
-        assert n == 20 and g.stats()["images_gpu"] == 240, (n, g.stats())
+        # every record decoded by nvJPEG (and the next epoch's first batches, made ahead)
+        assert n == 20 and g.stats()["images_gpu"] >= 240 and g.stats()["images_cpu"] == 0, (n, g.stats())
 
 
 @gpu
