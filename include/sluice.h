@@ -629,6 +629,30 @@ SLUICE_API uint64_t sluice_ckpt_load_size(const struct sluice_ckpt *ck);
 SLUICE_API SLUICE_WUR int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len,
 					   struct sluice_xfer_report *rep);
 
+#ifdef SLUICE_EXPERIMENTAL
+/*
+ * Experimental: what the Python package calls while it settles; it may
+ * change in any release (define SLUICE_EXPERIMENTAL to see it).
+ *
+ * One safetensors file's header, read through f (open for reading; path
+ * names it in errors) and checked as sluice_ckpt_open checks every file's:
+ * a JSON object (no name twice) of tensors {dtype, shape, data_offsets}
+ * and an optional __metadata__ of strings, every dtype the
+ * specification's, shapes whose element count fills whole bytes, the
+ * tensors tiling the data to the file's end.  0, or SLUICE_EFORMAT naming
+ * path and what is wrong (a torch.save file is named as such).
+ * sluice_st_header_json gives the header's JSON text (*len bytes, valid
+ * until sluice_st_header_free), sluice_st_header_data_start the byte the
+ * data starts at.
+ */
+struct sluice_st_header;
+SLUICE_API SLUICE_WUR int sluice_st_header_read(struct sluice_st_header **out, struct sluice_file *f,
+						const char *path);
+SLUICE_API const char *sluice_st_header_json(const struct sluice_st_header *sh, size_t *len);
+SLUICE_API uint64_t sluice_st_header_data_start(const struct sluice_st_header *sh);
+SLUICE_API void sluice_st_header_free(struct sluice_st_header *sh);
+#endif
+
 /*
  * The object store API shape: whole-object helpers.
  *

@@ -1,7 +1,7 @@
 """The safetensors layout (https://github.com/huggingface/safetensors): an unsigned 64-bit little-endian header
 length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
-then the data; offsets are relative to the end of the header.  Its dtypes, the strict check of a header read
-from outside, and the header written.  A sharded checkpoint adds model.safetensors.index.json:
+then the data; offsets are relative to the end of the header.  Its dtypes, a header read (checked by the
+library's one parser, the one sluice_ckpt_open uses), and the header written.  A sharded checkpoint adds model.safetensors.index.json:
 {"metadata": {"total_size": bytes}, "weight_map": {name: file}}, as Hugging Face tools write and read it.
 """
 import ctypes as C
@@ -30,7 +30,6 @@ DT = {"F64": (np.float64, "float64"), "F32": (np.float32, "float32"), "F16": (np
        "F8_E8M0": (None, "float8_e8m0fnu"), "F4": (None, "float4_e2m1fn_x2"), "F6_E2M3": (None, None),
        "F6_E3M2": (None, None), "F8_E4M3FNUZ": (None, "float8_e4m3fnuz"), "F8_E5M2FNUZ": (None, "float8_e5m2fnuz")}
 SIZE = {k: max(1, b // 8) for k, b in BITS.items()}  # bytes an element's view needs aligned
-HEADER_MAX = 100 << 20
 
 
 def st_dtype(t):
@@ -122,87 +121,27 @@ def read_small(path, limit=SMALL_MAX, what="an index or a metadata file"):
         lib.sluice_file_close(f)
 
 
-def _not_safetensors(raw):
-    """What a file that is not safetensors is, where its first bytes say: torch.save's two formats."""
-    if raw.startswith(b"PK\x03\x04"):
-        kind = "a torch.save file (a zip archive)"
-    elif raw[:1] == b"\x80" and raw[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        kind = "a pickle (a torch.save file of torch's legacy format, or pickle.dump's)"
-    else:
-        return None
-    return (f"{kind}, not safetensors: read it with torch.load(path, weights_only=True), then sluice.save the "
-            f"state dict to load it with sluice")
-
-
-_FIRST = 64 << 10  # the first read of a file: its header length and, mostly, the whole header
-
-
 def read_header(path, f=None):
     """(header dict, data start) of a safetensors file, read through the open handle f (path's; opened and closed
-    here if None), checked as strictly as safetensors checks it: a JSON
-    object of tensors {dtype, shape, data_offsets} and an optional __metadata__ of strings; every dtype one of
-    the specification's; shapes of non-negative integers whose element count fits 64 bits and fills whole
-    bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the file
-    (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
+    here if None) and checked by the library (sluice_st_header_read), as sluice_ckpt_open checks every file: a
+    JSON object of tensors {dtype, shape, data_offsets} (no name twice) and an optional __metadata__ of strings;
+    every dtype one of the specification's; shapes of non-negative integers whose element count fits 64 bits and
+    fills whole bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the
+    file (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
     if f is None:
         f = open_file(path, 0)
         try:
             return read_header(path, f)
         finally:
             lib.sluice_file_close(f)
-    size = lib.sluice_file_size(f)
-    raw = pread(f, 0, min(size, _FIRST))
-    if len(raw) < 8:
-        raise bad(path, _not_safetensors(raw) or "not a safetensors file (shorter than 8 bytes)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > HEADER_MAX or 8 + n > size:
-        raise bad(path, _not_safetensors(raw) or f"header of {n} bytes does not fit the file ({size} bytes)")
-    if 8 + n > len(raw):
-        raw += pread(f, len(raw), 8 + n - len(raw))
+    h = C.c_void_p()
+    check(lib.sluice_st_header_read(C.byref(h), f, shown(path).encode()))
     try:
-        header = parse_json(raw[8:8 + n])
-    except ValueError as e:
-        raise bad(path, f"header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise bad(path, "header is not a JSON object")
-    meta = header.get("__metadata__")
-    if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
-                                                                 for k, v in meta.items())):
-        raise bad(path, "__metadata__ is not an object of strings")
-    spans = []
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
-            raise bad(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
-        dt, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
-        if dt not in BITS:
-            raise bad(path, f"tensor '{name}' has dtype {dt!r}, unknown to the safetensors specification")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise bad(path, f"tensor '{name}' has shape {shape!r}: not a list of non-negative integers")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
-            raise bad(path, f"tensor '{name}' has data_offsets {offs!r}: not two non-negative integers")
-        count = 1
-        for d in shape:
-            count *= d
-        if count * BITS[dt] >= 1 << 64:
-            raise bad(path, f"tensor '{name}' of shape {shape}: its size overflows 64 bits")
-        if count * BITS[dt] % 8:
-            raise bad(path, f"tensor '{name}' of {count} {dt} elements does not fill whole bytes")
-        if offs[1] < offs[0] or offs[1] - offs[0] != count * BITS[dt] // 8:
-            raise bad(path, f"tensor '{name}': data_offsets {offs} do not hold {count} {dt} elements")
-        spans.append((offs[0], offs[1], name))
-    at, data = 0, size - 8 - n
-    for b, e, name in sorted(spans):
-        if b != at:
-            raise bad(path, f"tensor '{name}' starts at {b}: " + ("it overlaps the one before" if b < at
-                                                                  else f"a gap of {b - at} bytes before it"))
-        if e > data:
-            raise bad(path, f"tensor '{name}' ends at {e}, past the {data} data bytes in the file")
-        at = e
-    if at != data:
-        raise bad(path, f"the tensors end at {at} of {data} data bytes (trailing bytes)")
-    return header, 8 + n
+        n = C.c_size_t()
+        raw = C.string_at(lib.sluice_st_header_json(h, C.byref(n)), n.value)
+        return json.loads(raw), lib.sluice_st_header_data_start(h)
+    finally:
+        lib.sluice_st_header_free(h)
 
 
 DATA_ALIGN = 4096  # where the data of a file sluice writes starts: O_DIRECT writes (and reads) from byte one

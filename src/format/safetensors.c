@@ -9,6 +9,7 @@
  * strings; no name twice.  Bytes from outside: fuzzed (tests/fuzz).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,8 +66,9 @@ static int sl_entry(const char *path, const char *name, json_t *v, struct sl__st
 	if (!json_is_object(v) || !dt || !shape || !offs)
 		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' lacks dtype, shape or data_offsets", path, name);
 	if (!json_is_string(dt) || (t->dtype = sl__st_dtype_find(json_string_value(dt), 0)) < 0)
-		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' has a dtype unknown to the safetensors specification", path,
-			       name);
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' has dtype %s%s%s, unknown to the safetensors specification",
+			       path, name, json_is_string(dt) ? "'" : "", json_is_string(dt) ? json_string_value(dt) : "not a string",
+			       json_is_string(dt) ? "'" : "");
 	if (!json_is_array(shape) || json_array_size(shape) > SL_ST_MAX_DIMS)
 		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': shape is not a list of at most %d integers", path, name,
 			       SL_ST_MAX_DIMS);
@@ -93,14 +95,39 @@ static int sl_entry(const char *path, const char *name, json_t *v, struct sl__st
 	t->begin = (uint64_t)json_integer_value(json_array_get(offs, 0));
 	t->end = (uint64_t)json_integer_value(json_array_get(offs, 1));
 	if (t->end < t->begin || t->end - t->begin != (uint64_t)(bits / 8))
-		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] do not hold its %llu bytes",
-			       path, name, (unsigned long long)t->begin, (unsigned long long)t->end,
-			       (unsigned long long)(bits / 8));
+		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] do not hold %llu %s elements "
+					       "(%llu bytes)", path, name, (unsigned long long)t->begin,
+			       (unsigned long long)t->end, (unsigned long long)(bits / sl__st_dtypes[t->dtype].bits),
+			       sl__st_dtypes[t->dtype].name, (unsigned long long)(bits / 8));
 	return 0;
+}
+
+/* What a file that is not safetensors is, where its first bytes say so: torch.save's two formats; else NULL. */
+static const char *sl_torch_save(const char *head, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)head;
+
+	if (len >= 4 && !memcmp(head, "PK\x03\x04", 4))
+		return "a torch.save file (a zip archive)";
+	if (len >= 2 && p[0] == 0x80 && p[1] >= 2 && p[1] <= 5)
+		return "a pickle (a torch.save file of torch's legacy format, or pickle.dump's)";
+	return NULL;
+}
+
+/* SLUICE_EFORMAT: path is not a safetensors file, what it is where its first bytes say, else why. */
+static int sl_not_st(const char *path, const char *head, size_t len, const char *why)
+{
+	const char *kind = sl_torch_save(head, len);
+
+	if (kind)
+		return sl__err(SLUICE_EFORMAT, "%s: %s, not safetensors: read it with torch.load(path, weights_only=True), "
+					       "then sluice.save the state dict to load it with sluice", path, kind);
+	return sl__err(SLUICE_EFORMAT, "%s: %s", path, why);
 }
 
 int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *path, struct sl__st_header *out)
 {
+	char why[128];
 	json_error_t jerr;
 	json_t *root, *v, *meta;
 	const char *name;
@@ -109,11 +136,13 @@ int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *p
 
 	memset(out, 0, sizeof(*out));
 	if (len < 8 || file_size < 8)
-		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors file (shorter than 8 bytes)", path);
+		return sl_not_st(path, head, len, "not a safetensors file (shorter than 8 bytes)");
 	n = sl__le64(head);
-	if (n > SL_ST_HEADER_MAX || n > file_size - 8)
-		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors file (a header of %llu bytes in a file of %llu)", path,
-			       (unsigned long long)n, (unsigned long long)file_size);
+	if (n > SL_ST_HEADER_MAX || n > file_size - 8) {
+		snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes in a file of %llu)",
+			 (unsigned long long)n, (unsigned long long)file_size);
+		return sl_not_st(path, head, len, why);
+	}
 	if (len < 8 + n)
 		return sl__err(SLUICE_EFORMAT, "%s: header cut short (%zu of %llu bytes)", path, len - 8,
 			       (unsigned long long)n);

@@ -122,26 +122,22 @@ static int sl_read_small(struct sluice_engine *eng, const char *path, char **out
 	return 0;
 }
 
-/* Opens path as file i of ck and reads its safetensors header through that open. */
-static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
+/*
+ * The safetensors header of f (path names it in errors), read through f
+ * and checked (sl__st_parse) into *h; with raw, the header's bytes too
+ * (the file's first 8 + n, malloc'ed, *raw_len of them).
+ */
+static int sl_st_read(struct sluice_file *f, const char *path, struct sl__st_header *h, char **raw, size_t *raw_len)
 {
-	struct sl_cfile *cf = &ck->files[i];
-	uint64_t size, n;
-	size_t want;
-	char *head;
+	uint64_t size = sluice_file_size(f), n;
+	size_t want = size < SL_CKPT_FIRST ? (size_t)size : SL_CKPT_FIRST;
+	char *head = malloc(want ? want : 1);
 	ssize_t got;
 	int rc;
 
-	if (!(cf->path = strdup(path)))
+	if (!head)
 		return -ENOMEM;
-	if ((rc = sluice_file_open(&cf->f, ck->eng, path, 0)))
-		return rc;
-	cf->local = sl__fs_is_local(path) && stat(path, &cf->st) == 0;
-	size = sluice_file_size(cf->f);
-	want = size < SL_CKPT_FIRST ? (size_t)size : SL_CKPT_FIRST;
-	if (!(head = malloc(want ? want : 1)))
-		return -ENOMEM;
-	got = want ? sluice_file_read(cf->f, 0, want, head, NULL) : 0;
+	got = want ? sluice_file_read(f, 0, want, head, NULL) : 0;
 	if (got >= 8 && (n = sl__le64(head)) <= SL_ST_HEADER_MAX && n <= size - 8 && 8 + n > want) {
 		char *more = realloc(head, 8 + n);
 
@@ -150,12 +146,31 @@ static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
 			return -ENOMEM;
 		}
 		head = more;
-		got = sluice_file_read(cf->f, want, 8 + n - want, head + want, NULL);
+		got = sluice_file_read(f, want, 8 + n - want, head + want, NULL);
 		got = got < 0 ? got : (ssize_t)(8 + n);
 	}
-	rc = got < 0 ? (int)got : sl__st_parse(head, (size_t)got, size, cf->path, &cf->h);
+	rc = got < 0 ? (int)got : sl__st_parse(head, (size_t)got, size, path, h);
+	if (!rc && raw) {
+		*raw = head;
+		*raw_len = (size_t)h->data_start;
+		return 0;
+	}
 	free(head);
 	return rc;
+}
+
+/* Opens path as file i of ck and reads its safetensors header through that open. */
+static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
+{
+	struct sl_cfile *cf = &ck->files[i];
+	int rc;
+
+	if (!(cf->path = strdup(path)))
+		return -ENOMEM;
+	if ((rc = sluice_file_open(&cf->f, ck->eng, path, 0)))
+		return rc;
+	cf->local = sl__fs_is_local(path) && stat(path, &cf->st) == 0;
+	return sl_st_read(cf->f, cf->path, &cf->h, NULL, NULL);
 }
 
 /* Opens dir/name (dirlen bytes of dir) as file i of ck, the checkpoint's files then 0 to i. */
@@ -900,4 +915,49 @@ int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluic
 		return rc;
 	return (uint64_t)got == ck->bytes ? 0 : sl__err(SLUICE_ESHORT, "sluice_ckpt_load: %zd of %llu bytes", got,
 							 (unsigned long long)ck->bytes);
+}
+
+struct sluice_st_header {
+	char *raw;                /* the file's first data_start bytes: the header's length, then its JSON */
+	size_t len;
+};
+
+int sluice_st_header_read(struct sluice_st_header **out, struct sluice_file *f, const char *path)
+{
+	struct sluice_st_header *sh;
+	struct sl__st_header h;
+	int rc;
+
+	*out = NULL;
+	if (!f || !path)
+		return sl__err(SLUICE_EINVAL_CONFIG, "sluice_st_header_read: no file");
+	if (!(sh = calloc(1, sizeof(*sh))))
+		return -ENOMEM;
+	rc = sl_st_read(f, path, &h, &sh->raw, &sh->len);
+	sl__st_free(&h);
+	if (rc) {
+		free(sh);
+		return rc;
+	}
+	*out = sh;
+	return 0;
+}
+
+const char *sluice_st_header_json(const struct sluice_st_header *sh, size_t *len)
+{
+	*len = sh->len - 8;
+	return sh->raw + 8;
+}
+
+uint64_t sluice_st_header_data_start(const struct sluice_st_header *sh)
+{
+	return sh->len;
+}
+
+void sluice_st_header_free(struct sluice_st_header *sh)
+{
+	if (!sh)
+		return;
+	free(sh->raw);
+	free(sh);
 }

@@ -69,3 +69,36 @@ def test_errors_name_the_file(tmp_path):
     assert r.returncode == 2 and "--bench" in r.stderr
     r = _run(str(tmp_path / "absent"))
     assert r.returncode == 1 and "absent" in r.stderr
+
+
+_HOSTILE = {  # header text after the length, then the data's bytes
+    "a name twice": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+                     b'"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}', b"\0\0"),
+    "unknown dtype": (b'{"a":{"dtype":"F7","shape":[2],"data_offsets":[0,2]}}', b"\0\0"),
+    "a bool in a shape": (b'{"a":{"dtype":"U8","shape":[true],"data_offsets":[0,1]}}', b"\0"),
+    "overlap": (b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                b'"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}', b"\0" * 6),
+    "trailing bytes": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0\0"),
+    "not JSON": (b'{"a":', b""),
+    "deep": (b'{"__metadata__":' + b'[' * 5000 + b']' * 5000 + b'}', b""),
+    "torch.save": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HOSTILE))
+def test_c_and_python_refuse_every_hostile_header_alike(tmp_path, case):
+    """One parser: `sluice load` (C) and sluice.load (Python, through sluice_st_header_read) refuse each hostile
+    header with the same message naming the file (a name given twice in one header too, which Python's json
+    would have taken the last of)."""
+    p = tmp_path / "bad.safetensors"
+    if _HOSTILE[case] is None:
+        p.write_bytes(b"PK\x03\x04" + b"\0" * 200)
+    else:
+        head, data = _HOSTILE[case]
+        p.write_bytes(len(head).to_bytes(8, "little") + head + data)
+    with pytest.raises(sluice.SluiceError) as e:
+        sluice.load(str(p), device="numpy")
+    r = _run("--list", "--host", str(p))
+    assert r.returncode != 0 and str(p) in r.stderr, r.stderr
+    py = e.value.detail
+    assert py.startswith(f"{p}: ") and r.stderr.rstrip("\n").endswith(py), (py, r.stderr)

@@ -4,7 +4,7 @@
  * tables and every loaded byte checked; an unaligned tensor placed aligned;
  * a file replaced after the open still loads its old bytes, one cut short
  * fails; and hostile headers, indexes and metadata each refused naming the
- * file.
+ * file; one file's header read through an open file (sluice_st_header_*).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define SLUICE_EXPERIMENTAL /* sluice_st_header_*: the header reader the Python package calls */
 #include "t_util.h"
 
 static const char *dir;
@@ -389,6 +390,37 @@ static void hostile(struct sluice_engine *eng)
 	T_CHECK(sluice_ckpt_open(&ck, eng, at("absent.safetensors")) == -ENOENT);
 }
 
+/* sluice_st_header_read: the header's JSON and where the data starts, or the same refusal as sluice_ckpt_open. */
+static void st_header(struct sluice_engine *eng)
+{
+	const char *json = "{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}";
+	struct sluice_st_header *sh = (struct sluice_st_header *)1;
+	struct sluice_file *f = NULL;
+	const char *p = at("sth.safetensors");
+	int start = st_write(p, json, "xyz", 3);
+	size_t n = 0;
+
+	T_CHECK(sluice_file_open(&f, eng, p, 0) == 0);
+	T_CHECK(sluice_st_header_read(&sh, f, p) == 0 && sh);
+	if (sh) {
+		const char *j = sluice_st_header_json(sh, &n);
+
+		T_CHECK(n == (size_t)start - 8 && !strncmp(j, json, strlen(json)) && sluice_st_header_data_start(sh) == (uint64_t)start);
+	}
+	sluice_st_header_free(sh);
+	sluice_file_close(f);
+	/* A name twice in one header: jansson's duplicate check, as for every file sluice_ckpt_open reads. */
+	st_write(p, "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+		    "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x", 1);
+	T_CHECK(sluice_file_open(&f, eng, p, 0) == 0);
+	sh = (struct sluice_st_header *)1;
+	T_CHECK(sluice_st_header_read(&sh, f, p) == SLUICE_EFORMAT && !sh && strstr(sluice_last_error_detail(), "duplicate") &&
+		strstr(sluice_last_error_detail(), "sth.safetensors"));
+	sluice_file_close(f);
+	T_CHECK(sluice_st_header_read(&sh, NULL, p) == SLUICE_EINVAL_CONFIG && !sh);
+	sluice_st_header_free(NULL);
+}
+
 int main(void)
 {
 	struct sluice_engine *eng = t_engine();
@@ -400,6 +432,7 @@ int main(void)
 	ambiguous(eng);
 	dcp(eng);
 	hostile(eng);
+	st_header(eng);
 	sluice_engine_close(eng);
 	return t_done("t_ckpt");
 }
