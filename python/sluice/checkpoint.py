@@ -481,12 +481,42 @@ def _tensors(src, handles):
     return table
 
 
+class _Open:
+    """A checkpoint with its files open and their headers read, once: src (its files), handles (one a file, through
+    which its header was read and its data is), table (_tensors'); a load reads through it (_load), as many as
+    the caller makes before close()."""
+
+    def __init__(self, src):
+        self.src = src
+        self._cm = _opened(src.files)
+        self.handles = self._cm.__enter__()
+        try:
+            self.table = _tensors(self.src, self.handles)
+        except BaseException:
+            self.close()
+            raise
+
+    def listing(self):
+        """{name: (dtype, shape)} of every tensor a load would read, without reading their bytes."""
+        return {n: (v["dtype"], tuple(v["shape"])) for n, (_, v, _) in self.table.items()}
+
+    def close(self):
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            cm.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def _listing(source, variant=None):
     """{name: (dtype, shape)} of every tensor load would read of source (the same files, the same checks),
     without reading their bytes."""
-    src = _sources(source, variant)
-    with _opened(src.files) as handles:
-        return {n: (v["dtype"], tuple(v["shape"])) for n, (_, v, _) in _tensors(src, handles).items()}
+    with _Open(_sources(source, variant)) as ckp:
+        return ckp.listing()
 
 
 def _named(source):
@@ -888,7 +918,8 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
     for attempt in range(1, _ATTEMPTS + 1):
         src = _sources(source, variant)
         try:
-            return _load(src, source, device, devices, keys, into, shard, report, process_group, strict)
+            with _Open(src) as ckp:
+                return _load(ckp, source, device, devices, keys, into, shard, report, process_group, strict)
         except SluiceError as e:
             # Changed while read: an object's ETag (-ESTALE), a file cut short, or a shard an index named gone
             # and the index changed (a save replaced the checkpoint).  Loaded again from the start, index included.
@@ -903,43 +934,55 @@ def load(source, device="cpu", keys=None, into=None, shard=None, report=None, pr
                                           f"{e.detail}") from None
 
 
-def _load(src, source, device, devices, keys, into, shard, report, process_group, strict):
-    with _opened(src.files) as handles:
-        table = _tensors(src, handles)
-        if into is None:
-            names, filled = _select(table, keys, source), None
-        else:
-            names, filled, missing, unexpected = _select_into(table, keys, into, strict, source)
-            if report is not None:
-                report.update(missing_keys=missing, unexpected_keys=unexpected)
-        plans = []
-        for name in names:
-            fi, v, start = table[name]
-            sl = None if shard is None else _slice_of(shard, name, v["shape"])
-            shape, offs, lens, n = _plan(v, start, sl, name)
-            if into is not None:
-                _check_into(name, into[name], v["dtype"], shape)
-            plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
-        grp = _Group(process_group) if process_group is not None else None
-        torch = None
-        if into is None:
-            total, runs = grp.place(plans) if grp else _place(plans, True)
-            buf, base, torch = _alloc(total, devices[0] if devices else device)
-            if grp and torch is None:
-                raise ValueError("sluice.load: process_group= needs torch")
-        else:
-            base, runs = 0, []
-            if grp:
-                grp.assign(plans)
-            _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
-            for p in plans:
-                p.dst = _buffer(into[p.name], True, ordered=False)[0]
-        if grp and into is not None:
-            batches = _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
-        else:
-            batches = _ranges(plans, runs, handles, base)
-            batches = grp.mine(batches, base) if grp else batches
-        rep = _read_ranges(handles, batches, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
+def _load_from(ckp, source, device="cpu", keys=None, report=None, process_group=None, variant=None):
+    """load() of a checkpoint the caller holds open (an _Open, its headers read for a listing), through the same
+    opens: its headers are not read again.  Where it changed since (an object's ETag, a file cut short), load()
+    from the start, which tries again: the caller checks what it gets against the listing it planned with."""
+    try:
+        return _load(ckp, source, device, None, keys, None, None, report, process_group, True)
+    except SluiceError as e:
+        if e.code not in (-errno.ESTALE, ESHORT) or process_group is not None:
+            raise
+    return load(source, device=device, keys=keys, report=report, process_group=process_group, variant=variant)
+
+
+def _load(ckp, source, device, devices, keys, into, shard, report, process_group, strict):
+    """One load of the open checkpoint ckp (an _Open)."""
+    src, handles, table = ckp.src, ckp.handles, ckp.table
+    if into is None:
+        names, filled = _select(table, keys, source), None
+    else:
+        names, filled, missing, unexpected = _select_into(table, keys, into, strict, source)
+        if report is not None:
+            report.update(missing_keys=missing, unexpected_keys=unexpected)
+    plans = []
+    for name in names:
+        fi, v, start = table[name]
+        sl = None if shard is None else _slice_of(shard, name, v["shape"])
+        shape, offs, lens, n = _plan(v, start, sl, name)
+        if into is not None:
+            _check_into(name, into[name], v["dtype"], shape)
+        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
+    grp = _Group(process_group) if process_group is not None else None
+    torch = None
+    if into is None:
+        total, runs = grp.place(plans) if grp else _place(plans, True)
+        buf, base, torch = _alloc(total, devices[0] if devices else device)
+        if grp and torch is None:
+            raise ValueError("sluice.load: process_group= needs torch")
+    else:
+        base, runs = 0, []
+        if grp:
+            grp.assign(plans)
+        _ready([into[p.name] for p in plans])  # kernels still using the caller's tensors finish first
+        for p in plans:
+            p.dst = _buffer(into[p.name], True, ordered=False)[0]
+    if grp and into is not None:
+        batches = _ranges([p for p in plans if grp.reads(p)], runs, handles, base)
+    else:
+        batches = _ranges(plans, runs, handles, base)
+        batches = grp.mine(batches, base) if grp else batches
+    rep = _read_ranges(handles, batches, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
     if report is not None:
         report.update(files=len(src.files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
                       ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())

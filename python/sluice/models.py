@@ -19,7 +19,7 @@ from contextlib import contextmanager, nullcontext
 
 from ._lib import SluiceError, shown
 from ._safetensors import DT, bad, is_remote, parse_json, read_small
-from .checkpoint import _join, _listed, _listing, _named, load
+from .checkpoint import _Open, _join, _listed, _load_from, _named, _sources
 
 
 @contextmanager
@@ -218,15 +218,17 @@ def _differences(source, rules, missing, unexpected):
                "transformers)" if missing and unexpected else "") + rules.about)
 
 
-def _load(model, source, device, dtype, strict, variant, report, process_group, rules, table=None):
-    """load_model under rules; table: the checkpoint's listing where the caller has it already."""
+def _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp=None):
+    """load_model under rules; ckp: the checkpoint open (an _Open), where the caller has opened it already."""
+    if ckp is None:
+        with _Open(_sources(source, variant)) as ckp:
+            return _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp)
     import torch
     dtype = _torch_dtype(torch, dtype)
     device = torch.device(device)
     if callable(getattr(model, "tie_weights", None)):
         model.tie_weights()  # transformers' ties (accelerate's init_empty_weights makes each name its own)
-    if table is None:
-        table = _listing(source, variant)
+    table = ckp.listing()
     plan, missing, used = _plan(torch, model, table, dtype, source, rules)
     unexpected = [k for k in table if k not in used]
     if rules.skip_missing:
@@ -242,8 +244,8 @@ def _load(model, source, device, dtype, strict, variant, report, process_group, 
         _log.log(level, "%s", _differences(source, rules, missing, unexpected))
     computed = _computed(model, {n for _, names, *_ in plan for n in names}, rules.who)
     rep = {}
-    got = load(source, device=str(device), keys=sorted(used), variant=variant, report=rep,
-               process_group=process_group) if used else {}
+    got = _load_from(ckp, source, device=str(device), keys=sorted(used), report=rep, process_group=process_group,
+                     variant=variant) if used else {}
     for t, names, keys, want, _ in plan:  # what was read against what was checked, before the model changes
         for k in keys:
             v = got.get(k)
@@ -581,41 +583,43 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
             raise ValueError(f"sluice.from_pretrained: {_named(source)}: config.json names no model class "
                              f"transformers has ({arch!r}): pass model_class=")
         model_class = found
-    table = _listing(source, variant)
-    if dtype is None and version < (5, 0):
-        dtype = torch.get_default_dtype()  # transformers 4's from_pretrained without dtype= (5's is "auto")
-    if dtype in (None, "auto"):
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if dtype is not None:
-            try:
-                dtype = _torch_dtype(torch, dtype)
-            except ValueError:
-                raise bad(path, f"{'dtype' if 'dtype' in doc else 'torch_dtype'}={_short(dtype)} is not a model's "
-                                f"floating dtype (one of {', '.join(_MODEL_DTYPES)})") from None
-        else:
-            dtype = next((DT[dt][1] for dt, _ in table.values()
-                          if DT[dt][1] in _MODEL_DTYPES), "float32")
-    dtype = _torch_dtype(torch, dtype)
-    try:  # transformers' switch for its weights' initialisation: no use on weights the checkpoint replaces
-        from transformers.initialization import no_init_weights
-    except ImportError:
-        no_init_weights = nullcontext
+    # The checkpoint open from its listing to its load: its headers read once, its files through one open each.
+    with _Open(_sources(source, variant)) as ckp:
+        table = ckp.listing()
+        if dtype is None and version < (5, 0):
+            dtype = torch.get_default_dtype()  # transformers 4's from_pretrained without dtype= (5's is "auto")
+        if dtype in (None, "auto"):
+            dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+            if dtype is not None:
+                try:
+                    dtype = _torch_dtype(torch, dtype)
+                except ValueError:
+                    raise bad(path, f"{'dtype' if 'dtype' in doc else 'torch_dtype'}={_short(dtype)} is not a model's "
+                                    f"floating dtype (one of {', '.join(_MODEL_DTYPES)})") from None
+            else:
+                dtype = next((DT[dt][1] for dt, _ in table.values()
+                              if DT[dt][1] in _MODEL_DTYPES), "float32")
+        dtype = _torch_dtype(torch, dtype)
+        try:  # transformers' switch for its weights' initialisation: no use on weights the checkpoint replaces
+            from transformers.initialization import no_init_weights
+        except ImportError:
+            no_init_weights = nullcontext
 
-    # A model has about as many modules as tensors (a layer's norm, its linears), and no tensor larger than the
-    # whole checkpoint but the buffers it computes (GPT-2's causal mask in transformers 4: 1024 x 1024)
-    modules = 16 * len(table) + 1024
-    elements = sum(math.prod(shape) for _, shape in table.values()) + (1 << 26)
-    why = f"its checkpoint of {len(table)} tensors can fill"
+        # A model has about as many modules as tensors (a layer's norm, its linears), and no tensor larger than the
+        # whole checkpoint but the buffers it computes (GPT-2's causal mask in transformers 4: 1024 x 1024)
+        modules = 16 * len(table) + 1024
+        elements = sum(math.prod(shape) for _, shape in table.values()) + (1 << 26)
+        why = f"its checkpoint of {len(table)} tensors can fill"
 
-    def build(d):
-        with empty_weights(), no_init_weights(), _bounded(torch, modules, elements, why):
-            c = config if d is doc else config_class.from_dict(d, **kwargs)
-            make = getattr(model_class, "_from_config", None)
-            return make(c, dtype=dtype) if make else model_class(c)
+        def build(d):
+            with empty_weights(), no_init_weights(), _bounded(torch, modules, elements, why):
+                c = config if d is doc else config_class.from_dict(d, **kwargs)
+                make = getattr(model_class, "_from_config", None)
+                return make(c, dtype=dtype) if make else model_class(c)
 
-    model = _from_doc(path, doc, build, f"transformers {transformers.__version__}'s {model_class.__name__}")
-    _keep_fp32(torch, model, dtype)
-    _load(model, source, device, None, strict, variant, report, process_group,
-          _hf_rules(model, version, path, doc), table)
+        model = _from_doc(path, doc, build, f"transformers {transformers.__version__}'s {model_class.__name__}")
+        _keep_fp32(torch, model, dtype)
+        _load(model, source, device, None, strict, variant, report, process_group,
+              _hf_rules(model, version, path, doc), ckp)
     _generation_config(transformers, version, model, source, doc)
     return model.eval()

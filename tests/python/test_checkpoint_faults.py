@@ -541,8 +541,8 @@ def test_an_index_naming_a_missing_file_says_so_once(tmp_path, monkeypatch):
     sluice.save({"w": np.ones(4, np.float32)}, str(tmp_path / "a.safetensors"))
     (tmp_path / ck.INDEX).write_text(json.dumps({"weight_map": {"w": "a.safetensors",
                                                                 "v": "model-00002-of-00002.safetensors"}}))
-    loads, real = [], ck._load
-    monkeypatch.setattr(ck, "_load", lambda *a: loads.append(1) or real(*a))
+    loads, real = [], ck._Open  # a load's opening of the checkpoint's files
+    monkeypatch.setattr(ck, "_Open", lambda *a: loads.append(1) or real(*a))
     with pytest.raises(sluice.SluiceError) as e:
         sluice.load(str(tmp_path), device="numpy")
     assert e.value.code == -errno.ENOENT and len(loads) == 1

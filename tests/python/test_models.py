@@ -5,6 +5,7 @@ machine); the transformers and accelerate cases also without those.  The GPU mac
 import errno
 import inspect
 import json
+import os
 import struct
 
 import pytest
@@ -308,9 +309,13 @@ def test_a_checkpoint_rewritten_between_check_and_read_fails_naming_the_tensor(t
     import sluice.models as models
     path = str(tmp_path / "model.safetensors")
     sluice.save({"weight": torch.full((4, 6), 1.5), "bias": torch.zeros(4)}, path)
-    listed = models._listing(path)
+    listed = sluice.checkpoint._listing(path)
     sluice.save({"weight": torch.arange(24, dtype=torch.int32).reshape(4, 6), "bias": torch.zeros(4)}, path)
-    monkeypatch.setattr(models, "_listing", lambda *a, **k: listed)  # the check saw the old file
+
+    class Stale(sluice.checkpoint._Open):  # the check saw the old file (as an object store's listing may)
+        def listing(self):
+            return listed
+    monkeypatch.setattr(models, "_Open", Stale)
     with sluice.empty_weights():
         model = nn.Linear(6, 4)
     with pytest.raises(sluice.SluiceError, match=r"tensor 'weight' changed between its check and its read") as e:
@@ -446,3 +451,19 @@ def test_modules_transformers_keeps_in_float32_stay_float32(tmp_path):
     assert any(k.endswith("wo.weight") and v.dtype == torch.float32 for k, v in want.items())
     for k in want:
         assert mine[k].dtype == want[k].dtype and torch.equal(mine[k], want[k]), k
+
+
+def test_each_header_is_read_once_a_load(tmp_path, monkeypatch):
+    """load_model lists the checkpoint (to plan the model's tensors) and reads it through the same opens: each
+    file's header read once, not once for the listing and again for the read."""
+    import sluice.checkpoint as ck
+    d = str(tmp_path / "ck")
+    sluice.save({"weight": torch.full((4, 6), 1.5), "bias": torch.arange(4.0)}, d, max_shard_size=64)
+    files = [n for n in os.listdir(d) if n.endswith(".safetensors")]
+    assert len(files) == 2
+    reads, real = [], ck.read_header
+    monkeypatch.setattr(ck, "read_header", lambda *a: reads.append(a[0]) or real(*a))
+    with sluice.empty_weights():
+        model = nn.Linear(6, 4)
+    sluice.load_model(model, d, device="cpu")
+    assert torch.equal(model.bias, torch.arange(4.0)) and sorted(os.path.basename(r) for r in reads) == sorted(files)
