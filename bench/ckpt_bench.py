@@ -1,4 +1,5 @@
-"""Checkpoint loaders side by side (issue #24): safetensors, fastsafetensors, the Run:ai Model Streamer,
+"""Checkpoint loaders side by side (issue #24): safetensors (and its prefetch loader, where the installed
+safetensors has it: 0.9 on), fastsafetensors, the Run:ai Model Streamer,
 InstantTensor and sluice load the same sharded safetensors checkpoint into one GPU, each at its defaults and at
 the settings its documentation offers for speed; passes interleaved, cold (page cache dropped) and warm; fio
 reads the same files (O_DIRECT) as the storage's own rate.  --modes save: the checkpoint loaded onto the GPU
@@ -32,7 +33,8 @@ from benchlib import GB, Results, child_json, drop_caches, free_port, side_by_si
 
 # Every loader as one run in a child: FILES (the shards, sorted), DIR (the checkpoint), DEV ("cuda:0").
 # Each loader's module, imported before the clock: a process imports it once, whatever it then loads.
-IMPORTS = {"safetensors": "import safetensors.torch", "fastsafetensors": "import fastsafetensors",
+IMPORTS = {"safetensors": "import safetensors.torch", "safetensors_prefetch": "import safetensors",
+           "fastsafetensors": "import fastsafetensors",
            "runai": "import runai_model_streamer", "instanttensor": "import instanttensor", "sluice": "import sluice"}
 
 LOADERS = {
@@ -41,6 +43,21 @@ from safetensors.torch import load_file
 out = {}
 for f in FILES:
     out.update(load_file(f, device=DEV))
+""",
+    # safetensors 0.9's own batched loader (vLLM's and transformers' pull requests adopt it): each file's loader
+    # started before any tensor is taken, so the files' reads overlap.
+    "safetensors_prefetch": """
+from safetensors import safe_open
+if not hasattr(safe_open, "prefetch"):
+    raise SystemExit(f"safetensors {safetensors.__version__} has no safe_open.prefetch (0.9 on)")
+out, handles, loaders = {}, [], []
+for f in FILES:
+    h = safe_open(f, framework="pt", device=DEV, backend=KW.get("backend", "mmap"))
+    handles.append(h.__enter__())
+    loaders.append(handles[-1].prefetch(threads=KW.get("threads", 8)))
+for ld in loaders:
+    for name, t in ld:
+        out[name] = t
 """,
     "fastsafetensors": """
 from fastsafetensors import SafeTensorsFileLoader, SingleGroup
@@ -131,6 +148,8 @@ out = sluice.load(DIR, device=DEV, shard=TP)
 # The contenders: a loader at its defaults, or at the settings its documentation offers for speed.
 VARIANTS = {
     "safetensors": ("safetensors", {}, {}),
+    "safetensors prefetch": ("safetensors_prefetch", {}, {}),
+    "safetensors prefetch pread": ("safetensors_prefetch", {"backend": "pread"}, {}),
     "fastsafetensors": ("fastsafetensors", {}, {}),
     "fastsafetensors max_threads=64": ("fastsafetensors", {"max_threads": 64}, {}),
     "runai": ("runai", {}, {}),
