@@ -226,7 +226,8 @@ static int sl_window_load(struct sluice_loader *ld, const struct sl__order *o, s
 		return -ENOMEM;
 	if ((k = sl_window_ids(ld, o, win, lo, hi)) < 0)
 		return (int)k;
-	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) || (rc = sl__window_reserve(win, need, ld->win_pin)))
+	if ((rc = sl_window_layout(ld, win, (size_t)k, &need, &seq, &all)) ||
+	    (rc = sl__window_reserve(win, need, ld->win_pin)))
 		return (int)rc;
 	if ((rc = sl_window_read(ld, win, (size_t)k, &rep, z)) < 0)
 		return (int)rc;

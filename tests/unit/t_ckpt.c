@@ -405,7 +405,8 @@ static void st_header(struct sluice_engine *eng)
 	if (sh) {
 		const char *j = sluice_st_header_json(sh, &n);
 
-		T_CHECK(n == (size_t)start - 8 && !strncmp(j, json, strlen(json)) && sluice_st_header_data_start(sh) == (uint64_t)start);
+		T_CHECK(n == (size_t)start - 8 && !strncmp(j, json, strlen(json)) &&
+			sluice_st_header_data_start(sh) == (uint64_t)start);
 	}
 	sluice_st_header_free(sh);
 	sluice_file_close(f);
@@ -414,8 +415,8 @@ static void st_header(struct sluice_engine *eng)
 		    "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x", 1);
 	T_CHECK(sluice_file_open(&f, eng, p, 0) == 0);
 	sh = (struct sluice_st_header *)1;
-	T_CHECK(sluice_st_header_read(&sh, f, p) == SLUICE_EFORMAT && !sh && strstr(sluice_last_error_detail(), "duplicate") &&
-		strstr(sluice_last_error_detail(), "sth.safetensors"));
+	T_CHECK(sluice_st_header_read(&sh, f, p) == SLUICE_EFORMAT && !sh &&
+		strstr(sluice_last_error_detail(), "duplicate") && strstr(sluice_last_error_detail(), "sth.safetensors"));
 	sluice_file_close(f);
 	T_CHECK(sluice_st_header_read(&sh, NULL, p) == SLUICE_EINVAL_CONFIG && !sh);
 	sluice_st_header_free(NULL);
