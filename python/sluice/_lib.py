@@ -62,6 +62,15 @@ class SluiceError(RuntimeError):
         return SluiceError, (self.code, self.detail)
 
 
+def cpath(path):
+    """path as the bytes C takes: a str or bytes path (os.fspath's) encoded as os.fsencode encodes it; a NUL in it
+    is a ValueError, as Python's open() says, not a path cut short at the NUL by ctypes."""
+    b = os.fsencode(os.fspath(path))
+    if b"\0" in b:
+        raise ValueError(f"embedded null byte in path {os.fsdecode(b)!r}")
+    return b
+
+
 def shown(url):
     """A path or URL as sluice's messages name it (sluice_url_redact): no query, no password."""
     out = C.create_string_buffer(4096)

@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from ._lib import EFORMAT, Range, SluiceError, check, lib, shown
+from ._lib import EFORMAT, Range, SluiceError, check, cpath, lib, shown
 from .buffers import _eng
 
 # Every dtype of the safetensors specification: its bits per element, its numpy dtype (None: read as raw bytes)
@@ -49,7 +49,7 @@ def nbytes(t, dt):
 def store_of(path):
     """(name, flags) of the store that serves path (sluice_path_store): "local", "s3", "http", ..."""
     flags = C.c_uint()
-    name = lib.sluice_path_store(os.fsencode(os.fspath(path)), C.byref(flags))
+    name = lib.sluice_path_store(cpath(path), C.byref(flags))
     return name.decode(), flags.value
 
 
@@ -62,7 +62,7 @@ def is_remote(path):
 def open_file(path, flags):
     """A sluice file handle of the engine (flags 0: read, 1: write); close with lib.sluice_file_close."""
     f = C.c_void_p()
-    check(lib.sluice_file_open(C.byref(f), _eng(), os.fsencode(path), flags))
+    check(lib.sluice_file_open(C.byref(f), _eng(), cpath(path), flags))
     return f
 
 

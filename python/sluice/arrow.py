@@ -13,7 +13,7 @@ import stat
 
 import numpy as np
 
-from ._lib import Field, SluiceError, WriterOptions, check, json_error, lib, EFORMAT
+from ._lib import Field, SluiceError, WriterOptions, check, cpath, json_error, lib, EFORMAT
 
 _EINVAL = -100001  # SLUICE_EINVAL_CONFIG
 _DTYPES = {"int8": 9, "int16": 10, "int32": 4, "int64": 5, "uint8": 1, "uint16": 2, "uint32": 3, "float16": 6,
@@ -147,7 +147,7 @@ def pack_arrow(out, batches, where, shard_size=0, zstd=0, block_size=0, metadata
                         metadata=json.dumps(metadata).encode() if metadata else None)
     w = C.c_void_p()
     opener = lib.sluice_writer_open_overwrite if overwrite else lib.sluice_writer_open
-    check(opener(C.byref(w), os.fsencode(out), fields, len(plan), C.byref(opt)))
+    check(opener(C.byref(w), cpath(out), fields, len(plan), C.byref(opt)))
     rows = nbytes = 0
     try:
         vals, lens = (C.c_void_p * len(plan))(), (C.c_size_t * len(plan))()

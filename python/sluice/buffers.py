@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from ._lib import XferReport, SluiceError, check, env_int, lib
+from ._lib import XferReport, SluiceError, check, cpath, env_int, lib
 
 _engine, _engine_pid = None, None
 
@@ -149,7 +149,7 @@ def read(path, out, offset=0, report=None):
     storage I/Os spanned)."""
     ptr, n, keep = _buffer(out, True)
     rep = XferReport()
-    got = check(lib.sluice_read_to_gpu(_eng(), os.fsencode(path), offset, n, ptr, C.byref(rep)))
+    got = check(lib.sluice_read_to_gpu(_eng(), cpath(path), offset, n, ptr, C.byref(rep)))
     if report is not None:
         report.update(bytes=rep.bytes, seconds=rep.seconds, path=rep.path.decode(), bytes_verified=rep.bytes_verified,
                       bytes_storage=rep.bytes_storage, checksum=rep.checksum.decode(errors="replace"))
@@ -163,13 +163,13 @@ def read_broadcast(path, outs, offset=0):
     bufs = [_buffer(o, True) for o in outs]
     n = min(b[1] for b in bufs)
     ptrs = (C.c_void_p * len(bufs))(*[b[0] for b in bufs])
-    return check(lib.sluice_read_broadcast(_eng(), os.fsencode(path), offset, n, ptrs, len(bufs), None))
+    return check(lib.sluice_read_broadcast(_eng(), cpath(path), offset, n, ptrs, len(bufs), None))
 
 
 def write(path, array):
     """Writes array as the whole new content of path, durably and atomically; returns the bytes written."""
     ptr, n, keep = _buffer(array, False)
-    return check(lib.sluice_write_from_gpu(_eng(), os.fsencode(path), ptr, n, None))
+    return check(lib.sluice_write_from_gpu(_eng(), cpath(path), ptr, n, None))
 
 
 read_to_gpu, write_from_gpu = read, write
@@ -201,7 +201,7 @@ def _async(path, array, offset, write, stream):
         import torch
         stream = torch.cuda.current_stream().cuda_stream
     f, fut = C.c_void_p(), C.c_void_p()
-    check(lib.sluice_file_open(C.byref(f), _eng(), os.fsencode(path), 3 if write else 0))
+    check(lib.sluice_file_open(C.byref(f), _eng(), cpath(path), 3 if write else 0))
     try:
         check((lib.sluice_write_async if write else lib.sluice_read_async)(f, offset, n, ptr, stream, C.byref(fut)))
     except SluiceError:

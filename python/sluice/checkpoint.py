@@ -491,10 +491,26 @@ class _Open:
         self._cm = _opened(src.files)
         self.handles = self._cm.__enter__()
         try:
+            self._stats = [None if is_remote(f) else os.stat(f) for f in src.files]
             self.table = _tensors(self.src, self.handles)
         except BaseException:
             self.close()
             raise
+
+    def check_unchanged(self):
+        """-ESTALE naming a local file rewritten in place since its open (its size or times changed: its header
+        may no longer say where its data is), as sluice_ckpt_load checks; one replaced by a rename is the file
+        opened, read whole, and passes."""
+        for f, was in zip(self.src.files, self._stats):
+            try:
+                now = os.stat(f)
+            except OSError:
+                continue
+            if was is None or (now.st_ino, now.st_dev) != (was.st_ino, was.st_dev):
+                continue
+            if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (was.st_size, was.st_mtime_ns, was.st_ctime_ns):
+                raise SluiceError(-errno.ESTALE, f"{shown(f)}: rewritten in place since the checkpoint was opened "
+                                                 f"(its header may no longer match its data)")
 
     def listing(self):
         """{name: (dtype, shape)} of every tensor a load would read, without reading their bytes."""
@@ -983,6 +999,7 @@ def _load(ckp, source, device, devices, keys, into, shard, report, process_group
         batches = _ranges(plans, runs, handles, base)
         batches = grp.mine(batches, base) if grp else batches
     rep = _read_ranges(handles, batches, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
+    ckp.check_unchanged()  # before anything read is handed out
     if report is not None:
         report.update(files=len(src.files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
                       ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ._lib import ERANGE, ShardReport, Record, RecordLoc, SluiceError, check, lib, shown
+from ._lib import ERANGE, ShardReport, Record, RecordLoc, SluiceError, check, cpath, lib, shown
 
 from .buffers import _buffer, _eng  # noqa: F401
 
@@ -55,7 +55,7 @@ class Dataset:
 
     def _open(self, path):
         h = C.c_void_p()
-        check(lib.sluice_dataset_open(C.byref(h), os.fsencode(path)))
+        check(lib.sluice_dataset_open(C.byref(h), cpath(path)))
         self._h, self.path, self._pid = h, path, os.getpid()
         # Where a worker, or this process after a fork, opens it again: a local path made absolute now, since
         # the current directory may change before then (and another dataset lie under the same relative name).

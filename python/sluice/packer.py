@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ._lib import PackedRow, PackerOptions, PackOptions, PackReport, PACK_PROGRESS, SluiceError, check, lib
+from ._lib import PackedRow, PackerOptions, PackOptions, PackReport, PACK_PROGRESS, SluiceError, check, cpath, lib
 from .dataset import _int_option
 
 _U32, _U64, _I32 = (0, (1 << 32) - 1), (0, (1 << 64) - 1), (-(1 << 31), (1 << 31) - 1)
@@ -49,9 +49,9 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
                                metadata=arrow.hf_metadata(src) if kind == "hf" else None, overwrite=bool(overwrite))
         return {**rep, "from_format": kind}
     o = PackOptions()
-    o.source, o.from_ = _PACK_SOURCES[kind], os.fsencode(src)
+    o.source, o.from_ = _PACK_SOURCES[kind], cpath(src)
     o.fields = fields.encode() if fields else None
-    o.doc_lengths = os.fsencode(doc_lengths) if doc_lengths else None
+    o.doc_lengths = cpath(doc_lengths) if doc_lengths else None
     o.dtype = dtype.encode() if dtype else None
     # Every integer range-checked here: ctypes would wrap it (pack_context=2**32 + 512 packed rows of 512).
     o.pack_context = _int_option("sluice.pack", "pack_context", pack_context, *_U32)
@@ -64,7 +64,7 @@ def pack(out, *, dataset=None, dir=None, jsonl=None, fields=None, tokens=None, d
     o.progress = cb
     o.overwrite = int(bool(overwrite))
     rep = PackReport()
-    check(lib.sluice_pack(os.fsencode(out), C.byref(o), C.byref(rep)))
+    check(lib.sluice_pack(cpath(out), C.byref(o), C.byref(rep)))
     return {"records": rep.records, "bytes": rep.bytes, "documents": rep.documents, "tokens": rep.tokens,
             "fill": rep.fill, "seconds": rep.seconds, "labelled": bool(rep.labelled),
             "from_format": rep.from_format.decode(), "dtype": rep.dtype.decode()}

@@ -3,7 +3,7 @@ import ctypes as C
 import errno
 import os
 
-from ._lib import CopyReport, S3Object, SluiceError, check, lib, shown
+from ._lib import CopyReport, S3Object, SluiceError, check, cpath, lib, shown
 from .buffers import Future, _buffer, _eng
 
 
@@ -18,7 +18,7 @@ def copy(src, dst, recursive=False, symlinks=False, follow_symlinks=False):
     its target."""
     rep = CopyReport()
     flags = (1 if recursive else 0) | (2 if symlinks else 0) | (4 if follow_symlinks else 0)
-    check(lib.sluice_copy(os.fsencode(src), os.fsencode(dst), flags, C.byref(rep)))
+    check(lib.sluice_copy(cpath(src), cpath(dst), flags, C.byref(rep)))
     return {"files": rep.files, "bytes": rep.bytes, "seconds": rep.seconds, "files_verified": rep.files_verified,
             "checksum": rep.checksum.decode(errors="replace"), "skipped": rep.skipped}
 
@@ -27,7 +27,7 @@ def listdir(path, recursive=False):
     """The regular files directly in path (a local directory or an s3:// prefix: its objects), or with recursive
     every one below it: full paths, sorted."""
     names, n = C.POINTER(C.c_char_p)(), C.c_uint()
-    check(lib.sluice_list(os.fsencode(os.fspath(path)), int(recursive), C.byref(names), C.byref(n)))
+    check(lib.sluice_list(cpath(path), int(recursive), C.byref(names), C.byref(n)))
     try:
         return [os.fsdecode(names[i]) for i in range(n.value)]
     finally:
@@ -36,7 +36,7 @@ def listdir(path, recursive=False):
 
 def remove(path):
     """Removes a file or an s3:// object."""
-    check(lib.sluice_remove(os.fsencode(os.fspath(path))))
+    check(lib.sluice_remove(cpath(path)))
 
 
 def _b(s):

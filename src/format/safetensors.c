@@ -60,7 +60,7 @@ static int sl_entry(const char *path, const char *name, json_t *v, struct sl__st
 {
 	json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
 	       *offs = json_object_get(v, "data_offsets"), *d;
-	unsigned __int128 bits;
+	unsigned __int128 bits, span;
 	size_t i;
 
 	if (!json_is_object(v) || !dt || !shape || !offs)
@@ -76,14 +76,24 @@ static int sl_entry(const char *path, const char *name, json_t *v, struct sl__st
 	if (!(t->shape = calloc(t->ndim ? t->ndim : 1, sizeof(uint64_t))))
 		return -ENOMEM;
 	bits = sl__st_dtypes[t->dtype].bits;
+	span = 1; /* elements of its non-zero dimensions: below 2^63 before each product, so none wraps */
 	json_array_foreach(shape, i, d) {
 		if (!json_is_integer(d) || json_integer_value(d) < 0)
 			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': shape is not a list of non-negative integers", path,
 				       name);
 		t->shape[i] = (uint64_t)json_integer_value(d);
 		bits *= t->shape[i];
+		/*
+		 * Its other dimensions too where one is 0: numpy and torch make no
+		 * array whose non-zero dimensions span more than 2^63 - 1 bytes
+		 * ([0, 2^62, 2^62]: its strides overflow).
+		 */
+		span *= t->shape[i] ? t->shape[i] : 1;
 		if (bits >> 64)
 			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': its size overflows 64 bits", path, name);
+		if (span >> 63 || (span * sl__st_dtypes[t->dtype].bits) >> 66)
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s': its dimensions other than 0 span more than 2^63 - 1 "
+						       "bytes (its size overflows 64 bits with its strides)", path, name);
 	}
 	if (bits % 8)
 		return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' does not fill whole bytes", path, name);
@@ -100,6 +110,29 @@ static int sl_entry(const char *path, const char *name, json_t *v, struct sl__st
 			       (unsigned long long)t->end, (unsigned long long)(bits / sl__st_dtypes[t->dtype].bits),
 			       sl__st_dtypes[t->dtype].name, (unsigned long long)(bits / 8));
 	return 0;
+}
+
+/*
+ * How deep v nests (a scalar 0); jansson's parser has refused more than its
+ * 2048 levels already, so the recursion is bounded.
+ */
+#define SL_ST_DEPTH_MAX 128
+static int sl_depth(json_t *v)
+{
+	int deepest = 0, d;
+	const char *k;
+	json_t *e;
+	size_t i;
+
+	if (json_is_object(v))
+		json_object_foreach(v, k, e)
+			if ((d = sl_depth(e)) > deepest)
+				deepest = d;
+	if (json_is_array(v))
+		json_array_foreach(v, i, e)
+			if ((d = sl_depth(e)) > deepest)
+				deepest = d;
+	return json_is_object(v) || json_is_array(v) ? deepest + 1 : 0;
 }
 
 /* What a file that is not safetensors is, where its first bytes say so: torch.save's two formats; else NULL. */
@@ -139,8 +172,12 @@ int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *p
 		return sl_not_st(path, head, len, "not a safetensors file (shorter than 8 bytes)");
 	n = sl__le64(head);
 	if (n > SL_ST_HEADER_MAX || n > file_size - 8) {
-		snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes in a file of %llu)",
-			 (unsigned long long)n, (unsigned long long)file_size);
+		if (n > SL_ST_HEADER_MAX)
+			snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes, more than the %llu a "
+				 "header may hold)", (unsigned long long)n, (unsigned long long)SL_ST_HEADER_MAX);
+		else
+			snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes in a file of %llu)",
+				 (unsigned long long)n, (unsigned long long)file_size);
 		return sl_not_st(path, head, len, why);
 	}
 	if (len < 8 + n)
@@ -152,6 +189,11 @@ int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *p
 	if (!json_is_object(root)) {
 		json_decref(root);
 		return sl__err(SLUICE_EFORMAT, "%s: header is not a JSON object", path);
+	}
+	if (sl_depth(root) > SL_ST_DEPTH_MAX) {
+		json_decref(root);
+		return sl__err(SLUICE_EFORMAT, "%s: header is not JSON safetensors reads (nested deeper than %d levels, "
+					       "serde_json's limit)", path, SL_ST_DEPTH_MAX);
 	}
 	meta = json_object_get(root, "__metadata__");
 	if (meta) {

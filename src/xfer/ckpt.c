@@ -925,7 +925,7 @@ struct sluice_st_header {
 int sluice_st_header_read(struct sluice_st_header **out, struct sluice_file *f, const char *path)
 {
 	struct sluice_st_header *sh;
-	struct sl__st_header h;
+	struct sl__st_header h = { 0 }; /* freed whether or not the read got as far as parsing it */
 	int rc;
 
 	*out = NULL;
