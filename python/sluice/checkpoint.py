@@ -819,6 +819,14 @@ class _Group:
             self.pending.append(self.dist.all_gather([whole[i * p:(i + 1) * p] for i in range(w)], own.clone(),
                                                      group=self.group, async_op=True))
 
+    def agree(self, ok):
+        """True where every rank's read went right (ok on each): an all-reduce (MIN) of the ranks' flags, so that
+        the group keeps a load only whole, every rank's part of it read."""
+        dev = f"cuda:{self.torch.cuda.current_device()}" if self.dist.get_backend(self.group) == "nccl" else "cpu"
+        flag = self.torch.tensor([1 if ok else 0], dtype=self.torch.int32, device=dev)
+        self.dist.all_reduce(flag, op=self.dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
     def exchange(self):
         """Waits for the rounds' all-gathers; returns the bytes received."""
         for work in self.pending:
@@ -998,8 +1006,29 @@ def _load(ckp, source, device, devices, keys, into, shard, report, process_group
     else:
         batches = _ranges(plans, runs, handles, base)
         batches = grp.mine(batches, base) if grp else batches
-    rep = _read_ranges(handles, batches, (lambda k: grp.gather(buf, k)) if grp and into is None else None)
-    ckp.check_unchanged()  # before anything read is handed out
+    posted, failed = set(), None
+
+    def after(k):  # round k read: its all-gather starts while the next is read
+        posted.add(k)
+        grp.gather(buf, k)
+    try:
+        rep = _read_ranges(handles, batches, after if grp and into is None else None)
+        ckp.check_unchanged()  # before anything read is handed out
+    except SluiceError as e:
+        if grp is None:
+            raise
+        failed = e
+    if grp:
+        # A rank whose read failed still joins every collective of the others (no rank waits forever), then
+        # the whole group fails: the others' buffers would hold its part unread.
+        for k in range(grp.rounds if into is None else 0):
+            if k not in posted:
+                grp.gather(buf, k)
+        if not grp.agree(failed is None):
+            if into is None:
+                grp.exchange()
+            raise failed or SluiceError(-errno.EIO, f"{_named(source)}: another rank of the group failed its read: "
+                                                    f"the group's load fails with it (its part would be missing)")
     if report is not None:
         report.update(files=len(src.files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
                       ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())

@@ -560,6 +560,45 @@ def test_a_process_group_over_nccl(tmp_path):
     _group_case(tmp_path, 2, "nccl", "rank", "1024")
 
 
+# One rank of a group whose rank 1 fails its read (argv: checkpoint, "buffer" or "into", rounds' bytes): prints
+# whether its load returned or the SluiceError it raised.
+GROUP_FAILS = """
+import errno, json, os, sys, torch, torch.distributed as dist, sluice, sluice.checkpoint as ck
+path, mode, rnd = sys.argv[1:4]
+ck._ROUND = int(rnd)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 1:
+    def failing(*a, **k):
+        raise sluice.SluiceError(-errno.ESTALE, "injected: rank 1's read failed")
+    ck._read_ranges = failing
+kw = {}
+if mode == "into":
+    kw["into"] = {k: torch.zeros(sh, dtype=getattr(torch, ck.DT[dt][1])) for k, (dt, sh) in ck._listing(path).items()}
+try:
+    sluice.load(path, device="cpu", process_group=dist.group.WORLD, **kw)
+    out = {"rank": rank, "returned": True}
+except sluice.SluiceError as e:
+    out = {"rank": rank, "returned": False, "code": e.code, "msg": str(e)}
+print(json.dumps(out))
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode,rnd", [("buffer", 1024), ("buffer", 1 << 30), ("into", 1024)])
+def test_a_rank_whose_read_fails_fails_the_whole_group(tmp_path, mode, rnd):
+    """process_group=: one rank's read fails (a file changed under it): every rank's load fails, none hangs on a
+    collective the failing rank left, and none returns tensors holding that rank's part unread."""
+    torch = pytest.importorskip("torch")
+    sluice.save({k: torch.from_numpy(v) for k, v in model().items()}, str(tmp_path / "ck"), max_shard_size=3000)
+    reps = run_ranks(GROUP_FAILS, (tmp_path / "ck", mode, rnd), 3)
+    assert [r["returned"] for r in reps] == [False] * 3, reps
+    assert "injected" in reps[1]["msg"] and all("another rank of the group failed" in r["msg"]
+                                                for r in (reps[0], reps[2])), reps
+
+
 def test_a_process_group_is_checked():
     with pytest.raises(ValueError, match="process_group"):
         sluice.load("unused", device=["cuda:0"], process_group=object())
