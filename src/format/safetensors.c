@@ -158,57 +158,68 @@ static int sl_not_st(const char *path, const char *head, size_t len, const char 
 	return sl__err(SLUICE_EFORMAT, "%s: %s", path, why);
 }
 
-int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *path, struct sl__st_header *out)
+/* The length field: 0 and the header's length in *n, or SLUICE_EFORMAT naming path. */
+static int sl_length(const char *head, size_t len, uint64_t file_size, const char *path, uint64_t *n)
 {
 	char why[128];
-	json_error_t jerr;
-	json_t *root, *v, *meta;
-	const char *name;
-	uint64_t n, data, at = 0;
-	int rc = 0;
 
-	memset(out, 0, sizeof(*out));
 	if (len < 8 || file_size < 8)
 		return sl_not_st(path, head, len, "not a safetensors file (shorter than 8 bytes)");
-	n = sl__le64(head);
-	if (n > SL_ST_HEADER_MAX || n > file_size - 8) {
-		if (n > SL_ST_HEADER_MAX)
-			snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes, more than the %llu a "
-				 "header may hold)", (unsigned long long)n, (unsigned long long)SL_ST_HEADER_MAX);
-		else
-			snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes in a file of %llu)",
-				 (unsigned long long)n, (unsigned long long)file_size);
+	*n = sl__le64(head);
+	if (*n > SL_ST_HEADER_MAX) {
+		snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes, more than the %llu a header may "
+			 "hold)", (unsigned long long)*n, (unsigned long long)SL_ST_HEADER_MAX);
 		return sl_not_st(path, head, len, why);
 	}
-	if (len < 8 + n)
+	if (*n > file_size - 8) {
+		snprintf(why, sizeof(why), "not a safetensors file (a header of %llu bytes in a file of %llu)",
+			 (unsigned long long)*n, (unsigned long long)file_size);
+		return sl_not_st(path, head, len, why);
+	}
+	if (len < 8 + *n)
 		return sl__err(SLUICE_EFORMAT, "%s: header cut short (%zu of %llu bytes)", path, len - 8,
-			       (unsigned long long)n);
-	root = json_loadb(head + 8, n, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root)
-		return sl__err(SLUICE_EFORMAT, "%s: header is not JSON (%s, at byte %d)", path, jerr.text, jerr.position);
-	if (!json_is_object(root)) {
-		json_decref(root);
-		return sl__err(SLUICE_EFORMAT, "%s: header is not a JSON object", path);
-	}
-	if (sl_depth(root) > SL_ST_DEPTH_MAX) {
-		json_decref(root);
-		return sl__err(SLUICE_EFORMAT, "%s: header is not JSON safetensors reads (nested deeper than %d levels, "
-					       "serde_json's limit)", path, SL_ST_DEPTH_MAX);
-	}
-	meta = json_object_get(root, "__metadata__");
-	if (meta) {
-		json_t *s;
-		const char *k;
+			       (unsigned long long)*n);
+	return 0;
+}
 
+/* The header's n bytes as a JSON object, no deeper than serde_json reads, its __metadata__ strings; or NULL. */
+static json_t *sl_document(const char *json, uint64_t n, const char *path, int *rc)
+{
+	json_error_t jerr;
+	json_t *root = json_loadb(json, n, JSON_REJECT_DUPLICATES, &jerr), *meta, *s;
+	const char *k;
+
+	*rc = 0;
+	if (!root)
+		*rc = sl__err(SLUICE_EFORMAT, "%s: header is not JSON (%s, at byte %d)", path, jerr.text, jerr.position);
+	else if (!json_is_object(root))
+		*rc = sl__err(SLUICE_EFORMAT, "%s: header is not a JSON object", path);
+	else if (sl_depth(root) > SL_ST_DEPTH_MAX)
+		*rc = sl__err(SLUICE_EFORMAT, "%s: header is not JSON safetensors reads (nested deeper than %d levels, "
+					      "serde_json's limit)", path, SL_ST_DEPTH_MAX);
+	else if ((meta = json_object_get(root, "__metadata__"))) {
 		if (!json_is_object(meta))
-			rc = sl__err(SLUICE_EFORMAT, "%s: __metadata__ is not an object of strings", path);
+			*rc = sl__err(SLUICE_EFORMAT, "%s: __metadata__ is not an object of strings", path);
 		json_object_foreach(meta, k, s)
-			if (!rc && !json_is_string(s))
-				rc = sl__err(SLUICE_EFORMAT, "%s: __metadata__ is not an object of strings", path);
+			if (!*rc && !json_is_string(s))
+				*rc = sl__err(SLUICE_EFORMAT, "%s: __metadata__ is not an object of strings", path);
 	}
-	out->t = calloc(json_object_size(root) + 1, sizeof(*out->t));
-	if (!rc && !out->t)
-		rc = -ENOMEM;
+	if (*rc && root) {
+		json_decref(root);
+		root = NULL;
+	}
+	return root;
+}
+
+/* Every tensor's entry of root into out->t. */
+static int sl_entries(json_t *root, const char *path, struct sl__st_header *out)
+{
+	const char *name;
+	json_t *v;
+	int rc = 0;
+
+	if (!(out->t = calloc(json_object_size(root) + 1, sizeof(*out->t))))
+		return -ENOMEM;
 	json_object_foreach(root, name, v) {
 		if (rc)
 			break;
@@ -220,28 +231,50 @@ int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *p
 			rc = sl_entry(path, name, v, &out->t[out->n]);
 		out->n++;
 	}
-	json_decref(root);
-	out->data_start = 8 + n;
-	data = file_size - 8 - n;
-	if (!rc)
-		qsort(out->t, out->n, sizeof(*out->t), sl_by_begin);
-	for (size_t i = 0; !rc && i < out->n; i++) {
-		const struct sl__st_tensor *t = &out->t[i];
+	return rc;
+}
 
-		if (t->begin != at)
-			rc = t->begin < at ? sl__err(SLUICE_EFORMAT, "%s: tensor '%s' starts at %llu: it overlaps the one before",
-						     path, t->name, (unsigned long long)t->begin)
-					   : sl__err(SLUICE_EFORMAT, "%s: tensor '%s' starts at %llu: a gap of %llu bytes before it",
-						     path, t->name, (unsigned long long)t->begin,
-						     (unsigned long long)(t->begin - at));
-		else if (t->end > data)
-			rc = sl__err(SLUICE_EFORMAT, "%s: tensor '%s' ends at %llu, past the %llu data bytes in the file", path,
-				     t->name, (unsigned long long)t->end, (unsigned long long)data);
+/* The tensors, in offset order, tile the data's bytes: no overlap, no gap, none past the end, nothing after. */
+static int sl_tiling(const struct sl__st_header *h, uint64_t data, const char *path)
+{
+	uint64_t at = 0;
+
+	for (size_t i = 0; i < h->n; i++) {
+		const struct sl__st_tensor *t = &h->t[i];
+
+		if (t->begin < at)
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' starts at %llu: it overlaps the one before", path,
+				       t->name, (unsigned long long)t->begin);
+		if (t->begin > at)
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' starts at %llu: a gap of %llu bytes before it", path,
+				       t->name, (unsigned long long)t->begin, (unsigned long long)(t->begin - at));
+		if (t->end > data)
+			return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' ends at %llu, past the %llu data bytes in the file",
+				       path, t->name, (unsigned long long)t->end, (unsigned long long)data);
 		at = t->end;
 	}
-	if (!rc && at != data)
-		rc = sl__err(SLUICE_EFORMAT, "%s: the tensors end at %llu of %llu data bytes (trailing bytes)", path,
-			     (unsigned long long)at, (unsigned long long)data);
+	if (at != data)
+		return sl__err(SLUICE_EFORMAT, "%s: the tensors end at %llu of %llu data bytes (trailing bytes)", path,
+			       (unsigned long long)at, (unsigned long long)data);
+	return 0;
+}
+
+int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *path, struct sl__st_header *out)
+{
+	uint64_t n = 0;
+	json_t *root;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = sl_length(head, len, file_size, path, &n)) || !(root = sl_document(head + 8, n, path, &rc)))
+		return rc;
+	rc = sl_entries(root, path, out);
+	json_decref(root);
+	out->data_start = 8 + n;
+	if (!rc) {
+		qsort(out->t, out->n, sizeof(*out->t), sl_by_begin);
+		rc = sl_tiling(out, file_size - 8 - n, path);
+	}
 	if (rc)
 		sl__st_free(out);
 	return rc;
