@@ -512,6 +512,9 @@ SL_HIDDEN void *sl__produce(void *arg); /* arg: its struct sl__producer */
 /* ring.c */
 SL_HIDDEN void sl__give_back(struct sluice_loader *ld, void *stream);
 /* stats.c */
+/* The verdict from the figures: compute-bound under a 5% wait share (the fills left out), else loader-bound when the
+ * loader's own time a batch passes the consumer's step (or there is no copy to the GPU), else transfer-bound. */
+SL_HIDDEN const char *sl__verdict_rule(double wait_share, double produce_us, double step_us, int gpu);
 SL_HIDDEN void sl__loader_log_stats(struct sluice_loader *ld);
 /* Publishes the loader's figures (diag.h); the consumer's thread, after each batch. */
 SL_HIDDEN void sl__loader_publish(struct sluice_loader *ld);

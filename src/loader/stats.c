@@ -26,6 +26,15 @@ struct sl_verdict {
 	const char *verdict;
 };
 
+const char *sl__verdict_rule(double wait_share, double produce_us, double step_us, int gpu)
+{
+	if (wait_share < 0.05)
+		return "compute-bound";
+	if (produce_us > step_us || !gpu)
+		return "loader-bound";
+	return "transfer-bound";
+}
+
 static struct sl_verdict sl_verdict(const struct sluice_loader *ld)
 {
 	struct sl_verdict v = { 0, 0, 0, 0, 0, "no batches yet" };
@@ -40,12 +49,7 @@ static struct sl_verdict sl_verdict(const struct sluice_loader *ld)
 	v.step_us = (wall - (double)wait) / (double)(nb - 1) / 1e3;
 	v.produce_us = (double)(atomic_load(&ld->h_read.sum) + atomic_load(&ld->h_collate.sum)) / (double)made / 1e3;
 	v.h2d_us = ld->opt.gpu ? (double)atomic_load(&ld->h_h2d.sum) / (double)made / 1e3 : 0;
-	if (v.wait_share < 0.05)
-		v.verdict = "compute-bound";
-	else if (v.produce_us > v.step_us || !ld->opt.gpu)
-		v.verdict = "loader-bound";
-	else
-		v.verdict = "transfer-bound";
+	v.verdict = sl__verdict_rule(v.wait_share, v.produce_us, v.step_us, ld->opt.gpu != 0);
 	return v;
 }
 

@@ -52,11 +52,15 @@ def test_an_unchanged_script_gets_a_report(ds, tmp_path):
     r = diagnose(["--json", "r.json", "--trace", "t.json", "--html", "r.html", "--", sys.executable,
                   str(ds / "train.py"), str(ds / "ds")], tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "trained" in r.stdout and "compute-bound" in r.stderr
+    assert "trained" in r.stdout
     rep = json.loads((tmp_path / "r.json").read_text())
     (ld,) = rep["loaders"]
     assert ld["label"] == "sluice.Loader #1" and ld["batches"] == 2 * (2000 // 32 + 1) and ld["epochs"] == 2
-    assert ld["verdict"] == "compute-bound" and ld["loader"]["batches"] == ld["batches"]
+    # An 11 ms step keeps ahead of this loader on an idle machine, not always on a crowded one: compute-bound
+    # unless a wait was measured (the rule itself is test_profile's, on figures given).
+    assert ld["verdict"] in r.stderr and ld["loader"]["batches"] == ld["batches"]
+    waited = max(ld["wait_share"], ld["loader"]["gpu_wait_share"]) >= 0.05
+    assert ld["verdict"] == "compute-bound" or waited, ld["evidence"]
     assert len(ld["timeline"]["batches"]) == ld["batches"] and ld["timeline"]["samples"]
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert sum(e["name"] == "waiting for a batch" for e in trace) == ld["batches"]
