@@ -651,6 +651,22 @@ SLUICE_API SLUICE_WUR int sluice_st_header_read(struct sluice_st_header **out, s
 SLUICE_API const char *sluice_st_header_json(const struct sluice_st_header *sh, size_t *len);
 SLUICE_API uint64_t sluice_st_header_data_start(const struct sluice_st_header *sh);
 SLUICE_API void sluice_st_header_free(struct sluice_st_header *sh);
+/*
+ * A safetensors checkpoint from what the caller resolved: its n files (in
+ * this order; no tensor in two), or an index (index names it, index_json
+ * holds its index_len bytes as the caller read them; files NULL, n 0)
+ * whose weight_map names files beside it, exactly the tensors it names
+ * read, each from the file it names (one another file holds too is an
+ * error: which copy is meant?).  Headers are read on up to 16 threads.
+ * Checked as sluice_ckpt_open checks a directory or an index.
+ */
+SLUICE_API SLUICE_WUR int sluice_ckpt_open_files(struct sluice_ckpt **out, struct sluice_engine *eng,
+						 const char *const *files, unsigned n, const char *index,
+						 const char *index_json, size_t index_len);
+/* The open handle file i's header was read through and its data is (for sluice_read_batch); NULL past the end. */
+SLUICE_API struct sluice_file *sluice_ckpt_handle(const struct sluice_ckpt *ck, unsigned i);
+/* 0, or -ESTALE naming a local file rewritten in place since the open (as sluice_ckpt_load checks). */
+SLUICE_API SLUICE_WUR int sluice_ckpt_check(const struct sluice_ckpt *ck);
 #endif
 
 /*

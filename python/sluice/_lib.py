@@ -242,6 +242,12 @@ class Range(C.Structure):
     _fields_ = [("file", C.c_void_p), ("offset", C.c_uint64), ("len", C.c_size_t), ("buf", C.c_void_p)]
 
 
+class CkptTensor(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("dtype", C.c_char_p), ("torch_dtype", C.c_char_p), ("ndim", C.c_uint),
+                ("shape", C.POINTER(C.c_uint64)), ("chunk", C.POINTER(C.c_uint64)), ("file", C.c_uint),
+                ("offset", C.c_uint64), ("bytes", C.c_uint64), ("at", C.c_uint64)]
+
+
 P = C.c_void_p
 _protos = {
     "sluice_file_open": (C.c_int, [C.POINTER(P), P, C.c_char_p, C.c_int]),
@@ -251,6 +257,15 @@ _protos = {
     "sluice_st_header_json": (C.c_void_p, [P, C.POINTER(C.c_size_t)]),
     "sluice_st_header_data_start": (C.c_uint64, [P]),
     "sluice_st_header_free": (None, [P]),
+    "sluice_ckpt_open_files": (C.c_int, [C.POINTER(P), P, C.POINTER(C.c_char_p), C.c_uint, C.c_char_p, C.c_char_p,
+                                         C.c_size_t]),
+    "sluice_ckpt_close": (None, [P]),
+    "sluice_ckpt_count": (C.c_size_t, [P]),
+    "sluice_ckpt_tensor": (C.POINTER(CkptTensor), [P, C.c_size_t]),
+    "sluice_ckpt_files": (C.c_uint, [P]),
+    "sluice_ckpt_file": (C.c_char_p, [P, C.c_uint]),
+    "sluice_ckpt_handle": (P, [P, C.c_uint]),
+    "sluice_ckpt_check": (C.c_int, [P]),
     "sluice_s3_open": (C.c_int, [C.POINTER(P), P, C.c_char_p, C.c_char_p, C.c_char_p, C.c_char_p]),
     "sluice_s3_close": (None, [P]),
     "sluice_s3_open_config": (C.c_int, [C.POINTER(P), P, C.c_char_p, C.c_char_p, C.c_char_p, C.c_char_p]),

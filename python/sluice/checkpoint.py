@@ -14,15 +14,14 @@ import os
 import re
 import socket
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from contextlib import contextmanager
 from urllib.parse import unquote
 
 import numpy as np
 
-from ._lib import ESHORT, Range, SluiceError, XferReport, check, lib, shown
-from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_remote, nbytes, open_file, parse_json, read_header,
+from ._lib import ESHORT, Range, SluiceError, XferReport, check, cpath, lib, shown
+from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_remote, nbytes, open_file, parse_json,
                            read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
 from .s3 import listdir, remove
@@ -283,7 +282,8 @@ def _plain(name):
 
 
 def _index(path, raw):
-    """The weight_map {tensor: file} of an index's bytes, checked: every file a plain name beside it."""
+    """The weight_map {tensor: file} of an index's bytes, checked: every file a plain name beside it.  (Only a save
+    reads one here, for the files of the checkpoint it replaces; a load's index is read by the library.)"""
     try:
         doc = parse_json(raw)
     except ValueError as e:
@@ -331,11 +331,11 @@ def _probed(source, variant):
 
 
 class _Source:
-    """The files of a checkpoint, in order; with an index, its path, its weight_map {tensor: file index} and its
-    bytes (to tell whether it changed)."""
+    """A checkpoint as resolved: its files in order, or an index's path and its bytes as read (the library reads
+    the files its weight_map names; the bytes tell whether the index changed)."""
 
-    def __init__(self, files, index=None, wm=None, raw=None):
-        self.files, self.index, self.wm, self.raw = files, index, wm, raw
+    def __init__(self, files, index=None, raw=None):
+        self.files, self.index, self.raw = files, index, raw
 
     def index_changed(self):
         try:
@@ -345,12 +345,7 @@ class _Source:
 
 
 def _from_index(path):
-    raw = read_small(path)
-    wm = _index(path, raw)
-    names = sorted(set(wm.values()))
-    at = {n: i for i, n in enumerate(names)}
-    base = path.rsplit("/", 1)[0] if "/" in path else "."
-    return _Source([f"{base}/{n}" for n in names], path, {k: at[f] for k, f in wm.items()}, raw)
+    return _Source(None, path, read_small(path))
 
 
 _INDEX_NAME = re.compile(r".+\.safetensors\.index(?:\.(?P<v>[^.]+))?\.json\Z", re.S)
@@ -444,82 +439,61 @@ def _sources(source, variant=None):
     return _from_index(index) if index else _Source(files)
 
 
-def _tensors(src, handles):
-    """{name: (file index, entry, data start)} of every tensor of the files (headers read in parallel, each
-    through its handle, the one the data is read through); a name in two files is an error naming both, with an
-    index too (transformers' from_pretrained takes the last file's copy, sluice would take the one the index
-    names); with an index, exactly the tensors it names, each from the file it names (one it names and that
-    file lacks is an error naming it)."""
-    files = src.files
-    read = lambda i: read_header(files[i], handles[i])  # noqa: E731
-    if len(files) > 4 or any(is_remote(f) for f in files):  # round trips worth overlapping
-        with ThreadPoolExecutor(min(16, len(files))) as ex:
-            headers = list(ex.map(read, range(len(files))))
-    else:
-        headers = [read(i) for i in range(len(files))]
-    table, elsewhere = {}, {}
-    for i, (header, start) in enumerate(headers):
-        for name, v in header.items():
-            if name == "__metadata__":
-                continue
-            if src.wm is not None and src.wm.get(name) != i:
-                if name in src.wm:
-                    elsewhere.setdefault(name, i)
-                continue
-            if name in table:
-                raise bad(files[i], f"tensor '{name}' is also in {shown(files[table[name][0]])}")
-            table[name] = (i, v, start)
-    for name, i in elsewhere.items():
-        if name in table:  # transformers reads each file of the index whole: the last copy would win
-            raise bad(files[i], f"tensor '{name}' is also in {shown(files[src.wm[name]])}, the file "
-                                f"{shown(src.index)} names for it (which copy is meant?)")
-    if src.wm is not None and len(table) < len(src.wm):
-        missing = [n for n in src.wm if n not in table]
-        raise bad(src.index, f"names {len(missing)} tensors its files do not hold: " + ", ".join(
-            f"'{n}' ({shown(files[src.wm[n]])})" for n in missing[:5]) + (f" and {len(missing) - 5} more"
-                                                                    if len(missing) > 5 else ""))
-    return table
+class _Entry:
+    """A tensor of the checkpoint: its file's index, dtype, shape and bytes' place in that file."""
+    __slots__ = ("fi", "dtype", "shape", "offset", "n")
+
+    def __init__(self, fi, dtype, shape, offset, n):
+        self.fi, self.dtype, self.shape, self.offset, self.n = fi, dtype, shape, offset, n
+
+
+def _table(ck):
+    """(file paths, their handles, {name: _Entry} in file and offset order) of an open sluice_ckpt."""
+    nf, n = lib.sluice_ckpt_files(ck), lib.sluice_ckpt_count(ck)
+    files = [os.fsdecode(lib.sluice_ckpt_file(ck, i)) for i in range(nf)]
+    handles = [lib.sluice_ckpt_handle(ck, i) for i in range(nf)]
+    table = {}
+    ts = lib.sluice_ckpt_tensor(ck, 0) if n else None  # the table is one array
+    for i in range(n):
+        t = ts[i]
+        table[t.name.decode()] = _Entry(t.file, t.dtype.decode(), tuple(t.shape[:t.ndim]), t.offset, t.bytes)
+    return files, handles, table
 
 
 class _Open:
-    """A checkpoint with its files open and their headers read, once: src (its files), handles (one a file, through
-    which its header was read and its data is), table (_tensors'); a load reads through it (_load), as many as
-    the caller makes before close()."""
+    """A checkpoint opened by the library (sluice_ckpt_open_files): its files open, their headers read once and
+    checked there (a name in two files, an index's rules); files (their paths), handles (one a file, through
+    which its header was read and its data is), table {name: _Entry}, in file and offset order.  A load reads
+    through it (_load), as many as the caller makes before close()."""
 
     def __init__(self, src):
-        self.src = src
-        self._cm = _opened(src.files)
-        self.handles = self._cm.__enter__()
+        self.src, ck = src, C.c_void_p()
+        if src.index is not None:
+            check(lib.sluice_ckpt_open_files(C.byref(ck), _eng(), None, 0, cpath(src.index), src.raw, len(src.raw)))
+        else:
+            paths = (C.c_char_p * len(src.files))(*map(cpath, src.files))
+            check(lib.sluice_ckpt_open_files(C.byref(ck), _eng(), paths, len(src.files), None, None, 0))
+        self._ck = ck
         try:
-            self._stats = [None if is_remote(f) else os.stat(f) for f in src.files]
-            self.table = _tensors(self.src, self.handles)
+            self.files, self.handles, self.table = _table(ck)
         except BaseException:
             self.close()
             raise
 
     def check_unchanged(self):
         """-ESTALE naming a local file rewritten in place since its open (its size or times changed: its header
-        may no longer say where its data is), as sluice_ckpt_load checks; one replaced by a rename is the file
-        opened, read whole, and passes."""
-        for f, was in zip(self.src.files, self._stats):
-            try:
-                now = os.stat(f)
-            except OSError:
-                continue
-            if was is None or (now.st_ino, now.st_dev) != (was.st_ino, was.st_dev):
-                continue
-            if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (was.st_size, was.st_mtime_ns, was.st_ctime_ns):
-                raise SluiceError(-errno.ESTALE, f"{shown(f)}: rewritten in place since the checkpoint was opened "
-                                                 f"(its header may no longer match its data)")
+        may no longer say where its data is); one replaced by a rename is the file opened, read whole, and
+        passes."""
+        check(lib.sluice_ckpt_check(self._ck))
 
     def listing(self):
         """{name: (dtype, shape)} of every tensor a load would read, without reading their bytes."""
-        return {n: (v["dtype"], tuple(v["shape"])) for n, (_, v, _) in self.table.items()}
+        return {n: (e.dtype, e.shape) for n, e in self.table.items()}
 
     def close(self):
-        if self._cm is not None:
-            cm, self._cm = self._cm, None
-            cm.__exit__(None, None, None)
+        if self._ck is not None:
+            ck, self._ck = self._ck, None
+            lib.sluice_ckpt_close(ck)
 
     def __enter__(self):
         return self
@@ -639,14 +613,12 @@ def _slice_of(shard, name, shape):
     return dim, lo, min(lo + step, shape[dim])
 
 
-def _plan(v, start, sl, name):
-    """(shape out, file offsets, lengths, bytes) of a tensor, whole (one range, as plain numbers: a checkpoint
-    has thousands) or the slice sl (arrays, a range per outer index)."""
-    shape, dt = list(v["shape"]), v["dtype"]
-    b = start + v["data_offsets"][0]
+def _plan(e, sl, name):
+    """(shape out, file offsets, lengths, bytes) of a tensor (an _Entry), whole (one range, as plain numbers: a
+    checkpoint has thousands) or the slice sl (arrays, a range per outer index)."""
+    shape, dt, b = list(e.shape), e.dtype, e.offset
     if sl is None:
-        n = v["data_offsets"][1] - v["data_offsets"][0]
-        return shape, (b,), (n,), n
+        return shape, (b,), (e.n,), e.n
     if BITS[dt] % 8:
         raise ValueError(f"sluice.load: tensor '{name}' of {dt}: sub-byte elements are loaded whole, not sliced")
     dim, lo, hi = sl
@@ -972,7 +944,7 @@ def _load_from(ckp, source, device="cpu", keys=None, report=None, process_group=
 
 def _load(ckp, source, device, devices, keys, into, shard, report, process_group, strict):
     """One load of the open checkpoint ckp (an _Open)."""
-    src, handles, table = ckp.src, ckp.handles, ckp.table
+    handles, table = ckp.handles, ckp.table
     if into is None:
         names, filled = _select(table, keys, source), None
     else:
@@ -981,12 +953,12 @@ def _load(ckp, source, device, devices, keys, into, shard, report, process_group
             report.update(missing_keys=missing, unexpected_keys=unexpected)
     plans = []
     for name in names:
-        fi, v, start = table[name]
-        sl = None if shard is None else _slice_of(shard, name, v["shape"])
-        shape, offs, lens, n = _plan(v, start, sl, name)
+        e = table[name]
+        sl = None if shard is None else _slice_of(shard, name, e.shape)
+        shape, offs, lens, n = _plan(e, sl, name)
         if into is not None:
-            _check_into(name, into[name], v["dtype"], shape)
-        plans.append(_Planned(name, fi, v["dtype"], shape, offs, lens, n, sl is None))
+            _check_into(name, into[name], e.dtype, shape)
+        plans.append(_Planned(name, e.fi, e.dtype, shape, offs, lens, n, sl is None))
     grp = _Group(process_group) if process_group is not None else None
     torch = None
     if into is None:
@@ -1030,7 +1002,7 @@ def _load(ckp, source, device, devices, keys, into, shard, report, process_group
             raise failed or SluiceError(-errno.EIO, f"{_named(source)}: another rank of the group failed its read: "
                                                     f"the group's load fails with it (its part would be missing)")
     if report is not None:
-        report.update(files=len(src.files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
+        report.update(files=len(ckp.files), tensors=len(names), bytes=rep.bytes, bytes_storage=rep.bytes_storage,
                       ios=rep.ios, seconds=rep.seconds, path=rep.path.decode())
     if grp:
         got = grp.exchange() if into is None else grp.broadcast(plans, into)

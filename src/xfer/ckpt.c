@@ -8,6 +8,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #define SL_CKPT_SMALL_MAX (64ull << 20) /* an index or a DCP .metadata */
 #define SL_CKPT_FIRST (64u << 10)       /* a header's first read */
 #define SL_CKPT_ALIGN 256u              /* where a run starts in the load buffer (as sluice.load) */
+#define SL_CKPT_OPENERS 16u             /* files opened (their headers read) at once */
 
 struct sl_cfile {
 	struct sluice_file *f;
@@ -174,7 +176,7 @@ static int sl_open_st(struct sluice_ckpt *ck, unsigned i, const char *path)
 }
 
 /* Opens dir/name (dirlen bytes of dir) as file i of ck, the checkpoint's files then 0 to i. */
-static int sl_open_named(struct sluice_ckpt *ck, unsigned i, const char *dir, size_t dirlen, const char *name)
+static int sl_open_one(struct sluice_ckpt *ck, unsigned i, const char *dir, size_t dirlen, const char *name)
 {
 	char *p = sl_join(dir, dirlen, name);
 	int rc;
@@ -195,6 +197,58 @@ static int sl_alloc_files(struct sluice_ckpt *ck, size_t n, const char *where)
 		return sl__err(SLUICE_EFORMAT, "%s: %zu files, more than %u", where, n, SL_CKPT_FILES_MAX);
 	ck->files = calloc(n, sizeof(*ck->files));
 	return ck->files ? 0 : -ENOMEM;
+}
+
+struct sl_opens {
+	struct sluice_ckpt *ck;
+	const char *const *paths;
+	atomic_uint next;
+	struct sl__first_err fe;
+};
+
+static void *sl_open_some(void *arg)
+{
+	struct sl_opens *o = arg;
+	unsigned i;
+
+	while (!atomic_load(&o->fe.err) && (i = atomic_fetch_add(&o->next, 1)) < o->ck->nfiles)
+		sl__first_err_keep(&o->fe, sl_open_st(o->ck, i, o->paths[i]));
+	return NULL;
+}
+
+/*
+ * Opens the n paths as the checkpoint's files, in that order, their headers read on up to SL_CKPT_OPENERS
+ * threads at once (an object's open and header are round trips; a local file's a few milliseconds).
+ */
+static int sl_open_files(struct sluice_ckpt *ck, const char *const *paths, size_t n, const char *where)
+{
+	struct sl_opens o = { .ck = ck, .paths = paths };
+	int rc;
+
+	if ((rc = sl_alloc_files(ck, n, where)))
+		return rc;
+	ck->nfiles = (unsigned)n;
+	sl__first_err_init(&o.fe);
+	sl__fanout(n < SL_CKPT_OPENERS ? (unsigned)n : SL_CKPT_OPENERS, sl_open_some, &o);
+	rc = sl__first_err_raise(&o.fe);
+	sl__first_err_fini(&o.fe);
+	return rc;
+}
+
+/* dir/names[i] (dirlen bytes of dir) for each of the n names, opened as the checkpoint's files. */
+static int sl_open_named(struct sluice_ckpt *ck, const char *dir, size_t dirlen, char *const *names, size_t n)
+{
+	char **p = calloc(n ? n : 1, sizeof(*p));
+	int rc = p ? 0 : -ENOMEM;
+
+	for (size_t i = 0; !rc && i < n; i++)
+		rc = (p[i] = sl_join(dir, dirlen, names[i])) ? 0 : -ENOMEM;
+	if (!rc)
+		rc = sl_open_files(ck, (const char *const *)p, n, dir);
+	for (size_t i = 0; p && i < n; i++)
+		free(p[i]);
+	free(p);
+	return rc;
 }
 
 /* Every tensor of file i as an entry of the table, or those wm (an index's weight_map) places in it. */
@@ -242,33 +296,93 @@ static int sl_by_name(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The files of an index: its weight_map's, each a plain name beside it; every tensor it names found there. */
-static int sl_open_index(struct sluice_ckpt *ck, const char *path)
+static int sl_by_key(const void *a, const void *b)
 {
-	char *raw, **names = NULL, *slash;
-	size_t len, nn = 0, dirlen;
+	const struct sluice_ckpt_tensor *x = a, *y = b;
+	int c = strcmp(x->name, y->name);
+
+	if (c || !x->chunk || !y->chunk || x->ndim != y->ndim)
+		return c ? c : (x->chunk != NULL) - (y->chunk != NULL);
+	return memcmp(x->chunk, y->chunk, x->ndim * sizeof(uint64_t));
+}
+
+/*
+ * What the index's files hold against what it names: a tensor it names in one file that another file holds too
+ * is ambiguous (transformers reads each file whole, so its last copy would win); one it names that its file lacks
+ * is missing.  ck->t is left sorted by name.
+ */
+static int sl_index_check(struct sluice_ckpt *ck, const char *path, json_t *wm)
+{
+	const char *k;
+	json_t *f;
+
+	qsort(ck->t, ck->n, sizeof(*ck->t), sl_by_key);
+	for (unsigned i = 0; i < ck->nfiles; i++) {
+		const struct sl__st_header *h = &ck->files[i].h;
+		const char *base = strrchr(ck->files[i].path, '/') + 1;
+
+		for (size_t j = 0; j < h->n; j++) {
+			struct sluice_ckpt_tensor key = { .name = h->t[j].name }, *hit;
+
+			f = json_object_get(wm, key.name);
+			if (!f || !strcmp(json_string_value(f), base))
+				continue;
+			if ((hit = bsearch(&key, ck->t, ck->n, sizeof(*ck->t), sl_by_key)))
+				return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' is also in %s, the file %s names for it (which "
+							       "copy is meant?)", ck->files[i].path, key.name,
+					       ck->files[hit->file].path, path);
+		}
+	}
+	if (ck->n == json_object_size(wm))
+		return 0;
+	{
+		char named[320] = "";
+		size_t missing = 0, at = 0;
+
+		json_object_foreach(wm, k, f) {
+			struct sluice_ckpt_tensor key = { .name = k };
+
+			if (bsearch(&key, ck->t, ck->n, sizeof(*ck->t), sl_by_key) || missing++ >= 5 || at >= sizeof(named))
+				continue;
+			at += (size_t)snprintf(named + at, sizeof(named) - at, "%s'%s' (%s)", at ? ", " : "", k,
+					       json_string_value(f));
+		}
+		return sl__err(SLUICE_EFORMAT, "%s: names %zu tensors its files do not hold: %s%s", path, missing, named,
+			       missing > 5 ? " and more" : "");
+	}
+}
+
+/*
+ * The checkpoint of an index (path; its len bytes raw): the files of its weight_map, each a plain name beside it,
+ * opened; exactly the tensors it names, each from the file it names.
+ */
+static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, size_t len)
+{
+	char **names = NULL, *slash = strrchr(path, '/');
+	size_t nn = 0;
 	json_error_t jerr;
 	json_t *doc, *wm, *f;
 	const char *k;
-	int rc;
+	int rc = 0;
 
-	if ((rc = sl_read_small(ck->eng, path, &raw, &len)))
-		return rc;
-	doc = json_loadb(raw, len, JSON_REJECT_DUPLICATES, &jerr);
-	free(raw);
-	if (!doc)
+	if (!(doc = json_loadb(raw, len, JSON_REJECT_DUPLICATES, &jerr)))
 		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: not JSON (%s)", path, jerr.text);
 	wm = json_object_get(doc, "weight_map");
-	if (!json_is_object(wm) || !json_object_size(wm))
-		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: no weight_map object naming tensors", path);
+	if (!json_is_object(doc) || !json_is_object(wm))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: no weight_map object", path);
+	else if (json_object_get(doc, "metadata") && !json_is_object(json_object_get(doc, "metadata")) &&
+		 !json_is_null(json_object_get(doc, "metadata")))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: its metadata is not an object", path);
+	else if (!json_object_size(wm))
+		rc = sl__err(SLUICE_EFORMAT, "%s: names no tensor (its weight_map is empty)", path);
 	else if (!(names = calloc(json_object_size(wm), sizeof(*names))))
 		rc = -ENOMEM;
 	json_object_foreach(wm, k, f) {
 		if (rc)
 			break;
 		if (!json_is_string(f) || !sl_plain(json_string_value(f)))
-			rc = sl__err(SLUICE_EFORMAT, "%s: weight_map names no plain file beside the index for tensor '%s'",
-				     path, k);
+			rc = sl__err(SLUICE_EFORMAT, "%s: weight_map names %s for tensor '%s', not a file beside the index",
+				     path, json_is_string(f) ? json_string_value(f) : "no file name", k);
 		else
 			names[nn++] = (char *)json_string_value(f);
 	}
@@ -279,33 +393,26 @@ static int sl_open_index(struct sluice_ckpt *ck, const char *path)
 		for (size_t i = 0; i < nn; i++)
 			if (!u || strcmp(names[u - 1], names[i]))
 				names[u++] = names[i];
-		nn = u;
-		rc = sl_alloc_files(ck, nn, path);
+		rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, names, u);
 	}
-	slash = strrchr(path, '/');
-	dirlen = slash ? (size_t)(slash - path) : 1;
-	for (size_t i = 0; !rc && i < nn; i++)
-		if (!(rc = sl_open_named(ck, (unsigned)i, slash ? path : ".", dirlen, names[i])))
-			rc = sl_add_file(ck, (unsigned)i, wm, names[i]);
-	if (!rc && ck->n != json_object_size(wm)) {
-		/* A name the index gives that its file lacks (or holds twice: the files parse apart). */
-		json_object_foreach(wm, k, f) {
-			size_t i;
-
-			for (i = 0; i < ck->n && strcmp(ck->t[i].name, k); i++)
-				;
-			if (i == ck->n) {
-				rc = sl__err(SLUICE_EFORMAT, "%s: names tensor '%s' in %s, which does not hold it", path, k,
-					     json_string_value(f));
-				break;
-			}
-		}
-		if (!rc)
-			rc = sl__err(SLUICE_EFORMAT, "%s: its files hold %zu of its %zu tensors", path, ck->n,
-				     json_object_size(wm));
-	}
+	for (unsigned i = 0; !rc && i < ck->nfiles; i++)
+		rc = sl_add_file(ck, i, wm, strrchr(ck->files[i].path, '/') + 1);
+	if (!rc)
+		rc = sl_index_check(ck, path, wm);
 	free(names);
 	json_decref(doc);
+	return rc;
+}
+
+static int sl_open_index(struct sluice_ckpt *ck, const char *path)
+{
+	char *raw;
+	size_t len;
+	int rc = sl_read_small(ck->eng, path, &raw, &len);
+
+	if (!rc)
+		rc = sl_index(ck, path, raw, len);
+	free(raw);
 	return rc;
 }
 
@@ -426,10 +533,9 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 		qsort(names, n, sizeof(*names), sl_by_name);
 		rc = sl_check_listing(dir, names, n);
 		if (!rc)
-			rc = sl_alloc_files(ck, n, dir);
-		for (size_t i = 0; !rc && i < n; i++)
-			if (!(rc = sl_open_named(ck, (unsigned)i, dir, strlen(dir), names[i])))
-				rc = sl_add_file(ck, (unsigned)i, NULL, NULL);
+			rc = sl_open_named(ck, dir, strlen(dir), names, n);
+		for (unsigned i = 0; !rc && i < ck->nfiles; i++)
+			rc = sl_add_file(ck, i, NULL, NULL);
 	}
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -657,7 +763,7 @@ static int sl_dcp_file(struct sluice_ckpt *ck, const char *dir, const char *meta
 			return 0;
 	if (*fi == SL_CKPT_FILES_MAX)
 		return sl__err(SLUICE_EFORMAT, "%s: more than %u files", meta, SL_CKPT_FILES_MAX);
-	return sl_open_named(ck, *fi, dir, strlen(dir), file);
+	return sl_open_one(ck, *fi, dir, strlen(dir), file);
 }
 
 static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
@@ -724,16 +830,6 @@ static int sl_by_place(const void *a, const void *b)
 	return x->file != y->file ? (x->file < y->file ? -1 : 1) : x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static int sl_by_key(const void *a, const void *b)
-{
-	const struct sluice_ckpt_tensor *x = a, *y = b;
-	int c = strcmp(x->name, y->name);
-
-	if (c || !x->chunk || !y->chunk || x->ndim != y->ndim)
-		return c ? c : (x->chunk != NULL) - (y->chunk != NULL);
-	return memcmp(x->chunk, y->chunk, x->ndim * sizeof(uint64_t));
-}
-
 /* No tensor (DCP: no chunk of a tensor) twice: a name in two files of a directory is ambiguous. */
 static int sl_unique(struct sluice_ckpt *ck, const char *path)
 {
@@ -777,6 +873,21 @@ static int sl_plan(struct sluice_ckpt *ck)
 	return 0;
 }
 
+/* The open's end: no tensor twice, the plan; on an error ck is closed. */
+static int sl_finish(struct sluice_ckpt **out, struct sluice_ckpt *ck, const char *path, int rc)
+{
+	if (!rc)
+		rc = sl_unique(ck, path);
+	if (!rc)
+		rc = sl_plan(ck);
+	if (rc) {
+		sluice_ckpt_close(ck);
+		return rc;
+	}
+	*out = ck;
+	return 0;
+}
+
 int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const char *path)
 {
 	struct sluice_ckpt *ck;
@@ -799,16 +910,32 @@ int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const 
 	} else if (!rc) {
 		rc = sl__err(SLUICE_EFORMAT, "%s: not a checkpoint sluice reads", path);
 	}
-	if (!rc)
-		rc = sl_unique(ck, path);
-	if (!rc)
-		rc = sl_plan(ck);
-	if (rc) {
-		sluice_ckpt_close(ck);
-		return rc;
-	}
-	*out = ck;
-	return 0;
+	return sl_finish(out, ck, path, rc);
+}
+
+int sluice_ckpt_open_files(struct sluice_ckpt **out, struct sluice_engine *eng, const char *const *files, unsigned n,
+			   const char *index, const char *index_json, size_t index_len)
+{
+	struct sluice_ckpt *ck;
+	int rc = 0;
+
+	*out = NULL;
+	sl__err_clear();
+	if (!eng || (index ? !index_json || n : !files))
+		return sl__err(-EINVAL, "sluice_ckpt_open_files: no engine, or neither files nor an index's bytes");
+	for (unsigned i = 0; !index && i < n; i++)
+		if (!files[i])
+			return sl__err(-EINVAL, "sluice_ckpt_open_files: file %u is NULL", i);
+	if (!(ck = calloc(1, sizeof(*ck))))
+		return -ENOMEM;
+	ck->eng = eng;
+	ck->format = "safetensors";
+	if (index)
+		rc = sl_index(ck, index, index_json, index_len);
+	else if (!(rc = sl_open_files(ck, files, n, "sluice_ckpt_open_files")))
+		for (unsigned i = 0; !rc && i < n; i++)
+			rc = sl_add_file(ck, i, NULL, NULL);
+	return sl_finish(out, ck, index ? index : n ? files[0] : "sluice_ckpt_open_files", rc);
 }
 
 void sluice_ckpt_close(struct sluice_ckpt *ck)
@@ -885,6 +1012,17 @@ static int sl_unchanged(const struct sluice_ckpt *ck)
 						"longer match its data): open it again", cf->path);
 	}
 	return 0;
+}
+
+struct sluice_file *sluice_ckpt_handle(const struct sluice_ckpt *ck, unsigned i)
+{
+	return i < ck->nfiles ? ck->files[i].f : NULL;
+}
+
+int sluice_ckpt_check(const struct sluice_ckpt *ck)
+{
+	sl__err_clear();
+	return sl_unchanged(ck);
 }
 
 int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluice_xfer_report *rep)

@@ -73,7 +73,7 @@ def _replace_once(monkeypatch, phase, replace):
 def test_a_file_replaced_between_header_and_data_local(tmp_path, monkeypatch):
     p = str(tmp_path / "ck.safetensors")
     sluice.save(OLD, p)
-    done = _replace_once(monkeypatch, "_tensors", lambda: sluice.save(NEW, p))
+    done = _replace_once(monkeypatch, "_table", lambda: sluice.save(NEW, p))
     one_of(sluice.load(p, device="numpy"), OLD, NEW)
     assert done
 
@@ -81,7 +81,7 @@ def test_a_file_replaced_between_header_and_data_local(tmp_path, monkeypatch):
 def test_a_file_replaced_between_header_and_data_http(web, monkeypatch):
     p = str(web.root / "replaced.safetensors")
     sluice.save(OLD, p)
-    done = _replace_once(monkeypatch, "_tensors", lambda: sluice.save(NEW, p))
+    done = _replace_once(monkeypatch, "_table", lambda: sluice.save(NEW, p))
     # The data's reads carry the ETag of the header's open: the change is seen (412), the load starts again.
     assert one_of(sluice.load(web.url("replaced.safetensors"), device="numpy"), OLD, NEW) == 1
     assert done
@@ -90,7 +90,7 @@ def test_a_file_replaced_between_header_and_data_http(web, monkeypatch):
 def test_a_file_replaced_between_header_and_data_s3(s3, monkeypatch):
     url = "s3://pytest/replaced/ck.safetensors"
     sluice.save(OLD, url)
-    done = _replace_once(monkeypatch, "_tensors", lambda: sluice.save(NEW, url))
+    done = _replace_once(monkeypatch, "_table", lambda: sluice.save(NEW, url))
     assert one_of(sluice.load(url, device="numpy"), OLD, NEW) == 1
     assert done
 
@@ -99,20 +99,20 @@ def test_a_file_that_keeps_changing_is_a_clear_error(web, monkeypatch):
     """Replaced during every attempt: a bounded number of loads, then an error naming the file."""
     p = str(web.root / "churn.safetensors")
     sluice.save(OLD, p)
-    real, n = ck._tensors, []
+    real, n = ck._table, []
 
     def hooked(*a, **k):
         r = real(*a, **k)
         n.append(1)
         os.utime(p, (time.time() + len(n), time.time() + len(n)))  # a new mtime: a new ETag each time
         return r
-    monkeypatch.setattr(ck, "_tensors", hooked)
+    monkeypatch.setattr(ck, "_table", hooked)
     with pytest.raises(sluice.SluiceError, match="churn.safetensors.*changed") as e:
         sluice.load(web.url("churn.safetensors"), device="numpy")
     assert 1 < len(n) <= 5, (len(n), e.value)
 
 
-@pytest.mark.parametrize("phase", ["_sources", "_tensors"])
+@pytest.mark.parametrize("phase", ["_sources", "_table"])
 def test_a_sharded_checkpoint_saved_again_during_a_load(tmp_path, monkeypatch, phase):
     """A sharded save into the directory while it is loaded, after its index was read or after its headers
     were: the old checkpoint whole or the new one, never shards of both."""
@@ -242,6 +242,18 @@ def _index(d, wm):
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
 
 
+def test_a_tensor_the_index_places_in_one_file_and_another_holds_too_is_an_error(tmp_path):
+    """transformers reads each file of an index whole, so the last file's copy would win; which is meant is not
+    the reader's guess."""
+    sluice.save({"a": np.ones(3, np.float32), "b": np.zeros(2, np.int8)}, str(tmp_path / "s1.safetensors"))
+    sluice.save({"a": np.full(3, 2, np.float32)}, str(tmp_path / "s2.safetensors"))
+    _index(tmp_path, {"a": "s2.safetensors", "b": "s1.safetensors"})
+    for call in (lambda: sluice.load(str(tmp_path), device="numpy"), lambda: ck._listing(str(tmp_path))):
+        with pytest.raises(sluice.SluiceError, match=r"s1.safetensors: tensor 'a' is also in .*s2.safetensors, the "
+                                                     r"file .*index.json names for it \(which copy is meant\?\)"):
+            call()
+
+
 def test_a_tensor_the_index_promises_and_no_shard_holds_is_an_error(tmp_path):
     sluice.save({"a": np.ones(3, np.float32)}, str(tmp_path / "s1.safetensors"))
     sluice.save({"b": np.ones(2, np.float32)}, str(tmp_path / "s2.safetensors"))
@@ -357,12 +369,12 @@ def test_a_torch_save_file_is_named_as_such(tmp_path):
 
 def test_save_writes_the_format_transformers_reads(tmp_path):
     sluice.save({"a": np.ones(2, np.float32)}, str(tmp_path / "a.safetensors"))
-    assert ck.read_header(str(tmp_path / "a.safetensors"))[0]["__metadata__"] == {"format": "pt"}
+    assert sluice._safetensors.read_header(str(tmp_path / "a.safetensors"))[0]["__metadata__"] == {"format": "pt"}
     sluice.save({"a": np.ones(2, np.float32)}, str(tmp_path / "b.safetensors"), metadata={"format": "np", "k": "v"})
-    assert ck.read_header(str(tmp_path / "b.safetensors"))[0]["__metadata__"] == {"format": "np", "k": "v"}
+    assert sluice._safetensors.read_header(str(tmp_path / "b.safetensors"))[0]["__metadata__"] == {"format": "np", "k": "v"}
     sluice.save({"a": np.ones(2, np.float32)}, str(tmp_path / "sh"), max_shard_size=100)
     (f,) = _shards(tmp_path / "sh")
-    assert ck.read_header(str(tmp_path / "sh" / f))[0]["__metadata__"] == {"format": "pt"}
+    assert sluice._safetensors.read_header(str(tmp_path / "sh" / f))[0]["__metadata__"] == {"format": "pt"}
 
 
 def test_a_directory_of_variants_is_a_choice_to_name(tmp_path):

@@ -4,7 +4,8 @@
  * tables and every loaded byte checked; an unaligned tensor placed aligned;
  * a file replaced after the open still loads its old bytes, one cut short
  * fails; and hostile headers, indexes and metadata each refused naming the
- * file; one file's header read through an open file (sluice_st_header_*).
+ * file; one file's header read through an open file (sluice_st_header_*); a
+ * caller's list of files or index bytes (sluice_ckpt_open_files).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -422,6 +423,73 @@ static void st_header(struct sluice_engine *eng)
 	sluice_st_header_free(NULL);
 }
 
+/* sluice_ckpt_open_files: a caller's list of files, an index's bytes as the caller read them; the handles the
+ * headers were read through; a name the index places in one file and another file holds too. */
+static void open_files(struct sluice_engine *eng)
+{
+	unsigned char d[20][16];
+	const char *files[20];
+	char names[20][1024], raw[512];
+	struct sluice_ckpt *ck = NULL;
+	char *buf;
+	int rc;
+
+	mkdir(at("many"), 0755);
+	for (int i = 0; i < 20; i++) {
+		char json[128];
+
+		t_fill(d[i], 16, 40 + (uint64_t)i);
+		snprintf(names[i], sizeof(names[i]), "%s/many/f%02d.safetensors", dir, i);
+		snprintf(json, sizeof(json), "{\"w%d\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]}}", i);
+		st_write(names[i], json, d[i], 16);
+		files[i] = names[i];
+	}
+	/* Twenty files, more than the threads that open them: each in its place, its bytes the file's. */
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, files, 20, NULL, NULL, 0) == 0 && ck);
+	T_CHECK(ck && sluice_ckpt_files(ck) == 20 && sluice_ckpt_count(ck) == 20);
+	for (unsigned i = 0; ck && i < 20; i++)
+		T_CHECK(!strcmp(sluice_ckpt_file(ck, i), names[i]) && sluice_ckpt_handle(ck, i) != NULL);
+	T_CHECK(ck && sluice_ckpt_handle(ck, 20) == NULL && sluice_ckpt_check(ck) == 0);
+	buf = ck ? load(ck, &rc) : NULL;
+	for (int i = 0; buf && i < 20; i++) {
+		char name[8];
+
+		snprintf(name, sizeof(name), "w%d", i);
+		T_CHECK(find(ck, name) && find(ck, name)->file == (unsigned)i && !memcmp(buf + find(ck, name)->at, d[i], 16));
+	}
+	free(buf);
+	sluice_ckpt_close(ck);
+	/* One of them is not a safetensors file: named, whichever thread read it. */
+	put(names[13], "not a checkpoint");
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, files, 20, NULL, NULL, 0) == SLUICE_EFORMAT && !ck);
+	T_CHECK(strstr(sluice_last_error_detail(), "f13.safetensors") != NULL);
+	/* A name in two of the files given. */
+	st_write(names[13], "{\"w3\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]}}", d[13], 16);
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, files, 20, NULL, NULL, 0) == SLUICE_EFORMAT && !ck);
+	T_CHECK(strstr(sluice_last_error_detail(), "'w3'") && strstr(sluice_last_error_detail(), "f03.safetensors") &&
+		strstr(sluice_last_error_detail(), "f13.safetensors"));
+	/* An index's bytes (the file on disk says something else: the bytes given are what counts). */
+	put(at("many/model.safetensors.index.json"), "{}");
+	snprintf(raw, sizeof(raw), "{\"weight_map\":{\"w1\":\"f01.safetensors\",\"w2\":\"f02.safetensors\"}}");
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, NULL, 0, at("many/model.safetensors.index.json"), raw, strlen(raw)) == 0);
+	T_CHECK(ck && sluice_ckpt_files(ck) == 2 && sluice_ckpt_count(ck) == 2 && find(ck, "w2") &&
+		find(ck, "w2")->file == 1);
+	sluice_ckpt_close(ck);
+	/* w3 placed in f13, which holds one, while f03 holds one too: which copy is meant? */
+	snprintf(raw, sizeof(raw), "{\"weight_map\":{\"w3\":\"f13.safetensors\",\"w4\":\"f03.safetensors\"}}");
+	st_write(names[3], "{\"w3\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]},"
+			   "\"w4\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[8,16]}}", d[3], 16);
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, NULL, 0, at("many/model.safetensors.index.json"), raw, strlen(raw)) ==
+		SLUICE_EFORMAT && !ck);
+	T_CHECK(strstr(sluice_last_error_detail(), "which copy is meant") && strstr(sluice_last_error_detail(), "'w3'"));
+	/* Not JSON; no files and no index; an index with files too. */
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, NULL, 0, at("many/model.safetensors.index.json"), "{", 1) ==
+			SLUICE_EFORMAT && strstr(sluice_last_error_detail(), "not JSON"));
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, NULL, 0, NULL, NULL, 0) == -EINVAL && !ck);
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, files, 1, "x.json", "{}", 2) == -EINVAL && !ck);
+	T_CHECK(sluice_ckpt_open_files(&ck, eng, files, 0, NULL, NULL, 0) == -ENOENT && !ck);
+}
+
 int main(void)
 {
 	struct sluice_engine *eng = t_engine();
@@ -434,6 +502,7 @@ int main(void)
 	dcp(eng);
 	hostile(eng);
 	st_header(eng);
+	open_files(eng);
 	sluice_engine_close(eng);
 	return t_done("t_ckpt");
 }
