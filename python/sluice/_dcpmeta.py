@@ -1,5 +1,5 @@
 """The metadata of a DCP checkpoint sluice.dcp writes, as data: JSON that sluice reads without unpickling, its
-checks, and the check of each item against the safetensors header of the file that holds it.  No torch here
+checks, and the check of each item against the tensors of the file that holds it (as the library read its header).  No torch here
 (sluice.dcp converts to and from torch's Metadata classes), so all of it is tested without torch.
 
 .metadata is MAGIC, then the JSON.  MAGIC is a pickle's first opcode, GLOBAL, naming a module whose name is a
@@ -153,19 +153,15 @@ def decode(raw, path):
     return doc
 
 
-def check_item(path, header, start, at, length, name=None, dtype=None, shape=None):
-    """An item stored at [at, at + length) of the safetensors file path (its header and data start) must be one
-    tensor of that header, exactly (and the one named name, of dtype and shape, where they are given): damaged
-    metadata must not load other bytes as a tensor.  A Damaged error naming the file otherwise."""
-    if name is not None:
-        v = header.get(name) if name != "__metadata__" else None
-        found = [(name, v)] if isinstance(v, dict) else []
-    else:
-        found = [(k, v) for k, v in header.items() if k != "__metadata__" and start + v["data_offsets"][0] == at]
-    for k, v in found:
-        b, e = v["data_offsets"]
-        if start + b == at and e - b == length and (dtype is None or v["dtype"] == dtype) and \
-                (shape is None or list(v["shape"]) == list(shape)):
+def check_item(path, entries, at, length, name=None, dtype=None, shape=None):
+    """An item stored at [at, at + length) of the safetensors file path must be one tensor of that file, exactly
+    (and the one named name, of dtype and shape, where they are given): damaged metadata must not load other bytes
+    as a tensor.  entries: {name: (offset in the file, bytes, dtype, shape)} of the file's tensors, as the
+    library read its header.  A Damaged error naming the file otherwise."""
+    found = ([entries[name]] if name in entries else []) if name is not None else \
+        [v for v in entries.values() if v[0] == at]
+    for off, n, dt, shp in found:
+        if off == at and n == length and (dtype is None or dt == dtype) and (shape is None or list(shp) == list(shape)):
             return
     want = f"'{name}' " if name is not None else ""
     raise Damaged(f"sluice.dcp: {shown(path)}: holds no tensor {want}of {length} bytes at {at}"

@@ -15,7 +15,6 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping
-from contextlib import contextmanager
 from urllib.parse import unquote
 
 import numpy as np
@@ -490,6 +489,13 @@ class _Open:
         """{name: (dtype, shape)} of every tensor a load would read, without reading their bytes."""
         return {n: (e.dtype, e.shape) for n, e in self.table.items()}
 
+    def by_file(self):
+        """[{name: (offset, bytes, dtype, shape)}] of each file's tensors, in the files' order."""
+        out = [{} for _ in self.files]
+        for n, e in self.table.items():
+            out[e.fi][n] = (e.offset, e.n, e.dtype, e.shape)
+        return out
+
     def close(self):
         if self._ck is not None:
             ck, self._ck = self._ck, None
@@ -827,21 +833,6 @@ class _Group:
                                     self.dist.get_global_rank(self.group, self.owner[p.name]), group=self.group)
                 got += p.n if self.owner[p.name] != self.rank else 0
         return got
-
-
-@contextmanager
-def _opened(files):
-    """The files open for reading: one handle each, through which their headers and their data are both read
-    (a local file replaced in between stays the file opened; an s3:// or http(s):// one is read at the ETag
-    its open saw, or the read fails with -ESTALE)."""
-    handles = []
-    try:
-        for f in files:
-            handles.append(open_file(f, 0))
-        yield [h.value for h in handles]
-    finally:
-        for h in handles:
-            lib.sluice_file_close(h)
 
 
 def _read_ranges(handles, batches, after=None):

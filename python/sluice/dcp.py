@@ -40,9 +40,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from ._dcpmeta import (DATA as _DATA, MAGIC, ST_OF, MetadataUnpickler, check_item, decode, encode, item_name,
                        stored_fault)
 from ._lib import SluiceError, lib, shown
-from ._safetensors import is_remote, open_file, read_header, read_small
+from ._safetensors import is_remote, open_file, read_small
 from .buffers import _ready
-from .checkpoint import _RANGE, _join, _opened, _read_ranges, _reclaim, _save_file, _write_whole
+from .checkpoint import _RANGE, _Open, _Source, _join, _read_ranges, _reclaim, _save_file, _write_whole
 from .s3 import listdir, remove
 
 METADATA = ".metadata"
@@ -342,16 +342,16 @@ class StorageReader(storage.StorageReader):
                              f"the ranks were given different paths); load again")
         return plans
 
-    def _item(self, req, planner, files, headers, reads, after):
-        """Plans one item, its place checked against its file's header: its reads (file, offset, bytes,
-        destination) and what follows them."""
+    def _item(self, req, planner, files, entries, reads, after):
+        """Plans one item, its place checked against its file's tensors (entries, the library's reading of its
+        header): its reads (file, offset, bytes, destination) and what follows them."""
         st = self.storage_data[req.storage_index]
         f = files[st.relative_path]
         path = _join(self.path, st.relative_path)
         # The header entry of the item's own name (set_up_storage_reader checked st.name is that name, or None).
         name = _key(req.storage_index)
         if req.type == LoadItemType.BYTE_IO:
-            check_item(path, *headers[f], st.offset, st.length, name, "U8", [st.length])
+            check_item(path, entries[f], st.offset, st.length, name, "U8", [st.length])
             buf = np.empty(st.length, np.uint8)
             reads.append((f, st.offset, st.length, buf.ctypes.data, buf))
             after.append(lambda: planner.load_bytes(req, self._bytes(path, name, buf)))
@@ -362,7 +362,7 @@ class StorageReader(storage.StorageReader):
         if st.length != int(np.prod(sizes, dtype=np.int64)) * item:
             raise ValueError(f"sluice.dcp: {shown(self.path)}: '{_key(req.storage_index)}' is {st.length} bytes, its "
                              f"shape {list(sizes)} of {dtype} makes {int(np.prod(sizes)) * item}")
-        check_item(path, *headers[f], st.offset, st.length, name, ST_OF.get(str(dtype).replace("torch.", "")),
+        check_item(path, entries[f], st.offset, st.length, name, ST_OF.get(str(dtype).replace("torch.", "")),
                    list(sizes))
         span = _span(sizes, req.storage_offsets, req.lengths)
         if span and target.dtype == dtype and target.is_contiguous() and target.numel() == span[1]:
@@ -400,15 +400,17 @@ class StorageReader(storage.StorageReader):
             files.setdefault(self.storage_data[req.storage_index].relative_path, len(files))
         paths = [_join(self.path, p) for p in files]
         reads, after = [], []
-        # Each file's header and its items' bytes through one open: the places checked are the places read.
-        with _opened(paths) as handles:
-            headers = [read_header(p, h) for p, h in zip(paths, handles)]
+        # The files opened by the library, their headers read there once (in parallel) and their items' bytes
+        # through the same opens: the places checked are the places read.
+        with _Open(_Source(paths)) as ckp:
+            entries, handles = ckp.by_file(), ckp.handles
             for req in plan.items:
-                self._item(req, planner, files, headers, reads, after)
+                self._item(req, planner, files, entries, reads, after)
             # Kernels still using the state dict's tensors (or memory the allocator hands out again) finish first.
             _ready([obj for *_, obj in reads if isinstance(obj, torch.Tensor)])
             r = np.array([(handles[f], off, n, dst) for f, off, n, dst, _ in reads], _RANGE)
             _read_ranges(handles, r[r["len"] > 0])
+            ckp.check_unchanged()  # a file rewritten in place meanwhile: its header no longer says what was read
         for step in after:
             step()
         fut = torch.futures.Future()

@@ -12,6 +12,7 @@ import pytest
 
 import sluice
 from sluice import _dcpmeta as dm
+from sluice import checkpoint
 from sluice._safetensors import read_header
 
 
@@ -148,11 +149,14 @@ def test_items_are_checked_against_their_files_header(tmp_path):
     p = str(tmp_path / "__0_0123456789ab.safetensors")
     sluice.save({"w@0,0": np.zeros((2, 3), np.float32), "w@2,0": np.ones((2, 3), np.float32),
                  "lr": np.frombuffer(b"hello", np.uint8)}, p)
-    header, start = read_header(p)
+    with checkpoint._Open(checkpoint._Source([p])) as ckp:
+        (entries,) = ckp.by_file()
+    header, start = read_header(p)  # the header as read apart: the library's places are the file's
     at = {k: start + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
-    dm.check_item(p, header, start, at["w@2,0"], 24, "w@2,0", "F32", [2, 3])
-    dm.check_item(p, header, start, at["lr"], 5, "lr", "U8", [5])
-    dm.check_item(p, header, start, at["w@0,0"], 24)  # pickled metadata of older versions: no name
+    assert {k: v[0] for k, v in entries.items()} == at
+    dm.check_item(p, entries, at["w@2,0"], 24, "w@2,0", "F32", [2, 3])
+    dm.check_item(p, entries, at["lr"], 5, "lr", "U8", [5])
+    dm.check_item(p, entries, at["w@0,0"], 24)  # pickled metadata of older versions: no name
     for bad in ((at["w@2,0"] + 4, 24, "w@2,0", "F32", [2, 3]),   # shifted
                 (at["w@2,0"], 20, "w@2,0", "F32", [2, 3]),       # cut
                 (at["w@0,0"], 24, "w@2,0", "F32", [2, 3]),       # another tensor's place
@@ -161,7 +165,7 @@ def test_items_are_checked_against_their_files_header(tmp_path):
                 (at["w@2,0"], 24, "nope", "F32", [2, 3]),        # no such tensor
                 (at["w@0,0"] + 8, 8, None, None, None)):         # inside a tensor
         with pytest.raises(dm.Damaged, match="__0_0123456789ab.safetensors: holds no tensor"):
-            dm.check_item(p, header, start, *bad)
+            dm.check_item(p, entries, *bad)
 
 
 def _stack_global(module, name, arg):
