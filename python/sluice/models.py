@@ -157,13 +157,112 @@ def _fill(torch, model, t, names, value):
         _set(model, n, value)
 
 
-class _Rules(namedtuple("_Rules", "who untie skip_missing skip_unexpected about quiet_unexpected")):
+class _Rules(namedtuple("_Rules", "who untie skip_missing skip_unexpected about quiet_unexpected convert",
+                        defaults=(None,))):
     """How a load counts and treats the tensors checkpoint and module do not share: torch's load_state_dict's
     (load_model), or those of the transformers from_pretrained mirrors.  who: the function, for messages; untie:
     a tied tensor the checkpoint holds under several names with different values becomes one per name (else it
     stays tied, with the first name's value); skip_missing, skip_unexpected: None, or a test of a name that is
     not to count (the names transformers ignores); about: what the messages add about the model; quiet_unexpected:
-    whether unexpected tensors are logged at INFO rather than WARNING where strict=False loads on."""
+    whether unexpected tensors are logged at INFO rather than WARNING where strict=False loads on; convert: None,
+    or a callable(torch, model, table) giving the _Conversion of the checkpoint's names to the model's."""
+
+
+_CONVERT_BATCH = 2 << 30  # bytes of a converted tensor's sources read at once: the rest wait, not the GPU's memory
+
+
+class _Conversion:
+    """The checkpoint's names as the model's, by transformers' own rules for the model (its from_pretrained's
+    renames, as GPT-NeoX's embed_out to lm_head, and conversions, as per-expert weights stacked into fused ones):
+    table {model's name: (dtype, shape)}, checkpoint names no rule moves keeping theirs (so a name the model lacks
+    is named as the checkpoint names it); plain {model's name: checkpoint name}, read into place; groups {model's
+    name: (converter, [(pattern, checkpoint name)])}, each made by the converter's own operations of what it
+    reads, shapes planned on meta tensors before anything is read."""
+
+    def __init__(self, torch, model, table, renamings, converters, natural):
+        from copy import deepcopy
+        self.torch, self.model, self._copy = torch, model, deepcopy
+        meta = model.state_dict()
+        base = getattr(model, "base_model_prefix", None)
+        by_pattern = {p: c for c in converters for p in c.source_patterns}
+        self.plain, self.groups, self.table = {}, {}, {}
+        from transformers.core_model_loading import rename_source_key
+        for k in sorted(table, key=natural):
+            new, pattern = rename_source_key(k, renamings, converters, base, meta)
+            if new not in meta and k in meta:
+                new, pattern = k, None
+            if new not in meta:
+                self.table[k] = table[k]  # unexpected, under its own name
+            elif pattern is None:
+                self.plain[new] = k
+                self.table[new] = table[k]
+            else:
+                self.groups.setdefault(new, (by_pattern[pattern], []))[1].append((pattern, k))
+        self.source = table
+        for name in self.groups:
+            dts = {table[k][0] for _, k in self.groups[name][1]}
+            if len(dts) != 1 or not DT[next(iter(dts))][1]:
+                raise ValueError(f"sluice.from_pretrained: {name} is converted from tensors of dtypes "
+                                 f"{sorted(dts)}: one dtype torch has is needed")
+            (dt,) = dts
+            made = self._made(name, lambda k: torch.empty(table[k][1], dtype=getattr(torch, DT[table[k][0]][1]),
+                                                          device="meta"))
+            self.table[name] = (dt, tuple(made.shape))
+
+    def _made(self, name, get):
+        """The model's tensor name, made by a fresh copy of its converter of get(checkpoint name) of each source."""
+        conv, sources = self.groups[name]
+        conv = self._copy(conv)
+        for pattern, k in sources:
+            conv.add_tensor(name, k, pattern, lambda k=k: get(k))
+        out = conv.convert(name, model=self.model, config=getattr(self.model, "config", None))
+        if set(out) != {name}:
+            raise ValueError(f"sluice.from_pretrained: transformers' conversion for {name} makes "
+                             f"{_listed(sorted(out))}, not that tensor alone")
+        return out[name]
+
+    def keys(self, names):
+        """The checkpoint names that the model's names are read from."""
+        return sorted({k for n in names for k in ([self.plain[n]] if n in self.plain else
+                                                  [k for _, k in self.groups[n][1]] if n in self.groups else [])})
+
+    def read(self, read, names):
+        """{model's name: tensor} of names, read(checkpoint names) -> {name: tensor} called once for the plain
+        ones and once for each batch of converted ones (their sources freed when the batch is made)."""
+        plain = [n for n in names if n in self.plain]
+        got = read([self.plain[n] for n in plain]) if plain else {}
+        out = {n: got[self.plain[n]] for n in plain}
+        batch, size = [], 0
+        todo = [n for n in names if n in self.groups]
+        for i, n in enumerate(todo):
+            batch.append(n)
+            size += sum(math.prod(self.source[k][1]) for _, k in self.groups[n][1])
+            if size >= _CONVERT_BATCH or i == len(todo) - 1:
+                src = read([k for m in batch for _, k in self.groups[m][1]])
+                for m in batch:
+                    out[m] = self._made(m, src.__getitem__)
+                del src
+                batch, size = [], 0
+        return out
+
+
+def _hf_conversion(torch, model, table):
+    """The _Conversion of transformers' rules for the model (transformers 5: its conversion mapping), or None
+    where they move no name of the checkpoint."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key
+    except ImportError:
+        return None
+    mapping = get_model_conversion_mapping(model) or []
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    if not mapping:
+        return None
+    conv = _Conversion(torch, model, table, renamings, converters, dot_natural_key)
+    if not conv.groups and all(n == k for n, k in conv.plain.items()):
+        return None
+    return conv
 
 
 _TORCH = _Rules("sluice.load_model", True, None, None, "", False)
@@ -214,8 +313,9 @@ def _differences(source, rules, missing, unexpected):
     if unexpected:
         said.append(f"holds {len(unexpected)} the model has no place for: {_listed(unexpected, 20)}")
     return (f"{rules.who}: {_named(source)} " + "; it ".join(said)
-            + (" (transformers renames some checkpoints' names as it loads them; sluice does not: load those with "
-               "transformers)" if missing and unexpected else "") + rules.about)
+            + ((" (transformers' rules for this model rename none of them)" if rules.convert else
+                " (transformers renames some checkpoints' names as it loads them: sluice.from_pretrained applies its "
+                "rules, load_model takes the names as they are)") if missing and unexpected else "") + rules.about)
 
 
 def _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp=None):
@@ -229,6 +329,9 @@ def _load(model, source, device, dtype, strict, variant, report, process_group, 
     if callable(getattr(model, "tie_weights", None)):
         model.tie_weights()  # transformers' ties (accelerate's init_empty_weights makes each name its own)
     table = ckp.listing()
+    conv = rules.convert(torch, model, table) if rules.convert else None
+    if conv is not None:
+        table = conv.table  # the model's names, as transformers renames and converts the checkpoint's
     plan, missing, used = _plan(torch, model, table, dtype, source, rules)
     unexpected = [k for k in table if k not in used]
     if rules.skip_missing:
@@ -244,8 +347,18 @@ def _load(model, source, device, dtype, strict, variant, report, process_group, 
         _log.log(level, "%s", _differences(source, rules, missing, unexpected))
     computed = _computed(model, {n for _, names, *_ in plan for n in names}, rules.who)
     rep = {}
-    got = _load_from(ckp, source, device=str(device), keys=sorted(used), report=rep, process_group=process_group,
-                     variant=variant) if used else {}
+
+    def read(keys):
+        r = {}
+        got = _load_from(ckp, source, device=str(device), keys=keys, report=r, process_group=process_group,
+                         variant=variant)
+        for f, v in r.items():  # the reads' figures added up
+            rep[f] = rep.get(f, 0) + v if isinstance(v, (int, float)) and f != "files" else v
+        return got
+    if conv is None:
+        got = read(sorted(used)) if used else {}
+    else:
+        got = conv.read(read, sorted(used))
     for t, names, keys, want, _ in plan:  # what was read against what was checked, before the model changes
         for k in keys:
             v = got.get(k)
@@ -510,7 +623,7 @@ def _hf_rules(model, version, path, doc):
     return _Rules("sluice.from_pretrained", version >= (5, 0),
                   matches(getattr(model, "_keys_to_ignore_on_load_missing", None)), skip_unexpected,
                   f"; the model is the {type(model).__name__} {shown(path)} describes",
-                  type(model).__name__ not in archs)
+                  type(model).__name__ not in archs, _hf_conversion if version >= (5, 0) else None)
 
 
 def _generation_config(transformers, version, model, source, doc):
@@ -566,10 +679,13 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
     A config.json value transformers or the model refuses, or of a type its default rules out, is an error
     naming config.json and the key.
     The model is built with its parameters on the meta device and its buffers made as usual, then load_model
-    reads the checkpoint into place (see it for variant, report and process_group).  Not handled: remote
-    code, quantized checkpoints, device maps over several devices, and the checkpoints whose names transformers
-    renames as it loads them (old checkpoints, GPT-NeoX's embed_out in transformers 5, some fused experts): load
-    those with transformers."""
+    reads the checkpoint into place (see it for variant, report and process_group).  Checkpoints whose names
+    transformers 5 renames or converts as it loads them are loaded by transformers' own rules for the model (its
+    conversion mapping): renamed tensors (GPT-NeoX's embed_out as lm_head, old checkpoints' gamma and beta) are
+    read into place; converted ones (the per-expert weights of Mixtral, Qwen2-MoE, Qwen3-MoE and the models that
+    share their layout, stacked into fused experts) are made by transformers' own operations from what sluice
+    reads, a few GB of sources at a time.  Not handled: remote code, quantized checkpoints and device maps over
+    several devices: load those with transformers."""
     import torch
     transformers, version = _transformers()
     source = os.fspath(source)

@@ -424,21 +424,27 @@ def test_from_pretrained_names_what_is_wrong_with_its_source(tmp_path):
         sluice.from_pretrained(str(d), device="cpu")
 
 
-def test_checkpoint_names_transformers_renames_are_named_in_the_error(tmp_path):
+def test_checkpoint_names_transformers_renames_load_by_its_rules_and_load_model_names_them(tmp_path):
+    """GPT-NeoX's embed_out, its lm_head in transformers 5: from_pretrained renames it as transformers does (4's
+    model's name is embed_out: nothing to rename); load_model, torch's rules, takes names as they are and says why
+    they do not fit."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=4, vocab_size=64)
     transformers.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
-    if transformers.__version__.startswith("4."):  # its model's name is embed_out: nothing to rename
-        model = sluice.from_pretrained(str(tmp_path / "neox"), device="cpu")
-        theirs = transformers.GPTNeoXForCausalLM.from_pretrained(tmp_path / "neox").eval()
-        ids = torch.randint(0, 64, (1, 5))
-        with torch.no_grad():
-            assert torch.equal(model(ids).logits, theirs(ids).logits)
+    model = sluice.from_pretrained(str(tmp_path / "neox"), device="cpu")
+    theirs = transformers.GPTNeoXForCausalLM.from_pretrained(tmp_path / "neox").eval()
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, theirs(ids).logits)
+    if transformers.__version__.startswith("4."):
         return
+    with sluice.empty_weights():
+        bare = transformers.GPTNeoXForCausalLM(cfg)
     with pytest.raises(ValueError, match=r"lacks 1 .*'lm_head.weight'; it holds 1 the model has no place for: "
-                                         r"'embed_out.weight' \(transformers renames"):
-        sluice.from_pretrained(str(tmp_path / "neox"), device="cpu")
+                                         r"'embed_out.weight' \(transformers renames .* sluice.from_pretrained "
+                                         r"applies its rules, load_model takes the names as they are\)"):
+        sluice.load_model(bare, str(tmp_path / "neox"), device="cpu")
 
 
 def test_modules_transformers_keeps_in_float32_stay_float32(tmp_path):

@@ -75,8 +75,30 @@ ARCHS = {
                                                           vocab_size=101, decoder_start_token_id=0)),
     "bert": ("BertForMaskedLM", "BertConfig", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                                    num_attention_heads=2, vocab_size=101, max_position_embeddings=64)),
+    # Checkpoints whose names transformers 5 renames (GPT-NeoX's embed_out is its lm_head) or converts as it loads
+    # them (the per-expert weights transformers 5 itself saves, stacked into its fused experts).
+    "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(hidden_size=32, intermediate_size=64,
+                                                             num_hidden_layers=2, num_attention_heads=4,
+                                                             vocab_size=101, max_position_embeddings=64)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                            num_attention_heads=4, num_key_value_heads=2,
+                                                            vocab_size=101, num_local_experts=4,
+                                                            num_experts_per_tok=2, max_position_embeddings=64)),
+    "qwen2-moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(hidden_size=32, intermediate_size=48,
+                                                                moe_intermediate_size=24,
+                                                                shared_expert_intermediate_size=40,
+                                                                num_hidden_layers=2, num_attention_heads=4,
+                                                                num_key_value_heads=2, vocab_size=101, num_experts=4,
+                                                                num_experts_per_tok=2, max_position_embeddings=64)),
+    "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(hidden_size=32, intermediate_size=48,
+                                                                moe_intermediate_size=24, num_hidden_layers=2,
+                                                                num_attention_heads=4, num_key_value_heads=2,
+                                                                head_dim=8, vocab_size=101, num_experts=4,
+                                                                num_experts_per_tok=2, max_position_embeddings=64)),
 }
+RENAMED = ("gpt-neox", "mixtral", "qwen2-moe", "qwen3-moe")
 LAYERS = {"gpt2": "n_layer", "llama": "num_hidden_layers", "llama-untied": "num_hidden_layers", "t5": "num_layers",
+          **{a: "num_hidden_layers" for a in RENAMED},
           "bert": "num_hidden_layers"}
 
 
@@ -141,6 +163,46 @@ def test_from_pretrained_makes_the_model_transformers_makes(tmp_path, arch, dtyp
     out = _same_model(sluice.from_pretrained(d, device="cpu", **kw), cls.from_pretrained(d, **kw).eval())
     if out is not None and arch != "t5":  # generation_config.json's 7 new tokens, not generate()'s default 20
         assert out.shape[1] == 6 + 7
+
+
+@pytest.mark.parametrize("arch", RENAMED)
+def test_renamed_and_converted_checkpoints_load_by_transformers_rules(tmp_path, arch, monkeypatch):
+    """What transformers 5 renames and converts as it loads: the checkpoint's own names are not the model's (the
+    test would pass without a conversion otherwise); the fused tensors made in batches of a few sources at a time
+    (here one each) are the same; renamed tensors are read into place, converted ones made of their sources."""
+    import sluice.models as models
+    cls, d = _saved(tmp_path, arch)
+    stored = set(sluice.checkpoint._listing(d))
+    theirs = cls.from_pretrained(d).eval()
+    wanted = set(theirs.state_dict())
+    if transformers.__version__.startswith("4."):
+        pytest.skip("transformers 4 loads these checkpoints under their own names")
+    assert stored - wanted, "the checkpoint's names are the model's: nothing to convert"
+    rep = {}
+    _same_model(sluice.from_pretrained(d, device="cpu", report=rep), theirs)
+    assert rep["tensors"] == len(stored) and not rep["unexpected_keys"] and not rep["missing_keys"]
+    reads = []
+    real = models._load_from
+    monkeypatch.setattr(models, "_load_from", lambda *a, **k: reads.append(k["keys"]) or real(*a, **k))
+    monkeypatch.setattr(models, "_CONVERT_BATCH", 1)
+    _same_model(sluice.from_pretrained(d, device="cpu"), theirs)
+    assert sorted(k for r in reads for k in r) == sorted(stored)
+    assert len(reads) == 1 if arch == "gpt-neox" else len(reads) > 2  # renames only: one read
+
+
+def test_a_converted_tensor_the_model_does_not_fit_is_named(tmp_path):
+    """Experts of another size than the config's: named before anything is read, as for a tensor read as is."""
+    cls, d = _saved(tmp_path, "mixtral")
+    if transformers.__version__.startswith("4."):
+        pytest.skip("transformers 4 loads these checkpoints under their own names")
+    with open(os.path.join(d, "config.json")) as f:
+        doc = json.load(f)
+    doc["intermediate_size"] = 40
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ValueError, match=r"tensor 'model.layers.0.mlp.experts.gate_up_proj' is BF16 \[4, 96, 32\]; "
+                                         r"the model wants bfloat16 \[4, 80, 32\]"):
+        sluice.from_pretrained(d, device="cpu")
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "t5"])
