@@ -502,5 +502,24 @@ struct sl__st_header {
 SL_HIDDEN int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *path,
 			   struct sl__st_header *out);
 SL_HIDDEN void sl__st_free(struct sl__st_header *h);
+/*
+ * A sharded checkpoint's index (model.safetensors.index.json, safetensors.c):
+ * {"metadata": {...} or null, "weight_map": {tensor: file}}, as Hugging Face's
+ * tools write it.  names[i] (sorted) is placed in files[file[i]]; files are
+ * sorted, each once, each a plain name beside the index (no separator, no dot
+ * segment, no '%', no control character).  sl__st_index_parse: 0, or
+ * SLUICE_EFORMAT naming path and what is wrong, or -ENOMEM.
+ */
+struct sl__st_index {
+	char **names;
+	unsigned *file;
+	size_t n;
+	char **files;
+	size_t nfiles;
+};
+SL_HIDDEN int sl__st_index_parse(const char *raw, size_t len, const char *path, struct sl__st_index *out);
+SL_HIDDEN void sl__st_index_free(struct sl__st_index *ix);
+/* The index in ix->names of a tensor's name, or -1. */
+SL_HIDDEN long sl__st_index_find(const struct sl__st_index *ix, const char *name);
 
 #endif

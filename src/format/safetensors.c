@@ -279,3 +279,115 @@ int sl__st_parse(const char *head, size_t len, uint64_t file_size, const char *p
 		sl__st_free(out);
 	return rc;
 }
+
+/* ---- model.safetensors.index.json ---- */
+
+/* A name an index may give for a file beside it: no separator, no dot segment, no '%' (a web server decodes it),
+ * no control character. */
+static int sl_plain(const char *n)
+{
+	if (!*n || !strcmp(n, ".") || !strcmp(n, "..") || strpbrk(n, "/\\?#%"))
+		return 0;
+	for (; *n; n++)
+		if ((unsigned char)*n < 32)
+			return 0;
+	return 1;
+}
+
+static int sl_by_string(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Whether v is null or an object: an index's optional metadata. */
+static int sl_object_or_null(json_t *v)
+{
+	return !v || json_is_object(v) || json_is_null(v);
+}
+
+long sl__st_index_find(const struct sl__st_index *ix, const char *name)
+{
+	char **hit = bsearch(&name, ix->names, ix->n, sizeof(*ix->names), sl_by_string);
+
+	return hit ? (long)(hit - ix->names) : -1;
+}
+
+static long sl_file_find(const struct sl__st_index *ix, const char *name)
+{
+	char **hit = bsearch(&name, ix->files, ix->nfiles, sizeof(*ix->files), sl_by_string);
+
+	return hit ? (long)(hit - ix->files) : -1;
+}
+
+/* The weight_map's names and files into ix (checked: strings, plain file names). */
+static int sl_index_entries(json_t *wm, const char *path, struct sl__st_index *ix)
+{
+	size_t n = json_object_size(wm), u = 0;
+	const char *k;
+	json_t *f;
+
+	if (!(ix->names = calloc(n, sizeof(*ix->names))) || !(ix->file = calloc(n, sizeof(*ix->file))) ||
+	    !(ix->files = calloc(n, sizeof(*ix->files))))
+		return -ENOMEM;
+	json_object_foreach(wm, k, f) {
+		if (!json_is_string(f) || !sl_plain(json_string_value(f)))
+			return sl__err(SLUICE_EFORMAT, "%s: weight_map names %s for tensor '%s', not a file beside the index",
+				       path, json_is_string(f) ? json_string_value(f) : "no file name", k);
+		if (!(ix->names[ix->n] = strdup(k)))
+			return -ENOMEM;
+		ix->n++;
+		if (!(ix->files[ix->nfiles] = strdup(json_string_value(f))))
+			return -ENOMEM;
+		ix->nfiles++;
+	}
+	/* The files, sorted, each once; then each name's, the names sorted. */
+	qsort(ix->files, ix->nfiles, sizeof(*ix->files), sl_by_string);
+	for (size_t i = 0; i < ix->nfiles; i++) {
+		if (u && !strcmp(ix->files[u - 1], ix->files[i])) {
+			free(ix->files[i]);
+			continue;
+		}
+		ix->files[u++] = ix->files[i];
+	}
+	ix->nfiles = u;
+	qsort(ix->names, ix->n, sizeof(*ix->names), sl_by_string);
+	for (size_t i = 0; i < ix->n; i++)
+		ix->file[i] = (unsigned)sl_file_find(ix, json_string_value(json_object_get(wm, ix->names[i])));
+	return 0;
+}
+
+int sl__st_index_parse(const char *raw, size_t len, const char *path, struct sl__st_index *out)
+{
+	json_error_t jerr;
+	json_t *doc, *wm;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (!(doc = json_loadb(raw, len, JSON_REJECT_DUPLICATES, &jerr)))
+		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: not JSON (%s)", path, jerr.text);
+	wm = json_object_get(doc, "weight_map");
+	if (!json_is_object(doc) || !json_is_object(wm))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: no weight_map object", path);
+	else if (!sl_object_or_null(json_object_get(doc, "metadata")))
+		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: its metadata is not an object", path);
+	else if (!json_object_size(wm))
+		rc = sl__err(SLUICE_EFORMAT, "%s: names no tensor (its weight_map is empty)", path);
+	else
+		rc = sl_index_entries(wm, path, out);
+	json_decref(doc);
+	if (rc)
+		sl__st_index_free(out);
+	return rc;
+}
+
+void sl__st_index_free(struct sl__st_index *ix)
+{
+	for (size_t i = 0; ix->names && i < ix->n; i++)
+		free(ix->names[i]);
+	for (size_t i = 0; ix->files && i < ix->nfiles; i++)
+		free(ix->files[i]);
+	free(ix->names);
+	free(ix->file);
+	free(ix->files);
+	memset(ix, 0, sizeof(*ix));
+}

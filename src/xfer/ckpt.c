@@ -251,8 +251,8 @@ static int sl_open_named(struct sluice_ckpt *ck, const char *dir, size_t dirlen,
 	return rc;
 }
 
-/* Every tensor of file i as an entry of the table, or those wm (an index's weight_map) places in it. */
-static int sl_add_file(struct sluice_ckpt *ck, unsigned i, json_t *wm, const char *base)
+/* Every tensor of file i as an entry of the table, or those ix (an index) places in it. */
+static int sl_add_file(struct sluice_ckpt *ck, unsigned i, const struct sl__st_index *ix, long fi)
 {
 	const struct sl__st_header *h = &ck->files[i].h;
 	struct sluice_ckpt_tensor *t = realloc(ck->t, (ck->n + h->n + 1) * sizeof(*t));
@@ -262,9 +262,9 @@ static int sl_add_file(struct sluice_ckpt *ck, unsigned i, json_t *wm, const cha
 	ck->t = t;
 	for (size_t k = 0; k < h->n; k++) {
 		const struct sl__st_tensor *s = &h->t[k];
-		json_t *f = wm ? json_object_get(wm, s->name) : NULL;
+		long at = ix ? sl__st_index_find(ix, s->name) : -1;
 
-		if (wm && (!f || strcmp(json_string_value(f), base)))
+		if (ix && (at < 0 || (long)ix->file[at] != fi))
 			continue;
 		t = &ck->t[ck->n++];
 		memset(t, 0, sizeof(*t));
@@ -278,17 +278,6 @@ static int sl_add_file(struct sluice_ckpt *ck, unsigned i, json_t *wm, const cha
 		t->bytes = s->end - s->begin;
 	}
 	return 0;
-}
-
-/* A name an index may give for a file beside it: no separator, no dot segment, no control character. */
-static int sl_plain(const char *n)
-{
-	if (!*n || !strcmp(n, ".") || !strcmp(n, "..") || strpbrk(n, "/\\?#%"))
-		return 0;
-	for (; *n; n++)
-		if ((unsigned char)*n < 32)
-			return 0;
-	return 1;
 }
 
 static int sl_by_name(const void *a, const void *b)
@@ -311,21 +300,20 @@ static int sl_by_key(const void *a, const void *b)
  * is ambiguous (transformers reads each file whole, so its last copy would win); one it names that its file lacks
  * is missing.  ck->t is left sorted by name.
  */
-static int sl_index_check(struct sluice_ckpt *ck, const char *path, json_t *wm)
+static int sl_index_check(struct sluice_ckpt *ck, const char *path, const struct sl__st_index *ix)
 {
-	const char *k;
-	json_t *f;
+	char named[320] = "";
+	size_t missing = 0, at = 0;
 
 	qsort(ck->t, ck->n, sizeof(*ck->t), sl_by_key);
 	for (unsigned i = 0; i < ck->nfiles; i++) {
 		const struct sl__st_header *h = &ck->files[i].h;
-		const char *base = strrchr(ck->files[i].path, '/') + 1;
 
 		for (size_t j = 0; j < h->n; j++) {
 			struct sluice_ckpt_tensor key = { .name = h->t[j].name }, *hit;
+			long k = sl__st_index_find(ix, key.name);
 
-			f = json_object_get(wm, key.name);
-			if (!f || !strcmp(json_string_value(f), base))
+			if (k < 0 || ix->file[k] == i)
 				continue;
 			if ((hit = bsearch(&key, ck->t, ck->n, sizeof(*ck->t), sl_by_key)))
 				return sl__err(SLUICE_EFORMAT, "%s: tensor '%s' is also in %s, the file %s names for it (which "
@@ -333,74 +321,39 @@ static int sl_index_check(struct sluice_ckpt *ck, const char *path, json_t *wm)
 					       ck->files[hit->file].path, path);
 		}
 	}
-	if (ck->n == json_object_size(wm))
+	if (ck->n == ix->n)
 		return 0;
-	{
-		char named[320] = "";
-		size_t missing = 0, at = 0;
+	for (size_t k = 0; k < ix->n; k++) {
+		struct sluice_ckpt_tensor key = { .name = ix->names[k] };
 
-		json_object_foreach(wm, k, f) {
-			struct sluice_ckpt_tensor key = { .name = k };
-
-			if (bsearch(&key, ck->t, ck->n, sizeof(*ck->t), sl_by_key) || missing++ >= 5 || at >= sizeof(named))
-				continue;
-			at += (size_t)snprintf(named + at, sizeof(named) - at, "%s'%s' (%s)", at ? ", " : "", k,
-					       json_string_value(f));
-		}
-		return sl__err(SLUICE_EFORMAT, "%s: names %zu tensors its files do not hold: %s%s", path, missing, named,
-			       missing > 5 ? " and more" : "");
+		if (bsearch(&key, ck->t, ck->n, sizeof(*ck->t), sl_by_key) || missing++ >= 5 || at >= sizeof(named))
+			continue;
+		at += (size_t)snprintf(named + at, sizeof(named) - at, "%s'%s' (%s)", at ? ", " : "", ix->names[k],
+				       ix->files[ix->file[k]]);
 	}
+	return sl__err(SLUICE_EFORMAT, "%s: names %zu tensors its files do not hold: %s%s", path, missing, named,
+		       missing > 5 ? " and more" : "");
 }
 
 /*
- * The checkpoint of an index (path; its len bytes raw): the files of its weight_map, each a plain name beside it,
- * opened; exactly the tensors it names, each from the file it names.
+ * The checkpoint of an index (path; its len bytes raw, sl__st_index_parse): the files it names beside it,
+ * opened in its files' order (file i of ck is the index's file i); exactly the tensors it names, each from the
+ * file it names.
  */
 static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, size_t len)
 {
-	char **names = NULL, *slash = strrchr(path, '/');
-	size_t nn = 0;
-	json_error_t jerr;
-	json_t *doc, *wm, *f;
-	const char *k;
-	int rc = 0;
+	const char *slash = strrchr(path, '/');
+	struct sl__st_index ix;
+	int rc = sl__st_index_parse(raw, len, path, &ix);
 
-	if (!(doc = json_loadb(raw, len, JSON_REJECT_DUPLICATES, &jerr)))
-		return sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: not JSON (%s)", path, jerr.text);
-	wm = json_object_get(doc, "weight_map");
-	if (!json_is_object(doc) || !json_is_object(wm))
-		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: no weight_map object", path);
-	else if (json_object_get(doc, "metadata") && !json_is_object(json_object_get(doc, "metadata")) &&
-		 !json_is_null(json_object_get(doc, "metadata")))
-		rc = sl__err(SLUICE_EFORMAT, "%s: not a safetensors index: its metadata is not an object", path);
-	else if (!json_object_size(wm))
-		rc = sl__err(SLUICE_EFORMAT, "%s: names no tensor (its weight_map is empty)", path);
-	else if (!(names = calloc(json_object_size(wm), sizeof(*names))))
-		rc = -ENOMEM;
-	json_object_foreach(wm, k, f) {
-		if (rc)
-			break;
-		if (!json_is_string(f) || !sl_plain(json_string_value(f)))
-			rc = sl__err(SLUICE_EFORMAT, "%s: weight_map names %s for tensor '%s', not a file beside the index",
-				     path, json_is_string(f) ? json_string_value(f) : "no file name", k);
-		else
-			names[nn++] = (char *)json_string_value(f);
-	}
-	if (!rc) {
-		size_t u = 0;
-
-		qsort(names, nn, sizeof(*names), sl_by_name);
-		for (size_t i = 0; i < nn; i++)
-			if (!u || strcmp(names[u - 1], names[i]))
-				names[u++] = names[i];
-		rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, names, u);
-	}
+	if (rc)
+		return rc;
+	rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, ix.files, ix.nfiles);
 	for (unsigned i = 0; !rc && i < ck->nfiles; i++)
-		rc = sl_add_file(ck, i, wm, strrchr(ck->files[i].path, '/') + 1);
+		rc = sl_add_file(ck, i, &ix, (long)i);
 	if (!rc)
-		rc = sl_index_check(ck, path, wm);
-	free(names);
-	json_decref(doc);
+		rc = sl_index_check(ck, path, &ix);
+	sl__st_index_free(&ix);
 	return rc;
 }
 
@@ -535,7 +488,7 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 		if (!rc)
 			rc = sl_open_named(ck, dir, strlen(dir), names, n);
 		for (unsigned i = 0; !rc && i < ck->nfiles; i++)
-			rc = sl_add_file(ck, i, NULL, NULL);
+			rc = sl_add_file(ck, i, NULL, -1);
 	}
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -574,7 +527,7 @@ static int sl_st_open(struct sluice_ckpt *ck, const char *path)
 	if ((rc = sl_alloc_files(ck, 1, path)))
 		return rc;
 	ck->nfiles = 1;
-	return (rc = sl_open_st(ck, 0, path)) ? rc : sl_add_file(ck, 0, NULL, NULL);
+	return (rc = sl_open_st(ck, 0, path)) ? rc : sl_add_file(ck, 0, NULL, -1);
 }
 
 /* ---- sluice.dcp's layout: .metadata (a notice for torch's unpickler, then JSON), a safetensors file a rank ---- */
@@ -934,7 +887,7 @@ int sluice_ckpt_open_files(struct sluice_ckpt **out, struct sluice_engine *eng, 
 		rc = sl_index(ck, index, index_json, index_len);
 	else if (!(rc = sl_open_files(ck, files, n, "sluice_ckpt_open_files")))
 		for (unsigned i = 0; !rc && i < n; i++)
-			rc = sl_add_file(ck, i, NULL, NULL);
+			rc = sl_add_file(ck, i, NULL, -1);
 	return sl_finish(out, ck, index ? index : n ? files[0] : "sluice_ckpt_open_files", rc);
 }
 

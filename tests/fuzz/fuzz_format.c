@@ -5,7 +5,8 @@
  * SLUICE_MAX_RECORD, and the first two converted) and a .npy header; if it parses, the bytes after the
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header, as a record of a fixed schema, as a
- * safetensors file (its header), as a TFRecord file (every record it
+ * safetensors file (its header), as a sharded checkpoint's index (every
+ * tensor's file one of its files, each a plain name, names found by search), as a TFRecord file (every record it
  * accepts lies inside the input, after its header, in order), and as an
  * MDS shard or LitData chunk (offsets rising inside the input), a sample
  * of columns laid out by its first bytes (every column inside it), and an
@@ -117,6 +118,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			at = st.t[i].end;
 		}
 		sl__st_free(&st);
+	}
+
+	/* As a model.safetensors.index.json: each tensor placed in one of its files, each file a plain name. */
+	struct sl__st_index sx;
+
+	if (sl__st_index_parse((const char *)data, size, "fuzz", &sx) == 0) {
+		for (size_t i = 0; i < sx.n; i++)
+			if (sx.file[i] >= sx.nfiles || strchr(sx.files[sx.file[i]], '/') || sl__st_index_find(&sx, sx.names[i]) != (long)i)
+				abort();
+		sl__st_index_free(&sx);
 	}
 
 	if (sl__index_parse(data, size, size, &ix) == 0) {
