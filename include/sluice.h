@@ -667,6 +667,15 @@ SLUICE_API SLUICE_WUR int sluice_ckpt_open_files(struct sluice_ckpt **out, struc
 SLUICE_API struct sluice_file *sluice_ckpt_handle(const struct sluice_ckpt *ck, unsigned i);
 /* 0, or -ESTALE naming a local file rewritten in place since the open (as sluice_ckpt_load checks). */
 SLUICE_API SLUICE_WUR int sluice_ckpt_check(const struct sluice_ckpt *ck);
+/*
+ * The .metadata of a checkpoint sluice.dcp's StorageWriter wrote (len bytes
+ * of raw; path names it in errors), checked whole as sluice_ckpt_open checks
+ * it: its notice, then JSON of tensors (dtype, size, chunks inside it),
+ * bytes, and items each stored once, under the name the writer gives it, in
+ * files of one save, each as long as its chunk.  0, or SLUICE_EFORMAT naming
+ * path and what is wrong.
+ */
+SLUICE_API SLUICE_WUR int sluice_dcp_metadata_check(const void *raw, size_t len, const char *path);
 #endif
 
 /*

@@ -1,5 +1,6 @@
-"""The metadata of a DCP checkpoint sluice.dcp writes, as data: JSON that sluice reads without unpickling, its
-checks, and the check of each item against the tensors of the file that holds it (as the library read its header).  No torch here
+"""The metadata of a DCP checkpoint sluice.dcp writes, as data: JSON that sluice reads without unpickling (checked
+by the library, format/dcp.c), and the check of each item against the tensors of the file that holds it (as the
+library read its header).  No torch here
 (sluice.dcp converts to and from torch's Metadata classes), so all of it is tested without torch.
 
 .metadata is MAGIC, then the JSON.  MAGIC is a pickle's first opcode, GLOBAL, naming a module whose name is a
@@ -13,8 +14,8 @@ import json
 import pickle
 import re
 
-from ._lib import shown
-from ._safetensors import DT, SIZE, parse_json
+from ._lib import lib, shown
+from ._safetensors import DT, parse_json
 
 NOTICE = ("this is a checkpoint of sluice (its StorageWriter wrote it), whose metadata is JSON, not a pickle: "
           "load it with StorageReader from the dcp module of sluice")
@@ -29,10 +30,6 @@ MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "pre
 
 class Damaged(ValueError):
     pass
-
-
-def _ints(v, n=None):
-    return isinstance(v, list) and (n is None or len(v) == n) and all(type(x) is int and x >= 0 for x in v)
 
 
 def item_name(fqn, offset):
@@ -77,80 +74,20 @@ def encode(doc):
 
 
 def decode(raw, path):
-    """The metadata document of .metadata's bytes, checked whole; a Damaged error naming path otherwise.
+    """The metadata document of .metadata's bytes, checked whole by the library (sluice_dcp_metadata_check, the
+    check sluice_ckpt_open makes of it too); a Damaged error naming path otherwise.
     {"tensors": {fqn: {"dtype", "size", "requires_grad", "layout", "memory_format", "pin_memory",
                        "chunks": [{"offsets", "sizes"}]}},
      "bytes": [fqn],
      "items": [{"fqn", "offset" (a chunk's offsets, or null for bytes), "index", "file", "name", "at", "length"}],
      "planner_data": {fqn: [key, ...]} or null, "storage_meta": {"checkpoint_id", "save_id"} or null}"""
-    def fail(why):
-        return Damaged(f"sluice.dcp: {shown(path)}: damaged metadata ({why})")
     if not raw.startswith(MAGIC):
-        raise fail("not the metadata sluice.dcp.StorageWriter writes")
-    try:
-        doc = parse_json(raw[len(MAGIC):])
-    except ValueError as e:
-        raise fail(f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise fail(f"not {FORMAT} version {VERSION}")
-    tensors, blobs, items = doc.get("tensors"), doc.get("bytes"), doc.get("items")
-    if not isinstance(tensors, dict) or not isinstance(blobs, list) or not isinstance(items, list):
-        raise fail("tensors, bytes or items missing")
-    if not all(isinstance(b, str) for b in blobs) or set(blobs) & set(tensors):
-        raise fail("bytes is not a list of names apart from the tensors'")
-    blobs = set(blobs)  # looked up once an item: a list made the check quadratic
-    chunks = {}
-    for fqn, t in tensors.items():
-        if not isinstance(t, dict) or t.get("dtype") not in ST_OF or not _ints(t.get("size")) or \
-                t.get("layout") not in LAYOUTS or t.get("memory_format") not in MEMORY_FORMATS or \
-                type(t.get("requires_grad")) is not bool or type(t.get("pin_memory")) is not bool or \
-                not isinstance(t.get("chunks"), list):
-            raise fail(f"tensor '{fqn}': {str(t)[:200]}")
-        size = t["size"]
-        for c in t["chunks"]:
-            if not (isinstance(c, dict) and _ints(c.get("offsets"), len(size)) and _ints(c.get("sizes"), len(size))
-                    and all(o + n <= s for o, n, s in zip(c["offsets"], c["sizes"], size))):
-                raise fail(f"tensor '{fqn}' of size {size}: chunk {str(c)[:200]}")
-            chunks[(fqn, tuple(c["offsets"]))] = (t["dtype"], c["sizes"])
-    seen = set()
-    for it in items:
-        if not isinstance(it, dict) or not isinstance(it.get("fqn"), str) or not isinstance(it.get("name"), str) or \
-                not isinstance(it.get("file"), str) or not DATA.match(it["file"]) or \
-                type(it.get("at")) is not int or type(it.get("length")) is not int or it["at"] < 0 or \
-                it["length"] < 0 or not (it.get("index") is None or type(it["index"]) is int):
-            raise fail(f"item {str(it)[:200]}")
-        key = (it["fqn"], None if it.get("offset") is None else tuple(it["offset"]) if _ints(it["offset"]) else "bad")
-        if key in seen:
-            raise fail(f"item '{it['fqn']}' stored twice")
-        seen.add(key)
-        if key[1] is None:
-            if it["fqn"] not in blobs:
-                raise fail(f"item '{it['fqn']}': not one of the checkpoint's tensors or bytes")
-            continue
-        if key not in chunks:
-            raise fail(f"item '{it['fqn']}' at {it.get('offset')}: no such chunk of a tensor")
-        dtype, sizes = chunks[key]
-        n = SIZE[ST_OF[dtype]]  # bytes of one of torch's elements (float4_e2m1fn_x2: two values, one byte)
-        for s in sizes:
-            n *= s
-        if it["length"] != n:
-            raise fail(f"item '{it['fqn']}' at {it['offset']}: {it['length']} bytes, its chunk {sizes} of {dtype} "
-                       f"makes {n}")
-    missing = set(chunks) - seen | {(b, None) for b in blobs} - seen
-    if missing:
-        raise fail(f"no item stores {sorted(str(m[0]) for m in missing)[:5]}")
-    sm = doc.get("storage_meta")
-    if sm is not None and not (isinstance(sm, dict) and all(v is None or isinstance(v, str) for v in sm.values())):
-        raise fail("storage_meta is not an object of strings")
-    why = stored_fault([(it["fqn"], it.get("offset"), it["file"], it["name"]) for it in items],
-                       None if sm is None else sm.get("save_id"))
-    if why:
-        raise fail(why)
-    pd = doc.get("planner_data")
-    if pd is not None and not (isinstance(pd, dict) and all(
-            isinstance(v, list) and all(type(x) in (str, int) for x in v) for v in pd.values())):
-        raise fail("planner_data is not an object of key paths")
-    return doc
+        raise Damaged(f"sluice.dcp: {shown(path)}: damaged metadata (not the metadata sluice.dcp.StorageWriter "
+                      f"writes)")
+    rc = lib.sluice_dcp_metadata_check(raw, len(raw), shown(path).encode())
+    if rc:
+        raise Damaged(f"sluice.dcp: {lib.sluice_last_error_detail().decode(errors='replace')}")
+    return parse_json(raw[len(MAGIC):])
 
 
 def check_item(path, entries, at, length, name=None, dtype=None, shape=None):

@@ -522,4 +522,13 @@ SL_HIDDEN void sl__st_index_free(struct sl__st_index *ix);
 /* The index in ix->names of a tensor's name, or -1. */
 SL_HIDDEN long sl__st_index_find(const struct sl__st_index *ix, const char *name);
 
+/*
+ * The metadata sluice.dcp's StorageWriter writes (.metadata, dcp.c): its
+ * notice, then JSON checked whole (tensors and their chunks, bytes, items
+ * stored once each under the writer's names, in files of one save).  0 and
+ * *doc (the document, json_decref to free), or SLUICE_EFORMAT naming path.
+ */
+struct json_t;
+SL_HIDDEN int sl__dcp_meta_parse(const char *raw, size_t len, const char *path, struct json_t **doc);
+
 #endif

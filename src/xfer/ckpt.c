@@ -532,8 +532,6 @@ static int sl_st_open(struct sluice_ckpt *ck, const char *path)
 
 /* ---- sluice.dcp's layout: .metadata (a notice for torch's unpickler, then JSON), a safetensors file a rank ---- */
 
-#define SL_DCP_MAGIC_HEAD "cthis is a checkpoint of sluice"
-#define SL_DCP_MAGIC_TAIL "\nStorageReader\n"
 
 static int sl_dcp_probe(const char *path)
 {
@@ -666,34 +664,18 @@ static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors
 	return 0;
 }
 
-/* .metadata's document, its notice and format checked; kept in ck->doc (the table's names point into it). */
+/* .metadata's document, checked whole (format/dcp.c); kept in ck->doc (the table's names point into it). */
 static int sl_dcp_doc(struct sluice_ckpt *ck, const char *meta)
 {
-	char *raw, *json;
-	json_error_t jerr;
+	char *raw;
 	size_t len;
 	int rc;
 
 	if ((rc = sl_read_small(ck->eng, meta, &raw, &len)))
 		return rc;
-	json = !strncmp(raw, SL_DCP_MAGIC_HEAD, strlen(SL_DCP_MAGIC_HEAD)) ? strstr(raw, SL_DCP_MAGIC_TAIL) : NULL;
-	if (!json || (size_t)(json - raw) > 4096) {
-		free(raw);
-		return sl__err(SLUICE_EFORMAT, "%s: not the metadata sluice.dcp's StorageWriter writes (a DCP checkpoint of "
-					       "torch's own pickles it: sluice reads it only through sluice.dcp)", meta);
-	}
-	json += strlen(SL_DCP_MAGIC_TAIL);
-	ck->doc = json_loadb(json, (size_t)(raw + len - json), JSON_REJECT_DUPLICATES, &jerr);
+	rc = sl__dcp_meta_parse(raw, len, meta, &ck->doc);
 	free(raw);
-	if (!ck->doc)
-		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not JSON: %s)", meta, jerr.text);
-	if (!json_is_string(json_object_get(ck->doc, "format")) ||
-	    strcmp(json_string_value(json_object_get(ck->doc, "format")), "sluice-dcp") ||
-	    json_integer_value(json_object_get(ck->doc, "version")) != 1 ||
-	    !json_is_array(json_object_get(ck->doc, "items")) || !json_is_object(json_object_get(ck->doc, "tensors")))
-		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (not sluice-dcp version 1 with tensors and items)",
-			       meta);
-	return 0;
+	return rc;
 }
 
 /* 1 if fqn is one of the document's bytes items (a pickled object, not a tensor). */
@@ -976,6 +958,19 @@ int sluice_ckpt_check(const struct sluice_ckpt *ck)
 {
 	sl__err_clear();
 	return sl_unchanged(ck);
+}
+
+int sluice_dcp_metadata_check(const void *raw, size_t len, const char *path)
+{
+	json_t *doc = NULL;
+	int rc;
+
+	sl__err_clear();
+	if (!raw || !path)
+		return sl__err(-EINVAL, "sluice_dcp_metadata_check: no bytes or no path");
+	rc = sl__dcp_meta_parse(raw, len, path, &doc);
+	json_decref(doc);
+	return rc;
 }
 
 int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluice_xfer_report *rep)

@@ -6,7 +6,8 @@
  * index header are also decoded as records of its schema.  The input is
  * also parsed as a shard header, as a record of a fixed schema, as a
  * safetensors file (its header), as a sharded checkpoint's index (every
- * tensor's file one of its files, each a plain name, names found by search), as a TFRecord file (every record it
+ * tensor's file one of its files, each a plain name, names found by search),
+ * as a sluice.dcp checkpoint's .metadata (checked whole, or refused), as a TFRecord file (every record it
  * accepts lies inside the input, after its header, in order), and as an
  * MDS shard or LitData chunk (offsets rising inside the input), a sample
  * of columns laid out by its first bytes (every column inside it), and an
@@ -19,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "format/format.h"
 
@@ -120,6 +123,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		sl__st_free(&st);
 	}
 
+	/* As a sluice.dcp .metadata: a document, or an error. */
+	json_t *dcp = NULL;
+
+	if (sl__dcp_meta_parse((const char *)data, size, "fuzz", &dcp) == 0 && !json_is_object(dcp))
+		abort();
+	json_decref(dcp);
 	/* As a model.safetensors.index.json: each tensor placed in one of its files, each file a plain name. */
 	struct sl__st_index sx;
 
