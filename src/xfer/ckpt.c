@@ -538,118 +538,43 @@ static int sl_dcp_probe(const char *path)
 	return !sl_st_probe(path);
 }
 
-/* A rank's file name as sluice.dcp writes it: __RANK_SAVE.safetensors (SAVE: 12 hex digits). */
-static int sl_dcp_data_name(const char *n)
-{
-	size_t len = strlen(n), i = 2;
-
-	if (len < 2 + 1 + 1 + 12 + 12 || strncmp(n, "__", 2) || !sl_ends(n, ".safetensors"))
-		return 0;
-	while (n[i] >= '0' && n[i] <= '9')
-		i++;
-	if (i == 2 || n[i] != '_' || len - i - 1 != 12 + 12)
-		return 0;
-	for (size_t j = i + 1; j < i + 13; j++)
-		if (!strchr("0123456789abcdef", n[j]))
-			return 0;
-	return 1;
-}
-
 /*
- * 1 if name is the one sluice.dcp gives a chunk of tensor fqn at offsets off in its rank's file, fqn@O1,O2,...
- * (python/sluice/_dcpmeta.py, item_name): an item stored under any other name is another item's bytes, however
- * alike their places, dtypes and shapes.
+ * Item it of the checked metadata, a chunk of tensor fqn: the tensor its file's header gives the item's name
+ * must be exactly the item (its place, its length, its chunk's dtype and shape); added to the table.
  */
-static int sl_dcp_own_name(const char *name, const char *fqn, json_t *off)
-{
-	size_t n = strlen(fqn), j;
-	const char *p = name + n;
-
-	if (strncmp(name, fqn, n) || *p++ != '@')
-		return 0;
-	for (j = 0; j < json_array_size(off); j++) {
-		json_t *o = json_array_get(off, j);
-		char num[32];
-		int w;
-
-		if (!json_is_integer(o))
-			return 0;
-		w = snprintf(num, sizeof(num), "%s%lld", j ? "," : "", (long long)json_integer_value(o));
-		if (strncmp(p, num, (size_t)w))
-			return 0;
-		p += w;
-	}
-	return *p == '\0';
-}
-
-/* Item it of the metadata, a chunk of tensor fqn: checked against its file's header entry and added. */
 static int sl_dcp_item(struct sluice_ckpt *ck, const char *meta, json_t *tensors, json_t *it, unsigned fi)
 {
-	const char *fqn = json_string_value(json_object_get(it, "fqn")), *name;
-	json_t *off = json_object_get(it, "offset"), *t, *c = NULL, *chunks;
+	const char *fqn = json_string_value(json_object_get(it, "fqn")), *name = json_string_value(json_object_get(it, "name"));
+	json_t *off = json_object_get(it, "offset"), *t = json_object_get(tensors, fqn), *c = NULL, *sizes;
 	const struct sl__st_header *h = &ck->files[fi].h;
 	const struct sl__st_tensor *s = NULL;
 	json_int_t at = json_integer_value(json_object_get(it, "at")),
 		   length = json_integer_value(json_object_get(it, "length"));
+	int dt = sl__st_dtype_find(json_string_value(json_object_get(t, "dtype")), 1), rc;
 	struct sluice_ckpt_tensor *e;
 	uint64_t *chunk;
 	size_t i, j;
-	int dt, rc;
 
-	name = json_string_value(json_object_get(it, "name"));
-	t = json_object_get(tensors, fqn);
-	if (!json_is_object(t) || !json_is_array(off) || !name)
-		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s')", meta, fqn);
-	if (!sl_dcp_own_name(name, fqn, off))
-		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s' is stored as '%s' of %s, another item's name)",
-			       meta, fqn, name, ck->files[fi].path);
-	dt = json_is_string(json_object_get(t, "dtype")) ? sl__st_dtype_find(json_string_value(json_object_get(t, "dtype")), 1)
-							  : -1;
-	chunks = json_object_get(t, "chunks");
-	json_array_foreach(chunks, i, c) {
+	json_array_foreach(json_object_get(t, "chunks"), i, c)
 		if (json_equal(json_object_get(c, "offsets"), off))
 			break;
-	}
-	if (dt < 0 || !json_is_array(chunks) || i == json_array_size(chunks))
-		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no such chunk of a tensor)", meta, fqn);
-	{
-		json_t *size = json_object_get(t, "size"), *sizes = json_object_get(c, "sizes");
-
-		if (!json_is_array(size) || json_array_size(size) != json_array_size(off) ||
-		    json_array_size(sizes) != json_array_size(off))
-			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (tensor '%s': a chunk of another rank)", meta, fqn);
-		for (j = 0; j < json_array_size(off); j++) {
-			json_int_t o = json_integer_value(json_array_get(off, j)), z = json_integer_value(json_array_get(sizes, j)),
-				   full = json_integer_value(json_array_get(size, j));
-
-			if (o < 0 || z < 0 || full < 0 || o > full || z > full - o)
-				return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (tensor '%s': a chunk outside its size)",
-					       meta, fqn);
-		}
-	}
+	sizes = json_object_get(c, "sizes");
 	for (j = 0; j < h->n && strcmp(h->t[j].name, name); j++)
 		;
 	if (j < h->n)
 		s = &h->t[j];
-	/* The item must be exactly one tensor of its file: the one it names, of its chunk's dtype and shape. */
 	if (!s || (json_int_t)(h->data_start + s->begin) != at || (json_int_t)(s->end - s->begin) != length ||
-	    s->dtype != dt || json_array_size(off) != s->ndim ||
-	    json_array_size(json_object_get(c, "sizes")) != s->ndim)
+	    s->dtype != dt || json_array_size(sizes) != s->ndim)
 		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata: item '%s' is not tensor '%s' of %s", meta, fqn, name,
 			       ck->files[fi].path);
 	for (j = 0; j < s->ndim; j++)
-		if ((json_int_t)s->shape[j] != json_integer_value(json_array_get(json_object_get(c, "sizes"), j)))
+		if ((json_int_t)s->shape[j] != json_integer_value(json_array_get(sizes, j)))
 			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata: item '%s' is not tensor '%s' of %s", meta,
 				       fqn, name, ck->files[fi].path);
 	if (!(chunk = calloc(s->ndim ? s->ndim : 1, sizeof(*chunk))) || (rc = sl_keep(ck, chunk)))
 		return -ENOMEM;
-	for (j = 0; j < s->ndim; j++) {
-		json_t *o = json_array_get(off, j);
-
-		if (!json_is_integer(o) || json_integer_value(o) < 0)
-			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': offsets)", meta, fqn);
-		chunk[j] = (uint64_t)json_integer_value(o);
-	}
+	for (j = 0; j < s->ndim; j++)
+		chunk[j] = (uint64_t)json_integer_value(json_array_get(off, j));
 	e = &ck->t[ck->n++];
 	memset(e, 0, sizeof(*e));
 	e->name = fqn; /* in ck->doc */
@@ -678,18 +603,6 @@ static int sl_dcp_doc(struct sluice_ckpt *ck, const char *meta)
 	return rc;
 }
 
-/* 1 if fqn is one of the document's bytes items (a pickled object, not a tensor). */
-static int sl_dcp_is_bytes(json_t *doc, const char *fqn)
-{
-	json_t *b;
-	size_t q;
-
-	json_array_foreach(json_object_get(doc, "bytes"), q, b)
-		if (json_is_string(b) && !strcmp(json_string_value(b), fqn))
-			return 1;
-	return 0;
-}
-
 /* The index in ck->files of the rank file named file, opened (and its header read) the first time. */
 static int sl_dcp_file(struct sluice_ckpt *ck, const char *dir, const char *meta, const char *file, unsigned *fi)
 {
@@ -704,9 +617,8 @@ static int sl_dcp_file(struct sluice_ckpt *ck, const char *dir, const char *meta
 static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 {
 	char *meta = sl_join(dir, strlen(dir), ".metadata");
-	json_t *items, *tensors, *it, *t;
-	size_t i, nitems = 0, chunks = 0;
-	const char *k, *first = NULL;
+	json_t *items, *tensors, *it;
+	size_t i, nitems = 0;
 	int rc;
 
 	if (!meta)
@@ -721,35 +633,19 @@ static int sl_dcp_open(struct sluice_ckpt *ck, const char *dir)
 		return rc;
 	if (!(ck->t = calloc(json_array_size(items) + 1, sizeof(*ck->t))))
 		return -ENOMEM;
+	/* The document is checked whole (format/dcp.c): every chunk stored once, each item under its own name, in
+	 * files of one save.  Each chunk item is checked here against its file's header. */
 	json_array_foreach(items, i, it) {
-		const char *file = json_string_value(json_object_get(it, "file")),
-			   *fqn = json_string_value(json_object_get(it, "fqn"));
+		const char *file = json_string_value(json_object_get(it, "file"));
+		json_t *off = json_object_get(it, "offset");
 		unsigned fi;
 
-		if (!json_is_object(it) || !file || !sl_dcp_data_name(file) || !fqn ||
-		    !json_is_integer(json_object_get(it, "at")) || !json_is_integer(json_object_get(it, "length")))
-			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item %zu)", meta, i);
-		/* Every file of one save (its mark follows the name's last '_'): no item read from another save's file. */
-		if (!first)
-			first = file;
-		else if (strncmp(strrchr(first, '_'), strrchr(file, '_'), 13))
-			return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (items stored in files of two saves, %s and %s)",
-				       meta, first, file);
-		if (json_is_null(json_object_get(it, "offset")) || !json_object_get(it, "offset")) {
-			if (!sl_dcp_is_bytes(ck->doc, fqn))
-				return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (item '%s': no chunk offsets, and not bytes)",
-					       meta, fqn);
+		if (!off || json_is_null(off))
 			continue; /* bytes (a pickled object), not a tensor */
-		}
 		if ((rc = sl_dcp_file(ck, dir, meta, file, &fi)) || (rc = sl_dcp_item(ck, meta, tensors, it, fi)))
 			return rc;
 		nitems++;
 	}
-	/* Items are unique (sl_unique) and each is a chunk: as many as the chunks, every chunk is stored. */
-	json_object_foreach(tensors, k, t)
-		chunks += json_array_size(json_object_get(t, "chunks"));
-	if (chunks != nitems)
-		return sl__err(SLUICE_EFORMAT, "%s: damaged metadata (%zu chunks, %zu items store them)", meta, chunks, nitems);
 	return nitems ? 0 : sl__err(-ENOENT, "%s: the checkpoint holds no tensor", meta);
 }
 
