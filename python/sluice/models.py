@@ -193,7 +193,14 @@ class _Conversion:
                 new, pattern = k, None
             if new not in meta:
                 self.table[k] = table[k]  # unexpected, under its own name
-            elif pattern is None:
+                continue
+            other = self.plain.get(new) or (self.groups[new][1][0][1] if new in self.groups else None)
+            if other is not None and (pattern is None or new in self.plain):
+                # Two stored tensors that are one of the model's (a fused tensor beside its per-expert parts, a
+                # name beside its old one): which is meant is not the reader's guess.
+                raise ValueError(f"sluice.from_pretrained: tensors '{other}' and '{k}' of the checkpoint are both "
+                                 f"the model's '{new}' by transformers' rules for it (which is meant?)")
+            if pattern is None:
                 self.plain[new] = k
                 self.table[new] = table[k]
             else:
@@ -205,8 +212,16 @@ class _Conversion:
                 raise ValueError(f"sluice.from_pretrained: {name} is converted from tensors of dtypes "
                                  f"{sorted(dts)}: one dtype torch has is needed")
             (dt,) = dts
-            made = self._made(name, lambda k: torch.empty(table[k][1], dtype=getattr(torch, DT[table[k][0]][1]),
-                                                          device="meta"))
+            try:  # the shape it will have, planned on meta tensors
+                made = self._made(name, lambda k: torch.empty(table[k][1], dtype=getattr(torch, DT[table[k][0]][1]),
+                                                              device="meta"))
+            except (RuntimeError, ValueError, IndexError) as e:
+                parts = self.groups[name][1]
+                raise ValueError(f"sluice.from_pretrained: the model's '{name}' cannot be made of the checkpoint's "
+                                 f"{len(parts)} tensors transformers' rules make it of ("
+                                 + ", ".join(f"'{k}' {list(table[k][1])}" for _, k in parts[:6])
+                                 + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
+                                 + f"): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
             self.table[name] = (dt, tuple(made.shape))
 
     def _made(self, name, get):

@@ -22,8 +22,18 @@ int sl__err(int code, const char *fmt, ...)
 	vsnprintf(tmp, sizeof(tmp), fmt, ap);
 	va_end(ap);
 	sl__redact_urls(tmp, sizeof(tmp));
-	n = strnlen(tmp, sizeof(sl_detail) - 1); /* cut to the detail's size */
-	memcpy(sl_detail, tmp, n);
+	/* A control byte (a name from a file, an index, a server) as \xHH: no escape sequence reaches a terminal. */
+	n = 0;
+	for (const char *p = tmp; *p && n + 1 < sizeof(sl_detail); p++) {
+		unsigned char c = (unsigned char)*p;
+
+		if (c >= 0x20 && c != 0x7f)
+			sl_detail[n++] = (char)c;
+		else if (n + 4 < sizeof(sl_detail))
+			n += (size_t)snprintf(sl_detail + n, sizeof(sl_detail) - n, "\\x%02x", c);
+		else
+			break;
+	}
 	sl_detail[n] = '\0';
 	sl__debug("core", "error %d (%s): %s", code, sluice_strerror(code), sl_detail);
 	return code;

@@ -340,6 +340,37 @@ static int sl_index_check(struct sluice_ckpt *ck, const char *path, const struct
  * opened in its files' order (file i of ck is the index's file i); exactly the tensors it names, each from the
  * file it names.
  */
+/*
+ * An index over http(s) names files, its URLs name them percent-encoded (RFC 3986: all but unreserved bytes as
+ * %XX; the names hold no '%', sl__st_index_parse checked): each of ix's files so, in place.
+ */
+static int sl_web_names(struct sl__st_index *ix)
+{
+	static const char hex[] = "0123456789ABCDEF";
+
+	for (size_t i = 0; i < ix->nfiles; i++) {
+		const unsigned char *n = (const unsigned char *)ix->files[i];
+		char *e = malloc(3 * strlen(ix->files[i]) + 1), *o = e;
+
+		if (!e)
+			return -ENOMEM;
+		for (; *n; n++) {
+			if ((*n >= 'A' && *n <= 'Z') || (*n >= 'a' && *n <= 'z') || (*n >= '0' && *n <= '9') ||
+			    strchr("-._~", *n)) {
+				*o++ = (char)*n;
+				continue;
+			}
+			*o++ = '%';
+			*o++ = hex[*n >> 4];
+			*o++ = hex[*n & 15];
+		}
+		*o = '\0';
+		free(ix->files[i]);
+		ix->files[i] = e;
+	}
+	return 0;
+}
+
 static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, size_t len)
 {
 	const char *slash = strrchr(path, '/');
@@ -348,7 +379,10 @@ static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, s
 
 	if (rc)
 		return rc;
-	rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, ix.files, ix.nfiles);
+	if (!strncmp(path, "http://", 7) || !strncmp(path, "https://", 8))
+		rc = sl_web_names(&ix);
+	if (!rc)
+		rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, ix.files, ix.nfiles);
 	for (unsigned i = 0; !rc && i < ck->nfiles; i++)
 		rc = sl_add_file(ck, i, &ix, (long)i);
 	if (!rc)

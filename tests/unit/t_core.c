@@ -31,6 +31,11 @@ static void t_errors(void)
 	/* Wrapping the current detail in a new one. */
 	sl__err(SLUICE_ERANGE, "outer: %s", sluice_last_error_detail());
 	T_CHECK(!strcmp(sluice_last_error_detail(), "outer: file x.bin"));
+	/* A name of control bytes (an index's, a server's) shows escaped, and stays so wrapped again; UTF-8 stays. */
+	sl__err(SLUICE_EFORMAT, "'%s'", "\x1b]0;pwned\x07/\x7f\xc3\xa9");
+	T_CHECK(!strcmp(sluice_last_error_detail(), "'\\x1b]0;pwned\\x07/\\x7f\xc3\xa9'"));
+	sl__err(SLUICE_EFORMAT, "again: %s", sluice_last_error_detail());
+	T_CHECK(!strcmp(sluice_last_error_detail(), "again: '\\x1b]0;pwned\\x07/\\x7f\xc3\xa9'"));
 }
 
 /*
