@@ -232,6 +232,9 @@ static int sl_open_files(struct sluice_ckpt *ck, const char *const *paths, size_
 	sl__fanout(n < SL_CKPT_OPENERS ? (unsigned)n : SL_CKPT_OPENERS, sl_open_some, &o);
 	rc = sl__first_err_raise(&o.fe);
 	sl__first_err_fini(&o.fe);
+	if (rc == -EMFILE || rc == -ENFILE)
+		rc = sl__err(rc, "%s (a checkpoint's %zu files stay open from its open to its load's end: raise the limit "
+				 "on open files, ulimit -n)", sluice_last_error_detail(), n);
 	return rc;
 }
 

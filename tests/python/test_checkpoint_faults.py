@@ -587,3 +587,18 @@ def test_a_device_that_needs_torch_says_so(tmp_path):
     sluice.save({"x": np.ones(4, np.float32)}, str(tmp_path / "ck.safetensors"))
     with pytest.raises(ValueError, match="device='tpu' needs torch"):
         sluice.load(str(tmp_path / "ck.safetensors"), device="tpu")
+
+
+def test_more_files_than_may_be_open_is_an_error_saying_so(tmp_path):
+    """Every file of a checkpoint stays open from its open to its load's end: past the process's limit on open
+    files, the error names the file, the count and the limit to raise (in a child process, its limit lowered)."""
+    d = str(tmp_path / "ck")
+    sluice.save({f"t{i}": np.full(2, i, np.float32) for i in range(300)}, d, max_shard_size=8)
+    code = ("import resource, sys, sluice\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))\n"
+            "try:\n    sluice.load(sys.argv[1], device='numpy')\nexcept sluice.SluiceError as e:\n"
+            "    print(e); sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert "Too many open files" in r.stdout and "300 files stay open" in r.stdout and "ulimit -n" in r.stdout
+    assert ".safetensors" in r.stdout
