@@ -241,19 +241,20 @@ class _Conversion:
         return sorted({k for n in names for k in ([self.plain[n]] if n in self.plain else
                                                   [k for _, k in self.groups[n][1]] if n in self.groups else [])})
 
-    def read(self, read, names):
-        """{model's name: tensor} of names, read(checkpoint names) -> {name: tensor} called once for the plain
-        ones and once for each batch of converted ones (their sources freed when the batch is made)."""
+    def read(self, read, names, dev_of):
+        """{model's name: tensor} of names, each on its device dev_of[name]: read(checkpoint names, device) ->
+        {name: tensor} called once a device for the plain ones and once for each batch of converted ones (their
+        sources freed when the batch is made)."""
         plain = [n for n in names if n in self.plain]
-        got = read([self.plain[n] for n in plain]) if plain else {}
+        got = _read_each(read, [self.plain[n] for n in plain], {self.plain[n]: dev_of[n] for n in plain}, False)
         out = {n: got[self.plain[n]] for n in plain}
         batch, size = [], 0
-        todo = [n for n in names if n in self.groups]
+        todo = sorted((n for n in names if n in self.groups), key=lambda n: str(dev_of[n]))
         for i, n in enumerate(todo):
             batch.append(n)
             size += sum(math.prod(self.source[k][1]) for _, k in self.groups[n][1])
-            if size >= _CONVERT_BATCH or i == len(todo) - 1:
-                src = read([k for m in batch for _, k in self.groups[m][1]])
+            if size >= _CONVERT_BATCH or i == len(todo) - 1 or dev_of[todo[i + 1]] != dev_of[n]:
+                src = read([k for m in batch for _, k in self.groups[m][1]], dev_of[n])
                 for m in batch:
                     out[m] = self._made(m, src.__getitem__)
                 del src
@@ -333,14 +334,34 @@ def _differences(source, rules, missing, unexpected):
                 "rules, load_model takes the names as they are)") if missing and unexpected else "") + rules.about)
 
 
-def _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp=None):
-    """load_model under rules; ckp: the checkpoint open (an _Open), where the caller has opened it already."""
+def _read_each(read, keys, dev_of, together):
+    """{name: tensor} of keys, read(keys of one device, that device) for each device they are placed on; the
+    devices' reads at once where together (each its own batched read onto its device), else one after another."""
+    groups = {}
+    for k in keys:
+        groups.setdefault(dev_of[k], []).append(k)
+    if len(groups) < 2 or not together:
+        return {k: v for dev, ks in groups.items() for k, v in read(ks, dev).items()}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(groups)) as ex:
+        parts = list(ex.map(lambda g: read(g[1], g[0]), groups.items()))
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp=None, placed=None):
+    """load_model under rules; ckp: the checkpoint open (an _Open), where the caller has opened it already;
+    placed: None (every tensor on device), or {state_dict or buffer name: device} (a device map expanded), the
+    tensors of each device read as one batched read onto it, the devices' reads at once."""
     if ckp is None:
         with _Open(_sources(source, variant)) as ckp:
-            return _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp)
+            return _load(model, source, device, dtype, strict, variant, report, process_group, rules, ckp, placed)
+    import threading
     import torch
     dtype = _torch_dtype(torch, dtype)
     device = torch.device(device)
+
+    def where(names):
+        return torch.device(placed.get(names[0], device)) if placed else device
     if callable(getattr(model, "tie_weights", None)):
         model.tie_weights()  # transformers' ties (accelerate's init_empty_weights makes each name its own)
     table = ckp.listing()
@@ -361,19 +382,21 @@ def _load(model, source, device, dtype, strict, variant, report, process_group, 
         level = logging.INFO if rules.quiet_unexpected and not missing else logging.WARNING
         _log.log(level, "%s", _differences(source, rules, missing, unexpected))
     computed = _computed(model, {n for _, names, *_ in plan for n in names}, rules.who)
-    rep = {}
+    rep, lock = {}, threading.Lock()
 
-    def read(keys):
+    def read(keys, dev):
         r = {}
-        got = _load_from(ckp, source, device=str(device), keys=keys, report=r, process_group=process_group,
+        got = _load_from(ckp, source, device=str(dev), keys=keys, report=r, process_group=process_group,
                          variant=variant)
-        for f, v in r.items():  # the reads' figures added up
-            rep[f] = rep.get(f, 0) + v if isinstance(v, (int, float)) and f != "files" else v
+        with lock:
+            for f, v in r.items():  # the reads' figures added up
+                rep[f] = rep.get(f, 0) + v if isinstance(v, (int, float)) and f != "files" else v
         return got
+    dev_of = {k: where(names) for _, names, keys, *_ in plan for k in keys}  # the model's name: its device
     if conv is None:
-        got = read(sorted(used)) if used else {}
+        got = _read_each(read, sorted(used), dev_of, process_group is None)
     else:
-        got = conv.read(read, sorted(used))
+        got = conv.read(read, sorted(used), dev_of)
     for t, names, keys, want, _ in plan:  # what was read against what was checked, before the model changes
         for k in keys:
             v = got.get(k)
@@ -384,8 +407,8 @@ def _load(model, source, device, dtype, strict, variant, report, process_group, 
     untied = []
     for t, names, keys, want, key in plan:
         if not keys:
-            _fill(torch, model, t, names, t.to(device, want) if t.device.type != "meta"
-                  else torch.zeros(t.shape, dtype=want, device=device))
+            _fill(torch, model, t, names, t.to(where(names), want) if t.device.type != "meta"
+                  else torch.zeros(t.shape, dtype=want, device=where(names)))
             continue
         values = {k: got[k].to(want) for k in keys}
         if rules.untie and len(keys) > 1 and not all(torch.equal(values[keys[0]], v) for v in values.values()):
@@ -400,7 +423,7 @@ def _load(model, source, device, dtype, strict, variant, report, process_group, 
             _fill(torch, model, t, names, values[keys[0]])
     for b, names in computed.values():
         for n in names:
-            _set(model, n, b.to(device))
+            _set(model, n, b.to(where([n])))
     if report is not None:
         report.update(rep, missing_keys=missing, unexpected_keys=unexpected, untied=untied)
     return model
@@ -673,8 +696,32 @@ def _generation_config(transformers, version, model, source, doc):
     model.generation_config = got
 
 
+def _device_map(transformers, model, device_map):
+    """({name: device} of every tensor and buffer of the model, the map transformers would dispatch or None) of
+    a device_map as transformers' from_pretrained takes it (a dict of module names, "auto", "balanced",
+    "balanced_low_0", "sequential", a device), placed by transformers' own functions (accelerate's for "auto")."""
+    try:
+        from transformers.integrations.accelerate import (_get_device_map, check_and_set_device_map,
+                                                          expand_device_map)
+    except ImportError:
+        raise ValueError(f"sluice.from_pretrained: device_map= needs transformers 5 (this is "
+                         f"{transformers.__version__}): pass device= or load with transformers") from None
+    try:
+        dm = _get_device_map(model, check_and_set_device_map(device_map), None, None)
+    except ImportError as e:
+        raise ValueError(f"sluice.from_pretrained: device_map={device_map!r} needs accelerate ({e}): "
+                         f"pip install accelerate") from None
+    if not isinstance(dm, dict):
+        raise ValueError(f"sluice.from_pretrained: device_map={device_map!r} is no device map")
+    if any(d == "disk" for d in dm.values()):
+        raise ValueError(f"sluice.from_pretrained: device_map={device_map!r} offloads to disk, which sluice does "
+                         f"not: load with transformers")
+    names = list(model.state_dict()) + [n for n, _ in model.named_buffers(remove_duplicate=False)]
+    return expand_device_map(dm, names), (dm if len({str(d) for d in dm.values()}) > 1 else None)
+
+
 def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=True, variant=None, report=None,
-                    process_group=None, **kwargs):
+                    process_group=None, device_map=None, **kwargs):
     """A transformers model ready on device (for its first forward, in eval mode) from source: a directory, or
     an s3:// or http(s):// prefix ending in /, that holds config.json and the safetensors checkpoint (its index,
     else its files, as sluice.load finds them), and generation_config.json where the model generates.
@@ -699,8 +746,13 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
     conversion mapping): renamed tensors (GPT-NeoX's embed_out as lm_head, old checkpoints' gamma and beta) are
     read into place; converted ones (the per-expert weights of Mixtral, Qwen2-MoE, Qwen3-MoE and the models that
     share their layout, stacked into fused experts) are made by transformers' own operations from what sluice
-    reads, a few GB of sources at a time.  Not handled: remote code, quantized checkpoints and device maps over
-    several devices: load those with transformers."""
+    reads, a few GB of sources at a time.
+    device_map: as transformers' from_pretrained takes it (a dict of module names to devices, "auto" and the
+    other names accelerate fills, transformers 5 and accelerate needed for those): each tensor goes where
+    transformers' own functions place it, the tensors of each device read as one batched read onto it, the
+    devices' reads at once; over several devices the model gets accelerate's hooks, as transformers gives it.
+    Offloading to disk is refused.  Not handled: remote code and quantized checkpoints: load those with
+    transformers."""
     import torch
     transformers, version = _transformers()
     source = os.fspath(source)
@@ -750,7 +802,11 @@ def from_pretrained(source, model_class=None, device="cuda", dtype=None, strict=
 
         model = _from_doc(path, doc, build, f"transformers {transformers.__version__}'s {model_class.__name__}")
         _keep_fp32(torch, model, dtype)
+        placed, dispatch = _device_map(transformers, model, device_map) if device_map is not None else (None, None)
         _load(model, source, device, None, strict, variant, report, process_group,
-              _hf_rules(model, version, path, doc), ckp)
+              _hf_rules(model, version, path, doc), ckp, placed)
+    if dispatch is not None:  # several devices: accelerate's hooks move each module's inputs, as transformers does
+        from transformers.integrations.accelerate import accelerate_dispatch
+        accelerate_dispatch(model, None, dispatch, None, None, False)
     _generation_config(transformers, version, model, source, doc)
     return model.eval()

@@ -3,6 +3,7 @@ with tied weights (GPT-2's lm_head is its embedding) and gives the same logits; 
 is what from_pretrained reads.  The models are made from small configs (no download).  Skipped, and said so,
 without torch and transformers (the CPU machine); the GPU machine has both."""
 import importlib
+import importlib.util
 import json
 import os
 
@@ -410,3 +411,57 @@ def test_a_tensor_in_two_files_of_an_index_is_an_error_naming_both(tmp_path):
         sluice.from_pretrained(str(tmp_path / "m"), device="cpu")
     assert f"'{name}'" in str(e.value) and files[0] in str(e.value) and files[-1] in str(e.value), e.value
     assert "model.safetensors.index.json" in str(e.value)
+
+
+def _device_maps(transformers):
+    if importlib.util.find_spec("transformers.integrations.accelerate") is None or \
+            transformers.__version__.startswith("4."):
+        pytest.skip("device_map= needs transformers 5")
+    pytest.importorskip("accelerate")
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_a_device_map_places_each_module_as_transformers_does(tmp_path, arch):
+    """A dict of module names and "auto" (accelerate's, here over this machine's devices): every parameter on the
+    device transformers' from_pretrained puts it, the same model and logits; one batched read a device."""
+    _device_maps(transformers)
+    cls, d = _saved(tmp_path, arch)
+    gpus = torch.cuda.device_count()
+    dev = (lambda i: i % gpus) if gpus else (lambda i: "cpu")
+    maps = ["auto", {"model.embed_tokens": dev(0), "model.layers.0": dev(0), "model.layers.1": dev(1),
+                     "model.norm": dev(1), "model.rotary_emb": dev(1), "lm_head": dev(1)}]
+    for device_map in maps:
+        theirs = cls.from_pretrained(d, device_map=device_map).eval()
+        rep = {}
+        mine = sluice.from_pretrained(d, device_map=device_map, report=rep)
+        want = {n: p.device for n, p in theirs.named_parameters()}
+        assert {n: p.device for n, p in mine.named_parameters()} == want
+        assert {n: b.device for n, b in mine.named_buffers()} == {n: b.device for n, b in theirs.named_buffers()}
+        ids = torch.randint(3, 101, (2, 6), device=next(iter(want.values())))
+        with torch.no_grad():
+            assert torch.equal(_outputs(mine, ids).cpu(), _outputs(theirs, ids).cpu())
+
+
+def test_a_device_map_reads_each_device_once(tmp_path, monkeypatch):
+    """Two modules' maps to devices: one read a device, each of exactly its tensors (CPU-only: both "cpu", one
+    read)."""
+    import sluice.models as models
+    _device_maps(transformers)
+    cls, d = _saved(tmp_path, "llama")
+    gpus = torch.cuda.device_count()
+    devs = ["cuda:0", "cuda:1"] if gpus >= 2 else ["cpu", "cpu"]
+    reads, real = [], models._load_from
+    monkeypatch.setattr(models, "_load_from", lambda *a, **k: reads.append((k["device"], len(k["keys"]))) or
+                        real(*a, **k))
+    device_map = {"model.embed_tokens": devs[0], "model.layers.0": devs[0], "": devs[1]}
+    mine = sluice.from_pretrained(d, device_map=device_map)
+    assert sorted({dev for dev, _ in reads}) == sorted(set(devs)) and len(reads) == len(set(devs))
+    assert sum(n for _, n in reads) == len(sluice.checkpoint._listing(d))
+    assert str(mine.model.layers[1].mlp.up_proj.weight.device) == devs[1]
+
+
+def test_a_device_map_that_offloads_to_disk_is_refused(tmp_path):
+    _device_maps(transformers)
+    cls, d = _saved(tmp_path, "llama")
+    with pytest.raises(ValueError, match="offloads to disk, which sluice does not"):
+        sluice.from_pretrained(d, device_map={"model": "cpu", "lm_head": "disk"})
