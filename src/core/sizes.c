@@ -99,6 +99,7 @@ size_t sluice_sizeof(const char *name)
 		SL_SIZE(sluice_packer_options),
 		SL_SIZE(sluice_packed_row),
 		SL_SIZE(sluice_checkpoint_report),
+		SL_SIZE(sluice_ckpt_tensor),
 		SL_SIZE(sluice_check),
 		SL_SIZE(sluice_loader_figures),
 		SL_SIZE(sluice_gpu_sample),

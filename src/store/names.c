@@ -40,6 +40,11 @@ int sl__fs_is_local(const char *path)
 	return !!(sl__store_of(path)->caps & SL_STORE_LOCAL);
 }
 
+int sl__fs_url_names(const char *path)
+{
+	return !!(sl__store_of(path)->caps & SL_STORE_URL_NAMES);
+}
+
 void sl__trim_slashes(char *path)
 {
 	for (size_t l = path ? strlen(path) : 0; l > 1 && path[l - 1] == '/' && path[l - 2] != '/'; l--)

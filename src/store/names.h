@@ -35,6 +35,8 @@ SL_HIDDEN int sl__fs_local(const char *path, char tag[SL_TAG_MAX], char *local, 
 SL_HIDDEN int sl__fs_version(const char *path, char tag[SL_TAG_MAX]);
 SL_HIDDEN void sl__fs_local_tag(const struct stat *st, char tag[SL_TAG_MAX]);
 SL_HIDDEN int sl__fs_is_local(const char *path);
+/* 1 where path's store names files by URLs (http(s)): a file's name in its path is percent-encoded. */
+SL_HIDDEN int sl__fs_url_names(const char *path);
 /* A remote name's trailing slashes cut (never a scheme's "//"): "s3://b/p/" and "s3://b/p" are one directory. */
 SL_HIDDEN void sl__trim_slashes(char *path);
 /*

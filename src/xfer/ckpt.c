@@ -344,7 +344,7 @@ static int sl_index_check(struct sluice_ckpt *ck, const char *path, const struct
  * file it names.
  */
 /*
- * An index over http(s) names files, its URLs name them percent-encoded (RFC 3986: all but unreserved bytes as
+ * An index of a store whose paths are URLs (http(s)) names files, its URLs name them percent-encoded (RFC 3986: all but unreserved bytes as
  * %XX; the names hold no '%', sl__st_index_parse checked): each of ix's files so, in place.
  */
 static int sl_web_names(struct sl__st_index *ix)
@@ -382,7 +382,7 @@ static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, s
 
 	if (rc)
 		return rc;
-	if (!strncmp(path, "http://", 7) || !strncmp(path, "https://", 8))
+	if (sl__fs_url_names(path))
 		rc = sl_web_names(&ix);
 	if (!rc)
 		rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, ix.files, ix.nfiles);

@@ -264,7 +264,8 @@ def test_ctypes_layouts_match_the_library():
              "PackReport": "sluice_pack_report", "Range": "sluice_range", "S3Object": "sluice_s3_object",
              "MachineSample": "sluice_machine_sample", "CpuTimes": "sluice_cpu_times",
              "DiskCounters": "sluice_disk_counters", "NicCounters": "sluice_nic_counters",
-             "ProcCounters": "sluice_proc_counters", "GpuSample": "sluice_gpu_sample"}
+             "ProcCounters": "sluice_proc_counters", "GpuSample": "sluice_gpu_sample",
+             "CkptTensor": "sluice_ckpt_tensor"}
     structs = {k for k, v in vars(_lib).items()
                if isinstance(v, type) and issubclass(v, ctypes.Structure) and not k.startswith("_")}
     assert structs == set(names), sorted(structs ^ set(names))
