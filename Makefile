@@ -47,8 +47,8 @@ test: venv
 
 test-tsan: venv
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_TSAN=ON -DSLUICE_PYTHON=$(PYTHON) >/dev/null
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_dsbatch t_loader t_s3 t_copy
-	cd $(TSAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -R 't_io|t_checkpoint|t_dsbatch|t_loader|t_s3_server|t_copy'
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target t_io_psync t_checkpoint t_ckpt t_dsbatch t_loader t_s3 t_copy
+	cd $(TSAN_BUILD) && SLUICE_CONFIG= ctest --output-on-failure -R 't_io|t_checkpoint|t_ckpt|t_dsbatch|t_loader|t_s3_server|t_copy'
 
 # The Python package (python/sluice) against the plain build's libsluice.so; GPU tests skip without a GPU.
 # The wheel too (tests/python/test_wheel.py): installed into an environment of its own, run from there, and in
