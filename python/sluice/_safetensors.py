@@ -1,8 +1,9 @@
 """The safetensors layout (https://github.com/huggingface/safetensors): an unsigned 64-bit little-endian header
 length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
-then the data; offsets are relative to the end of the header.  Its dtypes, a header read (checked by the
-library's one parser, the one sluice_ckpt_open uses), and the header written.  A sharded checkpoint adds model.safetensors.index.json:
-{"metadata": {"total_size": bytes}, "weight_map": {name: file}}, as Hugging Face tools write and read it.
+then the data; offsets are relative to the end of the header.  Its dtypes and the header written (headers are
+read and checked by the library alone: sluice_ckpt_open and sluice_ckpt_open_files).  A sharded checkpoint adds
+model.safetensors.index.json: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}, as Hugging Face
+tools write and read it.
 """
 import ctypes as C
 import json
@@ -119,29 +120,6 @@ def read_small(path, limit=SMALL_MAX, what="an index or a metadata file"):
         return pread(f, 0, size)
     finally:
         lib.sluice_file_close(f)
-
-
-def read_header(path, f=None):
-    """(header dict, data start) of a safetensors file, read through the open handle f (path's; opened and closed
-    here if None) and checked by the library (sluice_st_header_read), as sluice_ckpt_open checks every file: a
-    JSON object of tensors {dtype, shape, data_offsets} (no name twice) and an optional __metadata__ of strings;
-    every dtype one of the specification's; shapes of non-negative integers whose element count fits 64 bits and
-    fills whole bytes; the tensors' byte ranges, in offset order, tiling the data from its start to the end of the
-    file (no overlap, no gap, no trailing byte).  Every fault is a SluiceError naming the file and what is wrong."""
-    if f is None:
-        f = open_file(path, 0)
-        try:
-            return read_header(path, f)
-        finally:
-            lib.sluice_file_close(f)
-    h = C.c_void_p()
-    check(lib.sluice_st_header_read(C.byref(h), f, shown(path).encode()))
-    try:
-        n = C.c_size_t()
-        raw = C.string_at(lib.sluice_st_header_json(h, C.byref(n)), n.value)
-        return json.loads(raw), lib.sluice_st_header_data_start(h)
-    finally:
-        lib.sluice_st_header_free(h)
 
 
 DATA_ALIGN = 4096  # where the data of a file sluice writes starts: O_DIRECT writes (and reads) from byte one

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import sluice
+from st_header import read_header
 from conftest import run_ranks
 
 
@@ -90,8 +91,8 @@ def test_zero_dimensional_arrays_keep_their_shape(tmp_path):
     t = {"step": np.array(7, np.int64), "lr": np.float32(0.5), "mask": np.array(True), "v": np.arange(3, dtype=np.int16)}
     sluice.save(t, str(tmp_path / "ours.safetensors"))
     st.save_file({k: np.asarray(v) for k, v in t.items()}, str(tmp_path / "theirs.safetensors"))
-    ours, _ = sluice._safetensors.read_header(str(tmp_path / "ours.safetensors"))
-    theirs, _ = sluice._safetensors.read_header(str(tmp_path / "theirs.safetensors"))
+    ours, _ = read_header(str(tmp_path / "ours.safetensors"))
+    theirs, _ = read_header(str(tmp_path / "theirs.safetensors"))
     assert {k: ours[k]["shape"] for k in t} == {k: theirs[k]["shape"] for k in t} == {
         "step": [], "lr": [], "mask": [], "v": [3]}
     for back in (st.load_file(str(tmp_path / "ours.safetensors")),
@@ -210,7 +211,7 @@ def test_sharded_save_writes_what_hugging_face_reads(tmp_path):
     assert set(idx["weight_map"]) == set(t) and set(idx["weight_map"].values()) == set(files)
     assert idx["metadata"]["total_size"] == sum(a.nbytes for a in t.values())
     for f in files:
-        h, _ = sluice._safetensors.read_header(str(tmp_path / "ck" / f))
+        h, _ = read_header(str(tmp_path / "ck" / f))
         held = [k for k in h if k != "__metadata__"]
         assert all(idx["weight_map"][k] == f for k in held)
         size = sum(t[k].nbytes for k in held)

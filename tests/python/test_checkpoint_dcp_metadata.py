@@ -13,7 +13,7 @@ import pytest
 import sluice
 from sluice import _dcpmeta as dm
 from sluice import checkpoint
-from sluice._safetensors import read_header
+from st_header import read_header
 
 
 def doc():

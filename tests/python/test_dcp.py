@@ -224,7 +224,7 @@ def _replace_bytes(ck, items):
     import json
     import numpy as np
     from sluice import _dcpmeta as dm
-    from sluice._safetensors import read_header
+    from st_header import read_header
     data = next(ck / n for n in os.listdir(ck) if n.endswith(".safetensors"))
     t = sluice.load(str(data), device="numpy")
     t.update({k: np.frombuffer(v, np.uint8) for k, v in items.items()})

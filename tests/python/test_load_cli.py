@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sluice
-from sluice._safetensors import read_header
+from st_header import read_header
 from conftest import SLUICE
 
 

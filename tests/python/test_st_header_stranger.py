@@ -19,6 +19,7 @@ import pytest
 import sluice
 from sluice import checkpoint
 from sluice import _safetensors as st
+from st_header import read_header
 from sluice._lib import lib
 
 import webserver
@@ -48,7 +49,7 @@ def _refused(fn, path, *words):
 
 def _all_refuse(path, *words):
     """read_header, load and _listing all refuse path with a message naming it and holding words."""
-    for fn in (st.read_header, lambda p: sluice.load(p, device="numpy"), checkpoint._listing):
+    for fn in (read_header, lambda p: sluice.load(p, device="numpy"), checkpoint._listing):
         _refused(fn, path, *words)
 
 
@@ -58,7 +59,8 @@ def _cli(*args, timeout=20):
 
 def _child(code, timeout=30):
     """Runs code in a fresh Python (a crash there is a return code, not a dead test run)."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"),
+                                                       os.path.dirname(os.path.abspath(__file__))]))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
@@ -95,7 +97,7 @@ def test_length_zero_and_empty_object(tmp_path):
     p.write_bytes(bytes(8))
     _all_refuse(str(p), "header is not JSON")
     q = _st(tmp_path / "empty.safetensors", raw=b"{}")
-    assert st.read_header(q) == ({}, 10) and sluice.load(q, device="numpy") == {}
+    assert read_header(q) == ({}, 10) and sluice.load(q, device="numpy") == {}
 
 
 def test_torch_save_files_are_named_as_such(tmp_path):
@@ -112,7 +114,7 @@ def test_header_of_exactly_100_mib_loads(tmp_path):
     """A header of exactly 100 MiB (the bound) is read whole and the data after it is right."""
     n = 100 << 20
     p = _st(tmp_path / "big.safetensors", raw=ONE + b" " * (n - len(ONE)), data=b"xyz")
-    h, start = st.read_header(p)
+    h, start = read_header(p)
     assert start == 8 + n and h == json.loads(ONE)
     assert bytes(sluice.load(p, device="numpy")["a"]) == b"xyz"
 
@@ -134,7 +136,7 @@ def test_header_just_over_100_mib_is_refused(tmp_path):
 
 def test_header_over_the_bound_names_the_bound(tmp_path):
     """The refusal of a header over 100 MiB says that is the bound."""
-    msg = _refused(st.read_header, _just_over(tmp_path))
+    msg = _refused(read_header, _just_over(tmp_path))
     assert "104857600" in msg or "100 MiB" in msg, msg
 
 
@@ -144,7 +146,7 @@ def test_headers_around_the_first_read(tmp_path, n):
     data = bytes(range(256)) * 3
     hj = b'{"a":{"dtype":"U8","shape":[768],"data_offsets":[0,768]}}'
     p = _st(tmp_path / "h.safetensors", raw=hj + b" " * (n - len(hj)), data=data)
-    assert st.read_header(p)[1] == 8 + n
+    assert read_header(p)[1] == 8 + n
     assert bytes(sluice.load(p, device="numpy")["a"]) == data
     assert checkpoint._listing(p) == {"a": ("U8", (768,))}
 
@@ -168,7 +170,7 @@ def test_special_files_are_refused(tmp_path, which):
         p.symlink_to(tmp_path / "nowhere")
     else:
         p.symlink_to(p)
-    _refused(st.read_header, str(p), words)
+    _refused(read_header, str(p), words)
     if which != "dir":  # a directory is a checkpoint directory to load: refused as holding no files
         _refused(lambda q: sluice.load(q, device="numpy"), str(p), words)
     r = _cli("--list", "--host", str(p))
@@ -182,7 +184,8 @@ def test_fifo_is_refused_without_hanging(tmp_path):
     r = _child(f"""
         import sluice
         from sluice import _safetensors as st, checkpoint
-        for fn in (st.read_header, lambda p: sluice.load(p, device="numpy"), checkpoint._listing):
+        from st_header import read_header
+        for fn in (read_header, lambda p: sluice.load(p, device="numpy"), checkpoint._listing):
             try:
                 fn({str(p)!r})
                 print("LOADED")
@@ -282,7 +285,7 @@ def test_strange_but_valid_names_and_shapes_load_right(tmp_path):
               "__metadata__": {"k": "v\u00e9"}}
     data = b"ABCDE" + np.float32(2.5).tobytes()
     p = _st(tmp_path / "odd.safetensors", header, data)
-    h, start = st.read_header(p)
+    h, start = read_header(p)
     assert h == header and start == os.path.getsize(p) - len(data)
     got = sluice.load(p, device="numpy")
     assert bytes(got[""]) == b"A" and bytes(got[long]) == b"B" and bytes(got["a\U0001F600"]) == b"C"
@@ -340,6 +343,7 @@ def test_huge_dims_before_a_zero_are_refused(tmp_path):
 CUT_AFTER_OPEN = """
     import json, os, struct, sluice
     from sluice import _safetensors as st
+    from st_header import read_header
     from sluice._lib import lib
     p, hdrlen, cut = {p!r}, {n}, {cut}
     hj = {one!r}
@@ -348,7 +352,7 @@ CUT_AFTER_OPEN = """
     f = st.open_file(p, 0)
     os.truncate(p, cut)
     try:
-        print("HEADER", st.read_header(p, f))
+        print("HEADER", read_header(p, f))
     except sluice.SluiceError as e:
         print("ERR", e.code, e)
     lib.sluice_file_close(f)
@@ -378,7 +382,7 @@ def test_file_replaced_by_rename_after_open_reads_the_old_header(tmp_path):
     try:
         _st(tmp_path / "new", {"b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"q")
         os.replace(tmp_path / "new", p)
-        assert st.read_header(p, f) == (json.loads(ONE), 8 + len(ONE))
+        assert read_header(p, f) == (json.loads(ONE), 8 + len(ONE))
     finally:
         lib.sluice_file_close(f)
 
@@ -462,7 +466,7 @@ def test_no_credential_in_any_message(tmp_path):
                             ("len", "header of 9223372036854775808"), ("nan", "header is not JSON")):
             url = w.url(f"{name}.safetensors").replace("http://", "http://alice:s3cr3tpw@") + \
                 "?X-Amz-Signature=t0k3nvalue&sig=zz"
-            for fn in (st.read_header, lambda u: sluice.load(u, device="numpy"), checkpoint._listing):
+            for fn in (read_header, lambda u: sluice.load(u, device="numpy"), checkpoint._listing):
                 with pytest.raises(ERR) as e:
                     fn(url)
                 msg = str(e.value)
@@ -482,7 +486,7 @@ def test_valid_file_over_http_loads_every_byte(tmp_path):
     sluice.save(want, str(www / "m.safetensors"), metadata={"pad": "p" * 100000})
     with webserver.PlainServer(www) as w:
         url = w.url("m.safetensors").replace("http://", "http://u:pw@")
-        h, start = st.read_header(url)
+        h, start = read_header(url)
         assert h["__metadata__"]["pad"] == "p" * 100000 and start > 65536
         got = sluice.load(url, device="numpy")
         assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
@@ -494,6 +498,7 @@ SERVER = """
     import http.server, struct, sys, threading
     import sluice
     from sluice import _safetensors as st, checkpoint
+    from st_header import read_header
     mode, call = {mode!r}, {call!r}
     hj = {one!r}
     body = struct.pack("<Q", len(hj)) + hj + b"xyz"
@@ -536,7 +541,7 @@ SERVER = """
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = "http://u:s3cr3t@127.0.0.1:%d/m.safetensors" % srv.server_address[1]
-    fn = dict(header=st.read_header, load=lambda u: sluice.load(u, device="numpy"), listing=checkpoint._listing)[call]
+    fn = dict(header=read_header, load=lambda u: sluice.load(u, device="numpy"), listing=checkpoint._listing)[call]
     try:
         fn(url)
         print("LOADED")
@@ -571,7 +576,7 @@ def test_path_with_a_nul_byte_is_refused(tmp_path):
     """A path with an embedded NUL byte is refused, not cut short to name another file."""
     good = str(tmp_path / "good.safetensors")
     sluice.save({"w": np.arange(3, dtype=np.float32)}, good)
-    for fn in (st.read_header, lambda q: sluice.load(q, device="numpy"), checkpoint._listing):
+    for fn in (read_header, lambda q: sluice.load(q, device="numpy"), checkpoint._listing):
         try:
             got = fn(good + "\0.index.json")
         except (ValueError, ERR):
@@ -601,7 +606,7 @@ def test_files_written_by_safetensors_load_every_byte(tmp_path):
             "empty": np.zeros((0, 3), np.float32), "scalar": np.array(7, np.int32)}
     p = str(tmp_path / "hf.safetensors")
     sfn.save_file(want, p, metadata={"m": "1"})
-    h, start = st.read_header(p)
+    h, start = read_header(p)
     assert h == json.loads(open(p, "rb").read(start)[8:]) and h["__metadata__"] == {"m": "1"}
     got = sluice.load(p, device="numpy")
     assert set(got) == set(want)
