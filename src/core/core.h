@@ -188,6 +188,12 @@ SL_HIDDEN int sl__page_cache_evict(int fd, const char *shown, uint64_t *cached, 
 /* The byte a URL's escape "%XX" at p[0, n) stands for, or -1 where p holds no such escape. */
 SL_HIDDEN int sl__pct_byte(const char *p, size_t n);
 /*
+ * Appends s to out (cap bytes at out, l used), percent-encoding all but
+ * RFC 3986's unreserved characters and, where slash is set, '/'.  Returns
+ * the new length, 0 if it does not fit.
+ */
+SL_HIDDEN size_t sl__url_encode(char *out, size_t cap, size_t l, const char *s, int slash);
+/*
  * Rewrites, in place, every URL (scheme://..., up to white space) in the
  * message s (of cap bytes; past 4096 it is cut there) as sluice_url_redact()
  * names it, so that no message leaks a password or a query whoever wrote

@@ -551,3 +551,28 @@ int sl__pct_byte(const char *p, size_t n)
 
 	return lo < 0 ? -1 : hi << 4 | lo;
 }
+
+/*
+ * Appends s to out (cap bytes at out, l used), percent-encoding all but
+ * unreserved characters and, where slash is set (keys), '/'.  Returns the
+ * new length, 0 if it does not fit.
+ */
+size_t sl__url_encode(char *out, size_t cap, size_t l, const char *s, int slash)
+{
+	static const char hex[] = "0123456789ABCDEF";
+
+	for (; *s && l + 4 < cap; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if ((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+		    ch == '_' || ch == '.' || ch == '~' || (ch == '/' && slash)) {
+			out[l++] = (char)ch;
+		} else {
+			out[l++] = '%';
+			out[l++] = hex[ch >> 4];
+			out[l++] = hex[ch & 15];
+		}
+	}
+	out[l] = 0;
+	return *s ? 0 : l;
+}

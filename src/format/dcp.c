@@ -109,11 +109,12 @@ static int sl_tensor(const char *path, const char *fqn, json_t *t)
 	return 0;
 }
 
-/* An item as sorted: its fqn and offsets (NULL: bytes), where it is in the list. */
+/* An item or a chunk as sorted: its fqn and offsets (NULL: bytes), where it is in the list; a chunk's object. */
 struct sl_item {
 	const char *fqn;
 	json_t *off;
 	size_t at;
+	json_t *chunk;
 };
 
 static int sl_by_item(const void *a, const void *b)
@@ -185,24 +186,23 @@ static int sl_item_fields(const char *path, json_t *it)
 	return 0;
 }
 
-/* A chunk item's length against its chunk (tensor t's chunk at the item's offsets, or none). */
-static int sl_item_chunk(const char *path, json_t *it, json_t *t)
+/* A chunk item's length against its chunk (of tensor t, found among the n sorted chunks), or none. */
+static int sl_item_chunk(const char *path, json_t *it, json_t *t, const struct sl_item *chunks, size_t n_chunks)
 {
-	json_t *off = json_object_get(it, "offset"), *c = NULL, *sz;
+	json_t *off = json_object_get(it, "offset"), *c, *sz;
 	const char *fqn = json_string_value(json_object_get(it, "fqn"));
+	struct sl_item key = { fqn, off, 0, NULL };
+	const struct sl_item *hit = sl_ints(off, -1) ? bsearch(&key, chunks, n_chunks, sizeof(*chunks), sl_by_item) : NULL;
 	uint64_t n = sl_element(json_object_get(t, "dtype")), s;
 	char where[256], why[256];
 	size_t i;
 
-	json_array_foreach(json_object_get(t, "chunks"), i, c)
-		if (sl_ints(off, -1) && json_equal(json_object_get(c, "offsets"), off))
-			break;
-	if (!t || !sl_ints(off, -1) || i == json_array_size(json_object_get(t, "chunks"))) {
+	if (!hit) {
 		snprintf(why, sizeof(why), "' at %s: no such chunk of a tensor",
 			 sl_ints(off, -1) ? sl_list(off, where, sizeof(where)) : "offsets that are none");
 		return sl_bad(path, "item '", fqn, why);
 	}
-	sz = json_object_get(c, "sizes");
+	sz = json_object_get(hit->chunk, "sizes");
 	json_array_foreach(sz, i, c) {
 		if (__builtin_mul_overflow(n, (uint64_t)json_integer_value(c), &s))
 			s = UINT64_MAX;
@@ -225,15 +225,27 @@ static int sl_items(const char *path, json_t *doc, struct sl_item *keys)
 {
 	json_t *tensors = json_object_get(doc, "tensors"), *items = json_object_get(doc, "items"),
 	       *blobs = json_object_get(doc, "bytes"), *it, *t, *c, *b;
-	size_t n = json_array_size(items), nb = json_array_size(blobs), i, j;
+	size_t n = json_array_size(items), nb = json_array_size(blobs), nc = 0, i, j;
 	const char **names = calloc(nb + 1, sizeof(*names)), *k;
 	char *dup = calloc(n + 1, 1);
-	int rc = names && dup ? 0 : -ENOMEM;
+	struct sl_item *chunks;
+	int rc;
 
+	json_object_foreach(tensors, k, t)
+		nc += json_array_size(json_object_get(t, "chunks"));
+	chunks = calloc(nc + 1, sizeof(*chunks));
+	rc = names && dup && chunks ? 0 : -ENOMEM;
+	nc = 0;
+	json_object_foreach(tensors, k, t)
+		json_array_foreach(json_object_get(t, "chunks"), j, c)
+			if (chunks)
+				chunks[nc++] = (struct sl_item){ k, json_object_get(c, "offsets"), 0, c };
 	json_array_foreach(blobs, i, b)
-		names[i] = json_string_value(b);
+		if (names)
+			names[i] = json_string_value(b);
 	if (!rc) {
 		qsort(names, nb, sizeof(*names), sl_by_string);
+		qsort(chunks, nc, sizeof(*chunks), sl_by_item);
 		qsort(keys, n, sizeof(*keys), sl_by_item);
 		for (i = 1; i < n; i++)
 			if (!sl_by_item(&keys[i - 1], &keys[i]))
@@ -251,24 +263,21 @@ static int sl_items(const char *path, json_t *doc, struct sl_item *keys)
 			if (!bsearch(&fqn, names, nb, sizeof(*names), sl_by_string))
 				rc = sl_bad(path, "item '", fqn, "': not one of the checkpoint's tensors or bytes");
 		} else
-			rc = sl_item_chunk(path, it, json_object_get(tensors, fqn));
+			rc = sl_item_chunk(path, it, json_object_get(tensors, fqn), chunks, nc);
 	}
 	/* Every chunk and every bytes item stored (the items are unique and each is one of them). */
-	json_object_foreach(tensors, k, t)
-		json_array_foreach(json_object_get(t, "chunks"), j, c) {
-			struct sl_item key = { k, json_object_get(c, "offsets"), 0 };
-
-			if (!rc && !bsearch(&key, keys, n, sizeof(*keys), sl_by_item))
-				rc = sl_bad(path, "no item stores '", k, "'");
-		}
+	for (i = 0; !rc && i < nc; i++)
+		if (!bsearch(&chunks[i], keys, n, sizeof(*keys), sl_by_item))
+			rc = sl_bad(path, "no item stores '", chunks[i].fqn, "'");
 	for (i = 0; !rc && i < nb; i++) {
-		struct sl_item key = { names[i], NULL, 0 };
+		struct sl_item key = { names[i], NULL, 0, NULL };
 
 		if (!bsearch(&key, keys, n, sizeof(*keys), sl_by_item))
 			rc = sl_bad(path, "no item stores '", names[i], "'");
 	}
 	free(names);
 	free(dup);
+	free(chunks);
 	return rc;
 }
 
@@ -387,7 +396,7 @@ static int sl_parts(const char *path, json_t *doc, struct sl_item **keys)
 			return rc;
 		off = json_object_get(v, "offset");
 		(*keys)[i] = (struct sl_item){ json_string_value(json_object_get(v, "fqn")),
-					       !off || json_is_null(off) ? NULL : off, i };
+					       !off || json_is_null(off) ? NULL : off, i, NULL };
 	}
 	return 0;
 }

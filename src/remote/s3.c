@@ -90,31 +90,6 @@ const struct sl__s3_conf *sl__s3_conf(const struct sl__s3 *s)
 	return &s->conf;
 }
 
-/*
- * Appends s to out (cap bytes at out, l used), percent-encoding all but
- * unreserved characters and, where slash is set (keys), '/'.  Returns the
- * new length, 0 if it does not fit.
- */
-static size_t sl_url_encode(char *out, size_t cap, size_t l, const char *s, int slash)
-{
-	static const char hex[] = "0123456789ABCDEF";
-
-	for (; *s && l + 4 < cap; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if ((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' ||
-		    ch == '_' || ch == '.' || ch == '~' || (ch == '/' && slash)) {
-			out[l++] = (char)ch;
-		} else {
-			out[l++] = '%';
-			out[l++] = hex[ch >> 4];
-			out[l++] = hex[ch & 15];
-		}
-	}
-	out[l] = 0;
-	return *s ? 0 : l;
-}
-
 /* Appends "?name=value" (or "&name=value" after the first) with value encoded; the new length, 0 if it does not fit. */
 static size_t sl_query_param(char *out, size_t cap, size_t l, const char *name, const char *value)
 {
@@ -123,7 +98,7 @@ static size_t sl_query_param(char *out, size_t cap, size_t l, const char *name, 
 	if (l == 0 && cap && out[0] != '?')
 		out[0] = 0;
 	n = (size_t)snprintf(out + l, cap - l, "%s%s=", l ? "&" : "?", name);
-	return n >= cap - l ? 0 : sl_url_encode(out, cap, l + n, value, 0);
+	return n >= cap - l ? 0 : sl__url_encode(out, cap, l + n, value, 0);
 }
 
 /* The request URL of bucket/key, path-style or virtual-host; 0 or an error if it does not fit. */
@@ -136,7 +111,7 @@ static int sl_url(const struct sl__s3 *s, const char *bucket, const char *key, c
 		l = (size_t)snprintf(out, cap, "%s/%s/", ep, bucket);
 	else
 		l = (size_t)snprintf(out, cap, "%.*s%s.%s/", (int)(host - ep), ep, bucket, host);
-	if (l >= cap || (*key && !sl_url_encode(out, cap, l, key, 1)))
+	if (l >= cap || (*key && !sl__url_encode(out, cap, l, key, 1)))
 		return sl__err(SLUICE_EINVAL_CONFIG, "s3://%s/%s: the request URL is too long", bucket, key);
 	return 0;
 }
@@ -557,7 +532,7 @@ int sl__s3_mpu_create(struct sl__s3 *s, struct sl__http_conn *c, const char *buc
 
 	if (!rc && sl_xml_text(k.err, "UploadId", raw, sizeof(raw)))
 		rc = sl__err(-EIO, "s3://%s/%s: CreateMultipartUpload answered without an UploadId", bucket, key);
-	if (!rc && (cap < 10 || !sl_url_encode(id, cap, (size_t)snprintf(id, cap, "uploadId="), raw, 0)))
+	if (!rc && (cap < 10 || !sl__url_encode(id, cap, (size_t)snprintf(id, cap, "uploadId="), raw, 0)))
 		rc = sl__err(-EIO, "s3://%s/%s: an UploadId of %zu characters", bucket, key, strlen(raw));
 	return rc;
 }

@@ -254,8 +254,8 @@ static int sl_open_named(struct sluice_ckpt *ck, const char *dir, size_t dirlen,
 	return rc;
 }
 
-/* Every tensor of file i as an entry of the table, or those ix (an index) places in it. */
-static int sl_add_file(struct sluice_ckpt *ck, unsigned i, const struct sl__st_index *ix, long fi)
+/* Every tensor of file i as an entry of the table, or those ix (an index, whose file i it is) places in it. */
+static int sl_add_file(struct sluice_ckpt *ck, unsigned i, const struct sl__st_index *ix)
 {
 	const struct sl__st_header *h = &ck->files[i].h;
 	struct sluice_ckpt_tensor *t = realloc(ck->t, (ck->n + h->n + 1) * sizeof(*t));
@@ -267,7 +267,7 @@ static int sl_add_file(struct sluice_ckpt *ck, unsigned i, const struct sl__st_i
 		const struct sl__st_tensor *s = &h->t[k];
 		long at = ix ? sl__st_index_find(ix, s->name) : -1;
 
-		if (ix && (at < 0 || (long)ix->file[at] != fi))
+		if (ix && (at < 0 || ix->file[at] != i))
 			continue;
 		t = &ck->t[ck->n++];
 		memset(t, 0, sizeof(*t));
@@ -339,41 +339,29 @@ static int sl_index_check(struct sluice_ckpt *ck, const char *path, const struct
 }
 
 /*
- * The checkpoint of an index (path; its len bytes raw, sl__st_index_parse): the files it names beside it,
- * opened in its files' order (file i of ck is the index's file i); exactly the tensors it names, each from the
- * file it names.
- */
-/*
- * An index of a store whose paths are URLs (http(s)) names files, its URLs name them percent-encoded (RFC 3986: all but unreserved bytes as
- * %XX; the names hold no '%', sl__st_index_parse checked): each of ix's files so, in place.
+ * The files of an index whose store names files by URLs (http(s)), as its URLs name them: percent-encoded (the
+ * names hold no '%', sl__st_index_parse checked), in place.
  */
 static int sl_web_names(struct sl__st_index *ix)
 {
-	static const char hex[] = "0123456789ABCDEF";
-
 	for (size_t i = 0; i < ix->nfiles; i++) {
-		const unsigned char *n = (const unsigned char *)ix->files[i];
-		char *e = malloc(3 * strlen(ix->files[i]) + 1), *o = e;
+		size_t cap = 3 * strlen(ix->files[i]) + 5;
+		char *e = malloc(cap);
 
 		if (!e)
 			return -ENOMEM;
-		for (; *n; n++) {
-			if ((*n >= 'A' && *n <= 'Z') || (*n >= 'a' && *n <= 'z') || (*n >= '0' && *n <= '9') ||
-			    strchr("-._~", *n)) {
-				*o++ = (char)*n;
-				continue;
-			}
-			*o++ = '%';
-			*o++ = hex[*n >> 4];
-			*o++ = hex[*n & 15];
-		}
-		*o = '\0';
+		sl__url_encode(e, cap, 0, ix->files[i], 0);
 		free(ix->files[i]);
 		ix->files[i] = e;
 	}
 	return 0;
 }
 
+/*
+ * The checkpoint of an index (path; its len bytes raw, sl__st_index_parse): the files it names beside it,
+ * opened in its files' order (file i of ck is the index's file i); exactly the tensors it names, each from the
+ * file it names.
+ */
 static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, size_t len)
 {
 	const char *slash = strrchr(path, '/');
@@ -387,7 +375,7 @@ static int sl_index(struct sluice_ckpt *ck, const char *path, const char *raw, s
 	if (!rc)
 		rc = sl_open_named(ck, slash ? path : ".", slash ? (size_t)(slash - path) : 1, ix.files, ix.nfiles);
 	for (unsigned i = 0; !rc && i < ck->nfiles; i++)
-		rc = sl_add_file(ck, i, &ix, (long)i);
+		rc = sl_add_file(ck, i, &ix);
 	if (!rc)
 		rc = sl_index_check(ck, path, &ix);
 	sl__st_index_free(&ix);
@@ -525,7 +513,7 @@ static int sl_open_st_dir(struct sluice_ckpt *ck, const char *dir)
 		if (!rc)
 			rc = sl_open_named(ck, dir, strlen(dir), names, n);
 		for (unsigned i = 0; !rc && i < ck->nfiles; i++)
-			rc = sl_add_file(ck, i, NULL, -1);
+			rc = sl_add_file(ck, i, NULL);
 	}
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -564,7 +552,7 @@ static int sl_st_open(struct sluice_ckpt *ck, const char *path)
 	if ((rc = sl_alloc_files(ck, 1, path)))
 		return rc;
 	ck->nfiles = 1;
-	return (rc = sl_open_st(ck, 0, path)) ? rc : sl_add_file(ck, 0, NULL, -1);
+	return (rc = sl_open_st(ck, 0, path)) ? rc : sl_add_file(ck, 0, NULL);
 }
 
 /* ---- sluice.dcp's layout: .metadata (a notice for torch's unpickler, then JSON), a safetensors file a rank ---- */
@@ -802,7 +790,7 @@ int sluice_ckpt_open_files(struct sluice_ckpt **out, struct sluice_engine *eng, 
 		rc = sl_index(ck, index, index_json, index_len);
 	else if (!(rc = sl_open_files(ck, files, n, "sluice_ckpt_open_files")))
 		for (unsigned i = 0; !rc && i < n; i++)
-			rc = sl_add_file(ck, i, NULL, -1);
+			rc = sl_add_file(ck, i, NULL);
 	return sl_finish(out, ck, index ? index : n ? files[0] : "sluice_ckpt_open_files", rc);
 }
 
