@@ -83,10 +83,11 @@ for g in $WHEELS; do
 		crc32c==2.9.post0 ;;
 	# What the S3 tests and benches need without the loaders group.
 	boto) pyget boto3==1.44.5 botocore==1.44.5 s3transfer==0.19.3 jmespath==1.1.0 ;;
-	# The checkpoint loaders of bench/ckpt_bench.py (issue #24) and what they need beside torch (about 11 MB):
+	# The checkpoint loaders of bench/ckpt_bench.py (issue #24) and what they need beside torch (about 11 MB;
+	# safetensors 0.9 for its prefetch loader):
 	# carry them in a .whl of their own (WHEELS=ckpt).
 	ckpt) pyget fastsafetensors==0.5.0 typer==0.29.2 shellingham==1.5.4 rich==14.2.0 markdown-it-py==4.0.0 mdurl==0.1.2 \
-		pygments==2.19.2 instanttensor==0.2.2 runai-model-streamer==0.16.1 humanize==4.17.0 safetensors==0.8.0 ;;
+		pygments==2.19.2 instanttensor==0.2.2 runai-model-streamer==0.16.1 humanize==4.17.0 safetensors==0.9.0rc1 ;;
 	# nvCOMP for GPU decoding (the C library only: sluice loads libnvcomp.so.6 from it at run time). 30 MB:
 	# carry it without the other groups (WHEELS=nvcomp in a .whl of its own).
 	nvcomp) pyget nvidia-libnvcomp-cu13==6.0.0.12 ;;
