@@ -730,12 +730,17 @@ static int sl_plan(struct sluice_ckpt *ck)
 }
 
 /* The open's end: no tensor twice, the plan; on an error ck is closed. */
-static int sl_finish(struct sluice_ckpt **out, struct sluice_ckpt *ck, const char *path, int rc)
+static int sl_finish(struct sluice_ckpt **out, struct sluice_ckpt *ck, const char *path, int rc, uint64_t t0)
 {
+	uint64_t t1 = sl__now_ns();
+
 	if (!rc)
 		rc = sl_unique(ck, path);
 	if (!rc)
 		rc = sl_plan(ck);
+	if (!rc)
+		sl__debug("ckpt", "%s: %u files opened and their headers read in %.2f ms, the table checked and planned in %.2f ms",
+			  path, ck->nfiles, (double)(t1 - t0) / 1e6, (double)(sl__now_ns() - t1) / 1e6);
 	if (rc) {
 		sluice_ckpt_close(ck);
 		return rc;
@@ -747,6 +752,7 @@ static int sl_finish(struct sluice_ckpt **out, struct sluice_ckpt *ck, const cha
 int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const char *path)
 {
 	struct sluice_ckpt *ck;
+	uint64_t t0;
 	int rc = 0;
 	size_t i;
 
@@ -757,6 +763,7 @@ int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const 
 	if (!(ck = calloc(1, sizeof(*ck))))
 		return -ENOMEM;
 	ck->eng = eng;
+	t0 = sl__now_ns();
 	for (i = 0; i < sizeof(sl_readers) / sizeof(sl_readers[0]); i++)
 		if ((rc = sl_readers[i].probe(path)) != 0)
 			break;
@@ -766,12 +773,13 @@ int sluice_ckpt_open(struct sluice_ckpt **out, struct sluice_engine *eng, const 
 	} else if (!rc) {
 		rc = sl__err(SLUICE_EFORMAT, "%s: not a checkpoint sluice reads", path);
 	}
-	return sl_finish(out, ck, path, rc);
+	return sl_finish(out, ck, path, rc, t0);
 }
 
 int sluice_ckpt_open_files(struct sluice_ckpt **out, struct sluice_engine *eng, const char *const *files, unsigned n,
 			   const char *index, const char *index_json, size_t index_len)
 {
+	uint64_t t0 = sl__now_ns();
 	struct sluice_ckpt *ck;
 	int rc = 0;
 
@@ -791,7 +799,7 @@ int sluice_ckpt_open_files(struct sluice_ckpt **out, struct sluice_engine *eng, 
 	else if (!(rc = sl_open_files(ck, files, n, "sluice_ckpt_open_files")))
 		for (unsigned i = 0; !rc && i < n; i++)
 			rc = sl_add_file(ck, i, NULL);
-	return sl_finish(out, ck, index ? index : n ? files[0] : "sluice_ckpt_open_files", rc);
+	return sl_finish(out, ck, index ? index : n ? files[0] : "sluice_ckpt_open_files", rc, t0);
 }
 
 void sluice_ckpt_close(struct sluice_ckpt *ck)
