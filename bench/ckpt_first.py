@@ -103,6 +103,7 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--procs", type=int, default=3, help="fresh processes of each arm, interleaved")
     ap.add_argument("--out", default="")
+    ap.add_argument("--stderr", action="store_true", help="the children's stderr shown (SLUICE_LOG's lines)")
     ap.add_argument("--profile", default="", help="the first process's first load under cProfile: its table to this file")
     ap.add_argument("--arms", default="load starts the engine,engine first",
                     help="comma list of: load starts the engine, engine first, engine ready first")
@@ -112,9 +113,10 @@ def main():
     for _ in range(a.procs):
         for arm in arms:
             prof = [a.profile] if a.profile and not runs[arm] else []
-            r = subprocess.run([sys.executable, "-c", CHILD, a.dir, arm, *prof], capture_output=True, text=True)
+            r = subprocess.run([sys.executable, "-c", CHILD, a.dir, arm, *prof], stdout=subprocess.PIPE,
+                               stderr=None if a.stderr else subprocess.PIPE, text=True)
             if r.returncode:
-                raise SystemExit(r.stderr[-2000:])
+                raise SystemExit((r.stderr or "")[-2000:])
             runs[arm].append(json.loads(r.stdout.strip().splitlines()[-1]))
     res = {}
     for arm, rs in runs.items():

@@ -10,7 +10,8 @@
 #      transfer settings cold beside fastsafetensors
 #   probe: the engine's start and its workers' (SLUICE_LOG=info), what pinning host memory costs, the first load
 #      with the workers ready before the clock;  gc: the first load with Python's collections timed
-#      (bench/ckpt_first.py) and the library's open timed in C (SLUICE_LOG=debug)
+#      (bench/ckpt_first.py) and the library's open timed in C (SLUICE_LOG=debug); debug: that open timed
+#      inside ckpt_first.py's children and in a plain fresh process
 # Carry .carry and .whl (bench/prepare_gpu_machine.sh: WHEELS="datasets ckpt").
 export PATH=$PWD/.carry:$PATH; . bench/gpu_machine.sh >$OUT/setup.log 2>&1 || { tail $OUT/setup.log; exit 1; }
 export SLUICE_CONFIG= PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/var/tmp/pycache SLUICE_LIB=$PWD/build/libsluice.so
@@ -55,5 +56,12 @@ probe)
 gc)
 	timeout 100 python3 bench/ckpt_first.py $D --procs 3 --arms "engine ready first,load starts the engine" --out $OUT/first.json | cut -c1-900
 	SLUICE_LOG=debug python3 bench/device/issue55_fresh.py $D 2>&1 | grep -E "ckpt|load|ready|engine open" | cut -c1-220
+	;;
+debug)  # the library's open timed (SLUICE_LOG=debug) inside ckpt_first.py's children and a plain fresh process
+	for k in 1 2; do
+		SLUICE_LOG=debug timeout 60 python3 bench/ckpt_first.py $D --procs 1 --stderr --arms "load starts the engine" 2>&1 |
+			grep -E "ckpt|ready|load starts" | sed 's/llama8b-20.model.safetensors.index.json//' | cut -c1-330
+		SLUICE_LOG=debug python3 bench/device/issue55_fresh.py $D 2>&1 | grep -E "ckpt|ready|load" | cut -c1-200
+	done
 	;;
 esac
