@@ -676,6 +676,16 @@ SLUICE_API SLUICE_WUR int sluice_ckpt_check(const struct sluice_ckpt *ck);
  * path and what is wrong.
  */
 SLUICE_API SLUICE_WUR int sluice_dcp_metadata_check(const void *raw, size_t len, const char *path);
+/*
+ * The files a safetensors index names (index_len bytes of index_json as the
+ * caller read them; index names it in errors), checked as
+ * sluice_ckpt_open_files checks an index, without opening them: sorted,
+ * each once, plain names beside the index, in *files (*n of them; free
+ * with sluice_list_free()).  0, SLUICE_EFORMAT naming index and what is
+ * wrong, or -ENOMEM.
+ */
+SLUICE_API SLUICE_WUR int sluice_st_index_files(const char *index, const char *index_json, size_t index_len,
+						char ***files, unsigned *n);
 #endif
 
 /*

@@ -267,6 +267,8 @@ _protos = {
     "sluice_ckpt_handle": (P, [P, C.c_uint]),
     "sluice_ckpt_check": (C.c_int, [P]),
     "sluice_dcp_metadata_check": (C.c_int, [C.c_char_p, C.c_size_t, C.c_char_p]),
+    "sluice_st_index_files": (C.c_int, [C.c_char_p, C.c_char_p, C.c_size_t, C.POINTER(C.POINTER(C.c_char_p)),
+                                        C.POINTER(C.c_uint)]),
     "sluice_s3_open": (C.c_int, [C.POINTER(P), P, C.c_char_p, C.c_char_p, C.c_char_p, C.c_char_p]),
     "sluice_s3_close": (None, [P]),
     "sluice_s3_open_config": (C.c_int, [C.POINTER(P), P, C.c_char_p, C.c_char_p, C.c_char_p, C.c_char_p]),

@@ -15,12 +15,11 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping
-from urllib.parse import unquote
 
 import numpy as np
 
 from ._lib import ESHORT, Range, SluiceError, XferReport, check, cpath, lib, shown
-from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_remote, nbytes, open_file, parse_json,
+from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_remote, nbytes, open_file,
                            read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
 from .s3 import listdir, remove
@@ -211,7 +210,7 @@ def _save_sharded(tensors, directory, metadata, max_shard_size):
         os.makedirs(directory, exist_ok=True)
     index_path = _join(directory, INDEX)
     try:  # the old checkpoint's shards, to remove once the new index has replaced it
-        old = set(_index(index_path, read_small(index_path)).values())
+        old = set(_index_files(index_path, read_small(index_path)))
     except SluiceError:
         old = set()
     mark = uuid.uuid4().hex[:12]
@@ -273,31 +272,15 @@ def save(tensors, path, metadata=None, max_shard_size=None):
         _save_sharded(tensors, path, metadata, int(max_shard_size))
 
 
-def _plain(name):
-    """Whether an index's file name is a plain file name beside it, as given and percent-decoded (a web
-    server decodes it): no separator, no dot segment, nothing that makes a URL's query or fragment."""
-    return all(n not in ("", ".", "..") and not any(c in n for c in "/\\?#") and min(map(ord, n)) >= 32
-               for n in (name, unquote(name)))
-
-
-def _index(path, raw):
-    """The weight_map {tensor: file} of an index's bytes, checked: every file a plain name beside it.  (Only a save
-    reads one here, for the files of the checkpoint it replaces; a load's index is read by the library.)"""
+def _index_files(path, raw):
+    """The files an index's bytes name, checked by the library as a load checks them (sluice_st_index_files),
+    without opening them.  (Only a save reads one here, for the files of the checkpoint it replaces.)"""
+    names, n = C.POINTER(C.c_char_p)(), C.c_uint()
+    check(lib.sluice_st_index_files(cpath(path), raw, len(raw), C.byref(names), C.byref(n)))
     try:
-        doc = parse_json(raw)
-    except ValueError as e:
-        raise bad(path, f"not a safetensors index: not JSON ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
-        raise bad(path, "not a safetensors index: no weight_map object")
-    if not isinstance(doc.get("metadata", {}), (dict, type(None))):
-        raise bad(path, "not a safetensors index: its metadata is not an object")
-    wm = doc["weight_map"]
-    if not wm:
-        raise bad(path, "names no tensor (its weight_map is empty)")
-    for name, f in wm.items():
-        if not isinstance(f, str) or not _plain(f):
-            raise bad(path, f"weight_map names {f!r} for tensor '{name}', not a file beside the index")
-    return wm
+        return [os.fsdecode(names[i]) for i in range(n.value)]
+    finally:
+        lib.sluice_list_free(names, n)
 
 
 def _url_exists(path):

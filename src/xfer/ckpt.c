@@ -902,6 +902,27 @@ int sluice_dcp_metadata_check(const void *raw, size_t len, const char *path)
 	return rc;
 }
 
+int sluice_st_index_files(const char *index, const char *index_json, size_t index_len, char ***files, unsigned *n)
+{
+	struct sl__st_index ix;
+	int rc;
+
+	sl__err_clear();
+	if (!files || !n)
+		return sl__err(-EINVAL, "sluice_st_index_files: nowhere to put the files");
+	*files = NULL;
+	*n = 0;
+	if (!index || !index_json)
+		return sl__err(-EINVAL, "sluice_st_index_files: no index or no bytes");
+	if ((rc = sl__st_index_parse(index_json, index_len, index, &ix)))
+		return rc;
+	*files = ix.files;
+	*n = (unsigned)ix.nfiles;
+	ix.files = NULL; /* the caller's now */
+	sl__st_index_free(&ix);
+	return 0;
+}
+
 int sluice_ckpt_load(struct sluice_ckpt *ck, void *buf, size_t len, struct sluice_xfer_report *rep)
 {
 	struct sluice_range *r;

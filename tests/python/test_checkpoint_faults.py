@@ -160,6 +160,22 @@ def test_a_sharded_save_over_a_hugging_face_one_removes_its_shards(tmp_path):
     same(sluice.load(str(d), device="numpy"), model(4))
 
 
+@pytest.mark.parametrize("name", ["../outside.safetensors", "sub/inner.safetensors", "%2e%2e%2foutside.safetensors"])
+def test_a_save_over_an_index_naming_files_elsewhere_removes_none_of_them(tmp_path, name):
+    """The old index is read by the library's index rules (sluice_st_index_files): one naming a file outside the
+    directory, or below it, is not a checkpoint's, and the save removes nothing it names."""
+    d = tmp_path / "ck"
+    (d / "sub").mkdir(parents=True)
+    for f in (tmp_path / "outside.safetensors", d / "sub" / "inner.safetensors", d / "%2e%2e%2foutside.safetensors"):
+        f.write_bytes(b"keep")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {"w": name}}))
+    sluice.save(model(5), str(d), max_shard_size=3000)
+    assert (tmp_path / "outside.safetensors").read_bytes() == b"keep"
+    assert (d / "sub" / "inner.safetensors").read_bytes() == b"keep"
+    assert (d / "%2e%2e%2foutside.safetensors").read_bytes() == b"keep"
+    same(sluice.load(str(d), device="numpy"), model(5))
+
+
 # A child that saves A and B in turn into a directory, sharded, until it is killed (kill -9 at a random moment).
 SAVER = """
 import sys, numpy as np, sluice

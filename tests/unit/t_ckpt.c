@@ -492,6 +492,29 @@ static void open_files(struct sluice_engine *eng)
 	T_CHECK(sluice_ckpt_open_files(&ck, eng, files, 0, NULL, NULL, 0) == -ENOENT && !ck);
 }
 
+/* sluice_st_index_files: the files an index names, checked as an open checks them, none opened. */
+static void index_files(void)
+{
+	const char *ok = "{\"metadata\":null,\"weight_map\":{\"b\":\"s2.safetensors\",\"a\":\"s1.safetensors\","
+			 "\"c\":\"s2.safetensors\"}}";
+	const char *bad[] = { "{\"weight_map\":{\"a\":\"../s1.safetensors\"}}", "{\"weight_map\":{\"a\":\"d/s1\"}}",
+			      "{\"weight_map\":{\"a\":\"%2e%2e\"}}", "{\"weight_map\":{}}", "{\"weight_map\":[]}", "[" };
+	char **files = NULL;
+	unsigned n = 9;
+
+	T_CHECK(sluice_st_index_files("gone/model.safetensors.index.json", ok, strlen(ok), &files, &n) == 0);
+	T_CHECK(n == 2 && files && !strcmp(files[0], "s1.safetensors") && !strcmp(files[1], "s2.safetensors"));
+	sluice_list_free(files, n);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		files = (char **)bad;
+		n = 9;
+		T_CHECK(sluice_st_index_files("ix.json", bad[i], strlen(bad[i]), &files, &n) == SLUICE_EFORMAT &&
+			!files && n == 0 && strstr(sluice_last_error_detail(), "ix.json"));
+	}
+	T_CHECK(sluice_st_index_files(NULL, ok, strlen(ok), &files, &n) == -EINVAL && !files && n == 0);
+	T_CHECK(sluice_st_index_files("ix.json", ok, strlen(ok), NULL, &n) == -EINVAL);
+}
+
 int main(void)
 {
 	struct sluice_engine *eng = t_engine();
@@ -505,6 +528,7 @@ int main(void)
 	hostile(eng);
 	st_header(eng);
 	open_files(eng);
+	index_files();
 	sluice_engine_close(eng);
 	return t_done("t_ckpt");
 }
