@@ -11,7 +11,8 @@
 #   probe: the engine's start and its workers' (SLUICE_LOG=info), what pinning host memory costs, the first load
 #      with the workers ready before the clock;  gc: the first load with Python's collections timed
 #      (bench/ckpt_first.py) and the library's open timed in C (SLUICE_LOG=debug); debug: that open timed
-#      inside ckpt_first.py's children and in a plain fresh process
+#      inside ckpt_first.py's children and in a plain fresh process; fp: from_pretrained under cProfile
+#      (issue55_fp.py)
 # Carry .carry and .whl (bench/prepare_gpu_machine.sh: WHEELS="datasets ckpt").
 export PATH=$PWD/.carry:$PATH; . bench/gpu_machine.sh >$OUT/setup.log 2>&1 || { tail $OUT/setup.log; exit 1; }
 export SLUICE_CONFIG= PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/var/tmp/pycache SLUICE_LIB=$PWD/build/libsluice.so
@@ -63,5 +64,11 @@ debug)  # the library's open timed (SLUICE_LOG=debug) inside ckpt_first.py's chi
 			grep -E "ckpt|ready|load starts" | sed 's/llama8b-20.model.safetensors.index.json//' | cut -c1-330
 		SLUICE_LOG=debug python3 bench/device/issue55_fresh.py $D 2>&1 | grep -E "ckpt|ready|load" | cut -c1-200
 	done
+	;;
+fp)  # from_pretrained under cProfile in a fresh process (the model of bench/model_bench.py)
+	M=/var/tmp/sluice-model/llama8b-8
+	[ -f $M/config.json ] || timeout 200 python3 bench/model_bench.py --layers 8 --modes warm --reps 1 --out /dev/null | tail -2
+	cat $M/*.safetensors > /dev/null
+	python3 bench/device/issue55_fp.py $M 2>&1 | grep -v "^$" | cut -c1-170 | head -60
 	;;
 esac
