@@ -1,6 +1,7 @@
 """Where a fresh process's first sluice.load goes (issue #55): the steps of checkpoint.load timed (their wall
 time, wrapped), in fresh processes, a first load and then a second, with the engine started before the clock
-(and its workers through their start: "engine ready first") or by the load itself.  CUDA is started before the clock, as bench/ckpt_bench.py's fresh processes start it.
+(and its workers through their start: "engine ready first") or by the load itself.  CUDA is started before the
+clock, as bench/ckpt_bench.py's fresh processes start it.
 
     python3 bench/ckpt_bench.py --make-only --shape llama8b --layers 20 --dir /var/tmp/sluice-ckpt
     python3 bench/ckpt_first.py /var/tmp/sluice-ckpt/llama8b-20 --procs 3 --out first.json
@@ -82,7 +83,6 @@ for k in range(2):
         import io, pstats
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(40)
-        s.seek(0)
         s2 = io.StringIO()
         pstats.Stats(prof, stream=s2).sort_stats("tottime").print_stats(25)
         with open(sys.argv[3], "w") as f:

@@ -85,6 +85,17 @@ def check(rc):
     return rc
 
 
+def names_of(fn, *args):
+    """The paths a library call fn(*args, char ***names, unsigned *n) gives back (sluice_list's way), decoded,
+    and their array freed (sluice_list_free)."""
+    names, n = C.POINTER(C.c_char_p)(), C.c_uint()
+    check(fn(*args, C.byref(names), C.byref(n)))
+    try:
+        return [os.fsdecode(names[i]) for i in range(n.value)]
+    finally:
+        lib.sluice_list_free(names, n)
+
+
 class _Sized(C.Structure):
     """A struct that grows (sluice.h's conventions): its first field, its size, is set here, and in nested ones."""
 

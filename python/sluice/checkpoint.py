@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._lib import ESHORT, Range, SluiceError, XferReport, check, cpath, lib, shown
+from ._lib import ESHORT, Range, SluiceError, XferReport, check, cpath, lib, names_of, shown
 from ._safetensors import (BITS, DT, SIZE, bad, header_bytes, is_remote, nbytes, open_file,
                            read_small, regular_target, st_dtype)
 from .buffers import _buffer, _eng, _ready, write
@@ -275,12 +275,7 @@ def save(tensors, path, metadata=None, max_shard_size=None):
 def _index_files(path, raw):
     """The files an index's bytes name, checked by the library as a load checks them (sluice_st_index_files),
     without opening them.  (Only a save reads one here, for the files of the checkpoint it replaces.)"""
-    names, n = C.POINTER(C.c_char_p)(), C.c_uint()
-    check(lib.sluice_st_index_files(cpath(path), raw, len(raw), C.byref(names), C.byref(n)))
-    try:
-        return [os.fsdecode(names[i]) for i in range(n.value)]
-    finally:
-        lib.sluice_list_free(names, n)
+    return names_of(lib.sluice_st_index_files, cpath(path), raw, len(raw))
 
 
 def _url_exists(path):

@@ -1,9 +1,8 @@
 """Object storage: the S3 client by bucket and key, and copies between local paths and s3://."""
 import ctypes as C
 import errno
-import os
 
-from ._lib import CopyReport, S3Object, SluiceError, check, cpath, lib, shown
+from ._lib import CopyReport, S3Object, SluiceError, check, cpath, lib, names_of, shown
 from .buffers import Future, _buffer, _eng
 
 
@@ -26,12 +25,7 @@ def copy(src, dst, recursive=False, symlinks=False, follow_symlinks=False):
 def listdir(path, recursive=False):
     """The regular files directly in path (a local directory or an s3:// prefix: its objects), or with recursive
     every one below it: full paths, sorted."""
-    names, n = C.POINTER(C.c_char_p)(), C.c_uint()
-    check(lib.sluice_list(cpath(path), int(recursive), C.byref(names), C.byref(n)))
-    try:
-        return [os.fsdecode(names[i]) for i in range(n.value)]
-    finally:
-        lib.sluice_list_free(names, n)
+    return names_of(lib.sluice_list, cpath(path), int(recursive))
 
 
 def remove(path):

@@ -739,7 +739,7 @@ static int sl_finish(struct sluice_ckpt **out, struct sluice_ckpt *ck, const cha
 	if (!rc)
 		rc = sl_plan(ck);
 	if (!rc)
-		sl__debug("ckpt", "%s: %u files opened and their headers read in %.2f ms, the table checked and planned in %.2f ms",
+		sl__debug("ckpt", "%s: %u files opened, their headers read and the table made in %.2f ms, checked and planned in %.2f ms",
 			  path, ck->nfiles, (double)(t1 - t0) / 1e6, (double)(sl__now_ns() - t1) / 1e6);
 	if (rc) {
 		sluice_ckpt_close(ck);
